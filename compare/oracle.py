@@ -1,0 +1,108 @@
+"""The fp64 oracle: the exact function of what a kernel was given.
+
+For ``quant=None`` the oracle evaluates the MoE layer (see :mod:`compare.problem`) in float64 on
+the bf16 inputs. For an fp8 format it models a W8A8 kernel step by step, still in float64:
+
+1. the weights are dequantized (``q · scale``) — exactly the values the kernel multiplies;
+2. x is quantized dynamically with :func:`compare.quant.quantize_activation` and dequantized;
+3. GEMM1 and SiLU(gate)·up;
+4. the intermediate (all T·top_k rows together — per-tensor scales see the whole tensor) is
+   quantized again in the same format, as the kernel must do before GEMM2;
+5. GEMM2, then the routing weights and the sum over the top-k slots.
+
+So the gap between a kernel and the oracle is the kernel's own arithmetic (accumulation order,
+bf16 intermediates, a rounding at a quantization boundary), not the quantization error, which
+:mod:`compare` reports separately against the unquantized problem.
+
+The oracle loops over the experts that received tokens, dequantizing one expert at a time, so it
+runs on the GPU for the catalog shapes (fp64 matmul) and on the CPU for small ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from compare.quant import dequantize_weight, fake_quantize_activation
+from compare.validate import validate_moe_args
+
+F64 = torch.float64
+
+
+@dataclass
+class OracleResult:
+    """The oracle's output with its per-expert breakdown.
+
+    ``out``          [T, K]         Σ_j w[t, j] · y[t, j]
+    ``pair_output``  [T, top_k, K]  y[t, j]: the output of expert ``topk_ids[t, j]`` for token t,
+                                    before the routing weight
+    ``topk_ids``     [T, top_k]     int64 copy of the routing
+    """
+
+    out: torch.Tensor
+    pair_output: torch.Tensor
+    topk_ids: torch.Tensor
+    topk_weights: torch.Tensor
+
+    def experts(self) -> list[int]:
+        return sorted(int(e) for e in self.topk_ids.unique())
+
+    def expert_tokens(self, e: int) -> torch.Tensor:
+        """The tokens routed to expert ``e`` (ascending)."""
+        return (self.topk_ids == e).any(dim=1).nonzero().squeeze(1)
+
+    def expert_contribution(self, e: int) -> torch.Tensor:
+        """[T, K]: expert ``e``'s weighted share of ``out`` (zero rows for tokens it did not get)."""
+        mask = (self.topk_ids == e).to(F64) * self.topk_weights.to(F64)
+        return (self.pair_output * mask[..., None]).sum(dim=1)
+
+
+def _expert_weight(w, scale, quant, e):
+    if quant is None:
+        return w[e].to(F64)
+    return dequantize_weight(w[e : e + 1], scale[e : e + 1], quant, F64)[0]
+
+
+def oracle_breakdown(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None,
+                     w2_scale=None) -> OracleResult:
+    """Evaluate the MoE layer in float64 and keep every (token, slot) output."""
+    d = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale,
+                          w2_scale=w2_scale)
+    T, K, I, k = d.T, d.K, d.I, d.top_k
+    ids = topk_ids.long()
+    flat = ids.reshape(-1)  # pair p = t·k + j
+    xa = fake_quantize_activation(x, quant)  # [T, K] fp64
+    pairs_of = {int(e): (flat == e).nonzero().squeeze(1) for e in flat.unique()}
+
+    inter = torch.zeros(T * k, I, dtype=F64, device=x.device)
+    for e, pairs in pairs_of.items():
+        h = xa[pairs // k] @ _expert_weight(w1, w1_scale, quant, e).T
+        inter[pairs] = torch.nn.functional.silu(h[:, :I]) * h[:, I:]
+    if quant is not None and T:
+        inter = fake_quantize_activation(inter.float(), quant)
+
+    y = torch.zeros(T * k, K, dtype=F64, device=x.device)
+    for e, pairs in pairs_of.items():
+        y[pairs] = inter[pairs] @ _expert_weight(w2, w2_scale, quant, e).T
+    y = y.view(T, k, K)
+    out = (y * topk_weights.to(F64)[..., None]).sum(dim=1)
+    return OracleResult(out=out, pair_output=y, topk_ids=ids, topk_weights=topk_weights)
+
+
+def oracle(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None) -> torch.Tensor:
+    """The MoE layer in float64: [T, K]."""
+    return oracle_breakdown(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale,
+                            w2_scale=w2_scale).out
+
+
+def rel_l2(a: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖a − ref‖₂ / ‖ref‖₂ in float64 (0 when both are empty; inf for a NaN anywhere)."""
+    a, ref = a.to(F64), ref.to(F64)
+    if ref.numel() == 0:
+        return 0.0
+    if not bool(torch.isfinite(a).all()):
+        return float("inf")
+    den = torch.linalg.vector_norm(ref)
+    num = torch.linalg.vector_norm(a - ref)
+    return float(num / den) if den > 0 else float(num)

@@ -1,0 +1,145 @@
+"""Input validation shared by both backends: every bad argument is named before any kernel runs.
+
+:func:`validate_moe_args` checks types, dtypes, shapes, devices, strides, index ranges and scales
+against the contract in :mod:`compare.problem`, and returns the problem's sizes. Type problems
+raise ``TypeError``; wrong shapes or values raise ``ValueError``. Each message starts with the
+argument's name and says what was expected.
+
+The value checks (ids in range, no repeated expert in a row, finite positive scales) read device
+data and so synchronize with the host; they are skipped while a CUDA graph is being captured,
+where a sync is illegal (the graph replays on inputs that were validated when it was built).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from compare.problem import FP8_DTYPE, check_quant
+from compare.quant import weight_scale_shape
+
+#: Largest element offset a kernel may form in int32 arithmetic.
+INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class MoEDims:
+    """Sizes of a validated problem."""
+
+    T: int
+    E: int
+    K: int
+    I: int  # noqa: E741  (the domain's name)
+    top_k: int
+
+
+def _tensor(name, t):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+def _dtype(name, t, allowed, why=""):
+    if t.dtype not in allowed:
+        want = " or ".join(str(d).replace("torch.", "") for d in allowed)
+        raise TypeError(f"{name}: expected dtype {want}{why}, got {str(t.dtype).replace('torch.', '')}")
+
+
+def _shape(name, t, expected):
+    if tuple(t.shape) != tuple(expected):
+        raise ValueError(f"{name}: expected shape {tuple(expected)}, got {tuple(t.shape)}")
+
+
+def _contiguous(name, t):
+    if not t.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous (row-major) tensor, got strides {t.stride()}")
+
+
+def _scale(name, s, expected_shape, capturing):
+    if s is None:
+        raise ValueError(f"{name}: required for an fp8 quant format, expected float32 of shape {expected_shape}")
+    _tensor(name, s)
+    _dtype(name, s, (torch.float32,))
+    _shape(name, s, expected_shape)
+    if not capturing and s.numel() and not bool(torch.isfinite(s).all() and (s > 0).all()):
+        raise ValueError(f"{name}: expected finite, positive scales")
+
+
+def validate_moe_args(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None,
+                      w2_scale=None) -> MoEDims:
+    """Check every argument of ``fused_moe`` and return the problem's sizes."""
+    for name, t in (("x", x), ("w1", w1), ("w2", w2), ("topk_weights", topk_weights), ("topk_ids", topk_ids)):
+        _tensor(name, t)
+    try:
+        check_quant(quant)
+    except ValueError:
+        raise ValueError(f"quant: expected one of None, 'fp8_tensor', 'fp8_channel', 'fp8_block', got {quant!r}") from None
+
+    _dtype("x", x, (torch.bfloat16,))
+    wdt = (torch.bfloat16,) if quant is None else (FP8_DTYPE,)
+    why = " (quant=None)" if quant is None else f" (quant={quant!r})"
+    _dtype("w1", w1, wdt, why)
+    _dtype("w2", w2, wdt, why)
+    _dtype("topk_weights", topk_weights, (torch.float32,))
+    _dtype("topk_ids", topk_ids, (torch.int32, torch.int64))
+
+    if x.dim() != 2:
+        raise ValueError(f"x: expected a 2-D [T, K] tensor, got shape {tuple(x.shape)}")
+    if w1.dim() != 3:
+        raise ValueError(f"w1: expected a 3-D [E, 2I, K] tensor, got shape {tuple(w1.shape)}")
+    if w2.dim() != 3:
+        raise ValueError(f"w2: expected a 3-D [E, K, I] tensor, got shape {tuple(w2.shape)}")
+    T, K = x.shape
+    E, two_i, k1 = w1.shape
+    if k1 != K:
+        raise ValueError(f"w1: expected shape [E, 2I, K={K}] (K from x), got {tuple(w1.shape)}")
+    if two_i == 0 or two_i % 2:
+        raise ValueError(f"w1: expected an even, non-zero 2I (gate rows then up rows), got {two_i}")
+    if E == 0 or K == 0:
+        raise ValueError(f"w1: expected E > 0 and K > 0, got shape {tuple(w1.shape)}")
+    I = two_i // 2  # noqa: E741
+    _shape("w2", w2, (E, K, I))
+    if topk_weights.dim() != 2 or topk_weights.shape[0] != T:
+        raise ValueError(f"topk_weights: expected shape [T={T}, top_k], got {tuple(topk_weights.shape)}")
+    top_k = topk_weights.shape[1]
+    if not 1 <= top_k <= E:
+        raise ValueError(f"topk_weights: expected 1 <= top_k <= E={E}, got top_k={top_k}")
+    _shape("topk_ids", topk_ids, (T, top_k))
+
+    device = x.device
+    for name, t in (("w1", w1), ("w2", w2), ("topk_weights", topk_weights), ("topk_ids", topk_ids),
+                    ("w1_scale", w1_scale), ("w2_scale", w2_scale)):
+        if isinstance(t, torch.Tensor) and t.device != device:
+            raise ValueError(f"{name}: expected a tensor on {device} (the device of x), got {t.device}")
+    for name, t in (("x", x), ("w1", w1), ("w2", w2), ("topk_weights", topk_weights), ("topk_ids", topk_ids)):
+        _contiguous(name, t)
+
+    # Flat offsets a kernel forms: a weight element of the last expert, a token-row element of the
+    # sorted (T·k) copies. Larger problems would overflow 32-bit index arithmetic.
+    for name, n in (("w1", w1.numel()), ("w2", w2.numel()), ("x", T * top_k * max(K, two_i))):
+        if n > INT32_MAX:
+            raise ValueError(f"{name}: {n} elements per flat index exceed the int32 offset limit {INT32_MAX}; "
+                             "split the problem (fewer tokens per call or tensor-parallel shards)")
+
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if quant is None:
+        for name, s in (("w1_scale", w1_scale), ("w2_scale", w2_scale)):
+            if s is not None:
+                raise ValueError(f"{name}: must be None when quant=None (bf16 weights carry no scale)")
+    else:
+        _scale("w1_scale", w1_scale, weight_scale_shape(quant, E, two_i, K), capturing)
+        _scale("w2_scale", w2_scale, weight_scale_shape(quant, E, K, I), capturing)
+
+    if T and not capturing:
+        ids = topk_ids.long()
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= E:
+            raise ValueError(f"topk_ids: expected ids in [0, E={E}), got values in [{lo}, {hi}]")
+        if top_k > 1:
+            s = ids.sort(dim=1).values
+            if bool((s[:, 1:] == s[:, :-1]).any()):
+                raise ValueError("topk_ids: an expert appears twice in one token's row; expected distinct ids")
+        if not bool(torch.isfinite(topk_weights).all()):
+            raise ValueError("topk_weights: expected finite routing weights")
+    return MoEDims(T=T, E=E, K=K, I=I, top_k=top_k)

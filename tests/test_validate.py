@@ -1,0 +1,141 @@
+"""Every bad input of the contract is rejected with the right exception and names its argument.
+
+These exercise compare.validate directly; each backend's tests check that its fused_moe calls it
+before launching anything.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+
+from compare.contract import make_fused_experts, quant_from_vllm
+from compare.problem import MoEShape, get_shape, make_inputs
+from compare.validate import INT32_MAX, validate_moe_args
+
+SHAPE = MoEShape("small", 4, 2, 64, 48, "test")
+
+
+def _kw(quant=None, T=5):
+    return make_inputs(SHAPE, T, quant, seed=0).kwargs()
+
+
+def _set(**changes):
+    def mutate(kw):
+        kw.update(changes)
+        return kw
+    return mutate
+
+
+def _edit(name, fn):
+    def mutate(kw):
+        kw[name] = fn(kw[name])
+        return kw
+    return mutate
+
+
+CASES = [
+    # (id, quant, mutation, exception, argument named in the message)
+    ("x not a tensor", None, _set(x=[[1.0]]), TypeError, "x"),
+    ("x float32", None, _edit("x", lambda t: t.float()), TypeError, "x"),
+    ("x 3-D", None, _edit("x", lambda t: t[None]), ValueError, "x"),
+    ("x non-contiguous", None, _edit("x", lambda t: torch.cat([t, t], 1)[:, ::2]), ValueError, "x"),
+    ("w1 fp8 under bf16", None, _edit("w1", lambda t: t.to(torch.float8_e4m3fn)), TypeError, "w1"),
+    ("w1 bf16 under fp8", "fp8_tensor", _edit("w1", lambda t: t.to(torch.bfloat16)), TypeError, "w1"),
+    ("w1 wrong K", None, _edit("w1", lambda t: t[:, :, :32].contiguous()), ValueError, "w1"),
+    ("w1 odd 2I", None, _edit("w1", lambda t: t[:, :95].contiguous()), ValueError, "w1"),
+    ("w2 wrong I", None, _edit("w2", lambda t: t[:, :, :40].contiguous()), ValueError, "w2"),
+    ("w2 wrong E", None, _edit("w2", lambda t: t[:3].contiguous()), ValueError, "w2"),
+    ("w2 transposed view", None, _edit("w2", lambda t: t.transpose(1, 2).contiguous().transpose(1, 2)), ValueError, "w2"),
+    ("topk_weights bf16", None, _edit("topk_weights", lambda t: t.bfloat16()), TypeError, "topk_weights"),
+    ("topk_weights wrong T", None, _edit("topk_weights", lambda t: t[:3]), ValueError, "topk_weights"),
+    ("topk_weights NaN", None, _edit("topk_weights", lambda t: t.index_fill(0, torch.tensor([1]), float("nan"))), ValueError, "topk_weights"),
+    ("top_k > E", None, lambda kw: {**kw, "topk_weights": torch.ones(5, 5), "topk_ids": torch.zeros(5, 5, dtype=torch.int32)}, ValueError, "topk_weights"),
+    ("topk_ids float", None, _edit("topk_ids", lambda t: t.float()), TypeError, "topk_ids"),
+    ("topk_ids wrong k", None, _edit("topk_ids", lambda t: t[:, :1].contiguous()), ValueError, "topk_ids"),
+    ("topk_ids out of range", None, _edit("topk_ids", lambda t: t.index_fill(0, torch.tensor([2]), 4)), ValueError, "topk_ids"),
+    ("topk_ids negative", None, _edit("topk_ids", lambda t: t.index_fill(0, torch.tensor([0]), -1)), ValueError, "topk_ids"),
+    ("topk_ids duplicate", None, _edit("topk_ids", lambda t: t[:, :1].expand(-1, 2).contiguous()), ValueError, "topk_ids"),
+    ("quant unknown", None, _set(quant="int4"), ValueError, "quant"),
+    ("scale missing", "fp8_channel", _set(w1_scale=None), ValueError, "w1_scale"),
+    ("scale given to bf16", None, _set(w2_scale=torch.ones(4)), ValueError, "w2_scale"),
+    ("scale wrong shape", "fp8_channel", _edit("w1_scale", lambda t: t[:, :10].contiguous()), ValueError, "w1_scale"),
+    ("scale block shape", "fp8_block", _edit("w2_scale", lambda t: t[:, :, :0]), ValueError, "w2_scale"),
+    ("scale float64", "fp8_tensor", _edit("w2_scale", lambda t: t.double()), TypeError, "w2_scale"),
+    ("scale inf", "fp8_tensor", _edit("w1_scale", lambda t: t.index_fill(0, torch.tensor([1]), float("inf"))), ValueError, "w1_scale"),
+    ("scale zero", "fp8_block", _edit("w2_scale", lambda t: t * 0), ValueError, "w2_scale"),
+    ("device mismatch", None, _edit("topk_ids", lambda t: t.to("meta")), ValueError, "topk_ids"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_named(case):
+    _, quant, mutate, exc, name = case
+    kw = mutate(_kw(quant))
+    with pytest.raises(exc) as info:
+        validate_moe_args(**kw)
+    assert str(info.value).startswith(f"{name}:"), str(info.value)
+
+
+@pytest.mark.parametrize("quant", [None, "fp8_tensor", "fp8_channel", "fp8_block"])
+def test_good_input_passes_and_reports_dims(quant):
+    d = validate_moe_args(**_kw(quant))
+    assert (d.T, d.E, d.K, d.I, d.top_k) == (5, 4, 64, 48, 2)
+
+
+def test_zero_tokens_is_valid():
+    d = validate_moe_args(**_kw(None, T=0))
+    assert d.T == 0 and d.K == 64
+
+
+def test_int32_offset_overflow_is_rejected_before_allocation():
+    """A problem whose flat offsets overflow int32, built from meta tensors (no memory)."""
+    E, I, K = 256, 2048, 7168
+    n = E * 2 * I * K
+    assert n > INT32_MAX
+    meta = dict(device="meta")
+    kw = dict(x=torch.empty(4, K, dtype=torch.bfloat16, **meta),
+              w1=torch.empty(E, 2 * I, K, dtype=torch.bfloat16, **meta),
+              w2=torch.empty(E, K, I, dtype=torch.bfloat16, **meta),
+              topk_weights=torch.empty(4, 8, **meta), topk_ids=torch.empty(4, 8, dtype=torch.int32, **meta))
+    with pytest.raises(ValueError, match=r"^w1: .*int32"):
+        validate_moe_args(**kw)
+
+
+def test_vllm_flags_map_to_formats():
+    assert quant_from_vllm() is None
+    assert quant_from_vllm(True) == "fp8_tensor"
+    assert quant_from_vllm(True, per_channel_quant=True) == "fp8_channel"
+    assert quant_from_vllm(True, block_shape=[128, 128]) == "fp8_block"
+    with pytest.raises(ValueError, match="^block_shape:"):
+        quant_from_vllm(True, block_shape=[64, 64])
+
+
+def test_fused_experts_adapter_forwards_and_rejects():
+    seen = {}
+
+    def fake_fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None):
+        seen.update(quant=quant, w1_scale=w1_scale)
+        return x + 1
+
+    fused_experts = make_fused_experts(fake_fused_moe)
+    kw = _kw("fp8_channel")
+    x = kw["x"].clone()
+    out = fused_experts(x, kw["w1"], kw["w2"], kw["topk_weights"], kw["topk_ids"], use_fp8_w8a8=True,
+                        per_channel_quant=True, w1_scale=kw["w1_scale"][..., None],
+                        w2_scale=kw["w2_scale"][..., None], inplace=True)
+    assert out is x and seen["quant"] == "fp8_channel" and seen["w1_scale"].shape == (4, 96)
+    with pytest.raises(ValueError, match="^a1_scale:"):
+        fused_experts(x, kw["w1"], kw["w2"], kw["topk_weights"], kw["topk_ids"], a1_scale=torch.ones(1))
+    with pytest.raises(ValueError, match="^activation:"):
+        fused_experts(x, kw["w1"], kw["w2"], kw["topk_weights"], kw["topk_ids"], activation="gelu")
+
+
+def test_get_shape_errors():
+    assert get_shape("Qwen3-30B-A3B").num_experts == 128
+    with pytest.raises(ValueError, match="^shape:"):
+        get_shape("llama-moe")
+    with pytest.raises(ValueError, match="^tp:"):
+        get_shape("mixtral-8x7b:tp3")
+    with pytest.raises(ValueError, match="^shape:"):
+        get_shape("mixtral-8x7b:x8")
