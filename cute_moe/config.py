@@ -1,0 +1,217 @@
+"""One frozen object that says which grouped-GEMM kernel to build.
+
+Every other module reads :class:`GemmConfig`: the kernel (``gemm.py``) builds its tiled MMA,
+shared-memory plan and epilogue from it, ``layouts.py`` turns it into plain data, ``ptx.py``
+compiles it on the CPU, ``moe.py`` picks one per GEMM with :func:`choose_config`, and the tests
+and notes quote it.  There is no second place where a tile size lives.
+
+Two vocabularies
+----------------
+A MoE expert GEMM multiplies a block of *tokens* ``X_e [T_e, K]`` by an expert *weight*
+``W_e [N_out, K]`` (the natural ``nn.Linear`` layout, both operands K-major):
+``Y_e = X_e · W_eᵀ`` of shape ``[T_e, N_out]``.  WGMMA speaks of ``C[M, N] = A[M, K] · B[N, K]ᵀ``
+with M a multiple of 64 per warpgroup and N ∈ {8, 16, …, 256}.
+
+* normal path:  A = tokens, B = weights.  ``tile_m = tokens_tile``, ``tile_n = weights_tile``.
+* swap-AB path: A = weights, B = tokens, and the kernel computes ``Cᵀ = W_e · X_eᵀ``.
+  ``tile_m = weights_tile`` (64 per consumer warpgroup), ``tile_n = tokens_tile`` (8, 16, …).
+  The result tile is (weights × tokens); it lands in the same row-major ``[M_pad, N_out]`` output
+  viewed as an M-major matrix, so the epilogue needs the transposing ``stmatrix``.
+
+The MoE vocabulary (``tokens_tile``/``weights_tile``) is what the user sets; the GEMM vocabulary
+(``tile_m``/``tile_n``) is derived, so the two can never disagree.
+
+Shared-memory budget (bytes, bf16 = 2 B per element)::
+
+    stages · (tile_m + tile_n) · tile_k · 2          operand ring (A and B per stage)
+  + epi_stages · epi_tile_m · epi_tile_n · 2         epilogue staging for the TMA store
+  + 1024                                             mbarriers, padding to 1024-B alignment
+  ≤ 227 KiB = 232 448 B                              (Hopper's opt-in limit per CTA)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+SMEM_BUDGET_BYTES = 227 * 1024
+"""Opt-in dynamic shared memory per CTA on sm_90 (H100/H200)."""
+
+BARRIER_RESERVE_BYTES = 1024
+"""mbarriers plus alignment slack reserved ahead of the 1024-B aligned operand buffers."""
+
+SWAP_AB_MAX_TOKENS_PER_EXPERT = 64
+"""The documented path rule: swap-AB while the mean tokens per expert is at most this.
+
+Why 64: the normal path's smallest token tile is WGMMA's M = 64 rows, so below 64 tokens per
+expert most of every normal tile multiplies padding, while swap-AB's token tile can shrink to
+8 (N of WGMMA) and every weight byte still feeds a full 64-row M.  Above 64 tokens per expert
+both paths fill their tiles, the normal path's larger token tile (128) re-uses each weight tile
+for more tokens, and its N-major epilogue needs no transpose.  notes/cute_moe.md records the
+crossover measured on the H200."""
+
+DTYPES = ("bfloat16",)
+QUANT_FORMATS = (None,)  # FP8 is a later issue: both operands already K-major, scales would go in the epilogue.
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """A compile-time configuration of the grouped GEMM (one compiled kernel per value).
+
+    Attributes (MoE terms):
+        swap_ab: compute Cᵀ = W·Xᵀ (weights fill WGMMA M) instead of C = X·Wᵀ.
+        tokens_tile: tokens per CTA tile (normal: 64 or 128; swap-AB: 8, 16, 24, …, 256).
+        weights_tile: output features (weight rows) per CTA tile.
+        tile_k: K extent of one pipeline stage (64 bf16 = one 128-B swizzle row).
+        stages: depth of the TMA → WGMMA shared-memory ring (≥ 2; 3+ to hide latency).
+        consumer_warpgroups: MMA warpgroups (1 or 2), stacked along GEMM M.
+        epi_stages: shared-memory buffers of the epilogue's TMA-store ring.
+        dtype: operand dtype ("bfloat16").
+        quant: None (bf16).  Reserved for FP8 formats.
+        row_scale: multiply every output row (a token slot) by a per-row fp32 factor in the
+            epilogue, before the bf16 down-cast (GEMM2 applies the routing weights this way).
+        group_tokens: rasterization: consecutive tile ids walk this many token blocks before
+            moving to the next weight block, so CTAs resident together share tiles through L2.
+    """
+
+    swap_ab: bool = False
+    tokens_tile: int = 128
+    weights_tile: int = 128
+    tile_k: int = 64
+    stages: int = 4
+    consumer_warpgroups: int = 2
+    epi_stages: int = 2
+    dtype: str = "bfloat16"
+    quant: str | None = None
+    row_scale: bool = False
+    group_tokens: int = 8
+
+    # ---- GEMM vocabulary (derived) -------------------------------------------------------
+    @property
+    def tile_m(self) -> int:
+        return self.weights_tile if self.swap_ab else self.tokens_tile
+
+    @property
+    def tile_n(self) -> int:
+        return self.tokens_tile if self.swap_ab else self.weights_tile
+
+    @property
+    def element_bytes(self) -> int:
+        return 2
+
+    @property
+    def swizzle_bytes(self) -> int:
+        """Swizzle width of the K-major operand atoms: the widest of 128/64/32 B dividing a K row."""
+        row_bytes = self.tile_k * self.element_bytes
+        for sw in (128, 64, 32):
+            if row_bytes % sw == 0:
+                return sw
+        return 0
+
+    @property
+    def epi_tile(self) -> tuple[int, int]:
+        """(M, N) of one epilogue sub-tile: each consumer warpgroup stores 64 rows of it.
+
+        N is capped at 32 columns (64 B of bf16 for an N-major C, so one 128-B swizzle row for
+        the normal path's stmatrix; for swap-AB's M-major C the contiguous mode is M)."""
+        return (64 * self.consumer_warpgroups, min(32, self.tile_n))
+
+    @property
+    def threads(self) -> int:
+        return 128 * (1 + self.consumer_warpgroups)
+
+    def smem_bytes(self) -> int:
+        ab = self.stages * (self.tile_m + self.tile_n) * self.tile_k * self.element_bytes
+        epi = self.epi_stages * self.epi_tile[0] * self.epi_tile[1] * self.element_bytes
+        return ab + epi + BARRIER_RESERVE_BYTES
+
+    def replace(self, **changes) -> "GemmConfig":
+        return dataclasses.replace(self, **changes)
+
+    def key(self) -> tuple:
+        """The compile-cache key (every field is compile-time)."""
+        return dataclasses.astuple(self)
+
+    def as_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.update(tile_m=self.tile_m, tile_n=self.tile_n, swizzle_bytes=self.swizzle_bytes,
+                 epi_tile=list(self.epi_tile), threads=self.threads, smem_bytes=self.smem_bytes())
+        return d
+
+    # ---- validation ----------------------------------------------------------------------
+    def validate(self) -> "GemmConfig":
+        """Raise ValueError naming the violated limit; return self when the config is buildable."""
+        if self.dtype not in DTYPES:
+            raise ValueError(f"GemmConfig.dtype={self.dtype!r}: supported dtypes are {DTYPES}")
+        if self.quant not in QUANT_FORMATS:
+            raise ValueError(f"GemmConfig.quant={self.quant!r}: this kernel is bf16 only (FP8 is a separate issue)")
+        if self.consumer_warpgroups not in (1, 2):
+            raise ValueError(f"GemmConfig.consumer_warpgroups={self.consumer_warpgroups}: must be 1 or 2")
+        wg_m = 64 * self.consumer_warpgroups
+        if self.tile_m % wg_m != 0 or self.tile_m > 256:
+            raise ValueError(
+                f"GEMM tile M = {self.tile_m} ({'weights' if self.swap_ab else 'tokens'}_tile) must be a multiple of "
+                f"64 rows per consumer warpgroup × {self.consumer_warpgroups} = {wg_m}, at most 256")
+        if self.tile_n % 8 != 0 or not 8 <= self.tile_n <= 256:
+            raise ValueError(
+                f"GEMM tile N = {self.tile_n} ({'tokens' if self.swap_ab else 'weights'}_tile) must be a multiple "
+                f"of 8 in [8, 256] (WGMMA's N)")
+        if not self.swap_ab and self.tokens_tile not in (64, 128):
+            raise ValueError(f"normal path: tokens_tile={self.tokens_tile} must be 64 or 128 (WGMMA M rows)")
+        if self.swap_ab and self.tile_n > 8 and self.tile_n % 16 != 0:
+            raise ValueError(
+                f"swap-AB tokens_tile={self.tile_n}: odd multiples of 8 above 8 (24, 40, …) are not supported: "
+                f"the 16-bit staged swizzled smem layout cannot be sliced at that N (FINDINGS); use 8 or a multiple of 16")
+        if not self.swap_ab and self.tile_n % 16 != 0:
+            raise ValueError(f"normal path: weights_tile={self.tile_n} must be a multiple of 16")
+        if self.tile_k % 16 != 0 or self.tile_k < 16:
+            raise ValueError(f"tile_k={self.tile_k}: must be a positive multiple of 16 (bf16 WGMMA K)")
+        if self.stages < 2:
+            raise ValueError(f"stages={self.stages}: the TMA/WGMMA ring needs at least 2 stages")
+        if self.epi_stages < 1:
+            raise ValueError(f"epi_stages={self.epi_stages}: needs at least 1 epilogue buffer")
+        if self.group_tokens < 1:
+            raise ValueError(f"group_tokens={self.group_tokens}: must be ≥ 1")
+        need = self.smem_bytes()
+        if need > SMEM_BUDGET_BYTES:
+            raise ValueError(
+                f"shared memory over budget: {need} B needed (stages={self.stages} × "
+                f"({self.tile_m}+{self.tile_n})×{self.tile_k}×2 B + epilogue + barriers) > "
+                f"{SMEM_BUDGET_BYTES} B (227 KiB per CTA on sm_90); lower stages or the tile")
+        return self
+
+
+def max_stages(cfg: GemmConfig, cap: int = 8) -> int:
+    """The deepest operand ring that fits the shared-memory budget (at most ``cap``)."""
+    best = 2
+    for s in range(2, cap + 1):
+        if cfg.replace(stages=s).smem_bytes() <= SMEM_BUDGET_BYTES:
+            best = s
+    return best
+
+
+def choose_config(tokens_per_expert: float, n_out: int, k: int, *, swap_ab: bool | None = None,
+                  row_scale: bool = False) -> GemmConfig:
+    """THE path rule.  Pick the kernel for one expert GEMM ``[T_e, k] × [n_out, k]ᵀ``.
+
+    ``tokens_per_expert`` is the mean routed tokens per expert (``T · top_k / E``), known on the
+    host without reading the routing.  ``swap_ab`` forces a path (None: follow the rule).
+
+    * swap-AB when ``tokens_per_expert ≤ SWAP_AB_MAX_TOKENS_PER_EXPERT`` (64): weights fill M
+      (128 rows = two consumer warpgroups), tokens tile = the smallest of 8/16/32/64 that covers
+      the mean (rounded up), so decode (a handful of tokens per expert) multiplies almost no
+      padding and streams every weight byte once per token tile.
+    * normal otherwise: 128 tokens × 256 weights per tile with two consumer warpgroups (the
+      compute-bound shape: 128·256 accumulators per 64-deep K step).
+    """
+    use_swap = tokens_per_expert <= SWAP_AB_MAX_TOKENS_PER_EXPERT if swap_ab is None else swap_ab
+    if use_swap:
+        tokens_tile = 8
+        while tokens_tile < min(64, tokens_per_expert):
+            tokens_tile *= 2
+        cfg = GemmConfig(swap_ab=True, tokens_tile=tokens_tile, weights_tile=128,
+                         consumer_warpgroups=2, row_scale=row_scale)
+    else:
+        cfg = GemmConfig(swap_ab=False, tokens_tile=128, weights_tile=256 if n_out >= 256 else 128,
+                         consumer_warpgroups=2, row_scale=row_scale)
+    return cfg.replace(stages=max_stages(cfg)).validate()

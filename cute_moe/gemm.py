@@ -1,0 +1,337 @@
+"""The grouped GEMM: every expert's tiles in one persistent, warp-specialized WGMMA launch.
+
+What one launch computes
+------------------------
+The MoE layer first sorts the (token, expert) pairs by expert and pads every expert's run of
+rows to a multiple of ``tokens_tile`` (``moe.align_tokens``).  After that, the sorted activations
+``X [M_pad, K]`` are cut into *token blocks* of ``tokens_tile`` rows, and every block belongs to
+exactly one expert, ``block_expert[b]``.  The grouped GEMM is then a dense GEMM whose weight tile
+is fetched from the block's expert::
+
+    for every token block b < num_blocks (read from device memory) and weight block w:
+        C[b·tT : (b+1)·tT,  w·tW : (w+1)·tW] = X[b-th block] · W[block_expert[b], w-th block]ᵀ
+                                               (· row_scale[row], optional, in fp32)
+
+``W [E, N_out, K]`` is handed to TMA as a 3-D tensor (N_out, K, E): the expert is simply the
+third TMA coordinate, read from device memory when the tile starts.  Nothing about the routing
+(group sizes, T, which experts are busy) is a compile-time constant, so a new batch never
+recompiles; one compiled kernel exists per :class:`~cute_moe.config.GemmConfig`.
+
+The two paths (normal / swap-AB) differ only in which operand plays WGMMA's A (M side):
+
+===========  =======================  =======================  ==========================
+path         A (M, 64 rows per WG)    B (N, 8 … 256)           C tile in memory
+===========  =======================  =======================  ==========================
+normal       tokens  X[b]             weights W[e, w]          N-major (rows = tokens)
+swap-AB      weights W[e, w]          tokens  X[b]             M-major (Cᵀ: transposed)
+===========  =======================  =======================  ==========================
+
+In the kernel the producer speaks MoE (it loads "the token tile" and "the weight tile"), the
+consumers speak GEMM (``sA``/``sB`` are the same buffers, swapped for swap-AB).
+
+Anatomy of a CTA (``128 · (1 + consumer_warpgroups)`` threads)
+-------------------------------------------------------------
+* warpgroup 0 — producer.  ``setmaxnreg`` lowers it to 40 registers per thread (it only
+  computes addresses).  Its first warp walks the tile sequence and, for every K step, waits
+  for a free ring slot (``producer_acquire``), then issues two TMA loads (``cp.async.bulk.tensor``)
+  into 128-B-swizzled shared memory; the slot's *full* mbarrier counts the bytes in.
+* warpgroups 1‥n — consumers.  ``setmaxnreg`` raises them to 232 registers (the fp32
+  accumulators live in registers: tile_m·tile_n/(128·n) per thread).  For every K step they
+  wait on the *full* barrier, issue ``tile_k/16`` WGMMAs (``wgmma.mma_async … m64nNk16``),
+  keep one WGMMA batch in flight (``wait_group(1)``) and release the previous slot's *empty*
+  barrier so the producer can refill it while the tensor cores work.
+* epilogue (consumers).  Optional fp32 row scale (routing weights), bf16 down-cast, ``stmatrix``
+  (the ``.trans`` form for swap-AB's M-major C) into a swizzled staging buffer, a proxy fence,
+  and one thread issues the TMA store; a small ring of staging buffers lets stores overlap.
+
+Persistent scheduling: ``gridDim.x`` = number of SMs; CTA ``c`` processes tiles ``c, c + grid,
+c + 2·grid, …`` while ``tile < num_blocks · n_weight_blocks`` (``num_blocks`` is device data).
+Tile ids are rasterized in groups of ``group_tokens`` token blocks: consecutive ids walk token
+blocks first, then weight blocks, so the CTAs resident at one moment touch few distinct weight
+tiles and few token blocks, and both are re-read from L2 instead of HBM.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+import cutlass  # noqa: E402
+import cutlass.cute as cute  # noqa: E402
+import cutlass.pipeline as pipeline  # noqa: E402
+import cutlass.utils.hopper_helpers as sm90  # noqa: E402
+from cutlass.cute.nvgpu import cpasync, warp, warpgroup  # noqa: E402
+from cutlass.tensor_utils import LayoutEnum  # noqa: E402
+
+from .config import GemmConfig  # noqa: E402
+
+PRODUCER_REGISTERS = 40
+CONSUMER_REGISTERS = 232
+EPILOGUE_BARRIER_ID = 1  # named barrier 0 is __syncthreads
+
+
+class KernelPlan:
+    """Compile-time objects derived from a config (built inside a jit context).
+
+    The kernel and ``layouts.py`` both call :meth:`GroupedGemm.plan`, so the layout data the
+    notes print is made from the very objects the kernel uses.
+    """
+
+    def __init__(self, cfg: GemmConfig, dtype):
+        self.cfg = cfg
+        self.dtype = dtype
+        tile_mnk = (cfg.tile_m, cfg.tile_n, cfg.tile_k)
+        self.tile_mnk = tile_mnk
+        # Both operands K-major (unit stride along K): the natural layout of X [T, K] and of
+        # W [N_out, K], and the only one FP8 WGMMA accepts.
+        k_major = LayoutEnum.ROW_MAJOR
+        self.c_layout = LayoutEnum.COL_MAJOR if cfg.swap_ab else LayoutEnum.ROW_MAJOR
+        # Consumer warpgroups stack along M; each warpgroup's WGMMA covers 64 rows × tile_n.
+        self.tiled_mma = sm90.make_trivial_tiled_mma(
+            dtype, dtype, k_major.sm90_mma_major_mode(), k_major.sm90_mma_major_mode(),
+            cutlass.Float32, (cfg.consumer_warpgroups, 1, 1), tiler_mn=(64, cfg.tile_n))
+        # Shared memory rings: (rows, tile_k, stages), swizzled atoms tiled to the tile shape.
+        self.a_smem_staged = sm90.make_smem_layout_a(k_major, tile_mnk, dtype, cfg.stages)
+        self.b_smem_staged = sm90.make_smem_layout_b(k_major, tile_mnk, dtype, cfg.stages)
+        self.epi_smem_staged = sm90.make_smem_layout_epi(dtype, self.c_layout, cfg.epi_tile, cfg.epi_stages)
+        # The producer speaks MoE: which ring holds tokens, which holds weights.
+        if cfg.swap_ab:
+            self.x_smem_staged, self.w_smem_staged = self.b_smem_staged, self.a_smem_staged
+        else:
+            self.x_smem_staged, self.w_smem_staged = self.a_smem_staged, self.b_smem_staged
+        self.x_smem_one = cute.slice_(self.x_smem_staged, (None, None, 0))
+        self.w_smem_one = cute.slice_(self.w_smem_staged, (None, None, 0))
+        self.epi_smem_one = cute.slice_(self.epi_smem_staged, (None, None, 0))
+        # Bytes the TMA engine deposits per ring stage: the full barrier's transaction count.
+        self.stage_bytes = (cute.size_in_bytes(dtype, self.x_smem_one)
+                            + cute.size_in_bytes(dtype, self.w_smem_one))
+
+
+class GroupedGemm:
+    """Host side (``__call__``, jit) and device side (``kernel``) of one compiled configuration.
+
+    Arguments of the compiled function (all device tensors; shapes are dynamic):
+        x            bf16 [M_pad, K]           sorted, padded tokens (K-major)
+        w            bf16 (N_out, K, E)        the expert weights [E, N_out, K] viewed N, K, E
+        c            bf16 [M_pad, N_out] (normal) or its transpose view (N_out, M_pad) (swap-AB)
+        block_expert int32 [max_blocks]        expert of every token block
+        num_blocks   int32 [1]                 number of valid token blocks (device scalar)
+        row_scale    fp32 [M_pad]              per-row factor (read only when cfg.row_scale)
+        stream       CUstream
+    """
+
+    def __init__(self, cfg: GemmConfig, num_ctas: int):
+        self.cfg = cfg.validate()
+        self.num_ctas = num_ctas
+        self.num_consumer_threads = 128 * cfg.consumer_warpgroups
+        self.dtype = cutlass.BFloat16
+
+    @cute.jit
+    def __call__(self, x: cute.Tensor, w: cute.Tensor, c: cute.Tensor, block_expert: cute.Tensor,
+                 num_blocks: cute.Tensor, row_scale: cute.Tensor, stream):
+        cfg = self.cfg
+        plan = KernelPlan(cfg, self.dtype)
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        tma_x, tma_x_tensor = cpasync.make_tiled_tma_atom(
+            g2s, x, plan.x_smem_one, (cfg.tokens_tile, cfg.tile_k))
+        tma_w, tma_w_tensor = cpasync.make_tiled_tma_atom(
+            g2s, w, plan.w_smem_one, (cfg.weights_tile, cfg.tile_k))
+        tma_c, tma_c_tensor = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileS2GOp(), c, plan.epi_smem_one, cfg.epi_tile)
+
+        @cute.struct
+        class SharedStorage:
+            ring_barriers: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
+            sA: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(plan.a_smem_staged)], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(plan.b_smem_staged)], 1024]
+            sC: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(plan.epi_smem_staged)], 1024]
+
+        self.shared_storage = SharedStorage
+        self.kernel(
+            tma_x, tma_x_tensor, tma_w, tma_w_tensor, tma_c, tma_c_tensor,
+            block_expert, num_blocks, row_scale, plan.tiled_mma,
+            plan.a_smem_staged, plan.b_smem_staged, plan.epi_smem_staged,
+        ).launch(grid=[self.num_ctas, 1, 1], block=[cfg.threads, 1, 1], cluster=[1, 1, 1],
+                 min_blocks_per_mp=1, stream=stream)
+
+    @cute.kernel
+    def kernel(self, tma_x: cute.CopyAtom, mX: cute.Tensor, tma_w: cute.CopyAtom, mW: cute.Tensor,
+               tma_c: cute.CopyAtom, mC: cute.Tensor, block_expert: cute.Tensor, num_blocks: cute.Tensor,
+               row_scale: cute.Tensor, tiled_mma: cute.TiledMma, a_smem_staged: cute.ComposedLayout,
+               b_smem_staged: cute.ComposedLayout, epi_smem_staged: cute.ComposedLayout):
+        cfg = self.cfg
+        swap = cfg.swap_ab
+        tidx, _, _ = cute.arch.thread_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        warpgroup_idx = cute.arch.make_warp_uniform(tidx // 128)
+
+        if warp_idx == 0:
+            cpasync.prefetch_descriptor(tma_x)
+            cpasync.prefetch_descriptor(tma_w)
+            cpasync.prefetch_descriptor(tma_c)
+
+        # ---- shared memory and the mbarrier ring ------------------------------------------
+        storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
+        a_one = cute.slice_(a_smem_staged, (None, None, 0))
+        b_one = cute.slice_(b_smem_staged, (None, None, 0))
+        ring = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.ring_barriers.data_ptr(),
+            num_stages=cfg.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            # every consumer warp arrives once on a slot's empty barrier
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * cfg.consumer_warpgroups),
+            tx_count=cute.size_in_bytes(self.dtype, a_one) + cute.size_in_bytes(self.dtype, b_one),
+            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+            defer_sync=True,
+        )
+        pipeline.pipeline_init_arrive()
+        sA = storage.sA.get_tensor(a_smem_staged.outer, swizzle=a_smem_staged.inner)
+        sB = storage.sB.get_tensor(b_smem_staged.outer, swizzle=b_smem_staged.inner)
+        sC = storage.sC.get_tensor(epi_smem_staged.outer, swizzle=epi_smem_staged.inner)
+        sX, sW = (sB, sA) if swap else (sA, sB)
+
+        # ---- global tiles ------------------------------------------------------------------
+        # (tT, tK, token blocks, k blocks) and (tW, tK, weight blocks, k blocks, experts)
+        gX = cute.local_tile(mX, (cfg.tokens_tile, cfg.tile_k), (None, None))
+        gW = cute.local_tile(mW, (cfg.weights_tile, cfg.tile_k), (None, None, None))
+        gC = cute.local_tile(mC, (cfg.tile_m, cfg.tile_n), (None, None))
+        k_tiles = cute.size(gX, mode=[3])
+        n_weight_blocks = cute.size(gW, mode=[2])
+        tXsX, tXgX = cpasync.tma_partition(tma_x, 0, cute.make_layout(1),
+                                           cute.group_modes(sX, 0, 2), cute.group_modes(gX, 0, 2))
+        tWsW, tWgW = cpasync.tma_partition(tma_w, 0, cute.make_layout(1),
+                                           cute.group_modes(sW, 0, 2), cute.group_modes(gW, 0, 2))
+
+        pipeline.pipeline_init_wait()
+
+        # The tile sequence, identical in producer and consumers.  Group-rasterized ids:
+        # id → (group of `group_tokens` token blocks, weight block, token block in the group).
+        n_token_blocks = num_blocks[0]
+        num_tiles = n_token_blocks * n_weight_blocks
+        group_span = cfg.group_tokens * n_weight_blocks
+
+        # ================================ producer ==========================================
+        if warpgroup_idx == 0:
+            cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
+            if warp_idx == 0:
+                state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.stages)
+                tile = cute.arch.block_idx()[0]
+                while tile < num_tiles:
+                    first_block = (tile // group_span) * cfg.group_tokens
+                    group_size = cutlass.min(n_token_blocks - first_block, cfg.group_tokens)
+                    in_group = tile % group_span
+                    token_block = first_block + in_group % group_size
+                    weight_block = in_group // group_size
+                    expert = block_expert[token_block]
+                    tXgX_tile = tXgX[(None, token_block, None)]
+                    tWgW_tile = tWgW[(None, weight_block, None, expert)]
+                    for k in range(k_tiles):
+                        ring.producer_acquire(state)
+                        full = ring.producer_get_barrier(state)
+                        cute.copy(tma_x, tXgX_tile[(None, k)], tXsX[(None, state.index)], tma_bar_ptr=full)
+                        cute.copy(tma_w, tWgW_tile[(None, k)], tWsW[(None, state.index)], tma_bar_ptr=full)
+                        ring.producer_commit(state)
+                        state.advance()
+                    tile += cute.arch.grid_dim()[0]
+                ring.producer_tail(state)
+
+        # ================================ consumers =========================================
+        if warpgroup_idx > 0:
+            cute.arch.setmaxregister_increase(CONSUMER_REGISTERS)
+            mma_tidx = tidx - 128
+            thr_mma = tiled_mma.get_slice(mma_tidx)
+            tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+            tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+            # Which (m, n) of the tile each accumulator register holds (used by the row scale).
+            tCcC = thr_mma.partition_C(cute.make_identity_tensor((cfg.tile_m, cfg.tile_n)))
+            acc = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)
+            k_blocks = cute.size(tCrA, mode=[2])
+
+            # Epilogue plumbing: registers → (stmatrix) → swizzled smem → (TMA) → global.
+            stmatrix = cute.make_copy_atom(warp.StMatrix8x8x16bOp(swap, 4 if cfg.tile_n >= 16 else 2),
+                                           self.dtype)
+            r2s = cute.make_tiled_copy_S(stmatrix, cute.make_tiled_copy_C_atom(stmatrix, tiled_mma))
+            thr_r2s = r2s.get_slice(mma_tidx)
+            tRS_sC = thr_r2s.partition_D(sC)
+            tRS_acc = r2s.retile(acc)
+            rD_shape = cute.shape(thr_r2s.partition_S(sC))[:3]
+            tRS_rD = cute.make_rmem_tensor(rD_shape, cutlass.Float32)
+            tRS_rD_out = cute.make_rmem_tensor(rD_shape, self.dtype)
+            rD_size = cute.size(tRS_rD)
+            epi_barrier = pipeline.NamedBarrier(barrier_id=EPILOGUE_BARRIER_ID,
+                                                num_threads=self.num_consumer_threads)
+            store_ring = pipeline.PipelineTmaStore.create(
+                num_stages=cfg.epi_stages,
+                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumer_threads))
+            is_store_warp = warp_idx == 4
+
+            read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
+            release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
+            tiles_done = cutlass.Int32(0)
+            tile = cute.arch.block_idx()[0]
+            while tile < num_tiles:
+                first_block = (tile // group_span) * cfg.group_tokens
+                group_size = cutlass.min(n_token_blocks - first_block, cfg.group_tokens)
+                in_group = tile % group_span
+                token_block = first_block + in_group % group_size
+                weight_block = in_group // group_size
+
+                # ---- main loop: K steps through the ring --------------------------------
+                acc.fill(0.0)
+                tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+                warpgroup.fence()
+                # first K step: issue, do not wait (nothing older to retire)
+                ring.consumer_wait(read)
+                for kb in cutlass.range_constexpr(k_blocks):
+                    cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read.index)],
+                              tCrB[(None, None, kb, read.index)], acc)
+                warpgroup.commit_group()
+                read.advance()
+                for k in range(1, k_tiles):
+                    ring.consumer_wait(read)
+                    for kb in cutlass.range_constexpr(k_blocks):
+                        cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read.index)],
+                                  tCrB[(None, None, kb, read.index)], acc)
+                    warpgroup.commit_group()
+                    # keep this step's WGMMAs in flight; the previous step's are done → free its slot
+                    warpgroup.wait_group(1)
+                    ring.consumer_release(release)
+                    release.advance()
+                    read.advance()
+                warpgroup.wait_group(0)
+                ring.consumer_release(release)
+                release.advance()
+
+                # ---- epilogue -------------------------------------------------------------
+                if cutlass.const_expr(cfg.row_scale):
+                    # fp32 routing weight per token row, applied before the bf16 rounding
+                    row0 = token_block * cfg.tokens_tile
+                    for i in cutlass.range_constexpr(cute.size(acc)):
+                        token = tCcC[i][1] if swap else tCcC[i][0]
+                        acc[i] = acc[i] * row_scale[row0 + token]
+
+                m_block, n_block = (weight_block, token_block) if swap else (token_block, weight_block)
+                gC_epi = cute.zipped_divide(gC[(None, None, m_block, n_block)], cfg.epi_tile)
+                bSG_sC, bSG_gC = cpasync.tma_partition(tma_c, 0, cute.make_layout(1),
+                                                       cute.group_modes(sC, 0, 2), gC_epi)
+                epi_grid = gC_epi.shape[1]
+                epi_count = cute.size(gC_epi, mode=[1])
+                epi_order = cute.make_layout(epi_grid, stride=(epi_grid[1], 1))
+                for e in cutlass.range_constexpr(epi_count):
+                    for v in cutlass.range_constexpr(rD_size):
+                        tRS_rD[v] = tRS_acc[e * rD_size + v]
+                    tRS_rD_out.store(tRS_rD.load().to(self.dtype))
+                    buf = (tiles_done * epi_count + e) % cfg.epi_stages
+                    cute.copy(r2s, tRS_rD_out, tRS_sC[(None, None, None, buf)])
+                    # make the generic-proxy smem writes visible to the TMA (async proxy)
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    epi_barrier.arrive_and_wait()
+                    if is_store_warp:
+                        cute.copy(tma_c, bSG_sC[(None, buf)], bSG_gC[(None, epi_order.get_hier_coord(e))])
+                        store_ring.producer_commit()
+                        store_ring.producer_acquire()
+                    epi_barrier.arrive_and_wait()
+                tiles_done += 1
+                tile += cute.arch.grid_dim()[0]
+            store_ring.producer_tail()

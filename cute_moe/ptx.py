@@ -1,0 +1,93 @@
+"""Compile a configuration without a GPU, and the one compile cache the package uses.
+
+``compile_gemm(cfg)`` builds the kernel from *fake* tensors: every extent that depends on the
+batch (M_pad, N_out, K, E, the block count) is a symbolic integer, so the compiled function
+accepts any problem size and routing; only the :class:`GemmConfig` is baked in.  The same
+compiled object serves the CPU (to read its PTX) and the GPU (to launch it), and
+``compile_count()`` counts how many times the DSL actually ran: a T sweep or a new routing must
+leave it unchanged.
+
+``compile_ptx(cfg)`` returns the PTX text: the teaching view of what WGMMA, TMA, ``setmaxnreg``
+and ``stmatrix`` instructions the config produced, and the CPU test hook.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+import cutlass  # noqa: E402
+import cutlass.cute as cute  # noqa: E402
+from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor  # noqa: E402
+
+from .config import GemmConfig  # noqa: E402
+from .gemm import GroupedGemm  # noqa: E402
+
+DEFAULT_NUM_CTAS = 132
+"""Persistent grid size: the H200's (and H100 SXM's) SM count."""
+
+_cache: dict[tuple, object] = {}
+_compiles = 0
+_lock = threading.Lock()
+_dump_dir: str | None = None
+
+
+def _ptx_dir() -> str:
+    global _dump_dir
+    if _dump_dir is None:
+        _dump_dir = tempfile.mkdtemp(prefix="cute_moe_ptx_")
+    return _dump_dir
+
+
+def compile_count() -> int:
+    """How many kernels this process has compiled (cache misses of :func:`compile_gemm`)."""
+    return _compiles
+
+
+def fake_arguments(cfg: GemmConfig):
+    """Symbolic stand-ins for the kernel's arguments (bf16 operands, 16-B aligned rows)."""
+    dt = cutlass.BFloat16
+    align = 8  # elements: 16 bytes of bf16 — TMA needs 16-B aligned strides
+    m_pad = cute.sym_int(divisibility=cfg.tokens_tile)
+    n_out = cute.sym_int(divisibility=align)
+    k = cute.sym_int(divisibility=align)
+    experts = cute.sym_int()
+    x = make_fake_compact_tensor(dt, (m_pad, k), stride_order=(1, 0), assumed_align=16)
+    # W [E, N_out, K] seen as (N_out, K, E): strides (K, 1, N_out·K)
+    w = make_fake_tensor(dt, (n_out, k, experts),
+                         stride=(cute.sym_int64(divisibility=align), 1, cute.sym_int64(divisibility=align)),
+                         assumed_align=16)
+    c_stride = cute.sym_int64(divisibility=align)
+    if cfg.swap_ab:  # C [M_pad, N_out] viewed as Cᵀ (N_out, M_pad), M-major
+        c = make_fake_tensor(dt, (n_out, m_pad), stride=(1, c_stride), assumed_align=16)
+    else:
+        c = make_fake_tensor(dt, (m_pad, n_out), stride=(c_stride, 1), assumed_align=16)
+    block_expert = make_fake_compact_tensor(cutlass.Int32, (cute.sym_int(),), assumed_align=4)
+    num_blocks = make_fake_compact_tensor(cutlass.Int32, (1,), assumed_align=4)
+    row_scale = make_fake_compact_tensor(cutlass.Float32, (cute.sym_int(),), assumed_align=4)
+    return x, w, c, block_expert, num_blocks, row_scale, make_fake_stream()
+
+
+def compile_gemm(cfg: GemmConfig, num_ctas: int = DEFAULT_NUM_CTAS, *, keep_ptx: bool = False):
+    """The compiled grouped GEMM for ``cfg`` (cached per config and grid size)."""
+    global _compiles
+    cfg.validate()
+    key = (cfg.key(), num_ctas, keep_ptx)
+    with _lock:
+        hit = _cache.get(key)
+        if hit is not None:
+            return hit
+        # --keep-ptx writes a file; send it to a private temp dir, never the working directory
+        options = f"--keep-ptx --dump-dir {_ptx_dir()}" if keep_ptx else None
+        compiled = cute.compile(GroupedGemm(cfg, num_ctas), *fake_arguments(cfg), options=options)
+        _compiles += 1
+        _cache[key] = compiled
+        return compiled
+
+
+def compile_ptx(cfg: GemmConfig, num_ctas: int = DEFAULT_NUM_CTAS) -> str:
+    """PTX of the kernel for ``cfg``, compiled on the CPU (no GPU needed)."""
+    return compile_gemm(cfg, num_ctas, keep_ptx=True).__ptx__
