@@ -1,0 +1,50 @@
+"""The timing utility: roofline arithmetic (CPU) and the CUDA-graph timer against known work (GPU)."""
+
+import pytest
+import torch
+
+from compare.timing import Ceilings, _percentile, moe_traffic, roofline, sets_for_cold_l2, time_cuda_graph
+
+
+def test_roofline_picks_the_larger_floor():
+    c = Ceilings("test", copy_tbps=4.0, bf16_tflops=800.0, fp8_tflops=1600.0)
+    mem = roofline(4e9, 1e9, c)  # 1 ms of bytes, 1.25 µs of math
+    assert mem["bound"] == "memory" and mem["floor_us"] == pytest.approx(1000.0)
+    comp = roofline(4e6, 8e12, c, matmul="fp8", measured_us=10_000.0)
+    assert comp["bound"] == "compute" and comp["floor_us"] == pytest.approx(5000.0)
+    assert comp["pct_of_floor"] == pytest.approx(50.0) and comp["tflops"] == pytest.approx(800.0)
+
+
+def test_traffic_counts_weights_of_hit_experts_once():
+    b, f = moe_traffic(T=8, K=4096, I=14336, top_k=2, experts_hit=8, weight_bytes=2)
+    assert b == 8 * 3 * 14336 * 4096 * 2 + 2 * 8 * 4096 * 2
+    assert f == 2 * 8 * 2 * 3 * 14336 * 4096
+
+
+def test_rotation_covers_the_l2():
+    assert sets_for_cold_l2(10 * 2**20) == 18  # 3 × 60 MiB / 10 MiB
+    assert sets_for_cold_l2(2**40) == 2 and sets_for_cold_l2(1) == 64
+
+
+def test_percentile_interpolates():
+    assert _percentile([1, 2, 3, 4, 5], 0.5) == 3 and _percentile([0, 10], 0.1) == pytest.approx(1.0)
+
+
+@pytest.mark.gpu
+def test_graph_timer_measures_a_copy_at_plausible_bandwidth():
+    n = 64 * 2**20  # 128 MiB of bf16 per buffer
+    sets = [(torch.randn(n, device="cuda").bfloat16(), torch.empty(n, device="cuda", dtype=torch.bfloat16))
+            for _ in range(3)]
+    t = time_cuda_graph(lambda i: (lambda: sets[i][1].copy_(sets[i][0])), len(sets), replays=10)
+    tbps = 2 * n * 2 / (t.median_us * 1e-6) / 1e12
+    assert 1.0 < tbps < 5.5, tbps  # H200: ~4.2 TB/s (read + write)
+    assert t.p10_us <= t.median_us <= t.p90_us
+
+
+@pytest.mark.gpu
+def test_oracle_on_gpu_matches_cpu():
+    from compare.oracle import oracle, rel_l2
+    from compare.problem import MoEShape, make_inputs
+
+    inp = make_inputs(MoEShape("s", 8, 2, 256, 128, "test"), 33, "fp8_block", seed=2)
+    assert rel_l2(oracle(**inp.to("cuda").kwargs()).cpu(), oracle(**inp.kwargs())) < 1e-12
