@@ -1,0 +1,189 @@
+"""The MoE layer on top of the grouped GEMM: align, GEMM1, SiLU·mul, GEMM2 (+ routing weight), combine.
+
+For ``T`` tokens routed to ``top_k`` of ``E`` experts (``topk_ids``, ``topk_weights``)::
+
+    out[t] = Σ_j  w[t, j] · ( SiLU(x[t]·W1g[e]ᵀ) ⊙ (x[t]·W1u[e]ᵀ) ) · W2[e]ᵀ ,   e = topk_ids[t, j]
+
+with ``W1 [E, 2I, K]`` (gate rows, then up rows) and ``W2 [E, K, I]``.
+
+Step by step (every step is device work; nothing reads routing data back to the host, so the
+whole layer can be captured in a CUDA graph and a new routing never recompiles anything):
+
+1. ``align_tokens``: the ``P = T·top_k`` (token, slot) pairs are sorted by expert (stable
+   argsort), and every expert's run is padded to a multiple of the token tile ``tT`` — the
+   contract of vLLM's ``moe_align_block_size``, written with torch ops (scatter_add for the
+   counts, cumsum for the offsets, searchsorted for each block's expert).  The buffers are sized
+   by the host-known worst case ``P + E·(tT − 1)`` rows, so their sizes depend on T only; the
+   number of *used* blocks is a device scalar the GEMM's scheduler reads.
+2. gather ``X_sorted[r] = x[token(r)]`` (padding rows repeat token 0: finite, later weighted 0).
+3. GEMM1 (grouped): ``H = X_sorted · W1[e]ᵀ``  → ``[M_pad, 2I]``.
+4. ``A = SiLU(H[:, :I]) ⊙ H[:, I:]`` (a torch op in bf16 — the fused-epilogue version is future
+   work: it needs W1's gate and up rows interleaved so one tile holds both halves).
+5. GEMM2 (grouped): ``Y = (A · W2[e]ᵀ) · w_row`` — the routing weight of each sorted row is
+   applied in fp32 in the epilogue, before rounding to bf16 (padding rows get weight 0).
+6. combine: ``out[t] = Σ_j Y[row(t, j)]`` (a gather and a sum over top_k, in fp32).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+import torch  # noqa: E402
+
+from .config import GemmConfig, choose_config  # noqa: E402
+
+_ALIGN_ELEMS = 8  # TMA: every row stride must be a multiple of 16 bytes = 8 bf16
+
+
+@dataclass
+class Alignment:
+    """Expert-contiguous, tile-padded order of the (token, slot) pairs (all device tensors).
+
+    Attributes:
+        tile: the padding multiple (token rows per block).
+        sorted_token: int64 [M_pad] token feeding each sorted row (0 for padding rows).
+        sorted_weight: fp32 [M_pad] routing weight of each sorted row (0 for padding rows).
+        pair_row: int64 [T·top_k] sorted row of pair (t, j) (row-major over (t, j)).
+        padded_end: int64 [E] end row of each expert's padded run (inclusive cumsum).
+    """
+
+    tile: int
+    sorted_token: torch.Tensor
+    sorted_weight: torch.Tensor
+    pair_row: torch.Tensor
+    padded_end: torch.Tensor
+
+    @property
+    def rows(self) -> int:
+        return self.sorted_token.numel()
+
+    def blocks(self, tokens_tile: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(block_expert int32 [M_pad / tokens_tile], num_blocks int32 [1]) for a GEMM's token tile.
+
+        ``tokens_tile`` must divide ``tile``, so each block lies inside one expert's run.  Blocks
+        past the used rows get the last expert (never read: the scheduler stops at num_blocks).
+        """
+        if self.tile % tokens_tile:
+            raise ValueError(f"tokens_tile={tokens_tile} does not divide the alignment tile {self.tile}")
+        starts = torch.arange(0, self.rows, tokens_tile, device=self.padded_end.device)
+        expert = torch.searchsorted(self.padded_end, starts, right=True)
+        expert = expert.clamp_(max=self.padded_end.numel() - 1).to(torch.int32)
+        num_blocks = (self.padded_end[-1:] // tokens_tile).to(torch.int32)
+        return expert, num_blocks
+
+
+def align_tokens(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, tile: int) -> Alignment:
+    """Sort (token, slot) pairs by expert and pad each expert's run to a multiple of ``tile``."""
+    T, k = topk_ids.shape
+    pairs = T * k
+    device = topk_ids.device
+    rows = math.ceil((pairs + num_experts * (tile - 1)) / tile) * tile
+    expert = topk_ids.reshape(-1).to(torch.int64)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=device)
+    counts.scatter_add_(0, expert, torch.ones_like(expert))
+    padded = (counts + tile - 1) // tile * tile
+    padded_end = torch.cumsum(padded, 0)
+    padded_start = padded_end - padded
+    count_start = torch.cumsum(counts, 0) - counts
+    order = torch.argsort(expert, stable=True)  # pair ids, grouped by expert, in token order
+    expert_sorted = expert[order]
+    rank = torch.arange(pairs, device=device) - count_start[expert_sorted]
+    row = padded_start[expert_sorted] + rank  # destination row of the i-th sorted pair
+    pair_row = torch.empty(pairs, dtype=torch.int64, device=device).scatter_(0, order, row)
+    sorted_token = torch.zeros(rows, dtype=torch.int64, device=device).scatter_(0, row, order // k)
+    sorted_weight = torch.zeros(rows, dtype=torch.float32, device=device).scatter_(
+        0, row, topk_weights.reshape(-1).to(torch.float32)[order])
+    return Alignment(tile, sorted_token, sorted_weight, pair_row, padded_end)
+
+
+def _cute_tensor(t: torch.Tensor, leading_dim: int):
+    from cutlass.cute.runtime import from_dlpack
+
+    return from_dlpack(t, assumed_align=16).mark_layout_dynamic(leading_dim=leading_dim)
+
+
+def grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, alignment: Alignment, cfg: GemmConfig, *,
+                 row_scale: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``out[r] = x_sorted[r] · w[expert(r)]ᵀ (· row_scale[r])`` for every used sorted row r.
+
+    x_sorted: bf16 [M_pad, K]; w: bf16 [E, N_out, K] (contiguous).  Returns bf16 [M_pad, N_out]
+    (rows past the used blocks are left unwritten).
+    """
+    import cuda.bindings.driver as cuda
+    from cutlass.cute.runtime import from_dlpack
+
+    from .ptx import compile_gemm
+
+    m_pad, k = x_sorted.shape
+    n_experts, n_out, k_w = w.shape
+    if k_w != k:
+        raise ValueError(f"grouped_gemm: K of x_sorted ({k}) and w ({k_w}) differ")
+    for name, v in (("K", k), ("N_out", n_out)):
+        if v % _ALIGN_ELEMS:
+            raise ValueError(f"grouped_gemm: {name}={v} must be a multiple of {_ALIGN_ELEMS} "
+                             f"(TMA needs 16-byte aligned bf16 rows)")
+    if cfg.row_scale != (row_scale is not None):
+        raise ValueError("grouped_gemm: pass row_scale exactly when cfg.row_scale is set")
+    if out is None:
+        out = torch.empty(m_pad, n_out, dtype=torch.bfloat16, device=x_sorted.device)
+    block_expert, num_blocks = alignment.blocks(cfg.tokens_tile)
+    if row_scale is None:
+        row_scale = alignment.sorted_weight  # a valid fp32 buffer the kernel never reads
+    compiled = compile_gemm(cfg, _num_sms(x_sorted.device))
+    compiled(
+        _cute_tensor(x_sorted, 1),
+        _cute_tensor(w.permute(1, 2, 0), 1),  # (N_out, K, E): the expert is TMA's 3rd coordinate
+        _cute_tensor(out.t(), 0) if cfg.swap_ab else _cute_tensor(out, 1),
+        from_dlpack(block_expert), from_dlpack(num_blocks), from_dlpack(row_scale),
+        cuda.CUstream(torch.cuda.current_stream(x_sorted.device).cuda_stream),
+    )
+    return out
+
+
+_sm_counts: dict = {}
+
+
+def _num_sms(device) -> int:
+    idx = torch.device(device).index or 0
+    if idx not in _sm_counts:
+        _sm_counts[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _sm_counts[idx]
+
+
+def layer_configs(T: int, E: int, K: int, I: int, top_k: int, swap_ab: bool | None = None  # noqa: E741
+                  ) -> tuple[GemmConfig, GemmConfig]:
+    """The (GEMM1, GEMM2) configs :func:`fused_moe` uses (the documented rule of config.py)."""
+    per_expert = T * top_k / E
+    return (choose_config(per_expert, 2 * I, K, swap_ab=swap_ab),
+            choose_config(per_expert, K, I, swap_ab=swap_ab, row_scale=True))
+
+
+def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None,
+              swap_ab: bool | None = None, configs: tuple[GemmConfig, GemmConfig] | None = None) -> torch.Tensor:
+    """The backend contract: bf16 ``[T, K]`` output of the MoE layer.
+
+    Backend options: ``swap_ab`` forces the path (None: the rule in :func:`choose_config`);
+    ``configs`` overrides the (GEMM1, GEMM2) configs outright.
+    """
+    from compare.validate import validate_moe_args
+
+    dims = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale)
+    if quant is not None:
+        raise NotImplementedError(f"cute_moe: quant={quant!r} is not implemented yet (bf16 only; FP8 is a separate issue)")
+    T, E, K, I, top_k = dims.T, dims.E, dims.K, dims.I, dims.top_k  # noqa: E741
+    if T == 0:
+        return x.new_empty((0, K))
+    if x.device.type != "cuda":
+        raise ValueError("cute_moe.fused_moe: x must be on a CUDA device (Hopper); the CPU path is compile_ptx()")
+    cfg1, cfg2 = configs if configs is not None else layer_configs(T, E, K, I, top_k, swap_ab)
+    alignment = align_tokens(topk_ids, topk_weights, E, math.lcm(cfg1.tokens_tile, cfg2.tokens_tile))
+    x_sorted = x.index_select(0, alignment.sorted_token)
+    h = grouped_gemm(x_sorted, w1, alignment, cfg1)
+    a = torch.nn.functional.silu(h[:, :I]) * h[:, I:]
+    y = grouped_gemm(a, w2, alignment, cfg2, row_scale=alignment.sorted_weight)
+    out = y.index_select(0, alignment.pair_row).view(T, top_k, K).float().sum(1)
+    return out.to(torch.bfloat16)
