@@ -1,0 +1,19 @@
+"""triton_moe: the fused MoE expert computation written in Triton.
+
+``fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None,
+config=None, swap_ab=None)`` implements the backend contract of :mod:`compare.contract`;
+``fused_experts`` is the same function in vLLM's spelling.
+
+Read in this order: :mod:`~triton_moe.align` (sorting pairs by expert), :mod:`~triton_moe.kernels`
+(the grouped GEMM with swap-AB and in-register FP8), :mod:`~triton_moe.moe` (the pipeline),
+:mod:`~triton_moe.config` (tiles, the swap-AB rule, tuned tables), :mod:`~triton_moe.jit`
+(the compile counter), :mod:`~triton_moe.autotune` and :mod:`~triton_moe.bench` (GPU tools).
+"""
+
+from compare.contract import make_fused_experts
+from triton_moe.config import TritonConfig, choose_swap_ab, get_config
+from triton_moe.moe import fused_moe
+
+fused_experts = make_fused_experts(fused_moe)
+
+__all__ = ["fused_moe", "fused_experts", "TritonConfig", "choose_swap_ab", "get_config"]

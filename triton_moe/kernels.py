@@ -1,0 +1,301 @@
+"""The Triton kernels of the MoE layer: one grouped GEMM (used twice), an amax pass, the combine.
+
+The layer, for P = T·top_k (token, slot) pairs sorted by expert (:mod:`triton_moe.align`)::
+
+    GEMM1   h_p = x_t · W1[e]ᵀ              x [T, K], W1[e] = [gate rows; up rows] [2I, K]
+            a_p = SiLU(h_p[:I]) · h_p[I:]   fused in GEMM1's epilogue → act [P, I]
+    GEMM2   y_p = w_p · (a_p · W2[e]ᵀ)      W2[e] [K, I]; routing weight w_p in the epilogue → y [P, K]
+    combine out_t = Σ_j y_{t·top_k + j}     fixed order j = 0 … top_k−1 (deterministic)
+
+``moe_gemm_kernel`` — one program = BLOCK_M sorted pairs of one expert × BLOCK_N output columns
+    Rows are gathered through ``sorted_ids`` (A row = pair // A_ROW_DIV: the token in GEMM1, the
+    pair itself in GEMM2); padding rows (sentinel id P) load zeros and are never stored. The
+    expert's weight tile W[e][n : n+BLOCK_N, k : k+BLOCK_K] is read in its natural K-major layout.
+    GEMM1 keeps two accumulators, gate columns n… and up columns I+n…, so SiLU(gate)·up happens in
+    registers and the [P, 2I] pre-activation never reaches memory.
+
+Swap-AB (``SWAP_AB``)
+    Without swap the accumulator is [BLOCK_M, BLOCK_N] += A·Wᵀ: the tokens are WGMMA's M side,
+    which must be 64 rows per warpgroup. With swap it is [BLOCK_N, BLOCK_M] += W·Aᵀ: the weight
+    rows fill M and the few tokens become the N side (≥ 8). The accumulator is transposed back
+    (``tl.trans``) before the epilogue, so everything after the K loop is shared.
+
+FP8 W8A8 (``QUANT``: 0 bf16, 1 per-tensor, 2 per-channel, 3 128×128 block)
+    Weights arrive in E4M3 with their scales. Activations arrive in high precision (x in bf16,
+    the intermediate in fp32) together with their amax, and are quantized in registers as each A
+    tile is loaded: ``q = e4m3(clamp(a / s, ±448))``, ``s = max(amax, 1e−12) / 448`` — exactly the
+    reference quantization of :mod:`compare.quant`. So there is no separate quantization kernel:
+    x's amax comes from ``amax_kernel`` (one read of x), the intermediate's from GEMM1's epilogue
+    (``tl.atomic_max``, which is order-independent, hence deterministic). The intermediate stays
+    fp32 because quantizing a bf16-rounded copy would move ~2 % of its values across an FP8
+    rounding boundary, a ~1 % error by itself. Dequantization happens in registers:
+
+    * per-tensor:  acc · s_a · s_w[e]                         after the K loop
+    * per-channel: acc · s_a[row] · s_w[e, col]               after the K loop
+    * block:       acc += (A_k·W_kᵀ) · s_a[row, k/128] · s_w[e, col/128, k/128]   every K step
+                   (BLOCK_K divides 128, so one K step never straddles a scale block)
+
+The interpreter and bf16 (``INTERPRETER``)
+    Triton's CPU interpreter (3.6.0) gets three conversions wrong: ``tl.dot`` on bf16 operands
+    returns garbage (FINDINGS.md), an fp32→bf16 cast truncates instead of rounding to nearest
+    even (half of all values one ulp low), and an fp32→e4m3 cast loses the carry of a round-up
+    into the exponent and breaks ties upwards (4 % of values wrong). :mod:`triton_moe.moe` passes
+    INTERPRETER = True only when ``TRITON_INTERPRET=1``; then bf16 tiles are widened to fp32
+    before the dot (products of bf16 values are exact in fp32, so the CPU computes what the GPU's
+    bf16 WGMMA with fp32 accumulation computes, up to summation order), and ``_cast_out`` and
+    ``_quantize`` round the fp32 value onto the target grid before casting. On the GPU the
+    constexpr is False: the native bf16 dot and the hardware's rounding casts are compiled, and
+    these branches do not exist in the binary.
+
+Recompilation: the per-call sizes (``num_pairs``, ``num_rows``, ``num_tokens``) are ``do_not_specialize``;
+N and K are model constants; strides are derived from them (inputs are contiguous).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+#: Quant modes as the kernels see them.
+QUANT_MODE = {None: 0, "fp8_tensor": 1, "fp8_channel": 2, "fp8_block": 3}
+FP8_MAX = 448.0
+AMAX_FLOOR = 1e-12
+SCALE_BLOCK = 128  # compare.problem.FP8_BLOCK; constexpr literal in the kernels below
+
+
+@triton.jit
+def _scale_of(amax):
+    """fp32 scale of an amax, as compare.quant computes it."""
+    return tl.maximum(amax, 1e-12) / 448.0
+
+
+@triton.jit
+def _quantize(a, scale, INTERPRETER: tl.constexpr):
+    """e4m3(clamp(a / scale, ±448)): round to nearest even, saturating.
+
+    The interpreter's fp32→e4m3 cast mishandles ties and rounding that carries into the exponent
+    (31 → 16 instead of 32); there the value is rounded to e4m3's grid in fp32 first: 3 mantissa
+    bits for normals (|q| ≥ 2⁻⁶), a fixed step of 2⁻⁹ below, so the cast itself is exact.
+    """
+    q = tl.clamp(a.to(tl.float32) / scale, -448.0, 448.0)
+    if INTERPRETER:
+        bits = q.to(tl.uint32, bitcast=True)
+        normal = ((bits + (0x7FFFF + ((bits >> 20) & 1))) & 0xFFF00000).to(tl.float32, bitcast=True)
+        subnormal = ((q * 512.0 + 12582912.0) - 12582912.0) / 512.0  # 1.5·2²³: RNE to an integer
+        q = tl.where(tl.abs(q) >= 0.015625, normal, subnormal)
+    return q.to(tl.float8e4nv)
+
+
+@triton.jit
+def _cast_out(x, dtype: tl.constexpr, INTERPRETER: tl.constexpr):
+    """fp32 → output dtype, rounding to nearest even. The interpreter's fp32→bf16 cast truncates,
+    so there the rounding is done on the bits first (the cast then only drops zero bits)."""
+    if INTERPRETER and dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & 0xFFFF0000
+        x = bits.to(tl.float32, bitcast=True)
+    return x.to(dtype)
+
+
+@triton.jit
+def _mma(acc, a, w, SWAP_AB: tl.constexpr, INTERPRETER: tl.constexpr):
+    """acc += a·wᵀ ([BM, BN]) or, swapped, acc += w·aᵀ ([BN, BM])."""
+    if INTERPRETER and a.dtype == tl.bfloat16:
+        a = a.to(tl.float32)
+        w = w.to(tl.float32)
+    if SWAP_AB:
+        acc = tl.dot(w, tl.trans(a), acc)
+    else:
+        acc = tl.dot(a, tl.trans(w), acc)
+    return acc
+
+
+@triton.jit
+def _mma_scaled(acc, a, w, a_s, w_s, SWAP_AB: tl.constexpr):
+    """Block-scaled FP8 step: acc += (a·wᵀ) · a_s[row] · w_s[col] (transposed when swapped)."""
+    if SWAP_AB:
+        acc += tl.dot(w, tl.trans(a)) * (w_s[:, None] * a_s[None, :])
+    else:
+        acc += tl.dot(a, tl.trans(w)) * (a_s[:, None] * w_s[None, :])
+    return acc
+
+
+@triton.jit
+def _acc_tile(SWAP_AB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    if SWAP_AB:
+        return tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    else:
+        return tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+
+
+@triton.jit
+def _unswap(acc, SWAP_AB: tl.constexpr):
+    if SWAP_AB:
+        return tl.trans(acc)
+    else:
+        return acc
+
+
+@triton.jit
+def _dequant_after_loop(acc, a_amax_ptr, a_row, row_ok, w_scale_ptr, expert, w_cols, col_ok,
+                        N_TOTAL, QUANT: tl.constexpr):
+    """Per-tensor / per-channel FP8: apply both scales once, after the K loop ([BM, BN] acc)."""
+    if QUANT == 1:
+        s_a = _scale_of(tl.load(a_amax_ptr))
+        s_w = tl.load(w_scale_ptr + expert)
+        acc = acc * (s_a * s_w)
+    elif QUANT == 2:
+        s_a = _scale_of(tl.load(a_amax_ptr + a_row, mask=row_ok, other=1.0))
+        s_w = tl.load(w_scale_ptr + expert * N_TOTAL + w_cols, mask=col_ok, other=0.0)
+        acc = acc * s_a[:, None] * s_w[None, :]
+    return acc
+
+
+@triton.jit(do_not_specialize=["num_pairs"])
+def moe_gemm_kernel(
+    a_ptr, a_amax_ptr,  # A rows [rows, K] (bf16 x or fp32 intermediate) and its amax (FP8)
+    w_ptr, w_scale_ptr,  # expert weights [E, N_TOTAL, K] and their scales (FP8)
+    out_ptr, out_amax_ptr,  # output rows by pair [P, N]; amax of the output (GEMM1 under FP8)
+    topk_weights_ptr,  # [P] routing weights (GEMM2)
+    sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,  # from align_block_size
+    num_pairs,  # P = T·top_k: varies per call
+    N, K,  # output columns (I for GEMM1, hidden for GEMM2) and reduction length
+    A_ROW_DIV: tl.constexpr,  # A row of pair p is p // A_ROW_DIV (top_k in GEMM1, 1 in GEMM2)
+    FUSE_SILU: tl.constexpr,  # GEMM1: gate and up accumulators, SiLU(gate)·up epilogue
+    MUL_ROUTED_WEIGHT: tl.constexpr,  # GEMM2: multiply by the routing weight before the down-cast
+    QUANT: tl.constexpr,
+    SWAP_AB: tl.constexpr,
+    INTERPRETER: tl.constexpr,  # True only under TRITON_INTERPRET=1 (see the module docstring)
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    # ---- which tile: grouped ordering (GROUP_M M-blocks sweep the N tiles together, for L2) ----
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_m = tl.num_programs(0) // num_pid_n
+    group = pid // (GROUP_M * num_pid_n)
+    first_m = group * GROUP_M
+    group_size = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % (GROUP_M * num_pid_n)) % group_size
+    pid_n = (pid % (GROUP_M * num_pid_n)) // group_size
+
+    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+        return  # past the padded total: the grid was sized for the worst case
+
+    # ---- rows (sorted pairs of one expert) and columns ----
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_ids_ptr + offs_m)
+    row_ok = pair < num_pairs
+    a_row = pair // A_ROW_DIV
+    expert = tl.load(expert_ids_ptr + pid_m)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    if FUSE_SILU:
+        N_TOTAL = 2 * N  # W1 rows: gate 0…I−1, up I…2I−1
+    else:
+        N_TOTAL = N
+    K_GROUPS = tl.cdiv(K, 128)
+    N_GROUPS = tl.cdiv(N_TOTAL, 128)
+
+    a_ptrs = a_ptr + a_row[:, None] * K + offs_k[None, :]
+    w_ptrs = w_ptr + expert * N_TOTAL * K + offs_n[:, None] * K + offs_k[None, :]
+
+    # ---- per-row activation scale (per-tensor / per-channel), fixed over K ----
+    if QUANT == 1:
+        s_a_row = _scale_of(tl.load(a_amax_ptr))
+    elif QUANT == 2:
+        s_a_row = _scale_of(tl.load(a_amax_ptr + a_row, mask=row_ok, other=1.0))[:, None]
+
+    acc = _acc_tile(SWAP_AB, BLOCK_M, BLOCK_N)
+    acc_up = _acc_tile(SWAP_AB, BLOCK_M, BLOCK_N)  # GEMM1 only; folded away otherwise
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = offs_k < K - k0
+        a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        if FUSE_SILU:
+            w_up = tl.load(w_ptrs + N * K, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        if QUANT == 0:
+            acc = _mma(acc, a, w, SWAP_AB, INTERPRETER)
+            if FUSE_SILU:
+                acc_up = _mma(acc_up, a, w_up, SWAP_AB, INTERPRETER)
+        elif QUANT == 3:
+            kg = k0 // 128
+            s_a = _scale_of(tl.load(a_amax_ptr + a_row * K_GROUPS + kg, mask=row_ok, other=1.0))
+            qa = _quantize(a, s_a[:, None], INTERPRETER)
+            s_w = tl.load(w_scale_ptr + (expert * N_GROUPS + offs_n // 128) * K_GROUPS + kg,
+                          mask=col_ok, other=0.0)
+            acc = _mma_scaled(acc, qa, w, s_a, s_w, SWAP_AB)
+            if FUSE_SILU:
+                s_w_up = tl.load(w_scale_ptr + (expert * N_GROUPS + (N + offs_n) // 128) * K_GROUPS + kg,
+                                 mask=col_ok, other=0.0)
+                acc_up = _mma_scaled(acc_up, qa, w_up, s_a, s_w_up, SWAP_AB)
+        else:
+            qa = _quantize(a, s_a_row, INTERPRETER)
+            acc = _mma(acc, qa, w, SWAP_AB, False)
+            if FUSE_SILU:
+                acc_up = _mma(acc_up, qa, w_up, SWAP_AB, False)
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+
+    # ---- epilogue on [BLOCK_M, BLOCK_N] ----
+    acc = _dequant_after_loop(_unswap(acc, SWAP_AB), a_amax_ptr, a_row, row_ok, w_scale_ptr, expert,
+                              offs_n, col_ok, N_TOTAL, QUANT)
+    out_mask = row_ok[:, None] & col_ok[None, :]
+    if FUSE_SILU:
+        up = _dequant_after_loop(_unswap(acc_up, SWAP_AB), a_amax_ptr, a_row, row_ok, w_scale_ptr,
+                                 expert, N + offs_n, col_ok, N_TOTAL, QUANT)
+        acc = acc / (1.0 + tl.exp(-acc)) * up  # SiLU(gate)·up in fp32
+        acc = tl.where(out_mask, acc, 0.0)
+        if QUANT == 1:
+            tl.atomic_max(out_amax_ptr, tl.max(tl.max(tl.abs(acc), axis=1), axis=0))
+        elif QUANT == 2:
+            tl.atomic_max(out_amax_ptr + pair, tl.max(tl.abs(acc), axis=1), mask=row_ok)
+        elif QUANT == 3:
+            # 1×128 groups of the intermediate: BLOCK_N/G groups of G columns in this tile
+            G: tl.constexpr = BLOCK_N if BLOCK_N < 128 else 128
+            group_max = tl.max(tl.reshape(tl.abs(acc), [BLOCK_M, BLOCK_N // G, G]), axis=2)
+            gcol = (pid_n * BLOCK_N) // 128 + tl.arange(0, BLOCK_N // G)
+            tl.atomic_max(out_amax_ptr + pair[:, None] * tl.cdiv(N, 128) + gcol[None, :], group_max,
+                          mask=row_ok[:, None] & (gcol < tl.cdiv(N, 128))[None, :])
+    if MUL_ROUTED_WEIGHT:
+        rw = tl.load(topk_weights_ptr + pair, mask=row_ok, other=0.0)
+        acc = acc * rw[:, None]
+    out_ptrs = out_ptr + pair[:, None] * N + offs_n[None, :]
+    tl.store(out_ptrs, _cast_out(acc, out_ptr.dtype.element_ty, INTERPRETER), mask=out_mask)
+
+
+@triton.jit(do_not_specialize=["num_rows"])
+def amax_kernel(x_ptr, amax_ptr, num_rows, K, QUANT: tl.constexpr, GROUPS_PER_STEP: tl.constexpr):
+    """Amax of x [rows, K] for dynamic FP8: whole tensor (atomic max), per row, or per 1×128 group.
+
+    One program per row; it reads the row once, GROUPS_PER_STEP groups of 128 at a time.
+    """
+    row = tl.program_id(0)
+    groups = tl.arange(0, GROUPS_PER_STEP)
+    cols = tl.arange(0, 128)
+    row_max = tl.zeros([GROUPS_PER_STEP], dtype=tl.float32)
+    K_GROUPS = tl.cdiv(K, 128)
+    for g0 in range(0, K_GROUPS, GROUPS_PER_STEP):
+        k = (g0 + groups)[:, None] * 128 + cols[None, :]
+        v = tl.load(x_ptr + row * K + k, mask=k < K, other=0.0).to(tl.float32)
+        m = tl.max(tl.abs(v), axis=1)
+        if QUANT == 3:
+            tl.store(amax_ptr + row * K_GROUPS + g0 + groups, m, mask=g0 + groups < K_GROUPS)
+        row_max = tl.maximum(row_max, m)
+    if QUANT == 1:
+        tl.atomic_max(amax_ptr, tl.max(row_max, axis=0))
+    elif QUANT == 2:
+        tl.store(amax_ptr + row, tl.max(row_max, axis=0))
+
+
+@triton.jit(do_not_specialize=["num_tokens"])
+def combine_kernel(y_ptr, out_ptr, num_tokens, K, TOP_K: tl.constexpr, BLOCK: tl.constexpr,
+                   INTERPRETER: tl.constexpr):
+    """out[t] = Σ_j y[t·TOP_K + j] in fp32, j ascending (y rows already carry the routing weight)."""
+    t = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < K
+    total = tl.zeros([BLOCK], dtype=tl.float32)
+    for j in range(TOP_K):
+        total += tl.load(y_ptr + (t * TOP_K + j) * K + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t * K + cols, _cast_out(total, out_ptr.dtype.element_ty, INTERPRETER), mask=ok)

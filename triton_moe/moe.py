@@ -1,0 +1,102 @@
+"""``fused_moe``: the whole expert computation of one MoE layer in five Triton launches.
+
+::
+
+    align_block_size   topk_ids → sorted_ids, expert_ids, num_padded        (3 small kernels)
+    amax_kernel        amax of x, per the FP8 format                        (FP8 only)
+    moe_gemm_kernel    GEMM1 + SiLU(gate)·up (+ amax of the intermediate)   → act [P, I]
+    moe_gemm_kernel    GEMM2 × routing weight                               → y [P, K]
+    combine_kernel     out[t] = Σ_j y[t·top_k + j]                          (skipped for top_k = 1)
+
+Nothing here reads device data on the host, so a call can be captured in a CUDA graph and
+replayed for new routing; the buffer sizes depend only on T, top_k, E and the config.
+See :mod:`triton_moe.kernels` for the arithmetic and :mod:`triton_moe.config` for the tile rule.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Optional
+
+import torch
+import triton
+
+from compare.problem import FP8_BLOCK
+from compare.validate import validate_moe_args
+from triton_moe.align import align_block_size
+from triton_moe.config import TritonConfig, get_config
+from triton_moe.jit import INTERPRET, launch
+from triton_moe.kernels import QUANT_MODE, amax_kernel, combine_kernel, moe_gemm_kernel
+
+COMBINE_BLOCK = 1024
+AMAX_GROUPS_PER_STEP = 8
+
+
+def _amax_buffer(quant: str, rows: int, cols: int, device) -> torch.Tensor:
+    """Zeroed amax storage of a [rows, cols] activation: [1], [rows] or [rows, ⌈cols/128⌉]."""
+    shape = {"fp8_tensor": (1,), "fp8_channel": (rows,), "fp8_block": (rows, math.ceil(cols / FP8_BLOCK))}[quant]
+    return torch.zeros(shape, dtype=torch.float32, device=device)
+
+
+def _gemm(a, a_amax, w, w_scale, out, out_amax, topk_weights, routing, num_pairs, N, K, *,
+          a_row_div, fuse_silu, mul_routed_weight, quant, cfg: TritonConfig):
+    sorted_ids, expert_ids, _ = routing
+    num_m_blocks = expert_ids.numel()
+    grid = (num_m_blocks * triton.cdiv(N, cfg.BLOCK_N),)
+    dummy = out  # stands in for pointers a mode does not read
+    launch(moe_gemm_kernel, grid,
+           a, a_amax if a_amax is not None else dummy, w, w_scale if w_scale is not None else dummy,
+           out, out_amax if out_amax is not None else dummy,
+           topk_weights if topk_weights is not None else dummy,
+           sorted_ids, expert_ids, routing[2], num_pairs, N, K,
+           A_ROW_DIV=a_row_div, FUSE_SILU=fuse_silu, MUL_ROUTED_WEIGHT=mul_routed_weight,
+           QUANT=QUANT_MODE[quant], SWAP_AB=bool(cfg.swap_ab), INTERPRETER=INTERPRET,
+           BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
+           num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None,
+              config: Optional[TritonConfig] = None, swap_ab: Optional[bool] = None) -> torch.Tensor:
+    """The MoE expert computation (see :mod:`compare.contract`) with Triton kernels → [T, K] bf16.
+
+    Backend options:
+      ``config``   a :class:`~triton_moe.config.TritonConfig`; default: the tuned table for this
+                   shape and device, else the heuristic (:func:`~triton_moe.config.get_config`).
+      ``swap_ab``  force swap-AB on (True) or off (False); default: the config's rule.
+    """
+    d = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale,
+                          w2_scale=w2_scale)
+    T, E, K, I, top_k = d.T, d.E, d.K, d.I, d.top_k  # noqa: E741
+    if T == 0:
+        return x.new_empty((0, K))
+    if config is None:
+        config = get_config(T, E, top_k, I, K, quant)
+    if swap_ab is not None:
+        config = replace(config, swap_ab=swap_ab)
+    cfg = config.resolved().check(quant, K, I)
+
+    P = T * top_k
+    device = x.device
+    routing = align_block_size(topk_ids, E, cfg.BLOCK_M)
+    x_amax = act_amax = None
+    if quant is not None:
+        x_amax = _amax_buffer(quant, T, K, device)
+        launch(amax_kernel, (T,), x, x_amax, T, K, QUANT=QUANT_MODE[quant],
+               GROUPS_PER_STEP=AMAX_GROUPS_PER_STEP)
+        act_amax = _amax_buffer(quant, P, I, device)
+
+    # GEMM1 + SiLU(gate)·up: bf16 intermediate, or fp32 (with its amax) for GEMM2's FP8 quantization
+    act = torch.empty((P, I), dtype=torch.bfloat16 if quant is None else torch.float32, device=device)
+    _gemm(x, x_amax, w1, w1_scale, act, act_amax, None, routing, P, I, K, a_row_div=top_k,
+          fuse_silu=True, mul_routed_weight=False, quant=quant, cfg=cfg)
+
+    # GEMM2 × routing weight; with top_k = 1 its rows are already the output
+    out = torch.empty((T, K), dtype=torch.bfloat16, device=device)
+    y = out if top_k == 1 else torch.empty((P, K), dtype=torch.bfloat16, device=device)
+    _gemm(act, act_amax, w2, w2_scale, y, None, topk_weights, routing, P, K, I, a_row_div=1,
+          fuse_silu=False, mul_routed_weight=True, quant=quant, cfg=cfg)
+    if top_k > 1:
+        launch(combine_kernel, (T, triton.cdiv(K, COMBINE_BLOCK)), y, out, T, K, TOP_K=top_k,
+               BLOCK=COMBINE_BLOCK, INTERPRETER=INTERPRET)
+    return out
