@@ -2,10 +2,21 @@
 
 Reading order: ``config.py`` (what a kernel is: tiles, stages, the swap-AB rule) → ``gemm.py``
 (the kernel) → ``moe.py`` (routing alignment and the MoE layer) → ``layouts.py`` (the kernel's
-layouts as plain data) → ``ptx.py`` (compile on the CPU, the compile cache).
+layouts as plain data) → ``ptx.py`` (compile on the CPU, the compile cache) → ``bench.py``.
 """
 
-from .config import GemmConfig, choose_config
-from .ptx import compile_count, compile_gemm, compile_ptx
+import os
 
-__all__ = ["GemmConfig", "choose_config", "compile_count", "compile_gemm", "compile_ptx"]
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")  # before cutlass is imported anywhere
+
+from compare.contract import make_fused_experts  # noqa: E402
+
+from .config import GemmConfig, choose_config  # noqa: E402
+from .layouts import describe, describe_json  # noqa: E402
+from .moe import align_tokens, fused_moe, grouped_gemm, layer_configs  # noqa: E402
+from .ptx import compile_count, compile_gemm, compile_ptx  # noqa: E402
+
+fused_experts = make_fused_experts(fused_moe)
+
+__all__ = ["GemmConfig", "align_tokens", "choose_config", "compile_count", "compile_gemm", "compile_ptx",
+           "describe", "describe_json", "fused_experts", "fused_moe", "grouped_gemm", "layer_configs"]

@@ -202,7 +202,8 @@ def choose_config(tokens_per_expert: float, n_out: int, k: int, *, swap_ab: bool
       the mean (rounded up), so decode (a handful of tokens per expert) multiplies almost no
       padding and streams every weight byte once per token tile.
     * normal otherwise: 128 tokens × 256 weights per tile with two consumer warpgroups (the
-      compute-bound shape: 128·256 accumulators per 64-deep K step).
+      compute-bound shape: 128·256 accumulators per 64-deep K step).  When the normal path is
+      forced at ≤ 64 tokens per expert, the token tile drops to 64 rows (one warpgroup's M).
     """
     use_swap = tokens_per_expert <= SWAP_AB_MAX_TOKENS_PER_EXPERT if swap_ab is None else swap_ab
     if use_swap:
@@ -212,6 +213,8 @@ def choose_config(tokens_per_expert: float, n_out: int, k: int, *, swap_ab: bool
         cfg = GemmConfig(swap_ab=True, tokens_tile=tokens_tile, weights_tile=128,
                          consumer_warpgroups=2, row_scale=row_scale)
     else:
-        cfg = GemmConfig(swap_ab=False, tokens_tile=128, weights_tile=256 if n_out >= 256 else 128,
-                         consumer_warpgroups=2, row_scale=row_scale)
+        small = tokens_per_expert <= SWAP_AB_MAX_TOKENS_PER_EXPERT
+        cfg = GemmConfig(swap_ab=False, tokens_tile=64 if small else 128,
+                         weights_tile=256 if n_out >= 256 else 128,
+                         consumer_warpgroups=1 if small else 2, row_scale=row_scale)
     return cfg.replace(stages=max_stages(cfg)).validate()

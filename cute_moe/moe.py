@@ -17,8 +17,9 @@ whole layer can be captured in a CUDA graph and a new routing never recompiles a
    number of *used* blocks is a device scalar the GEMM's scheduler reads.
 2. gather ``X_sorted[r] = x[token(r)]`` (padding rows repeat token 0: finite, later weighted 0).
 3. GEMM1 (grouped): ``H = X_sorted · W1[e]ᵀ``  → ``[M_pad, 2I]``.
-4. ``A = SiLU(H[:, :I]) ⊙ H[:, I:]`` (a torch op in bf16 — the fused-epilogue version is future
-   work: it needs W1's gate and up rows interleaved so one tile holds both halves).
+4. ``A = SiLU(H[:, :I]) ⊙ H[:, I:]`` (torch ops, in fp32, rounded once to bf16 — the
+   fused-epilogue version is future work: it needs W1's gate and up rows interleaved so that
+   one tile holds both halves).
 5. GEMM2 (grouped): ``Y = (A · W2[e]ᵀ) · w_row`` — the routing weight of each sorted row is
    applied in fp32 in the epilogue, before rounding to bf16 (padding rows get weight 0).
 6. combine: ``out[t] = Σ_j Y[row(t, j)]`` (a gather and a sum over top_k, in fp32).
@@ -183,7 +184,8 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
     alignment = align_tokens(topk_ids, topk_weights, E, math.lcm(cfg1.tokens_tile, cfg2.tokens_tile))
     x_sorted = x.index_select(0, alignment.sorted_token)
     h = grouped_gemm(x_sorted, w1, alignment, cfg1)
-    a = torch.nn.functional.silu(h[:, :I]) * h[:, I:]
+    # SiLU·mul in fp32, one rounding to bf16 (the next GEMM's operand)
+    a = (torch.nn.functional.silu(h[:, :I].float()) * h[:, I:].float()).to(torch.bfloat16)
     y = grouped_gemm(a, w2, alignment, cfg2, row_scale=alignment.sorted_weight)
     out = y.index_select(0, alignment.pair_row).view(T, top_k, K).float().sum(1)
     return out.to(torch.bfloat16)

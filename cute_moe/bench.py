@@ -1,0 +1,128 @@
+"""Benchmark the CuTe MoE kernel on the GPU: layer cells, GEMM-level swap-AB vs normal, compile time.
+
+    python -m cute_moe.bench [--quick] [--json notes/results/cute_bench.json]
+
+Every time is a CUDA-graph replay over rotated weight sets (cold L2) through
+``compare.timing.time_cuda_graph``; the median is reported.  Three tables:
+
+* ``layer``: ``fused_moe`` end to end (align, gather, GEMM1, SiLU·mul, GEMM2, combine).
+* ``gemm``: GEMM1 alone (``grouped_gemm``) at a given tokens per expert, normal vs swap-AB,
+  with the weight bandwidth it reached (bytes of the experts' W1 that received tokens / time).
+* ``compile``: seconds of the first compile of each config the run used (0 if it was cached).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import time
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+import torch  # noqa: E402
+
+from compare.problem import get_shape, make_inputs  # noqa: E402
+from compare.timing import time_cuda_graph  # noqa: E402
+
+from .config import GemmConfig, choose_config  # noqa: E402
+from .moe import align_tokens, fused_moe, grouped_gemm  # noqa: E402
+from .ptx import compile_count  # noqa: E402
+
+
+def _weights(shape, n_sets, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    E, K, I = shape.num_experts, shape.hidden, shape.intermediate
+    return [((torch.randn(E, 2 * I, K, device="cuda", generator=g) * K ** -0.5).bfloat16(),
+             (torch.randn(E, K, I, device="cuda", generator=g) * I ** -0.5).bfloat16()) for _ in range(n_sets)]
+
+
+def bench_layer(spec: str, Ts, n_sets=2, swap_ab=None) -> list[dict]:
+    shape = get_shape(spec)
+    sets = _weights(shape, n_sets)
+    rows = []
+    for T in Ts:
+        inputs = [make_inputs(shape, T, seed=i, device="cuda", weights_bf16=sets[i]) for i in range(n_sets)]
+        t = time_cuda_graph(lambda i: (lambda: fused_moe(**inputs[i].kwargs(), swap_ab=swap_ab)), n_sets)
+        hit = int(torch.unique(inputs[0].topk_ids).numel())
+        weight_bytes = hit * 3 * shape.intermediate * shape.hidden * 2
+        rows.append({"shape": spec, "T": T, "swap_ab": swap_ab, "median_us": round(t.median_us, 1),
+                     "p10_us": round(t.p10_us, 1), "p90_us": round(t.p90_us, 1),
+                     "tflops": round(shape.flops(T) / t.median_us / 1e6, 1),
+                     "weight_tbps": round(weight_bytes / t.median_us / 1e6, 3)})
+        print(rows[-1], flush=True)
+    del sets
+    torch.cuda.empty_cache()
+    return rows
+
+
+def bench_gemm1(spec: str, tokens_per_expert_list, n_sets=2) -> list[dict]:
+    """GEMM1 alone, swap-AB vs normal, every expert receiving the same number of tokens."""
+    shape = get_shape(spec)
+    E, K, I = shape.num_experts, shape.hidden, shape.intermediate
+    sets = _weights(shape, n_sets, seed=1)
+    rows = []
+    for tpe in tokens_per_expert_list:
+        T = tpe * E  # top_k = 1 here: exactly tpe tokens per expert
+        ids = torch.arange(T, device="cuda", dtype=torch.int32).remainder(E).view(T, 1)
+        w = torch.ones(T, 1, device="cuda")
+        x = torch.randn(T, K, device="cuda").bfloat16()
+        row = {"shape": spec, "tokens_per_expert": tpe}
+        for swap in (False, True):
+            cfg = choose_config(tpe, 2 * I, K, swap_ab=swap)
+            al = align_tokens(ids, w, E, cfg.tokens_tile)
+            xs = x.index_select(0, al.sorted_token)
+            out = torch.empty(al.rows, 2 * I, device="cuda", dtype=torch.bfloat16)
+            t = time_cuda_graph(lambda i: (lambda: grouped_gemm(xs, sets[i][0], al, cfg, out=out)), n_sets)
+            key = "swap" if swap else "normal"
+            row[key + "_us"] = round(t.median_us, 1)
+            row[key + "_tile"] = f"{cfg.tile_m}x{cfg.tile_n}"
+            row[key + "_weight_tbps"] = round(E * 2 * I * K * 2 / t.median_us / 1e6, 3)
+            row[key + "_tflops"] = round(2 * T * 2 * I * K / t.median_us / 1e6, 1)
+        row["swap_speedup"] = round(row["normal_us"] / row["swap_us"], 2)
+        rows.append(row)
+        print(row, flush=True)
+    del sets
+    torch.cuda.empty_cache()
+    return rows
+
+
+def bench_compile() -> dict:
+    """Seconds for a first compile of a config not compiled yet in this process."""
+    from .ptx import compile_gemm
+
+    cfg = GemmConfig(swap_ab=True, tokens_tile=32, weights_tile=64, consumer_warpgroups=1, stages=5, epi_stages=3)
+    start, n0 = time.perf_counter(), compile_count()
+    compile_gemm(cfg, torch.cuda.get_device_properties(0).multi_processor_count)
+    return {"config": cfg.as_dict(), "seconds": round(time.perf_counter() - start, 2),
+            "compiled": compile_count() - n0}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer cells")
+    ap.add_argument("--json", default=None, help="write the raw results here")
+    args = ap.parse_args(argv)
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = "unknown"
+    result = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
+              "commit": commit or "unknown", "command": "python -m cute_moe.bench" + (" --quick" if args.quick else ""),
+              "compile": bench_compile()}
+    print(result["compile"], flush=True)
+    Ts = (8, 4096) if args.quick else (1, 8, 32, 128, 1024, 4096)
+    result["layer"] = [r for spec in ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8") for r in bench_layer(spec, Ts)]
+    tpes = (2, 8, 32, 128) if args.quick else (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    result["gemm1"] = [r for spec in ("mixtral-8x7b", "deepseek-v3:tp8") for r in bench_gemm1(spec, tpes)]
+    result["compiles_total"] = compile_count()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+if __name__ == "__main__":
+    main()
