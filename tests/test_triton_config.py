@@ -1,0 +1,54 @@
+"""triton_moe.config: the swap-AB rule, the heuristic, tuned-table lookup, shipped tables load."""
+
+import json
+
+import pytest
+
+from triton_moe import config as C
+from triton_moe.config import TritonConfig
+
+
+def test_swap_rule():
+    assert C.choose_swap_ab(16, 64) and C.choose_swap_ab(32, 128)
+    assert not C.choose_swap_ab(64, 64) and not C.choose_swap_ab(16, 32)
+    assert TritonConfig(16, 64, 64).resolved().swap_ab is True
+    assert TritonConfig(16, 64, 64, swap_ab=False).resolved().swap_ab is False  # forced off stays off
+
+
+@pytest.mark.parametrize("T, bm", [(1, 16), (8, 16), (64, 16), (128, 32), (256, 64), (4096, 128)])
+def test_heuristic_is_deterministic_in_tokens_per_expert(T, bm):
+    # Mixtral-like: E = 8, top_k = 2 → T/4 pairs per expert
+    cfg = C.default_config(T, 8, 2, 14336, 4096, None)
+    assert cfg.BLOCK_M == bm and cfg == C.default_config(T, 8, 2, 14336, 4096, None)
+    assert cfg.swap_ab == (bm < 64)
+    cfg.check(None, 4096, 14336)
+    C.default_config(T, 8, 2, 14336, 4096, "fp8_block").check("fp8_block", 4096, 14336)
+
+
+def test_table_lookup_nearest(tmp_path, monkeypatch):
+    table = {"1": TritonConfig(16, 64, 128, swap_ab=True).as_dict(),
+             "64": TritonConfig(64, 64, 128).as_dict(),
+             "1024": TritonConfig(128, 128, 64, 8, 8, 3).as_dict()}
+    monkeypatch.setattr(C, "CONFIG_DIR", tmp_path)
+    path = C.table_path(8, 14336, 4096, None, "Fake GPU")
+    path.write_text(json.dumps({"configs": table}))
+    C.load_table.cache_clear()
+    assert C.get_config(3, 8, 2, 14336, 4096, None, "Fake GPU").BLOCK_M == 16
+    assert C.get_config(500, 8, 2, 14336, 4096, None, "Fake GPU").BLOCK_M == 64   # |500−64| < |500−1024|
+    assert C.get_config(600, 8, 2, 14336, 4096, None, "Fake GPU").BLOCK_M == 128
+    # no table for this dtype: the heuristic
+    assert C.get_config(600, 8, 2, 14336, 4096, "fp8_tensor", "Fake GPU") == C.default_config(600, 8, 2, 14336, 4096, "fp8_tensor")
+    C.load_table.cache_clear()
+
+
+def test_shipped_tables_are_valid():
+    paths = sorted(C.CONFIG_DIR.glob("*.json"))
+    for p in paths:
+        table = C.load_table(str(p))
+        assert table, p.name
+        quant = p.name.split("dtype=")[1].split(",")[0]
+        quant = None if quant == "bf16" else quant
+        K = int(p.name.split("K=")[1].split(",")[0])
+        I = int(p.name.split("N=")[1].split(",")[0])  # noqa: E741
+        for cfg in table.values():
+            cfg.resolved().check(quant, K, I)
