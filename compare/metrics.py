@@ -13,9 +13,10 @@ Four numbers describe one output ``y`` against a reference ``r`` (both [T, K]):
 * max error in bf16 ULPs max |y − r| / ulp(r) — the worst element in units of the spacing of bf16
   numbers at the reference value. bf16 keeps 8 significant bits, so ulp(r) = 2^(⌊log₂|r|⌋ − 7):
   rounding the exact answer to bf16 costs at most 0.5 ULP. An output is a sum of thousands of
-  products and may cancel to nearly zero, where its own ULP is tiny and harmless fp32 rounding
-  upstream would read as thousands of ULPs; so the magnitude is floored at ``ULP_FLOOR`` × rms(r)
-  (values smaller than 1/64 of the typical value are measured in the ULP of that floor);
+  products and may cancel to nearly zero, where its own ULP is tiny; the kernel's absolute error
+  (from its bf16 intermediate) does not shrink with the output, so such an element would read as
+  hundreds of ULPs while the layer is fine. The magnitude is therefore floored at rms(r): an
+  element smaller than the typical output is measured in the ULP of the typical output;
 * cosine similarity      ⟨y, r⟩ / (‖y‖ ‖r‖) — blind to a global scale error, sharp on direction.
 
 The tolerance policy (:data:`TOLERANCES`) is written down with its reasoning in
@@ -29,7 +30,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-ULP_FLOOR = 1.0 / 64.0  # fraction of rms(ref) below which |ref| is not trusted to set the ULP
+ULP_FLOOR = 1.0  # |ref| is floored at ULP_FLOOR · rms(ref) before taking its ULP
 BF16_MANTISSA_BITS = 7  # stored bits; 8 significant bits with the implicit one
 BF16_MIN_NORMAL_EXP = -126
 
@@ -135,10 +136,10 @@ class Tolerance:
 
 # Reasoning in notes/numerics.md. Keys are format names; "bf16" stands for quant=None.
 TOLERANCES: dict[str, Tolerance] = {
-    "bf16": Tolerance(rel_l2=1e-2, cosine=0.9999, max_ulp=64.0, quant_error=None),
-    "fp8_tensor": Tolerance(rel_l2=3e-2, cosine=0.999, max_ulp=None, quant_error=0.15),
-    "fp8_channel": Tolerance(rel_l2=3e-2, cosine=0.999, max_ulp=None, quant_error=0.10),
-    "fp8_block": Tolerance(rel_l2=3e-2, cosine=0.999, max_ulp=None, quant_error=0.10),
+    "bf16": Tolerance(rel_l2=1e-2, cosine=0.9999, max_ulp=16.0, quant_error=None),
+    "fp8_tensor": Tolerance(rel_l2=4e-2, cosine=0.999, max_ulp=None, quant_error=0.12),
+    "fp8_channel": Tolerance(rel_l2=4e-2, cosine=0.999, max_ulp=None, quant_error=0.12),
+    "fp8_block": Tolerance(rel_l2=4e-2, cosine=0.999, max_ulp=None, quant_error=0.12),
 }
 
 

@@ -1,0 +1,207 @@
+"""The four contenders, loaded lazily and described uniformly.
+
+============== ===========================================================================
+name           what it is
+============== ===========================================================================
+cute_moe       this project's CuTe DSL kernel (WGMMA grouped GEMM, swap-AB for decode)
+triton_moe     this project's Triton kernel (grouped GEMM, swap-AB, FP8 in registers)
+torch_grouped  ``torch._grouped_mm`` / ``torch._scaled_grouped_mm``: what a user already has
+torch_loop     one ``torch.matmul`` per expert: the plain baseline
+============== ===========================================================================
+
+A backend that fails to import, or refuses a (shape, quant, device), is never dropped: the suite
+turns it into a row that says "not available: <why>". Each :class:`Backend` also knows how to
+name the config it will run with (tile, swap-AB), how to run its alignment/permutation step alone
+(timed separately from the GEMM path), and how to count its compilations, as far as the backend
+exposes those; what it does not expose is reported as missing, not guessed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from compare.validate import MoEDims
+
+BACKEND_NAMES = ("cute_moe", "triton_moe", "torch_grouped", "torch_loop")
+KERNELS = ("cute_moe", "triton_moe")  # the two implementations that must agree with each other
+BASELINE = "torch_loop"  # speedups are quoted against this one
+
+
+@dataclass
+class Backend:
+    """One contender. ``missing`` is set (and ``fused_moe`` None) when it could not be imported."""
+
+    name: str
+    fused_moe: Optional[Callable] = None
+    missing: Optional[str] = None
+    needs_cuda: bool = False
+    capturable: bool = True  # a call can be captured in a CUDA graph (no host sync)
+    describe: Callable[[MoEDims, Optional[str]], str] = field(default=lambda dims, quant: "")
+    # (inputs, dims) -> zero-argument callable running the alignment/permutation step alone
+    prepare: Optional[Callable] = None
+    # () -> a context manager yielding an object with .mark() and .new_compilations() (see below)
+    compile_counter: Optional[Callable] = None
+
+    def unavailable(self, quant: Optional[str], device: str) -> Optional[str]:
+        """Why this backend cannot run here before trying (None: try it; refusals are caught later)."""
+        if self.missing:
+            return self.missing
+        if self.needs_cuda and device != "cuda":
+            return "needs a Hopper GPU (the CPU report shows its configs and PTX instead)"
+        return None
+
+
+def _import_error(name: str, exc: BaseException) -> str:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"import {name} failed: {type(exc).__name__}: {first}"[:200]
+
+
+# --- compile counters with one interface ------------------------------------------------------------
+
+
+class _CuteCounter:
+    """cute_moe exposes a process-wide monotone ``compile_count()``."""
+
+    def __init__(self, count: Callable[[], int]):
+        self._count = count
+        self._base = count()
+
+    def mark(self) -> None:
+        self._base = self._count()
+
+    def new_compilations(self) -> int:
+        return self._count() - self._base
+
+
+class _CuteCounting:
+    def __init__(self, count):
+        self._count = count
+
+    def __enter__(self):
+        return _CuteCounter(self._count)
+
+    def __exit__(self, *exc):
+        return False
+
+
+class _TritonCounter:
+    """triton_moe's ``CompileCounter``: specialization keys (both platforms) + GPU compilations."""
+
+    def __init__(self, counter):
+        self._c = counter
+
+    def mark(self) -> None:
+        self._c.mark()
+
+    def new_compilations(self) -> int:
+        # a new specialization key is exactly what makes Triton compile (or would, on a GPU)
+        return sum(self._c.new_keys.values())
+
+
+class _TritonCounting:
+    def __init__(self, factory):
+        self._cm = factory()
+
+    def __enter__(self):
+        return _TritonCounter(self._cm.__enter__())
+
+    def __exit__(self, *exc):
+        return self._cm.__exit__(*exc)
+
+
+# --- the adapters -------------------------------------------------------------------------------
+
+
+def _tile_text(cfg) -> str:
+    if cfg.swap_ab:
+        return f"swap-AB W{cfg.weights_tile}xT{cfg.tokens_tile}"
+    return f"T{cfg.tokens_tile}xW{cfg.weights_tile}"
+
+
+def _load_cute() -> Backend:
+    mod = importlib.import_module("cute_moe")
+    b = Backend("cute_moe", fused_moe=mod.fused_moe, needs_cuda=True)
+    layer_configs = getattr(mod, "layer_configs", None)
+    if layer_configs is not None:
+        def describe(dims, quant):
+            g1, g2 = layer_configs(dims.T, dims.E, dims.K, dims.I, dims.top_k)
+            return f"G1 {_tile_text(g1)} k{g1.tile_k} s{g1.stages} | G2 {_tile_text(g2)} k{g2.tile_k} s{g2.stages}"
+        b.describe = describe
+        align = getattr(mod, "align_tokens", None)
+        if align is not None:
+            def prepare(inputs, dims):
+                g1, g2 = layer_configs(dims.T, dims.E, dims.K, dims.I, dims.top_k)
+                tile = math.lcm(g1.tokens_tile, g2.tokens_tile)
+                return lambda: align(inputs.topk_ids, inputs.topk_weights, dims.E, tile)
+            b.prepare = prepare
+    if hasattr(mod, "compile_count"):
+        b.compile_counter = lambda: _CuteCounting(mod.compile_count)
+    return b
+
+
+def _load_triton() -> Backend:
+    mod = importlib.import_module("triton_moe")
+    b = Backend("triton_moe", fused_moe=mod.fused_moe)
+    get_config = getattr(mod, "get_config", None)
+    if get_config is not None:
+        def config(dims, quant):
+            return get_config(dims.T, dims.E, dims.top_k, dims.I, dims.K, quant).resolved()
+
+        def describe(dims, quant):
+            c = config(dims, quant)
+            swap = "swap-AB " if c.swap_ab else ""
+            return f"{swap}BM{c.BLOCK_M} BN{c.BLOCK_N} BK{c.BLOCK_K} w{c.num_warps} s{c.num_stages}"
+        b.describe = describe
+        try:
+            align = importlib.import_module("triton_moe.align").align_block_size
+            b.prepare = lambda inputs, dims: (lambda: align(inputs.topk_ids, dims.E, config(dims, inputs.quant).BLOCK_M))
+        except (ImportError, AttributeError):
+            pass
+    try:
+        jit = importlib.import_module("triton_moe.jit")
+        b.compile_counter = lambda: _TritonCounting(jit.count_compilations)
+    except (ImportError, AttributeError):
+        pass
+    return b
+
+
+def _load_torch_grouped() -> Backend:
+    import torch
+
+    from compare import baselines
+
+    if not hasattr(torch, "_grouped_mm"):
+        raise ImportError(f"torch {torch.__version__} has no torch._grouped_mm")
+    b = Backend("torch_grouped", fused_moe=baselines.grouped_fused_moe)
+    b.describe = lambda dims, quant: ("torch._grouped_mm" if quant is None else "torch._scaled_grouped_mm rowwise") + \
+        f", groups padded to {baselines.GROUP_ALIGN}"
+    b.prepare = lambda inputs, dims: (lambda: baselines.prepare_grouped(inputs.topk_ids, dims.E))
+    return b
+
+
+def _load_torch_loop() -> Backend:
+    from compare import baselines
+
+    b = Backend("torch_loop", fused_moe=baselines.loop_fused_moe, capturable=False)
+    b.describe = lambda dims, quant: "per-expert torch.matmul" + ("" if quant is None else " (dequantized to bf16)")
+    return b
+
+
+_LOADERS = {"cute_moe": _load_cute, "triton_moe": _load_triton, "torch_grouped": _load_torch_grouped,
+            "torch_loop": _load_torch_loop}
+_loaded: dict[str, Backend] = {}
+
+
+def load_backend(name: str) -> Backend:
+    """The backend called ``name``; an import failure gives a Backend with ``missing`` set."""
+    if name not in _LOADERS:
+        raise ValueError(f"unknown backend {name!r}; known: {', '.join(BACKEND_NAMES)}")
+    if name not in _loaded:
+        try:
+            _loaded[name] = _LOADERS[name]()
+        except Exception as exc:  # noqa: BLE001 - any import failure becomes an explicit row
+            _loaded[name] = Backend(name, missing=_import_error(name, exc))
+    return _loaded[name]
