@@ -76,9 +76,23 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
         config = replace(config, swap_ab=swap_ab)
     cfg = config.resolved().check(quant, K, I)
 
+    routing = align_block_size(topk_ids, E, cfg.BLOCK_M)
+    return expert_computation(x, w1, w2, topk_weights, routing, top_k, quant=quant, w1_scale=w1_scale,
+                              w2_scale=w2_scale, config=cfg)
+
+
+def expert_computation(x, w1, w2, topk_weights, routing, top_k: int, *, quant, w1_scale, w2_scale,
+                       config: TritonConfig) -> torch.Tensor:
+    """Everything after the alignment: amax, GEMM1 + SiLU·up, GEMM2 × routing weight, combine.
+
+    ``routing`` is :func:`~triton_moe.align.align_block_size`'s output for ``config.BLOCK_M``;
+    ``config`` must be resolved and checked. :func:`fused_moe` is the validated entry point; the
+    benchmark times this part alone (the alignment is timed separately).
+    """
+    T, K = x.shape
+    I = w2.shape[2]  # noqa: E741
     P = T * top_k
     device = x.device
-    routing = align_block_size(topk_ids, E, cfg.BLOCK_M)
     x_amax = act_amax = None
     if quant is not None:
         x_amax = _amax_buffer(quant, T, K, device)
@@ -89,13 +103,13 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
     # GEMM1 + SiLU(gate)·up: bf16 intermediate, or fp32 (with its amax) for GEMM2's FP8 quantization
     act = torch.empty((P, I), dtype=torch.bfloat16 if quant is None else torch.float32, device=device)
     _gemm(x, x_amax, w1, w1_scale, act, act_amax, None, routing, P, I, K, a_row_div=top_k,
-          fuse_silu=True, mul_routed_weight=False, quant=quant, cfg=cfg)
+          fuse_silu=True, mul_routed_weight=False, quant=quant, cfg=config)
 
     # GEMM2 × routing weight; with top_k = 1 its rows are already the output
     out = torch.empty((T, K), dtype=torch.bfloat16, device=device)
     y = out if top_k == 1 else torch.empty((P, K), dtype=torch.bfloat16, device=device)
     _gemm(act, act_amax, w2, w2_scale, y, None, topk_weights, routing, P, K, I, a_row_div=1,
-          fuse_silu=False, mul_routed_weight=True, quant=quant, cfg=cfg)
+          fuse_silu=False, mul_routed_weight=True, quant=quant, cfg=config)
     if top_k > 1:
         launch(combine_kernel, (T, triton.cdiv(K, COMBINE_BLOCK)), y, out, T, K, TOP_K=top_k,
                BLOCK=COMBINE_BLOCK, INTERPRETER=INTERPRET)

@@ -1,0 +1,129 @@
+"""Autotune: measure candidate configs on the GPU and write a tuned table for a shape.
+
+    python -m triton_moe.autotune --shape mixtral-8x7b --quant bf16 --tokens 1 8 32 128 1024 4096
+
+For every token count the candidates of its regime (decode: tokens per expert ≤ 32, swap-AB
+tiles; prefill: 64/128-row tiles) are timed with :func:`compare.timing.time_cuda_graph` over the
+expert computation (alignment excluded, cold L2), the fastest kept, and the table written as
+``configs/E=…,N=…,K=…,dtype=…,device=….json`` (see :mod:`triton_moe.config`). A tqdm bar shows
+progress; ``--budget-s`` stops early and keeps what was measured (the heuristic covers the rest).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from triton_moe.config import TritonConfig, current_device_name, default_config, table_path, tokens_per_expert
+
+
+def candidates(T: int, E: int, top_k: int, quant) -> list[TritonConfig]:
+    """A small, regime-specific search space (the heuristic's pick comes first)."""
+    fp8 = quant is not None
+    bk = 128 if fp8 else 64
+    m = tokens_per_expert(T, E, top_k)
+    if m <= 32:
+        bm = 16 if m <= 16 else 32
+        cands = [
+            TritonConfig(bm, 64, bk, 1, 4, 4, True),
+            TritonConfig(bm, 128, bk, 1, 4, 3, True),
+            TritonConfig(bm, 64, 2 * bk, 1, 4, 3, True),
+            TritonConfig(bm, 64, bk, 1, 4, 5, True),
+            TritonConfig(bm, 32, bk, 1, 4, 4, False),
+        ]
+    elif m <= 96:
+        cands = [
+            TritonConfig(64, 64, bk, 8, 4, 4, False),
+            TritonConfig(64, 128, bk, 8, 4, 3, False),
+            TritonConfig(32, 64, bk, 1, 4, 4, True),
+            TritonConfig(64, 128, bk, 8, 8, 4, False),
+        ]
+    else:
+        cands = [
+            TritonConfig(128, 128, bk, 8, 8, 3, False),
+            TritonConfig(128, 128, bk, 8, 8, 4, False),
+            TritonConfig(64, 128, bk, 8, 4, 4, False),
+            TritonConfig(128, 64, bk, 8, 4, 4, False),
+            TritonConfig(128, 128, 128 if not fp8 else 64, 8, 8, 3, False),
+        ]
+    first = default_config(T, E, top_k, 0, 0, quant)
+    out = [first] + [c for c in cands if c != first]
+    return [c for c in out if _fits(c, quant)]
+
+
+def _fits(cfg, quant) -> bool:
+    try:
+        cfg.check(quant, 1 << 20, 1 << 20)
+        return True
+    except ValueError:
+        return False
+
+
+def tune(spec: str, quant, tokens, *, budget_s: float = 1e9, progress=True, log=print) -> dict:
+    """{T: (best config, µs, every candidate's µs)} for shape ``spec``; stops at ``budget_s``."""
+    from tqdm import tqdm
+
+    from compare.problem import get_shape
+    from triton_moe.bench import Problem
+
+    shape = get_shape(spec)
+    jobs = [(T, c) for T in tokens for c in candidates(T, shape.num_experts, shape.top_k, quant)]
+    start = time.time()
+    results: dict = {}
+    problems: dict = {}
+    bar = tqdm(jobs, desc=f"tune {spec} {quant or 'bf16'}", disable=not progress)
+    for T, cfg in bar:
+        if time.time() - start > budget_s:
+            log(f"autotune: budget of {budget_s:.0f} s spent; {len(results)} token counts tuned")
+            break
+        if T not in problems:
+            problems.clear()
+            problems[T] = Problem(shape, T, quant)
+        try:
+            us = problems[T].time(cfg)
+        except Exception as exc:  # a candidate that fails to compile or run is skipped, not fatal
+            log(f"autotune: T={T} {cfg} failed: {type(exc).__name__}: {exc}")
+            continue
+        entry = results.setdefault(T, [None, float("inf"), []])
+        entry[2].append((cfg.as_dict(), us))
+        if us < entry[1]:
+            entry[0], entry[1] = cfg, us
+        bar.set_postfix(T=T, best_us=f"{entry[1]:.1f}")
+    return results
+
+
+def write_table(spec: str, quant, results: dict, out_dir=None) -> Path:
+    from compare.problem import get_shape
+
+    shape = get_shape(spec)
+    path = table_path(shape.num_experts, shape.intermediate, shape.hidden, quant, current_device_name())
+    if out_dir is not None:
+        path = Path(out_dir) / path.name
+    body = {
+        "shape": spec, "dtype": quant or "bf16", "device": current_device_name(),
+        "tuned": time.strftime("%Y-%m-%d"),
+        "configs": {str(T): r[0].as_dict() for T, r in sorted(results.items()) if r[0] is not None},
+        "measured_us": {str(T): r[1] for T, r in sorted(results.items())},
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(body, indent=1) + "\n")
+    return path
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", required=True, help="catalog name, optionally :tpN (e.g. deepseek-v3:tp8)")
+    p.add_argument("--quant", default="bf16", choices=["bf16", "fp8_tensor", "fp8_channel", "fp8_block"])
+    p.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 32, 128, 1024, 4096])
+    p.add_argument("--budget-s", type=float, default=1e9, help="stop after this many seconds")
+    p.add_argument("--out-dir", default=None, help="where to write the table (default: the package's configs/)")
+    a = p.parse_args(argv)
+    quant = None if a.quant == "bf16" else a.quant
+    results = tune(a.shape, quant, a.tokens, budget_s=a.budget_s)
+    print(f"wrote {write_table(a.shape, quant, results, a.out_dir)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,243 @@
+"""Benchmark of the Triton backend on the GPU: target table, swap-AB sweep, alignment, tuning.
+
+    python -m triton_moe.bench --out notes/results [--deadline-s 240] [--tune]
+
+What is timed is the full expert computation — amax, GEMM1 + SiLU·up, GEMM2 × routing weight,
+combine — with the alignment excluded (timed on its own), CUDA-graph replayed over rotated input
+sets so that every call starts with its weights out of L2 (:func:`compare.timing.time_cuda_graph`).
+Each row also gives the roofline floor of :func:`compare.timing.roofline` for the same bytes and
+FLOPs, measured against this run's ceilings. Sections run in priority order and the JSON and
+Markdown files are rewritten after each, so a deadline cuts the tail, never the whole run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from compare.oracle import oracle, rel_l2
+from compare.problem import get_shape, route
+from compare.quant import quantize_weight
+from compare.timing import measure_ceilings, moe_traffic, roofline, sets_for_cold_l2, time_cuda_graph
+from triton_moe.align import align_block_size
+from triton_moe.config import get_config, tokens_per_expert
+from triton_moe.moe import expert_computation, fused_moe
+
+#: (shape, quant, T, target µs) — the performance rows of issue 3.
+TARGETS = [
+    ("mixtral-8x7b", None, 8, 560), ("mixtral-8x7b", None, 4096, 4700),
+    ("mixtral-8x7b", "fp8_tensor", 8, 330), ("mixtral-8x7b", "fp8_tensor", 4096, 2800),
+    ("qwen3-30b-a3b", None, 1, 32), ("qwen3-30b-a3b", None, 4096, 650),
+    ("deepseek-v3:tp8", None, 1, 40), ("deepseek-v3:tp8", None, 4096, 900),
+    ("deepseek-v3:tp8", "fp8_tensor", 4096, 800),
+]
+#: swap-AB sweep: tokens per expert 1 … 32 (and 64, past the rule's edge) on three (shape, dtype)s.
+SWAP_SWEEP = [("mixtral-8x7b", None), ("mixtral-8x7b", "fp8_tensor"), ("deepseek-v3:tp8", None)]
+SWAP_TPE = [1, 2, 4, 8, 16, 32, 64]
+
+_weight_cache: dict = {}
+
+
+def make_weights(shape, quant, seed: int):
+    """Random expert weights on the GPU (N(0, 1/fan_in), as compare.problem.make_inputs draws them),
+    quantized a few experts at a time so the fp32 temporaries stay small."""
+    key = (shape, quant, seed)
+    if key not in _weight_cache:
+        E, K, I = shape.num_experts, shape.hidden, shape.intermediate  # noqa: E741
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        w1 = torch.randn(E, 2 * I, K, generator=g, device="cuda", dtype=torch.bfloat16) * K ** -0.5
+        w2 = torch.randn(E, K, I, generator=g, device="cuda", dtype=torch.bfloat16) * I ** -0.5
+        s1 = s2 = None
+        if quant is not None:
+            step = max(1, (1 << 28) // (2 * I * K))
+            parts1 = [quantize_weight(w1[e:e + step], quant) for e in range(0, E, step)]
+            parts2 = [quantize_weight(w2[e:e + step], quant) for e in range(0, E, step)]
+            w1, s1 = torch.cat([p[0] for p in parts1]), torch.cat([p[1] for p in parts1])
+            w2, s2 = torch.cat([p[0] for p in parts2]), torch.cat([p[1] for p in parts2])
+        _weight_cache[key] = (w1, w2, s1, s2)
+    return _weight_cache[key]
+
+
+def drop_weights():
+    _weight_cache.clear()
+    torch.cuda.empty_cache()
+
+
+class Problem:
+    """``n_sets`` input sets of one (shape, T, quant) on the GPU, for checking and timing."""
+
+    def __init__(self, shape, T: int, quant, n_sets: int = 0, seed: int = 0):
+        self.shape, self.T, self.quant = shape, T, quant
+        wbytes = 3 * shape.num_experts * shape.intermediate * shape.hidden * (1 if quant else 2)
+        self.n_sets = n_sets or sets_for_cold_l2(wbytes)
+        self.sets = []
+        for i in range(self.n_sets):
+            w1, w2, s1, s2 = make_weights(shape, quant, seed + i)
+            g = torch.Generator(device="cuda").manual_seed(1000 * seed + 7 * i + T)
+            x = torch.randn(T, shape.hidden, generator=g, device="cuda").to(torch.bfloat16)
+            logits = torch.randn(T, shape.num_experts, generator=g, device="cuda")
+            tw, ids = route(logits, shape.top_k)
+            self.sets.append(dict(x=x, w1=w1, w2=w2, topk_weights=tw, topk_ids=ids, quant=quant,
+                                  w1_scale=s1, w2_scale=s2))
+        self.experts_hit = int(self.sets[0]["topk_ids"].unique().numel())
+
+    def config(self, cfg=None):
+        s = self.shape
+        cfg = cfg or get_config(self.T, s.num_experts, s.top_k, s.intermediate, s.hidden, self.quant)
+        return cfg.resolved().check(self.quant, s.hidden, s.intermediate)
+
+    def time(self, cfg=None) -> float:
+        """Median µs of the expert computation (alignment excluded), cold L2."""
+        cfg = self.config(cfg)
+        routings = [align_block_size(st["topk_ids"], self.shape.num_experts, cfg.BLOCK_M) for st in self.sets]
+
+        def make_call(i):
+            st, r = self.sets[i], routings[i]
+            return lambda: expert_computation(st["x"], st["w1"], st["w2"], st["topk_weights"], r,
+                                              self.shape.top_k, quant=self.quant, w1_scale=st["w1_scale"],
+                                              w2_scale=st["w2_scale"], config=cfg)
+
+        return time_cuda_graph(make_call, self.n_sets, replays=15, min_calls=10).median_us
+
+    def time_align(self, block_m: int) -> float:
+        def make_call(i):
+            return lambda: align_block_size(self.sets[i]["topk_ids"], self.shape.num_experts, block_m)
+
+        return time_cuda_graph(make_call, self.n_sets, replays=15, min_calls=10).median_us
+
+    def check(self, cfg=None) -> dict:
+        """rel L2 vs the fp64 oracle, bit-identical rerun, and CUDA-graph replay equal to eager."""
+        st = self.sets[0]
+        out = fused_moe(**st, config=cfg)
+        again = fused_moe(**st, config=cfg)
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fused_moe(**st, config=cfg)  # warm-up on the capture stream
+            with torch.cuda.graph(graph):
+                captured = fused_moe(**st, config=cfg)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph.replay()
+        torch.cuda.synchronize()
+        return {"rel_l2": rel_l2(out, oracle(**st)), "bit_identical": bool(torch.equal(out, again)),
+                "graph_equal": bool(torch.equal(out, captured))}
+
+    def roofline(self, us: float, ceilings) -> dict:
+        s = self.shape
+        wb = 1 if self.quant else 2
+        b, f = moe_traffic(self.T, s.hidden, s.intermediate, s.top_k, self.experts_hit, wb)
+        return roofline(b, f, ceilings, "fp8" if self.quant else "bf16", us)
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get("BENCH_COMMIT", "unknown")
+
+
+def _write(out: Path, results: dict):
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "triton_bench.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+    lines = [f"# Triton backend on {results['device']}", "",
+             f"date {results['date']}, commit {results['commit']}, command `{results['command']}`", "",
+             "Expert computation (alignment excluded), CUDA-graph replay, cold L2. µs = median.", "",
+             "| shape | dtype | T | config | µs | target µs | floor µs | % of floor | align µs |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in results["targets"]:
+        lines.append(f"| {r['shape']} | {r['dtype']} | {r['T']} | {r['config']} | {r['us']:.1f} | {r['target_us']} "
+                     f"| {r['roofline']['floor_us']:.1f} | {r['roofline']['pct_of_floor']:.0f} | {r['align_us']:.1f} |")
+    if results["swap"]:
+        lines += ["", "Swap-AB: the same tile with swap on and off (speedup = off / on).", "",
+                  "| shape | dtype | T | tokens/expert | tile | swap µs | no-swap µs | speedup |", "|---|---|---|---|---|---|---|---|"]
+        for r in results["swap"]:
+            lines.append(f"| {r['shape']} | {r['dtype']} | {r['T']} | {r['tokens_per_expert']:g} | {r['tile']} "
+                         f"| {r['swap_us']:.1f} | {r['noswap_us']:.1f} | {r['speedup']:.2f} |")
+    if results["tuned"]:
+        lines += ["", "Tuning (best candidate per token count):", "",
+                  "| shape | dtype | T | best config | µs | heuristic µs |", "|---|---|---|---|---|---|"]
+        for r in results["tuned"]:
+            lines.append(f"| {r['shape']} | {r['dtype']} | {r['T']} | {r['config']} | {r['us']:.1f} | {r['heuristic_us']:.1f} |")
+    (out / "triton_bench.md").write_text("\n".join(lines) + "\n")
+
+
+def _tile(cfg) -> str:
+    return f"{cfg.BLOCK_M}x{cfg.BLOCK_N}x{cfg.BLOCK_K}/w{cfg.num_warps}s{cfg.num_stages}{'/swap' if cfg.swap_ab else ''}"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="notes/results")
+    p.add_argument("--deadline-s", type=float, default=1e9)
+    p.add_argument("--tune", action="store_true", help="also tune the target shapes (tables to --out)")
+    a = p.parse_args(argv)
+    start = time.time()
+    left = lambda: a.deadline_s - (time.time() - start)  # noqa: E731
+    out = Path(a.out)
+    ceilings = measure_ceilings()
+    results = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "commit": _git_commit(),
+               "command": "python -m triton_moe.bench " + " ".join(argv or []), "ceilings": ceilings.as_dict(),
+               "targets": [], "swap": [], "tuned": []}
+
+    for spec, quant, T, target in TARGETS:
+        if left() < 0:
+            break
+        prob = Problem(get_shape(spec), T, quant)
+        cfg = prob.config()
+        us = prob.time(cfg)
+        results["targets"].append({"shape": spec, "dtype": quant or "bf16", "T": T, "config": _tile(cfg), "us": us,
+                                   "target_us": target, "align_us": prob.time_align(cfg.BLOCK_M),
+                                   "roofline": prob.roofline(us, ceilings)})
+        print(f"{spec:16s} {quant or 'bf16':10s} T={T:5d} {_tile(cfg):24s} {us:9.1f} µs (target {target})", flush=True)
+        _write(out, results)
+    drop_weights()
+
+    for spec, quant in SWAP_SWEEP:
+        shape = get_shape(spec)
+        for tpe in SWAP_TPE:
+            if left() < 0:
+                break
+            T = max(1, round(tpe * shape.num_experts / shape.top_k))
+            prob = Problem(shape, T, quant)
+            base = replace(prob.config(), BLOCK_M=16 if tpe <= 16 else 32, BLOCK_N=64, GROUP_M=1)
+            on, off = prob.time(replace(base, swap_ab=True)), prob.time(replace(base, swap_ab=False))
+            results["swap"].append({"shape": spec, "dtype": quant or "bf16", "T": T,
+                                    "tokens_per_expert": tokens_per_expert(T, shape.num_experts, shape.top_k),
+                                    "tile": _tile(replace(base, swap_ab=None)), "swap_us": on, "noswap_us": off,
+                                    "speedup": off / on})
+            print(f"swap {spec:16s} {quant or 'bf16':10s} T={T:5d} on {on:8.1f} off {off:8.1f}", flush=True)
+            _write(out, results)
+        drop_weights()
+
+    if a.tune:
+        from triton_moe.autotune import tune, write_table
+
+        for spec, quant in dict.fromkeys((s, q) for s, q, _, _ in TARGETS):
+            if left() < 20:
+                break
+            tokens = [1, 8, 32, 128, 1024, 4096]
+            res = tune(spec, quant, tokens, budget_s=max(0.0, left() / 2), progress=False)
+            write_table(spec, quant, res, out)
+            heur = {r["T"]: r["us"] for r in results["targets"] if r["shape"] == spec and r["dtype"] == (quant or "bf16")}
+            for T, (cfg, us, all_) in sorted(res.items()):
+                if cfg is None:
+                    continue
+                results["tuned"].append({"shape": spec, "dtype": quant or "bf16", "T": T, "config": _tile(cfg),
+                                         "us": us, "heuristic_us": all_[0][1], "target_row_us": heur.get(T),
+                                         "candidates": all_})
+            _write(out, results)
+            drop_weights()
+    print(f"bench done in {time.time() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
