@@ -62,6 +62,7 @@ import cutlass.cute as cute  # noqa: E402
 import cutlass.pipeline as pipeline  # noqa: E402
 import cutlass.utils.hopper_helpers as sm90  # noqa: E402
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup  # noqa: E402
+from cutlass.memory import SmemAllocator  # noqa: E402
 from cutlass.tensor_utils import LayoutEnum  # noqa: E402
 
 from .config import GemmConfig  # noqa: E402
@@ -172,7 +173,7 @@ class GroupedGemm:
             cpasync.prefetch_descriptor(tma_c)
 
         # ---- shared memory and the mbarrier ring ------------------------------------------
-        storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
+        storage = SmemAllocator().allocate(self.shared_storage)
         a_one = cute.slice_(a_smem_staged, (None, None, 0))
         b_one = cute.slice_(b_smem_staged, (None, None, 0))
         ring = pipeline.PipelineTmaAsync.create(
