@@ -89,6 +89,62 @@ def bench_gemm1(spec: str, tokens_per_expert_list, n_sets=2) -> list[dict]:
     return rows
 
 
+def bench_breakdown(spec: str, T: int, n_sets: int = 2) -> dict:
+    """Median µs of every stage of fused_moe (each timed alone, weights rotated) at one cell."""
+    from .moe import combine, layer_configs, silu_mul
+
+    shape = get_shape(spec)
+    E, K, I, k = shape.num_experts, shape.hidden, shape.intermediate, shape.top_k
+    sets = _weights(shape, n_sets)
+    inp = make_inputs(shape, T, seed=0, device="cuda", weights_bf16=sets[0])
+    cfg1, cfg2 = layer_configs(T, E, K, I, k)
+    al = align_tokens(inp.topk_ids, inp.topk_weights, E, cfg1.tokens_tile)
+    xs = inp.x.index_select(0, al.sorted_token)
+    h = grouped_gemm(xs, sets[0][0], al, cfg1)
+    a = silu_mul(h, al)
+    y = grouped_gemm(a, sets[0][1], al, cfg2, row_scale=al.sorted_weight)
+    pairs = T * k
+    stages = {
+        "align": lambda i: (lambda: align_tokens(inp.topk_ids, inp.topk_weights, E, cfg1.tokens_tile)),
+        "gather": lambda i: (lambda: inp.x.index_select(0, al.sorted_token)),
+        "gemm1": lambda i: (lambda: grouped_gemm(xs, sets[i][0], al, cfg1, out=h)),
+        "silu_mul": lambda i: (lambda: silu_mul(h, al)),
+        "gemm2": lambda i: (lambda: grouped_gemm(a, sets[i][1], al, cfg2, row_scale=al.sorted_weight, out=y)),
+        "combine": lambda i: (lambda: combine(y, al, T, k)),
+    }
+    row = {"shape": spec, "T": T, "gemm1": f"{cfg1.tile_m}x{cfg1.tile_n}{' swap' if cfg1.swap_ab else ''}",
+           "rows_alloc": al.rows, "rows_used": int(al.padded_end[-1]), "pairs": pairs}
+    for name, make in stages.items():
+        row[name + "_us"] = round(time_cuda_graph(make, n_sets).median_us, 1)
+    row["gemm1_tflops"] = round(2 * pairs * 2 * I * K / row["gemm1_us"] / 1e6, 1)
+    row["gemm2_tflops"] = round(2 * pairs * K * I / row["gemm2_us"] / 1e6, 1)
+    print(row, flush=True)
+    del sets
+    torch.cuda.empty_cache()
+    return row
+
+
+def bench_gemm_configs(spec: str, T: int, configs: list[GemmConfig], n_sets: int = 2) -> list[dict]:
+    """GEMM1 of one layer cell under several normal-path configs (tile / rasterization sweep)."""
+    shape = get_shape(spec)
+    E, K, I = shape.num_experts, shape.hidden, shape.intermediate
+    sets = _weights(shape, n_sets, seed=2)
+    inp = make_inputs(shape, T, seed=0, device="cuda", weights_bf16=sets[0])
+    rows = []
+    for cfg in configs:
+        al = align_tokens(inp.topk_ids, inp.topk_weights, E, cfg.tokens_tile)
+        xs = inp.x.index_select(0, al.sorted_token)
+        out = torch.empty(al.rows, 2 * I, device="cuda", dtype=torch.bfloat16)
+        t = time_cuda_graph(lambda i: (lambda: grouped_gemm(xs, sets[i][0], al, cfg, out=out)), n_sets)
+        rows.append({"shape": spec, "T": T, "tile": f"{cfg.tile_m}x{cfg.tile_n}", "stages": cfg.stages,
+                     "group_tokens": cfg.group_tokens, "us": round(t.median_us, 1),
+                     "tflops": round(2 * T * shape.top_k * 2 * I * K / t.median_us / 1e6, 1)})
+        print(rows[-1], flush=True)
+    del sets
+    torch.cuda.empty_cache()
+    return rows
+
+
 def bench_compile() -> dict:
     """Seconds for a first compile of a config not compiled yet in this process."""
     from .ptx import compile_gemm
@@ -104,6 +160,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer cells")
     ap.add_argument("--json", default=None, help="write the raw results here")
+    ap.add_argument("--breakdown", action="store_true", help="only the per-stage breakdown and a GEMM1 config sweep")
     args = ap.parse_args(argv)
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
@@ -113,6 +170,21 @@ def main(argv=None):
               "commit": commit or "unknown", "command": "python -m cute_moe.bench" + (" --quick" if args.quick else ""),
               "compile": bench_compile()}
     print(result["compile"], flush=True)
+    if args.breakdown:
+        result["command"] += " --breakdown"
+        result["breakdown"] = [bench_breakdown(spec, T) for spec in ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8")
+                               for T in (8, 4096)]
+        base = GemmConfig(tokens_tile=128, weights_tile=256, stages=4)
+        sweep = [base, base.replace(group_tokens=1), base.replace(group_tokens=16), base.replace(epi_stages=1, stages=4),
+                 GemmConfig(tokens_tile=128, weights_tile=128, stages=6),
+                 GemmConfig(tokens_tile=128, weights_tile=192, stages=5),
+                 GemmConfig(tokens_tile=64, weights_tile=256, consumer_warpgroups=1, stages=5)]
+        result["gemm1_configs"] = (bench_gemm_configs("mixtral-8x7b", 4096, sweep)
+                                   + bench_gemm_configs("qwen3-30b-a3b", 4096, sweep[:1] + sweep[4:]))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+        return result
     Ts = (8, 4096) if args.quick else (1, 8, 32, 128, 1024, 4096)
     result["layer"] = [r for spec in ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8") for r in bench_layer(spec, Ts)]
     tpes = (2, 8, 32, 128) if args.quick else (1, 2, 4, 8, 16, 32, 64, 128, 256)

@@ -17,12 +17,12 @@ whole layer can be captured in a CUDA graph and a new routing never recompiles a
    number of *used* blocks is a device scalar the GEMM's scheduler reads.
 2. gather ``X_sorted[r] = x[token(r)]`` (padding rows repeat token 0: finite, later weighted 0).
 3. GEMM1 (grouped): ``H = X_sorted · W1[e]ᵀ``  → ``[M_pad, 2I]``.
-4. ``A = SiLU(H[:, :I]) ⊙ H[:, I:]`` (torch ops, in fp32, rounded once to bf16 — the
-   fused-epilogue version is future work: it needs W1's gate and up rows interleaved so that
-   one tile holds both halves).
+4. ``A = SiLU(H[:, :I]) ⊙ H[:, I:]``: a small CuTe kernel (``silu.py``) over the used rows only,
+   fp32 math, one rounding to bf16.  (Fusing it into GEMM1's epilogue is future work: it needs
+   W1's gate and up rows interleaved so that one tile holds both halves.)
 5. GEMM2 (grouped): ``Y = (A · W2[e]ᵀ) · w_row`` — the routing weight of each sorted row is
    applied in fp32 in the epilogue, before rounding to bf16 (padding rows get weight 0).
-6. combine: ``out[t] = Σ_j Y[row(t, j)]`` (a gather and a sum over top_k, in fp32).
+6. combine: ``out[t] = Σ_j Y[row(t, j)]`` (torch: a gather and a sum over top_k in fp32).
 """
 
 from __future__ import annotations
@@ -184,8 +184,30 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
     alignment = align_tokens(topk_ids, topk_weights, E, math.lcm(cfg1.tokens_tile, cfg2.tokens_tile))
     x_sorted = x.index_select(0, alignment.sorted_token)
     h = grouped_gemm(x_sorted, w1, alignment, cfg1)
-    # SiLU·mul in fp32, one rounding to bf16 (the next GEMM's operand)
-    a = (torch.nn.functional.silu(h[:, :I].float()) * h[:, I:].float()).to(torch.bfloat16)
+    a = silu_mul(h, alignment)
     y = grouped_gemm(a, w2, alignment, cfg2, row_scale=alignment.sorted_weight)
-    out = y.index_select(0, alignment.pair_row).view(T, top_k, K).float().sum(1)
-    return out.to(torch.bfloat16)
+    return combine(y, alignment, T, top_k)
+
+
+def silu_mul(h: torch.Tensor, alignment: Alignment) -> torch.Tensor:
+    """``SiLU(h[:, :I]) ⊙ h[:, I:]`` on the used rows (bf16 [M_pad, I]; other rows unwritten)."""
+    import cuda.bindings.driver as cuda
+    from cutlass.cute.runtime import from_dlpack
+
+    from .ptx import compile_silu_mul
+
+    rows, two_i = h.shape
+    if two_i % 16:
+        raise ValueError(f"silu_mul: 2I={two_i} must be a multiple of 16 (8-element vectors per half)")
+    a = torch.empty(rows, two_i // 2, dtype=h.dtype, device=h.device)
+    used_rows = alignment.padded_end[-1:].to(torch.int32)
+    compile_silu_mul(_num_sms(h.device))(
+        _cute_tensor(h, 1), _cute_tensor(a, 1), from_dlpack(used_rows),
+        cuda.CUstream(torch.cuda.current_stream(h.device).cuda_stream))
+    return a
+
+
+def combine(y: torch.Tensor, alignment: Alignment, T: int, top_k: int) -> torch.Tensor:
+    """``out[t] = Σ_j y[row(t, j)]`` (rows already carry their routing weight), fp32 sum → bf16."""
+    picked = y.index_select(0, alignment.pair_row).view(T, top_k, y.shape[1])
+    return torch.sum(picked, dim=1, dtype=torch.float32).to(torch.bfloat16)

@@ -25,6 +25,7 @@ from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, mak
 
 from .config import GemmConfig  # noqa: E402
 from .gemm import GroupedGemm  # noqa: E402
+from .silu import SiluMul  # noqa: E402
 
 DEFAULT_NUM_CTAS = 132
 """Persistent grid size: the H200's (and H100 SXM's) SM count."""
@@ -43,7 +44,7 @@ def _ptx_dir() -> str:
 
 
 def compile_count() -> int:
-    """How many kernels this process has compiled (cache misses of :func:`compile_gemm`)."""
+    """How many kernels this process has compiled (cache misses of the compile functions)."""
     return _compiles
 
 
@@ -86,6 +87,24 @@ def compile_gemm(cfg: GemmConfig, num_ctas: int = DEFAULT_NUM_CTAS, *, keep_ptx:
         _compiles += 1
         _cache[key] = compiled
         return compiled
+
+
+def compile_silu_mul(num_ctas: int = DEFAULT_NUM_CTAS):
+    """The compiled SiLU·mul kernel (one per grid size; shapes are symbolic)."""
+    global _compiles
+    key = ("silu_mul", num_ctas)
+    with _lock:
+        hit = _cache.get(key)
+        if hit is None:
+            rows, inter = cute.sym_int(), cute.sym_int(divisibility=8)
+            h = make_fake_tensor(cutlass.BFloat16, (rows, cute.sym_int(divisibility=16)),
+                                 stride=(cute.sym_int64(divisibility=16), 1), assumed_align=16)
+            a = make_fake_tensor(cutlass.BFloat16, (rows, inter), stride=(cute.sym_int64(divisibility=8), 1),
+                                 assumed_align=16)
+            used = make_fake_compact_tensor(cutlass.Int32, (1,), assumed_align=4)
+            hit = _cache[key] = cute.compile(SiluMul(num_ctas), h, a, used, make_fake_stream())
+            _compiles += 1
+        return hit
 
 
 def compile_ptx(cfg: GemmConfig, num_ctas: int = DEFAULT_NUM_CTAS) -> str:

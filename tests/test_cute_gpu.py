@@ -150,3 +150,16 @@ def test_t_sweep_does_not_compile(shapes):
             cute_moe.fused_moe(**_inputs(shapes, "deepseek-v3:tp8", T + dT, seed=seed + 11).kwargs())
     torch.cuda.synchronize()
     assert cute_moe.compile_count() == before
+
+
+def test_silu_mul_matches_torch_on_used_rows():
+    from cute_moe.moe import align_tokens, silu_mul
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    ids = torch.randint(0, 6, (50, 2), device="cuda", generator=g).int()
+    al = align_tokens(ids, torch.ones(50, 2, device="cuda"), 6, 16)
+    h = torch.randn(al.rows, 2 * 96, device="cuda", generator=g).bfloat16()
+    a = silu_mul(h, al)
+    used = int(al.padded_end[-1])
+    ref = torch.nn.functional.silu(h[:used, :96].float()) * h[:used, 96:].float()
+    assert _rel_l2(a[:used], ref) < 4e-3
