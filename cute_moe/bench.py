@@ -161,13 +161,14 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="fewer cells")
     ap.add_argument("--json", default=None, help="write the raw results here")
     ap.add_argument("--breakdown", action="store_true", help="only the per-stage breakdown and a GEMM1 config sweep")
+    ap.add_argument("--commit", default=None, help="git commit to record (when the checkout has no .git)")
     args = ap.parse_args(argv)
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     except OSError:
         commit = "unknown"
     result = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
-              "commit": commit or "unknown", "command": "python -m cute_moe.bench" + (" --quick" if args.quick else ""),
+              "commit": args.commit or commit or "unknown", "command": "python -m cute_moe.bench" + (" --quick" if args.quick else ""),
               "compile": bench_compile()}
     print(result["compile"], flush=True)
     if args.breakdown:
