@@ -1,6 +1,6 @@
 """Benchmark of the Triton backend on the GPU: target table, swap-AB sweep, alignment, tuning.
 
-    python -m triton_moe.bench --out notes/results [--deadline-s 240] [--tune]
+    python -m triton_moe.bench --out notes/results [--deadline-s 240] [--tune] [--no-swap]
 
 What is timed is the full expert computation — amax, GEMM1 + SiLU·up, GEMM2 × routing weight,
 combine — with the alignment excluded (timed on its own), CUDA-graph replayed over rotated input
@@ -179,6 +179,7 @@ def main(argv=None):
     p.add_argument("--out", default="notes/results")
     p.add_argument("--deadline-s", type=float, default=1e9)
     p.add_argument("--tune", action="store_true", help="also tune the target shapes (tables to --out)")
+    p.add_argument("--no-swap", action="store_true", help="skip the swap-AB sweep")
     a = p.parse_args(argv)
     start = time.time()
     left = lambda: a.deadline_s - (time.time() - start)  # noqa: E731
@@ -201,7 +202,7 @@ def main(argv=None):
         _write(out, results)
     drop_weights()
 
-    for spec, quant in SWAP_SWEEP:
+    for spec, quant in [] if a.no_swap else SWAP_SWEEP:
         shape = get_shape(spec)
         for tpe in SWAP_TPE:
             if left() < 0:
