@@ -1,7 +1,7 @@
 """cute_moe: a warp-specialized WGMMA grouped GEMM for Mixture-of-Experts, in the CuTe DSL.
 
 Reading order: ``config.py`` (what a kernel is: tiles, stages, the swap-AB rule) → ``gemm.py``
-(the kernel) → ``silu.py`` → ``moe.py`` (routing alignment and the MoE layer) → ``layouts.py`` (the kernel's
+(the kernel) → ``rowops.py`` (gather, SiLU·mul, combine) → ``moe.py`` (routing alignment and the MoE layer) → ``layouts.py`` (the kernel's
 layouts as plain data) → ``ptx.py`` (compile on the CPU, the compile cache) → ``bench.py``.
 """
 
@@ -13,11 +13,11 @@ from compare.contract import make_fused_experts  # noqa: E402
 
 from .config import GemmConfig, choose_config  # noqa: E402
 from .layouts import describe, describe_json  # noqa: E402
-from .moe import align_tokens, combine, fused_moe, grouped_gemm, layer_configs, silu_mul  # noqa: E402
-from .ptx import compile_count, compile_gemm, compile_ptx, compile_silu_mul  # noqa: E402
+from .moe import align_tokens, combine, fused_moe, gather_rows, grouped_gemm, layer_configs, silu_mul  # noqa: E402
+from .ptx import compile_count, compile_gemm, compile_ptx, compile_row_kernels  # noqa: E402
 
 fused_experts = make_fused_experts(fused_moe)
 
 __all__ = ["GemmConfig", "align_tokens", "choose_config", "combine", "compile_count", "compile_gemm",
-           "compile_ptx", "compile_silu_mul", "describe", "describe_json", "fused_experts", "fused_moe",
-           "grouped_gemm", "layer_configs", "silu_mul"]
+           "compile_ptx", "compile_row_kernels", "describe", "describe_json", "fused_experts", "fused_moe",
+           "gather_rows", "grouped_gemm", "layer_configs", "silu_mul"]

@@ -1,6 +1,6 @@
 """Benchmark the CuTe MoE kernel on the GPU: layer cells, GEMM-level swap-AB vs normal, compile time.
 
-    python -m cute_moe.bench [--quick] [--json notes/results/cute_bench.json]
+    python -m cute_moe.bench [--quick | --breakdown | --sweep] [--json FILE] [--commit SHA]
 
 Every time is a CUDA-graph replay over rotated weight sets (cold L2) through
 ``compare.timing.time_cuda_graph``; the median is reported.  Three tables:
@@ -28,7 +28,7 @@ from compare.problem import get_shape, make_inputs  # noqa: E402
 from compare.timing import time_cuda_graph  # noqa: E402
 
 from .config import GemmConfig, choose_config  # noqa: E402
-from .moe import align_tokens, fused_moe, grouped_gemm  # noqa: E402
+from .moe import align_tokens, fused_moe, gather_rows, grouped_gemm  # noqa: E402
 from .ptx import compile_count  # noqa: E402
 
 
@@ -73,7 +73,7 @@ def bench_gemm1(spec: str, tokens_per_expert_list, n_sets=2) -> list[dict]:
         for swap in (False, True):
             cfg = choose_config(tpe, 2 * I, K, swap_ab=swap)
             al = align_tokens(ids, w, E, cfg.tokens_tile)
-            xs = x.index_select(0, al.sorted_token)
+            xs = gather_rows(x, al)
             out = torch.empty(al.rows, 2 * I, device="cuda", dtype=torch.bfloat16)
             t = time_cuda_graph(lambda i: (lambda: grouped_gemm(xs, sets[i][0], al, cfg, out=out)), n_sets)
             key = "swap" if swap else "normal"
@@ -91,7 +91,7 @@ def bench_gemm1(spec: str, tokens_per_expert_list, n_sets=2) -> list[dict]:
 
 def bench_breakdown(spec: str, T: int, n_sets: int = 2) -> dict:
     """Median µs of every stage of fused_moe (each timed alone, weights rotated) at one cell."""
-    from .moe import combine, layer_configs, silu_mul
+    from .moe import combine, gather_rows, layer_configs, silu_mul
 
     shape = get_shape(spec)
     E, K, I, k = shape.num_experts, shape.hidden, shape.intermediate, shape.top_k
@@ -99,14 +99,14 @@ def bench_breakdown(spec: str, T: int, n_sets: int = 2) -> dict:
     inp = make_inputs(shape, T, seed=0, device="cuda", weights_bf16=sets[0])
     cfg1, cfg2 = layer_configs(T, E, K, I, k)
     al = align_tokens(inp.topk_ids, inp.topk_weights, E, cfg1.tokens_tile)
-    xs = inp.x.index_select(0, al.sorted_token)
+    xs = gather_rows(inp.x, al)
     h = grouped_gemm(xs, sets[0][0], al, cfg1)
     a = silu_mul(h, al)
     y = grouped_gemm(a, sets[0][1], al, cfg2, row_scale=al.sorted_weight)
     pairs = T * k
     stages = {
         "align": lambda i: (lambda: align_tokens(inp.topk_ids, inp.topk_weights, E, cfg1.tokens_tile)),
-        "gather": lambda i: (lambda: inp.x.index_select(0, al.sorted_token)),
+        "gather": lambda i: (lambda: gather_rows(inp.x, al)),
         "gemm1": lambda i: (lambda: grouped_gemm(xs, sets[i][0], al, cfg1, out=h)),
         "silu_mul": lambda i: (lambda: silu_mul(h, al)),
         "gemm2": lambda i: (lambda: grouped_gemm(a, sets[i][1], al, cfg2, row_scale=al.sorted_weight, out=y)),
@@ -133,7 +133,7 @@ def bench_gemm_configs(spec: str, T: int, configs: list[GemmConfig], n_sets: int
     rows = []
     for cfg in configs:
         al = align_tokens(inp.topk_ids, inp.topk_weights, E, cfg.tokens_tile)
-        xs = inp.x.index_select(0, al.sorted_token)
+        xs = gather_rows(inp.x, al)
         out = torch.empty(al.rows, 2 * I, device="cuda", dtype=torch.bfloat16)
         t = time_cuda_graph(lambda i: (lambda: grouped_gemm(xs, sets[i][0], al, cfg, out=out)), n_sets)
         rows.append({"shape": spec, "T": T, "tile": f"{cfg.tile_m}x{cfg.tile_n}", "stages": cfg.stages,
@@ -160,7 +160,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer cells")
     ap.add_argument("--json", default=None, help="write the raw results here")
-    ap.add_argument("--breakdown", action="store_true", help="only the per-stage breakdown and a GEMM1 config sweep")
+    ap.add_argument("--breakdown", action="store_true", help="only the per-stage breakdown of fused_moe")
+    ap.add_argument("--sweep", action="store_true", help="only a GEMM1 tile / rasterization sweep at T = 4096")
     ap.add_argument("--commit", default=None, help="git commit to record (when the checkout has no .git)")
     args = ap.parse_args(argv)
     try:
@@ -175,6 +176,8 @@ def main(argv=None):
         result["command"] += " --breakdown"
         result["breakdown"] = [bench_breakdown(spec, T) for spec in ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8")
                                for T in (8, 4096)]
+    if args.sweep:
+        result["command"] += " --sweep"
         base = GemmConfig(tokens_tile=128, weights_tile=256, stages=4)
         sweep = [base, base.replace(group_tokens=1), base.replace(group_tokens=16), base.replace(epi_stages=1, stages=4),
                  GemmConfig(tokens_tile=128, weights_tile=128, stages=6),
@@ -182,6 +185,7 @@ def main(argv=None):
                  GemmConfig(tokens_tile=64, weights_tile=256, consumer_warpgroups=1, stages=5)]
         result["gemm1_configs"] = (bench_gemm_configs("mixtral-8x7b", 4096, sweep)
                                    + bench_gemm_configs("qwen3-30b-a3b", 4096, sweep[:1] + sweep[4:]))
+    if args.breakdown or args.sweep:
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=1)

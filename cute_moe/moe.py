@@ -15,14 +15,15 @@ whole layer can be captured in a CUDA graph and a new routing never recompiles a
    counts, cumsum for the offsets, searchsorted for each block's expert).  The buffers are sized
    by the host-known worst case ``P + E·(tT − 1)`` rows, so their sizes depend on T only; the
    number of *used* blocks is a device scalar the GEMM's scheduler reads.
-2. gather ``X_sorted[r] = x[token(r)]`` (padding rows repeat token 0: finite, later weighted 0).
+2. gather ``X_sorted[r] = x[token(r)]`` for the used rows (a CuTe row kernel, ``rowops.py``;
+   padding rows inside a block repeat token 0: finite, and weighted 0 later).
 3. GEMM1 (grouped): ``H = X_sorted · W1[e]ᵀ``  → ``[M_pad, 2I]``.
-4. ``A = SiLU(H[:, :I]) ⊙ H[:, I:]``: a small CuTe kernel (``silu.py``) over the used rows only,
+4. ``A = SiLU(H[:, :I]) ⊙ H[:, I:]``: a CuTe row kernel over the used rows only,
    fp32 math, one rounding to bf16.  (Fusing it into GEMM1's epilogue is future work: it needs
    W1's gate and up rows interleaved so that one tile holds both halves.)
 5. GEMM2 (grouped): ``Y = (A · W2[e]ᵀ) · w_row`` — the routing weight of each sorted row is
    applied in fp32 in the epilogue, before rounding to bf16 (padding rows get weight 0).
-6. combine: ``out[t] = Σ_j Y[row(t, j)]`` (torch: a gather and a sum over top_k in fp32).
+6. combine: ``out[t] = Σ_j Y[row(t, j)]`` (a CuTe row kernel: fp32 sum over top_k, one rounding).
 """
 
 from __future__ import annotations
@@ -114,7 +115,6 @@ def grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, alignment: Alignment, 
     x_sorted: bf16 [M_pad, K]; w: bf16 [E, N_out, K] (contiguous).  Returns bf16 [M_pad, N_out]
     (rows past the used blocks are left unwritten).
     """
-    import cuda.bindings.driver as cuda
     from cutlass.cute.runtime import from_dlpack
 
     from .ptx import compile_gemm
@@ -139,8 +139,7 @@ def grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, alignment: Alignment, 
         _cute_tensor(x_sorted, 1),
         _cute_tensor(w.permute(1, 2, 0), 1),  # (N_out, K, E): the expert is TMA's 3rd coordinate
         _cute_tensor(out.t(), 0) if cfg.swap_ab else _cute_tensor(out, 1),
-        from_dlpack(block_expert), from_dlpack(num_blocks), from_dlpack(row_scale),
-        cuda.CUstream(torch.cuda.current_stream(x_sorted.device).cuda_stream),
+        from_dlpack(block_expert), from_dlpack(num_blocks), from_dlpack(row_scale), _stream(x_sorted),
     )
     return out
 
@@ -182,32 +181,57 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
         raise ValueError("cute_moe.fused_moe: x must be on a CUDA device (Hopper); the CPU path is compile_ptx()")
     cfg1, cfg2 = configs if configs is not None else layer_configs(T, E, K, I, top_k, swap_ab)
     alignment = align_tokens(topk_ids, topk_weights, E, math.lcm(cfg1.tokens_tile, cfg2.tokens_tile))
-    x_sorted = x.index_select(0, alignment.sorted_token)
+    x_sorted = gather_rows(x, alignment)
     h = grouped_gemm(x_sorted, w1, alignment, cfg1)
     a = silu_mul(h, alignment)
     y = grouped_gemm(a, w2, alignment, cfg2, row_scale=alignment.sorted_weight)
     return combine(y, alignment, T, top_k)
 
 
-def silu_mul(h: torch.Tensor, alignment: Alignment) -> torch.Tensor:
-    """``SiLU(h[:, :I]) ⊙ h[:, I:]`` on the used rows (bf16 [M_pad, I]; other rows unwritten)."""
+def _stream(t: torch.Tensor):
     import cuda.bindings.driver as cuda
+
+    return cuda.CUstream(torch.cuda.current_stream(t.device).cuda_stream)
+
+
+def _row_kernels(device) -> dict:
+    from .ptx import compile_row_kernels
+
+    return compile_row_kernels(_num_sms(device))
+
+
+def _used_rows(alignment: Alignment) -> torch.Tensor:
+    return alignment.padded_end[-1:].to(torch.int32)
+
+
+def gather_rows(x: torch.Tensor, alignment: Alignment) -> torch.Tensor:
+    """``X_sorted[r] = x[sorted_token[r]]`` on the used rows (bf16 [M_pad, K]; other rows unwritten)."""
     from cutlass.cute.runtime import from_dlpack
 
-    from .ptx import compile_silu_mul
+    out = torch.empty(alignment.rows, x.shape[1], dtype=x.dtype, device=x.device)
+    _row_kernels(x.device)["gather"](_cute_tensor(x, 1), _cute_tensor(out, 1), from_dlpack(alignment.sorted_token),
+                                     from_dlpack(_used_rows(alignment)), _stream(x))
+    return out
+
+
+def silu_mul(h: torch.Tensor, alignment: Alignment) -> torch.Tensor:
+    """``SiLU(h[:, :I]) ⊙ h[:, I:]`` on the used rows (bf16 [M_pad, I]; other rows unwritten)."""
+    from cutlass.cute.runtime import from_dlpack
 
     rows, two_i = h.shape
     if two_i % 16:
         raise ValueError(f"silu_mul: 2I={two_i} must be a multiple of 16 (8-element vectors per half)")
     a = torch.empty(rows, two_i // 2, dtype=h.dtype, device=h.device)
-    used_rows = alignment.padded_end[-1:].to(torch.int32)
-    compile_silu_mul(_num_sms(h.device))(
-        _cute_tensor(h, 1), _cute_tensor(a, 1), from_dlpack(used_rows),
-        cuda.CUstream(torch.cuda.current_stream(h.device).cuda_stream))
+    _row_kernels(h.device)["silu_mul"](_cute_tensor(h, 1), _cute_tensor(a, 1), from_dlpack(_used_rows(alignment)),
+                                       _stream(h))
     return a
 
 
 def combine(y: torch.Tensor, alignment: Alignment, T: int, top_k: int) -> torch.Tensor:
-    """``out[t] = Σ_j y[row(t, j)]`` (rows already carry their routing weight), fp32 sum → bf16."""
-    picked = y.index_select(0, alignment.pair_row).view(T, top_k, y.shape[1])
-    return torch.sum(picked, dim=1, dtype=torch.float32).to(torch.bfloat16)
+    """``out[t] = Σ_j y[row(t, j)]`` (rows already carry their routing weight): fp32 sum → bf16 [T, K]."""
+    from cutlass.cute.runtime import from_dlpack
+
+    out = torch.empty(T, y.shape[1], dtype=y.dtype, device=y.device)
+    _row_kernels(y.device)["combine"](_cute_tensor(y, 1), _cute_tensor(out, 1), from_dlpack(alignment.pair_row),
+                                      _stream(y))
+    return out

@@ -25,7 +25,7 @@ from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, mak
 
 from .config import GemmConfig  # noqa: E402
 from .gemm import GroupedGemm  # noqa: E402
-from .silu import SiluMul  # noqa: E402
+from .rowops import CombineRows, GatherRows, SiluMul  # noqa: E402
 
 DEFAULT_NUM_CTAS = 132
 """Persistent grid size: the H200's (and H100 SXM's) SM count."""
@@ -89,21 +89,29 @@ def compile_gemm(cfg: GemmConfig, num_ctas: int = DEFAULT_NUM_CTAS, *, keep_ptx:
         return compiled
 
 
-def compile_silu_mul(num_ctas: int = DEFAULT_NUM_CTAS):
-    """The compiled SiLU·mul kernel (one per grid size; shapes are symbolic)."""
+def _rows_tensor(dtype, cols_divisibility=8, rows=None):
+    rows = rows if rows is not None else cute.sym_int()
+    return make_fake_tensor(dtype, (rows, cute.sym_int(divisibility=cols_divisibility)),
+                            stride=(cute.sym_int64(divisibility=cols_divisibility), 1), assumed_align=16)
+
+
+def compile_row_kernels(num_sms: int = DEFAULT_NUM_CTAS) -> dict:
+    """The compiled gather / SiLU·mul / combine kernels (``rowops.py``), one set per SM count."""
     global _compiles
-    key = ("silu_mul", num_ctas)
+    key = ("rowops", num_sms)
     with _lock:
         hit = _cache.get(key)
         if hit is None:
-            rows, inter = cute.sym_int(), cute.sym_int(divisibility=8)
-            h = make_fake_tensor(cutlass.BFloat16, (rows, cute.sym_int(divisibility=16)),
-                                 stride=(cute.sym_int64(divisibility=16), 1), assumed_align=16)
-            a = make_fake_tensor(cutlass.BFloat16, (rows, inter), stride=(cute.sym_int64(divisibility=8), 1),
-                                 assumed_align=16)
-            used = make_fake_compact_tensor(cutlass.Int32, (1,), assumed_align=4)
-            hit = _cache[key] = cute.compile(SiluMul(num_ctas), h, a, used, make_fake_stream())
-            _compiles += 1
+            bf16, stream = cutlass.BFloat16, make_fake_stream()
+            index = make_fake_compact_tensor(cutlass.Int64, (cute.sym_int(),), assumed_align=8)
+            scalar = make_fake_compact_tensor(cutlass.Int32, (1,), assumed_align=4)
+            hit = _cache[key] = {
+                "gather": cute.compile(GatherRows(num_sms), _rows_tensor(bf16), _rows_tensor(bf16), index, scalar,
+                                       stream),
+                "silu_mul": cute.compile(SiluMul(num_sms), _rows_tensor(bf16, 16), _rows_tensor(bf16), scalar, stream),
+                "combine": cute.compile(CombineRows(num_sms), _rows_tensor(bf16), _rows_tensor(bf16), index, stream),
+            }
+            _compiles += 3
         return hit
 
 

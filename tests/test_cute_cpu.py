@@ -69,6 +69,13 @@ def test_compile_cache_and_counter():
     assert cute_moe.compile_count() == n + 1
 
 
+def test_row_kernels_compile_once():
+    cute_moe.compile_row_kernels()
+    n = cute_moe.compile_count()
+    kernels = cute_moe.compile_row_kernels()
+    assert set(kernels) == {"gather", "silu_mul", "combine"} and cute_moe.compile_count() == n
+
+
 # ---- layouts as data ---------------------------------------------------------------------------
 LAYOUT_CFGS = [_cfg(tokens_tile=64, weights_tile=64, consumer_warpgroups=1),
                _cfg(tokens_tile=128, weights_tile=128, consumer_warpgroups=2),

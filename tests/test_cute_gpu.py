@@ -152,14 +152,19 @@ def test_t_sweep_does_not_compile(shapes):
     assert cute_moe.compile_count() == before
 
 
-def test_silu_mul_matches_torch_on_used_rows():
-    from cute_moe.moe import align_tokens, silu_mul
+def test_row_kernels_match_torch():
+    from cute_moe.moe import align_tokens, combine, gather_rows, silu_mul
 
     g = torch.Generator(device="cuda").manual_seed(0)
-    ids = torch.randint(0, 6, (50, 2), device="cuda", generator=g).int()
-    al = align_tokens(ids, torch.ones(50, 2, device="cuda"), 6, 16)
-    h = torch.randn(al.rows, 2 * 96, device="cuda", generator=g).bfloat16()
-    a = silu_mul(h, al)
+    T, k, E = 50, 3, 6
+    ids = torch.stack([torch.randperm(E, device="cuda", generator=g)[:k] for _ in range(T)]).int()
+    al = align_tokens(ids, torch.rand(T, k, device="cuda", generator=g), E, 16)
     used = int(al.padded_end[-1])
+    x = torch.randn(T, 72, device="cuda", generator=g).bfloat16()
+    assert torch.equal(gather_rows(x, al)[:used], x[al.sorted_token[:used]])
+    h = torch.randn(al.rows, 2 * 96, device="cuda", generator=g).bfloat16()
     ref = torch.nn.functional.silu(h[:used, :96].float()) * h[:used, 96:].float()
-    assert _rel_l2(a[:used], ref) < 4e-3
+    assert _rel_l2(silu_mul(h, al)[:used], ref) < 4e-3
+    y = torch.randn(al.rows, 72, device="cuda", generator=g).bfloat16()
+    ref = y.float()[al.pair_row].view(T, k, 72).sum(1)
+    assert _rel_l2(combine(y, al, T, k), ref) < 4e-3

@@ -1,0 +1,110 @@
+"""The row kernels around the two GEMMs: gather, SiLU·mul, combine (small CuTe kernels).
+
+All three move 16-byte vectors (8 bf16) per thread step, keep the math in fp32, and touch only the
+rows that matter, whose count they read from device memory — so the host-known worst-case
+padding costs nothing and a new batch never recompiles.  Each grid is persistent: 8 CTAs of 256
+threads per SM walk the work with a grid-stride loop (enough loads in flight to stream HBM).
+
+* ``GatherRows``:  ``X_sorted[r] = x[sorted_token[r]]`` for the used rows ``r``.
+* ``SiluMul``:     ``a[r] = SiLU(h[r, :I]) ⊙ h[r, I:]`` for the used rows (``g / (1 + e^(−g)) · u``).
+* ``CombineRows``: ``out[t] = Σ_j y[pair_row[t·k + j]]`` (the routing weight is already in y).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+import cutlass  # noqa: E402
+import cutlass.cute as cute  # noqa: E402
+
+VEC = 8  # bf16 per thread step: 16 bytes
+THREADS = 256
+CTAS_PER_SM = 8
+
+
+def _vectors(t: cute.Tensor):
+    """View a row-major [rows, cols] tensor as (1, VEC, rows, cols / VEC): a 16-byte vector per (row, chunk)."""
+    return cute.local_tile(t, (1, VEC), (None, None))
+
+
+class _RowKernel:
+    def __init__(self, num_sms: int):
+        self.num_ctas = num_sms * CTAS_PER_SM
+
+    def _launch(self, kernel, stream):
+        kernel.launch(grid=[self.num_ctas, 1, 1], block=[THREADS, 1, 1], stream=stream)
+
+    def _first_and_step(self):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        return bidx * THREADS + tidx, self.num_ctas * THREADS
+
+
+class GatherRows(_RowKernel):
+    """Arguments: src bf16 [T, K], dst bf16 [M_pad, K], index int64 [M_pad], used_rows int32 [1], stream."""
+
+    @cute.jit
+    def __call__(self, src: cute.Tensor, dst: cute.Tensor, index: cute.Tensor, used_rows: cute.Tensor, stream):
+        self._launch(self.kernel(src, dst, index, used_rows), stream)
+
+    @cute.kernel
+    def kernel(self, src: cute.Tensor, dst: cute.Tensor, index: cute.Tensor, used_rows: cute.Tensor):
+        vs, vd = _vectors(src), _vectors(dst)
+        chunks = dst.shape[1] // VEC
+        total = used_rows[0] * chunks
+        i, step = self._first_and_step()
+        while i < total:
+            row = i // chunks
+            c = i - row * chunks
+            vd[(0, None, row, c)].store(vs[(0, None, index[row], c)].load())
+            i += step
+
+
+class SiluMul(_RowKernel):
+    """Arguments: h bf16 [M_pad, 2I], a bf16 [M_pad, I] (out), used_rows int32 [1], stream."""
+
+    @cute.jit
+    def __call__(self, h: cute.Tensor, a: cute.Tensor, used_rows: cute.Tensor, stream):
+        self._launch(self.kernel(h, a, used_rows), stream)
+
+    @cute.kernel
+    def kernel(self, h: cute.Tensor, a: cute.Tensor, used_rows: cute.Tensor):
+        vh, va = _vectors(h), _vectors(a)
+        chunks = a.shape[1] // VEC  # gate chunk c pairs with up chunk c + chunks
+        total = used_rows[0] * chunks
+        i, step = self._first_and_step()
+        while i < total:
+            row = i // chunks
+            c = i - row * chunks
+            g = vh[(0, None, row, c)].load().to(cutlass.Float32)
+            u = vh[(0, None, row, c + chunks)].load().to(cutlass.Float32)
+            va[(0, None, row, c)].store((g / (1.0 + cute.math.exp(-g, fastmath=True)) * u).to(a.element_type))
+            i += step
+
+
+class CombineRows(_RowKernel):
+    """Arguments: y bf16 [M_pad, K], out bf16 [T, K], pair_row int64 [T·k], stream."""
+
+    @cute.jit
+    def __call__(self, y: cute.Tensor, out: cute.Tensor, pair_row: cute.Tensor, stream):
+        self._launch(self.kernel(y, out, pair_row), stream)
+
+    @cute.kernel
+    def kernel(self, y: cute.Tensor, out: cute.Tensor, pair_row: cute.Tensor):
+        vy, vo = _vectors(y), _vectors(out)
+        tokens = out.shape[0]
+        top_k = pair_row.shape[0] // tokens
+        chunks = out.shape[1] // VEC
+        total = tokens * chunks
+        acc = cute.make_rmem_tensor((VEC,), cutlass.Float32)
+        i, step = self._first_and_step()
+        while i < total:
+            t = i // chunks
+            c = i - t * chunks
+            acc.fill(0.0)
+            for j in range(top_k):
+                acc.store(acc.load() + vy[(0, None, pair_row[t * top_k + j], c)].load().to(cutlass.Float32))
+            vo[(0, None, t, c)].store(acc.load().to(out.element_type))
+            i += step
