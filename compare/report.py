@@ -73,8 +73,8 @@ def compact_table(result: dict) -> str:
 
 
 def _jsonable(x):
-    if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
-        return str(x)
+    if isinstance(x, float):
+        return str(x) if math.isnan(x) or math.isinf(x) else float(f"{x:.6g}")
     if isinstance(x, dict):
         return {str(k): _jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
@@ -83,7 +83,15 @@ def _jsonable(x):
 
 
 def to_json(result: dict) -> str:
-    return json.dumps(_jsonable(result), indent=1, sort_keys=False)
+    """Readable and small: one line per row, case and JIT study; 6 significant digits."""
+    parts = []
+    for key, value in _jsonable(result).items():
+        if isinstance(value, list) and value and isinstance(value[0], dict):
+            body = ",\n  ".join(json.dumps(v) for v in value)
+            parts.append(f"{json.dumps(key)}: [\n  {body}\n ]")
+        else:
+            parts.append(f"{json.dumps(key)}: {json.dumps(value)}")
+    return "{\n " + ",\n ".join(parts) + "\n}"
 
 
 def to_csv(result: dict) -> str:
@@ -160,8 +168,8 @@ def _experts_md(result: dict) -> str:
         q = [e["quant_error"] for e in experts if e["quant_error"] is not None]
         flagged = [e for e in experts if e["flags"]]
         worst = max(experts, key=lambda e: e["quant_error"] or 0.0) if q else None
-        rows.append((c["shape"], c["quant"], c["T"], len(experts), _num(c.get("quant_error"), ".4f"),
-                     _num(sorted(q)[len(q) // 2] if q else None, ".4f"),
+        rows.append((c["shape"], c["quant"], c["T"], c["experts_hit"], _num(c.get("quant_error"), ".4f"),
+                     _num(c.get("median_expert_quant_error"), ".4f"),
                      f"{worst['expert']}: {worst['quant_error']:.4f}" if worst else "-",
                      "; ".join(f"e{e['expert']} ({', '.join(f'{k}: {v}' for k, v in e['flags'].items())})"
                                for e in flagged[:4]) + (" …" if len(flagged) > 4 else "") or "none"))

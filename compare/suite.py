@@ -54,6 +54,7 @@ REDUCED_INTERMEDIATE = 128
 REDUCED_MAX_EXPERTS = 8
 REDUCED_MAX_TOP_K = 4
 REDUCED_LABEL = "reduced (CPU interpreter)"
+EXPERTS_KEPT = 3  # per error column, the worst experts kept in the results besides the flagged ones
 
 # JIT study: warm up on every power of two, then sweep token counts never seen before.
 JIT_WARMUP_T = tuple(2**i for i in range(13))  # 1 … 4096
@@ -172,6 +173,23 @@ def _expert_table(ref, ref_bf16, rows: dict, quant, num_experts: int) -> list[di
                       "kernel_error": {name: r["expert_errors"][e] for name, r in rows.items() if "expert_errors" in r},
                       "flags": {src: f[e] for src, f in flags_by_source.items() if f[e]}})
     return table
+
+
+def _median(values):
+    present = sorted(v for v in values if v is not None)
+    return present[len(present) // 2] if present else None
+
+
+def _notable(experts: list, keep: int) -> list:
+    """The experts worth printing: every flagged one, and the ``keep`` worst by each error column
+    (a DeepSeek case routes to 256 experts; the full table would dwarf the report)."""
+    chosen = {e["expert"] for e in experts if e["flags"]}
+    columns = [lambda e: e["quant_error"]] + [
+        (lambda name: lambda e: e["kernel_error"].get(name))(name) for name in (experts[0]["kernel_error"] if experts else {})]
+    for column in columns:
+        ranked = sorted((e for e in experts if column(e) is not None), key=column, reverse=True)
+        chosen.update(e["expert"] for e in ranked[:keep])
+    return [e for e in experts if e["expert"] in chosen]
 
 
 # --- one backend on one case: time --------------------------------------------------------------
@@ -437,8 +455,10 @@ def _run_case(spec, full: MoEShape, shape: MoEShape, weights, quant, T: int, bac
 
     experts = _expert_table(ref, ref_bf16, rows, quant, dims.E)
     flagged = [e for e in experts if e["flags"]]
-    result["cases"].append({**base, "quant_error": quant_error, "experts": experts,
-                            "flagged_experts": [e["expert"] for e in flagged]})
+    result["cases"].append({**base, "quant_error": quant_error, "experts_hit": len(experts),
+                            "median_expert_quant_error": _median(e["quant_error"] for e in experts),
+                            "flagged_experts": [e["expert"] for e in flagged],
+                            "experts": _notable(experts, EXPERTS_KEPT)})
 
     if spec.timed:
         _time_case(spec, rows, backends, inputs, dims, quant, result["ceilings"], bar)
