@@ -202,7 +202,7 @@ def _clone(inputs: MoEInputs) -> MoEInputs:
 
 
 def _timer_options(quick: bool) -> dict:
-    return dict(replays=10, min_calls=6, warmup=1) if quick else dict(replays=30, min_calls=20, warmup=2)
+    return dict(replays=6, min_calls=4, warmup=1) if quick else dict(replays=20, min_calls=10, warmup=2)
 
 
 def _time(make_call, n_sets: int, capturable: bool, quick: bool):

@@ -1,0 +1,80 @@
+"""The suite's GPU plumbing (timing rows, roofline, speedup, router, plots), exercised on the CPU with a
+stand-in timer: every number the H200 run reports goes through the same code, only the clock differs."""
+
+import time
+
+import pytest
+import torch
+
+from compare import report, router, suite, timing
+
+
+class CpuTimedSpec(suite.SuiteSpec):
+    """Reduced shapes on the CPU, but timed as if on a GPU."""
+
+    reduced = True
+    timed = True
+
+
+def _fake_time_cuda_graph(make_call, n_sets, *, use_graph=True, **_):
+    """One wall-clock pass over the sets (the interpreter is slow; one sample is enough here)."""
+    calls = [make_call(i) for i in range(n_sets)]
+    start = time.perf_counter()
+    for c in calls:
+        c()
+    us = (time.perf_counter() - start) * 1e6 / n_sets
+    return timing.Timing(median_us=us, p10_us=us, p90_us=us, min_us=us, samples=1, calls_per_sample=n_sets)
+
+
+@pytest.fixture(scope="module")
+def timed_result():
+    mp = pytest.MonkeyPatch()
+    mp.setattr(timing, "time_cuda_graph", _fake_time_cuda_graph)
+    mp.setattr(timing, "measure_ceilings",
+               lambda: timing.Ceilings(device="fake", copy_tbps=4.0, bf16_tflops=700.0, fp8_tflops=1300.0))
+    mp.setattr(torch.cuda, "get_device_name", lambda *a: "fake GPU")
+    mp.setattr(torch.cuda, "synchronize", lambda *a: None)
+    spec = CpuTimedSpec(shapes=("qwen3-30b-a3b",), tokens=(1, 16), quants=(None, "fp8_block"),
+                        backends=("cute_moe", "triton_moe", "torch_grouped", "torch_loop"), device="cpu", jit=False,
+                        quick=True, command="test")
+    try:
+        yield suite.run_suite(spec, progress=False)
+    finally:
+        mp.undo()
+
+
+def test_timed_rows_carry_roofline_and_speedup(timed_result):
+    rows = timed_result["rows"]
+    assert timed_result["ceilings"]["copy_tbps"] == 4.0
+    for r in rows:
+        if r["status"] == "ok":
+            assert r["us"] > 0 and r["p10_us"] <= r["us"] <= r["p90_us"]
+            assert r["weight_tbps"] > 0 and r["tflops"] > 0 and 0 < r["pct_floor"]
+            assert r["bound"] in ("memory", "compute") and r["speedup"] > 0
+        else:
+            assert r["timing"].startswith("skipped: not available"), r
+    loop = [r for r in rows if r["backend"] == "torch_loop"]
+    assert all(r["speedup"] == 1.0 for r in loop)
+    grouped = {r["quant"]: r for r in rows if r["backend"] == "torch_grouped" and r["T"] == 16}
+    assert grouped["bf16"]["prep_us"] > 0  # the alignment step, timed alone
+    assert grouped["fp8_block"]["status"].startswith("not available")
+
+
+def test_router_table_from_the_run(timed_result):
+    table = router.build_table(timed_result["rows"], timed_result["meta"])
+    assert {(e["quant"], e["T"]) for e in table["entries"]} == {(q, T) for q in ("bf16", "fp8_block") for T in (1, 16)}
+    for e in table["entries"]:
+        assert e["backend"] == min(e["us"], key=e["us"].get)
+        assert "cute_moe" not in e["us"]  # not available on this machine: never a candidate
+    # the entries carry the measured (reduced) sizes, so a full-size request takes the vote at its T
+    winner = [e for e in table["entries"] if e["quant"] == "fp8_block" and e["T"] == 16][0]["backend"]
+    assert router.choose_backend("qwen3-30b-a3b", "fp8_block", 16, table) == winner
+
+
+def test_all_outputs_with_timing(timed_result, tmp_path):
+    written = report.write_all(timed_result, tmp_path)
+    names = {p.name for p in written}
+    assert {"results.json", "results.csv", "report.md", "numerics.png", "roofline.png", "speedup.png"} <= names
+    md = (tmp_path / "report.md").read_text()
+    assert "Ceilings measured at the start of this run" in md and "fastest correct" in md
+    assert "skipped: no GPU" not in md and "skipped: no GPU" not in report.compact_table(timed_result)
