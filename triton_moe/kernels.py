@@ -58,9 +58,8 @@ import triton.language as tl
 
 #: Quant modes as the kernels see them.
 QUANT_MODE = {None: 0, "fp8_tensor": 1, "fp8_channel": 2, "fp8_block": 3}
-FP8_MAX = 448.0
-AMAX_FLOOR = 1e-12
-SCALE_BLOCK = 128  # compare.problem.FP8_BLOCK; constexpr literal in the kernels below
+# The kernels spell compare.quant's constants as literals (Triton reads globals only as
+# constexprs): 448 = FP8_MAX, 1e-12 = AMAX_FLOOR, 128 = FP8_BLOCK.
 
 
 @triton.jit
