@@ -107,6 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--outlier-expert", type=float, default=0.0, metavar="F",
                    help="scale expert 0's W1 by F: shows how one expert's range collapses the others under a "
                         "shared per-tensor FP8 scale (see the per-expert table)")
+    p.add_argument("--time-budget", type=float, default=0.0, metavar="S",
+                   help="stop starting new cases after S seconds; the rest become explicit 'skipped' rows "
+                        "(so a run under a wall-clock limit still writes its report)")
+    p.add_argument("--commit", default="", help="commit to record in the report [git rev-parse of this checkout]")
     p.add_argument("--write-router", metavar="PATH", help="write the routing table measured by this run to PATH")
     p.add_argument("--merge", nargs="+", metavar="JSON",
                    help="do not run: merge these results.json files and render them into --out")
@@ -169,6 +173,7 @@ def main(argv=None) -> int:
         spec = SuiteSpec(shapes=shapes, tokens=tokens or (DEFAULT_TOKENS_GPU if on_gpu else DEFAULT_TOKENS_CPU),
                          quants=quants, backends=backends, device="cuda" if on_gpu else "cpu", seed=args.seed,
                          quick=args.quick, jit=args.jit, ptx=args.ptx, outlier_expert=args.outlier_expert,
+                         time_budget_s=args.time_budget, commit=args.commit,
                          command="python -m compare " + shlex.join(argv))
         result = run_suite(spec, progress=args.progress)
 

@@ -76,7 +76,13 @@ class SuiteSpec:
     jit: bool = True
     ptx: bool = True  # CPU: compile the CuTe configs the GPU suite would use and list their WGMMA lines
     outlier_expert: float = 0.0  # > 0: multiply expert 0's W1 by this (the shared-scale FP8 failure demo)
+    time_budget_s: float = 0.0  # > 0: cases that would start after this many seconds become "skipped" rows
     command: str = ""
+    commit: str = ""  # recorded in the report; default: `git rev-parse` of this checkout
+    started: float = dataclasses.field(default_factory=time.monotonic)
+
+    def out_of_time(self) -> bool:
+        return bool(self.time_budget_s) and time.monotonic() - self.started > self.time_budget_s
 
     @property
     def reduced(self) -> bool:
@@ -361,11 +367,11 @@ def _meta(spec: SuiteSpec) -> dict:
 
     device = torch.cuda.get_device_name() if spec.timed else f"CPU ({platform.processor() or platform.machine()})"
     return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "device": device, "commit": _git_commit(), "command": spec.command,
+            "device": device, "commit": spec.commit or _git_commit(), "command": spec.command,
             "mode": "gpu" if spec.timed else REDUCED_LABEL, "torch": torch.__version__, "triton": triton.__version__,
             "shapes": list(spec.shapes), "tokens": list(spec.tokens), "quants": [quant_name(q) for q in spec.quants],
             "backends": list(spec.backends), "seed": spec.seed, "quick": spec.quick,
-            "outlier_expert": spec.outlier_expert}
+            "outlier_expert": spec.outlier_expert, "time_budget_s": spec.time_budget_s}
 
 
 def _progress(total: int, enabled: bool):
@@ -398,8 +404,13 @@ def run_suite(spec: SuiteSpec, progress: bool = True) -> dict:
             weights = draw_weights(shape, spec.seed + position, spec.device, spec.outlier_expert)
             for quant in spec.quants:
                 for T in spec.tokens:
-                    _run_case(spec, full, shape, weights, quant, T, backends, result, bar)
-            if spec.jit and shape_spec == spec.shapes[0]:
+                    if spec.out_of_time():
+                        _skip_case(spec, full, shape, quant, T, backends, result,
+                                   f"skipped: time budget ({spec.time_budget_s:g} s) spent")
+                    else:
+                        _run_case(spec, full, shape, weights, quant, T, backends, result, bar)
+                    bar.update(len(backends))
+            if spec.jit and shape_spec == spec.shapes[0] and not spec.out_of_time():
                 for name in KERNELS:
                     if name in backends:
                         for quant in spec.quants:
@@ -419,17 +430,35 @@ def run_suite(spec: SuiteSpec, progress: bool = True) -> dict:
     return result
 
 
+def _case_base(spec, full: MoEShape, shape: MoEShape, quant, T: int) -> dict:
+    return {"shape": full.label, "shape_note": REDUCED_LABEL if spec.reduced else "", "E": shape.num_experts,
+            "K": shape.hidden, "I": shape.intermediate, "top_k": shape.top_k, "T": T, "quant": quant_name(quant)}
+
+
+def _skip_case(spec, full, shape, quant, T, backends, result, status: str):
+    """One explicit row per backend for a case that did not run."""
+    base = _case_base(spec, full, shape, quant, T)
+    for name in backends:
+        result["rows"].append({**base, "backend": name, "config": "", "status": status, "timing": status})
+
+
 def _run_case(spec, full: MoEShape, shape: MoEShape, weights, quant, T: int, backends: dict, result: dict, bar):
     dims = dims_of(shape, T)
-    base = {"shape": full.label, "shape_note": REDUCED_LABEL if spec.reduced else "", "E": dims.E, "K": dims.K,
-            "I": dims.I, "top_k": dims.top_k, "T": T, "quant": quant_name(quant)}
-    inputs_bf16 = make_inputs(shape, T, None, seed=spec.seed, device=spec.device, weights_bf16=weights)
-    ref_bf16 = oracle_breakdown(**inputs_bf16.kwargs())
-    if quant is None:
-        inputs, ref = inputs_bf16, ref_bf16
-    else:
-        inputs = make_inputs(shape, T, quant, seed=spec.seed, device=spec.device, weights_bf16=weights)
-        ref = oracle_breakdown(**inputs.kwargs())
+    base = _case_base(spec, full, shape, quant, T)
+    try:
+        inputs_bf16 = make_inputs(shape, T, None, seed=spec.seed, device=spec.device, weights_bf16=weights)
+        ref_bf16 = oracle_breakdown(**inputs_bf16.kwargs())
+        if quant is None:
+            inputs, ref = inputs_bf16, ref_bf16
+        else:
+            inputs = make_inputs(shape, T, quant, seed=spec.seed, device=spec.device, weights_bf16=weights)
+            ref = oracle_breakdown(**inputs.kwargs())
+    except Exception as exc:  # noqa: BLE001 - e.g. out of memory: this case is reported, the run goes on
+        if spec.timed:
+            torch.cuda.empty_cache()
+        _skip_case(spec, full, shape, quant, T, backends, result,
+                   f"error: building the problem or its oracle failed: {type(exc).__name__}: {exc}"[:240])
+        return
     quant_error = rel_l2(ref.out, ref_bf16.out) if quant is not None else None
 
     rows, outputs = {}, {}
@@ -445,7 +474,6 @@ def _run_case(spec, full: MoEShape, shape: MoEShape, weights, quant, T: int, bac
             if out is not None and name in KERNELS:
                 outputs[name] = out
         rows[name] = row
-        bar.update(1)
 
     if len(outputs) == 2:  # the two kernels against each other
         diff = rel_l2(*(outputs[k] for k in KERNELS))

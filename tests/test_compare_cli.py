@@ -121,3 +121,14 @@ def test_merge_rerenders_without_running(cpu_run, tmp_path):
     merged = json.loads((tmp_path / "results.json").read_text())
     single = json.loads((out / "results.json").read_text())
     assert len(merged["rows"]) == 2 * len(single["rows"])
+
+
+def test_time_budget_turns_the_rest_into_explicit_rows(tmp_path, capsys):
+    code = cli.main(["--shapes", "mixtral-8x7b,qwen3-30b-a3b", "--tokens", "1", "--quant", "bf16", "--out",
+                     str(tmp_path), "--no-progress", "--no-jit", "--no-ptx", "--time-budget", "1e-9",
+                     "--commit", "abc123"])
+    assert code == 0
+    result = json.loads((tmp_path / "results.json").read_text())
+    assert result["meta"]["commit"] == "abc123"
+    assert len(result["rows"]) == 2 * len(BACKENDS)
+    assert all(r["status"].startswith("skipped: time budget") for r in result["rows"])
