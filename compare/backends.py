@@ -42,7 +42,8 @@ class Backend:
     describe: Callable[[MoEDims, Optional[str]], str] = field(default=lambda dims, quant: "")
     # (inputs, dims) -> zero-argument callable running the alignment/permutation step alone
     prepare: Optional[Callable] = None
-    # () -> a context manager yielding an object with .mark() and .new_compilations() (see below)
+    # (dry_run) -> a context manager yielding an object with .mark() and .new_compilations();
+    # dry_run (Triton only) records specialization keys without launching: a CPU sweep in seconds
     compile_counter: Optional[Callable] = None
 
     def unavailable(self, quant: Optional[str], device: str) -> Optional[str]:
@@ -77,7 +78,9 @@ class _CuteCounter:
 
 
 class _CuteCounting:
-    def __init__(self, count):
+    def __init__(self, count, dry_run=False):
+        if dry_run:
+            raise NotImplementedError("cute_moe has no dry-run compile counter")
         self._count = count
 
     def __enter__(self):
@@ -102,8 +105,8 @@ class _TritonCounter:
 
 
 class _TritonCounting:
-    def __init__(self, factory):
-        self._cm = factory()
+    def __init__(self, factory, dry_run=False):
+        self._cm = factory(dry_run=dry_run)
 
     def __enter__(self):
         return _TritonCounter(self._cm.__enter__())
@@ -138,7 +141,7 @@ def _load_cute() -> Backend:
                 return lambda: align(inputs.topk_ids, inputs.topk_weights, dims.E, tile)
             b.prepare = prepare
     if hasattr(mod, "compile_count"):
-        b.compile_counter = lambda: _CuteCounting(mod.compile_count)
+        b.compile_counter = lambda dry_run=False: _CuteCounting(mod.compile_count, dry_run)
     return b
 
 
@@ -162,7 +165,7 @@ def _load_triton() -> Backend:
             pass
     try:
         jit = importlib.import_module("triton_moe.jit")
-        b.compile_counter = lambda: _TritonCounting(jit.count_compilations)
+        b.compile_counter = lambda dry_run=False: _TritonCounting(jit.count_compilations, dry_run)
     except (ImportError, AttributeError):
         pass
     return b
