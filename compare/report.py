@@ -216,7 +216,9 @@ def _ptx_md(result: dict) -> str:
     for c in ptx["configs"]:
         cfg = c["config"]
         tile = (f"{'swap-AB' if cfg.get('swap_ab') else 'normal'} M{cfg.get('tile_m')}×N{cfg.get('tile_n')}"
-                f"×K{cfg.get('tile_k')}, {cfg.get('stages')} stages" if isinstance(cfg, dict) else cfg)
+                f"×K{cfg.get('tile_k')}, {cfg.get('stages')} stages"
+                + (", routing weight in the epilogue" if cfg.get("row_scale") else "")
+                if isinstance(cfg, dict) else cfg)
         wg = "<br>".join(f"`{op}` ×{n}" for op, n in (c.get("wgmma") or {}).items()) or c.get("error", "-")
         used = ", ".join(c["used_by"][:3]) + (f" (+{len(c['used_by']) - 3})" if len(c["used_by"]) > 3 else "")
         rows.append((tile, wg, used, _num(c.get("compile_s"), ".1f")))
