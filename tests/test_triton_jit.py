@@ -23,12 +23,13 @@ pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array:Deprecati
 SHAPE = MoEShape("sweep", 8, 2, 64, 48, "test")
 SWEEP = [1, 2, 3, 7, 8, 15, 16, 17, 31, 32, 33, 48, 63, 64, 65, 100, 127, 128, 129, 255, 256, 257,
          500, 511, 512, 1000, 1023, 1024, 1025, 2047, 2048, 3001, 4095, 4096, 4097, 8191, 8192]
-VARIANTS = [(q, cfg) for q in (None, "fp8_tensor", "fp8_channel", "fp8_block")
-            for cfg in (TritonConfig(16, 64, 64, swap_ab=True), TritonConfig(64, 64, 64, 8, swap_ab=False))]
+VARIANTS = ([(q, cfg) for q in (None, "fp8_tensor", "fp8_channel", "fp8_block")
+             for cfg in (TritonConfig(16, 64, 64, swap_ab=True), TritonConfig(64, 64, 64, 8, swap_ab=False))]
+            + [("fp8_tensor", TritonConfig(64, 64, 64, 8, swap_ab=False, fp8_imprecise_acc=64))])
 
 
 @pytest.mark.parametrize("quant, config", VARIANTS, ids=lambda v: str(v) if not isinstance(v, TritonConfig)
-                         else f"M{v.BLOCK_M}{'swap' if v.swap_ab else ''}")
+                         else f"M{v.BLOCK_M}{'swap' if v.swap_ab else ''}{'imp' if v.fp8_imprecise_acc else ''}")
 def test_sweep_does_not_recompile(quant, config):
     with count_compilations(dry_run=True) as counter:
         fused_moe(**make_inputs(SHAPE, 5, quant, seed=0).kwargs(), config=config)  # warm-up
@@ -36,7 +37,8 @@ def test_sweep_does_not_recompile(quant, config):
         counter.mark()
         for T in SWEEP:
             fused_moe(**make_inputs(SHAPE, T, quant, seed=T).kwargs(), config=config)
-    assert warm >= 5 if quant else warm >= 4  # align ×3, GEMM1, GEMM2 (+ combine, amax)
+    # align ×3, GEMM1, GEMM2, combine (+ quantize ×2, + amax for fp8_tensor)
+    assert warm == {None: 6, "fp8_tensor": 9}.get(quant, 8)
     assert counter.new_keys == {}, f"recompilations: {counter.new_keys}"
 
 
@@ -50,8 +52,9 @@ def test_real_launches_record_the_dry_run_keys():
         keys.append(dict(counter.keys))
     assert keys[0] == keys[1]
     # one binary per kernel, two for the GEMM (GEMM1 and GEMM2 are different constexpr variants)
+    # and for quantize_kernel (x: bf16, amax found in-kernel; intermediate: fp32, amax given)
     assert {k: len(v) for k, v in keys[1].items()} == {
-        "_count_kernel": 1, "_scan_kernel": 1, "_scatter_kernel": 1, "amax_kernel": 1,
+        "_count_kernel": 1, "_scan_kernel": 1, "_scatter_kernel": 1, "quantize_kernel": 2,
         "moe_gemm_kernel": 2, "combine_kernel": 1}
 
 

@@ -59,6 +59,14 @@ def test_all_tokens_on_one_expert_top1(quant):
     _check(inp, config=_config(quant, True))
 
 
+@pytest.mark.parametrize("quant", ["fp8_tensor", "fp8_channel"])
+def test_imprecise_accumulation_variant(quant):
+    # the promotion choice of tl.dot (max_num_imprecise_acc); the interpreter sums in fp32 either
+    # way, so this checks the code path, not the GPU's accuracy (tests/test_triton_gpu.py does)
+    inp = make_inputs(SMALL, 11, quant, seed=1)
+    _check(inp, config=TritonConfig(16, 32, 64, 1, 4, 2, False, fp8_imprecise_acc=32))
+
+
 def test_default_config_and_determinism():
     inp = make_inputs(SMALL, 5, "fp8_tensor", seed=4)
     a = _check(inp)  # heuristic config (swap-AB at 1.25 tokens per expert)
@@ -97,8 +105,33 @@ def test_bad_input_is_named():
     (TritonConfig(16, 64, 256, swap_ab=True), "fp8_block", "BLOCK_K to divide 128"),
     (TritonConfig(16, 48, 64), None, "BLOCK_N=48 must be a power of two"),
     (TritonConfig(128, 256, 128, num_stages=6), None, "shared memory"),
+    (TritonConfig(16, 64, 64, fp8_imprecise_acc=48), "fp8_tensor", "fp8_imprecise_acc=48"),
 ])
 def test_config_that_does_not_fit_is_rejected(config, quant, match):
     inp = make_inputs(SMALL, 2, quant)
     with pytest.raises(ValueError, match=match):
         fused_moe(**inp.kwargs(), config=config)
+
+
+@pytest.mark.parametrize("quant", QUANTS[1:])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_quantize_kernel_is_the_reference(quant, dtype):
+    """x (bf16) and the intermediate (fp32) are quantized once, before their GEMM: the E4M3 values
+    and the scales equal compare.quant's. K = 300: a partial 128-group; a zero row (floor scale);
+    a row 100× larger than the rest (per-channel and per-group scales must not mix). Values are
+    compared, not bits: the interpreter's e4m3 cast turns −0 into +0 (the GPU's keeps the sign)."""
+    from compare.quant import quantize_activation
+    from triton_moe.moe import _quantize
+
+    g = torch.Generator().manual_seed(7)
+    a = (torch.randn(6, 300, generator=g) * 3).to(dtype)
+    a[1, :200] *= 100
+    a[2] = 0
+    q_ref, s_ref = quantize_activation(a, quant)
+    q, s = _quantize(a, quant)
+    assert torch.equal(q.float(), q_ref.float())
+    assert torch.equal(s, s_ref)
+    if quant != "fp8_tensor":  # the amax a GEMM1 epilogue would hand over gives the same result
+        amax = s_ref * 448.0
+        q2, s2 = _quantize(a, quant, amax.reshape(s_ref.shape))
+        assert torch.equal(q2.float(), q_ref.float())

@@ -57,6 +57,9 @@ class TritonConfig:
     """The tile of one grouped-GEMM program, and how it is scheduled.
 
     ``swap_ab=None`` means "apply :func:`choose_swap_ab`"; :meth:`resolved` fixes it.
+    ``fp8_imprecise_acc`` picks how the FP8 WGMMA accumulator is promoted to fp32 (see
+    :mod:`triton_moe.kernels`): 0 adds each K step's product into the fp32 accumulator; n > 0 (a
+    multiple of 32, at most BLOCK_K) lets Triton's WGMMA lowering promote every n elements of K.
     """
 
     BLOCK_M: int
@@ -66,6 +69,7 @@ class TritonConfig:
     num_warps: int = 4
     num_stages: int = 3
     swap_ab: Optional[bool] = None
+    fp8_imprecise_acc: int = 0  # FP8 promotion: 0 = fp32 add per K step; n = tl.dot's max_num_imprecise_acc
 
     def resolved(self) -> "TritonConfig":
         if self.swap_ab is not None:
@@ -74,9 +78,9 @@ class TritonConfig:
 
     def smem_bytes(self, quant: Optional[str]) -> int:
         """Shared memory of the pipelined operand tiles of GEMM1 (A plus gate and up weight tiles),
-        the larger of the two GEMMs. A is bf16 x in GEMM1; weights are 1 byte under FP8."""
-        w_bytes = 2 if quant is None else 1
-        per_stage = self.BLOCK_M * self.BLOCK_K * 2 + 2 * self.BLOCK_N * self.BLOCK_K * w_bytes
+        the larger of the two GEMMs. Both operands are 1 byte under FP8, 2 under bf16."""
+        nbytes = 2 if quant is None else 1
+        per_stage = (self.BLOCK_M + 2 * self.BLOCK_N) * self.BLOCK_K * nbytes
         return per_stage * self.num_stages
 
     def check(self, quant: Optional[str], K: int, I: int) -> "TritonConfig":  # noqa: E741
@@ -95,6 +99,9 @@ class TritonConfig:
                                  f"got BLOCK_K={self.BLOCK_K}")
         if quant is not None and self.BLOCK_K < 32:
             raise ValueError(f"config: FP8 needs BLOCK_K >= 32 (one WGMMA K step), got {self.BLOCK_K}")
+        n = self.fp8_imprecise_acc
+        if n and (n < 0 or n % 32 or n > self.BLOCK_K):
+            raise ValueError(f"config: fp8_imprecise_acc={n} must be 0 or a multiple of 32 up to BLOCK_K={self.BLOCK_K}")
         smem = self.smem_bytes(quant)
         if smem > SMEM_LIMIT:
             raise ValueError(f"config: {smem} bytes of pipelined tiles exceed the {SMEM_LIMIT}-byte shared memory "

@@ -1,4 +1,4 @@
-"""The Triton kernels of the MoE layer: one grouped GEMM (used twice), an amax pass, the combine.
+"""The Triton kernels of the MoE layer: one grouped GEMM (used twice), FP8 quantization, the combine.
 
 The layer, for P = T·top_k (token, slot) pairs sorted by expert (:mod:`triton_moe.align`)::
 
@@ -21,19 +21,36 @@ Swap-AB (``SWAP_AB``)
     (``tl.trans``) before the epilogue, so everything after the K loop is shared.
 
 FP8 W8A8 (``QUANT``: 0 bf16, 1 per-tensor, 2 per-channel, 3 128×128 block)
-    Weights arrive in E4M3 with their scales. Activations arrive in high precision (x in bf16,
-    the intermediate in fp32) together with their amax, and are quantized in registers as each A
-    tile is loaded: ``q = e4m3(clamp(a / s, ±448))``, ``s = max(amax, 1e−12) / 448`` — exactly the
-    reference quantization of :mod:`compare.quant`. So there is no separate quantization kernel:
-    x's amax comes from ``amax_kernel`` (one read of x), the intermediate's from GEMM1's epilogue
-    (``tl.atomic_max``, which is order-independent, hence deterministic). The intermediate stays
-    fp32 because quantizing a bf16-rounded copy would move ~2 % of its values across an FP8
-    rounding boundary, a ~1 % error by itself. Dequantization happens in registers:
+    Both GEMMs read E4M3 operands straight from memory, so ``tl.dot`` gets them on Triton's
+    async-copy → WGMMA path with nothing in between. The activations are quantized *before* each
+    GEMM, once, by ``quantize_kernel``: ``q = e4m3(clamp(a / s, ±448))``, ``s = max(amax, 1e−12) /
+    448`` — bit for bit the reference quantization of :mod:`compare.quant` (IEEE division, round to
+    nearest even), with the scales in its shapes ([1], [rows, 1], [rows, ⌈cols/128⌉]):
+
+    * x: per-tensor needs the global amax first (``amax_kernel``, one read of x); per-channel and
+      block scales depend only on the row / the 1×128 group, so ``quantize_kernel`` finds the amax
+      and quantizes in the same program.
+    * the intermediate: GEMM1's epilogue writes SiLU·up in fp32 and its amax (``tl.atomic_max`` —
+      order-independent, hence deterministic) per tensor / row / group; then one ``quantize_kernel``
+      pass turns it into E4M3 + scales for GEMM2. It stays fp32 until then because quantizing a
+      bf16-rounded copy would move ~2 % of its values across an E4M3 rounding boundary, a ~1 %
+      error by itself. (Quantizing in GEMM1's epilogue is impossible for per-tensor and per-channel
+      scales — a GEMM1 tile sees only part of the tensor or row whose amax sets the scale.)
+
+    Dequantization happens in registers, with the scales loaded next to the tiles:
 
     * per-tensor:  acc · s_a · s_w[e]                         after the K loop
     * per-channel: acc · s_a[row] · s_w[e, col]               after the K loop
     * block:       acc += (A_k·W_kᵀ) · s_a[row, k/128] · s_w[e, col/128, k/128]   every K step
                    (BLOCK_K divides 128, so one K step never straddles a scale block)
+
+FP8 accumulation (``FP8_IMPRECISE_ACC``)
+    Hopper's FP8 WGMMA adds its products into an accumulator that keeps fewer bits than fp32, and
+    Triton (sm_90) does not promote it by default: over K = 4096…14336 that cost 1.2–2.2 % relative
+    L2 on the H200. Two remedies, chosen per config (:class:`~triton_moe.config.TritonConfig`
+    ``fp8_imprecise_acc``): 0 sums each K step's ``tl.dot`` into the fp32 ``acc`` (``acc +=
+    tl.dot(a, w)``); n > 0 hands the accumulator to the dot with ``max_num_imprecise_acc = n``, and
+    Triton's WGMMA lowering promotes the partial sum to fp32 every n elements of K.
 
 The interpreter and bf16 (``INTERPRETER``)
     Triton's CPU interpreter (3.6.0) gets three conversions wrong: ``tl.dot`` on bf16 operands
@@ -64,8 +81,8 @@ QUANT_MODE = {None: 0, "fp8_tensor": 1, "fp8_channel": 2, "fp8_block": 3}
 
 @triton.jit
 def _scale_of(amax):
-    """fp32 scale of an amax, as compare.quant computes it."""
-    return tl.maximum(amax, 1e-12) / 448.0
+    """fp32 scale of an amax, as compare.quant computes it (IEEE division, like torch's)."""
+    return tl.math.div_rn(tl.maximum(amax, 1e-12), 448.0)
 
 
 @triton.jit
@@ -76,7 +93,7 @@ def _quantize(a, scale, INTERPRETER: tl.constexpr):
     (31 → 16 instead of 32); there the value is rounded to e4m3's grid in fp32 first: 3 mantissa
     bits for normals (|q| ≥ 2⁻⁶), a fixed step of 2⁻⁹ below, so the cast itself is exact.
     """
-    q = tl.clamp(a.to(tl.float32) / scale, -448.0, 448.0)
+    q = tl.clamp(tl.math.div_rn(a.to(tl.float32), scale), -448.0, 448.0)
     if INTERPRETER:
         bits = q.to(tl.uint32, bitcast=True)
         normal = ((bits + (0x7FFFF + ((bits >> 20) & 1))) & 0xFFF00000).to(tl.float32, bitcast=True)
@@ -97,22 +114,26 @@ def _cast_out(x, dtype: tl.constexpr, INTERPRETER: tl.constexpr):
 
 
 @triton.jit
-def _mma(acc, a, w, SWAP_AB: tl.constexpr, INTERPRETER: tl.constexpr):
+def _mma(acc, a, w, SWAP_AB: tl.constexpr, INTERPRETER: tl.constexpr, FP8_IMPRECISE_ACC: tl.constexpr):
     """acc += a·wᵀ ([BM, BN]) or, swapped, acc += w·aᵀ ([BN, BM]).
 
-    bf16 accumulates in the MMA itself. FP8 is summed into ``acc`` one K step at a time: Hopper's
-    FP8 WGMMA accumulator keeps fewer bits than fp32 and Triton (sm_90) does not promote it by
-    default, which over K = 4096…14336 cost 1.2–2.2 % relative L2 on the H200; one fp32 add per
-    BLOCK_K (≤ 256) of K keeps the error at the fp32 level.
+    bf16 accumulates in the MMA itself. FP8 is promoted to fp32 as ``FP8_IMPRECISE_ACC`` says (see
+    the module docstring): 0 adds each K step's product into ``acc``; n > 0 lets the WGMMA
+    accumulate into ``acc`` and Triton promote every n elements of K.
     """
     if INTERPRETER and a.dtype == tl.bfloat16:
         a = a.to(tl.float32)
         w = w.to(tl.float32)
-    if a.dtype == tl.float8e4nv:
+    if a.dtype == tl.float8e4nv and FP8_IMPRECISE_ACC == 0:
         if SWAP_AB:
             acc += tl.dot(w, tl.trans(a))
         else:
             acc += tl.dot(a, tl.trans(w))
+    elif a.dtype == tl.float8e4nv:
+        if SWAP_AB:
+            acc = tl.dot(w, tl.trans(a), acc, max_num_imprecise_acc=FP8_IMPRECISE_ACC)
+        else:
+            acc = tl.dot(a, tl.trans(w), acc, max_num_imprecise_acc=FP8_IMPRECISE_ACC)
     elif SWAP_AB:
         acc = tl.dot(w, tl.trans(a), acc)
     else:
@@ -147,15 +168,15 @@ def _unswap(acc, SWAP_AB: tl.constexpr):
 
 
 @triton.jit
-def _dequant_after_loop(acc, a_amax_ptr, a_row, row_ok, w_scale_ptr, expert, w_cols, col_ok,
+def _dequant_after_loop(acc, a_scale_ptr, a_row, row_ok, w_scale_ptr, expert, w_cols, col_ok,
                         N_TOTAL, QUANT: tl.constexpr):
     """Per-tensor / per-channel FP8: apply both scales once, after the K loop ([BM, BN] acc)."""
     if QUANT == 1:
-        s_a = _scale_of(tl.load(a_amax_ptr))
+        s_a = tl.load(a_scale_ptr)
         s_w = tl.load(w_scale_ptr + expert)
         acc = acc * (s_a * s_w)
     elif QUANT == 2:
-        s_a = _scale_of(tl.load(a_amax_ptr + a_row, mask=row_ok, other=1.0))
+        s_a = tl.load(a_scale_ptr + a_row, mask=row_ok, other=1.0)
         s_w = tl.load(w_scale_ptr + expert * N_TOTAL + w_cols, mask=col_ok, other=0.0)
         acc = acc * s_a[:, None] * s_w[None, :]
     return acc
@@ -163,7 +184,7 @@ def _dequant_after_loop(acc, a_amax_ptr, a_row, row_ok, w_scale_ptr, expert, w_c
 
 @triton.jit(do_not_specialize=["num_pairs"])
 def moe_gemm_kernel(
-    a_ptr, a_amax_ptr,  # A rows [rows, K] (bf16 x or fp32 intermediate) and its amax (FP8)
+    a_ptr, a_scale_ptr,  # A rows [rows, K]: bf16, or E4M3 with its scales (FP8)
     w_ptr, w_scale_ptr,  # expert weights [E, N_TOTAL, K] and their scales (FP8)
     out_ptr, out_amax_ptr,  # output rows by pair [P, N]; amax of the output (GEMM1 under FP8)
     topk_weights_ptr,  # [P] routing weights (GEMM2)
@@ -174,6 +195,7 @@ def moe_gemm_kernel(
     FUSE_SILU: tl.constexpr,  # GEMM1: gate and up accumulators, SiLU(gate)·up epilogue
     MUL_ROUTED_WEIGHT: tl.constexpr,  # GEMM2: multiply by the routing weight before the down-cast
     QUANT: tl.constexpr,
+    FP8_IMPRECISE_ACC: tl.constexpr,  # FP8 promotion: 0 = fp32 add per K step, n = every n of K
     SWAP_AB: tl.constexpr,
     INTERPRETER: tl.constexpr,  # True only under TRITON_INTERPRET=1 (see the module docstring)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
@@ -210,12 +232,6 @@ def moe_gemm_kernel(
     a_ptrs = a_ptr + a_row[:, None] * K + offs_k[None, :]
     w_ptrs = w_ptr + expert * N_TOTAL * K + offs_n[:, None] * K + offs_k[None, :]
 
-    # ---- per-row activation scale (per-tensor / per-channel), fixed over K ----
-    if QUANT == 1:
-        s_a_row = _scale_of(tl.load(a_amax_ptr))
-    elif QUANT == 2:
-        s_a_row = _scale_of(tl.load(a_amax_ptr + a_row, mask=row_ok, other=1.0))[:, None]
-
     acc = _acc_tile(SWAP_AB, BLOCK_M, BLOCK_N)
     acc_up = _acc_tile(SWAP_AB, BLOCK_M, BLOCK_N)  # GEMM1 only; folded away otherwise
     for k0 in range(0, K, BLOCK_K):
@@ -224,35 +240,29 @@ def moe_gemm_kernel(
         w = tl.load(w_ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
         if FUSE_SILU:
             w_up = tl.load(w_ptrs + N * K, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        if QUANT == 0:
-            acc = _mma(acc, a, w, SWAP_AB, INTERPRETER)
-            if FUSE_SILU:
-                acc_up = _mma(acc_up, a, w_up, SWAP_AB, INTERPRETER)
-        elif QUANT == 3:
+        if QUANT == 3:
             kg = k0 // 128
-            s_a = _scale_of(tl.load(a_amax_ptr + a_row * K_GROUPS + kg, mask=row_ok, other=1.0))
-            qa = _quantize(a, s_a[:, None], INTERPRETER)
+            s_a = tl.load(a_scale_ptr + a_row * K_GROUPS + kg, mask=row_ok, other=1.0)
             s_w = tl.load(w_scale_ptr + (expert * N_GROUPS + offs_n // 128) * K_GROUPS + kg,
                           mask=col_ok, other=0.0)
-            acc = _mma_scaled(acc, qa, w, s_a, s_w, SWAP_AB)
+            acc = _mma_scaled(acc, a, w, s_a, s_w, SWAP_AB)
             if FUSE_SILU:
                 s_w_up = tl.load(w_scale_ptr + (expert * N_GROUPS + (N + offs_n) // 128) * K_GROUPS + kg,
                                  mask=col_ok, other=0.0)
-                acc_up = _mma_scaled(acc_up, qa, w_up, s_a, s_w_up, SWAP_AB)
-        else:
-            qa = _quantize(a, s_a_row, INTERPRETER)
-            acc = _mma(acc, qa, w, SWAP_AB, False)
+                acc_up = _mma_scaled(acc_up, a, w_up, s_a, s_w_up, SWAP_AB)
+        else:  # bf16, or FP8 with scales applied after the loop
+            acc = _mma(acc, a, w, SWAP_AB, INTERPRETER, FP8_IMPRECISE_ACC)
             if FUSE_SILU:
-                acc_up = _mma(acc_up, qa, w_up, SWAP_AB, False)
+                acc_up = _mma(acc_up, a, w_up, SWAP_AB, INTERPRETER, FP8_IMPRECISE_ACC)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
 
     # ---- epilogue on [BLOCK_M, BLOCK_N] ----
-    acc = _dequant_after_loop(_unswap(acc, SWAP_AB), a_amax_ptr, a_row, row_ok, w_scale_ptr, expert,
+    acc = _dequant_after_loop(_unswap(acc, SWAP_AB), a_scale_ptr, a_row, row_ok, w_scale_ptr, expert,
                               offs_n, col_ok, N_TOTAL, QUANT)
     out_mask = row_ok[:, None] & col_ok[None, :]
     if FUSE_SILU:
-        up = _dequant_after_loop(_unswap(acc_up, SWAP_AB), a_amax_ptr, a_row, row_ok, w_scale_ptr,
+        up = _dequant_after_loop(_unswap(acc_up, SWAP_AB), a_scale_ptr, a_row, row_ok, w_scale_ptr,
                                  expert, N + offs_n, col_ok, N_TOTAL, QUANT)
         acc = acc / (1.0 + tl.exp(-acc)) * up  # SiLU(gate)·up in fp32
         acc = tl.where(out_mask, acc, 0.0)
@@ -275,27 +285,62 @@ def moe_gemm_kernel(
 
 
 @triton.jit(do_not_specialize=["num_rows"])
-def amax_kernel(x_ptr, amax_ptr, num_rows, K, QUANT: tl.constexpr, GROUPS_PER_STEP: tl.constexpr):
-    """Amax of x [rows, K] for dynamic FP8: whole tensor (atomic max), per row, or per 1×128 group.
+def amax_kernel(x_ptr, amax_ptr, num_rows, K, BLOCK: tl.constexpr):
+    """Amax of the whole x [rows, K] (per-tensor FP8): one program per row, ``tl.atomic_max``."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    row_max = tl.zeros([BLOCK], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK):
+        v = tl.load(x_ptr + row * K + k0 + cols, mask=cols < K - k0, other=0.0).to(tl.float32)
+        row_max = tl.maximum(row_max, tl.abs(v))
+    tl.atomic_max(amax_ptr, tl.max(row_max, axis=0))
 
-    One program per row; it reads the row once, GROUPS_PER_STEP groups of 128 at a time.
+
+@triton.jit(do_not_specialize=["num_rows"])
+def quantize_kernel(a_ptr, amax_ptr, q_ptr, scale_ptr, num_rows, K, QUANT: tl.constexpr,
+                    AMAX_GIVEN: tl.constexpr, GROUPS: tl.constexpr, INTERPRETER: tl.constexpr):
+    """a [rows, K] (bf16 or fp32) → q [rows, K] E4M3 and scales, exactly as compare.quant does.
+
+    One program per row, GROUPS × 128 columns at a time. The scale comes from an amax that is
+    either given (``AMAX_GIVEN``: x's global amax; the intermediate's, from GEMM1's epilogue, in
+    the scale's own shape) or found here: per-channel reads the row twice (amax, then quantize —
+    the second read hits L2), block finds each 1×128 group's amax in the tile it quantizes.
+    Scales are stored in compare.quant's shapes: [1], [rows, 1], [rows, ⌈K/128⌉].
     """
     row = tl.program_id(0)
-    groups = tl.arange(0, GROUPS_PER_STEP)
+    groups = tl.arange(0, GROUPS)
     cols = tl.arange(0, 128)
-    row_max = tl.zeros([GROUPS_PER_STEP], dtype=tl.float32)
     K_GROUPS = tl.cdiv(K, 128)
-    for g0 in range(0, K_GROUPS, GROUPS_PER_STEP):
-        k = (g0 + groups)[:, None] * 128 + cols[None, :]
-        v = tl.load(x_ptr + row * K + k, mask=k < K, other=0.0).to(tl.float32)
-        m = tl.max(tl.abs(v), axis=1)
-        if QUANT == 3:
-            tl.store(amax_ptr + row * K_GROUPS + g0 + groups, m, mask=g0 + groups < K_GROUPS)
-        row_max = tl.maximum(row_max, m)
     if QUANT == 1:
-        tl.atomic_max(amax_ptr, tl.max(row_max, axis=0))
+        s = _scale_of(tl.load(amax_ptr))
+        tl.store(scale_ptr, s, mask=row == 0)
     elif QUANT == 2:
-        tl.store(amax_ptr + row, tl.max(row_max, axis=0))
+        if AMAX_GIVEN:
+            amax = tl.load(amax_ptr + row)
+        else:
+            row_max = tl.zeros([GROUPS, 128], dtype=tl.float32)
+            for g0 in range(0, K_GROUPS, GROUPS):
+                k = (g0 + groups)[:, None] * 128 + cols[None, :]
+                v = tl.load(a_ptr + row * K + k, mask=k < K, other=0.0).to(tl.float32)
+                row_max = tl.maximum(row_max, tl.abs(v))
+            amax = tl.max(tl.max(row_max, axis=1), axis=0)
+        s = _scale_of(amax)
+        tl.store(scale_ptr + row, s)
+    for g0 in range(0, K_GROUPS, GROUPS):
+        k = (g0 + groups)[:, None] * 128 + cols[None, :]
+        v = tl.load(a_ptr + row * K + k, mask=k < K, other=0.0).to(tl.float32)
+        if QUANT == 3:
+            g_ok = g0 + groups < K_GROUPS
+            if AMAX_GIVEN:
+                amax = tl.load(amax_ptr + row * K_GROUPS + g0 + groups, mask=g_ok, other=1.0)
+            else:
+                amax = tl.max(tl.abs(v), axis=1)
+            s_g = _scale_of(amax)
+            tl.store(scale_ptr + row * K_GROUPS + g0 + groups, s_g, mask=g_ok)
+            q = _quantize(v, s_g[:, None], INTERPRETER)
+        else:
+            q = _quantize(v, s, INTERPRETER)
+        tl.store(q_ptr + row * K + k, q, mask=k < K)
 
 
 @triton.jit(do_not_specialize=["num_tokens"])

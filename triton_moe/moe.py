@@ -1,10 +1,12 @@
-"""``fused_moe``: the whole expert computation of one MoE layer in five Triton launches.
+"""``fused_moe``: the whole expert computation of one MoE layer in a handful of Triton launches.
 
 ::
 
     align_block_size   topk_ids → sorted_ids, expert_ids, num_padded        (3 small kernels)
-    amax_kernel        amax of x, per the FP8 format                        (FP8 only)
+    amax_kernel        global amax of x                                     (fp8_tensor only)
+    quantize_kernel    x → xq E4M3 [T, K] + scales                          (FP8 only)
     moe_gemm_kernel    GEMM1 + SiLU(gate)·up (+ amax of the intermediate)   → act [P, I]
+    quantize_kernel    act fp32 → E4M3 [P, I] + scales                      (FP8 only)
     moe_gemm_kernel    GEMM2 × routing weight                               → y [P, K]
     combine_kernel     out[t] = Σ_j y[t·top_k + j]                          (skipped for top_k = 1)
 
@@ -15,43 +17,57 @@ See :mod:`triton_moe.kernels` for the arithmetic and :mod:`triton_moe.config` fo
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from typing import Optional
 
 import torch
 import triton
 
-from compare.problem import FP8_BLOCK
+from compare.problem import FP8_DTYPE
+from compare.quant import activation_scale_shape
 from compare.validate import validate_moe_args
 from triton_moe.align import align_block_size
 from triton_moe.config import TritonConfig, get_config
 from triton_moe.jit import INTERPRET, launch
-from triton_moe.kernels import QUANT_MODE, amax_kernel, combine_kernel, moe_gemm_kernel
+from triton_moe.kernels import QUANT_MODE, amax_kernel, combine_kernel, moe_gemm_kernel, quantize_kernel
 
 COMBINE_BLOCK = 1024
-AMAX_GROUPS_PER_STEP = 8
+AMAX_BLOCK = 1024
+QUANT_GROUPS = 8  # quantize_kernel's step: 8 groups of 128 columns
 
 
 def _amax_buffer(quant: str, rows: int, cols: int, device) -> torch.Tensor:
-    """Zeroed amax storage of a [rows, cols] activation: [1], [rows] or [rows, ⌈cols/128⌉]."""
-    shape = {"fp8_tensor": (1,), "fp8_channel": (rows,), "fp8_block": (rows, math.ceil(cols / FP8_BLOCK))}[quant]
-    return torch.zeros(shape, dtype=torch.float32, device=device)
+    """Zeroed amax storage of a [rows, cols] activation, shaped like its scales."""
+    return torch.zeros(activation_scale_shape(quant, rows, cols), dtype=torch.float32, device=device)
 
 
-def _gemm(a, a_amax, w, w_scale, out, out_amax, topk_weights, routing, num_pairs, N, K, *,
+def _quantize(a, quant: str, amax=None):
+    """(q E4M3, scale fp32) of activations a [rows, cols] — compare.quant.quantize_activation's
+    result. ``amax``: the amax in the format's shape when already known (else found here)."""
+    rows, cols = a.shape
+    q = torch.empty((rows, cols), dtype=FP8_DTYPE, device=a.device)
+    scale = torch.empty(activation_scale_shape(quant, rows, cols), dtype=torch.float32, device=a.device)
+    if quant == "fp8_tensor" and amax is None:
+        amax = torch.zeros(1, dtype=torch.float32, device=a.device)
+        launch(amax_kernel, (rows,), a, amax, rows, cols, BLOCK=AMAX_BLOCK)
+    launch(quantize_kernel, (rows,), a, amax if amax is not None else scale, q, scale, rows, cols,
+           QUANT=QUANT_MODE[quant], AMAX_GIVEN=amax is not None, GROUPS=QUANT_GROUPS, INTERPRETER=INTERPRET)
+    return q, scale
+
+
+def _gemm(a, a_scale, w, w_scale, out, out_amax, topk_weights, routing, num_pairs, N, K, *,
           a_row_div, fuse_silu, mul_routed_weight, quant, cfg: TritonConfig):
     sorted_ids, expert_ids, _ = routing
     num_m_blocks = expert_ids.numel()
     grid = (num_m_blocks * triton.cdiv(N, cfg.BLOCK_N),)
     dummy = out  # stands in for pointers a mode does not read
     launch(moe_gemm_kernel, grid,
-           a, a_amax if a_amax is not None else dummy, w, w_scale if w_scale is not None else dummy,
+           a, a_scale if a_scale is not None else dummy, w, w_scale if w_scale is not None else dummy,
            out, out_amax if out_amax is not None else dummy,
            topk_weights if topk_weights is not None else dummy,
            sorted_ids, expert_ids, routing[2], num_pairs, N, K,
            A_ROW_DIV=a_row_div, FUSE_SILU=fuse_silu, MUL_ROUTED_WEIGHT=mul_routed_weight,
-           QUANT=QUANT_MODE[quant], SWAP_AB=bool(cfg.swap_ab), INTERPRETER=INTERPRET,
+           QUANT=QUANT_MODE[quant], FP8_IMPRECISE_ACC=cfg.fp8_imprecise_acc, SWAP_AB=bool(cfg.swap_ab), INTERPRETER=INTERPRET,
            BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
@@ -83,7 +99,8 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
 
 def expert_computation(x, w1, w2, topk_weights, routing, top_k: int, *, quant, w1_scale, w2_scale,
                        config: TritonConfig) -> torch.Tensor:
-    """Everything after the alignment: amax, GEMM1 + SiLU·up, GEMM2 × routing weight, combine.
+    """Everything after the alignment: quantize x, GEMM1 + SiLU·up, quantize the intermediate,
+    GEMM2 × routing weight, combine.
 
     ``routing`` is :func:`~triton_moe.align.align_block_size`'s output for ``config.BLOCK_M``;
     ``config`` must be resolved and checked. :func:`fused_moe` is the validated entry point; the
@@ -93,22 +110,22 @@ def expert_computation(x, w1, w2, topk_weights, routing, top_k: int, *, quant, w
     I = w2.shape[2]  # noqa: E741
     P = T * top_k
     device = x.device
-    x_amax = act_amax = None
+    a1 = x
+    a1_scale = act_amax = None
     if quant is not None:
-        x_amax = _amax_buffer(quant, T, K, device)
-        launch(amax_kernel, (T,), x, x_amax, T, K, QUANT=QUANT_MODE[quant],
-               GROUPS_PER_STEP=AMAX_GROUPS_PER_STEP)
+        a1, a1_scale = _quantize(x, quant)
         act_amax = _amax_buffer(quant, P, I, device)
 
-    # GEMM1 + SiLU(gate)·up: bf16 intermediate, or fp32 (with its amax) for GEMM2's FP8 quantization
+    # GEMM1 + SiLU(gate)·up: bf16 intermediate, or fp32 with its amax, quantized once for GEMM2
     act = torch.empty((P, I), dtype=torch.bfloat16 if quant is None else torch.float32, device=device)
-    _gemm(x, x_amax, w1, w1_scale, act, act_amax, None, routing, P, I, K, a_row_div=top_k,
+    _gemm(a1, a1_scale, w1, w1_scale, act, act_amax, None, routing, P, I, K, a_row_div=top_k,
           fuse_silu=True, mul_routed_weight=False, quant=quant, cfg=config)
+    a2, a2_scale = (act, None) if quant is None else _quantize(act, quant, act_amax)
 
     # GEMM2 × routing weight; with top_k = 1 its rows are already the output
     out = torch.empty((T, K), dtype=torch.bfloat16, device=device)
     y = out if top_k == 1 else torch.empty((P, K), dtype=torch.bfloat16, device=device)
-    _gemm(act, act_amax, w2, w2_scale, y, None, topk_weights, routing, P, K, I, a_row_div=1,
+    _gemm(a2, a2_scale, w2, w2_scale, y, None, topk_weights, routing, P, K, I, a_row_div=1,
           fuse_silu=False, mul_routed_weight=True, quant=quant, cfg=config)
     if top_k > 1:
         launch(combine_kernel, (T, triton.cdiv(K, COMBINE_BLOCK)), y, out, T, K, TOP_K=top_k,
