@@ -103,9 +103,23 @@ def align_tokens(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts
 
 
 def _cute_tensor(t: torch.Tensor, leading_dim: int):
+    """A 2-D/3-D operand with a dynamic layout (unit stride on ``leading_dim``), 16-B aligned."""
     from cutlass.cute.runtime import from_dlpack
 
     return from_dlpack(t, assumed_align=16).mark_layout_dynamic(leading_dim=leading_dim)
+
+
+def _cute_vector(t: torch.Tensor):
+    """A 1-D device array with a dynamic extent.
+
+    Every kernel here is compiled against symbolic shapes; a tensor handed over with a static
+    layout (plain ``from_dlpack``) does not carry its extent in the argument struct, and a
+    kernel that reads ``shape[0]`` then sees garbage (seen on the H200: the combine kernel
+    derived top_k from it).  So every argument is marked dynamic.
+    """
+    from cutlass.cute.runtime import from_dlpack
+
+    return from_dlpack(t).mark_layout_dynamic()
 
 
 def grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, alignment: Alignment, cfg: GemmConfig, *,
@@ -115,8 +129,6 @@ def grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, alignment: Alignment, 
     x_sorted: bf16 [M_pad, K]; w: bf16 [E, N_out, K] (contiguous).  Returns bf16 [M_pad, N_out]
     (rows past the used blocks are left unwritten).
     """
-    from cutlass.cute.runtime import from_dlpack
-
     from .ptx import compile_gemm
 
     m_pad, k = x_sorted.shape
@@ -139,7 +151,7 @@ def grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, alignment: Alignment, 
         _cute_tensor(x_sorted, 1),
         _cute_tensor(w.permute(1, 2, 0), 1),  # (N_out, K, E): the expert is TMA's 3rd coordinate
         _cute_tensor(out.t(), 0) if cfg.swap_ab else _cute_tensor(out, 1),
-        from_dlpack(block_expert), from_dlpack(num_blocks), from_dlpack(row_scale), _stream(x_sorted),
+        _cute_vector(block_expert), _cute_vector(num_blocks), _cute_vector(row_scale), _stream(x_sorted),
     )
     return out
 
@@ -206,32 +218,26 @@ def _used_rows(alignment: Alignment) -> torch.Tensor:
 
 def gather_rows(x: torch.Tensor, alignment: Alignment) -> torch.Tensor:
     """``X_sorted[r] = x[sorted_token[r]]`` on the used rows (bf16 [M_pad, K]; other rows unwritten)."""
-    from cutlass.cute.runtime import from_dlpack
-
     out = torch.empty(alignment.rows, x.shape[1], dtype=x.dtype, device=x.device)
-    _row_kernels(x.device)["gather"](_cute_tensor(x, 1), _cute_tensor(out, 1), from_dlpack(alignment.sorted_token),
-                                     from_dlpack(_used_rows(alignment)), _stream(x))
+    _row_kernels(x.device)["gather"](_cute_tensor(x, 1), _cute_tensor(out, 1), _cute_vector(alignment.sorted_token),
+                                     _cute_vector(_used_rows(alignment)), _stream(x))
     return out
 
 
 def silu_mul(h: torch.Tensor, alignment: Alignment) -> torch.Tensor:
     """``SiLU(h[:, :I]) ⊙ h[:, I:]`` on the used rows (bf16 [M_pad, I]; other rows unwritten)."""
-    from cutlass.cute.runtime import from_dlpack
-
     rows, two_i = h.shape
     if two_i % 16:
         raise ValueError(f"silu_mul: 2I={two_i} must be a multiple of 16 (8-element vectors per half)")
     a = torch.empty(rows, two_i // 2, dtype=h.dtype, device=h.device)
-    _row_kernels(h.device)["silu_mul"](_cute_tensor(h, 1), _cute_tensor(a, 1), from_dlpack(_used_rows(alignment)),
+    _row_kernels(h.device)["silu_mul"](_cute_tensor(h, 1), _cute_tensor(a, 1), _cute_vector(_used_rows(alignment)),
                                        _stream(h))
     return a
 
 
 def combine(y: torch.Tensor, alignment: Alignment, T: int, top_k: int) -> torch.Tensor:
     """``out[t] = Σ_j y[row(t, j)]`` (rows already carry their routing weight): fp32 sum → bf16 [T, K]."""
-    from cutlass.cute.runtime import from_dlpack
-
     out = torch.empty(T, y.shape[1], dtype=y.dtype, device=y.device)
-    _row_kernels(y.device)["combine"](_cute_tensor(y, 1), _cute_tensor(out, 1), from_dlpack(alignment.pair_row),
+    _row_kernels(y.device)["combine"](_cute_tensor(y, 1), _cute_tensor(out, 1), _cute_vector(alignment.pair_row),
                                       _stream(y))
     return out
