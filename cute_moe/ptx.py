@@ -67,7 +67,7 @@ def fake_arguments(cfg: GemmConfig):
     else:
         c = make_fake_tensor(dt, (m_pad, n_out), stride=(c_stride, 1), assumed_align=16)
     block_expert = make_fake_compact_tensor(cutlass.Int32, (cute.sym_int(),), assumed_align=4)
-    num_blocks = make_fake_compact_tensor(cutlass.Int32, (1,), assumed_align=4)
+    num_blocks = make_fake_compact_tensor(cutlass.Int32, (cute.sym_int(),), assumed_align=4)
     row_scale = make_fake_compact_tensor(cutlass.Float32, (cute.sym_int(),), assumed_align=4)
     return x, w, c, block_expert, num_blocks, row_scale, make_fake_stream()
 
@@ -104,7 +104,7 @@ def compile_row_kernels(num_sms: int = DEFAULT_NUM_CTAS) -> dict:
         if hit is None:
             bf16, stream = cutlass.BFloat16, make_fake_stream()
             index = make_fake_compact_tensor(cutlass.Int64, (cute.sym_int(),), assumed_align=8)
-            scalar = make_fake_compact_tensor(cutlass.Int32, (1,), assumed_align=4)
+            scalar = make_fake_compact_tensor(cutlass.Int32, (cute.sym_int(),), assumed_align=4)
             hit = _cache[key] = {
                 "gather": cute.compile(GatherRows(num_sms), _rows_tensor(bf16), _rows_tensor(bf16), index, scalar,
                                        stream),
