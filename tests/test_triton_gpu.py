@@ -35,6 +35,19 @@ def test_catalog_against_oracle(spec, quant, T):
     assert r["bit_identical"] and r["graph_equal"], r
 
 
+@pytest.mark.parametrize("spec, T", [("mixtral-8x7b", 8), ("mixtral-8x7b", 1024), ("deepseek-v3:tp8", 4096)])
+def test_fp8_imprecise_acc_variant(spec, T):
+    """The other FP8 promotion variant — Triton's WGMMA lowering promotes every BLOCK_K of K
+    (``fp8_imprecise_acc``) — against the same oracle, on the longest reductions (K = 4096…14336)."""
+    from dataclasses import replace
+
+    p = _problem(spec, "fp8_tensor", T)
+    cfg = p.config()
+    r = p.check(replace(cfg, fp8_imprecise_acc=cfg.BLOCK_K))
+    assert r["rel_l2"] <= TOL["fp8_tensor"], r
+    assert r["bit_identical"] and r["graph_equal"], r
+
+
 @pytest.mark.parametrize("quant", [None, "fp8_tensor", "fp8_channel", "fp8_block"], ids=lambda q: q or "bf16")
 def test_batch_sweep_does_not_recompile(quant):
     from triton_moe import TritonConfig, fused_moe

@@ -50,15 +50,7 @@ def candidates(T: int, E: int, top_k: int, quant) -> list[TritonConfig]:
         ]
     first = default_config(T, E, top_k, 0, 0, quant)
     out = [first] + [c for c in cands if c != first]
-    return [c for c in out if _fits(c, quant)]
-
-
-def _fits(cfg, quant) -> bool:
-    try:
-        cfg.check(quant, 1 << 20, 1 << 20)
-        return True
-    except ValueError:
-        return False
+    return [c for c in out if c.fits(quant)]
 
 
 def tune(spec: str, quant, tokens, *, budget_s: float = 1e9, progress=True, log=print) -> dict:

@@ -1,6 +1,7 @@
 """Benchmark of the Triton backend on the GPU: target table, swap-AB sweep, alignment, tuning.
 
     python -m triton_moe.bench --out notes/results [--deadline-s 240] [--tune] [--no-swap]
+    python -m triton_moe.bench --out notes/results --fp8-acc     # only the FP8 accumulation study
 
 What is timed is the full expert computation — amax, GEMM1 + SiLU·up, GEMM2 × routing weight,
 combine — with the alignment excluded (timed on its own), CUDA-graph replayed over rotated input
@@ -41,6 +42,11 @@ TARGETS = [
 #: swap-AB sweep: tokens per expert 1 … 32 (and 64, past the rule's edge) on three (shape, dtype)s.
 SWAP_SWEEP = [("mixtral-8x7b", None), ("mixtral-8x7b", "fp8_tensor"), ("deepseek-v3:tp8", None)]
 SWAP_TPE = [1, 2, 4, 8, 16, 32, 64]
+#: FP8 accumulation study (--fp8-acc): fp8_tensor decode and prefill rows, each with its table config
+#: (and, in prefill, one more pipeline stage, which E4M3 A tiles leave room for) under both promotion
+#: variants — fp32 add per K step (fp8_imprecise_acc = 0) and Triton's (= BLOCK_K) — timed and checked.
+FP8_ACC_ROWS = [("mixtral-8x7b", 8, 330), ("mixtral-8x7b", 4096, 2800),
+                ("deepseek-v3:tp8", 8, None), ("deepseek-v3:tp8", 4096, 800)]
 
 _weight_cache: dict = {}
 
@@ -162,6 +168,13 @@ def _write(out: Path, results: dict):
         for r in results["swap"]:
             lines.append(f"| {r['shape']} | {r['dtype']} | {r['T']} | {r['tokens_per_expert']:g} | {r['tile']} "
                          f"| {r['swap_us']:.1f} | {r['noswap_us']:.1f} | {r['speedup']:.2f} |")
+    if results.get("fp8_acc"):
+        lines += ["", "FP8 accumulation (fp8_tensor): promotion every K step in fp32 (imprecise 0) or by "
+                  "Triton's WGMMA lowering every n of K (imprecise n).", "",
+                  "| shape | T | config | imprecise | µs | target µs | rel L2 | bit-identical |", "|---|---|---|---|---|---|---|---|"]
+        for r in results["fp8_acc"]:
+            lines.append(f"| {r['shape']} | {r['T']} | {r['config']} | {r['fp8_imprecise_acc']} | {r['us']:.1f} "
+                         f"| {r['target_us'] or '–'} | {r['rel_l2']:.2e} | {r['bit_identical']} |")
     if results["tuned"]:
         lines += ["", "Tuning (best candidate per token count):", "",
                   "| shape | dtype | T | best config | µs | heuristic µs |", "|---|---|---|---|---|---|"]
@@ -180,6 +193,7 @@ def main(argv=None):
     p.add_argument("--deadline-s", type=float, default=1e9)
     p.add_argument("--tune", action="store_true", help="also tune the target shapes (tables to --out)")
     p.add_argument("--no-swap", action="store_true", help="skip the swap-AB sweep")
+    p.add_argument("--fp8-acc", action="store_true", help="run only the FP8 accumulation study (FP8_ACC_ROWS)")
     a = p.parse_args(argv)
     start = time.time()
     left = lambda: a.deadline_s - (time.time() - start)  # noqa: E731
@@ -187,9 +201,25 @@ def main(argv=None):
     ceilings = measure_ceilings()
     results = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "commit": _git_commit(),
                "command": "python -m triton_moe.bench " + " ".join(argv or []), "ceilings": ceilings.as_dict(),
-               "targets": [], "swap": [], "tuned": []}
+               "targets": [], "swap": [], "tuned": [], "fp8_acc": []}
 
-    for spec, quant, T, target in TARGETS:
+    for spec, T, target in FP8_ACC_ROWS if a.fp8_acc else []:
+        prob = Problem(get_shape(spec), T, "fp8_tensor")
+        table = prob.config()
+        tiles = [table] + ([replace(table, num_stages=table.num_stages + 1)] if table.BLOCK_M >= 64 else [])
+        for cfg in [replace(c, fp8_imprecise_acc=n) for c in tiles for n in (0, c.BLOCK_K)]:
+            if left() < 0 or not cfg.fits("fp8_tensor"):
+                continue
+            check = prob.check(cfg)
+            us = prob.time(cfg)
+            results["fp8_acc"].append({"shape": spec, "T": T, "config": _tile(cfg), "target_us": target,
+                                       "fp8_imprecise_acc": cfg.fp8_imprecise_acc, "us": us, **check})
+            print(f"fp8acc {spec:16s} T={T:5d} {_tile(cfg):24s} imprecise={cfg.fp8_imprecise_acc:3d} {us:9.1f} µs "
+                  f"rel L2 {check['rel_l2']:.2e}", flush=True)
+            _write(out, results)
+        drop_weights()
+
+    for spec, quant, T, target in [] if a.fp8_acc else TARGETS:
         if left() < 0:
             break
         prob = Problem(get_shape(spec), T, quant)
@@ -202,7 +232,7 @@ def main(argv=None):
         _write(out, results)
     drop_weights()
 
-    for spec, quant in [] if a.no_swap else SWAP_SWEEP:
+    for spec, quant in [] if a.no_swap or a.fp8_acc else SWAP_SWEEP:
         shape = get_shape(spec)
         for tpe in SWAP_TPE:
             if left() < 0:

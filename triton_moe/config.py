@@ -108,6 +108,14 @@ class TritonConfig:
                              f"of one Hopper SM; lower num_stages={self.num_stages} or the tile")
         return self
 
+    def fits(self, quant: Optional[str]) -> bool:
+        """Whether :meth:`check` accepts this config for some shape (the shape-independent rules)."""
+        try:
+            self.check(quant, 1 << 20, 1 << 20)
+            return True
+        except ValueError:
+            return False
+
     def as_dict(self) -> dict:
         return asdict(self)
 
