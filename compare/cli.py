@@ -117,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strict", action="store_true",
                    help="exit 1 when a row fails its tolerance, the kernels disagree, a rerun differs, or a "
                         "T sweep recompiles")
+    p.add_argument("--no-plots", dest="plots", action="store_false",
+                   help="no PNG files (for a report committed to git, which keeps no binaries)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     return p
 
@@ -178,7 +180,7 @@ def main(argv=None) -> int:
         result = run_suite(spec, progress=args.progress)
 
     print(report.compact_table(result))
-    written = report.write_all(result, args.out)
+    written = report.write_all(result, args.out, with_plots=args.plots)
     print("\nwrote " + ", ".join(str(p) for p in written))
     if args.write_router:
         print(_write_router(result, args.write_router))

@@ -368,18 +368,19 @@ def plots(result: dict, out_dir: Path) -> list:
     return written
 
 
-def write_all(result: dict, out_dir) -> list:
-    """Write results.json, results.csv, report.md and the plots into ``out_dir``; return the paths."""
+def write_all(result: dict, out_dir, with_plots: bool = True) -> list:
+    """Write results.json, results.csv, report.md and (unless told not to) the plots into ``out_dir``."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = [out_dir / "results.json", out_dir / "results.csv"]
     written[0].write_text(to_json(result) + "\n")
     written[1].write_text(to_csv(result))
-    try:
-        pngs = plots(result, out_dir)
-    except ImportError as exc:  # matplotlib is a declared dependency; a missing one costs the plots only
-        pngs = []
-        result["meta"]["plots"] = f"skipped: {exc}"
+    pngs = []
+    if with_plots:
+        try:
+            pngs = plots(result, out_dir)
+        except ImportError as exc:  # matplotlib is a declared dependency; a missing one costs the plots only
+            result["meta"]["plots"] = f"skipped: {exc}"
     report = out_dir / "report.md"
     report.write_text(markdown(result, pngs))
     return written + [report] + pngs

@@ -116,8 +116,9 @@ def test_cpu_run_shows_cute_ptx_and_jit(cpu_run):
 
 def test_merge_rerenders_without_running(cpu_run, tmp_path):
     _, out, _ = cpu_run
-    r = _run("--merge", str(out / "results.json"), str(out / "results.json"), "--out", str(tmp_path))
+    r = _run("--merge", str(out / "results.json"), str(out / "results.json"), "--out", str(tmp_path), "--no-plots")
     assert r.returncode == 0, r.stderr[-2000:]
+    assert not list(tmp_path.glob("*.png")) and "![" not in (tmp_path / "report.md").read_text()
     merged = json.loads((tmp_path / "results.json").read_text())
     single = json.loads((out / "results.json").read_text())
     assert len(merged["rows"]) == 2 * len(single["rows"])
