@@ -86,7 +86,7 @@ def parse_backends(text: str) -> tuple:
 def build_parser() -> argparse.ArgumentParser:
     from compare.suite import DEFAULT_SHAPES, DEFAULT_TOKENS_CPU, DEFAULT_TOKENS_GPU
 
-    p = _Parser(prog="python -m compare", description=__doc__.split("\n\n")[0],
+    p = _Parser(prog="python -m compare", description=__doc__.split("\n\n")[0].replace("``", ""),
                 formatter_class=argparse.RawDescriptionHelpFormatter,
                 epilog="Shapes: " + ", ".join(["mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3"])
                 + " (append :tpN for a tensor-parallel shard). Numerics tolerance policy: notes/numerics.md.")
