@@ -117,3 +117,35 @@ def count_compilations(dry_run: bool = False):
         _active.remove(counter)
         if not INTERPRET:
             triton.knobs.runtime.jit_cache_hook = previous
+
+
+def compile_sm90(kernel, signature: dict, constexprs: dict, *, num_warps: int, num_stages: int,
+                 divisible_by_16=()) -> dict:
+    """Compile ``kernel`` for sm_90a without a GPU (Triton's compiler and its bundled ptxas) and
+    report what the binary looks like: registers and spill bytes per thread (``ptxas -v``),
+    shared memory, and the TTGIR text. Needs the compiled (not the interpreted) kernel, i.e. a
+    process without ``TRITON_INTERPRET=1``; ``tests/test_triton_sm90.py`` runs it in one."""
+    import re
+    import subprocess
+    import tempfile
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = kernel.arg_names
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible_by_16}
+    src = ASTSource(kernel, signature={n: signature.get(n, "constexpr") for n in names},
+                    constexprs=constexprs, attrs=attrs)
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=num_warps, num_stages=num_stages))
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as d:
+        ptx = os.path.join(d, "k.ptx")
+        with open(ptx, "w") as f:
+            f.write(compiled.asm["ptx"])
+        log = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", ptx, "-o", os.path.join(d, "k.cubin")],
+                             capture_output=True, text=True, check=True).stderr
+    spills = re.search(r"(\d+) bytes spill stores", log)
+    return {"registers": int(re.search(r"Used (\d+) registers", log).group(1)),
+            "spill_bytes": int(spills.group(1)) if spills else 0,
+            "shared_bytes": compiled.metadata.shared, "ttgir": compiled.asm["ttgir"]}
