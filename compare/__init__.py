@@ -16,7 +16,19 @@ from compare.oracle import oracle, oracle_breakdown, rel_l2
 from compare.problem import CATALOG, QUANT_FORMATS, MoEInputs, MoEShape, get_shape, make_inputs, route
 from compare.validate import MoEDims, validate_moe_args
 
+
+
+def __getattr__(name):
+    # ``compare.fused_moe(..., backend="auto")``: the router, imported on first use so that the
+    # backends, which import the leaf modules above, never pull the main job in with them.
+    if name == "fused_moe":
+        from compare.router import fused_moe
+
+        return fused_moe
+    raise AttributeError(f"module 'compare' has no attribute {name!r}")
+
+
 __all__ = [
     "CATALOG", "QUANT_FORMATS", "MoEInputs", "MoEShape", "MoEDims", "get_shape", "make_inputs", "route",
-    "oracle", "oracle_breakdown", "rel_l2", "validate_moe_args",
+    "oracle", "oracle_breakdown", "rel_l2", "validate_moe_args", "fused_moe",
 ]

@@ -1,6 +1,7 @@
 """Two torch baselines behind the backend contract: what a user already has without this project.
 
-``torch_loop``     the plain baseline: one ``torch.matmul`` per expert that received tokens. The host
+``torch_loop``     the plain baseline: one ``torch.matmul`` per expert that received tokens (FP8: the
+                   W8A8 model in fp32 matmuls — a numerics reference, slow on purpose). The host
                    reads the routing to slice each expert's tokens, so it synchronizes and cannot be
                    captured in a CUDA graph; it is timed eagerly, launch gaps included.
 ``torch_grouped``  ``torch._grouped_mm`` (bf16) / ``torch._scaled_grouped_mm`` (FP8 with row-wise
@@ -96,20 +97,29 @@ def _silu_mul(h: torch.Tensor) -> torch.Tensor:
 
 
 def loop_fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None):
-    """One bf16 ``torch.matmul`` per expert. FP8 runs as fake-quant: dequantize, multiply in bf16."""
+    """One ``torch.matmul`` per expert that received tokens.
+
+    bf16: bf16 matmuls (fp32 accumulation inside), SiLU·up in fp32, a bf16 intermediate.
+    FP8: the W8A8 model itself, in fp32 — operands dequantized to fp32 (exact: an e4m3 value times
+    an fp32 scale), fp32 matmuls, the fp32 intermediate re-quantized in the run's format. Rounding
+    any of these through bf16 instead moves a few percent of the re-quantized intermediate by a
+    whole fp8 step (1–4 % rel L2, notes/numerics.md), so the plain FP8 loop is a numerics
+    reference, slow on purpose; ``torch_grouped`` is the FP8 speed reference.
+    """
     d = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale)
     if d.T == 0:
         return x.new_empty((0, d.K))
     flat = topk_ids.reshape(-1).long()
     order = torch.argsort(flat, stable=True)
     counts = torch.bincount(flat, minlength=d.E).tolist()  # the host sync of the plain loop
+    compute = torch.bfloat16 if quant is None else torch.float32
 
     def weight(w, scale, e):
         if quant is None:
             return w[e]
-        return dequantize_weight(w[e : e + 1], scale[e : e + 1], quant)[0].to(torch.bfloat16)
+        return dequantize_weight(w[e : e + 1], scale[e : e + 1], quant)[0]
 
-    xa = x if quant is None else dequantize_activation(*quantize_activation(x, quant), quant).to(torch.bfloat16)
+    xa = x if quant is None else dequantize_activation(*quantize_activation(x, quant), quant)
     inter = torch.empty(flat.numel(), d.I, dtype=torch.float32, device=x.device)
     groups, start = [], 0
     for e, n in enumerate(counts):
@@ -121,8 +131,8 @@ def loop_fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=No
     if quant is None:
         inter = inter.to(torch.bfloat16)
     else:
-        inter = dequantize_activation(*quantize_activation(inter, quant), quant).to(torch.bfloat16)
-    y = torch.empty(flat.numel(), d.K, dtype=torch.bfloat16, device=x.device)
+        inter = dequantize_activation(*quantize_activation(inter, quant), quant)
+    y = torch.empty(flat.numel(), d.K, dtype=compute, device=x.device)
     for e, pairs in groups:
         y[pairs] = inter[pairs] @ weight(w2, w2_scale, e).T
     return _combine(y, torch.arange(flat.numel(), device=x.device), topk_weights)

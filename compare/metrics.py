@@ -137,9 +137,9 @@ class Tolerance:
 # Reasoning in notes/numerics.md. Keys are format names; "bf16" stands for quant=None.
 TOLERANCES: dict[str, Tolerance] = {
     "bf16": Tolerance(rel_l2=1e-2, cosine=0.9999, max_ulp=16.0, quant_error=None),
-    "fp8_tensor": Tolerance(rel_l2=5e-2, cosine=0.998, max_ulp=None, quant_error=0.12),
-    "fp8_channel": Tolerance(rel_l2=5e-2, cosine=0.998, max_ulp=None, quant_error=0.12),
-    "fp8_block": Tolerance(rel_l2=5e-2, cosine=0.998, max_ulp=None, quant_error=0.12),
+    "fp8_tensor": Tolerance(rel_l2=1e-2, cosine=0.9999, max_ulp=None, quant_error=0.12),
+    "fp8_channel": Tolerance(rel_l2=1e-2, cosine=0.9999, max_ulp=None, quant_error=0.12),
+    "fp8_block": Tolerance(rel_l2=1e-2, cosine=0.9999, max_ulp=None, quant_error=0.12),
 }
 
 
