@@ -111,8 +111,8 @@ def test_swap_ab_c_is_the_transpose_of_normal(layouts):
     n_out = 4096
     normal_c = lambda m, n: m * n_out + n  # noqa: E731  row-major (tokens, weights)
     swap_c = lambda m, n: m + n * n_out  # noqa: E731  M-major view (weights, tokens)
-    written_normal = {(tok, w): normal_c(m, n) for regs in layouts[normal]["accumulators"] for (m, n), (tok, w)
-                      in zip(regs, [(m, n) for m, n in regs])}
+    # keyed by (token, weight): normal has m = token, n = weight; swap-AB has m = weight, n = token
+    written_normal = {(m, n): normal_c(m, n) for regs in layouts[normal]["accumulators"] for (m, n) in regs}
     written_swap = {(n, m): swap_c(m, n) for regs in layouts[swap]["accumulators"] for (m, n) in regs}
     assert written_normal == written_swap
 
