@@ -97,12 +97,18 @@ def oracle(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_s
 
 
 def rel_l2(a: torch.Tensor, ref: torch.Tensor) -> float:
-    """‖a − ref‖₂ / ‖ref‖₂ in float64 (0 when both are empty; inf for a NaN anywhere)."""
+    """‖a − ref‖₂ / ‖ref‖₂ in float64 — the headline error of every comparison in this project.
+
+    0 for empty tensors and for two zero tensors; inf when ``a`` holds a NaN or inf, or when only
+    the reference is zero (so a bound written ``err <= tol`` fails them all).
+    """
     a, ref = a.to(F64), ref.to(F64)
     if ref.numel() == 0:
         return 0.0
     if not bool(torch.isfinite(a).all()):
         return float("inf")
-    den = torch.linalg.vector_norm(ref)
-    num = torch.linalg.vector_norm(a - ref)
-    return float(num / den) if den > 0 else float(num)
+    den = float(torch.linalg.vector_norm(ref))
+    num = float(torch.linalg.vector_norm(a - ref))
+    if den == 0.0:
+        return 0.0 if num == 0.0 else float("inf")
+    return num / den

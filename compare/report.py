@@ -260,7 +260,7 @@ def markdown(result: dict, plots: list) -> str:
                   "\"% of floor\" = floor / measured.", ""]
     else:
         lines += ["Timing: **skipped: no GPU**. Numerics ran through the Triton interpreter on reduced shapes "
-                  f"(E ≤ 8, top_k ≤ 4, K = 256, I = 128), labelled \"reduced (CPU interpreter)\".", ""]
+                  "(E ≤ 8, top_k ≤ 4, K = 256, I = 128), labelled \"reduced (CPU interpreter)\".", ""]
     lines += ["## Results", "",
               "Numerics are against the fp64 oracle on each backend's own inputs (FP8: the quantized problem); "
               "\"err vs bf16\" is the same output against the unquantized problem (what a user sees). Time is the "

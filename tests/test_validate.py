@@ -4,7 +4,6 @@ These exercise compare.validate directly; each backend's tests check that its fu
 before launching anything.
 """
 
-import dataclasses
 
 import pytest
 import torch
