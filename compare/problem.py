@@ -165,6 +165,20 @@ class MoEInputs:
                          move(self.topk_ids), self.quant, move(self.w1_scale), move(self.w2_scale))
 
 
+def draw_weights(shape: MoEShape, seed_or_generator=0, device="cpu"):
+    """bf16 expert weights ``(w1 [E, 2I, K], w2 [E, K, I])`` drawn N(0, 1/fan_in), so activations stay
+    O(1) through both GEMMs. Drawn in fp32 on ``device`` with a generator there (fast on a GPU for
+    the catalog shapes; a given seed gives the same values on a given kind of device), then cast.
+    :func:`make_inputs`, the compare suite and both benchmarks draw their weights here."""
+    gen = seed_or_generator
+    if not isinstance(gen, torch.Generator):
+        gen = torch.Generator(device=device).manual_seed(int(seed_or_generator))
+    E, K, I = shape.num_experts, shape.hidden, shape.intermediate
+    w1 = (torch.randn(E, 2 * I, K, generator=gen, device=gen.device) * K ** -0.5).to(torch.bfloat16)
+    w2 = (torch.randn(E, K, I, generator=gen, device=gen.device) * I ** -0.5).to(torch.bfloat16)
+    return w1, w2
+
+
 def make_inputs(shape: MoEShape, T: int, quant: Optional[str] = None, *, seed: int = 0,
                 device="cpu", skew: float = 0.0, renormalize: bool = True,
                 weights_bf16: Optional[tuple] = None) -> MoEInputs:
@@ -178,13 +192,9 @@ def make_inputs(shape: MoEShape, T: int, quant: Optional[str] = None, *, seed: i
     from compare.quant import quantize_weight  # local: quant imports this module
 
     check_quant(quant)
-    E, K, I = shape.num_experts, shape.hidden, shape.intermediate
+    E, K = shape.num_experts, shape.hidden
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    if weights_bf16 is None:
-        w1 = (torch.randn(E, 2 * I, K, generator=gen) * K ** -0.5).to(torch.bfloat16)
-        w2 = (torch.randn(E, K, I, generator=gen) * I ** -0.5).to(torch.bfloat16)
-    else:
-        w1, w2 = weights_bf16
+    w1, w2 = draw_weights(shape, gen) if weights_bf16 is None else weights_bf16
     x = torch.randn(T, K, generator=gen).to(torch.bfloat16)
     logits = torch.randn(T, E, generator=gen)
     if skew:

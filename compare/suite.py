@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from compare import metrics
+from compare import metrics, problem
 from compare.backends import BASELINE, FALLBACK_BASELINE, KERNELS, Backend, load_backend
 from compare.metrics import quant_name
 from compare.oracle import oracle_breakdown, rel_l2
@@ -101,11 +101,8 @@ def reduce_shape(shape: MoEShape) -> MoEShape:
 
 
 def draw_weights(shape: MoEShape, seed: int, device: str, outlier: float = 0.0):
-    """bf16 (W1, W2) ~ N(0, 1/fan_in), drawn on ``device`` (fast on a GPU for the big catalog shapes)."""
-    gen = torch.Generator(device=device).manual_seed(seed)
-    E, K, I = shape.num_experts, shape.hidden, shape.intermediate
-    w1 = (torch.randn(E, 2 * I, K, generator=gen, device=device) * K**-0.5).to(torch.bfloat16)
-    w2 = (torch.randn(E, K, I, generator=gen, device=device) * I**-0.5).to(torch.bfloat16)
+    """The catalog's bf16 weights (compare.problem.draw_weights), with ``outlier`` × expert 0's W1."""
+    w1, w2 = problem.draw_weights(shape, seed, device)
     if outlier:
         w1[0] = (w1[0].float() * outlier).to(torch.bfloat16)
     return w1, w2
