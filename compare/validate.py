@@ -62,6 +62,7 @@ def _scale(name, s, expected_shape, capturing):
     _tensor(name, s)
     _dtype(name, s, (torch.float32,))
     _shape(name, s, expected_shape)
+    _contiguous(name, s)  # kernels index scales as dense row-major arrays
     if not capturing and s.numel() and not bool(torch.isfinite(s).all() and (s > 0).all()):
         raise ValueError(f"{name}: expected finite, positive scales")
 

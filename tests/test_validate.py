@@ -63,6 +63,8 @@ CASES = [
     ("scale float64", "fp8_tensor", _edit("w2_scale", lambda t: t.double()), TypeError, "w2_scale"),
     ("scale inf", "fp8_tensor", _edit("w1_scale", lambda t: t.index_fill(0, torch.tensor([1]), float("inf"))), ValueError, "w1_scale"),
     ("scale zero", "fp8_block", _edit("w2_scale", lambda t: t * 0), ValueError, "w2_scale"),
+    ("channel scale transposed view", "fp8_channel", _edit("w1_scale", lambda t: t.t().contiguous().t()), ValueError, "w1_scale"),
+    ("block scale strided view", "fp8_block", _edit("w2_scale", lambda t: torch.cat([t, t], 2)[:, :, ::2]), ValueError, "w2_scale"),
     ("device mismatch", None, _edit("topk_ids", lambda t: t.to("meta")), ValueError, "topk_ids"),
 ]
 
