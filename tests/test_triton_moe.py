@@ -135,3 +135,18 @@ def test_quantize_kernel_is_the_reference(quant, dtype):
         amax = s_ref * 448.0
         q2, s2 = _quantize(a, quant, amax.reshape(s_ref.shape))
         assert torch.equal(q2.float(), q_ref.float())
+
+
+@pytest.mark.parametrize("options, match", [
+    (dict(config={"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64}), "^config: expected a triton_moe.TritonConfig"),
+    (dict(config=(16, 64, 64)), "^config:"),
+    (dict(swap_ab="no"), "^swap_ab: expected True, False or None, got 'no'"),
+    (dict(swap_ab=1), "^swap_ab:"),
+])
+def test_backend_option_of_wrong_type_is_named_before_any_launch(options, match):
+    from triton_moe.jit import count_compilations
+
+    inp = make_inputs(SMALL, 2, None)
+    with count_compilations(dry_run=True) as counter, pytest.raises(TypeError, match=match):
+        fused_moe(**inp.kwargs(), **options)
+    assert counter.total() == 0  # nothing was launched

@@ -72,6 +72,15 @@ def _gemm(a, a_scale, w, w_scale, out, out_amax, topk_weights, routing, num_pair
            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
+def _check_options(config, swap_ab) -> None:
+    """Raise TypeError naming the backend option that has the wrong type (before any launch):
+    a dict is not a config, and ``swap_ab="no"`` must not read as True."""
+    if config is not None and not isinstance(config, TritonConfig):
+        raise TypeError(f"config: expected a triton_moe.TritonConfig or None, got {type(config).__name__}")
+    if swap_ab is not None and not isinstance(swap_ab, bool):
+        raise TypeError(f"swap_ab: expected True, False or None, got {swap_ab!r}")
+
+
 def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None,
               config: Optional[TritonConfig] = None, swap_ab: Optional[bool] = None) -> torch.Tensor:
     """The MoE expert computation (see :mod:`compare.contract`) with Triton kernels → [T, K] bf16.
@@ -81,6 +90,7 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
                    shape and device, else the heuristic (:func:`~triton_moe.config.get_config`).
       ``swap_ab``  force swap-AB on (True) or off (False); default: the config's rule.
     """
+    _check_options(config, swap_ab)
     d = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale,
                           w2_scale=w2_scale)
     T, E, K, I, top_k = d.T, d.E, d.K, d.I, d.top_k  # noqa: E741
