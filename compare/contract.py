@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import functools
 
+import torch
+
 from compare.problem import FP8_BLOCK
 
 
@@ -37,8 +39,8 @@ def quant_from_vllm(use_fp8_w8a8=False, per_channel_quant=False, block_shape=Non
 
 def _vllm_scale(s, quant):
     """vLLM stores per-channel scales as [E, N, 1] and per-tensor ones as [E] or [E, 1, 1]."""
-    if s is None:
-        return None
+    if not isinstance(s, torch.Tensor):
+        return s  # None, or a wrong type that validation will name
     if quant == "fp8_channel" and s.dim() == 3 and s.shape[-1] == 1:
         return s.squeeze(-1)
     if quant == "fp8_tensor" and s.dim() > 1:
@@ -72,8 +74,8 @@ def make_fused_experts(fused_moe):
         if bad:
             raise ValueError(f"{bad[0]}: not supported by this backend (SiLU-gated experts, fp8 W8A8 with "
                              "dynamic activation scales, no expert map)")
-        if global_num_experts not in (-1, w1.shape[0]):
-            raise ValueError(f"global_num_experts: expected -1 or E={w1.shape[0]}, got {global_num_experts}")
+        if global_num_experts != -1 and not (isinstance(w1, torch.Tensor) and global_num_experts == w1.shape[0]):
+            raise ValueError(f"global_num_experts: expected -1 or E (w1.shape[0]), got {global_num_experts}")
         quant = quant_from_vllm(use_fp8_w8a8, per_channel_quant, block_shape)
         out = fused_moe(hidden_states, w1, w2, topk_weights, topk_ids, quant=quant,
                         w1_scale=_vllm_scale(w1_scale, quant), w2_scale=_vllm_scale(w2_scale, quant),

@@ -387,17 +387,25 @@ def write_all(result: dict, out_dir, with_plots: bool = True) -> list:
 
 
 def problems(result: dict) -> list:
-    """Everything that broke the policy: failed numerics, kernels that disagree, recompilations."""
+    """Everything that broke the policy: a kernel's failed numerics, any backend's crash, kernels that
+    disagree, reruns that differ, recompilations. A torch baseline outside the tolerance is not a
+    problem of this project (``_scaled_grouped_mm`` re-quantizes a bf16 intermediate by design,
+    notes/numerics.md): the table shows it, ``--strict`` does not fail on it."""
     found = []
     for r in result["rows"]:
         case = f"{r['shape']} {r['quant']} T={r['T']} {r['backend']}"
-        if r.get("status") == "FAIL":
+        status = str(r.get("status", ""))
+        if status == "FAIL" and r["backend"] in KERNELS:
             found.append(f"{case}: numerics {r.get('check')}")
+        if status.startswith("error"):
+            found.append(f"{case}: {status}")
+        if str(r.get("timing", "")).startswith("error"):
+            found.append(f"{case}: timing {r['timing']}")
         if r["backend"] in KERNELS and r.get("xdiff_ok") is False:
             found.append(f"{case}: CuTe vs Triton differ by {r['xdiff']:.2e}")
         if not r.get("deterministic", True):
             found.append(f"{case}: not bitwise deterministic on rerun")
     for j in result.get("jit") or []:
-        if str(j.get("status", "")).startswith("FAIL"):
+        if str(j.get("status", "")).startswith(("FAIL", "error")):
             found.append(f"JIT {j['backend']} {j['quant']}: {j['status']}")
     return found

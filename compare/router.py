@@ -114,14 +114,11 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
     (pass them only with an explicit backend: options differ between backends).
     """
     if backend == "auto":
-        if x.device.type != "cuda":
-            backend = CPU_BACKEND
-        else:
-            E, two_i, K = w1.shape
-            dims = (E, K, two_i // 2, topk_ids.shape[1])
-            from compare.validate import MoEDims
+        from compare.validate import validate_moe_args
 
-            backend = choose_backend(MoEDims(x.shape[0], *dims), quant, x.shape[0], table)
+        dims = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale,
+                                 w2_scale=w2_scale)
+        backend = CPU_BACKEND if x.device.type != "cuda" else choose_backend(dims, quant, dims.T, table)
         chosen = load_backend(backend)
         for alternative in FALLBACK_ORDER:
             if chosen.fused_moe is not None:

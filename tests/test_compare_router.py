@@ -61,12 +61,24 @@ def test_build_table_keeps_only_correct_timed_rows():
     assert router.choose_backend(MIX, None, 8, table) == "good"
 
 
-def test_shipped_table_is_valid():
+def test_shipped_table_is_the_measured_h200_one():
     table = router.load_table()
-    assert "entries" in table and (table.get("placeholder") or table["entries"])
+    assert table["placeholder"] is False and table["device"] == "NVIDIA H200" and table["commit"]
     for e in table["entries"]:
         assert {"E", "K", "I", "top_k", "quant", "T", "backend"} <= set(e)
-    assert router.choose_backend(MIX, None, 8) in ("cute_moe", "triton_moe", "torch_grouped", "torch_loop")
+        assert e["backend"] == min(e["us"], key=e["us"].get)  # the fastest correct one was recorded
+    cases = {(e["shape"], e["quant"]) for e in table["entries"]}
+    for shape in ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8"):
+        assert {(shape, "bf16"), (shape, "fp8_tensor")} <= cases
+    # the table's own entries route to themselves
+    for e in table["entries"]:
+        assert router.choose_backend(e["shape"], None if e["quant"] == "bf16" else e["quant"], e["T"]) == e["backend"]
+
+
+def test_auto_routing_validates_before_reading_shapes():
+    inputs = make_inputs(MoEShape("s", 8, 2, 256, 128, "test"), 4, None, seed=0)
+    with pytest.raises(TypeError, match="^w1:"):
+        router.fused_moe(**{**inputs.kwargs(), "w1": [[1.0]]}, backend="auto")
 
 
 def test_auto_fused_moe_on_cpu_routes_to_the_cpu_backend():

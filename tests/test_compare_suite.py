@@ -89,3 +89,19 @@ def test_all_outputs_with_timing(timed_result, tmp_path):
     md = (tmp_path / "report.md").read_text()
     assert "Ceilings measured at the start of this run" in md and "fastest correct" in md
     assert "skipped: no GPU" not in md and "skipped: no GPU" not in report.compact_table(timed_result)
+
+
+def test_strict_problems_flag_kernels_and_crashes_not_baselines_by_design():
+    from compare.report import problems
+
+    row = dict(shape="s", quant="fp8_tensor", T=8)
+    result = {"rows": [
+        {**row, "backend": "triton_moe", "status": "FAIL", "check": "rel_l2 2e-2 > 1e-2"},
+        {**row, "backend": "torch_grouped", "status": "FAIL", "check": "rel_l2 1.5e-2 > 1e-2"},
+        {**row, "backend": "torch_loop", "status": "error: RuntimeError: boom"},
+        {**row, "backend": "cute_moe", "status": "not available: NotImplementedError: bf16 only"},
+    ], "jit": [{"backend": "triton_moe", "quant": "bf16", "status": "error: RuntimeError: x"}]}
+    found = problems(result)
+    assert any("triton_moe: numerics" in p for p in found) and any("torch_loop: error" in p for p in found)
+    assert not any("torch_grouped" in p or "cute_moe" in p for p in found)
+    assert any(p.startswith("JIT triton_moe") for p in found) and len(found) == 3
