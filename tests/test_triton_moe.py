@@ -150,3 +150,22 @@ def test_backend_option_of_wrong_type_is_named_before_any_launch(options, match)
     with count_compilations(dry_run=True) as counter, pytest.raises(TypeError, match=match):
         fused_moe(**inp.kwargs(), **options)
     assert counter.total() == 0  # nothing was launched
+
+
+def test_kernels_take_fp8_constants_from_compare():
+    """448, 1e-12 and 128 are defined once (compare.problem / compare.quant): no kernel spells
+    them as literals, and the constexprs the kernels read are those values."""
+    import ast
+    import inspect
+
+    import compare.problem
+    import compare.quant
+    from triton_moe import kernels
+
+    assert (kernels.FP8_MAX.value, kernels.AMAX_FLOOR.value, kernels.FP8_BLOCK.value) == (
+        compare.problem.FP8_MAX, compare.quant.AMAX_FLOOR, compare.problem.FP8_BLOCK)
+    tree = ast.parse(inspect.getsource(kernels))
+    literals = [(n.value, n.lineno) for n in ast.walk(tree)
+                if isinstance(n, ast.Constant) and type(n.value) in (int, float)
+                and n.value in (448, 448.0, 1e-12, 128)]
+    assert not literals, f"FP8 constants spelled as literals (value, line): {literals}"

@@ -73,27 +73,33 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+import compare.problem
+import compare.quant
+
 #: Quant modes as the kernels see them.
 QUANT_MODE = {None: 0, "fp8_tensor": 1, "fp8_channel": 2, "fp8_block": 3}
-# The kernels spell compare.quant's constants as literals (Triton reads globals only as
-# constexprs): 448 = FP8_MAX, 1e-12 = AMAX_FLOOR, 128 = FP8_BLOCK.
+#: The FP8 constants of :mod:`compare.problem` and :mod:`compare.quant`, defined there once; a
+#: Triton kernel may read a module global only when it is a ``tl.constexpr``.
+FP8_MAX = tl.constexpr(compare.problem.FP8_MAX)  # largest E4M3FN value, 448
+AMAX_FLOOR = tl.constexpr(compare.quant.AMAX_FLOOR)  # smallest amax a scale is taken of, 1e-12
+FP8_BLOCK = tl.constexpr(compare.problem.FP8_BLOCK)  # weight block / activation group edge, 128
 
 
 @triton.jit
 def _scale_of(amax):
     """fp32 scale of an amax, as compare.quant computes it (IEEE division, like torch's)."""
-    return tl.math.div_rn(tl.maximum(amax, 1e-12), 448.0)
+    return tl.math.div_rn(tl.maximum(amax, AMAX_FLOOR), FP8_MAX)
 
 
 @triton.jit
 def _quantize(a, scale, INTERPRETER: tl.constexpr):
-    """e4m3(clamp(a / scale, ±448)): round to nearest even, saturating.
+    """e4m3(clamp(a / scale, ±FP8_MAX)): round to nearest even, saturating.
 
     The interpreter's fp32→e4m3 cast mishandles ties and rounding that carries into the exponent
     (31 → 16 instead of 32); there the value is rounded to e4m3's grid in fp32 first: 3 mantissa
     bits for normals (|q| ≥ 2⁻⁶), a fixed step of 2⁻⁹ below, so the cast itself is exact.
     """
-    q = tl.clamp(tl.math.div_rn(a.to(tl.float32), scale), -448.0, 448.0)
+    q = tl.clamp(tl.math.div_rn(a.to(tl.float32), scale), -FP8_MAX, FP8_MAX)
     if INTERPRETER:
         bits = q.to(tl.uint32, bitcast=True)
         normal = ((bits + (0x7FFFF + ((bits >> 20) & 1))) & 0xFFF00000).to(tl.float32, bitcast=True)
@@ -226,8 +232,8 @@ def moe_gemm_kernel(
         N_TOTAL = 2 * N  # W1 rows: gate 0…I−1, up I…2I−1
     else:
         N_TOTAL = N
-    K_GROUPS = tl.cdiv(K, 128)
-    N_GROUPS = tl.cdiv(N_TOTAL, 128)
+    K_GROUPS = tl.cdiv(K, FP8_BLOCK)
+    N_GROUPS = tl.cdiv(N_TOTAL, FP8_BLOCK)
 
     a_ptrs = a_ptr + a_row[:, None] * K + offs_k[None, :]
     w_ptrs = w_ptr + expert * N_TOTAL * K + offs_n[:, None] * K + offs_k[None, :]
@@ -241,13 +247,13 @@ def moe_gemm_kernel(
         if FUSE_SILU:
             w_up = tl.load(w_ptrs + N * K, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
         if QUANT == 3:
-            kg = k0 // 128
+            kg = k0 // FP8_BLOCK
             s_a = tl.load(a_scale_ptr + a_row * K_GROUPS + kg, mask=row_ok, other=1.0)
-            s_w = tl.load(w_scale_ptr + (expert * N_GROUPS + offs_n // 128) * K_GROUPS + kg,
+            s_w = tl.load(w_scale_ptr + (expert * N_GROUPS + offs_n // FP8_BLOCK) * K_GROUPS + kg,
                           mask=col_ok, other=0.0)
             acc = _mma_scaled(acc, a, w, s_a, s_w, SWAP_AB)
             if FUSE_SILU:
-                s_w_up = tl.load(w_scale_ptr + (expert * N_GROUPS + (N + offs_n) // 128) * K_GROUPS + kg,
+                s_w_up = tl.load(w_scale_ptr + (expert * N_GROUPS + (N + offs_n) // FP8_BLOCK) * K_GROUPS + kg,
                                  mask=col_ok, other=0.0)
                 acc_up = _mma_scaled(acc_up, a, w_up, s_a, s_w_up, SWAP_AB)
         else:  # bf16, or FP8 with scales applied after the loop
@@ -272,11 +278,11 @@ def moe_gemm_kernel(
             tl.atomic_max(out_amax_ptr + pair, tl.max(tl.abs(acc), axis=1), mask=row_ok)
         elif QUANT == 3:
             # 1×128 groups of the intermediate: BLOCK_N/G groups of G columns in this tile
-            G: tl.constexpr = BLOCK_N if BLOCK_N < 128 else 128
+            G: tl.constexpr = BLOCK_N if BLOCK_N < FP8_BLOCK else FP8_BLOCK
             group_max = tl.max(tl.reshape(tl.abs(acc), [BLOCK_M, BLOCK_N // G, G]), axis=2)
-            gcol = (pid_n * BLOCK_N) // 128 + tl.arange(0, BLOCK_N // G)
-            tl.atomic_max(out_amax_ptr + pair[:, None] * tl.cdiv(N, 128) + gcol[None, :], group_max,
-                          mask=row_ok[:, None] & (gcol < tl.cdiv(N, 128))[None, :])
+            gcol = (pid_n * BLOCK_N) // FP8_BLOCK + tl.arange(0, BLOCK_N // G)
+            tl.atomic_max(out_amax_ptr + pair[:, None] * tl.cdiv(N, FP8_BLOCK) + gcol[None, :], group_max,
+                          mask=row_ok[:, None] & (gcol < tl.cdiv(N, FP8_BLOCK))[None, :])
     if MUL_ROUTED_WEIGHT:
         rw = tl.load(topk_weights_ptr + pair, mask=row_ok, other=0.0)
         acc = acc * rw[:, None]
@@ -309,8 +315,8 @@ def quantize_kernel(a_ptr, amax_ptr, q_ptr, scale_ptr, num_rows, K, QUANT: tl.co
     """
     row = tl.program_id(0)
     groups = tl.arange(0, GROUPS)
-    cols = tl.arange(0, 128)
-    K_GROUPS = tl.cdiv(K, 128)
+    cols = tl.arange(0, FP8_BLOCK)
+    K_GROUPS = tl.cdiv(K, FP8_BLOCK)
     if QUANT == 1:
         s = _scale_of(tl.load(amax_ptr))
         tl.store(scale_ptr, s, mask=row == 0)
@@ -318,16 +324,16 @@ def quantize_kernel(a_ptr, amax_ptr, q_ptr, scale_ptr, num_rows, K, QUANT: tl.co
         if AMAX_GIVEN:
             amax = tl.load(amax_ptr + row)
         else:
-            row_max = tl.zeros([GROUPS, 128], dtype=tl.float32)
+            row_max = tl.zeros([GROUPS, FP8_BLOCK], dtype=tl.float32)
             for g0 in range(0, K_GROUPS, GROUPS):
-                k = (g0 + groups)[:, None] * 128 + cols[None, :]
+                k = (g0 + groups)[:, None] * FP8_BLOCK + cols[None, :]
                 v = tl.load(a_ptr + row * K + k, mask=k < K, other=0.0).to(tl.float32)
                 row_max = tl.maximum(row_max, tl.abs(v))
             amax = tl.max(tl.max(row_max, axis=1), axis=0)
         s = _scale_of(amax)
         tl.store(scale_ptr + row, s)
     for g0 in range(0, K_GROUPS, GROUPS):
-        k = (g0 + groups)[:, None] * 128 + cols[None, :]
+        k = (g0 + groups)[:, None] * FP8_BLOCK + cols[None, :]
         v = tl.load(a_ptr + row * K + k, mask=k < K, other=0.0).to(tl.float32)
         if QUANT == 3:
             g_ok = g0 + groups < K_GROUPS
