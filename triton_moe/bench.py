@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from compare.oracle import oracle, rel_l2
-from compare.problem import get_shape, route
+from compare.problem import draw_weights, get_shape, route
 from compare.quant import quantize_weight
 from compare.timing import measure_ceilings, moe_traffic, roofline, sets_for_cold_l2, time_cuda_graph
 from triton_moe.align import align_block_size
@@ -51,24 +51,27 @@ FP8_ACC_ROWS = [("mixtral-8x7b", 8, 330), ("mixtral-8x7b", 4096, 2800),
 _weight_cache: dict = {}
 
 
-def make_weights(shape, quant, seed: int):
-    """Random expert weights on the GPU (N(0, 1/fan_in), as compare.problem.make_inputs draws them),
-    quantized a few experts at a time so the fp32 temporaries stay small."""
-    key = (shape, quant, seed)
+def make_weights(shape, quant, seed: int, device="cuda"):
+    """Expert weights of ``shape`` from :func:`compare.problem.draw_weights` (bf16, N(0, 1/fan_in),
+    drawn on ``device``), quantized a few experts at a time so the fp32 temporaries stay small."""
+    key = (shape, quant, seed, str(device))
     if key not in _weight_cache:
-        E, K, I = shape.num_experts, shape.hidden, shape.intermediate  # noqa: E741
-        g = torch.Generator(device="cuda").manual_seed(seed)
-        w1 = torch.randn(E, 2 * I, K, generator=g, device="cuda", dtype=torch.bfloat16) * K ** -0.5
-        w2 = torch.randn(E, K, I, generator=g, device="cuda", dtype=torch.bfloat16) * I ** -0.5
+        w1, w2 = draw_weights(shape, seed, device=device)
         s1 = s2 = None
         if quant is not None:
-            step = max(1, (1 << 28) // (2 * I * K))
+            E = shape.num_experts
+            step = max(1, (1 << 28) // (2 * shape.intermediate * shape.hidden))
             parts1 = [quantize_weight(w1[e:e + step], quant) for e in range(0, E, step)]
             parts2 = [quantize_weight(w2[e:e + step], quant) for e in range(0, E, step)]
             w1, s1 = torch.cat([p[0] for p in parts1]), torch.cat([p[1] for p in parts1])
             w2, s2 = torch.cat([p[0] for p in parts2]), torch.cat([p[1] for p in parts2])
         _weight_cache[key] = (w1, w2, s1, s2)
     return _weight_cache[key]
+
+
+def weight_bytes(shape, quant) -> int:
+    """Bytes of all experts' W1 and W2: 1 byte per element under FP8, 2 under bf16."""
+    return shape.num_experts * shape.weight_elements() * (1 if quant else 2)
 
 
 def drop_weights():
@@ -81,8 +84,7 @@ class Problem:
 
     def __init__(self, shape, T: int, quant, n_sets: int = 0, seed: int = 0):
         self.shape, self.T, self.quant = shape, T, quant
-        wbytes = 3 * shape.num_experts * shape.intermediate * shape.hidden * (1 if quant else 2)
-        self.n_sets = n_sets or sets_for_cold_l2(wbytes)
+        self.n_sets = n_sets or sets_for_cold_l2(weight_bytes(shape, quant))
         self.sets = []
         for i in range(self.n_sets):
             w1, w2, s1, s2 = make_weights(shape, quant, seed + i)
