@@ -20,6 +20,8 @@ status 2.
 
 from __future__ import annotations
 
+from compare.problem import CATALOG
+
 import argparse
 import json
 import os
@@ -88,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _Parser(prog="python -m compare", description=__doc__.split("\n\n")[0].replace("``", ""),
                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                epilog="Shapes: " + ", ".join(["mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3"])
+                epilog="Shapes: " + ", ".join(CATALOG)
                 + " (append :tpN for a tensor-parallel shard). Numerics tolerance policy: notes/numerics.md.")
     p.add_argument("--shapes", default=",".join(DEFAULT_SHAPES), help="comma list of catalog shapes [%(default)s]")
     p.add_argument("--tokens", default=None,

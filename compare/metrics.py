@@ -4,7 +4,7 @@ The truth is the fp64 oracle (``compare.oracle``) evaluated on the *kernel's own
 run that means the quantized weights and the W8A8 model of the activations, so the error measured
 here is the kernel's arithmetic alone. What quantization itself costs is a separate question,
 answered by comparing the quantized problem with the unquantized bf16 problem
-(:func:`per_expert_errors` and the ``quant_error`` column of the report).
+(the ``quant_error`` column of the report and the per-expert table of ``compare.suite``).
 
 Four numbers describe one output ``y`` against a reference ``r`` (both [T, K]):
 
@@ -167,15 +167,6 @@ def cross_backend_tolerance(quant: str | None) -> float:
 
 
 # --- per-expert attribution ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ExpertError:
-    expert: int
-    pairs: int  # (token, slot) pairs routed to this expert
-    kernel_error: float | None  # rel L2 vs the oracle over the tokens routed here (None: no tokens)
-    quant_error: float | None  # rel L2 of this expert's outputs, quantized vs bf16 problem
-    flagged: str  # "" or why this expert stands out
 
 
 def token_errors(out: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -40,6 +40,7 @@ from compare.backends import BASELINE, FALLBACK_BASELINE, KERNELS, Backend, load
 from compare.metrics import quant_name
 from compare.oracle import oracle_breakdown, rel_l2
 from compare.problem import MoEInputs, MoEShape, get_shape, make_inputs
+from compare.quant import weight_scale_shape
 from compare.validate import MoEDims
 
 DEFAULT_SHAPES = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8")
@@ -226,15 +227,12 @@ def _time(make_call, n_sets: int, capturable: bool, quick: bool):
 
 
 def _scale_bytes(quant, dims: MoEDims) -> int:
-    """fp32 scale bytes of one expert's W1 and W2."""
-    K, I = dims.K, dims.I  # noqa: E741
+    """fp32 scale bytes of one expert's W1 and W2 (shapes from compare.quant)."""
     if quant is None:
         return 0
-    if quant == "fp8_tensor":
-        return 2 * 4
-    if quant == "fp8_channel":
-        return (2 * I + K) * 4
-    return 4 * (math.ceil(2 * I / 128) * math.ceil(K / 128) + math.ceil(K / 128) * math.ceil(I / 128))
+    w1 = math.prod(weight_scale_shape(quant, 1, 2 * dims.I, dims.K))
+    w2 = math.prod(weight_scale_shape(quant, 1, dims.K, dims.I))
+    return 4 * (w1 + w2)
 
 
 def _timing(backend: Backend, sets: list, dims: MoEDims, quant, ceilings, quick: bool) -> dict:
