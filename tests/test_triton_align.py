@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from triton_moe.align import align_block_size, max_padded_size
+from triton_moe.align import MAX_EXPERTS, align_block_size, max_padded_size
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array:DeprecationWarning")
 
@@ -52,3 +52,23 @@ def test_skewed_routing_int64_ids():
     assert int(num_padded) == 80
     assert sorted_ids[:70].tolist() == list(range(70)) and (sorted_ids[70:] == 70).all()
     assert expert_ids[:5].tolist() == [5] * 5
+
+
+def test_max_experts():
+    # E = MAX_EXPERTS, the scan's widest program: pairs on the first and the last experts
+    topk_ids = torch.tensor([[1023, 0], [1022, 1023]], dtype=torch.int32)
+    sorted_ids, expert_ids, num_padded = align_block_size(topk_ids, MAX_EXPERTS, 16)
+    assert int(num_padded) == 3 * 16
+    assert sorted_ids[:48].tolist() == [1] + [4] * 15 + [2] + [4] * 15 + [0, 3] + [4] * 14
+    assert expert_ids[:3].tolist() == [0, 1022, 1023] and (expert_ids[3:] == -1).all()
+
+
+def test_more_experts_than_supported_is_named_before_any_launch():
+    from compare.problem import MoEShape, make_inputs
+    from triton_moe import fused_moe
+    from triton_moe.jit import count_compilations
+
+    inp = make_inputs(MoEShape("wide", MAX_EXPERTS + 1, 2, 16, 16, "test: one expert too many"), 3)
+    with count_compilations(dry_run=True) as counter, pytest.raises(ValueError, match="^num_experts: at most 1024"):
+        fused_moe(**inp.kwargs())
+    assert counter.total() == 0

@@ -21,7 +21,7 @@ Three Triton kernels, stable and deterministic (no atomics):
 
 1. ``_count_kernel``: pairs are cut into chunks of CHUNK; each program histograms its chunk into
    ``counts[chunk, e]``.
-2. ``_scan_kernel`` (one program, E ≤ 512 lanes): walks the chunks in order keeping a running
+2. ``_scan_kernel`` (one program, one lane per expert: E ≤ MAX_EXPERTS = 1024): walks the chunks in order keeping a running
    count per expert, which turns ``counts`` into each chunk's offset inside its expert's run;
    then the padded run lengths, their exclusive prefix sum (``expert_start``), and ``num_padded``.
 3. ``_scatter_kernel``: pair i of chunk c goes to
@@ -119,7 +119,8 @@ def _scatter_kernel(topk_ids_ptr, offsets_ptr, expert_start_ptr, num_padded_ptr,
 def align_block_size(topk_ids: torch.Tensor, num_experts: int, block_m: int):
     """Sort pairs by expert and pad to ``block_m`` → ``(sorted_ids, expert_ids, num_padded)``.
 
-    ``topk_ids`` [T, top_k] int32 or int64 with ids in [0, num_experts). No host sync.
+    ``topk_ids`` [T, top_k] int32 or int64 with ids in [0, num_experts). No host sync. Raises
+    ValueError before any launch when ``num_experts`` exceeds :data:`MAX_EXPERTS`.
     """
     if num_experts > MAX_EXPERTS:
         raise ValueError(f"num_experts: at most {MAX_EXPERTS} experts are supported, got {num_experts}")

@@ -48,7 +48,7 @@ def candidates(T: int, E: int, top_k: int, quant) -> list[TritonConfig]:
             TritonConfig(128, 64, bk, 8, 4, 4, False),
             TritonConfig(128, 128, 128 if not fp8 else 64, 8, 8, 3, False),
         ]
-    first = default_config(T, E, top_k, 0, 0, quant)
+    first = default_config(T, E, top_k, quant)
     out = [first] + [c for c in cands if c != first]
     return [c for c in out if c.fits(quant)]
 

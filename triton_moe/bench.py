@@ -99,7 +99,7 @@ class Problem:
     def config(self, cfg=None):
         s = self.shape
         cfg = cfg or get_config(self.T, s.num_experts, s.top_k, s.intermediate, s.hidden, self.quant)
-        return cfg.resolved().check(self.quant, s.hidden, s.intermediate)
+        return cfg.resolved().check(self.quant)
 
     def time(self, cfg=None) -> float:
         """Median µs of the expert computation (alignment excluded), cold L2."""

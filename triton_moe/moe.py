@@ -100,7 +100,7 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
         config = get_config(T, E, top_k, I, K, quant)
     if swap_ab is not None:
         config = replace(config, swap_ab=swap_ab)
-    cfg = config.resolved().check(quant, K, I)
+    cfg = config.resolved().check(quant)
 
     routing = align_block_size(topk_ids, E, cfg.BLOCK_M)
     return expert_computation(x, w1, w2, topk_weights, routing, top_k, quant=quant, w1_scale=w1_scale,
