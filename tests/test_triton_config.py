@@ -50,3 +50,20 @@ def test_shipped_tables_are_valid():
         quant = None if quant == "bf16" else quant
         for cfg in table.values():
             cfg.resolved().check(quant)
+
+
+@pytest.mark.parametrize("T", [1, 8, 32, 128, 1024, 4096])
+@pytest.mark.parametrize("spec", ["mixtral-8x7b", "deepseek-v3:tp8"])
+@pytest.mark.parametrize("quant", [None, "fp8_tensor"], ids=lambda q: q or "bf16")
+def test_autotune_candidates_leave_swap_to_the_rule(spec, quant, T):
+    from compare.problem import get_shape
+    from triton_moe.autotune import candidates
+
+    s = get_shape(spec)
+    cands = candidates(T, s.num_experts, s.top_k, quant)
+    assert cands and all(c.swap_ab is None for c in cands)
+    assert cands[0].resolved() == C.default_config(T, s.num_experts, s.top_k, quant)  # the heuristic first
+    assert len(set(cands)) == len(cands)
+    for c in cands:
+        assert c.resolved().swap_ab == C.choose_swap_ab(c.BLOCK_M, c.BLOCK_N)
+        c.check(quant)

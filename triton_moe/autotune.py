@@ -2,11 +2,16 @@
 
     python -m triton_moe.autotune --shape mixtral-8x7b --quant bf16 --tokens 1 8 32 128 1024 4096
 
-For every token count the candidates of its regime (decode: tokens per expert ≤ 32, swap-AB
+For every token count the candidates of its regime (decode: tokens per expert ≤ 32, 16/32-row
 tiles; prefill: 64/128-row tiles) are timed with :func:`compare.timing.time_cuda_graph` over the
 expert computation (alignment excluded, cold L2), the fastest kept, and the table written as
 ``configs/E=…,N=…,K=…,dtype=…,device=….json`` (see :mod:`triton_moe.config`). A tqdm bar shows
 progress; ``--budget-s`` stops early and keeps what was measured (the heuristic covers the rest).
+
+The candidates vary the tile, the pipeline depth and the warps, never the swap-AB path: each
+carries ``swap_ab=None``, so the rule (:func:`~triton_moe.config.choose_swap_ab`) decides it from
+the tile, and the table stores ``null`` for it. Forcing the path is a comparison, not a tuning
+choice: ``python -m triton_moe.bench`` (its swap-AB sweep) times the same tile both ways.
 """
 
 from __future__ import annotations
@@ -14,41 +19,43 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from triton_moe.config import TritonConfig, current_device_name, default_config, table_path, tokens_per_expert
 
 
 def candidates(T: int, E: int, top_k: int, quant) -> list[TritonConfig]:
-    """A small, regime-specific search space (the heuristic's pick comes first)."""
+    """A small, regime-specific search space (the heuristic's pick comes first); every candidate
+    leaves swap-AB to the rule (``swap_ab=None``, see the module docstring)."""
     fp8 = quant is not None
     bk = 128 if fp8 else 64
     m = tokens_per_expert(T, E, top_k)
     if m <= 32:
         bm = 16 if m <= 16 else 32
         cands = [
-            TritonConfig(bm, 64, bk, 1, 4, 4, True),
-            TritonConfig(bm, 128, bk, 1, 4, 3, True),
-            TritonConfig(bm, 64, 2 * bk, 1, 4, 3, True),
-            TritonConfig(bm, 64, bk, 1, 4, 5, True),
-            TritonConfig(bm, 32, bk, 1, 4, 4, False),
+            TritonConfig(bm, 64, bk, 1, 4, 4),
+            TritonConfig(bm, 128, bk, 1, 4, 3),
+            TritonConfig(bm, 64, 2 * bk, 1, 4, 3),
+            TritonConfig(bm, 64, bk, 1, 4, 5),
+            TritonConfig(bm, 32, bk, 1, 4, 4),  # BLOCK_N < 64: the rule does not swap
         ]
     elif m <= 96:
         cands = [
-            TritonConfig(64, 64, bk, 8, 4, 4, False),
-            TritonConfig(64, 128, bk, 8, 4, 3, False),
-            TritonConfig(32, 64, bk, 1, 4, 4, True),
-            TritonConfig(64, 128, bk, 8, 8, 4, False),
+            TritonConfig(64, 64, bk, 8, 4, 4),
+            TritonConfig(64, 128, bk, 8, 4, 3),
+            TritonConfig(32, 64, bk, 1, 4, 4),
+            TritonConfig(64, 128, bk, 8, 8, 4),
         ]
     else:
         cands = [
-            TritonConfig(128, 128, bk, 8, 8, 3, False),
-            TritonConfig(128, 128, bk, 8, 8, 4, False),
-            TritonConfig(64, 128, bk, 8, 4, 4, False),
-            TritonConfig(128, 64, bk, 8, 4, 4, False),
-            TritonConfig(128, 128, 128 if not fp8 else 64, 8, 8, 3, False),
+            TritonConfig(128, 128, bk, 8, 8, 3),
+            TritonConfig(128, 128, bk, 8, 8, 4),
+            TritonConfig(64, 128, bk, 8, 4, 4),
+            TritonConfig(128, 64, bk, 8, 4, 4),
+            TritonConfig(128, 128, 128 if not fp8 else 64, 8, 8, 3),
         ]
-    first = default_config(T, E, top_k, quant)
+    first = replace(default_config(T, E, top_k, quant), swap_ab=None)
     out = [first] + [c for c in cands if c != first]
     return [c for c in out if c.fits(quant)]
 

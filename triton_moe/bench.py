@@ -264,7 +264,7 @@ def main(argv=None):
             for T, (cfg, us, all_) in sorted(res.items()):
                 if cfg is None:
                     continue
-                results["tuned"].append({"shape": spec, "dtype": quant or "bf16", "T": T, "config": _tile(cfg),
+                results["tuned"].append({"shape": spec, "dtype": quant or "bf16", "T": T, "config": _tile(cfg.resolved()),
                                          "us": us, "heuristic_us": all_[0][1], "target_row_us": heur.get(T),
                                          "candidates": all_})
             _write(out, results)

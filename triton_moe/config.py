@@ -25,7 +25,12 @@ Tuned tables
     ``configs/E=<E>,N=<I>,K=<K>,dtype=<bf16|fp8_tensor|…>,device=<name>.json`` map a token count
     to a config; :func:`get_config` takes the entry with the nearest token count (absolute
     distance, as vLLM does) and falls back to the heuristic when no table exists.
-    ``python -m triton_moe.autotune`` writes these tables.
+    ``python -m triton_moe.autotune`` writes these tables. The key has no top_k, although the
+    tile really depends on the tokens per expert T·top_k / E: a table is tuned for one model's
+    layer, which (E, N, K) identify and whose top_k is fixed (the table's ``"shape"`` names it;
+    no two catalog shapes share E, N, K), so its T is the layer's batch size at that top_k and
+    looking up T is looking up T·top_k / E. A model with the same E, N, K but another top_k would
+    need its own table; it would get this one's entry for the same T.
 """
 
 from __future__ import annotations
