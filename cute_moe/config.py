@@ -40,6 +40,11 @@ SMEM_BUDGET_BYTES = 227 * 1024
 BARRIER_RESERVE_BYTES = 1024
 """mbarriers plus alignment slack reserved ahead of the 1024-B aligned operand buffers."""
 
+ALIGN_ELEMS = 8
+"""Row alignment in elements: 16 bytes of bf16.  TMA needs every row stride (K of the operands,
+N_out of the output) to be a multiple of 16 bytes, and the row kernels move one 16-byte vector per
+thread step, so every row width the layer touches (K, I, 2I) must be a multiple of this."""
+
 SWAP_AB_MAX_TOKENS_PER_EXPERT = 64
 """The documented path rule: swap-AB while the mean tokens per expert is at most this.
 

@@ -75,8 +75,9 @@ EPILOGUE_BARRIER_ID = 1  # named barrier 0 is __syncthreads
 class KernelPlan:
     """Compile-time objects derived from a config (built inside a jit context).
 
-    The kernel and ``layouts.py`` both call :meth:`GroupedGemm.plan`, so the layout data the
-    notes print is made from the very objects the kernel uses.
+    ``GroupedGemm.__call__`` and ``layouts.describe`` both construct a ``KernelPlan``, so the
+    layout data the notes print is made from the very objects the kernel uses — including
+    ``stage_bytes``, the transaction count of the ring's *full* barriers.
     """
 
     def __init__(self, cfg: GemmConfig, dtype):
@@ -149,6 +150,7 @@ class GroupedGemm:
             sC: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(plan.epi_smem_staged)], 1024]
 
         self.shared_storage = SharedStorage
+        self.stage_bytes = plan.stage_bytes  # the ring's tx_count (read while the kernel is traced)
         self.kernel(
             tma_x, tma_x_tensor, tma_w, tma_w_tensor, tma_c, tma_c_tensor,
             block_expert, num_blocks, row_scale, plan.tiled_mma,
@@ -174,15 +176,13 @@ class GroupedGemm:
 
         # ---- shared memory and the mbarrier ring ------------------------------------------
         storage = SmemAllocator().allocate(self.shared_storage)
-        a_one = cute.slice_(a_smem_staged, (None, None, 0))
-        b_one = cute.slice_(b_smem_staged, (None, None, 0))
         ring = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.ring_barriers.data_ptr(),
             num_stages=cfg.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
             # every consumer warp arrives once on a slot's empty barrier
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * cfg.consumer_warpgroups),
-            tx_count=cute.size_in_bytes(self.dtype, a_one) + cute.size_in_bytes(self.dtype, b_one),
+            tx_count=self.stage_bytes,  # KernelPlan.stage_bytes: both TMA loads of one stage
             cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
             defer_sync=True,
         )

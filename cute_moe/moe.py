@@ -36,9 +36,7 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 import torch  # noqa: E402
 
-from .config import GemmConfig, choose_config  # noqa: E402
-
-_ALIGN_ELEMS = 8  # TMA: every row stride must be a multiple of 16 bytes = 8 bf16
+from .config import ALIGN_ELEMS, GemmConfig, choose_config  # noqa: E402
 
 
 @dataclass
@@ -136,8 +134,8 @@ def grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, alignment: Alignment, 
     if k_w != k:
         raise ValueError(f"grouped_gemm: K of x_sorted ({k}) and w ({k_w}) differ")
     for name, v in (("K", k), ("N_out", n_out)):
-        if v % _ALIGN_ELEMS:
-            raise ValueError(f"grouped_gemm: {name}={v} must be a multiple of {_ALIGN_ELEMS} "
+        if v % ALIGN_ELEMS:
+            raise ValueError(f"grouped_gemm: {name}={v} must be a multiple of {ALIGN_ELEMS} "
                              f"(TMA needs 16-byte aligned bf16 rows)")
     if cfg.row_scale != (row_scale is not None):
         raise ValueError("grouped_gemm: pass row_scale exactly when cfg.row_scale is set")

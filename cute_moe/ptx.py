@@ -23,7 +23,7 @@ import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
 from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor  # noqa: E402
 
-from .config import GemmConfig  # noqa: E402
+from .config import ALIGN_ELEMS, GemmConfig  # noqa: E402
 from .gemm import GroupedGemm  # noqa: E402
 from .rowops import CombineRows, GatherRows, SiluMul  # noqa: E402
 
@@ -51,7 +51,7 @@ def compile_count() -> int:
 def fake_arguments(cfg: GemmConfig):
     """Symbolic stand-ins for the kernel's arguments (bf16 operands, 16-B aligned rows)."""
     dt = cutlass.BFloat16
-    align = 8  # elements: 16 bytes of bf16 — TMA needs 16-B aligned strides
+    align = ALIGN_ELEMS  # 16 bytes of bf16: TMA needs 16-B aligned strides
     m_pad = cute.sym_int(divisibility=cfg.tokens_tile)
     n_out = cute.sym_int(divisibility=align)
     k = cute.sym_int(divisibility=align)
@@ -89,7 +89,7 @@ def compile_gemm(cfg: GemmConfig, num_ctas: int = DEFAULT_NUM_CTAS, *, keep_ptx:
         return compiled
 
 
-def _rows_tensor(dtype, cols_divisibility=8, rows=None):
+def _rows_tensor(dtype, cols_divisibility=ALIGN_ELEMS, rows=None):
     rows = rows if rows is not None else cute.sym_int()
     return make_fake_tensor(dtype, (rows, cute.sym_int(divisibility=cols_divisibility)),
                             stride=(cute.sym_int64(divisibility=cols_divisibility), 1), assumed_align=16)
@@ -108,7 +108,8 @@ def compile_row_kernels(num_sms: int = DEFAULT_NUM_CTAS) -> dict:
             hit = _cache[key] = {
                 "gather": cute.compile(GatherRows(num_sms), _rows_tensor(bf16), _rows_tensor(bf16), index, scalar,
                                        stream),
-                "silu_mul": cute.compile(SiluMul(num_sms), _rows_tensor(bf16, 16), _rows_tensor(bf16), scalar, stream),
+                "silu_mul": cute.compile(SiluMul(num_sms), _rows_tensor(bf16, 2 * ALIGN_ELEMS), _rows_tensor(bf16), scalar,
+                                         stream),
                 "combine": cute.compile(CombineRows(num_sms), _rows_tensor(bf16), _rows_tensor(bf16), index, stream),
             }
             _compiles += 3

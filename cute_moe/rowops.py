@@ -19,7 +19,9 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
 
-VEC = 8  # bf16 per thread step: 16 bytes
+from .config import ALIGN_ELEMS  # noqa: E402
+
+VEC = ALIGN_ELEMS  # bf16 per thread step: one 16-byte vector
 THREADS = 256
 CTAS_PER_SM = 8
 

@@ -150,6 +150,22 @@ def test_layout_data_is_plain_json(layouts):
     assert d["smem"]["total_bytes"] <= SMEM_BUDGET_BYTES
 
 
+_WGMMA = r"wgmma\.mma_async\.sync\.aligned\.m\d+n\d+k\d+\.[\w.]+"
+# the producer's `expect_tx` on a stage's full barrier, with the byte count moved into its register
+_EXPECT_TX = r"mov\.b32\s+(%r\d+), (\d+);\s*mbarrier\.arrive\.expect_tx\.shared\.b64 [^,]+, \[[^\]]+\], \1;"
+
+
+@pytest.mark.parametrize("cfg", LAYOUT_CFGS, ids=_id)
+def test_layout_data_agrees_with_the_ptx(layouts, cfg):
+    """describe() reads the tiled MMA's atom and the plan's stage bytes; the compiled kernel must agree."""
+    d, ptx = layouts[cfg], cute_moe.compile_ptx(cfg)
+    assert set(re.findall(_WGMMA, ptx)) == {d["mma"]["instruction"]}
+    assert d["mma"]["atom_mnk"] == [64, cfg.tile_n, 16]
+    # the full barriers expect exactly the bytes of one stage's two TMA loads (KernelPlan.stage_bytes)
+    expect_tx = {int(n) for _, n in re.findall(_EXPECT_TX, ptx)}
+    assert expect_tx == {d["tma"]["stage_bytes"]} == {(cfg.tile_m + cfg.tile_n) * cfg.tile_k * cfg.element_bytes}
+
+
 # ---- the path rule and validation --------------------------------------------------------------
 def test_path_rule():
     assert choose_config(0.5, 28672, 4096).swap_ab and choose_config(0.5, 28672, 4096).tokens_tile == 8
