@@ -45,6 +45,11 @@ ALIGN_ELEMS = 8
 N_out of the output) to be a multiple of 16 bytes, and the row kernels move one 16-byte vector per
 thread step, so every row width the layer touches (K, I, 2I) must be a multiple of this."""
 
+MAX_TILE_M = 128
+"""The largest GEMM tile M accepted: 64 rows × 2 consumer warpgroups.  A larger M (swap-AB's
+``weights_tile = 256``) would give every CTA tile two epilogue sub-tiles along M, an ordering of
+accumulator registers to TMA-store boxes (``epi_order`` in gemm.py) that no GPU test has run."""
+
 SWAP_AB_MAX_TOKENS_PER_EXPERT = 64
 """The documented path rule: swap-AB while the mean tokens per expert is at most this.
 
@@ -153,10 +158,15 @@ class GemmConfig:
         if self.consumer_warpgroups not in (1, 2):
             raise ValueError(f"GemmConfig.consumer_warpgroups={self.consumer_warpgroups}: must be 1 or 2")
         wg_m = 64 * self.consumer_warpgroups
-        if self.tile_m % wg_m != 0 or self.tile_m > 256:
+        if self.tile_m % wg_m != 0:
             raise ValueError(
                 f"GEMM tile M = {self.tile_m} ({'weights' if self.swap_ab else 'tokens'}_tile) must be a multiple of "
-                f"64 rows per consumer warpgroup × {self.consumer_warpgroups} = {wg_m}, at most 256")
+                f"64 rows per consumer warpgroup × {self.consumer_warpgroups} = {wg_m}")
+        if self.tile_m > MAX_TILE_M:
+            raise ValueError(
+                f"GEMM tile M = {self.tile_m} ({'weights' if self.swap_ab else 'tokens'}_tile) is above {MAX_TILE_M}: "
+                f"more than one epilogue sub-tile along M is untested on the GPU (the sub-tile order in gemm.py's "
+                f"epilogue was never run), so it is refused")
         if self.tile_n % 8 != 0 or not 8 <= self.tile_n <= 256:
             raise ValueError(
                 f"GEMM tile N = {self.tile_n} ({'tokens' if self.swap_ab else 'weights'}_tile) must be a multiple "

@@ -188,6 +188,7 @@ def test_path_rule():
     (dict(quant="fp8_tensor"), "bf16 only"),
     (dict(consumer_warpgroups=3), "1 or 2"),
     (dict(stages=1), "at least 2"),
+    (dict(swap_ab=True, tokens_tile=8, weights_tile=256, stages=4), "above 128.*untested on the GPU"),
 ])
 def test_bad_configs_name_the_limit(kw, needle):
     with pytest.raises(ValueError, match=needle):
