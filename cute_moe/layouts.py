@@ -88,6 +88,10 @@ def _swizzle(composed) -> tuple[int, int, int]:
     return b, m, s
 
 
+_PTX_TYPE = {"Float32": "f32", "BFloat16": "bf16", "Float16": "f16", "Float8E4M3FN": "e4m3"}
+"""DSL element type → the type suffix PTX spells in ``wgmma.mma_async`` (accumulator, A, B)."""
+
+
 def _raw_plan(cfg: GemmConfig) -> dict:
     raw: dict = {}
 
@@ -98,7 +102,9 @@ def _raw_plan(cfg: GemmConfig) -> dict:
         raw["tv_A"] = _layout(mma.tv_layout_A)
         raw["tv_B"] = _layout(mma.tv_layout_B)
         raw["tv_C"] = _layout(mma.tv_layout_C)
-        raw["mma_tile"] = tuple(int(v) for v in mma.shape_mnk) if hasattr(mma, "shape_mnk") else None
+        # the WGMMA atom the tiled MMA repeats: instruction shape and operand types, from the op itself
+        raw["atom_mnk"] = tuple(int(v) for v in mma.op.shape_mnk)
+        raw["atom_types"] = tuple(_PTX_TYPE[str(t)] for t in (mma.op.acc_dtype, mma.op.a_dtype, mma.op.b_dtype))
         for name, staged, one in (("A", plan.a_smem_staged, cute.slice_(plan.a_smem_staged, (None, None, 0))),
                                   ("B", plan.b_smem_staged, cute.slice_(plan.b_smem_staged, (None, None, 0))),
                                   ("C", plan.epi_smem_staged, plan.epi_smem_one)):
@@ -174,8 +180,9 @@ def describe(cfg: GemmConfig) -> dict:
                  "C_major": "M" if cfg.swap_ab else "N",
                  "threads": cfg.threads, "consumer_threads": 128 * cfg.consumer_warpgroups,
                  "stages": cfg.stages, "epi_stages": cfg.epi_stages},
-        "mma": {"instruction": f"wgmma.mma_async.sync.aligned.m64n{cfg.tile_n}k16.f32.bf16.bf16",
-                "atom_mnk": [64, cfg.tile_n, 16], "warpgroups_along_m": cfg.consumer_warpgroups,
+        "mma": {"instruction": "wgmma.mma_async.sync.aligned.m{}n{}k{}.".format(*raw["atom_mnk"])
+                               + ".".join(raw["atom_types"]),
+                "atom_mnk": list(raw["atom_mnk"]), "warpgroups_along_m": cfg.consumer_warpgroups,
                 "tv_A": raw["tv_A"], "tv_B": raw["tv_B"], "tv_C": raw["tv_C"],
                 "A_coords_every_thread": tv_a, "B_coords_every_thread": tv_b},
         "accumulators": accumulators,

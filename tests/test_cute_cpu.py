@@ -145,7 +145,6 @@ def test_layout_function_definition():
 def test_layout_data_is_plain_json(layouts):
     d = cute_moe.describe_json(LAYOUT_CFGS[2])
     assert json.loads(json.dumps(d)) == d
-    assert d["mma"]["instruction"].endswith("m64n8k16.f32.bf16.bf16")
     assert d["tma"]["load_tokens_box"] == [8, 64] and d["tma"]["load_weights_box"] == [128, 64]
     assert d["smem"]["total_bytes"] <= SMEM_BUDGET_BYTES
 
@@ -241,11 +240,11 @@ def _small_inputs(T=4, quant=None):
 
 def test_fused_moe_validates_before_anything():
     inp = _small_inputs()
-    with pytest.raises(TypeError, match="x"):
+    with pytest.raises(TypeError, match=r"^x:"):
         cute_moe.fused_moe(inp.x.float(), inp.w1, inp.w2, inp.topk_weights, inp.topk_ids)
-    with pytest.raises(TypeError, match="topk_weights"):
+    with pytest.raises(TypeError, match=r"^topk_weights:"):
         cute_moe.fused_moe(inp.x, inp.w1, inp.w2, inp.topk_weights.double(), inp.topk_ids)
-    with pytest.raises(ValueError, match="w2"):
+    with pytest.raises(ValueError, match=r"^w2:"):
         cute_moe.fused_moe(inp.x, inp.w1, inp.w2[:, :, :16], inp.topk_weights, inp.topk_ids)
 
 
