@@ -177,25 +177,68 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
     """The backend contract: bf16 ``[T, K]`` output of the MoE layer.
 
     Backend options: ``swap_ab`` forces the path (None: the rule in :func:`choose_config`);
-    ``configs`` overrides the (GEMM1, GEMM2) configs outright.
+    ``configs`` overrides the (GEMM1, GEMM2) configs outright (then ``swap_ab`` must be None).
+    Every argument and every limit of this backend is checked on the host before the first
+    launch (:func:`check_layer`), so bad input never leaves a half-run pipeline behind.
     """
     from compare.validate import validate_moe_args
 
     dims = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale)
+    T, E, K, I, top_k = dims.T, dims.E, dims.K, dims.I, dims.top_k  # noqa: E741
+    cfg1, cfg2 = check_layer(K, I, swap_ab=swap_ab, configs=configs)
     if quant is not None:
         raise NotImplementedError(f"cute_moe: quant={quant!r} is not implemented yet (bf16 only; FP8 is a separate issue)")
-    T, E, K, I, top_k = dims.T, dims.E, dims.K, dims.I, dims.top_k  # noqa: E741
     if T == 0:
         return x.new_empty((0, K))
     if x.device.type != "cuda":
         raise ValueError("cute_moe.fused_moe: x must be on a CUDA device (Hopper); the CPU path is compile_ptx()")
-    cfg1, cfg2 = configs if configs is not None else layer_configs(T, E, K, I, top_k, swap_ab)
+    if cfg1 is None:
+        cfg1, cfg2 = layer_configs(T, E, K, I, top_k, swap_ab)
     alignment = align_tokens(topk_ids, topk_weights, E, math.lcm(cfg1.tokens_tile, cfg2.tokens_tile))
     x_sorted = gather_rows(x, alignment)
     h = grouped_gemm(x_sorted, w1, alignment, cfg1)
     a = silu_mul(h, alignment)
     y = grouped_gemm(a, w2, alignment, cfg2, row_scale=alignment.sorted_weight)
     return combine(y, alignment, T, top_k)
+
+
+def check_layer(K: int, I: int, *, swap_ab=None, configs=None  # noqa: E741
+                ) -> tuple[GemmConfig, GemmConfig] | tuple[None, None]:
+    """The limits of this backend beyond the shared contract, all on the host (no launch, no sync).
+
+    * ``K`` (hidden: GEMM1's K, GEMM2's N_out, the gathered and combined rows) and ``I``
+      (intermediate: GEMM2's K; GEMM1's N_out is 2I, split in two halves by SiLU·mul) must be
+      multiples of ``ALIGN_ELEMS`` = 8 bf16 — TMA's 16-byte row alignment and the row kernels'
+      16-byte vectors.
+    * ``swap_ab``: None or a bool.
+    * ``configs``: None or a ``(GEMM1, GEMM2)`` pair of valid :class:`GemmConfig` — GEMM1 without
+      and GEMM2 with ``row_scale`` (GEMM2 applies the routing weights in its epilogue).
+
+    Returns ``configs`` as a checked pair, or ``(None, None)`` when the path rule will choose.
+    Raises TypeError / ValueError naming the argument and the limit.
+    """
+    for name, v in (("x: hidden size K = x.shape[1]", K), ("w2: intermediate size I = w2.shape[2]", I)):
+        if v % ALIGN_ELEMS:
+            raise ValueError(f"{name} = {v} must be a multiple of {ALIGN_ELEMS} for cute_moe "
+                             f"(TMA needs 16-byte aligned bf16 rows; the row kernels move 16-byte vectors)")
+    if swap_ab is not None and not isinstance(swap_ab, bool):
+        raise TypeError(f"swap_ab: expected None or a bool, got {type(swap_ab).__name__}")
+    if configs is None:
+        return None, None
+    if swap_ab is not None:
+        raise ValueError("swap_ab and configs: pass at most one (the configs already fix the path)")
+    if (not isinstance(configs, (tuple, list)) or len(configs) != 2
+            or not all(isinstance(c, GemmConfig) for c in configs)):
+        raise TypeError(f"configs: expected a (GEMM1, GEMM2) pair of cute_moe.GemmConfig, got {configs!r}")
+    for i, (cfg, want) in enumerate(zip(configs, (False, True))):
+        if cfg.row_scale != want:
+            raise ValueError(f"configs[{i}]: row_scale must be {want} (GEMM{i + 1}"
+                             f"{' applies the routing weights in its epilogue' if want else ' has no row scale'})")
+        try:
+            cfg.validate()
+        except ValueError as exc:
+            raise ValueError(f"configs[{i}]: {exc}") from exc
+    return configs[0], configs[1]
 
 
 def _stream(t: torch.Tensor):
@@ -214,8 +257,16 @@ def _used_rows(alignment: Alignment) -> torch.Tensor:
     return alignment.padded_end[-1:].to(torch.int32)
 
 
+def _check_row_width(fn: str, name: str, cols: int, multiple: int = ALIGN_ELEMS) -> None:
+    """The row kernels walk a row in 16-byte vectors (``cols // VEC`` of them): a tail would be dropped."""
+    if cols % multiple:
+        raise ValueError(f"{fn}: {name} = {cols} must be a multiple of {multiple} "
+                         f"(the row kernels move {ALIGN_ELEMS}-element vectors; a tail would be silently dropped)")
+
+
 def gather_rows(x: torch.Tensor, alignment: Alignment) -> torch.Tensor:
     """``X_sorted[r] = x[sorted_token[r]]`` on the used rows (bf16 [M_pad, K]; other rows unwritten)."""
+    _check_row_width("gather_rows", "x.shape[1]", x.shape[1])
     out = torch.empty(alignment.rows, x.shape[1], dtype=x.dtype, device=x.device)
     _row_kernels(x.device)["gather"](_cute_tensor(x, 1), _cute_tensor(out, 1), _cute_vector(alignment.sorted_token),
                                      _cute_vector(_used_rows(alignment)), _stream(x))
@@ -225,8 +276,7 @@ def gather_rows(x: torch.Tensor, alignment: Alignment) -> torch.Tensor:
 def silu_mul(h: torch.Tensor, alignment: Alignment) -> torch.Tensor:
     """``SiLU(h[:, :I]) ⊙ h[:, I:]`` on the used rows (bf16 [M_pad, I]; other rows unwritten)."""
     rows, two_i = h.shape
-    if two_i % 16:
-        raise ValueError(f"silu_mul: 2I={two_i} must be a multiple of 16 (8-element vectors per half)")
+    _check_row_width("silu_mul", "h.shape[1] (2I)", two_i, 2 * ALIGN_ELEMS)  # each half whole vectors
     a = torch.empty(rows, two_i // 2, dtype=h.dtype, device=h.device)
     _row_kernels(h.device)["silu_mul"](_cute_tensor(h, 1), _cute_tensor(a, 1), _cute_vector(_used_rows(alignment)),
                                        _stream(h))
@@ -235,6 +285,10 @@ def silu_mul(h: torch.Tensor, alignment: Alignment) -> torch.Tensor:
 
 def combine(y: torch.Tensor, alignment: Alignment, T: int, top_k: int) -> torch.Tensor:
     """``out[t] = Σ_j y[row(t, j)]`` (rows already carry their routing weight): fp32 sum → bf16 [T, K]."""
+    _check_row_width("combine", "y.shape[1]", y.shape[1])
+    if alignment.pair_row.numel() != T * top_k:
+        raise ValueError(f"combine: alignment has {alignment.pair_row.numel()} (token, slot) pairs, "
+                         f"T·top_k = {T}·{top_k} = {T * top_k}")
     out = torch.empty(T, y.shape[1], dtype=y.dtype, device=y.device)
     _row_kernels(y.device)["combine"](_cute_tensor(y, 1), _cute_tensor(out, 1), _cute_vector(alignment.pair_row),
                                       _stream(y))

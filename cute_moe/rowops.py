@@ -8,6 +8,11 @@ threads per SM walk the work with a grid-stride loop (enough loads in flight to 
 * ``GatherRows``:  ``X_sorted[r] = x[sorted_token[r]]`` for the used rows ``r``.
 * ``SiluMul``:     ``a[r] = SiLU(h[r, :I]) ⊙ h[r, I:]`` for the used rows (``g / (1 + e^(−g)) · u``).
 * ``CombineRows``: ``out[t] = Σ_j y[pair_row[t·k + j]]`` (the routing weight is already in y).
+
+A row is walked as ``cols // VEC`` whole vectors, so a width that is not a multiple of ``VEC``
+would lose its tail without a word: the host wrappers in ``moe.py`` (``gather_rows``,
+``silu_mul``, ``combine``) refuse such widths before they launch anything, and the compiled
+functions are built for column counts divisible by ``VEC`` (``ptx.compile_row_kernels``).
 """
 
 from __future__ import annotations

@@ -248,6 +248,57 @@ def test_fused_moe_validates_before_anything():
         cute_moe.fused_moe(inp.x, inp.w1, inp.w2[:, :, :16], inp.topk_weights, inp.topk_ids)
 
 
+def _tiny(hidden=64, intermediate=32, T=3):
+    from compare.problem import MoEShape, make_inputs
+
+    return make_inputs(MoEShape("tiny", 4, 2, hidden, intermediate, "test"), T).kwargs()
+
+
+GEMM1, GEMM2 = choose_config(1, 64, 64), choose_config(1, 64, 32, row_scale=True)
+
+
+@pytest.mark.parametrize("inputs, options, error, needle", [
+    (dict(hidden=12), {}, ValueError, r"^x: hidden size K = x\.shape\[1\] = 12 must be a multiple of 8"),
+    (dict(intermediate=20), {}, ValueError, r"^w2: intermediate size I = w2\.shape\[2\] = 20 must be a multiple of 8"),
+    (dict(hidden=12, T=0), {}, ValueError, r"^x: hidden size K"),  # an unsupported shape, whatever T
+    ({}, dict(swap_ab="yes"), TypeError, r"^swap_ab: expected None or a bool"),
+    ({}, dict(configs=GEMM1), TypeError, r"^configs: expected a \(GEMM1, GEMM2\) pair"),
+    ({}, dict(configs=(GEMM1, "128x128")), TypeError, r"^configs: expected a \(GEMM1, GEMM2\) pair"),
+    ({}, dict(configs=(GEMM1, GEMM2.replace(row_scale=False))), ValueError, r"^configs\[1\]: row_scale must be True"),
+    ({}, dict(configs=(GEMM2, GEMM2)), ValueError, r"^configs\[0\]: row_scale must be False"),
+    ({}, dict(configs=(GEMM1.replace(stages=1), GEMM2)), ValueError, r"^configs\[0\]: stages=1"),
+    ({}, dict(configs=(GEMM1, GEMM2), swap_ab=True), ValueError, r"^swap_ab and configs: pass at most one"),
+])
+def test_fused_moe_checks_its_limits_before_any_launch(inputs, options, error, needle):
+    """CPU tensors: a check that ran after a launch (or after the CUDA-device check) would raise
+    something else here (the device error, or the DSL's)."""
+    with pytest.raises(error, match=needle):
+        cute_moe.fused_moe(**_tiny(**inputs), **options)
+
+
+def test_fused_moe_accepts_checked_configs_up_to_the_device_check():
+    with pytest.raises(ValueError, match="CUDA"):
+        cute_moe.fused_moe(**_tiny(), configs=[GEMM1, GEMM2])
+
+
+def test_row_kernel_wrappers_refuse_a_partial_vector():
+    """The row kernels walk cols // 8 vectors: the host wrappers must refuse a tail, before any launch."""
+    from cute_moe.moe import combine, gather_rows, silu_mul
+
+    T, k, E = 5, 2, 4
+    ids = torch.arange(T * k, dtype=torch.int32).remainder(E).view(T, k)
+    al = align_tokens(ids, torch.rand(T, k), E, 8)
+    bf16 = dict(dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"^gather_rows: x\.shape\[1\] = 12 must be a multiple of 8"):
+        gather_rows(torch.zeros(T, 12, **bf16), al)
+    with pytest.raises(ValueError, match=r"^silu_mul: h\.shape\[1\] \(2I\) = 24 must be a multiple of 16"):
+        silu_mul(torch.zeros(al.rows, 24, **bf16), al)
+    with pytest.raises(ValueError, match=r"^combine: y\.shape\[1\] = 20 must be a multiple of 8"):
+        combine(torch.zeros(al.rows, 20, **bf16), al, T, k)
+    with pytest.raises(ValueError, match=r"^combine: alignment has 10 \(token, slot\) pairs, T·top_k = 4·2 = 8"):
+        combine(torch.zeros(al.rows, 16, **bf16), al, T - 1, k)
+
+
 def test_fused_moe_empty_batch_and_cpu_tensors():
     inp = _small_inputs(T=0)
     out = cute_moe.fused_moe(**inp.kwargs())
