@@ -24,7 +24,7 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 import torch  # noqa: E402
 
-from compare.problem import get_shape, make_inputs  # noqa: E402
+from compare.problem import draw_weights, get_shape, make_inputs  # noqa: E402
 from compare.timing import time_cuda_graph  # noqa: E402
 
 from .config import GemmConfig, choose_config  # noqa: E402
@@ -32,11 +32,10 @@ from .moe import align_tokens, fused_moe, gather_rows, grouped_gemm  # noqa: E40
 from .ptx import compile_count  # noqa: E402
 
 
-def _weights(shape, n_sets, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    E, K, I = shape.num_experts, shape.hidden, shape.intermediate
-    return [((torch.randn(E, 2 * I, K, device="cuda", generator=g) * K ** -0.5).bfloat16(),
-             (torch.randn(E, K, I, device="cuda", generator=g) * I ** -0.5).bfloat16()) for _ in range(n_sets)]
+def _weights(shape, n_sets, seed=0, device="cuda"):
+    """``n_sets`` independent (w1, w2) sets (compare.problem.draw_weights), rotated for a cold L2."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    return [draw_weights(shape, g) for _ in range(n_sets)]
 
 
 def bench_layer(spec: str, Ts, n_sets=2, swap_ab=None) -> list[dict]:
@@ -47,7 +46,7 @@ def bench_layer(spec: str, Ts, n_sets=2, swap_ab=None) -> list[dict]:
         inputs = [make_inputs(shape, T, seed=i, device="cuda", weights_bf16=sets[i]) for i in range(n_sets)]
         t = time_cuda_graph(lambda i: (lambda: fused_moe(**inputs[i].kwargs(), swap_ab=swap_ab)), n_sets)
         hit = int(torch.unique(inputs[0].topk_ids).numel())
-        weight_bytes = hit * 3 * shape.intermediate * shape.hidden * 2
+        weight_bytes = hit * shape.weight_elements() * torch.bfloat16.itemsize
         rows.append({"shape": spec, "T": T, "swap_ab": swap_ab, "median_us": round(t.median_us, 1),
                      "p10_us": round(t.p10_us, 1), "p90_us": round(t.p90_us, 1),
                      "tflops": round(shape.flops(T) / t.median_us / 1e6, 1),
@@ -63,6 +62,7 @@ def bench_gemm1(spec: str, tokens_per_expert_list, n_sets=2) -> list[dict]:
     shape = get_shape(spec)
     E, K, I = shape.num_experts, shape.hidden, shape.intermediate
     sets = _weights(shape, n_sets, seed=1)
+    w1_bytes = sets[0][0].nbytes  # every expert's W1: each one receives tokens here
     rows = []
     for tpe in tokens_per_expert_list:
         T = tpe * E  # top_k = 1 here: exactly tpe tokens per expert
@@ -79,7 +79,7 @@ def bench_gemm1(spec: str, tokens_per_expert_list, n_sets=2) -> list[dict]:
             key = "swap" if swap else "normal"
             row[key + "_us"] = round(t.median_us, 1)
             row[key + "_tile"] = f"{cfg.tile_m}x{cfg.tile_n}"
-            row[key + "_weight_tbps"] = round(E * 2 * I * K * 2 / t.median_us / 1e6, 3)
+            row[key + "_weight_tbps"] = round(w1_bytes / t.median_us / 1e6, 3)
             row[key + "_tflops"] = round(2 * T * 2 * I * K / t.median_us / 1e6, 1)
         row["swap_speedup"] = round(row["normal_us"] / row["swap_us"], 2)
         rows.append(row)

@@ -307,3 +307,16 @@ def test_fused_moe_empty_batch_and_cpu_tensors():
         cute_moe.fused_moe(**_small_inputs(T=3).kwargs())
     with pytest.raises(NotImplementedError, match="bf16 only"):
         cute_moe.fused_moe(**_small_inputs(T=3, quant="fp8_tensor").kwargs())
+
+
+def test_bench_draws_the_shared_weights():
+    """bench rotates weight sets drawn by compare.problem.draw_weights (one generator, n sets)."""
+    from compare.problem import MoEShape, draw_weights
+    from cute_moe.bench import _weights
+
+    shape = MoEShape("tiny", 4, 2, 64, 32, "test")
+    g = torch.Generator().manual_seed(3)
+    want = [draw_weights(shape, g) for _ in range(2)]
+    got = _weights(shape, 2, seed=3, device="cpu")
+    assert all(torch.equal(a, b) for gs, ws in zip(got, want) for a, b in zip(gs, ws))
+    assert not torch.equal(got[0][0], got[1][0])  # the sets differ (cold L2 when rotated)
