@@ -11,14 +11,11 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 torch = pytest.importorskip("torch")
 
+from compare.oracle import oracle, rel_l2  # noqa: E402
+
 pytestmark = pytest.mark.gpu
 
 TOL = 5e-3  # rel-L2 against the fp64 oracle (bf16 operands, fp32 accumulation)
-
-
-def _rel_l2(a, ref):
-    a, ref = a.double(), ref.double()
-    return float((a - ref).norm() / ref.norm())
 
 
 def _gemm_case(cfg, counts, n_out, k, seed=0):
@@ -64,22 +61,19 @@ def test_grouped_gemm(kw, row_scale):
     cfg = GemmConfig(row_scale=row_scale, **kw).validate()
     # uneven experts, one with zero tokens, N_out not a multiple of the weights tile
     out, ref = _gemm_case(cfg, counts=[37, 0, 5, 130, 1], n_out=320, k=512)
-    assert _rel_l2(out, ref) < TOL
+    assert rel_l2(out, ref) < TOL
 
 
 @pytest.fixture(scope="module")
 def shapes():
-    from compare.problem import get_shape
+    from compare.problem import draw_weights, get_shape
 
     cache = {}
 
     def get(spec):
         if spec not in cache:
             s = get_shape(spec)
-            g = torch.Generator(device="cuda").manual_seed(1)
-            E, K, I = s.num_experts, s.hidden, s.intermediate
-            w1 = (torch.randn(E, 2 * I, K, device="cuda", generator=g) * K ** -0.5).bfloat16()
-            w2 = (torch.randn(E, K, I, device="cuda", generator=g) * I ** -0.5).bfloat16()
+            w1, w2 = draw_weights(s, 1, device="cuda")
             cache.clear()  # keep one shape's weights resident at a time
             cache[spec] = (s, w1, w2)
         return cache[spec]
@@ -98,34 +92,31 @@ def _inputs(shapes, spec, T, seed=0, skew=0.0):
 @pytest.mark.parametrize("T", [1, 8, 32, 128, 1024, 4096])
 def test_fused_moe_oracle(shapes, spec, T):
     import cute_moe
-    from compare.oracle import oracle
 
     inp = _inputs(shapes, spec, T)
     out = cute_moe.fused_moe(**inp.kwargs())
     ref = oracle(**inp.kwargs())
     assert out.shape == ref.shape and out.dtype == torch.bfloat16
-    assert _rel_l2(out, ref) < TOL
+    assert rel_l2(out, ref) < TOL
 
 
 @pytest.mark.parametrize("swap_ab", [False, True])
 @pytest.mark.parametrize("T", [8, 256])
 def test_paths_forced(shapes, swap_ab, T):
     import cute_moe
-    from compare.oracle import oracle
 
     inp = _inputs(shapes, "qwen3-30b-a3b", T, seed=3)
     out = cute_moe.fused_moe(**inp.kwargs(), swap_ab=swap_ab)
-    assert _rel_l2(out, oracle(**inp.kwargs())) < TOL
+    assert rel_l2(out, oracle(**inp.kwargs())) < TOL
 
 
 def test_zero_token_experts_and_odd_T(shapes):
     import cute_moe
-    from compare.oracle import oracle
 
     inp = _inputs(shapes, "qwen3-30b-a3b", 8191, seed=5, skew=4.0)  # skew: most experts get nothing
     assert int(torch.bincount(inp.topk_ids.flatten().long(), minlength=128).eq(0).sum()) > 0
     out = cute_moe.fused_moe(**inp.kwargs())
-    assert _rel_l2(out, oracle(**inp.kwargs())) < TOL
+    assert rel_l2(out, oracle(**inp.kwargs())) < TOL
 
 
 def test_bit_identical_reruns(shapes):
@@ -164,7 +155,7 @@ def test_row_kernels_match_torch():
     assert torch.equal(gather_rows(x, al)[:used], x[al.sorted_token[:used]])
     h = torch.randn(al.rows, 2 * 96, device="cuda", generator=g).bfloat16()
     ref = torch.nn.functional.silu(h[:used, :96].float()) * h[:used, 96:].float()
-    assert _rel_l2(silu_mul(h, al)[:used], ref) < 4e-3
+    assert rel_l2(silu_mul(h, al)[:used], ref) < 4e-3
     y = torch.randn(al.rows, 72, device="cuda", generator=g).bfloat16()
     ref = y.float()[al.pair_row].view(T, k, 72).sum(1)
-    assert _rel_l2(combine(y, al, T, k), ref) < 4e-3
+    assert rel_l2(combine(y, al, T, k), ref) < 4e-3
