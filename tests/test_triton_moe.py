@@ -138,10 +138,10 @@ def test_quantize_kernel_is_the_reference(quant, dtype):
 
 
 @pytest.mark.parametrize("options, match", [
-    (dict(config={"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64}), "^config: expected a triton_moe.TritonConfig"),
-    (dict(config=(16, 64, 64)), "^config:"),
-    (dict(swap_ab="no"), "^swap_ab: expected True, False or None, got 'no'"),
-    (dict(swap_ab=1), "^swap_ab:"),
+    ({"config": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64}}, "^config: expected a triton_moe.TritonConfig"),
+    ({"config": (16, 64, 64)}, "^config:"),
+    ({"swap_ab": "no"}, "^swap_ab: expected True, False or None, got 'no'"),
+    ({"swap_ab": 1}, "^swap_ab:"),
 ])
 def test_backend_option_of_wrong_type_is_named_before_any_launch(options, match):
     from triton_moe.jit import count_compilations
