@@ -109,7 +109,8 @@ def main(argv=None) -> int:
     ap.add_argument("--weights-tile", type=int, help="override the weight rows per CTA tile")
     ap.add_argument("--stages", type=int, help="override the pipeline depth")
     ap.add_argument("--warpgroups", type=int, choices=(1, 2), help="override the consumer warpgroups")
-    ap.add_argument("--ptx", action="store_true", help="compile to PTX (about a second) and list the instructions")
+    ap.add_argument("--ptx", action="store_true",
+                    help="compile to PTX and list the instructions (under a second on a CPU: notes/cute_moe.md §5)")
     ap.add_argument("--json", action="store_true", help="print layouts.describe_json(config) instead")
     args = ap.parse_args(argv)
     try:
