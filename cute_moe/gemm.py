@@ -72,6 +72,21 @@ CONSUMER_REGISTERS = 232
 EPILOGUE_BARRIER_ID = 1  # named barrier 0 is __syncthreads
 
 
+def tile_coordinates(tile, n_token_blocks, n_weight_blocks, group_tokens: int):
+    """Rasterization: persistent tile id → (token block, weight block).
+
+    Tile ids walk ``group_tokens`` token blocks (fastest) before the next weight block, one group
+    of token blocks at a time, so the CTAs resident together share a few weight tiles and token
+    blocks through L2. The producer and the consumers both call this — they must agree on every
+    tile — and it is traced inline into the kernel (plain arithmetic on DSL integers).
+    """
+    group_span = group_tokens * n_weight_blocks
+    first_block = (tile // group_span) * group_tokens
+    group_size = cutlass.min(n_token_blocks - first_block, group_tokens)
+    in_group = tile % group_span
+    return first_block + in_group % group_size, in_group // group_size
+
+
 class KernelPlan:
     """Compile-time objects derived from a config (built inside a jit context).
 
@@ -210,7 +225,6 @@ class GroupedGemm:
         # id → (group of `group_tokens` token blocks, weight block, token block in the group).
         n_token_blocks = num_blocks[0]
         num_tiles = n_token_blocks * n_weight_blocks
-        group_span = cfg.group_tokens * n_weight_blocks
 
         # ================================ producer ==========================================
         if warpgroup_idx == 0:
@@ -219,11 +233,8 @@ class GroupedGemm:
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.stages)
                 tile = cute.arch.block_idx()[0]
                 while tile < num_tiles:
-                    first_block = (tile // group_span) * cfg.group_tokens
-                    group_size = cutlass.min(n_token_blocks - first_block, cfg.group_tokens)
-                    in_group = tile % group_span
-                    token_block = first_block + in_group % group_size
-                    weight_block = in_group // group_size
+                    token_block, weight_block = tile_coordinates(tile, n_token_blocks, n_weight_blocks,
+                                                                 cfg.group_tokens)
                     expert = block_expert[token_block]
                     tXgX_tile = tXgX[(None, token_block, None)]
                     tWgW_tile = tWgW[(None, weight_block, None, expert)]
@@ -272,11 +283,8 @@ class GroupedGemm:
             tiles_done = cutlass.Int32(0)
             tile = cute.arch.block_idx()[0]
             while tile < num_tiles:
-                first_block = (tile // group_span) * cfg.group_tokens
-                group_size = cutlass.min(n_token_blocks - first_block, cfg.group_tokens)
-                in_group = tile % group_span
-                token_block = first_block + in_group % group_size
-                weight_block = in_group // group_size
+                token_block, weight_block = tile_coordinates(tile, n_token_blocks, n_weight_blocks,
+                                                             cfg.group_tokens)
 
                 # ---- main loop: K steps through the ring --------------------------------
                 acc.fill(0.0)
