@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from compare.validate import MoEDims
+from moe_spec.validate import MoEDims
 
 BACKEND_NAMES = ("cute_moe", "triton_moe", "torch_grouped", "torch_loop")
 KERNELS = ("cute_moe", "triton_moe")  # the two implementations that must agree with each other
@@ -175,7 +175,7 @@ def _load_triton() -> Backend:
 def _load_torch_grouped() -> Backend:
     import torch
 
-    from compare import baselines
+    import compare.baselines as baselines
 
     if not hasattr(torch, "_grouped_mm"):
         raise ImportError(f"torch {torch.__version__} has no torch._grouped_mm")
@@ -187,7 +187,7 @@ def _load_torch_grouped() -> Backend:
 
 
 def _load_torch_loop() -> Backend:
-    from compare import baselines
+    import compare.baselines as baselines
 
     b = Backend("torch_loop", fused_moe=baselines.loop_fused_moe, capturable=False)
     b.describe = lambda dims, quant: "per-expert torch.matmul" + ("" if quant is None else " (W8A8 model in fp32; numerics reference, not timed)")

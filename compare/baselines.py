@@ -16,7 +16,7 @@ Both follow the same recipe as the kernels, in four visible steps:
    :func:`group_by_expert` builds that layout on the device with a static row bound
    (T·k + E·(GROUP_ALIGN − 1)), so no host sync is needed.
 2. **GEMM1 + SiLU·up.** ``h = x_e · W1[e]ᵀ``; ``a = SiLU(h_gate) · h_up`` in fp32, stored bf16 (or
-   re-quantized to FP8 in the run's format: the W8A8 model of :mod:`compare.oracle`).
+   re-quantized to FP8 in the run's format: the W8A8 model of :mod:`moe_spec.oracle`).
 3. **GEMM2.** ``y = a · W2[e]ᵀ``.
 4. **Combine.** Rows go back to (token, slot) order and ``out[t] = Σ_j w[t, j] · y[t, j]`` in fp32:
    a gather and a fixed-order sum, so the result is deterministic (no atomics).
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from compare.quant import dequantize_activation, dequantize_weight, quantize_activation
-from compare.validate import validate_moe_args
+from moe_spec.quant import dequantize_activation, dequantize_weight, quantize_activation
+from moe_spec.validate import validate_moe_args
 
 GROUP_ALIGN = 16
 """Rows per expert group are padded to a multiple of this (CUTLASS grouped GEMM alignment)."""

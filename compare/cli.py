@@ -20,7 +20,7 @@ status 2.
 
 from __future__ import annotations
 
-from compare.problem import CATALOG
+from moe_spec.problem import CATALOG
 
 import argparse
 import json
@@ -29,7 +29,8 @@ import shlex
 import sys
 
 from compare.backends import BACKEND_NAMES
-from compare.problem import QUANT_FORMATS, get_shape
+from moe_spec.problem import get_shape
+from moe_spec.quant import QUANT_FORMATS
 
 QUANT_CHOICES = ("bf16",) + tuple(q for q in QUANT_FORMATS if q is not None)
 
@@ -163,7 +164,7 @@ def main(argv=None) -> int:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
 
-    from compare import report
+    import compare.report as report
 
     if merge_inputs:
         result = report.merge(merge_inputs)

@@ -1,6 +1,6 @@
 """Numerics: how far a kernel's output is from the truth, and whether that is far enough to worry.
 
-The truth is the fp64 oracle (``compare.oracle``) evaluated on the *kernel's own inputs*: for an FP8
+The truth is the fp64 oracle (``moe_spec.oracle``) evaluated on the *kernel's own inputs*: for an FP8
 run that means the quantized weights and the W8A8 model of the activations, so the error measured
 here is the kernel's arithmetic alone. What quantization itself costs is a separate question,
 answered by comparing the quantized problem with the unquantized bf16 problem
@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from compare.oracle import rel_l2  # noqa: F401  (one definition, re-exported as a metric)
+from moe_spec.oracle import rel_l2  # noqa: F401  (one definition, re-exported as a metric)
 
 ULP_FLOOR = 1.0  # |ref| is floored at ULP_FLOOR · rms(ref) before taking its ULP
 BF16_MANTISSA_BITS = 7  # stored bits; 8 significant bits with the implicit one

@@ -14,7 +14,7 @@ import json
 import math
 from pathlib import Path
 
-from compare import metrics
+import compare.metrics as metrics
 from compare.backends import BASELINE, KERNELS
 
 ROW_FIELDS = ("shape", "shape_note", "E", "K", "I", "top_k", "T", "quant", "backend", "status", "check", "config",

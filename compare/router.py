@@ -40,7 +40,7 @@ FALLBACK_ORDER = ("triton_moe", "torch_grouped", "torch_loop")  # when the chose
 def _layer(shape) -> tuple:
     """(E, K, I, top_k) from a MoEShape, a 'name[:tpN]' spec, or a MoEDims."""
     if isinstance(shape, str):
-        from compare.problem import get_shape
+        from moe_spec.problem import get_shape
 
         shape = get_shape(shape)
     if hasattr(shape, "num_experts"):
@@ -114,7 +114,7 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
     (pass them only with an explicit backend: options differ between backends).
     """
     if backend == "auto":
-        from compare.validate import validate_moe_args
+        from moe_spec.validate import validate_moe_args
 
         dims = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale,
                                  w2_scale=w2_scale)

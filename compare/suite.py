@@ -2,7 +2,7 @@
 
 For one case the suite
 
-1. builds the problem (:func:`compare.problem.make_inputs`; weights drawn once per shape and
+1. builds the problem (:func:`moe_spec.problem.make_inputs`; weights drawn once per shape and
    reused across T, so the T sweep varies only the tokens and their routing);
 2. evaluates the fp64 oracle on the *quantized* inputs (what the kernel was given) and, for an FP8
    case, on the unquantized bf16 problem as well: their gap is the quantization error, reported
@@ -35,13 +35,14 @@ from dataclasses import dataclass
 
 import torch
 
-from compare import metrics, problem
+import compare.metrics as metrics
+import moe_spec.problem as problem
 from compare.backends import BASELINE, FALLBACK_BASELINE, KERNELS, Backend, load_backend
 from compare.metrics import quant_name
-from compare.oracle import oracle_breakdown, rel_l2
-from compare.problem import MoEInputs, MoEShape, get_shape, make_inputs
-from compare.quant import weight_scale_shape
-from compare.validate import MoEDims
+from moe_spec.oracle import oracle_breakdown, rel_l2
+from moe_spec.problem import MoEInputs, MoEShape, get_shape, make_inputs
+from moe_spec.quant import weight_scale_shape
+from moe_spec.validate import MoEDims
 
 DEFAULT_SHAPES = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8")
 DEFAULT_TOKENS_GPU = (1, 8, 32, 128, 1024, 4096)
@@ -102,7 +103,7 @@ def reduce_shape(shape: MoEShape) -> MoEShape:
 
 
 def draw_weights(shape: MoEShape, seed: int, device: str, outlier: float = 0.0):
-    """The catalog's bf16 weights (compare.problem.draw_weights), with ``outlier`` × expert 0's W1."""
+    """The catalog's bf16 weights (moe_spec.problem.draw_weights), with ``outlier`` × expert 0's W1."""
     w1, w2 = problem.draw_weights(shape, seed, device)
     if outlier:
         w1[0] = (w1[0].float() * outlier).to(torch.bfloat16)
@@ -213,7 +214,7 @@ def _timer_options(quick: bool) -> dict:
 
 def _time(make_call, n_sets: int, capturable: bool, quick: bool):
     """(Timing, note). A graph capture that fails falls back to eager timing, and says so."""
-    from compare.timing import time_cuda_graph
+    from moe_spec.timing import time_cuda_graph
 
     if capturable:
         try:
@@ -227,7 +228,7 @@ def _time(make_call, n_sets: int, capturable: bool, quick: bool):
 
 
 def _scale_bytes(quant, dims: MoEDims) -> int:
-    """fp32 scale bytes of one expert's W1 and W2 (shapes from compare.quant)."""
+    """fp32 scale bytes of one expert's W1 and W2 (shapes from moe_spec.quant)."""
     if quant is None:
         return 0
     w1 = math.prod(weight_scale_shape(quant, 1, 2 * dims.I, dims.K))
@@ -236,7 +237,7 @@ def _scale_bytes(quant, dims: MoEDims) -> int:
 
 
 def _timing(backend: Backend, sets: list, dims: MoEDims, quant, ceilings, quick: bool) -> dict:
-    from compare.timing import moe_traffic, roofline
+    from moe_spec.timing import moe_traffic, roofline
 
     t, note = _time(lambda i: (lambda: backend.fused_moe(**sets[i].kwargs())), len(sets), backend.capturable, quick)
     hit = int(torch.unique(sets[0].topk_ids).numel())
@@ -389,7 +390,7 @@ def run_suite(spec: SuiteSpec, progress: bool = True) -> dict:
     result: dict = {"meta": _meta(spec), "ceilings": None, "rows": [], "cases": [], "jit": [], "jit_demo": None,
                     "cute_ptx": None}
     if spec.timed:
-        from compare.timing import measure_ceilings
+        from moe_spec.timing import measure_ceilings
 
         result["ceilings"] = measure_ceilings().as_dict()
     backends = {name: load_backend(name) for name in spec.backends}
@@ -498,7 +499,7 @@ def _run_case(spec, full: MoEShape, shape: MoEShape, weights, quant, T: int, bac
 
 
 def _time_case(spec, rows, backends, inputs, dims, quant, ceilings_dict, bar):
-    from compare.timing import Ceilings, sets_for_cold_l2
+    from moe_spec.timing import Ceilings, sets_for_cold_l2
 
     ceilings = Ceilings(**ceilings_dict)
     set_bytes = sum(t.numel() * t.element_size() for t in (inputs.w1, inputs.w2))

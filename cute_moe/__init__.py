@@ -9,7 +9,7 @@ import os
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")  # before cutlass is imported anywhere
 
-from compare.contract import make_fused_experts  # noqa: E402
+from moe_spec.contract import make_fused_experts  # noqa: E402
 
 from .config import GemmConfig, choose_config  # noqa: E402
 from .layouts import describe, describe_json  # noqa: E402

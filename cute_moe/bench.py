@@ -3,7 +3,7 @@
     python -m cute_moe.bench [--quick | --breakdown | --sweep] [--json FILE] [--commit SHA]
 
 Every time is a CUDA-graph replay over rotated weight sets (cold L2) through
-``compare.timing.time_cuda_graph``; the median is reported.  Three tables:
+``moe_spec.timing.time_cuda_graph``; the median is reported.  Three tables:
 
 * ``layer``: ``fused_moe`` end to end (align, gather, GEMM1, SiLU·mul, GEMM2, combine).
 * ``gemm``: GEMM1 alone (``grouped_gemm``) at a given tokens per expert, normal vs swap-AB,
@@ -24,8 +24,8 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 import torch  # noqa: E402
 
-from compare.problem import draw_weights, get_shape, make_inputs  # noqa: E402
-from compare.timing import time_cuda_graph  # noqa: E402
+from moe_spec.problem import draw_weights, get_shape, make_inputs  # noqa: E402
+from moe_spec.timing import time_cuda_graph  # noqa: E402
 
 from .config import GemmConfig, choose_config  # noqa: E402
 from .moe import align_tokens, fused_moe, gather_rows, grouped_gemm  # noqa: E402
@@ -33,7 +33,7 @@ from .ptx import compile_count  # noqa: E402
 
 
 def _weights(shape, n_sets, seed=0, device="cuda"):
-    """``n_sets`` independent (w1, w2) sets (compare.problem.draw_weights), rotated for a cold L2."""
+    """``n_sets`` independent (w1, w2) sets (moe_spec.problem.draw_weights), rotated for a cold L2."""
     g = torch.Generator(device=device).manual_seed(seed)
     return [draw_weights(shape, g) for _ in range(n_sets)]
 

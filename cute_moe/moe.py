@@ -181,7 +181,7 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
     Every argument and every limit of this backend is checked on the host before the first
     launch (:func:`check_layer`), so bad input never leaves a half-run pipeline behind.
     """
-    from compare.validate import validate_moe_args
+    from moe_spec.validate import validate_moe_args
 
     dims = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale)
     T, E, K, I, top_k = dims.T, dims.E, dims.K, dims.I, dims.top_k  # noqa: E741

@@ -5,8 +5,8 @@ import torch
 
 from compare import metrics
 from compare.baselines import GROUP_ALIGN, grouped_fused_moe, group_by_expert, loop_fused_moe
-from compare.oracle import oracle
-from compare.problem import MoEShape, make_inputs
+from moe_spec.oracle import oracle
+from moe_spec.problem import MoEShape, make_inputs
 
 SMALL = MoEShape("small", num_experts=8, top_k=2, hidden=256, intermediate=128, source="test")
 

@@ -7,8 +7,8 @@ import torch
 
 from compare import metrics
 from compare.baselines import loop_fused_moe
-from compare.oracle import oracle, oracle_breakdown
-from compare.problem import MoEShape, make_inputs
+from moe_spec.oracle import oracle, oracle_breakdown
+from moe_spec.problem import MoEShape, make_inputs
 from compare.suite import _expert_table, draw_weights
 
 SMALL = MoEShape("small", num_experts=8, top_k=2, hidden=256, intermediate=128, source="test")

@@ -5,7 +5,7 @@ import torch
 
 from compare import router
 from compare.baselines import loop_fused_moe
-from compare.problem import MoEShape, get_shape, make_inputs
+from moe_spec.problem import MoEShape, get_shape, make_inputs
 
 MIX = get_shape("mixtral-8x7b")
 

@@ -6,7 +6,8 @@ import time
 import pytest
 import torch
 
-from compare import report, router, suite, timing
+from compare import report, router, suite
+from moe_spec import timing
 
 
 class CpuTimedSpec(suite.SuiteSpec):

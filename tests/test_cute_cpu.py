@@ -233,7 +233,7 @@ def test_align_tokens(tile):
 
 # ---- the backend contract on the CPU -----------------------------------------------------------
 def _small_inputs(T=4, quant=None):
-    from compare.problem import MoEShape, make_inputs
+    from moe_spec.problem import MoEShape, make_inputs
 
     return make_inputs(MoEShape("tiny", 4, 2, 64, 32, "test"), T, quant)
 
@@ -249,7 +249,7 @@ def test_fused_moe_validates_before_anything():
 
 
 def _tiny(hidden=64, intermediate=32, T=3):
-    from compare.problem import MoEShape, make_inputs
+    from moe_spec.problem import MoEShape, make_inputs
 
     return make_inputs(MoEShape("tiny", 4, 2, hidden, intermediate, "test"), T).kwargs()
 
@@ -310,8 +310,8 @@ def test_fused_moe_empty_batch_and_cpu_tensors():
 
 
 def test_bench_draws_the_shared_weights():
-    """bench rotates weight sets drawn by compare.problem.draw_weights (one generator, n sets)."""
-    from compare.problem import MoEShape, draw_weights
+    """bench rotates weight sets drawn by moe_spec.problem.draw_weights (one generator, n sets)."""
+    from moe_spec.problem import MoEShape, draw_weights
     from cute_moe.bench import _weights
 
     shape = MoEShape("tiny", 4, 2, 64, 32, "test")

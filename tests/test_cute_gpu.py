@@ -11,7 +11,7 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 torch = pytest.importorskip("torch")
 
-from compare.oracle import oracle, rel_l2  # noqa: E402
+from moe_spec.oracle import oracle, rel_l2  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -66,7 +66,7 @@ def test_grouped_gemm(kw, row_scale):
 
 @pytest.fixture(scope="module")
 def shapes():
-    from compare.problem import draw_weights, get_shape
+    from moe_spec.problem import draw_weights, get_shape
 
     cache = {}
 
@@ -82,7 +82,7 @@ def shapes():
 
 
 def _inputs(shapes, spec, T, seed=0, skew=0.0):
-    from compare.problem import make_inputs
+    from moe_spec.problem import make_inputs
 
     s, w1, w2 = shapes(spec)
     return make_inputs(s, T, seed=seed, device="cuda", skew=skew, weights_bf16=(w1, w2))

@@ -1,6 +1,6 @@
 """The fp64 oracle against an independent dense formulation, on random problems of every format.
 
-The second formulation shares no code with compare.oracle / compare.quant: it dequantizes with its
+The second formulation shares no code with moe_spec.oracle / moe_spec.quant: it dequantizes with its
 own index arithmetic, quantizes activations with its own scale code, and evaluates every expert on
 every token through one-hot routing einsums, masking the pairs that were not routed.
 """
@@ -13,8 +13,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compare.oracle import oracle, oracle_breakdown, rel_l2
-from compare.problem import CATALOG, FP8_MAX, MoEShape, make_inputs
+from moe_spec.oracle import oracle, oracle_breakdown, rel_l2
+from moe_spec.problem import CATALOG, MoEShape, make_inputs
+from moe_spec.quant import FP8_MAX
 
 F64 = torch.float64
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from compare.problem import FP8_MAX
-from compare.quant import (activation_scale_shape, dequantize_activation, dequantize_weight,
+from moe_spec.quant import FP8_MAX
+from moe_spec.quant import (activation_scale_shape, dequantize_activation, dequantize_weight,
                            quantize_activation, quantize_weight, weight_scale_shape)
 
 FMTS = ["fp8_tensor", "fp8_channel", "fp8_block"]

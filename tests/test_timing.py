@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from compare.timing import Ceilings, _percentile, moe_traffic, roofline, sets_for_cold_l2, time_cuda_graph
+from moe_spec.timing import Ceilings, _percentile, moe_traffic, roofline, sets_for_cold_l2, time_cuda_graph
 
 
 def test_roofline_picks_the_larger_floor():
@@ -43,8 +43,8 @@ def test_graph_timer_measures_a_copy_at_plausible_bandwidth():
 
 @pytest.mark.gpu
 def test_oracle_on_gpu_matches_cpu():
-    from compare.oracle import oracle, rel_l2
-    from compare.problem import MoEShape, make_inputs
+    from moe_spec.oracle import oracle, rel_l2
+    from moe_spec.problem import MoEShape, make_inputs
 
     inp = make_inputs(MoEShape("s", 8, 2, 256, 128, "test"), 33, "fp8_block", seed=2)
     assert rel_l2(oracle(**inp.to("cuda").kwargs()).cpu(), oracle(**inp.kwargs())) < 1e-12

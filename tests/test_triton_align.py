@@ -64,7 +64,7 @@ def test_max_experts():
 
 
 def test_more_experts_than_supported_is_named_before_any_launch():
-    from compare.problem import MoEShape, make_inputs
+    from moe_spec.problem import MoEShape, make_inputs
     from triton_moe import fused_moe
     from triton_moe.jit import count_compilations
 

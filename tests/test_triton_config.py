@@ -48,7 +48,7 @@ SHIPPED = [("mixtral-8x7b", None), ("mixtral-8x7b", "fp8_tensor"), ("qwen3-30b-a
 
 @pytest.mark.parametrize("spec, quant", SHIPPED, ids=lambda v: v or "bf16")
 def test_shipped_h200_table_exists_loads_and_is_used(spec, quant):
-    from compare.problem import get_shape
+    from moe_spec.problem import get_shape
 
     s = get_shape(spec)
     path = C.table_path(s.num_experts, s.intermediate, s.hidden, quant, "NVIDIA H200")
@@ -63,7 +63,7 @@ def test_shipped_h200_table_exists_loads_and_is_used(spec, quant):
 
 
 def test_no_stray_tables():
-    from compare.problem import get_shape
+    from moe_spec.problem import get_shape
 
     names = {C.table_path(get_shape(spec).num_experts, get_shape(spec).intermediate, get_shape(spec).hidden,
                           quant, "NVIDIA H200").name for spec, quant in SHIPPED}
@@ -74,7 +74,7 @@ def test_no_stray_tables():
 @pytest.mark.parametrize("spec", ["mixtral-8x7b", "deepseek-v3:tp8"])
 @pytest.mark.parametrize("quant", [None, "fp8_tensor"], ids=lambda q: q or "bf16")
 def test_autotune_candidates_leave_swap_to_the_rule(spec, quant, T):
-    from compare.problem import get_shape
+    from moe_spec.problem import get_shape
     from triton_moe.autotune import candidates
 
     s = get_shape(spec)

@@ -4,13 +4,13 @@ bit-identical reruns, CUDA-graph capture, zero recompilations, alignment at T = 
 import pytest
 import torch
 
-from compare.problem import CATALOG, get_shape
+from moe_spec.problem import CATALOG, get_shape
 
 pytestmark = pytest.mark.gpu
 
 TOKENS = [1, 8, 32, 128, 1024, 4096]
 # full DeepSeek-V3 (E=256, I=2048) is refused by the contract: W1 has more elements than int32
-# offsets reach (compare.validate), so it runs sharded, as deepseek-v3:tp8
+# offsets reach (moe_spec.validate), so it runs sharded, as deepseek-v3:tp8
 SPECS = [s for s in CATALOG if s != "deepseek-v3"] + ["deepseek-v3:tp8"]
 CASES = ([(s, q, T) for s in SPECS for q in (None, "fp8_tensor") for T in TOKENS]
          + [("deepseek-v3:tp8", q, T) for q in ("fp8_channel", "fp8_block") for T in TOKENS])
@@ -20,7 +20,7 @@ _current = [None]
 
 
 def _problem(spec, quant, T):
-    from triton_moe.bench import Problem, drop_weights
+    from triton_moe.workload import Problem, drop_weights
 
     if _current[0] != (spec, quant):  # one weight set on the card at a time
         drop_weights()

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from compare.problem import MoEShape, make_inputs
+from moe_spec.problem import MoEShape, make_inputs
 from triton_moe import TritonConfig, fused_moe
 from triton_moe.jit import count_compilations, launch, specialization_key
 

@@ -10,8 +10,8 @@ are the GPU's: relative L2 to the fp64 oracle ≤ 5e-3 (bf16) and ≤ 1e-2 (fp8)
 import pytest
 import torch
 
-from compare.oracle import oracle, rel_l2
-from compare.problem import MoEShape, make_inputs
+from moe_spec.oracle import oracle, rel_l2
+from moe_spec.problem import MoEShape, make_inputs
 from triton_moe import TritonConfig, fused_experts, fused_moe
 
 TOL = {None: 5e-3, "fp8_tensor": 1e-2, "fp8_channel": 1e-2, "fp8_block": 1e-2}
@@ -117,10 +117,10 @@ def test_config_that_does_not_fit_is_rejected(config, quant, match):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_quantize_kernel_is_the_reference(quant, dtype):
     """x (bf16) and the intermediate (fp32) are quantized once, before their GEMM: the E4M3 values
-    and the scales equal compare.quant's. K = 300: a partial 128-group; a zero row (floor scale);
+    and the scales equal moe_spec.quant's. K = 300: a partial 128-group; a zero row (floor scale);
     a row 100× larger than the rest (per-channel and per-group scales must not mix). Values are
     compared, not bits: the interpreter's e4m3 cast turns −0 into +0 (the GPU's keeps the sign)."""
-    from compare.quant import quantize_activation
+    from moe_spec.quant import quantize_activation
     from triton_moe.moe import _quantize
 
     g = torch.Generator().manual_seed(7)
@@ -153,17 +153,17 @@ def test_backend_option_of_wrong_type_is_named_before_any_launch(options, match)
 
 
 def test_kernels_take_fp8_constants_from_compare():
-    """448, 1e-12 and 128 are defined once (compare.problem / compare.quant): no kernel spells
+    """448, 1e-12 and 128 are defined once (moe_spec.problem / moe_spec.quant): no kernel spells
     them as literals, and the constexprs the kernels read are those values."""
     import ast
     import inspect
 
-    import compare.problem
-    import compare.quant
+    import moe_spec.problem
+    import moe_spec.quant
     from triton_moe import kernels
 
     assert (kernels.FP8_MAX.value, kernels.AMAX_FLOOR.value, kernels.FP8_BLOCK.value) == (
-        compare.problem.FP8_MAX, compare.quant.AMAX_FLOOR, compare.problem.FP8_BLOCK)
+        moe_spec.quant.FP8_MAX, moe_spec.quant.AMAX_FLOOR, moe_spec.quant.FP8_BLOCK)
     tree = ast.parse(inspect.getsource(kernels))
     literals = [(n.value, n.lineno) for n in ast.walk(tree)
                 if isinstance(n, ast.Constant) and type(n.value) in (int, float)

@@ -1,6 +1,6 @@
 """Every bad input of the contract is rejected with the right exception and names its argument.
 
-These exercise compare.validate directly; each backend's tests check that its fused_moe calls it
+These exercise moe_spec.validate directly; each backend's tests check that its fused_moe calls it
 before launching anything.
 """
 
@@ -8,9 +8,9 @@ before launching anything.
 import pytest
 import torch
 
-from compare.contract import make_fused_experts, quant_from_vllm
-from compare.problem import MoEShape, get_shape, make_inputs
-from compare.validate import INT32_MAX, validate_moe_args
+from moe_spec.contract import make_fused_experts, quant_from_vllm
+from moe_spec.problem import MoEShape, get_shape, make_inputs
+from moe_spec.validate import INT32_MAX, validate_moe_args
 
 SHAPE = MoEShape("small", 4, 2, 64, 48, "test")
 

@@ -1,7 +1,7 @@
 """triton_moe: the fused MoE expert computation written in Triton.
 
 ``fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None,
-config=None, swap_ab=None)`` implements the backend contract of :mod:`compare.contract`;
+config=None, swap_ab=None)`` implements the backend contract of :mod:`moe_spec.contract`;
 ``fused_experts`` is the same function in vLLM's spelling.
 
 Read in this order: :mod:`~triton_moe.align` (sorting pairs by expert), :mod:`~triton_moe.kernels`
@@ -10,7 +10,7 @@ Read in this order: :mod:`~triton_moe.align` (sorting pairs by expert), :mod:`~t
 (the compile counter), :mod:`~triton_moe.autotune` and :mod:`~triton_moe.bench` (GPU tools).
 """
 
-from compare.contract import make_fused_experts
+from moe_spec.contract import make_fused_experts
 from triton_moe.config import TritonConfig, choose_swap_ab, get_config
 from triton_moe.moe import fused_moe
 

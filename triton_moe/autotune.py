@@ -3,7 +3,7 @@
     python -m triton_moe.autotune --shape mixtral-8x7b --quant bf16 --tokens 1 8 32 128 1024 4096
 
 For every token count the candidates of its regime (decode: tokens per expert ≤ 32, 16/32-row
-tiles; prefill: 64/128-row tiles) are timed with :func:`compare.timing.time_cuda_graph` over the
+tiles; prefill: 64/128-row tiles) are timed with :func:`moe_spec.timing.time_cuda_graph` over the
 expert computation (alignment excluded, cold L2), the fastest kept, and the table written as
 ``configs/E=…,N=…,K=…,dtype=…,device=….json`` (see :mod:`triton_moe.config`). A tqdm bar shows
 progress; ``--budget-s`` stops early and keeps what was measured (the heuristic covers the rest).
@@ -64,8 +64,8 @@ def tune(spec: str, quant, tokens, *, budget_s: float = 1e9, progress=True, log=
     """{T: (best config, µs, every candidate's µs)} for shape ``spec``; stops at ``budget_s``."""
     from tqdm import tqdm
 
-    from compare.problem import get_shape
-    from triton_moe.bench import Problem
+    from moe_spec.problem import get_shape
+    from triton_moe.workload import Problem
 
     shape = get_shape(spec)
     jobs = [(T, c) for T in tokens for c in candidates(T, shape.num_experts, shape.top_k, quant)]
@@ -94,7 +94,7 @@ def tune(spec: str, quant, tokens, *, budget_s: float = 1e9, progress=True, log=
 
 
 def write_table(spec: str, quant, results: dict, out_dir=None) -> Path:
-    from compare.problem import get_shape
+    from moe_spec.problem import get_shape
 
     shape = get_shape(spec)
     path = table_path(shape.num_experts, shape.intermediate, shape.hidden, quant, current_device_name())

@@ -5,8 +5,8 @@
 
 What is timed is the full expert computation — amax, GEMM1 + SiLU·up, GEMM2 × routing weight,
 combine — with the alignment excluded (timed on its own), CUDA-graph replayed over rotated input
-sets so that every call starts with its weights out of L2 (:func:`compare.timing.time_cuda_graph`).
-Each row also gives the roofline floor of :func:`compare.timing.roofline` for the same bytes and
+sets so that every call starts with its weights out of L2 (:func:`moe_spec.timing.time_cuda_graph`).
+Each row also gives the roofline floor of :func:`moe_spec.timing.roofline` for the same bytes and
 FLOPs, measured against this run's ceilings. Sections run in priority order and the JSON and
 Markdown files are rewritten after each, so a deadline cuts the tail, never the whole run.
 """
@@ -23,13 +23,10 @@ from pathlib import Path
 
 import torch
 
-from compare.oracle import oracle, rel_l2
-from compare.problem import draw_weights, get_shape, route
-from compare.quant import quantize_weight
-from compare.timing import measure_ceilings, moe_traffic, roofline, sets_for_cold_l2, time_cuda_graph
-from triton_moe.align import align_block_size
-from triton_moe.config import get_config, tokens_per_expert
-from triton_moe.moe import expert_computation, fused_moe
+from moe_spec.problem import get_shape
+from moe_spec.timing import measure_ceilings
+from triton_moe.config import tokens_per_expert
+from triton_moe.workload import Problem, drop_weights
 
 #: (shape, quant, T, target µs) — the performance rows of issue 3.
 TARGETS = [
@@ -47,103 +44,6 @@ SWAP_TPE = [1, 2, 4, 8, 16, 32, 64]
 #: variants — fp32 add per K step (fp8_imprecise_acc = 0) and Triton's (= BLOCK_K) — timed and checked.
 FP8_ACC_ROWS = [("mixtral-8x7b", 8, 330), ("mixtral-8x7b", 4096, 2800),
                 ("deepseek-v3:tp8", 8, None), ("deepseek-v3:tp8", 4096, 800)]
-
-_weight_cache: dict = {}
-
-
-def make_weights(shape, quant, seed: int, device="cuda"):
-    """Expert weights of ``shape`` from :func:`compare.problem.draw_weights` (bf16, N(0, 1/fan_in),
-    drawn on ``device``), quantized a few experts at a time so the fp32 temporaries stay small."""
-    key = (shape, quant, seed, str(device))
-    if key not in _weight_cache:
-        w1, w2 = draw_weights(shape, seed, device=device)
-        s1 = s2 = None
-        if quant is not None:
-            E = shape.num_experts
-            step = max(1, (1 << 28) // (2 * shape.intermediate * shape.hidden))
-            parts1 = [quantize_weight(w1[e:e + step], quant) for e in range(0, E, step)]
-            parts2 = [quantize_weight(w2[e:e + step], quant) for e in range(0, E, step)]
-            w1, s1 = torch.cat([p[0] for p in parts1]), torch.cat([p[1] for p in parts1])
-            w2, s2 = torch.cat([p[0] for p in parts2]), torch.cat([p[1] for p in parts2])
-        _weight_cache[key] = (w1, w2, s1, s2)
-    return _weight_cache[key]
-
-
-def weight_bytes(shape, quant) -> int:
-    """Bytes of all experts' W1 and W2: 1 byte per element under FP8, 2 under bf16."""
-    return shape.num_experts * shape.weight_elements() * (1 if quant else 2)
-
-
-def drop_weights():
-    _weight_cache.clear()
-    torch.cuda.empty_cache()
-
-
-class Problem:
-    """``n_sets`` input sets of one (shape, T, quant) on the GPU, for checking and timing."""
-
-    def __init__(self, shape, T: int, quant, n_sets: int = 0, seed: int = 0):
-        self.shape, self.T, self.quant = shape, T, quant
-        self.n_sets = n_sets or sets_for_cold_l2(weight_bytes(shape, quant))
-        self.sets = []
-        for i in range(self.n_sets):
-            w1, w2, s1, s2 = make_weights(shape, quant, seed + i)
-            g = torch.Generator(device="cuda").manual_seed(1000 * seed + 7 * i + T)
-            x = torch.randn(T, shape.hidden, generator=g, device="cuda").to(torch.bfloat16)
-            logits = torch.randn(T, shape.num_experts, generator=g, device="cuda")
-            tw, ids = route(logits, shape.top_k)
-            self.sets.append(dict(x=x, w1=w1, w2=w2, topk_weights=tw, topk_ids=ids, quant=quant,
-                                  w1_scale=s1, w2_scale=s2))
-        self.experts_hit = int(self.sets[0]["topk_ids"].unique().numel())
-
-    def config(self, cfg=None):
-        s = self.shape
-        cfg = cfg or get_config(self.T, s.num_experts, s.top_k, s.intermediate, s.hidden, self.quant)
-        return cfg.resolved().check(self.quant)
-
-    def time(self, cfg=None) -> float:
-        """Median µs of the expert computation (alignment excluded), cold L2."""
-        cfg = self.config(cfg)
-        routings = [align_block_size(st["topk_ids"], self.shape.num_experts, cfg.BLOCK_M) for st in self.sets]
-
-        def make_call(i):
-            st, r = self.sets[i], routings[i]
-            return lambda: expert_computation(st["x"], st["w1"], st["w2"], st["topk_weights"], r,
-                                              self.shape.top_k, quant=self.quant, w1_scale=st["w1_scale"],
-                                              w2_scale=st["w2_scale"], config=cfg)
-
-        return time_cuda_graph(make_call, self.n_sets, replays=15, min_calls=10).median_us
-
-    def time_align(self, block_m: int) -> float:
-        def make_call(i):
-            return lambda: align_block_size(self.sets[i]["topk_ids"], self.shape.num_experts, block_m)
-
-        return time_cuda_graph(make_call, self.n_sets, replays=15, min_calls=10).median_us
-
-    def check(self, cfg=None) -> dict:
-        """rel L2 vs the fp64 oracle, bit-identical rerun, and CUDA-graph replay equal to eager."""
-        st = self.sets[0]
-        out = fused_moe(**st, config=cfg)
-        again = fused_moe(**st, config=cfg)
-        graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            fused_moe(**st, config=cfg)  # warm-up on the capture stream
-            with torch.cuda.graph(graph):
-                captured = fused_moe(**st, config=cfg)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph.replay()
-        torch.cuda.synchronize()
-        return {"rel_l2": rel_l2(out, oracle(**st)), "bit_identical": bool(torch.equal(out, again)),
-                "graph_equal": bool(torch.equal(out, captured))}
-
-    def roofline(self, us: float, ceilings) -> dict:
-        s = self.shape
-        wb = 1 if self.quant else 2
-        b, f = moe_traffic(self.T, s.hidden, s.intermediate, s.top_k, self.experts_hit, wb)
-        return roofline(b, f, ceilings, "fp8" if self.quant else "bf16", us)
-
 
 def _git_commit() -> str:
     try:

@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Optional
 
-from compare.problem import FP8_BLOCK
+from moe_spec.quant import FP8_BLOCK
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 

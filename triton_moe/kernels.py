@@ -24,7 +24,7 @@ FP8 W8A8 (``QUANT``: 0 bf16, 1 per-tensor, 2 per-channel, 3 128×128 block)
     Both GEMMs read E4M3 operands straight from memory, so ``tl.dot`` gets them on Triton's
     async-copy → WGMMA path with nothing in between. The activations are quantized *before* each
     GEMM, once, by ``quantize_kernel``: ``q = e4m3(clamp(a / s, ±448))``, ``s = max(amax, 1e−12) /
-    448`` — bit for bit the reference quantization of :mod:`compare.quant` (IEEE division, round to
+    448`` — bit for bit the reference quantization of :mod:`moe_spec.quant` (IEEE division, round to
     nearest even), with the scales in its shapes ([1], [rows, 1], [rows, ⌈cols/128⌉]):
 
     * x: per-tensor needs the global amax first (``amax_kernel``, one read of x); per-channel and
@@ -73,21 +73,20 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-import compare.problem
-import compare.quant
+import moe_spec.quant
 
 #: Quant modes as the kernels see them.
 QUANT_MODE = {None: 0, "fp8_tensor": 1, "fp8_channel": 2, "fp8_block": 3}
-#: The FP8 constants of :mod:`compare.problem` and :mod:`compare.quant`, defined there once; a
+#: The FP8 constants of :mod:`moe_spec.quant`, defined there once; a
 #: Triton kernel may read a module global only when it is a ``tl.constexpr``.
-FP8_MAX = tl.constexpr(compare.problem.FP8_MAX)  # largest E4M3FN value, 448
-AMAX_FLOOR = tl.constexpr(compare.quant.AMAX_FLOOR)  # smallest amax a scale is taken of, 1e-12
-FP8_BLOCK = tl.constexpr(compare.problem.FP8_BLOCK)  # weight block / activation group edge, 128
+FP8_MAX = tl.constexpr(moe_spec.quant.FP8_MAX)  # largest E4M3FN value, 448
+AMAX_FLOOR = tl.constexpr(moe_spec.quant.AMAX_FLOOR)  # smallest amax a scale is taken of, 1e-12
+FP8_BLOCK = tl.constexpr(moe_spec.quant.FP8_BLOCK)  # weight block / activation group edge, 128
 
 
 @triton.jit
 def _scale_of(amax):
-    """fp32 scale of an amax, as compare.quant computes it (IEEE division, like torch's)."""
+    """fp32 scale of an amax, as moe_spec.quant computes it (IEEE division, like torch's)."""
     return tl.math.div_rn(tl.maximum(amax, AMAX_FLOOR), FP8_MAX)
 
 
@@ -305,13 +304,13 @@ def amax_kernel(x_ptr, amax_ptr, num_rows, K, BLOCK: tl.constexpr):
 @triton.jit(do_not_specialize=["num_rows"])
 def quantize_kernel(a_ptr, amax_ptr, q_ptr, scale_ptr, num_rows, K, QUANT: tl.constexpr,
                     AMAX_GIVEN: tl.constexpr, GROUPS: tl.constexpr, INTERPRETER: tl.constexpr):
-    """a [rows, K] (bf16 or fp32) → q [rows, K] E4M3 and scales, exactly as compare.quant does.
+    """a [rows, K] (bf16 or fp32) → q [rows, K] E4M3 and scales, exactly as moe_spec.quant does.
 
     One program per row, GROUPS × 128 columns at a time. The scale comes from an amax that is
     either given (``AMAX_GIVEN``: x's global amax; the intermediate's, from GEMM1's epilogue, in
     the scale's own shape) or found here: per-channel reads the row twice (amax, then quantize —
     the second read hits L2), block finds each 1×128 group's amax in the tile it quantizes.
-    Scales are stored in compare.quant's shapes: [1], [rows, 1], [rows, ⌈K/128⌉].
+    Scales are stored in moe_spec.quant's shapes: [1], [rows, 1], [rows, ⌈K/128⌉].
     """
     row = tl.program_id(0)
     groups = tl.arange(0, GROUPS)

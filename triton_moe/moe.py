@@ -23,9 +23,9 @@ from typing import Optional
 import torch
 import triton
 
-from compare.problem import FP8_DTYPE
-from compare.quant import activation_scale_shape
-from compare.validate import validate_moe_args
+from moe_spec.quant import FP8_DTYPE
+from moe_spec.quant import activation_scale_shape
+from moe_spec.validate import validate_moe_args
 from triton_moe.align import align_block_size
 from triton_moe.config import TritonConfig, get_config
 from triton_moe.jit import INTERPRET, launch
@@ -42,7 +42,7 @@ def _amax_buffer(quant: str, rows: int, cols: int, device) -> torch.Tensor:
 
 
 def _quantize(a, quant: str, amax=None):
-    """(q E4M3, scale fp32) of activations a [rows, cols] — compare.quant.quantize_activation's
+    """(q E4M3, scale fp32) of activations a [rows, cols] — moe_spec.quant.quantize_activation's
     result. ``amax``: the amax in the format's shape when already known (else found here)."""
     rows, cols = a.shape
     q = torch.empty((rows, cols), dtype=FP8_DTYPE, device=a.device)
@@ -83,7 +83,7 @@ def _check_options(config, swap_ab) -> None:
 
 def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None,
               config: Optional[TritonConfig] = None, swap_ab: Optional[bool] = None) -> torch.Tensor:
-    """The MoE expert computation (see :mod:`compare.contract`) with Triton kernels → [T, K] bf16.
+    """The MoE expert computation (see :mod:`moe_spec.contract`) with Triton kernels → [T, K] bf16.
 
     Backend options:
       ``config``   a :class:`~triton_moe.config.TritonConfig`; default: the tuned table for this

@@ -5,9 +5,9 @@ Both backends implement::
     fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None,
               **backend_options) -> Tensor[T, K] (bf16)
 
-with the tensors of :mod:`compare.problem`, weight scales as in :mod:`compare.quant`, activations
+with the tensors of :mod:`moe_spec.problem`, weight scales as in :mod:`moe_spec.quant`, activations
 quantized inside the backend when ``quant`` is an fp8 format, and every argument checked by
-:func:`compare.validate.validate_moe_args` before a kernel runs.
+:func:`moe_spec.validate.validate_moe_args` before a kernel runs.
 
 :func:`make_fused_experts` wraps such a function into vLLM's ``fused_experts`` signature so that a
 serving stack can swap either backend in. Options of vLLM that this project does not implement
@@ -21,7 +21,7 @@ import functools
 
 import torch
 
-from compare.problem import FP8_BLOCK
+from moe_spec.quant import FP8_BLOCK
 
 
 def quant_from_vllm(use_fp8_w8a8=False, per_channel_quant=False, block_shape=None):
@@ -88,7 +88,7 @@ def make_fused_experts(fused_moe):
     fused_experts.__name__ = "fused_experts"
     fused_experts.__qualname__ = "fused_experts"
     fused_experts.__doc__ = (
-        "vLLM-compatible spelling of this backend's fused_moe (see compare.contract).\n\n"
+        "vLLM-compatible spelling of this backend's fused_moe (see moe_spec.contract).\n\n"
         + (fused_moe.__doc__ or "")
     )
     return fused_experts

@@ -1,7 +1,7 @@
 """FP8 (E4M3FN) quantization formats, in torch: the reference both backends must reproduce.
 
 Every format stores ``q = saturate(round_to_nearest_even(v / s))`` in float8_e4m3fn with an fp32
-scale ``s = max(amax, 1e-12) / 448`` (448 = :data:`~compare.problem.FP8_MAX`), and reads a value
+scale ``s = max(amax, 1e-12) / 448`` (448 = :data:`~moe_spec.quant.FP8_MAX`), and reads a value
 back as ``q · s``. The formats differ only in the set of values that share one scale:
 
 ==============  ==================================  ==========================================
@@ -22,10 +22,30 @@ Amax is computed in fp32 on the values as given (a bf16 activation is exact in f
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 
-from compare.problem import FP8_BLOCK, FP8_DTYPE, FP8_MAX, check_quant
+#: The quantization formats of the backend contract. ``None`` is plain bf16.
+#:
+#: ``fp8_tensor``  one fp32 scale per expert weight matrix; one dynamic scale for a whole activation.
+#: ``fp8_channel`` one scale per output channel (weight row); one dynamic scale per token (row).
+#: ``fp8_block``   one scale per 128×128 weight block; one dynamic scale per 1×128 activation group
+#:                 (DeepSeek-V3 style).
+QUANT_FORMATS = (None, "fp8_tensor", "fp8_channel", "fp8_block")
+
+FP8_DTYPE = torch.float8_e4m3fn
+#: Largest finite E4M3FN value. Quantization saturates to ±FP8_MAX.
+FP8_MAX = 448.0
+#: Edge of a weight block / activation group in ``fp8_block``.
+FP8_BLOCK = 128
+
+
+def check_quant(quant) -> Optional[str]:
+    """Return ``quant`` if it names a format of :data:`QUANT_FORMATS`, else raise ValueError."""
+    if quant not in QUANT_FORMATS:
+        raise ValueError(f"quant: expected one of {QUANT_FORMATS}, got {quant!r}")
+    return quant
 
 #: Smallest amax a scale is computed from, so an all-zero group gets a finite, non-zero scale.
 AMAX_FLOOR = 1e-12

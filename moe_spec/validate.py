@@ -1,7 +1,7 @@
 """Input validation shared by both backends: every bad argument is named before any kernel runs.
 
 :func:`validate_moe_args` checks types, dtypes, shapes, devices, strides, index ranges and scales
-against the contract in :mod:`compare.problem`, and returns the problem's sizes. Type problems
+against the contract in :mod:`moe_spec.problem`, and returns the problem's sizes. Type problems
 raise ``TypeError``; wrong shapes or values raise ``ValueError``. Each message starts with the
 argument's name and says what was expected.
 
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from compare.problem import FP8_DTYPE, check_quant
-from compare.quant import weight_scale_shape
+from moe_spec.quant import FP8_DTYPE, check_quant
+from moe_spec.quant import weight_scale_shape
 
 #: Largest element offset a kernel may form in int32 arithmetic.
 INT32_MAX = 2**31 - 1

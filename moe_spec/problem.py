@@ -23,9 +23,9 @@ topk_ids        [T, top_k]            int32 or int64, each in [0, E), no repeats
 Both operands of every GEMM are K-major (row-major with the reduction dimension contiguous), the
 natural ``nn.Linear`` layout; this is also what FP8 WGMMA requires on Hopper.
 
-This module holds the constants of the FP8 formats, the catalog of real model shapes, softmax
+This module holds the catalog of real model shapes, softmax
 top-k routing, and :func:`make_inputs`, which builds a complete random problem (optionally
-quantized, see :mod:`compare.quant`). Both backends and every test read it from here.
+quantized, see :mod:`moe_spec.quant`). Both backends and every test read it from here.
 """
 
 from __future__ import annotations
@@ -36,27 +36,7 @@ from typing import Optional
 
 import torch
 
-#: The quantization formats of the backend contract. ``None`` is plain bf16.
-#:
-#: ``fp8_tensor``  one fp32 scale per expert weight matrix; one dynamic scale for a whole activation.
-#: ``fp8_channel`` one scale per output channel (weight row); one dynamic scale per token (row).
-#: ``fp8_block``   one scale per 128×128 weight block; one dynamic scale per 1×128 activation group
-#:                 (DeepSeek-V3 style).
-QUANT_FORMATS = (None, "fp8_tensor", "fp8_channel", "fp8_block")
-
-FP8_DTYPE = torch.float8_e4m3fn
-#: Largest finite E4M3FN value. Quantization saturates to ±FP8_MAX.
-FP8_MAX = 448.0
-#: Edge of a weight block / activation group in ``fp8_block``.
-FP8_BLOCK = 128
-
-
-def check_quant(quant) -> Optional[str]:
-    """Return ``quant`` if it names a format of :data:`QUANT_FORMATS`, else raise ValueError."""
-    if quant not in QUANT_FORMATS:
-        raise ValueError(f"quant: expected one of {QUANT_FORMATS}, got {quant!r}")
-    return quant
-
+from moe_spec.quant import check_quant, quantize_weight
 
 @dataclass(frozen=True)
 class MoEShape:
@@ -187,10 +167,8 @@ def make_inputs(shape: MoEShape, T: int, quant: Optional[str] = None, *, seed: i
     Weights are drawn N(0, 1/fan_in) so activations stay O(1) through both GEMMs; x ~ N(0, 1).
     ``skew`` > 0 biases the router towards low-numbered experts (``skew`` = 4 sends almost every
     token to the first few), to exercise uneven expert loads. ``weights_bf16`` lets a caller reuse
-    one (w1, w2) pair across token counts. Quantization goes through :mod:`compare.quant`.
+    one (w1, w2) pair across token counts. Quantization goes through :mod:`moe_spec.quant`.
     """
-    from compare.quant import quantize_weight  # local: quant imports this module
-
     check_quant(quant)
     E, K = shape.num_experts, shape.hidden
     gen = torch.Generator(device="cpu").manual_seed(seed)

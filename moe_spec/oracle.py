@@ -1,10 +1,10 @@
 """The fp64 oracle: the exact function of what a kernel was given.
 
-For ``quant=None`` the oracle evaluates the MoE layer (see :mod:`compare.problem`) in float64 on
+For ``quant=None`` the oracle evaluates the MoE layer (see :mod:`moe_spec.problem`) in float64 on
 the bf16 inputs. For an fp8 format it models a W8A8 kernel step by step, still in float64:
 
 1. the weights are dequantized (``q · scale``) — exactly the values the kernel multiplies;
-2. x is quantized dynamically with :func:`compare.quant.quantize_activation` and dequantized;
+2. x is quantized dynamically with :func:`moe_spec.quant.quantize_activation` and dequantized;
 3. GEMM1 and SiLU(gate)·up;
 4. the intermediate (all T·top_k rows together — per-tensor scales see the whole tensor) is
    quantized again in the same format, as the kernel must do before GEMM2;
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from compare.quant import dequantize_weight, fake_quantize_activation
-from compare.validate import validate_moe_args
+from moe_spec.quant import dequantize_weight, fake_quantize_activation
+from moe_spec.validate import validate_moe_args
 
 F64 = torch.float64
 

@@ -1,0 +1,12 @@
+"""moe_spec — the specification of the MoE problem, shared by both backends and the harness.
+
+This is the lowest layer of the project. It imports nothing of ours; ``cute_moe`` and
+``triton_moe`` import only this package (never each other), and ``compare`` imports all three.
+
+- :mod:`moe_spec.quant`    the registry of FP8 formats and the quantize / dequantize reference
+- :mod:`moe_spec.problem`  the MoE layer's sizes, the catalog of model shapes, routing, random inputs
+- :mod:`moe_spec.validate` the argument checks both backends run before any launch (errors name the argument)
+- :mod:`moe_spec.oracle`   the float64 oracle with a per-expert breakdown
+- :mod:`moe_spec.contract` the backend contract and its vLLM ``fused_experts`` spelling
+- :mod:`moe_spec.timing`   CUDA-graph timing with a cold L2, ceilings, rooflines
+"""
