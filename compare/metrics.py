@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from moe_spec.oracle import rel_l2  # noqa: F401  (one definition, re-exported as a metric)
+from moe_spec.quant import FORMATS, QuantFormat, get_format
 
 ULP_FLOOR = 1.0  # |ref| is floored at ULP_FLOOR · rms(ref) before taking its ULP
 BF16_MANTISSA_BITS = 7  # stored bits; 8 significant bits with the implicit one
@@ -127,25 +128,34 @@ class Tolerance:
     quant_error: float | None  # sanity bound on the quantized problem vs the bf16 problem
 
 
-# Reasoning in notes/numerics.md. Keys are format names; "bf16" stands for quant=None.
-TOLERANCES: dict[str, Tolerance] = {
-    "bf16": Tolerance(rel_l2=1e-2, cosine=0.9999, max_ulp=16.0, quant_error=None),
-    "fp8_tensor": Tolerance(rel_l2=1e-2, cosine=0.9999, max_ulp=None, quant_error=0.12),
-    "fp8_channel": Tolerance(rel_l2=1e-2, cosine=0.9999, max_ulp=None, quant_error=0.12),
-    "fp8_block": Tolerance(rel_l2=1e-2, cosine=0.9999, max_ulp=None, quant_error=0.12),
-}
+#: The parts of the policy that are the same for every format of its kind; each format's rel L2
+#: bound is its ``tolerance`` in the registry (:data:`moe_spec.quant.FORMATS`).
+COSINE_BOUND = 0.9999  # 1 − cos ≈ rel²/2: consistent with a 1e-2 rel L2 bound
+BF16_MAX_ULP = 16.0  # unquantized formats only: one re-quantized FP8 value can move an output far
+QUANT_ERROR_BOUND = 0.12  # quantized formats: the quantized problem vs the bf16 problem (sanity)
+
+
+def _policy(fmt: QuantFormat) -> Tolerance:
+    return Tolerance(rel_l2=fmt.tolerance, cosine=COSINE_BOUND,
+                     max_ulp=None if fmt.quantized else BF16_MAX_ULP,
+                     quant_error=QUANT_ERROR_BOUND if fmt.quantized else None)
+
+
+# Reasoning in notes/numerics.md. Keys are the formats' labels ("bf16" stands for quant=None), in
+# the registry's order.
+TOLERANCES: dict[str, Tolerance] = {fmt.label: _policy(fmt) for fmt in FORMATS.values()}
 
 
 def quant_name(quant: str | None) -> str:
-    """The display/table name of a quantization format: None is "bf16"."""
-    return "bf16" if quant is None else quant
+    """The display/table name of a quantization format (its registry label): None is "bf16"."""
+    return get_format(quant).label
 
 
 def tolerance_for(quant: str | None) -> Tolerance:
     try:
         return TOLERANCES[quant_name(quant)]
-    except KeyError:
-        raise ValueError(f"no tolerance policy for quant={quant!r}; known: {sorted(TOLERANCES)}") from None
+    except ValueError:
+        raise ValueError(f"quant: no tolerance policy for {quant!r}; known: {list(TOLERANCES)}") from None
 
 
 def check(err: Errors, quant: str | None) -> tuple[bool, str]:

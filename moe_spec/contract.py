@@ -21,30 +21,41 @@ import functools
 
 import torch
 
-from moe_spec.quant import FP8_BLOCK
+from moe_spec.quant import FORMATS, FP8_DTYPE, WHOLE, get_format
 
 
 def quant_from_vllm(use_fp8_w8a8=False, per_channel_quant=False, block_shape=None):
-    """vLLM's quantization flags → one of this project's quant formats."""
+    """vLLM's quantization flags → one of this project's quant formats.
+
+    The flags describe the weight's scale groups — per tensor, per output channel, or
+    ``block_shape`` = [rows, cols] — and the format is the FP8 row of the registry with that
+    ``weight_group``.
+    """
     if not use_fp8_w8a8:
         if per_channel_quant or block_shape is not None:
             raise ValueError("per_channel_quant/block_shape: only meaningful with use_fp8_w8a8=True")
         return None
     if block_shape is not None:
-        if list(block_shape) != [FP8_BLOCK, FP8_BLOCK]:
-            raise ValueError(f"block_shape: only [{FP8_BLOCK}, {FP8_BLOCK}] is supported, got {block_shape}")
-        return "fp8_block"
-    return "fp8_channel" if per_channel_quant else "fp8_tensor"
+        group, arg = tuple(block_shape), "block_shape"
+    else:
+        group, arg = ((1, WHOLE) if per_channel_quant else (WHOLE, WHOLE)), "per_channel_quant"
+    for fmt in FORMATS.values():
+        if fmt.weight_dtype == FP8_DTYPE and fmt.weight_group == group:
+            return fmt.name
+    blocks = [list(f.weight_group) for f in FORMATS.values() if f.quantized and WHOLE not in f.weight_group]
+    raise ValueError(f"{arg}: no fp8 format of this project has weight scale groups {list(group)}; "
+                     f"block_shape may be one of {blocks}")
 
 
-def _vllm_scale(s, quant):
-    """vLLM stores per-channel scales as [E, N, 1] and per-tensor ones as [E] or [E, 1, 1]."""
-    if not isinstance(s, torch.Tensor):
-        return s  # None, or a wrong type that validation will name
-    if quant == "fp8_channel" and s.dim() == 3 and s.shape[-1] == 1:
-        return s.squeeze(-1)
-    if quant == "fp8_tensor" and s.dim() > 1:
-        return s.reshape(-1)
+def _vllm_scale(s, w, quant):
+    """vLLM keeps singleton dimensions in its scales (per-channel [E, N, 1], per-tensor [E, 1, 1]):
+    a scale that equals the contract's shape up to size-1 dimensions is reshaped to it."""
+    fmt = get_format(quant)
+    if not (isinstance(s, torch.Tensor) and isinstance(w, torch.Tensor) and w.dim() == 3 and fmt.quantized):
+        return s  # None, or a wrong argument that validation will name
+    want = fmt.weight_scale_shape(*w.shape)
+    if tuple(s.shape) != want and [d for d in s.shape if d != 1] == [d for d in want if d != 1]:
+        return s.reshape(want)
     return s
 
 
@@ -78,7 +89,7 @@ def make_fused_experts(fused_moe):
             raise ValueError(f"global_num_experts: expected -1 or E (w1.shape[0]), got {global_num_experts}")
         quant = quant_from_vllm(use_fp8_w8a8, per_channel_quant, block_shape)
         out = fused_moe(hidden_states, w1, w2, topk_weights, topk_ids, quant=quant,
-                        w1_scale=_vllm_scale(w1_scale, quant), w2_scale=_vllm_scale(w2_scale, quant),
+                        w1_scale=_vllm_scale(w1_scale, w1, quant), w2_scale=_vllm_scale(w2_scale, w2, quant),
                         **backend_options)
         if inplace:
             hidden_states.copy_(out)

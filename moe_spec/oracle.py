@@ -59,9 +59,8 @@ class OracleResult:
 
 
 def _expert_weight(w, scale, quant, e):
-    if quant is None:
-        return w[e].to(F64)
-    return dequantize_weight(w[e : e + 1], scale[e : e + 1], quant, F64)[0]
+    """Expert e's weight in fp64: the bf16 values, or ``q · scale`` (identity for bf16)."""
+    return dequantize_weight(w[e : e + 1], None if scale is None else scale[e : e + 1], quant, F64)[0]
 
 
 def oracle_breakdown(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None,
@@ -79,8 +78,7 @@ def oracle_breakdown(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=
     for e, pairs in pairs_of.items():
         h = xa[pairs // k] @ _expert_weight(w1, w1_scale, quant, e).T
         inter[pairs] = torch.nn.functional.silu(h[:, :I]) * h[:, I:]
-    if quant is not None and T:
-        inter = fake_quantize_activation(inter.float(), quant)
+    inter = fake_quantize_activation(inter, quant)  # identity for bf16
 
     y = torch.zeros(T * k, K, dtype=F64, device=x.device)
     for e, pairs in pairs_of.items():

@@ -36,7 +36,7 @@ from typing import Optional
 
 import torch
 
-from moe_spec.quant import check_quant, quantize_weight
+from moe_spec.quant import get_format, quantize_weight
 
 @dataclass(frozen=True)
 class MoEShape:
@@ -169,7 +169,7 @@ def make_inputs(shape: MoEShape, T: int, quant: Optional[str] = None, *, seed: i
     token to the first few), to exercise uneven expert loads. ``weights_bf16`` lets a caller reuse
     one (w1, w2) pair across token counts. Quantization goes through :mod:`moe_spec.quant`.
     """
-    check_quant(quant)
+    fmt = get_format(quant)
     E, K = shape.num_experts, shape.hidden
     gen = torch.Generator(device="cpu").manual_seed(seed)
     w1, w2 = draw_weights(shape, gen) if weights_bf16 is None else weights_bf16
@@ -179,7 +179,7 @@ def make_inputs(shape: MoEShape, T: int, quant: Optional[str] = None, *, seed: i
         logits = logits - skew * torch.arange(E, dtype=torch.float32) / max(E - 1, 1) * E ** 0.5
     topk_weights, topk_ids = route(logits, shape.top_k, renormalize)
     w1_scale = w2_scale = None
-    if quant is not None:
+    if fmt.quantized:
         w1, w1_scale = quantize_weight(w1, quant)
         w2, w2_scale = quantize_weight(w2, quant)
     return MoEInputs(x, w1, w2, topk_weights, topk_ids, quant, w1_scale, w2_scale).to(device)

@@ -5,9 +5,19 @@ against the contract in :mod:`moe_spec.problem`, and returns the problem's sizes
 raise ``TypeError``; wrong shapes or values raise ``ValueError``. Each message starts with the
 argument's name and says what was expected.
 
-The value checks (ids in range, no repeated expert in a row, finite positive scales) read device
-data and so synchronize with the host; they are skipped while a CUDA graph is being captured,
-where a sync is illegal (the graph replays on inputs that were validated when it was built).
+Two kinds of checks, in this order:
+
+* on the host, from the tensors' metadata alone (no sync, nothing read): types, dtypes (the weight
+  dtype is the format's, :data:`moe_spec.quant.FORMATS`), shapes and scale shapes, the int32
+  offset limit, a backend's expert limit, then no meta tensor (a meta tensor has shape but no
+  data: it is refused by name before anything tries to read it), one device, contiguity;
+* on the data: ids in [0, E), no repeated expert in a row, finite routing weights, finite
+  positive scales. These read device memory and so synchronize with the host; they are skipped
+  while a CUDA graph is being captured, where a sync is illegal (the graph replays on inputs
+  that were validated when it was built).
+
+The activations ``x`` and the weights are not scanned: a NaN or inf there is data, and it
+propagates to the output as the oracle says (``notes/numerics.md``).
 """
 
 from __future__ import annotations
@@ -16,8 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from moe_spec.quant import FP8_DTYPE, check_quant
-from moe_spec.quant import weight_scale_shape
+from moe_spec.quant import get_format
 
 #: Largest element offset a kernel may form in int32 arithmetic.
 INT32_MAX = 2**31 - 1
@@ -68,20 +77,19 @@ def _scale(name, s, expected_shape, capturing):
 
 
 def validate_moe_args(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None,
-                      w2_scale=None) -> MoEDims:
-    """Check every argument of ``fused_moe`` and return the problem's sizes."""
+                      w2_scale=None, max_experts=None) -> MoEDims:
+    """Check every argument of ``fused_moe`` and return the problem's sizes.
+
+    ``max_experts``: a backend's limit on E (None: no limit), refused naming ``w1``.
+    """
     for name, t in (("x", x), ("w1", w1), ("w2", w2), ("topk_weights", topk_weights), ("topk_ids", topk_ids)):
         _tensor(name, t)
-    try:
-        check_quant(quant)
-    except ValueError:
-        raise ValueError(f"quant: expected one of None, 'fp8_tensor', 'fp8_channel', 'fp8_block', got {quant!r}") from None
+    fmt = get_format(quant)
 
     _dtype("x", x, (torch.bfloat16,))
-    wdt = (torch.bfloat16,) if quant is None else (FP8_DTYPE,)
-    why = " (quant=None)" if quant is None else f" (quant={quant!r})"
-    _dtype("w1", w1, wdt, why)
-    _dtype("w2", w2, wdt, why)
+    why = f" (quant={quant!r})"
+    _dtype("w1", w1, (fmt.weight_dtype,), why)
+    _dtype("w2", w2, (fmt.weight_dtype,), why)
     _dtype("topk_weights", topk_weights, (torch.float32,))
     _dtype("topk_ids", topk_ids, (torch.int32, torch.int64))
 
@@ -108,29 +116,33 @@ def validate_moe_args(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale
         raise ValueError(f"topk_weights: expected 1 <= top_k <= E={E}, got top_k={top_k}")
     _shape("topk_ids", topk_ids, (T, top_k))
 
-    device = x.device
-    for name, t in (("w1", w1), ("w2", w2), ("topk_weights", topk_weights), ("topk_ids", topk_ids),
-                    ("w1_scale", w1_scale), ("w2_scale", w2_scale)):
-        if isinstance(t, torch.Tensor) and t.device != device:
-            raise ValueError(f"{name}: expected a tensor on {device} (the device of x), got {t.device}")
-    for name, t in (("x", x), ("w1", w1), ("w2", w2), ("topk_weights", topk_weights), ("topk_ids", topk_ids)):
-        _contiguous(name, t)
-
     # Flat offsets a kernel forms: a weight element of the last expert, a token-row element of the
     # sorted (T·k) copies. Larger problems would overflow 32-bit index arithmetic.
     for name, n in (("w1", w1.numel()), ("w2", w2.numel()), ("x", T * top_k * max(K, two_i))):
         if n > INT32_MAX:
             raise ValueError(f"{name}: {n} elements per flat index exceed the int32 offset limit {INT32_MAX}; "
                              "split the problem (fewer tokens per call or tensor-parallel shards)")
+    if max_experts is not None and E > max_experts:
+        raise ValueError(f"w1: at most {max_experts} experts (w1.shape[0]) are supported by this backend, got {E}")
+
+    tensors = (("x", x), ("w1", w1), ("w2", w2), ("topk_weights", topk_weights), ("topk_ids", topk_ids),
+               ("w1_scale", w1_scale), ("w2_scale", w2_scale))
+    for name, t in tensors:
+        if isinstance(t, torch.Tensor) and t.is_meta:
+            raise ValueError(f"{name}: expected a tensor with data, got a meta tensor (the backend reads its values)")
+    device = x.device
+    for name, t in tensors[1:]:
+        if isinstance(t, torch.Tensor) and t.device != device:
+            raise ValueError(f"{name}: expected a tensor on {device} (the device of x), got {t.device}")
+    for name, t in tensors[:5]:
+        _contiguous(name, t)
 
     capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-    if quant is None:
-        for name, s in (("w1_scale", w1_scale), ("w2_scale", w2_scale)):
-            if s is not None:
-                raise ValueError(f"{name}: must be None when quant=None (bf16 weights carry no scale)")
-    else:
-        _scale("w1_scale", w1_scale, weight_scale_shape(quant, E, two_i, K), capturing)
-        _scale("w2_scale", w2_scale, weight_scale_shape(quant, E, K, I), capturing)
+    for name, s, dims in (("w1_scale", w1_scale, (E, two_i, K)), ("w2_scale", w2_scale, (E, K, I))):
+        if fmt.quantized:
+            _scale(name, s, fmt.weight_scale_shape(*dims), capturing)
+        elif s is not None:
+            raise ValueError(f"{name}: must be None when quant={quant!r} (bf16 weights carry no scale)")
 
     if T and not capturing:
         ids = topk_ids.long()

@@ -52,17 +52,30 @@ FP8 accumulation (``FP8_IMPRECISE_ACC``)
     tl.dot(a, w)``); n > 0 hands the accumulator to the dot with ``max_num_imprecise_acc = n``, and
     Triton's WGMMA lowering promotes the partial sum to fp32 every n elements of K.
 
-The interpreter and bf16 (``INTERPRETER``)
-    Triton's CPU interpreter (3.6.0) gets three conversions wrong: ``tl.dot`` on bf16 operands
-    returns garbage (FINDINGS.md), an fp32→bf16 cast truncates instead of rounding to nearest
-    even (half of all values one ulp low), and an fp32→e4m3 cast loses the carry of a round-up
-    into the exponent and breaks ties upwards (4 % of values wrong). :mod:`triton_moe.moe` passes
-    INTERPRETER = True only when ``TRITON_INTERPRET=1``; then bf16 tiles are widened to fp32
-    before the dot (products of bf16 values are exact in fp32, so the CPU computes what the GPU's
-    bf16 WGMMA with fp32 accumulation computes, up to summation order), and ``_cast_out`` and
-    ``_quantize`` round the fp32 value onto the target grid before casting. On the GPU the
-    constexpr is False: the native bf16 dot and the hardware's rounding casts are compiled, and
-    these branches do not exist in the binary.
+NaN and inf (see ``notes/numerics.md``)
+    A NaN must come out wherever the oracle has one; three places in an FP8 pipeline drop it
+    silently and are written so that they do not: an amax (``tl.max`` / ``tl.maximum`` are IEEE
+    maxNum, which returns the number and drops the NaN — the amaxes here are integer maxima of
+    the bits, :func:`_abs_bits`), the scale's floor (``max(amax, 1e-12)``, taken with
+    ``propagate_nan=ALL``) and the saturating clamp before the cast (also ``ALL``; the GPU's
+    fp32→e4m3 cast itself maps NaN to E4M3's NaN byte). So a NaN in x, in a weight (the byte
+    0x7F) or in the intermediate spreads through its scale group exactly as in
+    :mod:`moe_spec.quant`. An intermediate beyond fp32's range is ±inf after SiLU·up; GEMM2 then
+    meets inf − inf and the token's row is NaN — the oracle (fp64) has values there beyond the
+    bf16 range of the output.
+
+The interpreter (``INTERPRETER``)
+    Triton's CPU interpreter (3.6.0) gets four conversions wrong: ``tl.dot`` on bf16 operands
+    returns garbage, an fp32→bf16 cast truncates instead of rounding to nearest even (half of all
+    values one ulp low), an fp32→e4m3 cast loses the carry of a round-up into the exponent and
+    breaks ties upwards (4 % of values wrong), and the e4m3 conversions do not know E4M3's NaN
+    (NaN → 384, the byte 0x7F → 480). :mod:`triton_moe.moe` passes INTERPRETER = True only when
+    ``TRITON_INTERPRET=1``; then bf16 and E4M3 tiles are widened to fp32 before the dot (products
+    of bf16 or e4m3 values are exact in fp32, so the CPU computes what the GPU's WGMMA with fp32
+    accumulation computes, up to summation order; ``_widen`` restores NaN), and ``_cast_out`` and
+    ``_quantize`` round the fp32 value onto the target grid before casting (and write NaN's byte
+    themselves). On the GPU the constexpr is False: the native dots and the hardware's rounding
+    casts are compiled, and these branches do not exist in the binary.
 
 Recompilation: the per-call sizes (``num_pairs``, ``num_rows``, ``num_tokens``) are ``do_not_specialize``;
 N and K are model constants; strides are derived from them (inputs are contiguous).
@@ -74,20 +87,44 @@ import triton
 import triton.language as tl
 
 import moe_spec.quant
+from moe_spec.quant import FORMATS
 
-#: Quant modes as the kernels see them.
-QUANT_MODE = {None: 0, "fp8_tensor": 1, "fp8_channel": 2, "fp8_block": 3}
-#: The FP8 constants of :mod:`moe_spec.quant`, defined there once; a
-#: Triton kernel may read a module global only when it is a ``tl.constexpr``.
+#: The ``QUANT`` constexpr of each contract format: its mode number in the registry.
+QUANT_MODE = {name: fmt.mode for name, fmt in FORMATS.items()}
+#: The registry's numbers and FP8 constants as the kernels read them (a Triton kernel may read a
+#: module global only when it is a ``tl.constexpr``).
+PER_TENSOR = tl.constexpr(FORMATS["fp8_tensor"].mode)
+PER_CHANNEL = tl.constexpr(FORMATS["fp8_channel"].mode)
+PER_BLOCK = tl.constexpr(FORMATS["fp8_block"].mode)
 FP8_MAX = tl.constexpr(moe_spec.quant.FP8_MAX)  # largest E4M3FN value, 448
 AMAX_FLOOR = tl.constexpr(moe_spec.quant.AMAX_FLOOR)  # smallest amax a scale is taken of, 1e-12
 FP8_BLOCK = tl.constexpr(moe_spec.quant.FP8_BLOCK)  # weight block / activation group edge, 128
 
 
 @triton.jit
+def _abs_bits(v):
+    """|v| as int32 bits: the sign bit cleared, which is |v| for every v, NaN included.
+
+    For values ≥ 0 the order of the bit patterns is the order of the values, and every NaN
+    (exponent all ones, mantissa ≠ 0) sorts above +inf. An integer max of these bits is therefore
+    an amax that keeps NaN, where ``tl.max`` / ``tl.maximum`` (IEEE maxNum on the GPU, NaN-skipping
+    in the interpreter's reductions) return the largest number and drop it; integer maxima,
+    reductions and atomics need no NaN rule of their own.
+    """
+    return v.to(tl.float32).to(tl.int32, bitcast=True) & 0x7FFFFFFF
+
+
+@triton.jit
+def _bits_ptr(ptr):
+    """An fp32 amax buffer seen as the int32 bits that :func:`_abs_bits` maxima are taken over."""
+    return ptr.to(tl.pointer_type(tl.int32))
+
+
+@triton.jit
 def _scale_of(amax):
-    """fp32 scale of an amax, as moe_spec.quant computes it (IEEE division, like torch's)."""
-    return tl.math.div_rn(tl.maximum(amax, AMAX_FLOOR), FP8_MAX)
+    """fp32 scale of an amax, as moe_spec.quant computes it (IEEE division, like torch's; NaN in,
+    NaN out: a floor taken with IEEE maxNum would turn a NaN amax into the floor)."""
+    return tl.math.div_rn(tl.maximum(amax, AMAX_FLOOR, propagate_nan=tl.PropagateNan.ALL), FP8_MAX)
 
 
 @triton.jit
@@ -98,13 +135,16 @@ def _quantize(a, scale, INTERPRETER: tl.constexpr):
     (31 → 16 instead of 32); there the value is rounded to e4m3's grid in fp32 first: 3 mantissa
     bits for normals (|q| ≥ 2⁻⁶), a fixed step of 2⁻⁹ below, so the cast itself is exact.
     """
-    q = tl.clamp(tl.math.div_rn(a.to(tl.float32), scale), -FP8_MAX, FP8_MAX)
+    q = tl.clamp(tl.math.div_rn(a.to(tl.float32), scale), -FP8_MAX, FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
     if INTERPRETER:
         bits = q.to(tl.uint32, bitcast=True)
         normal = ((bits + (0x7FFFF + ((bits >> 20) & 1))) & 0xFFF00000).to(tl.float32, bitcast=True)
         subnormal = ((q * 512.0 + 12582912.0) - 12582912.0) / 512.0  # 1.5·2²³: RNE to an integer
-        q = tl.where(tl.abs(q) >= 0.015625, normal, subnormal)
-    return q.to(tl.float8e4nv)
+        grid = tl.where(tl.abs(q) >= 0.015625, normal, subnormal)
+        # the interpreter casts NaN to 384 (0x7C): write E4M3's NaN byte (S.1111.111) itself
+        byte = grid.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+        return tl.where(q != q, byte | 0x7F, byte).to(tl.float8e4nv, bitcast=True)
+    return q.to(tl.float8e4nv)  # the GPU's saturating cast keeps NaN
 
 
 @triton.jit
@@ -114,8 +154,18 @@ def _cast_out(x, dtype: tl.constexpr, INTERPRETER: tl.constexpr):
     if INTERPRETER and dtype == tl.bfloat16:
         bits = x.to(tl.uint32, bitcast=True)
         bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & 0xFFFF0000
-        x = bits.to(tl.float32, bitcast=True)
+        x = tl.where(x == x, bits.to(tl.float32, bitcast=True), x)  # a NaN's mantissa may carry out
     return x.to(dtype)
+
+
+@triton.jit
+def _widen(t):
+    """Interpreter only: a bf16 or E4M3 tile as fp32 (exact) for ``tl.dot``. The interpreter's bf16
+    dot returns garbage, and its E4M3 conversion reads the NaN byte (S.1111.111) as ±480."""
+    wide = t.to(tl.float32)
+    if t.dtype == tl.float8e4nv:
+        wide = tl.where((t.to(tl.uint8, bitcast=True) & 0x7F) == 0x7F, float("nan"), wide)
+    return wide
 
 
 @triton.jit
@@ -126,15 +176,16 @@ def _mma(acc, a, w, SWAP_AB: tl.constexpr, INTERPRETER: tl.constexpr, FP8_IMPREC
     the module docstring): 0 adds each K step's product into ``acc``; n > 0 lets the WGMMA
     accumulate into ``acc`` and Triton promote every n elements of K.
     """
-    if INTERPRETER and a.dtype == tl.bfloat16:
-        a = a.to(tl.float32)
-        w = w.to(tl.float32)
-    if a.dtype == tl.float8e4nv and FP8_IMPRECISE_ACC == 0:
+    FP8: tl.constexpr = a.dtype == tl.float8e4nv
+    if INTERPRETER:
+        a = _widen(a)
+        w = _widen(w)
+    if FP8 and FP8_IMPRECISE_ACC == 0:
         if SWAP_AB:
             acc += tl.dot(w, tl.trans(a))
         else:
             acc += tl.dot(a, tl.trans(w))
-    elif a.dtype == tl.float8e4nv:
+    elif FP8:
         if SWAP_AB:
             acc = tl.dot(w, tl.trans(a), acc, max_num_imprecise_acc=FP8_IMPRECISE_ACC)
         else:
@@ -147,8 +198,11 @@ def _mma(acc, a, w, SWAP_AB: tl.constexpr, INTERPRETER: tl.constexpr, FP8_IMPREC
 
 
 @triton.jit
-def _mma_scaled(acc, a, w, a_s, w_s, SWAP_AB: tl.constexpr):
+def _mma_scaled(acc, a, w, a_s, w_s, SWAP_AB: tl.constexpr, INTERPRETER: tl.constexpr):
     """Block-scaled FP8 step: acc += (a·wᵀ) · a_s[row] · w_s[col] (transposed when swapped)."""
+    if INTERPRETER:
+        a = _widen(a)
+        w = _widen(w)
     if SWAP_AB:
         acc += tl.dot(w, tl.trans(a)) * (w_s[:, None] * a_s[None, :])
     else:
@@ -176,11 +230,11 @@ def _unswap(acc, SWAP_AB: tl.constexpr):
 def _dequant_after_loop(acc, a_scale_ptr, a_row, row_ok, w_scale_ptr, expert, w_cols, col_ok,
                         N_TOTAL, QUANT: tl.constexpr):
     """Per-tensor / per-channel FP8: apply both scales once, after the K loop ([BM, BN] acc)."""
-    if QUANT == 1:
+    if QUANT == PER_TENSOR:
         s_a = tl.load(a_scale_ptr)
         s_w = tl.load(w_scale_ptr + expert)
         acc = acc * (s_a * s_w)
-    elif QUANT == 2:
+    elif QUANT == PER_CHANNEL:
         s_a = tl.load(a_scale_ptr + a_row, mask=row_ok, other=1.0)
         s_w = tl.load(w_scale_ptr + expert * N_TOTAL + w_cols, mask=col_ok, other=0.0)
         acc = acc * s_a[:, None] * s_w[None, :]
@@ -245,16 +299,16 @@ def moe_gemm_kernel(
         w = tl.load(w_ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
         if FUSE_SILU:
             w_up = tl.load(w_ptrs + N * K, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        if QUANT == 3:
+        if QUANT == PER_BLOCK:
             kg = k0 // FP8_BLOCK
             s_a = tl.load(a_scale_ptr + a_row * K_GROUPS + kg, mask=row_ok, other=1.0)
             s_w = tl.load(w_scale_ptr + (expert * N_GROUPS + offs_n // FP8_BLOCK) * K_GROUPS + kg,
                           mask=col_ok, other=0.0)
-            acc = _mma_scaled(acc, a, w, s_a, s_w, SWAP_AB)
+            acc = _mma_scaled(acc, a, w, s_a, s_w, SWAP_AB, INTERPRETER)
             if FUSE_SILU:
                 s_w_up = tl.load(w_scale_ptr + (expert * N_GROUPS + (N + offs_n) // FP8_BLOCK) * K_GROUPS + kg,
                                  mask=col_ok, other=0.0)
-                acc_up = _mma_scaled(acc_up, a, w_up, s_a, s_w_up, SWAP_AB)
+                acc_up = _mma_scaled(acc_up, a, w_up, s_a, s_w_up, SWAP_AB, INTERPRETER)
         else:  # bf16, or FP8 with scales applied after the loop
             acc = _mma(acc, a, w, SWAP_AB, INTERPRETER, FP8_IMPRECISE_ACC)
             if FUSE_SILU:
@@ -271,17 +325,18 @@ def moe_gemm_kernel(
                                  expert, N + offs_n, col_ok, N_TOTAL, QUANT)
         acc = acc / (1.0 + tl.exp(-acc)) * up  # SiLU(gate)·up in fp32
         acc = tl.where(out_mask, acc, 0.0)
-        if QUANT == 1:
-            tl.atomic_max(out_amax_ptr, tl.max(tl.max(tl.abs(acc), axis=1), axis=0))
-        elif QUANT == 2:
-            tl.atomic_max(out_amax_ptr + pair, tl.max(tl.abs(acc), axis=1), mask=row_ok)
-        elif QUANT == 3:
+        # the intermediate's amax, as int32 bits (NaN kept, see _abs_bits), per tensor / row / group
+        if QUANT == PER_TENSOR:
+            tl.atomic_max(_bits_ptr(out_amax_ptr), tl.max(tl.max(_abs_bits(acc), axis=1), axis=0))
+        elif QUANT == PER_CHANNEL:
+            tl.atomic_max(_bits_ptr(out_amax_ptr) + pair, tl.max(_abs_bits(acc), axis=1), mask=row_ok)
+        elif QUANT == PER_BLOCK:
             # 1×128 groups of the intermediate: BLOCK_N/G groups of G columns in this tile
             G: tl.constexpr = BLOCK_N if BLOCK_N < FP8_BLOCK else FP8_BLOCK
-            group_max = tl.max(tl.reshape(tl.abs(acc), [BLOCK_M, BLOCK_N // G, G]), axis=2)
+            group_max = tl.max(tl.reshape(_abs_bits(acc), [BLOCK_M, BLOCK_N // G, G]), axis=2)
             gcol = (pid_n * BLOCK_N) // FP8_BLOCK + tl.arange(0, BLOCK_N // G)
-            tl.atomic_max(out_amax_ptr + pair[:, None] * tl.cdiv(N, FP8_BLOCK) + gcol[None, :], group_max,
-                          mask=row_ok[:, None] & (gcol < tl.cdiv(N, FP8_BLOCK))[None, :])
+            tl.atomic_max(_bits_ptr(out_amax_ptr) + pair[:, None] * tl.cdiv(N, FP8_BLOCK) + gcol[None, :],
+                          group_max, mask=row_ok[:, None] & (gcol < tl.cdiv(N, FP8_BLOCK))[None, :])
     if MUL_ROUTED_WEIGHT:
         rw = tl.load(topk_weights_ptr + pair, mask=row_ok, other=0.0)
         acc = acc * rw[:, None]
@@ -291,14 +346,15 @@ def moe_gemm_kernel(
 
 @triton.jit(do_not_specialize=["num_rows"])
 def amax_kernel(x_ptr, amax_ptr, num_rows, K, BLOCK: tl.constexpr):
-    """Amax of the whole x [rows, K] (per-tensor FP8): one program per row, ``tl.atomic_max``."""
+    """Amax of the whole x [rows, K] (per-tensor FP8): one program per row, ``tl.atomic_max`` on
+    the amax's bits (a NaN anywhere makes it NaN, see :func:`_abs_bits`)."""
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
-    row_max = tl.zeros([BLOCK], dtype=tl.float32)
+    row_max = tl.zeros([BLOCK], dtype=tl.int32)
     for k0 in range(0, K, BLOCK):
-        v = tl.load(x_ptr + row * K + k0 + cols, mask=cols < K - k0, other=0.0).to(tl.float32)
-        row_max = tl.maximum(row_max, tl.abs(v))
-    tl.atomic_max(amax_ptr, tl.max(row_max, axis=0))
+        v = tl.load(x_ptr + row * K + k0 + cols, mask=cols < K - k0, other=0.0)
+        row_max = tl.maximum(row_max, _abs_bits(v))
+    tl.atomic_max(_bits_ptr(amax_ptr), tl.max(row_max, axis=0))
 
 
 @triton.jit(do_not_specialize=["num_rows"])
@@ -316,30 +372,30 @@ def quantize_kernel(a_ptr, amax_ptr, q_ptr, scale_ptr, num_rows, K, QUANT: tl.co
     groups = tl.arange(0, GROUPS)
     cols = tl.arange(0, FP8_BLOCK)
     K_GROUPS = tl.cdiv(K, FP8_BLOCK)
-    if QUANT == 1:
+    if QUANT == PER_TENSOR:
         s = _scale_of(tl.load(amax_ptr))
         tl.store(scale_ptr, s, mask=row == 0)
-    elif QUANT == 2:
+    elif QUANT == PER_CHANNEL:
         if AMAX_GIVEN:
             amax = tl.load(amax_ptr + row)
         else:
-            row_max = tl.zeros([GROUPS, FP8_BLOCK], dtype=tl.float32)
+            row_max = tl.zeros([GROUPS, FP8_BLOCK], dtype=tl.int32)
             for g0 in range(0, K_GROUPS, GROUPS):
                 k = (g0 + groups)[:, None] * FP8_BLOCK + cols[None, :]
-                v = tl.load(a_ptr + row * K + k, mask=k < K, other=0.0).to(tl.float32)
-                row_max = tl.maximum(row_max, tl.abs(v))
-            amax = tl.max(tl.max(row_max, axis=1), axis=0)
+                v = tl.load(a_ptr + row * K + k, mask=k < K, other=0.0)
+                row_max = tl.maximum(row_max, _abs_bits(v))
+            amax = tl.max(tl.max(row_max, axis=1), axis=0).to(tl.float32, bitcast=True)
         s = _scale_of(amax)
         tl.store(scale_ptr + row, s)
     for g0 in range(0, K_GROUPS, GROUPS):
         k = (g0 + groups)[:, None] * FP8_BLOCK + cols[None, :]
         v = tl.load(a_ptr + row * K + k, mask=k < K, other=0.0).to(tl.float32)
-        if QUANT == 3:
+        if QUANT == PER_BLOCK:
             g_ok = g0 + groups < K_GROUPS
             if AMAX_GIVEN:
                 amax = tl.load(amax_ptr + row * K_GROUPS + g0 + groups, mask=g_ok, other=1.0)
             else:
-                amax = tl.max(tl.abs(v), axis=1)
+                amax = tl.max(_abs_bits(v), axis=1).to(tl.float32, bitcast=True)
             s_g = _scale_of(amax)
             tl.store(scale_ptr + row * K_GROUPS + g0 + groups, s_g, mask=g_ok)
             q = _quantize(v, s_g[:, None], INTERPRETER)
