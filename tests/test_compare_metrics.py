@@ -78,6 +78,24 @@ def test_check_names_every_failed_bound_and_fails_nan():
     assert metrics.cross_backend_tolerance(None) == 2 * metrics.TOLERANCES["bf16"].rel_l2
 
 
+def test_policy_is_read_from_the_format_registry():
+    from moe_spec.quant import FORMATS
+
+    assert list(metrics.TOLERANCES) == [f.label for f in FORMATS.values()]
+    for quant, fmt in FORMATS.items():
+        tol = metrics.tolerance_for(quant)
+        assert metrics.quant_name(quant) == fmt.label and tol is metrics.TOLERANCES[fmt.label]
+        assert tol.rel_l2 == fmt.tolerance and metrics.cross_backend_tolerance(quant) == 2 * fmt.tolerance
+        # the policy of notes/numerics.md: ULPs gate bf16 only, the quantization error FP8 only
+        assert (tol.cosine, tol.max_ulp, tol.quant_error) == (
+            (0.9999, None, 0.12) if fmt.quantized else (0.9999, 16.0, None))
+    assert metrics.quant_name(None) == "bf16"
+    with pytest.raises(ValueError, match="^quant: no tolerance policy for 'int4'"):
+        metrics.tolerance_for("int4")
+    with pytest.raises(ValueError, match="^quant:"):
+        metrics.quant_name("int4")
+
+
 # --- the policy against real implementations: correct ones pass, broken ones fail --------------
 
 

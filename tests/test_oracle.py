@@ -152,3 +152,33 @@ def test_catalog_is_sane():
     for s in CATALOG.values():
         assert s.intermediate % 8 == 0 and s.hidden % 128 == 0 and s.source
     assert CATALOG["deepseek-v3"].with_tp(8).intermediate == 256
+
+
+# --- NaN: where the math puts it -------------------------------------------------------------------
+
+
+def _poison(inp, where):
+    """A NaN in x[2, 5], or in W1 of the expert of token 0's first slot (the byte 0x7F under FP8)."""
+    if where == "x":
+        inp.x[2, 5] = float("nan")
+        return torch.arange(inp.x.shape[0]) == 2
+    e = int(inp.topk_ids[0, 0])
+    if inp.quant is None:
+        inp.w1[e, 3, 7] = float("nan")
+    else:
+        inp.w1.view(torch.uint8)[e, 3, 7] = 0x7F
+    return (inp.topk_ids == e).any(dim=1)
+
+
+@pytest.mark.parametrize("where", ["x", "w1"])
+@pytest.mark.parametrize("quant", FORMATS)
+def test_a_nan_reaches_exactly_the_rows_the_math_says(quant, where):
+    """bf16, fp8_channel, fp8_block: the tokens that meet the NaN (its row of x; the tokens routed
+    to its expert) — through GEMM1 every column of their intermediate, so every output column.
+    fp8_tensor: every row, because the NaN makes the one intermediate scale NaN."""
+    inp = make_inputs(_shape(6, 2, 160, 136), 9, quant, seed=8)
+    rows = _poison(inp, where)
+    assert 0 < int(rows.sum()) < 9
+    out = oracle(**inp.kwargs())
+    expected = torch.ones_like(rows) if quant == "fp8_tensor" else rows
+    assert torch.equal(out.isnan(), expected[:, None].expand_as(out))

@@ -69,6 +69,6 @@ def test_more_experts_than_supported_is_named_before_any_launch():
     from triton_moe.jit import count_compilations
 
     inp = make_inputs(MoEShape("wide", MAX_EXPERTS + 1, 2, 16, 16, "test: one expert too many"), 3)
-    with count_compilations(dry_run=True) as counter, pytest.raises(ValueError, match="^num_experts: at most 1024"):
+    with count_compilations(dry_run=True) as counter, pytest.raises(ValueError, match="^w1: at most 1024 experts"):
         fused_moe(**inp.kwargs())
     assert counter.total() == 0

@@ -89,3 +89,41 @@ def test_alignment_large():
     assert torch.equal(sorted_ids.long(), expected)
     blocks = torch.repeat_interleave(torch.arange(E, device="cuda"), padded // bm)
     assert torch.equal(expert_ids[: n // bm].long(), blocks) and bool((expert_ids[n // bm:] == -1).all())
+
+
+# --- NaN and overflow on the GPU: its maxNum, clamp and e4m3 cast, not the interpreter's ----------
+
+NAN_SHAPE_GPU = ("nan-gpu", 8, 2, 1024, 320, "test: K a multiple of 128, I not")
+
+
+@pytest.mark.parametrize("swap_ab", [False, True], ids=["noswap", "swap"])
+@pytest.mark.parametrize("fault", ["nan_x", "nan_w1", "huge_x"])
+@pytest.mark.parametrize("quant", [None, "fp8_tensor", "fp8_channel", "fp8_block"], ids=lambda q: q or "bf16")
+def test_non_finite_inputs_come_out_as_the_oracle_says(quant, fault, swap_ab):
+    """A NaN in x, a NaN in W1 (E4M3's byte 0x7F under FP8) and x = 1e30 against the fp64 oracle:
+    NaN exactly where the oracle has NaN; bf16's overflow (an fp32 intermediate beyond range, inf −
+    inf in GEMM2) is non-finite exactly on the rows where the oracle leaves the bf16 range."""
+    from moe_spec.oracle import oracle, rel_l2
+    from moe_spec.problem import MoEShape, make_inputs
+    from triton_moe import fused_moe
+
+    inp = make_inputs(MoEShape(*NAN_SHAPE_GPU), 37, quant, seed=3, device="cuda")
+    e = int(inp.topk_ids[0, 0])
+    if fault == "nan_x":
+        inp.x[1, 5] = float("nan")
+    elif fault == "huge_x":
+        inp.x[1, 5] = 1e30
+    elif quant is None:
+        inp.w1[e, 3, 7] = float("nan")
+    else:
+        inp.w1.view(torch.uint8)[e, 3, 7] = 0x7F
+    out = fused_moe(**inp.kwargs(), swap_ab=swap_ab)
+    ref = oracle(**inp.kwargs())
+    if fault == "huge_x" and quant is None:
+        bad = ~torch.isfinite(ref.to(torch.bfloat16)).all(dim=1) | ref.isnan().any(dim=1)
+        assert bool(bad[1]) and torch.equal(~torch.isfinite(out).all(dim=1), bad)
+    else:
+        assert bool(ref.isnan().any()) and torch.equal(out.isnan(), ref.isnan())
+        bad = ref.isnan().any(dim=1)
+    if not bool(bad.all()):
+        assert rel_l2(out[~bad], ref[~bad]) <= TOL[quant]

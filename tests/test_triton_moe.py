@@ -152,20 +152,104 @@ def test_backend_option_of_wrong_type_is_named_before_any_launch(options, match)
     assert counter.total() == 0  # nothing was launched
 
 
-def test_kernels_take_fp8_constants_from_compare():
-    """448, 1e-12 and 128 are defined once (moe_spec.problem / moe_spec.quant): no kernel spells
-    them as literals, and the constexprs the kernels read are those values."""
-    import ast
-    import inspect
-
-    import moe_spec.problem
-    import moe_spec.quant
+def test_kernels_read_the_registry_and_its_constants():
+    """The kernels' QUANT numbers are the registry's modes and their FP8 constants moe_spec.quant's;
+    and the quantization kernel shows each constant where it matters: saturation at ±FP8_MAX, the
+    AMAX_FLOOR scale of an all-zero group, and block scales that change exactly every FP8_BLOCK
+    columns (a spike in the last column of one group and the first of the next)."""
+    from moe_spec.quant import AMAX_FLOOR, FORMATS, FP8_BLOCK, FP8_MAX
     from triton_moe import kernels
+    from triton_moe.moe import _quantize
 
+    assert kernels.QUANT_MODE == {q: f.mode for q, f in FORMATS.items()}
     assert (kernels.FP8_MAX.value, kernels.AMAX_FLOOR.value, kernels.FP8_BLOCK.value) == (
-        moe_spec.quant.FP8_MAX, moe_spec.quant.AMAX_FLOOR, moe_spec.quant.FP8_BLOCK)
-    tree = ast.parse(inspect.getsource(kernels))
-    literals = [(n.value, n.lineno) for n in ast.walk(tree)
-                if isinstance(n, ast.Constant) and type(n.value) in (int, float)
-                and n.value in (448, 448.0, 1e-12, 128)]
-    assert not literals, f"FP8 constants spelled as literals (value, line): {literals}"
+        FP8_MAX, AMAX_FLOOR, FP8_BLOCK)
+    a = torch.zeros(2, 3 * FP8_BLOCK)
+    a[0, FP8_BLOCK - 1], a[0, FP8_BLOCK] = 3.0, -5.0
+    q, s = _quantize(a, "fp8_block")
+    amax = torch.tensor([[3.0, 5.0, AMAX_FLOOR], [AMAX_FLOOR] * 3])
+    assert torch.equal(s, amax / torch.full_like(amax, FP8_MAX))
+    assert q.float()[0, FP8_BLOCK - 1] == FP8_MAX and q.float()[0, FP8_BLOCK] == -FP8_MAX
+    assert int(q.float().count_nonzero()) == 2
+
+
+def test_grouped_rasterization_with_a_partial_last_group():
+    """GROUP_M = 8 M-blocks sweep the N tiles together; 10 M-blocks leave a last group of 2. One
+    token per expert (E = 10, top_k = 1) makes every M-block real, and BLOCK_N = 16 gives 3 (GEMM1)
+    and 4 (GEMM2) N tiles: a rasterization that took the last group as full would map its programs
+    onto M-blocks past the end and never compute blocks 8 and 9's other N tiles."""
+    from triton_moe.align import max_padded_size
+
+    shape = MoEShape("groups", 10, 1, 64, 48, "test: 10 M-blocks of 16, GROUP_M = 8")
+    cfg = TritonConfig(16, 16, 32, GROUP_M=8, num_warps=4, num_stages=2, swap_ab=False)
+    assert max_padded_size(10, 10, cfg.BLOCK_M) // cfg.BLOCK_M == 10
+    for quant in (None, "fp8_block"):
+        inp = make_inputs(shape, 10, quant, seed=12)
+        inp.topk_ids = torch.arange(10, dtype=torch.int32)[:, None].contiguous()
+        _check(inp, config=cfg)
+
+
+# --- NaN and overflow: as the oracle says ---------------------------------------------------------
+
+NAN_SHAPE = MoEShape("nan", 4, 2, 160, 48, "test: 6 tokens over 4 experts")
+# numpy, under the interpreter, warns at every NaN it computes
+nan_arithmetic = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning",
+                                            "ignore:overflow encountered:RuntimeWarning")
+
+
+def _poison(inp, where):
+    """A NaN in x[1, 5], or in W1 of token 0's expert (bf16 NaN, or E4M3's NaN byte 0x7F)."""
+    if where == "x":
+        inp.x[1, 5] = float("nan")
+    elif inp.quant is None:
+        inp.w1[int(inp.topk_ids[0, 0]), 3, 7] = float("nan")
+    else:
+        inp.w1.view(torch.uint8)[int(inp.topk_ids[0, 0]), 3, 7] = 0x7F
+    return inp
+
+
+@nan_arithmetic
+@pytest.mark.parametrize("where", ["x", "w1"])
+@pytest.mark.parametrize("quant", QUANTS, ids=lambda q: q or "bf16")
+def test_nan_comes_out_where_the_oracle_has_it(quant, where):
+    """A NaN in x or in a weight spreads through the kernels' amaxes, scales and casts exactly as
+    through the oracle's (fp8_tensor: every row; otherwise the rows that meet it); the other rows
+    stay correct."""
+    inp = _poison(make_inputs(NAN_SHAPE, 6, quant, seed=9), where)
+    out = fused_moe(**inp.kwargs(), config=_config(quant, False))
+    ref = oracle(**inp.kwargs())
+    assert bool(ref.isnan().any())
+    assert torch.equal(out.isnan(), ref.isnan())
+    clean = ~ref.isnan().any(dim=1)
+    if bool(clean.any()):
+        assert rel_l2(out[clean], ref[clean]) <= TOL[quant]
+
+
+@nan_arithmetic
+@pytest.mark.parametrize("quant", QUANTS[1:])
+def test_fp8_overflow_is_nan_where_the_oracle_has_it(quant):
+    """x[1, 5] = 1e30: the intermediate of token 1 exceeds fp32 (the oracle models the kernel's fp32
+    intermediate), so its scale group's amax is inf and the group dequantizes to NaN."""
+    inp = make_inputs(NAN_SHAPE, 6, quant, seed=9)
+    inp.x[1, 5] = 1e30
+    out = fused_moe(**inp.kwargs(), config=_config(quant, True))
+    ref = oracle(**inp.kwargs())
+    assert bool(ref[1].isnan().all()) and torch.equal(out.isnan(), ref.isnan())
+
+
+@nan_arithmetic
+def test_bf16_overflow_is_non_finite_where_the_oracle_leaves_the_bf16_range():
+    """x[1, 5] = 1e30 in bf16: GEMM1 gives |h| ≈ 1e29, SiLU(gate)·up ≈ 1e58 overflows fp32 to ±inf,
+    and GEMM2 meets inf − inf: the kernel's row 1 is NaN (or ±inf). The fp64 oracle keeps finite
+    values there, ≈ 1e57 — beyond bf16's range, ±inf once rounded to the output dtype. Both say "not
+    representable"; the other rows are untouched."""
+    inp = make_inputs(NAN_SHAPE, 6, None, seed=9)
+    inp.x[1, 5] = 1e30
+    out = fused_moe(**inp.kwargs(), config=_config(None, False))
+    ref = oracle(**inp.kwargs())
+    assert bool(torch.isfinite(ref).all())
+    overflow = ~torch.isfinite(ref.to(torch.bfloat16))
+    assert torch.equal(overflow.any(dim=1), torch.arange(6) == 1) and bool(overflow[1].all())
+    assert not bool(torch.isfinite(out[1]).any())
+    rest = torch.arange(6) != 1
+    assert bool(torch.isfinite(out[rest]).all()) and rel_l2(out[rest], ref[rest]) <= TOL[None]

@@ -53,6 +53,7 @@ CASES = [
     ("topk_ids float", None, _edit("topk_ids", lambda t: t.float()), TypeError, "topk_ids"),
     ("topk_ids wrong k", None, _edit("topk_ids", lambda t: t[:, :1].contiguous()), ValueError, "topk_ids"),
     ("topk_ids out of range", None, _edit("topk_ids", lambda t: t.index_fill(0, torch.tensor([2]), 4)), ValueError, "topk_ids"),
+    ("topk_ids one element = E", None, _edit("topk_ids", lambda t: t.index_put((torch.tensor([3]), torch.tensor([1])), torch.tensor(4, dtype=t.dtype))), ValueError, "topk_ids"),
     ("topk_ids negative", None, _edit("topk_ids", lambda t: t.index_fill(0, torch.tensor([0]), -1)), ValueError, "topk_ids"),
     ("topk_ids duplicate", None, _edit("topk_ids", lambda t: t[:, :1].expand(-1, 2).contiguous()), ValueError, "topk_ids"),
     ("quant unknown", None, _set(quant="int4"), ValueError, "quant"),
@@ -65,7 +66,12 @@ CASES = [
     ("scale zero", "fp8_block", _edit("w2_scale", lambda t: t * 0), ValueError, "w2_scale"),
     ("channel scale transposed view", "fp8_channel", _edit("w1_scale", lambda t: t.t().contiguous().t()), ValueError, "w1_scale"),
     ("block scale strided view", "fp8_block", _edit("w2_scale", lambda t: torch.cat([t, t], 2)[:, :, ::2]), ValueError, "w2_scale"),
-    ("device mismatch", None, _edit("topk_ids", lambda t: t.to("meta")), ValueError, "topk_ids"),
+    ("topk_ids on meta", None, _edit("topk_ids", lambda t: t.to("meta")), ValueError, "topk_ids"),
+    ("x on meta", None, _edit("x", lambda t: t.to("meta")), ValueError, "x"),
+    ("w2 on meta", "fp8_tensor", _edit("w2", lambda t: t.to("meta")), ValueError, "w2"),
+    ("w1_scale on meta", "fp8_block", _edit("w1_scale", lambda t: t.to("meta")), ValueError, "w1_scale"),
+    ("everything on meta", "fp8_channel", lambda kw: {k: v.to("meta") if isinstance(v, torch.Tensor) else v
+                                                     for k, v in kw.items()}, ValueError, "x"),
 ]
 
 
@@ -76,6 +82,40 @@ def test_bad_input_is_named(case):
     with pytest.raises(exc) as info:
         validate_moe_args(**kw)
     assert str(info.value).startswith(f"{name}:"), str(info.value)
+
+
+def test_an_id_equal_to_e_in_one_element_gets_the_range_message():
+    """One id = E (not a whole row, which would also repeat an expert): the range check names it."""
+    kw = _kw()
+    kw["topk_ids"][3, 1] = SHAPE.num_experts
+    assert kw["topk_ids"][3, 0] != SHAPE.num_experts  # the row has no repeat
+    with pytest.raises(ValueError, match=r"^topk_ids: expected ids in \[0, E=4\), got values in \[0, 4\]"):
+        validate_moe_args(**kw)
+
+
+def test_meta_tensors_are_refused_before_any_value_is_read(monkeypatch):
+    """Meta tensors have shapes but no data: refused by name, before a check reads a value."""
+    def no_item(self):
+        raise AssertionError("a value was read")
+
+    monkeypatch.setattr(torch.Tensor, "item", no_item)
+    monkeypatch.setattr(torch.Tensor, "__bool__", no_item)
+    monkeypatch.setattr(torch.Tensor, "__int__", no_item)
+    meta = {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in _kw("fp8_block").items()}
+    with pytest.raises(ValueError, match="^x: expected a tensor with data, got a meta tensor"):
+        validate_moe_args(**meta)
+
+
+def test_a_backend_expert_limit_names_w1():
+    with pytest.raises(ValueError, match="^w1: at most 3 experts"):
+        validate_moe_args(**_kw(), max_experts=3)
+    assert validate_moe_args(**_kw(), max_experts=4).E == 4
+
+
+def test_unknown_quant_lists_the_registry():
+    with pytest.raises(ValueError) as info:
+        validate_moe_args(**{**_kw(), "quant": "fp4"})
+    assert str(info.value) == "quant: expected one of None, 'fp8_tensor', 'fp8_channel', 'fp8_block', got 'fp4'"
 
 
 @pytest.mark.parametrize("quant", [None, "fp8_tensor", "fp8_channel", "fp8_block"])
@@ -108,8 +148,10 @@ def test_vllm_flags_map_to_formats():
     assert quant_from_vllm(True) == "fp8_tensor"
     assert quant_from_vllm(True, per_channel_quant=True) == "fp8_channel"
     assert quant_from_vllm(True, block_shape=[128, 128]) == "fp8_block"
-    with pytest.raises(ValueError, match="^block_shape:"):
+    with pytest.raises(ValueError, match=r"^block_shape: .*\[\[128, 128\]\]"):
         quant_from_vllm(True, block_shape=[64, 64])
+    with pytest.raises(ValueError, match="^per_channel_quant/block_shape:"):
+        quant_from_vllm(False, per_channel_quant=True)
 
 
 def test_fused_experts_adapter_forwards_and_rejects():
@@ -130,6 +172,25 @@ def test_fused_experts_adapter_forwards_and_rejects():
         fused_experts(x, kw["w1"], kw["w2"], kw["topk_weights"], kw["topk_ids"], a1_scale=torch.ones(1))
     with pytest.raises(ValueError, match="^activation:"):
         fused_experts(x, kw["w1"], kw["w2"], kw["topk_weights"], kw["topk_ids"], activation="gelu")
+
+
+@pytest.mark.parametrize("quant, vllm_shape", [("fp8_tensor", (4, 1, 1)), ("fp8_tensor", (4,)),
+                                               ("fp8_channel", (4, 96, 1)), ("fp8_block", (4, 1, 1))])
+def test_fused_experts_takes_vllm_scale_shapes(quant, vllm_shape):
+    """vLLM keeps singleton dims in its scales; the adapter hands the contract's shape on."""
+    seen = {}
+
+    def fake_fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None):
+        seen.update(w1_scale=w1_scale, w2_scale=w2_scale)
+        return x
+
+    kw = _kw(quant)
+    flags = dict(use_fp8_w8a8=True, per_channel_quant=quant == "fp8_channel",
+                 block_shape=[128, 128] if quant == "fp8_block" else None)
+    make_fused_experts(fake_fused_moe)(kw["x"], kw["w1"], kw["w2"], kw["topk_weights"], kw["topk_ids"],
+                                       w1_scale=kw["w1_scale"].reshape(vllm_shape), w2_scale=kw["w2_scale"],
+                                       **flags)
+    assert seen["w1_scale"].shape == kw["w1_scale"].shape and seen["w2_scale"] is kw["w2_scale"]
 
 
 def test_get_shape_errors():

@@ -26,7 +26,7 @@ import triton
 from moe_spec.quant import FP8_DTYPE
 from moe_spec.quant import activation_scale_shape
 from moe_spec.validate import validate_moe_args
-from triton_moe.align import align_block_size
+from triton_moe.align import MAX_EXPERTS, align_block_size
 from triton_moe.config import TritonConfig, get_config
 from triton_moe.jit import INTERPRET, launch
 from triton_moe.kernels import QUANT_MODE, amax_kernel, combine_kernel, moe_gemm_kernel, quantize_kernel
@@ -92,7 +92,7 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
     """
     _check_options(config, swap_ab)
     d = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale,
-                          w2_scale=w2_scale)
+                          w2_scale=w2_scale, max_experts=MAX_EXPERTS)
     T, E, K, I, top_k = d.T, d.E, d.K, d.I, d.top_k  # noqa: E741
     if T == 0:
         return x.new_empty((0, K))
