@@ -5,9 +5,28 @@ Both backends implement::
     fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None,
               **backend_options) -> Tensor[T, K] (bf16)
 
-with the tensors of :mod:`moe_spec.problem`, weight scales as in :mod:`moe_spec.quant`, activations
-quantized inside the backend when ``quant`` is an fp8 format, and every argument checked by
-:func:`moe_spec.validate.validate_moe_args` before a kernel runs.
+with the tensors of :mod:`moe_spec.problem`, ``quant`` one of the registry
+:data:`moe_spec.quant.FORMATS` (weight dtype and scale shapes are the format's), activations
+quantized inside the backend when ``quant`` is an fp8 format, and the output the fp64 oracle
+(:mod:`moe_spec.oracle`) within the format's tolerance. ``T = 0`` returns an empty [0, K] tensor.
+
+Bad arguments. Every argument is checked by :func:`moe_spec.validate.validate_moe_args` before a
+kernel runs; a bad one raises TypeError (a type or dtype) or ValueError (anything else) whose
+message starts with the argument's name. The checks on the host, from metadata alone, never
+synchronize: types, dtypes, shapes, scale shapes, the int32 offset limit, meta tensors (refused:
+they have no data), one device, contiguity. The checks that need the data read device memory
+(a sync): ids in [0, E) and distinct within a row, routing weights finite, scales finite and
+positive. They are skipped while a CUDA graph is captured.
+
+NaN and overflow. ``x`` and the weights are data, not checked: a NaN there comes out where the
+oracle has NaN — in bf16 the rows of the tokens that meet it; in FP8 every value of a scale group
+that contains a NaN (or an inf) is NaN, so fp8_tensor's single activation scale makes a whole
+output NaN, while fp8_channel and fp8_block keep it to the tokens that meet it. A backend may not
+lose a NaN (a max, a clamp or a saturating cast that drops NaN is a bug). Overflow is not hidden
+either: values beyond fp32 in the intermediate (SiLU(gate)·up) become inf in a kernel, which the
+oracle models under FP8 (NaN, as above) but not in bf16, where it computes in fp64; there the
+oracle's output is finite but beyond bf16's range (±inf once rounded) and the kernel's row is NaN
+(inf − inf in GEMM2). ``notes/numerics.md`` has the details.
 
 :func:`make_fused_experts` wraps such a function into vLLM's ``fused_experts`` signature so that a
 serving stack can swap either backend in. Options of vLLM that this project does not implement

@@ -16,6 +16,11 @@ bf16 intermediates, a rounding at a quantization boundary), not the quantization
 
 The oracle loops over the experts that received tokens, dequantizing one expert at a time, so it
 runs on the GPU for the catalog shapes (fp64 matmul) and on the CPU for small ones.
+
+NaN and inf follow IEEE arithmetic in fp64, and the FP8 quantizations of :mod:`moe_spec.quant`
+spread them over their scale groups. Step 4 quantizes the intermediate from fp32 (the kernels keep
+it in fp32), so an intermediate beyond fp32's range is inf there, as in a kernel; in bf16 the
+oracle has no such step and stays finite where a kernel overflows (see :mod:`moe_spec.contract`).
 """
 
 from __future__ import annotations

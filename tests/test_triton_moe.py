@@ -1,4 +1,5 @@
-"""triton_moe on the CPU (Triton interpreter): every quant format, swap-AB on and off, edge routings.
+"""triton_moe on the CPU (Triton interpreter): every quant format, swap-AB on and off, edge routings,
+grouped rasterization, and NaN / overflow against the oracle.
 
 The interpreter runs the same kernels as the GPU with ``INTERPRETER=True`` (see
 :mod:`triton_moe.kernels`): bf16 tiles are widened to fp32 before ``tl.dot`` (its bf16 dot is
