@@ -16,10 +16,10 @@ from .config import GemmConfig, choose_config  # noqa: E402
 from .layouts import describe, describe_json  # noqa: E402
 from .moe import combine, fused_moe, gather_rows, grouped_gemm, silu_mul, sort_rows  # noqa: E402
 from .plan import LayerPlan, layer_configs, plan, plans_for  # noqa: E402
-from .ptx import compile_count, compile_gemm, compile_ptx, compile_row_kernels, mma_instruction  # noqa: E402
+from .ptx import compile_count, compile_gemm, compile_plan, compile_ptx, compile_row_kernels, mma_instruction  # noqa: E402
 
 fused_experts = make_fused_experts(fused_moe)
 
-__all__ = ["GemmConfig", "LayerPlan", "choose_config", "combine", "compile_count", "compile_gemm", "compile_ptx",
-           "compile_row_kernels", "describe", "describe_json", "fused_experts", "fused_moe", "gather_rows",
+__all__ = ["GemmConfig", "LayerPlan", "choose_config", "combine", "compile_count", "compile_gemm", "compile_plan",
+           "compile_ptx", "compile_row_kernels", "describe", "describe_json", "fused_experts", "fused_moe", "gather_rows",
            "grouped_gemm", "layer_configs", "mma_instruction", "plan", "plans_for", "silu_mul", "sort_rows"]

@@ -9,7 +9,8 @@ leave it unchanged.
 
 ``compile_ptx(cfg)`` returns the PTX text: the teaching view of what WGMMA, TMA, ``setmaxnreg``
 and ``stmatrix`` instructions the config produced, and the CPU test hook.  ``mma_instruction(cfg)``
-names the WGMMA the config compiles to, read from the kernel's own tiled MMA.
+names the WGMMA the config compiles to, read from the kernel's own tiled MMA; ``compile_plan``
+compiles what one layer plan runs (a warm-up walks ``cute_moe.plans_for``).
 
 The persistent grid is one CTA per SM: :func:`moe_spec.hopper.sm_count` — the GPU's own count
 where there is one, the H200's 132 when compiling on a CPU.
@@ -129,6 +130,17 @@ def compile_row_kernels(num_sms: int | None = None) -> dict:
 def compile_ptx(cfg: GemmConfig, num_ctas: int | None = None) -> str:
     """PTX of the kernel for ``cfg``, compiled on the CPU (no GPU needed)."""
     return compile_gemm(cfg, num_ctas, keep_ptx=True).__ptx__
+
+
+def compile_plan(plan, num_ctas: int | None = None) -> int:
+    """Compile everything a layer plan (:class:`cute_moe.plan.LayerPlan`) runs — its two GEMMs and
+    the row kernels — ahead of the first call: a warm-up compiles every plan of ``plans_for``.
+    Returns how many kernels this call compiled (0 when all were cached)."""
+    before = _compiles
+    for cfg in (plan.gemm1, plan.gemm2):
+        compile_gemm(cfg, num_ctas)
+    compile_row_kernels(num_ctas)
+    return _compiles - before
 
 
 @functools.lru_cache(maxsize=None)

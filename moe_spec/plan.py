@@ -33,6 +33,14 @@ from typing import Protocol, runtime_checkable
 class LayerPlan(Protocol):
     """The interface both backends' plans provide (see the module docstring)."""
 
+    quant: str | None
+
+    @property
+    def gemm1(self): ...
+
+    @property
+    def gemm2(self): ...
+
     @property
     def align_tile(self) -> int: ...
 

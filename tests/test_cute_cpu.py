@@ -77,6 +77,17 @@ def test_compile_cache_and_counter():
     assert cute_moe.compile_count() == n + 1
 
 
+def test_warm_up_compiles_every_plan_once():
+    """compile_plan over plans_for compiles what those calls run; a second pass compiles nothing."""
+    plans = cute_moe.plans_for(8, 4096, 14336, 2, max_tokens=64)  # Mixtral up to 64 tokens: two plans
+    assert len(plans) == 2
+    for p in plans:
+        cute_moe.compile_plan(p)
+    assert sum(cute_moe.compile_plan(p) for p in plans) == 0
+    for p in plans:
+        assert cute_moe.compile_gemm(p.gemm1) is cute_moe.compile_gemm(p.gemm1)
+
+
 def test_row_kernels_compile_once():
     cute_moe.compile_row_kernels()
     n = cute_moe.compile_count()
