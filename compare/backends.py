@@ -10,16 +10,16 @@ torch_loop     one ``torch.matmul`` per expert: the plain baseline
 ============== ===========================================================================
 
 A backend that fails to import, or refuses a (shape, quant, device), is never dropped: the suite
-turns it into a row that says "not available: <why>". Each :class:`Backend` also knows how to
-name the config it will run with (tile, swap-AB), how to run its alignment/permutation step alone
-(timed separately from the GEMM path), and how to count its compilations, as far as the backend
-exposes those; what it does not expose is reported as missing, not guessed.
+turns it into a row that says "not available: <why>". Each :class:`Backend` also knows its plan
+for a case (the two kernels' own ``plan``: config, alignment tile, path, instruction — see
+:mod:`moe_spec.plan`), names it in the config column, runs its alignment/permutation step alone
+(timed separately from the GEMM path, at the plan's alignment tile), and counts its compilations,
+as far as the backend exposes those; what it does not expose is reported as missing, not guessed.
 """
 
 from __future__ import annotations
 
 import importlib
-import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -41,6 +41,8 @@ class Backend:
     needs_cuda: bool = False
     capturable: bool = True  # a call can be captured in a CUDA graph (no host sync)
     describe: Callable[[MoEDims, Optional[str]], str] = field(default=lambda dims, quant: "")
+    # (dims, quant) -> the backend's plan (moe_spec.plan.LayerPlan); None where it has none
+    plan: Optional[Callable] = None
     # (inputs, dims) -> zero-argument callable running the alignment/permutation step alone
     prepare: Optional[Callable] = None
     # (dry_run) -> a context manager yielding an object with .mark() and .new_compilations();
@@ -119,27 +121,26 @@ class _TritonCounting:
 # --- the adapters -------------------------------------------------------------------------------
 
 
-def _tile_text(cfg) -> str:
-    if cfg.swap_ab:
-        return f"swap-AB W{cfg.weights_tile}xT{cfg.tokens_tile}"
-    return f"T{cfg.tokens_tile}xW{cfg.weights_tile}"
+def _describe_plan(plan: Callable) -> Callable[[MoEDims, Optional[str]], str]:
+    def describe(dims, quant):
+        try:
+            return plan(dims, quant).describe()
+        except NotImplementedError:
+            return ""  # a format the backend does not build: its status says so
+    return describe
 
 
 def _load_cute() -> Backend:
     mod = importlib.import_module("cute_moe")
     b = Backend("cute_moe", fused_moe=mod.fused_moe, needs_cuda=True)
-    layer_configs = getattr(mod, "layer_configs", None)
-    if layer_configs is not None:
-        def describe(dims, quant):
-            g1, g2 = layer_configs(dims.T, dims.E, dims.K, dims.I, dims.top_k)
-            return f"G1 {_tile_text(g1)} k{g1.tile_k} s{g1.stages} | G2 {_tile_text(g2)} k{g2.tile_k} s{g2.stages}"
-        b.describe = describe
-        align = getattr(mod, "align_tokens", None)
-        if align is not None:
+    if hasattr(mod, "plan"):
+        b.plan = mod.plan
+        b.describe = _describe_plan(mod.plan)
+        sort_rows = getattr(mod, "sort_rows", None)
+        if sort_rows is not None:
             def prepare(inputs, dims):
-                g1, g2 = layer_configs(dims.T, dims.E, dims.K, dims.I, dims.top_k)
-                tile = math.lcm(g1.tokens_tile, g2.tokens_tile)
-                return lambda: align(inputs.topk_ids, inputs.topk_weights, dims.E, tile)
+                tile = mod.plan(dims, inputs.quant).align_tile
+                return lambda: sort_rows(inputs.topk_ids, inputs.topk_weights, dims.E, tile)
             b.prepare = prepare
     if hasattr(mod, "compile_count"):
         b.compile_counter = lambda dry_run=False: _CuteCounting(mod.compile_count, dry_run)
@@ -149,19 +150,16 @@ def _load_cute() -> Backend:
 def _load_triton() -> Backend:
     mod = importlib.import_module("triton_moe")
     b = Backend("triton_moe", fused_moe=mod.fused_moe)
-    get_config = getattr(mod, "get_config", None)
-    if get_config is not None:
-        def config(dims, quant):
-            return get_config(dims.T, dims.E, dims.top_k, dims.I, dims.K, quant).resolved()
-
-        def describe(dims, quant):
-            c = config(dims, quant)
-            swap = "swap-AB " if c.swap_ab else ""
-            return f"{swap}BM{c.BLOCK_M} BN{c.BLOCK_N} BK{c.BLOCK_K} w{c.num_warps} s{c.num_stages}"
-        b.describe = describe
+    if hasattr(mod, "plan"):
+        b.plan = mod.plan
+        b.describe = _describe_plan(mod.plan)
         try:
             align = importlib.import_module("triton_moe.align").align_block_size
-            b.prepare = lambda inputs, dims: (lambda: align(inputs.topk_ids, dims.E, config(dims, inputs.quant).BLOCK_M))
+
+            def prepare(inputs, dims):
+                tile = mod.plan(dims, inputs.quant).align_tile
+                return lambda: align(inputs.topk_ids, dims.E, tile)
+            b.prepare = prepare
         except (ImportError, AttributeError):
             pass
     try:

@@ -12,9 +12,9 @@ Both follow the same recipe as the kernels, in four visible steps:
 
 1. **Group by expert.** The T·k (token, slot) pairs are sorted by expert. The grouped GEMM wants
    each expert's rows contiguous and its group sizes a multiple of ``GROUP_ALIGN`` rows (CUTLASS's
-   16-row requirement for FP8; harmless for bf16), so every group is padded with zero rows.
-   :func:`group_by_expert` builds that layout on the device with a static row bound
-   (T·k + E·(GROUP_ALIGN − 1)), so no host sync is needed.
+   16-row requirement for FP8; harmless for bf16), so every group is padded with zero rows: the
+   project's one alignment routine, :func:`moe_spec.align.align`, on the device with a static row
+   bound, so no host sync is needed.
 2. **GEMM1 + SiLU·up.** ``h = x_e · W1[e]ᵀ``; ``a = SiLU(h_gate) · h_up`` in fp32, stored bf16 (or
    re-quantized to FP8 in the run's format: the W8A8 model of :mod:`moe_spec.oracle`).
 3. **GEMM2.** ``y = a · W2[e]ᵀ``.
@@ -26,11 +26,10 @@ Step 1 is the "alignment/permutation" the report times separately (:func:`prepar
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
+from moe_spec.align import Alignment, align
 from moe_spec.quant import dequantize_activation, dequantize_weight, quantize_activation
 from moe_spec.validate import validate_moe_args
 
@@ -38,45 +37,13 @@ GROUP_ALIGN = 16
 """Rows per expert group are padded to a multiple of this (CUTLASS grouped GEMM alignment)."""
 
 
-@dataclass
-class GroupedLayout:
-    """Where each (token, slot) pair lives in the expert-major, padded row order.
+def group_by_expert(topk_ids: torch.Tensor, num_experts: int) -> Alignment:
+    """Step 1: the pairs sorted by expert into groups padded to ``GROUP_ALIGN`` rows (device-only).
 
-    Pair ``p = t·k + j`` is token ``t``'s ``j``-th expert. ``rows`` is a static bound on the padded
-    row count; rows past the last group's end (``offs[-1]``) and padding rows inside a group are
-    fed by a zero token (index T) and never read back.
+    The grouped GEMM reads each group's end row (``expert_end``, its ``offs``); rows fed by no pair
+    (padding, and the rows past the last group) read a zero token: ``token_of_row`` is T there.
     """
-
-    token_of_row: torch.Tensor  # [rows] int64: token feeding each row (T: the zero row)
-    row_of_pair: torch.Tensor  # [T·k] int64: the row holding each pair's result
-    offs: torch.Tensor  # [E] int32: end row (exclusive) of each expert's group
-    valid: torch.Tensor  # [rows] bool: the row holds a real pair
-
-    @property
-    def rows(self) -> int:
-        return self.token_of_row.numel()
-
-
-def group_by_expert(topk_ids: torch.Tensor, num_experts: int, align: int = GROUP_ALIGN) -> GroupedLayout:
-    """Sort the (token, slot) pairs by expert into groups padded to ``align`` rows (device-only)."""
-    flat = topk_ids.reshape(-1).long()
-    P, k = flat.numel(), topk_ids.shape[1]
-    device = flat.device
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=device).scatter_add_(0, flat, torch.ones_like(flat))
-    padded = (counts + align - 1) // align * align
-    ends = padded.cumsum(0)
-    first_row = ends - padded  # each group's first padded row
-    first_pair = counts.cumsum(0) - counts  # each group's first position in sorted order
-    order = torch.argsort(flat, stable=True)  # sorted position -> pair
-    expert = flat[order]
-    rank = torch.arange(P, device=device) - first_pair[expert]
-    row_of_pair = torch.empty_like(flat)
-    row_of_pair[order] = first_row[expert] + rank
-    rows = P + num_experts * (align - 1)
-    pair_of_row = torch.full((rows,), P, dtype=torch.int64, device=device)
-    pair_of_row[row_of_pair] = torch.arange(P, device=device)
-    return GroupedLayout(token_of_row=pair_of_row // k,  # the sentinel pair P maps to token T
-                         row_of_pair=row_of_pair, offs=ends.to(torch.int32), valid=pair_of_row < P)
+    return align(topk_ids, num_experts, GROUP_ALIGN)
 
 
 def _combine(y_rows: torch.Tensor, row_of_pair: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
@@ -109,9 +76,10 @@ def loop_fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=No
     d = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale)
     if d.T == 0:
         return x.new_empty((0, d.K))
-    flat = topk_ids.reshape(-1).long()
-    order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=d.E).tolist()  # the host sync of the plain loop
+    grouped = align(topk_ids, d.E, 1)  # tile 1: no padding, sorted_ids is the pairs sorted by expert
+    order = grouped.sorted_ids.long()
+    ends = grouped.expert_end.tolist()  # the host sync of the plain loop
+    counts = [b - a for a, b in zip([0] + ends[:-1], ends)]
     compute = torch.bfloat16 if quant is None else torch.float32
 
     def weight(w, scale, e):
@@ -120,7 +88,7 @@ def loop_fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=No
         return dequantize_weight(w[e : e + 1], scale[e : e + 1], quant)[0]
 
     xa = x if quant is None else dequantize_activation(*quantize_activation(x, quant), quant)
-    inter = torch.empty(flat.numel(), d.I, dtype=torch.float32, device=x.device)
+    inter = torch.empty(grouped.num_pairs, d.I, dtype=torch.float32, device=x.device)
     groups, start = [], 0
     for e, n in enumerate(counts):
         if n:
@@ -132,10 +100,10 @@ def loop_fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=No
         inter = inter.to(torch.bfloat16)
     else:
         inter = dequantize_activation(*quantize_activation(inter, quant), quant)
-    y = torch.empty(flat.numel(), d.K, dtype=compute, device=x.device)
+    y = torch.empty(grouped.num_pairs, d.K, dtype=compute, device=x.device)
     for e, pairs in groups:
         y[pairs] = inter[pairs] @ weight(w2, w2_scale, e).T
-    return _combine(y, torch.arange(flat.numel(), device=x.device), topk_weights)
+    return _combine(y, torch.arange(grouped.num_pairs, device=x.device), topk_weights)
 
 
 # --- torch_grouped: the library baseline ----------------------------------------------------------
@@ -143,7 +111,7 @@ def loop_fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=No
 GROUPED_QUANTS = (None, "fp8_tensor", "fp8_channel")
 
 
-def prepare_grouped(topk_ids: torch.Tensor, num_experts: int) -> GroupedLayout:
+def prepare_grouped(topk_ids: torch.Tensor, num_experts: int) -> Alignment:
     """Step 1 alone (what the report times as alignment/permutation)."""
     return group_by_expert(topk_ids, num_experts)
 
@@ -167,24 +135,27 @@ def grouped_fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale
     if d.T == 0:
         return x.new_empty((0, d.K))
     layout = prepare_grouped(topk_ids, d.E)
+    token_of_row, row_of_pair = layout.token_of_row(d.top_k), layout.row_of_pair()
+    valid = layout.holds_pair()[:, None]
+    offs = layout.expert_end
     zero_row = torch.zeros(1, d.K, dtype=x.dtype, device=x.device)
     w1_t, w2_t = w1.transpose(1, 2), w2.transpose(1, 2)  # [E, K, 2I], [E, I, K]: column-major B
 
     if quant is None:
-        a_rows = torch.cat([x, zero_row])[layout.token_of_row]
-        h = torch._grouped_mm(a_rows, w1_t, offs=layout.offs)
-        inter = torch.where(layout.valid[:, None], _silu_mul(h), 0.0).to(torch.bfloat16)
-        y = torch._grouped_mm(inter, w2_t, offs=layout.offs)
-        return _combine(y, layout.row_of_pair, topk_weights)
+        a_rows = torch.cat([x, zero_row])[token_of_row]
+        h = torch._grouped_mm(a_rows, w1_t, offs=offs)
+        inter = torch.where(valid, _silu_mul(h), 0.0).to(torch.bfloat16)
+        y = torch._grouped_mm(inter, w2_t, offs=offs)
+        return _combine(y, row_of_pair, topk_weights)
 
     xq, xs = quantize_activation(x, quant)  # per token (or one scale), then gathered: same as per row
     xs_rows = _rowwise(xs, d.T)
-    a_rows = torch.cat([xq, zero_row.to(xq.dtype)])[layout.token_of_row]
-    a_scale = torch.cat([xs_rows, xs_rows.new_ones(1)])[layout.token_of_row]
-    h = torch._scaled_grouped_mm(a_rows, w1_t, a_scale, _channelwise(w1_scale, 2 * d.I), offs=layout.offs,
+    a_rows = torch.cat([xq, zero_row.to(xq.dtype)])[token_of_row]
+    a_scale = torch.cat([xs_rows, xs_rows.new_ones(1)])[token_of_row]
+    h = torch._scaled_grouped_mm(a_rows, w1_t, a_scale, _channelwise(w1_scale, 2 * d.I), offs=offs,
                                  out_dtype=torch.bfloat16)
-    inter = torch.where(layout.valid[:, None], _silu_mul(h), 0.0)
+    inter = torch.where(valid, _silu_mul(h), 0.0)
     iq, iscale = quantize_activation(inter, quant)
     y = torch._scaled_grouped_mm(iq, w2_t, _rowwise(iscale, layout.rows), _channelwise(w2_scale, d.K),
-                                 offs=layout.offs, out_dtype=torch.bfloat16)
-    return _combine(y, layout.row_of_pair, topk_weights)
+                                 offs=offs, out_dtype=torch.bfloat16)
+    return _combine(y, row_of_pair, topk_weights)

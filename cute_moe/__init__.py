@@ -1,8 +1,9 @@
 """cute_moe: a warp-specialized WGMMA grouped GEMM for Mixture-of-Experts, in the CuTe DSL.
 
-Reading order: ``config.py`` (what a kernel is: tiles, stages, the swap-AB rule) → ``gemm.py``
-(the kernel) → ``rowops.py`` (gather, SiLU·mul, combine) → ``moe.py`` (routing alignment and the MoE layer) → ``layouts.py`` (the kernel's
-layouts as plain data) → ``ptx.py`` (compile on the CPU, the compile cache) → ``bench.py``.
+Reading order: ``config.py`` (what a kernel is: tiles, stages, the path rule) → ``plan.py`` (the
+decisions of one layer call) → ``gemm.py`` (the kernel) → ``rowops.py`` (gather, SiLU·mul,
+combine) → ``moe.py`` (routing alignment and the MoE layer) → ``layouts.py`` (the kernel's layouts
+as plain data) → ``ptx.py`` (compile on the CPU, the compile cache) → ``bench.py``.
 """
 
 import os
@@ -13,11 +14,12 @@ from moe_spec.contract import make_fused_experts  # noqa: E402
 
 from .config import GemmConfig, choose_config  # noqa: E402
 from .layouts import describe, describe_json  # noqa: E402
-from .moe import align_tokens, combine, fused_moe, gather_rows, grouped_gemm, layer_configs, silu_mul  # noqa: E402
-from .ptx import compile_count, compile_gemm, compile_ptx, compile_row_kernels  # noqa: E402
+from .moe import combine, fused_moe, gather_rows, grouped_gemm, silu_mul, sort_rows  # noqa: E402
+from .plan import LayerPlan, layer_configs, plan, plans_for  # noqa: E402
+from .ptx import compile_count, compile_gemm, compile_plan, compile_ptx, compile_row_kernels, mma_instruction  # noqa: E402
 
 fused_experts = make_fused_experts(fused_moe)
 
-__all__ = ["GemmConfig", "align_tokens", "choose_config", "combine", "compile_count", "compile_gemm",
-           "compile_ptx", "compile_row_kernels", "describe", "describe_json", "fused_experts", "fused_moe",
-           "gather_rows", "grouped_gemm", "layer_configs", "silu_mul"]
+__all__ = ["GemmConfig", "LayerPlan", "choose_config", "combine", "compile_count", "compile_gemm", "compile_plan",
+           "compile_ptx", "compile_row_kernels", "describe", "describe_json", "fused_experts", "fused_moe", "gather_rows",
+           "grouped_gemm", "layer_configs", "mma_instruction", "plan", "plans_for", "silu_mul", "sort_rows"]

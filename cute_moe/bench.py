@@ -28,7 +28,7 @@ from moe_spec.problem import draw_weights, get_shape, make_inputs  # noqa: E402
 from moe_spec.timing import time_cuda_graph  # noqa: E402
 
 from .config import GemmConfig, choose_config  # noqa: E402
-from .moe import align_tokens, fused_moe, gather_rows, grouped_gemm  # noqa: E402
+from .moe import fused_moe, gather_rows, grouped_gemm, sort_rows  # noqa: E402
 from .ptx import compile_count  # noqa: E402
 
 
@@ -72,7 +72,7 @@ def bench_gemm1(spec: str, tokens_per_expert_list, n_sets=2) -> list[dict]:
         row = {"shape": spec, "tokens_per_expert": tpe}
         for swap in (False, True):
             cfg = choose_config(tpe, 2 * I, K, swap_ab=swap)
-            al = align_tokens(ids, w, E, cfg.tokens_tile)
+            al = sort_rows(ids, w, E, cfg.tokens_tile)
             xs = gather_rows(x, al)
             out = torch.empty(al.rows, 2 * I, device="cuda", dtype=torch.bfloat16)
             t = time_cuda_graph(lambda i: (lambda: grouped_gemm(xs, sets[i][0], al, cfg, out=out)), n_sets)
@@ -91,29 +91,30 @@ def bench_gemm1(spec: str, tokens_per_expert_list, n_sets=2) -> list[dict]:
 
 def bench_breakdown(spec: str, T: int, n_sets: int = 2) -> dict:
     """Median µs of every stage of fused_moe (each timed alone, weights rotated) at one cell."""
-    from .moe import combine, gather_rows, layer_configs, silu_mul
+    from .moe import combine, silu_mul
+    from .plan import layer_configs
 
     shape = get_shape(spec)
     E, K, I, k = shape.num_experts, shape.hidden, shape.intermediate, shape.top_k
     sets = _weights(shape, n_sets)
     inp = make_inputs(shape, T, seed=0, device="cuda", weights_bf16=sets[0])
     cfg1, cfg2 = layer_configs(T, E, K, I, k)
-    al = align_tokens(inp.topk_ids, inp.topk_weights, E, cfg1.tokens_tile)
+    al = sort_rows(inp.topk_ids, inp.topk_weights, E, cfg1.tokens_tile)
     xs = gather_rows(inp.x, al)
     h = grouped_gemm(xs, sets[0][0], al, cfg1)
     a = silu_mul(h, al)
-    y = grouped_gemm(a, sets[0][1], al, cfg2, row_scale=al.sorted_weight)
+    y = grouped_gemm(a, sets[0][1], al, cfg2, row_scale=al.weight_of_row)
     pairs = T * k
     stages = {
-        "align": lambda i: (lambda: align_tokens(inp.topk_ids, inp.topk_weights, E, cfg1.tokens_tile)),
+        "align": lambda i: (lambda: sort_rows(inp.topk_ids, inp.topk_weights, E, cfg1.tokens_tile)),
         "gather": lambda i: (lambda: gather_rows(inp.x, al)),
         "gemm1": lambda i: (lambda: grouped_gemm(xs, sets[i][0], al, cfg1, out=h)),
         "silu_mul": lambda i: (lambda: silu_mul(h, al)),
-        "gemm2": lambda i: (lambda: grouped_gemm(a, sets[i][1], al, cfg2, row_scale=al.sorted_weight, out=y)),
+        "gemm2": lambda i: (lambda: grouped_gemm(a, sets[i][1], al, cfg2, row_scale=al.weight_of_row, out=y)),
         "combine": lambda i: (lambda: combine(y, al, T, k)),
     }
     row = {"shape": spec, "T": T, "gemm1": f"{cfg1.tile_m}x{cfg1.tile_n}{' swap' if cfg1.swap_ab else ''}",
-           "rows_alloc": al.rows, "rows_used": int(al.padded_end[-1]), "pairs": pairs}
+           "rows_alloc": al.rows, "rows_used": int(al.alignment.num_padded), "pairs": pairs}
     for name, make in stages.items():
         row[name + "_us"] = round(time_cuda_graph(make, n_sets).median_us, 1)
     row["gemm1_tflops"] = round(2 * pairs * 2 * I * K / row["gemm1_us"] / 1e6, 1)
@@ -132,7 +133,7 @@ def bench_gemm_configs(spec: str, T: int, configs: list[GemmConfig], n_sets: int
     inp = make_inputs(shape, T, seed=0, device="cuda", weights_bf16=sets[0])
     rows = []
     for cfg in configs:
-        al = align_tokens(inp.topk_ids, inp.topk_weights, E, cfg.tokens_tile)
+        al = sort_rows(inp.topk_ids, inp.topk_weights, E, cfg.tokens_tile)
         xs = gather_rows(inp.x, al)
         out = torch.empty(al.rows, 2 * I, device="cuda", dtype=torch.bfloat16)
         t = time_cuda_graph(lambda i: (lambda: grouped_gemm(xs, sets[i][0], al, cfg, out=out)), n_sets)

@@ -1,25 +1,28 @@
-"""One frozen object that says which grouped-GEMM kernel to build.
+"""One frozen object that says which grouped-GEMM kernel to build, and the rule that picks it.
 
 Every other module reads :class:`GemmConfig`: the kernel (``gemm.py``) builds its tiled MMA,
 shared-memory plan and epilogue from it, ``layouts.py`` turns it into plain data, ``ptx.py``
-compiles it on the CPU, ``moe.py`` picks one per GEMM with :func:`choose_config`, and the tests
-and notes quote it.  There is no second place where a tile size lives.
+compiles it on the CPU, ``plan.py`` picks one per GEMM with :func:`choose_config`, and the tests
+and notes quote it.  There is no second place where a tile size lives; the Hopper facts it
+rests on (WGMMA's M = 64, N ≤ 256, 227 KiB of shared memory per CTA) come from
+:mod:`moe_spec.hopper`.
 
 Two vocabularies
 ----------------
 A MoE expert GEMM multiplies a block of *tokens* ``X_e [T_e, K]`` by an expert *weight*
 ``W_e [N_out, K]`` (the natural ``nn.Linear`` layout, both operands K-major):
 ``Y_e = X_e · W_eᵀ`` of shape ``[T_e, N_out]``.  WGMMA speaks of ``C[M, N] = A[M, K] · B[N, K]ᵀ``
-with M a multiple of 64 per warpgroup and N ∈ {8, 16, …, 256}.
+with M = 64 rows per warpgroup and N a multiple of 8 up to 256.
 
 * normal path:  A = tokens, B = weights.  ``tile_m = tokens_tile``, ``tile_n = weights_tile``.
 * swap-AB path: A = weights, B = tokens, and the kernel computes ``Cᵀ = W_e · X_eᵀ``.
-  ``tile_m = weights_tile`` (64 per consumer warpgroup), ``tile_n = tokens_tile`` (8, 16, …).
+  ``tile_m = weights_tile`` (64 per consumer warpgroup), ``tile_n = tokens_tile``.
   The result tile is (weights × tokens); it lands in the same row-major ``[M_pad, N_out]`` output
   viewed as an M-major matrix, so the epilogue needs the transposing ``stmatrix``.
 
 The MoE vocabulary (``tokens_tile``/``weights_tile``) is what the user sets; the GEMM vocabulary
-(``tile_m``/``tile_n``) is derived, so the two can never disagree.
+(``tile_m``/``tile_n``) is derived, so the two can never disagree.  The tiles a config accepts
+are listed by :func:`tokens_tiles` and :func:`weights_tiles`, the one statement of them.
 
 Shared-memory budget (bytes, bf16 = 2 B per element)::
 
@@ -32,56 +35,129 @@ Shared-memory budget (bytes, bf16 = 2 B per element)::
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 from dataclasses import dataclass
 
-SMEM_BUDGET_BYTES = 227 * 1024
-"""Opt-in dynamic shared memory per CTA on sm_90 (H100/H200)."""
+from moe_spec.hopper import (SMEM_PER_CTA_BYTES, TMA_ALIGN_BYTES, WARPGROUP_THREADS, WGMMA_M, WGMMA_N_MAX,
+                             WGMMA_N_STEP, wgmma_k)
+
+SMEM_BUDGET_BYTES = SMEM_PER_CTA_BYTES
+"""The shared memory one CTA may use: Hopper's opt-in limit (:mod:`moe_spec.hopper`)."""
 
 BARRIER_RESERVE_BYTES = 1024
 """mbarriers plus alignment slack reserved ahead of the 1024-B aligned operand buffers."""
 
-ALIGN_ELEMS = 8
+DTYPE_BYTES = {"bfloat16": 2}
+"""Operand dtypes the kernel builds, with their element size."""
+DTYPES = tuple(DTYPE_BYTES)
+
+QUANT_FORMATS = (None,)
+"""Quantization formats the kernel builds: bf16 only.  Both operands are already K-major, the only
+layout FP8 WGMMA accepts.  Per-tensor and per-channel FP8 scales are constant along K, so they
+factor out of the K sum and belong in the epilogue (like ``row_scale``); 128×128 block scales
+change every 128 of K, so they must be applied to each K block's partial product in the main
+loop, not once at the end."""
+
+ALIGN_ELEMS = TMA_ALIGN_BYTES // DTYPE_BYTES["bfloat16"]
 """Row alignment in elements: 16 bytes of bf16.  TMA needs every row stride (K of the operands,
 N_out of the output) to be a multiple of 16 bytes, and the row kernels move one 16-byte vector per
 thread step, so every row width the layer touches (K, I, 2I) must be a multiple of this."""
 
-MAX_TILE_M = 128
-"""The largest GEMM tile M accepted: 64 rows × 2 consumer warpgroups.  A larger M (swap-AB's
+MAX_CONSUMER_WARPGROUPS = 2
+"""MMA warpgroups per CTA, stacked along GEMM M (plus one producer warpgroup)."""
+
+MAX_TILE_M = WGMMA_M * MAX_CONSUMER_WARPGROUPS
+"""The largest GEMM tile M accepted: 64 rows × 2 consumer warpgroups = 128.  A larger M (swap-AB's
 ``weights_tile = 256``) would give every CTA tile two epilogue sub-tiles along M, an ordering of
 accumulator registers to TMA-store boxes (``epi_order`` in gemm.py) that no GPU test has run."""
 
-SWAP_AB_MAX_TOKENS_PER_EXPERT = 64
-"""The documented path rule: swap-AB while the mean tokens per expert is at most this.
+EPI_TILE_N = 32
+"""Columns of one epilogue sub-tile (at most; fewer when the tile is narrower)."""
+
+SWAP_AB_MAX_TOKENS_PER_EXPERT = WGMMA_M
+"""The path rule: swap-AB while the mean tokens per expert is at most this (64).
 
 Why 64: the normal path's smallest token tile is WGMMA's M = 64 rows, so below 64 tokens per
 expert most of every normal tile multiplies padding, while swap-AB's token tile can shrink to
-8 (N of WGMMA) and every weight byte still feeds a full 64-row M.  Above 64 tokens per expert
-both paths fill their tiles, the normal path's larger token tile (128) re-uses each weight tile
-for more tokens, and its N-major epilogue needs no transpose.  notes/cute_moe.md records the
-crossover measured on the H200."""
+8 (N of WGMMA) and every weight byte still feeds a full 64-row M.
 
-DTYPES = ("bfloat16",)
-QUANT_FORMATS = (None,)  # FP8 is a later issue: both operands already K-major, scales would go in the epilogue.
+What was measured (GEMM1 alone of Mixtral-8x7B and DeepSeek-V3 TP8, every expert the same token
+count, H200, 2026-11-30, commit 6423a93, ``python -m cute_moe.bench``;
+notes/results/cute_bench_2026-11-30.md): swap-AB with the
+rule's 128-weight tiles against the normal 64×256 tile ran 1.04–1.19× faster at 1–32 tokens per
+expert and 0.98–1.03× at 64.  At 128 and 256 tokens per expert the swap-AB tile was 128 weights ×
+64 tokens (:func:`choose_config` caps the swap-AB token tile at 64) against the normal 128 × 256,
+and ran at 0.62–0.76×.  Swap-AB tiles with 128 or 256 tokens were not measured, so those numbers
+compare two tile sizes, not the two paths at their best."""
+
+SWAP_TOKEN_TILES = tuple(WGMMA_N_STEP << i for i in range((WGMMA_M // WGMMA_N_STEP).bit_length()))
+"""The swap-AB token tiles the path rule picks from — the powers of two from WGMMA's smallest N (8)
+to its M (64): 8, 16, 32, 64; the smallest one that covers the mean tokens per expert."""
+
+
+def _m_tiles(consumer_warpgroups: int) -> tuple[int, ...]:
+    rows = WGMMA_M * consumer_warpgroups
+    return tuple(range(rows, MAX_TILE_M + 1, rows))
+
+
+def tokens_tiles(swap_ab: bool, consumer_warpgroups: int = MAX_CONSUMER_WARPGROUPS) -> tuple[int, ...]:
+    """Every ``tokens_tile`` a :class:`GemmConfig` accepts on a path (validation reads this).
+
+    normal: the tokens are GEMM M — a multiple of 64 rows per consumer warpgroup, at most
+    :data:`MAX_TILE_M`.  swap-AB: the tokens are WGMMA's N — a multiple of 8 in [8, 256], except
+    the odd multiples of 8 above 8 (24, 40, …): with 16-bit operands the CuTe DSL aborts the
+    process (SIGABRT, no message) slicing the staged, swizzled shared-memory layout at such an N.
+    """
+    if not swap_ab:
+        return _m_tiles(consumer_warpgroups)
+    return tuple(n for n in range(WGMMA_N_STEP, WGMMA_N_MAX + 1, WGMMA_N_STEP)
+                 if n == WGMMA_N_STEP or n % (2 * WGMMA_N_STEP) == 0)
+
+
+def weights_tiles(swap_ab: bool, consumer_warpgroups: int = MAX_CONSUMER_WARPGROUPS) -> tuple[int, ...]:
+    """Every ``weights_tile`` a :class:`GemmConfig` accepts on a path (validation reads this).
+
+    normal: the weight rows are WGMMA's N — a multiple of 16 in [16, 256].  swap-AB: they are GEMM
+    M — a multiple of 64 rows per consumer warpgroup, at most :data:`MAX_TILE_M`.
+    """
+    if swap_ab:
+        return _m_tiles(consumer_warpgroups)
+    return tuple(range(2 * WGMMA_N_STEP, WGMMA_N_MAX + 1, 2 * WGMMA_N_STEP))
+
+
+def _listing(values) -> str:
+    return ", ".join(map(str, values))
 
 
 @dataclass(frozen=True)
 class GemmConfig:
     """A compile-time configuration of the grouped GEMM (one compiled kernel per value).
 
+    Every field is checked when the config is built (type first, then value; a bad one raises
+    TypeError / ValueError whose message starts with the field's name), so a GemmConfig that
+    exists can be compiled.
+
     Attributes (MoE terms):
         swap_ab: compute Cᵀ = W·Xᵀ (weights fill WGMMA M) instead of C = X·Wᵀ.
-        tokens_tile: tokens per CTA tile (normal: 64 or 128; swap-AB: 8, 16, 24, …, 256).
-        weights_tile: output features (weight rows) per CTA tile.
-        tile_k: K extent of one pipeline stage (64 bf16 = one 128-B swizzle row).
-        stages: depth of the TMA → WGMMA shared-memory ring (≥ 2; 3+ to hide latency).
+        tokens_tile: tokens per CTA tile.  normal: 64 or 128 with one consumer warpgroup, 128
+            with two.  swap-AB: 8, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208,
+            224, 240, 256 (:func:`tokens_tiles`).
+        weights_tile: output features (weight rows) per CTA tile.  normal: a multiple of 16 in
+            [16, 256].  swap-AB: 64 or 128 with one consumer warpgroup, 128 with two
+            (:func:`weights_tiles`).
+        tile_k: K extent of one pipeline stage, a multiple of WGMMA's K (16 bf16); 64 bf16 fill
+            one 128-B swizzle row.
+        stages: depth of the TMA → WGMMA shared-memory ring (≥ 2; 3+ to hide latency), within
+            the shared-memory budget.
         consumer_warpgroups: MMA warpgroups (1 or 2), stacked along GEMM M.
-        epi_stages: shared-memory buffers of the epilogue's TMA-store ring.
-        dtype: operand dtype ("bfloat16").
-        quant: None (bf16).  Reserved for FP8 formats.
+        epi_stages: shared-memory buffers of the epilogue's TMA-store ring (≥ 1).
+        dtype: operand dtype (:data:`DTYPES`).
+        quant: quantization format (:data:`QUANT_FORMATS`).
         row_scale: multiply every output row (a token slot) by a per-row fp32 factor in the
             epilogue, before the bf16 down-cast (GEMM2 applies the routing weights this way).
         group_tokens: rasterization: consecutive tile ids walk this many token blocks before
-            moving to the next weight block, so CTAs resident together share tiles through L2.
+            moving to the next weight block, so CTAs resident together share tiles through L2 (≥ 1).
     """
 
     swap_ab: bool = False
@@ -96,6 +172,9 @@ class GemmConfig:
     row_scale: bool = False
     group_tokens: int = 8
 
+    def __post_init__(self):
+        self._check()
+
     # ---- GEMM vocabulary (derived) -------------------------------------------------------
     @property
     def tile_m(self) -> int:
@@ -107,7 +186,7 @@ class GemmConfig:
 
     @property
     def element_bytes(self) -> int:
-        return 2
+        return DTYPE_BYTES[self.dtype]
 
     @property
     def swizzle_bytes(self) -> int:
@@ -122,18 +201,27 @@ class GemmConfig:
     def epi_tile(self) -> tuple[int, int]:
         """(M, N) of one epilogue sub-tile: each consumer warpgroup stores 64 rows of it.
 
-        N is capped at 32 columns (64 B of bf16 for an N-major C, so one 128-B swizzle row for
-        the normal path's stmatrix; for swap-AB's M-major C the contiguous mode is M)."""
-        return (64 * self.consumer_warpgroups, min(32, self.tile_n))
+        N is at most :data:`EPI_TILE_N` = 32 columns.  The staging buffer's swizzle follows the
+        contiguous extent of C in it (``make_smem_layout_epi`` picks the widest atom that extent
+        fills): the normal path's C is N-major, and 32 bf16 columns are a 64-byte row, so its
+        buffer has the 64-byte swizzle ``S<2,4,3>`` (bits 4–5 of the byte address XOR bits 7–8);
+        swap-AB's C is M-major, 128 rows = 256 contiguous bytes, so it gets the 128-byte
+        ``S<3,4,3>``."""
+        return (WGMMA_M * self.consumer_warpgroups, min(EPI_TILE_N, self.tile_n))
 
     @property
     def threads(self) -> int:
-        return 128 * (1 + self.consumer_warpgroups)
+        return WARPGROUP_THREADS * (1 + self.consumer_warpgroups)
 
-    def smem_bytes(self) -> int:
-        ab = self.stages * (self.tile_m + self.tile_n) * self.tile_k * self.element_bytes
+    @property
+    def stage_bytes(self) -> int:
+        """Bytes of one ring stage: the token tile and the weight tile (what TMA brings per K step)."""
+        return (self.tile_m + self.tile_n) * self.tile_k * self.element_bytes
+
+    def smem_bytes(self, stages: int | None = None) -> int:
+        """Shared memory of the kernel (the budget formula above), at ``stages`` if given."""
         epi = self.epi_stages * self.epi_tile[0] * self.epi_tile[1] * self.element_bytes
-        return ab + epi + BARRIER_RESERVE_BYTES
+        return (self.stages if stages is None else stages) * self.stage_bytes + epi + BARRIER_RESERVE_BYTES
 
     def replace(self, **changes) -> "GemmConfig":
         return dataclasses.replace(self, **changes)
@@ -150,37 +238,49 @@ class GemmConfig:
 
     # ---- validation ----------------------------------------------------------------------
     def validate(self) -> "GemmConfig":
-        """Raise ValueError naming the violated limit; return self when the config is buildable."""
+        """Raise TypeError / ValueError naming the field and its allowed values; else return self."""
+        self._check()
+        return self
+
+    def _check(self) -> None:
+        for name in ("swap_ab", "row_scale"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name}: expected a bool, got {getattr(self, name)!r}")
+        for name in ("tokens_tile", "weights_tile", "tile_k", "stages", "consumer_warpgroups", "epi_stages",
+                     "group_tokens"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise TypeError(f"{name}: expected an int, got {v!r} ({type(v).__name__})")
+        if not isinstance(self.dtype, str):
+            raise TypeError(f"dtype: expected a str, one of {DTYPES}, got {self.dtype!r}")
+        if self.quant is not None and not isinstance(self.quant, str):
+            raise TypeError(f"quant: expected None or a str, got {self.quant!r}")
+
         if self.dtype not in DTYPES:
-            raise ValueError(f"GemmConfig.dtype={self.dtype!r}: supported dtypes are {DTYPES}")
+            raise ValueError(f"dtype={self.dtype!r}: supported dtypes are {DTYPES}")
         if self.quant not in QUANT_FORMATS:
-            raise ValueError(f"GemmConfig.quant={self.quant!r}: this kernel is bf16 only (FP8 is a separate issue)")
-        if self.consumer_warpgroups not in (1, 2):
-            raise ValueError(f"GemmConfig.consumer_warpgroups={self.consumer_warpgroups}: must be 1 or 2")
-        wg_m = 64 * self.consumer_warpgroups
-        if self.tile_m % wg_m != 0:
-            raise ValueError(
-                f"GEMM tile M = {self.tile_m} ({'weights' if self.swap_ab else 'tokens'}_tile) must be a multiple of "
-                f"64 rows per consumer warpgroup × {self.consumer_warpgroups} = {wg_m}")
-        if self.tile_m > MAX_TILE_M:
-            raise ValueError(
-                f"GEMM tile M = {self.tile_m} ({'weights' if self.swap_ab else 'tokens'}_tile) is above {MAX_TILE_M}: "
-                f"more than one epilogue sub-tile along M is untested on the GPU (the sub-tile order in gemm.py's "
-                f"epilogue was never run), so it is refused")
-        if self.tile_n % 8 != 0 or not 8 <= self.tile_n <= 256:
-            raise ValueError(
-                f"GEMM tile N = {self.tile_n} ({'tokens' if self.swap_ab else 'weights'}_tile) must be a multiple "
-                f"of 8 in [8, 256] (WGMMA's N)")
-        if not self.swap_ab and self.tokens_tile not in (64, 128):
-            raise ValueError(f"normal path: tokens_tile={self.tokens_tile} must be 64 or 128 (WGMMA M rows)")
-        if self.swap_ab and self.tile_n > 8 and self.tile_n % 16 != 0:
-            raise ValueError(
-                f"swap-AB tokens_tile={self.tile_n}: odd multiples of 8 above 8 (24, 40, …) are not supported: "
-                f"the 16-bit staged swizzled smem layout cannot be sliced at that N (FINDINGS); use 8 or a multiple of 16")
-        if not self.swap_ab and self.tile_n % 16 != 0:
-            raise ValueError(f"normal path: weights_tile={self.tile_n} must be a multiple of 16")
-        if self.tile_k % 16 != 0 or self.tile_k < 16:
-            raise ValueError(f"tile_k={self.tile_k}: must be a positive multiple of 16 (bf16 WGMMA K)")
+            raise ValueError(f"quant={self.quant!r}: this kernel is bf16 only (supported: {QUANT_FORMATS})")
+        if not 1 <= self.consumer_warpgroups <= MAX_CONSUMER_WARPGROUPS:
+            raise ValueError(f"consumer_warpgroups={self.consumer_warpgroups}: must be 1 or 2")
+        path = "swap-AB" if self.swap_ab else "normal"
+        for name, allowed in (("tokens_tile", tokens_tiles(self.swap_ab, self.consumer_warpgroups)),
+                              ("weights_tile", weights_tiles(self.swap_ab, self.consumer_warpgroups))):
+            v = getattr(self, name)
+            if v not in allowed:
+                if (name == "tokens_tile") != self.swap_ab:
+                    role = f"GEMM M, a multiple of 64 rows per consumer warpgroup, at most {MAX_TILE_M}"
+                elif self.swap_ab:
+                    role = ("WGMMA's N, a multiple of 8 up to 256, but not an odd multiple of 8 above 8 (the CuTe "
+                            "DSL aborts slicing the staged, swizzled 16-bit shared-memory layout there)")
+                else:
+                    role = "WGMMA's N, here a multiple of 16 up to 256"
+                raise ValueError(f"{name}={v}: on the {path} path it is {role}; allowed with "
+                                 f"consumer_warpgroups={self.consumer_warpgroups}: {_listing(allowed)} "
+                                 f"(cute_moe.config.{name}s)")
+        k_step = wgmma_k(self.element_bytes)
+        if self.tile_k < k_step or self.tile_k % k_step:
+            raise ValueError(f"tile_k={self.tile_k}: must be a positive multiple of {k_step}, WGMMA's K for "
+                             f"{self.dtype} (each stage feeds tile_k/{k_step} whole WGMMAs)")
         if self.stages < 2:
             raise ValueError(f"stages={self.stages}: the TMA/WGMMA ring needs at least 2 stages")
         if self.epi_stages < 1:
@@ -189,47 +289,66 @@ class GemmConfig:
             raise ValueError(f"group_tokens={self.group_tokens}: must be ≥ 1")
         need = self.smem_bytes()
         if need > SMEM_BUDGET_BYTES:
+            fit = [s for s in range(2, self.stages) if self.smem_bytes(s) <= SMEM_BUDGET_BYTES]
+            hint = f"at most {fit[-1]} stages fit this tile" if fit else "lower tile_k or the tiles"
             raise ValueError(
-                f"shared memory over budget: {need} B needed (stages={self.stages} × "
-                f"({self.tile_m}+{self.tile_n})×{self.tile_k}×2 B + epilogue + barriers) > "
-                f"{SMEM_BUDGET_BYTES} B (227 KiB per CTA on sm_90); lower stages or the tile")
-        return self
+                f"stages={self.stages}: shared memory over budget: {need} B needed ({self.stages} × "
+                f"({self.tile_m}+{self.tile_n})×{self.tile_k}×{self.element_bytes} B + epilogue + barriers) > "
+                f"{SMEM_BUDGET_BYTES} B (227 KiB per CTA on sm_90); {hint}")
 
 
 def max_stages(cfg: GemmConfig, cap: int = 8) -> int:
     """The deepest operand ring that fits the shared-memory budget (at most ``cap``)."""
-    best = 2
-    for s in range(2, cap + 1):
-        if cfg.replace(stages=s).smem_bytes() <= SMEM_BUDGET_BYTES:
-            best = s
-    return best
+    return max([s for s in range(2, cap + 1) if cfg.smem_bytes(s) <= SMEM_BUDGET_BYTES], default=2)
+
+
+def path_rule(swap_ab: bool | None = None) -> tuple[tuple[float, bool, int], ...]:
+    """THE path rule, as buckets of the mean tokens per expert.
+
+    Each bucket is ``(upper bound, inclusive; swap_ab; tokens_tile)``; :func:`choose_config` takes
+    the first bucket whose bound covers the mean, and ``plans_for`` enumerates them.
+
+    * rule (``swap_ab=None``): swap-AB while the mean is at most
+      :data:`SWAP_AB_MAX_TOKENS_PER_EXPERT` (64), with the smallest of :data:`SWAP_TOKEN_TILES`
+      covering it; above, the normal path with 128-token tiles (two consumer warpgroups).
+    * ``swap_ab=True``: the same swap-AB buckets, the last (64 tokens) for every larger mean.
+    * ``swap_ab=False``: the normal path, 64-token tiles (one warpgroup's M) up to 64 tokens per
+      expert, 128 above.
+    """
+    swap = tuple((float(t), True, t) for t in SWAP_TOKEN_TILES)
+    if swap_ab is None:
+        return swap + ((math.inf, False, MAX_TILE_M),)
+    if swap_ab:
+        return swap[:-1] + ((math.inf, True, SWAP_TOKEN_TILES[-1]),)
+    return ((float(SWAP_AB_MAX_TOKENS_PER_EXPERT), False, WGMMA_M), (math.inf, False, MAX_TILE_M))
+
+
+@functools.lru_cache(maxsize=None)
+def _rule_config(swap_ab: bool, tokens_tile: int, wide: bool, row_scale: bool) -> GemmConfig:
+    if swap_ab:  # weights fill M: 128 rows = two consumer warpgroups
+        cfg = GemmConfig(swap_ab=True, tokens_tile=tokens_tile, weights_tile=MAX_TILE_M,
+                         consumer_warpgroups=MAX_CONSUMER_WARPGROUPS, row_scale=row_scale)
+    else:  # one consumer warpgroup per 64 token rows; the widest WGMMA N when the layer is that wide
+        cfg = GemmConfig(swap_ab=False, tokens_tile=tokens_tile, weights_tile=WGMMA_N_MAX if wide else 128,
+                         consumer_warpgroups=tokens_tile // WGMMA_M, row_scale=row_scale)
+    return cfg.replace(stages=max_stages(cfg))
 
 
 def choose_config(tokens_per_expert: float, n_out: int, k: int, *, swap_ab: bool | None = None,
                   row_scale: bool = False) -> GemmConfig:
-    """THE path rule.  Pick the kernel for one expert GEMM ``[T_e, k] × [n_out, k]ᵀ``.
+    """Pick the kernel for one expert GEMM ``[T_e, k] × [n_out, k]ᵀ`` by :func:`path_rule`.
 
     ``tokens_per_expert`` is the mean routed tokens per expert (``T · top_k / E``), known on the
     host without reading the routing.  ``swap_ab`` forces a path (None: follow the rule).
 
-    * swap-AB when ``tokens_per_expert ≤ SWAP_AB_MAX_TOKENS_PER_EXPERT`` (64): weights fill M
-      (128 rows = two consumer warpgroups), tokens tile = the smallest of 8/16/32/64 that covers
-      the mean (rounded up), so decode (a handful of tokens per expert) multiplies almost no
-      padding and streams every weight byte once per token tile.
-    * normal otherwise: 128 tokens × 256 weights per tile with two consumer warpgroups (the
-      compute-bound shape: 128·256 accumulators per 64-deep K step).  When the normal path is
-      forced at ≤ 64 tokens per expert, the token tile drops to 64 rows (one warpgroup's M).
+    * swap-AB: weights fill M (128 rows = two consumer warpgroups), and the token tile is the
+      rule's bucket, so decode (a handful of tokens per expert) multiplies almost no padding and
+      streams every weight byte once per token tile.
+    * normal: 128 tokens × 256 weights per tile with two consumer warpgroups (the compute-bound
+      shape: 128·256 accumulators per 64-deep K step; 128 weights when ``n_out < 256``), or 64
+      tokens with one warpgroup when the normal path is forced at ≤ 64 tokens per expert.
+
+    The deepest ring that fits the shared memory is taken; ``k`` does not change the tile.
     """
-    use_swap = tokens_per_expert <= SWAP_AB_MAX_TOKENS_PER_EXPERT if swap_ab is None else swap_ab
-    if use_swap:
-        tokens_tile = 8
-        while tokens_tile < min(64, tokens_per_expert):
-            tokens_tile *= 2
-        cfg = GemmConfig(swap_ab=True, tokens_tile=tokens_tile, weights_tile=128,
-                         consumer_warpgroups=2, row_scale=row_scale)
-    else:
-        small = tokens_per_expert <= SWAP_AB_MAX_TOKENS_PER_EXPERT
-        cfg = GemmConfig(swap_ab=False, tokens_tile=64 if small else 128,
-                         weights_tile=256 if n_out >= 256 else 128,
-                         consumer_warpgroups=1 if small else 2, row_scale=row_scale)
-    return cfg.replace(stages=max_stages(cfg)).validate()
+    _, swap, tokens_tile = next(b for b in path_rule(swap_ab) if tokens_per_expert <= b[0])
+    return _rule_config(swap, tokens_tile, n_out >= WGMMA_N_MAX, row_scale)

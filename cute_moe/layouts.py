@@ -44,6 +44,7 @@ from cutlass.base_dsl.ast_helpers import DSLOptimizationWarning  # noqa: E402
 
 from .config import SMEM_BUDGET_BYTES, GemmConfig  # noqa: E402
 from .gemm import KernelPlan  # noqa: E402
+from .ptx import PTX_TYPES as _PTX_TYPE  # noqa: E402
 
 
 # ---- a layout is a function: the pure-Python definition ----------------------------------------
@@ -86,10 +87,6 @@ def _layout(l):
 def _swizzle(composed) -> tuple[int, int, int]:
     b, m, s = (int(v) for v in re.match(r"S<(\d+),(\d+),(\d+)>", str(composed.inner)).groups())
     return b, m, s
-
-
-_PTX_TYPE = {"Float32": "f32", "BFloat16": "bf16", "Float16": "f16", "Float8E4M3FN": "e4m3"}
-"""DSL element type → the type suffix PTX spells in ``wgmma.mma_async`` (accumulator, A, B)."""
 
 
 def _raw_plan(cfg: GemmConfig) -> dict:

@@ -8,11 +8,17 @@ compiled object serves the CPU (to read its PTX) and the GPU (to launch it), and
 leave it unchanged.
 
 ``compile_ptx(cfg)`` returns the PTX text: the teaching view of what WGMMA, TMA, ``setmaxnreg``
-and ``stmatrix`` instructions the config produced, and the CPU test hook.
+and ``stmatrix`` instructions the config produced, and the CPU test hook.  ``mma_instruction(cfg)``
+names the WGMMA the config compiles to, read from the kernel's own tiled MMA; ``compile_plan``
+compiles what one layer plan runs (a warm-up walks ``cute_moe.plans_for``).
+
+The persistent grid is one CTA per SM: :func:`moe_spec.hopper.sm_count` — the GPU's own count
+where there is one, the H200's 132 when compiling on a CPU.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 import threading
@@ -23,12 +29,14 @@ import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
 from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor  # noqa: E402
 
+from moe_spec.hopper import sm_count  # noqa: E402
+
 from .config import ALIGN_ELEMS, GemmConfig  # noqa: E402
-from .gemm import GroupedGemm  # noqa: E402
+from .gemm import GroupedGemm, KernelPlan  # noqa: E402
 from .rowops import CombineRows, GatherRows, SiluMul  # noqa: E402
 
-DEFAULT_NUM_CTAS = 132
-"""Persistent grid size: the H200's (and H100 SXM's) SM count."""
+PTX_TYPES = {"Float32": "f32", "BFloat16": "bf16", "Float16": "f16", "Float8E4M3FN": "e4m3"}
+"""DSL element type → the type suffix PTX spells in ``wgmma.mma_async`` (accumulator, A, B)."""
 
 _cache: dict[tuple, object] = {}
 _compiles = 0
@@ -72,10 +80,12 @@ def fake_arguments(cfg: GemmConfig):
     return x, w, c, block_expert, num_blocks, row_scale, make_fake_stream()
 
 
-def compile_gemm(cfg: GemmConfig, num_ctas: int = DEFAULT_NUM_CTAS, *, keep_ptx: bool = False):
-    """The compiled grouped GEMM for ``cfg`` (cached per config and grid size)."""
+def compile_gemm(cfg: GemmConfig, num_ctas: int | None = None, *, keep_ptx: bool = False):
+    """The compiled grouped GEMM for ``cfg`` (cached per config and grid size; default grid: one
+    CTA per SM, :func:`moe_spec.hopper.sm_count`)."""
     global _compiles
     cfg.validate()
+    num_ctas = sm_count() if num_ctas is None else num_ctas
     key = (cfg.key(), num_ctas, keep_ptx)
     with _lock:
         hit = _cache.get(key)
@@ -95,9 +105,10 @@ def _rows_tensor(dtype, cols_divisibility=ALIGN_ELEMS, rows=None):
                             stride=(cute.sym_int64(divisibility=cols_divisibility), 1), assumed_align=16)
 
 
-def compile_row_kernels(num_sms: int = DEFAULT_NUM_CTAS) -> dict:
+def compile_row_kernels(num_sms: int | None = None) -> dict:
     """The compiled gather / SiLU·mul / combine kernels (``rowops.py``), one set per SM count."""
     global _compiles
+    num_sms = sm_count() if num_sms is None else num_sms
     key = ("rowops", num_sms)
     with _lock:
         hit = _cache.get(key)
@@ -116,6 +127,36 @@ def compile_row_kernels(num_sms: int = DEFAULT_NUM_CTAS) -> dict:
         return hit
 
 
-def compile_ptx(cfg: GemmConfig, num_ctas: int = DEFAULT_NUM_CTAS) -> str:
+def compile_ptx(cfg: GemmConfig, num_ctas: int | None = None) -> str:
     """PTX of the kernel for ``cfg``, compiled on the CPU (no GPU needed)."""
     return compile_gemm(cfg, num_ctas, keep_ptx=True).__ptx__
+
+
+def compile_plan(plan, num_ctas: int | None = None) -> int:
+    """Compile everything a layer plan (:class:`cute_moe.plan.LayerPlan`) runs — its two GEMMs and
+    the row kernels — ahead of the first call: a warm-up compiles every plan of ``plans_for``.
+    Returns how many kernels this call compiled (0 when all were cached)."""
+    before = _compiles
+    for cfg in (plan.gemm1, plan.gemm2):
+        compile_gemm(cfg, num_ctas)
+    compile_row_kernels(num_ctas)
+    return _compiles - before
+
+
+@functools.lru_cache(maxsize=None)
+def mma_instruction(cfg: GemmConfig) -> str:
+    """The ``wgmma.mma_async`` instruction ``cfg`` compiles to, as PTX spells it.
+
+    Read from the kernel's own tiled MMA (:class:`~cute_moe.gemm.KernelPlan`, built in a jit
+    context without compiling the kernel): the atom's instruction shape and operand types.
+    """
+    found = {}
+
+    @cute.jit
+    def probe():
+        op = KernelPlan(cfg, cutlass.BFloat16).tiled_mma.op
+        found["mnk"] = tuple(int(v) for v in op.shape_mnk)
+        found["types"] = tuple(PTX_TYPES[str(t)] for t in (op.acc_dtype, op.a_dtype, op.b_dtype))
+
+    probe()
+    return "wgmma.mma_async.sync.aligned.m{}n{}k{}.".format(*found["mnk"]) + ".".join(found["types"])

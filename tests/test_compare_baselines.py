@@ -12,24 +12,17 @@ SMALL = MoEShape("small", num_experts=8, top_k=2, hidden=256, intermediate=128, 
 
 
 @pytest.mark.parametrize("T, k, E", [(1, 1, 4), (5, 2, 8), (37, 4, 16), (64, 8, 8)])
-def test_group_by_expert_layout(T, k, E):
+def test_groups_are_the_reference_alignment_at_the_cutlass_multiple(T, k, E):
+    """torch._grouped_mm reads group ends that are multiples of GROUP_ALIGN (16 rows, CUTLASS);
+    the groups are the project's one alignment (moe_spec.align), and padding rows read the zero row T."""
+    from moe_spec.align import align
+
     ids = torch.stack([torch.randperm(E, generator=torch.Generator().manual_seed(t))[:k] for t in range(T)])
     layout = group_by_expert(ids, E)
-    flat = ids.reshape(-1)
-    ends = layout.offs.long()
-    starts = torch.cat([ends.new_zeros(1), ends[:-1]])
-    assert layout.rows == T * k + E * (GROUP_ALIGN - 1)
-    assert bool((ends - starts >= 0).all()) and bool(((ends - starts) % GROUP_ALIGN == 0).all())
-    for p in range(T * k):
-        row, e = int(layout.row_of_pair[p]), int(flat[p])
-        assert starts[e] <= row < ends[e]  # the pair sits in its expert's group
-        assert int(layout.token_of_row[row]) == p // k
-    assert int(layout.valid.sum()) == T * k
-    assert bool((layout.token_of_row[~layout.valid] == T).all())  # padding reads the zero row
-    # within an expert, pairs keep their original order (a stable sort)
-    for e in range(E):
-        rows = layout.row_of_pair[flat == e]
-        assert bool((rows[1:] > rows[:-1]).all())
+    want = align(ids, E, GROUP_ALIGN)
+    assert layout.tile == GROUP_ALIGN and torch.equal(layout.sorted_ids, want.sorted_ids)
+    assert bool((layout.expert_end % GROUP_ALIGN == 0).all()) and layout.expert_end.dtype == torch.int32
+    assert bool((layout.token_of_row(k)[~layout.holds_pair()] == T).all())
 
 
 @pytest.mark.parametrize("fused", [loop_fused_moe, grouped_fused_moe])

@@ -1,9 +1,11 @@
-"""CPU lane for cute_moe: PTX of both paths, layout data, the path rule, alignment, bad input.
+"""CPU lane for cute_moe: PTX of both paths, layout data, the path rule, the config's checks,
+the rasterization, the row maps, bad input.
 
 Everything here runs without a GPU: the CuTe DSL compiles Hopper kernels on the CPU
 (``CUTE_DSL_ARCH=sm_90a``), and the layout data is read from the kernel's own objects.
 """
 
+import dataclasses
 import json
 import os
 import re
@@ -15,9 +17,10 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 torch = pytest.importorskip("torch")
 cute_moe = pytest.importorskip("cute_moe")
 
-from cute_moe.config import SMEM_BUDGET_BYTES, GemmConfig, choose_config, max_stages  # noqa: E402
+from cute_moe.config import SMEM_BUDGET_BYTES, GemmConfig, choose_config, max_stages, tokens_tiles  # noqa: E402
 from cute_moe.layouts import describe, evaluate, swizzle_bytes  # noqa: E402
-from cute_moe.moe import align_tokens  # noqa: E402
+from cute_moe.moe import gemm_blocks, sort_rows  # noqa: E402
+from cute_moe.ptx import mma_instruction  # noqa: E402
 
 
 def _cfg(**kw):
@@ -38,7 +41,7 @@ def _id(cfg):
 def test_ptx_has_the_intended_instructions(cfg):
     ptx = cute_moe.compile_ptx(cfg)
     wgmma = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m\d+n\d+k\d+\.[\w.]+", ptx))
-    assert wgmma == {f"wgmma.mma_async.sync.aligned.m64n{cfg.tile_n}k16.f32.bf16.bf16"}
+    assert wgmma == {f"wgmma.mma_async.sync.aligned.m64n{cfg.tile_n}k16.f32.bf16.bf16"} == {mma_instruction(cfg)}
     # TMA: 2-D token loads, 3-D weight loads (the expert is the 3rd coordinate), 2-D store
     assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global\.tile\.mbarrier", ptx)
     assert re.search(r"cp\.async\.bulk\.tensor\.3d\.shared::cta\.global\.tile\.mbarrier", ptx)
@@ -50,13 +53,18 @@ def test_ptx_has_the_intended_instructions(cfg):
     assert stmatrix == {want}
 
 
-def test_row_scale_epilogue_reads_the_routing_weights():
-    # plain: the two device scalars the scheduler reads (block count, block's expert);
-    # row_scale adds the fp32 weight of each distinct token row the thread holds (2 for N = 8)
+@pytest.mark.parametrize("cfg", [SWAP[0], SWAP[1], SWAP[2], NORMAL[-1]], ids=_id)
+def test_row_scale_epilogue_reads_the_routing_weights(cfg):
+    """Plain: the two device scalars the scheduler reads (block count, block's expert). row_scale
+    adds one fp32 load per distinct token row a consumer thread holds — its accumulators' token
+    coordinates (layouts.describe, the kernel's own partition): 2 for the normal path and for
+    swap-AB at 8 tokens, 4 at 16, 8 at 32. Indexing the weights by the other coordinate (the
+    weight row) changes that count everywhere but at 8 tokens."""
     loads = lambda ptx: len(re.findall(r"ld\.global\.\w+", ptx))  # noqa: E731
-    plain = cute_moe.compile_ptx(SWAP[0])
-    scaled = cute_moe.compile_ptx(SWAP[0].replace(row_scale=True))
-    assert loads(scaled) == loads(plain) + 2
+    tokens_per_thread = len({token for token, _ in describe(cfg)["accumulators_moe"][0]})
+    plain = cute_moe.compile_ptx(cfg)
+    scaled = cute_moe.compile_ptx(cfg.replace(row_scale=True))
+    assert loads(scaled) == loads(plain) + tokens_per_thread
 
 
 def test_compile_cache_and_counter():
@@ -67,6 +75,17 @@ def test_compile_cache_and_counter():
     assert cute_moe.compile_count() == n
     cute_moe.compile_gemm(cfg.replace(group_tokens=cfg.group_tokens + 1))
     assert cute_moe.compile_count() == n + 1
+
+
+def test_warm_up_compiles_every_plan_once():
+    """compile_plan over plans_for compiles what those calls run; a second pass compiles nothing."""
+    plans = cute_moe.plans_for(8, 4096, 14336, 2, max_tokens=64)  # Mixtral up to 64 tokens: two plans
+    assert len(plans) == 2
+    for p in plans:
+        cute_moe.compile_plan(p)
+    assert sum(cute_moe.compile_plan(p) for p in plans) == 0
+    for p in plans:
+        assert cute_moe.compile_gemm(p.gemm1) is cute_moe.compile_gemm(p.gemm1)
 
 
 def test_row_kernels_compile_once():
@@ -131,7 +150,8 @@ def test_swizzle_in_bytes_spreads_an_atom_over_all_chunks(layouts, cfg):
 
 
 def test_swizzle_in_element_units_would_collide():
-    """The pitfall in FINDINGS: S<3,4,3> applied to bf16 *element* offsets is not the hardware pattern."""
+    """The pitfall of reading the DSL's printed swizzle: S<3,4,3> applied to bf16 *element* offsets
+    is not the hardware pattern (the hardware XORs byte addresses)."""
     chunks_bytes = {(swizzle_bytes(128 * r, 3, 4, 3) >> 4) & 7 for r in range(8)}
     chunks_elems = {((swizzle_bytes(64 * r, 3, 4, 3) * 2) >> 4) & 7 for r in range(8)}
     assert len(chunks_bytes) == 8 and len(chunks_elems) < 8
@@ -162,7 +182,7 @@ def test_layout_data_agrees_with_the_ptx(layouts, cfg):
     assert d["mma"]["atom_mnk"] == [64, cfg.tile_n, 16]
     # the full barriers expect exactly the bytes of one stage's two TMA loads (KernelPlan.stage_bytes)
     expect_tx = {int(n) for _, n in re.findall(_EXPECT_TX, ptx)}
-    assert expect_tx == {d["tma"]["stage_bytes"]} == {(cfg.tile_m + cfg.tile_n) * cfg.tile_k * cfg.element_bytes}
+    assert expect_tx == {d["tma"]["stage_bytes"]} == {cfg.stage_bytes}  # the budget's per-stage term
 
 
 # ---- the path rule and validation --------------------------------------------------------------
@@ -178,57 +198,108 @@ def test_path_rule():
         assert choose_config(t, 4096, 14336).smem_bytes() <= SMEM_BUDGET_BYTES
 
 
-@pytest.mark.parametrize("kw, needle", [
-    (dict(swap_ab=True, tokens_tile=12), "multiple of 8"),
-    (dict(weights_tile=100), "multiple of 8"),
-    (dict(swap_ab=True, tokens_tile=24), "odd multiples of 8"),
-    (dict(tokens_tile=96), "must be a multiple of 64"),
-    (dict(weights_tile=256, stages=6), "shared memory over budget"),
-    (dict(quant="fp8_tensor"), "bf16 only"),
-    (dict(consumer_warpgroups=3), "1 or 2"),
-    (dict(stages=1), "at least 2"),
-    (dict(swap_ab=True, tokens_tile=8, weights_tile=256, stages=4), "above 128.*untested on the GPU"),
-])
-def test_bad_configs_name_the_limit(kw, needle):
-    with pytest.raises(ValueError, match=needle):
-        GemmConfig(**kw).validate()
+BAD_CONFIGS = [
+    (dict(swap_ab=1), TypeError, r"^swap_ab: expected a bool"),
+    (dict(tokens_tile=128.0), TypeError, r"^tokens_tile: expected an int"),
+    (dict(weights_tile="128"), TypeError, r"^weights_tile: expected an int"),
+    (dict(tile_k="64"), TypeError, r"^tile_k: expected an int, got '64'"),
+    (dict(stages=4.5), TypeError, r"^stages: expected an int"),
+    (dict(consumer_warpgroups=True), TypeError, r"^consumer_warpgroups: expected an int"),
+    (dict(epi_stages=None), TypeError, r"^epi_stages: expected an int"),
+    (dict(dtype=2), TypeError, r"^dtype: expected a str"),
+    (dict(quant=8), TypeError, r"^quant: expected None or a str"),
+    (dict(row_scale="yes"), TypeError, r"^row_scale: expected a bool"),
+    (dict(group_tokens=8.0), TypeError, r"^group_tokens: expected an int"),
+    (dict(swap_ab=True, tokens_tile=12), ValueError, r"^tokens_tile=12: .*multiple of 8.*allowed .*: 8, 16, 32, 48"),
+    (dict(swap_ab=True, tokens_tile=24), ValueError, r"^tokens_tile=24: .*not an odd multiple of 8 above 8"),
+    (dict(swap_ab=True, tokens_tile=40), ValueError, r"^tokens_tile=40: .*odd multiple of 8"),
+    (dict(weights_tile=100), ValueError, r"^weights_tile=100: .*a multiple of 16 up to 256; allowed .*: 16, 32, 48"),
+    (dict(tokens_tile=96), ValueError, r"^tokens_tile=96: .*multiple of 64 rows per consumer warpgroup.*: 128 "),
+    (dict(tokens_tile=64), ValueError, r"^tokens_tile=64: .*consumer_warpgroups=2: 128 "),
+    (dict(swap_ab=True, tokens_tile=8, weights_tile=256), ValueError, r"^weights_tile=256: .*at most 128"),
+    (dict(tile_k=8), ValueError, r"^tile_k=8: must be a positive multiple of 16, WGMMA's K for bfloat16"),
+    (dict(tile_k=24), ValueError, r"^tile_k=24: must be a positive multiple of 16"),
+    (dict(weights_tile=256, stages=6), ValueError, r"^stages=6: shared memory over budget.*at most 4 stages fit"),
+    (dict(dtype="float16"), ValueError, r"^dtype='float16': supported dtypes are \('bfloat16',\)"),
+    (dict(quant="fp8_tensor"), ValueError, r"^quant='fp8_tensor': this kernel is bf16 only"),
+    (dict(consumer_warpgroups=3), ValueError, r"^consumer_warpgroups=3: must be 1 or 2"),
+    (dict(stages=1), ValueError, r"^stages=1: the TMA/WGMMA ring needs at least 2"),
+    (dict(epi_stages=0), ValueError, r"^epi_stages=0: needs at least 1"),
+    (dict(group_tokens=0), ValueError, r"^group_tokens=0: must be ≥ 1"),
+]
 
 
-def test_compile_of_bad_config_raises_before_the_dsl():
-    with pytest.raises(ValueError, match="shared memory over budget"):
-        cute_moe.compile_ptx(GemmConfig(weights_tile=256, stages=7))
+@pytest.mark.parametrize("kw, error, needle", BAD_CONFIGS, ids=lambda v: str(v) if isinstance(v, dict) else "")
+def test_a_bad_field_is_named_on_construction(kw, error, needle):
+    with pytest.raises(error, match=needle):
+        GemmConfig(**kw)
 
 
-# ---- alignment (torch ops, CPU) ----------------------------------------------------------------
-@pytest.mark.parametrize("tile", [8, 64])
-def test_align_tokens(tile):
-    g = torch.Generator().manual_seed(0)
-    T, k, E = 37, 2, 6
-    ids = torch.stack([torch.randperm(E - 1, generator=g)[:k] for _ in range(T)]).int()  # expert E-1 unused
-    w = torch.rand(T, k, generator=g)
-    al = align_tokens(ids, w, E, tile)
-    counts = torch.bincount(ids.flatten().long(), minlength=E)
-    padded = (counts + tile - 1) // tile * tile
-    assert torch.equal(al.padded_end, padded.cumsum(0))
-    assert al.rows % tile == 0 and al.rows >= T * k + E * (tile - 1)
-    for t in range(T):
-        for j in range(k):
-            r = int(al.pair_row[t * k + j])
-            assert int(al.sorted_token[r]) == t and float(al.sorted_weight[r]) == float(w[t, j])
-            e = int(ids[t, j])
-            assert int(al.padded_end[e] - padded[e]) <= r < int(al.padded_end[e])
-    assert len(set(al.pair_row.tolist())) == T * k
-    used = torch.zeros(al.rows, dtype=torch.bool)
-    used[al.pair_row] = True
-    assert float(al.sorted_weight[~used].abs().sum()) == 0.0  # padding rows weigh nothing
-    block_expert, num_blocks = al.blocks(tile)
-    assert int(num_blocks) == int(padded.sum()) // tile
-    for b in range(int(num_blocks)):
-        rows = torch.arange(b * tile, (b + 1) * tile)
-        real = rows[used[rows]]
-        assert all(int(ids.flatten()[torch.nonzero(al.pair_row == r)[0, 0]]) == int(block_expert[b]) for r in real)
-    with pytest.raises(ValueError, match="does not divide"):
-        al.blocks(tile * 2)
+def test_every_field_is_checked():
+    assert {name for kw, _, _ in BAD_CONFIGS for name in kw} == {f.name for f in dataclasses.fields(GemmConfig)}
+
+
+@pytest.mark.parametrize("tile_k", [16, 32, 48, 128])
+def test_tile_k_in_whole_wgmma_steps_is_accepted(tile_k):
+    assert GemmConfig(tile_k=tile_k, stages=2).validate().tile_k == tile_k
+
+
+@pytest.mark.parametrize("tile_k", [32, 128])
+def test_other_tile_k_compiles_to_the_planned_stage(tile_k):
+    """A stage moves tile_k of K: the full barrier expects the config's stage bytes."""
+    cfg = GemmConfig(swap_ab=True, tokens_tile=16, weights_tile=64, consumer_warpgroups=1, tile_k=tile_k, stages=3)
+    ptx = cute_moe.compile_ptx(cfg)
+    assert {int(n) for _, n in re.findall(_EXPECT_TX, ptx)} == {cfg.stage_bytes}
+    assert set(re.findall(_WGMMA, ptx)) == {mma_instruction(cfg)}
+
+
+def test_the_docstring_lists_the_swap_ab_token_tiles():
+    doc = GemmConfig.__doc__
+    listed = re.search(r"swap-AB: ([\d,\s]+)\(", doc[doc.index("tokens_tile:"):]).group(1)
+    assert tuple(int(v) for v in listed.replace(",", " ").split()) == tokens_tiles(swap_ab=True)
+
+
+def test_a_config_over_budget_cannot_be_built():
+    with pytest.raises(ValueError, match=r"^stages=7: shared memory over budget"):
+        GemmConfig(weights_tile=256, stages=7)
+    assert GemmConfig(weights_tile=256).replace(stages=max_stages(GemmConfig(weights_tile=256))).stages == 4
+
+
+# ---- rasterization: every tile once ------------------------------------------------------------
+def test_tile_coordinates_visit_every_tile_exactly_once():
+    """gemm.tile_coordinates in plain Python: a bijection of tile ids onto (token block, weight
+    block) for every grid shape and group size — a partial last group of token blocks included."""
+    from cute_moe.gemm import tile_coordinates
+
+    for n_tokens in range(1, 14):
+        for n_weights in range(1, 6):
+            for group in range(1, 10):
+                seen = [tile_coordinates(t, n_tokens, n_weights, group) for t in range(n_tokens * n_weights)]
+                assert sorted(seen) == [(b, w) for b in range(n_tokens) for w in range(n_weights)], \
+                    (n_tokens, n_weights, group)
+
+
+# ---- the row maps and blocks of the CuTe layer (torch ops, CPU) --------------------------------
+def test_sort_rows_feeds_padding_a_real_token_weighted_zero():
+    T, k, E = 9, 2, 5
+    ids = torch.arange(T * k, dtype=torch.int32).remainder(E - 1).view(T, k)  # expert E-1 unused
+    w = torch.rand(T, k, generator=torch.Generator().manual_seed(0))
+    rows = sort_rows(ids, w, E, 8)
+    holds = rows.alignment.holds_pair()
+    assert bool((rows.token_of_row[~holds] == T - 1).all())  # a real row: finite; its weight is 0
+    assert bool((rows.weight_of_row[~holds] == 0).all())
+    assert torch.equal(rows.token_of_row[holds], rows.alignment.token_of_row(k)[holds])
+
+
+def test_gemm_blocks_split_the_alignment_blocks():
+    ids = torch.tensor([[0], [0], [1], [2], [2], [2]], dtype=torch.int32)
+    al = sort_rows(ids, torch.ones(6, 1), 3, 16).alignment
+    experts, used = gemm_blocks(al, 16)
+    assert experts is al.expert_of_block and int(used) == 3
+    experts, used = gemm_blocks(al, 8)  # two GEMM blocks per alignment block
+    assert experts.tolist()[:6] == [0, 0, 1, 1, 2, 2] and int(used) == 6
+    with pytest.raises(ValueError, match="does not divide the alignment tile 16"):
+        gemm_blocks(al, 32)
 
 
 # ---- the backend contract on the CPU -----------------------------------------------------------
@@ -260,13 +331,13 @@ GEMM1, GEMM2 = choose_config(1, 64, 64), choose_config(1, 64, 32, row_scale=True
 @pytest.mark.parametrize("inputs, options, error, needle", [
     (dict(hidden=12), {}, ValueError, r"^x: hidden size K = x\.shape\[1\] = 12 must be a multiple of 8"),
     (dict(intermediate=20), {}, ValueError, r"^w2: intermediate size I = w2\.shape\[2\] = 20 must be a multiple of 8"),
-    (dict(hidden=12, T=0), {}, ValueError, r"^x: hidden size K"),  # an unsupported shape, whatever T
+    (dict(hidden=12, T=0), {}, ValueError, r"^x: hidden size K"),  # refused whatever T (moe_spec.plan)
     ({}, dict(swap_ab="yes"), TypeError, r"^swap_ab: expected None or a bool"),
+    (dict(T=0), dict(swap_ab="yes"), TypeError, r"^swap_ab: expected None or a bool"),
     ({}, dict(configs=GEMM1), TypeError, r"^configs: expected a \(GEMM1, GEMM2\) pair"),
     ({}, dict(configs=(GEMM1, "128x128")), TypeError, r"^configs: expected a \(GEMM1, GEMM2\) pair"),
     ({}, dict(configs=(GEMM1, GEMM2.replace(row_scale=False))), ValueError, r"^configs\[1\]: row_scale must be True"),
     ({}, dict(configs=(GEMM2, GEMM2)), ValueError, r"^configs\[0\]: row_scale must be False"),
-    ({}, dict(configs=(GEMM1.replace(stages=1), GEMM2)), ValueError, r"^configs\[0\]: stages=1"),
     ({}, dict(configs=(GEMM1, GEMM2), swap_ab=True), ValueError, r"^swap_ab and configs: pass at most one"),
 ])
 def test_fused_moe_checks_its_limits_before_any_launch(inputs, options, error, needle):
@@ -287,26 +358,27 @@ def test_row_kernel_wrappers_refuse_a_partial_vector():
 
     T, k, E = 5, 2, 4
     ids = torch.arange(T * k, dtype=torch.int32).remainder(E).view(T, k)
-    al = align_tokens(ids, torch.rand(T, k), E, 8)
+    rows = sort_rows(ids, torch.rand(T, k), E, 8)
     bf16 = dict(dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=r"^gather_rows: x\.shape\[1\] = 12 must be a multiple of 8"):
-        gather_rows(torch.zeros(T, 12, **bf16), al)
+        gather_rows(torch.zeros(T, 12, **bf16), rows)
     with pytest.raises(ValueError, match=r"^silu_mul: h\.shape\[1\] \(2I\) = 24 must be a multiple of 16"):
-        silu_mul(torch.zeros(al.rows, 24, **bf16), al)
+        silu_mul(torch.zeros(rows.rows, 24, **bf16), rows)
     with pytest.raises(ValueError, match=r"^combine: y\.shape\[1\] = 20 must be a multiple of 8"):
-        combine(torch.zeros(al.rows, 20, **bf16), al, T, k)
-    with pytest.raises(ValueError, match=r"^combine: alignment has 10 \(token, slot\) pairs, T·top_k = 4·2 = 8"):
-        combine(torch.zeros(al.rows, 16, **bf16), al, T - 1, k)
+        combine(torch.zeros(rows.rows, 20, **bf16), rows, T, k)
+    with pytest.raises(ValueError, match=r"^combine: rows has 10 \(token, slot\) pairs, T·top_k = 4·2 = 8"):
+        combine(torch.zeros(rows.rows, 16, **bf16), rows, T - 1, k)
 
 
 def test_fused_moe_empty_batch_and_cpu_tensors():
     inp = _small_inputs(T=0)
     out = cute_moe.fused_moe(**inp.kwargs())
     assert out.shape == (0, 64) and out.dtype == torch.bfloat16
-    with pytest.raises(ValueError, match="CUDA"):
+    with pytest.raises(ValueError, match="^x: cute_moe runs on a CUDA device"):
         cute_moe.fused_moe(**_small_inputs(T=3).kwargs())
-    with pytest.raises(NotImplementedError, match="bf16 only"):
-        cute_moe.fused_moe(**_small_inputs(T=3, quant="fp8_tensor").kwargs())
+    for T in (3, 0):  # refused whatever T
+        with pytest.raises(NotImplementedError, match="^quant: cute_moe builds bf16 kernels only"):
+            cute_moe.fused_moe(**_small_inputs(T=T, quant="fp8_tensor").kwargs())
 
 
 def test_bench_draws_the_shared_weights():

@@ -20,7 +20,7 @@ TOL = 5e-3  # rel-L2 against the fp64 oracle (bf16 operands, fp32 accumulation)
 
 def _gemm_case(cfg, counts, n_out, k, seed=0):
     """Grouped GEMM on explicit per-expert token counts vs a per-expert fp32 matmul."""
-    from cute_moe.moe import align_tokens, grouped_gemm
+    from cute_moe.moe import grouped_gemm, sort_rows
 
     g = torch.Generator(device="cuda").manual_seed(seed)
     E = len(counts)
@@ -28,17 +28,16 @@ def _gemm_case(cfg, counts, n_out, k, seed=0):
     ids = ids[torch.randperm(ids.numel(), generator=torch.Generator().manual_seed(seed)).cuda()]
     T = ids.numel()
     weights = torch.rand(T, 1, device="cuda", generator=g)
-    al = align_tokens(ids.view(T, 1), weights, E, cfg.tokens_tile)
+    rows = sort_rows(ids.view(T, 1), weights, E, cfg.tokens_tile)
     x = torch.randn(T, k, device="cuda", generator=g).bfloat16()
     w = (torch.randn(E, n_out, k, device="cuda", generator=g) * k ** -0.5).bfloat16()
-    xs = x.index_select(0, al.sorted_token)
-    scale = al.sorted_weight if cfg.row_scale else None
-    out = grouped_gemm(xs, w, al, cfg, row_scale=scale)
-    rows = al.pair_row  # row of token t (top_k = 1)
+    xs = x.index_select(0, rows.token_of_row)
+    scale = rows.weight_of_row if cfg.row_scale else None
+    out = grouped_gemm(xs, w, rows, cfg, row_scale=scale)
     ref = torch.einsum("tk,tnk->tn", x.float(), w.float()[ids.long()])
     if cfg.row_scale:
         ref = ref * weights
-    return out.index_select(0, rows), ref
+    return out.index_select(0, rows.row_of_pair), ref  # row of token t (top_k = 1)
 
 
 GEMM_CONFIGS = [
@@ -50,15 +49,18 @@ GEMM_CONFIGS = [
     dict(swap_ab=True, tokens_tile=32, weights_tile=128),
     dict(swap_ab=True, tokens_tile=64, weights_tile=128, stages=4),
     dict(swap_ab=True, tokens_tile=8, weights_tile=64, consumer_warpgroups=1),
+    dict(swap_ab=True, tokens_tile=64, weights_tile=64, consumer_warpgroups=1),  # square swap-AB tile
+    dict(swap_ab=True, tokens_tile=16, weights_tile=128, tile_k=32),  # a 64-B swizzle row per stage
+    dict(swap_ab=False, tokens_tile=128, weights_tile=128, tile_k=128, stages=3),  # two swizzle rows per stage
 ]
 
 
 @pytest.mark.parametrize("row_scale", [False, True])
-@pytest.mark.parametrize("kw", GEMM_CONFIGS, ids=lambda kw: "swap{swap_ab}-t{tokens_tile}-w{weights_tile}".format(**kw))
+@pytest.mark.parametrize("kw", GEMM_CONFIGS, ids=lambda kw: "swap{swap_ab}-t{tokens_tile}-w{weights_tile}-k{k}".format(k=kw.get("tile_k", 64), **kw))
 def test_grouped_gemm(kw, row_scale):
     from cute_moe.config import GemmConfig
 
-    cfg = GemmConfig(row_scale=row_scale, **kw).validate()
+    cfg = GemmConfig(row_scale=row_scale, **kw)
     # uneven experts, one with zero tokens, N_out not a multiple of the weights tile
     out, ref = _gemm_case(cfg, counts=[37, 0, 5, 130, 1], n_out=320, k=512)
     assert rel_l2(out, ref) < TOL
@@ -110,6 +112,19 @@ def test_paths_forced(shapes, swap_ab, T):
     assert rel_l2(out, oracle(**inp.kwargs())) < TOL
 
 
+def test_square_swap_ab_layer_against_the_oracle(shapes):
+    """The 64-token × 64-weight swap-AB tile (one consumer warpgroup) — the CPU layout tests' square
+    case — through the whole layer, by values against the fp64 oracle."""
+    import cute_moe
+    from cute_moe.config import GemmConfig
+
+    square = dict(swap_ab=True, tokens_tile=64, weights_tile=64, consumer_warpgroups=1)
+    configs = (GemmConfig(**square), GemmConfig(row_scale=True, **square))
+    inp = _inputs(shapes, "qwen3-30b-a3b", 1000, seed=9)  # ~62 tokens per expert: mostly full tiles
+    out = cute_moe.fused_moe(**inp.kwargs(), configs=configs)
+    assert rel_l2(out, oracle(**inp.kwargs())) < TOL
+
+
 def test_zero_token_experts_and_odd_T(shapes):
     import cute_moe
 
@@ -144,18 +159,32 @@ def test_t_sweep_does_not_compile(shapes):
 
 
 def test_row_kernels_match_torch():
-    from cute_moe.moe import align_tokens, combine, gather_rows, silu_mul
+    from cute_moe.moe import combine, gather_rows, silu_mul, sort_rows
 
     g = torch.Generator(device="cuda").manual_seed(0)
     T, k, E = 50, 3, 6
     ids = torch.stack([torch.randperm(E, device="cuda", generator=g)[:k] for _ in range(T)]).int()
-    al = align_tokens(ids, torch.rand(T, k, device="cuda", generator=g), E, 16)
-    used = int(al.padded_end[-1])
+    rows = sort_rows(ids, torch.rand(T, k, device="cuda", generator=g), E, 16)
+    used = int(rows.alignment.num_padded)
     x = torch.randn(T, 72, device="cuda", generator=g).bfloat16()
-    assert torch.equal(gather_rows(x, al)[:used], x[al.sorted_token[:used]])
-    h = torch.randn(al.rows, 2 * 96, device="cuda", generator=g).bfloat16()
+    assert torch.equal(gather_rows(x, rows)[:used], x[rows.token_of_row[:used]])
+    h = torch.randn(rows.rows, 2 * 96, device="cuda", generator=g).bfloat16()
     ref = torch.nn.functional.silu(h[:used, :96].float()) * h[:used, 96:].float()
-    assert rel_l2(silu_mul(h, al)[:used], ref) < 4e-3
-    y = torch.randn(al.rows, 72, device="cuda", generator=g).bfloat16()
-    ref = y.float()[al.pair_row].view(T, k, 72).sum(1)
-    assert rel_l2(combine(y, al, T, k), ref) < 4e-3
+    assert rel_l2(silu_mul(h, rows)[:used], ref) < 4e-3
+    y = torch.randn(rows.rows, 72, device="cuda", generator=g).bfloat16()
+    ref = y.float()[rows.row_of_pair].view(T, k, 72).sum(1)
+    assert rel_l2(combine(y, rows, T, k), ref) < 4e-3
+
+
+def test_sort_rows_on_the_gpu_is_the_cpu_reference():
+    """The alignment the layer runs on the device equals the same routine on the CPU, bit for bit."""
+    from cute_moe.moe import sort_rows
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    ids = torch.rand(3000, 64, device="cuda", generator=g).topk(6, dim=1).indices.int()
+    w = torch.rand(3000, 6, device="cuda", generator=g)
+    gpu, cpu = sort_rows(ids, w, 64, 32), sort_rows(ids.cpu(), w.cpu(), 64, 32)
+    for name in ("token_of_row", "weight_of_row", "row_of_pair"):
+        assert torch.equal(getattr(gpu, name).cpu(), getattr(cpu, name)), name
+    for name in ("sorted_ids", "expert_of_block", "expert_end"):
+        assert torch.equal(getattr(gpu.alignment, name).cpu(), getattr(cpu.alignment, name)), name

@@ -1,5 +1,7 @@
-"""triton_moe.config: the swap-AB rule, the heuristic, tuned-table lookup, shipped tables load."""
+"""triton_moe.config: construction checks, the swap-AB rule, the heuristic, tuned-table lookup,
+shipped tables load."""
 
+import dataclasses
 import json
 
 import pytest
@@ -15,12 +17,13 @@ def test_swap_rule():
     assert TritonConfig(16, 64, 64, swap_ab=False).resolved().swap_ab is False  # forced off stays off
 
 
-@pytest.mark.parametrize("T, bm", [(1, 16), (8, 16), (64, 16), (128, 32), (256, 64), (4096, 128)])
-def test_heuristic_is_deterministic_in_tokens_per_expert(T, bm):
+@pytest.mark.parametrize("T, bm, swap", [(1, 16, True), (8, 16, True), (64, 16, True), (128, 32, True),
+                                         (256, 64, False), (4096, 128, False)])
+def test_heuristic_is_deterministic_in_tokens_per_expert(T, bm, swap):
     # Mixtral-like: E = 8, top_k = 2 → T/4 pairs per expert
     cfg = C.default_config(T, 8, 2, None)
     assert cfg.BLOCK_M == bm and cfg == C.default_config(T, 8, 2, None)
-    assert cfg.swap_ab == (bm < 64)
+    assert cfg.swap_ab is swap
     cfg.check(None)
     C.default_config(T, 8, 2, "fp8_block").check("fp8_block")
 
@@ -85,3 +88,71 @@ def test_autotune_candidates_leave_swap_to_the_rule(spec, quant, T):
     for c in cands:
         assert c.resolved().swap_ab == C.choose_swap_ab(c.BLOCK_M, c.BLOCK_N)
         c.check(quant)
+
+
+BAD_CONFIGS = [
+    (dict(BLOCK_M=16.0), TypeError, r"^BLOCK_M: expected an int, got 16\.0"),
+    (dict(BLOCK_M=True), TypeError, r"^BLOCK_M: expected an int"),
+    (dict(BLOCK_M=8), ValueError, r"^BLOCK_M=8: must be a power of two >= 16"),
+    (dict(BLOCK_N=48), ValueError, r"^BLOCK_N=48: must be a power of two >= 16"),
+    (dict(BLOCK_K="64"), TypeError, r"^BLOCK_K: expected an int"),
+    (dict(BLOCK_K=0), ValueError, r"^BLOCK_K=0: must be a power of two"),
+    (dict(GROUP_M=2.5), TypeError, r"^GROUP_M: expected an int"),
+    (dict(GROUP_M=0), ValueError, r"^GROUP_M=0: must be >= 1"),
+    (dict(num_warps=3), ValueError, r"^num_warps=3: must be one of 1, 2, 4, 8, 16"),
+    (dict(num_warps=None), TypeError, r"^num_warps: expected an int"),
+    (dict(num_stages=2.5), TypeError, r"^num_stages: expected an int"),
+    (dict(num_stages=0), ValueError, r"^num_stages=0: must be >= 1"),
+    (dict(swap_ab="no"), TypeError, r"^swap_ab: expected True, False or None, got 'no'"),
+    (dict(swap_ab=0), TypeError, r"^swap_ab: expected True, False or None, got 0"),
+    (dict(fp8_imprecise_acc=32.0), TypeError, r"^fp8_imprecise_acc: expected an int"),
+    (dict(fp8_imprecise_acc=48), ValueError, r"^fp8_imprecise_acc=48: .*\(allowed: 0, 32, 64\)"),
+    (dict(fp8_imprecise_acc=128), ValueError, r"^fp8_imprecise_acc=128: must be 0 or a multiple of 32 up to BLOCK_K=64"),
+    (dict(fp8_imprecise_acc=-32), ValueError, r"^fp8_imprecise_acc=-32"),
+]
+
+
+@pytest.mark.parametrize("bad, error, match", BAD_CONFIGS, ids=lambda v: str(v) if isinstance(v, dict) else "")
+def test_a_bad_field_is_named_on_construction(bad, error, match):
+    """Type first, then value; the message starts with the field name (before any launch: a bad
+    config cannot exist to be passed)."""
+    with pytest.raises(error, match=match):
+        TritonConfig(**{"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, **bad})
+
+
+def test_every_field_is_checked():
+    checked = {name for bad, _, _ in BAD_CONFIGS for name in bad}
+    assert checked == {f.name for f in dataclasses.fields(TritonConfig)}
+
+
+@pytest.mark.parametrize("config, quant, match", [
+    (TritonConfig(16, 64, 256, swap_ab=True), "fp8_block", "^config: fp8_block needs BLOCK_K to divide 128"),
+    (TritonConfig(16, 64, 16), "fp8_tensor", "^config: FP8 needs BLOCK_K >= 32"),
+    (TritonConfig(128, 256, 128, num_stages=6), None, "^config: .* exceed the 232448-byte shared memory"),
+])
+def test_what_depends_on_the_format_is_checked_against_it(config, quant, match):
+    with pytest.raises(ValueError, match=match):
+        config.check(quant)
+    assert not config.fits(quant)
+
+
+@pytest.mark.parametrize("quant", [None, "fp8_tensor"], ids=lambda q: q or "bf16")
+def test_heuristic_buckets_start_where_the_rule_changes(quant):
+    """rule_starts is the first T of each heuristic bucket: the config changes there and nowhere else."""
+    E, top_k = 8, 2
+    starts = C.rule_starts(E, top_k, 14336, 4096, quant, device_name="No Such GPU")
+    changes = [T for T in range(2, 2000) if C.default_config(T, E, top_k, quant) != C.default_config(T - 1, E, top_k, quant)]
+    assert starts == [1] + changes
+
+
+def test_table_buckets_start_at_the_midpoints(tmp_path, monkeypatch):
+    monkeypatch.setattr(C, "CONFIG_DIR", tmp_path)
+    table = {"1": TritonConfig(16, 64, 64), "8": TritonConfig(16, 128, 64), "32": TritonConfig(32, 64, 64),
+             "1024": TritonConfig(128, 128, 64, 8, 8, 3)}
+    C.table_path(8, 512, 256, None, "Fake GPU").write_text(json.dumps({"configs": {t: c.as_dict() for t, c in table.items()}}))
+    C.load_table.cache_clear()
+    starts = C.rule_starts(8, 2, 512, 256, None, device_name="Fake GPU")
+    assert starts == [1, 5, 21, 529]  # 4.5 → 5, 20 → 21 (a tie goes to 8), 528 → 529 (a tie goes to 32)
+    picks = [C.get_config(T, 8, 2, 512, 256, None, "Fake GPU") for T in (4, 5, 20, 21, 528, 529)]
+    assert [c.BLOCK_N for c in picks[:2]] == [64, 128] and [c.BLOCK_M for c in picks[2:]] == [16, 32, 32, 128]
+    C.load_table.cache_clear()

@@ -1,21 +1,13 @@
-"""Token alignment: sort the (token, slot) pairs by expert and pad each expert's run to BLOCK_M.
+"""Token alignment in Triton: the project's :class:`moe_spec.align.Alignment`, computed fast.
 
-The grouped GEMM gives every program BLOCK_M rows of ONE expert. With T tokens routed to top_k
-experts each there are P = T·top_k pairs; pair p = t·top_k + j is token t's j-th choice,
-``topk_ids.flatten()[p]``. This module produces, entirely on the device (no host
-synchronisation, so the whole layer can be captured in a CUDA graph), the contract of vLLM's
-``moe_align_block_size``:
-
-``sorted_ids``   [max_padded] int32: pair indices grouped by expert (ascending pair index within
-                 an expert), each expert's run padded up to a multiple of BLOCK_M with the
-                 sentinel P (one past the last pair — the GEMM masks it out);
-``expert_ids``   [max_padded / BLOCK_M] int32: the expert of each M-block; −1 past the end;
-``num_padded``   [1] int32: the padded total Σ_e ⌈count_e / BLOCK_M⌉·BLOCK_M.
-
-The host cannot know ``num_padded`` without a sync, so buffers are sized by the worst case,
-``max_padded = P + min(E, P)·(BLOCK_M − 1)`` rounded up to BLOCK_M (at most min(E, P) experts are
-non-empty, each wasting at most BLOCK_M − 1 slots); the GEMM grid covers that many blocks and
-programs past ``num_padded`` exit at once.
+The grouped GEMM gives every program BLOCK_M rows of ONE expert. :func:`align_block_size` sorts
+the (token, slot) pairs by expert and pads each expert's run to a multiple of BLOCK_M, entirely on
+the device (no host synchronisation, so the whole layer can be captured in a CUDA graph), and
+returns the same :class:`~moe_spec.align.Alignment` — ``sorted_ids``, ``expert_of_block``,
+``expert_end``, ``num_padded`` — as the reference routine :func:`moe_spec.align.align`, bit for
+bit (``tests/test_triton_align.py``). Its buffers have the reference's worst-case size
+(:func:`moe_spec.align.max_rows`); the GEMM grid covers that many blocks and programs past
+``num_padded`` exit at once.
 
 Three Triton kernels, stable and deterministic (no atomics):
 
@@ -23,7 +15,8 @@ Three Triton kernels, stable and deterministic (no atomics):
    ``counts[chunk, e]``.
 2. ``_scan_kernel`` (one program, one lane per expert: E ≤ MAX_EXPERTS = 1024): walks the chunks in order keeping a running
    count per expert, which turns ``counts`` into each chunk's offset inside its expert's run;
-   then the padded run lengths, their exclusive prefix sum (``expert_start``), and ``num_padded``.
+   then the padded run lengths and their prefix sums: ``expert_start`` (exclusive, internal) and
+   ``expert_end`` (inclusive; its last entry is ``num_padded``).
 3. ``_scatter_kernel``: pair i of chunk c goes to
    ``expert_start[e] + offset[c, e] + #{earlier pairs of chunk c with the same expert}``;
    the last term is a CHUNK×CHUNK comparison. The same launch labels the M-blocks: block b
@@ -36,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from moe_spec.align import Alignment, max_rows
 from triton_moe.jit import launch
 
 #: Pairs per program in the count and scatter kernels (the rank needs a CHUNK² comparison).
@@ -48,10 +42,10 @@ BLOCKS_PER_PROGRAM = 64
 MAX_EXPERTS = 1024
 
 
-def max_padded_size(num_pairs: int, num_experts: int, block_m: int) -> int:
-    """Host-side worst case of the padded total (see the module docstring)."""
-    worst = num_pairs + min(num_experts, num_pairs) * (block_m - 1)
-    return triton.cdiv(worst, block_m) * block_m
+def check_num_experts(num_experts: int) -> None:
+    """The alignment's one limit: the scan keeps one lane per expert in a single program."""
+    if num_experts > MAX_EXPERTS:
+        raise ValueError(f"num_experts: at most {MAX_EXPERTS} experts are supported, got {num_experts}")
 
 
 @triton.jit(do_not_specialize=["num_pairs"])
@@ -67,7 +61,7 @@ def _count_kernel(topk_ids_ptr, counts_ptr, num_pairs, E: tl.constexpr, E_POW2: 
 
 
 @triton.jit(do_not_specialize=["num_chunks"])
-def _scan_kernel(counts_ptr, expert_start_ptr, num_padded_ptr, num_chunks, E: tl.constexpr,
+def _scan_kernel(counts_ptr, expert_start_ptr, expert_end_ptr, num_chunks, E: tl.constexpr,
                  E_POW2: tl.constexpr, BLOCK_M: tl.constexpr, SCAN_ROWS: tl.constexpr):
     lanes = tl.arange(0, E_POW2)
     lane_ok = lanes < E
@@ -82,14 +76,14 @@ def _scan_kernel(counts_ptr, expert_start_ptr, num_padded_ptr, num_chunks, E: tl
         tl.store(ptrs, offsets, mask=mask)
         running += tl.sum(c, axis=0)
     padded = tl.cdiv(running, BLOCK_M) * BLOCK_M
-    start = tl.cumsum(padded, axis=0) - padded
-    tl.store(expert_start_ptr + lanes, start, mask=lane_ok)
-    tl.store(num_padded_ptr, tl.sum(padded, axis=0))
+    end = tl.cumsum(padded, axis=0)
+    tl.store(expert_start_ptr + lanes, end - padded, mask=lane_ok)
+    tl.store(expert_end_ptr + lanes, end, mask=lane_ok)
 
 
 @triton.jit(do_not_specialize=["num_pairs", "num_blocks"])
 def _scatter_kernel(topk_ids_ptr, offsets_ptr, expert_start_ptr, num_padded_ptr, sorted_ids_ptr,
-                    expert_ids_ptr, num_pairs, num_blocks, E: tl.constexpr, E_POW2: tl.constexpr,
+                    expert_of_block_ptr, num_pairs, num_blocks, E: tl.constexpr, E_POW2: tl.constexpr,
                     BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, BLOCKS_PER_PROGRAM: tl.constexpr):
     pid = tl.program_id(0)
 
@@ -113,37 +107,38 @@ def _scatter_kernel(topk_ids_ptr, offsets_ptr, expert_start_ptr, num_padded_ptr,
     owner = tl.sum((starts[None, :] <= blocks[:, None] * BLOCK_M).to(tl.int32), axis=1) - 1
     num_padded = tl.load(num_padded_ptr)
     owner = tl.where(blocks * BLOCK_M < num_padded, owner, -1)
-    tl.store(expert_ids_ptr + blocks, owner, mask=blocks < num_blocks)
+    tl.store(expert_of_block_ptr + blocks, owner, mask=blocks < num_blocks)
 
 
-def align_block_size(topk_ids: torch.Tensor, num_experts: int, block_m: int):
-    """Sort pairs by expert and pad to ``block_m`` → ``(sorted_ids, expert_ids, num_padded)``.
+def align_block_size(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Alignment:
+    """Sort pairs by expert and pad to ``block_m``: :func:`moe_spec.align.align`'s result, in Triton.
 
     ``topk_ids`` [T, top_k] int32 or int64 with ids in [0, num_experts). No host sync. Raises
     ValueError before any launch when ``num_experts`` exceeds :data:`MAX_EXPERTS`.
     """
-    if num_experts > MAX_EXPERTS:
-        raise ValueError(f"num_experts: at most {MAX_EXPERTS} experts are supported, got {num_experts}")
+    check_num_experts(num_experts)
     device = topk_ids.device
     num_pairs = topk_ids.numel()
-    max_padded = max_padded_size(num_pairs, num_experts, block_m)
-    num_blocks = max_padded // block_m
+    rows = max_rows(num_pairs, num_experts, block_m)
+    num_blocks = rows // block_m
     num_chunks = triton.cdiv(num_pairs, CHUNK)
     e_pow2 = triton.next_power_of_2(num_experts)
 
-    sorted_ids = torch.full((max_padded,), num_pairs, dtype=torch.int32, device=device)
-    expert_ids = torch.empty((num_blocks,), dtype=torch.int32, device=device)
-    num_padded = torch.empty((1,), dtype=torch.int32, device=device)
+    sorted_ids = torch.full((rows,), num_pairs, dtype=torch.int32, device=device)
+    expert_of_block = torch.empty((num_blocks,), dtype=torch.int32, device=device)
+    expert_end = torch.empty((num_experts,), dtype=torch.int32, device=device)
     counts = torch.empty((max(num_chunks, 1), num_experts), dtype=torch.int32, device=device)
     expert_start = torch.empty((num_experts,), dtype=torch.int32, device=device)
     flat_ids = topk_ids.reshape(-1)
+    num_padded = expert_end[-1:]
 
     launch(_count_kernel, (num_chunks,), flat_ids, counts, num_pairs, E=num_experts, E_POW2=e_pow2,
            CHUNK=CHUNK)
-    launch(_scan_kernel, (1,), counts, expert_start, num_padded, num_chunks, E=num_experts,
+    launch(_scan_kernel, (1,), counts, expert_start, expert_end, num_chunks, E=num_experts,
            E_POW2=e_pow2, BLOCK_M=block_m, SCAN_ROWS=SCAN_ROWS)
     grid = (max(num_chunks, triton.cdiv(num_blocks, BLOCKS_PER_PROGRAM)),)
-    launch(_scatter_kernel, grid, flat_ids, counts, expert_start, num_padded, sorted_ids, expert_ids,
+    launch(_scatter_kernel, grid, flat_ids, counts, expert_start, num_padded, sorted_ids, expert_of_block,
            num_pairs, num_blocks, E=num_experts, E_POW2=e_pow2, BLOCK_M=block_m, CHUNK=CHUNK,
            BLOCKS_PER_PROGRAM=BLOCKS_PER_PROGRAM)
-    return sorted_ids, expert_ids, num_padded
+    return Alignment(tile=block_m, num_pairs=num_pairs, sorted_ids=sorted_ids, expert_of_block=expert_of_block,
+                     expert_end=expert_end)

@@ -22,7 +22,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from triton_moe.config import TritonConfig, current_device_name, default_config, table_path, tokens_per_expert
+from moe_spec.plan import tokens_per_expert
+from triton_moe.config import TritonConfig, current_device_name, default_config, table_path
 
 
 def candidates(T: int, E: int, top_k: int, quant) -> list[TritonConfig]:

@@ -15,7 +15,7 @@ The swap-AB rule (:func:`choose_swap_ab`)
     it. ``swap_ab=True/False`` in a config or in ``fused_moe(..., swap_ab=...)`` overrides it for
     comparisons; ``triton_moe.bench --swap-sweep`` measures where it pays off.
 
-Default heuristic (:func:`default_config`)
+Default heuristic (:func:`default_config`, its buckets in :func:`default_tiles`)
     Deterministic in (T, E, top_k, quant): the expected tokens per expert, T·top_k / E,
     picks BLOCK_M (16, 32, 64, 128); decode tiles keep BLOCK_N = 64 so that enough programs stream
     the weights in parallel, prefill tiles grow to 128×128 with 8 warps and GROUP_M = 8 so that
@@ -31,30 +31,45 @@ Tuned tables
     no two catalog shapes share E, N, K), so its T is the layer's batch size at that top_k and
     looking up T is looking up T·top_k / E. A model with the same E, N, K but another top_k would
     need its own table; it would get this one's entry for the same T.
+
+Where each bucket of the rule (heuristic or table) starts in T is :func:`rule_starts`; the
+instruction a tile compiles to is :func:`mma_instruction`; :mod:`triton_moe.plan` puts them together
+for one call.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Optional
 
+from moe_spec.hopper import SMEM_PER_CTA_BYTES, WARPGROUP_THREADS, WGMMA_M, WGMMA_N_MAX, WGMMA_N_STEP, wgmma_k
+from moe_spec.plan import bucket_starts, tokens_per_expert
 from moe_spec.quant import FP8_BLOCK
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 
-#: Shared memory one program may use on Hopper (227 KiB opt-in).
-SMEM_LIMIT = 227 * 1024
+#: Shared memory one program may use: Hopper's opt-in limit per CTA (:mod:`moe_spec.hopper`).
+SMEM_LIMIT = SMEM_PER_CTA_BYTES
 
 #: The smallest tile Triton's tl.dot accepts along M, N and K.
 MIN_DOT = 16
 
+#: num_warps values a config may ask for (Triton: a power of two; 16 warps = 512 threads).
+NUM_WARPS = (1, 2, 4, 8, 16)
+
 
 def _pow2(v: int) -> bool:
     return v > 0 and v & (v - 1) == 0
+
+
+def _int(name: str, v) -> None:
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise TypeError(f"{name}: expected an int, got {v!r} ({type(v).__name__})")
 
 
 @dataclass(frozen=True)
@@ -65,6 +80,12 @@ class TritonConfig:
     ``fp8_imprecise_acc`` picks how the FP8 WGMMA accumulator is promoted to fp32 (see
     :mod:`triton_moe.kernels`): 0 adds each K step's product into the fp32 accumulator; n > 0 (a
     multiple of 32, at most BLOCK_K) lets Triton's WGMMA lowering promote every n elements of K.
+
+    Every field is checked when the config is built (type first, then value; the message starts
+    with the field's name): BLOCK_M, BLOCK_N, BLOCK_K powers of two ≥ 16; GROUP_M ≥ 1; num_warps
+    in :data:`NUM_WARPS`; num_stages ≥ 1; swap_ab None or a bool; fp8_imprecise_acc 0 or a
+    multiple of 32 up to BLOCK_K.  What depends on the quant format too (FP8's BLOCK_K, shared
+    memory) is :meth:`check`.
     """
 
     BLOCK_M: int
@@ -74,7 +95,27 @@ class TritonConfig:
     num_warps: int = 4
     num_stages: int = 3
     swap_ab: Optional[bool] = None
-    fp8_imprecise_acc: int = 0  # FP8 promotion: 0 = fp32 add per K step; n = tl.dot's max_num_imprecise_acc
+    fp8_imprecise_acc: int = 0
+
+    def __post_init__(self):
+        for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "fp8_imprecise_acc"):
+            _int(name, getattr(self, name))
+        if self.swap_ab is not None and not isinstance(self.swap_ab, bool):
+            raise TypeError(f"swap_ab: expected True, False or None, got {self.swap_ab!r}")
+        for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
+            v = getattr(self, name)
+            if not _pow2(v) or v < MIN_DOT:
+                raise ValueError(f"{name}={v}: must be a power of two >= {MIN_DOT} (16, 32, 64, 128, …)")
+        if self.GROUP_M < 1:
+            raise ValueError(f"GROUP_M={self.GROUP_M}: must be >= 1 (M-blocks per rasterization group)")
+        if self.num_warps not in NUM_WARPS:
+            raise ValueError(f"num_warps={self.num_warps}: must be one of {', '.join(map(str, NUM_WARPS))}")
+        if self.num_stages < 1:
+            raise ValueError(f"num_stages={self.num_stages}: must be >= 1")
+        n = self.fp8_imprecise_acc
+        if n < 0 or n % 32 or n > self.BLOCK_K:
+            raise ValueError(f"fp8_imprecise_acc={n}: must be 0 or a multiple of 32 up to BLOCK_K={self.BLOCK_K} "
+                             f"(allowed: {', '.join(map(str, range(0, self.BLOCK_K + 1, 32)))})")
 
     def resolved(self) -> "TritonConfig":
         if self.swap_ab is not None:
@@ -94,23 +135,11 @@ class TritonConfig:
         Every rule is a property of the tile and the format alone: the kernels mask partial tiles
         in M, N and K, so any K and I work with any valid tile (the CPU tests use K = 160, I = 80
         under 64-wide tiles); fp8_block's BLOCK_K | 128 keeps one K step inside one scale block."""
-        for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
-            v = getattr(self, name)
-            if not _pow2(v) or v < MIN_DOT:
-                raise ValueError(f"config: {name}={v} must be a power of two >= {MIN_DOT}")
-        if not _pow2(self.num_warps) or not 1 <= self.num_warps <= 16:
-            raise ValueError(f"config: num_warps={self.num_warps} must be 1, 2, 4, 8 or 16")
-        if self.GROUP_M < 1 or self.num_stages < 1:
-            raise ValueError(f"config: GROUP_M and num_stages must be >= 1, got {self.GROUP_M}, {self.num_stages}")
-        if quant == "fp8_block":
-            if FP8_BLOCK % self.BLOCK_K:
-                raise ValueError(f"config: fp8_block needs BLOCK_K to divide {FP8_BLOCK} (one scale per K step), "
-                                 f"got BLOCK_K={self.BLOCK_K}")
+        if quant == "fp8_block" and FP8_BLOCK % self.BLOCK_K:
+            raise ValueError(f"config: fp8_block needs BLOCK_K to divide {FP8_BLOCK} (one scale per K step), "
+                             f"got BLOCK_K={self.BLOCK_K}")
         if quant is not None and self.BLOCK_K < 32:
             raise ValueError(f"config: FP8 needs BLOCK_K >= 32 (one WGMMA K step), got {self.BLOCK_K}")
-        n = self.fp8_imprecise_acc
-        if n and (n < 0 or n % 32 or n > self.BLOCK_K):
-            raise ValueError(f"config: fp8_imprecise_acc={n} must be 0 or a multiple of 32 up to BLOCK_K={self.BLOCK_K}")
         smem = self.smem_bytes(quant)
         if smem > SMEM_LIMIT:
             raise ValueError(f"config: {smem} bytes of pipelined tiles exceed the {SMEM_LIMIT}-byte shared memory "
@@ -131,12 +160,44 @@ class TritonConfig:
 
 def choose_swap_ab(block_m: int, block_n: int) -> bool:
     """THE swap-AB rule: swap when the token tile cannot fill WGMMA's M = 64 but the weight tile can."""
-    return block_m < 64 and block_n >= 64
+    return block_m < WGMMA_M and block_n >= WGMMA_M
 
 
-def tokens_per_expert(T: int, E: int, top_k: int) -> float:
-    """Expected (token, slot) pairs per expert under uniform routing."""
-    return T * top_k / E
+def mma_instruction(cfg: TritonConfig, quant: Optional[str]) -> str:
+    """The tensor-core instruction a GEMM with the resolved ``cfg`` compiles to, as PTX spells it.
+
+    Not read from a compiled kernel: implied by the tile, ``num_warps`` and the operand dtype
+    under Triton 3.6's MMA selection on sm_90 (tests/test_triton_plan.py compiles a set of configs
+    on the CPU and checks this against their PTX). The dot is (M × N) = (BLOCK_N × BLOCK_M) under
+    swap-AB, else (BLOCK_M × BLOCK_N). An M that is a multiple of 64 gets WGMMA (``wgmma``,
+    M = 64 per warpgroup): the warpgroups stack along M as far as it reaches, the rest split N,
+    and the instruction's N is the largest multiple of 8 (≤ 256) dividing N that fits one
+    warpgroup's share; its K is 32 bytes of operand: 16 bf16, 32 fp8. Any other M falls back to
+    Ampere's ``mma.sync`` m16n8k16, which takes FP8 operands converted to fp16 in registers.
+    """
+    m, n = (cfg.BLOCK_N, cfg.BLOCK_M) if cfg.resolved().swap_ab else (cfg.BLOCK_M, cfg.BLOCK_N)
+    fp8 = quant is not None
+    warpgroups = cfg.num_warps * 32 // WARPGROUP_THREADS
+    if m % WGMMA_M or warpgroups == 0:
+        types = "f16.f16" if fp8 else "bf16.bf16"
+        return f"mma.sync.aligned.m16n8k16.row.col.f32.{types}.f32"
+    types = "e4m3.e4m3" if fp8 else "bf16.bf16"
+    k = wgmma_k(1 if fp8 else 2)
+    along_m = min(warpgroups, m // WGMMA_M)
+    per_warpgroup = max(n // max(warpgroups // along_m, 1), WGMMA_N_STEP)
+    inst_n = next(v for v in range(WGMMA_N_MAX, 0, -WGMMA_N_STEP) if n % v == 0 and v <= per_warpgroup)
+    return f"wgmma.mma_async.sync.aligned.m{WGMMA_M}n{inst_n}k{k}.f32.{types}"
+
+
+@functools.lru_cache(maxsize=None)
+def default_tiles(quant: Optional[str]) -> tuple[tuple[float, TritonConfig], ...]:
+    """The deterministic heuristic as buckets of the tokens per expert: ``(upper bound, inclusive;
+    config)``. BLOCK_K is 64 for bf16, 128 for FP8 (one 128-byte row of operand either way)."""
+    bk = 64 if quant is None else 128
+    return ((16, TritonConfig(16, 64, bk, 1, 4, 4)),
+            (32, TritonConfig(32, 64, bk, 1, 4, 4)),
+            (96, TritonConfig(64, 64, bk, 8, 4, 4)),
+            (math.inf, TritonConfig(128, 128, bk, 8, 8, 3)))
 
 
 def default_config(T: int, E: int, top_k: int, quant: Optional[str]) -> TritonConfig:
@@ -144,16 +205,7 @@ def default_config(T: int, E: int, top_k: int, quant: Optional[str]) -> TritonCo
     expert and the format only — the layer's N and K do not change the tile (partial tiles are
     masked), they only select a tuned table."""
     m = tokens_per_expert(T, E, top_k)
-    bk = 64 if quant is None else 128
-    if m <= 16:
-        cfg = TritonConfig(16, 64, bk, 1, 4, 4)
-    elif m <= 32:
-        cfg = TritonConfig(32, 64, bk, 1, 4, 4)
-    elif m <= 96:
-        cfg = TritonConfig(64, 64, bk, 8, 4, 4)
-    else:
-        cfg = TritonConfig(128, 128, bk, 8, 8, 3)
-    return cfg.resolved()
+    return next(cfg for bound, cfg in default_tiles(quant) if m <= bound).resolved()
 
 
 def device_tag(name: str) -> str:
@@ -191,12 +243,35 @@ def current_device_name() -> Optional[str]:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else None
 
 
+def tuned_table(E: int, I: int, K: int, quant: Optional[str],  # noqa: E741
+                device_name: Optional[str] = None) -> Optional[dict]:
+    """The tuned table of this layer on ``device_name`` (default: the current GPU), or None."""
+    device_name = device_name or current_device_name()
+    if device_name is None:
+        return None
+    return load_table(str(table_path(E, I, K, quant, device_name))) or None
+
+
 def get_config(T: int, E: int, top_k: int, I: int, K: int, quant: Optional[str],  # noqa: E741
                device_name: Optional[str] = None) -> TritonConfig:
     """The tuned config for this shape on this device when a table exists, else the heuristic."""
-    device_name = device_name or current_device_name()
-    if device_name is not None:
-        table = load_table(str(table_path(E, I, K, quant, device_name)))
-        if table:
-            return lookup(table, T).resolved()
+    table = tuned_table(E, I, K, quant, device_name)
+    if table:
+        return lookup(table, T).resolved()
     return default_config(T, E, top_k, quant)
+
+
+def rule_starts(E: int, top_k: int, I: int, K: int, quant: Optional[str],  # noqa: E741
+                device_name: Optional[str] = None) -> list[int]:
+    """The first T ≥ 1 of every bucket of :func:`get_config`'s rule for this layer.
+
+    With a tuned table, entry i (token counts k_0 < k_1 < …) is the nearest from the midpoint
+    ``(k_{i-1} + k_i) / 2`` (a tie goes to the smaller count) up to the next midpoint, so it
+    starts at ``⌊(k_{i-1} + k_i) / 2⌋ + 1``; without one, the heuristic's buckets of tokens per
+    expert (:func:`default_tiles`) start where :func:`moe_spec.plan.bucket_starts` says.
+    """
+    table = tuned_table(E, I, K, quant, device_name)
+    if not table:
+        return bucket_starts([bound for bound, _ in default_tiles(quant)], E, top_k)
+    keys = sorted(table)
+    return [1] + [(lo + hi) // 2 + 1 for lo, hi in zip(keys, keys[1:])]

@@ -247,7 +247,7 @@ def moe_gemm_kernel(
     w_ptr, w_scale_ptr,  # expert weights [E, N_TOTAL, K] and their scales (FP8)
     out_ptr, out_amax_ptr,  # output rows by pair [P, N]; amax of the output (GEMM1 under FP8)
     topk_weights_ptr,  # [P] routing weights (GEMM2)
-    sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,  # from align_block_size
+    sorted_ids_ptr, expert_of_block_ptr, num_padded_ptr,  # the Alignment (moe_spec.align)
     num_pairs,  # P = T·top_k: varies per call
     N, K,  # output columns (I for GEMM1, hidden for GEMM2) and reduction length
     A_ROW_DIV: tl.constexpr,  # A row of pair p is p // A_ROW_DIV (top_k in GEMM1, 1 in GEMM2)
@@ -277,7 +277,7 @@ def moe_gemm_kernel(
     pair = tl.load(sorted_ids_ptr + offs_m)
     row_ok = pair < num_pairs
     a_row = pair // A_ROW_DIV
-    expert = tl.load(expert_ids_ptr + pid_m)
+    expert = tl.load(expert_of_block_ptr + pid_m)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)

@@ -2,7 +2,8 @@
 
 ::
 
-    align_block_size   topk_ids → sorted_ids, expert_ids, num_padded        (3 small kernels)
+    plan               the config, checked for the quant format (host only)
+    align_block_size   topk_ids → Alignment: sorted_ids, expert_of_block, …  (3 small kernels)
     amax_kernel        global amax of x                                     (fp8_tensor only)
     quantize_kernel    x → xq E4M3 [T, K] + scales                          (FP8 only)
     moe_gemm_kernel    GEMM1 + SiLU(gate)·up (+ amax of the intermediate)   → act [P, I]
@@ -17,19 +18,19 @@ See :mod:`triton_moe.kernels` for the arithmetic and :mod:`triton_moe.config` fo
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Optional
 
 import torch
 import triton
 
-from moe_spec.quant import FP8_DTYPE
-from moe_spec.quant import activation_scale_shape
+from moe_spec.align import Alignment
+from moe_spec.quant import FP8_DTYPE, activation_scale_shape
 from moe_spec.validate import validate_moe_args
 from triton_moe.align import MAX_EXPERTS, align_block_size
-from triton_moe.config import TritonConfig, get_config
+from triton_moe.config import TritonConfig
 from triton_moe.jit import INTERPRET, launch
 from triton_moe.kernels import QUANT_MODE, amax_kernel, combine_kernel, moe_gemm_kernel, quantize_kernel
+from triton_moe.plan import plan
 
 COMBINE_BLOCK = 1024
 AMAX_BLOCK = 1024
@@ -55,30 +56,19 @@ def _quantize(a, quant: str, amax=None):
     return q, scale
 
 
-def _gemm(a, a_scale, w, w_scale, out, out_amax, topk_weights, routing, num_pairs, N, K, *,
+def _gemm(a, a_scale, w, w_scale, out, out_amax, topk_weights, routing: Alignment, N, K, *,
           a_row_div, fuse_silu, mul_routed_weight, quant, cfg: TritonConfig):
-    sorted_ids, expert_ids, _ = routing
-    num_m_blocks = expert_ids.numel()
-    grid = (num_m_blocks * triton.cdiv(N, cfg.BLOCK_N),)
+    grid = (routing.expert_of_block.numel() * triton.cdiv(N, cfg.BLOCK_N),)
     dummy = out  # stands in for pointers a mode does not read
     launch(moe_gemm_kernel, grid,
            a, a_scale if a_scale is not None else dummy, w, w_scale if w_scale is not None else dummy,
            out, out_amax if out_amax is not None else dummy,
            topk_weights if topk_weights is not None else dummy,
-           sorted_ids, expert_ids, routing[2], num_pairs, N, K,
+           routing.sorted_ids, routing.expert_of_block, routing.num_padded, routing.num_pairs, N, K,
            A_ROW_DIV=a_row_div, FUSE_SILU=fuse_silu, MUL_ROUTED_WEIGHT=mul_routed_weight,
            QUANT=QUANT_MODE[quant], FP8_IMPRECISE_ACC=cfg.fp8_imprecise_acc, SWAP_AB=bool(cfg.swap_ab), INTERPRETER=INTERPRET,
            BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-
-
-def _check_options(config, swap_ab) -> None:
-    """Raise TypeError naming the backend option that has the wrong type (before any launch):
-    a dict is not a config, and ``swap_ab="no"`` must not read as True."""
-    if config is not None and not isinstance(config, TritonConfig):
-        raise TypeError(f"config: expected a triton_moe.TritonConfig or None, got {type(config).__name__}")
-    if swap_ab is not None and not isinstance(swap_ab, bool):
-        raise TypeError(f"swap_ab: expected True, False or None, got {swap_ab!r}")
 
 
 def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None,
@@ -89,22 +79,19 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
       ``config``   a :class:`~triton_moe.config.TritonConfig`; default: the tuned table for this
                    shape and device, else the heuristic (:func:`~triton_moe.config.get_config`).
       ``swap_ab``  force swap-AB on (True) or off (False); default: the config's rule.
+
+    The arguments, then the options and this backend's limits (:func:`~triton_moe.plan.plan`), are
+    checked before any launch — T = 0 included: an empty batch returns the empty [0, K] tensor only
+    when the call would run at T = 1.
     """
-    _check_options(config, swap_ab)
     d = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale,
                           w2_scale=w2_scale, max_experts=MAX_EXPERTS)
-    T, E, K, I, top_k = d.T, d.E, d.K, d.I, d.top_k  # noqa: E741
-    if T == 0:
-        return x.new_empty((0, K))
-    if config is None:
-        config = get_config(T, E, top_k, I, K, quant)
-    if swap_ab is not None:
-        config = replace(config, swap_ab=swap_ab)
-    cfg = config.resolved().check(quant)
-
-    routing = align_block_size(topk_ids, E, cfg.BLOCK_M)
-    return expert_computation(x, w1, w2, topk_weights, routing, top_k, quant=quant, w1_scale=w1_scale,
-                              w2_scale=w2_scale, config=cfg)
+    p = plan(d, quant, config=config, swap_ab=swap_ab)
+    if d.T == 0:
+        return x.new_empty((0, d.K))
+    routing = align_block_size(topk_ids, d.E, p.align_tile)
+    return expert_computation(x, w1, w2, topk_weights, routing, d.top_k, quant=quant, w1_scale=w1_scale,
+                              w2_scale=w2_scale, config=p.config)
 
 
 def expert_computation(x, w1, w2, topk_weights, routing, top_k: int, *, quant, w1_scale, w2_scale,
@@ -112,8 +99,8 @@ def expert_computation(x, w1, w2, topk_weights, routing, top_k: int, *, quant, w
     """Everything after the alignment: quantize x, GEMM1 + SiLU·up, quantize the intermediate,
     GEMM2 × routing weight, combine.
 
-    ``routing`` is :func:`~triton_moe.align.align_block_size`'s output for ``config.BLOCK_M``;
-    ``config`` must be resolved and checked. :func:`fused_moe` is the validated entry point; the
+    ``routing`` is the :class:`~moe_spec.align.Alignment` for ``config.BLOCK_M``
+    (:func:`~triton_moe.align.align_block_size`); ``config`` must be resolved and checked (a plan's). :func:`fused_moe` is the validated entry point; the
     benchmark times this part alone (the alignment is timed separately).
     """
     T, K = x.shape
@@ -128,14 +115,14 @@ def expert_computation(x, w1, w2, topk_weights, routing, top_k: int, *, quant, w
 
     # GEMM1 + SiLU(gate)·up: bf16 intermediate, or fp32 with its amax, quantized once for GEMM2
     act = torch.empty((P, I), dtype=torch.bfloat16 if quant is None else torch.float32, device=device)
-    _gemm(a1, a1_scale, w1, w1_scale, act, act_amax, None, routing, P, I, K, a_row_div=top_k,
+    _gemm(a1, a1_scale, w1, w1_scale, act, act_amax, None, routing, I, K, a_row_div=top_k,
           fuse_silu=True, mul_routed_weight=False, quant=quant, cfg=config)
     a2, a2_scale = (act, None) if quant is None else _quantize(act, quant, act_amax)
 
     # GEMM2 × routing weight; with top_k = 1 its rows are already the output
     out = torch.empty((T, K), dtype=torch.bfloat16, device=device)
     y = out if top_k == 1 else torch.empty((P, K), dtype=torch.bfloat16, device=device)
-    _gemm(a2, a2_scale, w2, w2_scale, y, None, topk_weights, routing, P, K, I, a_row_div=1,
+    _gemm(a2, a2_scale, w2, w2_scale, y, None, topk_weights, routing, K, I, a_row_div=1,
           fuse_silu=False, mul_routed_weight=True, quant=quant, cfg=config)
     if top_k > 1:
         launch(combine_kernel, (T, triton.cdiv(K, COMBINE_BLOCK)), y, out, T, K, TOP_K=top_k,

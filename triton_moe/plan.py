@@ -1,0 +1,103 @@
+"""The Triton backend's plan for one layer call: one tile config for both GEMMs, and what follows.
+
+:func:`plan` makes every decision of a ``fused_moe`` call on the host, before anything runs: the
+:class:`~triton_moe.config.TritonConfig` (given, or the tuned table / heuristic of
+:func:`~triton_moe.config.get_config`, with swap-AB forced or by the rule), checked against the
+quant format and this backend's limits — so a call it refuses is refused whatever T (the
+empty-batch rule of :mod:`moe_spec.plan`). :func:`plans_for` lists every plan a layer can get.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import Optional
+
+from moe_spec.quant import check_quant
+from moe_spec.validate import MoEDims
+from triton_moe.align import check_num_experts
+from triton_moe.config import TritonConfig, get_config, mma_instruction, rule_starts
+
+#: How far :func:`plans_for` looks by default (the largest batch the harness runs, doubled).
+MAX_TOKENS = 8192
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """What ``fused_moe`` runs for one layer call (see :mod:`moe_spec.plan` for the interface).
+
+    GEMM1 and GEMM2 share ``config`` (resolved and checked): its BLOCK_M is the alignment tile,
+    which both GEMMs read. ``gemm1``/``gemm2`` name it per GEMM.
+    """
+
+    config: TritonConfig
+    quant: Optional[str] = None
+
+    @property
+    def gemm1(self) -> TritonConfig:
+        return self.config
+
+    @property
+    def gemm2(self) -> TritonConfig:
+        return self.config
+
+    @property
+    def align_tile(self) -> int:
+        return self.config.BLOCK_M
+
+    @property
+    def swap_ab(self) -> tuple[bool, bool]:
+        return self.config.swap_ab, self.config.swap_ab
+
+    @property
+    def mma(self) -> tuple[str, str]:
+        """The instruction each GEMM compiles to, implied by the tile and the dtype
+        (:func:`~triton_moe.config.mma_instruction`; not read from a compiled kernel)."""
+        inst = mma_instruction(self.config, self.quant)
+        return inst, inst
+
+    def describe(self) -> str:
+        c = self.config
+        kind, shape = re.match(r"(\w+)\.\S*?(m\d+n\d+k\d+)", self.mma[0]).groups()  # ("wgmma", "m64n16k16")
+        return (f"{'swap-AB ' if c.swap_ab else ''}BM{c.BLOCK_M} BN{c.BLOCK_N} BK{c.BLOCK_K} "
+                f"w{c.num_warps} s{c.num_stages} {kind} {shape}")
+
+
+def check_options(config, swap_ab) -> None:
+    """Raise TypeError naming the backend option that has the wrong type (before any launch):
+    a dict is not a config, and ``swap_ab="no"`` must not read as True."""
+    if config is not None and not isinstance(config, TritonConfig):
+        raise TypeError(f"config: expected a triton_moe.TritonConfig or None, got {type(config).__name__}")
+    if swap_ab is not None and not isinstance(swap_ab, bool):
+        raise TypeError(f"swap_ab: expected True, False or None, got {swap_ab!r}")
+
+
+def plan(dims: MoEDims, quant: Optional[str] = None, *, config: Optional[TritonConfig] = None,
+         swap_ab: Optional[bool] = None) -> LayerPlan:
+    """The plan of one ``fused_moe`` call with sizes ``dims`` (a :class:`moe_spec.validate.MoEDims`).
+
+    Options (those of ``fused_moe``): ``config`` a :class:`TritonConfig` (default: the tuned table
+    for this shape and device, else the heuristic); ``swap_ab`` forces swap-AB on or off (default:
+    the config's, else the rule). Raises TypeError / ValueError naming a bad option, a config that
+    cannot run ``quant``, or an expert count the alignment does not support.
+    """
+    if not isinstance(dims, MoEDims):
+        raise TypeError(f"dims: expected a moe_spec.validate.MoEDims, got {type(dims).__name__}")
+    check_options(config, swap_ab)
+    check_quant(quant)
+    check_num_experts(dims.E)
+    if config is None:
+        config = get_config(dims.T, dims.E, dims.top_k, dims.I, dims.K, quant)
+    if swap_ab is not None:
+        config = replace(config, swap_ab=swap_ab)
+    return LayerPlan(config.resolved().check(quant), quant)
+
+
+def plans_for(E: int, K: int, I: int, top_k: int, quant: Optional[str] = None,  # noqa: E741
+              max_tokens: int = MAX_TOKENS, **options) -> tuple[LayerPlan, ...]:
+    """Every distinct plan this layer gets for T = 1 … ``max_tokens`` on this device (with the same
+    ``options``), in order of T: the plan at the first T of each bucket of the config rule
+    (:func:`~triton_moe.config.rule_starts`)."""
+    starts = [1] if options.get("config") is not None else rule_starts(E, top_k, I, K, quant)
+    plans = [plan(MoEDims(T=T, E=E, K=K, I=I, top_k=top_k), quant, **options) for T in starts if T <= max_tokens]
+    return tuple(dict.fromkeys(plans))
