@@ -60,6 +60,7 @@ class Ptx:
                 self.labels.setdefault(line[:-1], []).append(len(self.lines))
                 continue
             self.lines.append(line.rstrip(";").strip())
+        self._reach: dict[int, set[int]] = {}
         self.defs: dict[str, list[int]] = {}
         for i, line in enumerate(self.lines):
             for reg in self._dests(line):
@@ -139,6 +140,11 @@ class Ptx:
     # ---- control flow, one thread at a time ----------------------------------------------------
     def reachable(self, tid: int) -> set[int]:
         """Instruction indices thread ``tid`` can execute (unknown branches go both ways)."""
+        if tid not in self._reach:
+            self._reach[tid] = self._walk(tid)
+        return self._reach[tid]
+
+    def _walk(self, tid: int) -> set[int]:
         cache: dict = {}
         seen: set[int] = set()
         todo = [0]
@@ -210,3 +216,26 @@ def test_the_walk_sees_the_loads_elected_and_stmatrix_on_every_consumer(compiled
     assert loads == {0}
     consumers = set(range(128, cfg.threads))
     assert all(t == consumers for t in _threads_reaching(ptx, cfg.threads, STMATRIX).values())
+
+
+EXPECT_TX = re.compile(r"mbarrier\.arrive\.expect_tx")
+ARRIVE = re.compile(r"^mbarrier\.arrive\.shared")
+SETMAXNREG_DEC = re.compile(r"setmaxnreg\.dec")
+SETMAXNREG_INC = re.compile(r"setmaxnreg\.inc")
+
+
+def test_ring_and_register_roles(compiled):
+    # What notes/hopper.md says each thread does: thread 0 (the producer's elected lane) announces
+    # each stage's bytes on the full barrier; lane 0 of every consumer warp arrives once on a slot's
+    # empty barrier (its init count is the number of consumer warps); setmaxnreg runs warpgroup-wide.
+    cfg, ptx = compiled
+    for threads in _threads_reaching(ptx, cfg.threads, EXPECT_TX).values():
+        assert threads == {0}
+    consumer_warp_leaders = set(range(128, cfg.threads, 32))
+    for threads in _threads_reaching(ptx, cfg.threads, ARRIVE).values():
+        assert threads == consumer_warp_leaders
+    assert all(t == set(range(128)) for t in _threads_reaching(ptx, cfg.threads, SETMAXNREG_DEC).values())
+    assert all(t == set(range(128, cfg.threads)) for t in _threads_reaching(ptx, cfg.threads, SETMAXNREG_INC).values())
+    counts = [ptx.value(ptx._split(line)[2][1], 0, {}) for line in ptx.lines if line.startswith("mbarrier.init")]
+    full, empty = counts[:cfg.stages], counts[cfg.stages:]  # the ring's full barriers first, then its empty ones
+    assert full == [1] * cfg.stages and empty == [4 * cfg.consumer_warpgroups] * cfg.stages, counts
