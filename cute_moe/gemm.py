@@ -41,8 +41,13 @@ Anatomy of a CTA (``128 · (1 + consumer_warpgroups)`` threads)
   keep one WGMMA batch in flight (``wait_group(1)``) and release the previous slot's *empty*
   barrier so the producer can refill it while the tensor cores work.
 * epilogue (consumers).  Optional fp32 row scale (routing weights), bf16 down-cast, ``stmatrix``
-  (the ``.trans`` form for swap-AB's M-major C) into a swizzled staging buffer, a proxy fence,
-  and one thread issues the TMA store; a small ring of staging buffers lets stores overlap.
+  (the ``.trans`` form for swap-AB's M-major C) into a swizzled staging buffer, a proxy fence and
+  a named barrier; then consumer thread 0 alone issues the TMA store, commits it as a bulk
+  async-group and waits until at most ``epi_stages − 1`` of its groups still read shared memory,
+  so a small ring of staging buffers lets stores overlap the next sub-tile.  (A TMA instruction is
+  per thread: every thread that executes it starts its own copy, and the bulk async-groups it
+  commits and waits on are that thread's own; ``tests/test_cute_store.py`` checks in the PTX that
+  exactly one thread stores, commits and waits.)
 
 Persistent scheduling: ``gridDim.x`` = number of SMs; CTA ``c`` processes tiles ``c, c + grid,
 c + 2·grid, …`` while ``tile < num_blocks · n_weight_blocks`` (``num_blocks`` is device data).
@@ -276,7 +281,12 @@ class GroupedGemm:
             store_ring = pipeline.PipelineTmaStore.create(
                 num_stages=cfg.epi_stages,
                 producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumer_threads))
-            is_store_warp = warp_idx == 4
+            # ONE thread issues every TMA store of the CTA and owns their bulk async-groups: each
+            # thread that executes cp.async.bulk.tensor starts its own copy, and commit_group /
+            # wait_group count the executing thread's groups only, so the thread that stores, commits,
+            # waits and drains (producer_tail) must be the same one every time: consumer thread 0
+            # (lane 0 of warp 4).  The loads need no such guard: the DSL elects one lane for them.
+            is_store_thread = mma_tidx == 0
 
             read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
             release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
@@ -336,11 +346,13 @@ class GroupedGemm:
                     # make the generic-proxy smem writes visible to the TMA (async proxy)
                     cute.arch.fence_proxy("async.shared", space="cta")
                     epi_barrier.arrive_and_wait()
-                    if is_store_warp:
+                    if is_store_thread:
                         cute.copy(tma_c, bSG_sC[(None, buf)], bSG_gC[(None, epi_order.get_hier_coord(e))])
-                        store_ring.producer_commit()
-                        store_ring.producer_acquire()
+                        store_ring.producer_commit()  # close this sub-tile's bulk group
+                        store_ring.producer_acquire()  # ≤ epi_stages−1 groups still reading smem
+                    # nobody rewrites a staging buffer before the store thread has seen it read out
                     epi_barrier.arrive_and_wait()
                 tiles_done += 1
                 tile += cute.arch.grid_dim()[0]
-            store_ring.producer_tail()
+            if is_store_thread:
+                store_ring.producer_tail()  # the last stores have read their staging buffers
