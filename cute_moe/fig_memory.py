@@ -16,7 +16,10 @@ from .config import GemmConfig
 from .layouts import evaluate, plan_layouts, size, swizzle_bytes, tma_coordinate, tma_layouts
 from .svg import Svg, num
 
-BANK_GROUP_BYTES = 16  # one bank group: 4 banks × 4 bytes, the unit of an ldmatrix/WGMMA row read
+BANKS, BANK_BYTES = 32, 4  # shared memory: 32 banks of 4 bytes
+BANK_GROUP_BYTES = 16  # one bank group: 4 banks, the 16 bytes of one row of a core matrix
+BANK_GROUPS = BANKS * BANK_BYTES // BANK_GROUP_BYTES
+CORE_MATRIX_ROWS = 8  # a WGMMA / ldmatrix core matrix: 8 rows × 16 bytes
 ROWS_DRAWN = 16  # two 8-row swizzle atoms
 
 
@@ -34,22 +37,22 @@ def chunk_banks(smem: dict, elem_bytes: int, rows: int = ROWS_DRAWN) -> dict[str
     out: dict[str, list[list[int]]] = {"plain": [], "swizzled": [], "elements": []}
     for r in range(rows):
         offsets = [evaluate(shape, stride, r + tile_rows * j * per_chunk) for j in range(chunks)]
-        out["plain"].append([(o * elem_bytes // BANK_GROUP_BYTES) % 8 for o in offsets])
-        out["swizzled"].append([(swizzle_bytes(o * elem_bytes, bits, base, shift) // BANK_GROUP_BYTES) % 8
+        out["plain"].append([(o * elem_bytes // BANK_GROUP_BYTES) % BANK_GROUPS for o in offsets])
+        out["swizzled"].append([(swizzle_bytes(o * elem_bytes, bits, base, shift) // BANK_GROUP_BYTES) % BANK_GROUPS
                                 for o in offsets])
-        out["elements"].append([(swizzle_bytes(o, bits, base, shift) * elem_bytes // BANK_GROUP_BYTES) % 8
+        out["elements"].append([(swizzle_bytes(o, bits, base, shift) * elem_bytes // BANK_GROUP_BYTES) % BANK_GROUPS
                                 for o in offsets])
     return out
 
 
 def conflict_ways(groups: list[list[int]]) -> list[int]:
-    """Per chunk column: the worst number of rows of one 8-row atom that share a bank group
-    (1 = conflict-free; 8 = the 8 rows of a core-matrix read serialize)."""
+    """Per chunk column: the worst number of rows of one core matrix (8 consecutive rows) that share
+    a bank group (1 = conflict-free; 8 = the 8 rows of a core-matrix read serialize)."""
     ways = []
     for j in range(len(groups[0])):
         worst = 1
-        for r0 in range(0, len(groups), 8):
-            col = [groups[r][j] for r in range(r0, min(r0 + 8, len(groups)))]
+        for r0 in range(0, len(groups), CORE_MATRIX_ROWS):
+            col = [groups[r][j] for r in range(r0, min(r0 + CORE_MATRIX_ROWS, len(groups)))]
             worst = max(worst, max(col.count(g) for g in set(col)))
         ways.append(worst)
     return ways
@@ -71,15 +74,15 @@ def smem_svg(cfg: GemmConfig, fmt: str) -> str:
               "elements": f"S<{b},{m},{s}> on {elem}-byte element offsets (read literally)"}
     svg = Svg(24 + len(panels) * pw, 10, f"{fmt} operand tile in shared memory: 16-byte chunks and bank groups",
               data_figure="smem", data_format=fmt, data_swizzle=f"{b},{m},{s}")
-    for g in range(8):
+    for g in range(BANK_GROUPS):
         svg.symbol(f"g{g}", f'<rect width="{cw}" height="{ch}" class="b{g}"/>',
                    f'<text x="{cw // 2}" y="13" class="c">{g}</text>')
     svg.text(12, 22, f"{fmt} K-major operand in shared memory: where each 16-byte chunk lands", cls="t")
     y = svg.lines(12, 42, [
         f"one row = {chunks * BANK_GROUP_BYTES} bytes = {chunks * per_chunk} {fmt} elements of K "
         f"(tile_k = {plan['tile_k']}), {chunks} chunks of {per_chunk}; rows are M (or N) of the tile",
-        f"cell = chunk (its K range on top), number and colour = bank group g (banks 4g … 4g+3) it lands in",
-        f"a WGMMA core-matrix read takes one chunk column of 8 rows: rows sharing a bank group serialize",
+        "cell = chunk (its K range on top), number and colour = bank group g (banks 4g … 4g+3) it lands in",
+        "a WGMMA core-matrix read takes one chunk column of 8 rows: rows sharing a bank group serialize",
         f"layout of one stage: {smem['text']}"], cls="s")
     y += 8
     for p, panel in enumerate(panels):
@@ -98,7 +101,7 @@ def smem_svg(cfg: GemmConfig, fmt: str) -> str:
         for j, w in enumerate(ways):
             svg.text(x0 + j * cw + cw / 2, yy, "none" if w == 1 else f"{w}-way", cls="l c", data_ways=w)
         svg.close()
-        svg.el("path", cls="frame", d=f"M{x0} {num(y + 22 + 8 * ch)}h{chunks * cw}")
+        svg.el("path", cls="frame", d=f"M{x0} {num(y + 22 + (1 << b) * ch)}h{chunks * cw}")
         svg.rect(x0, y + 22, chunks * cw, ROWS_DRAWN * ch, cls="frame")
         svg.text(x0 - 28, yy + 16, "bank conflict of a core-matrix read: "
                  + ("none" if max(ways) == 1 else f"up to {max(ways)}-way"), cls="s")
@@ -162,6 +165,9 @@ def tma_svg(cfg: GemmConfig, n_out: int, k: int, experts: int, example=(3, 1, 2,
     c_box = box_extent(epi_shape[0], epi_stride[0])
     stage_bytes = plan_layouts(cfg)["stage_bytes"]
     elem = cfg.element_bytes
+    if (tok["values"] + wts["values"]) * elem != stage_bytes:
+        raise AssertionError(f"the two TMA loads move {(tok['values'] + wts['values']) * elem} B, "
+                             f"the full barrier expects {stage_bytes} B")
     path = "swap-AB" if cfg.swap_ab else "normal"
     svg = Svg(1000, 10, f"TMA boxes of one CTA tile ({path})", data_figure="tma", data_path=path)
     svg.text(12, 22, f"TMA: the boxes one CTA tile moves ({path} path: {cfg.tokens_tile} tokens × "

@@ -121,16 +121,16 @@ def pipeline_svg(cfg: GemmConfig, fmt: str, k: int, role: str) -> str:
              f"{stages} stages of {tl['tile_k']} K", cls="t")
     head = [f"each stage: TMA X + W box → slot, full barrier counts the bytes; consumers wait on full, issue "
             f"{tl['per_batch']} × {tl['instruction']}",
-            (f"wait_group(1): one batch stays in flight while the previous one retires and its slot is released "
-             f"(empty barrier) for the producer's next load" if not tl["promote"] else
-             f"fp8_block (128×128 weight blocks, 1×128 token groups): every {FP8_BLOCK} of K the partial sum is "
+            ("wait_group(1): one batch stays in flight while the previous one retires and its slot is released "
+             "(empty barrier) for the producer's next load" if not tl["promote"] else
+             f"fp8_block ({FP8_BLOCK}×{FP8_BLOCK} weight blocks, 1×{FP8_BLOCK} token groups): every {FP8_BLOCK} of K the partial sum is "
              f"retired (wait_group(0)) and promoted: acc += P·s_a·s_w (red)"),
             f"K = {k} → {k // tl['tile_k']} steps per tile ({steps} drawn); epilogue: {tl['store_boxes']} store box(es) "
             f"through {tl['epi_stages']} smem buffer(s); then the next tile, whose loads the producer has already issued",
             "schematic time: one unit = one consumer step; a load lands somewhere inside its hatched bar"]
     if tl["promote"]:
-        head.append(f"the scheme triton_moe's FP8 path uses for fp8_block (one promotion per scale block); "
-                    f"this CuTe kernel compiles bf16 — the FP8 ring keeps the same 128-byte rows")
+        head.append("the scheme triton_moe's FP8 path uses for fp8_block (one promotion per scale block); "
+                    "this CuTe kernel compiles bf16 — the FP8 ring keeps the same 128-byte rows")
     svg.lines(12, 42, head, cls="s")
     ly = {lane: y0 + i * lh for i, lane in enumerate(lanes)}
     for lane in lanes:

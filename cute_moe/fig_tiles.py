@@ -39,6 +39,12 @@ def _runs_in_register_order(cells: list[tuple[int, int]]) -> list[tuple[int, int
     return [tuple(x) for x in runs]
 
 
+def _shaded(thread: int) -> bool:
+    """Alternate shades in a checkerboard of lanes, so neighbouring threads of one warp stand apart."""
+    lane = thread % 32
+    return (lane // 4 + lane % 4) % 2 == 1
+
+
 def fragment_svg(cfg: GemmConfig, fmt: str, role: str) -> str:
     """The accumulator fragment of one warpgroup: which thread holds each (row, col) of m64nN."""
     plan = plan_layouts(cfg, fmt)
@@ -53,6 +59,8 @@ def fragment_svg(cfg: GemmConfig, fmt: str, role: str) -> str:
     warp_rows = {w: sorted({m for (m, _), (t, _) in owners.items() if t // 32 == w}) for w in range(4)}
     bands = all(rows == list(range(16 * w, 16 * w + 16)) for w, rows in warp_rows.items())
     block_regs = per_thread * 8 // n
+    pairs = all(len({m for m, _ in cells}) == 2 and max(m for m, _ in cells) - min(m for m, _ in cells) == 8
+                and {(m, c ^ 1) for m, c in cells} == set(cells) for cells in regs.values())
     repeats = all(owners[(m, c)] == (owners[(m, c % 8)][0], owners[(m, c % 8)][1] + block_regs * (c // 8))
                   for (m, c) in owners)
     big = n > 16
@@ -68,8 +76,8 @@ def fragment_svg(cfg: GemmConfig, fmt: str, role: str) -> str:
     facts = [plan["instruction"] + f"  ({k_atom} {fmt} elements of K = {k_atom * plan['element_bytes']} B per instruction)",
              f"rows = M (64 per warpgroup), columns = N ({n}); colour = warp, shade alternates by thread; "
              f"{per_thread} registers per thread",
-             "each thread holds pairs of adjacent columns in rows r and r+8"
-             + (f"; warp w owns rows 16w … 16w+15" if bands else "")]
+             "; ".join((["each thread holds pairs of adjacent columns in two rows r and r+8"] if pairs else [])
+                       + (["warp w owns rows 16w … 16w+15"] if bands else []))]
     if big and repeats:
         facts.append(f"every 8-column block repeats columns 0–7 with registers +{block_regs}: "
                      "the enlarged corner below shows lane.register")
@@ -80,10 +88,9 @@ def fragment_svg(cfg: GemmConfig, fmt: str, role: str) -> str:
     # the threads, one path each: a horizontal stroke per run of registers, in register order
     svg.cells(x0, y0 + ch / 2, cw, ch, cls="frag")
     for t in sorted(regs):
-        lane, warp = t % 32, t // 32
+        warp = t // 32
         d = "".join(f"M{c} {r}h{length}" for c, r, length in _runs_in_register_order(regs[t]))
-        shade = " a" if (lane // 4 + lane % 4) % 2 else ""
-        svg.el("path", cls=f"s{warp}{shade}", data_t=t, d=d)
+        svg.el("path", cls=f"s{warp}" + (" a" if _shaded(t) else ""), data_t=t, d=d)
     svg.close()
     step = 8 if big else 1
     grid = "".join(f"M{num(x0 + c * cw)} {y0}v{grid_h}" for c in range(0, n + 1, step))
@@ -91,7 +98,7 @@ def fragment_svg(cfg: GemmConfig, fmt: str, role: str) -> str:
     svg.el("path", cls="grid", d=grid)
     svg.rect(x0, y0, grid_w, grid_h, cls="frame")
     for r in range(0, 64, 8):
-        svg.text(x0 - 4, y0 + r * ch + min(ch, 9) + (0 if big else 0), str(r), cls="l", text_anchor="end")
+        svg.text(x0 - 4, y0 + r * ch + min(ch, 9), str(r), cls="l", text_anchor="end")
     for c in range(0, n, 8 if big else 1):
         svg.text(x0 + c * cw, y0 - 2, str(c), cls="l")
     if not big:
@@ -102,8 +109,7 @@ def fragment_svg(cfg: GemmConfig, fmt: str, role: str) -> str:
         svg.text(x0, iy - 8, "rows 0–15 × columns 0–7, enlarged (lane.register):", cls="s")
         for (m, c), (t, v) in owners.items():
             if m < 16 and c < 8:
-                svg.rect(x0 + c * 40, iy + m * 13, 40, 13, cls=f"w{t // 32}", fill_opacity=".55" if
-                         ((t % 32) // 4 + t % 4) % 2 else None)
+                svg.rect(x0 + c * 40, iy + m * 13, 40, 13, cls=f"w{t // 32}", fill_opacity=".55" if _shaded(t) else None)
                 svg.text(x0 + c * 40 + 20, iy + m * 13 + 10, f"{t % 32}.{v}", cls="l c")
     return svg.render()
 
@@ -196,8 +202,7 @@ def swapab_svg(normal: GemmConfig, swap: GemmConfig, tokens_per_expert: float, p
     warps = 4 * max(normal.consumer_warpgroups, swap.consumer_warpgroups)
     svg = Svg(width, 10, f"swap-AB: the same MoE tile with tokens as M and as N ({phase})",
               data_figure="swapab", data_phase=phase, data_tokens_per_expert=num(tokens_per_expert))
-    svg.text(12, 22, f"swap-AB at {phase} ({num(tokens_per_expert)} tokens per expert): "
-             "tokens as WGMMA's M, or as its N", cls="t")
+    svg.text(12, 22, f"swap-AB at {phase}: tokens as WGMMA's M, or as its N", cls="t")
     y = svg.lines(12, 42, head, cls="s")
     warp_legend(svg, 12, y + 2, warps)
     y += 30

@@ -27,6 +27,12 @@ kernel's thread id is that plus 128, the producer warpgroup coming first):
   every row's first element.  The swizzle is applied to byte addresses, as the hardware does:
   ``addr ^= ((addr >> (M+S)) & (2^B − 1)) << M`` (for 128 B: bits 4‥6 ^= bits 7‥9).
 * ``tma``: the box each TMA copy moves (rows × tile_k for loads, the epilogue tile for stores).
+
+For the pictures (:mod:`cute_moe.figures`) three lighter readers of the same plan:
+:func:`plan_layouts` (the static layouts, for bf16 or FP8 operands, without the per-thread loop),
+:func:`accumulator_owners` (``(m, n) → (thread, register)`` from the tiled MMA's TV layout; a test
+holds it equal to ``partition_C``) and :func:`tma_layouts` (the kernel's TMA coordinate tensors,
+whose strides name the TMA coordinate each tile index moves — the expert is the weights' third).
 """
 
 from __future__ import annotations

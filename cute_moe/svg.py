@@ -25,6 +25,9 @@ BASE_CSS = (
 )
 
 
+FONT_SIZES = {"t": 14, "s": 10, "l": 8}  # by class, as BASE_CSS sets them (11 px otherwise)
+
+
 def text_width(s: str, size: float = 10) -> float:
     """Width of a line of monospace text (a glyph is about 0.61 of the font size wide)."""
     return 0.61 * size * len(s)
@@ -74,14 +77,16 @@ class Svg:
         self.el("rect", x=x, y=y, width=w, height=h, **attrs)
 
     def text(self, x, y, s: str, **attrs) -> None:
+        """A line of text; a left-aligned one widens the picture to fit it."""
         self.el("text", s, x=x, y=y, **attrs)
+        if "text_anchor" not in attrs and " c" not in f" {attrs.get('cls', '')}":
+            size = FONT_SIZES.get(str(attrs.get("cls", "")).split(" ")[0], 11)
+            self.width = max(self.width, x + text_width(s, size) + 12)
 
-    def lines(self, x, y, texts, step: float = 14, size: float = 10, **attrs) -> float:
-        """Several lines of text from (x, y) downwards (the picture widens to fit them); returns the
-        y below the last one."""
+    def lines(self, x, y, texts, step: float = 14, **attrs) -> float:
+        """Several lines of text from (x, y) downwards; returns the y below the last one."""
         for t in texts:
             self.text(x, y, t, **attrs)
-            self.width = max(self.width, x + text_width(t, size) + 12)
             y += step
         return y
 

@@ -15,7 +15,7 @@ import pytest
 
 from cute_moe.config import GemmConfig
 from cute_moe.figures import notes_configs, notes_figures
-from cute_moe.layouts import accumulator_owners, describe, plan_layouts, thread_value_map
+from cute_moe.layouts import accumulator_owners, describe, plan_layouts, thread_value_map, tma_layouts
 from moe_spec.quant import FP8_BLOCK
 
 NS = "{http://www.w3.org/2000/svg}"
@@ -211,6 +211,10 @@ def test_tma_boxes(figs, cfgs, name):
             assert not box & covered
             covered |= box
     assert covered == {(f, t) for f in range(cfg.weights_tile) for t in range(cfg.tokens_tile)}
+    # the two loads of a stage are what the full barrier counts
+    tma = tma_layouts(cfg)
+    assert (tma["tokens"]["values"] + tma["weights"]["values"]) * 2 == plan_layouts(cfg)["stage_bytes"] \
+        == (cfg.tokens_tile + cfg.weights_tile) * cfg.tile_k * 2
 
 
 # ---- the committed set ---------------------------------------------------------------------------
@@ -228,3 +232,21 @@ def test_notes_chapter_embeds_every_figure(figs):
     with open(os.path.join(FIGURES, "..", "wgmma_layouts.md"), encoding="utf-8") as f:
         text = f.read()
     assert sorted(set(re.findall(r"figures/([\w.]+\.svg)", text))) == sorted(figs)
+
+
+def test_notes_config_table_is_the_path_rule(cfgs):
+    """The chapter's table of the four configurations says what the path rule builds."""
+    from cute_moe.config import choose_config
+    from cute_moe.figures import DEFAULT_K, DEFAULT_N_OUT
+
+    with open(os.path.join(FIGURES, "..", "wgmma_layouts.md"), encoding="utf-8") as f:
+        rows = re.findall(r"^\| `(\w+)` \| ([\d.]+) \| ([^|]+) \| (\d+) × (\d+) \| (\d+) \| (\d+) \|$", f.read(), re.M)
+    assert sorted(r[0] for r in rows) == sorted(cfgs)
+    for name, tpe, path, tokens, weights, wgs, stages in rows:
+        cfg = cfgs[name]
+        rule = choose_config(float(tpe), DEFAULT_N_OUT, DEFAULT_K)
+        assert cfg == choose_config(float(tpe), DEFAULT_N_OUT, DEFAULT_K, swap_ab=cfg.swap_ab)
+        assert path.startswith("swap-AB" if cfg.swap_ab else "normal")
+        assert ("rule's choice" in path) == (rule.swap_ab == cfg.swap_ab)
+        assert (int(tokens), int(weights), int(wgs), int(stages)) == (
+            cfg.tokens_tile, cfg.weights_tile, cfg.consumer_warpgroups, cfg.stages)
