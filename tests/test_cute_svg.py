@@ -213,8 +213,8 @@ def test_tma_boxes(figs, cfgs, name):
     assert covered == {(f, t) for f in range(cfg.weights_tile) for t in range(cfg.tokens_tile)}
     # the two loads of a stage are what the full barrier counts
     tma = tma_layouts(cfg)
-    assert (tma["tokens"]["values"] + tma["weights"]["values"]) * 2 == plan_layouts(cfg)["stage_bytes"] \
-        == (cfg.tokens_tile + cfg.weights_tile) * cfg.tile_k * 2
+    assert (tma["tokens"]["values"] + tma["weights"]["values"]) * cfg.element_bytes == plan_layouts(cfg)["stage_bytes"] \
+        == (cfg.tokens_tile + cfg.weights_tile) * cfg.tile_k * cfg.element_bytes
 
 
 # ---- the committed set ---------------------------------------------------------------------------
