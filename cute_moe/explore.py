@@ -5,29 +5,46 @@
     python -m cute_moe.explore --normal --tokens-per-expert 2   # the same GEMM without swap-AB
     python -m cute_moe.explore --tokens-per-expert 2 --ptx      # ... and the instructions it compiles to
     python -m cute_moe.explore --tokens-per-expert 2 --json     # everything, as data
+    python -m cute_moe.explore --tokens-per-expert 2 --svg DIR  # the pictures of this kernel (SVG)
+    python -m cute_moe.explore --notes-figures notes/figures    # the pictures notes/wgmma_layouts.md embeds
 
 Nothing here computes a layout of its own: the configuration comes from
 :func:`cute_moe.config.choose_config` (the path rule) or from explicit tile flags checked by
 :meth:`GemmConfig.validate`; every number printed is read from :func:`cute_moe.layouts.describe`,
 which evaluates the very tiled MMA and shared-memory layouts the kernel is compiled from, and
-``--ptx`` from :func:`cute_moe.ptx.compile_ptx`. The grid of accumulator owners is printed in MoE
+``--ptx`` from :func:`cute_moe.ptx.compile_ptx`; ``--svg`` draws the same objects
+(:mod:`cute_moe.figures`). The grid of accumulator owners is printed in MoE
 terms (rows = tokens, columns = weight rows) for both paths, so the normal and the swap-AB kernel
 can be compared cell by cell: the same (token, weight) output lands in another thread's register.
+
+A problem or tile the kernel would refuse is refused here by the kernel's own checks
+(:func:`cute_moe.moe.check_gemm_shape`, :meth:`GemmConfig.validate`): one line on stderr, exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 
 from .config import GemmConfig, choose_config
+from .figures import DEFAULT_EXPERTS, DEFAULT_K, DEFAULT_N_OUT, config_figures, notes_figures, write_figures
+from .fig_memory import chunk_banks, conflict_ways
+from .moe import check_gemm_shape
 
 GRID_EDGE = 16  # rows/columns of the accumulator-owner grid shown
 
 
 def build_config(args) -> GemmConfig:
+    """The configuration the flags name, checked as the kernel checks it (ValueError otherwise)."""
+    tpe = args.tokens_per_expert
+    if not math.isfinite(tpe) or tpe < 0:
+        raise ValueError(f"--tokens-per-expert: expected a finite mean ≥ 0 (T·top_k/E), got {tpe:g}")
+    if args.experts < 1:
+        raise ValueError(f"--experts: expected at least 1 expert, got {args.experts}")
+    check_gemm_shape(args.n_out, args.k)  # the grouped GEMM's host check of N_out and K
     swap = True if args.swap_ab else False if args.normal else None
     cfg = choose_config(args.tokens_per_expert, args.n_out, args.k, swap_ab=swap)
     overrides = {name: getattr(args, name) for name in ("tokens_tile", "weights_tile", "stages")
@@ -59,6 +76,46 @@ def _ptx_summary(ptx: str) -> list[str]:
     return [f"{n:5d} × {op}" for op, n in sorted(counts.items())]
 
 
+def swizzle_lines(cfg: GemmConfig, desc: dict) -> list[str]:
+    """The 128-byte swizzle of each operand's first 8 rows: where each 16-byte chunk of a row lands."""
+    out = []
+    tables = {}
+    for name in ("A", "B"):
+        s = desc["smem"][name]
+        smem = {"one_stage": s["layout_one_stage"], "swizzle": s["swizzle"]}
+        tables[name] = chunk_banks(smem, cfg.element_bytes, rows=min(8, _rows(smem)))
+    for name in ("A", "B"):
+        if name == "B" and tables["B"] == tables["A"] and desc["smem"]["B"]["swizzle"] == desc["smem"]["A"]["swizzle"]:
+            out.append(f"  B ({desc['tile']['B_is']}): the same")
+            continue
+        banks = tables[name]
+        b, m, sh = desc["smem"][name]["swizzle"]
+        chunks = len(banks["plain"][0])
+        per = 16 // cfg.element_bytes
+        out += [f"Shared memory of {name} ({desc['tile'][name + '_is']}): S<{b},{m},{sh}> on byte addresses "
+                f"(bits {m}..{m + b - 1} ^= bits {m + sh}..{m + sh + b - 1}); a row = {chunks} chunks of 16 B "
+                f"({per} elements of K each), a chunk index = the bank group (4 of 32 banks) it lands in",
+                "  row r, logical chunk j → physical chunk:   j = " + " ".join(f"{j:2d}" for j in range(chunks))]
+        out += [f"  {'row ' + str(r):>41}" + " " * 5 + " ".join(f"{c:2d}" for c in row)
+                for r, row in enumerate(banks["swizzled"])]
+        sw, plain = conflict_ways(banks["swizzled"]), conflict_ways(banks["plain"])
+        out += [f"  a WGMMA core-matrix read (8 rows × one chunk): {_ways(max(sw))}; "
+                f"unswizzled (row r, chunk j → chunk j): {_ways(max(plain))}"]
+    return out
+
+
+def _rows(smem: dict) -> int:
+    shape = smem["one_stage"]["shape"][0]
+    n = 1
+    for v in (shape if isinstance(shape, (list, tuple)) else [shape]):
+        n *= v
+    return n
+
+
+def _ways(w: int) -> str:
+    return "8 different bank groups, no conflict" if w == 1 else f"{w} rows in one bank group: a {w}-way conflict"
+
+
 def render(cfg: GemmConfig, desc: dict, ptx: str | None = None) -> str:
     tile, mma, smem, tma = desc["tile"], desc["mma"], desc["smem"], desc["tma"]
     m, n, k = tile["gemm_mnk"]
@@ -83,11 +140,7 @@ def render(cfg: GemmConfig, desc: dict, ptx: str | None = None) -> str:
     out.append("       " + "".join(f"w{w}".rjust(width) for w in range(len(grid[0]))))
     for t, row in enumerate(grid):
         out.append(f"  t{t:<4}" + "".join(c.rjust(width) for c in row))
-    out += ["", "Swizzle (byte addresses, as the hardware applies it): the 8 rows of the first atom of each operand"]
-    for name in ("A", "B"):
-        s = smem[name]
-        rows = ", ".join(f"r{r['row']}→chunk {r['chunk16']}" for r in s["atom_rows"])
-        out.append(f"  {name} S<{','.join(map(str, s['swizzle']))}>: {rows}")
+    out += ["", *swizzle_lines(cfg, desc)]
     if ptx is not None:
         out += ["", "PTX (compiled on this machine for sm_90a): instructions of interest"]
         out += ["  " + line for line in _ptx_summary(ptx)]
@@ -100,8 +153,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m cute_moe.explore", description=__doc__.split("\n")[0])
     ap.add_argument("--tokens-per-expert", type=float, default=2.0,
                     help="mean routed tokens per expert (T·top_k/E); the path rule picks the kernel [2]")
-    ap.add_argument("--n-out", type=int, default=28672, help="output features of the GEMM [28672: Mixtral GEMM1]")
-    ap.add_argument("--k", type=int, default=4096, help="reduction size K [4096]")
+    ap.add_argument("--n-out", type=int, default=DEFAULT_N_OUT,
+                    help=f"output features of the GEMM [{DEFAULT_N_OUT}: Mixtral-8x7B GEMM1, 2·I]")
+    ap.add_argument("--k", type=int, default=DEFAULT_K, help=f"reduction size K [{DEFAULT_K}]")
+    ap.add_argument("--experts", type=int, default=DEFAULT_EXPERTS,
+                    help=f"number of experts, for the TMA picture [{DEFAULT_EXPERTS}]")
     path = ap.add_mutually_exclusive_group()
     path.add_argument("--swap-ab", action="store_true", help="force the swap-AB path")
     path.add_argument("--normal", action="store_true", help="force the normal path")
@@ -112,10 +168,17 @@ def main(argv=None) -> int:
     ap.add_argument("--ptx", action="store_true",
                     help="compile to PTX and list the instructions (under a second on a CPU: notes/cute_moe.md §5)")
     ap.add_argument("--json", action="store_true", help="print layouts.describe_json(config) instead")
+    ap.add_argument("--svg", metavar="DIR", help="also write this kernel's pictures (SVG) into DIR")
+    ap.add_argument("--notes-figures", metavar="DIR",
+                    help="write the picture set of notes/wgmma_layouts.md into DIR (and nothing else)")
     args = ap.parse_args(argv)
+    if args.notes_figures:
+        for path in write_figures(notes_figures(), args.notes_figures):
+            print(path)
+        return 0
     try:
         cfg = build_config(args)
-    except ValueError as exc:  # an unsupported tile: the config names the limit
+    except (TypeError, ValueError) as exc:  # what the kernel would refuse: its own check names the limit
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from .layouts import describe, describe_json
@@ -129,6 +192,9 @@ def main(argv=None) -> int:
 
         ptx = compile_ptx(cfg)
     print(render(cfg, describe(cfg), ptx))
+    if args.svg:
+        figs = config_figures(cfg, args.tokens_per_expert, args.n_out, args.k, args.experts)
+        print("", "Pictures:", *("  " + p for p in write_figures(figs, args.svg)), sep="\n")
     return 0
 
 

@@ -27,6 +27,12 @@ kernel's thread id is that plus 128, the producer warpgroup coming first):
   every row's first element.  The swizzle is applied to byte addresses, as the hardware does:
   ``addr ^= ((addr >> (M+S)) & (2^B − 1)) << M`` (for 128 B: bits 4‥6 ^= bits 7‥9).
 * ``tma``: the box each TMA copy moves (rows × tile_k for loads, the epilogue tile for stores).
+
+For the pictures (:mod:`cute_moe.figures`) three lighter readers of the same plan:
+:func:`plan_layouts` (the static layouts, for bf16 or FP8 operands, without the per-thread loop),
+:func:`accumulator_owners` (``(m, n) → (thread, register)`` from the tiled MMA's TV layout; a test
+holds it equal to ``partition_C``) and :func:`tma_layouts` (the kernel's TMA coordinate tensors,
+whose strides name the TMA coordinate each tile index moves — the expert is the weights' third).
 """
 
 from __future__ import annotations
@@ -41,10 +47,15 @@ import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
 
 from cutlass.base_dsl.ast_helpers import DSLOptimizationWarning  # noqa: E402
+from cutlass.cute.nvgpu import cpasync  # noqa: E402
 
 from .config import SMEM_BUDGET_BYTES, GemmConfig  # noqa: E402
 from .gemm import KernelPlan  # noqa: E402
+<<<<<<< HEAD
 from .ptx import PTX_TYPES as _PTX_TYPE  # noqa: E402
+=======
+from .ptx import fake_arguments  # noqa: E402
+>>>>>>> pictures
 
 
 # ---- a layout is a function: the pure-Python definition ----------------------------------------
@@ -89,50 +100,196 @@ def _swizzle(composed) -> tuple[int, int, int]:
     return b, m, s
 
 
+<<<<<<< HEAD
+=======
+_PTX_TYPE = {"Float32": "f32", "BFloat16": "bf16", "Float16": "f16", "Float8E4M3FN": "e4m3"}
+"""DSL element type → the type suffix PTX spells in ``wgmma.mma_async`` (accumulator, A, B)."""
+
+OPERAND_FORMATS = {"bf16": cutlass.BFloat16, "fp8": cutlass.Float8E4M3FN}
+"""Operand formats the pictures draw.  The kernel compiles bf16; ``fp8`` builds the same
+:class:`KernelPlan` with E4M3 operands (both K-major, as FP8 WGMMA requires) to show its layouts."""
+
+
+def format_config(cfg: GemmConfig, fmt: str) -> GemmConfig:
+    """``cfg`` with ``tile_k`` holding the same bytes per operand row in format ``fmt``.
+
+    One stage keeps its 128-byte swizzled rows: 64 bf16 or 128 FP8 elements of K.
+    """
+    elem = OPERAND_FORMATS[fmt].width // 8
+    return cfg.replace(tile_k=cfg.tile_k * cfg.element_bytes // elem)
+
+
+def _read_plan(plan: KernelPlan, raw: dict) -> None:
+    """Copy the static facts of a plan (inside a jit context) into plain data."""
+    mma = plan.tiled_mma
+    raw["tv_A"] = _layout(mma.tv_layout_A)
+    raw["tv_B"] = _layout(mma.tv_layout_B)
+    raw["tv_C"] = _layout(mma.tv_layout_C)
+    # the whole tiled MMA (every consumer warpgroup): its (M, N) tile and the C thread-value layout
+    raw["mma_tile_mn"] = (int(mma.get_tile_size(0)), int(mma.get_tile_size(1)))
+    raw["tv_C_tiled"] = _layout(mma.tv_layout_C_tiled)
+    # the WGMMA atom the tiled MMA repeats: instruction shape and operand types, from the op itself
+    raw["atom_mnk"] = tuple(int(v) for v in mma.op.shape_mnk)
+    raw["atom_types"] = tuple(_PTX_TYPE[str(t)] for t in (mma.op.acc_dtype, mma.op.a_dtype, mma.op.b_dtype))
+    for name, staged, one in (("A", plan.a_smem_staged, cute.slice_(plan.a_smem_staged, (None, None, 0))),
+                              ("B", plan.b_smem_staged, cute.slice_(plan.b_smem_staged, (None, None, 0))),
+                              ("C", plan.epi_smem_staged, plan.epi_smem_one)):
+        raw["smem_" + name] = {"one_stage": _layout(one.outer), "swizzle": _swizzle(staged),
+                               "cosize_staged": int(cute.cosize(staged)), "text": str(staged)}
+    raw["stage_bytes"] = int(plan.stage_bytes)
+
+
+def _instruction(raw: dict) -> str:
+    return "wgmma.mma_async.sync.aligned.m{}n{}k{}.".format(*raw["atom_mnk"]) + ".".join(raw["atom_types"])
+
+
+def _quietly(fn) -> None:
+    with warnings.catch_warnings():  # host-side bookkeeping loops are unrolled on purpose
+        warnings.simplefilter("ignore", category=DSLOptimizationWarning)
+        fn()
+
+
+>>>>>>> pictures
 def _raw_plan(cfg: GemmConfig) -> dict:
     raw: dict = {}
 
     @cute.jit
     def probe():
         plan = KernelPlan(cfg, cutlass.BFloat16)
-        mma = plan.tiled_mma
-        raw["tv_A"] = _layout(mma.tv_layout_A)
-        raw["tv_B"] = _layout(mma.tv_layout_B)
-        raw["tv_C"] = _layout(mma.tv_layout_C)
-        # the WGMMA atom the tiled MMA repeats: instruction shape and operand types, from the op itself
-        raw["atom_mnk"] = tuple(int(v) for v in mma.op.shape_mnk)
-        raw["atom_types"] = tuple(_PTX_TYPE[str(t)] for t in (mma.op.acc_dtype, mma.op.a_dtype, mma.op.b_dtype))
-        for name, staged, one in (("A", plan.a_smem_staged, cute.slice_(plan.a_smem_staged, (None, None, 0))),
-                                  ("B", plan.b_smem_staged, cute.slice_(plan.b_smem_staged, (None, None, 0))),
-                                  ("C", plan.epi_smem_staged, plan.epi_smem_one)):
-            raw["smem_" + name] = {"one_stage": _layout(one.outer), "swizzle": _swizzle(staged),
-                                   "cosize_staged": int(cute.cosize(staged)), "text": str(staged)}
-        raw["stage_bytes"] = int(plan.stage_bytes)
+        _read_plan(plan, raw)
         # Accumulator ownership exactly as the kernel computes it: each consumer thread's slice
         # of the tiled MMA applied to an identity tensor over the CTA tile (static coordinates).
         identity = cute.make_identity_tensor((cfg.tile_m, cfg.tile_n))
         acc = []
         for t in cutlass.range_constexpr(128 * cfg.consumer_warpgroups):
-            coords = mma.get_slice(t).partition_C(identity)
+            coords = plan.tiled_mma.get_slice(t).partition_C(identity)
             acc.append([tuple(int(v) for v in coords[i]) for i in range(cute.size(coords))])
         raw["accumulators"] = acc
 
-    with warnings.catch_warnings():  # the per-thread loop is host-side bookkeeping, unrolled on purpose
-        warnings.simplefilter("ignore", category=DSLOptimizationWarning)
-        probe()
+    _quietly(probe)
     return raw
 
 
-def _tv_table(tv: dict, rows: int) -> list[list[list[int]]]:
-    """[thread][value] → (row, col) of a column-major (rows × …) tile."""
+def plan_layouts(cfg: GemmConfig, fmt: str = "bf16") -> dict:
+    """The plan's static layouts for operand format ``fmt`` (no per-thread loop: fast).
+
+    Keys: ``tv_A``/``tv_B``/``tv_C``, ``atom_mnk``, ``atom_types``, ``instruction``,
+    ``smem_A``/``smem_B``/``smem_C`` (one stage's outer layout, swizzle ``(B, M, S)``, cosize of
+    the ring, printed form), ``stage_bytes``, ``element_bytes``, ``tile_k``.  For ``fp8`` the
+    epilogue entry describes an FP8 buffer the kernel would not have (its output is bf16).
+    """
+    dtype = OPERAND_FORMATS[fmt]
+    fcfg = format_config(cfg, fmt)
+    raw: dict = {}
+
+    @cute.jit
+    def probe():
+        _read_plan(KernelPlan(fcfg, dtype), raw)
+
+    _quietly(probe)
+    raw["instruction"] = _instruction(raw)
+    raw["element_bytes"] = dtype.width // 8
+    raw["tile_k"] = fcfg.tile_k
+    return raw
+
+
+def _static(x):
+    """A shape or stride of a TMA coordinate tensor as data: ints, the string ``"value@mode"`` for a
+    ScaledBasis (a step of ``value`` along TMA coordinate ``mode``), None for a dynamic extent."""
+    if isinstance(x, tuple):
+        return [_static(v) for v in x]
+    if isinstance(x, int):
+        return x
+    if isinstance(x, cute.ScaledBasis):
+        mode = x.mode
+        return f"{int(x.value)}@{int(mode[0] if isinstance(mode, (list, tuple)) else mode)}"
+    return None
+
+
+def tma_layouts(cfg: GemmConfig) -> dict:
+    """The TMA copies of the kernel as data, traced on the CPU with symbolic problem sizes.
+
+    The same ``make_tiled_tma_atom`` / ``local_tile`` calls as ``GroupedGemm`` make, on the fake
+    arguments of :func:`cute_moe.ptx.fake_arguments`.  For ``tokens`` and ``weights`` (loads) and
+    ``output`` (the store), ``tiles`` is the tiled coordinate tensor (box modes first, then the
+    block indices; for the weights the last index is the expert), whose strides say which TMA
+    coordinate each index moves (``"value@mode"``); ``values`` is the elements one copy moves.
+    ``output_epi`` is one CTA tile divided into epilogue sub-tiles, as the epilogue divides it.
+    """
+    raw: dict = {}
+
+    @cute.jit
+    def probe(x: cute.Tensor, w: cute.Tensor, c: cute.Tensor):
+        plan = KernelPlan(cfg, cutlass.BFloat16)
+        loads = (("tokens", x, plan.x_smem_one, (cfg.tokens_tile, cfg.tile_k)),
+                 ("weights", w, plan.w_smem_one, (cfg.weights_tile, cfg.tile_k)))
+        for name, tensor, one, box in loads:
+            atom, coords = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), tensor, one, box)
+            tiles = cute.local_tile(coords, box, (None,) * cute.rank(coords))
+            raw[name] = {"box": list(box), "values": int(cute.size(atom.layout_src_tv, mode=[1])),
+                         "tiles": {"shape": _static(tiles.layout.shape), "stride": _static(tiles.layout.stride)}}
+        atom, coords = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), c, plan.epi_smem_one,
+                                                   cfg.epi_tile)
+        tiles = cute.local_tile(coords, (cfg.tile_m, cfg.tile_n), (None, None))
+        raw["output"] = {"box": list(cfg.epi_tile), "values": int(cute.size(atom.layout_src_tv, mode=[1])),
+                         "tiles": {"shape": _static(tiles.layout.shape), "stride": _static(tiles.layout.stride)}}
+        epi = cute.zipped_divide(tiles[(None, None, 0, 0)], cfg.epi_tile)
+        raw["output_epi"] = {"shape": _static(epi.layout.shape), "stride": _static(epi.layout.stride)}
+
+    x, w, c = fake_arguments(cfg)[:3]
+    _quietly(lambda: cute.compile(probe, x, w, c))
+    return raw
+
+
+def tma_coordinate(tiles: dict, index: tuple) -> list[int]:
+    """The TMA coordinates (innermost first) of the element ``index`` (one integer per flattened
+    mode) of a tiled coordinate tensor from :func:`tma_layouts`."""
+    coord: dict[int, int] = {}
+    for i, step in zip(index, _flatten(_tuples(tiles["stride"]))):
+        if isinstance(step, str):  # "value@mode"; an int stride (0) does not move the box
+            value, mode = (int(v) for v in step.split("@"))
+            coord[mode] = coord.get(mode, 0) + i * value
+    return [coord.get(m, 0) for m in range(max(coord, default=-1) + 1)]
+
+
+def _tuples(x):
+    return tuple(_tuples(v) for v in x) if isinstance(x, list) else x
+
+
+def thread_value_map(tv: dict, rows: int) -> list[list[tuple[int, int]]]:
+    """``[thread][value]`` → (row, col) of a column-major tile with ``rows`` rows, from a TV layout."""
     t_shape, v_shape = tv["shape"]
     t_stride, v_stride = tv["stride"]
-    table = []
+    out = []
     for t in range(size(t_shape)):
         base = evaluate(t_shape, t_stride, t)
-        table.append([[(base + evaluate(v_shape, v_stride, v)) % rows,
-                       (base + evaluate(v_shape, v_stride, v)) // rows] for v in range(size(v_shape))])
-    return table
+        offsets = [base + evaluate(v_shape, v_stride, v) for v in range(size(v_shape))]
+        out.append([(o % rows, o // rows) for o in offsets])
+    return out
+
+
+def accumulator_owners(cfg: GemmConfig, plan: dict) -> dict[tuple[int, int], tuple[int, int]]:
+    """``{(m, n): (consumer thread, register)}`` over the CTA tile, from a :func:`plan_layouts` dict.
+
+    Evaluates the tiled MMA's ``tv_C_tiled`` (every consumer warpgroup's threads over the
+    ``mma_tile_mn`` tile).  A CTA tile taller than that tile repeats it along M, the repeats
+    following the atom's registers in each thread's fragment — what ``partition_C`` gives the
+    kernel (a test compares the two).
+    """
+    tile_m, tile_n = plan["mma_tile_mn"]
+    table = thread_value_map(plan["tv_C_tiled"], tile_m)
+    per_thread = len(table[0])
+    owners = {}
+    for rep in range(cfg.tile_m // tile_m):
+        for t, regs in enumerate(table):
+            for v, (m, n) in enumerate(regs):
+                owners[(m + rep * tile_m, n)] = (t, v + rep * per_thread)
+    return owners
+
+
+def _tv_table(tv: dict, rows: int) -> list[list[list[int]]]:
+    """[thread][value] → [row, col] of a column-major (rows × …) tile."""
+    return [[list(rc) for rc in regs] for regs in thread_value_map(tv, rows)]
 
 
 def _smem_rows(smem: dict, elem_bytes: int, rows_to_show: int = 8) -> list[dict]:
@@ -177,8 +334,7 @@ def describe(cfg: GemmConfig) -> dict:
                  "C_major": "M" if cfg.swap_ab else "N",
                  "threads": cfg.threads, "consumer_threads": 128 * cfg.consumer_warpgroups,
                  "stages": cfg.stages, "epi_stages": cfg.epi_stages},
-        "mma": {"instruction": "wgmma.mma_async.sync.aligned.m{}n{}k{}.".format(*raw["atom_mnk"])
-                               + ".".join(raw["atom_types"]),
+        "mma": {"instruction": _instruction(raw),
                 "atom_mnk": list(raw["atom_mnk"]), "warpgroups_along_m": cfg.consumer_warpgroups,
                 "tv_A": raw["tv_A"], "tv_B": raw["tv_B"], "tv_C": raw["tv_C"],
                 "A_coords_every_thread": tv_a, "B_coords_every_thread": tv_b},

@@ -111,6 +111,15 @@ def _cute_vector(t: torch.Tensor):
     return from_dlpack(t).mark_layout_dynamic()
 
 
+def check_gemm_shape(n_out: int, k: int) -> None:
+    """The grouped GEMM's host check of its problem sizes: ``N_out`` and ``K`` positive multiples of
+    ``ALIGN_ELEMS`` (TMA's 16-byte rows; with K = 0 no stage would ever be loaded)."""
+    for name, v in (("K", k), ("N_out", n_out)):
+        if v <= 0 or v % ALIGN_ELEMS:
+            raise ValueError(f"grouped_gemm: {name}={v} must be a positive multiple of {ALIGN_ELEMS} "
+                             f"(TMA needs 16-byte aligned bf16 rows)")
+
+
 def grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, rows: SortedRows, cfg: GemmConfig, *,
                  row_scale: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """``out[r] = x_sorted[r] · w[expert(r)]ᵀ (· row_scale[r])`` for every used sorted row r.
@@ -122,10 +131,7 @@ def grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, rows: SortedRows, cfg:
     n_experts, n_out, k_w = w.shape
     if k_w != k:
         raise ValueError(f"grouped_gemm: K of x_sorted ({k}) and w ({k_w}) differ")
-    for name, v in (("K", k), ("N_out", n_out)):
-        if v % ALIGN_ELEMS:
-            raise ValueError(f"grouped_gemm: {name}={v} must be a multiple of {ALIGN_ELEMS} "
-                             f"(TMA needs 16-byte aligned bf16 rows)")
+    check_gemm_shape(n_out, k)
     if cfg.row_scale != (row_scale is not None):
         raise ValueError("grouped_gemm: pass row_scale exactly when cfg.row_scale is set")
     if out is None:

@@ -178,11 +178,11 @@ def test_grouped_rasterization_with_a_partial_last_group():
     token per expert (E = 10, top_k = 1) makes every M-block real, and BLOCK_N = 16 gives 3 (GEMM1)
     and 4 (GEMM2) N tiles: a rasterization that took the last group as full would map its programs
     onto M-blocks past the end and never compute blocks 8 and 9's other N tiles."""
-    from triton_moe.align import max_padded_size
+    from moe_spec.align import max_rows
 
     shape = MoEShape("groups", 10, 1, 64, 48, "test: 10 M-blocks of 16, GROUP_M = 8")
     cfg = TritonConfig(16, 16, 32, GROUP_M=8, num_warps=4, num_stages=2, swap_ab=False)
-    assert max_padded_size(10, 10, cfg.BLOCK_M) // cfg.BLOCK_M == 10
+    assert max_rows(10, 10, cfg.BLOCK_M) // cfg.BLOCK_M == 10
     for quant in (None, "fp8_block"):
         inp = make_inputs(shape, 10, quant, seed=12)
         inp.topk_ids = torch.arange(10, dtype=torch.int32)[:, None].contiguous()
