@@ -51,11 +51,8 @@ from cutlass.cute.nvgpu import cpasync  # noqa: E402
 
 from .config import SMEM_BUDGET_BYTES, GemmConfig  # noqa: E402
 from .gemm import KernelPlan  # noqa: E402
-<<<<<<< HEAD
 from .ptx import PTX_TYPES as _PTX_TYPE  # noqa: E402
-=======
 from .ptx import fake_arguments  # noqa: E402
->>>>>>> pictures
 
 
 # ---- a layout is a function: the pure-Python definition ----------------------------------------
@@ -100,11 +97,6 @@ def _swizzle(composed) -> tuple[int, int, int]:
     return b, m, s
 
 
-<<<<<<< HEAD
-=======
-_PTX_TYPE = {"Float32": "f32", "BFloat16": "bf16", "Float16": "f16", "Float8E4M3FN": "e4m3"}
-"""DSL element type → the type suffix PTX spells in ``wgmma.mma_async`` (accumulator, A, B)."""
-
 OPERAND_FORMATS = {"bf16": cutlass.BFloat16, "fp8": cutlass.Float8E4M3FN}
 """Operand formats the pictures draw.  The kernel compiles bf16; ``fp8`` builds the same
 :class:`KernelPlan` with E4M3 operands (both K-major, as FP8 WGMMA requires) to show its layouts."""
@@ -148,8 +140,6 @@ def _quietly(fn) -> None:
         warnings.simplefilter("ignore", category=DSLOptimizationWarning)
         fn()
 
-
->>>>>>> pictures
 def _raw_plan(cfg: GemmConfig) -> dict:
     raw: dict = {}
 
