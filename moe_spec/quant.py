@@ -101,6 +101,7 @@ class QuantFormat:
 
 #: The registry, in contract order; keys are the contract's spellings of ``quant``.
 FORMATS: dict = {f.name: f for f in (
+    #           name           label          mode  weight dtype     weight_group / activation_group  tolerance
     QuantFormat(None, "bf16", 0, torch.bfloat16, None, None, 1e-2,
                 "bf16 weights and activations, fp32 accumulation; no scales"),
     QuantFormat("fp8_tensor", "fp8_tensor", 1, FP8_DTYPE, (WHOLE, WHOLE), (WHOLE, WHOLE), 1e-2,
