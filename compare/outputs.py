@@ -49,6 +49,12 @@ def _check_creatable(option: str, path: Path) -> None:
         raise OutputError(f"{option}: cannot create {str(path)!r}: {str(base)!r} is not writable")
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def _sigint_held():
     """Hold SIGINT back for the duration (delivered, as KeyboardInterrupt, right after)."""
@@ -92,10 +98,11 @@ class Outputs:
 
     def stage(self) -> Path:
         """Create the staging directory beside the target (and the target's missing parents)."""
-        parent = self.out.absolute().parent
+        target = self.out.absolute()
         try:
-            parent.mkdir(parents=True, exist_ok=True)
-            self.staging = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.partial-", dir=parent))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            self.staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+            self.staging.chmod(0o777 & ~_umask())  # the mode a plain mkdir gives, not mkdtemp's private 0700
         except OSError as exc:
             raise OutputError(f"--out: cannot create {str(self.out)!r}: {exc.strerror or exc}") from None
         return self.staging
@@ -124,5 +131,6 @@ class Outputs:
                 fd, tmp = tempfile.mkstemp(prefix=f".{self.router.name}.partial-", dir=self.router.parent)
                 with os.fdopen(fd, "w") as f:
                     f.write(router_table)
+                os.chmod(tmp, 0o666 & ~_umask())
                 os.replace(tmp, self.router)
             self.committed = True

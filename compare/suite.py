@@ -23,6 +23,7 @@ turns into a routing table.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -175,14 +176,13 @@ def run_suite(spec: SuiteSpec, progress: bool = True, clock: Optional[Clock] = N
                     if record:
                         result["cases"].append(record)
                     bar.update(len(backends))
-            if spec.jit and position == 0 and weights is not None:
+            if spec.jit and position == 0:  # the JIT study on the first shape, with its weights
                 for name in (k for k in KERNELS if k in backends):
                     for quant in spec.quants:
-                        fields = {"backend": name, "shape": shape.label, "quant": quant_name(quant)}
-                        result["jit"].append(runner.guarded(
-                            f"JIT {name} {quant_name(quant)}", lambda: jit_study(
-                                backends[name], shape, quant, weights, device=spec.device, seed=spec.seed,
-                                quick=spec.quick), **fields))
+                        study = functools.partial(jit_study, backends[name], shape, quant, weights,
+                                                  device=spec.device, seed=spec.seed, quick=spec.quick)
+                        result["jit"].append(runner.guarded(f"JIT {name} {quant_name(quant)}", study, backend=name,
+                                                            shape=shape.label, quant=quant_name(quant)))
             weights = None  # this shape's weights: freed before the next shape's are drawn
             if spec.device == "cuda":
                 torch.cuda.empty_cache()

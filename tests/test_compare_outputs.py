@@ -68,3 +68,14 @@ def test_unwritable_targets(out, router, message, tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(OutputError, match=message):
         Outputs(tmp_path / out, OUTPUT_FILES, None if router is None else tmp_path / router).check()
+
+
+def test_written_with_the_modes_of_plain_files(tmp_path):
+    o = Outputs(tmp_path / "out", OUTPUT_FILES, tmp_path / "router.json").check()
+    _stage(o, {"report.md": "r"})
+    o.commit("{}\n")
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    (probe / "f").write_text("")
+    assert (tmp_path / "out").stat().st_mode == probe.stat().st_mode
+    assert (tmp_path / "router.json").stat().st_mode == (probe / "f").stat().st_mode
