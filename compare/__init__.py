@@ -5,6 +5,13 @@ contenders of :mod:`compare.backends`, checks every result against the fp64 orac
 :mod:`moe_spec.oracle` (:mod:`compare.metrics`), and writes the reports (:mod:`compare.report`).
 :func:`compare.router.fused_moe` picks the measured-fastest backend per (shape, T, quant).
 
+Reading order of the suite: :mod:`~compare.cases` (the spec of a run, one case, the time budget) →
+:mod:`~compare.numerics` (one backend against the oracle) → :mod:`~compare.timed` (against the
+clock) → :mod:`~compare.compilation` (JIT study, CuTe PTX) → :mod:`~compare.suite` (all cases);
+then the output: :mod:`~compare.results` (the JSON record, merging) → :mod:`~compare.tables`
+(banner, columns) → :mod:`~compare.report`, :mod:`~compare.markdown`, :mod:`~compare.plots` →
+:mod:`~compare.outputs` (where and how files are written).
+
 This is the top layer: it imports the specification (``moe_spec``) and both backends; nothing
 imports it.
 """

@@ -1,10 +1,11 @@
 """``python -m compare``: prove the CuTe and Triton kernels compute the same function, then time them.
 
 On a GPU it runs the suite (default: Mixtral-8x7B, Qwen3-30B-A3B and DeepSeek-V3 TP8 at
-T ∈ {1, 8, 32, 128, 1024, 4096}, bf16 and fp8_tensor) for every backend, prints a compact table and
-writes ``results.json``, ``results.csv``, ``report.md`` and PNG plots into ``--out``. Without a GPU
-it still exits 0: numerics through the Triton interpreter on reduced shapes, the CuTe configs it
-would run with their PTX WGMMA lines, and timing marked "skipped: no GPU".
+T ∈ {1, 8, 32, 128, 1024, 4096}, bf16 and fp8_tensor) for every backend, prints what the run did,
+a compact table, and writes ``results.json``, ``results.csv``, ``report.md`` and PNG plots into
+``--out``. Without a GPU it still exits 0: numerics through the Triton interpreter on reduced
+shapes, the CuTe configs it would run with their PTX WGMMA lines, no timing — and its first lines
+say so.
 
 Examples::
 
@@ -14,25 +15,36 @@ Examples::
     python -m compare --out out/ --write-router compare/data/router_h200.json
     python -m compare --merge a/results.json b/results.json --out merged/
 
-Bad input (unknown shape, format or backend, a bad token list) is one line on stderr and exit
-status 2.
+Lists are normalized: names are case-insensitive, a shape with ``:tp1`` is the shape itself, token
+counts are read as integers (``08`` is 8), and repeats are dropped, first one kept. Bad input (an
+unknown name, a bad number, an output path that cannot be written, a file that is not a results
+record) is one line on stderr and exit status 2, before any work. Ctrl-C is one line and exit
+status 130; the output directory is then left as it was (:mod:`compare.outputs`).
 """
 
 from __future__ import annotations
 
-from moe_spec.problem import CATALOG
-
 import argparse
 import json
+import math
 import os
-import shlex
 import sys
 
+from compare import report, results
 from compare.backends import BACKEND_NAMES
-from moe_spec.problem import get_shape
+from compare.cases import CPU_MAX_TOKENS, DEFAULT_SHAPES, DEFAULT_TOKENS_CPU, DEFAULT_TOKENS_GPU, SuiteSpec
+from compare.outputs import OutputError, Outputs
+from compare.report import OUTPUT_FILES
+from compare.results import ResultsError
+from compare.suite import run_suite
+from compare.tables import banner
+from moe_spec.problem import CATALOG, get_shape
 from moe_spec.quant import QUANT_FORMATS
+from moe_spec.runinfo import command_line
 
+PROG = "python -m compare"
 QUANT_CHOICES = ("bf16",) + tuple(q for q in QUANT_FORMATS if q is not None)
+SEED_LIMIT = 2**32
 
 
 class UsageError(Exception):
@@ -44,86 +56,121 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def _split(text: str) -> list[str]:
+def _split(option: str, text: str) -> list[str]:
     items = [s.strip() for s in text.split(",")]
     if not text.strip() or any(not s for s in items):
-        raise UsageError(f"empty item in list {text!r}")
-    return list(dict.fromkeys(items))  # drop repeats, keep order
+        raise UsageError(f"{option}: empty item in list {text!r}")
+    return items
 
 
 def parse_shapes(text: str) -> tuple:
-    shapes = _split(text)
-    for s in shapes:
+    """Catalog labels, canonical ("QWEN3-30B-A3B" and "qwen3-30b-a3b:tp1" are "qwen3-30b-a3b"), no repeats."""
+    labels = []
+    for s in _split("--shapes", text):
         try:
-            get_shape(s)
+            labels.append(get_shape(s).label)
         except ValueError as exc:
-            raise UsageError(str(exc).removeprefix("shape: ")) from None
-    return tuple(shapes)
+            raise UsageError("--shapes: " + str(exc).removeprefix("shape: ")) from None
+    return tuple(dict.fromkeys(labels))
 
 
 def parse_tokens(text: str) -> tuple:
+    """Positive integers ("08" is 8), no repeats, in the order given."""
     tokens = []
-    for s in _split(text):
+    for s in _split("--tokens", text):
         if not s.isdigit() or int(s) < 1:
-            raise UsageError(f"bad token count {s!r} in --tokens {text!r}: expected positive integers, e.g. 1,8,32")
+            raise UsageError(f"--tokens: bad token count {s!r} in {text!r}: expected positive integers, e.g. 1,8,32")
         tokens.append(int(s))
-    return tuple(tokens)
+    return tuple(dict.fromkeys(tokens))
 
 
 def parse_quants(text: str) -> tuple:
-    names = list(QUANT_CHOICES) if text.strip() == "all" else _split(text)
+    names = list(QUANT_CHOICES) if text.strip().lower() == "all" else [q.lower() for q in _split("--quant", text)]
     for q in names:
         if q not in QUANT_CHOICES:
-            raise UsageError(f"unknown quant format {q!r}; known: {', '.join(QUANT_CHOICES)} (or 'all')")
-    return tuple(None if q == "bf16" else q for q in names)
+            raise UsageError(f"--quant: unknown quant format {q!r}; known: {', '.join(QUANT_CHOICES)} (or 'all')")
+    return tuple(None if q == "bf16" else q for q in dict.fromkeys(names))
 
 
 def parse_backends(text: str) -> tuple:
-    names = list(BACKEND_NAMES) if text.strip() == "all" else _split(text)
+    names = list(BACKEND_NAMES) if text.strip().lower() == "all" else [b.lower() for b in _split("--backends", text)]
     for b in names:
         if b not in BACKEND_NAMES:
-            raise UsageError(f"unknown backend {b!r}; known: {', '.join(BACKEND_NAMES)} (or 'all')")
-    return tuple(names)
+            raise UsageError(f"--backends: unknown backend {b!r}; known: {', '.join(BACKEND_NAMES)} (or 'all')")
+    return tuple(dict.fromkeys(names))
+
+
+def _number(option: str, text: str, *, lowest: float, allow_lowest: bool, what: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < lowest or (value == lowest and not allow_lowest):
+        raise UsageError(f"{option}: expected {what}, got {text!r}")
+    return value
+
+
+def parse_seed(text: str) -> int:
+    s = text.strip()
+    if not s.isdigit() or int(s) >= SEED_LIMIT:
+        raise UsageError(f"--seed: expected an integer in [0, 2**32), got {text!r}")
+    return int(s)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from compare.suite import DEFAULT_SHAPES, DEFAULT_TOKENS_CPU, DEFAULT_TOKENS_GPU
-
-    p = _Parser(prog="python -m compare", description=__doc__.split("\n\n")[0].replace("``", ""),
+    p = _Parser(prog=PROG, description=__doc__.split("\n\n")[0].replace("``", ""),
                 formatter_class=argparse.RawDescriptionHelpFormatter,
                 epilog="Shapes: " + ", ".join(CATALOG)
                 + " (append :tpN for a tensor-parallel shard). Numerics tolerance policy: notes/numerics.md.")
-    p.add_argument("--shapes", default=",".join(DEFAULT_SHAPES), help="comma list of catalog shapes [%(default)s]")
+    p.add_argument("--shapes", default=",".join(DEFAULT_SHAPES),
+                   help="comma list of catalog shapes, case-insensitive; repeats dropped [%(default)s]")
     p.add_argument("--tokens", default=None,
-                   help=f"comma list of token counts T [GPU: {','.join(map(str, DEFAULT_TOKENS_GPU))}; "
-                        f"CPU: {','.join(map(str, DEFAULT_TOKENS_CPU))}]")
+                   help=f"comma list of token counts T, repeats dropped [GPU: {','.join(map(str, DEFAULT_TOKENS_GPU))};"
+                        f" CPU: {','.join(map(str, DEFAULT_TOKENS_CPU))}; the CPU path takes T ≤ {CPU_MAX_TOKENS}]")
     p.add_argument("--quant", default="bf16,fp8_tensor",
                    help=f"comma list of formats from {', '.join(QUANT_CHOICES)}, or 'all' [%(default)s]")
     p.add_argument("--backends", default="all", help=f"comma list from {', '.join(BACKEND_NAMES)}, or 'all' [all]")
-    p.add_argument("--out", default="compare-out", help="output directory [%(default)s]")
+    p.add_argument("--out", default="compare-out",
+                   help="output directory; its earlier report files are replaced, others kept [%(default)s]")
     p.add_argument("--quick", action="store_true",
                    help="fast GPU smoke run: fewer timing replays, 2 input sets, a short JIT sweep")
     p.add_argument("--cpu", action="store_true", help="the CPU path (interpreter, reduced shapes) even with a GPU")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random problems [%(default)s]")
+    p.add_argument("--seed", default="0", help="seed of the random problems, in [0, 2**32) [%(default)s]")
     p.add_argument("--no-jit", dest="jit", action="store_false", help="skip the JIT study and demo")
     p.add_argument("--no-ptx", dest="ptx", action="store_false", help="CPU: skip compiling the CuTe configs")
-    p.add_argument("--outlier-expert", type=float, default=0.0, metavar="F",
-                   help="scale expert 0's W1 by F: shows how one expert's range collapses the others under a "
-                        "shared per-tensor FP8 scale (see the per-expert table)")
-    p.add_argument("--time-budget", type=float, default=0.0, metavar="S",
-                   help="stop starting new cases after S seconds; the rest become explicit 'skipped' rows "
-                        "(so a run under a wall-clock limit still writes its report)")
+    p.add_argument("--outlier-expert", default="0", metavar="F",
+                   help="scale expert 0's W1 by F > 0: shows how one expert's range collapses the others under a "
+                        "shared per-tensor FP8 scale (see the per-expert table) [0: off]")
+    p.add_argument("--time-budget", default=None, metavar="S",
+                   help="stop after S > 0 seconds: the case running then is stopped and says so, the rest become "
+                        "explicit 'skipped' rows, the report is written (and --strict fails)")
     p.add_argument("--commit", default="", help="commit to record in the report [git rev-parse of this checkout]")
     p.add_argument("--write-router", metavar="PATH", help="write the routing table measured by this run to PATH")
     p.add_argument("--merge", nargs="+", metavar="JSON",
                    help="do not run: merge these results.json files and render them into --out")
     p.add_argument("--strict", action="store_true",
-                   help="exit 1 when a row fails its tolerance, the kernels disagree, a rerun differs, or a "
-                        "T sweep recompiles")
+                   help="exit 1 when a row fails its tolerance, the kernels disagree, a rerun differs, a T sweep "
+                        "recompiles, or the time budget stopped the run")
     p.add_argument("--no-plots", dest="plots", action="store_false",
                    help="no PNG files (for a report committed to git, which keeps no binaries)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     return p
+
+
+def _parse(argv: list) -> argparse.Namespace:
+    """Every option checked and normalized (UsageError otherwise); nothing imported or run yet."""
+    args = build_parser().parse_args(argv)
+    args.shapes = parse_shapes(args.shapes)
+    args.quant = parse_quants(args.quant)
+    args.backends = parse_backends(args.backends)
+    args.tokens = parse_tokens(args.tokens) if args.tokens is not None else None
+    args.seed = parse_seed(args.seed)
+    args.outlier_expert = _number("--outlier-expert", args.outlier_expert, lowest=0.0, allow_lowest=True,
+                                  what="a finite factor > 0 (or 0: no outlier)")
+    if args.time_budget is not None:
+        args.time_budget = _number("--time-budget", args.time_budget, lowest=0.0, allow_lowest=False,
+                                   what="a finite number of seconds > 0 (leave it out for no budget)")
+    return args
 
 
 def _has_cuda() -> bool:
@@ -132,62 +179,70 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def _write_router(result: dict, path: str) -> str:
+def _router_table(result: dict, path: str) -> tuple:
+    """(JSON text or None, the line to print)."""
     from compare.router import build_table
 
     table = build_table(result["rows"], result["meta"])
     if not table["entries"]:
-        return f"router table NOT written to {path}: no timed, correct rows in this run (timing needs a GPU)"
-    with open(path, "w") as f:
-        json.dump(table, f, indent=1)
-        f.write("\n")
-    return f"router table ({len(table['entries'])} cases) written to {path}"
+        return None, f"router table NOT written to {path}: no timed, correct rows in this run (timing needs a GPU)"
+    return json.dumps(table, indent=1) + "\n", f"router table ({len(table['entries'])} cases) written to {path}"
 
 
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-        shapes = parse_shapes(args.shapes)
-        quants = parse_quants(args.quant)
-        backends = parse_backends(args.backends)
-        tokens = parse_tokens(args.tokens) if args.tokens is not None else None
-        merge_inputs = []
-        for path in args.merge or []:
-            try:
-                with open(path) as f:
-                    merge_inputs.append(json.load(f))
-            except (OSError, json.JSONDecodeError) as exc:
-                raise UsageError(f"cannot read results file {path!r}: {exc}") from None
-    except UsageError as exc:
-        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
-        return 2
-
-    import compare.report as report
-
-    if merge_inputs:
-        result = report.merge(merge_inputs)
+def _run(args, argv: list, outputs: Outputs) -> int:
+    if args.merge:
+        result = results.merge([results.load(path) for path in args.merge])
+        outputs.stage()
     else:
         on_gpu = _has_cuda() and not args.cpu
+        too_many = [T for T in args.tokens or () if T > CPU_MAX_TOKENS]
+        if not on_gpu and too_many:
+            raise UsageError(f"--tokens: {too_many[0]} is more than the CPU path can finish: without a GPU a case "
+                             f"takes at most T = {CPU_MAX_TOKENS} (the Triton interpreter on reduced shapes)")
+        outputs.stage()
         if not on_gpu:  # before any backend imports triton: Triton runs through its interpreter
             os.environ.setdefault("TRITON_INTERPRET", "1")
         os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")  # before any backend imports cutlass
-        from compare.suite import DEFAULT_TOKENS_CPU, DEFAULT_TOKENS_GPU, SuiteSpec, run_suite
-
-        spec = SuiteSpec(shapes=shapes, tokens=tokens or (DEFAULT_TOKENS_GPU if on_gpu else DEFAULT_TOKENS_CPU),
-                         quants=quants, backends=backends, device="cuda" if on_gpu else "cpu", seed=args.seed,
-                         quick=args.quick, jit=args.jit, ptx=args.ptx, outlier_expert=args.outlier_expert,
-                         time_budget_s=args.time_budget, commit=args.commit,
-                         command="python -m compare " + shlex.join(argv))
+        tokens = args.tokens or (DEFAULT_TOKENS_GPU if on_gpu else DEFAULT_TOKENS_CPU)
+        spec = SuiteSpec(shapes=args.shapes, tokens=tokens, quants=args.quant, backends=args.backends,
+                         device="cuda" if on_gpu else "cpu", seed=args.seed, quick=args.quick, jit=args.jit, ptx=args.ptx,
+                         outlier_expert=args.outlier_expert, time_budget_s=args.time_budget, commit=args.commit,
+                         command=command_line(PROG, argv))
         result = run_suite(spec, progress=args.progress)
 
+    written = report.write_all(result, outputs.staging, with_plots=args.plots)
+    router_json, router_line = _router_table(result, args.write_router) if args.write_router else (None, None)
+    outputs.commit(router_json)
+    report_md = outputs.out / "report.md"
+    print("\n".join(banner(result, str(report_md))) + "\n")
     print(report.compact_table(result))
-    written = report.write_all(result, args.out, with_plots=args.plots)
-    print("\nwrote " + ", ".join(str(p) for p in written))
-    if args.write_router:
-        print(_write_router(result, args.write_router))
+    print("\nwrote " + ", ".join(str(outputs.out / p.name) for p in written))
+    if router_line:
+        print(router_line)
     found = report.problems(result)
     if found:
         print(f"\n{len(found)} problem(s):\n  " + "\n  ".join(found))
     return 1 if (found and args.strict) else 0
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    outputs = None
+    try:
+        args = _parse(argv)
+        outputs = Outputs(args.out, OUTPUT_FILES, args.write_router).check()
+        return _run(args, argv, outputs)
+    except (UsageError, OutputError, ResultsError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # stdout closed early (`| head`): the report is written; no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except KeyboardInterrupt:
+        done = outputs is not None and outputs.committed
+        print(f"{PROG}: interrupted (Ctrl-C); " + (f"the report was already written to {outputs.out}" if done
+              else "nothing written, the output directory is as it was"), file=sys.stderr)
+        return 130
+    finally:
+        if outputs is not None:
+            outputs.discard()

@@ -14,10 +14,9 @@ Every time is a CUDA-graph replay over rotated weight sets (cold L2) through
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import subprocess
+import sys
 import time
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
@@ -25,6 +24,7 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 import torch  # noqa: E402
 
 from moe_spec.problem import draw_weights, get_shape, make_inputs  # noqa: E402
+from moe_spec.runinfo import command_line, require_cuda, run_info  # noqa: E402
 from moe_spec.timing import time_cuda_graph  # noqa: E402
 
 from .config import GemmConfig, choose_config  # noqa: E402
@@ -158,27 +158,22 @@ def bench_compile() -> dict:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    argv = sys.argv[1:] if argv is None else list(argv)
+    prog = "python -m cute_moe.bench"
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer cells")
     ap.add_argument("--json", default=None, help="write the raw results here")
     ap.add_argument("--breakdown", action="store_true", help="only the per-stage breakdown of fused_moe")
     ap.add_argument("--sweep", action="store_true", help="only a GEMM1 tile / rasterization sweep at T = 4096")
     ap.add_argument("--commit", default=None, help="git commit to record (when the checkout has no .git)")
     args = ap.parse_args(argv)
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        commit = "unknown"
-    result = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
-              "commit": args.commit or commit or "unknown", "command": "python -m cute_moe.bench" + (" --quick" if args.quick else ""),
-              "compile": bench_compile()}
+    require_cuda(prog)
+    result = {**run_info(command_line(prog, argv), cuda=True, commit=args.commit), "compile": bench_compile()}
     print(result["compile"], flush=True)
     if args.breakdown:
-        result["command"] += " --breakdown"
         result["breakdown"] = [bench_breakdown(spec, T) for spec in ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8")
                                for T in (8, 4096)]
     if args.sweep:
-        result["command"] += " --sweep"
         base = GemmConfig(tokens_tile=128, weights_tile=256, stages=4)
         sweep = [base, base.replace(group_tokens=1), base.replace(group_tokens=16), base.replace(epi_stages=1, stages=4),
                  GemmConfig(tokens_tile=128, weights_tile=128, stages=6),

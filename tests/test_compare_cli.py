@@ -1,62 +1,120 @@
-"""``python -m compare`` end to end on the CPU, and its one-line errors for bad input."""
+"""``python -m compare`` end to end on the CPU: its banner and tables, its one-line refusals of bad input
+(each found by fuzzing the CLI), its output directory, Ctrl-C."""
 
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from compare import metrics
-
-from compare import cli
+from compare import cli, metrics
+from compare.cases import CPU_MAX_TOKENS
 
 ROOT = Path(__file__).resolve().parents[1]
 BACKENDS = ("cute_moe", "triton_moe", "torch_grouped", "torch_loop")
 
 
+def _env():
+    return dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
+
+
 def _run(*args, cwd=None):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
-    return subprocess.run([sys.executable, "-m", "compare", *args], capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, "-m", "compare", *args], capture_output=True, text=True, env=_env(),
                           cwd=cwd or ROOT, timeout=600)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--shapes", "mixtral-8x7b,gpt5"], "unknown shape 'gpt5'"),
-    (["--shapes", "deepseek-v3:tp3"], "tp"),
-    (["--tokens", "1,x,8"], "bad token count 'x'"),
-    (["--tokens", "0"], "bad token count '0'"),
-    (["--tokens", "1,,8"], "empty item"),
-    (["--backends", "cute_moe,vllm"], "unknown backend 'vllm'"),
-    (["--quant", "int4"], "unknown quant format 'int4'"),
-    (["--frobnicate"], "unrecognized arguments"),
-    (["--merge", "/nonexistent/results.json"], "cannot read results file"),
-])
-def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
+def _refused(args, capsys) -> str:
+    """cli.main(args) must exit 2 with one line on stderr, nothing on stdout, and quickly; returns the line."""
+    start = time.monotonic()
     assert cli.main(args) == 2
+    assert time.monotonic() - start < 10
     captured = capsys.readouterr()
     assert captured.out == ""
     lines = captured.err.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0]
+    assert len(lines) == 1, captured.err
+    return lines[0]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--shapes", "mixtral-8x7b,gpt5"], "--shapes: unknown shape 'gpt5'"),
+    (["--shapes", "deepseek-v3:tp3"], "tp"),
+    (["--tokens", "1,x,8"], "--tokens: bad token count 'x'"),
+    (["--tokens", "0"], "bad token count '0'"),
+    (["--tokens", "1,,8"], "--tokens: empty item"),
+    (["--backends", "cute_moe,vllm"], "--backends: unknown backend 'vllm'"),
+    (["--quant", "int4"], "--quant: unknown quant format 'int4'"),
+    (["--frobnicate"], "unrecognized arguments"),
+    (["--merge", "/nonexistent/results.json"], "cannot read results file"),
+    # found by fuzzing:
+    (["--tokens", "100000", "--shapes", "mixtral-8x7b", "--backends", "triton_moe"], f"T = {CPU_MAX_TOKENS}"),
+    (["--time-budget", "-5", "--strict"], "--time-budget: expected a finite number of seconds > 0"),
+    (["--time-budget", "0"], "--time-budget"),
+    (["--time-budget", "nan"], "--time-budget"),
+    (["--time-budget", "inf"], "--time-budget"),
+    (["--seed", str(10**23)], "--seed: expected an integer in [0, 2**32)"),
+    (["--seed", "-1"], "--seed"),
+    (["--seed", "1e23"], "--seed"),
+    (["--outlier-expert", "nan"], "--outlier-expert: expected a finite factor"),
+    (["--outlier-expert", "inf"], "--outlier-expert"),
+    (["--outlier-expert", "-3"], "--outlier-expert"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, message, capsys, tmp_path):
+    line = _refused(args + ["--out", str(tmp_path / "out")], capsys)
+    assert message in line and line.startswith("python -m compare: error: ")
+    assert not (tmp_path / "out").exists() and not list(tmp_path.iterdir())  # refused before any work
+
+
+def test_lists_are_normalized():
+    """Repeats after normalization are one item: 08 is 8, names are case-insensitive, :tp1 is the shape."""
+    args = cli._parse(["--tokens", "8,08,008,1", "--shapes", "qwen3-30b-a3b,QWEN3-30B-A3B,qwen3-30b-a3b:tp1",
+                       "--quant", "BF16,bf16", "--backends", "Triton_MoE,triton_moe"])
+    assert args.tokens == (8, 1)
+    assert args.shapes == ("qwen3-30b-a3b",)
+    assert args.quant == (None,) and args.backends == ("triton_moe",)
+    assert cli._parse(["--shapes", "deepseek-v3:TP8,deepseek-v3:tp8"]).shapes == ("deepseek-v3:tp8",)
+
+
+@pytest.mark.parametrize("make, option, message", [
+    (lambda t: ["--out", str(t / "a_file")], "--out", "is not a directory"),
+    (lambda t: ["--out", str(t / "a_file" / "sub")], "--out", "cannot create"),
+    (lambda t: ["--write-router", str(t)], "--write-router", "is a directory"),
+    (lambda t: ["--write-router", str(t / "a_file" / "router.json")], "--write-router", "cannot create"),
+    (lambda t: ["--out", str(t / "o"), "--write-router", str(t / "o" / "results.json")], "--write-router",
+     "one of the report's own files"),
+])
+def test_unwritable_outputs_are_refused_before_any_work(make, option, message, tmp_path, capsys):
+    (tmp_path / "a_file").write_text("x")
+    args = make(tmp_path)
+    if "--out" not in args:
+        args += ["--out", str(tmp_path / "out")]
+    line = _refused(args + ["--shapes", "mixtral-8x7b", "--tokens", "1"], capsys)
+    assert line.startswith(f"python -m compare: error: {option}: ") and message in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]  # nothing staged, nothing created
 
 
 def test_bad_input_from_the_shell_has_no_traceback():
     r = _run("--shapes", "gpt5", "--tokens", "1")
     assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr.strip() == ("python -m compare: error: unknown shape 'gpt5'; known: mixtral-8x7b, qwen3-30b-a3b, "
-                                "qwen3-235b-a22b, deepseek-v3 (optionally ':tpN')")
+    assert r.stderr.strip() == ("python -m compare: error: --shapes: unknown shape 'gpt5'; known: mixtral-8x7b, "
+                                "qwen3-30b-a3b, qwen3-235b-a22b, deepseek-v3 (optionally ':tpN')")
 
 
 def test_help():
     r = _run("--help")
     assert r.returncode == 0 and "--shapes" in r.stdout and "--write-router" in r.stdout
+    assert "repeats" in r.stdout and f"T ≤ {CPU_MAX_TOKENS}" in r.stdout  # the normalization and the CPU limit
 
 
 @pytest.fixture(scope="module")
 def cpu_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("compare-out")
+    (out / "roofline.png").write_bytes(b"an earlier GPU run's plot")  # must not survive next to a CPU report
+    (out / "keep.txt").write_text("not the report's")
     router = out / "router.json"
     r = _run("--shapes", "mixtral-8x7b", "--tokens", "1,8", "--quant", "bf16,fp8_tensor", "--out", str(out),
              "--no-progress", "--write-router", str(router))
@@ -69,6 +127,41 @@ def test_cpu_run_exits_0_and_writes_the_report(cpu_run):
     for name in ("results.json", "results.csv", "report.md", "numerics.png"):
         assert (out / name).stat().st_size > 0, name
     assert "NOT written" in r.stdout and not router.exists()  # nothing timed on a CPU: the table is kept
+    # the reused directory holds this run's report only, the user's own file untouched, no staging left
+    assert not (out / "roofline.png").exists() and (out / "keep.txt").read_text() == "not the report's"
+    assert not [p for p in out.parent.iterdir() if ".partial-" in p.name]
+
+
+def test_banner_says_what_the_cpu_run_did_not_do(cpu_run):
+    r, out, _ = cpu_run
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("What this run did — CPU")
+    head = "\n".join(lines[:8])
+    assert "shapes REDUCED for the Triton interpreter" in head and "mixtral-8x7b → E=8, top_k=2, K=256, I=128" in head
+    assert "cute_moe was NOT executed" in head
+    assert "CuTe-vs-Triton (cute_moe vs triton_moe) equivalence NOT checked: cute_moe did not run" in head
+    assert "timing SKIPPED: no GPU" in head
+    assert f"{out / 'report.md'} (section \"CuTe configs and their PTX\")" in head
+    report = (out / "report.md").read_text()
+    assert "timing SKIPPED: no GPU" in report and "## CuTe configs and their PTX" in report
+
+
+def test_tables_have_no_empty_columns_whole_statuses_and_a_legend(cpu_run):
+    r, out, _ = cpu_run
+    table = r.stdout[r.stdout.index("shape  "):]
+    header = table.splitlines()[0].split()
+    for empty in ("xdiff", "µs", "TB/s", "TFLOP/s", "%floor"):  # nothing timed, CuTe not run: no such column
+        assert empty not in header
+    for column in header[4:]:
+        assert any(line.startswith(f"{column} ") for line in table.splitlines()), f"{column} not explained"
+    result = json.loads((out / "results.json").read_text())
+    report = (out / "report.md").read_text()
+    for row in result["rows"]:
+        assert row["status"] in report  # whole, in markdown
+        if row["status"] not in ("ok", "FAIL"):
+            assert row["status"] in table  # whole, in the notes under the terminal table
+    assert "**batch-invariant**:" in report and "**bitwise rerun**:" in report
+    assert "| µs (median)" not in report and "CuTe vs Triton |" not in report.split("## Tolerance policy")[0]
 
 
 def test_every_backend_is_a_row_or_says_why_not(cpu_run):
@@ -82,18 +175,21 @@ def test_every_backend_is_a_row_or_says_why_not(cpu_run):
         got = {row["backend"]: row for row in rows if (row["quant"], row["T"]) == case}
         assert set(got) == set(BACKENDS)
         for row in got.values():
-            assert row["status"] == "ok" or row["status"].startswith("not available: "), row
+            assert row["status"] == "ok" or row["status"].startswith(("not available: ", "not implemented: ")), row
             assert row["timing"] == "skipped: no GPU"
     by = {(row["backend"], row["quant"], row["T"]): row for row in rows}
     assert by[("cute_moe", "bf16", 1)]["status"].startswith("not available: needs a Hopper GPU")
+    # what the backend declares, not what the device lacks: the same words on a GPU
+    assert by[("cute_moe", "fp8_tensor", 1)]["status"].startswith("not implemented: ")
     for quant in ("bf16", "fp8_tensor"):  # the two that run on a CPU pass the policy and rerun bit-exactly
         for backend in ("triton_moe", "torch_loop"):
             row = by[(backend, quant, 8)]
             assert row["status"] == "ok" and row["deterministic"] is True
             assert row["rel_l2"] <= metrics.tolerance_for(None if quant == "bf16" else quant).rel_l2
+            assert row["batch_invariant"] in (True, False) and by[(backend, quant, 1)]["batch_invariant"] is None
+    assert by[("torch_loop", "fp8_tensor", 8)]["batch_invariant"] is False  # a per-tensor scale is the batch's amax
     assert by[("torch_loop", "fp8_tensor", 8)]["quant_error"] > 0.01  # FP8 costs something vs bf16
-    # every backend appears in the printed table too
-    for backend in BACKENDS:
+    for backend in BACKENDS:  # every backend appears in the printed table too
         assert backend in r.stdout
     with open(out / "results.csv") as f:
         assert len(list(csv.DictReader(f))) == len(rows)
@@ -136,3 +232,47 @@ def test_time_budget_turns_the_rest_into_explicit_rows(tmp_path, capsys):
     assert result["meta"]["commit"] == "abc123"
     assert len(result["rows"]) == 2 * len(BACKENDS)
     assert all(r["status"].startswith("skipped: time budget") for r in result["rows"])
+    assert "time budget (1e-09 s) spent: 2 of 2 cases stopped or skipped" in capsys.readouterr().out
+
+
+def test_time_budget_stops_a_case_that_overruns_it(tmp_path, capsys):
+    """One interpreted FP8 call at T = 200 takes longer than the whole budget: the case is stopped inside."""
+    from compare.backends import load_backend
+
+    load_backend("triton_moe")  # its import is not what this test measures
+    budget = 3.0
+    start = time.monotonic()
+    code = cli.main(["--shapes", "mixtral-8x7b", "--tokens", "200", "--quant", "fp8_tensor", "--backends",
+                     "torch_loop,triton_moe", "--out", str(tmp_path), "--no-progress", "--no-jit", "--no-ptx",
+                     "--time-budget", str(budget), "--strict"])
+    took = time.monotonic() - start
+    assert code == 1  # --strict: a stopped case is a problem
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    stopped = [r for r in rows if r["status"].startswith("stopped: time budget (3 s) spent")]
+    assert len(stopped) == 1 and all(r in stopped or r["status"].startswith(("ok", "skipped: time budget"))
+                                     for r in rows)
+    assert took < budget + 15, took  # bounded: the case did not run to its end (one call alone takes longer)
+    assert "stopped" in capsys.readouterr().out
+
+
+def test_ctrl_c_is_one_line_exit_130_and_leaves_the_directory_as_it_was(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "report.md").write_text("the previous report")
+    proc = subprocess.Popen([sys.executable, "-m", "compare", "--shapes", "mixtral-8x7b", "--tokens", "200",
+                             "--quant", "fp8_tensor", "--backends", "triton_moe", "--no-jit", "--no-ptx",
+                             "--no-progress", "--out", str(out)], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not [p for p in tmp_path.iterdir() if ".partial-" in p.name]:  # the run has started its work
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert stderr.strip().splitlines() == ["python -m compare: interrupted (Ctrl-C); nothing written, the output "
+                                           "directory is as it was"]
+    assert stdout == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging directory left
+    assert [p.name for p in out.iterdir()] == ["report.md"] and (out / "report.md").read_text() == "the previous report"

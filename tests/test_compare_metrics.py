@@ -9,7 +9,8 @@ from compare import metrics
 from compare.baselines import loop_fused_moe
 from moe_spec.oracle import oracle, oracle_breakdown
 from moe_spec.problem import MoEShape, make_inputs
-from compare.suite import _expert_table, draw_weights
+from compare.cases import draw_weights
+from compare.numerics import expert_table as _expert_table
 
 SMALL = MoEShape("small", num_experts=8, top_k=2, hidden=256, intermediate=128, source="test")
 

@@ -1,23 +1,18 @@
 """The suite's GPU plumbing (timing rows, roofline, speedup, router, plots), exercised on the CPU with a
-stand-in timer: every number the H200 run reports goes through the same code, only the clock differs."""
+stand-in clock passed to the suite: every number the H200 run reports goes through the same code, only
+the clock differs."""
 
 import time
 
 import pytest
-import torch
 
 from compare import report, router, suite
+from compare.cases import SuiteSpec
+from compare.timed import Clock
 from moe_spec import timing
 
 
-class CpuTimedSpec(suite.SuiteSpec):
-    """Reduced shapes on the CPU, but timed as if on a GPU."""
-
-    reduced = True
-    timed = True
-
-
-def _fake_time_cuda_graph(make_call, n_sets, *, use_graph=True, **_):
+def _wall_clock_timer(make_call, n_sets, *, use_graph=True, **_):
     """One wall-clock pass over the sets (the interpreter is slow; one sample is enough here)."""
     calls = [make_call(i) for i in range(n_sets)]
     start = time.perf_counter()
@@ -27,26 +22,24 @@ def _fake_time_cuda_graph(make_call, n_sets, *, use_graph=True, **_):
     return timing.Timing(median_us=us, p10_us=us, p90_us=us, min_us=us, samples=1, calls_per_sample=n_sets)
 
 
+STAND_IN = Clock(time=_wall_clock_timer,
+                 ceilings=lambda: timing.Ceilings(device="fake", copy_tbps=4.0, bf16_tflops=700.0, fp8_tflops=1300.0),
+                 sync=lambda: None, device=lambda: "fake GPU")
+
+
 @pytest.fixture(scope="module")
 def timed_result():
-    mp = pytest.MonkeyPatch()
-    mp.setattr(timing, "time_cuda_graph", _fake_time_cuda_graph)
-    mp.setattr(timing, "measure_ceilings",
-               lambda: timing.Ceilings(device="fake", copy_tbps=4.0, bf16_tflops=700.0, fp8_tflops=1300.0))
-    mp.setattr(torch.cuda, "get_device_name", lambda *a: "fake GPU")
-    mp.setattr(torch.cuda, "synchronize", lambda *a: None)
-    spec = CpuTimedSpec(shapes=("qwen3-30b-a3b",), tokens=(1, 16), quants=(None, "fp8_block"),
-                        backends=("cute_moe", "triton_moe", "torch_grouped", "torch_loop"), device="cpu", jit=False,
-                        quick=True, command="test")
-    try:
-        yield suite.run_suite(spec, progress=False)
-    finally:
-        mp.undo()
+    """Reduced shapes on the CPU (device "cpu"), timed by the stand-in clock."""
+    spec = SuiteSpec(shapes=("qwen3-30b-a3b",), tokens=(1, 16), quants=(None, "fp8_block"),
+                     backends=("cute_moe", "triton_moe", "torch_grouped", "torch_loop"), device="cpu", jit=False,
+                     quick=True, command="test")
+    return suite.run_suite(spec, progress=False, clock=STAND_IN)
 
 
 def test_timed_rows_carry_roofline_and_speedup(timed_result):
     rows = timed_result["rows"]
     assert timed_result["ceilings"]["copy_tbps"] == 4.0
+    assert timed_result["meta"]["device"] == "fake GPU" and timed_result["meta"]["timed"] is True
     timed_base = {}  # case -> the baseline whose time the case's speedups are quoted against
     for r in rows:
         if r["backend"] in ("torch_grouped", "torch_loop") and r.get("us"):
@@ -65,11 +58,11 @@ def test_timed_rows_carry_roofline_and_speedup(timed_result):
             else:
                 assert "speedup" not in r  # fp8_block: no grouped spelling, the loop is not timed
         else:
-            assert r["timing"].startswith("skipped: not available"), r
+            assert r["timing"].startswith(("skipped: not available", "skipped: not implemented")), r
     grouped = {r["quant"]: r for r in rows if r["backend"] == "torch_grouped" and r["T"] == 16}
     assert grouped["bf16"]["speedup"] == 1.0
     assert grouped["bf16"]["prep_us"] > 0  # the alignment step, timed alone
-    assert grouped["fp8_block"]["status"].startswith("not available")
+    assert grouped["fp8_block"]["status"].startswith("not implemented")  # declared by the backend itself
 
 
 def test_router_table_from_the_run(timed_result):
@@ -88,8 +81,9 @@ def test_all_outputs_with_timing(timed_result, tmp_path):
     names = {p.name for p in written}
     assert {"results.json", "results.csv", "report.md", "numerics.png", "roofline.png", "speedup.png"} <= names
     md = (tmp_path / "report.md").read_text()
-    assert "Ceilings measured at the start of this run" in md and "fastest correct" in md
-    assert "skipped: no GPU" not in md and "skipped: no GPU" not in report.compact_table(timed_result)
+    assert "Ceilings measured at the start of the run" in md and "fastest correct" in md
+    assert "timing SKIPPED" not in md and "timing SKIPPED" not in "\n".join(report.compact_table(timed_result))
+    assert "µs (median)" in md and "% of floor" in md  # timed columns are shown when timed
 
 
 def test_strict_problems_flag_kernels_and_crashes_not_baselines_by_design():
@@ -100,7 +94,7 @@ def test_strict_problems_flag_kernels_and_crashes_not_baselines_by_design():
         {**row, "backend": "triton_moe", "status": "FAIL", "check": "rel_l2 2e-2 > 1e-2"},
         {**row, "backend": "torch_grouped", "status": "FAIL", "check": "rel_l2 1.5e-2 > 1e-2"},
         {**row, "backend": "torch_loop", "status": "error: RuntimeError: boom"},
-        {**row, "backend": "cute_moe", "status": "not available: NotImplementedError: bf16 only"},
+        {**row, "backend": "cute_moe", "status": "not implemented: bf16 only"},
     ], "jit": [{"backend": "triton_moe", "quant": "bf16", "status": "error: RuntimeError: x"}]}
     found = problems(result)
     assert any("triton_moe: numerics" in p for p in found) and any("torch_loop: error" in p for p in found)

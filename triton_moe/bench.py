@@ -15,20 +15,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
-import torch
-
 from moe_spec.problem import get_shape
+from moe_spec.runinfo import command_line, require_cuda, run_info
 from moe_spec.timing import measure_ceilings
 from triton_moe.config import tokens_per_expert
 from triton_moe.workload import Problem, drop_weights
 
-#: (shape, quant, T, target µs) — the performance rows of issue 3.
+#: (shape, quant, T, target µs) — the project's performance targets (the README's results table).
 TARGETS = [
     ("mixtral-8x7b", None, 8, 560), ("mixtral-8x7b", None, 4096, 4700),
     ("mixtral-8x7b", "fp8_tensor", 8, 330), ("mixtral-8x7b", "fp8_tensor", 4096, 2800),
@@ -44,13 +42,6 @@ SWAP_TPE = [1, 2, 4, 8, 16, 32, 64]
 #: variants — fp32 add per K step (fp8_imprecise_acc = 0) and Triton's (= BLOCK_K) — timed and checked.
 FP8_ACC_ROWS = [("mixtral-8x7b", 8, 330), ("mixtral-8x7b", 4096, 2800),
                 ("deepseek-v3:tp8", 8, None), ("deepseek-v3:tp8", 4096, 800)]
-
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("BENCH_COMMIT", "unknown")
 
 
 def _write(out: Path, results: dict):
@@ -90,19 +81,22 @@ def _tile(cfg) -> str:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    argv = sys.argv[1:] if argv is None else list(argv)
+    prog = "python -m triton_moe.bench"
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="notes/results")
     p.add_argument("--deadline-s", type=float, default=1e9)
     p.add_argument("--tune", action="store_true", help="also tune the target shapes (tables to --out)")
     p.add_argument("--no-swap", action="store_true", help="skip the swap-AB sweep")
     p.add_argument("--fp8-acc", action="store_true", help="run only the FP8 accumulation study (FP8_ACC_ROWS)")
+    p.add_argument("--commit", default=None, help="git commit to record (when the checkout has no .git)")
     a = p.parse_args(argv)
+    require_cuda(prog)
     start = time.time()
     left = lambda: a.deadline_s - (time.time() - start)  # noqa: E731
     out = Path(a.out)
     ceilings = measure_ceilings()
-    results = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "commit": _git_commit(),
-               "command": "python -m triton_moe.bench " + " ".join(argv or []), "ceilings": ceilings.as_dict(),
+    results = {**run_info(command_line(prog, argv), cuda=True, commit=a.commit), "ceilings": ceilings.as_dict(),
                "targets": [], "swap": [], "tuned": [], "fp8_acc": []}
 
     for spec, T, target in FP8_ACC_ROWS if a.fp8_acc else []:

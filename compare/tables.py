@@ -1,0 +1,186 @@
+"""What a reader is shown: the banner that says what a run did, and the columns of its tables.
+
+Shared by the terminal table (:mod:`compare.report`) and the markdown report
+(:mod:`compare.markdown`), so that both say the same thing in the same words:
+
+* :func:`banner` — the first lines of stdout and of ``report.md``: what this run did *not* do
+  (reduced shapes, a kernel that did not run, an equivalence not checked, timing skipped, a time
+  budget spent) and where the CuTe PTX listing is;
+* :data:`COLUMNS` — every numeric column with its header and a one-line explanation, printed once
+  under each table for the columns it shows; a column empty in every row is not shown;
+* :func:`status_parts` — a status split into its kind (ok, FAIL, not implemented, not available,
+  error, skipped, stopped) and its detail, never truncated.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from compare.backends import BASELINE, FALLBACK_BASELINE, KERNELS
+
+EMPTY = ("-", "")
+PTX_SECTION = "CuTe configs and their PTX"
+FULL_PTX_COMMAND = "python -m cute_moe.explore --tokens-per-expert 2 --ptx"
+
+
+def num(v, spec: str, missing: str = "-") -> str:
+    if v is None or isinstance(v, bool) or not isinstance(v, (int, float)):
+        return missing
+    if math.isnan(v):
+        return "nan"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return format(v, spec)
+
+
+def yes(v) -> str:
+    return "-" if v is None else ("yes" if v else "NO")
+
+
+def text(v) -> str:
+    """A metadata value; a merged record holds a list where its inputs differ."""
+    return " + ".join(map(str, v)) if isinstance(v, list) else str(v)
+
+
+def ordered(values) -> list:
+    return list(dict.fromkeys(values))
+
+
+def status_parts(row: dict) -> tuple[str, str]:
+    """(kind, detail): "FAIL" with the failed bounds, "not implemented" with the backend's words, …"""
+    status = str(row.get("status", ""))
+    if status == "FAIL":
+        return "FAIL", str(row.get("check", ""))
+    kind, sep, detail = status.partition(": ")
+    return (kind, detail) if sep else (status, "")
+
+
+def full_status(row: dict) -> str:
+    kind, detail = status_parts(row)
+    return f"{kind}: {detail}" if detail else kind
+
+
+# --- columns -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Column:
+    short: str  # terminal header
+    long: str  # markdown header
+    cell: Callable[[dict], str]
+    meaning: str
+    terminal: bool = True
+
+
+def _spread(r: dict) -> str:
+    return f"{num(r.get('p10_us'), '.1f')}–{num(r.get('p90_us'), '.1f')}" if r.get("p10_us") is not None else "-"
+
+
+COLUMNS = (
+    Column("rel_l2", "rel L2", lambda r: num(r.get("rel_l2"), ".2e"),
+           "relative L2 error against the fp64 oracle on the backend's own (for FP8: quantized) inputs"),
+    Column("ulp", "max ULP", lambda r: num(r.get("max_ulp"), ".1f"),
+           "the worst element's error in bf16 ULPs of the reference (magnitude floored at its RMS)"),
+    Column("cosine", "cosine", lambda r: num(r.get("cosine"), ".6f"),
+           "cosine similarity with the oracle's output", terminal=False),
+    Column("det", "bitwise rerun", lambda r: yes(r.get("deterministic")),
+           "a second call on the same inputs gave the same bits"),
+    Column("batch", "batch-invariant", lambda r: yes(r.get("batch_invariant")),
+           "the batch's first and last token, each run alone (T = 1), gave the same bits as inside the "
+           "batch ('-' at T = 1)"),
+    Column("xdiff", "CuTe vs Triton", lambda r: num(r.get("xdiff"), ".1e"),
+           f"relative L2 difference between the {KERNELS[0]} and {KERNELS[1]} outputs (bound: twice the "
+           "format's tolerance)"),
+    Column("vs_bf16", "err vs bf16", lambda r: num(r.get("err_vs_bf16"), ".3f"),
+           "the output against the unquantized bf16 problem: quantization and kernel error together",
+           terminal=False),
+    Column("µs", "µs (median)", lambda r: num(r.get("us"), ".1f"),
+           "median time of one fused_moe call: CUDA-graph replays over rotated input sets (cold L2)"),
+    Column("p10–p90", "p10–p90", _spread, "10th and 90th percentile of the replays, µs", terminal=False),
+    Column("align", "align µs", lambda r: num(r.get("prep_us"), ".1f"),
+           "the alignment/permutation step timed alone (included in µs)", terminal=False),
+    Column("TB/s", "weight TB/s", lambda r: num(r.get("weight_tbps"), ".2f"),
+           "bytes of the weights of the experts that received tokens, per second"),
+    Column("TFLOP/s", "TFLOP/s", lambda r: num(r.get("tflops"), ".0f"), "the expert computation's FLOPs per second"),
+    Column("%floor", "% of floor", lambda r: num(r.get("pct_floor"), ".0f"),
+           "the roofline floor (max of bytes / bandwidth and FLOPs / rate, this run's ceilings) as a % of µs"),
+    Column(f"×{BASELINE}", f"× {BASELINE}", lambda r: num(r.get("speedup"), ".2f"),
+           f"speedup over {BASELINE} (over {FALLBACK_BASELINE} where {BASELINE} was not timed)"),
+    Column("config", "config", lambda r: str(r.get("config") or ""), "the tile configuration the backend chose"),
+)
+
+STATUS_MEANING = ("ok / FAIL (outside the tolerance policy of notes/numerics.md) / not implemented (the backend "
+                  "declines the format) / not available (cannot run on this machine) / error / skipped or stopped "
+                  "(time budget)")
+
+
+def shown(columns, rows: list[dict]) -> list:
+    """The columns with at least one non-empty cell."""
+    return [c for c in columns if any(c.cell(r) not in EMPTY for r in rows)]
+
+
+def legend(pairs) -> list[str]:
+    """One line per (header, meaning), the meanings aligned."""
+    width = max((len(h) for h, _ in pairs), default=0)
+    return [f"{h.ljust(width)}  {meaning}" for h, meaning in pairs]
+
+
+# --- the banner ----------------------------------------------------------------------------------
+
+
+def _count_cases(rows) -> int:
+    return len({(r["shape"], r["quant"], r["T"]) for r in rows})
+
+
+def banner(result: dict, ptx_where: str) -> list[str]:
+    """What this run is, and everything it did not do, as lines (``ptx_where``: where the report's
+    PTX section is, e.g. a path to report.md, or "below")."""
+    m, rows = result["meta"], result["rows"]
+    lines = [f"What this run did — {text(m.get('device', '?'))}, {text(m.get('date', '?'))}, "
+             f"commit {text(m.get('commit', '?'))}:"]
+    reduced = {r["shape"]: r for r in rows if r.get("shape_note")}
+    if reduced:
+        lines.append("* shapes REDUCED for the Triton interpreter (no GPU): " + "; ".join(
+            f"{s} → E={r['E']}, top_k={r['top_k']}, K={r['K']}, I={r['I']}" for s, r in reduced.items()))
+    backends = ordered(r["backend"] for r in rows)
+
+    def ran(backend):
+        return any(r["backend"] == backend and r.get("status") in ("ok", "FAIL") for r in rows)
+
+    for b in backends:
+        if not ran(b):
+            why: dict = {}
+            for r in (r for r in rows if r["backend"] == b):
+                why.setdefault(full_status(r), []).append(r["quant"])
+            lines.append(f"* {b} was NOT executed: " + "; ".join(
+                f"{', '.join(ordered(q))}: {w}" for w, q in why.items()))
+    compared = [r for r in rows if r["backend"] == KERNELS[0] and r.get("xdiff") is not None]
+    pair = f"CuTe-vs-Triton ({KERNELS[0]} vs {KERNELS[1]})"
+    if not compared:
+        absent = [k for k in KERNELS if k not in backends]
+        idle = [k for k in KERNELS if k in backends and not ran(k)]
+        reason = (f"{' and '.join(absent)} not among the backends" if absent
+                  else f"{' and '.join(idle)} did not run" if idle else "the two kernels never ran on the same case")
+        lines.append(f"* {pair} equivalence NOT checked: {reason}")
+    else:
+        off = sum(r.get("xdiff_ok") is False for r in compared)
+        lines.append(f"* {pair} compared on {len(compared)} cases: "
+                     + ("all within the bound" if not off else f"{off} OUTSIDE the bound"))
+    if not any(isinstance(r.get("us"), (int, float)) for r in rows):
+        lines.append("* timing SKIPPED: " + ("no GPU" if reduced or not m.get("timed", True) else "no row was timed")
+                     + " — no µs, roofline, speedup or router table")
+    budget = [r for r in rows if str(r.get("status", "")).startswith(("skipped: time budget", "stopped: time budget"))]
+    if budget:
+        lines.append(f"* time budget ({text(m.get('time_budget_s'))} s) spent: {_count_cases(budget)} of "
+                     f"{_count_cases(rows)} cases stopped or skipped")
+    ptx = result.get("cute_ptx")
+    if isinstance(ptx, dict) and ptx.get("status") == "ok":
+        lines.append(f"* the CuTe configs cute_moe would run, with their PTX WGMMA instructions: {ptx_where} "
+                     f"(section \"{PTX_SECTION}\"); one config's whole PTX: {FULL_PTX_COMMAND}")
+    elif isinstance(ptx, dict):
+        lines.append(f"* CuTe PTX listing: {ptx.get('status')}")
+    elif reduced and KERNELS[0] in backends:
+        lines.append(f"* CuTe PTX listing not made in this run (--no-ptx); one config's PTX: {FULL_PTX_COMMAND}")
+    return lines
