@@ -21,6 +21,7 @@ from compare.backends import Backend
 from compare.metrics import quant_name
 from compare.numerics import call, refusal, unavailable
 from moe_spec.problem import MoEShape, get_shape, make_inputs
+from moe_spec.validate import MoEDims
 
 # Warm up on every power of two, then sweep token counts never seen before.
 JIT_WARMUP_T = tuple(2**i for i in range(13))  # 1 … 4096
@@ -84,32 +85,39 @@ def wgmma_lines(ptx: str) -> dict:
     return found
 
 
-def cute_ptx_summary(shapes, tokens) -> dict:
-    """The configs cute_moe would run for the GPU suite, compiled here, with their WGMMA lines."""
+def cute_ptx_summary(shapes, tokens, quants=(None,)) -> dict:
+    """The configs cute_moe's own plan picks for the GPU suite, compiled here, with their WGMMA lines.
+
+    Each (shape, T, format) goes through ``cute_moe.plan`` — the backend's one decision — so this
+    listing cannot drift from what ``fused_moe`` runs; a format the backend refuses is listed as such.
+    """
     try:
         import cute_moe
     except Exception as exc:  # noqa: BLE001
         return {"status": f"not available: import cute_moe failed: {type(exc).__name__}: {exc}"[:240]}
-    layer_configs = getattr(cute_moe, "layer_configs", None)
-    compile_ptx = getattr(cute_moe, "compile_ptx", None)
-    if layer_configs is None or compile_ptx is None:
-        return {"status": "not available: cute_moe exposes no layer_configs/compile_ptx"}
     used: dict = {}
+    refused: dict = {}
     for spec in shapes:
         shape = get_shape(spec)
-        for T in tokens:
-            g1, g2 = layer_configs(T, shape.num_experts, shape.hidden, shape.intermediate, shape.top_k)
-            for gemm, cfg in (("G1", g1), ("G2", g2)):
-                used.setdefault(cfg, []).append(f"{shape.label} T={T} {gemm}")
+        for quant in quants:
+            for T in tokens:
+                dims = MoEDims(T=T, E=shape.num_experts, K=shape.hidden, I=shape.intermediate, top_k=shape.top_k)
+                try:
+                    p = cute_moe.plan(dims, quant)
+                except (NotImplementedError, ValueError) as exc:
+                    refused.setdefault(quant_name(quant), str(exc))
+                    break
+                for gemm, cfg in (("G1", p.gemm1), ("G2", p.gemm2)):
+                    used.setdefault(cfg, []).append(f"{shape.label} {quant_name(quant)} T={T} {gemm}")
     configs = []
     for cfg, where in used.items():
         entry = {"config": cfg.as_dict() if hasattr(cfg, "as_dict") else repr(cfg), "used_by": where}
         start = time.perf_counter()
         try:
-            ptx = compile_ptx(cfg)
+            ptx = cute_moe.compile_ptx(cfg)
             entry.update(wgmma=wgmma_lines(ptx), ptx_lines=ptx.count("\n"),
                          compile_s=round(time.perf_counter() - start, 2))
         except Exception as exc:  # noqa: BLE001
             entry["error"] = f"{type(exc).__name__}: {exc}"[:240]
         configs.append(entry)
-    return {"status": "ok", "configs": configs}
+    return {"status": "ok", "configs": configs, "refused": refused}

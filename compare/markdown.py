@@ -126,8 +126,9 @@ def _ptx_md(result: dict) -> str:
         rows.append((tile, wg, used, num(c.get("compile_s"), ".1f")))
     return ("The configs `cute_moe` chooses for the GPU suite (full catalog shapes, not the reduced ones), "
             "compiled here on the CPU; the WGMMA instructions in their PTX show the tile each warpgroup issues "
-            "(m64nNk16 for bf16: N is the token tile under swap-AB).\n\n"
-            + _md_table(["config", "WGMMA instructions in the PTX", "used by", "compile s"], rows))
+            "(m64nNk16 for bf16, m64nNk32 for FP8: N is the token tile under swap-AB).\n\n"
+            + _md_table(["config", "WGMMA instructions in the PTX", "used by", "compile s"], rows)
+            + "".join(f"\n`cute_moe.plan` refuses {q}: {why}\n" for q, why in (ptx.get("refused") or {}).items()))
 
 
 def _router_md(result: dict) -> str:

@@ -193,5 +193,5 @@ def run_suite(spec: SuiteSpec, progress: bool = True, clock: Optional[Clock] = N
 
         result["jit_demo"] = runner.guarded("JIT demo", run_demo)
     if spec.reduced and spec.ptx and "cute_moe" in spec.backends:
-        result["cute_ptx"] = runner.guarded("CuTe PTX", lambda: cute_ptx_summary(spec.shapes, DEFAULT_TOKENS_GPU))
+        result["cute_ptx"] = runner.guarded("CuTe PTX", lambda: cute_ptx_summary(spec.shapes, DEFAULT_TOKENS_GPU, spec.quants))
     return result
