@@ -3,7 +3,7 @@
 What one launch computes
 ------------------------
 The MoE layer first sorts the (token, expert) pairs by expert and pads every expert's run of
-rows to a multiple of ``tokens_tile`` (``moe.align_tokens``).  After that, the sorted activations
+rows to a multiple of ``tokens_tile`` (``moe_spec.align.align``, via ``moe.sort_rows``).  After that, the sorted activations
 ``X [M_pad, K]`` are cut into *token blocks* of ``tokens_tile`` rows, and every block belongs to
 exactly one expert, ``block_expert[b]``.  The grouped GEMM is then a dense GEMM whose weight tile
 is fetched from the block's expert::

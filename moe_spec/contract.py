@@ -8,7 +8,9 @@ Both backends implement::
 with the tensors of :mod:`moe_spec.problem`, ``quant`` one of the registry
 :data:`moe_spec.quant.FORMATS` (weight dtype and scale shapes are the format's), activations
 quantized inside the backend when ``quant`` is an fp8 format, and the output the fp64 oracle
-(:mod:`moe_spec.oracle`) within the format's tolerance. ``T = 0`` returns an empty [0, K] tensor.
+(:mod:`moe_spec.oracle`) within the format's tolerance. ``T = 0`` returns an empty [0, K] tensor —
+after the same checks as any other T (the empty-batch rule of :mod:`moe_spec.plan`: a call refused
+at T = 1 is refused at T = 0).
 
 Bad arguments. Every argument is checked by :func:`moe_spec.validate.validate_moe_args` before a
 kernel runs; a bad one raises TypeError (a type or dtype) or ValueError (anything else) whose
