@@ -249,6 +249,8 @@ def _agree(group, device, fields: dict, refused: BaseException | None = None) ->
 class _Layer:
     """What both layers share: the backend, the group, and the options passed to every call."""
 
+    _FIELDS: tuple = ()  # what the ranks of this layer must agree on (keys of _PEER_FIELDS)
+
     def __init__(self, backend: str = "triton_moe", *, group=None, check_peers: bool = True, **backend_options):
         if not isinstance(check_peers, bool):
             raise TypeError(f"check_peers: expected True or False, got {check_peers!r}")
@@ -257,8 +259,6 @@ class _Layer:
         self.group = group
         self.check_peers = check_peers
         self.options = backend_options
-
-    _FIELDS: tuple = ()  # what the ranks of this layer must agree on (keys of _PEER_FIELDS)
 
     def _agree(self, x, refused, values: dict | None) -> None:
         """With ``check_peers``, every rank learns whether the others accepted their arguments and
@@ -287,13 +287,14 @@ class TPMoE(_Layer):
 
     def __call__(self, x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None,
                  w2_scale=None) -> torch.Tensor:
-        try:
-            d, refused = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale,
-                                           w2_scale=w2_scale), None
-        except (TypeError, ValueError) as exc:
-            d, refused = None, exc
-        self._agree(x, refused, d and dict(T=d.T, K=d.K, E=d.E, I=d.I, top_k=d.top_k,
-                                           quant=QUANT_FORMATS.index(quant)))
+        if self.check_peers:  # without it, the backend's own checks still run before the all_reduce
+            try:
+                d, refused = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale,
+                                               w2_scale=w2_scale), None
+            except (TypeError, ValueError) as exc:
+                d, refused = None, exc
+            self._agree(x, refused, d and dict(T=d.T, K=d.K, E=d.E, I=d.I, top_k=d.top_k,
+                                               quant=QUANT_FORMATS.index(quant)))
         out = self._expert(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale)
         dist.all_reduce(out, group=self.group)
         return out
