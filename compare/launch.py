@@ -12,7 +12,8 @@ Failures are never silent and never hang:
   failing rank's traceback (what the child printed is in the message, not lost in a log);
 * a run that is not done ``timeout_s`` after the spawn (start-up included) is killed and raises
   :class:`RankError` naming the ranks still running; the process group's timeout is the same, so
-  a rank blocked in a collective whose peer died gives up as well.
+  a rank blocked in a collective whose peer died gives up as well;
+* a SIGTERM to the calling process kills the ranks too (no orphans left in a collective).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from __future__ import annotations
 import datetime
 import os
 import pickle
+import signal
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -93,8 +96,14 @@ def run_ranks(fn: Callable, world: int, args: tuple = (), *, backend: str | None
             os.environ["TRITON_INTERPRET"] = previous
 
 
+def _terminated(signum, frame):
+    raise RankError(f"terminated by signal {signum}: ranks killed")
+
+
 def _join(ctx, limit_s: float) -> None:
     deadline = time.monotonic() + limit_s
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None  # so the finally runs
     try:
         while not ctx.join(timeout=min(1.0, max(0.0, deadline - time.monotonic()))):
             if time.monotonic() >= deadline:
@@ -106,6 +115,8 @@ def _join(ctx, limit_s: float) -> None:
     except mp.ProcessExitedException as exc:
         raise RankError(f"rank {exc.error_index} exited with code {exc.exit_code} ({exc})") from None
     finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
         for p in ctx.processes:
             if p.is_alive():
                 p.kill()

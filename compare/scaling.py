@@ -62,7 +62,7 @@ class ScalingSpec:
     iters: int = 20
     warmup: int = 3
     seed: int = 0
-    deadline_s: float = 540.0
+    deadline_s: float = 420.0
     out: str = "notes/results"
     command: str = ""
     meta: tuple = ()  # (key, value) pairs recorded in the report
@@ -220,14 +220,16 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="token counts T [%(default)s]")
     p.add_argument("--quant", default=",".join(QUANTS), help="bf16 and/or fp8 formats [%(default)s]")
     p.add_argument("--backend", default="triton_moe", help="triton_moe or cute_moe (bf16) [%(default)s]")
-    p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--deadline-s", type=float, default=540.0, help="start no new row after this [%(default)s]")
+    p.add_argument("--iters", type=int, help="timed calls per row [GPU 20, CPU 2]")
+    p.add_argument("--warmup", type=int, help="untimed calls first [GPU 3, CPU 1]")
+    p.add_argument("--deadline-s", type=float, default=420.0, help="start no new row after this [%(default)s]")
     a = p.parse_args(argv)
+    on_gpu = default_backend(WORLD) == "nccl"
     spec = ScalingSpec(shapes=tuple(s for s in a.shapes.split(",") if s),
                        tokens=tuple(int(t) for t in a.tokens.split(",") if t),
-                       quants=tuple(q for q in a.quant.split(",") if q), backend=a.backend, iters=a.iters,
-                       warmup=a.warmup, deadline_s=a.deadline_s, out=a.out,
+                       quants=tuple(q for q in a.quant.split(",") if q), backend=a.backend,
+                       iters=a.iters or (20 if on_gpu else 2), warmup=a.warmup if a.warmup is not None else (3 if on_gpu else 1),
+                       deadline_s=a.deadline_s, out=a.out,
                        command="python -m compare.scaling " + " ".join(argv))
     for s in spec.shapes:
         get_shape(s)  # an unknown shape is named now, not in a rank

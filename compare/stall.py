@@ -195,7 +195,7 @@ def run_stall(spec: StallSpec) -> dict:
     compile_ms = statistics.median(specialized["compile_excess_ms"]) \
         if backend == "nccl" and specialized["compile_excess_ms"] else None
     plain = result["variants"][list(result["variants"])[-1]]
-    result["model"] = model_section(spec, compile_ms, plain["median_step_ms"] if backend == "nccl" else None)
+    result["models"] = [model_section(spec, compile_ms, plain["median_step_ms"] if backend == "nccl" else None)]
     return result
 
 
@@ -216,9 +216,10 @@ def markdown(result: dict) -> str:
     m = result.get("meta", {})
     lines = ["# The recompile stall of one rank", ""]
     if m:
+        lines += [f"date {m['date']}, device {m['device']}, commit `{m['commit']}`, command `{m['command']}`", ""]
+    if "spec" in m:
         spec = m["spec"]
-        lines += [f"date {m['date']}, device {m['device']}, commit `{m['commit']}`, command `{m['command']}`", "",
-                  f"Mode: {m['mode']}.", "",
+        lines += [f"Mode: {m['mode']}.", "",
                   f"{spec['world']} ranks, expert-parallel layer `{spec['shape']['name']}` (E {spec['shape']['num_experts']}, "
                   f"top-k {spec['shape']['top_k']}, K {spec['shape']['hidden']}, I {spec['shape']['intermediate']}), "
                   f"{spec['steps']} steps, T per rank uniform on {spec['tokens'][0]}…{spec['tokens'][1]} "
@@ -240,23 +241,24 @@ def markdown(result: dict) -> str:
                       "|---|---|---|---|---|---|"]
             lines += [f"| {r['step']} | {r['T']} | {_fmt_ms(r['compute_ms'])} | {_fmt_ms(r['wait_ms'])} "
                       f"| {r['demo_compiled'] or '–'} | {_layer_keys(r) or '–'} |" for r in events] or ["| – | | | | | |"]
-    model = result["model"]
-    c = model["compile_ms"]
-    lines += ["", "## The model (compare.stall_model)", "",
-              f"T uniform on {model['tokens'][0]}…{model['tokens'][1]}, warm-up T = {model['warmup_tokens']}, "
-              f"{model['steps']} steps, compile time c = " + ("n/a (no compilation measured)" if c is None else f"{c:.0f} ms")
-              + (f", stall-free step {model['step_ms']:.2f} ms" if model.get("step_ms") else "") + ".", ""]
-    for name, v in model["variants"].items():
-        lines += [f"**{name}**: {v['classes']} specialization class(es); a step's T falls outside the warm-up's "
-                  f"with probability {v['p_new_class']:.3f}.", ""]
-        lines += table([Prediction(**p) for p in v["predictions"]], model.get("step_ms")) + [""]
+    for model in result["models"]:
+        c = model["compile_ms"]
+        lines += ["", "## The model (compare.stall_model)" + ("" if c is None else f": c = {c:g} ms"), "",
+                  f"T uniform on {model['tokens'][0]}…{model['tokens'][1]}, warm-up T = {model['warmup_tokens']}, "
+                  f"{model['steps']} steps, compile time c = "
+                  + ("n/a (no compilation measured)" if c is None else f"{c:g} ms")
+                  + (f", stall-free step {model['step_ms']:.2f} ms" if model.get("step_ms") else "") + ".", ""]
+        for name, v in model["variants"].items():
+            lines += [f"**{name}**: {v['classes']} specialization class(es); a step's T falls outside the warm-up's "
+                      f"with probability {v['p_new_class']:.3f}.", ""]
+            lines += table([Prediction(**p) for p in v["predictions"]], model.get("step_ms")) + [""]
     return "\n".join(lines) + "\n"
 
 
-def write(result: dict, out: Path) -> None:
+def write(result: dict, out: Path, name: str = "stall") -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "stall.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / "stall.md").write_text(markdown(result))
+    (out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / f"{name}.md").write_text(markdown(result))
 
 
 def _tokens(text: str) -> tuple:
@@ -264,6 +266,16 @@ def _tokens(text: str) -> tuple:
     if not (sep and lo.isdigit() and hi.isdigit()) or not 1 <= int(lo) <= int(hi):
         raise argparse.ArgumentTypeError(f"expected LO-HI with 1 <= LO <= HI, got {text!r}")
     return int(lo), int(hi)
+
+
+def _floats(text: str) -> list:
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if any(not v >= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected non-negative times, got {text!r}")
+    return values
 
 
 def main(argv=None) -> int:
@@ -278,7 +290,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout-s", type=float, default=600.0, help="per variant [%(default)s]")
     p.add_argument("--model-only", action="store_true", help="start no ranks: the model at --compile-ms")
-    p.add_argument("--compile-ms", type=float, help="compile time for the model [the measured one]")
+    p.add_argument("--compile-ms", type=_floats, help="compile time(s) for the model, e.g. 114,327 [the measured one]")
     a = p.parse_args(argv)
     on_gpu = default_backend(a.world) == "nccl"
     shape = get_shape(a.shape or "qwen3-30b-a3b")
@@ -288,12 +300,15 @@ def main(argv=None) -> int:
                      warmup_tokens=a.warmup_tokens, world=a.world, seed=a.seed, timeout_s=a.timeout_s,
                      command="python -m compare.stall " + " ".join(argv))
     if a.model_only:
-        result = {"model": model_section(spec, a.compile_ms)}
+        meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                "device": "none: arithmetic (compare.stall_model)", "commit": _git_commit(), "command": spec.command}
+        result = {"meta": meta, "models": [model_section(spec, c) for c in a.compile_ms or [None]]}
+        write(result, Path(a.out), "stall_model")
         print(markdown(result), end="")
         return 0
     result = run_stall(spec)
-    if a.compile_ms is not None:
-        result["model"] = model_section(spec, a.compile_ms, result["model"]["step_ms"])
+    if a.compile_ms:
+        result["models"] = [model_section(spec, c, result["models"][0]["step_ms"]) for c in a.compile_ms]
     write(result, Path(a.out))
     print(markdown(result), end="")
     print(f"wrote {Path(a.out) / 'stall.md'} and stall.json")

@@ -127,7 +127,7 @@ def test_stall_script_on_two_cpu_ranks(tmp_path):
     assert plain["demo_compiles"] == 0
     # the layer's kernels are the same in both runs: same steps, same new keys
     assert [r["layer_compiled"] for r in specialized["steps"]] == [r["layer_compiled"] for r in plain["steps"]]
-    assert result["model"]["compile_ms"] is None  # nothing compiles on the CPU: no time to model with
+    assert [m["compile_ms"] for m in result["models"]] == [None]  # nothing compiles on the CPU: no time to model
     write(result, tmp_path)
     saved = json.loads((tmp_path / "stall.json").read_text())
     assert {"date", "device", "commit", "command"} <= set(saved["meta"]) and saved["meta"]["command"] == "pytest"
@@ -135,15 +135,21 @@ def test_stall_script_on_two_cpu_ranks(tmp_path):
     assert (tmp_path / "stall.md").read_text() == markdown(result)
 
 
-def test_stall_model_only_cli(capsys):
+def test_stall_model_only_cli(capsys, tmp_path):
     from compare.stall import main
 
-    assert main(["--model-only", "--compile-ms", "100", "--tokens", "1-32", "--steps", "2"]) == 0
+    assert main(["--model-only", "--compile-ms", "100,250", "--tokens", "1-32", "--steps", "2",
+                 "--out", str(tmp_path)]) == 0
     text = capsys.readouterr().out
-    assert "c = 100 ms" in text and f"| 2 | {183 / 1024:.3f} |" in text
-    with pytest.raises(SystemExit) as exc:
-        main(["--model-only", "--tokens", "8-2"])
-    assert exc.value.code == 2
+    assert "c = 100 ms" in text and "c = 250 ms" in text and f"| 2 | {183 / 1024:.3f} |" in text
+    assert f"| {250 * (183 / 1024 + 178087 / 1048576):.0f} |" in text  # E[added ms] at c = 250, 2 ranks
+    assert (tmp_path / "stall_model.md").read_text() == text
+    saved = json.loads((tmp_path / "stall_model.json").read_text())
+    assert saved["meta"]["command"].startswith("python -m compare.stall --model-only")
+    for bad in (["--tokens", "8-2"], ["--compile-ms", "-3"]):
+        with pytest.raises(SystemExit) as exc:
+            main(["--model-only", "--out", str(tmp_path), *bad])
+        assert exc.value.code == 2
 
 
 def test_scaling_script_on_two_cpu_ranks(tmp_path):
