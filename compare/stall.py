@@ -243,7 +243,7 @@ def markdown(result: dict) -> str:
                       f"| {r['demo_compiled'] or '–'} | {_layer_keys(r) or '–'} |" for r in events] or ["| – | | | | | |"]
     for model in result["models"]:
         c = model["compile_ms"]
-        lines += ["", "## The model (compare.stall_model)" + ("" if c is None else f": c = {c:g} ms"), "",
+        lines += [""] * (lines[-1] != "") + ["## The model (compare.stall_model)" + ("" if c is None else f": c = {c:g} ms"), "",
                   f"T uniform on {model['tokens'][0]}…{model['tokens'][1]}, warm-up T = {model['warmup_tokens']}, "
                   f"{model['steps']} steps, compile time c = "
                   + ("n/a (no compilation measured)" if c is None else f"{c:g} ms")
