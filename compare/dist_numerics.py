@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from compare.distributed import SIMULATORS
-from compare.suite import _git_commit
+from moe_spec.runinfo import git_commit as _git_commit
 from moe_spec.oracle import oracle, rel_l2
 from moe_spec.problem import MoEShape, make_inputs
 from moe_spec.quant import QUANT_FORMATS

@@ -4,7 +4,7 @@ The truth is the fp64 oracle (``moe_spec.oracle``) evaluated on the *kernel's ow
 run that means the quantized weights and the W8A8 model of the activations, so the error measured
 here is the kernel's arithmetic alone. What quantization itself costs is a separate question,
 answered by comparing the quantized problem with the unquantized bf16 problem
-(the ``quant_error`` column of the report and the per-expert table of ``compare.suite``).
+(the ``quant_error`` column of the report and the per-expert table of ``compare.numerics``).
 
 Four numbers describe one output ``y`` against a reference ``r`` (both [T, K]):
 

@@ -1,6 +1,6 @@
 """``python -m compare.scaling``: the MoE layer on two GPUs, tensor- and expert-parallel, against one.
 
-For each catalog shape of the compare suite (``compare.suite.DEFAULT_SHAPES``), format and token
+For each catalog shape of the compare suite (``compare.cases.DEFAULT_SHAPES``), format and token
 count T, the same layer on the same T tokens, three ways:
 
 =========  ==================================================================================
@@ -43,7 +43,8 @@ import torch.distributed as dist
 from compare.backends import load_backend
 from compare.distributed import EPMoE, TPMoE, plan_dispatch, shard_ep, shard_tp, token_range
 from compare.launch import default_backend, rank_device, run_ranks
-from compare.suite import DEFAULT_SHAPES, _git_commit, reduce_shape
+from compare.cases import DEFAULT_SHAPES, reduce_shape
+from moe_spec.runinfo import git_commit as _git_commit
 from moe_spec.oracle import rel_l2
 from moe_spec.problem import MoEInputs, MoEShape, draw_weights, get_shape, route
 from moe_spec.quant import quantize_weight

@@ -45,7 +45,8 @@ from compare.distributed import EPMoE
 from compare.jitdemo import BLOCK_T, ROW_WIDTH, VARIANTS
 from compare.launch import default_backend, rank_device, run_ranks
 from compare.stall_model import Prediction, class_probabilities, predict, table, uniform_tokens
-from compare.suite import _git_commit, reduce_shape
+from compare.cases import reduce_shape
+from moe_spec.runinfo import git_commit as _git_commit
 from moe_spec.problem import MoEShape, draw_weights, get_shape, route
 from triton_moe.jit import count_compilations, launch, specialization_key
 
