@@ -360,3 +360,32 @@ def test_gpu_fp8_block_real_layer_shape():
     ref = oracle(inp.x, args.w1, args.w2, inp.topk_weights, inp.topk_ids, quant="fp8_block",
                  w1_scale=args.w1_scale, w2_scale=args.w2_scale)
     assert rel_l2(got, ref) <= tolerance_for("fp8_block").rel_l2
+
+
+# --- the benchmark, on a tiny model ------------------------------------------------------------------
+
+
+def test_hf_bench_writes_its_rows_with_run_info(tmp_path):
+    import json
+
+    from compare import hf_bench
+
+    tiny = dict(vocab_size=256, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                moe_intermediate_size=128, num_experts=8, num_experts_per_tok=2)
+    res = hf_bench.main(["--layers", "1", "--prefill", "1x16", "--decode-batch", "2", "--decode-steps", "1", "--decode-prompt", "8",
+                         "--reps", "1", "--implementations", "eager,triton_moe,cute_moe", "--out", str(tmp_path),
+                         "--commit", "abc1234", "--config", json.dumps(tiny), "--deadline-s", "1000"])
+    rows = {(r["format"], r["implementation"]): r for r in res["rows"]}
+    assert rows["bf16", "eager"]["status"] == "ok"
+    ours = rows["bf16", "triton_moe"]
+    assert ours["status"] == "ok" and ours["our_kernel_calls"] > 0 and ours["rel_l2_vs_eager_bf16"] <= BF16_TOL
+    assert ours["decode_tokens_per_s"] > 0 and ours["prefill_ms"] > 0
+    assert "must be on a CUDA device" in rows["bf16", "cute_moe"]["status"]
+    assert rows["fp8_block", "eager"]["status"].startswith("not available: ")  # transformers' FP8 needs its Hub kernel
+    fp8 = rows["fp8_block", "triton_moe"]
+    assert fp8["status"] == "ok" and fp8["rel_l2_vs_eager_bf16"] <= tolerance_for("fp8_block").quant_error
+    md = next(tmp_path.glob("hf_bench_*.md")).read_text()
+    saved = json.loads(next(tmp_path.glob("hf_bench_*.json")).read_text())
+    for key in ("date", "device", "commit", "command"):
+        assert saved[key] == res[key] and str(res[key]) in md
+    assert saved["commit"] == "abc1234" and md.count("| bf16 |") == 3
