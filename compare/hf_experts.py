@@ -53,7 +53,7 @@ try:
     from transformers.activations import SiLUActivation
     from transformers.integrations import moe as hf_moe
     from transformers.integrations.finegrained_fp8 import ALL_FP8_EXPERTS_FUNCTIONS, FP8Experts, FP8ExpertsInterface
-    from transformers.integrations.moe import ExpertsInterface, use_experts_implementation
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface, use_experts_implementation
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Experts
     from transformers.models.mixtral.modeling_mixtral import MixtralExperts
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
@@ -103,6 +103,7 @@ def _structure_problems(module) -> list[str]:
                                        "ranks; the contract wants every id in [0, E))"),
     }
     problems = [why for attr, (ok, why) in flags.items() if bool(getattr(module, attr, ok)) != ok]
+    # the decorator installs transformers' default gate, act_fn(gate) * up, where a class has none
     if not isinstance(module, FP8Experts) and type(module)._apply_gate is not hf_moe._default_apply_gate:
         problems.append(f"its own gate function ({cls}._apply_gate), not SiLU(gate)·up")
     act = getattr(module, "act_fn", None)
@@ -153,6 +154,9 @@ def _fp8_arguments(module, problems: list) -> Optional[ContractArguments]:
         problems.append(f"block_size={tuple(block)}; the contract's fp8_block format uses "
                         f"{FP8_BLOCK}×{FP8_BLOCK} weight blocks")
         return None
+    if (two_i // 2) % FP8_BLOCK:
+        problems.append(f"intermediate size {two_i // 2}, not a multiple of {FP8_BLOCK}: gate and up are quantized "
+                        "as two projections, whose 128-row blocks do not line up with those of gate_up_proj")
     for name, s, n_out, k_in in (("gate_up_proj_scale_inv", s1, two_i, H), ("down_proj_scale_inv", s2, H, two_i // 2)):
         want = (E, -(-n_out // FP8_BLOCK), -(-k_in // FP8_BLOCK))
         if tuple(s.shape) != want:  # e.g. 2I <= 128: transformers keeps one block row per half
@@ -170,7 +174,10 @@ def _refuse(module, problems: list, who: str) -> None:
 def contract_arguments(module, implementation: str) -> ContractArguments:
     """The contract's weight arguments for a transformers experts module, or a ValueError that
     names the module's class, the model type and every feature the contract cannot express."""
+    who = f"experts_implementation: {implementation!r}"
     problems = _structure_problems(module)
+    if not getattr(module, "has_gate", True):
+        _refuse(module, problems, who)  # no gate_up_proj to read (its weight is up_proj)
     if isinstance(module, FP8Experts):
         args = _fp8_arguments(module, problems)
     else:
@@ -179,7 +186,7 @@ def contract_arguments(module, implementation: str) -> ContractArguments:
         if w1.dtype != torch.bfloat16 or w2.dtype != torch.bfloat16:
             problems.append(f"{w1.dtype} expert weights; the kernels take bfloat16 (load the model with "
                             "dtype=torch.bfloat16)")
-    _refuse(module, problems, f"experts_implementation: {implementation!r}")
+    _refuse(module, problems, who)
     return args
 
 
@@ -231,8 +238,8 @@ def register(implementations=IMPLEMENTATIONS) -> tuple:
 def registered(implementation: str) -> bool:
     """Whether both registries hold our forward under ``implementation``."""
     fn = _FORWARDS.get(implementation)
-    return fn is not None and all(reg._global_mapping.get(implementation) is fn
-                                  for reg in (ExpertsInterface, FP8ExpertsInterface))
+    return fn is not None and all(registry.get(implementation) is fn
+                                  for registry in (ALL_EXPERTS_FUNCTIONS, ALL_FP8_EXPERTS_FUNCTIONS))
 
 
 # --- transformers' FP8 experts, built from a bf16 model -----------------------------------------------
@@ -306,9 +313,9 @@ def experts_fused_moe(implementation: str, model_type: str = "mixtral") -> Calla
     implementation`` ("eager", "grouped_mm", "batched_mm", "triton_moe", … — any registered name).
 
     bf16 goes through the model's own experts class; ``quant="fp8_block"`` through transformers'
-    FP8 experts module with 128×128 blocks (the only FP8 layout both sides share: transformers has no
-    per-channel weight scales, and its per-tensor weights come with per-token activation scales,
-    which is neither ``fp8_tensor`` nor ``fp8_channel``). The weights are wrapped, not copied.
+    FP8 experts module with 128×128 blocks (the only FP8 layout both sides share: transformers' FP8
+    storage has no per-row weight scales, and its per-tensor layout quantizes activations in its Hub
+    kernel, not per tensor). The weights are wrapped, not copied.
     ``topk_ids`` go in as int64 and ``topk_weights`` as float32, as the models hand them over.
     """
     if model_type not in _MODELS:
@@ -322,7 +329,8 @@ def experts_fused_moe(implementation: str, model_type: str = "mixtral") -> Calla
         d = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale)
         if quant not in (None, "fp8_block"):
             raise ValueError(f"quant: {quant!r} has no transformers counterpart (its FP8 experts store 128×128 "
-                             "blocks, or per-tensor weights with per-token activations); use None or 'fp8_block'")
+                             "blocks, or per-tensor weights whose activations its Hub kernel quantizes); "
+                             "use None or 'fp8_block'")
         key = (d.E, d.K, d.I, d.top_k, quant)
         if key not in modules:
             config = config_cls(hidden_size=d.K, num_experts_per_tok=d.top_k, hidden_act="silu",

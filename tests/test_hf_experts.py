@@ -221,6 +221,20 @@ def test_biases_are_refused():
             model(prompts(model))
 
 
+def test_no_gate_and_float32_weights_are_refused():
+    from transformers.integrations.moe import use_experts_implementation
+    from transformers.models.mixtral.modeling_mixtral import MixtralExperts
+
+    class UpOnlyExperts(MixtralExperts):  # the flag NemotronH's experts carry
+        pass
+
+    use_experts_implementation(UpOnlyExperts, has_gate=False)
+    with pytest.raises(ValueError, match=r"cannot run UpOnlyExperts \(model_type 'mixtral'\): no gate"):
+        hx.contract_arguments(UpOnlyExperts(mixtral()), "triton_moe")
+    with pytest.raises(ValueError, match=r"cannot run MixtralExperts .*: torch.float32 expert weights"):
+        hx.contract_arguments(build(mixtral(num_hidden_layers=1)).float().model.layers[0].mlp.experts, "triton_moe")
+
+
 def test_cute_moe_is_registered_and_refuses_the_cpu_before_launching():
     model = build(mixtral(num_hidden_layers=1))
     model.set_experts_implementation("cute_moe")
@@ -289,7 +303,8 @@ def test_small_intermediate_block_scales_are_refused():
     q1, s1 = quantize_weight(experts.gate_up_proj.detach(), "fp8_block")
     q2, s2 = quantize_weight(experts.down_proj.detach(), "fp8_block")
     fp8 = hx.fp8_experts(experts.config, q1, q2, s1.repeat(1, 2, 1), s2, (128, 128))
-    with pytest.raises(ValueError, match=r"gate_up_proj_scale_inv of shape \(8, 2, 1\)"):
+    with pytest.raises(ValueError, match=r"intermediate size 32, not a multiple of 128.*"
+                                         r"gate_up_proj_scale_inv of shape \(8, 2, 1\)"):
         hx.contract_arguments(fp8, "triton_moe")
 
 
