@@ -39,7 +39,7 @@ from transformers import AutoModelForCausalLM, DeepseekV3Config, GptOssConfig, M
 import compare.hf_experts as hx
 from compare.metrics import bitwise_equal, tolerance_for
 from moe_spec.oracle import oracle, rel_l2
-from moe_spec.problem import MoEShape, make_inputs
+from moe_spec.problem import MoEShape, make_inputs, route
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array:DeprecationWarning")
 
@@ -77,10 +77,11 @@ def deepseek_v3(**kw):
 
 def build(config, seed=0, device="cpu"):
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="eager")
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="eager")
     model.generation_config.eos_token_id = None  # always NEW_TOKENS tokens
     model.generation_config.pad_token_id = 0
-    return model.to(device).eval()
+    return model.eval()
 
 
 def moe_layers(model) -> int:
@@ -369,11 +370,12 @@ def test_gpu_fp8_block_real_layer_shape():
     assert calls == 1 and rel_l2(out, ref) <= tolerance_for("fp8_block").quant_error
     experts = model.model.layers[0].mlp.experts
     args = hx.contract_arguments(experts, "triton_moe")
-    inp = make_inputs(MoEShape("t", 128, 8, 2048, 768, "test"), 256, None, seed=2, device="cuda")
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(256, 2048, generator=g).bfloat16().cuda()
+    weights, ids = (t.cuda() for t in route(torch.randn(256, 128, generator=g), 8))
     with torch.no_grad():
-        got = experts(inp.x, inp.topk_ids.long(), inp.topk_weights)
-    ref = oracle(inp.x, args.w1, args.w2, inp.topk_weights, inp.topk_ids, quant="fp8_block",
-                 w1_scale=args.w1_scale, w2_scale=args.w2_scale)
+        got = experts(x, ids.long(), weights)
+    ref = oracle(x, args.w1, args.w2, weights, ids, quant="fp8_block", w1_scale=args.w1_scale, w2_scale=args.w2_scale)
     assert rel_l2(got, ref) <= tolerance_for("fp8_block").rel_l2
 
 
