@@ -1,0 +1,244 @@
+"""Whole-model timing of transformers' experts implementations and ours: ``python -m compare.hf_bench``.
+
+    source .device/on-device.sh && python3 -m compare.hf_bench --out notes/results --commit SHA
+
+A random model with a real MoE's layer shapes (default: Qwen3-30B-A3B — hidden 2048, 128 experts of
+768, top-8, its attention and vocabulary — cut to ``--layers`` decoder layers), bf16 on one GPU. For
+every experts implementation, bf16 and then FP8 (the experts replaced by transformers' FP8 experts
+module with 128×128 blocks, :func:`compare.hf_experts.quantize_experts`; the other layers stay bf16):
+
+* prefill — one forward over ``--prefill`` tokens (batch × length), the last position's logits
+  only, as ``generate`` does; median wall time of ``--reps`` runs after a warm-up;
+* decode — greedy steps of ``--decode-batch`` sequences on a KV cache after a prompt of
+  ``--decode-prompt`` tokens: tokens per second over ``--decode-steps`` steps (eager PyTorch, no
+  CUDA graphs: host time is part of every step, as in a plain ``generate``);
+* rel L2 — the full logits of the decode prompt against eager bf16's (FP8 rows: what
+  quantization and kernel cost together), a check that the timed thing computes the model;
+* first call — wall time of the warm-up prefill: JIT compilation included, with whatever on-disk
+  kernel cache the machine had (a second run on the same machine is faster).
+
+An implementation that fails to load or run (deepgemm and sonicmoe fetch kernels from the Hub;
+transformers' FP8 grouped_mm / batched_mm / eager need its finegrained-fp8 Hub kernel) becomes a row
+with the reason. ``--deadline-s`` bounds the run: rows past it are recorded as skipped, and the
+JSON and markdown files are rewritten after every row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import inspect
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import transformers
+import triton
+from transformers import DynamicCache
+
+import compare.hf_experts as hx
+from moe_spec.oracle import rel_l2
+
+#: in the order they run (a deadline cuts the tail): transformers' defaults and ours first
+IMPLEMENTATIONS = ("eager", "grouped_mm", "triton_moe", "cute_moe", "batched_mm", "deepgemm", "sonicmoe")
+FORMATS = ("bf16", "fp8_block")
+
+MODELS = {  # real layer shapes; --layers decides the depth
+    "qwen3_30b_a3b": ("Qwen3MoeConfig", dict(vocab_size=151936, hidden_size=2048, num_attention_heads=32,
+                                             num_key_value_heads=4, head_dim=128, moe_intermediate_size=768,
+                                             num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
+                                             decoder_sparse_step=1)),
+    "mixtral_8x7b": ("MixtralConfig", dict(vocab_size=32000, hidden_size=4096, num_attention_heads=32,
+                                           num_key_value_heads=8, intermediate_size=14336, num_local_experts=8,
+                                           num_experts_per_tok=2)),
+}
+
+
+def run_info(commit: str | None) -> dict:
+    """Date, device, commit and command of this run (the project's results name all four)."""
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                    check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            commit = "unknown"
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({platform.machine()})"
+    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "device": device,
+            "commit": commit, "command": "python -m compare.hf_bench " + " ".join(sys.argv[1:]),
+            "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                         "triton": triton.__version__}}
+
+
+def build_model(name: str, layers: int, device, overrides: dict | None = None):
+    cls_name, sizes = MODELS[name]
+    config = getattr(transformers, cls_name)(**{**sizes, "num_hidden_layers": layers, **(overrides or {})})
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    return model.eval()
+
+
+def _sync(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _seconds(fn, device) -> float:
+    _sync(device)
+    start = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - start
+
+
+def _decode_rate(model, prompt, steps: int) -> float:
+    """Greedy tokens per second of ``prompt.shape[0]`` sequences on a KV cache."""
+    # transformers 5.17 names the argument past_key_values, later 5.x releases cache
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    kv = {name: DynamicCache(config=model.config), "use_cache": True}
+    token = model(prompt, **kv).logits[:, -1:].argmax(-1)
+
+    def step():
+        nonlocal token
+        token = model(token, **kv).logits[:, -1:].argmax(-1)
+
+    for _ in range(2):
+        step()
+    seconds = _seconds(lambda: [step() for _ in range(steps)], prompt.device)
+    return prompt.shape[0] * steps / seconds
+
+
+def _batched_mm_bytes(model, tokens: int) -> int:
+    """batched_mm gathers one copy of the expert's weights per (token, expert) pair."""
+    experts = next(m for m in model.modules() if isinstance(getattr(m, "gate_up_proj", None), torch.Tensor))
+    per_pair = experts.gate_up_proj[0].numel() + experts.down_proj[0].numel()
+    return tokens * model.config.num_experts_per_tok * per_pair * experts.gate_up_proj.element_size()
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:240]
+
+
+def inputs(model, spec):
+    """(prefill tokens [batch, length], decode prompt [decode_batch, decode_prompt]): the same for every row."""
+    g = torch.Generator().manual_seed(1)
+    draw = lambda shape: torch.randint(0, model.config.vocab_size, shape, generator=g).to(model.device)  # noqa: E731
+    return draw(tuple(spec.prefill)), draw((spec.decode_batch, spec.decode_prompt))
+
+
+@torch.no_grad()
+def measure(model, implementation: str, fmt: str, spec, reference) -> dict:
+    """One row: prefill ms, decode tokens/s, first call, rel L2 of the logits against eager bf16."""
+    row = {"format": fmt, "implementation": implementation}
+    device = model.device
+    batch, length = spec.prefill
+    prefill, prompt = inputs(model, spec)
+    if implementation == "batched_mm" and device.type == "cuda":
+        need = _batched_mm_bytes(model, batch * length)
+        if need > 0.6 * torch.cuda.mem_get_info()[0]:
+            row["status"] = f"not run: batched_mm would gather {need / 1e9:.0f} GB of weights for this prefill"
+            return row
+    before = hx.CALLS[implementation]
+    try:
+        model.set_experts_implementation(implementation)
+        row["first_call_s"] = _seconds(lambda: model(prefill, logits_to_keep=1), device)
+        times = [_seconds(lambda: model(prefill, logits_to_keep=1), device) for _ in range(spec.reps)]
+        row["prefill_ms"] = 1e3 * statistics.median(times)
+        row["prefill_tokens_per_s"] = batch * length / statistics.median(times)
+        logits = model(prompt).logits
+        row["rel_l2_vs_eager_bf16"] = rel_l2(logits, reference)
+        row["decode_tokens_per_s"] = _decode_rate(model, prompt, spec.decode_steps)
+        row["status"] = "ok"
+    except Exception as exc:  # noqa: BLE001 - a failing implementation is a row, not the end of the run
+        row["status"] = "not available: " + _reason(exc)
+    if implementation in hx.IMPLEMENTATIONS:
+        row["our_kernel_calls"] = hx.CALLS[implementation] - before
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return row
+
+
+def write(out: Path, stem: str, results: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
+    s = results["setup"]
+    lines = [f"# transformers experts implementations, whole model — {results['device']}", "",
+             f"- date: {results['date']}", f"- commit: `{results['commit']}`", f"- command: `{results['command']}`",
+             f"- versions: {', '.join(f'{k} {v}' for k, v in results['versions'].items())}",
+             f"- model: {s['model']} layer shapes, {s['layers']} decoder layers, random weights, bf16 "
+             f"(FP8 rows: experts only, 128×128 blocks); prefill {s['prefill'][0]}×{s['prefill'][1]} tokens "
+             f"(median of {s['reps']}); decode batch {s['decode_batch']}, {s['decode_steps']} steps after a "
+             f"{s['decode_prompt']}-token prompt",
+             "- whole-model times: attention, norms, router and lm_head are in every row; only the experts differ", "",
+             "| format | implementation | prefill ms | prefill tok/s | decode tok/s | first call s "
+             "| rel L2 vs eager bf16 | status |", "|---|---|---|---|---|---|---|---|"]
+    fmt = lambda v, f: "" if v is None else format(v, f)  # noqa: E731
+    for r in results["rows"]:
+        lines.append(f"| {r['format']} | {r['implementation']} | {fmt(r.get('prefill_ms'), '.2f')} | "
+                     f"{fmt(r.get('prefill_tokens_per_s'), '.0f')} | {fmt(r.get('decode_tokens_per_s'), '.0f')} | "
+                     f"{fmt(r.get('first_call_s'), '.1f')} | {fmt(r.get('rel_l2_vs_eager_bf16'), '.2e')} | "
+                     f"{r['status']} |")
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m compare.hf_bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", choices=sorted(MODELS), default="qwen3_30b_a3b")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--prefill", type=lambda s: tuple(int(v) for v in s.split("x")), default=(1, 1024),
+                    help="BATCHxLENGTH of the prefill (default 1x1024)")
+    ap.add_argument("--decode-batch", type=int, default=8)
+    ap.add_argument("--decode-steps", type=int, default=32)
+    ap.add_argument("--decode-prompt", type=int, default=128, help="prompt length before the decode steps")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--implementations", default=",".join(IMPLEMENTATIONS))
+    ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--deadline-s", type=float, default=200.0, help="rows past this many seconds are skipped")
+    ap.add_argument("--out", type=Path, default=Path("notes/results"))
+    ap.add_argument("--commit", default=None, help="commit to record [git rev-parse of this checkout]")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--config", default="{}", help="JSON overrides of the model config (a smaller model for tests)")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    start = time.monotonic()
+    hx.register()
+    impls, formats = args.implementations.split(","), args.formats.split(",")
+    for option, given, allowed in (("--implementations", impls, IMPLEMENTATIONS), ("--formats", formats, FORMATS)):
+        if not set(given) <= set(allowed):
+            raise SystemExit(f"{option}: unknown {sorted(set(given) - set(allowed))}; expected some of {allowed}")
+    results = {**run_info(args.commit), "rows": [],
+               "setup": {"model": args.model, "layers": args.layers, "prefill": list(args.prefill), "reps": args.reps,
+                         "decode_batch": args.decode_batch, "decode_steps": args.decode_steps,
+                         "decode_prompt": args.decode_prompt}}
+    stem = f"hf_bench_{args.model}_{results['date'][:10]}"
+    model = build_model(args.model, args.layers, args.device, json.loads(args.config))
+    with torch.no_grad():
+        model.set_experts_implementation("eager")
+        reference = model(inputs(model, args)[1]).logits
+    for fmt in formats:
+        if fmt == "fp8_block":
+            hx.quantize_experts(model, "block")
+        for impl in impls:
+            if time.monotonic() - start > args.deadline_s:
+                row = {"format": fmt, "implementation": impl, "status": f"skipped: past --deadline-s {args.deadline_s:g}"}
+            else:
+                row = measure(model, impl, fmt, args, reference)
+            results["rows"].append(row)
+            write(args.out, stem, results)
+            print(f"{fmt:9s} {impl:11s} {row['status']}", flush=True)
+    results["seconds"] = time.monotonic() - start
+    write(args.out, stem, results)
+    return results
+
+
+if __name__ == "__main__":
+    main()

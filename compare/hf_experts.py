@@ -1,0 +1,350 @@
+"""Our kernels inside transformers models: ``experts_implementation="triton_moe"`` or ``"cute_moe"``.
+
+transformers (5.x) keeps the routed experts of a MoE model (Mixtral, Qwen3-MoE, DeepSeek-V3 and
+most others) in one module with 3-D weights — ``gate_up_proj [E, 2I, H]`` (gate rows, then up
+rows) and ``down_proj [E, H, I]``, the layout of this project's contract — and sends that module's
+forward through a registry: ``ALL_EXPERTS_FUNCTIONS`` (``transformers.integrations.moe``), or
+``ALL_FP8_EXPERTS_FUNCTIONS`` (``transformers.integrations.finegrained_fp8``) for the ``FP8Experts``
+module of an FP8 checkpoint. :func:`register` adds both backends to both registries; then::
+
+    import compare.hf_experts; compare.hf_experts.register()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, experts_implementation="triton_moe")
+
+(or ``model.set_experts_implementation("triton_moe")`` on a loaded model). Registration must come
+first: ``from_pretrained`` rejects a name that no registry holds.
+
+What the registry hands over, and what the contract (:mod:`moe_spec.contract`) receives:
+
+====================================  ===============================================================
+experts forward                       ``fused_moe``
+====================================  ===============================================================
+hidden_states [N, H] or [B, S, H]     ``x`` [T, H] bf16 (a view); the output takes the input's shape
+top_k_index [N, k] int64              ``topk_ids`` as is
+top_k_weights [N, k], router's dtype  ``topk_weights`` converted to float32 (Qwen3-MoE's are bf16)
+gate_up_proj, down_proj (bf16)        ``w1``, ``w2`` — the parameters themselves, no copy
+FP8Experts, 128×128 blocks            ``quant="fp8_block"``; ``*_scale_inv`` (fp32, or UE8M0 widened
+                                      exactly to fp32) are the block scales: a weight reads q · s
+FP8Experts, per tensor (no blocks)    ``quant="fp8_channel"``: the one scale of the gate half, of the
+                                      up half and of down_proj repeated over their rows (exact)
+====================================  ===============================================================
+
+Whatever the contract cannot express is refused — :func:`contract_arguments`, before any kernel
+runs — with a ValueError that names the experts class, the model type and every such feature:
+an activation other than SiLU, biases, no gate, interleaved or transposed weights, a norm after
+each expert, a model-specific gate, expert parallelism, non-bf16 weights, static FP8 activation
+scales, FP4 weights, other block shapes. ``notes/transformers.md`` says why for each.
+
+:data:`CALLS` counts completed backend calls per implementation: a test that sees it rise knows the
+model ran our kernel and did not fall back to transformers' own forward.
+:func:`experts_fused_moe` goes the other way: a transformers experts module (with any registered
+implementation) as a callable with the contract's signature, for the harness's tables.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+try:
+    from transformers import DeepseekV3Config, MixtralConfig, Qwen3MoeConfig
+    from transformers.activations import SiLUActivation
+    from transformers.integrations import moe as hf_moe
+    from transformers.integrations.finegrained_fp8 import ALL_FP8_EXPERTS_FUNCTIONS, FP8Experts, FP8ExpertsInterface
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface, use_experts_implementation
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Experts
+    from transformers.models.mixtral.modeling_mixtral import MixtralExperts
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+except ImportError as exc:  # the module is optional; the rest of the project never imports it
+    raise ImportError(f"compare.hf_experts needs transformers 5.x (the project's `hf` extra: "
+                      f"pip install -e '.[hf]'): {exc}") from exc
+
+from compare.backends import load_backend
+from moe_spec.quant import FP8_BLOCK, FP8_DTYPE
+from moe_spec.validate import validate_moe_args
+
+#: The names :func:`register` adds to transformers' experts registries.
+IMPLEMENTATIONS = ("triton_moe", "cute_moe")
+
+#: Completed ``fused_moe`` calls per implementation, counted by the registered forwards.
+CALLS: collections.Counter = collections.Counter()
+
+_UE8M0 = getattr(torch, "float8_e8m0fnu", None)  # DeepSeek-V4-style power-of-two scales
+
+
+@dataclass(frozen=True)
+class ContractArguments:
+    """The weights of one experts module as the contract's arguments (no copy of w1 / w2)."""
+
+    w1: torch.Tensor
+    w2: torch.Tensor
+    quant: Optional[str] = None
+    w1_scale: Optional[torch.Tensor] = None
+    w2_scale: Optional[torch.Tensor] = None
+
+
+# --- what the contract can express ---------------------------------------------------------------
+
+
+def _structure_problems(module) -> list[str]:
+    """Flags of ``@use_experts_implementation`` and module state the contract has no place for."""
+    cls = type(module).__name__
+    flags = {
+        "has_gate": (True, "no gate (has_gate=False: act(up) experts); the kernels compute SiLU(gate)·up"),
+        "has_bias": (False, "biases on gate_up_proj / down_proj (has_bias=True); the contract has none"),
+        "is_concatenated": (True, "interleaved gate/up rows (is_concatenated=False); the contract wants "
+                                  "all gate rows, then all up rows"),
+        "is_transposed": (False, "transposed weights (is_transposed=True: gate_up_proj [E, H, 2I]); "
+                                 "the contract wants [E, 2I, H]"),
+        "has_post_expert_norm": (False, "a norm after each expert (has_post_expert_norm=True)"),
+        "_is_expert_parallel": (False, "expert parallelism (ids >= num_experts mark experts of other "
+                                       "ranks; the contract wants every id in [0, E))"),
+    }
+    problems = [why for attr, (ok, why) in flags.items() if bool(getattr(module, attr, ok)) != ok]
+    # the decorator installs transformers' default gate, act_fn(gate) * up, where a class has none
+    if not isinstance(module, FP8Experts) and type(module)._apply_gate is not hf_moe._default_apply_gate:
+        problems.append(f"its own gate function ({cls}._apply_gate), not SiLU(gate)·up")
+    act = getattr(module, "act_fn", None)
+    if not isinstance(act, (SiLUActivation, torch.nn.SiLU)):
+        name = getattr(module.config, "hidden_act", None)
+        problems.append(f"activation {type(act).__name__} (config.hidden_act={name!r}); the kernels "
+                        "compute SiLU(gate)·up")
+    return problems
+
+
+def _fp8_scale(s: torch.Tensor, name: str, problems: list) -> Optional[torch.Tensor]:
+    """An FP8Experts scale as the contract's fp32 (UE8M0 powers of two widen exactly)."""
+    if s.dtype == torch.float32 or (_UE8M0 is not None and s.dtype == _UE8M0):
+        return s.detach().float().contiguous()
+    problems.append(f"{name} stored as {s.dtype}; the contract takes float32 (or exact UE8M0) scales")
+    return None
+
+
+def _fp8_arguments(module, problems: list) -> Optional[ContractArguments]:
+    """``FP8Experts`` (transformers' finegrained FP8) → fp8_block or fp8_channel arguments."""
+    for attr in ("gate_softcap", "up_softcap", "swiglu_alpha", "limit"):
+        if getattr(module, attr, None) is not None:
+            problems.append(f"a modified gate ({attr}={getattr(module, attr)}); the kernels compute plain "
+                            "SiLU(gate)·up")
+    if getattr(module, "activation_scheme", "dynamic") != "dynamic":
+        problems.append("static activation scales (activation_scheme='static'); the kernels quantize "
+                        "activations dynamically")
+    w1, w2 = module.gate_up_proj.detach(), module.down_proj.detach()
+    if w1.dtype != FP8_DTYPE or w2.dtype != FP8_DTYPE:
+        problems.append(f"expert weights stored as {w1.dtype} (FP4-packed or other); the contract's FP8 "
+                        "formats are float8_e4m3fn")
+        return None
+    s1 = _fp8_scale(module.gate_up_proj_scale_inv, "gate_up_proj_scale_inv", problems)
+    s2 = _fp8_scale(module.down_proj_scale_inv, "down_proj_scale_inv", problems)
+    if s1 is None or s2 is None:
+        return None
+    E, two_i, H = w1.shape
+    block = module.block_size
+    if block is None:  # per tensor: one scale per projection (gate and up were two projections)
+        s1, s2 = s1.reshape(E, -1), s2.reshape(E, -1)
+        if s1.shape[1] not in (1, 2) or s2.shape[1] != 1:
+            problems.append(f"per-tensor scales of shapes {tuple(module.gate_up_proj_scale_inv.shape)} / "
+                            f"{tuple(module.down_proj_scale_inv.shape)}; expected [E, 1 or 2, 1] / [E, 1, 1]")
+            return None
+        return ContractArguments(w1, w2, "fp8_channel", s1.repeat_interleave(two_i // s1.shape[1], dim=1),
+                                 s2.expand(E, H).contiguous())
+    if tuple(block) != (FP8_BLOCK, FP8_BLOCK):
+        problems.append(f"block_size={tuple(block)}; the contract's fp8_block format uses "
+                        f"{FP8_BLOCK}×{FP8_BLOCK} weight blocks")
+        return None
+    if (two_i // 2) % FP8_BLOCK:
+        problems.append(f"intermediate size {two_i // 2}, not a multiple of {FP8_BLOCK}: gate and up are quantized "
+                        "as two projections, whose 128-row blocks do not line up with those of gate_up_proj")
+    for name, s, n_out, k_in in (("gate_up_proj_scale_inv", s1, two_i, H), ("down_proj_scale_inv", s2, H, two_i // 2)):
+        want = (E, -(-n_out // FP8_BLOCK), -(-k_in // FP8_BLOCK))
+        if tuple(s.shape) != want:  # e.g. 2I <= 128: transformers keeps one block row per half
+            problems.append(f"{name} of shape {tuple(s.shape)}; 128×128 blocks of a [{E}, {n_out}, {k_in}] "
+                            f"weight have scales {want}")
+    return ContractArguments(w1, w2, "fp8_block", s1, s2)
+
+
+def _refuse(module, problems: list, who: str) -> None:
+    if problems:
+        model_type = getattr(module.config, "model_type", "?")
+        raise ValueError(f"{who} cannot run {type(module).__name__} (model_type {model_type!r}): " + "; ".join(problems))
+
+
+def contract_arguments(module, implementation: str) -> ContractArguments:
+    """The contract's weight arguments for a transformers experts module, or a ValueError that
+    names the module's class, the model type and every feature the contract cannot express."""
+    who = f"experts_implementation: {implementation!r}"
+    problems = _structure_problems(module)
+    if not getattr(module, "has_gate", True):
+        _refuse(module, problems, who)  # no gate_up_proj to read (its weight is up_proj)
+    if isinstance(module, FP8Experts):
+        args = _fp8_arguments(module, problems)
+    else:
+        w1, w2 = module.gate_up_proj.detach(), module.down_proj.detach()
+        args = ContractArguments(w1, w2)
+        if w1.dtype != torch.bfloat16 or w2.dtype != torch.bfloat16:
+            problems.append(f"{w1.dtype} expert weights; the kernels take bfloat16 (load the model with "
+                            "dtype=torch.bfloat16)")
+    _refuse(module, problems, who)
+    return args
+
+
+# --- the registered forwards ----------------------------------------------------------------------
+
+
+def _make_forward(implementation: str) -> Callable:
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        args = contract_arguments(self, implementation)
+        if not isinstance(hidden_states, torch.Tensor) or hidden_states.dtype != torch.bfloat16:
+            got = hidden_states.dtype if isinstance(hidden_states, torch.Tensor) else type(hidden_states).__name__
+            raise TypeError(f"hidden_states: expected bfloat16 (the kernels' activations), got {got}")
+        if torch.is_grad_enabled() and (hidden_states.requires_grad or self.gate_up_proj.requires_grad):
+            raise ValueError("hidden_states: autograd is recording, but the kernels have no backward; run "
+                             "inference under torch.no_grad() or torch.inference_mode() (generate() does)")
+        backend = load_backend(implementation)
+        if backend.missing:
+            raise RuntimeError(f"experts_implementation: {implementation!r} is not available here: {backend.missing}")
+        x = hidden_states.reshape(-1, hidden_states.shape[-1])
+        T = x.shape[0]
+        out = backend.fused_moe(x.contiguous(), args.w1, args.w2,
+                                top_k_weights.reshape(T, -1).to(torch.float32).contiguous(),
+                                top_k_index.reshape(T, -1).contiguous(),
+                                quant=args.quant, w1_scale=args.w1_scale, w2_scale=args.w2_scale)
+        CALLS[implementation] += 1
+        return out.view(hidden_states.shape)
+
+    forward.__name__ = forward.__qualname__ = f"{implementation}_experts_forward"
+    forward.__doc__ = f"transformers experts forward through {implementation}.fused_moe (see compare.hf_experts)."
+    return forward
+
+
+_FORWARDS = {name: _make_forward(name) for name in IMPLEMENTATIONS}
+
+
+def register(implementations=IMPLEMENTATIONS) -> tuple:
+    """Add our implementations to transformers' experts registries (bf16 and FP8). Idempotent:
+    a second call registers the same functions again."""
+    names = (implementations,) if isinstance(implementations, str) else tuple(implementations)
+    unknown = [n for n in names if n not in _FORWARDS]
+    if unknown:
+        raise ValueError(f"implementations: expected names from {IMPLEMENTATIONS}, got {unknown}")
+    for name in names:
+        ExpertsInterface.register(name, _FORWARDS[name])
+        FP8ExpertsInterface.register(name, _FORWARDS[name])
+    return names
+
+
+def registered(implementation: str) -> bool:
+    """Whether both registries hold our forward under ``implementation``."""
+    fn = _FORWARDS.get(implementation)
+    return fn is not None and all(registry.get(implementation) is fn
+                                  for registry in (ALL_EXPERTS_FUNCTIONS, ALL_FP8_EXPERTS_FUNCTIONS))
+
+
+# --- transformers' FP8 experts, built from a bf16 model -----------------------------------------------
+
+
+class FP8ExpertsModule(FP8Experts):
+    """transformers' ``FP8Experts`` storage (what its FP8 quantizer installs) with the registry
+    dispatch of ``@use_experts_implementation``; a subclass, so transformers' class stays as it was."""
+
+
+use_experts_implementation(FP8ExpertsModule, experts_interface=ALL_FP8_EXPERTS_FUNCTIONS)
+
+
+def _frozen(t: torch.Tensor) -> torch.nn.Parameter:
+    return torch.nn.Parameter(t, requires_grad=False)
+
+
+def fp8_experts(config, w1, w2, w1_scale, w2_scale, block_size) -> FP8ExpertsModule:
+    """An ``FP8ExpertsModule`` holding the given quantized weights and scales (no copy)."""
+    with torch.device("meta"):
+        module = FP8ExpertsModule(config, block_size=block_size)
+    module.gate_up_proj, module.down_proj = _frozen(w1), _frozen(w2)
+    module.gate_up_proj_scale_inv, module.down_proj_scale_inv = _frozen(w1_scale), _frozen(w2_scale)
+    return module
+
+
+def quantize_experts(model, scheme: str = "block") -> int:
+    """Replace every bf16 experts module of ``model`` by transformers' FP8 experts module, quantized
+    with this project's rule (:func:`moe_spec.quant.quantize_weight`), in one of the two layouts of
+    transformers' finegrained FP8: ``"block"`` (128×128 blocks, DeepSeek-V3 checkpoints) or
+    ``"tensor"`` (``block_size=None``: one scale per projection — gate, up, down). Returns the number
+    of modules replaced. The model's other layers stay bf16."""
+    from moe_spec.quant import quantize_weight
+
+    if scheme not in ("block", "tensor"):
+        raise ValueError(f"scheme: expected 'block' or 'tensor', got {scheme!r}")
+    replaced = 0
+    for name, module in list(model.named_modules()):
+        if isinstance(module, FP8Experts) or not isinstance(getattr(module, "gate_up_proj", None), torch.Tensor) \
+                or module.gate_up_proj.dim() != 3:
+            continue
+        _refuse(module, _structure_problems(module), f"model: quantize_experts(scheme={scheme!r})")
+        w1, w2 = module.gate_up_proj.detach(), module.down_proj.detach()
+        if scheme == "block":
+            (q1, s1), (q2, s2) = quantize_weight(w1, "fp8_block"), quantize_weight(w2, "fp8_block")
+            block = (FP8_BLOCK, FP8_BLOCK)
+        else:
+            gate, up = w1.chunk(2, dim=1)
+            (qg, sg), (qu, su) = quantize_weight(gate, "fp8_tensor"), quantize_weight(up, "fp8_tensor")
+            q1, s1 = torch.cat([qg, qu], dim=1), torch.stack([sg, su], dim=1)[..., None]
+            q2, s2 = quantize_weight(w2, "fp8_tensor")
+            s2, block = s2[:, None, None], None
+        model.set_submodule(name, fp8_experts(module.config, q1, q2, s1, s2, block))
+        replaced += 1
+    return replaced
+
+
+# --- the other way round: a transformers experts module as a contract-shaped callable ----------------
+
+#: model type → (config class, experts class, config names of E and I)
+_MODELS = {
+    "mixtral": (MixtralConfig, MixtralExperts, "num_local_experts", "intermediate_size"),
+    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeExperts, "num_experts", "moe_intermediate_size"),
+    "deepseek_v3": (DeepseekV3Config, DeepseekV3Experts, "n_routed_experts", "moe_intermediate_size"),
+}
+
+
+def experts_fused_moe(implementation: str, model_type: str = "mixtral") -> Callable:
+    """``fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None)``
+    running transformers' experts module of ``model_type`` with ``experts_implementation =
+    implementation`` ("eager", "grouped_mm", "batched_mm", "triton_moe", … — any registered name).
+
+    bf16 goes through the model's own experts class; ``quant="fp8_block"`` through transformers'
+    FP8 experts module with 128×128 blocks (the only FP8 layout both sides share: transformers' FP8
+    storage has no per-row weight scales, and its per-tensor layout quantizes activations in its Hub
+    kernel, not per tensor). The weights are wrapped, not copied.
+    ``topk_ids`` go in as int64 and ``topk_weights`` as float32, as the models hand them over.
+    """
+    if model_type not in _MODELS:
+        raise ValueError(f"model_type: expected one of {sorted(_MODELS)}, got {model_type!r}")
+    if not isinstance(implementation, str):
+        raise TypeError(f"implementation: expected a registered experts implementation name, got {implementation!r}")
+    config_cls, experts_cls, e_name, i_name = _MODELS[model_type]
+    modules: dict = {}
+
+    def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None):
+        d = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale)
+        if quant not in (None, "fp8_block"):
+            raise ValueError(f"quant: {quant!r} has no transformers counterpart (its FP8 experts store 128×128 "
+                             "blocks, or per-tensor weights whose activations its Hub kernel quantizes); "
+                             "use None or 'fp8_block'")
+        key = (d.E, d.K, d.I, d.top_k, quant)
+        if key not in modules:
+            config = config_cls(hidden_size=d.K, num_experts_per_tok=d.top_k, hidden_act="silu",
+                                **{e_name: d.E, i_name: d.I})
+            config._experts_implementation = implementation
+            with torch.device("meta"):
+                modules[key] = experts_cls(config) if quant is None else FP8ExpertsModule(config, block_size=(FP8_BLOCK,) * 2)
+        module = modules[key]
+        module.gate_up_proj, module.down_proj = _frozen(w1), _frozen(w2)
+        if quant is not None:
+            module.gate_up_proj_scale_inv, module.down_proj_scale_inv = _frozen(w1_scale), _frozen(w2_scale)
+        with torch.no_grad():
+            return module(x, topk_ids.long(), topk_weights)
+
+    fused_moe.__name__ = f"hf_{implementation}_fused_moe"
+    fused_moe.__doc__ = f"The contract through transformers' {experts_cls.__name__} with experts_implementation={implementation!r}."
+    return fused_moe
