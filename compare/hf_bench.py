@@ -26,22 +26,19 @@ JSON and markdown files are rewritten after every row.
 from __future__ import annotations
 
 import argparse
-import datetime
 import inspect
 import json
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
 import transformers
-import triton
 from transformers import DynamicCache
 
 import compare.hf_experts as hx
+from moe_spec import runinfo
 from moe_spec.oracle import rel_l2
 
 #: in the order they run (a deadline cuts the tail): transformers' defaults and ours first
@@ -60,18 +57,11 @@ MODELS = {  # real layer shapes; --layers decides the depth
 
 
 def run_info(commit: str | None) -> dict:
-    """Date, device, commit and command of this run (the project's results name all four)."""
-    if not commit:
-        try:
-            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                    check=True).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            commit = "unknown"
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({platform.machine()})"
-    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "device": device,
-            "commit": commit, "command": "python -m compare.hf_bench " + " ".join(sys.argv[1:]),
-            "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                         "triton": triton.__version__}}
+    """Date, device, commit and command of this run (:func:`moe_spec.runinfo.run_info`), plus transformers' version."""
+    info = runinfo.run_info(runinfo.command_line("python -m compare.hf_bench", sys.argv[1:]),
+                            cuda=torch.cuda.is_available(), commit=commit)
+    info["transformers"] = transformers.__version__
+    return info
 
 
 def build_model(name: str, layers: int, device, overrides: dict | None = None):
@@ -170,7 +160,8 @@ def write(out: Path, stem: str, results: dict) -> None:
     s = results["setup"]
     lines = [f"# transformers experts implementations, whole model — {results['device']}", "",
              f"- date: {results['date']}", f"- commit: `{results['commit']}`", f"- command: `{results['command']}`",
-             f"- versions: {', '.join(f'{k} {v}' for k, v in results['versions'].items())}",
+             f"- versions: python {results['python']}, torch {results['torch']}, triton {results['triton']}, "
+             f"transformers {results['transformers']}",
              f"- model: {s['model']} layer shapes, {s['layers']} decoder layers, random weights, bf16 "
              f"(FP8 rows: experts only, 128×128 blocks); prefill {s['prefill'][0]}×{s['prefill'][1]} tokens "
              f"(median of {s['reps']}); decode batch {s['decode_batch']}, {s['decode_steps']} steps after a "
