@@ -3,6 +3,9 @@
 Reading order: ``config.py`` (what a kernel is: tiles, stages, the swap-AB rule) → ``gemm.py``
 (the kernel) → ``rowops.py`` (gather, SiLU·mul, combine) → ``moe.py`` (routing alignment and the MoE layer) → ``layouts.py`` (the kernel's
 layouts as plain data) → ``ptx.py`` (compile on the CPU, the compile cache) → ``bench.py``.
+FP8: ``fp8_gemm.py`` (scales in registers, two-level accumulation) → ``quantops.py`` (activation
+quantization kernels) → ``moe_fp8.py`` (the W8A8 layer's host side); ``runtime.py`` converts torch
+tensors into kernel arguments for every host wrapper.
 """
 
 import os
@@ -14,10 +17,10 @@ from moe_spec.contract import make_fused_experts  # noqa: E402
 from .config import GemmConfig, choose_config  # noqa: E402
 from .layouts import describe, describe_json  # noqa: E402
 from .moe import align_tokens, combine, fused_moe, gather_rows, grouped_gemm, layer_configs, silu_mul  # noqa: E402
-from .ptx import compile_count, compile_gemm, compile_ptx, compile_row_kernels  # noqa: E402
+from .ptx import compile_count, compile_gemm, compile_ptx, compile_quant_kernels, compile_row_kernels  # noqa: E402
 
 fused_experts = make_fused_experts(fused_moe)
 
 __all__ = ["GemmConfig", "align_tokens", "choose_config", "combine", "compile_count", "compile_gemm",
-           "compile_ptx", "compile_row_kernels", "describe", "describe_json", "fused_experts", "fused_moe",
+           "compile_ptx", "compile_quant_kernels", "compile_row_kernels", "describe", "describe_json", "fused_experts", "fused_moe",
            "gather_rows", "grouped_gemm", "layer_configs", "silu_mul"]

@@ -97,7 +97,7 @@ def _raw_plan(cfg: GemmConfig) -> dict:
 
     @cute.jit
     def probe():
-        plan = KernelPlan(cfg, cutlass.BFloat16)
+        plan = KernelPlan(cfg)
         mma = plan.tiled_mma
         raw["tv_A"] = _layout(mma.tv_layout_A)
         raw["tv_B"] = _layout(mma.tv_layout_B)
@@ -162,10 +162,10 @@ def describe(cfg: GemmConfig) -> dict:
     # warpgroup names the same (row, k) list, so one thread's table says it all.
     tv_a = _tv_table(raw["tv_A"], 64)[0]
     tv_b = _tv_table(raw["tv_B"], cfg.tile_n)[0]
-    elem = cfg.element_bytes
     smem = {}
     for name in ("A", "B", "C"):
         s = raw["smem_" + name]
+        elem = cfg.out_bytes if name == "C" else cfg.element_bytes
         smem[name] = {"layout_one_stage": s["one_stage"], "swizzle": list(s["swizzle"]), "printed": s["text"],
                       "bytes_staged": s["cosize_staged"] * elem, "atom_rows": _smem_rows(s, elem)}
     smem["total_bytes"] = cfg.smem_bytes()

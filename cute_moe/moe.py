@@ -36,7 +36,16 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 import torch  # noqa: E402
 
+from moe_spec.quant import FP8_DTYPE  # noqa: E402
+
 from .config import ALIGN_ELEMS, GemmConfig, choose_config  # noqa: E402
+from .moe_fp8 import check_quant_layer, gemm1_out_dtype, quantize_intermediate, quantize_tokens  # noqa: E402
+from .moe_fp8 import sorted_token_scales  # noqa: E402
+from .runtime import cute_scale  # noqa: E402
+from .runtime import cute_tensor as _cute_tensor  # noqa: E402
+from .runtime import cute_vector as _cute_vector  # noqa: E402
+from .runtime import current_stream as _stream  # noqa: E402
+from .runtime import num_sms as _num_sms  # noqa: E402
 
 
 @dataclass
@@ -100,31 +109,14 @@ def align_tokens(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts
     return Alignment(tile, sorted_token, sorted_weight, pair_row, padded_end)
 
 
-def _cute_tensor(t: torch.Tensor, leading_dim: int):
-    """A 2-D/3-D operand with a dynamic layout (unit stride on ``leading_dim``), 16-B aligned."""
-    from cutlass.cute.runtime import from_dlpack
-
-    return from_dlpack(t, assumed_align=16).mark_layout_dynamic(leading_dim=leading_dim)
-
-
-def _cute_vector(t: torch.Tensor):
-    """A 1-D device array with a dynamic extent.
-
-    Every kernel here is compiled against symbolic shapes; a tensor handed over with a static
-    layout (plain ``from_dlpack``) does not carry its extent in the argument struct, and a
-    kernel that reads ``shape[0]`` then sees garbage (seen on the H200: the combine kernel
-    derived top_k from it).  So every argument is marked dynamic.
-    """
-    from cutlass.cute.runtime import from_dlpack
-
-    return from_dlpack(t).mark_layout_dynamic()
-
-
 def grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, alignment: Alignment, cfg: GemmConfig, *,
-                 row_scale: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                 row_scale: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                 x_scale: torch.Tensor | None = None, w_scale: torch.Tensor | None = None) -> torch.Tensor:
     """``out[r] = x_sorted[r] · w[expert(r)]ᵀ (· row_scale[r])`` for every used sorted row r.
 
-    x_sorted: bf16 [M_pad, K]; w: bf16 [E, N_out, K] (contiguous).  Returns bf16 [M_pad, N_out]
+    x_sorted: [M_pad, K]; w: [E, N_out, K] (contiguous), both bf16 or — FP8 config — E4M3 with
+    ``x_scale`` (per sorted row: [1] / [M_pad] / [M_pad, ⌈K/128⌉]) and ``w_scale`` (moe_spec's
+    weight scale shape), dequantized in registers.  Returns ``cfg.out_dtype`` [M_pad, N_out]
     (rows past the used blocks are left unwritten).
     """
     from .ptx import compile_gemm
@@ -133,14 +125,20 @@ def grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, alignment: Alignment, 
     n_experts, n_out, k_w = w.shape
     if k_w != k:
         raise ValueError(f"grouped_gemm: K of x_sorted ({k}) and w ({k_w}) differ")
-    for name, v in (("K", k), ("N_out", n_out)):
-        if v % ALIGN_ELEMS:
-            raise ValueError(f"grouped_gemm: {name}={v} must be a multiple of {ALIGN_ELEMS} "
-                             f"(TMA needs 16-byte aligned bf16 rows)")
+    dtype = getattr(torch, cfg.dtype)
+    for name, t in (("x_sorted", x_sorted), ("w", w)):
+        if t.dtype != dtype:
+            raise TypeError(f"grouped_gemm: {name} is {t.dtype}, the config's operands are {cfg.dtype}")
+    for name, v, align, what in (("K", k, cfg.operand_align, cfg.dtype), ("N_out", n_out, cfg.out_align, cfg.out_dtype)):
+        if v % align:
+            raise ValueError(f"grouped_gemm: {name}={v} must be a multiple of {align} "
+                             f"(TMA needs 16-byte aligned {what} rows)")
     if cfg.row_scale != (row_scale is not None):
         raise ValueError("grouped_gemm: pass row_scale exactly when cfg.row_scale is set")
+    if (cfg.quant is not None) != (x_scale is not None) or (x_scale is None) != (w_scale is None):
+        raise ValueError("grouped_gemm: pass x_scale and w_scale exactly when cfg.quant is set")
     if out is None:
-        out = torch.empty(m_pad, n_out, dtype=torch.bfloat16, device=x_sorted.device)
+        out = torch.empty(m_pad, n_out, dtype=getattr(torch, cfg.out_dtype), device=x_sorted.device)
     block_expert, num_blocks = alignment.blocks(cfg.tokens_tile)
     if row_scale is None:
         row_scale = alignment.sorted_weight  # a valid fp32 buffer the kernel never reads
@@ -150,26 +148,17 @@ def grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, alignment: Alignment, 
         _cute_tensor(w.permute(1, 2, 0), 1),  # (N_out, K, E): the expert is TMA's 3rd coordinate
         _cute_tensor(out.t(), 0) if cfg.swap_ab else _cute_tensor(out, 1),
         _cute_vector(block_expert), _cute_vector(num_blocks), _cute_vector(row_scale), _stream(x_sorted),
+        *(() if cfg.quant is None else (cute_scale(x_scale), cute_scale(w_scale))),
     )
     return out
 
 
-_sm_counts: dict = {}
-
-
-def _num_sms(device) -> int:
-    idx = torch.device(device).index or 0
-    if idx not in _sm_counts:
-        _sm_counts[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _sm_counts[idx]
-
-
-def layer_configs(T: int, E: int, K: int, I: int, top_k: int, swap_ab: bool | None = None  # noqa: E741
-                  ) -> tuple[GemmConfig, GemmConfig]:
+def layer_configs(T: int, E: int, K: int, I: int, top_k: int, swap_ab: bool | None = None,  # noqa: E741
+                  quant: str | None = None) -> tuple[GemmConfig, GemmConfig]:
     """The (GEMM1, GEMM2) configs :func:`fused_moe` uses (the documented rule of config.py)."""
     per_expert = T * top_k / E
-    return (choose_config(per_expert, 2 * I, K, swap_ab=swap_ab),
-            choose_config(per_expert, K, I, swap_ab=swap_ab, row_scale=True))
+    return (choose_config(per_expert, 2 * I, K, swap_ab=swap_ab, quant=quant, out_dtype=gemm1_out_dtype(quant)),
+            choose_config(per_expert, K, I, swap_ab=swap_ab, row_scale=True, quant=quant))
 
 
 def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None,
@@ -178,6 +167,7 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
 
     Backend options: ``swap_ab`` forces the path (None: the rule in :func:`choose_config`);
     ``configs`` overrides the (GEMM1, GEMM2) configs outright (then ``swap_ab`` must be None).
+    ``quant`` (an FP8 format) runs the W8A8 layer of :mod:`cute_moe.moe_fp8`.
     Every argument and every limit of this backend is checked on the host before the first
     launch (:func:`check_layer`), so bad input never leaves a half-run pipeline behind.
     """
@@ -186,20 +176,35 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
     dims = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale)
     T, E, K, I, top_k = dims.T, dims.E, dims.K, dims.I, dims.top_k  # noqa: E741
     cfg1, cfg2 = check_layer(K, I, swap_ab=swap_ab, configs=configs)
-    if quant is not None:
-        raise NotImplementedError(f"cute_moe: quant={quant!r} is not implemented yet (bf16 only; FP8 is a separate issue)")
+    check_quant_layer(K, I, quant, configs)
     if T == 0:
         return x.new_empty((0, K))
     if x.device.type != "cuda":
         raise ValueError("cute_moe.fused_moe: x must be on a CUDA device (Hopper); the CPU path is compile_ptx()")
     if cfg1 is None:
-        cfg1, cfg2 = layer_configs(T, E, K, I, top_k, swap_ab)
+        cfg1, cfg2 = layer_configs(T, E, K, I, top_k, swap_ab, quant)
     alignment = align_tokens(topk_ids, topk_weights, E, math.lcm(cfg1.tokens_tile, cfg2.tokens_tile))
+    if quant is not None:
+        return _fp8_layer(x, w1, w2, w1_scale, w2_scale, quant, alignment, cfg1, cfg2, top_k)
     x_sorted = gather_rows(x, alignment)
     h = grouped_gemm(x_sorted, w1, alignment, cfg1)
     a = silu_mul(h, alignment)
     y = grouped_gemm(a, w2, alignment, cfg2, row_scale=alignment.sorted_weight)
     return combine(y, alignment, T, top_k)
+
+
+def _fp8_layer(x, w1, w2, w1_scale, w2_scale, quant: str, alignment: Alignment, cfg1: GemmConfig,
+               cfg2: GemmConfig, top_k: int) -> torch.Tensor:
+    """The W8A8 layer (``moe_fp8``'s docstring): x quantized once, its E4M3 rows gathered (as bf16
+    pairs: the gather moves bytes), GEMM1 to fp32, SiLU·up quantized, GEMM2 with the routing
+    weight, combine."""
+    xq, x_scale = quantize_tokens(x, quant)
+    x_sorted = gather_rows(xq.view(torch.bfloat16), alignment).view(FP8_DTYPE)
+    h = grouped_gemm(x_sorted, w1, alignment, cfg1, x_scale=sorted_token_scales(x_scale, alignment.sorted_token, quant),
+                     w_scale=w1_scale)
+    aq, a_scale = quantize_intermediate(h, alignment.pair_row, _used_rows(alignment), quant)
+    y = grouped_gemm(aq, w2, alignment, cfg2, row_scale=alignment.sorted_weight, x_scale=a_scale, w_scale=w2_scale)
+    return combine(y, alignment, x.shape[0], top_k)
 
 
 def check_layer(K: int, I: int, *, swap_ab=None, configs=None  # noqa: E741
@@ -239,12 +244,6 @@ def check_layer(K: int, I: int, *, swap_ab=None, configs=None  # noqa: E741
         except ValueError as exc:
             raise ValueError(f"configs[{i}]: {exc}") from exc
     return configs[0], configs[1]
-
-
-def _stream(t: torch.Tensor):
-    import cuda.bindings.driver as cuda
-
-    return cuda.CUstream(torch.cuda.current_stream(t.device).cuda_stream)
 
 
 def _row_kernels(device) -> dict:

@@ -31,6 +31,16 @@ THREADS = 256
 CTAS_PER_SM = 8
 
 
+def silu_mul(gate, up):
+    """``SiLU(gate) · up = gate / (1 + e^(−gate)) · up`` in fp32, on register vectors of any dtype.
+
+    The one definition of the layer's activation: ``SiluMul`` rounds it to bf16, the FP8 layer's
+    ``quantops.RowAmax`` keeps it in fp32 for quantization.
+    """
+    g, u = gate.to(cutlass.Float32), up.to(cutlass.Float32)
+    return g / (1.0 + cute.math.exp(-g, fastmath=True)) * u
+
+
 def _vectors(t: cute.Tensor):
     """View a row-major [rows, cols] tensor as (1, VEC, rows, cols / VEC): a 16-byte vector per (row, chunk)."""
     return cute.local_tile(t, (1, VEC), (None, None))
@@ -87,7 +97,7 @@ class SiluMul(_RowKernel):
             c = i - row * chunks
             g = vh[(0, None, row, c)].load().to(cutlass.Float32)
             u = vh[(0, None, row, c + chunks)].load().to(cutlass.Float32)
-            va[(0, None, row, c)].store((g / (1.0 + cute.math.exp(-g, fastmath=True)) * u).to(a.element_type))
+            va[(0, None, row, c)].store(silu_mul(g, u).to(a.element_type))
             i += step
 
 

@@ -184,7 +184,14 @@ def test_path_rule():
     (dict(swap_ab=True, tokens_tile=24), "odd multiples of 8"),
     (dict(tokens_tile=96), "must be a multiple of 64"),
     (dict(weights_tile=256, stages=6), "shared memory over budget"),
-    (dict(quant="fp8_tensor"), "bf16 only"),
+    (dict(quant="fp8_tensor"), r"expected dtype='float8_e4m3fn'"),
+    (dict(dtype="float8_e4m3fn"), r"with quant=None: expected dtype='bfloat16'"),
+    (dict(quant="fp8_block", dtype="float8_e4m3fn"), r"tile_k=64: FP8 configs need tile_k=128"),
+    (dict(quant="fp8_tensor", dtype="float8_e4m3fn", tile_k=128, weights_tile=256), r"needs 256 accumulator registers"),
+    (dict(quant="fp8_block", dtype="float8_e4m3fn", tile_k=128, tokens_tile=64, weights_tile=96,
+          consumer_warpgroups=1), r"weights_tile=96: fp8_block needs a weights tile that divides the 128-row"),
+    (dict(quant="fp8_rowwise"), r"GemmConfig\.quant='fp8_rowwise': expected one of"),
+    (dict(out_dtype="float16"), r"GemmConfig\.out_dtype='float16'"),
     (dict(consumer_warpgroups=3), "1 or 2"),
     (dict(stages=1), "at least 2"),
     (dict(swap_ab=True, tokens_tile=8, weights_tile=256, stages=4), "above 128.*untested on the GPU"),
@@ -305,8 +312,6 @@ def test_fused_moe_empty_batch_and_cpu_tensors():
     assert out.shape == (0, 64) and out.dtype == torch.bfloat16
     with pytest.raises(ValueError, match="CUDA"):
         cute_moe.fused_moe(**_small_inputs(T=3).kwargs())
-    with pytest.raises(NotImplementedError, match="bf16 only"):
-        cute_moe.fused_moe(**_small_inputs(T=3, quant="fp8_tensor").kwargs())
 
 
 def test_bench_draws_the_shared_weights():
