@@ -131,13 +131,13 @@ def _load_cute() -> Backend:
     layer_configs = getattr(mod, "layer_configs", None)
     if layer_configs is not None:
         def describe(dims, quant):
-            g1, g2 = layer_configs(dims.T, dims.E, dims.K, dims.I, dims.top_k)
+            g1, g2 = layer_configs(dims.T, dims.E, dims.K, dims.I, dims.top_k, quant=quant)
             return f"G1 {_tile_text(g1)} k{g1.tile_k} s{g1.stages} | G2 {_tile_text(g2)} k{g2.tile_k} s{g2.stages}"
         b.describe = describe
         align = getattr(mod, "align_tokens", None)
         if align is not None:
             def prepare(inputs, dims):
-                g1, g2 = layer_configs(dims.T, dims.E, dims.K, dims.I, dims.top_k)
+                g1, g2 = layer_configs(dims.T, dims.E, dims.K, dims.I, dims.top_k, quant=inputs.quant)
                 tile = math.lcm(g1.tokens_tile, g2.tokens_tile)
                 return lambda: align(inputs.topk_ids, inputs.topk_weights, dims.E, tile)
             b.prepare = prepare

@@ -97,22 +97,32 @@ def sorted_token_scales(scale: torch.Tensor, sorted_token: torch.Tensor, quant: 
     return rows.view(-1) if quant == "fp8_channel" else rows
 
 
-def quantize_intermediate(h: torch.Tensor, pair_row: torch.Tensor, used_rows: torch.Tensor,
-                          quant: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """SiLU(h[:, :I])·h[:, I:] of GEMM1's fp32 output h [M_pad, 2I], quantized per ``quant``.
+def silu_mul_amax(h: torch.Tensor, pair_row: torch.Tensor, used_rows: torch.Tensor,
+                  quant: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``A = SiLU(h[:, :I]) · h[:, I:]`` in fp32 from GEMM1's fp32 output h [M_pad, 2I], and its flat amax.
 
     ``pair_row``: the sorted row of every (token, slot) pair — the rows that exist; the others are
-    padding and stay out of the amax.  ``used_rows`` (int32 [1], device): rows the GEMMs cover.
-    Returns (E4M3 [M_pad, I], fp32 scales in GEMM2's order: [1], [M_pad] or [M_pad, ⌈I/128⌉]).
+    padding and stay out of the amax.  ``used_rows`` (int32 [1], device): rows the GEMMs cover
+    (the rest of A is left unwritten).
     """
     rows, two_i = h.shape
     i = two_i // 2
     kernels = compile_quant_kernels(quant, num_sms(h.device))
-    shape = activation_scale_shape(quant, rows, i)
-    amax = torch.zeros(math.prod(shape), dtype=torch.float32, device=h.device)
+    amax = torch.zeros(math.prod(activation_scale_shape(quant, rows, i)), dtype=torch.float32, device=h.device)
     row_mask = torch.zeros(rows, dtype=torch.int32, device=h.device).index_fill_(0, pair_row, 1)
     a = torch.empty(rows, i, dtype=torch.float32, device=h.device)
     kernels["silu_amax"](cute_tensor(h, 1), cute_tensor(a, 1), cute_vector(amax), cute_vector(row_mask),
                          cute_vector(used_rows), current_stream(h))
-    q, scale = _launch_quantize(kernels, "a", a, amax, quant, used_rows)
-    return q, (scale.view(rows, -1) if quant == "fp8_block" else scale)
+    return a, amax
+
+
+def quantize_intermediate(h: torch.Tensor, pair_row: torch.Tensor, used_rows: torch.Tensor,
+                          quant: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """SiLU(h[:, :I])·h[:, I:] of GEMM1's fp32 output h [M_pad, 2I], quantized per ``quant``
+    (:func:`silu_mul_amax`, then the quantize kernel).
+
+    Returns (E4M3 [M_pad, I], fp32 scales in GEMM2's order: [1], [M_pad] or [M_pad, ⌈I/128⌉]).
+    """
+    a, amax = silu_mul_amax(h, pair_row, used_rows, quant)
+    q, scale = _launch_quantize(compile_quant_kernels(quant, num_sms(h.device)), "a", a, amax, quant, used_rows)
+    return q, (scale.view(h.shape[0], -1) if quant == "fp8_block" else scale)
