@@ -182,8 +182,14 @@ def _r2s_map(cfg):
     return pairs
 
 
-@pytest.mark.parametrize("cfg", [c for c in CONFIGS if c.out_dtype == "float32" and c.quant == "fp8_tensor"],
-                         ids=_id)
+# every fp32-output tile GEMM1 can get: the path rule's normal and swap-AB tiles, and the forced
+# normal path's one-warpgroup tile
+FP32_TILES = [_fp8(out_dtype="float32", **kw) for kw in (
+    dict(tokens_tile=128, weights_tile=128), dict(tokens_tile=64, weights_tile=128, consumer_warpgroups=1),
+    dict(swap_ab=True, tokens_tile=8, weights_tile=128), dict(swap_ab=True, tokens_tile=32, weights_tile=128))]
+
+
+@pytest.mark.parametrize("cfg", FP32_TILES, ids=_id)
 def test_fp32_epilogue_stores_every_register_at_its_coordinate(cfg):
     pairs = _r2s_map(cfg)
     assert len(pairs) == cfg.tile_m * cfg.tile_n
