@@ -122,6 +122,9 @@ class GemmConfig:
         fp8_promote: FP8 two-level accumulation (every K step promoted into the fp32 accumulator).
             False — fp8_tensor / fp8_channel only — lets the WGMMA accumulate all of K, as a
             kernel without promotion does: kept for the promotion study, never the default.
+        epilogue_scales: FP8 per-tensor / per-channel scales applied in the epilogue.  False — the
+            unfused pipeline of ``fusion="separate"`` — writes the promoted sums unscaled and leaves
+            the scales to a separate pass (``unfused.py``).
         row_scale: multiply every output row (a token slot) by a per-row fp32 factor in the
             epilogue, before the bf16 down-cast (GEMM2 applies the routing weights this way).
         group_tokens: rasterization: consecutive tile ids walk this many token blocks before
@@ -141,6 +144,7 @@ class GemmConfig:
     group_tokens: int = 8
     out_dtype: str = "bfloat16"
     fp8_promote: bool = True
+    epilogue_scales: bool = True
 
     # ---- GEMM vocabulary (derived) -------------------------------------------------------
     @property
@@ -281,6 +285,9 @@ class GemmConfig:
         if not self.fp8_promote and self.quant not in ("fp8_tensor", "fp8_channel"):
             raise ValueError(f"fp8_promote=False with quant={self.quant!r}: only fp8_tensor / fp8_channel can skip the "
                              f"promotion (bf16 has none; fp8_block's scales change every K block)")
+        if not self.epilogue_scales and self.quant not in ("fp8_tensor", "fp8_channel"):
+            raise ValueError(f"epilogue_scales=False with quant={self.quant!r}: only fp8_tensor / fp8_channel have "
+                             f"epilogue scales to leave out (fp8_block's are applied in the main loop)")
         if not fp8:
             return
         if self.tile_k != FP8_TILE_K:

@@ -100,7 +100,10 @@ class TileScales:
                 acc[i] = acc[i] + blk[i]
 
     def dequantize(self, acc: cute.Tensor) -> None:
-        """After the K loop: apply the per-tensor or per-channel scales (block scales are already in)."""
+        """After the K loop: apply the per-tensor or per-channel scales (block scales are already in),
+        unless the config leaves them to a separate pass (``epilogue_scales=False``)."""
+        if not self.cfg.epilogue_scales:
+            return
         if self.cfg.quant == "fp8_tensor":
             s = self.x_scale[0] * self.w_scale[self.expert]
             for i in range(cute.size(acc)):

@@ -42,6 +42,7 @@ from .config import ALIGN_ELEMS, GemmConfig, choose_config  # noqa: E402
 from .moe_fp8 import check_quant_layer, gemm1_out_dtype, quantize_intermediate, quantize_tokens  # noqa: E402
 from .moe_fp8 import sorted_token_scales  # noqa: E402
 from .runtime import cute_scale  # noqa: E402
+from .unfused import check_fusion, scale_rows, separate_configs, weighted_combine  # noqa: E402
 from .runtime import cute_tensor as _cute_tensor  # noqa: E402
 from .runtime import cute_vector as _cute_vector  # noqa: E402
 from .runtime import current_stream as _stream  # noqa: E402
@@ -162,11 +163,14 @@ def layer_configs(T: int, E: int, K: int, I: int, top_k: int, swap_ab: bool | No
 
 
 def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None,
-              swap_ab: bool | None = None, configs: tuple[GemmConfig, GemmConfig] | None = None) -> torch.Tensor:
+              swap_ab: bool | None = None, configs: tuple[GemmConfig, GemmConfig] | None = None,
+              fusion: str = "fused") -> torch.Tensor:
     """The backend contract: bf16 ``[T, K]`` output of the MoE layer.
 
     Backend options: ``swap_ab`` forces the path (None: the rule in :func:`choose_config`);
-    ``configs`` overrides the (GEMM1, GEMM2) configs outright (then ``swap_ab`` must be None).
+    ``configs`` overrides the (GEMM1, GEMM2) configs outright (then ``swap_ab`` must be None);
+    ``fusion="separate"`` runs the unfused pipeline of :mod:`cute_moe.unfused` (scales and routing
+    weight in passes of their own) instead of the fused one.
     ``quant`` (an FP8 format) runs the W8A8 layer of :mod:`cute_moe.moe_fp8`.
     Every argument and every limit of this backend is checked on the host before the first
     launch (:func:`check_layer`), so bad input never leaves a half-run pipeline behind.
@@ -177,34 +181,48 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
     T, E, K, I, top_k = dims.T, dims.E, dims.K, dims.I, dims.top_k  # noqa: E741
     cfg1, cfg2 = check_layer(K, I, swap_ab=swap_ab, configs=configs)
     check_quant_layer(K, I, quant, configs)
+    separate = check_fusion(fusion) == "separate"
     if T == 0:
         return x.new_empty((0, K))
     if x.device.type != "cuda":
         raise ValueError("cute_moe.fused_moe: x must be on a CUDA device (Hopper); the CPU path is compile_ptx()")
     if cfg1 is None:
         cfg1, cfg2 = layer_configs(T, E, K, I, top_k, swap_ab, quant)
+    if separate:
+        cfg1, cfg2 = separate_configs(cfg1, cfg2)
     alignment = align_tokens(topk_ids, topk_weights, E, math.lcm(cfg1.tokens_tile, cfg2.tokens_tile))
     if quant is not None:
-        return _fp8_layer(x, w1, w2, w1_scale, w2_scale, quant, alignment, cfg1, cfg2, top_k)
+        return _fp8_layer(x, w1, w2, w1_scale, w2_scale, topk_weights, quant, alignment, cfg1, cfg2, separate)
     x_sorted = gather_rows(x, alignment)
     h = grouped_gemm(x_sorted, w1, alignment, cfg1)
     a = silu_mul(h, alignment)
+    if separate:
+        y = grouped_gemm(a, w2, alignment, cfg2)
+        return weighted_combine(y, alignment, topk_weights, quant, T, top_k)
     y = grouped_gemm(a, w2, alignment, cfg2, row_scale=alignment.sorted_weight)
     return combine(y, alignment, T, top_k)
 
 
-def _fp8_layer(x, w1, w2, w1_scale, w2_scale, quant: str, alignment: Alignment, cfg1: GemmConfig,
-               cfg2: GemmConfig, top_k: int) -> torch.Tensor:
+def _fp8_layer(x, w1, w2, w1_scale, w2_scale, topk_weights, quant: str, alignment: Alignment, cfg1: GemmConfig,
+               cfg2: GemmConfig, separate: bool) -> torch.Tensor:
     """The W8A8 layer (``moe_fp8``'s docstring): x quantized once, its E4M3 rows gathered (as bf16
     pairs: the gather moves bytes), GEMM1 to fp32, SiLU·up quantized, GEMM2 with the routing
-    weight, combine."""
+    weight, combine — or, ``separate``, with the scale and routing-weight passes of ``unfused``."""
+    T, top_k = topk_weights.shape
+    used = _used_rows(alignment)
     xq, x_scale = quantize_tokens(x, quant)
     x_sorted = gather_rows(xq.view(torch.bfloat16), alignment).view(FP8_DTYPE)
-    h = grouped_gemm(x_sorted, w1, alignment, cfg1, x_scale=sorted_token_scales(x_scale, alignment.sorted_token, quant),
-                     w_scale=w1_scale)
-    aq, a_scale = quantize_intermediate(h, alignment.pair_row, _used_rows(alignment), quant)
-    y = grouped_gemm(aq, w2, alignment, cfg2, row_scale=alignment.sorted_weight, x_scale=a_scale, w_scale=w2_scale)
-    return combine(y, alignment, x.shape[0], top_k)
+    x_scale = sorted_token_scales(x_scale, alignment.sorted_token, quant)
+    h = grouped_gemm(x_sorted, w1, alignment, cfg1, x_scale=x_scale, w_scale=w1_scale)
+    if separate:
+        scale_rows(h, alignment, used, x_scale, w1_scale, quant)
+    aq, a_scale = quantize_intermediate(h, alignment.pair_row, used, quant)
+    if not separate:
+        y = grouped_gemm(aq, w2, alignment, cfg2, row_scale=alignment.sorted_weight, x_scale=a_scale, w_scale=w2_scale)
+        return combine(y, alignment, T, top_k)
+    y = grouped_gemm(aq, w2, alignment, cfg2, x_scale=a_scale, w_scale=w2_scale)
+    return weighted_combine(scale_rows(y, alignment, used, a_scale, w2_scale, quant), alignment, topk_weights, quant,
+                            T, top_k)
 
 
 def check_layer(K: int, I: int, *, swap_ab=None, configs=None  # noqa: E741

@@ -26,7 +26,7 @@ from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, mak
 from .config import ALIGN_ELEMS, FP8_ALIGN_ELEMS, GemmConfig  # noqa: E402
 from .gemm import DSL_DTYPES, GroupedGemm  # noqa: E402
 from .quantops import QuantizeRows, RowAmax  # noqa: E402
-from .rowops import CombineRows, GatherRows, SiluMul  # noqa: E402
+from .rowops import CombineRows, GatherRows, ScaleRows, SiluMul, WeightedCombineRows  # noqa: E402
 
 DEFAULT_NUM_CTAS = 132
 """Persistent grid size: the H200's (and H100 SXM's) SM count."""
@@ -170,6 +170,35 @@ def compile_quant_kernels(quant: str, num_sms: int = DEFAULT_NUM_CTAS, *, keep_p
                                            vector(f32), vector(i32), stream, options=options),
             }
             _compiles += 4
+        return hit
+
+
+def compile_unfused_kernels(quant, num_sms: int = DEFAULT_NUM_CTAS) -> dict:
+    """The passes of the unfused pipeline (``fusion="separate"``, ``rowops.py``), one set per format.
+
+    ``weighted_combine`` always; for fp8_tensor / fp8_channel also ``scale_f32`` (GEMM1's fp32
+    output) and ``scale_bf16`` (GEMM2's bf16 output), the scaling passes.
+    """
+    global _compiles
+    key = ("unfused", quant, num_sms)
+    with _lock:
+        hit = _cache.get(key)
+        if hit is None:
+            bf16, stream = cutlass.BFloat16, make_fake_stream()
+            index = make_fake_compact_tensor(cutlass.Int64, (cute.sym_int(),), assumed_align=8)
+
+            def vector(dtype):
+                return make_fake_compact_tensor(dtype, (cute.sym_int(),), assumed_align=4)
+
+            hit = {"weighted_combine": cute.compile(WeightedCombineRows(num_sms), _rows_tensor(bf16), _rows_tensor(bf16),
+                                                    index, vector(cutlass.Float32), stream)}
+            if quant in ("fp8_tensor", "fp8_channel"):
+                for name, dtype in (("scale_f32", cutlass.Float32), ("scale_bf16", bf16)):
+                    vec = 16 // (dtype.width // 8)  # one 16-byte vector per thread step
+                    hit[name] = cute.compile(ScaleRows(num_sms, quant, vec), _rows_tensor(dtype, vec),
+                                             vector(cutlass.Int32), *_fake_scales(quant), vector(cutlass.Int32), stream)
+            _cache[key] = hit
+            _compiles += len(hit)
         return hit
 
 

@@ -296,3 +296,49 @@ def test_grouped_gemm_refuses_mismatched_operands():
         grouped_gemm(xq, wq, al, cfg, x_scale=torch.ones(1))
     with pytest.raises(ValueError, match=r"^grouped_gemm: K=24 must be a multiple of 16"):
         grouped_gemm(xq[:, :24], wq[:, :, :24], al, cfg, x_scale=torch.ones(1), w_scale=torch.ones(2))
+
+
+# ---- the unfused pipeline (fusion="separate") ---------------------------------------------------
+def test_separate_configs_leave_the_scales_and_the_routing_weight_out():
+    from cute_moe.unfused import separate_configs
+
+    for quant in FORMATS:
+        g1, g2 = separate_configs(*_pair(quant))
+        assert not g2.row_scale and g1.out_dtype == "float32" and g2.out_dtype == "bfloat16"
+        # block scales change every 128 of K: they stay in the main loop
+        assert g1.epilogue_scales == g2.epilogue_scales == (quant == "fp8_block")
+    b1, b2 = separate_configs(*_pair(None))
+    assert b1.epilogue_scales and not b2.row_scale
+    with pytest.raises(ValueError, match=r"epilogue_scales=False with quant='fp8_block'"):
+        _fp8("fp8_block", tokens_tile=128, weights_tile=128).replace(epilogue_scales=False).validate()
+
+
+@pytest.mark.parametrize("quant, loads", [("fp8_tensor", 2), ("fp8_channel", 2), ("fp8_block", 3 + 2 + 1)])
+def test_unscaled_gemm_reads_no_epilogue_scale(quant, loads):
+    """epilogue_scales=False: the 128×128 kernel reads what the bf16 one reads — the block count
+    and the producer's block expert — and no scale; fp8_block keeps its main-loop scales (and the
+    consumer's expert they need)."""
+    cfg = _fp8(quant, tokens_tile=128, weights_tile=128)
+    if quant != "fp8_block":
+        cfg = cfg.replace(epilogue_scales=False)
+    assert len(re.findall(r"ld\.global\.\w+", cute_moe.compile_ptx(cfg))) == loads
+
+
+@pytest.mark.parametrize("quant", [None, *FORMATS])
+def test_unfused_passes_compile_once(quant):
+    from cute_moe.ptx import compile_unfused_kernels
+
+    kernels = compile_unfused_kernels(quant)
+    n = cute_moe.compile_count()
+    assert compile_unfused_kernels(quant) is kernels and cute_moe.compile_count() == n
+    want = {"weighted_combine"} | ({"scale_f32", "scale_bf16"} if quant in ("fp8_tensor", "fp8_channel") else set())
+    assert set(kernels) == want
+
+
+@pytest.mark.parametrize("quant", [None, *FORMATS])
+def test_fusion_option_is_checked_before_any_launch(quant):
+    with pytest.raises(ValueError, match=r"^fusion: expected one of \('fused', 'separate'\), got 'unfused'"):
+        cute_moe.fused_moe(**_inputs(quant), fusion="unfused")
+    with pytest.raises(ValueError, match="CUDA"):
+        cute_moe.fused_moe(**_inputs(quant), fusion="separate")
+

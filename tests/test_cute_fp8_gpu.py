@@ -185,6 +185,62 @@ def test_fp8_t_sweep_does_not_compile():
     assert cute_moe.compile_count() == before
 
 
+# ---- the unfused pipeline (fusion="separate") ---------------------------------------------------
+@pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("quant", ["fp8_tensor", "fp8_channel"])
+def test_scale_pass_reproduces_the_fused_epilogue(quant, out_dtype):
+    """Unscaled GEMM + the scale pass vs the GEMM with the scales in its epilogue: bit for bit in
+    fp32 (the same product in the same order); in bf16 the unscaled output is rounded once more."""
+    from cute_moe.config import FP8_TILE_K, GemmConfig, max_stages
+    from cute_moe.moe import _used_rows, align_tokens, grouped_gemm
+    from cute_moe.moe_fp8 import sorted_token_scales
+    from cute_moe.unfused import scale_rows
+
+    g = torch.Generator(device="cuda").manual_seed(2)
+    E, T, n_out, k = 4, 300, 320, 464
+    ids = torch.randint(0, E, (T, 1), device="cuda", generator=g, dtype=torch.int32)
+    cfg = GemmConfig(dtype="float8_e4m3fn", quant=quant, tile_k=FP8_TILE_K, out_dtype=out_dtype)
+    cfg = cfg.replace(stages=max_stages(cfg)).validate()
+    al = align_tokens(ids, torch.rand(T, 1, device="cuda", generator=g), E, cfg.tokens_tile)
+    xq, xs = quantize_activation(torch.randn(T, k, device="cuda", generator=g).bfloat16(), quant)
+    wq, ws = quantize_weight((torch.randn(E, n_out, k, device="cuda", generator=g) * k ** -0.5).bfloat16(), quant)
+    x_sorted, x_scale = _bits(xq)[al.sorted_token].view(torch.float8_e4m3fn), sorted_token_scales(xs, al.sorted_token, quant)
+    fused = grouped_gemm(x_sorted, wq, al, cfg, x_scale=x_scale, w_scale=ws)
+    raw = grouped_gemm(x_sorted, wq, al, cfg.replace(epilogue_scales=False), x_scale=x_scale, w_scale=ws)
+    separate = scale_rows(raw, al, _used_rows(al), x_scale, ws, quant)
+    rows = al.pair_row
+    if out_dtype == "float32":
+        assert torch.equal(separate[rows], fused[rows])
+    else:
+        assert rel_l2(separate[rows], fused[rows]) < TOL_GEMM["bfloat16"]
+
+
+@pytest.mark.parametrize("T", [8, 1024])
+@pytest.mark.parametrize("quant", FORMATS)
+@pytest.mark.parametrize("spec", ["small", "qwen3-30b-a3b"])
+def test_fp8_layer_separate(spec, quant, T):
+    """The unfused pipeline computes the same function: oracle, the fused layer, reruns."""
+    import cute_moe
+
+    inp = _inputs(SMALL if spec == "small" else get_shape(spec), quant, T, seed=T + 1)
+    out = cute_moe.fused_moe(**inp.kwargs(), fusion="separate")
+    again = cute_moe.fused_moe(**inp.kwargs(), fusion="separate")
+    assert torch.equal(out.view(torch.int16), again.view(torch.int16))
+    assert rel_l2(out, oracle(**inp.kwargs())) <= TOL_ORACLE
+    assert rel_l2(out, cute_moe.fused_moe(**inp.kwargs())) <= TOL_TRITON
+
+
+@pytest.mark.parametrize("T", [8, 1024])
+def test_bf16_layer_separate(T):
+    """bf16 has no scales: ``separate`` moves only the routing weight into the aggregation pass."""
+    import cute_moe
+
+    shape = get_shape("qwen3-30b-a3b")
+    inp = make_inputs(shape, T, seed=T, device="cuda", weights_bf16=draw_weights(shape, 1, device="cuda"))
+    out = cute_moe.fused_moe(**inp.kwargs(), fusion="separate")
+    assert rel_l2(out, oracle(**inp.kwargs())) <= 5e-3  # the bf16 layer's tolerance (test_cute_gpu.TOL)
+
+
 # ---- the promotion study -----------------------------------------------------------------------
 def test_promotion_study(capsys):
     """rel L2 of one FP8 GEMM (fp32 out, 256 tokens × 256 outputs) against fp64 vs K, with the
