@@ -72,7 +72,7 @@ from cutlass.cute.nvgpu import cpasync, warp, warpgroup  # noqa: E402
 from cutlass.memory import SmemAllocator  # noqa: E402
 from cutlass.tensor_utils import LayoutEnum  # noqa: E402
 
-from . import fp8_gemm  # noqa: E402
+from .fp8_gemm import TileScales  # noqa: E402
 from .config import GemmConfig  # noqa: E402
 
 PRODUCER_REGISTERS = 40
@@ -343,8 +343,8 @@ class GroupedGemm:
                 # ---- main loop: K steps through the ring --------------------------------
                 acc.fill(0.0)
                 if cutlass.const_expr(cfg.quant is not None):
-                    scales = fp8_gemm.TileScales.at(cfg, tCcC, x_scale, w_scale, block_expert, token_block,
-                                                    weight_block, cute.size(mW, mode=[0]))
+                    scales = TileScales.at(cfg, tCcC, x_scale, w_scale, block_expert, token_block,
+                                           weight_block, cute.size(mW, mode=[0]))
                 if cutlass.const_expr(not cfg.two_level):  # bf16 (and FP8 without promotion, for the study)
                     tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
                     warpgroup.fence()
