@@ -221,13 +221,18 @@ def compile_ptx(cfg: GemmConfig, num_ctas: int | None = None) -> str:
 
 
 def compile_plan(plan, num_ctas: int | None = None) -> int:
-    """Compile everything a layer plan (:class:`cute_moe.plan.LayerPlan`) runs — its two GEMMs and
-    the row kernels — ahead of the first call: a warm-up compiles every plan of ``plans_for``.
+    """Compile everything a layer plan (:class:`cute_moe.plan.LayerPlan`) runs — its two GEMMs, the
+    row kernels, an FP8 format's quantization kernels and the unfused pipeline's passes — ahead of
+    the first call: a warm-up compiles every plan of ``plans_for``.
     Returns how many kernels this call compiled (0 when all were cached)."""
     before = _compiles
     for cfg in (plan.gemm1, plan.gemm2):
         compile_gemm(cfg, num_ctas)
     compile_row_kernels(num_ctas)
+    if plan.quant is not None:
+        compile_quant_kernels(plan.quant, num_ctas)
+    if plan.fusion == "separate":
+        compile_unfused_kernels(plan.quant, num_ctas)
     return _compiles - before
 
 

@@ -343,3 +343,19 @@ def test_fusion_option_is_checked_before_any_launch(quant):
         cute_moe.fused_moe(**_inputs(quant), fusion="separate")
 
 
+
+def test_warm_up_of_an_fp8_plan_compiles_what_the_layer_runs():
+    """compile_plan of an FP8 plan of the unfused pipeline: its GEMMs, the row kernels, the format's
+    quantization kernels and the scale / weighted-combine passes — nothing left for the first call."""
+    from cute_moe.ptx import compile_unfused_kernels
+
+    (p,) = cute_moe.plans_for(8, 4096, 14336, 2, "fp8_channel", max_tokens=8, fusion="separate")
+    assert (p.quant, p.fusion, p.gemm1.epilogue_scales) == ("fp8_channel", "separate", False)
+    cute_moe.compile_plan(p)
+    n = cute_moe.compile_count()
+    for cfg in (p.gemm1, p.gemm2):
+        cute_moe.compile_gemm(cfg)
+    cute_moe.compile_row_kernels()
+    cute_moe.compile_quant_kernels("fp8_channel")
+    compile_unfused_kernels("fp8_channel")
+    assert cute_moe.compile_count() == n and cute_moe.compile_plan(p) == 0
