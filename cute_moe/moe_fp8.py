@@ -49,7 +49,8 @@ def check_quant_layer(K: int, I: int, quant, configs) -> None:  # noqa: E741
     * FP8: ``K`` and ``I`` multiples of ``FP8_ALIGN_ELEMS`` = 16 — an E4M3 row (x, the
       intermediate, a weight row) must be whole 16-byte TMA rows.
     * ``configs`` (already a checked pair): both of the call's format, GEMM1 writing
-      :func:`gemm1_out_dtype` and GEMM2 bf16.
+      :func:`gemm1_out_dtype` and GEMM2 bf16, with their scales applied (``epilogue_scales``: the
+      configs are the fused pipeline's; ``fusion="separate"`` leaves the scales out itself).
     """
     if quant is not None:
         for name, v in (("x: hidden size K = x.shape[1]", K), ("w2: intermediate size I = w2.shape[2]", I)):
@@ -64,6 +65,9 @@ def check_quant_layer(K: int, I: int, quant, configs) -> None:  # noqa: E741
         if cfg.out_dtype != out_dtype:
             raise ValueError(f"configs[{i}]: out_dtype must be {out_dtype!r} with quant={quant!r} "
                              f"(GEMM{i + 1} {'feeds the quantized intermediate' if i == 0 else 'writes the output'})")
+        if not cfg.epilogue_scales:
+            raise ValueError(f"configs[{i}]: epilogue_scales must be True (the configs are the fused pipeline's: "
+                             f"unscaled sums would be the output; fusion='separate' leaves the scales out itself)")
 
 
 def _launch_quantize(kernels: dict, prefix: str, src: torch.Tensor, amax: torch.Tensor, quant: str,

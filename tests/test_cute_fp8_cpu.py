@@ -255,6 +255,8 @@ def _pair(quant, **kw):
      r"^configs\[0\]: out_dtype must be 'float32' with quant='fp8_channel'"),
     (dict(quant="fp8_block"), dict(configs=_pair("fp8_tensor")), ValueError,
      r"^configs\[0\]: quant='fp8_tensor', but the call's quant='fp8_block'"),
+    (dict(quant="fp8_channel"), dict(configs=_pair("fp8_channel", epilogue_scales=False)), ValueError,
+     r"^configs\[0\]: epilogue_scales must be True"),
 ])
 def test_fp8_layer_checks_its_limits_before_any_launch(inputs, options, error, needle):
     quant = inputs.pop("quant")
