@@ -24,12 +24,18 @@ The MoE vocabulary (``tokens_tile``/``weights_tile``) is what the user sets; the
 (``tile_m``/``tile_n``) is derived, so the two can never disagree.  The tiles a config accepts
 are listed by :func:`tokens_tiles` and :func:`weights_tiles`, the one statement of them.
 
-Shared-memory budget (bytes, bf16 = 2 B per element)::
+Shared-memory budget (bytes; an operand element is 2 B of bf16 or 1 B of FP8, an output
+element 2 B of bf16 or 4 B of fp32)::
 
-    stages · (tile_m + tile_n) · tile_k · 2          operand ring (A and B per stage)
-  + epi_stages · epi_tile_m · epi_tile_n · 2         epilogue staging for the TMA store
-  + 1024                                             mbarriers, padding to 1024-B alignment
-  ≤ 227 KiB = 232 448 B                              (Hopper's opt-in limit per CTA)
+    stages · (tile_m + tile_n) · tile_k · operand bytes      operand ring (A and B per stage)
+  + epi_stages · epi_tile_m · epi_tile_n · output bytes      epilogue staging for the TMA store
+  + 1024                                                     mbarriers, padding to 1024-B alignment
+  ≤ 227 KiB = 232 448 B                                      (Hopper's opt-in limit per CTA)
+
+FP8 (``quant`` one of moe_spec's FP8 formats, ``dtype="float8_e4m3fn"``): E4M3 operands, WGMMA
+``m64nNk32`` with fp32 accumulation, ``tile_k`` = 128 (:data:`FP8_TILE_K`), and two accumulators
+per tile (:data:`FP8_ACCUMULATOR_REGISTERS`): each K step's block sum is promoted (scaled, for
+``fp8_block``) into the fp32 one — ``cute_moe.fp8_gemm`` holds that loop and the dequantizing epilogue.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from dataclasses import dataclass
 
 from moe_spec.hopper import (SMEM_PER_CTA_BYTES, TMA_ALIGN_BYTES, WARPGROUP_THREADS, WGMMA_M, WGMMA_N_MAX,
                              WGMMA_N_STEP, wgmma_k)
+from moe_spec.quant import FP8_BLOCK, QUANT_FORMATS
 
 SMEM_BUDGET_BYTES = SMEM_PER_CTA_BYTES
 """The shared memory one CTA may use: Hopper's opt-in limit (:mod:`moe_spec.hopper`)."""
@@ -48,21 +55,34 @@ SMEM_BUDGET_BYTES = SMEM_PER_CTA_BYTES
 BARRIER_RESERVE_BYTES = 1024
 """mbarriers plus alignment slack reserved ahead of the 1024-B aligned operand buffers."""
 
-DTYPE_BYTES = {"bfloat16": 2}
-"""Operand dtypes the kernel builds, with their element size."""
+DTYPE_BYTES = {"bfloat16": 2, "float8_e4m3fn": 1}
+"""Operand dtypes the kernel builds, with their element size: bf16 (``quant=None``) or E4M3 (every
+FP8 ``quant`` of :data:`moe_spec.quant.QUANT_FORMATS`)."""
 DTYPES = tuple(DTYPE_BYTES)
 
-QUANT_FORMATS = (None,)
-"""Quantization formats the kernel builds: bf16 only.  Both operands are already K-major, the only
-layout FP8 WGMMA accepts.  Per-tensor and per-channel FP8 scales are constant along K, so they
-factor out of the K sum and belong in the epilogue (like ``row_scale``); 128×128 block scales
-change every 128 of K, so they must be applied to each K block's partial product in the main
-loop, not once at the end."""
+OUT_DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
+"""Output dtypes, with their element size.  fp32 is for an FP8 GEMM1 whose result is quantized
+again: its SiLU·up must be quantized from unrounded values, as the reference does."""
+OUT_DTYPES = tuple(OUT_DTYPE_BYTES)
 
 ALIGN_ELEMS = TMA_ALIGN_BYTES // DTYPE_BYTES["bfloat16"]
 """Row alignment in elements: 16 bytes of bf16.  TMA needs every row stride (K of the operands,
 N_out of the output) to be a multiple of 16 bytes, and the row kernels move one 16-byte vector per
 thread step, so every row width the layer touches (K, I, 2I) must be a multiple of this."""
+
+FP8_ALIGN_ELEMS = TMA_ALIGN_BYTES // DTYPE_BYTES["float8_e4m3fn"]
+"""Row alignment of FP8 operands: 16-byte TMA rows are 16 E4M3 values (an FP8 layer's K and I)."""
+
+FP8_TILE_K = FP8_BLOCK
+"""``tile_k`` of every FP8 config: 128 E4M3 = one 128-B swizzled row, and one K block of
+``fp8_block`` (moe_spec.quant.FP8_BLOCK) — so one pipeline stage is one promotion of the block
+accumulator, and a block's scales are constant over it."""
+
+FP8_ACCUMULATOR_REGISTERS = 128
+"""Most fp32 registers per consumer thread for the two FP8 accumulators (block + promoted):
+``2 · tile_m · tile_n / (128 · consumer_warpgroups)``.  128 leaves room for addresses, scales and
+the epilogue below the 232 registers ``setmaxnreg`` grants (128×128 with two warpgroups, or
+64×128 with one, is the largest FP8 tile)."""
 
 MAX_CONSUMER_WARPGROUPS = 2
 """MMA warpgroups per CTA, stacked along GEMM M (plus one producer warpgroup)."""
@@ -146,14 +166,24 @@ class GemmConfig:
         weights_tile: output features (weight rows) per CTA tile.  normal: a multiple of 16 in
             [16, 256].  swap-AB: 64 or 128 with one consumer warpgroup, 128 with two
             (:func:`weights_tiles`).
-        tile_k: K extent of one pipeline stage, a multiple of WGMMA's K (16 bf16); 64 bf16 fill
-            one 128-B swizzle row.
+        tile_k: K extent of one pipeline stage in elements, a multiple of WGMMA's K (16 bf16);
+            64 bf16 fill one 128-B swizzle row.  FP8: 128 E4M3 (:data:`FP8_TILE_K`).
         stages: depth of the TMA → WGMMA shared-memory ring (≥ 2; 3+ to hide latency), within
             the shared-memory budget.
         consumer_warpgroups: MMA warpgroups (1 or 2), stacked along GEMM M.
         epi_stages: shared-memory buffers of the epilogue's TMA-store ring (≥ 1).
-        dtype: operand dtype (:data:`DTYPES`).
-        quant: quantization format (:data:`QUANT_FORMATS`).
+        dtype: operand dtype (:data:`DTYPES`): "bfloat16", or "float8_e4m3fn" with an FP8 ``quant``.
+        quant: None (bf16), or the FP8 format whose scales the kernel applies in registers:
+            "fp8_tensor" (s_x · s_w[e] after the K loop), "fp8_channel" (s_x[row] · s_w[e, col]
+            after the K loop), "fp8_block" (s_x[row, k/128] · s_w[e, col/128, k/128] at every
+            promotion of a 128-deep K block).
+        out_dtype: "bfloat16", or "float32" (an FP8 GEMM1 whose result is quantized again).
+        fp8_promote: FP8 two-level accumulation (every K step promoted into the fp32 accumulator).
+            False — fp8_tensor / fp8_channel only — lets the WGMMA accumulate all of K, as a
+            kernel without promotion does: kept for the promotion study, never the default.
+        epilogue_scales: FP8 per-tensor / per-channel scales applied in the epilogue.  False — the
+            unfused pipeline of ``fusion="separate"`` — writes the promoted sums unscaled and leaves
+            the scales to a separate pass (``unfused.py``).
         row_scale: multiply every output row (a token slot) by a per-row fp32 factor in the
             epilogue, before the bf16 down-cast (GEMM2 applies the routing weights this way).
         group_tokens: rasterization: consecutive tile ids walk this many token blocks before
@@ -171,6 +201,9 @@ class GemmConfig:
     quant: str | None = None
     row_scale: bool = False
     group_tokens: int = 8
+    out_dtype: str = "bfloat16"
+    fp8_promote: bool = True
+    epilogue_scales: bool = True
 
     def __post_init__(self):
         self._check()
@@ -186,7 +219,34 @@ class GemmConfig:
 
     @property
     def element_bytes(self) -> int:
+        """Bytes of one operand element (A and B)."""
         return DTYPE_BYTES[self.dtype]
+
+    @property
+    def out_bytes(self) -> int:
+        """Bytes of one output element (C)."""
+        return OUT_DTYPE_BYTES[self.out_dtype]
+
+    @property
+    def operand_align(self) -> int:
+        """Row alignment of the operands in elements (K must be a multiple): 8 bf16 or 16 FP8."""
+        return TMA_ALIGN_BYTES // self.element_bytes
+
+    @property
+    def out_align(self) -> int:
+        """Row alignment of the output in elements (N_out must be a multiple): 8 bf16 or 4 fp32."""
+        return TMA_ALIGN_BYTES // self.out_bytes
+
+    @property
+    def two_level(self) -> bool:
+        """FP8 with promotion: a block accumulator per K step beside the fp32 tile accumulator."""
+        return self.quant is not None and self.fp8_promote
+
+    @property
+    def accumulator_registers(self) -> int:
+        """fp32 accumulator registers per consumer thread (two accumulators for FP8)."""
+        per_acc = self.tile_m * self.tile_n // (WARPGROUP_THREADS * self.consumer_warpgroups)
+        return per_acc * (2 if self.two_level else 1)
 
     @property
     def swizzle_bytes(self) -> int:
@@ -205,8 +265,8 @@ class GemmConfig:
         contiguous extent of C in it (``make_smem_layout_epi`` picks the widest atom that extent
         fills): the normal path's C is N-major, and 32 bf16 columns are a 64-byte row, so its
         buffer has the 64-byte swizzle ``S<2,4,3>`` (bits 4–5 of the byte address XOR bits 7–8);
-        swap-AB's C is M-major, 128 rows = 256 contiguous bytes, so it gets the 128-byte
-        ``S<3,4,3>``."""
+        32 fp32 columns (an FP8 GEMM1's output) are a 128-byte row; swap-AB's C is M-major, 128
+        rows = 256 contiguous bytes or more, so it gets the 128-byte swizzle."""
         return (WGMMA_M * self.consumer_warpgroups, min(EPI_TILE_N, self.tile_n))
 
     @property
@@ -220,7 +280,7 @@ class GemmConfig:
 
     def smem_bytes(self, stages: int | None = None) -> int:
         """Shared memory of the kernel (the budget formula above), at ``stages`` if given."""
-        epi = self.epi_stages * self.epi_tile[0] * self.epi_tile[1] * self.element_bytes
+        epi = self.epi_stages * self.epi_tile[0] * self.epi_tile[1] * self.out_bytes
         return (self.stages if stages is None else stages) * self.stage_bytes + epi + BARRIER_RESERVE_BYTES
 
     def replace(self, **changes) -> "GemmConfig":
@@ -243,7 +303,7 @@ class GemmConfig:
         return self
 
     def _check(self) -> None:
-        for name in ("swap_ab", "row_scale"):
+        for name in ("swap_ab", "row_scale", "fp8_promote", "epilogue_scales"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}: expected a bool, got {getattr(self, name)!r}")
         for name in ("tokens_tile", "weights_tile", "tile_k", "stages", "consumer_warpgroups", "epi_stages",
@@ -253,13 +313,21 @@ class GemmConfig:
                 raise TypeError(f"{name}: expected an int, got {v!r} ({type(v).__name__})")
         if not isinstance(self.dtype, str):
             raise TypeError(f"dtype: expected a str, one of {DTYPES}, got {self.dtype!r}")
+        if not isinstance(self.out_dtype, str):
+            raise TypeError(f"out_dtype: expected a str, one of {OUT_DTYPES}, got {self.out_dtype!r}")
         if self.quant is not None and not isinstance(self.quant, str):
             raise TypeError(f"quant: expected None or a str, got {self.quant!r}")
 
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r}: supported dtypes are {DTYPES}")
         if self.quant not in QUANT_FORMATS:
-            raise ValueError(f"quant={self.quant!r}: this kernel is bf16 only (supported: {QUANT_FORMATS})")
+            raise ValueError(f"quant={self.quant!r}: expected one of {QUANT_FORMATS}")
+        if self.out_dtype not in OUT_DTYPES:
+            raise ValueError(f"out_dtype={self.out_dtype!r}: supported output dtypes are {OUT_DTYPES}")
+        want = "float8_e4m3fn" if self.quant is not None else "bfloat16"
+        if self.dtype != want:
+            raise ValueError(f"dtype={self.dtype!r} with quant={self.quant!r}: expected dtype={want!r} "
+                             f"(FP8 formats take E4M3 operands, quant=None takes bf16)")
         if not 1 <= self.consumer_warpgroups <= MAX_CONSUMER_WARPGROUPS:
             raise ValueError(f"consumer_warpgroups={self.consumer_warpgroups}: must be 1 or 2")
         path = "swap-AB" if self.swap_ab else "normal"
@@ -287,6 +355,7 @@ class GemmConfig:
             raise ValueError(f"epi_stages={self.epi_stages}: needs at least 1 epilogue buffer")
         if self.group_tokens < 1:
             raise ValueError(f"group_tokens={self.group_tokens}: must be ≥ 1")
+        self._check_fp8()
         need = self.smem_bytes()
         if need > SMEM_BUDGET_BYTES:
             fit = [s for s in range(2, self.stages) if self.smem_bytes(s) <= SMEM_BUDGET_BYTES]
@@ -295,6 +364,27 @@ class GemmConfig:
                 f"stages={self.stages}: shared memory over budget: {need} B needed ({self.stages} × "
                 f"({self.tile_m}+{self.tile_n})×{self.tile_k}×{self.element_bytes} B + epilogue + barriers) > "
                 f"{SMEM_BUDGET_BYTES} B (227 KiB per CTA on sm_90); {hint}")
+
+    def _check_fp8(self) -> None:
+        """The FP8 limits: tile_k is one 128-B row, block scales fit the tile, two accumulators fit."""
+        for name, what in (("fp8_promote", "skip the promotion"), ("epilogue_scales", "leave their scales out")):
+            if not getattr(self, name) and self.quant not in ("fp8_tensor", "fp8_channel"):
+                raise ValueError(f"{name}=False with quant={self.quant!r}: only fp8_tensor / fp8_channel can {what} "
+                                 f"(bf16 has neither; fp8_block's scales change every K block)")
+        if self.quant is None:
+            return
+        if self.tile_k != FP8_TILE_K:
+            raise ValueError(f"tile_k={self.tile_k}: FP8 configs need tile_k={FP8_TILE_K} (one 128-B swizzled row of "
+                             f"E4M3, and one K block of the scales: each K step is promoted on its own)")
+        if self.quant == "fp8_block" and FP8_BLOCK % self.weights_tile:
+            raise ValueError(f"weights_tile={self.weights_tile}: fp8_block needs a weights tile that divides the "
+                             f"{FP8_BLOCK}-row scale block (one weight scale per tile and K step)")
+        if self.accumulator_registers > FP8_ACCUMULATOR_REGISTERS:
+            raise ValueError(
+                f"tokens_tile={self.tokens_tile}, weights_tile={self.weights_tile}: the FP8 tile {self.tile_m}×"
+                f"{self.tile_n} with {self.consumer_warpgroups} consumer warpgroup(s) needs {self.accumulator_registers} "
+                f"accumulator registers per thread (block + promoted), above {FP8_ACCUMULATOR_REGISTERS}; use a "
+                f"smaller tile or two warpgroups")
 
 
 def max_stages(cfg: GemmConfig, cap: int = 8) -> int:
@@ -324,18 +414,22 @@ def path_rule(swap_ab: bool | None = None) -> tuple[tuple[float, bool, int], ...
 
 
 @functools.lru_cache(maxsize=None)
-def _rule_config(swap_ab: bool, tokens_tile: int, wide: bool, row_scale: bool) -> GemmConfig:
+def _rule_config(swap_ab: bool, tokens_tile: int, wide: bool, row_scale: bool, quant: str | None,
+                 out_dtype: str) -> GemmConfig:
+    operands = dict(dtype="bfloat16") if quant is None else dict(dtype="float8_e4m3fn", tile_k=FP8_TILE_K)
+    common = dict(quant=quant, out_dtype=out_dtype, row_scale=row_scale, **operands)
     if swap_ab:  # weights fill M: 128 rows = two consumer warpgroups
         cfg = GemmConfig(swap_ab=True, tokens_tile=tokens_tile, weights_tile=MAX_TILE_M,
-                         consumer_warpgroups=MAX_CONSUMER_WARPGROUPS, row_scale=row_scale)
-    else:  # one consumer warpgroup per 64 token rows; the widest WGMMA N when the layer is that wide
-        cfg = GemmConfig(swap_ab=False, tokens_tile=tokens_tile, weights_tile=WGMMA_N_MAX if wide else 128,
-                         consumer_warpgroups=tokens_tile // WGMMA_M, row_scale=row_scale)
+                         consumer_warpgroups=MAX_CONSUMER_WARPGROUPS, **common)
+    else:  # one consumer warpgroup per 64 token rows; the widest WGMMA N when the layer is that wide (bf16)
+        cfg = GemmConfig(swap_ab=False, tokens_tile=tokens_tile,
+                         weights_tile=WGMMA_N_MAX if wide and quant is None else 128,
+                         consumer_warpgroups=tokens_tile // WGMMA_M, **common)
     return cfg.replace(stages=max_stages(cfg))
 
 
 def choose_config(tokens_per_expert: float, n_out: int, k: int, *, swap_ab: bool | None = None,
-                  row_scale: bool = False) -> GemmConfig:
+                  row_scale: bool = False, quant: str | None = None, out_dtype: str = "bfloat16") -> GemmConfig:
     """Pick the kernel for one expert GEMM ``[T_e, k] × [n_out, k]ᵀ`` by :func:`path_rule`.
 
     ``tokens_per_expert`` is the mean routed tokens per expert (``T · top_k / E``), known on the
@@ -347,8 +441,10 @@ def choose_config(tokens_per_expert: float, n_out: int, k: int, *, swap_ab: bool
     * normal: 128 tokens × 256 weights per tile with two consumer warpgroups (the compute-bound
       shape: 128·256 accumulators per 64-deep K step; 128 weights when ``n_out < 256``), or 64
       tokens with one warpgroup when the normal path is forced at ≤ 64 tokens per expert.
+    * FP8 (``quant``): the same buckets, ``tile_k`` = :data:`FP8_TILE_K` and 128-weight tiles (two
+      accumulators: :data:`FP8_ACCUMULATOR_REGISTERS`); ``out_dtype``: fp32 for an FP8 GEMM1.
 
     The deepest ring that fits the shared memory is taken; ``k`` does not change the tile.
     """
     _, swap, tokens_tile = next(b for b in path_rule(swap_ab) if tokens_per_expert <= b[0])
-    return _rule_config(swap, tokens_tile, n_out >= WGMMA_N_MAX, row_scale)
+    return _rule_config(swap, tokens_tile, n_out >= WGMMA_N_MAX, row_scale, quant, out_dtype)

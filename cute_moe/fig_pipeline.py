@@ -39,17 +39,19 @@ def epilogue_boxes(cfg: GemmConfig) -> int:
 def timeline(cfg: GemmConfig, fmt: str = "bf16", k_steps: int | None = None) -> dict:
     """The events of one tile (and the start of the next) in schematic time, as plain data.
 
-    ``fmt="fp8"``: the same ring with 128-byte rows of FP8 (``tile_k`` doubles), and the
-    ``fp8_block`` scheme: every FP8_BLOCK of K the WGMMA partial sum is retired
-    (``wait_group(0)``) and promoted into the fp32 accumulator with its two scales.
+    ``fmt="fp8"``: the kernel's ``fp8_block`` config of the same GEMM
+    (:func:`~cute_moe.layouts.format_config`: 128-byte rows of FP8, ``tile_k`` = 128, its own
+    stages), whose every K step (one FP8_BLOCK of K) is retired (``wait_group(0)``) and promoted
+    into the fp32 accumulator with its two scales.
     """
+    fcfg = format_config(cfg, fmt)
     plan = plan_layouts(cfg, fmt)
     tile_k = plan["tile_k"]
     per_batch = tile_k // plan["atom_mnk"][2]
-    stages, bufs = cfg.stages, cfg.epi_stages
+    stages, bufs = fcfg.stages, fcfg.epi_stages
     steps = k_steps if k_steps is not None else stages + 2
     promote = fmt == "fp8"
-    boxes = epilogue_boxes(cfg)
+    boxes = epilogue_boxes(fcfg)
     ev: list[dict] = []
     retire: dict[int, float] = {}  # stage -> time its WGMMA batch has completed
     release: dict[int, float] = {}  # stage -> time its slot's empty barrier is arrived on
@@ -129,8 +131,8 @@ def pipeline_svg(cfg: GemmConfig, fmt: str, k: int, role: str) -> str:
             f"through {tl['epi_stages']} smem buffer(s); then the next tile, whose loads the producer has already issued",
             "schematic time: one unit = one consumer step; a load lands somewhere inside its hatched bar"]
     if tl["promote"]:
-        head.append("the scheme triton_moe's FP8 path uses for fp8_block (one promotion per scale block); "
-                    "this CuTe kernel compiles bf16 — the FP8 ring keeps the same 128-byte rows")
+        head.append("as cute_moe.fp8_gemm runs it (one promotion per scale block, a second accumulator in "
+                    "registers); the FP8 ring keeps the same 128-byte rows")
     svg.lines(12, 42, head, cls="s")
     ly = {lane: y0 + i * lh for i, lane in enumerate(lanes)}
     for lane in lanes:
@@ -175,6 +177,6 @@ def pipeline_svg(cfg: GemmConfig, fmt: str, k: int, role: str) -> str:
     yl = y0 + len(lanes) * lh + 20
     svg.lines(12, yl, ["▼s: consumers wait on slot s's full barrier   ▲s: they arrive on its empty barrier (slot free)   "
                        "hatched: TMA of stage k in flight   +k: the next tile's stage k",
-                       "epilogue e→b: registers → bf16 → stmatrix into buffer b, fence, barrier; warp 4 issues the "
-                       "TMA store of box e from b"], cls="s")
+                       f"epilogue e→b: registers → {'bf16 → stmatrix' if fcfg.out_bytes == 2 else 'fp32 → st.shared'} "
+                       "into buffer b, fence, barrier; warp 4 issues the TMA store of box e from b"], cls="s")
     return svg.render()

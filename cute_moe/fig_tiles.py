@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from .config import GemmConfig
-from .layouts import accumulator_owners, plan_layouts
+from .layouts import accumulator_owners, format_config, plan_layouts
 from .svg import Svg, num, rect_runs, warp_legend
 
 FRAGMENT_CSS = ".frag path{fill:none;stroke-width:1}.frag .a{stroke-opacity:.55}"
@@ -46,10 +46,12 @@ def _shaded(thread: int) -> bool:
 
 
 def fragment_svg(cfg: GemmConfig, fmt: str, role: str) -> str:
-    """The accumulator fragment of one warpgroup: which thread holds each (row, col) of m64nN."""
+    """The accumulator fragment of one warpgroup: which thread holds each (row, col) of m64nN, for
+    the kernel's config of ``cfg``'s GEMM in format ``fmt`` (:func:`~cute_moe.layouts.format_config`)."""
+    fcfg = format_config(cfg, fmt)
     plan = plan_layouts(cfg, fmt)
-    owners = _warpgroup0(cfg, plan)
-    n = cfg.tile_n
+    owners = _warpgroup0(fcfg, plan)
+    n = fcfg.tile_n
     m_atom, n_atom, k_atom = plan["atom_mnk"]
     regs: dict[int, list[tuple[int, int]]] = {}
     for (m, c), (t, v) in sorted(owners.items(), key=lambda kv: kv[1]):

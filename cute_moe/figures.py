@@ -18,6 +18,7 @@ from .config import GemmConfig, choose_config
 from .fig_memory import smem_svg, tma_svg
 from .fig_pipeline import pipeline_svg
 from .fig_tiles import fragment_svg, swapab_svg
+from .layouts import format_config
 
 PROBLEM = CATALOG["mixtral-8x7b"]
 """The default problem: Mixtral-8x7B's GEMM1 (N_out = 2·I gate and up rows, K = hidden)."""
@@ -66,10 +67,10 @@ def notes_figures() -> dict[str, str]:
     cfgs = notes_configs()
     figs: dict[str, str] = {}
     for fmt in ("bf16", "fp8"):
-        for name, n in (("decode_swapab", "n8"), ("prefill_normal", "n256")):
+        for name in ("decode_swapab", "prefill_normal"):
             cfg, tpe = cfgs[name]
             role = f"{name.replace('_', ' ').replace('swapab', 'swap-AB')}, {_phase(tpe)}"
-            figs[f"fragment_{fmt}_{n}.svg"] = fragment_svg(cfg, fmt, role)
+            figs[f"fragment_{fmt}_n{format_config(cfg, fmt).tile_n}.svg"] = fragment_svg(cfg, fmt, role)
         figs[f"smem_{fmt}.svg"] = smem_svg(cfgs["prefill_normal"][0], fmt)
     for phase, tpe in (("decode", DECODE_TOKENS_PER_EXPERT), ("prefill", PREFILL_TOKENS_PER_EXPERT)):
         figs[f"swapab_{phase}.svg"] = swapab_svg(cfgs[f"{phase}_normal"][0], cfgs[f"{phase}_swapab"][0], tpe,

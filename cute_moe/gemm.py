@@ -49,6 +49,13 @@ Anatomy of a CTA (``128 · (1 + consumer_warpgroups)`` threads)
   commits and waits on are that thread's own; ``tests/test_cute_store.py`` checks in the PTX that
   exactly one thread stores, commits and waits.)
 
+FP8 (``cfg.quant``): the same kernel with E4M3 operands (``wgmma … m64nNk32.f32.e4m3.e4m3``) and
+two more arguments, the activation and weight scales.  Each K step (128 deep) accumulates into
+a block accumulator that is promoted into the fp32 tile accumulator — scaled per block for
+``fp8_block`` — and the epilogue applies the tensor / channel scales before the routing weight;
+both pieces live in :mod:`cute_moe.fp8_gemm`.  An fp32 output (``cfg.out_dtype``) is staged with
+plain shared-memory stores instead of ``stmatrix`` (which moves 16-bit values only).
+
 Persistent scheduling: ``gridDim.x`` = number of SMs; CTA ``c`` processes tiles ``c, c + grid,
 c + 2·grid, …`` while ``tile < num_blocks · n_weight_blocks`` (``num_blocks`` is device data).
 Tile ids are rasterized in groups of ``group_tokens`` token blocks: consecutive ids walk token
@@ -70,11 +77,15 @@ from cutlass.cute.nvgpu import cpasync, warp, warpgroup  # noqa: E402
 from cutlass.memory import SmemAllocator  # noqa: E402
 from cutlass.tensor_utils import LayoutEnum  # noqa: E402
 
+from .fp8_gemm import TileScales  # noqa: E402
 from .config import GemmConfig  # noqa: E402
 
 PRODUCER_REGISTERS = 40
 CONSUMER_REGISTERS = 232
 EPILOGUE_BARRIER_ID = 1  # named barrier 0 is __syncthreads
+
+DSL_DTYPES = {"bfloat16": cutlass.BFloat16, "float8_e4m3fn": cutlass.Float8E4M3FN, "float32": cutlass.Float32}
+"""GemmConfig's dtype names → the DSL's element types."""
 
 
 def tile_coordinates(tile, n_token_blocks, n_weight_blocks, group_tokens: int):
@@ -100,13 +111,15 @@ class KernelPlan:
     ``stage_bytes``, the transaction count of the ring's *full* barriers.
     """
 
-    def __init__(self, cfg: GemmConfig, dtype):
+    def __init__(self, cfg: GemmConfig):
         self.cfg = cfg
-        self.dtype = dtype
+        self.dtype = dtype = DSL_DTYPES[cfg.dtype]  # operands A and B
+        self.out_dtype = DSL_DTYPES[cfg.out_dtype]  # C
         tile_mnk = (cfg.tile_m, cfg.tile_n, cfg.tile_k)
         self.tile_mnk = tile_mnk
         # Both operands K-major (unit stride along K): the natural layout of X [T, K] and of
-        # W [N_out, K], and the only one FP8 WGMMA accepts.
+        # W [N_out, K], and the only one FP8 WGMMA accepts.  The atom is m64nNk16 for bf16 and
+        # m64nNk32 for E4M3 (make_trivial_tiled_mma picks it from the dtype).
         k_major = LayoutEnum.ROW_MAJOR
         self.c_layout = LayoutEnum.COL_MAJOR if cfg.swap_ab else LayoutEnum.ROW_MAJOR
         # Consumer warpgroups stack along M; each warpgroup's WGMMA covers 64 rows × tile_n.
@@ -116,7 +129,7 @@ class KernelPlan:
         # Shared memory rings: (rows, tile_k, stages), swizzled atoms tiled to the tile shape.
         self.a_smem_staged = sm90.make_smem_layout_a(k_major, tile_mnk, dtype, cfg.stages)
         self.b_smem_staged = sm90.make_smem_layout_b(k_major, tile_mnk, dtype, cfg.stages)
-        self.epi_smem_staged = sm90.make_smem_layout_epi(dtype, self.c_layout, cfg.epi_tile, cfg.epi_stages)
+        self.epi_smem_staged = sm90.make_smem_layout_epi(self.out_dtype, self.c_layout, cfg.epi_tile, cfg.epi_stages)
         # The producer speaks MoE: which ring holds tokens, which holds weights.
         if cfg.swap_ab:
             self.x_smem_staged, self.w_smem_staged = self.b_smem_staged, self.a_smem_staged
@@ -134,26 +147,34 @@ class GroupedGemm:
     """Host side (``__call__``, jit) and device side (``kernel``) of one compiled configuration.
 
     Arguments of the compiled function (all device tensors; shapes are dynamic):
-        x            bf16 [M_pad, K]           sorted, padded tokens (K-major)
-        w            bf16 (N_out, K, E)        the expert weights [E, N_out, K] viewed N, K, E
-        c            bf16 [M_pad, N_out] (normal) or its transpose view (N_out, M_pad) (swap-AB)
+        x            bf16 / E4M3 [M_pad, K]     sorted, padded tokens (K-major)
+        w            bf16 / E4M3 (N_out, K, E)  the expert weights [E, N_out, K] viewed N, K, E
+        c            out_dtype [M_pad, N_out] (normal) or its transpose view (N_out, M_pad) (swap-AB)
         block_expert int32 [max_blocks]        expert of every token block
         num_blocks   int32 [1]                 number of valid token blocks (device scalar)
         row_scale    fp32 [M_pad]              per-row factor (read only when cfg.row_scale)
         stream       CUstream
+        x_scale      fp32, FP8 only: [1] / [M_pad] / [M_pad, ⌈K/128⌉]  (tensor / channel / block)
+        w_scale      fp32, FP8 only: [E] / [E, N_out] / [E, ⌈N_out/128⌉, ⌈K/128⌉]
+
+    A bf16 config launches ``kernel``; an FP8 config launches ``kernel_fp8``, which takes the two
+    scale tensors as well.  Both run the one body (``_body``), so a bf16 kernel is exactly what it
+    was before FP8 existed — same parameters, same PTX.
     """
 
     def __init__(self, cfg: GemmConfig, num_ctas: int):
         self.cfg = cfg.validate()
         self.num_ctas = num_ctas
         self.num_consumer_threads = 128 * cfg.consumer_warpgroups
-        self.dtype = cutlass.BFloat16
+        self.dtype = DSL_DTYPES[cfg.dtype]
+        self.out_dtype = DSL_DTYPES[cfg.out_dtype]
 
     @cute.jit
     def __call__(self, x: cute.Tensor, w: cute.Tensor, c: cute.Tensor, block_expert: cute.Tensor,
-                 num_blocks: cute.Tensor, row_scale: cute.Tensor, stream):
+                 num_blocks: cute.Tensor, row_scale: cute.Tensor, stream,
+                 x_scale: cute.Tensor = None, w_scale: cute.Tensor = None):
         cfg = self.cfg
-        plan = KernelPlan(cfg, self.dtype)
+        plan = KernelPlan(cfg)
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_x, tma_x_tensor = cpasync.make_tiled_tma_atom(
             g2s, x, plan.x_smem_one, (cfg.tokens_tile, cfg.tile_k))
@@ -167,22 +188,50 @@ class GroupedGemm:
             ring_barriers: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
             sA: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(plan.a_smem_staged)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(plan.b_smem_staged)], 1024]
-            sC: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(plan.epi_smem_staged)], 1024]
+            sC: cute.struct.Align[cute.struct.MemRange[self.out_dtype, cute.cosize(plan.epi_smem_staged)], 1024]
 
         self.shared_storage = SharedStorage
         self.stage_bytes = plan.stage_bytes  # the ring's tx_count (read while the kernel is traced)
-        self.kernel(
-            tma_x, tma_x_tensor, tma_w, tma_w_tensor, tma_c, tma_c_tensor,
-            block_expert, num_blocks, row_scale, plan.tiled_mma,
-            plan.a_smem_staged, plan.b_smem_staged, plan.epi_smem_staged,
-        ).launch(grid=[self.num_ctas, 1, 1], block=[cfg.threads, 1, 1], cluster=[1, 1, 1],
-                 min_blocks_per_mp=1, stream=stream)
+        launch = dict(grid=[self.num_ctas, 1, 1], block=[cfg.threads, 1, 1], cluster=[1, 1, 1],
+                      min_blocks_per_mp=1, stream=stream)
+        if cutlass.const_expr(cfg.quant is None):
+            self.kernel(
+                tma_x, tma_x_tensor, tma_w, tma_w_tensor, tma_c, tma_c_tensor,
+                block_expert, num_blocks, row_scale, plan.tiled_mma,
+                plan.a_smem_staged, plan.b_smem_staged, plan.epi_smem_staged,
+            ).launch(**launch)
+        else:
+            self.kernel_fp8(
+                tma_x, tma_x_tensor, tma_w, tma_w_tensor, tma_c, tma_c_tensor,
+                block_expert, num_blocks, row_scale, x_scale, w_scale, plan.tiled_mma,
+                plan.a_smem_staged, plan.b_smem_staged, plan.epi_smem_staged,
+            ).launch(**launch)
 
     @cute.kernel
     def kernel(self, tma_x: cute.CopyAtom, mX: cute.Tensor, tma_w: cute.CopyAtom, mW: cute.Tensor,
                tma_c: cute.CopyAtom, mC: cute.Tensor, block_expert: cute.Tensor, num_blocks: cute.Tensor,
                row_scale: cute.Tensor, tiled_mma: cute.TiledMma, a_smem_staged: cute.ComposedLayout,
                b_smem_staged: cute.ComposedLayout, epi_smem_staged: cute.ComposedLayout):
+        """The bf16 entry point."""
+        self._body(tma_x, mX, tma_w, mW, tma_c, mC, block_expert, num_blocks, row_scale, None, None,
+                   tiled_mma, a_smem_staged, b_smem_staged, epi_smem_staged)
+
+    @cute.kernel
+    def kernel_fp8(self, tma_x: cute.CopyAtom, mX: cute.Tensor, tma_w: cute.CopyAtom, mW: cute.Tensor,
+                   tma_c: cute.CopyAtom, mC: cute.Tensor, block_expert: cute.Tensor, num_blocks: cute.Tensor,
+                   row_scale: cute.Tensor, x_scale: cute.Tensor, w_scale: cute.Tensor, tiled_mma: cute.TiledMma,
+                   a_smem_staged: cute.ComposedLayout, b_smem_staged: cute.ComposedLayout,
+                   epi_smem_staged: cute.ComposedLayout):
+        """The FP8 entry point: the bf16 arguments plus the activation and weight scales."""
+        self._body(tma_x, mX, tma_w, mW, tma_c, mC, block_expert, num_blocks, row_scale, x_scale, w_scale,
+                   tiled_mma, a_smem_staged, b_smem_staged, epi_smem_staged)
+
+    @cute.jit
+    def _body(self, tma_x: cute.CopyAtom, mX: cute.Tensor, tma_w: cute.CopyAtom, mW: cute.Tensor,
+              tma_c: cute.CopyAtom, mC: cute.Tensor, block_expert: cute.Tensor, num_blocks: cute.Tensor,
+              row_scale: cute.Tensor, x_scale, w_scale, tiled_mma: cute.TiledMma,
+              a_smem_staged: cute.ComposedLayout, b_smem_staged: cute.ComposedLayout,
+              epi_smem_staged: cute.ComposedLayout):
         cfg = self.cfg
         swap = cfg.swap_ab
         tidx, _, _ = cute.arch.thread_idx()
@@ -263,18 +312,23 @@ class GroupedGemm:
             # Which (m, n) of the tile each accumulator register holds (used by the row scale).
             tCcC = thr_mma.partition_C(cute.make_identity_tensor((cfg.tile_m, cfg.tile_n)))
             acc = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)
+            if cutlass.const_expr(cfg.two_level):
+                blk = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)  # FP8: one K step's WGMMA sum
             k_blocks = cute.size(tCrA, mode=[2])
 
             # Epilogue plumbing: registers → (stmatrix) → swizzled smem → (TMA) → global.
             stmatrix = cute.make_copy_atom(warp.StMatrix8x8x16bOp(swap, 4 if cfg.tile_n >= 16 else 2),
-                                           self.dtype)
-            r2s = cute.make_tiled_copy_S(stmatrix, cute.make_tiled_copy_C_atom(stmatrix, tiled_mma))
+                                           self.out_dtype)
+            # stmatrix moves 16-bit values; an fp32 C is stored to smem value by value (same partition)
+            r2s_atom = stmatrix if cfg.out_bytes == 2 else sm90.get_smem_store_op(
+                LayoutEnum.COL_MAJOR if swap else LayoutEnum.ROW_MAJOR, self.out_dtype, cutlass.Float32)
+            r2s = cute.make_tiled_copy_S(r2s_atom, cute.make_tiled_copy_C_atom(stmatrix, tiled_mma))
             thr_r2s = r2s.get_slice(mma_tidx)
             tRS_sC = thr_r2s.partition_D(sC)
             tRS_acc = r2s.retile(acc)
             rD_shape = cute.shape(thr_r2s.partition_S(sC))[:3]
             tRS_rD = cute.make_rmem_tensor(rD_shape, cutlass.Float32)
-            tRS_rD_out = cute.make_rmem_tensor(rD_shape, self.dtype)
+            tRS_rD_out = cute.make_rmem_tensor(rD_shape, self.out_dtype)
             rD_size = cute.size(tRS_rD)
             epi_barrier = pipeline.NamedBarrier(barrier_id=EPILOGUE_BARRIER_ID,
                                                 num_threads=self.num_consumer_threads)
@@ -298,29 +352,50 @@ class GroupedGemm:
 
                 # ---- main loop: K steps through the ring --------------------------------
                 acc.fill(0.0)
-                tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-                warpgroup.fence()
-                # first K step: issue, do not wait (nothing older to retire)
-                ring.consumer_wait(read)
-                for kb in cutlass.range_constexpr(k_blocks):
-                    cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read.index)],
-                              tCrB[(None, None, kb, read.index)], acc)
-                warpgroup.commit_group()
-                read.advance()
-                for k in range(1, k_tiles):
+                if cutlass.const_expr(cfg.quant is not None):
+                    scales = TileScales.at(cfg, tCcC, x_scale, w_scale, block_expert, token_block,
+                                           weight_block, cute.size(mW, mode=[0]))
+                if cutlass.const_expr(not cfg.two_level):  # bf16 (and FP8 without promotion, for the study)
+                    tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+                    warpgroup.fence()
+                    # first K step: issue, do not wait (nothing older to retire)
                     ring.consumer_wait(read)
                     for kb in cutlass.range_constexpr(k_blocks):
                         cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read.index)],
                                   tCrB[(None, None, kb, read.index)], acc)
                     warpgroup.commit_group()
-                    # keep this step's WGMMAs in flight; the previous step's are done → free its slot
-                    warpgroup.wait_group(1)
+                    read.advance()
+                    for k in range(1, k_tiles):
+                        ring.consumer_wait(read)
+                        for kb in cutlass.range_constexpr(k_blocks):
+                            cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read.index)],
+                                      tCrB[(None, None, kb, read.index)], acc)
+                        warpgroup.commit_group()
+                        # keep this step's WGMMAs in flight; the previous step's are done → free its slot
+                        warpgroup.wait_group(1)
+                        ring.consumer_release(release)
+                        release.advance()
+                        read.advance()
+                    warpgroup.wait_group(0)
                     ring.consumer_release(release)
                     release.advance()
-                    read.advance()
-                warpgroup.wait_group(0)
-                ring.consumer_release(release)
-                release.advance()
+                else:
+                    # FP8: every K step into `blk`, promoted into `acc` (scaled per block for fp8_block)
+                    for k in range(k_tiles):
+                        ring.consumer_wait(read)
+                        warpgroup.fence()  # blk was last read by the previous promotion
+                        tiled_mma.set(warpgroup.Field.ACCUMULATE, False)  # the first WGMMA zeroes blk
+                        for kb in cutlass.range_constexpr(k_blocks):
+                            cute.gemm(tiled_mma, blk, tCrA[(None, None, kb, read.index)],
+                                      tCrB[(None, None, kb, read.index)], blk)
+                            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+                        warpgroup.commit_group()
+                        warpgroup.wait_group(0)  # blk complete: the slot is free, the sum can be read
+                        ring.consumer_release(read)
+                        read.advance()
+                        scales.promote(acc, blk, k)
+                if cutlass.const_expr(cfg.quant is not None):
+                    scales.dequantize(acc)
 
                 # ---- epilogue -------------------------------------------------------------
                 if cutlass.const_expr(cfg.row_scale):
@@ -340,7 +415,7 @@ class GroupedGemm:
                 for e in cutlass.range_constexpr(epi_count):
                     for v in cutlass.range_constexpr(rD_size):
                         tRS_rD[v] = tRS_acc[e * rD_size + v]
-                    tRS_rD_out.store(tRS_rD.load().to(self.dtype))
+                    tRS_rD_out.store(tRS_rD.load().to(self.out_dtype))
                     buf = (tiles_done * epi_count + e) % cfg.epi_stages
                     cute.copy(r2s, tRS_rD_out, tRS_sC[(None, None, None, buf)])
                     # make the generic-proxy smem writes visible to the TMA (async proxy)

@@ -49,8 +49,9 @@ import cutlass.cute as cute  # noqa: E402
 from cutlass.base_dsl.ast_helpers import DSLOptimizationWarning  # noqa: E402
 from cutlass.cute.nvgpu import cpasync  # noqa: E402
 
-from .config import SMEM_BUDGET_BYTES, GemmConfig  # noqa: E402
+from .config import SMEM_BUDGET_BYTES, GemmConfig, choose_config  # noqa: E402
 from .gemm import KernelPlan  # noqa: E402
+from .moe_fp8 import gemm1_out_dtype  # noqa: E402
 from .ptx import PTX_TYPES as _PTX_TYPE  # noqa: E402
 from .ptx import fake_arguments  # noqa: E402
 
@@ -97,18 +98,26 @@ def _swizzle(composed) -> tuple[int, int, int]:
     return b, m, s
 
 
-OPERAND_FORMATS = {"bf16": cutlass.BFloat16, "fp8": cutlass.Float8E4M3FN}
-"""Operand formats the pictures draw.  The kernel compiles bf16; ``fp8`` builds the same
-:class:`KernelPlan` with E4M3 operands (both K-major, as FP8 WGMMA requires) to show its layouts."""
+FORMAT_QUANT = {"bf16": None, "fp8": "fp8_block"}
+"""Operand formats the pictures draw, and the ``quant`` each stands for: bf16, and FP8 with 128×128
+block scales (the format whose scales change along K, promoted with them every K step)."""
 
 
 def format_config(cfg: GemmConfig, fmt: str) -> GemmConfig:
-    """``cfg`` with ``tile_k`` holding the same bytes per operand row in format ``fmt``.
+    """The config the kernel builds for ``cfg``'s GEMM in operand format ``fmt``.
 
-    One stage keeps its 128-byte swizzled rows: 64 bf16 or 128 FP8 elements of K.
+    ``cfg`` itself in its own format; otherwise the path rule's config
+    (:func:`~cute_moe.config.choose_config`) for the same path, token tile (the rule's bucket) and
+    row scale under ``fmt``'s quant, with the layer's output dtype (an FP8 GEMM1 writes fp32).  One
+    stage keeps its 128-byte swizzled rows (64 bf16 or 128 FP8 elements of K); an FP8 tile is at
+    most 128 weights wide (two accumulators), and the ring as deep as the shared memory allows.
     """
-    elem = OPERAND_FORMATS[fmt].width // 8
-    return cfg.replace(tile_k=cfg.tile_k * cfg.element_bytes // elem)
+    quant = FORMAT_QUANT[fmt]
+    if quant == cfg.quant:
+        return cfg
+    out_dtype = "bfloat16" if cfg.row_scale else gemm1_out_dtype(quant)
+    return choose_config(cfg.tokens_tile, cfg.weights_tile, cfg.tile_k, swap_ab=cfg.swap_ab, row_scale=cfg.row_scale,
+                         quant=quant, out_dtype=out_dtype)
 
 
 def _read_plan(plan: KernelPlan, raw: dict) -> None:
@@ -145,7 +154,7 @@ def _raw_plan(cfg: GemmConfig) -> dict:
 
     @cute.jit
     def probe():
-        plan = KernelPlan(cfg, cutlass.BFloat16)
+        plan = KernelPlan(cfg)
         _read_plan(plan, raw)
         # Accumulator ownership exactly as the kernel computes it: each consumer thread's slice
         # of the tiled MMA applied to an identity tensor over the CTA tile (static coordinates).
@@ -161,24 +170,23 @@ def _raw_plan(cfg: GemmConfig) -> dict:
 
 
 def plan_layouts(cfg: GemmConfig, fmt: str = "bf16") -> dict:
-    """The plan's static layouts for operand format ``fmt`` (no per-thread loop: fast).
+    """The plan's static layouts for operand format ``fmt`` (no per-thread loop: fast), of the
+    config :func:`format_config` gives.
 
     Keys: ``tv_A``/``tv_B``/``tv_C``, ``atom_mnk``, ``atom_types``, ``instruction``,
     ``smem_A``/``smem_B``/``smem_C`` (one stage's outer layout, swizzle ``(B, M, S)``, cosize of
-    the ring, printed form), ``stage_bytes``, ``element_bytes``, ``tile_k``.  For ``fp8`` the
-    epilogue entry describes an FP8 buffer the kernel would not have (its output is bf16).
+    the ring, printed form), ``stage_bytes``, ``element_bytes``, ``tile_k``.
     """
-    dtype = OPERAND_FORMATS[fmt]
     fcfg = format_config(cfg, fmt)
     raw: dict = {}
 
     @cute.jit
     def probe():
-        _read_plan(KernelPlan(fcfg, dtype), raw)
+        _read_plan(KernelPlan(fcfg), raw)
 
     _quietly(probe)
     raw["instruction"] = _instruction(raw)
-    raw["element_bytes"] = dtype.width // 8
+    raw["element_bytes"] = fcfg.element_bytes
     raw["tile_k"] = fcfg.tile_k
     return raw
 
@@ -210,7 +218,7 @@ def tma_layouts(cfg: GemmConfig) -> dict:
 
     @cute.jit
     def probe(x: cute.Tensor, w: cute.Tensor, c: cute.Tensor):
-        plan = KernelPlan(cfg, cutlass.BFloat16)
+        plan = KernelPlan(cfg)
         loads = (("tokens", x, plan.x_smem_one, (cfg.tokens_tile, cfg.tile_k)),
                  ("weights", w, plan.w_smem_one, (cfg.weights_tile, cfg.tile_k)))
         for name, tensor, one, box in loads:
@@ -306,10 +314,10 @@ def describe(cfg: GemmConfig) -> dict:
     # warpgroup names the same (row, k) list, so one thread's table says it all.
     tv_a = _tv_table(raw["tv_A"], 64)[0]
     tv_b = _tv_table(raw["tv_B"], cfg.tile_n)[0]
-    elem = cfg.element_bytes
     smem = {}
     for name in ("A", "B", "C"):
         s = raw["smem_" + name]
+        elem = cfg.out_bytes if name == "C" else cfg.element_bytes
         smem[name] = {"layout_one_stage": s["one_stage"], "swizzle": list(s["swizzle"]), "printed": s["text"],
                       "bytes_staged": s["cosize_staged"] * elem, "atom_rows": _smem_rows(s, elem)}
     smem["total_bytes"] = cfg.smem_bytes()

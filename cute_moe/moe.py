@@ -26,6 +26,10 @@ whole layer can be captured in a CUDA graph and a new routing never recompiles a
 5. GEMM2 (grouped): ``Y = (A · W2[e]ᵀ) · w_row`` — the routing weight of each sorted row is
    applied in fp32 in the epilogue, before rounding to bf16 (padding rows get weight 0).
 6. combine: ``out[t] = Σ_j Y[row(t, j)]`` (a CuTe row kernel: fp32 sum over top_k, one rounding).
+
+An FP8 ``quant`` runs the same steps as the W8A8 layer of :mod:`cute_moe.moe_fp8` (x quantized
+once, E4M3 GEMMs with their scales in registers, GEMM1 to fp32, SiLU·up quantized); the plan's
+``fusion="separate"`` runs the unfused pipeline of :mod:`cute_moe.unfused`.
 """
 
 from __future__ import annotations
@@ -39,11 +43,18 @@ import torch  # noqa: E402
 
 from moe_spec.align import Alignment, align  # noqa: E402
 from moe_spec.hopper import sm_count  # noqa: E402
+from moe_spec.quant import FP8_DTYPE  # noqa: E402
 from moe_spec.validate import validate_moe_args  # noqa: E402
 
 from .config import ALIGN_ELEMS, GemmConfig  # noqa: E402
-from .plan import plan  # noqa: E402
+from .moe_fp8 import quantize_intermediate, quantize_tokens, sorted_token_scales  # noqa: E402
+from .plan import LayerPlan, plan  # noqa: E402
 from .ptx import compile_gemm, compile_row_kernels  # noqa: E402
+from .runtime import cute_scale  # noqa: E402
+from .runtime import cute_tensor as _cute_tensor  # noqa: E402
+from .runtime import cute_vector as _cute_vector  # noqa: E402
+from .runtime import current_stream as _stream  # noqa: E402
+from .unfused import scale_rows, weighted_combine  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -91,51 +102,44 @@ def gemm_blocks(alignment: Alignment, tokens_tile: int) -> tuple[torch.Tensor, t
     return experts, alignment.num_padded // tokens_tile
 
 
-def _cute_tensor(t: torch.Tensor, leading_dim: int):
-    """A 2-D/3-D operand with a dynamic layout (unit stride on ``leading_dim``), 16-B aligned."""
-    from cutlass.cute.runtime import from_dlpack
-
-    return from_dlpack(t, assumed_align=16).mark_layout_dynamic(leading_dim=leading_dim)
-
-
-def _cute_vector(t: torch.Tensor):
-    """A 1-D device array with a dynamic extent.
-
-    Every kernel here is compiled against symbolic shapes; a tensor handed over with a static
-    layout (plain ``from_dlpack``) does not carry its extent in the argument struct, and a
-    kernel that reads ``shape[0]`` then sees garbage (seen on the H200: the combine kernel
-    derived top_k from it).  So every argument is marked dynamic.
-    """
-    from cutlass.cute.runtime import from_dlpack
-
-    return from_dlpack(t).mark_layout_dynamic()
-
-
-def check_gemm_shape(n_out: int, k: int) -> None:
+def check_gemm_shape(n_out: int, k: int, cfg: GemmConfig | None = None) -> None:
     """The grouped GEMM's host check of its problem sizes: ``N_out`` and ``K`` positive multiples of
-    ``ALIGN_ELEMS`` (TMA's 16-byte rows; with K = 0 no stage would ever be loaded)."""
-    for name, v in (("K", k), ("N_out", n_out)):
-        if v <= 0 or v % ALIGN_ELEMS:
-            raise ValueError(f"grouped_gemm: {name}={v} must be a positive multiple of {ALIGN_ELEMS} "
-                             f"(TMA needs 16-byte aligned bf16 rows)")
+    the config's row alignment — TMA's 16-byte rows: ``cfg.out_align`` and ``cfg.operand_align``
+    (8 bf16, 16 E4M3, 4 fp32; a bf16 config's ``ALIGN_ELEMS`` without one).  With K = 0 no stage
+    would ever be loaded."""
+    cfg = GemmConfig() if cfg is None else cfg
+    for name, v, multiple, what in (("K", k, cfg.operand_align, cfg.dtype), ("N_out", n_out, cfg.out_align,
+                                                                              cfg.out_dtype)):
+        if v <= 0 or v % multiple:
+            raise ValueError(f"grouped_gemm: {name}={v} must be a positive multiple of {multiple} "
+                             f"(TMA needs 16-byte aligned {what} rows)")
 
 
 def grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, rows: SortedRows, cfg: GemmConfig, *,
-                 row_scale: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                 row_scale: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                 x_scale: torch.Tensor | None = None, w_scale: torch.Tensor | None = None) -> torch.Tensor:
     """``out[r] = x_sorted[r] · w[expert(r)]ᵀ (· row_scale[r])`` for every used sorted row r.
 
-    x_sorted: bf16 [M_pad, K]; w: bf16 [E, N_out, K] (contiguous).  Returns bf16 [M_pad, N_out]
+    x_sorted: [M_pad, K]; w: [E, N_out, K] (contiguous), both bf16 or — FP8 config — E4M3 with
+    ``x_scale`` (per sorted row: [1] / [M_pad] / [M_pad, ⌈K/128⌉]) and ``w_scale`` (moe_spec's
+    weight scale shape), dequantized in registers.  Returns ``cfg.out_dtype`` [M_pad, N_out]
     (rows past the used blocks are left unwritten).
     """
     m_pad, k = x_sorted.shape
     n_experts, n_out, k_w = w.shape
     if k_w != k:
         raise ValueError(f"grouped_gemm: K of x_sorted ({k}) and w ({k_w}) differ")
-    check_gemm_shape(n_out, k)
+    dtype = getattr(torch, cfg.dtype)
+    for name, t in (("x_sorted", x_sorted), ("w", w)):
+        if t.dtype != dtype:
+            raise TypeError(f"grouped_gemm: {name} is {t.dtype}, the config's operands are {cfg.dtype}")
+    check_gemm_shape(n_out, k, cfg)
     if cfg.row_scale != (row_scale is not None):
         raise ValueError("grouped_gemm: pass row_scale exactly when cfg.row_scale is set")
+    if (cfg.quant is not None) != (x_scale is not None) or (x_scale is None) != (w_scale is None):
+        raise ValueError("grouped_gemm: pass x_scale and w_scale exactly when cfg.quant is set")
     if out is None:
-        out = torch.empty(m_pad, n_out, dtype=torch.bfloat16, device=x_sorted.device)
+        out = torch.empty(m_pad, n_out, dtype=getattr(torch, cfg.out_dtype), device=x_sorted.device)
     expert_of_block, num_blocks = gemm_blocks(rows.alignment, cfg.tokens_tile)
     if row_scale is None:
         row_scale = rows.weight_of_row  # a valid fp32 buffer the kernel never reads
@@ -145,39 +149,63 @@ def grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, rows: SortedRows, cfg:
         _cute_tensor(w.permute(1, 2, 0), 1),  # (N_out, K, E): the expert is TMA's 3rd coordinate
         _cute_tensor(out.t(), 0) if cfg.swap_ab else _cute_tensor(out, 1),
         _cute_vector(expert_of_block), _cute_vector(num_blocks), _cute_vector(row_scale), _stream(x_sorted),
+        *(() if cfg.quant is None else (cute_scale(x_scale), cute_scale(w_scale))),
     )
     return out
 
 
 def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None,
-              swap_ab: bool | None = None, configs: tuple[GemmConfig, GemmConfig] | None = None) -> torch.Tensor:
+              swap_ab: bool | None = None, configs: tuple[GemmConfig, GemmConfig] | None = None,
+              fusion: str = "fused") -> torch.Tensor:
     """The backend contract: bf16 ``[T, K]`` output of the MoE layer.
 
     Backend options: ``swap_ab`` forces the path (None: the rule in
     :func:`~cute_moe.config.path_rule`); ``configs`` gives the (GEMM1, GEMM2) configs outright
-    (then ``swap_ab`` must be None).  The arguments, then the options and every limit of this
-    backend (:func:`~cute_moe.plan.plan`), are checked on the host before the first launch — T = 0
-    included — so bad input never leaves a half-run pipeline behind.
+    (then ``swap_ab`` must be None); ``fusion="separate"`` runs the unfused pipeline of
+    :mod:`cute_moe.unfused` (scales and routing weight in passes of their own) instead of the fused
+    one.  ``quant`` (an FP8 format) runs the W8A8 layer of :mod:`cute_moe.moe_fp8`.  The
+    arguments, then the options and every limit of this backend (:func:`~cute_moe.plan.plan`), are
+    checked on the host before the first launch — T = 0 included — so bad input never leaves a
+    half-run pipeline behind.
     """
     dims = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale)
-    p = plan(dims, quant, swap_ab=swap_ab, configs=configs)
+    p = plan(dims, quant, swap_ab=swap_ab, configs=configs, fusion=fusion)
     if dims.T == 0:
         return x.new_empty((0, dims.K))
     if x.device.type != "cuda":
         raise ValueError(f"x: cute_moe runs on a CUDA device (Hopper), got a tensor on {x.device.type}; "
                          f"on a CPU, compile_ptx() shows the kernels")
     rows = sort_rows(topk_ids, topk_weights, dims.E, p.align_tile)
+    if quant is not None:
+        return _fp8_layer(x, w1, w2, w1_scale, w2_scale, topk_weights, p, rows)
     x_sorted = gather_rows(x, rows)
     h = grouped_gemm(x_sorted, w1, rows, p.gemm1)
     a = silu_mul(h, rows)
+    if p.fusion == "separate":
+        y = grouped_gemm(a, w2, rows, p.gemm2)
+        return weighted_combine(y, rows.row_of_pair, topk_weights, quant)
     y = grouped_gemm(a, w2, rows, p.gemm2, row_scale=rows.weight_of_row)
     return combine(y, rows, dims.T, dims.top_k)
 
 
-def _stream(t: torch.Tensor):
-    import cuda.bindings.driver as cuda
-
-    return cuda.CUstream(torch.cuda.current_stream(t.device).cuda_stream)
+def _fp8_layer(x, w1, w2, w1_scale, w2_scale, topk_weights, p: LayerPlan, rows: SortedRows) -> torch.Tensor:
+    """The W8A8 layer (``moe_fp8``'s docstring): x quantized once, its E4M3 rows gathered (as bf16
+    pairs: the gather moves bytes), GEMM1 to fp32, SiLU·up quantized, GEMM2 with the routing
+    weight, combine — or, ``separate``, with the scale and routing-weight passes of ``unfused``."""
+    T, top_k = topk_weights.shape
+    quant, separate, al = p.quant, p.fusion == "separate", rows.alignment
+    xq, x_scale = quantize_tokens(x, quant)
+    x_sorted = gather_rows(xq.view(torch.bfloat16), rows).view(FP8_DTYPE)
+    x_scale = sorted_token_scales(x_scale, rows.token_of_row, quant)
+    h = grouped_gemm(x_sorted, w1, rows, p.gemm1, x_scale=x_scale, w_scale=w1_scale)
+    if separate:
+        scale_rows(h, al, x_scale, w1_scale, quant)
+    aq, a_scale = quantize_intermediate(h, al, quant)
+    if not separate:
+        y = grouped_gemm(aq, w2, rows, p.gemm2, row_scale=rows.weight_of_row, x_scale=a_scale, w_scale=w2_scale)
+        return combine(y, rows, T, top_k)
+    y = grouped_gemm(aq, w2, rows, p.gemm2, x_scale=a_scale, w_scale=w2_scale)
+    return weighted_combine(scale_rows(y, al, a_scale, w2_scale, quant), rows.row_of_pair, topk_weights, quant)
 
 
 def _row_kernels(device) -> dict:

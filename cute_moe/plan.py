@@ -2,8 +2,9 @@
 
 :func:`plan` is where ``cute_moe`` makes every decision of a ``fused_moe`` call on the host,
 before anything runs: the (GEMM1, GEMM2) :class:`~cute_moe.config.GemmConfig` pair (by the path
-rule of :func:`~cute_moe.config.choose_config`, or given), the alignment tile, the path and the
-WGMMA instruction of each GEMM.  It also checks every option and limit of this backend, so a
+rule of :func:`~cute_moe.config.choose_config` for the call's format — bf16 or FP8 — or given), the
+pipeline (fused, or the unfused passes of :mod:`cute_moe.unfused`), the alignment tile, the path and
+the WGMMA instruction of each GEMM.  It also checks every option and limit of this backend, so a
 call it refuses is refused whatever T (the empty-batch rule of :mod:`moe_spec.plan`).
 :func:`plans_for` lists every plan a layer can get, for a warm-up.
 """
@@ -18,8 +19,10 @@ from moe_spec.plan import bucket_starts, tokens_per_expert
 from moe_spec.quant import check_quant
 from moe_spec.validate import MoEDims
 
-from .config import ALIGN_ELEMS, QUANT_FORMATS, GemmConfig, choose_config, path_rule
+from .config import ALIGN_ELEMS, GemmConfig, choose_config, path_rule
+from .moe_fp8 import check_quant_layer, gemm1_out_dtype
 from .ptx import mma_instruction
+from .unfused import check_fusion, separate_configs
 
 #: How far :func:`plans_for` looks by default (the largest batch the harness runs, doubled).
 MAX_TOKENS = 8192
@@ -34,13 +37,16 @@ def _tile_text(cfg: GemmConfig) -> str:
 class LayerPlan:
     """What ``fused_moe`` runs for one layer call (see :mod:`moe_spec.plan` for the interface).
 
-    ``gemm1`` (no row scale) and ``gemm2`` (applies the routing weights in its epilogue) are the
-    decisions; everything else is read from them.
+    ``gemm1`` (no row scale) and ``gemm2`` (applies the routing weights in its epilogue — unless
+    ``fusion`` is ``"separate"``, whose passes apply them) are the decisions; everything else is
+    read from them.  Under an FP8 ``quant`` both GEMMs are E4M3 configs of that format, GEMM1
+    writing fp32.
     """
 
     gemm1: GemmConfig
     gemm2: GemmConfig
     quant: str | None = None
+    fusion: str = "fused"
 
     @property
     def align_tile(self) -> int:
@@ -57,12 +63,14 @@ class LayerPlan:
         return mma_instruction(self.gemm1), mma_instruction(self.gemm2)
 
     def describe(self) -> str:
-        """``G1 swap-AB W128xT8 k64 s8 m64n8k16 | G2 …``: each GEMM's tile, K step, stages, WGMMA shape."""
+        """``G1 swap-AB W128xT8 k64 s8 m64n8k16 | G2 …``: each GEMM's tile, K step, stages, WGMMA shape
+        (k32 is FP8), and ``| separate`` for the unfused pipeline."""
         shapes = [re.search(r"m\d+n\d+k\d+", m).group() for m in self.mma]  # "m64n8k16"
-        return " | ".join(f"G{i} {_tile_text(c)} {s}" for i, c, s in zip((1, 2), (self.gemm1, self.gemm2), shapes))
+        gemms = [f"G{i} {_tile_text(c)} {s}" for i, c, s in zip((1, 2), (self.gemm1, self.gemm2), shapes)]
+        return " | ".join(gemms + ([] if self.fusion == "fused" else [self.fusion]))
 
 
-def check_options(K: int, I: int, *, swap_ab=None, configs=None  # noqa: E741
+def check_options(K: int, I: int, quant=None, *, swap_ab=None, configs=None, fusion="fused"  # noqa: E741
                   ) -> tuple[GemmConfig, GemmConfig] | None:
     """The limits of this backend beyond the shared contract, all on the host (no launch, no sync).
 
@@ -73,6 +81,9 @@ def check_options(K: int, I: int, *, swap_ab=None, configs=None  # noqa: E741
     * ``swap_ab``: None or a bool.
     * ``configs``: None or a ``(GEMM1, GEMM2)`` pair of :class:`GemmConfig` (valid by
       construction) — GEMM1 without and GEMM2 with ``row_scale``; then ``swap_ab`` must be None.
+    * FP8 ``quant``: the limits of :func:`~cute_moe.moe_fp8.check_quant_layer` (K and I multiples
+      of 16, ``configs`` of the call's format).
+    * ``fusion``: ``"fused"`` or ``"separate"`` (:func:`~cute_moe.unfused.check_fusion`).
 
     Returns ``configs`` as a tuple, or None when the path rule will choose.
     Raises TypeError / ValueError naming the argument and the limit.
@@ -83,40 +94,46 @@ def check_options(K: int, I: int, *, swap_ab=None, configs=None  # noqa: E741
                              f"(TMA needs 16-byte aligned bf16 rows; the row kernels move 16-byte vectors)")
     if swap_ab is not None and not isinstance(swap_ab, bool):
         raise TypeError(f"swap_ab: expected None or a bool, got {type(swap_ab).__name__}")
-    if configs is None:
-        return None
-    if swap_ab is not None:
-        raise ValueError("swap_ab and configs: pass at most one (the configs already fix the path)")
-    if (not isinstance(configs, (tuple, list)) or len(configs) != 2
-            or not all(isinstance(c, GemmConfig) for c in configs)):
-        raise TypeError(f"configs: expected a (GEMM1, GEMM2) pair of cute_moe.GemmConfig, got {configs!r}")
-    for i, (cfg, want) in enumerate(zip(configs, (False, True))):
-        if cfg.row_scale != want:
-            raise ValueError(f"configs[{i}]: row_scale must be {want} (GEMM{i + 1}"
-                             f"{' applies the routing weights in its epilogue' if want else ' has no row scale'})")
-    return configs[0], configs[1]
+    if configs is not None:
+        if swap_ab is not None:
+            raise ValueError("swap_ab and configs: pass at most one (the configs already fix the path)")
+        if (not isinstance(configs, (tuple, list)) or len(configs) != 2
+                or not all(isinstance(c, GemmConfig) for c in configs)):
+            raise TypeError(f"configs: expected a (GEMM1, GEMM2) pair of cute_moe.GemmConfig, got {configs!r}")
+        for i, (cfg, want) in enumerate(zip(configs, (False, True))):
+            if cfg.row_scale != want:
+                raise ValueError(f"configs[{i}]: row_scale must be {want} (GEMM{i + 1}"
+                                 f"{' applies the routing weights in its epilogue' if want else ' has no row scale'})")
+        configs = configs[0], configs[1]
+    check_quant_layer(K, I, quant, configs)
+    check_fusion(fusion)
+    return configs
 
 
 def plan(dims: MoEDims, quant: str | None = None, *, swap_ab: bool | None = None,
-         configs: tuple[GemmConfig, GemmConfig] | None = None) -> LayerPlan:
+         configs: tuple[GemmConfig, GemmConfig] | None = None, fusion: str = "fused") -> LayerPlan:
     """The plan of one ``fused_moe`` call with sizes ``dims`` (a :class:`moe_spec.validate.MoEDims`).
 
+    ``quant``: any format of :data:`moe_spec.quant.FORMATS` — bf16, or an FP8 one (E4M3 GEMMs
+    with that format's scales, GEMM1 writing fp32 for the intermediate's quantization).
     Options (those of ``fused_moe``): ``swap_ab`` forces the path (None: the rule in
-    :func:`~cute_moe.config.path_rule`); ``configs`` gives the (GEMM1, GEMM2) configs outright.
-    Raises TypeError / ValueError naming a bad option or an unsupported size, and
-    NotImplementedError for a quant format this backend does not build.
+    :func:`~cute_moe.config.path_rule`); ``configs`` gives the (GEMM1, GEMM2) configs of the fused
+    pipeline outright; ``fusion="separate"`` turns them into the unfused pipeline's
+    (:func:`~cute_moe.unfused.separate_configs`).
+    Raises TypeError / ValueError naming a bad option or an unsupported size.
     """
     if not isinstance(dims, MoEDims):
         raise TypeError(f"dims: expected a moe_spec.validate.MoEDims, got {type(dims).__name__}")
-    given = check_options(dims.K, dims.I, swap_ab=swap_ab, configs=configs)
-    if check_quant(quant) not in QUANT_FORMATS:
-        raise NotImplementedError(f"quant: cute_moe builds bf16 kernels only (GemmConfig quant formats "
-                                  f"{QUANT_FORMATS}), got {quant!r}")
-    if given is not None:
-        return LayerPlan(*given, quant=quant)
-    per_expert = tokens_per_expert(dims.T, dims.E, dims.top_k)
-    return LayerPlan(choose_config(per_expert, 2 * dims.I, dims.K, swap_ab=swap_ab),
-                     choose_config(per_expert, dims.K, dims.I, swap_ab=swap_ab, row_scale=True), quant)
+    check_quant(quant)
+    given = check_options(dims.K, dims.I, quant, swap_ab=swap_ab, configs=configs, fusion=fusion)
+    if given is None:
+        per_expert = tokens_per_expert(dims.T, dims.E, dims.top_k)
+        given = (choose_config(per_expert, 2 * dims.I, dims.K, swap_ab=swap_ab, quant=quant,
+                               out_dtype=gemm1_out_dtype(quant)),
+                 choose_config(per_expert, dims.K, dims.I, swap_ab=swap_ab, row_scale=True, quant=quant))
+    if fusion == "separate":
+        given = separate_configs(*given)
+    return LayerPlan(*given, quant=quant, fusion=fusion)
 
 
 def plans_for(E: int, K: int, I: int, top_k: int, quant: str | None = None,  # noqa: E741
@@ -129,8 +146,8 @@ def plans_for(E: int, K: int, I: int, top_k: int, quant: str | None = None,  # n
     return tuple(dict.fromkeys(plans))
 
 
-def layer_configs(T: int, E: int, K: int, I: int, top_k: int, swap_ab: bool | None = None  # noqa: E741
-                  ) -> tuple[GemmConfig, GemmConfig]:
+def layer_configs(T: int, E: int, K: int, I: int, top_k: int, swap_ab: bool | None = None,  # noqa: E741
+                  quant: str | None = None) -> tuple[GemmConfig, GemmConfig]:
     """The (GEMM1, GEMM2) configs of :func:`plan` (kept for callers that want the configs only)."""
-    p = plan(MoEDims(T=T, E=E, K=K, I=I, top_k=top_k), swap_ab=swap_ab)
+    p = plan(MoEDims(T=T, E=E, K=K, I=I, top_k=top_k), quant, swap_ab=swap_ab)
     return p.gemm1, p.gemm2

@@ -31,9 +31,10 @@ from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, mak
 
 from moe_spec.hopper import sm_count  # noqa: E402
 
-from .config import ALIGN_ELEMS, GemmConfig  # noqa: E402
-from .gemm import GroupedGemm, KernelPlan  # noqa: E402
-from .rowops import CombineRows, GatherRows, SiluMul  # noqa: E402
+from .config import ALIGN_ELEMS, FP8_ALIGN_ELEMS, GemmConfig  # noqa: E402
+from .gemm import DSL_DTYPES, GroupedGemm, KernelPlan  # noqa: E402
+from .quantops import QuantizeRows, RowAmax  # noqa: E402
+from .rowops import CombineRows, GatherRows, ScaleRows, SiluMul, WeightedCombineRows  # noqa: E402
 
 PTX_TYPES = {"Float32": "f32", "BFloat16": "bf16", "Float16": "f16", "Float8E4M3FN": "e4m3"}
 """DSL element type → the type suffix PTX spells in ``wgmma.mma_async`` (accumulator, A, B)."""
@@ -57,11 +58,15 @@ def compile_count() -> int:
 
 
 def fake_arguments(cfg: GemmConfig):
-    """Symbolic stand-ins for the kernel's arguments (bf16 operands, 16-B aligned rows)."""
-    dt = cutlass.BFloat16
-    align = ALIGN_ELEMS  # 16 bytes of bf16: TMA needs 16-B aligned strides
+    """Symbolic stand-ins for the kernel's arguments (16-B aligned rows).
+
+    bf16: ``(x, w, c, block_expert, num_blocks, row_scale, stream)``; an FP8 config adds
+    ``(x_scale, w_scale)`` in its format's shapes (``gemm.GroupedGemm``'s docstring).
+    """
+    dt, out_dt = DSL_DTYPES[cfg.dtype], DSL_DTYPES[cfg.out_dtype]
+    align = cfg.operand_align  # TMA needs 16-B aligned strides: 8 bf16, 16 FP8 along K
     m_pad = cute.sym_int(divisibility=cfg.tokens_tile)
-    n_out = cute.sym_int(divisibility=align)
+    n_out = cute.sym_int(divisibility=cfg.out_align)
     k = cute.sym_int(divisibility=align)
     experts = cute.sym_int()
     x = make_fake_compact_tensor(dt, (m_pad, k), stride_order=(1, 0), assumed_align=16)
@@ -69,15 +74,30 @@ def fake_arguments(cfg: GemmConfig):
     w = make_fake_tensor(dt, (n_out, k, experts),
                          stride=(cute.sym_int64(divisibility=align), 1, cute.sym_int64(divisibility=align)),
                          assumed_align=16)
-    c_stride = cute.sym_int64(divisibility=align)
+    c_stride = cute.sym_int64(divisibility=cfg.out_align)
     if cfg.swap_ab:  # C [M_pad, N_out] viewed as Cᵀ (N_out, M_pad), M-major
-        c = make_fake_tensor(dt, (n_out, m_pad), stride=(1, c_stride), assumed_align=16)
+        c = make_fake_tensor(out_dt, (n_out, m_pad), stride=(1, c_stride), assumed_align=16)
     else:
-        c = make_fake_tensor(dt, (m_pad, n_out), stride=(c_stride, 1), assumed_align=16)
+        c = make_fake_tensor(out_dt, (m_pad, n_out), stride=(c_stride, 1), assumed_align=16)
     block_expert = make_fake_compact_tensor(cutlass.Int32, (cute.sym_int(),), assumed_align=4)
     num_blocks = make_fake_compact_tensor(cutlass.Int32, (cute.sym_int(),), assumed_align=4)
     row_scale = make_fake_compact_tensor(cutlass.Float32, (cute.sym_int(),), assumed_align=4)
-    return x, w, c, block_expert, num_blocks, row_scale, make_fake_stream()
+    args = (x, w, c, block_expert, num_blocks, row_scale, make_fake_stream())
+    if cfg.quant is None:
+        return args
+    return args + _fake_scales(cfg.quant)
+
+
+def _fake_scales(quant: str):
+    """(x_scale, w_scale) of an FP8 format: fp32, row-major (unit stride last), symbolic extents and
+    strides — what ``runtime.cute_scale`` makes of a contiguous torch tensor."""
+    def f32(n_dims: int):
+        shape = tuple(cute.sym_int() for _ in range(n_dims))
+        stride = tuple(cute.sym_int64() for _ in range(n_dims - 1)) + (1,)
+        return make_fake_tensor(cutlass.Float32, shape, stride=stride, assumed_align=4)
+
+    dims = {"fp8_tensor": (1, 1), "fp8_channel": (1, 2), "fp8_block": (2, 3)}[quant]
+    return f32(dims[0]), f32(dims[1])
 
 
 def compile_gemm(cfg: GemmConfig, num_ctas: int | None = None, *, keep_ptx: bool = False):
@@ -127,19 +147,92 @@ def compile_row_kernels(num_sms: int | None = None) -> dict:
         return hit
 
 
+def compile_quant_kernels(quant: str, num_sms: int | None = None, *, keep_ptx: bool = False) -> dict:
+    """The compiled FP8 activation kernels of one format (``quantops.py``), one set per SM count.
+
+    ``x_amax`` / ``x_quantize``: bf16 token rows; ``silu_amax``: GEMM1's fp32 output → the fp32
+    SiLU·up intermediate and its amax; ``a_quantize``: fp32 rows.  Row widths are multiples of
+    ``FP8_ALIGN_ELEMS`` (16: whole 16-byte rows of E4M3).  ``keep_ptx``: each has ``.__ptx__``.
+    """
+    global _compiles
+    num_sms = sm_count() if num_sms is None else num_sms
+    key = ("quantops", quant, num_sms, keep_ptx)
+    with _lock:
+        hit = _cache.get(key)
+        if hit is None:
+            options = f"--keep-ptx --dump-dir {_ptx_dir()}" if keep_ptx else None
+            bf16, f32, stream = cutlass.BFloat16, cutlass.Float32, make_fake_stream()
+            width = FP8_ALIGN_ELEMS
+
+            def vector(dtype):
+                return make_fake_compact_tensor(dtype, (cute.sym_int(),), assumed_align=4)
+
+            def rows(dtype, cols_divisibility=width):
+                return _rows_tensor(dtype, cols_divisibility)
+
+            fp8, i32 = cutlass.Float8E4M3FN, cutlass.Int32
+            hit = _cache[key] = {
+                "x_amax": cute.compile(RowAmax(quant, num_sms, silu=False), rows(bf16), rows(bf16), vector(f32),
+                                       vector(i32), vector(i32), stream, options=options),
+                "x_quantize": cute.compile(QuantizeRows(quant, num_sms), rows(bf16), vector(f32), rows(fp8),
+                                           vector(f32), vector(i32), stream, options=options),
+                "silu_amax": cute.compile(RowAmax(quant, num_sms, silu=True), rows(f32, 2 * width), rows(f32),
+                                          vector(f32), vector(i32), vector(i32), stream, options=options),
+                "a_quantize": cute.compile(QuantizeRows(quant, num_sms), rows(f32), vector(f32), rows(fp8),
+                                           vector(f32), vector(i32), stream, options=options),
+            }
+            _compiles += 4
+        return hit
+
+
+def compile_unfused_kernels(quant, num_sms: int | None = None) -> dict:
+    """The passes of the unfused pipeline (``fusion="separate"``, ``rowops.py``), one set per format.
+
+    ``weighted_combine`` always; for fp8_tensor / fp8_channel also ``scale_f32`` (GEMM1's fp32
+    output) and ``scale_bf16`` (GEMM2's bf16 output), the scaling passes.
+    """
+    global _compiles
+    num_sms = sm_count() if num_sms is None else num_sms
+    key = ("unfused", quant, num_sms)
+    with _lock:
+        hit = _cache.get(key)
+        if hit is None:
+            bf16, stream = cutlass.BFloat16, make_fake_stream()
+            index = make_fake_compact_tensor(cutlass.Int64, (cute.sym_int(),), assumed_align=8)
+
+            def vector(dtype):
+                return make_fake_compact_tensor(dtype, (cute.sym_int(),), assumed_align=4)
+
+            hit = {"weighted_combine": cute.compile(WeightedCombineRows(num_sms), _rows_tensor(bf16), _rows_tensor(bf16),
+                                                    index, vector(cutlass.Float32), stream)}
+            if quant in ("fp8_tensor", "fp8_channel"):
+                for name, dtype in (("scale_f32", cutlass.Float32), ("scale_bf16", bf16)):
+                    vec = 16 // (dtype.width // 8)  # one 16-byte vector per thread step
+                    hit[name] = cute.compile(ScaleRows(num_sms, quant, vec), _rows_tensor(dtype, vec),
+                                             vector(cutlass.Int32), *_fake_scales(quant), vector(cutlass.Int32), stream)
+            _cache[key] = hit
+            _compiles += len(hit)
+        return hit
+
+
 def compile_ptx(cfg: GemmConfig, num_ctas: int | None = None) -> str:
     """PTX of the kernel for ``cfg``, compiled on the CPU (no GPU needed)."""
     return compile_gemm(cfg, num_ctas, keep_ptx=True).__ptx__
 
 
 def compile_plan(plan, num_ctas: int | None = None) -> int:
-    """Compile everything a layer plan (:class:`cute_moe.plan.LayerPlan`) runs — its two GEMMs and
-    the row kernels — ahead of the first call: a warm-up compiles every plan of ``plans_for``.
+    """Compile everything a layer plan (:class:`cute_moe.plan.LayerPlan`) runs — its two GEMMs, the
+    row kernels, an FP8 format's quantization kernels and the unfused pipeline's passes — ahead of
+    the first call: a warm-up compiles every plan of ``plans_for``.
     Returns how many kernels this call compiled (0 when all were cached)."""
     before = _compiles
     for cfg in (plan.gemm1, plan.gemm2):
         compile_gemm(cfg, num_ctas)
     compile_row_kernels(num_ctas)
+    if plan.quant is not None:
+        compile_quant_kernels(plan.quant, num_ctas)
+    if plan.fusion == "separate":
+        compile_unfused_kernels(plan.quant, num_ctas)
     return _compiles - before
 
 
@@ -154,7 +247,7 @@ def mma_instruction(cfg: GemmConfig) -> str:
 
     @cute.jit
     def probe():
-        op = KernelPlan(cfg, cutlass.BFloat16).tiled_mma.op
+        op = KernelPlan(cfg).tiled_mma.op
         found["mnk"] = tuple(int(v) for v in op.shape_mnk)
         found["types"] = tuple(PTX_TYPES[str(t)] for t in (op.acc_dtype, op.a_dtype, op.b_dtype))
 

@@ -9,6 +9,13 @@ threads per SM walk the work with a grid-stride loop (enough loads in flight to 
 * ``SiluMul``:     ``a[r] = SiLU(h[r, :I]) ⊙ h[r, I:]`` for the used rows (``g / (1 + e^(−g)) · u``).
 * ``CombineRows``: ``out[t] = Σ_j y[pair_row[t·k + j]]`` (the routing weight is already in y).
 
+The unfused pipeline (``fused_moe(..., fusion="separate")``, ``unfused.py``) adds two passes that
+the fused layer does in the GEMM epilogue instead:
+
+* ``ScaleRows``:   ``y[r, c] ·= s_x · s_w`` in place (FP8 per-tensor / per-channel scales).
+* ``WeightedCombineRows``: ``out[t] = Σ_j w[t·k + j] · y[pair_row[t·k + j]]`` (routing weight and
+  top-k sum in one pass).
+
 A row is walked as ``cols // VEC`` whole vectors, so a width that is not a multiple of ``VEC``
 would lose its tail without a word: the host wrappers in ``moe.py`` (``gather_rows``,
 ``silu_mul``, ``combine``) refuse such widths before they launch anything, and the compiled
@@ -29,6 +36,16 @@ from .config import ALIGN_ELEMS  # noqa: E402
 VEC = ALIGN_ELEMS  # bf16 per thread step: one 16-byte vector
 THREADS = 256
 CTAS_PER_SM = 8
+
+
+def silu_mul(gate, up):
+    """``SiLU(gate) · up = gate / (1 + e^(−gate)) · up`` in fp32, on register vectors of any dtype.
+
+    The one definition of the layer's activation: ``SiluMul`` rounds it to bf16, the FP8 layer's
+    ``quantops.RowAmax`` keeps it in fp32 for quantization.
+    """
+    g, u = gate.to(cutlass.Float32), up.to(cutlass.Float32)
+    return g / (1.0 + cute.math.exp(-g, fastmath=True)) * u
 
 
 def _vectors(t: cute.Tensor):
@@ -87,7 +104,7 @@ class SiluMul(_RowKernel):
             c = i - row * chunks
             g = vh[(0, None, row, c)].load().to(cutlass.Float32)
             u = vh[(0, None, row, c + chunks)].load().to(cutlass.Float32)
-            va[(0, None, row, c)].store((g / (1.0 + cute.math.exp(-g, fastmath=True)) * u).to(a.element_type))
+            va[(0, None, row, c)].store(silu_mul(g, u).to(a.element_type))
             i += step
 
 
@@ -115,3 +132,70 @@ class CombineRows(_RowKernel):
                 acc.store(acc.load() + vy[(0, None, pair_row[t * top_k + j], c)].load().to(cutlass.Float32))
             vo[(0, None, t, c)].store(acc.load().to(out.element_type))
             i += step
+
+
+class ScaleRows(_RowKernel):
+    """Arguments: y [M_pad, N] (fp32 or bf16, scaled in place), row_expert int32 [M_pad], x_scale
+    fp32 ([1] per-tensor, [M_pad] per-channel), w_scale fp32 ([E] / [E, N]), used_rows int32 [1],
+    stream.  ``y[r, c] = y[r, c] · (s_x · s_w)`` — the fused epilogue's product, in its order, so
+    an fp32 y comes out bit for bit what the fused GEMM writes."""
+
+    def __init__(self, num_sms: int, quant: str, vec: int):
+        super().__init__(num_sms)
+        self.quant = quant
+        self.vec = vec  # elements per 16-byte vector of y
+
+    @cute.jit
+    def __call__(self, y: cute.Tensor, row_expert: cute.Tensor, x_scale: cute.Tensor, w_scale: cute.Tensor,
+                 used_rows: cute.Tensor, stream):
+        self._launch(self.kernel(y, row_expert, x_scale, w_scale, used_rows), stream)
+
+    @cute.kernel
+    def kernel(self, y: cute.Tensor, row_expert: cute.Tensor, x_scale: cute.Tensor, w_scale: cute.Tensor,
+               used_rows: cute.Tensor):
+        vy = cute.local_tile(y, (1, self.vec), (None, None))
+        chunks = y.shape[1] // self.vec
+        total = used_rows[0] * chunks
+        scale = cute.make_rmem_tensor((self.vec,), cutlass.Float32)
+        i, step = self._first_and_step()
+        while i < total:
+            row = i // chunks
+            c = i - row * chunks
+            e = row_expert[row]
+            if cutlass.const_expr(self.quant == "fp8_tensor"):
+                scale.fill(x_scale[0] * w_scale[e])
+            else:
+                s_x = x_scale[row]
+                for j in cutlass.range_constexpr(self.vec):
+                    scale[j] = s_x * w_scale[(e, c * self.vec + j)]
+            v = vy[(0, None, row, c)].load().to(cutlass.Float32) * scale.load()
+            vy[(0, None, row, c)].store(v.to(y.element_type))
+            i += step
+
+
+class WeightedCombineRows(_RowKernel):
+    """Arguments: y bf16 [M_pad, K], out bf16 [T, K], pair_row int64 [T·k], weight fp32 [T·k], stream."""
+
+    @cute.jit
+    def __call__(self, y: cute.Tensor, out: cute.Tensor, pair_row: cute.Tensor, weight: cute.Tensor, stream):
+        self._launch(self.kernel(y, out, pair_row, weight), stream)
+
+    @cute.kernel
+    def kernel(self, y: cute.Tensor, out: cute.Tensor, pair_row: cute.Tensor, weight: cute.Tensor):
+        vy, vo = _vectors(y), _vectors(out)
+        tokens = out.shape[0]
+        top_k = pair_row.shape[0] // tokens
+        chunks = out.shape[1] // VEC
+        total = tokens * chunks
+        acc = cute.make_rmem_tensor((VEC,), cutlass.Float32)
+        i, step = self._first_and_step()
+        while i < total:
+            t = i // chunks
+            c = i - t * chunks
+            acc.fill(0.0)
+            for j in range(top_k):
+                p = t * top_k + j
+                acc.store(acc.load() + vy[(0, None, pair_row[p], c)].load().to(cutlass.Float32) * weight[p])
+            vo[(0, None, t, c)].store(acc.load().to(out.element_type))
+            i += step
+

@@ -38,12 +38,13 @@ def test_not_implemented_is_what_the_backend_declares_on_every_device(device):
                     "not available: needs a Hopper GPU (the CPU report shows its configs and PTX instead)")
 
 
-def test_the_real_cute_moe_declares_fp8_not_implemented():
+def test_the_real_cute_moe_builds_fp8_and_lacks_only_the_gpu():
     cute = load_backend("cute_moe")
     if cute.missing:
         pytest.skip(cute.missing)
-    status = numerics.unavailable(cute, _case("fp8_tensor", 3).inputs, "cpu")
-    assert status.startswith("not implemented: ")
+    fp8 = _case("fp8_tensor", 3).inputs
+    assert numerics.unavailable(cute, fp8, "cpu").startswith("not available: needs a Hopper GPU")
+    assert numerics.unavailable(cute, fp8, "cuda") is None
 
 
 def _batch_dependent(x, w1, w2, topk_weights, topk_ids, **kw):

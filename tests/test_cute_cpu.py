@@ -210,6 +210,9 @@ BAD_CONFIGS = [
     (dict(quant=8), TypeError, r"^quant: expected None or a str"),
     (dict(row_scale="yes"), TypeError, r"^row_scale: expected a bool"),
     (dict(group_tokens=8.0), TypeError, r"^group_tokens: expected an int"),
+    (dict(out_dtype=None), TypeError, r"^out_dtype: expected a str"),
+    (dict(fp8_promote=0), TypeError, r"^fp8_promote: expected a bool"),
+    (dict(epilogue_scales="no"), TypeError, r"^epilogue_scales: expected a bool"),
     (dict(swap_ab=True, tokens_tile=12), ValueError, r"^tokens_tile=12: .*multiple of 8.*allowed .*: 8, 16, 32, 48"),
     (dict(swap_ab=True, tokens_tile=24), ValueError, r"^tokens_tile=24: .*not an odd multiple of 8 above 8"),
     (dict(swap_ab=True, tokens_tile=40), ValueError, r"^tokens_tile=40: .*odd multiple of 8"),
@@ -220,8 +223,18 @@ BAD_CONFIGS = [
     (dict(tile_k=8), ValueError, r"^tile_k=8: must be a positive multiple of 16, WGMMA's K for bfloat16"),
     (dict(tile_k=24), ValueError, r"^tile_k=24: must be a positive multiple of 16"),
     (dict(weights_tile=256, stages=6), ValueError, r"^stages=6: shared memory over budget.*at most 4 stages fit"),
-    (dict(dtype="float16"), ValueError, r"^dtype='float16': supported dtypes are \('bfloat16',\)"),
-    (dict(quant="fp8_tensor"), ValueError, r"^quant='fp8_tensor': this kernel is bf16 only"),
+    (dict(dtype="float16"), ValueError, r"^dtype='float16': supported dtypes are \('bfloat16', 'float8_e4m3fn'\)"),
+    (dict(quant="fp8_rowwise"), ValueError, r"^quant='fp8_rowwise': expected one of"),
+    (dict(out_dtype="float16"), ValueError, r"^out_dtype='float16': supported output dtypes"),
+    (dict(quant="fp8_tensor"), ValueError, r"^dtype='bfloat16' with quant='fp8_tensor': expected dtype='float8_e4m3fn'"),
+    (dict(dtype="float8_e4m3fn"), ValueError, r"^dtype='float8_e4m3fn' with quant=None: expected dtype='bfloat16'"),
+    (dict(quant="fp8_block", dtype="float8_e4m3fn"), ValueError, r"^tile_k=64: FP8 configs need tile_k=128"),
+    (dict(quant="fp8_block", dtype="float8_e4m3fn", tile_k=16), ValueError,
+     r"^tile_k=16: must be a positive multiple of 32, WGMMA's K for float8_e4m3fn"),
+    (dict(quant="fp8_tensor", dtype="float8_e4m3fn", tile_k=128, weights_tile=256), ValueError,
+     r"^tokens_tile=128, weights_tile=256: .*needs 256 accumulator registers"),
+    (dict(quant="fp8_block", dtype="float8_e4m3fn", tile_k=128, tokens_tile=64, weights_tile=96,
+          consumer_warpgroups=1), ValueError, r"^weights_tile=96: fp8_block needs a weights tile that divides the 128-row"),
     (dict(consumer_warpgroups=3), ValueError, r"^consumer_warpgroups=3: must be 1 or 2"),
     (dict(stages=1), ValueError, r"^stages=1: the TMA/WGMMA ring needs at least 2"),
     (dict(epi_stages=0), ValueError, r"^epi_stages=0: needs at least 1"),
@@ -376,9 +389,6 @@ def test_fused_moe_empty_batch_and_cpu_tensors():
     assert out.shape == (0, 64) and out.dtype == torch.bfloat16
     with pytest.raises(ValueError, match="^x: cute_moe runs on a CUDA device"):
         cute_moe.fused_moe(**_small_inputs(T=3).kwargs())
-    for T in (3, 0):  # refused whatever T
-        with pytest.raises(NotImplementedError, match="^quant: cute_moe builds bf16 kernels only"):
-            cute_moe.fused_moe(**_small_inputs(T=T, quant="fp8_tensor").kwargs())
 
 
 def test_bench_draws_the_shared_weights():

@@ -45,7 +45,7 @@ def test_cli_prints_the_rule_s_kernel_and_explains_the_swizzle(capsys):
     (["--k", "0"], "K=0"),
     (["--experts", "0"], "--experts"),
     (["--swap-ab", "--tokens-tile", "12"], "multiple of 8"),
-    (["--swap-ab", "--weights-tile", "256"], "above 128"),
+    (["--swap-ab", "--weights-tile", "256"], "at most 128"),
     (["--stages", "1"], "at least 2 stages"),
     (["--normal", "--tokens-per-expert", "512", "--stages", "8"], "shared memory over budget"),
 ])

@@ -15,7 +15,8 @@ import pytest
 
 from cute_moe.config import GemmConfig
 from cute_moe.figures import notes_configs, notes_figures
-from cute_moe.layouts import accumulator_owners, describe, plan_layouts, thread_value_map, tma_layouts
+from cute_moe.layouts import (accumulator_owners, describe, format_config, plan_layouts, thread_value_map,
+                               tma_layouts)
 from moe_spec.quant import FP8_BLOCK
 
 NS = "{http://www.w3.org/2000/svg}"
@@ -81,14 +82,16 @@ def test_fragment_n8_is_the_kernels_partition_c(figs, cfgs):
         assert _fragment(text) == kernel  # the accumulator layout does not depend on the operand type
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
-def test_fragment_n256_is_the_tiled_mma_tv_layout(figs, cfgs, fmt):
+@pytest.mark.parametrize("fmt, n", [("bf16", 256), ("fp8", 128)])
+def test_fragment_prefill_is_the_tiled_mma_tv_layout(figs, cfgs, fmt, n):
+    """prefill (normal path): bf16's 128×256 tile; FP8's is 128 weights wide (two accumulators)."""
     cfg = cfgs["prefill_normal"]
+    assert format_config(cfg, fmt).tile_n == n
     plan = plan_layouts(cfg, fmt)
     table = thread_value_map(plan["tv_C_tiled"], plan["mma_tile_mn"][0])
-    drawn = _fragment(figs[f"fragment_{fmt}_n256.svg"])
+    drawn = _fragment(figs[f"fragment_{fmt}_n{n}.svg"])
     assert drawn == {t: table[t] for t in range(128)}
-    assert all(len(cells) == 64 * 256 // 128 for cells in drawn.values())
+    assert all(len(cells) == 64 * n // 128 for cells in drawn.values())
 
 
 @pytest.mark.parametrize("cfg", [GemmConfig(swap_ab=True, tokens_tile=8, weights_tile=128),
@@ -157,7 +160,8 @@ def _span(r):
 @pytest.mark.parametrize("name,fmt", [("decode_swapab", "bf16"), ("prefill_normal", "bf16"), ("decode_normal", "bf16"),
                                       ("decode_swapab", "fp8"), ("prefill_normal", "fp8")])
 def test_pipeline_follows_the_kernels_protocol(figs, cfgs, name, fmt):
-    cfg = cfgs[name]
+    cfg = format_config(cfgs[name], fmt)  # FP8: the kernel's fp8_block config of the same GEMM
+    assert cfg.quant == (None if fmt == "bf16" else "fp8_block")
     root = _root(figs[f"pipeline_{'fp8_' if fmt == 'fp8' else ''}{name}.svg"])
     plan = plan_layouts(cfg, fmt)
     assert int(root.get("data-stages")) == cfg.stages

@@ -52,13 +52,37 @@ def _sweep(backend, spec, quant, options):
     return listed
 
 
-@pytest.mark.parametrize("options", [{}, {"swap_ab": True}, {"swap_ab": False}], ids=str)
+CUTE_FORMATS = [None, "fp8_tensor", "fp8_channel", "fp8_block"]
+
+
+@pytest.mark.parametrize("options", [{}, {"swap_ab": True}, {"swap_ab": False}, {"fusion": "separate"}], ids=str)
+@pytest.mark.parametrize("quant", CUTE_FORMATS, ids=lambda q: q or "bf16")
 @pytest.mark.parametrize("spec", ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8"])
-def test_cute_plans_for_lists_every_plan_of_a_dense_sweep(spec, options):
+def test_cute_plans_for_lists_every_plan_of_a_dense_sweep(spec, quant, options):
     from cute_moe.config import path_rule
 
-    listed = _sweep(cute_moe, spec, None, options)
+    listed = _sweep(cute_moe, spec, quant, options)
     assert len(listed) == len(path_rule(options.get("swap_ab")))  # these layers reach every bucket by T = 4096
+    for p in listed:  # every plan is of the call's format and pipeline
+        assert p.quant == quant and p.fusion == options.get("fusion", "fused")
+        assert {p.gemm1.quant, p.gemm2.quant} == {quant}
+        assert (p.gemm1.out_dtype, p.gemm2.out_dtype) == ("bfloat16" if quant is None else "float32", "bfloat16")
+        assert p.gemm2.row_scale == (p.fusion == "fused")
+
+
+@pytest.mark.parametrize("quant", CUTE_FORMATS[1:])
+def test_cute_fp8_plans_are_e4m3_kernels(quant):
+    """An FP8 plan: E4M3 GEMMs of the format, k32 WGMMAs on 128-deep stages, GEMM1 to fp32, and the
+    same path and token tile as the bf16 plan of the same call (one path rule)."""
+    for T in (1, 100, 4096):
+        p, bf16 = cute_moe.plan(dims("mixtral-8x7b", T), quant), cute_moe.plan(dims("mixtral-8x7b", T))
+        assert all(c.dtype == "float8_e4m3fn" and c.tile_k == 128 for c in (p.gemm1, p.gemm2))
+        assert all(m.endswith("k32.f32.e4m3.e4m3") for m in p.mma)
+        assert p.swap_ab == bf16.swap_ab and p.align_tile == bf16.align_tile
+        assert " k128 " in p.describe() and "k32" in p.describe()
+    separate = cute_moe.plan(dims("mixtral-8x7b", 8), quant, fusion="separate")
+    assert separate.describe().endswith("| separate") and not separate.gemm2.row_scale
+    assert separate.gemm1.epilogue_scales == (quant == "fp8_block")  # block scales stay in the main loop
 
 
 @pytest.mark.parametrize("device", [None, "NVIDIA H200"], ids=["heuristic", "h200-tables"])
@@ -93,7 +117,9 @@ def test_an_empty_batch_of_a_supported_call_is_empty(name):
 REFUSED = [
     ("cute_moe", MoEShape("odd-K", 4, 2, 12, 32, "test"), None, {}, ValueError, r"^x: hidden size K"),
     ("cute_moe", TINY, None, {"swap_ab": 1}, TypeError, r"^swap_ab:"),
-    ("cute_moe", TINY, "fp8_tensor", {}, NotImplementedError, r"^quant:"),
+    ("cute_moe", MoEShape("K-72", 4, 2, 72, 32, "test"), "fp8_tensor", {}, ValueError,
+     r"^x: hidden size K = x\.shape\[1\] = 72 must be a multiple of 16 for cute_moe with quant='fp8_tensor'"),
+    ("cute_moe", TINY, "fp8_block", {"fusion": "unfused"}, ValueError, r"^fusion: expected one of"),
     ("triton_moe", TINY, "fp8_block", {"config": triton_moe.TritonConfig(16, 64, 256)}, ValueError,
      r"^config: fp8_block needs BLOCK_K"),
     ("triton_moe", TINY, None, {"swap_ab": "no"}, TypeError, r"^swap_ab:"),

@@ -1,0 +1,135 @@
+"""The FP8 (W8A8) layer's host side: its limits, the activation quantization, the scales' order.
+
+``cute_moe.fused_moe`` with ``quant`` one of ``"fp8_tensor"``, ``"fp8_channel"``, ``"fp8_block"``
+(weights already E4M3 with their scales, ``moe_spec.quant``) runs::
+
+    quantize_tokens        x [T, K] bf16 → E4M3 + scales, once per layer    quantops: amax, quantize
+    gather_rows            E4M3 rows in expert-sorted order (the bytes moved as bf16 pairs)
+    GEMM1                  H = (x·s_x)(W1·s_w1)ᵀ in fp32 [M_pad, 2I]        gemm + fp8_gemm
+    quantize_intermediate  A = SiLU(H_gate)·H_up in fp32 + its amax, then E4M3 + scales
+    GEMM2                  Y = (A·s_a)(W2·s_w2)ᵀ · routing weight → bf16     gemm + fp8_gemm
+    combine                out[t] = Σ_j Y[row(t, j)]
+
+which is, step for step, the W8A8 model of ``moe_spec.oracle``: the activations are quantized
+exactly as ``moe_spec.quant.quantize_activation`` does (IEEE divisions, round to nearest even,
+saturating), the intermediate from unrounded fp32 values and — for the per-tensor format — over
+the T·top_k rows that exist (the padding rows of the sorted order are masked out of its amax).
+
+Scales in the GEMMs' order: the activation scales of x are per *token*; the GEMM reads them per
+*sorted row*, so channel and block scales are gathered along the token of every sorted row
+(``moe.SortedRows.token_of_row``, a small torch index op); the intermediate is quantized in sorted
+order already, its padding rows told apart by :meth:`moe_spec.align.Alignment.holds_pair`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from moe_spec.align import Alignment
+from moe_spec.hopper import sm_count
+from moe_spec.quant import FP8_DTYPE, activation_scale_shape
+
+from .config import FP8_ALIGN_ELEMS
+from .ptx import compile_quant_kernels
+from .runtime import cute_tensor, cute_vector, current_stream
+
+
+def gemm1_out_dtype(quant) -> str:
+    """GEMM1's output dtype: fp32 under FP8 (SiLU·up is quantized from unrounded values, as the
+    reference does — a bf16-rounded copy would move values across E4M3 rounding boundaries), bf16
+    otherwise."""
+    return "bfloat16" if quant is None else "float32"
+
+
+def check_quant_layer(K: int, I: int, quant, configs) -> None:  # noqa: E741
+    """This backend's limits for ``quant`` beyond ``plan.check_options``'s (host only, before any launch).
+
+    * FP8: ``K`` and ``I`` multiples of ``FP8_ALIGN_ELEMS`` = 16 — an E4M3 row (x, the
+      intermediate, a weight row) must be whole 16-byte TMA rows.
+    * ``configs`` (already a checked pair): both of the call's format, GEMM1 writing
+      :func:`gemm1_out_dtype` and GEMM2 bf16, with their scales applied (``epilogue_scales``: the
+      configs are the fused pipeline's; ``fusion="separate"`` leaves the scales out itself).
+    """
+    if quant is not None:
+        for name, v in (("x: hidden size K = x.shape[1]", K), ("w2: intermediate size I = w2.shape[2]", I)):
+            if v % FP8_ALIGN_ELEMS:
+                raise ValueError(f"{name} = {v} must be a multiple of {FP8_ALIGN_ELEMS} for cute_moe with "
+                                 f"quant={quant!r} (TMA needs 16-byte rows: {FP8_ALIGN_ELEMS} E4M3 values)")
+    if configs is None:
+        return
+    for i, (cfg, out_dtype) in enumerate(zip(configs, (gemm1_out_dtype(quant), "bfloat16"))):
+        if cfg.quant != quant:
+            raise ValueError(f"configs[{i}]: quant={cfg.quant!r}, but the call's quant={quant!r}")
+        if cfg.out_dtype != out_dtype:
+            raise ValueError(f"configs[{i}]: out_dtype must be {out_dtype!r} with quant={quant!r} "
+                             f"(GEMM{i + 1} {'feeds the quantized intermediate' if i == 0 else 'writes the output'})")
+        if not cfg.epilogue_scales:
+            raise ValueError(f"configs[{i}]: epilogue_scales must be True (the configs are the fused pipeline's: "
+                             f"unscaled sums would be the output; fusion='separate' leaves the scales out itself)")
+
+
+def _launch_quantize(kernels: dict, prefix: str, src: torch.Tensor, amax: torch.Tensor, quant: str,
+                     used: torch.Tensor):
+    """E4M3 copy of ``src`` [rows, cols] and its flat scales, from the flat ``amax``."""
+    rows, cols = src.shape
+    q = torch.empty(rows, cols, dtype=FP8_DTYPE, device=src.device)
+    scale = torch.empty_like(amax)
+    kernels[prefix + "_quantize"](cute_tensor(src, 1), cute_vector(amax), cute_tensor(q, 1), cute_vector(scale),
+                                  cute_vector(used), current_stream(src))
+    return q, scale
+
+
+def quantize_tokens(x: torch.Tensor, quant: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``moe_spec.quant.quantize_activation(x, quant)`` on the device: (E4M3 [T, K], fp32 scales in
+    its shape — [1], [T, 1] or [T, ⌈K/128⌉])."""
+    T, K = x.shape
+    kernels = compile_quant_kernels(quant, sm_count(x.device))
+    shape = activation_scale_shape(quant, T, K)
+    amax = torch.zeros(math.prod(shape), dtype=torch.float32, device=x.device)
+    used = torch.full((1,), T, dtype=torch.int32, device=x.device)
+    # stand-ins for the arguments only the SiLU variant reads: x for `a`, `used` for the row mask
+    kernels["x_amax"](cute_tensor(x, 1), cute_tensor(x, 1), cute_vector(amax), cute_vector(used), cute_vector(used),
+                      current_stream(x))
+    q, scale = _launch_quantize(kernels, "x", x, amax, quant, used)
+    return q, scale.view(shape)
+
+
+def sorted_token_scales(scale: torch.Tensor, token_of_row: torch.Tensor, quant: str) -> torch.Tensor:
+    """x's scales in the GEMM's row order (``token_of_row``: the token of every sorted row):
+    [1] (tensor), [M_pad] (channel), [M_pad, ⌈K/128⌉] (block)."""
+    if quant == "fp8_tensor":
+        return scale
+    rows = scale[token_of_row]
+    return rows.view(-1) if quant == "fp8_channel" else rows
+
+
+def silu_mul_amax(h: torch.Tensor, alignment: Alignment, quant: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``A = SiLU(h[:, :I]) · h[:, I:]`` in fp32 from GEMM1's fp32 output h [M_pad, 2I], and its flat amax.
+
+    ``alignment`` (:class:`moe_spec.align.Alignment`): the rows that hold a (token, slot) pair
+    (``holds_pair``) count in the amax, the padding rows do not; A is written on the rows the GEMMs
+    cover (``num_padded``, int32 [1] on the device) and left unwritten past them.
+    """
+    rows, two_i = h.shape
+    i = two_i // 2
+    kernels = compile_quant_kernels(quant, sm_count(h.device))
+    amax = torch.zeros(math.prod(activation_scale_shape(quant, rows, i)), dtype=torch.float32, device=h.device)
+    row_mask = alignment.holds_pair().to(torch.int32)
+    a = torch.empty(rows, i, dtype=torch.float32, device=h.device)
+    kernels["silu_amax"](cute_tensor(h, 1), cute_tensor(a, 1), cute_vector(amax), cute_vector(row_mask),
+                         cute_vector(alignment.num_padded), current_stream(h))
+    return a, amax
+
+
+def quantize_intermediate(h: torch.Tensor, alignment: Alignment, quant: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """SiLU(h[:, :I])·h[:, I:] of GEMM1's fp32 output h [M_pad, 2I], quantized per ``quant``
+    (:func:`silu_mul_amax`, then the quantize kernel).
+
+    Returns (E4M3 [M_pad, I], fp32 scales in GEMM2's order: [1], [M_pad] or [M_pad, ⌈I/128⌉]).
+    """
+    a, amax = silu_mul_amax(h, alignment, quant)
+    q, scale = _launch_quantize(compile_quant_kernels(quant, sm_count(h.device)), "a", a, amax, quant,
+                                alignment.num_padded)
+    return q, (scale.view(h.shape[0], -1) if quant == "fp8_block" else scale)

@@ -1,0 +1,165 @@
+"""Dynamic FP8 quantization of activations on the device: amax, then quantize (small CuTe kernels).
+
+Both kernels reproduce :func:`moe_spec.quant.quantize_activation` bit for bit:
+
+* amax in fp32 of the values as given (a max is exact in any order, so atomics change nothing);
+* ``s = max(amax, 1e-12) / 448`` — an IEEE division (PTX ``div.rn.f32``), never a multiplication
+  by a reciprocal;
+* ``q = e4m3(v / s)`` — again ``div.rn.f32``, then ``cvt.rn.satfinite.e4m3x2.f32``: round to
+  nearest even, and ±448 for anything beyond — exactly the reference's clamp-then-round (a NaN
+  stays a NaN in both).
+
+The unit of work is one *group*: 128 columns of one row, held by one warp, 4 consecutive values
+per lane.  A group's amax is a warp reduction (``shfl.bfly``) and one ``atomic max`` into the
+amax buffer, whose slot depends on the format::
+
+    fp8_tensor   amax[0]                  one scale for the whole tensor
+    fp8_channel  amax[row]                one per row (token / sorted row)
+    fp8_block    amax[row · groups + g]   one per 1×128 group
+
+so the three formats share one kernel, and the quantize kernel finds a group's scale in the same
+slot.  Amax and scale buffers are flat fp32 vectors; the amax buffer must be zero on entry.
+
+* ``RowAmax``: the amax of ``x`` [rows, cols] (bf16), or — ``silu=True`` — of the SiLU·up
+  intermediate: it reads GEMM1's fp32 output ``h`` [rows, 2·cols] and writes ``a = SiLU(h[:, :I]) ·
+  h[:, I:]`` in fp32 as it goes, so the intermediate is quantized from unrounded values.  With
+  ``silu=True`` a row whose ``row_mask`` is 0 (padding of the expert-sorted order) adds nothing to
+  the amax, so a per-tensor scale sees exactly the T·top_k rows the reference sees.
+* ``QuantizeRows``: ``q = e4m3(v / s)`` and the scales, from the amax.
+
+Each grid is persistent and walks the groups of the rows that matter, whose count it reads from
+device memory.  A row is ``cols`` wide with ``cols`` a multiple of 16 (FP8 rows are whole 16-byte
+TMA rows), so a row ends on a whole 4-value chunk; a lane whose chunk lies past the row's end of
+the last, partial group holds nothing.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+import cutlass  # noqa: E402
+import cutlass.cute as cute  # noqa: E402
+
+from moe_spec.quant import AMAX_FLOOR, FP8_BLOCK, FP8_MAX  # noqa: E402
+
+from .rowops import CTAS_PER_SM, THREADS, silu_mul  # noqa: E402
+
+LANE_VALUES = FP8_BLOCK // 32
+"""Values per lane: a warp of 32 lanes holds one 128-column group."""
+WARPS = THREADS // 32
+
+
+def _chunks(t: cute.Tensor):
+    """[rows, cols] as (1, LANE_VALUES, rows, cols / LANE_VALUES): one lane's 4 values per (row, chunk)."""
+    return cute.local_tile(t, (1, LANE_VALUES), (None, None))
+
+
+class _GroupKernel:
+    """Common plumbing: a persistent grid of warps walking (row, group) work items."""
+
+    def __init__(self, quant: str, num_sms: int):
+        self.quant = quant
+        self.num_ctas = num_sms * CTAS_PER_SM
+
+    def _launch(self, kernel, stream):
+        kernel.launch(grid=[self.num_ctas, 1, 1], block=[THREADS, 1, 1], stream=stream)
+
+    def _first_and_step(self):
+        """(this warp's first work item, the grid's warp count), warp-uniform."""
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        bidx, _, _ = cute.arch.block_idx()
+        return bidx * WARPS + warp, self.num_ctas * WARPS
+
+    def _slot(self, row, group, groups):
+        """Index of (row, group)'s amax / scale in the flat buffer of this format."""
+        if self.quant == "fp8_tensor":
+            return 0
+        if self.quant == "fp8_channel":
+            return row
+        return row * groups + group
+
+
+class RowAmax(_GroupKernel):
+    """Arguments: src [rows, cols] bf16 (x) or, with ``silu``, h fp32 [rows, 2·cols]; a fp32
+    [rows, cols] (written with ``silu``; without it a stand-in of src's type, never touched),
+    amax fp32 (flat, zeroed), row_mask int32 [rows] (read with ``silu``; else a stand-in),
+    used_rows int32 [1], stream."""
+
+    def __init__(self, quant: str, num_sms: int, silu: bool):
+        super().__init__(quant, num_sms)
+        self.silu = silu
+
+    @cute.jit
+    def __call__(self, src: cute.Tensor, a: cute.Tensor, amax: cute.Tensor, row_mask: cute.Tensor,
+                 used_rows: cute.Tensor, stream):
+        self._launch(self.kernel(src, a, amax, row_mask, used_rows), stream)
+
+    @cute.kernel
+    def kernel(self, src: cute.Tensor, a: cute.Tensor, amax: cute.Tensor, row_mask: cute.Tensor,
+               used_rows: cute.Tensor):
+        vs, va = _chunks(src), _chunks(a)
+        chunks = a.shape[1] // LANE_VALUES if self.silu else src.shape[1] // LANE_VALUES
+        groups = (chunks + 31) // 32
+        lane = cute.arch.lane_idx()
+        item, step = self._first_and_step()
+        while item < used_rows[0] * groups:
+            row = item // groups
+            g = item - row * groups
+            chunk = g * 32 + lane
+            group_max = cutlass.Float32(0.0)
+            if chunk < chunks:
+                if cutlass.const_expr(self.silu):
+                    v = silu_mul(vs[(0, None, row, chunk)].load(), vs[(0, None, row, chunk + chunks)].load())
+                    va[(0, None, row, chunk)].store(v)
+                else:
+                    v = vs[(0, None, row, chunk)].load().to(cutlass.Float32)
+                group_max = abs(v).reduce(cute.ReductionOp.MAX, cutlass.Float32(0.0), 0)
+            group_max = cute.arch.warp_reduction_max(group_max)
+            counts = lane == 0
+            if cutlass.const_expr(self.silu):
+                counts = counts & (row_mask[row] != 0)
+            if counts:
+                cute.arch.atomic_fmax(amax.iterator + self._slot(row, g, groups), group_max, sign_bit=False)
+            item += step
+
+
+class QuantizeRows(_GroupKernel):
+    """Arguments: src [rows, cols] (bf16 or fp32), amax fp32 (flat), q float8_e4m3fn [rows, cols],
+    scale fp32 (flat, the format's shape), used_rows int32 [1], stream."""
+
+    @cute.jit
+    def __call__(self, src: cute.Tensor, amax: cute.Tensor, q: cute.Tensor, scale: cute.Tensor,
+                 used_rows: cute.Tensor, stream):
+        self._launch(self.kernel(src, amax, q, scale, used_rows), stream)
+
+    @cute.kernel
+    def kernel(self, src: cute.Tensor, amax: cute.Tensor, q: cute.Tensor, scale: cute.Tensor,
+               used_rows: cute.Tensor):
+        vs, vq = _chunks(src), _chunks(q)
+        chunks = src.shape[1] // LANE_VALUES
+        groups = (chunks + 31) // 32
+        lane = cute.arch.lane_idx()
+        item, step = self._first_and_step()
+        while item < used_rows[0] * groups:
+            row = item // groups
+            g = item - row * groups
+            slot = self._slot(row, g, groups)
+            # IEEE division by 448, as moe_spec.quant computes the scale
+            s = cutlass.max(amax[slot], cutlass.Float32(AMAX_FLOOR)) / cutlass.Float32(FP8_MAX)
+            if lane == 0:
+                # one writer per slot: item 0 (tensor), the row's first group (channel), every group (block)
+                if cutlass.const_expr(self.quant == "fp8_tensor"):
+                    if item == 0:
+                        scale[slot] = s
+                elif cutlass.const_expr(self.quant == "fp8_channel"):
+                    if g == 0:
+                        scale[slot] = s
+                else:
+                    scale[slot] = s
+            chunk = g * 32 + lane
+            if chunk < chunks:
+                v = vs[(0, None, row, chunk)].load().to(cutlass.Float32)
+                vq[(0, None, row, chunk)].store((v / s).to(q.element_type))  # div.rn, cvt.rn.satfinite
+            item += step

@@ -1,0 +1,74 @@
+"""The unfused pipeline, an explicit option for the comparison: ``fused_moe(..., fusion="separate")``.
+
+A CUTLASS-style FP8 MoE runs scaling, the GEMM and the expert aggregation as separate passes over
+HBM; the fused layer (the default, ``fusion="fused"``) does all three in the GEMM's registers.
+Both compute the same W8A8 function; ``separate`` pays for the extra passes::
+
+    fused (default)                           separate
+    GEMM1: H = acc · s_x·s_w   (fp32)         GEMM1: raw acc (fp32)  →  scale pass: H = raw · s_x·s_w
+    SiLU·up, quantize                         SiLU·up, quantize                        (the same)
+    GEMM2: y = acc · s_a·s_w · w_route (bf16) GEMM2: raw acc (bf16)  →  scale pass: y = raw · s_a·s_w
+    combine: out[t] = Σ_j y                   weighted combine: out[t] = Σ_j w_route · y
+
+Only the per-tensor and per-channel scales can leave the GEMM: ``fp8_block``'s change every 128 of K,
+so they stay in its main loop (promotion) in both pipelines, and its ``separate`` pipeline differs
+by the routing-weight pass only — as does bf16's.  The scale pass multiplies by the epilogue's
+product in the epilogue's order, so GEMM1's fp32 H is bit for bit the fused one; GEMM2's raw bf16
+output is rounded once more than the fused one.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from moe_spec.align import Alignment
+from moe_spec.hopper import sm_count
+
+from .config import GemmConfig
+from .ptx import compile_unfused_kernels
+from .runtime import cute_scale, cute_tensor, cute_vector, current_stream
+
+FUSIONS = ("fused", "separate")
+
+_EPILOGUE_SCALED = ("fp8_tensor", "fp8_channel")
+
+
+def check_fusion(fusion) -> str:
+    """``fusion``: one of :data:`FUSIONS` (ValueError naming the argument otherwise)."""
+    if not isinstance(fusion, str) or fusion not in FUSIONS:
+        raise ValueError(f"fusion: expected one of {FUSIONS}, got {fusion!r}")
+    return fusion
+
+
+def separate_configs(cfg1: GemmConfig, cfg2: GemmConfig) -> tuple[GemmConfig, GemmConfig]:
+    """The fused layer's (GEMM1, GEMM2) configs turned into the unfused pipeline's: scales left to
+    the scale pass where they can leave the GEMM, no routing weight in GEMM2's epilogue."""
+    off = {"epilogue_scales": False} if cfg1.quant in _EPILOGUE_SCALED else {}
+    return cfg1.replace(**off).validate(), cfg2.replace(row_scale=False, **off).validate()
+
+
+def scale_rows(y: torch.Tensor, alignment: Alignment, x_scale: torch.Tensor, w_scale: torch.Tensor,
+               quant) -> torch.Tensor:
+    """The scale pass, in place: ``y[r, c] ·= s_x · s_w`` for per-tensor / per-channel FP8 (x_scale
+    in the GEMM's row order: [1] or [M_pad]) on the used rows (``alignment.num_padded``), each row
+    reading its expert's weight scale (``expert_of_block``, one expert per ``alignment.tile``
+    rows); nothing to do for bf16 and fp8_block."""
+    if quant not in _EPILOGUE_SCALED:
+        return y
+    name = {torch.float32: "scale_f32", torch.bfloat16: "scale_bf16"}[y.dtype]
+    kernel = compile_unfused_kernels(quant, sm_count(y.device))[name]
+    row_expert = alignment.expert_of_block.repeat_interleave(alignment.tile)  # −1 past the used rows: never read
+    kernel(cute_tensor(y, 1), cute_vector(row_expert), cute_scale(x_scale), cute_scale(w_scale),
+           cute_vector(alignment.num_padded), current_stream(y))
+    return y
+
+
+def weighted_combine(y: torch.Tensor, row_of_pair: torch.Tensor, topk_weights: torch.Tensor, quant) -> torch.Tensor:
+    """The aggregation pass: ``out[t] = Σ_j topk_weights[t, j] · y[row_of_pair[t·top_k + j]]``, fp32
+    sum → bf16 [T, K]."""
+    T = topk_weights.shape[0]
+    out = torch.empty(T, y.shape[1], dtype=y.dtype, device=y.device)
+    weights = topk_weights.reshape(-1).to(torch.float32)
+    compile_unfused_kernels(quant, sm_count(y.device))["weighted_combine"](
+        cute_tensor(y, 1), cute_tensor(out, 1), cute_vector(row_of_pair), cute_vector(weights), current_stream(y))
+    return out
