@@ -277,14 +277,17 @@ def to_markdown(study: dict) -> str:
              f"- T swept: {len(t)} values from {t[0]} to {t[-1]} (powers of two, 2ᵏ ± 1, odd values "
              f"{(SWEEP_RATIO - 1) * 100:.0f} % apart); each case in a fresh process with empty Triton and CuTe caches",
              "",
-             "| backend | shape | format | plans | kernels compiled by the warm-up | warm-up s | import backend s "
+             "| backend | shape | format | plans | kernels the warm-up compiled (dry run: would compile) | warm-up s "
+             "| import backend s "
              "| compilations after warm-up | first call ms: max (at T) | median | second call ms median | status |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in study["cases"]:
         w = c.get("warmup") or {}
         at = f" (T = {c['first_call_ms_max_at_T']})" if "first_call_ms_max_at_T" in c else ""
+        dry = w.get("mode", "").startswith("dry run")
+        seconds = "dry run" if dry else _cell(w.get("seconds"), "{:.2f}")
         lines.append(f"| {c['backend']} | {c['shape']} | {c['quant']} | {_cell(w.get('plans') and len(w['plans']))} "
-                     f"| {_cell(w.get('compiled'))} | {_cell(w.get('seconds'), '{:.2f}')} | {_cell(c.get('import_s'))} "
+                     f"| {_cell(w.get('compiled'))} | {seconds} | {_cell(c.get('import_s'))} "
                      f"| {_cell(c.get('compilations_after_warmup'))} | {_cell(c.get('first_call_ms_max'))}{at} "
                      f"| {_cell(c.get('first_call_ms_median'))} | {_cell(c.get('second_call_ms_median'))} "
                      f"| {c['status']} |")
