@@ -3,7 +3,8 @@
 Reading order: ``config.py`` (what a kernel is: tiles, stages, the path rule) → ``plan.py`` (the
 decisions of one layer call) → ``gemm.py`` (the kernel) → ``rowops.py`` (gather, SiLU·mul,
 combine) → ``moe.py`` (routing alignment and the MoE layer) → ``layouts.py`` (the kernel's layouts
-as plain data) → ``ptx.py`` (compile on the CPU, the compile cache) → ``bench.py``.
+as plain data) → ``ptx.py`` (compile on the CPU, the compile cache) → ``warmup.py`` (compile every
+kernel a layer can use, before serving) → ``bench.py``.
 FP8: ``fp8_gemm.py`` (scales in registers, two-level accumulation) → ``quantops.py`` (activation
 quantization kernels) → ``moe_fp8.py`` (the W8A8 layer's host side); ``unfused.py`` (the unfused
 pipeline, ``fusion="separate"``); ``runtime.py`` converts torch tensors into kernel arguments for
@@ -22,10 +23,11 @@ from .moe import combine, fused_moe, gather_rows, grouped_gemm, silu_mul, sort_r
 from .plan import LayerPlan, layer_configs, plan, plans_for  # noqa: E402
 from .ptx import (compile_count, compile_gemm, compile_plan, compile_ptx, compile_quant_kernels,  # noqa: E402
                   compile_row_kernels, mma_instruction)
+from .warmup import warmup  # noqa: E402
 
 fused_experts = make_fused_experts(fused_moe)
 
 __all__ = ["GemmConfig", "LayerPlan", "choose_config", "combine", "compile_count", "compile_gemm", "compile_plan",
            "compile_ptx", "compile_quant_kernels", "compile_row_kernels", "describe", "describe_json", "fused_experts",
            "fused_moe", "gather_rows", "grouped_gemm", "layer_configs", "mma_instruction", "plan", "plans_for",
-           "silu_mul", "sort_rows"]
+           "silu_mul", "sort_rows", "warmup"]

@@ -5,7 +5,9 @@ config=None, swap_ab=None)`` implements the backend contract of :mod:`moe_spec.c
 ``fused_experts`` is the same function in vLLM's spelling.
 
 ``plan(dims, quant, config=None, swap_ab=None)`` is the call's decisions (tile, path, instruction),
-``plans_for(...)`` every plan a layer can get (:mod:`moe_spec.plan` describes both).
+``plans_for(...)`` every plan a layer can get (:mod:`moe_spec.plan` describes both);
+``warmup(E, K, I, top_k, quant, max_tokens)`` compiles every kernel of those plans
+(:mod:`moe_spec.warmup`).
 
 Read in this order: :mod:`~triton_moe.align` (sorting pairs by expert), :mod:`~triton_moe.kernels`
 (the grouped GEMM with swap-AB and in-register FP8), :mod:`~triton_moe.moe` (the pipeline),
@@ -18,8 +20,9 @@ from moe_spec.contract import make_fused_experts
 from triton_moe.config import TritonConfig, choose_swap_ab, get_config
 from triton_moe.moe import fused_moe
 from triton_moe.plan import LayerPlan, plan, plans_for
+from triton_moe.warmup import warmup
 
 fused_experts = make_fused_experts(fused_moe)
 
 __all__ = ["fused_moe", "fused_experts", "LayerPlan", "TritonConfig", "choose_swap_ab", "get_config", "plan",
-           "plans_for"]
+           "plans_for", "warmup"]

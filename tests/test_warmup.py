@@ -1,0 +1,251 @@
+"""The warm-up (moe_spec.warmup, triton_moe.warmup, cute_moe.warmup) and the study (compare.warm_study), on the CPU.
+
+After ``warmup(E, K, I, top_k, quant, max_tokens)`` a sweep of every T = 1 … max_tokens (a reduced layer)
+or of ≈ 250 values up to 16384 (a catalog layer: powers of two, 2ᵏ ± 1, odd values) must compile
+nothing:
+
+* Triton: the sweep's specialization keys (Triton's own binder, ``count_compilations(dry_run=True)``)
+  are all among the warm-up's — for bf16 and every FP8 format, with both ``topk_ids`` dtypes,
+  the heuristic and the H200's tuned tables;
+* CuTe: every GEMM config the plan of each T picks is among the warm-up's, and compiling each
+  T's plan (``compile_plan``) compiles nothing — for the kernels compiled to PTX on this CPU.
+
+Dropping one plan from the enumeration the warm-up reads must make the sweep fail (both backends).
+"""
+
+import importlib
+import inspect
+import json
+
+import pytest
+import torch
+
+import cute_moe
+import triton_moe
+from compare import warm_study
+from compare.warm_study import CPU_SHAPE, run_warm_study, sweep_tokens
+from cute_moe import ptx
+from moe_spec.quant import QUANT_FORMATS
+from moe_spec.validate import MoEDims
+from moe_spec.warmup import WarmupReport, placeholder_inputs
+from triton_moe import config as triton_config
+from triton_moe.jit import count_compilations
+
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array:DeprecationWarning")
+
+TRITON_WARMUP = importlib.import_module("triton_moe.warmup")  # the module (triton_moe.warmup is the function)
+CUTE_WARMUP = importlib.import_module("cute_moe.warmup")
+LAYERS = [(8, 2, 64, 32), (6, 1, 40, 24)]  # (E, top_k, K, I): a combine; top_k = 1, K not a multiple of 16
+MAX_T = 512
+
+
+def _triton_sweep(E, top_k, K, I, quant, tokens, **options):  # noqa: E741
+    """fused_moe over ``tokens`` (dry run: keys only), topk_ids int32 at even T, int64 at odd T;
+    returns the plans the sweep met. Weights and x are placeholders: keys do not depend on values."""
+    base = placeholder_inputs(E, K, I, top_k, quant, 1, "cpu")
+    met = set()
+    for T in tokens:
+        # token t goes to experts 7t, 7t + 1, … (mod E): distinct in a row, spread over all experts
+        topk_ids = (torch.arange(T)[:, None] * 7 + torch.arange(top_k)) % E
+        topk_ids = topk_ids.to(torch.int64 if T % 2 else torch.int32)
+        topk_weights = torch.full((T, top_k), 1 / top_k)
+        triton_moe.fused_moe(torch.empty(T, K, dtype=torch.bfloat16), base.w1, base.w2, topk_weights, topk_ids,
+                             quant=quant, w1_scale=base.w1_scale, w2_scale=base.w2_scale, **options)
+        met.add(triton_moe.plan(MoEDims(T=T, E=E, K=K, I=I, top_k=top_k), quant, **options))
+    return met
+
+
+def _triton_new_keys(E, top_k, K, I, quant, max_tokens, tokens=None, **options):  # noqa: E741
+    """Warm-up, then the sweep (default: every T up to ``max_tokens``), in one dry-run counter."""
+    with count_compilations(dry_run=True) as counter:
+        report = triton_moe.warmup(E, K, I, top_k, quant, max_tokens=max_tokens, device="cpu", **options)
+        counter.mark()
+        met = _triton_sweep(E, top_k, K, I, quant, tokens or range(1, max_tokens + 1), **options)
+        swept = {(name, key) for name, keys in counter.keys.items() for key in keys}
+    return report, counter.new_keys, swept, met
+
+
+@pytest.mark.parametrize("quant", QUANT_FORMATS, ids=lambda q: q or "bf16")
+@pytest.mark.parametrize("E, top_k, K, I", LAYERS, ids=["topk2", "topk1-K40"])
+def test_triton_sweep_after_warmup_compiles_nothing(E, top_k, K, I, quant):  # noqa: E741
+    report, new_keys, swept, met = _triton_new_keys(E, top_k, K, I, quant, MAX_T)
+    assert new_keys == {}, f"compiled after the warm-up: {new_keys}"
+    assert swept == report.covered  # nothing the layer needs is missing, nothing extra was warmed
+    assert len(met) == len(report.plans) > 1  # the sweep crossed every bucket
+    # what a fresh process compiles: per plan GEMM1 and GEMM2; per BLOCK_M the scan and the scatter
+    # (one per ids dtype); the count kernel (per ids dtype); the combine (top_k > 1); FP8: the
+    # quantize kernel for x and for the intermediate, plus the amax of x for fp8_tensor
+    block_ms = {p.config.BLOCK_M for p in met}
+    expected = 2 * len(met) + 3 * len(block_ms) + 2 + (top_k > 1) + {None: 0, "fp8_tensor": 3}.get(quant, 2)
+    assert report.count == len(report.covered) == expected
+
+
+@pytest.mark.parametrize("quant", [None, "fp8_tensor"], ids=["bf16", "fp8_tensor"])
+def test_triton_warmup_covers_the_h200_tables(quant, monkeypatch):
+    monkeypatch.setattr(triton_config, "current_device_name", lambda: "NVIDIA H200")
+    report, new_keys, _, met = _triton_new_keys(128, 8, 2048, 768, quant, 16384, sweep_tokens(16384))  # Qwen3-30B
+    assert new_keys == {} and len(met) == len(report.plans) >= 3
+
+
+def test_triton_sweep_catches_a_plan_the_warmup_skipped(monkeypatch):
+    full = triton_moe.plans_for(8, 64, 32, 2, None, MAX_T)
+    monkeypatch.setattr(TRITON_WARMUP, "plans_for", lambda *a, **k: full[:1] + full[2:])
+    _, new_keys, _, _ = _triton_new_keys(8, 2, 64, 32, None, MAX_T)
+    assert new_keys.get("moe_gemm_kernel") == 2  # GEMM1 and GEMM2 of the skipped plan
+
+
+def test_triton_warmup_covers_the_callers_options():
+    cfg = triton_moe.TritonConfig(32, 64, 64, swap_ab=False)
+    report, new_keys, _, met = _triton_new_keys(8, 2, 64, 32, "fp8_channel", 64, config=cfg)
+    assert new_keys == {} and len(report.plans) == len(met) == 1
+    report, new_keys, _, met = _triton_new_keys(8, 2, 64, 32, None, MAX_T, swap_ab=False)
+    assert new_keys == {} and all(not p.config.swap_ab for p in met)
+
+
+def test_triton_warmup_with_one_ids_dtype_misses_the_other():
+    with count_compilations(dry_run=True) as counter:
+        triton_moe.warmup(8, 64, 32, 2, max_tokens=MAX_T, device="cpu", ids_dtypes=(torch.int32,))
+        counter.mark()
+        _triton_sweep(8, 2, 64, 32, None, [2, 3])  # int32, then int64
+    assert set(counter.new_keys) == {"_count_kernel", "_scatter_kernel"}
+
+
+# ---- CuTe: compiled to PTX on this CPU ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cute_warm():
+    """A warm-up from an empty compile cache (the module's own), for the reduced layer up to MAX_T."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ptx, "_cache", {})
+        before = ptx.compile_count()
+        report = cute_moe.warmup(8, 64, 32, 2, max_tokens=MAX_T, device="cpu")
+        yield report, ptx.compile_count() - before
+
+
+def _cute_sweep(report, tokens):
+    """Per T: the plan's GEMMs are in the warm-up's set; compiling the plan compiles nothing.
+    Returns (GEMM configs missing from the report, kernels the sweep compiled, plans met)."""
+    missing, met, before = set(), set(), ptx.compile_count()
+    for T in tokens:
+        p = cute_moe.plan(MoEDims(T=T, E=8, K=64, I=32, top_k=2))
+        missing |= {cfg for cfg in (p.gemm1, p.gemm2) if ("grouped_gemm", cfg) not in report.covered}
+        ptx.compile_plan(p)
+        met.add(p)
+    return missing, ptx.compile_count() - before, met
+
+
+def test_cute_sweep_after_warmup_compiles_nothing(cute_warm):
+    report, compiled = cute_warm
+    missing, swept_compiles, met = _cute_sweep(report, range(1, MAX_T + 1))
+    assert not missing and swept_compiles == 0
+    assert len(met) == len(report.plans) == len(cute_moe.config.path_rule()) > 1
+    gemms = {cfg for p in met for cfg in (p.gemm1, p.gemm2)}
+    assert compiled == report.count == len(gemms) + len(CUTE_WARMUP.ROW_KERNELS)
+    assert [s.what for s in report.steps][-1] == "row kernels" and all(s.seconds > 0 for s in report.steps)
+
+
+def test_cute_warmup_again_compiles_nothing(cute_warm):
+    again = cute_moe.warmup(8, 64, 32, 2, max_tokens=MAX_T, device="cpu")
+    assert again.count == 0 and again.covered == cute_warm[0].covered
+
+
+def test_cute_sweep_catches_a_plan_the_warmup_skipped(monkeypatch):
+    full = cute_moe.plans_for(8, 64, 32, 2, None, 40)  # T ≤ 40: token tiles 8 and 16
+    assert len(full) == 2
+    monkeypatch.setattr(CUTE_WARMUP, "plans_for", lambda *a, **k: full[:1])
+    monkeypatch.setattr(ptx, "_cache", {})
+    report = cute_moe.warmup(8, 64, 32, 2, max_tokens=40, device="cpu")
+    missing, swept_compiles, _ = _cute_sweep(report, range(1, 41))
+    assert missing == {full[1].gemm1, full[1].gemm2} and swept_compiles == 2
+
+
+def test_cute_dry_run_lists_without_compiling():
+    before = ptx.compile_count()
+    report = cute_moe.warmup(128, 2048, 768, 8, max_tokens=16384, device="cpu", dry_run=True)
+    assert ptx.compile_count() == before and report.mode.startswith("dry run")
+    assert len(report.plans) == 5 and report.count == 10 + 3  # two GEMMs per plan, the row kernels
+
+
+# ---- one interface, refusals ----------------------------------------------------------------------------
+
+
+def test_both_backends_have_the_same_warmup():
+    sig = {name: list(inspect.signature(mod.warmup).parameters)[:9]
+           for name, mod in (("cute", cute_moe), ("triton", triton_moe))}
+    assert sig["cute"][:8] == sig["triton"][:8] == ["E", "K", "I", "top_k", "quant", "max_tokens", "device",
+                                                    "dry_run"]
+    r = triton_moe.warmup(8, 64, 32, 2, "fp8_block", max_tokens=16, device="cpu")
+    assert isinstance(r, WarmupReport) and r.backend == "triton_moe"
+    d = json.loads(json.dumps(r.as_dict()))
+    assert d["quant"] == "fp8_block" and d["compiled"] == r.count == sum(len(s["compiled"]) for s in d["steps"])
+    assert f"{r.count:2d} kernels  in all" in r.summary()
+
+
+@pytest.mark.parametrize("mod", [cute_moe, triton_moe], ids=["cute", "triton"])
+@pytest.mark.parametrize("args, kwargs, error, match", [
+    ((0, 64, 32, 2), {}, ValueError, r"^E: expected a positive int"),
+    ((8, 64, 32, 9), {}, ValueError, r"^top_k: expected at most E = 8"),
+    ((8, 64, 32, 2), {"max_tokens": "64"}, TypeError, r"^max_tokens: expected an int"),
+    ((8, 64.0, 32, 2), {}, TypeError, r"^K: expected an int"),
+    ((8, 64, 32, 2, "fp9"), {}, ValueError, r"^quant: expected one of"),
+])
+def test_bad_arguments_are_named(mod, args, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        mod.warmup(*args, device="cpu", **kwargs)
+
+
+def test_refusals_by_name():
+    with pytest.raises(NotImplementedError, match=r"^quant: cute_moe implements bf16, got 'fp8_tensor'"):
+        cute_moe.warmup(8, 64, 32, 2, "fp8_tensor", device="cpu")
+    with pytest.raises(ValueError, match=r"^ids_dtypes:"):
+        triton_moe.warmup(8, 64, 32, 2, device="cpu", ids_dtypes=(torch.float32,))
+    with pytest.raises(ValueError, match=r"^K: hidden size"):  # the backend's own limit, from its plan
+        cute_moe.warmup(8, 60, 32, 2, device="cpu")
+    if not torch.cuda.is_available():
+        for mod in (cute_moe, triton_moe):
+            with pytest.raises(ValueError, match=r"^device: 'cuda' asked for"):
+                mod.warmup(8, 64, 32, 2)
+
+
+# ---- the study (reduced form, CPU) ------------------------------------------------------------------------
+
+
+def test_sweep_tokens():
+    t = sweep_tokens(16384)
+    assert t == sorted(set(t)) and 150 <= len(t) <= 400 and t[0] == 1 and t[-1] == 16384
+    assert all(2**k in t and 2**k + 1 in t for k in range(14)) and sum(v % 2 for v in t) > 0.8 * len(t)
+
+
+def test_warm_study_cpu(tmp_path):
+    study = run_warm_study([CPU_SHAPE], [None, "fp8_tensor"], ("triton_moe", "cute_moe"), sweep_tokens(40),
+                           device="cpu")
+    cases = {(c["backend"], c["quant"]): c for c in study["cases"]}
+    for key in [("triton_moe", "bf16"), ("triton_moe", "fp8_tensor"), ("cute_moe", "bf16")]:
+        c = cases[key]
+        assert c["status"] == "ok" and c["compilations_after_warmup"] == 0, c
+        assert c["caches_empty_at_start"] is True and c["warmup"]["compiled"] > 0
+        assert len(c["per_T"]) == len(sweep_tokens(40))
+    assert cases[("cute_moe", "fp8_tensor")]["status"].startswith("not available: quant: cute_moe implements")
+    assert {"date", "device", "commit", "command"} <= set(study["meta"])
+    md = warm_study.to_markdown(study)
+    plans = len(triton_moe.plans_for(8, 64, 32, 2, "fp8_tensor", 40))
+    assert f"| triton_moe | warm-tiny | fp8_tensor | {plans} |" in md and "## cute_moe, warm-tiny, bf16" in md
+
+
+def test_warm_study_cli(tmp_path, capsys):
+    assert warm_study.main(["--count", "--shapes", "qwen3-30b-a3b", "--quants", "bf16", "--max-tokens", "16384"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("cute_moe") and "plans, 13 kernels" in line for line in lines)
+    rc = warm_study.main(["--out", str(tmp_path), "--max-tokens", "20", "--backends", "triton_moe", "--quants", "bf16"])
+    assert rc == 0
+    data = json.loads((tmp_path / "warm_study.json").read_text())
+    assert data["meta"]["command"].startswith("python -m compare.warm_study --out")
+    assert (tmp_path / "warm_study.md").read_text().startswith("# Warm-up study")
+
+
+@pytest.mark.gpu
+def test_warm_study_gpu():
+    """On the H200: from empty caches, after the warm-up no T of the sweep compiles (both backends)."""
+    study = run_warm_study(["qwen3-30b-a3b"], [None], ("triton_moe", "cute_moe"), sweep_tokens(2048))
+    assert all(c["status"] == "ok" and c["compilations_after_warmup"] == 0 for c in study["cases"]), study["cases"]
