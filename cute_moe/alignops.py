@@ -4,7 +4,8 @@
 reference routine, bit for bit — every expert's pairs in ascending pair order (a *stable* sort),
 each run padded to a multiple of ``tile`` with the sentinel ``P``, the rows past the used ones
 ``P``, the blocks past them −1 — without a host synchronisation and with no launch but its own
-two, so it can be captured in a CUDA graph and replayed with new ids.
+two (one when the pairs fit a single chunk: decode), so it can be captured in a CUDA graph and
+replayed with new ids.
 
 The pairs are cut into chunks of :data:`CHUNK`; CTA ``c`` owns chunk ``c`` in both launches, and
 its 8 warps own consecutive slices of the chunk, walked 32 pairs (one per lane) at a time.
@@ -14,11 +15,12 @@ its 8 warps own consecutive slices of the chunk, walked 32 pairs (one per lane) 
 2. ``PlacePairs`` (one CTA per chunk):
 
    a. every CTA reads the whole ``counts`` table: expert ``e``'s total and the pairs of ``e`` in
-      the chunks before ``c``; it pads every total to ``tile`` and scans them over the experts
-      (a block scan) — ``expert_end``, written by CTA 0;
-   b. it counts its own warps' slices again (as in 1) and turns the ``[warps, E]`` table into
-      the row where each warp's next pair of ``e`` goes: ``start_e + (pairs of e in earlier
-      chunks) + (pairs of e in earlier warps of this chunk)``;
+      the chunks before ``c`` (with a single chunk, launch 1 is skipped and the totals are the
+      CTA's own counts from b);
+   b. it counts its own warps' slices again (as in 1), pads every total to ``tile`` and scans
+      them over the experts (a block scan) — ``expert_end``, written by CTA 0 — and turns the
+      ``[warps, E]`` table into the row where each warp's next pair of ``e`` goes:
+      ``start_e + (pairs of e in earlier chunks) + (pairs of e in earlier warps of this chunk)``;
    c. each warp walks its slice 32 pairs at a time: ``match.any`` gives each lane the lanes that
       hold the same expert, the lane's rank among them is the popcount of those below it, and one
       lane per expert advances the table entry.  So a pair's row is its expert's start plus the
@@ -44,7 +46,7 @@ import cuda.bindings.driver as cuda  # noqa: E402
 import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
 import torch  # noqa: E402
-from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream  # noqa: E402
+from cutlass.cute.runtime import from_dlpack, make_fake_compact_tensor, make_fake_stream  # noqa: E402
 from cutlass.memory import SmemAllocator  # noqa: E402
 
 from moe_spec.align import Alignment, align, max_rows  # noqa: E402
@@ -165,9 +167,9 @@ class CountExperts:
 
 
 class PlacePairs:
-    """Launch 2.  Arguments: ids [P], counts int32 [C·E] (launch 1), sorted_ids int32 [rows] (out),
-    expert_of_block int32 [rows / tile] (out), expert_end int32 [E] (out), num_experts Int32,
-    tile Int32, stream.  Grid: one CTA per chunk, as launch 1."""
+    """Launch 2.  Arguments: ids [P], counts int32 [C·E] (launch 1; not read when C = 1),
+    sorted_ids int32 [rows] (out), expert_of_block int32 [rows / tile] (out), expert_end int32 [E]
+    (out), num_experts Int32, tile Int32, stream.  Grid: one CTA per chunk, as launch 1."""
 
     @cute.jit
     def __call__(self, ids: cute.Tensor, counts: cute.Tensor, sorted_ids: cute.Tensor, expert_of_block: cute.Tensor,
@@ -193,22 +195,35 @@ class PlacePairs:
         s_end = smem.allocate_tensor(cutlass.Int32, cute.make_layout(MAX_EXPERTS))     # end of e's run
         s_warp_sums = smem.allocate_tensor(cutlass.Int32, cute.make_layout(WARPS))
 
-        # (a) every expert's total and its pairs in the chunks before this one, from launch 1
+        # (a) every expert's total and its pairs in the chunks before this one: from launch 1's
+        #     counts, or — a single chunk, where launch 1 is skipped — from this CTA's own table
         _stage_chunk(ids, s_ids, lo, n, num_experts)
-        e = tidx
-        while e < num_experts:
-            before = cutlass.Int32(0)
-            for cc in cutlass.range(c, unroll=4):
-                before += counts[cc * num_experts + e]
-            total = before
-            for cc in cutlass.range(c, chunks, unroll=4):
-                total += counts[cc * num_experts + e]
-            s_before[e] = before
-            s_total[e] = total
-            e += THREADS
+        if chunks > 1:
+            e = tidx
+            while e < num_experts:
+                before = cutlass.Int32(0)
+                for cc in cutlass.range(c, unroll=4):
+                    before += counts[cc * num_experts + e]
+                total = before
+                for cc in cutlass.range(c, chunks, unroll=4):
+                    total += counts[cc * num_experts + e]
+                s_before[e] = before
+                s_total[e] = total
+                e += THREADS
         cute.arch.sync_threads()
         # (b) this chunk's per-warp counts; the padded runs scanned over the experts
         _count_warp_slice(s_ids, table, n, num_experts)
+        cute.arch.sync_threads()
+        if chunks == 1:
+            e = tidx
+            while e < num_experts:
+                total = cutlass.Int32(0)
+                for w in cutlass.range_constexpr(WARPS):
+                    total += table[w, e]
+                s_before[e] = 0
+                s_total[e] = total
+                e += THREADS
+            cute.arch.sync_threads()
         _scan_runs(s_total, s_end, s_warp_sums, num_experts, tile)  # ends with a CTA barrier
         if c == 0:
             e = tidx
@@ -342,21 +357,34 @@ def compile_align_kernels(ids_dtype: torch.dtype = torch.int32, *, keep_ptx: boo
 
 def _vector(t: torch.Tensor):
     """A 1-D device array with a dynamic extent (the kernels are compiled against symbolic ones)."""
-    from cutlass.cute.runtime import from_dlpack
-
     return from_dlpack(t).mark_layout_dynamic()
 
 
 def launch_align(flat_ids: torch.Tensor, num_experts: int, tile: int, sorted_ids: torch.Tensor,
                  expert_of_block: torch.Tensor, expert_end: torch.Tensor, counts: torch.Tensor) -> None:
-    """The two launches on the current stream, into the caller's buffers: ``flat_ids`` [P ≥ 1] on a
-    CUDA device; int32 ``sorted_ids`` [max_rows], ``expert_of_block`` [max_rows / tile],
-    ``expert_end`` [E] (every element written) and ``counts`` [⌈P / CHUNK⌉ · E] (scratch)."""
+    """The launches on the current stream (launch 1 only for more than one chunk), into the
+    caller's buffers: ``flat_ids`` [P ≥ 1] on a CUDA device; int32 ``sorted_ids`` [max_rows],
+    ``expert_of_block`` [max_rows / tile], ``expert_end`` [E] (every element written) and
+    ``counts`` [⌈P / CHUNK⌉ · E] (scratch).  The sizes are checked (a kernel writes every element
+    it is told exists), naming the argument."""
+    check_align_args(flat_ids, num_experts, tile)
+    num_pairs = flat_ids.numel()
+    if flat_ids.dim() != 1 or num_pairs == 0 or not flat_ids.is_contiguous():
+        raise ValueError(f"flat_ids: expected a non-empty contiguous 1-D tensor, got shape {tuple(flat_ids.shape)}")
+    rows, chunks = max_rows(num_pairs, num_experts, tile), -(-num_pairs // CHUNK)
+    for name, t, n in (("sorted_ids", sorted_ids, rows), ("expert_of_block", expert_of_block, rows // tile),
+                       ("expert_end", expert_end, num_experts), ("counts", counts, chunks * num_experts)):
+        if t.dtype != torch.int32 or t.shape != (n,) or t.device != flat_ids.device or not t.is_contiguous():
+            raise ValueError(f"{name}: expected a contiguous int32 [{n}] on {flat_ids.device}, got {t.dtype} "
+                             f"{list(t.shape)} on {t.device}")
+    if flat_ids.device.type != "cuda":
+        raise ValueError(f"flat_ids: the alignment kernels run on a CUDA device, got a tensor on {flat_ids.device}")
     kernels = compile_align_kernels(flat_ids.dtype)
     with torch.cuda.device(flat_ids.device):
         stream = cuda.CUstream(torch.cuda.current_stream(flat_ids.device).cuda_stream)
         ids, scratch = _vector(flat_ids), _vector(counts)
-        kernels["count"](ids, scratch, num_experts, stream)
+        if chunks > 1:  # a single chunk: launch 2 counts it itself
+            kernels["count"](ids, scratch, num_experts, stream)
         kernels["place"](ids, scratch, _vector(sorted_ids), _vector(expert_of_block), _vector(expert_end),
                          num_experts, tile, stream)
 
@@ -365,8 +393,8 @@ def align_on_device(topk_ids: torch.Tensor, num_experts: int, tile: int) -> Alig
     """:func:`moe_spec.align.align` computed by the two kernels of this module, bit for bit.
 
     ``topk_ids`` [T, top_k] int32 or int64 (any shape: its elements in order are the pairs).
-    On a CUDA device: two launches on the current stream (:func:`launch_align`), no host sync,
-    CUDA-graph capturable.  Elsewhere (the CPU has no CuTe launches) the reference routine runs
+    On a CUDA device: at most two launches on the current stream (:func:`launch_align`), no host
+    sync, CUDA-graph capturable.  Elsewhere (the CPU has no CuTe launches) the reference routine runs
     instead.  Raises TypeError / ValueError naming a bad argument before any launch.
     """
     check_align_args(topk_ids, num_experts, tile)

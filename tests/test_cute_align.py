@@ -121,14 +121,17 @@ def model_align(topk_ids, num_experts, tile):
     chunks = -(-num_pairs // CHUNK)
     sorted_ids, expert_of_block, expert_end = _Memory(rows), _Memory(rows // tile), _Memory(num_experts)
     counts = torch.full((chunks, num_experts), POISON, dtype=torch.int64)
-    for c in range(chunks):  # launch 1
+    for c in range(chunks if chunks > 1 else 0):  # launch 1 (skipped for a single chunk)
         lo, n = c * CHUNK, min(CHUNK, num_pairs - c * CHUNK)
         counts[c] = _count_warp_slices(_stage(flat, lo, n, num_experts), n, num_experts).sum(0)
     for c in range(chunks):  # launch 2
         lo, n = c * CHUNK, min(CHUNK, num_pairs - c * CHUNK)
         s_ids = _stage(flat, lo, n, num_experts)
-        before, total = counts[:c].sum(0), counts.sum(0)
         table = _count_warp_slices(s_ids, n, num_experts)
+        if chunks > 1:
+            before, total = counts[:c].sum(0), counts.sum(0)
+        else:  # the CTA's own table holds the totals
+            before, total = torch.zeros(num_experts, dtype=torch.int64), table.sum(0)
         end = _scan_runs(total, tile)
         if c == 0:
             expert_end.store(torch.arange(num_experts), end)
@@ -278,3 +281,21 @@ def test_kernels_compile_once_per_id_dtype():
     assert cute_moe.compile_count() == n
     with pytest.raises(TypeError, match="^ids_dtype: "):
         compile_align_kernels(torch.float32)
+
+
+def test_launch_align_checks_every_buffer_before_any_launch():
+    from cute_moe.alignops import launch_align
+
+    flat, E, tile = torch.zeros(5, dtype=torch.int32), 8, 16
+    rows = max_rows(5, E, tile)
+    i32 = lambda n: torch.zeros(n, dtype=torch.int32)  # noqa: E731
+    good = [i32(rows), i32(rows // tile), i32(E), i32(E)]
+    for k, name in enumerate(("sorted_ids", "expert_of_block", "expert_end", "counts")):
+        bad = list(good)
+        bad[k] = i32(bad[k].numel() + 1)
+        with pytest.raises(ValueError, match=f"^{name}: "):
+            launch_align(flat, E, tile, *bad)
+    with pytest.raises(ValueError, match="^flat_ids: .*contiguous"):
+        launch_align(torch.zeros(10, dtype=torch.int32)[::2], E, tile, *good)
+    with pytest.raises(ValueError, match="^flat_ids: .*CUDA"):
+        launch_align(flat, E, tile, *good)
