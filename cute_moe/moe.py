@@ -11,12 +11,12 @@ whole layer can be captured in a CUDA graph and a new routing never recompiles a
 
 0. ``plan`` (``plan.py``): the two GEMM configs and the alignment tile, on the host.
 1. ``sort_rows``: the ``P = T·top_k`` (token, slot) pairs are sorted by expert and every expert's
-   run is padded to a multiple of the plan's ``align_tile`` — :func:`moe_spec.align.align`, the
-   project's reference routine (torch ops; vLLM's ``moe_align_block_size`` contract) — and the
-   row maps the kernels read are derived from it: the token and the routing weight of every
-   sorted row, the row of every pair.  The buffers are sized by the host-known worst case
-   (:func:`moe_spec.align.max_rows`), so their sizes depend on T only; the number of *used* rows
-   is a device scalar the GEMM's scheduler reads.
+   run is padded to a multiple of the plan's ``align_tile`` — the result of the project's reference
+   routine :func:`moe_spec.align.align` (vLLM's ``moe_align_block_size`` contract), computed by two
+   CuTe launches (``alignops.py``) — and the row maps the kernels read are derived from it: the
+   token and the routing weight of every sorted row, the row of every pair.  The buffers are
+   sized by the host-known worst case (:func:`moe_spec.align.max_rows`), so their sizes depend on
+   T only; the number of *used* rows is a device scalar the GEMM's scheduler reads.
 2. gather ``X_sorted[r] = x[token(r)]`` for the used rows (a CuTe row kernel, ``rowops.py``;
    padding rows inside a block repeat the last token: finite, and weighted 0 later).
 3. GEMM1 (grouped): ``H = X_sorted · W1[e]ᵀ``  → ``[M_pad, 2I]``.
@@ -41,11 +41,12 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 import torch  # noqa: E402
 
-from moe_spec.align import Alignment, align  # noqa: E402
+from moe_spec.align import Alignment  # noqa: E402
 from moe_spec.hopper import sm_count  # noqa: E402
 from moe_spec.quant import FP8_DTYPE  # noqa: E402
 from moe_spec.validate import validate_moe_args  # noqa: E402
 
+from .alignops import MAX_EXPERTS, align_on_device  # noqa: E402
 from .config import ALIGN_ELEMS, GemmConfig  # noqa: E402
 from .moe_fp8 import quantize_intermediate, quantize_tokens, sorted_token_scales  # noqa: E402
 from .plan import LayerPlan, plan  # noqa: E402
@@ -80,8 +81,8 @@ class SortedRows:
 
 
 def sort_rows(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, tile: int) -> SortedRows:
-    """Align the pairs (:func:`moe_spec.align.align`, runs padded to ``tile``) and derive the row maps."""
-    al = align(topk_ids, num_experts, tile)
+    """Align the pairs (:func:`~cute_moe.alignops.align_on_device`, runs padded to ``tile``) and derive the row maps."""
+    al = align_on_device(topk_ids, num_experts, tile)
     T, top_k = topk_ids.shape
     token_of_row = al.token_of_row(top_k).clamp_(max=max(T - 1, 0))  # the padding sentinel is T
     return SortedRows(al, token_of_row, al.weight_of_row(topk_weights), al.row_of_pair())
@@ -168,7 +169,8 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
     checked on the host before the first launch — T = 0 included — so bad input never leaves a
     half-run pipeline behind.
     """
-    dims = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale)
+    dims = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale,
+                             max_experts=MAX_EXPERTS)
     p = plan(dims, quant, swap_ab=swap_ab, configs=configs, fusion=fusion)
     if dims.T == 0:
         return x.new_empty((0, dims.K))

@@ -10,7 +10,8 @@ leave it unchanged.
 ``compile_ptx(cfg)`` returns the PTX text: the teaching view of what WGMMA, TMA, ``setmaxnreg``
 and ``stmatrix`` instructions the config produced, and the CPU test hook.  ``mma_instruction(cfg)``
 names the WGMMA the config compiles to, read from the kernel's own tiled MMA; ``compile_plan``
-compiles what one layer plan runs (a warm-up walks ``cute_moe.plans_for``).
+compiles what one layer plan runs (a warm-up walks ``cute_moe.plans_for``); ``compile_once`` keeps
+the kernels other modules compile (the alignment, ``alignops.py``) in the same cache.
 
 The persistent grid is one CTA per SM: :func:`moe_spec.hopper.sm_count` — the GPU's own count
 where there is one, the H200's 132 when compiling on a CPU.
@@ -211,6 +212,21 @@ def compile_unfused_kernels(quant, num_sms: int | None = None) -> dict:
                     hit[name] = cute.compile(ScaleRows(num_sms, quant, vec), _rows_tensor(dtype, vec),
                                              vector(cutlass.Int32), *_fake_scales(quant), vector(cutlass.Int32), stream)
             _cache[key] = hit
+            _compiles += len(hit)
+        return hit
+
+
+def compile_once(key: tuple, build, *, keep_ptx: bool = False) -> dict:
+    """The cache entry for kernels compiled outside this module (the alignment, ``alignops.py``):
+    ``build(options)`` compiles them with ``cute.compile(..., options=options)`` and returns
+    ``{name: compiled}``; it runs once per ``key`` (and ``keep_ptx``: then ``.__ptx__`` holds the
+    PTX); each kernel counts in :func:`compile_count`."""
+    global _compiles
+    key = (*key, keep_ptx)
+    with _lock:
+        hit = _cache.get(key)
+        if hit is None:
+            hit = _cache[key] = build(f"--keep-ptx --dump-dir {_ptx_dir()}" if keep_ptx else None)
             _compiles += len(hit)
         return hit
 
