@@ -7,9 +7,13 @@ For ``T`` tokens routed to ``top_k`` of ``E`` experts (``topk_ids``, ``topk_weig
 with ``W1 [E, 2I, K]`` (gate rows, then up rows) and ``W2 [E, K, I]``.
 
 Step by step (every step is device work; nothing reads routing data back to the host, so the
-whole layer can be captured in a CUDA graph and a new routing never recompiles anything):
+whole layer can be captured in a CUDA graph, an eager call costs no sync, and a new routing never
+recompiles anything):
 
 0. ``plan`` (``plan.py``): the two GEMM configs and the alignment tile, on the host.
+   The routing data is checked on the device (:func:`moe_spec.validate.guard_routing`): an id
+   outside [0, E) is clamped for the alignment and its pair weighted NaN, and every failed check
+   sets its bit in the device's error word (:func:`moe_spec.validate.check` raises).
 1. ``sort_rows``: the ``P = T·top_k`` (token, slot) pairs are sorted by expert and every expert's
    run is padded to a multiple of the plan's ``align_tile`` — :func:`moe_spec.align.align`, the
    project's reference routine (torch ops; vLLM's ``moe_align_block_size`` contract) — and the
@@ -31,15 +35,16 @@ whole layer can be captured in a CUDA graph and a new routing never recompiles a
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from dataclasses import dataclass
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 import torch  # noqa: E402
 
-from moe_spec.align import Alignment, align  # noqa: E402
+from moe_spec.align import Alignment, align, max_rows  # noqa: E402
 from moe_spec.hopper import sm_count  # noqa: E402
-from moe_spec.validate import validate_moe_args  # noqa: E402
+from moe_spec.validate import error_word, guard_routing, validate_moe_args  # noqa: E402
 
 from .config import ALIGN_ELEMS, GemmConfig  # noqa: E402
 from .plan import plan  # noqa: E402
@@ -91,11 +96,21 @@ def gemm_blocks(alignment: Alignment, tokens_tile: int) -> tuple[torch.Tensor, t
     return experts, alignment.num_padded // tokens_tile
 
 
-def _cute_tensor(t: torch.Tensor, leading_dim: int):
-    """A 2-D/3-D operand with a dynamic layout (unit stride on ``leading_dim``), 16-B aligned."""
-    from cutlass.cute.runtime import from_dlpack
+def _cute_tensor(t: torch.Tensor, leading_dim: int, cache: dict | None = None):
+    """A 2-D/3-D operand with a dynamic layout (unit stride on ``leading_dim``), 16-B aligned.
 
-    return from_dlpack(t, assumed_align=16).mark_layout_dynamic(leading_dim=leading_dim)
+    ``cache``: a workspace's dict of wrappers (see :func:`_workspace`): the wrapping (tens of µs
+    of host time) is done once per buffer of the workspace. Only buffers the workspace owns may be
+    wrapped through it — a wrapper keeps its tensor alive."""
+    key = (t.data_ptr(), t.shape, t.stride(), leading_dim)
+    hit = cache.get(key) if cache is not None else None
+    if hit is None:
+        from cutlass.cute.runtime import from_dlpack
+
+        hit = from_dlpack(t, assumed_align=16).mark_layout_dynamic(leading_dim=leading_dim)
+        if cache is not None:
+            cache[key] = hit
+    return hit
 
 
 def _cute_vector(t: torch.Tensor):
@@ -111,6 +126,12 @@ def _cute_vector(t: torch.Tensor):
     return from_dlpack(t).mark_layout_dynamic()
 
 
+def _launch(kernel, args: tuple, device) -> None:
+    """Every CuTe launch of this module: ``kernel(*args, stream)`` on ``device``'s current stream
+    (one place, so a CPU test can count the launches of a call without running them)."""
+    kernel(*args, _stream(device))
+
+
 def check_gemm_shape(n_out: int, k: int) -> None:
     """The grouped GEMM's host check of its problem sizes: ``N_out`` and ``K`` positive multiples of
     ``ALIGN_ELEMS`` (TMA's 16-byte rows; with K = 0 no stage would ever be loaded)."""
@@ -121,11 +142,13 @@ def check_gemm_shape(n_out: int, k: int) -> None:
 
 
 def grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, rows: SortedRows, cfg: GemmConfig, *,
-                 row_scale: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                 row_scale: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                 cache: dict | None = None) -> torch.Tensor:
     """``out[r] = x_sorted[r] · w[expert(r)]ᵀ (· row_scale[r])`` for every used sorted row r.
 
     x_sorted: bf16 [M_pad, K]; w: bf16 [E, N_out, K] (contiguous).  Returns bf16 [M_pad, N_out]
-    (rows past the used blocks are left unwritten).
+    (rows past the used blocks are left unwritten). ``cache``: the wrappers of a workspace that
+    owns ``x_sorted`` and ``out`` (:func:`_cute_tensor`).
     """
     m_pad, k = x_sorted.shape
     n_experts, n_out, k_w = w.shape
@@ -135,17 +158,16 @@ def grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, rows: SortedRows, cfg:
     if cfg.row_scale != (row_scale is not None):
         raise ValueError("grouped_gemm: pass row_scale exactly when cfg.row_scale is set")
     if out is None:
-        out = torch.empty(m_pad, n_out, dtype=torch.bfloat16, device=x_sorted.device)
+        out, cache = torch.empty(m_pad, n_out, dtype=torch.bfloat16, device=x_sorted.device), None
     expert_of_block, num_blocks = gemm_blocks(rows.alignment, cfg.tokens_tile)
     if row_scale is None:
         row_scale = rows.weight_of_row  # a valid fp32 buffer the kernel never reads
     compiled = compile_gemm(cfg, sm_count(x_sorted.device))
-    compiled(
-        _cute_tensor(x_sorted, 1),
+    _launch(compiled, (
+        _cute_tensor(x_sorted, 1, cache),
         _cute_tensor(w.permute(1, 2, 0), 1),  # (N_out, K, E): the expert is TMA's 3rd coordinate
-        _cute_tensor(out.t(), 0) if cfg.swap_ab else _cute_tensor(out, 1),
-        _cute_vector(expert_of_block), _cute_vector(num_blocks), _cute_vector(row_scale), _stream(x_sorted),
-    )
+        _cute_tensor(out.t(), 0, cache) if cfg.swap_ab else _cute_tensor(out, 1, cache),
+        _cute_vector(expert_of_block), _cute_vector(num_blocks), _cute_vector(row_scale)), x_sorted.device)
     return out
 
 
@@ -166,18 +188,56 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
     if x.device.type != "cuda":
         raise ValueError(f"x: cute_moe runs on a CUDA device (Hopper), got a tensor on {x.device.type}; "
                          f"on a CPU, compile_ptx() shows the kernels")
-    rows = sort_rows(topk_ids, topk_weights, dims.E, p.align_tile)
-    x_sorted = gather_rows(x, rows)
-    h = grouped_gemm(x_sorted, w1, rows, p.gemm1)
-    a = silu_mul(h, rows)
-    y = grouped_gemm(a, w2, rows, p.gemm2, row_scale=rows.weight_of_row)
-    return combine(y, rows, dims.T, dims.top_k)
+    return run_layer(x, w1, w2, topk_weights, topk_ids, dims, p)
 
 
-def _stream(t: torch.Tensor):
+def run_layer(x, w1, w2, topk_weights, topk_ids, dims, p) -> torch.Tensor:
+    """The layer after validation and planning (``dims``, plan ``p``): no host sync.
+
+    The routing data is checked on the device (:func:`moe_spec.validate.guard_routing`: ids clamped
+    into range, a bad id's pair weighted NaN, failures ORed into the error word); the intermediate
+    buffers and their CuTe wrappers are a workspace reused by the eager calls of one stream."""
+    ids, weights = guard_routing(topk_ids, topk_weights, dims.E, error_word(x.device))
+    rows = sort_rows(ids, weights, dims.E, p.align_tile)
+    ws = _workspace(dims, p, x.device)
+    x_sorted = gather_rows(x, rows, out=ws["x_sorted"], cache=ws["wraps"])
+    h = grouped_gemm(x_sorted, w1, rows, p.gemm1, out=ws["h"], cache=ws["wraps"])
+    a = silu_mul(h, rows, out=ws["a"], cache=ws["wraps"])
+    y = grouped_gemm(a, w2, rows, p.gemm2, row_scale=rows.weight_of_row, out=ws["y"], cache=ws["wraps"])
+    return combine(y, rows, dims.T, dims.top_k, cache=ws["wraps"])
+
+
+#: Workspaces kept (least recently used dropped first): one per (sizes, plan, device, stream).
+WORKSPACES = 8
+_workspaces: OrderedDict = OrderedDict()
+
+
+def _workspace(dims, p, device) -> dict:
+    """The intermediate buffers of one call (X_sorted, H, A, Y) and a dict for their CuTe wrappers,
+    reused by the eager calls of one stream — the stream orders each call after the last, and the
+    returned output is always a new tensor. Fresh (not kept) while a CUDA graph is being captured:
+    a graph owns the buffers it was captured with."""
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+    key = (dims, p.align_tile, device, stream)
+    ws = None if capturing else _workspaces.get(key)
+    if ws is None:
+        rows = max_rows(dims.T * dims.top_k, dims.E, p.align_tile)
+        new = lambda cols: torch.empty(rows, cols, dtype=torch.bfloat16, device=device)  # noqa: E731
+        ws = dict(x_sorted=new(dims.K), h=new(2 * dims.I), a=new(dims.I), y=new(dims.K), wraps={})
+        if not capturing:
+            _workspaces[key] = ws
+            if len(_workspaces) > WORKSPACES:
+                _workspaces.popitem(last=False)
+    else:
+        _workspaces.move_to_end(key)
+    return ws
+
+
+def _stream(device):
     import cuda.bindings.driver as cuda
 
-    return cuda.CUstream(torch.cuda.current_stream(t.device).cuda_stream)
+    return cuda.CUstream(torch.cuda.current_stream(device).cuda_stream)
 
 
 def _row_kernels(device) -> dict:
@@ -191,33 +251,40 @@ def _check_row_width(fn: str, name: str, cols: int, multiple: int = ALIGN_ELEMS)
                          f"(the row kernels move {ALIGN_ELEMS}-element vectors; a tail would be silently dropped)")
 
 
-def gather_rows(x: torch.Tensor, rows: SortedRows) -> torch.Tensor:
-    """``X_sorted[r] = x[token_of_row[r]]`` on the used rows (bf16 [M_pad, K]; other rows unwritten)."""
+def gather_rows(x: torch.Tensor, rows: SortedRows, *, out: torch.Tensor | None = None,
+                cache: dict | None = None) -> torch.Tensor:
+    """``X_sorted[r] = x[token_of_row[r]]`` on the used rows (bf16 [M_pad, K]; other rows unwritten).
+    ``out``, ``cache``: a workspace's buffer and wrappers (:func:`grouped_gemm`)."""
     _check_row_width("gather_rows", "x.shape[1]", x.shape[1])
-    out = torch.empty(rows.rows, x.shape[1], dtype=x.dtype, device=x.device)
-    _row_kernels(x.device)["gather"](_cute_tensor(x, 1), _cute_tensor(out, 1), _cute_vector(rows.token_of_row),
-                                     _cute_vector(rows.alignment.num_padded), _stream(x))
+    if out is None:
+        out, cache = torch.empty(rows.rows, x.shape[1], dtype=x.dtype, device=x.device), None
+    _launch(_row_kernels(x.device)["gather"], (_cute_tensor(x, 1), _cute_tensor(out, 1, cache),
+                                               _cute_vector(rows.token_of_row),
+                                               _cute_vector(rows.alignment.num_padded)), x.device)
     return out
 
 
-def silu_mul(h: torch.Tensor, rows: SortedRows) -> torch.Tensor:
+def silu_mul(h: torch.Tensor, rows: SortedRows, *, out: torch.Tensor | None = None,
+             cache: dict | None = None) -> torch.Tensor:
     """``SiLU(h[:, :I]) ⊙ h[:, I:]`` on the used rows (bf16 [M_pad, I]; other rows unwritten)."""
     m_pad, two_i = h.shape
     _check_row_width("silu_mul", "h.shape[1] (2I)", two_i, 2 * ALIGN_ELEMS)  # each half whole vectors
-    a = torch.empty(m_pad, two_i // 2, dtype=h.dtype, device=h.device)
-    _row_kernels(h.device)["silu_mul"](_cute_tensor(h, 1), _cute_tensor(a, 1),
-                                       _cute_vector(rows.alignment.num_padded), _stream(h))
+    if out is None:
+        out, cache = torch.empty(m_pad, two_i // 2, dtype=h.dtype, device=h.device), None
+    a = out
+    _launch(_row_kernels(h.device)["silu_mul"], (_cute_tensor(h, 1, cache), _cute_tensor(a, 1, cache),
+                                                 _cute_vector(rows.alignment.num_padded)), h.device)
     return a
 
 
-def combine(y: torch.Tensor, rows: SortedRows, T: int, top_k: int) -> torch.Tensor:
+def combine(y: torch.Tensor, rows: SortedRows, T: int, top_k: int, *, cache: dict | None = None) -> torch.Tensor:
     """``out[t] = Σ_j y[row_of_pair[t·top_k + j]]`` (rows already carry their routing weight): fp32
-    sum → bf16 [T, K]."""
+    sum → bf16 [T, K] (a new tensor: the output is never a workspace buffer)."""
     _check_row_width("combine", "y.shape[1]", y.shape[1])
     if rows.row_of_pair.numel() != T * top_k:
         raise ValueError(f"combine: rows has {rows.row_of_pair.numel()} (token, slot) pairs, "
                          f"T·top_k = {T}·{top_k} = {T * top_k}")
     out = torch.empty(T, y.shape[1], dtype=y.dtype, device=y.device)
-    _row_kernels(y.device)["combine"](_cute_tensor(y, 1), _cute_tensor(out, 1), _cute_vector(rows.row_of_pair),
-                                      _stream(y))
+    _launch(_row_kernels(y.device)["combine"], (_cute_tensor(y, 1, cache), _cute_tensor(out, 1),
+                                                _cute_vector(rows.row_of_pair)), y.device)
     return out

@@ -87,6 +87,7 @@ import triton
 import triton.language as tl
 
 import moe_spec.quant
+import moe_spec.validate
 from moe_spec.quant import FORMATS
 
 #: The ``QUANT`` constexpr of each contract format: its mode number in the registry.
@@ -99,6 +100,12 @@ PER_BLOCK = tl.constexpr(FORMATS["fp8_block"].mode)
 FP8_MAX = tl.constexpr(moe_spec.quant.FP8_MAX)  # largest E4M3FN value, 448
 AMAX_FLOOR = tl.constexpr(moe_spec.quant.AMAX_FLOOR)  # smallest amax a scale is taken of, 1e-12
 FP8_BLOCK = tl.constexpr(moe_spec.quant.FP8_BLOCK)  # weight block / activation group edge, 128
+#: The error-word bits the GEMMs set (moe_spec.validate.DATA_CHECKS).
+BAD_WEIGHT = tl.constexpr(moe_spec.validate.BAD_WEIGHT)
+BAD_W1_SCALE = tl.constexpr(moe_spec.validate.BAD_W1_SCALE)
+BAD_W2_SCALE = tl.constexpr(moe_spec.validate.BAD_W2_SCALE)
+#: Partial amaxes of x under fp8_tensor (``amax_kernel``'s programs), reduced by ``quantize_kernel``.
+AMAX_PARTS = 128
 
 
 @triton.jit
@@ -227,18 +234,28 @@ def _unswap(acc, SWAP_AB: tl.constexpr):
 
 
 @triton.jit
+def _scale_bad(s):
+    """1 where a weight scale is not finite and positive (NaN fails both compares), else 0."""
+    return tl.where((s > 0.0) & (s < float("inf")), 0, 1)
+
+
+@triton.jit
 def _dequant_after_loop(acc, a_scale_ptr, a_row, row_ok, w_scale_ptr, expert, w_cols, col_ok,
                         N_TOTAL, QUANT: tl.constexpr):
-    """Per-tensor / per-channel FP8: apply both scales once, after the K loop ([BM, BN] acc)."""
+    """Per-tensor / per-channel FP8: apply both scales once, after the K loop ([BM, BN] acc).
+    Returns (acc, 1 if a weight scale it used is bad)."""
+    bad = 0
     if QUANT == PER_TENSOR:
         s_a = tl.load(a_scale_ptr)
         s_w = tl.load(w_scale_ptr + expert)
         acc = acc * (s_a * s_w)
+        bad = _scale_bad(s_w)
     elif QUANT == PER_CHANNEL:
         s_a = tl.load(a_scale_ptr + a_row, mask=row_ok, other=1.0)
         s_w = tl.load(w_scale_ptr + expert * N_TOTAL + w_cols, mask=col_ok, other=0.0)
         acc = acc * s_a[:, None] * s_w[None, :]
-    return acc
+        bad = tl.max(tl.where(col_ok, _scale_bad(s_w), 0), axis=0)
+    return acc, bad
 
 
 @triton.jit(do_not_specialize=["num_pairs"])
@@ -246,10 +263,11 @@ def moe_gemm_kernel(
     a_ptr, a_scale_ptr,  # A rows [rows, K]: bf16, or E4M3 with its scales (FP8)
     w_ptr, w_scale_ptr,  # expert weights [E, N_TOTAL, K] and their scales (FP8)
     out_ptr, out_amax_ptr,  # output rows by pair [P, N]; amax of the output (GEMM1 under FP8)
-    topk_weights_ptr,  # [P] routing weights (GEMM2)
+    topk_weights_ptr, topk_ids_ptr,  # [P] routing weights (GEMM2) and ids (both: checked, see below)
     sorted_ids_ptr, expert_of_block_ptr, num_padded_ptr,  # the Alignment (moe_spec.align)
+    error_ptr,  # the device's error word (moe_spec.validate): bad scales, routing weights
     num_pairs,  # P = T·top_k: varies per call
-    N, K,  # output columns (I for GEMM1, hidden for GEMM2) and reduction length
+    N, K, E,  # output columns (I for GEMM1, hidden for GEMM2), reduction length, experts
     A_ROW_DIV: tl.constexpr,  # A row of pair p is p // A_ROW_DIV (top_k in GEMM1, 1 in GEMM2)
     FUSE_SILU: tl.constexpr,  # GEMM1: gate and up accumulators, SiLU(gate)·up epilogue
     MUL_ROUTED_WEIGHT: tl.constexpr,  # GEMM2: multiply by the routing weight before the down-cast
@@ -293,6 +311,7 @@ def moe_gemm_kernel(
 
     acc = _acc_tile(SWAP_AB, BLOCK_M, BLOCK_N)
     acc_up = _acc_tile(SWAP_AB, BLOCK_M, BLOCK_N)  # GEMM1 only; folded away otherwise
+    scale_bad = tl.zeros([BLOCK_N], dtype=tl.int32)  # fp8_block: any bad weight scale of the loop
     for k0 in range(0, K, BLOCK_K):
         k_ok = offs_k < K - k0
         a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
@@ -303,11 +322,13 @@ def moe_gemm_kernel(
             kg = k0 // FP8_BLOCK
             s_a = tl.load(a_scale_ptr + a_row * K_GROUPS + kg, mask=row_ok, other=1.0)
             s_w = tl.load(w_scale_ptr + (expert * N_GROUPS + offs_n // FP8_BLOCK) * K_GROUPS + kg,
-                          mask=col_ok, other=0.0)
+                          mask=col_ok, other=1.0)
+            scale_bad |= _scale_bad(s_w)
             acc = _mma_scaled(acc, a, w, s_a, s_w, SWAP_AB, INTERPRETER)
             if FUSE_SILU:
                 s_w_up = tl.load(w_scale_ptr + (expert * N_GROUPS + (N + offs_n) // FP8_BLOCK) * K_GROUPS + kg,
-                                 mask=col_ok, other=0.0)
+                                 mask=col_ok, other=1.0)
+                scale_bad |= _scale_bad(s_w_up)
                 acc_up = _mma_scaled(acc_up, a, w_up, s_a, s_w_up, SWAP_AB, INTERPRETER)
         else:  # bf16, or FP8 with scales applied after the loop
             acc = _mma(acc, a, w, SWAP_AB, INTERPRETER, FP8_IMPRECISE_ACC)
@@ -317,14 +338,23 @@ def moe_gemm_kernel(
         w_ptrs += BLOCK_K
 
     # ---- epilogue on [BLOCK_M, BLOCK_N] ----
-    acc = _dequant_after_loop(_unswap(acc, SWAP_AB), a_scale_ptr, a_row, row_ok, w_scale_ptr, expert,
-                              offs_n, col_ok, N_TOTAL, QUANT)
+    acc, bad = _dequant_after_loop(_unswap(acc, SWAP_AB), a_scale_ptr, a_row, row_ok, w_scale_ptr, expert,
+                                   offs_n, col_ok, N_TOTAL, QUANT)
+    if QUANT == PER_BLOCK:
+        bad = tl.max(scale_bad, axis=0)
+    SCALE_BIT: tl.constexpr = BAD_W1_SCALE if FUSE_SILU else BAD_W2_SCALE
+    bits = tl.where(bad > 0, SCALE_BIT, 0)
+    # a pair whose id is outside [0, E) was aligned with it clamped (triton_moe.align): GEMM1 zeroes
+    # its intermediate, GEMM2 multiplies it by NaN instead of its routing weight (moe_spec.contract)
+    ids = tl.load(topk_ids_ptr + pair, mask=row_ok, other=0)
+    id_ok = (ids >= 0) & (ids < E)
     out_mask = row_ok[:, None] & col_ok[None, :]
     if FUSE_SILU:
-        up = _dequant_after_loop(_unswap(acc_up, SWAP_AB), a_scale_ptr, a_row, row_ok, w_scale_ptr,
-                                 expert, N + offs_n, col_ok, N_TOTAL, QUANT)
+        up, bad = _dequant_after_loop(_unswap(acc_up, SWAP_AB), a_scale_ptr, a_row, row_ok, w_scale_ptr,
+                                      expert, N + offs_n, col_ok, N_TOTAL, QUANT)
+        bits |= tl.where(bad > 0, SCALE_BIT, 0)
         acc = acc / (1.0 + tl.exp(-acc)) * up  # SiLU(gate)·up in fp32
-        acc = tl.where(out_mask, acc, 0.0)
+        acc = tl.where(out_mask & id_ok[:, None], acc, 0.0)
         # the intermediate's amax, as int32 bits (NaN kept, see _abs_bits), per tensor / row / group
         if QUANT == PER_TENSOR:
             tl.atomic_max(_bits_ptr(out_amax_ptr), tl.max(tl.max(_abs_bits(acc), axis=1), axis=0))
@@ -339,41 +369,55 @@ def moe_gemm_kernel(
                           group_max, mask=row_ok[:, None] & (gcol < tl.cdiv(N, FP8_BLOCK))[None, :])
     if MUL_ROUTED_WEIGHT:
         rw = tl.load(topk_weights_ptr + pair, mask=row_ok, other=0.0)
-        acc = acc * rw[:, None]
+        bits |= tl.where(tl.max((row_ok & ~(tl.abs(rw) < float("inf"))).to(tl.int32), axis=0) > 0, BAD_WEIGHT, 0)
+        acc = acc * tl.where(id_ok | ~row_ok, rw, float("nan"))[:, None]
+    tl.atomic_or(error_ptr, bits, mask=bits != 0)
     out_ptrs = out_ptr + pair[:, None] * N + offs_n[None, :]
     tl.store(out_ptrs, _cast_out(acc, out_ptr.dtype.element_ty, INTERPRETER), mask=out_mask)
 
 
 @triton.jit(do_not_specialize=["num_rows"])
 def amax_kernel(x_ptr, amax_ptr, num_rows, K, BLOCK: tl.constexpr):
-    """Amax of the whole x [rows, K] (per-tensor FP8): one program per row, ``tl.atomic_max`` on
-    the amax's bits (a NaN anywhere makes it NaN, see :func:`_abs_bits`)."""
-    row = tl.program_id(0)
+    """Partial amaxes of x [rows, K] (per-tensor FP8): program g of G takes rows g, g + G, … and
+    stores their amax's bits in ``amax_ptr[g]`` (no atomics, nothing to zero first; a NaN anywhere
+    makes its partial NaN, see :func:`_abs_bits`); ``quantize_kernel`` reduces the G partials."""
+    part = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     row_max = tl.zeros([BLOCK], dtype=tl.int32)
-    for k0 in range(0, K, BLOCK):
-        v = tl.load(x_ptr + row * K + k0 + cols, mask=cols < K - k0, other=0.0)
-        row_max = tl.maximum(row_max, _abs_bits(v))
-    tl.atomic_max(_bits_ptr(amax_ptr), tl.max(row_max, axis=0))
+    for row in range(part, num_rows, tl.num_programs(0)):
+        for k0 in range(0, K, BLOCK):
+            v = tl.load(x_ptr + row * K + k0 + cols, mask=cols < K - k0, other=0.0)
+            row_max = tl.maximum(row_max, _abs_bits(v))
+    tl.store(_bits_ptr(amax_ptr) + part, tl.max(row_max, axis=0))
 
 
-@triton.jit(do_not_specialize=["num_rows"])
-def quantize_kernel(a_ptr, amax_ptr, q_ptr, scale_ptr, num_rows, K, QUANT: tl.constexpr,
-                    AMAX_GIVEN: tl.constexpr, GROUPS: tl.constexpr, INTERPRETER: tl.constexpr):
+@triton.jit(do_not_specialize=["num_rows", "num_amax", "zero_count"])
+def quantize_kernel(a_ptr, amax_ptr, q_ptr, scale_ptr, zero_ptr, num_rows, K, num_amax, zero_count,
+                    QUANT: tl.constexpr, AMAX_GIVEN: tl.constexpr, GROUPS: tl.constexpr, INTERPRETER: tl.constexpr):
     """a [rows, K] (bf16 or fp32) → q [rows, K] E4M3 and scales, exactly as moe_spec.quant does.
 
     One program per row, GROUPS × 128 columns at a time. The scale comes from an amax that is
-    either given (``AMAX_GIVEN``: x's global amax; the intermediate's, from GEMM1's epilogue, in
-    the scale's own shape) or found here: per-channel reads the row twice (amax, then quantize —
-    the second read hits L2), block finds each 1×128 group's amax in the tile it quantizes.
-    Scales are stored in moe_spec.quant's shapes: [1], [rows, 1], [rows, ⌈K/128⌉].
+    either given (``AMAX_GIVEN``: x's ``num_amax`` partial amaxes under per-tensor; the
+    intermediate's, from GEMM1's epilogue, in the scale's own shape) or found here: per-channel
+    reads the row twice (amax, then quantize — the second read hits L2), block finds each 1×128
+    group's amax in the tile it quantizes. Scales are stored in moe_spec.quant's shapes: [1],
+    [rows, 1], [rows, ⌈K/128⌉].
+
+    Quantizing x also zeroes the amax buffer GEMM1's epilogue accumulates into (``zero_count``
+    elements at ``zero_ptr``, spread over the programs), so no separate launch fills it.
     """
     row = tl.program_id(0)
     groups = tl.arange(0, GROUPS)
     cols = tl.arange(0, FP8_BLOCK)
     K_GROUPS = tl.cdiv(K, FP8_BLOCK)
+    per_row = tl.cdiv(zero_count, num_rows)
+    for z0 in range(0, per_row, FP8_BLOCK):
+        z = row * per_row + z0 + cols
+        tl.store(zero_ptr + z, tl.zeros_like(z).to(tl.float32), mask=(z0 + cols < per_row) & (z < zero_count))
     if QUANT == PER_TENSOR:
-        s = _scale_of(tl.load(amax_ptr))
+        parts = tl.arange(0, AMAX_PARTS)
+        amax = tl.max(tl.load(_bits_ptr(amax_ptr) + parts, mask=parts < num_amax, other=0), axis=0)
+        s = _scale_of(amax.to(tl.float32, bitcast=True))
         tl.store(scale_ptr, s, mask=row == 0)
     elif QUANT == PER_CHANNEL:
         if AMAX_GIVEN:
