@@ -127,6 +127,7 @@ def checks(mode: str):
 
 _words: dict = {}
 _words_lock = threading.Lock()
+_bits: dict = {}  # per device: int32 [BAD_ID, BAD_WEIGHT, REPEATED_ID] for guard_routing, made with the word
 
 
 def _device_key(device) -> torch.device:
@@ -157,6 +158,7 @@ def error_word(device) -> torch.Tensor:
                     raise RuntimeError(f"moe_spec.validate.error_word: the error word of {key} is allocated at the "
                                        "first call outside a CUDA graph capture; run one call before capturing")
                 word = torch.zeros(1, dtype=torch.int32, device=key)
+                _bits[key] = torch.tensor([BAD_ID, BAD_WEIGHT, REPEATED_ID], dtype=torch.int32, device=key)
                 if key.type == "cuda":
                     torch.cuda.current_stream(key).synchronize()  # zeroed before any stream uses it
                 _words[key] = word
@@ -191,16 +193,18 @@ def guard_routing(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_expert
     """The routing data checks in torch ops, without a sync: ORs :data:`BAD_ID`, :data:`REPEATED_ID`
     and :data:`BAD_WEIGHT` into ``word`` when they fail, and returns ``(ids, weights)`` safe to
     align and compute with — ids clamped into [0, E), and NaN as the routing weight of a pair whose
-    id was out of range (so its token's output row is NaN, :data:`DATA_CHECKS`)."""
+    id was out of range (so its token's output row is NaN, :data:`DATA_CHECKS`). Fourteen small
+    kernels; ``word`` must come from :func:`error_word`."""
     ids = topk_ids.clamp(0, num_experts - 1)
     bad_id = ids != topk_ids
     weights = topk_weights.masked_fill(bad_id, float("nan"))
-    faults = [bad_id.any(), torch.zeros((), dtype=torch.bool, device=ids.device), ~torch.isfinite(topk_weights).all()]
+    nonfinite = (topk_weights - topk_weights) != 0  # w − w: 0 when finite, NaN for ±inf and NaN
+    faults = [bad_id.any(), nonfinite.any()]
     if topk_ids.shape[1] > 1:
         s = topk_ids.sort(dim=1).values
-        faults[1] = (s[:, 1:] == s[:, :-1]).any()
-    bits = sum(f.int() * c.bit for f, c in zip(faults, DATA_CHECKS[:3]))
-    word.bitwise_or_(bits)
+        faults.append((s[:, 1:] == s[:, :-1]).any())
+    bits = _bits[_device_key(word.device)][: len(faults)]  # BAD_ID, BAD_WEIGHT, REPEATED_ID
+    word.bitwise_or_((torch.stack(faults) * bits).sum(dtype=torch.int32))
     return ids, weights
 
 

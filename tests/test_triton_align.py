@@ -62,3 +62,62 @@ def test_more_experts_than_supported_is_named_before_any_launch():
         with count_compilations(dry_run=True) as counter, pytest.raises(ValueError, match="^w1: at most 1024 experts"):
             fused_moe(**inp.kwargs())
         assert counter.total() == 0
+
+
+# --- chunks of whole rows, launches, and the checks of topk_ids ---------------------------------------
+
+from moe_spec.validate import BAD_ID, REPEATED_ID, check, error_word  # noqa: E402
+from triton_moe.jit import count_compilations  # noqa: E402
+
+
+@pytest.fixture
+def word():
+    w = error_word("cpu")
+    w.zero_()
+    yield w
+    w.zero_()
+
+
+@pytest.mark.parametrize("T, top_k, E, launches", [
+    (85, 3, 16, 1),     # 255 pairs: one chunk of 85 rows, the one-program path
+    (86, 3, 16, 2),     # 258 pairs: a second chunk (a chunk holds 85 rows of 3): histogram + place
+    (300, 3, 16, 2),    # 900 pairs, 4 chunks, none straddles a row
+])
+def test_chunks_hold_whole_rows_and_one_chunk_is_one_launch(T, top_k, E, launches, word):
+    topk_ids = routing(T, top_k, E, seed=T)
+    with count_compilations() as counter:
+        got = align_block_size(topk_ids, E, 16)
+    assert len(counter.launches) == launches, counter.launches
+    assert_same(got, align(topk_ids, E, 16))
+    assert int(word) == 0
+
+
+@pytest.mark.parametrize("T, top_k", [(20, 4), (200, 4)], ids=["one chunk", "four chunks"])
+def test_bad_ids_are_clamped_and_flagged(T, top_k, word):
+    """Ids outside [0, E) (a large int64 too: no truncation into range) are aligned as if clamped
+    into range — the reference alignment of the clamped ids — and set BAD_ID; a token whose row
+    repeats an expert sets REPEATED_ID. check() raises naming topk_ids and clears the word."""
+    E = 8
+    ids = routing(T, top_k, E, seed=3).long()
+    ids[1, 2] = E
+    ids[T - 1, 0] = -5
+    ids[T // 2, 3] = 2**33  # truncated to 32 bits it would read 0
+    got = align_block_size(ids, E, 16)
+    assert_same(got, align(ids.clamp(0, E - 1), E, 16))
+    assert int(word) == BAD_ID
+    with pytest.raises(ValueError, match=r"^topk_ids: expected ids in \[0, E\)"):
+        check("cpu")
+    assert int(word) == 0
+
+    ids = routing(T, top_k, E, seed=4)
+    ids[T - 1, 3] = ids[T - 1, 1]  # a repeat in the last row (the last chunk under "four chunks")
+    assert_same(align_block_size(ids, E, 16), align(ids, E, 16))
+    assert int(word) == REPEATED_ID
+    with pytest.raises(ValueError, match="^topk_ids: expected distinct ids in each token's row"):
+        check("cpu")
+
+
+def test_the_same_expert_in_two_rows_is_not_a_repeat(word):
+    ids = torch.tensor([[0, 1], [1, 0], [1, 2]], dtype=torch.int32)  # ids repeat across rows, never within
+    assert_same(align_block_size(ids, 4, 16), align(ids, 4, 16))
+    assert int(word) == 0
