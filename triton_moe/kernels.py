@@ -27,15 +27,15 @@ FP8 W8A8 (``QUANT``: 0 bf16, 1 per-tensor, 2 per-channel, 3 128×128 block)
     448`` — bit for bit the reference quantization of :mod:`moe_spec.quant` (IEEE division, round to
     nearest even), with the scales in its shapes ([1], [rows, 1], [rows, ⌈cols/128⌉]):
 
-    * x: per-tensor needs the global amax first (``amax_kernel``, one read of x); per-channel and
-      block scales depend only on the row / the 1×128 group, so ``quantize_kernel`` finds the amax
-      and quantizes in the same program.
+    * x: per-tensor needs the global amax first (``amax_kernel``: ≤ 128 partial amaxes, one read of
+      x, nothing to zero); per-channel and block scales depend only on the row / the 1×128 group,
+      so ``quantize_kernel`` finds the amax and quantizes in the same program.
     * the intermediate: GEMM1's epilogue writes SiLU·up in fp32 and its amax (``tl.atomic_max`` —
-      order-independent, hence deterministic) per tensor / row / group; then one ``quantize_kernel``
-      pass turns it into E4M3 + scales for GEMM2. It stays fp32 until then because quantizing a
-      bf16-rounded copy would move ~2 % of its values across an E4M3 rounding boundary, a ~1 %
-      error by itself. (Quantizing in GEMM1's epilogue is impossible for per-tensor and per-channel
-      scales — a GEMM1 tile sees only part of the tensor or row whose amax sets the scale.)
+      order-independent, hence deterministic; the buffer zeroed by x's quantization) per tensor /
+      row / group; one ``quantize_kernel`` pass makes E4M3 + scales for GEMM2. It stays fp32 until
+      then: quantizing a bf16-rounded copy moves ~2 % of its values across an E4M3 rounding
+      boundary, a ~1 % error. (GEMM1's epilogue cannot quantize per-tensor or per-channel: a tile
+      sees only part of the tensor or row whose amax sets the scale.)
 
     Dequantization happens in registers, with the scales loaded next to the tiles:
 
@@ -45,40 +45,36 @@ FP8 W8A8 (``QUANT``: 0 bf16, 1 per-tensor, 2 per-channel, 3 128×128 block)
                    (BLOCK_K divides 128, so one K step never straddles a scale block)
 
 FP8 accumulation (``FP8_IMPRECISE_ACC``)
-    Hopper's FP8 WGMMA adds its products into an accumulator that keeps fewer bits than fp32, and
-    Triton (sm_90) does not promote it by default: over K = 4096…14336 that cost 1.2–2.2 % relative
-    L2 on the H200. Two remedies, chosen per config (:class:`~triton_moe.config.TritonConfig`
-    ``fp8_imprecise_acc``): 0 sums each K step's ``tl.dot`` into the fp32 ``acc`` (``acc +=
-    tl.dot(a, w)``); n > 0 hands the accumulator to the dot with ``max_num_imprecise_acc = n``, and
+    Hopper's FP8 WGMMA accumulates in fewer bits than fp32 and Triton (sm_90) does not promote by
+    default: 1.2–2.2 % relative L2 over K = 4096…14336 on the H200. Per config
+    (:class:`~triton_moe.config.TritonConfig` ``fp8_imprecise_acc``): 0 sums each K step's
+    ``tl.dot`` into the fp32 ``acc``; n > 0 passes ``max_num_imprecise_acc = n`` to the dot, and
     Triton's WGMMA lowering promotes the partial sum to fp32 every n elements of K.
 
 NaN and inf (see ``notes/numerics.md``)
-    A NaN must come out wherever the oracle has one; three places in an FP8 pipeline drop it
-    silently and are written so that they do not: an amax (``tl.max`` / ``tl.maximum`` are IEEE
-    maxNum, which returns the number and drops the NaN — the amaxes here are integer maxima of
-    the bits, :func:`_abs_bits`), the scale's floor (``max(amax, 1e-12)``, taken with
-    ``propagate_nan=ALL``) and the saturating clamp before the cast (also ``ALL``; the GPU's
-    fp32→e4m3 cast itself maps NaN to E4M3's NaN byte). So a NaN in x, in a weight (the byte
-    0x7F) or in the intermediate spreads through its scale group exactly as in
-    :mod:`moe_spec.quant`. An intermediate beyond fp32's range is ±inf after SiLU·up; GEMM2 then
-    meets inf − inf and the token's row is NaN — the oracle (fp64) has values there beyond the
-    bf16 range of the output.
+    Three places in an FP8 pipeline drop a NaN silently and are written not to: an amax (IEEE
+    maxNum ``tl.max`` drops it — the amaxes here are integer maxima of the bits, :func:`_abs_bits`),
+    the scale's floor and the saturating clamp (both ``propagate_nan=ALL``). So a NaN in x, in a
+    weight (the byte 0x7F) or in the intermediate spreads through its scale group exactly as in
+    :mod:`moe_spec.quant`. An intermediate beyond fp32 is ±inf after SiLU·up; GEMM2 meets inf − inf
+    and the token's row is NaN, where the fp64 oracle leaves the bf16 range.
 
-The interpreter (``INTERPRETER``)
-    Triton's CPU interpreter (3.6.0) gets four conversions wrong: ``tl.dot`` on bf16 operands
-    returns garbage, an fp32→bf16 cast truncates instead of rounding to nearest even (half of all
-    values one ulp low), an fp32→e4m3 cast loses the carry of a round-up into the exponent and
-    breaks ties upwards (4 % of values wrong), and the e4m3 conversions do not know E4M3's NaN
-    (NaN → 384, the byte 0x7F → 480). :mod:`triton_moe.moe` passes INTERPRETER = True only when
-    ``TRITON_INTERPRET=1``; then bf16 and E4M3 tiles are widened to fp32 before the dot (products
-    of bf16 or e4m3 values are exact in fp32, so the CPU computes what the GPU's WGMMA with fp32
-    accumulation computes, up to summation order; ``_widen`` restores NaN), and ``_cast_out`` and
-    ``_quantize`` round the fp32 value onto the target grid before casting (and write NaN's byte
-    themselves). On the GPU the constexpr is False: the native dots and the hardware's rounding
-    casts are compiled, and these branches do not exist in the binary.
+Data checks (:mod:`moe_spec.contract`), in the GEMM that reads the data anyway: a weight scale
+    that is not finite and positive, a routing weight that is not finite, set their bits in the
+    device's error word (``error_ptr``); a pair whose id lies outside [0, E) (aligned with it
+    clamped, :mod:`triton_moe.align`) gets a zero intermediate in GEMM1 and NaN for its routing
+    weight in GEMM2, so its token's row is NaN and no shared FP8 scale sees it.
 
-Recompilation: the per-call sizes (``num_pairs``, ``num_rows``, ``num_tokens``) are ``do_not_specialize``;
-N and K are model constants; strides are derived from them (inputs are contiguous).
+The interpreter (``INTERPRETER``, True only under ``TRITON_INTERPRET=1``)
+    Triton's CPU interpreter (3.6.0) gets four conversions wrong: the bf16 ``tl.dot`` (garbage),
+    fp32→bf16 (truncates), fp32→e4m3 (loses the carry into the exponent, ties upwards) and E4M3's
+    NaN (NaN → 384, 0x7F → 480). There bf16 and E4M3 tiles are widened to fp32 before the dot
+    (exact products, so the CPU computes what WGMMA with fp32 accumulation does, up to summation
+    order; ``_widen`` restores NaN), and ``_cast_out`` / ``_quantize`` round onto the target grid
+    before casting. On the GPU these branches do not exist in the binary.
+
+Recompilation: the per-call sizes (``num_pairs``, ``num_rows``, ``num_tokens``, ``num_amax``,
+``zero_count``) are ``do_not_specialize``; N, K, E are model constants (inputs are contiguous).
 """
 
 from __future__ import annotations
@@ -101,9 +97,8 @@ FP8_MAX = tl.constexpr(moe_spec.quant.FP8_MAX)  # largest E4M3FN value, 448
 AMAX_FLOOR = tl.constexpr(moe_spec.quant.AMAX_FLOOR)  # smallest amax a scale is taken of, 1e-12
 FP8_BLOCK = tl.constexpr(moe_spec.quant.FP8_BLOCK)  # weight block / activation group edge, 128
 #: The error-word bits the GEMMs set (moe_spec.validate.DATA_CHECKS).
-BAD_WEIGHT = tl.constexpr(moe_spec.validate.BAD_WEIGHT)
-BAD_W1_SCALE = tl.constexpr(moe_spec.validate.BAD_W1_SCALE)
-BAD_W2_SCALE = tl.constexpr(moe_spec.validate.BAD_W2_SCALE)
+BAD_WEIGHT, BAD_W1_SCALE, BAD_W2_SCALE = (tl.constexpr(b) for b in (
+    moe_spec.validate.BAD_WEIGHT, moe_spec.validate.BAD_W1_SCALE, moe_spec.validate.BAD_W2_SCALE))
 #: Partial amaxes of x under fp8_tensor (``amax_kernel``'s programs), reduced by ``quantize_kernel``.
 AMAX_PARTS = 128
 
@@ -234,16 +229,14 @@ def _unswap(acc, SWAP_AB: tl.constexpr):
 
 
 @triton.jit
-def _scale_bad(s):
-    """1 where a weight scale is not finite and positive (NaN fails both compares), else 0."""
+def _scale_bad(s):  # 1 where a weight scale is not finite and positive (NaN fails both compares)
     return tl.where((s > 0.0) & (s < float("inf")), 0, 1)
 
 
 @triton.jit
 def _dequant_after_loop(acc, a_scale_ptr, a_row, row_ok, w_scale_ptr, expert, w_cols, col_ok,
                         N_TOTAL, QUANT: tl.constexpr):
-    """Per-tensor / per-channel FP8: apply both scales once, after the K loop ([BM, BN] acc).
-    Returns (acc, 1 if a weight scale it used is bad)."""
+    """Per-tensor / per-channel FP8: both scales once, after the K loop → (acc, a weight scale bad)."""
     bad = 0
     if QUANT == PER_TENSOR:
         s_a = tl.load(a_scale_ptr)
@@ -342,17 +335,15 @@ def moe_gemm_kernel(
                                    offs_n, col_ok, N_TOTAL, QUANT)
     if QUANT == PER_BLOCK:
         bad = tl.max(scale_bad, axis=0)
-    SCALE_BIT: tl.constexpr = BAD_W1_SCALE if FUSE_SILU else BAD_W2_SCALE
-    bits = tl.where(bad > 0, SCALE_BIT, 0)
     # a pair whose id is outside [0, E) was aligned with it clamped (triton_moe.align): GEMM1 zeroes
     # its intermediate, GEMM2 multiplies it by NaN instead of its routing weight (moe_spec.contract)
     ids = tl.load(topk_ids_ptr + pair, mask=row_ok, other=0)
     id_ok = (ids >= 0) & (ids < E)
     out_mask = row_ok[:, None] & col_ok[None, :]
     if FUSE_SILU:
-        up, bad = _dequant_after_loop(_unswap(acc_up, SWAP_AB), a_scale_ptr, a_row, row_ok, w_scale_ptr,
-                                      expert, N + offs_n, col_ok, N_TOTAL, QUANT)
-        bits |= tl.where(bad > 0, SCALE_BIT, 0)
+        up, bad_up = _dequant_after_loop(_unswap(acc_up, SWAP_AB), a_scale_ptr, a_row, row_ok, w_scale_ptr,
+                                         expert, N + offs_n, col_ok, N_TOTAL, QUANT)
+        bad = bad | bad_up
         acc = acc / (1.0 + tl.exp(-acc)) * up  # SiLU(gate)·up in fp32
         acc = tl.where(out_mask & id_ok[:, None], acc, 0.0)
         # the intermediate's amax, as int32 bits (NaN kept, see _abs_bits), per tensor / row / group
@@ -367,6 +358,7 @@ def moe_gemm_kernel(
             gcol = (pid_n * BLOCK_N) // FP8_BLOCK + tl.arange(0, BLOCK_N // G)
             tl.atomic_max(_bits_ptr(out_amax_ptr) + pair[:, None] * tl.cdiv(N, FP8_BLOCK) + gcol[None, :],
                           group_max, mask=row_ok[:, None] & (gcol < tl.cdiv(N, FP8_BLOCK))[None, :])
+    bits = tl.where(bad > 0, BAD_W1_SCALE if FUSE_SILU else BAD_W2_SCALE, 0)  # the weight scale it read
     if MUL_ROUTED_WEIGHT:
         rw = tl.load(topk_weights_ptr + pair, mask=row_ok, other=0.0)
         bits |= tl.where(tl.max((row_ok & ~(tl.abs(rw) < float("inf"))).to(tl.int32), axis=0) > 0, BAD_WEIGHT, 0)
@@ -378,9 +370,8 @@ def moe_gemm_kernel(
 
 @triton.jit(do_not_specialize=["num_rows"])
 def amax_kernel(x_ptr, amax_ptr, num_rows, K, BLOCK: tl.constexpr):
-    """Partial amaxes of x [rows, K] (per-tensor FP8): program g of G takes rows g, g + G, … and
-    stores their amax's bits in ``amax_ptr[g]`` (no atomics, nothing to zero first; a NaN anywhere
-    makes its partial NaN, see :func:`_abs_bits`); ``quantize_kernel`` reduces the G partials."""
+    """Partial amaxes of x [rows, K] (per-tensor FP8): program g of G stores the amax bits of rows g,
+    g + G, … in ``amax_ptr[g]`` (no atomics, nothing to zero; NaN kept); ``quantize_kernel`` reduces them."""
     part = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     row_max = tl.zeros([BLOCK], dtype=tl.int32)
@@ -401,10 +392,8 @@ def quantize_kernel(a_ptr, amax_ptr, q_ptr, scale_ptr, zero_ptr, num_rows, K, nu
     intermediate's, from GEMM1's epilogue, in the scale's own shape) or found here: per-channel
     reads the row twice (amax, then quantize — the second read hits L2), block finds each 1×128
     group's amax in the tile it quantizes. Scales are stored in moe_spec.quant's shapes: [1],
-    [rows, 1], [rows, ⌈K/128⌉].
-
-    Quantizing x also zeroes the amax buffer GEMM1's epilogue accumulates into (``zero_count``
-    elements at ``zero_ptr``, spread over the programs), so no separate launch fills it.
+    [rows, 1], [rows, ⌈K/128⌉]. Quantizing x also zeroes the amax buffer GEMM1's epilogue
+    accumulates into (``zero_count`` elements at ``zero_ptr``), so no launch of its own fills it.
     """
     row = tl.program_id(0)
     groups = tl.arange(0, GROUPS)
