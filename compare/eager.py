@@ -16,6 +16,11 @@ does but launches nothing).
 
 prints eager and graph µs per call side by side, both on one input set (warm L2: the comparison
 is of host cost, not of the cold-L2 kernel times the compare report states).
+
+    python -m compare.eager --host --shape qwen3-30b-a3b --tokens 1 64 --quant bf16   # any machine
+
+prints triton_moe's host µs per call and its launches (the shape's E and top_k with K = 256,
+I = 128: the host work does not depend on K and I), launches bound but not run.
 """
 
 from __future__ import annotations
@@ -67,9 +72,12 @@ def main(argv=None) -> None:
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 8])
     p.add_argument("--quant", default="bf16", choices=[f.label for f in FORMATS.values()])
     p.add_argument("--backend", nargs="+", default=["triton_moe", "cute_moe"])
+    p.add_argument("--host", action="store_true", help="triton_moe's host cost per call, no GPU needed")
     a = p.parse_args(argv)
     shape = get_shape(a.shape)
     quant = next(f.name for f in FORMATS.values() if f.label == a.quant)
+    if a.host:
+        return _host_table(shape, quant, a.tokens)
     weights = draw_weights(shape, 0, device="cuda")
     print("| backend | shape | quant | T | eager µs | graph µs |\n|---|---|---|---|---|---|")
     for T in a.tokens:
@@ -84,6 +92,25 @@ def main(argv=None) -> None:
             except NotImplementedError:
                 continue
             print(f"| {name} | {shape.label} | {a.quant} | {T} | {eager:.1f} | {graph:.1f} |", flush=True)
+
+
+def _host_table(shape, quant, tokens) -> None:
+    from moe_spec.problem import MoEShape, make_inputs
+    from moe_spec.quant import get_format
+    from triton_moe import fused_moe
+    from triton_moe.jit import count_compilations
+
+    stand_in = MoEShape(shape.label, shape.num_experts, shape.top_k, 256, 128, "host-cost stand-in")
+    print("| backend | shape (E, top_k; K=256, I=128) | quant | T | host µs | launches |\n|---|---|---|---|---|---|")
+    for T in tokens:
+        kw = make_inputs(stand_in, T, quant).kwargs()
+        with count_compilations(dry_run=True) as counter:
+            fused_moe(**kw)
+            counter.launches.clear()
+            fused_moe(**kw)
+            launches = len(counter.launches)
+            us = host_us(fused_moe, kw)
+        print(f"| triton_moe | {shape.label} | {get_format(quant).label} | {T} | {us:.1f} | {launches} |", flush=True)
 
 
 if __name__ == "__main__":
