@@ -76,8 +76,8 @@ class DataCheck:
 #: The data checks, in argument order (the first set bit names the argument :func:`check` raises for).
 DATA_CHECKS = (
     DataCheck(1, "topk_ids", "expected ids in [0, E)",
-              "the pair was computed with its id clamped into range, its intermediate zeroed, and its "
-              "token's output row is NaN"),
+              "the pair was aligned with its id clamped into range and weighted NaN, so its token's output "
+              "row is NaN (under FP8 its intermediate is zeroed: no shared scale sees it)"),
     DataCheck(2, "topk_ids", "expected distinct ids in each token's row",
               "the repeated expert was computed for each slot and summed, as the formula reads"),
     DataCheck(4, "topk_weights", "expected finite routing weights",
