@@ -35,6 +35,7 @@ recompiles anything):
 from __future__ import annotations
 
 import os
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -207,7 +208,7 @@ def run_layer(x, w1, w2, topk_weights, topk_ids, dims, p) -> torch.Tensor:
     return combine(y, rows, dims.T, dims.top_k, cache=ws["wraps"])
 
 
-#: Workspaces kept (least recently used dropped first): one per (sizes, plan, device, stream).
+#: Workspaces kept (least recently used dropped first): one per (sizes, plan, device, stream, thread).
 WORKSPACES = 8
 _workspaces: OrderedDict = OrderedDict()
 
@@ -219,7 +220,7 @@ def _workspace(dims, p, device) -> dict:
     a graph owns the buffers it was captured with."""
     capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
-    key = (dims, p.align_tile, device, stream)
+    key = (dims, p.align_tile, device, stream, threading.get_ident())
     ws = None if capturing else _workspaces.get(key)
     if ws is None:
         rows = max_rows(dims.T * dims.top_k, dims.E, p.align_tile)

@@ -1,5 +1,5 @@
-"""Token alignment in Triton: the project's :class:`moe_spec.align.Alignment`, in one or two launches,
-with the checks of ``topk_ids`` folded in.
+"""Token alignment in Triton: the project's :class:`moe_spec.align.Alignment` in two launches, with
+the checks of ``topk_ids`` folded in.
 
 The grouped GEMM gives every program BLOCK_M rows of ONE expert. :func:`align_block_size` sorts
 the (token, slot) pairs by expert and pads each expert's run to a multiple of BLOCK_M, entirely on
@@ -15,12 +15,11 @@ The pairs are cut into **chunks of whole token rows** (``CHUNK // top_k`` rows, 
 pairs), and each chunk is one program's work. Two kernels, stable and deterministic (no atomics
 on the data):
 
-1. ``_count_kernel`` (only when there is more than one chunk): each program histograms its chunk
-   into ``counts[chunk, e]``.
+1. ``_count_kernel``: each program histograms its chunk into ``counts[chunk, e]``.
 2. ``_place_kernel``: each program first derives what it needs from the histograms — per expert,
    the total (→ padded run lengths and their prefix sum, ``expert_end``) and the pairs of the
-   chunks before its own (→ where its chunk's pairs start inside each run); one chunk histograms
-   itself and needs no first launch, the common decode case. Then pair i of its chunk goes to
+   chunks before its own (→ where its chunk's pairs start inside each run). Then pair i of its
+   chunk goes to
    ``start[e] + before[e] + #{earlier pairs of the chunk with the same expert}`` (a CHUNK×CHUNK
    comparison); and its share of the M-blocks gets labelled (block b belongs to the expert whose
    padded run contains row b·BLOCK_M) and its padding rows get the sentinel P.
@@ -28,6 +27,9 @@ on the data):
 Re-deriving the scan in every program reads the [chunks, E] histograms once per program instead
 of once, in exchange for a launch: for the catalog shapes at T = 4096 that is 8 KB (Mixtral) to
 128 KB (DeepSeek-V3) per program, about what the single program of a separate scan would read.
+Both kernels run at every T, so a warm-up at any batch size compiles all there is: a single-
+program path for one chunk would save a launch at decode but compile new binaries the first
+time a batch needs two chunks.
 
 The checks of ``topk_ids`` (``moe_spec.validate``): the place kernel reads every id, so it also
 flags an id outside [0, E) (:data:`~moe_spec.validate.BAD_ID`) and a repeated expert in a token's
@@ -94,25 +96,21 @@ def _count_kernel(topk_ids_ptr, counts_ptr, num_pairs, E: tl.constexpr, E_POW2: 
 def _place_kernel(topk_ids_ptr, counts_ptr, sorted_ids_ptr, expert_of_block_ptr, expert_end_ptr, error_ptr,
                   num_pairs, num_chunks, num_blocks, E: tl.constexpr, E_POW2: tl.constexpr, TOP_K: tl.constexpr,
                   BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, SCAN_ROWS: tl.constexpr,
-                  BLOCKS_PER_PROGRAM: tl.constexpr, ONE_CHUNK: tl.constexpr):
+                  BLOCKS_PER_PROGRAM: tl.constexpr):
     pid = tl.program_id(0)
     lanes = tl.arange(0, E_POW2)
     lane_ok = lanes < E
     offs, valid, experts, bad_id = _chunk(topk_ids_ptr, pid, num_pairs, E, TOP_K, CHUNK)
 
     # ---- the scan: per expert, all pairs (total) and the pairs of earlier chunks (before) ----
-    if ONE_CHUNK:
-        total = tl.histogram(experts, E_POW2, mask=valid)
-        before = tl.zeros([E_POW2], dtype=tl.int32)
-    else:
-        total = tl.zeros([E_POW2], dtype=tl.int32)
-        before = tl.zeros([E_POW2], dtype=tl.int32)
-        for c0 in range(0, num_chunks, SCAN_ROWS):
-            rows = c0 + tl.arange(0, SCAN_ROWS)
-            c = tl.load(counts_ptr + rows[:, None] * E + lanes[None, :],
-                        mask=(rows[:, None] < num_chunks) & lane_ok[None, :], other=0)
-            total += tl.sum(c, axis=0)
-            before += tl.sum(tl.where(rows[:, None] < pid, c, 0), axis=0)
+    total = tl.zeros([E_POW2], dtype=tl.int32)
+    before = tl.zeros([E_POW2], dtype=tl.int32)
+    for c0 in range(0, num_chunks, SCAN_ROWS):
+        rows = c0 + tl.arange(0, SCAN_ROWS)
+        c = tl.load(counts_ptr + rows[:, None] * E + lanes[None, :],
+                    mask=(rows[:, None] < num_chunks) & lane_ok[None, :], other=0)
+        total += tl.sum(c, axis=0)
+        before += tl.sum(tl.where(rows[:, None] < pid, c, 0), axis=0)
     padded = tl.cdiv(total, BLOCK_M) * BLOCK_M
     end = tl.cumsum(padded, axis=0)
     start = end - padded
@@ -156,11 +154,11 @@ def chunk_pairs(top_k: int) -> tuple[int, int]:
 
 
 def align_into(topk_ids: torch.Tensor, num_experts: int, block_m: int, sorted_ids: torch.Tensor,
-               expert_of_block: torch.Tensor, expert_end: torch.Tensor, counts: torch.Tensor | None,
+               expert_of_block: torch.Tensor, expert_end: torch.Tensor, counts: torch.Tensor,
                error: torch.Tensor) -> Alignment:
-    """:func:`align_block_size` into given buffers (sizes as there; ``counts`` int32
-    [chunks, num_experts], or None for a single chunk) — the launches only, for a caller that
-    keeps its buffers (:mod:`triton_moe.moe`)."""
+    """:func:`align_block_size` into given buffers (sizes as :func:`buffer_sizes` says; ``counts``
+    int32 [chunks, num_experts]) — the launches only, for a caller that keeps its buffers
+    (:mod:`triton_moe.moe`)."""
     T, top_k = topk_ids.shape
     num_pairs = T * top_k
     width, per_chunk = chunk_pairs(top_k)
@@ -168,26 +166,21 @@ def align_into(topk_ids: torch.Tensor, num_experts: int, block_m: int, sorted_id
     num_blocks = expert_of_block.numel()
     e_pow2 = 1 << (num_experts - 1).bit_length()
     flat_ids = topk_ids.reshape(-1)
-    one_chunk = num_chunks <= 1
-    if not one_chunk:
-        launch(_count_kernel, (num_chunks,), flat_ids, counts, num_pairs, E=num_experts, E_POW2=e_pow2,
-               TOP_K=top_k, CHUNK=width)
+    launch(_count_kernel, (num_chunks,), flat_ids, counts, num_pairs, E=num_experts, E_POW2=e_pow2,
+           TOP_K=top_k, CHUNK=width)
     grid = (max(num_chunks, -(-num_blocks // BLOCKS_PER_PROGRAM), 1),)
-    launch(_place_kernel, grid, flat_ids, counts if counts is not None else expert_end, sorted_ids, expert_of_block,
-           expert_end, error, num_pairs, num_chunks, num_blocks, E=num_experts, E_POW2=e_pow2, TOP_K=top_k,
-           BLOCK_M=block_m, CHUNK=width, SCAN_ROWS=SCAN_ROWS, BLOCKS_PER_PROGRAM=BLOCKS_PER_PROGRAM,
-           ONE_CHUNK=one_chunk)
+    launch(_place_kernel, grid, flat_ids, counts, sorted_ids, expert_of_block, expert_end, error, num_pairs,
+           num_chunks, num_blocks, E=num_experts, E_POW2=e_pow2, TOP_K=top_k, BLOCK_M=block_m, CHUNK=width,
+           SCAN_ROWS=SCAN_ROWS, BLOCKS_PER_PROGRAM=BLOCKS_PER_PROGRAM)
     return Alignment(tile=block_m, num_pairs=num_pairs, sorted_ids=sorted_ids, expert_of_block=expert_of_block,
                      expert_end=expert_end)
 
 
 def buffer_sizes(T: int, top_k: int, num_experts: int, block_m: int) -> dict:
-    """Sizes of the alignment's buffers: rows of ``sorted_ids``, M-blocks, histogram chunks (0 when
-    one chunk needs no histogram launch)."""
+    """Sizes of the alignment's buffers: rows of ``sorted_ids``, M-blocks, histogram chunks."""
     num_pairs = T * top_k
     rows = max_rows(num_pairs, num_experts, block_m)
-    chunks = -(-num_pairs // chunk_pairs(top_k)[1])
-    return {"rows": rows, "blocks": rows // block_m, "chunks": chunks if chunks > 1 else 0}
+    return {"rows": rows, "blocks": rows // block_m, "chunks": max(-(-num_pairs // chunk_pairs(top_k)[1]), 1)}
 
 
 def align_block_size(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Alignment:
@@ -204,4 +197,4 @@ def align_block_size(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> 
     device = topk_ids.device
     new = lambda *shape: torch.empty(shape, dtype=torch.int32, device=device)  # noqa: E731
     return align_into(topk_ids, num_experts, block_m, new(n["rows"]), new(n["blocks"]), new(num_experts),
-                      new(n["chunks"], num_experts) if n["chunks"] else None, error_word(device))
+                      new(n["chunks"], num_experts), error_word(device))

@@ -1,9 +1,9 @@
-"""``fused_moe``: the whole expert computation of one MoE layer in four to eight Triton launches.
+"""``fused_moe``: the whole expert computation of one MoE layer in five to eight Triton launches.
 
 ::
 
     plan               the config, checked for the quant format (host only, cached)
-    _count_kernel      topk_ids → per-chunk expert histograms        (only when T·top_k > one chunk)
+    _count_kernel      topk_ids → per-chunk expert histograms
     _place_kernel      → Alignment: sorted_ids, expert_of_block, …  + checks of topk_ids
     amax_kernel        partial amaxes of x                          (fp8_tensor only)
     quantize_kernel    x → xq E4M3 [T, K] + scales; zeroes GEMM1's amax buffer   (FP8 only)
@@ -23,15 +23,16 @@ error word; :func:`moe_spec.validate.check` raises).
 
 Host cost per call: the argument checks' verdict is cached per signature
 (:func:`moe_spec.validate.validate_moe_args`), the plan per (sizes, options, device), and the
-intermediate buffers per (sizes, device, stream) — a workspace reused by the next eager call on
-the same stream, which the stream orders after this one (never during a CUDA graph capture, whose
-buffers belong to the graph; the returned output is always a new tensor).
+intermediate buffers per (sizes, device, stream, thread) — a workspace reused by the thread's
+next eager call on the same stream, which the stream orders after this one (never during a CUDA
+graph capture, whose buffers belong to the graph; the returned output is always a new tensor).
 See :mod:`triton_moe.kernels` for the arithmetic and :mod:`triton_moe.config` for the tile rule.
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 from collections import OrderedDict
 from typing import Optional
 
@@ -106,7 +107,7 @@ def _buffers(T: int, top_k: int, E: int, K: int, I: int, quant, tile: int, devic
     new = lambda shape, dtype: torch.empty(shape, dtype=dtype, device=device)  # noqa: E731
     end = new((E,), torch.int32)
     b = dict(sorted_ids=new((n["rows"],), torch.int32), expert_of_block=new((n["blocks"],), torch.int32),
-             expert_end=end, num_padded=end[-1:], counts=new((n["chunks"], E), torch.int32) if n["chunks"] else None,
+             expert_end=end, num_padded=end[-1:], counts=new((n["chunks"], E), torch.int32),
              act=new((P, I), torch.float32 if fmt.quantized else torch.bfloat16),
              y=new((P, K), torch.bfloat16) if top_k > 1 else None)
     if fmt.quantized:
@@ -128,7 +129,7 @@ def _workspace(T, top_k, E, K, I, quant, tile, device) -> dict:  # noqa: E741
         if torch.cuda.is_current_stream_capturing():
             return _buffers(T, top_k, E, K, I, quant, tile, device)
         stream = torch.cuda.current_stream(device).cuda_stream
-    key = (T, top_k, E, K, I, quant, tile, device, stream)
+    key = (T, top_k, E, K, I, quant, tile, device, stream, threading.get_ident())
     b = _workspaces.get(key)
     if b is None:
         b = _workspaces[key] = _buffers(T, top_k, E, K, I, quant, tile, device)
