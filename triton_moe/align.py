@@ -22,7 +22,8 @@ on the data):
    chunk goes to
    ``start[e] + before[e] + #{earlier pairs of the chunk with the same expert}`` (a CHUNK×CHUNK
    comparison); and its share of the M-blocks gets labelled (block b belongs to the expert whose
-   padded run contains row b·BLOCK_M) and its padding rows get the sentinel P.
+   padded run contains row b·BLOCK_M) and its padding rows get the sentinel P. A repeated
+   expert in a token's row is found by comparing each pair with the earlier slots of its row.
 
 Re-deriving the scan in every program reads the [chunks, E] histograms once per program instead
 of once, in exchange for a launch: for the catalog shapes at T = 4096 that is 8 KB (Mixtral) to
@@ -58,6 +59,9 @@ SCAN_ROWS = 16
 BLOCKS_PER_PROGRAM = 64
 #: Largest supported expert count (the scan keeps one lane per expert in a program).
 MAX_EXPERTS = 1024
+#: Warps of a place program: its CHUNK×CHUNK rank comparison and [64, E] block owners spill
+#: registers with 4 (compiled for sm_90a on the CPU: 192–480 bytes at E = 8…1024, 96–284 with 8).
+PLACE_WARPS = 8
 
 _BAD_ID = tl.constexpr(BAD_ID)
 _REPEATED_ID = tl.constexpr(REPEATED_ID)
@@ -121,9 +125,13 @@ def _place_kernel(topk_ids_ptr, counts_ptr, sorted_ids_ptr, expert_of_block_ptr,
     idx = tl.arange(0, CHUNK)
     same_before = (experts[:, None] == experts[None, :]) & (idx[None, :] < idx[:, None])
     rank = tl.sum(same_before.to(tl.int32), axis=1)
-    row_mate = (idx[:, None] // TOP_K) == (idx[None, :] // TOP_K)
+    # a repeat: the same id in an earlier slot j of the pair's row (rows lie whole in a chunk)
     ok = valid & ~bad_id
-    repeated = tl.sum((same_before & row_mate & ok[None, :]).to(tl.int32), axis=1) > 0
+    mine = tl.load(topk_ids_ptr + offs, mask=ok, other=-2)
+    repeated = tl.zeros([CHUNK], dtype=tl.int1)
+    for j in range(1, TOP_K):
+        earlier = tl.load(topk_ids_ptr + offs - j, mask=ok & (idx % TOP_K >= j), other=-1)
+        repeated |= earlier == mine
     base = tl.gather(start + before, experts, 0)
     tl.store(sorted_ids_ptr + base + rank, offs, mask=valid)
     bits = tl.where(tl.max(bad_id.to(tl.int32), axis=0) > 0, _BAD_ID, 0)
@@ -171,7 +179,7 @@ def align_into(topk_ids: torch.Tensor, num_experts: int, block_m: int, sorted_id
     grid = (max(num_chunks, -(-num_blocks // BLOCKS_PER_PROGRAM), 1),)
     launch(_place_kernel, grid, flat_ids, counts, sorted_ids, expert_of_block, expert_end, error, num_pairs,
            num_chunks, num_blocks, E=num_experts, E_POW2=e_pow2, TOP_K=top_k, BLOCK_M=block_m, CHUNK=width,
-           SCAN_ROWS=SCAN_ROWS, BLOCKS_PER_PROGRAM=BLOCKS_PER_PROGRAM)
+           SCAN_ROWS=SCAN_ROWS, BLOCKS_PER_PROGRAM=BLOCKS_PER_PROGRAM, num_warps=PLACE_WARPS)
     return Alignment(tile=block_m, num_pairs=num_pairs, sorted_ids=sorted_ids, expert_of_block=expert_of_block,
                      expert_end=expert_end)
 

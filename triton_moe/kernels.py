@@ -100,7 +100,7 @@ FP8_BLOCK = tl.constexpr(moe_spec.quant.FP8_BLOCK)  # weight block / activation 
 BAD_WEIGHT, BAD_W1_SCALE, BAD_W2_SCALE = (tl.constexpr(b) for b in (
     moe_spec.validate.BAD_WEIGHT, moe_spec.validate.BAD_W1_SCALE, moe_spec.validate.BAD_W2_SCALE))
 #: Partial amaxes of x under fp8_tensor (``amax_kernel``'s programs), reduced by ``quantize_kernel``.
-AMAX_PARTS = 128
+AMAX_PARTS = tl.constexpr(128)
 
 
 @triton.jit

@@ -48,6 +48,7 @@ from triton_moe.kernels import AMAX_PARTS, QUANT_MODE, amax_kernel, combine_kern
 from triton_moe.plan import plan
 
 COMBINE_BLOCK = 1024
+PARTS = AMAX_PARTS.value  # fp8_tensor's partial amaxes of x, at most
 AMAX_BLOCK = 1024
 QUANT_GROUPS = 8  # quantize_kernel's step: 8 groups of 128 columns
 #: Workspaces kept (least recently used dropped first): one per (sizes, device, stream).
@@ -61,7 +62,7 @@ def _cdiv(a: int, b: int) -> int:
 def _quantize(a, quant: str, amax=None, *, q=None, scale=None, parts=None, zero=None):
     """(q E4M3, scale fp32) of activations a [rows, cols] — moe_spec.quant.quantize_activation's
     result. ``amax``: the amax in the format's shape when already known (else found here); ``q``,
-    ``scale``, ``parts`` (fp32 [AMAX_PARTS], fp8_tensor's partial amaxes): buffers to use;
+    ``scale``, ``parts`` (fp32 [PARTS], fp8_tensor's partial amaxes): buffers to use;
     ``zero``: a buffer the same launch zeroes (GEMM1's amax)."""
     rows, cols = a.shape
     fmt = get_format(quant)
@@ -70,8 +71,8 @@ def _quantize(a, quant: str, amax=None, *, q=None, scale=None, parts=None, zero=
         scale = torch.empty(fmt.activation_scale_shape(rows, cols), dtype=torch.float32, device=a.device)
     num_amax = 1
     if fmt.activation_group == (WHOLE, WHOLE) and amax is None:  # one scale for the whole tensor
-        num_amax = min(rows, AMAX_PARTS)
-        amax = torch.empty(AMAX_PARTS, dtype=torch.float32, device=a.device) if parts is None else parts
+        num_amax = min(rows, PARTS)
+        amax = torch.empty(PARTS, dtype=torch.float32, device=a.device) if parts is None else parts
         launch(amax_kernel, (num_amax,), a, amax, rows, cols, BLOCK=AMAX_BLOCK)
     launch(quantize_kernel, (rows,), a, amax if amax is not None else scale, q, scale,
            zero if zero is not None else scale, rows, cols, num_amax, 0 if zero is None else zero.numel(),
@@ -112,7 +113,7 @@ def _buffers(T: int, top_k: int, E: int, K: int, I: int, quant, tile: int, devic
              y=new((P, K), torch.bfloat16) if top_k > 1 else None)
     if fmt.quantized:
         b.update(xq=new((T, K), FP8_DTYPE), x_scale=new(fmt.activation_scale_shape(T, K), torch.float32),
-                 parts=new((AMAX_PARTS,), torch.float32),
+                 parts=new((PARTS,), torch.float32),
                  act_amax=new(fmt.activation_scale_shape(P, I), torch.float32),
                  aq=new((P, I), FP8_DTYPE), act_scale=new(fmt.activation_scale_shape(P, I), torch.float32))
     return b
