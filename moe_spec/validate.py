@@ -22,7 +22,7 @@ Two kinds of checks:
   tells the whole story). :func:`check` reads the word (one sync, when *you* choose), clears it
   and raises ``ValueError`` naming the argument. The ``"sync"`` mode — ``MOE_CHECK=sync`` in
   the environment, :func:`set_check_mode` or ``with checks("sync"):`` — also reads the data in
-  :func:`validate_moe_args` and raises before any launch, the old behaviour, for debugging. It is
+  :func:`validate_moe_args` and raises before any launch, for debugging (a few syncs a call). It is
   skipped while a CUDA graph is being captured (a sync is illegal there).
 
 :func:`guard_routing` is the data checks in torch ops (no sync): what a backend does with bad
