@@ -73,7 +73,8 @@ def loop_fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=No
     whole fp8 step (1–4 % rel L2, notes/numerics.md), so the plain FP8 loop is a numerics
     reference, slow on purpose; ``torch_grouped`` is the FP8 speed reference.
     """
-    d = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale)
+    d = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale,
+                          data_checks="sync")  # torch indexing with a bad id would fault on the device
     if d.T == 0:
         return x.new_empty((0, d.K))
     grouped = align(topk_ids, d.E, 1)  # tile 1: no padding, sorted_ids is the pairs sorted by expert
@@ -128,7 +129,8 @@ def _channelwise(scale: torch.Tensor, n_out: int) -> torch.Tensor:
 
 def grouped_fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None):
     """``torch._grouped_mm`` for bf16, ``torch._scaled_grouped_mm`` (row-wise scales) for FP8."""
-    d = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale)
+    d = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale,
+                          data_checks="sync")  # torch indexing with a bad id would fault on the device
     if quant not in GROUPED_QUANTS:
         raise NotImplementedError(f"torch._scaled_grouped_mm takes row-wise scales only; {quant} needs "
                                   "128x128 block scales")

@@ -44,7 +44,7 @@ import torch  # noqa: E402
 from moe_spec.align import Alignment  # noqa: E402
 from moe_spec.hopper import sm_count  # noqa: E402
 from moe_spec.quant import FP8_DTYPE  # noqa: E402
-from moe_spec.validate import validate_moe_args  # noqa: E402
+from moe_spec.validate import error_word, guard_routing, validate_moe_args  # noqa: E402
 
 from .alignops import MAX_EXPERTS, align_on_device  # noqa: E402
 from .config import ALIGN_ELEMS, GemmConfig  # noqa: E402
@@ -177,6 +177,9 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
     if x.device.type != "cuda":
         raise ValueError(f"x: cute_moe runs on a CUDA device (Hopper), got a tensor on {x.device.type}; "
                          f"on a CPU, compile_ptx() shows the kernels")
+    # The routing data is checked on the device, without a sync (moe_spec.validate.guard_routing):
+    # an id outside [0, E) is clamped and its pair weighted NaN, and the error word says why.
+    topk_ids, topk_weights = guard_routing(topk_ids, topk_weights, dims.E, error_word(x.device))
     rows = sort_rows(topk_ids, topk_weights, dims.E, p.align_tile)
     if quant is not None:
         return _fp8_layer(x, w1, w2, w1_scale, w2_scale, topk_weights, p, rows)

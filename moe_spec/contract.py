@@ -12,13 +12,35 @@ quantized inside the backend when ``quant`` is an fp8 format, and the output the
 after the same checks as any other T (the empty-batch rule of :mod:`moe_spec.plan`: a call refused
 at T = 1 is refused at T = 0).
 
-Bad arguments. Every argument is checked by :func:`moe_spec.validate.validate_moe_args` before a
-kernel runs; a bad one raises TypeError (a type or dtype) or ValueError (anything else) whose
-message starts with the argument's name. The checks on the host, from metadata alone, never
-synchronize: types, dtypes, shapes, scale shapes, the int32 offset limit, meta tensors (refused:
-they have no data), one device, contiguity. The checks that need the data read device memory
-(a sync): ids in [0, E) and distinct within a row, routing weights finite, scales finite and
-positive. They are skipped while a CUDA graph is captured.
+Bad arguments. Every argument is checked by :func:`moe_spec.validate.validate_moe_args`; a bad one
+raises TypeError (a type or dtype) or ValueError (anything else) whose message starts with the
+argument's name. Nothing on the hot path reads device memory back to the host (no sync), so a call
+costs the same eager as in a CUDA graph:
+
+* Checked on the host, from metadata, before any launch, in every mode: types, dtypes, shapes,
+  scale shapes, the int32 offset limit, a backend's limits, meta tensors (refused: they have no
+  data), one device, contiguity.
+* Checked on the device, by the kernels that read the data anyway (or by torch ops,
+  :func:`moe_spec.validate.guard_routing`), without a sync (the default ``"device"`` mode): ids
+  in [0, E) and distinct within a row, routing weights finite, scales finite and positive. A
+  failed check ORs its bit into the device's error word
+  (:func:`moe_spec.validate.error_word`); :func:`moe_spec.validate.check` reads it (one sync,
+  when the caller chooses), clears it and raises the ValueError naming the argument. The bad data
+  never makes a kernel read or write out of bounds and never comes out as a plausible number:
+
+  - an id outside [0, E): the pair is sorted and computed with the id clamped into range (under
+    FP8 its intermediate is zeroed, so no shared scale sees it) and its routing weight is
+    replaced by NaN — its token's output row is NaN, the other rows are unaffected;
+  - a repeated id in a row: the expert is computed once per slot and the slots summed, as the
+    formula ``Σ_j w[t, j]·f_{e_j}(x[t])`` reads, and flagged;
+  - a NaN or inf routing weight: it multiplies its pair, so its token's row is not finite;
+  - a scale that is NaN, inf, zero or negative: used as given, flagged when a kernel reads it (an
+    expert no token reaches is not read; the ``"sync"`` mode checks every scale).
+
+  The ``"sync"`` mode (``MOE_CHECK=sync``, :func:`moe_spec.validate.set_check_mode`,
+  ``with moe_spec.validate.checks("sync")``) also reads the data in ``validate_moe_args`` and
+  raises before the first launch, as a debugging aid; it is skipped during a CUDA graph capture,
+  where a sync is illegal (the device checks still run there).
 
 NaN and overflow. ``x`` and the weights are data, not checked: a NaN there comes out where the
 oracle has NaN — in bf16 the rows of the tokens that meet it; in FP8 every value of a scale group

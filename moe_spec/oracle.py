@@ -72,7 +72,7 @@ def oracle_breakdown(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=
                      w2_scale=None) -> OracleResult:
     """Evaluate the MoE layer in float64 and keep every (token, slot) output."""
     d = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale,
-                          w2_scale=w2_scale)
+                          w2_scale=w2_scale, data_checks="sync")  # it indexes with the ids on the host
     T, K, I, k = d.T, d.K, d.I, d.top_k
     ids = topk_ids.long()
     flat = ids.reshape(-1)  # pair p = t·k + j

@@ -7,7 +7,8 @@
 2. A valid problem with exactly one thing wrong — a dtype, a shape, a device (meta included), a
    stride, an id out of range or repeated, a NaN/inf routing weight, a scale — handed to BOTH
    backends' ``fused_moe``: the contract's exception type, a message that starts with the
-   argument's name, and (Triton) no kernel launched. ``cute_moe.fused_moe`` validates on the host
+   argument's name, and (Triton) no kernel launched — in the ``"sync"`` check mode, which reads the
+   data before any launch (``moe_spec.validate``). ``cute_moe.fused_moe`` validates on the host
    before its first launch, so its refusals run on the CPU too.
 
 Hypothesis runs derandomized (the examples are a function of the test, so CI is reproducible),
@@ -24,6 +25,7 @@ from hypothesis import strategies as st
 from moe_spec.oracle import oracle, rel_l2
 from moe_spec.problem import MoEShape, make_inputs
 from moe_spec.quant import FORMATS, FP8_DTYPE, get_format
+from moe_spec.validate import checks
 
 # the interpreter's numpy use (int() of a 1-element array) warns on every scalar load
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array:DeprecationWarning")
@@ -190,7 +192,9 @@ def test_one_fault_is_named_before_any_launch(backend, fault, data):
     inp = data.draw(problems(quants, min_tokens=1 if needs in ("T>0", "top_k>1") else 0), label="problem")
     assume(NEEDS[needs](inp))
     kw = mutate(inp.kwargs(), inp, data)
-    with count_compilations(dry_run=True) as counter, pytest.raises(exc) as info:
+    # the "sync" check mode reads the data (ids, routing weights, scales) before any launch; the
+    # default mode checks it in the kernels (tests/test_triton_moe.py, tests/test_validate.py)
+    with checks("sync"), count_compilations(dry_run=True) as counter, pytest.raises(exc) as info:
         _backend(backend)(**kw)
     assert str(info.value).startswith(f"{name}: "), str(info.value)
     assert counter.total() == 0  # no Triton kernel was launched (cute_moe would fail on the CPU)

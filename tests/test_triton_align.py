@@ -62,3 +62,116 @@ def test_more_experts_than_supported_is_named_before_any_launch():
         with count_compilations(dry_run=True) as counter, pytest.raises(ValueError, match="^w1: at most 1024 experts"):
             fused_moe(**inp.kwargs())
         assert counter.total() == 0
+
+
+# --- chunks of whole rows, launches, and the checks of topk_ids ---------------------------------------
+
+from moe_spec.validate import BAD_ID, REPEATED_ID, check, error_word  # noqa: E402
+from triton_moe.jit import count_compilations  # noqa: E402
+
+
+@pytest.fixture
+def word():
+    w = error_word("cpu")
+    w.zero_()
+    yield w
+    w.zero_()
+
+
+@pytest.mark.parametrize("T, top_k, E", [
+    (85, 3, 16),     # 255 pairs: one chunk of 85 rows
+    (86, 3, 16),     # 258 pairs: a second chunk (a chunk holds 85 rows of 3)
+    (300, 3, 16),    # 900 pairs, 4 chunks, none straddles a row
+])
+def test_chunks_hold_whole_rows_in_two_launches(T, top_k, E, word):
+    topk_ids = routing(T, top_k, E, seed=T)
+    with count_compilations() as counter:
+        got = align_block_size(topk_ids, E, 16)
+    assert counter.launches == ["_count_kernel", "_place_kernel"]
+    assert_same(got, align(topk_ids, E, 16))
+    assert int(word) == 0
+
+
+@pytest.mark.parametrize("T, top_k", [(20, 4), (200, 4)], ids=["one chunk", "four chunks"])
+def test_bad_ids_are_clamped_and_flagged(T, top_k, word):
+    """Ids outside [0, E) (a large int64 too: no truncation into range) are aligned as if clamped
+    into range — the reference alignment of the clamped ids — and set BAD_ID; a token whose row
+    repeats an expert sets REPEATED_ID. check() raises naming topk_ids and clears the word."""
+    E = 8
+    ids = routing(T, top_k, E, seed=3).long()
+    ids[1, 2] = E
+    ids[T - 1, 0] = -5
+    ids[T // 2, 3] = 2**33  # truncated to 32 bits it would read 0
+    got = align_block_size(ids, E, 16)
+    assert_same(got, align(ids.clamp(0, E - 1), E, 16))
+    assert int(word) == BAD_ID
+    with pytest.raises(ValueError, match=r"^topk_ids: expected ids in \[0, E\)"):
+        check("cpu")
+    assert int(word) == 0
+
+    ids = routing(T, top_k, E, seed=4)
+    ids[T - 1, 3] = ids[T - 1, 1]  # a repeat in the last row (the last chunk under "four chunks")
+    assert_same(align_block_size(ids, E, 16), align(ids, E, 16))
+    assert int(word) == REPEATED_ID
+    with pytest.raises(ValueError, match="^topk_ids: expected distinct ids in each token's row"):
+        check("cpu")
+
+
+def test_the_same_expert_in_two_rows_is_not_a_repeat(word):
+    ids = torch.tensor([[0, 1], [1, 0], [1, 2]], dtype=torch.int32)  # ids repeat across rows, never within
+    assert_same(align_block_size(ids, 4, 16), align(ids, 4, 16))
+    assert int(word) == 0
+
+
+SM90_SCRIPT = r"""
+import json
+from triton_moe.align import PLACE_WARPS, _count_kernel, _place_kernel
+from triton_moe.jit import compile_sm90
+from triton_moe.kernels import amax_kernel, combine_kernel, quantize_kernel
+
+out = {}
+for E, bm, top_k in ((8, 16, 2), (256, 128, 8), (1024, 16, 8)):
+    cex = dict(E=E, E_POW2=max(E, 8), TOP_K=top_k, CHUNK=256)
+    r = compile_sm90(_count_kernel, {"topk_ids_ptr": "*i64", "counts_ptr": "*i32", "num_pairs": "i32"}, cex,
+                     num_warps=4, num_stages=1)
+    out[f"count E={E}"] = r["spill_bytes"]
+    ptrs = ("topk_ids", "counts", "sorted_ids", "expert_of_block", "expert_end", "error")
+    sig = {f"{n}_ptr": "*i32" for n in ptrs} | {"num_pairs": "i32", "num_chunks": "i32", "num_blocks": "i32"}
+    r = compile_sm90(_place_kernel, sig, cex | dict(BLOCK_M=bm, SCAN_ROWS=16, BLOCKS_PER_PROGRAM=64),
+                     num_warps=PLACE_WARPS, num_stages=1)
+    out[f"place E={E}"] = r["spill_bytes"]
+r = compile_sm90(amax_kernel, {"x_ptr": "*bf16", "amax_ptr": "*fp32", "num_rows": "i32", "K": "i32"},
+                 dict(BLOCK=1024), num_warps=4, num_stages=1)
+out["amax"] = r["spill_bytes"]
+for q in (1, 2, 3):
+    sig = {"a_ptr": "*bf16", "amax_ptr": "*fp32", "q_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "zero_ptr": "*fp32",
+           "num_rows": "i32", "K": "i32", "num_amax": "i32", "zero_count": "i32"}
+    r = compile_sm90(quantize_kernel, sig, dict(QUANT=q, AMAX_GIVEN=q == 1, GROUPS=8, INTERPRETER=False),
+                     num_warps=4, num_stages=1)
+    out[f"quantize {q}"] = r["spill_bytes"]
+r = compile_sm90(combine_kernel, {"y_ptr": "*bf16", "out_ptr": "*bf16", "num_tokens": "i32", "K": "i32"},
+                 dict(TOP_K=8, BLOCK=1024, INTERPRETER=False), num_warps=4, num_stages=1)
+out["combine"] = r["spill_bytes"]
+print(json.dumps(out))
+"""
+
+
+def test_the_small_kernels_compile_for_sm90():
+    """The alignment, amax, quantize and combine kernels compile for Hopper on the CPU (the
+    interpreter accepts things the compiler refuses, e.g. a plain-int global in a kernel); all but
+    the place kernel fit their registers (its rank comparison spills a little, as the scatter it
+    replaces did)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(__file__)), env.get("PYTHONPATH", "")])
+    run = subprocess.run([sys.executable, "-c", SM90_SCRIPT], capture_output=True, text=True, env=env)
+    if run.returncode and "ptxas" in run.stderr and "No such file" in run.stderr:
+        pytest.skip("Triton's bundled ptxas is missing")
+    assert run.returncode == 0, run.stderr[-2000:]
+    spills = json.loads(run.stdout.strip().splitlines()[-1])
+    assert {k: v for k, v in spills.items() if not k.startswith("place") and v} == {}, spills
+    assert max(v for k, v in spills.items() if k.startswith("place")) <= 512, spills

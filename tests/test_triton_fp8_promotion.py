@@ -33,9 +33,10 @@ from triton_moe.kernels import moe_gemm_kernel
 
 names = moe_gemm_kernel.arg_names
 ptrs = {"a_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "out_ptr": "*bf16",
-        "sorted_ids_ptr": "*i32", "expert_of_block_ptr": "*i32", "num_padded_ptr": "*i32"}
+        "sorted_ids_ptr": "*i32", "expert_of_block_ptr": "*i32", "num_padded_ptr": "*i32",
+        "topk_ids_ptr": "*i32", "error_ptr": "*i32"}
 sig = {n: ptrs.get(n, "*fp32") for n in names if n.endswith("_ptr")}
-sig.update(num_pairs="i32", N="i32", K="i32")
+sig.update(num_pairs="i32", N="i32", K="i32", E="i32")
 attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in sig if n != "num_pairs"}
 bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 

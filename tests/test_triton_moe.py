@@ -253,3 +253,96 @@ def test_bf16_overflow_is_non_finite_where_the_oracle_leaves_the_bf16_range():
     assert not bool(torch.isfinite(out[1]).any())
     rest = torch.arange(6) != 1
     assert bool(torch.isfinite(out[rest]).all()) and rel_l2(out[rest], ref[rest]) <= TOL[None]
+
+
+# --- the data checks on the device (moe_spec.contract): no sync, the error word, nothing plausible ----
+
+from moe_spec.validate import BAD_W1_SCALE, BAD_W2_SCALE, BAD_WEIGHT, REPEATED_ID, check, error_word  # noqa: E402
+
+CHECK_SHAPE = MoEShape("check", 4, 2, 64, 48, "test: 6 tokens over 4 experts")
+
+
+@pytest.fixture
+def word():
+    w = error_word("cpu")
+    w.zero_()
+    yield w
+    w.zero_()
+
+
+@nan_arithmetic
+@pytest.mark.parametrize("bad", [4, -1], ids=["E", "negative"])
+@pytest.mark.parametrize("quant", QUANTS, ids=lambda q: q or "bf16")
+def test_a_bad_id_gives_a_nan_row_and_the_flag(quant, bad, word):
+    """Token 2's second id is outside [0, E): its output row is NaN, every other row is what a call
+    without that pair computes (bit for bit; under fp8_tensor the shared activation scales do not
+    see the pair either: its intermediate is zeroed), and check() names topk_ids."""
+    inp = make_inputs(CHECK_SHAPE, 6, quant, seed=21)
+    cfg = _config(quant, True)
+    clean = fused_moe(**inp.kwargs(), config=cfg)
+    ref = oracle(**inp.kwargs())
+    check("cpu")
+    inp.topk_ids[2, 1] = bad
+    out = fused_moe(**inp.kwargs(), config=cfg)
+    assert bool(out[2].isnan().all())
+    rest = torch.arange(6) != 2
+    if quant == "fp8_tensor":  # the clean call's intermediate amax included the pair: not bitwise
+        assert rel_l2(out[rest], ref[rest]) <= TOL[quant]
+    else:
+        assert torch.equal(out[rest], clean[rest])
+    with pytest.raises(ValueError, match=r"^topk_ids: expected ids in \[0, E\)"):
+        check("cpu")
+
+
+def test_a_repeated_expert_is_summed_as_the_formula_reads_and_flagged(word):
+    """[e, e] in a row: both slots computed and summed — out = w0·f_e + w1·f_e, the sum of the two
+    top_k = 1 calls — and REPEATED_ID set."""
+    inp = make_inputs(CHECK_SHAPE, 6, None, seed=22)
+    inp.topk_ids[3, 1] = inp.topk_ids[3, 0]
+    out = fused_moe(**inp.kwargs())
+    assert int(word) == REPEATED_ID
+    word.zero_()
+    halves = [fused_moe(inp.x, inp.w1, inp.w2, inp.topk_weights[:, j:j + 1].contiguous(),
+                        inp.topk_ids[:, j:j + 1].contiguous()).float() for j in (0, 1)]
+    assert int(word) == 0 and rel_l2(out, (halves[0] + halves[1]).double()) < 1e-2
+
+
+@nan_arithmetic
+def test_a_non_finite_routing_weight_is_flagged(word):
+    inp = make_inputs(CHECK_SHAPE, 6, "fp8_channel", seed=23)
+    inp.topk_weights[4, 0] = float("inf")
+    out = fused_moe(**inp.kwargs())
+    assert int(word) == BAD_WEIGHT and not bool(torch.isfinite(out[4]).all())
+    with pytest.raises(ValueError, match="^topk_weights: expected finite routing weights"):
+        check("cpu")
+
+
+@nan_arithmetic
+@pytest.mark.parametrize("quant", QUANTS[1:])
+@pytest.mark.parametrize("which, value", [("w1_scale", 0.0), ("w2_scale", float("nan")), ("w1_scale", -1.0)])
+def test_a_bad_scale_that_is_read_is_flagged(quant, which, value, word):
+    """A weight scale of an expert some token reaches, set to 0, NaN or −1: the GEMM that reads it
+    flags its argument. A bad scale of an expert no token reaches is not read, not flagged."""
+    inp = make_inputs(CHECK_SHAPE, 6, quant, seed=24)
+    inp.topk_ids[:, 0], inp.topk_ids[:, 1] = 0, 1  # experts 2 and 3 idle
+    scale = getattr(inp, which)
+    scale[3] = value  # idle expert
+    fused_moe(**inp.kwargs())
+    assert int(word) == 0
+    scale[1] = value
+    fused_moe(**inp.kwargs())
+    assert int(word) == (BAD_W1_SCALE if which == "w1_scale" else BAD_W2_SCALE)
+    with pytest.raises(ValueError, match=f"^{which}: expected finite, positive scales"):
+        check("cpu")
+
+
+def test_sync_mode_raises_before_any_launch():
+    from moe_spec.validate import checks
+    from triton_moe.jit import count_compilations
+
+    inp = make_inputs(CHECK_SHAPE, 6, None, seed=25)
+    inp.topk_ids[0, 0] = 9
+    with checks("sync"), count_compilations(dry_run=True) as counter, \
+            pytest.raises(ValueError, match=r"^topk_ids: expected ids in \[0, E=4\)"):
+        fused_moe(**inp.kwargs())
+    assert counter.launches == []

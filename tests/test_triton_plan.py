@@ -19,10 +19,11 @@ from triton_moe.kernels import QUANT_MODE, moe_gemm_kernel
 def ptx_instructions(cfg, quant, fuse_silu):
     op = "*bf16" if quant is None else "*fp8e4nv"
     ptrs = {"a_ptr": op, "w_ptr": op, "out_ptr": "*fp32" if quant and fuse_silu else "*bf16",
-            "sorted_ids_ptr": "*i32", "expert_of_block_ptr": "*i32", "num_padded_ptr": "*i32"}
+            "sorted_ids_ptr": "*i32", "expert_of_block_ptr": "*i32", "num_padded_ptr": "*i32",
+        "topk_ids_ptr": "*i32", "error_ptr": "*i32"}
     names = moe_gemm_kernel.arg_names
     sig = {n: ptrs.get(n, "*fp32") for n in names if n.endswith("_ptr")}
-    sig.update(num_pairs="i32", N="i32", K="i32")
+    sig.update(num_pairs="i32", N="i32", K="i32", E="i32")
     cex = dict(A_ROW_DIV=1, FUSE_SILU=fuse_silu, MUL_ROUTED_WEIGHT=not fuse_silu, QUANT=QUANT_MODE[quant],
                FP8_IMPRECISE_ACC=0, SWAP_AB=cfg.swap_ab, INTERPRETER=False, BLOCK_M=cfg.BLOCK_M,
                BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M)

@@ -18,9 +18,10 @@ from triton_moe.kernels import moe_gemm_kernel
 
 fuse_silu, imprecise = json.loads(sys.argv[1])
 ptrs = {"a_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "out_ptr": "*fp32" if fuse_silu else "*bf16",
-        "sorted_ids_ptr": "*i32", "expert_of_block_ptr": "*i32", "num_padded_ptr": "*i32"}
+        "sorted_ids_ptr": "*i32", "expert_of_block_ptr": "*i32", "num_padded_ptr": "*i32",
+        "topk_ids_ptr": "*i32", "error_ptr": "*i32"}
 sig = {n: ptrs.get(n, "*fp32") for n in moe_gemm_kernel.arg_names if n.endswith("_ptr")}
-sig.update(num_pairs="i32", N="i32", K="i32")
+sig.update(num_pairs="i32", N="i32", K="i32", E="i32")
 cex = dict(A_ROW_DIV=2 if fuse_silu else 1, FUSE_SILU=fuse_silu, MUL_ROUTED_WEIGHT=not fuse_silu, QUANT=1,
            FP8_IMPRECISE_ACC=imprecise, SWAP_AB=False, INTERPRETER=False,
            BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, GROUP_M=8)

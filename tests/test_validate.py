@@ -1,16 +1,22 @@
 """Every bad input of the contract is rejected with the right exception and names its argument.
 
 These exercise moe_spec.validate directly; each backend's tests check that its fused_moe calls it
-before launching anything.
+before launching anything. The data checks (ids, routing weights, scales) raise here in the
+"sync" check mode; in the default "device" mode validate_moe_args reads no data, and
+guard_routing / the kernels flag the data in the device's error word, which check() raises.
 """
 
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from moe_spec.contract import make_fused_experts, quant_from_vllm
 from moe_spec.problem import MoEShape, get_shape, make_inputs
-from moe_spec.validate import INT32_MAX, validate_moe_args
+from moe_spec.validate import (BAD_ID, BAD_WEIGHT, DATA_CHECKS, INT32_MAX, REPEATED_ID, check, check_mode, checks,
+                               error_word, guard_routing, validate_moe_args)
 
 SHAPE = MoEShape("small", 4, 2, 64, 48, "test")
 
@@ -75,13 +81,41 @@ CASES = [
 ]
 
 
+#: The cases whose fault is in the data (the checks that read device memory).
+DATA_CASES = {"topk_weights NaN", "topk_ids out of range", "topk_ids one element = E", "topk_ids negative",
+              "topk_ids duplicate", "scale inf", "scale zero"}
+assert DATA_CASES <= {c[0] for c in CASES}
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_bad_input_is_named(case):
+    """In the "sync" mode every fault, data included, raises before anything runs."""
     _, quant, mutate, exc, name = case
     kw = mutate(_kw(quant))
-    with pytest.raises(exc) as info:
+    with checks("sync"), pytest.raises(exc) as info:
         validate_moe_args(**kw)
     assert str(info.value).startswith(f"{name}:"), str(info.value)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_device_mode_raises_for_metadata_and_reads_no_data(case, monkeypatch):
+    """The default mode: faults in the metadata raise as in "sync"; faults in the data pass
+    validate_moe_args, which reads no value (a read would be a device→host sync on a GPU)."""
+    _, quant, mutate, exc, name = case
+    kw = mutate(_kw(quant))
+    assert check_mode() == "device"
+
+    def no_read(self, *args):
+        raise AssertionError("validate_moe_args read a tensor's data")
+
+    for method in ("item", "__bool__", "__int__", "__float__", "tolist", "cpu", "numpy"):
+        monkeypatch.setattr(torch.Tensor, method, no_read)
+    if case[0] in DATA_CASES:
+        assert validate_moe_args(**kw).E == SHAPE.num_experts
+    else:
+        with pytest.raises(exc) as info:
+            validate_moe_args(**kw)
+        assert str(info.value).startswith(f"{name}:"), str(info.value)
 
 
 def test_an_id_equal_to_e_in_one_element_gets_the_range_message():
@@ -90,7 +124,89 @@ def test_an_id_equal_to_e_in_one_element_gets_the_range_message():
     kw["topk_ids"][3, 1] = SHAPE.num_experts
     assert kw["topk_ids"][3, 0] != SHAPE.num_experts  # the row has no repeat
     with pytest.raises(ValueError, match=r"^topk_ids: expected ids in \[0, E=4\), got values in \[0, 4\]"):
-        validate_moe_args(**kw)
+        validate_moe_args(**kw, data_checks="sync")
+
+
+def test_the_verdict_cache_keys_on_strides_and_options():
+    """A cached verdict is a function of dtypes, shapes, strides, devices and options: a call that
+    differs in any of them is checked again."""
+    kw = _kw("fp8_block")
+    assert validate_moe_args(**kw).T == 5 and validate_moe_args(**kw).T == 5  # the second from the cache
+    with pytest.raises(ValueError, match="^x: expected a contiguous"):
+        validate_moe_args(**{**kw, "x": torch.cat([kw["x"], kw["x"]], 1)[:, ::2]})
+    with pytest.raises(ValueError, match="^w1: at most 3 experts"):
+        validate_moe_args(**kw, max_experts=3)
+    with pytest.raises(TypeError, match="^w1: expected dtype bfloat16"):
+        validate_moe_args(**{**kw, "quant": None, "w1_scale": None, "w2_scale": None})
+    with pytest.raises(ValueError, match="^data_checks: expected one of"):
+        validate_moe_args(**kw, data_checks="later")
+
+
+# --- the device's error word, and the data checks in torch ops ---------------------------------------
+
+
+@pytest.fixture
+def word():
+    """The CPU error word, cleared before and after."""
+    w = error_word("cpu")
+    w.zero_()
+    yield w
+    w.zero_()
+
+
+ROUTING_FAULTS = {  # name: (mutation of (ids, weights), bit, argument named by check())
+    "id = E": (lambda i, w: (i.index_put((torch.tensor([2]), torch.tensor([0])), torch.tensor(4, dtype=i.dtype)), w),
+               BAD_ID, "topk_ids"),
+    "id < 0": (lambda i, w: (i.index_put((torch.tensor([4]), torch.tensor([1])), torch.tensor(-3, dtype=i.dtype)), w),
+               BAD_ID, "topk_ids"),
+    "repeated": (lambda i, w: (torch.cat([i[:, :1], i[:, :1]], 1), w), REPEATED_ID, "topk_ids"),
+    "weight NaN": (lambda i, w: (i, w.index_fill(0, torch.tensor([1]), float("nan"))), BAD_WEIGHT, "topk_weights"),
+    "weight -inf": (lambda i, w: (i, w.index_fill(0, torch.tensor([3]), -float("inf"))), BAD_WEIGHT, "topk_weights"),
+}
+
+
+@pytest.mark.parametrize("fault", list(ROUTING_FAULTS))
+def test_guard_routing_flags_each_fault_and_check_names_it(fault, word):
+    mutate, bit, name = ROUTING_FAULTS[fault]
+    kw = _kw()
+    ids, weights = mutate(kw["topk_ids"], kw["topk_weights"])
+    safe_ids, safe_weights = guard_routing(ids, weights, SHAPE.num_experts, word)
+    assert int(word) == bit
+    assert bool(((safe_ids >= 0) & (safe_ids < SHAPE.num_experts)).all()) and safe_ids.dtype == ids.dtype
+    bad = (ids < 0) | (ids >= SHAPE.num_experts)
+    assert torch.equal(safe_weights.isnan(), bad | weights.isnan())  # a bad id's pair weighs NaN
+    assert torch.equal(safe_ids[~bad], ids[~bad])
+    with pytest.raises(ValueError) as info:
+        check("cpu")
+    assert str(info.value).startswith(f"{name}: ") and int(word) == 0, str(info.value)
+    check("cpu")  # cleared: nothing to raise
+
+
+def test_guard_routing_passes_good_routing_and_check_raises_nothing(word):
+    kw = _kw()
+    ids, weights = guard_routing(kw["topk_ids"], kw["topk_weights"], SHAPE.num_experts, word)
+    assert int(word) == 0 and torch.equal(ids, kw["topk_ids"]) and torch.equal(weights, kw["topk_weights"])
+    check("cpu")
+    check()
+
+
+def test_check_names_the_first_failed_argument_and_lists_the_rest(word):
+    word.fill_(BAD_WEIGHT | DATA_CHECKS[-1].bit | REPEATED_ID)
+    with pytest.raises(ValueError) as info:
+        check()
+    msg = str(info.value)
+    assert msg.startswith("topk_ids: expected distinct ids in each token's row"), msg
+    assert "also failed: topk_weights" in msg and "w2_scale" in msg
+
+
+def test_check_mode_comes_from_the_environment():
+    code = "from moe_spec.validate import check_mode; print(check_mode())"
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    run = lambda mode: subprocess.run([sys.executable, "-c", code], env={**env, "MOE_CHECK": mode},  # noqa: E731
+                                      capture_output=True, text=True)
+    assert run("sync").stdout.strip() == "sync" and run("device").stdout.strip() == "device"
+    bad = run("eager")
+    assert bad.returncode and "ValueError: MOE_CHECK: expected one of ('device', 'sync'), got 'eager'" in bad.stderr
 
 
 def test_meta_tensors_are_refused_before_any_value_is_read(monkeypatch):

@@ -1,4 +1,5 @@
-"""Token alignment in Triton: the project's :class:`moe_spec.align.Alignment`, computed fast.
+"""Token alignment in Triton: the project's :class:`moe_spec.align.Alignment` in two launches, with
+the checks of ``topk_ids`` folded in.
 
 The grouped GEMM gives every program BLOCK_M rows of ONE expert. :func:`align_block_size` sorts
 the (token, slot) pairs by expert and pads each expert's run to a multiple of BLOCK_M, entirely on
@@ -7,20 +8,36 @@ returns the same :class:`~moe_spec.align.Alignment` — ``sorted_ids``, ``expert
 ``expert_end``, ``num_padded`` — as the reference routine :func:`moe_spec.align.align`, bit for
 bit (``tests/test_triton_align.py``). Its buffers have the reference's worst-case size
 (:func:`moe_spec.align.max_rows`); the GEMM grid covers that many blocks and programs past
-``num_padded`` exit at once.
+``num_padded`` exit at once. Every row of ``sorted_ids`` is written by a kernel (pairs, padding,
+the unused tail), so nothing is zero-filled by a separate launch.
 
-Three Triton kernels, stable and deterministic (no atomics):
+The pairs are cut into **chunks of whole token rows** (``CHUNK // top_k`` rows, at most CHUNK
+pairs), and each chunk is one program's work. Two kernels, stable and deterministic (no atomics
+on the data):
 
-1. ``_count_kernel``: pairs are cut into chunks of CHUNK; each program histograms its chunk into
-   ``counts[chunk, e]``.
-2. ``_scan_kernel`` (one program, one lane per expert: E ≤ MAX_EXPERTS = 1024): walks the chunks in order keeping a running
-   count per expert, which turns ``counts`` into each chunk's offset inside its expert's run;
-   then the padded run lengths and their prefix sums: ``expert_start`` (exclusive, internal) and
-   ``expert_end`` (inclusive; its last entry is ``num_padded``).
-3. ``_scatter_kernel``: pair i of chunk c goes to
-   ``expert_start[e] + offset[c, e] + #{earlier pairs of chunk c with the same expert}``;
-   the last term is a CHUNK×CHUNK comparison. The same launch labels the M-blocks: block b
-   belongs to the expert whose padded run contains row b·BLOCK_M.
+1. ``_count_kernel``: each program histograms its chunk into ``counts[chunk, e]``.
+2. ``_place_kernel``: each program first derives what it needs from the histograms — per expert,
+   the total (→ padded run lengths and their prefix sum, ``expert_end``) and the pairs of the
+   chunks before its own (→ where its chunk's pairs start inside each run). Then pair i of its
+   chunk goes to
+   ``start[e] + before[e] + #{earlier pairs of the chunk with the same expert}`` (a CHUNK×CHUNK
+   comparison); and its share of the M-blocks gets labelled (block b belongs to the expert whose
+   padded run contains row b·BLOCK_M) and its padding rows get the sentinel P. A repeated
+   expert in a token's row is found by comparing each pair with the earlier slots of its row.
+
+Re-deriving the scan in every program reads the [chunks, E] histograms once per program instead
+of once, in exchange for a launch: for the catalog shapes at T = 4096 that is 8 KB (Mixtral) to
+128 KB (DeepSeek-V3) per program, about what the single program of a separate scan would read.
+Both kernels run at every T, so a warm-up at any batch size compiles all there is: a single-
+program path for one chunk would save a launch at decode but compile new binaries the first
+time a batch needs two chunks.
+
+The checks of ``topk_ids`` (``moe_spec.validate``): the place kernel reads every id, so it also
+flags an id outside [0, E) (:data:`~moe_spec.validate.BAD_ID`) and a repeated expert in a token's
+row (:data:`~moe_spec.validate.REPEATED_ID`) in the device's error word. A bad id is clamped into
+[0, E) wherever it addresses memory here (the histogram, the runs), identically in both kernels,
+so the alignment stays consistent and in bounds; the GEMMs then zero and poison that pair
+(:mod:`triton_moe.kernels`).
 """
 
 from __future__ import annotations
@@ -30,16 +47,24 @@ import triton
 import triton.language as tl
 
 from moe_spec.align import Alignment, max_rows
+from moe_spec.validate import BAD_ID, REPEATED_ID, error_word
 from triton_moe.jit import launch
 
-#: Pairs per program in the count and scatter kernels (the rank needs a CHUNK² comparison).
+#: Pairs per chunk, at most (a chunk holds CHUNK // top_k whole token rows; the rank needs a
+#: CHUNK² comparison). A top_k above CHUNK widens the chunk to one row.
 CHUNK = 256
-#: Chunks per step of the single-program scan.
+#: Chunk rows of the histograms read per step when a program re-derives the scan.
 SCAN_ROWS = 16
-#: M-blocks labelled per program of the scatter launch.
+#: M-blocks labelled per step of a program.
 BLOCKS_PER_PROGRAM = 64
-#: Largest supported expert count (one program's lanes in the scan).
+#: Largest supported expert count (the scan keeps one lane per expert in a program).
 MAX_EXPERTS = 1024
+#: Warps of a place program: its CHUNK×CHUNK rank comparison and [64, E] block owners spill
+#: registers with 4 (compiled for sm_90a on the CPU: 192–480 bytes at E = 8…1024, 96–284 with 8).
+PLACE_WARPS = 8
+
+_BAD_ID = tl.constexpr(BAD_ID)
+_REPEATED_ID = tl.constexpr(REPEATED_ID)
 
 
 def check_num_experts(num_experts: int) -> None:
@@ -48,97 +73,136 @@ def check_num_experts(num_experts: int) -> None:
         raise ValueError(f"num_experts: at most {MAX_EXPERTS} experts are supported, got {num_experts}")
 
 
+@triton.jit
+def _chunk(topk_ids_ptr, chunk, num_pairs, E: tl.constexpr, TOP_K: tl.constexpr, CHUNK: tl.constexpr):
+    """Pairs of chunk ``chunk`` (CHUNK // TOP_K whole rows): (pair index, valid, expert clamped into
+    [0, E) as int32, id out of range)."""
+    PAIRS: tl.constexpr = CHUNK // TOP_K * TOP_K
+    idx = tl.arange(0, CHUNK)
+    offs = chunk * PAIRS + idx
+    valid = (idx < PAIRS) & (offs < num_pairs)
+    raw = tl.load(topk_ids_ptr + offs, mask=valid, other=0)  # int32 or int64, as given
+    in_range = (raw >= 0) & (raw < E)
+    experts = tl.minimum(tl.maximum(raw, 0), E - 1).to(tl.int32)
+    return offs, valid, experts, valid & ~in_range
+
+
 @triton.jit(do_not_specialize=["num_pairs"])
 def _count_kernel(topk_ids_ptr, counts_ptr, num_pairs, E: tl.constexpr, E_POW2: tl.constexpr,
-                  CHUNK: tl.constexpr):
+                  TOP_K: tl.constexpr, CHUNK: tl.constexpr):
     chunk = tl.program_id(0)
-    offs = chunk * CHUNK + tl.arange(0, CHUNK)
-    valid = offs < num_pairs
-    experts = tl.load(topk_ids_ptr + offs, mask=valid, other=0).to(tl.int32)
-    hist = tl.histogram(experts, E_POW2, mask=valid)
+    _, valid, experts, _ = _chunk(topk_ids_ptr, chunk, num_pairs, E, TOP_K, CHUNK)
     lanes = tl.arange(0, E_POW2)
-    tl.store(counts_ptr + chunk * E + lanes, hist, mask=lanes < E)
+    tl.store(counts_ptr + chunk * E + lanes, tl.histogram(experts, E_POW2, mask=valid), mask=lanes < E)
 
 
-@triton.jit(do_not_specialize=["num_chunks"])
-def _scan_kernel(counts_ptr, expert_start_ptr, expert_end_ptr, num_chunks, E: tl.constexpr,
-                 E_POW2: tl.constexpr, BLOCK_M: tl.constexpr, SCAN_ROWS: tl.constexpr):
+@triton.jit(do_not_specialize=["num_pairs", "num_chunks", "num_blocks"])
+def _place_kernel(topk_ids_ptr, counts_ptr, sorted_ids_ptr, expert_of_block_ptr, expert_end_ptr, error_ptr,
+                  num_pairs, num_chunks, num_blocks, E: tl.constexpr, E_POW2: tl.constexpr, TOP_K: tl.constexpr,
+                  BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, SCAN_ROWS: tl.constexpr,
+                  BLOCKS_PER_PROGRAM: tl.constexpr):
+    pid = tl.program_id(0)
     lanes = tl.arange(0, E_POW2)
     lane_ok = lanes < E
-    running = tl.zeros([E_POW2], dtype=tl.int32)
+    offs, valid, experts, bad_id = _chunk(topk_ids_ptr, pid, num_pairs, E, TOP_K, CHUNK)
+
+    # ---- the scan: per expert, all pairs (total) and the pairs of earlier chunks (before) ----
+    total = tl.zeros([E_POW2], dtype=tl.int32)
+    before = tl.zeros([E_POW2], dtype=tl.int32)
     for c0 in range(0, num_chunks, SCAN_ROWS):
         rows = c0 + tl.arange(0, SCAN_ROWS)
-        ptrs = counts_ptr + rows[:, None] * E + lanes[None, :]
-        mask = (rows[:, None] < num_chunks) & lane_ok[None, :]
-        c = tl.load(ptrs, mask=mask, other=0)
-        # counts → offset of each chunk inside its expert's run (exclusive prefix over chunks)
-        offsets = tl.cumsum(c, axis=0) - c + running[None, :]
-        tl.store(ptrs, offsets, mask=mask)
-        running += tl.sum(c, axis=0)
-    padded = tl.cdiv(running, BLOCK_M) * BLOCK_M
+        c = tl.load(counts_ptr + rows[:, None] * E + lanes[None, :],
+                    mask=(rows[:, None] < num_chunks) & lane_ok[None, :], other=0)
+        total += tl.sum(c, axis=0)
+        before += tl.sum(tl.where(rows[:, None] < pid, c, 0), axis=0)
+    padded = tl.cdiv(total, BLOCK_M) * BLOCK_M
     end = tl.cumsum(padded, axis=0)
-    tl.store(expert_start_ptr + lanes, end - padded, mask=lane_ok)
-    tl.store(expert_end_ptr + lanes, end, mask=lane_ok)
+    start = end - padded
+    num_padded = tl.sum(padded, axis=0)
+    tl.store(expert_end_ptr + lanes, end, mask=lane_ok & (pid == 0))
 
-
-@triton.jit(do_not_specialize=["num_pairs", "num_blocks"])
-def _scatter_kernel(topk_ids_ptr, offsets_ptr, expert_start_ptr, num_padded_ptr, sorted_ids_ptr,
-                    expert_of_block_ptr, num_pairs, num_blocks, E: tl.constexpr, E_POW2: tl.constexpr,
-                    BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, BLOCKS_PER_PROGRAM: tl.constexpr):
-    pid = tl.program_id(0)
-
-    # Part 1: place the pairs of chunk `pid` (programs past the last chunk skip it).
+    # ---- place this chunk's pairs; flag bad and repeated ids ----
     idx = tl.arange(0, CHUNK)
-    offs = pid * CHUNK + idx
-    valid = offs < num_pairs
-    experts = tl.load(topk_ids_ptr + offs, mask=valid, other=0).to(tl.int32)
     same_before = (experts[:, None] == experts[None, :]) & (idx[None, :] < idx[:, None])
     rank = tl.sum(same_before.to(tl.int32), axis=1)
-    base = tl.load(expert_start_ptr + experts, mask=valid, other=0)
-    chunk_offset = tl.load(offsets_ptr + pid * E + experts, mask=valid, other=0)
-    tl.store(sorted_ids_ptr + base + chunk_offset + rank, offs, mask=valid)
+    # a repeat: the same id in an earlier slot j of the pair's row (rows lie whole in a chunk)
+    ok = valid & ~bad_id
+    mine = tl.load(topk_ids_ptr + offs, mask=ok, other=-2)
+    repeated = tl.zeros([CHUNK], dtype=tl.int1)
+    for j in range(1, TOP_K):
+        earlier = tl.load(topk_ids_ptr + offs - j, mask=ok & (idx % TOP_K >= j), other=-1)
+        repeated |= earlier == mine
+    base = tl.gather(start + before, experts, 0)
+    tl.store(sorted_ids_ptr + base + rank, offs, mask=valid)
+    bits = tl.where(tl.max(bad_id.to(tl.int32), axis=0) > 0, _BAD_ID, 0)
+    bits |= tl.where(tl.max((repeated & ok).to(tl.int32), axis=0) > 0, _REPEATED_ID, 0)
+    tl.atomic_or(error_ptr, bits, mask=bits != 0)
 
-    # Part 2: label M-blocks [pid·BLOCKS_PER_PROGRAM, …) with their expert.
-    blocks = pid * BLOCKS_PER_PROGRAM + tl.arange(0, BLOCKS_PER_PROGRAM)
-    lanes = tl.arange(0, E_POW2)
-    starts = tl.load(expert_start_ptr + lanes, mask=lanes < E, other=2147483647)
-    # the expert of row r is the last one whose run starts at or before r (empty runs share a
-    # start with the next expert, which is the later one and wins)
-    owner = tl.sum((starts[None, :] <= blocks[:, None] * BLOCK_M).to(tl.int32), axis=1) - 1
-    num_padded = tl.load(num_padded_ptr)
-    owner = tl.where(blocks * BLOCK_M < num_padded, owner, -1)
-    tl.store(expert_of_block_ptr + blocks, owner, mask=blocks < num_blocks)
+    # ---- label M-blocks and write the sentinel P into their padding rows ----
+    run_end = tl.where(lane_ok, start + total, 0)  # end of each expert's pairs inside its run
+    starts = tl.where(lane_ok, start, 2147483647)
+    in_block = tl.arange(0, BLOCK_M)
+    for b0 in range(pid * BLOCKS_PER_PROGRAM, num_blocks, tl.num_programs(0) * BLOCKS_PER_PROGRAM):
+        blocks = b0 + tl.arange(0, BLOCKS_PER_PROGRAM)
+        # the expert of row r is the last one whose run starts at or before r (an empty run shares
+        # its start with the next expert, the later one, which wins)
+        owner = tl.sum((starts[None, :] <= blocks[:, None] * BLOCK_M).to(tl.int32), axis=1) - 1
+        used = blocks * BLOCK_M < num_padded
+        tl.store(expert_of_block_ptr + blocks, tl.where(used, owner, -1), mask=blocks < num_blocks)
+        pairs_end = tl.where(used, tl.gather(run_end, tl.maximum(owner, 0), 0), 0)
+        rows = blocks[:, None] * BLOCK_M + in_block[None, :]
+        tl.store(sorted_ids_ptr + rows, tl.zeros_like(rows) + num_pairs,
+                 mask=(rows >= pairs_end[:, None]) & (blocks < num_blocks)[:, None])
+
+
+def chunk_pairs(top_k: int) -> tuple[int, int]:
+    """(CHUNK constexpr, pairs per chunk) for ``top_k``: whole token rows, at most CHUNK pairs."""
+    width = max(CHUNK, 1 << (top_k - 1).bit_length())
+    return width, width // top_k * top_k
+
+
+def align_into(topk_ids: torch.Tensor, num_experts: int, block_m: int, sorted_ids: torch.Tensor,
+               expert_of_block: torch.Tensor, expert_end: torch.Tensor, counts: torch.Tensor,
+               error: torch.Tensor) -> Alignment:
+    """:func:`align_block_size` into given buffers (sizes as :func:`buffer_sizes` says; ``counts``
+    int32 [chunks, num_experts]) — the launches only, for a caller that keeps its buffers
+    (:mod:`triton_moe.moe`)."""
+    T, top_k = topk_ids.shape
+    num_pairs = T * top_k
+    width, per_chunk = chunk_pairs(top_k)
+    num_chunks = -(-num_pairs // per_chunk)
+    num_blocks = expert_of_block.numel()
+    e_pow2 = 1 << (num_experts - 1).bit_length()
+    flat_ids = topk_ids.reshape(-1)
+    launch(_count_kernel, (num_chunks,), flat_ids, counts, num_pairs, E=num_experts, E_POW2=e_pow2,
+           TOP_K=top_k, CHUNK=width)
+    grid = (max(num_chunks, -(-num_blocks // BLOCKS_PER_PROGRAM), 1),)
+    launch(_place_kernel, grid, flat_ids, counts, sorted_ids, expert_of_block, expert_end, error, num_pairs,
+           num_chunks, num_blocks, E=num_experts, E_POW2=e_pow2, TOP_K=top_k, BLOCK_M=block_m, CHUNK=width,
+           SCAN_ROWS=SCAN_ROWS, BLOCKS_PER_PROGRAM=BLOCKS_PER_PROGRAM, num_warps=PLACE_WARPS)
+    return Alignment(tile=block_m, num_pairs=num_pairs, sorted_ids=sorted_ids, expert_of_block=expert_of_block,
+                     expert_end=expert_end)
+
+
+def buffer_sizes(T: int, top_k: int, num_experts: int, block_m: int) -> dict:
+    """Sizes of the alignment's buffers: rows of ``sorted_ids``, M-blocks, histogram chunks."""
+    num_pairs = T * top_k
+    rows = max_rows(num_pairs, num_experts, block_m)
+    return {"rows": rows, "blocks": rows // block_m, "chunks": max(-(-num_pairs // chunk_pairs(top_k)[1]), 1)}
 
 
 def align_block_size(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Alignment:
     """Sort pairs by expert and pad to ``block_m``: :func:`moe_spec.align.align`'s result, in Triton.
 
-    ``topk_ids`` [T, top_k] int32 or int64 with ids in [0, num_experts). No host sync. Raises
-    ValueError before any launch when ``num_experts`` exceeds :data:`MAX_EXPERTS`.
+    ``topk_ids`` [T, top_k] int32 or int64 (contiguous). No host sync. Ids outside
+    [0, num_experts) or repeated in a row are flagged in the device's error word
+    (:func:`moe_spec.validate.error_word`) and aligned as if clamped into range. Raises ValueError
+    before any launch when ``num_experts`` exceeds :data:`MAX_EXPERTS`.
     """
     check_num_experts(num_experts)
+    T, top_k = topk_ids.shape
+    n = buffer_sizes(T, top_k, num_experts, block_m)
     device = topk_ids.device
-    num_pairs = topk_ids.numel()
-    rows = max_rows(num_pairs, num_experts, block_m)
-    num_blocks = rows // block_m
-    num_chunks = triton.cdiv(num_pairs, CHUNK)
-    e_pow2 = triton.next_power_of_2(num_experts)
-
-    sorted_ids = torch.full((rows,), num_pairs, dtype=torch.int32, device=device)
-    expert_of_block = torch.empty((num_blocks,), dtype=torch.int32, device=device)
-    expert_end = torch.empty((num_experts,), dtype=torch.int32, device=device)
-    counts = torch.empty((max(num_chunks, 1), num_experts), dtype=torch.int32, device=device)
-    expert_start = torch.empty((num_experts,), dtype=torch.int32, device=device)
-    flat_ids = topk_ids.reshape(-1)
-    num_padded = expert_end[-1:]
-
-    launch(_count_kernel, (num_chunks,), flat_ids, counts, num_pairs, E=num_experts, E_POW2=e_pow2,
-           CHUNK=CHUNK)
-    launch(_scan_kernel, (1,), counts, expert_start, expert_end, num_chunks, E=num_experts,
-           E_POW2=e_pow2, BLOCK_M=block_m, SCAN_ROWS=SCAN_ROWS)
-    grid = (max(num_chunks, triton.cdiv(num_blocks, BLOCKS_PER_PROGRAM)),)
-    launch(_scatter_kernel, grid, flat_ids, counts, expert_start, num_padded, sorted_ids, expert_of_block,
-           num_pairs, num_blocks, E=num_experts, E_POW2=e_pow2, BLOCK_M=block_m, CHUNK=CHUNK,
-           BLOCKS_PER_PROGRAM=BLOCKS_PER_PROGRAM)
-    return Alignment(tile=block_m, num_pairs=num_pairs, sorted_ids=sorted_ids, expert_of_block=expert_of_block,
-                     expert_end=expert_end)
+    new = lambda *shape: torch.empty(shape, dtype=torch.int32, device=device)  # noqa: E731
+    return align_into(topk_ids, num_experts, block_m, new(n["rows"]), new(n["blocks"]), new(num_experts),
+                      new(n["chunks"], num_experts), error_word(device))

@@ -23,14 +23,15 @@ from dataclasses import replace
 from pathlib import Path
 
 from moe_spec.plan import tokens_per_expert
+from moe_spec.quant import FORMATS, get_format
 from triton_moe.config import TritonConfig, current_device_name, default_config, table_path
 
 
 def candidates(T: int, E: int, top_k: int, quant) -> list[TritonConfig]:
     """A small, regime-specific search space (the heuristic's pick comes first); every candidate
     leaves swap-AB to the rule (``swap_ab=None``, see the module docstring)."""
-    fp8 = quant is not None
-    bk = 128 if fp8 else 64
+    fp8 = get_format(quant).quantized
+    bk = 128 // get_format(quant).weight_dtype.itemsize  # one 128-byte row of operand
     m = tokens_per_expert(T, E, top_k)
     if m <= 32:
         bm = 16 if m <= 16 else 32
@@ -73,7 +74,7 @@ def tune(spec: str, quant, tokens, *, budget_s: float = 1e9, progress=True, log=
     start = time.time()
     results: dict = {}
     problems: dict = {}
-    bar = tqdm(jobs, desc=f"tune {spec} {quant or 'bf16'}", disable=not progress)
+    bar = tqdm(jobs, desc=f"tune {spec} {get_format(quant).label}", disable=not progress)
     for T, cfg in bar:
         if time.time() - start > budget_s:
             log(f"autotune: budget of {budget_s:.0f} s spent; {len(results)} token counts tuned")
@@ -102,7 +103,7 @@ def write_table(spec: str, quant, results: dict, out_dir=None) -> Path:
     if out_dir is not None:
         path = Path(out_dir) / path.name
     body = {
-        "shape": spec, "dtype": quant or "bf16", "device": current_device_name(),
+        "shape": spec, "dtype": get_format(quant).label, "device": current_device_name(),
         "tuned": time.strftime("%Y-%m-%d"),
         "configs": {str(T): r[0].as_dict() for T, r in sorted(results.items()) if r[0] is not None},
         "measured_us": {str(T): r[1] for T, r in sorted(results.items())},
@@ -115,12 +116,12 @@ def write_table(spec: str, quant, results: dict, out_dir=None) -> Path:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", required=True, help="catalog name, optionally :tpN (e.g. deepseek-v3:tp8)")
-    p.add_argument("--quant", default="bf16", choices=["bf16", "fp8_tensor", "fp8_channel", "fp8_block"])
+    p.add_argument("--quant", default="bf16", choices=[f.label for f in FORMATS.values()])
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 32, 128, 1024, 4096])
     p.add_argument("--budget-s", type=float, default=1e9, help="stop after this many seconds")
     p.add_argument("--out-dir", default=None, help="where to write the table (default: the package's configs/)")
     a = p.parse_args(argv)
-    quant = None if a.quant == "bf16" else a.quant
+    quant = next(f.name for f in FORMATS.values() if f.label == a.quant)
     results = tune(a.shape, quant, a.tokens, budget_s=a.budget_s)
     print(f"wrote {write_table(a.shape, quant, results, a.out_dir)}")
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from moe_spec.problem import get_shape
 from moe_spec.runinfo import command_line, require_cuda, run_info
+from moe_spec.quant import get_format
 from moe_spec.timing import measure_ceilings
 from triton_moe.config import tokens_per_expert
 from triton_moe.workload import Problem, drop_weights
@@ -121,10 +122,10 @@ def main(argv=None):
         prob = Problem(get_shape(spec), T, quant)
         cfg = prob.config()
         us = prob.time(cfg)
-        results["targets"].append({"shape": spec, "dtype": quant or "bf16", "T": T, "config": _tile(cfg), "us": us,
+        results["targets"].append({"shape": spec, "dtype": get_format(quant).label, "T": T, "config": _tile(cfg), "us": us,
                                    "target_us": target, "align_us": prob.time_align(cfg.BLOCK_M),
                                    "roofline": prob.roofline(us, ceilings)})
-        print(f"{spec:16s} {quant or 'bf16':10s} T={T:5d} {_tile(cfg):24s} {us:9.1f} µs (target {target})", flush=True)
+        print(f"{spec:16s} {get_format(quant).label:10s} T={T:5d} {_tile(cfg):24s} {us:9.1f} µs (target {target})", flush=True)
         _write(out, results)
     drop_weights()
 
@@ -137,11 +138,11 @@ def main(argv=None):
             prob = Problem(shape, T, quant)
             base = replace(prob.config(), BLOCK_M=16 if tpe <= 16 else 32, BLOCK_N=64, GROUP_M=1)
             on, off = prob.time(replace(base, swap_ab=True)), prob.time(replace(base, swap_ab=False))
-            results["swap"].append({"shape": spec, "dtype": quant or "bf16", "T": T,
+            results["swap"].append({"shape": spec, "dtype": get_format(quant).label, "T": T,
                                     "tokens_per_expert": tokens_per_expert(T, shape.num_experts, shape.top_k),
                                     "tile": _tile(replace(base, swap_ab=None)), "swap_us": on, "noswap_us": off,
                                     "speedup": off / on})
-            print(f"swap {spec:16s} {quant or 'bf16':10s} T={T:5d} on {on:8.1f} off {off:8.1f}", flush=True)
+            print(f"swap {spec:16s} {get_format(quant).label:10s} T={T:5d} on {on:8.1f} off {off:8.1f}", flush=True)
             _write(out, results)
         drop_weights()
 
@@ -154,11 +155,11 @@ def main(argv=None):
             tokens = [1, 8, 32, 128, 1024, 4096]
             res = tune(spec, quant, tokens, budget_s=max(0.0, left() / 2), progress=False)
             write_table(spec, quant, res, out)
-            heur = {r["T"]: r["us"] for r in results["targets"] if r["shape"] == spec and r["dtype"] == (quant or "bf16")}
+            heur = {r["T"]: r["us"] for r in results["targets"] if r["shape"] == spec and r["dtype"] == (get_format(quant).label)}
             for T, (cfg, us, all_) in sorted(res.items()):
                 if cfg is None:
                     continue
-                results["tuned"].append({"shape": spec, "dtype": quant or "bf16", "T": T, "config": _tile(cfg.resolved()),
+                results["tuned"].append({"shape": spec, "dtype": get_format(quant).label, "T": T, "config": _tile(cfg.resolved()),
                                          "us": us, "heuristic_us": all_[0][1], "target_row_us": heur.get(T),
                                          "candidates": all_})
             _write(out, results)

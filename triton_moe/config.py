@@ -49,7 +49,7 @@ from typing import Optional
 
 from moe_spec.hopper import SMEM_PER_CTA_BYTES, WARPGROUP_THREADS, WGMMA_M, WGMMA_N_MAX, WGMMA_N_STEP, wgmma_k
 from moe_spec.plan import bucket_starts, tokens_per_expert
-from moe_spec.quant import FP8_BLOCK
+from moe_spec.quant import FP8_BLOCK, get_format
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 
@@ -124,8 +124,9 @@ class TritonConfig:
 
     def smem_bytes(self, quant: Optional[str]) -> int:
         """Shared memory of the pipelined operand tiles of GEMM1 (A plus gate and up weight tiles),
-        the larger of the two GEMMs. Both operands are 1 byte under FP8, 2 under bf16."""
-        nbytes = 2 if quant is None else 1
+        the larger of the two GEMMs. Both operands have the format's weight dtype (activations are
+        quantized to it): 1 byte under FP8, 2 under bf16."""
+        nbytes = get_format(quant).weight_dtype.itemsize
         per_stage = (self.BLOCK_M + 2 * self.BLOCK_N) * self.BLOCK_K * nbytes
         return per_stage * self.num_stages
 
@@ -135,10 +136,11 @@ class TritonConfig:
         Every rule is a property of the tile and the format alone: the kernels mask partial tiles
         in M, N and K, so any K and I work with any valid tile (the CPU tests use K = 160, I = 80
         under 64-wide tiles); fp8_block's BLOCK_K | 128 keeps one K step inside one scale block."""
-        if quant == "fp8_block" and FP8_BLOCK % self.BLOCK_K:
-            raise ValueError(f"config: fp8_block needs BLOCK_K to divide {FP8_BLOCK} (one scale per K step), "
+        fmt = get_format(quant)
+        if fmt.scales_along_k and FP8_BLOCK % self.BLOCK_K:
+            raise ValueError(f"config: {fmt.label} needs BLOCK_K to divide {FP8_BLOCK} (one scale per K step), "
                              f"got BLOCK_K={self.BLOCK_K}")
-        if quant is not None and self.BLOCK_K < 32:
+        if fmt.quantized and self.BLOCK_K < 32:
             raise ValueError(f"config: FP8 needs BLOCK_K >= 32 (one WGMMA K step), got {self.BLOCK_K}")
         smem = self.smem_bytes(quant)
         if smem > SMEM_LIMIT:
@@ -176,13 +178,13 @@ def mma_instruction(cfg: TritonConfig, quant: Optional[str]) -> str:
     Ampere's ``mma.sync`` m16n8k16, which takes FP8 operands converted to fp16 in registers.
     """
     m, n = (cfg.BLOCK_N, cfg.BLOCK_M) if cfg.resolved().swap_ab else (cfg.BLOCK_M, cfg.BLOCK_N)
-    fp8 = quant is not None
+    fp8 = get_format(quant).quantized
     warpgroups = cfg.num_warps * 32 // WARPGROUP_THREADS
     if m % WGMMA_M or warpgroups == 0:
         types = "f16.f16" if fp8 else "bf16.bf16"
         return f"mma.sync.aligned.m16n8k16.row.col.f32.{types}.f32"
     types = "e4m3.e4m3" if fp8 else "bf16.bf16"
-    k = wgmma_k(1 if fp8 else 2)
+    k = wgmma_k(get_format(quant).weight_dtype.itemsize)
     along_m = min(warpgroups, m // WGMMA_M)
     per_warpgroup = max(n // max(warpgroups // along_m, 1), WGMMA_N_STEP)
     inst_n = next(v for v in range(WGMMA_N_MAX, 0, -WGMMA_N_STEP) if n % v == 0 and v <= per_warpgroup)
@@ -193,7 +195,7 @@ def mma_instruction(cfg: TritonConfig, quant: Optional[str]) -> str:
 def default_tiles(quant: Optional[str]) -> tuple[tuple[float, TritonConfig], ...]:
     """The deterministic heuristic as buckets of the tokens per expert: ``(upper bound, inclusive;
     config)``. BLOCK_K is 64 for bf16, 128 for FP8 (one 128-byte row of operand either way)."""
-    bk = 64 if quant is None else 128
+    bk = 128 // get_format(quant).weight_dtype.itemsize
     return ((16, TritonConfig(16, 64, bk, 1, 4, 4)),
             (32, TritonConfig(32, 64, bk, 1, 4, 4)),
             (96, TritonConfig(64, 64, bk, 8, 4, 4)),
@@ -214,7 +216,7 @@ def device_tag(name: str) -> str:
 
 
 def table_path(E: int, N: int, K: int, quant: Optional[str], device_name: str) -> Path:
-    dtype = quant or "bf16"
+    dtype = get_format(quant).label
     return CONFIG_DIR / f"E={E},N={N},K={K},dtype={dtype},device={device_tag(device_name)}.json"
 
 

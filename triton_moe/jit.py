@@ -13,7 +13,9 @@ uses before its cache lookup (so the count means the same thing under ``TRITON_I
 where nothing is compiled), and on a GPU each real compilation reported by Triton's
 ``knobs.runtime.jit_cache_hook``. ``counter.new_keys`` after a warm-up is the number of
 recompilations a sweep caused. ``count_compilations(dry_run=True)`` records keys without running
-kernels, so a CPU test can sweep T up to 8192 in seconds.
+kernels, so a CPU test can sweep T up to 8192 in seconds. ``counter.launches`` lists every launch
+in order (kernel names; a grid of zero programs launches nothing and is not listed): the launch
+count of a call.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class CompileCounter:
         self.dry_run = dry_run
         self.keys: dict[str, set] = defaultdict(set)
         self.compilations: list[str] = []  # kernel names, from Triton's jit_cache_hook
+        self.launches: list[str] = []  # kernel names, one per launch() call
         self._baseline: dict[str, int] = {}
 
     def record(self, name: str, key: str) -> None:
@@ -90,6 +93,8 @@ def launch(kernel, grid, *args, **kwargs):
         key = specialization_key(kernel, args, kwargs)
         for c in _active:
             c.record(name, key)
+            if grid[0]:
+                c.launches.append(name)
         if any(c.dry_run for c in _active):
             return None
     if grid[0] == 0:

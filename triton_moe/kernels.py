@@ -27,15 +27,15 @@ FP8 W8A8 (``QUANT``: 0 bf16, 1 per-tensor, 2 per-channel, 3 128×128 block)
     448`` — bit for bit the reference quantization of :mod:`moe_spec.quant` (IEEE division, round to
     nearest even), with the scales in its shapes ([1], [rows, 1], [rows, ⌈cols/128⌉]):
 
-    * x: per-tensor needs the global amax first (``amax_kernel``, one read of x); per-channel and
-      block scales depend only on the row / the 1×128 group, so ``quantize_kernel`` finds the amax
-      and quantizes in the same program.
+    * x: per-tensor needs the global amax first (``amax_kernel``: ≤ 128 partial amaxes, one read of
+      x, nothing to zero); per-channel and block scales depend only on the row / the 1×128 group,
+      so ``quantize_kernel`` finds the amax and quantizes in the same program.
     * the intermediate: GEMM1's epilogue writes SiLU·up in fp32 and its amax (``tl.atomic_max`` —
-      order-independent, hence deterministic) per tensor / row / group; then one ``quantize_kernel``
-      pass turns it into E4M3 + scales for GEMM2. It stays fp32 until then because quantizing a
-      bf16-rounded copy would move ~2 % of its values across an E4M3 rounding boundary, a ~1 %
-      error by itself. (Quantizing in GEMM1's epilogue is impossible for per-tensor and per-channel
-      scales — a GEMM1 tile sees only part of the tensor or row whose amax sets the scale.)
+      order-independent, hence deterministic; the buffer zeroed by x's quantization) per tensor /
+      row / group; one ``quantize_kernel`` pass makes E4M3 + scales for GEMM2. It stays fp32 until
+      then: quantizing a bf16-rounded copy moves ~2 % of its values across an E4M3 rounding
+      boundary, a ~1 % error. (GEMM1's epilogue cannot quantize per-tensor or per-channel: a tile
+      sees only part of the tensor or row whose amax sets the scale.)
 
     Dequantization happens in registers, with the scales loaded next to the tiles:
 
@@ -45,40 +45,36 @@ FP8 W8A8 (``QUANT``: 0 bf16, 1 per-tensor, 2 per-channel, 3 128×128 block)
                    (BLOCK_K divides 128, so one K step never straddles a scale block)
 
 FP8 accumulation (``FP8_IMPRECISE_ACC``)
-    Hopper's FP8 WGMMA adds its products into an accumulator that keeps fewer bits than fp32, and
-    Triton (sm_90) does not promote it by default: over K = 4096…14336 that cost 1.2–2.2 % relative
-    L2 on the H200. Two remedies, chosen per config (:class:`~triton_moe.config.TritonConfig`
-    ``fp8_imprecise_acc``): 0 sums each K step's ``tl.dot`` into the fp32 ``acc`` (``acc +=
-    tl.dot(a, w)``); n > 0 hands the accumulator to the dot with ``max_num_imprecise_acc = n``, and
+    Hopper's FP8 WGMMA accumulates in fewer bits than fp32 and Triton (sm_90) does not promote by
+    default: 1.2–2.2 % relative L2 over K = 4096…14336 on the H200. Per config
+    (:class:`~triton_moe.config.TritonConfig` ``fp8_imprecise_acc``): 0 sums each K step's
+    ``tl.dot`` into the fp32 ``acc``; n > 0 passes ``max_num_imprecise_acc = n`` to the dot, and
     Triton's WGMMA lowering promotes the partial sum to fp32 every n elements of K.
 
 NaN and inf (see ``notes/numerics.md``)
-    A NaN must come out wherever the oracle has one; three places in an FP8 pipeline drop it
-    silently and are written so that they do not: an amax (``tl.max`` / ``tl.maximum`` are IEEE
-    maxNum, which returns the number and drops the NaN — the amaxes here are integer maxima of
-    the bits, :func:`_abs_bits`), the scale's floor (``max(amax, 1e-12)``, taken with
-    ``propagate_nan=ALL``) and the saturating clamp before the cast (also ``ALL``; the GPU's
-    fp32→e4m3 cast itself maps NaN to E4M3's NaN byte). So a NaN in x, in a weight (the byte
-    0x7F) or in the intermediate spreads through its scale group exactly as in
-    :mod:`moe_spec.quant`. An intermediate beyond fp32's range is ±inf after SiLU·up; GEMM2 then
-    meets inf − inf and the token's row is NaN — the oracle (fp64) has values there beyond the
-    bf16 range of the output.
+    Three places in an FP8 pipeline drop a NaN silently and are written not to: an amax (IEEE
+    maxNum ``tl.max`` drops it — the amaxes here are integer maxima of the bits, :func:`_abs_bits`),
+    the scale's floor and the saturating clamp (both ``propagate_nan=ALL``). So a NaN in x, in a
+    weight (the byte 0x7F) or in the intermediate spreads through its scale group exactly as in
+    :mod:`moe_spec.quant`. An intermediate beyond fp32 is ±inf after SiLU·up; GEMM2 meets inf − inf
+    and the token's row is NaN, where the fp64 oracle leaves the bf16 range.
 
-The interpreter (``INTERPRETER``)
-    Triton's CPU interpreter (3.6.0) gets four conversions wrong: ``tl.dot`` on bf16 operands
-    returns garbage, an fp32→bf16 cast truncates instead of rounding to nearest even (half of all
-    values one ulp low), an fp32→e4m3 cast loses the carry of a round-up into the exponent and
-    breaks ties upwards (4 % of values wrong), and the e4m3 conversions do not know E4M3's NaN
-    (NaN → 384, the byte 0x7F → 480). :mod:`triton_moe.moe` passes INTERPRETER = True only when
-    ``TRITON_INTERPRET=1``; then bf16 and E4M3 tiles are widened to fp32 before the dot (products
-    of bf16 or e4m3 values are exact in fp32, so the CPU computes what the GPU's WGMMA with fp32
-    accumulation computes, up to summation order; ``_widen`` restores NaN), and ``_cast_out`` and
-    ``_quantize`` round the fp32 value onto the target grid before casting (and write NaN's byte
-    themselves). On the GPU the constexpr is False: the native dots and the hardware's rounding
-    casts are compiled, and these branches do not exist in the binary.
+Data checks (:mod:`moe_spec.contract`), in the GEMM that reads the data anyway: a weight scale
+    that is not finite and positive, a routing weight that is not finite, set their bits in the
+    device's error word (``error_ptr``); a pair whose id lies outside [0, E) (aligned with it
+    clamped, :mod:`triton_moe.align`) gets a zero intermediate in GEMM1 and NaN for its routing
+    weight in GEMM2, so its token's row is NaN and no shared FP8 scale sees it.
 
-Recompilation: the per-call sizes (``num_pairs``, ``num_rows``, ``num_tokens``) are ``do_not_specialize``;
-N and K are model constants; strides are derived from them (inputs are contiguous).
+The interpreter (``INTERPRETER``, True only under ``TRITON_INTERPRET=1``)
+    Triton's CPU interpreter (3.6.0) gets four conversions wrong: the bf16 ``tl.dot`` (garbage),
+    fp32→bf16 (truncates), fp32→e4m3 (loses the carry into the exponent, ties upwards) and E4M3's
+    NaN (NaN → 384, 0x7F → 480). There bf16 and E4M3 tiles are widened to fp32 before the dot
+    (exact products, so the CPU computes what WGMMA with fp32 accumulation does, up to summation
+    order; ``_widen`` restores NaN), and ``_cast_out`` / ``_quantize`` round onto the target grid
+    before casting. On the GPU these branches do not exist in the binary.
+
+Recompilation: the per-call sizes (``num_pairs``, ``num_rows``, ``num_tokens``, ``num_amax``,
+``zero_count``) are ``do_not_specialize``; N, K, E are model constants (inputs are contiguous).
 """
 
 from __future__ import annotations
@@ -87,6 +83,7 @@ import triton
 import triton.language as tl
 
 import moe_spec.quant
+import moe_spec.validate
 from moe_spec.quant import FORMATS
 
 #: The ``QUANT`` constexpr of each contract format: its mode number in the registry.
@@ -99,6 +96,11 @@ PER_BLOCK = tl.constexpr(FORMATS["fp8_block"].mode)
 FP8_MAX = tl.constexpr(moe_spec.quant.FP8_MAX)  # largest E4M3FN value, 448
 AMAX_FLOOR = tl.constexpr(moe_spec.quant.AMAX_FLOOR)  # smallest amax a scale is taken of, 1e-12
 FP8_BLOCK = tl.constexpr(moe_spec.quant.FP8_BLOCK)  # weight block / activation group edge, 128
+#: The error-word bits the GEMMs set (moe_spec.validate.DATA_CHECKS).
+BAD_WEIGHT, BAD_W1_SCALE, BAD_W2_SCALE = (tl.constexpr(b) for b in (
+    moe_spec.validate.BAD_WEIGHT, moe_spec.validate.BAD_W1_SCALE, moe_spec.validate.BAD_W2_SCALE))
+#: Partial amaxes of x under fp8_tensor (``amax_kernel``'s programs), reduced by ``quantize_kernel``.
+AMAX_PARTS = tl.constexpr(128)
 
 
 @triton.jit
@@ -227,18 +229,26 @@ def _unswap(acc, SWAP_AB: tl.constexpr):
 
 
 @triton.jit
+def _scale_bad(s):  # 1 where a weight scale is not finite and positive (NaN fails both compares)
+    return tl.where((s > 0.0) & (s < float("inf")), 0, 1)
+
+
+@triton.jit
 def _dequant_after_loop(acc, a_scale_ptr, a_row, row_ok, w_scale_ptr, expert, w_cols, col_ok,
                         N_TOTAL, QUANT: tl.constexpr):
-    """Per-tensor / per-channel FP8: apply both scales once, after the K loop ([BM, BN] acc)."""
+    """Per-tensor / per-channel FP8: both scales once, after the K loop → (acc, a weight scale bad)."""
+    bad = 0
     if QUANT == PER_TENSOR:
         s_a = tl.load(a_scale_ptr)
         s_w = tl.load(w_scale_ptr + expert)
         acc = acc * (s_a * s_w)
+        bad = _scale_bad(s_w)
     elif QUANT == PER_CHANNEL:
         s_a = tl.load(a_scale_ptr + a_row, mask=row_ok, other=1.0)
         s_w = tl.load(w_scale_ptr + expert * N_TOTAL + w_cols, mask=col_ok, other=0.0)
         acc = acc * s_a[:, None] * s_w[None, :]
-    return acc
+        bad = tl.max(tl.where(col_ok, _scale_bad(s_w), 0), axis=0)
+    return acc, bad
 
 
 @triton.jit(do_not_specialize=["num_pairs"])
@@ -246,10 +256,11 @@ def moe_gemm_kernel(
     a_ptr, a_scale_ptr,  # A rows [rows, K]: bf16, or E4M3 with its scales (FP8)
     w_ptr, w_scale_ptr,  # expert weights [E, N_TOTAL, K] and their scales (FP8)
     out_ptr, out_amax_ptr,  # output rows by pair [P, N]; amax of the output (GEMM1 under FP8)
-    topk_weights_ptr,  # [P] routing weights (GEMM2)
+    topk_weights_ptr, topk_ids_ptr,  # [P] routing weights (GEMM2) and ids (both: checked, see below)
     sorted_ids_ptr, expert_of_block_ptr, num_padded_ptr,  # the Alignment (moe_spec.align)
+    error_ptr,  # the device's error word (moe_spec.validate): bad scales, routing weights
     num_pairs,  # P = T·top_k: varies per call
-    N, K,  # output columns (I for GEMM1, hidden for GEMM2) and reduction length
+    N, K, E,  # output columns (I for GEMM1, hidden for GEMM2), reduction length, experts
     A_ROW_DIV: tl.constexpr,  # A row of pair p is p // A_ROW_DIV (top_k in GEMM1, 1 in GEMM2)
     FUSE_SILU: tl.constexpr,  # GEMM1: gate and up accumulators, SiLU(gate)·up epilogue
     MUL_ROUTED_WEIGHT: tl.constexpr,  # GEMM2: multiply by the routing weight before the down-cast
@@ -293,6 +304,7 @@ def moe_gemm_kernel(
 
     acc = _acc_tile(SWAP_AB, BLOCK_M, BLOCK_N)
     acc_up = _acc_tile(SWAP_AB, BLOCK_M, BLOCK_N)  # GEMM1 only; folded away otherwise
+    scale_bad = tl.zeros([BLOCK_N], dtype=tl.int32)  # fp8_block: any bad weight scale of the loop
     for k0 in range(0, K, BLOCK_K):
         k_ok = offs_k < K - k0
         a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
@@ -303,11 +315,13 @@ def moe_gemm_kernel(
             kg = k0 // FP8_BLOCK
             s_a = tl.load(a_scale_ptr + a_row * K_GROUPS + kg, mask=row_ok, other=1.0)
             s_w = tl.load(w_scale_ptr + (expert * N_GROUPS + offs_n // FP8_BLOCK) * K_GROUPS + kg,
-                          mask=col_ok, other=0.0)
+                          mask=col_ok, other=1.0)
+            scale_bad |= _scale_bad(s_w)
             acc = _mma_scaled(acc, a, w, s_a, s_w, SWAP_AB, INTERPRETER)
             if FUSE_SILU:
                 s_w_up = tl.load(w_scale_ptr + (expert * N_GROUPS + (N + offs_n) // FP8_BLOCK) * K_GROUPS + kg,
-                                 mask=col_ok, other=0.0)
+                                 mask=col_ok, other=1.0)
+                scale_bad |= _scale_bad(s_w_up)
                 acc_up = _mma_scaled(acc_up, a, w_up, s_a, s_w_up, SWAP_AB, INTERPRETER)
         else:  # bf16, or FP8 with scales applied after the loop
             acc = _mma(acc, a, w, SWAP_AB, INTERPRETER, FP8_IMPRECISE_ACC)
@@ -317,14 +331,21 @@ def moe_gemm_kernel(
         w_ptrs += BLOCK_K
 
     # ---- epilogue on [BLOCK_M, BLOCK_N] ----
-    acc = _dequant_after_loop(_unswap(acc, SWAP_AB), a_scale_ptr, a_row, row_ok, w_scale_ptr, expert,
-                              offs_n, col_ok, N_TOTAL, QUANT)
+    acc, bad = _dequant_after_loop(_unswap(acc, SWAP_AB), a_scale_ptr, a_row, row_ok, w_scale_ptr, expert,
+                                   offs_n, col_ok, N_TOTAL, QUANT)
+    if QUANT == PER_BLOCK:
+        bad = tl.max(scale_bad, axis=0)
+    # a pair whose id is outside [0, E) was aligned with it clamped (triton_moe.align): GEMM1 zeroes
+    # its intermediate, GEMM2 multiplies it by NaN instead of its routing weight (moe_spec.contract)
+    ids = tl.load(topk_ids_ptr + pair, mask=row_ok, other=0)
+    id_ok = (ids >= 0) & (ids < E)
     out_mask = row_ok[:, None] & col_ok[None, :]
     if FUSE_SILU:
-        up = _dequant_after_loop(_unswap(acc_up, SWAP_AB), a_scale_ptr, a_row, row_ok, w_scale_ptr,
-                                 expert, N + offs_n, col_ok, N_TOTAL, QUANT)
+        up, bad_up = _dequant_after_loop(_unswap(acc_up, SWAP_AB), a_scale_ptr, a_row, row_ok, w_scale_ptr,
+                                         expert, N + offs_n, col_ok, N_TOTAL, QUANT)
+        bad = bad | bad_up
         acc = acc / (1.0 + tl.exp(-acc)) * up  # SiLU(gate)·up in fp32
-        acc = tl.where(out_mask, acc, 0.0)
+        acc = tl.where(out_mask & id_ok[:, None], acc, 0.0)
         # the intermediate's amax, as int32 bits (NaN kept, see _abs_bits), per tensor / row / group
         if QUANT == PER_TENSOR:
             tl.atomic_max(_bits_ptr(out_amax_ptr), tl.max(tl.max(_abs_bits(acc), axis=1), axis=0))
@@ -337,43 +358,55 @@ def moe_gemm_kernel(
             gcol = (pid_n * BLOCK_N) // FP8_BLOCK + tl.arange(0, BLOCK_N // G)
             tl.atomic_max(_bits_ptr(out_amax_ptr) + pair[:, None] * tl.cdiv(N, FP8_BLOCK) + gcol[None, :],
                           group_max, mask=row_ok[:, None] & (gcol < tl.cdiv(N, FP8_BLOCK))[None, :])
+    bits = tl.where(bad > 0, BAD_W1_SCALE if FUSE_SILU else BAD_W2_SCALE, 0)  # the weight scale it read
     if MUL_ROUTED_WEIGHT:
         rw = tl.load(topk_weights_ptr + pair, mask=row_ok, other=0.0)
-        acc = acc * rw[:, None]
+        bits |= tl.where(tl.max((row_ok & ~(tl.abs(rw) < float("inf"))).to(tl.int32), axis=0) > 0, BAD_WEIGHT, 0)
+        acc = acc * tl.where(id_ok | ~row_ok, rw, float("nan"))[:, None]
+    tl.atomic_or(error_ptr, bits, mask=bits != 0)
     out_ptrs = out_ptr + pair[:, None] * N + offs_n[None, :]
     tl.store(out_ptrs, _cast_out(acc, out_ptr.dtype.element_ty, INTERPRETER), mask=out_mask)
 
 
 @triton.jit(do_not_specialize=["num_rows"])
 def amax_kernel(x_ptr, amax_ptr, num_rows, K, BLOCK: tl.constexpr):
-    """Amax of the whole x [rows, K] (per-tensor FP8): one program per row, ``tl.atomic_max`` on
-    the amax's bits (a NaN anywhere makes it NaN, see :func:`_abs_bits`)."""
-    row = tl.program_id(0)
+    """Partial amaxes of x [rows, K] (per-tensor FP8): program g of G stores the amax bits of rows g,
+    g + G, … in ``amax_ptr[g]`` (no atomics, nothing to zero; NaN kept); ``quantize_kernel`` reduces them."""
+    part = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     row_max = tl.zeros([BLOCK], dtype=tl.int32)
-    for k0 in range(0, K, BLOCK):
-        v = tl.load(x_ptr + row * K + k0 + cols, mask=cols < K - k0, other=0.0)
-        row_max = tl.maximum(row_max, _abs_bits(v))
-    tl.atomic_max(_bits_ptr(amax_ptr), tl.max(row_max, axis=0))
+    for row in range(part, num_rows, tl.num_programs(0)):
+        for k0 in range(0, K, BLOCK):
+            v = tl.load(x_ptr + row * K + k0 + cols, mask=cols < K - k0, other=0.0)
+            row_max = tl.maximum(row_max, _abs_bits(v))
+    tl.store(_bits_ptr(amax_ptr) + part, tl.max(row_max, axis=0))
 
 
-@triton.jit(do_not_specialize=["num_rows"])
-def quantize_kernel(a_ptr, amax_ptr, q_ptr, scale_ptr, num_rows, K, QUANT: tl.constexpr,
-                    AMAX_GIVEN: tl.constexpr, GROUPS: tl.constexpr, INTERPRETER: tl.constexpr):
+@triton.jit(do_not_specialize=["num_rows", "num_amax", "zero_count"])
+def quantize_kernel(a_ptr, amax_ptr, q_ptr, scale_ptr, zero_ptr, num_rows, K, num_amax, zero_count,
+                    QUANT: tl.constexpr, AMAX_GIVEN: tl.constexpr, GROUPS: tl.constexpr, INTERPRETER: tl.constexpr):
     """a [rows, K] (bf16 or fp32) → q [rows, K] E4M3 and scales, exactly as moe_spec.quant does.
 
     One program per row, GROUPS × 128 columns at a time. The scale comes from an amax that is
-    either given (``AMAX_GIVEN``: x's global amax; the intermediate's, from GEMM1's epilogue, in
-    the scale's own shape) or found here: per-channel reads the row twice (amax, then quantize —
-    the second read hits L2), block finds each 1×128 group's amax in the tile it quantizes.
-    Scales are stored in moe_spec.quant's shapes: [1], [rows, 1], [rows, ⌈K/128⌉].
+    either given (``AMAX_GIVEN``: x's ``num_amax`` partial amaxes under per-tensor; the
+    intermediate's, from GEMM1's epilogue, in the scale's own shape) or found here: per-channel
+    reads the row twice (amax, then quantize — the second read hits L2), block finds each 1×128
+    group's amax in the tile it quantizes. Scales are stored in moe_spec.quant's shapes: [1],
+    [rows, 1], [rows, ⌈K/128⌉]. Quantizing x also zeroes the amax buffer GEMM1's epilogue
+    accumulates into (``zero_count`` elements at ``zero_ptr``), so no launch of its own fills it.
     """
     row = tl.program_id(0)
     groups = tl.arange(0, GROUPS)
     cols = tl.arange(0, FP8_BLOCK)
     K_GROUPS = tl.cdiv(K, FP8_BLOCK)
+    per_row = tl.cdiv(zero_count, num_rows)
+    for z0 in range(0, per_row, FP8_BLOCK):
+        z = row * per_row + z0 + cols
+        tl.store(zero_ptr + z, tl.zeros_like(z).to(tl.float32), mask=(z0 + cols < per_row) & (z < zero_count))
     if QUANT == PER_TENSOR:
-        s = _scale_of(tl.load(amax_ptr))
+        parts = tl.arange(0, AMAX_PARTS)
+        amax = tl.max(tl.load(_bits_ptr(amax_ptr) + parts, mask=parts < num_amax, other=0), axis=0)
+        s = _scale_of(amax.to(tl.float32, bitcast=True))
         tl.store(scale_ptr, s, mask=row == 0)
     elif QUANT == PER_CHANNEL:
         if AMAX_GIVEN:

@@ -1,74 +1,149 @@
-"""``fused_moe``: the whole expert computation of one MoE layer in a handful of Triton launches.
+"""``fused_moe``: the whole expert computation of one MoE layer in five to eight Triton launches.
 
 ::
 
-    plan               the config, checked for the quant format (host only)
-    align_block_size   topk_ids → Alignment: sorted_ids, expert_of_block, …  (3 small kernels)
-    amax_kernel        global amax of x                                     (fp8_tensor only)
-    quantize_kernel    x → xq E4M3 [T, K] + scales                          (FP8 only)
-    moe_gemm_kernel    GEMM1 + SiLU(gate)·up (+ amax of the intermediate)   → act [P, I]
-    quantize_kernel    act fp32 → E4M3 [P, I] + scales                      (FP8 only)
-    moe_gemm_kernel    GEMM2 × routing weight                               → y [P, K]
-    combine_kernel     out[t] = Σ_j y[t·top_k + j]                          (skipped for top_k = 1)
+    plan               the config, checked for the quant format (host only, cached)
+    _count_kernel      topk_ids → per-chunk expert histograms
+    _place_kernel      → Alignment: sorted_ids, expert_of_block, …  + checks of topk_ids
+    amax_kernel        partial amaxes of x                          (fp8_tensor only)
+    quantize_kernel    x → xq E4M3 [T, K] + scales; zeroes GEMM1's amax buffer   (FP8 only)
+    moe_gemm_kernel    GEMM1 + SiLU(gate)·up (+ amax of the intermediate) → act [P, I]
+    quantize_kernel    act fp32 → E4M3 [P, I] + scales                              (FP8 only)
+    moe_gemm_kernel    GEMM2 × routing weight                             → y [P, K]
+    combine_kernel     out[t] = Σ_j y[t·top_k + j]                        (skipped for top_k = 1)
 
-Nothing here reads device data on the host, so a call can be captured in a CUDA graph and
-replayed for new routing; the buffer sizes depend only on T, top_k, E and the config.
+No launch fills or zeroes a buffer: every buffer is written whole by the kernel that produces it
+(the alignment writes its padding; x's quantization zeroes the amax GEMM1 accumulates into).
+
+Nothing here reads device data on the host, so a call is as cheap eager as in a CUDA graph and can
+be captured and replayed for new routing; the buffer sizes depend only on T, top_k, E and the
+config. The data checks of the contract run inside the kernels (``moe_spec.validate``: the
+alignment flags bad and repeated ids, the GEMMs bad routing weights and scales, into the device's
+error word; :func:`moe_spec.validate.check` raises).
+
+Host cost per call: the argument checks' verdict is cached per signature
+(:func:`moe_spec.validate.validate_moe_args`), the plan per (sizes, options, device), and the
+intermediate buffers per (sizes, device, stream, thread) — a workspace reused by the thread's
+next eager call on the same stream, which the stream orders after this one (never during a CUDA
+graph capture, whose buffers belong to the graph; the returned output is always a new tensor).
 See :mod:`triton_moe.kernels` for the arithmetic and :mod:`triton_moe.config` for the tile rule.
 """
 
 from __future__ import annotations
 
+import functools
+import threading
+from collections import OrderedDict
 from typing import Optional
 
 import torch
-import triton
 
 from moe_spec.align import Alignment
-from moe_spec.quant import FP8_DTYPE, activation_scale_shape
-from moe_spec.validate import validate_moe_args
-from triton_moe.align import MAX_EXPERTS, align_block_size
+from moe_spec.quant import FP8_DTYPE, WHOLE, get_format
+from moe_spec.validate import error_word, validate_moe_args
+from triton_moe.align import MAX_EXPERTS, align_into, buffer_sizes
 from triton_moe.config import TritonConfig
 from triton_moe.jit import INTERPRET, launch
-from triton_moe.kernels import QUANT_MODE, amax_kernel, combine_kernel, moe_gemm_kernel, quantize_kernel
+from triton_moe.kernels import AMAX_PARTS, QUANT_MODE, amax_kernel, combine_kernel, moe_gemm_kernel, quantize_kernel
 from triton_moe.plan import plan
 
 COMBINE_BLOCK = 1024
+PARTS = AMAX_PARTS.value  # fp8_tensor's partial amaxes of x, at most
 AMAX_BLOCK = 1024
 QUANT_GROUPS = 8  # quantize_kernel's step: 8 groups of 128 columns
+#: Workspaces kept (least recently used dropped first): one per (sizes, device, stream).
+WORKSPACES = 8
 
 
-def _amax_buffer(quant: str, rows: int, cols: int, device) -> torch.Tensor:
-    """Zeroed amax storage of a [rows, cols] activation, shaped like its scales."""
-    return torch.zeros(activation_scale_shape(quant, rows, cols), dtype=torch.float32, device=device)
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 
-def _quantize(a, quant: str, amax=None):
+def _quantize(a, quant: str, amax=None, *, q=None, scale=None, parts=None, zero=None):
     """(q E4M3, scale fp32) of activations a [rows, cols] — moe_spec.quant.quantize_activation's
-    result. ``amax``: the amax in the format's shape when already known (else found here)."""
+    result. ``amax``: the amax in the format's shape when already known (else found here); ``q``,
+    ``scale``, ``parts`` (fp32 [PARTS], fp8_tensor's partial amaxes): buffers to use;
+    ``zero``: a buffer the same launch zeroes (GEMM1's amax)."""
     rows, cols = a.shape
-    q = torch.empty((rows, cols), dtype=FP8_DTYPE, device=a.device)
-    scale = torch.empty(activation_scale_shape(quant, rows, cols), dtype=torch.float32, device=a.device)
-    if quant == "fp8_tensor" and amax is None:
-        amax = torch.zeros(1, dtype=torch.float32, device=a.device)
-        launch(amax_kernel, (rows,), a, amax, rows, cols, BLOCK=AMAX_BLOCK)
-    launch(quantize_kernel, (rows,), a, amax if amax is not None else scale, q, scale, rows, cols,
-           QUANT=QUANT_MODE[quant], AMAX_GIVEN=amax is not None, GROUPS=QUANT_GROUPS, INTERPRETER=INTERPRET)
+    fmt = get_format(quant)
+    q = torch.empty((rows, cols), dtype=FP8_DTYPE, device=a.device) if q is None else q
+    if scale is None:
+        scale = torch.empty(fmt.activation_scale_shape(rows, cols), dtype=torch.float32, device=a.device)
+    num_amax = 1
+    if fmt.activation_group == (WHOLE, WHOLE) and amax is None:  # one scale for the whole tensor
+        num_amax = min(rows, PARTS)
+        amax = torch.empty(PARTS, dtype=torch.float32, device=a.device) if parts is None else parts
+        launch(amax_kernel, (num_amax,), a, amax, rows, cols, BLOCK=AMAX_BLOCK)
+    launch(quantize_kernel, (rows,), a, amax if amax is not None else scale, q, scale,
+           zero if zero is not None else scale, rows, cols, num_amax, 0 if zero is None else zero.numel(),
+           QUANT=fmt.mode, AMAX_GIVEN=amax is not None, GROUPS=QUANT_GROUPS, INTERPRETER=INTERPRET)
     return q, scale
 
 
-def _gemm(a, a_scale, w, w_scale, out, out_amax, topk_weights, routing: Alignment, N, K, *,
-          a_row_div, fuse_silu, mul_routed_weight, quant, cfg: TritonConfig):
-    grid = (routing.expert_of_block.numel() * triton.cdiv(N, cfg.BLOCK_N),)
+@functools.lru_cache(maxsize=256)
+def _gemm_constants(cfg: TritonConfig, quant, fuse_silu: bool, a_row_div: int) -> dict:
+    """The constexpr arguments of one GEMM launch (a function of the plan; not to be mutated)."""
+    return dict(A_ROW_DIV=a_row_div, FUSE_SILU=fuse_silu, MUL_ROUTED_WEIGHT=not fuse_silu, QUANT=QUANT_MODE[quant],
+                FP8_IMPRECISE_ACC=cfg.fp8_imprecise_acc, SWAP_AB=bool(cfg.swap_ab), INTERPRETER=INTERPRET,
+                BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def _gemm(a, a_scale, w, w_scale, out, out_amax, topk_weights, topk_ids, error, routing: Alignment, num_padded,
+          N, K, *, a_row_div, fuse_silu, quant, cfg: TritonConfig):
+    grid = (routing.expert_of_block.numel() * _cdiv(N, cfg.BLOCK_N),)
     dummy = out  # stands in for pointers a mode does not read
     launch(moe_gemm_kernel, grid,
            a, a_scale if a_scale is not None else dummy, w, w_scale if w_scale is not None else dummy,
-           out, out_amax if out_amax is not None else dummy,
-           topk_weights if topk_weights is not None else dummy,
-           routing.sorted_ids, routing.expert_of_block, routing.num_padded, routing.num_pairs, N, K,
-           A_ROW_DIV=a_row_div, FUSE_SILU=fuse_silu, MUL_ROUTED_WEIGHT=mul_routed_weight,
-           QUANT=QUANT_MODE[quant], FP8_IMPRECISE_ACC=cfg.fp8_imprecise_acc, SWAP_AB=bool(cfg.swap_ab), INTERPRETER=INTERPRET,
-           BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
-           num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+           out, out_amax if out_amax is not None else dummy, topk_weights, topk_ids,
+           routing.sorted_ids, routing.expert_of_block, num_padded, error, routing.num_pairs, N, K,
+           w.shape[0], **_gemm_constants(cfg, quant, fuse_silu, a_row_div))
+
+
+def _buffers(T: int, top_k: int, E: int, K: int, I: int, quant, tile: int, device) -> dict:  # noqa: E741
+    """Every intermediate buffer of one call, by name (``torch.empty``: no launch)."""
+    P = T * top_k
+    fmt = get_format(quant)
+    n = buffer_sizes(T, top_k, E, tile)
+    new = lambda shape, dtype: torch.empty(shape, dtype=dtype, device=device)  # noqa: E731
+    end = new((E,), torch.int32)
+    b = dict(sorted_ids=new((n["rows"],), torch.int32), expert_of_block=new((n["blocks"],), torch.int32),
+             expert_end=end, num_padded=end[-1:], counts=new((n["chunks"], E), torch.int32),
+             act=new((P, I), torch.float32 if fmt.quantized else torch.bfloat16),
+             y=new((P, K), torch.bfloat16) if top_k > 1 else None)
+    if fmt.quantized:
+        b.update(xq=new((T, K), FP8_DTYPE), x_scale=new(fmt.activation_scale_shape(T, K), torch.float32),
+                 parts=new((PARTS,), torch.float32),
+                 act_amax=new(fmt.activation_scale_shape(P, I), torch.float32),
+                 aq=new((P, I), FP8_DTYPE), act_scale=new(fmt.activation_scale_shape(P, I), torch.float32))
+    return b
+
+
+_workspaces: OrderedDict = OrderedDict()
+
+
+def _workspace(T, top_k, E, K, I, quant, tile, device) -> dict:  # noqa: E741
+    """The buffers of :func:`_buffers`, reused by the eager calls of one stream (see the module
+    docstring); fresh while a CUDA graph is being captured."""
+    stream = None
+    if device.type == "cuda":
+        if torch.cuda.is_current_stream_capturing():
+            return _buffers(T, top_k, E, K, I, quant, tile, device)
+        stream = torch.cuda.current_stream(device).cuda_stream
+    key = (T, top_k, E, K, I, quant, tile, device, stream, threading.get_ident())
+    b = _workspaces.get(key)
+    if b is None:
+        b = _workspaces[key] = _buffers(T, top_k, E, K, I, quant, tile, device)
+        if len(_workspaces) > WORKSPACES:
+            _workspaces.popitem(last=False)
+    else:
+        _workspaces.move_to_end(key)
+    return b
+
+
+@functools.lru_cache(maxsize=1024)
+def _cached_plan(dims, quant, config, swap_ab, device):
+    return plan(dims, quant, config=config, swap_ab=swap_ab)
 
 
 def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None,
@@ -82,49 +157,60 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
 
     The arguments, then the options and this backend's limits (:func:`~triton_moe.plan.plan`), are
     checked before any launch — T = 0 included: an empty batch returns the empty [0, K] tensor only
-    when the call would run at T = 1.
+    when the call would run at T = 1. The data (ids, routing weights, scales) is checked by the
+    kernels, without a sync (:mod:`moe_spec.contract`).
     """
     d = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale,
                           w2_scale=w2_scale, max_experts=MAX_EXPERTS)
-    p = plan(d, quant, config=config, swap_ab=swap_ab)
+    if (config is None or type(config) is TritonConfig) and (swap_ab is None or type(swap_ab) is bool):
+        p = _cached_plan(d, quant, config, swap_ab, x.device)
+    else:
+        p = plan(d, quant, config=config, swap_ab=swap_ab)  # raises, naming the option
     if d.T == 0:
         return x.new_empty((0, d.K))
-    routing = align_block_size(topk_ids, d.E, p.align_tile)
-    return expert_computation(x, w1, w2, topk_weights, routing, d.top_k, quant=quant, w1_scale=w1_scale,
-                              w2_scale=w2_scale, config=p.config)
+    ws = _workspace(d.T, d.top_k, d.E, d.K, d.I, quant, p.align_tile, x.device)
+    error = error_word(x.device)
+    routing = align_into(topk_ids, d.E, p.align_tile, ws["sorted_ids"], ws["expert_of_block"], ws["expert_end"],
+                         ws["counts"], error)
+    return expert_computation(x, w1, w2, topk_weights, topk_ids, routing, quant=quant, w1_scale=w1_scale,
+                              w2_scale=w2_scale, config=p.config, workspace=ws)
 
 
-def expert_computation(x, w1, w2, topk_weights, routing, top_k: int, *, quant, w1_scale, w2_scale,
-                       config: TritonConfig) -> torch.Tensor:
+def expert_computation(x, w1, w2, topk_weights, topk_ids, routing, *, quant, w1_scale, w2_scale,
+                       config: TritonConfig, workspace: Optional[dict] = None) -> torch.Tensor:
     """Everything after the alignment: quantize x, GEMM1 + SiLU·up, quantize the intermediate,
     GEMM2 × routing weight, combine.
 
-    ``routing`` is the :class:`~moe_spec.align.Alignment` for ``config.BLOCK_M``
-    (:func:`~triton_moe.align.align_block_size`); ``config`` must be resolved and checked (a plan's). :func:`fused_moe` is the validated entry point; the
-    benchmark times this part alone (the alignment is timed separately).
+    ``routing`` is the :class:`~moe_spec.align.Alignment` of ``topk_ids`` for ``config.BLOCK_M``
+    (:func:`~triton_moe.align.align_block_size`); ``config`` must be resolved and checked (a
+    plan's); ``workspace``: the buffers of :func:`_buffers` (default: new ones). :func:`fused_moe`
+    is the validated entry point; the benchmark times this part alone (the alignment is timed
+    separately).
     """
     T, K = x.shape
-    I = w2.shape[2]  # noqa: E741
-    P = T * top_k
-    device = x.device
-    a1 = x
-    a1_scale = act_amax = None
-    if quant is not None:
-        a1, a1_scale = _quantize(x, quant)
-        act_amax = _amax_buffer(quant, P, I, device)
+    E, I = w2.shape[0], w2.shape[2]  # noqa: E741
+    top_k = topk_ids.shape[1]
+    ws = workspace or _buffers(T, top_k, E, K, I, quant, config.BLOCK_M, x.device)
+    num_padded = ws["num_padded"] if routing.expert_end is ws["expert_end"] else routing.num_padded
+    error = error_word(x.device)
+    a1, a1_scale, act_amax = x, None, None
+    if get_format(quant).quantized:
+        act_amax = ws["act_amax"]
+        a1, a1_scale = _quantize(x, quant, q=ws["xq"], scale=ws["x_scale"], parts=ws["parts"], zero=act_amax)
 
     # GEMM1 + SiLU(gate)·up: bf16 intermediate, or fp32 with its amax, quantized once for GEMM2
-    act = torch.empty((P, I), dtype=torch.bfloat16 if quant is None else torch.float32, device=device)
-    _gemm(a1, a1_scale, w1, w1_scale, act, act_amax, None, routing, I, K, a_row_div=top_k,
-          fuse_silu=True, mul_routed_weight=False, quant=quant, cfg=config)
-    a2, a2_scale = (act, None) if quant is None else _quantize(act, quant, act_amax)
+    act = ws["act"]
+    _gemm(a1, a1_scale, w1, w1_scale, act, act_amax, topk_weights, topk_ids, error, routing, num_padded, I, K,
+          a_row_div=top_k, fuse_silu=True, quant=quant, cfg=config)
+    a2, a2_scale = (act, None) if act_amax is None else _quantize(act, quant, act_amax, q=ws["aq"],
+                                                                 scale=ws["act_scale"])
 
     # GEMM2 × routing weight; with top_k = 1 its rows are already the output
-    out = torch.empty((T, K), dtype=torch.bfloat16, device=device)
-    y = out if top_k == 1 else torch.empty((P, K), dtype=torch.bfloat16, device=device)
-    _gemm(a2, a2_scale, w2, w2_scale, y, None, topk_weights, routing, K, I, a_row_div=1,
-          fuse_silu=False, mul_routed_weight=True, quant=quant, cfg=config)
+    out = torch.empty((T, K), dtype=torch.bfloat16, device=x.device)
+    y = out if top_k == 1 else ws["y"]
+    _gemm(a2, a2_scale, w2, w2_scale, y, None, topk_weights, topk_ids, error, routing, num_padded, K, I, a_row_div=1,
+          fuse_silu=False, quant=quant, cfg=config)
     if top_k > 1:
-        launch(combine_kernel, (T, triton.cdiv(K, COMBINE_BLOCK)), y, out, T, K, TOP_K=top_k,
+        launch(combine_kernel, (T, _cdiv(K, COMBINE_BLOCK)), y, out, T, K, TOP_K=top_k,
                BLOCK=COMBINE_BLOCK, INTERPRETER=INTERPRET)
     return out

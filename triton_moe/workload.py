@@ -7,7 +7,7 @@ import torch
 
 from moe_spec.oracle import oracle, rel_l2
 from moe_spec.problem import draw_weights, route
-from moe_spec.quant import quantize_weight
+from moe_spec.quant import get_format, quantize_weight
 from moe_spec.timing import moe_traffic, roofline, sets_for_cold_l2, time_cuda_graph
 from triton_moe.align import align_block_size
 from triton_moe.config import get_config
@@ -24,7 +24,7 @@ def make_weights(shape, quant, seed: int, device="cuda"):
     if key not in _weight_cache:
         w1, w2 = draw_weights(shape, seed, device=device)
         s1 = s2 = None
-        if quant is not None:
+        if get_format(quant).quantized:
             E = shape.num_experts
             step = max(1, (1 << 28) // (2 * shape.intermediate * shape.hidden))
             parts1 = [quantize_weight(w1[e:e + step], quant) for e in range(0, E, step)]
@@ -36,8 +36,8 @@ def make_weights(shape, quant, seed: int, device="cuda"):
 
 
 def weight_bytes(shape, quant) -> int:
-    """Bytes of all experts' W1 and W2: 1 byte per element under FP8, 2 under bf16."""
-    return shape.num_experts * shape.weight_elements() * (1 if quant else 2)
+    """Bytes of all experts' W1 and W2: the format's weight dtype (1 byte under FP8, 2 under bf16)."""
+    return shape.num_experts * shape.weight_elements() * get_format(quant).weight_dtype.itemsize
 
 
 def drop_weights():
@@ -74,9 +74,9 @@ class Problem:
 
         def make_call(i):
             st, r = self.sets[i], routings[i]
-            return lambda: expert_computation(st["x"], st["w1"], st["w2"], st["topk_weights"], r,
-                                              self.shape.top_k, quant=self.quant, w1_scale=st["w1_scale"],
-                                              w2_scale=st["w2_scale"], config=cfg)
+            return lambda: expert_computation(st["x"], st["w1"], st["w2"], st["topk_weights"], st["topk_ids"], r,
+                                              quant=self.quant, w1_scale=st["w1_scale"], w2_scale=st["w2_scale"],
+                                              config=cfg)
 
         return time_cuda_graph(make_call, self.n_sets, replays=15, min_calls=10).median_us
 
@@ -106,6 +106,6 @@ class Problem:
 
     def roofline(self, us: float, ceilings) -> dict:
         s = self.shape
-        wb = 1 if self.quant else 2
-        b, f = moe_traffic(self.T, s.hidden, s.intermediate, s.top_k, self.experts_hit, wb)
-        return roofline(b, f, ceilings, "fp8" if self.quant else "bf16", us)
+        fmt = get_format(self.quant)
+        b, f = moe_traffic(self.T, s.hidden, s.intermediate, s.top_k, self.experts_hit, fmt.weight_dtype.itemsize)
+        return roofline(b, f, ceilings, "fp8" if fmt.quantized else "bf16", us)

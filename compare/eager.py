@@ -1,0 +1,117 @@
+"""Eager timing: what a call costs when it is simply called, not replayed from a CUDA graph.
+
+:func:`moe_spec.timing.time_cuda_graph` measures the kernels alone: a graph replay launches them
+with no Python in between. A serving stack that does not capture calls pays the host too — the
+argument checks, the planning, every launch, and any read of device data that makes the host
+wait. :func:`eager_us` measures that: ``calls`` back-to-back calls with one synchronization at
+the end, so the host runs ahead of the GPU unless something in the call waits for it; the median
+of a few repeats. When an eager call costs as much as its graph replay, the host keeps up.
+
+:func:`host_us` is the host side alone (no GPU needed): µs per call of the Python that runs, with
+the launches made by the caller's stand-in (for triton_moe, run it inside
+``triton_moe.jit.count_compilations(dry_run=True)``, which binds every launch's arguments as Triton
+does but launches nothing).
+
+    python -m compare.eager --shape qwen3-30b-a3b --tokens 1 8 --quant bf16     # on a GPU
+
+prints eager and graph µs per call side by side, both on one input set (warm L2: the comparison
+is of host cost, not of the cold-L2 kernel times the compare report states).
+
+    python -m compare.eager --host --shape qwen3-30b-a3b --tokens 1 64 --quant bf16   # any machine
+
+prints triton_moe's host µs per call and its launches (the shape's E and top_k with K = 256,
+I = 128: the host work does not depend on K and I), launches bound but not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+
+def eager_us(fn, kwargs: dict, calls: int = 50, repeats: int = 5) -> float:
+    """Median over ``repeats`` of the wall time of ``calls`` back-to-back ``fn(**kwargs)``, one
+    ``torch.cuda.synchronize()`` at the end of each repeat, in µs per call (after a warm-up call)."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("eager_us: needs a CUDA device (host_us measures the host side on a CPU)")
+    fn(**kwargs)
+    torch.cuda.synchronize()
+    per_call = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn(**kwargs)
+        torch.cuda.synchronize()
+        per_call.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(per_call)
+
+
+def host_us(fn, kwargs: dict, calls: int = 200, repeats: int = 5) -> float:
+    """Median over ``repeats`` of the host time per ``fn(**kwargs)``, no synchronization (µs)."""
+    fn(**kwargs)
+    per_call = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn(**kwargs)
+        per_call.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(per_call)
+
+
+def main(argv=None) -> None:
+    from compare.backends import load_backend
+    from moe_spec.problem import draw_weights, get_shape, make_inputs
+    from moe_spec.quant import FORMATS
+    from moe_spec.timing import time_cuda_graph
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", default="qwen3-30b-a3b")
+    p.add_argument("--tokens", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--quant", default="bf16", choices=[f.label for f in FORMATS.values()])
+    p.add_argument("--backend", nargs="+", default=["triton_moe", "cute_moe"])
+    p.add_argument("--host", action="store_true", help="triton_moe's host cost per call, no GPU needed")
+    a = p.parse_args(argv)
+    shape = get_shape(a.shape)
+    quant = next(f.name for f in FORMATS.values() if f.label == a.quant)
+    if a.host:
+        return _host_table(shape, quant, a.tokens)
+    weights = draw_weights(shape, 0, device="cuda")
+    print("| backend | shape | quant | T | eager µs | graph µs |\n|---|---|---|---|---|---|")
+    for T in a.tokens:
+        kw = make_inputs(shape, T, quant, weights_bf16=weights).to("cuda").kwargs()
+        for name in a.backend:
+            fn = load_backend(name).fused_moe
+            if fn is None:
+                continue
+            try:
+                eager = eager_us(fn, kw)
+                graph = time_cuda_graph(lambda i: (lambda: fn(**kw)), 1).median_us
+            except NotImplementedError:
+                continue
+            print(f"| {name} | {shape.label} | {a.quant} | {T} | {eager:.1f} | {graph:.1f} |", flush=True)
+
+
+def _host_table(shape, quant, tokens) -> None:
+    from moe_spec.problem import MoEShape, make_inputs
+    from moe_spec.quant import get_format
+    from triton_moe import fused_moe
+    from triton_moe.jit import count_compilations
+
+    stand_in = MoEShape(shape.label, shape.num_experts, shape.top_k, 256, 128, "host-cost stand-in")
+    print("| backend | shape (E, top_k; K=256, I=128) | quant | T | host µs | launches |\n|---|---|---|---|---|---|")
+    for T in tokens:
+        kw = make_inputs(stand_in, T, quant).kwargs()
+        with count_compilations(dry_run=True) as counter:
+            fused_moe(**kw)
+            counter.launches.clear()
+            fused_moe(**kw)
+            launches = len(counter.launches)
+            us = host_us(fused_moe, kw)
+        print(f"| triton_moe | {shape.label} | {get_format(quant).label} | {T} | {us:.1f} | {launches} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""How many device operations one ``fused_moe`` call launches, per backend and format (CPU).
+
+Kernel launches are host time (each costs microseconds of Python and driver work before the GPU
+sees it), so an eager call is only as fast as a CUDA-graph replay when it launches few kernels and
+never waits for the GPU. Counted here, in a warm (steady-state) call:
+
+* Triton launches, through the launch wrapper of :mod:`triton_moe.jit` (dry run: nothing runs);
+* torch kernels: every aten op a ``TorchDispatchMode`` sees, except the ones that only allocate or
+  make a view (``torch.empty`` is not a launch, ``torch.zeros`` is);
+* reads of device data on the host (``.item()``, ``bool()``, ``int()`` of a tensor: the aten op
+  ``_local_scalar_dense``), which would be a sync on a GPU: none may happen.
+
+Targets (notes/triton_moe.md, "Launches and host cost per call"): triton_moe bf16 ≤ 6 launches,
+FP8 ≤ 8. The exact counts are asserted, so a change that adds one shows up here.
+
+cute_moe cannot launch on a CPU: its layer (``run_layer``, after validation and planning) runs
+with the CuTe launches and compilations stubbed, counting its torch ops and its CuTe launches.
+"""
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from moe_spec.problem import MoEShape, make_inputs
+
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array:DeprecationWarning")
+
+#: aten ops that launch nothing: allocation and views.
+NO_LAUNCH = {"empty", "empty_strided", "new_empty", "view", "_unsafe_view", "reshape", "slice", "select",
+             "alias", "as_strided", "t", "transpose", "permute", "expand", "unsqueeze", "squeeze", "detach",
+             "lift_fresh", "_reshape_alias"}
+#: aten ops that read a device value on the host (a sync on a GPU).
+HOST_READS = {"_local_scalar_dense", "item", "is_nonzero", "nonzero", "equal"}
+
+
+class CountOps(TorchDispatchMode):
+    """Records every aten op name (overload stripped) run inside the block."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+    @property
+    def launches(self):
+        return [op for op in self.ops if op not in NO_LAUNCH]
+
+
+SHAPE = MoEShape("launches", 8, 2, 128, 64, "test: Mixtral-like routing, small sizes")
+#: T = 4: one chunk of pairs (decode); T = 300: 600 pairs, three chunks (the launches are the same).
+DECODE, PREFILL = 4, 300
+TRITON = {  # (quant, T): exact Triton launches of a warm call; the targets are bf16 ≤ 6, FP8 ≤ 8
+    (None, DECODE): 5, (None, PREFILL): 5,
+    ("fp8_tensor", DECODE): 8, ("fp8_tensor", PREFILL): 8,
+    ("fp8_channel", DECODE): 7, ("fp8_channel", PREFILL): 7,
+    ("fp8_block", DECODE): 7, ("fp8_block", PREFILL): 7,
+}
+
+
+def _triton_call(quant, T, top_k_one=False):
+    from triton_moe import fused_moe
+    from triton_moe.jit import count_compilations
+
+    shape = MoEShape("launches1", 8, 1, 128, 64, "test") if top_k_one else SHAPE
+    kw = make_inputs(shape, T, quant, seed=0).kwargs()
+    with count_compilations(dry_run=True):
+        fused_moe(**kw)  # warm: the error word, the workspace, the plan
+    with count_compilations(dry_run=True) as counter, CountOps() as ops:
+        fused_moe(**kw)
+    return counter.launches, ops
+
+
+@pytest.mark.parametrize("quant, T", list(TRITON), ids=[f"{q or 'bf16'}-T{T}" for q, T in TRITON])
+def test_triton_launches_per_call(quant, T):
+    launches, ops = _triton_call(quant, T)
+    assert len(launches) == TRITON[quant, T], launches
+    assert len(launches) <= (6 if quant is None else 8)
+    assert ops.launches == [], ops.launches  # no torch kernel: no fill, no copy, no check
+    assert not HOST_READS & set(ops.ops), ops.ops
+    assert launches[:2] == ["_count_kernel", "_place_kernel"]
+    assert launches[-2:] == ["moe_gemm_kernel", "combine_kernel"]
+
+
+def test_triton_top_k_one_skips_the_combine():
+    launches, _ = _triton_call(None, DECODE, top_k_one=True)
+    assert launches == ["_count_kernel", "_place_kernel", "moe_gemm_kernel", "moe_gemm_kernel"]
+
+
+def test_triton_empty_batch_launches_nothing():
+    from triton_moe import fused_moe
+    from triton_moe.jit import count_compilations
+
+    kw = make_inputs(SHAPE, 0, "fp8_tensor").kwargs()
+    with count_compilations(dry_run=True) as counter, CountOps() as ops:
+        fused_moe(**kw)
+    assert counter.launches == [] and ops.launches == []
+
+
