@@ -13,12 +13,9 @@ never waits for the GPU. Counted here, in a warm (steady-state) call:
 Targets (notes/triton_moe.md, "Launches and host cost per call"): triton_moe bf16 ≤ 6 launches,
 FP8 ≤ 8. The exact counts are asserted, so a change that adds one shows up here.
 
-cute_moe cannot launch on a CPU: its layer (``run_layer``, after validation and planning) runs
-with the CuTe launches and compilations stubbed, counting its torch ops and its CuTe launches.
 """
 
 import pytest
-import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from moe_spec.problem import MoEShape, make_inputs
