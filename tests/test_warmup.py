@@ -72,11 +72,12 @@ def test_triton_sweep_after_warmup_compiles_nothing(E, top_k, K, I, quant):  # n
     assert new_keys == {}, f"compiled after the warm-up: {new_keys}"
     assert swept == report.covered  # nothing the layer needs is missing, nothing extra was warmed
     assert len(met) == len(report.plans) > 1  # the sweep crossed every bucket
-    # what a fresh process compiles: per plan GEMM1 and GEMM2; per BLOCK_M the scan and the scatter
-    # (one per ids dtype); the count kernel (per ids dtype); the combine (top_k > 1); FP8: the
-    # quantize kernel for x and for the intermediate, plus the amax of x for fp8_tensor
+    # what a fresh process compiles: per plan GEMM1 and GEMM2, each per ids dtype (the GEMMs read
+    # topk_ids for the device-side checks); per BLOCK_M the place kernel (per ids dtype); the count
+    # kernel (per ids dtype); the combine (top_k > 1); FP8: the quantize kernel for x and for the
+    # intermediate, plus the amax of x for fp8_tensor
     block_ms = {p.config.BLOCK_M for p in met}
-    expected = 2 * len(met) + 3 * len(block_ms) + 2 + (top_k > 1) + {None: 0, "fp8_tensor": 3}.get(quant, 2)
+    expected = 4 * len(met) + 2 * len(block_ms) + 2 + (top_k > 1) + {None: 0, "fp8_tensor": 3}.get(quant, 2)
     assert report.count == len(report.covered) == expected
 
 
@@ -91,7 +92,7 @@ def test_triton_sweep_catches_a_plan_the_warmup_skipped(monkeypatch):
     full = triton_moe.plans_for(8, 64, 32, 2, None, MAX_T)
     monkeypatch.setattr(TRITON_WARMUP, "plans_for", lambda *a, **k: full[:1] + full[2:])
     _, new_keys, _, _ = _triton_new_keys(8, 2, 64, 32, None, MAX_T)
-    assert new_keys.get("moe_gemm_kernel") == 2  # GEMM1 and GEMM2 of the skipped plan
+    assert new_keys.get("moe_gemm_kernel") == 4  # GEMM1 and GEMM2 of the skipped plan, per ids dtype
 
 
 def test_triton_warmup_covers_the_callers_options():
@@ -107,7 +108,8 @@ def test_triton_warmup_with_one_ids_dtype_misses_the_other():
         triton_moe.warmup(8, 64, 32, 2, max_tokens=MAX_T, device="cpu", ids_dtypes=(torch.int32,))
         counter.mark()
         _triton_sweep(8, 2, 64, 32, None, [2, 3])  # int32, then int64
-    assert set(counter.new_keys) == {"_count_kernel", "_scatter_kernel"}
+    # every kernel that reads topk_ids: the alignment's two and the GEMMs (their device-side checks)
+    assert set(counter.new_keys) == {"_count_kernel", "_place_kernel", "moe_gemm_kernel"}
 
 
 # ---- CuTe: compiled to PTX on this CPU ------------------------------------------------------------------
