@@ -26,12 +26,9 @@ compiling nothing. The harness calls :func:`run_warm_study`.
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib
 import json
 import os
-import platform
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -41,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from moe_spec import runinfo
 from moe_spec.problem import MoEShape, draw_weights, get_shape, route
 from moe_spec.quant import FORMATS, get_format, quantize_weight
 from moe_spec.validate import MoEDims
@@ -213,26 +211,9 @@ def _run_case(backend: str, shape: MoEShape, quant, tokens, device: str, timeout
         return {**base, "process_s": wall, **json.loads(Path(result).read_text())}
 
 
-def run_info(command: str, cuda: bool) -> dict:
-    """Date (UTC), device, commit (``+dirty`` with modified tracked files) and the command."""
-    def git(*args):
-        try:
-            run = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
-            return run.stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    commit = git("rev-parse", "--short", "HEAD") or "unknown"
-    if commit != "unknown" and git("status", "--porcelain", "--untracked-files=no"):
-        commit += "+dirty"
-    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "device": torch.cuda.get_device_name() if cuda else f"CPU ({platform.processor() or platform.machine()})",
-            "commit": commit, "command": command, "python": platform.python_version(),
-            "torch": torch.__version__}
-
-
 def run_warm_study(shapes, quants, backends=BACKENDS, tokens=None, device: str = "cuda", *,
-                   timeout: float = CASE_TIMEOUT_S, command: str = "run_warm_study(...)") -> dict:
+                   timeout: float = CASE_TIMEOUT_S, command: str = "run_warm_study(...)",
+                   commit: str | None = None) -> dict:
     """Warm-up cost and compilations after it, per (backend, shape, format), each case in a fresh
     process with empty caches (the module docstring). ``shapes``: catalog names or MoEShapes;
     ``quants``: contract values (None = bf16); ``tokens``: the T sweep (default
@@ -254,7 +235,7 @@ def run_warm_study(shapes, quants, backends=BACKENDS, tokens=None, device: str =
     shapes = [_shape(s) for s in shapes]
     start = time.perf_counter()
     cases = [_run_case(b, s, q, tokens, device, timeout) for b in backends for s in shapes for q in quants]
-    meta = run_info(command, device == "cuda")
+    meta = runinfo.run_info(command, cuda=device == "cuda", commit=commit)
     meta.update(mode="gpu" if device == "cuda" else
                 "cpu (reduced): Triton dry run through the interpreter (keys, no latency), CuTe compiled to PTX",
                 tokens=tokens, wall_s=round(time.perf_counter() - start, 1))
@@ -332,6 +313,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=None, help=f"largest T (default {MAX_TOKENS}; CPU "
                                                                  f"{CPU_MAX_TOKENS})")
     ap.add_argument("--out", default="warm-study-out", help="directory for warm_study.md and warm_study.json")
+    ap.add_argument("--commit", default=None, help="commit to record [git rev-parse of this checkout]")
     ap.add_argument("--count", action="store_true", help="only print how many kernels each layer needs (no compile)")
     args = ap.parse_args(argv)
     gpu = torch.cuda.is_available()
@@ -361,9 +343,9 @@ def main(argv=None) -> int:
             what = f"{r['plans']} plans, {r['kernels']} kernels" if r["kernels"] is not None else r["note"]
             print(f"{r['backend']:10s} {r['shape']:18s} {r['quant']:11s} T = 1…{max_tokens}: {what}")
         return 0
-    command = " ".join(["python -m compare.warm_study", *map(shlex.quote, sys.argv[1:] if argv is None else argv)])
+    command = runinfo.command_line("python -m compare.warm_study", sys.argv[1:] if argv is None else argv)
     study = run_warm_study(shapes, quants, backends, sweep_tokens(max_tokens), "cuda" if gpu else "cpu",
-                           command=command)
+                           command=command, commit=args.commit)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "warm_study.json").write_text(json.dumps(study, indent=1))

@@ -14,15 +14,15 @@ median µs per call): ``device`` is :func:`cute_moe.alignops.align_on_device`, `
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import subprocess
+import sys
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 import torch  # noqa: E402
 
+from moe_spec import runinfo  # noqa: E402
 from moe_spec.align import align  # noqa: E402
 from moe_spec.problem import get_shape, route  # noqa: E402
 from moe_spec.timing import time_cuda_graph  # noqa: E402
@@ -71,12 +71,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", default=None, help="write PREFIX.json and PREFIX.md")
     ap.add_argument("--commit", default=None, help="git commit to record (when the checkout has no .git)")
     args = ap.parse_args(argv)
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        commit = ""
-    result = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
-              "commit": args.commit or commit or "unknown", "command": "python -m cute_moe.bench_align",
+    runinfo.require_cuda("python -m cute_moe.bench_align")
+    command = runinfo.command_line("python -m cute_moe.bench_align", sys.argv[1:] if argv is None else argv)
+    result = {**runinfo.run_info(command, cuda=True, commit=args.commit),
               "cells": [bench_cell(spec, T) for spec in SPECS for T in TOKENS]}
     if args.out:
         with open(args.out + ".json", "w") as f:
