@@ -19,6 +19,7 @@ as far as the backend exposes those; what it does not expose is reported as miss
 
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -48,6 +49,12 @@ class Backend:
     # (dry_run) -> a context manager yielding an object with .mark() and .new_compilations();
     # dry_run (Triton only) records specialization keys without launching: a CPU sweep in seconds
     compile_counter: Optional[Callable] = None
+    # the same layer with scaling and aggregation as separate passes over HBM (cute_moe's
+    # fusion="separate"), timed beside the fused layer on FP8 rows; None where there is none
+    separate: Optional[Callable] = None
+    # (T, K, I, top_k, experts_hit, quant, fusion) -> {pass: HBM bytes}: the analytic traffic of
+    # the fused and separate pipelines
+    pass_bytes: Optional[Callable] = None
 
     def unavailable(self, quant: Optional[str], device: str) -> Optional[str]:
         """Why this backend cannot run here before trying (None: try it; refusals are caught later)."""
@@ -144,6 +151,9 @@ def _load_cute() -> Backend:
             b.prepare = prepare
     if hasattr(mod, "compile_count"):
         b.compile_counter = lambda dry_run=False: _CuteCounting(mod.compile_count, dry_run)
+    unfused = importlib.import_module("cute_moe.unfused")
+    b.separate = functools.partial(mod.fused_moe, fusion="separate")
+    b.pass_bytes = unfused.hbm_bytes
     return b
 
 

@@ -49,6 +49,26 @@ def eager_us(fn, kwargs: dict, calls: int = 50, repeats: int = 5) -> float:
     return statistics.median(per_call)
 
 
+def eager_sets_us(make_call, n_sets: int, *, quick: bool = False) -> float:
+    """:func:`eager_us` in the suite's clock signature: ``make_call(i)`` is set ``i``'s call; the
+    calls go round the sets (as the graph replays do), 50 per repeat (20 with ``quick``)."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("eager_sets_us: needs a CUDA device")
+    calls = [make_call(i) for i in range(n_sets)]
+    n, repeats = (20, 3) if quick else (50, 5)
+    for c in calls:
+        c()
+    torch.cuda.synchronize()
+    per_call = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for i in range(n):
+            calls[i % n_sets]()
+        torch.cuda.synchronize()
+        per_call.append((time.perf_counter() - start) / n * 1e6)
+    return statistics.median(per_call)
+
+
 def host_us(fn, kwargs: dict, calls: int = 200, repeats: int = 5) -> float:
     """Median over ``repeats`` of the host time per ``fn(**kwargs)``, no synchronization (µs)."""
     fn(**kwargs)

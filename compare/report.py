@@ -28,6 +28,7 @@ OUTPUT_FILES = ("results.json", "results.csv", "report.md") + tuple(f"{name}.png
 ROW_FIELDS = ("shape", "shape_note", "E", "K", "I", "top_k", "T", "quant", "backend", "status", "check", "config",
               "rel_l2", "max_abs", "max_ulp", "cosine", "deterministic", "batch_invariant", "xdiff", "xdiff_ok",
               "quant_error", "err_vs_bf16", "flagged_experts", "timing", "us", "p10_us", "p90_us", "prep_us",
+              "eager_us", "eager_ratio", "separate_us", "fusion_speedup", "fused_bytes", "separate_bytes",
               "weight_tbps", "tflops", "pct_floor", "floor_us", "bound", "speedup")
 
 

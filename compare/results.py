@@ -24,7 +24,8 @@ ROW_TYPES = {"shape": str, "quant": str, "T": int, "backend": str, "status": str
 CASE_TYPES = {"shape": str, "quant": str, "T": int}
 JIT_TYPES = {"backend": str, "shape": str, "quant": str, "status": str}
 NUMBERS = ("rel_l2", "max_abs", "max_ulp", "cosine", "xdiff", "quant_error", "err_vs_bf16", "us", "p10_us",
-           "p90_us", "prep_us", "weight_tbps", "tflops", "pct_floor", "floor_us", "speedup",
+           "p90_us", "prep_us", "eager_us", "eager_ratio", "separate_us", "fusion_speedup",
+           "fused_bytes", "separate_bytes", "weight_tbps", "tflops", "pct_floor", "floor_us", "speedup",
            "median_expert_quant_error")
 FLAGS = ("deterministic", "batch_invariant", "xdiff_ok")
 LIST_META = ("shapes", "tokens", "quants", "backends")

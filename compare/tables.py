@@ -101,6 +101,21 @@ COLUMNS = (
     Column("p10–p90", "p10–p90", _spread, "10th and 90th percentile of the replays, µs", terminal=False),
     Column("align", "align µs", lambda r: num(r.get("prep_us"), ".1f"),
            "the alignment/permutation step timed alone (included in µs)", terminal=False),
+    Column("eager", "eager µs", lambda r: num(r.get("eager_us"), ".1f"),
+           "median µs per call of plain back-to-back calls (no graph; one synchronization per repeat): "
+           "what a caller without CUDA graphs pays, host work included"),
+    Column("×graph", "eager / graph", lambda r: num(r.get("eager_ratio"), ".2f"),
+           "eager µs over the graph replay's µs: 1.0 when the host keeps up with the GPU", terminal=False),
+    Column("sep", "separate µs", lambda r: num(r.get("separate_us"), ".1f"),
+           "the same backend with scaling and aggregation as separate passes (cute_moe fusion=\"separate\"), "
+           "CUDA-graph µs", terminal=False),
+    Column("fused×", "fused speedup", lambda r: num(r.get("fusion_speedup"), ".3f"),
+           "separate µs / fused µs: what fusing the scales and the routing weight into the GEMM buys",
+           terminal=False),
+    Column("MB f/s", "MB fused / separate", lambda r: (f"{num(r.get('fused_bytes') and r['fused_bytes'] / 1e6, '.1f')}"
+                                                       f" / {num(r.get('separate_bytes') and r['separate_bytes'] / 1e6, '.1f')}")
+           if r.get("fused_bytes") is not None else "-",
+           "HBM traffic of the two pipelines, analytic from the shapes (MB)", terminal=False),
     Column("TB/s", "weight TB/s", lambda r: num(r.get("weight_tbps"), ".2f"),
            "bytes of the weights of the experts that received tokens, per second"),
     Column("TFLOP/s", "TFLOP/s", lambda r: num(r.get("tflops"), ".0f"), "the expert computation's FLOPs per second"),

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
 from compare.backends import BASELINE, FALLBACK_BASELINE, Backend
 from compare.cases import Budget, Case
+from compare.eager import eager_sets_us
 from moe_spec.problem import MoEInputs
 from moe_spec.quant import weight_scale_shape
 from moe_spec.timing import Ceilings, measure_ceilings, moe_traffic, roofline, sets_for_cold_l2, time_cuda_graph
@@ -36,10 +37,12 @@ class Clock:
     ceilings: Callable[[], Ceilings]
     sync: Callable[[], None]
     device: Callable[[], str]
+    # ``eager(make_call, n_sets, quick=...) -> µs per call`` of plain calls (see compare.eager); None: no eager column
+    eager: Optional[Callable] = None
 
 
 GPU_CLOCK = Clock(time=time_cuda_graph, ceilings=measure_ceilings, sync=torch.cuda.synchronize,
-                  device=torch.cuda.get_device_name)
+                  device=torch.cuda.get_device_name, eager=eager_sets_us)
 
 
 def _clone(inputs: MoEInputs) -> MoEInputs:
@@ -77,8 +80,8 @@ def _scale_bytes(quant, dims: MoEDims) -> int:
 def time_backend(clock: Clock, backend: Backend, sets: list, dims: MoEDims, quant, ceilings: Ceilings,
                  quick: bool) -> dict:
     """The timing columns of one backend's row."""
-    t, note = _time(clock, lambda i: (lambda: backend.fused_moe(**sets[i].kwargs())), len(sets),
-                    backend.capturable, quick)
+    make_call = lambda i: (lambda: backend.fused_moe(**sets[i].kwargs()))  # noqa: E731
+    t, note = _time(clock, make_call, len(sets), backend.capturable, quick)
     hit = int(torch.unique(sets[0].topk_ids).numel())
     weight_bytes = 1 if quant else 2
     nbytes, flops = moe_traffic(dims.T, dims.K, dims.I, dims.top_k, hit, weight_bytes, _scale_bytes(quant, dims))
@@ -94,7 +97,23 @@ def time_backend(clock: Clock, backend: Backend, sets: list, dims: MoEDims, quan
         except Exception as exc:  # noqa: BLE001
             row["prep_us"] = None
             row["timing"] += f"; prep not timed ({type(exc).__name__})"
+    if clock.eager is not None:
+        row["eager_us"] = clock.eager(make_call, len(sets), quick=quick)
+        row["eager_ratio"] = row["eager_us"] / t.median_us
+    if quant is not None and backend.separate is not None:
+        row.update(_separate(clock, backend, sets, dims, quant, hit, t.median_us, quick))
     return row
+
+
+def _separate(clock: Clock, backend: Backend, sets: list, dims: MoEDims, quant, hit: int, fused_us: float,
+              quick: bool) -> dict:
+    """The unfused pipeline on the same inputs: µs, the bytes both pipelines move, fused's speedup."""
+    t, _ = _time(clock, lambda i: (lambda: backend.separate(**sets[i].kwargs())), len(sets), backend.capturable,
+                 quick)
+    fused, separate = (sum(backend.pass_bytes(dims.T, dims.K, dims.I, dims.top_k, hit, quant, f).values())
+                       for f in ("fused", "separate"))
+    return {"separate_us": t.median_us, "fusion_speedup": t.median_us / fused_us,
+            "fused_bytes": fused, "separate_bytes": separate}
 
 
 def time_case(clock: Clock, case: Case, rows: dict, backends: dict, ceilings: Ceilings, quick: bool,

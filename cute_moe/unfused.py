@@ -72,3 +72,30 @@ def weighted_combine(y: torch.Tensor, row_of_pair: torch.Tensor, topk_weights: t
     compile_unfused_kernels(quant, sm_count(y.device))["weighted_combine"](
         cute_tensor(y, 1), cute_tensor(out, 1), cute_vector(row_of_pair), cute_vector(weights), current_stream(y))
     return out
+
+
+def hbm_bytes(T: int, K: int, I: int, top_k: int, experts_hit: int, quant, fusion: str) -> dict:
+    """Analytic HBM bytes of each pass of the layer (``quant`` FP8: the W8A8 pipeline; bf16: the
+    plain one), from the shapes alone: M = T·top_k rows (padding ignored), the weights of the
+    ``experts_hit`` experts read once per GEMM, scales and alignment data left out (they are small
+    and the same in both pipelines). ``fusion="separate"`` adds what the unfused pipeline moves:
+    the scale passes (per-tensor / per-channel FP8: read and write GEMM1's fp32 [M, 2I] and GEMM2's
+    bf16 [M, K] once more) and the routing weights read by the weighted combine. Returns
+    {pass: bytes}; ``sum(...values())`` is the layer's total."""
+    check_fusion(fusion)
+    M, wb = T * top_k, 1 if quant else 2  # token rows; bytes per weight / activation element
+    p = {}
+    if quant:
+        p["quantize x"] = T * K * 2 + T * K
+    p["gather"] = 2 * M * K * wb
+    h_bytes = 4 if quant else 2  # GEMM1 writes fp32 H for the FP8 layer, bf16 for bf16
+    p["GEMM1"] = experts_hit * 2 * I * K * wb + M * K * wb + M * 2 * I * h_bytes
+    scaled = fusion == "separate" and quant in _EPILOGUE_SCALED
+    if scaled:
+        p["scale pass 1"] = 2 * M * 2 * I * h_bytes
+    p["SiLU·up" + (", quantize" if quant else "")] = M * 2 * I * h_bytes + M * I * wb
+    p["GEMM2"] = experts_hit * K * I * wb + M * I * wb + M * K * 2
+    if scaled:
+        p["scale pass 2"] = 2 * M * K * 2
+    p["combine"] = M * K * 2 + T * K * 2 + (M * 4 if fusion == "separate" else 0)
+    return p

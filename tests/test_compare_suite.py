@@ -22,9 +22,14 @@ def _wall_clock_timer(make_call, n_sets, *, use_graph=True, **_):
     return timing.Timing(median_us=us, p10_us=us, p90_us=us, min_us=us, samples=1, calls_per_sample=n_sets)
 
 
+def _wall_clock_eager(make_call, n_sets, *, quick=False):
+    """The eager column's stand-in: plain calls round the sets, wall time per call."""
+    return _wall_clock_timer(make_call, n_sets).median_us
+
+
 STAND_IN = Clock(time=_wall_clock_timer,
                  ceilings=lambda: timing.Ceilings(device="fake", copy_tbps=4.0, bf16_tflops=700.0, fp8_tflops=1300.0),
-                 sync=lambda: None, device=lambda: "fake GPU")
+                 sync=lambda: None, device=lambda: "fake GPU", eager=_wall_clock_eager)
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +55,8 @@ def test_timed_rows_carry_roofline_and_speedup(timed_result):
         elif r["status"] == "ok":
             assert r["us"] > 0 and r["p10_us"] <= r["us"] <= r["p90_us"]
             assert r["weight_tbps"] > 0 and r["tflops"] > 0 and 0 < r["pct_floor"]
+            assert r["eager_us"] > 0 and r["eager_ratio"] == pytest.approx(r["eager_us"] / r["us"])
+            assert "separate_us" not in r  # only a backend with an unfused pipeline (cute_moe: GPU only)
             assert r["bound"] in ("memory", "compute")
             bases = timed_base.get((r["quant"], r["T"]), set())
             if bases:
@@ -100,3 +107,39 @@ def test_strict_problems_flag_kernels_and_crashes_not_baselines_by_design():
     assert any("triton_moe: numerics" in p for p in found) and any("torch_loop: error" in p for p in found)
     assert not any("torch_grouped" in p or "cute_moe" in p for p in found)
     assert any(p.startswith("JIT triton_moe") for p in found) and len(found) == 3
+
+
+def test_fp8_rows_time_the_separate_pipeline_beside_the_fused_one():
+    """A backend with an unfused pipeline gets, on FP8 rows only, its separate µs, the speedup of
+    fusing and both pipelines' analytic bytes (cute_moe's, which needs a GPU, through a stand-in
+    backend that runs triton_moe's layer for both)."""
+    from compare.backends import Backend
+    from compare.timed import time_backend
+    from cute_moe.unfused import hbm_bytes
+    from compare.cases import reduce_shape
+    from moe_spec.problem import get_shape, make_inputs
+    from moe_spec.validate import MoEDims
+
+    import triton_moe
+
+    shape = reduce_shape(get_shape("qwen3-30b-a3b"))
+    separate_calls = []
+
+    def separate(**kw):
+        separate_calls.append(kw["quant"])
+        return triton_moe.fused_moe(**kw)
+
+    fake = Backend("fake", fused_moe=triton_moe.fused_moe, separate=separate, pass_bytes=hbm_bytes)
+    ceilings = STAND_IN.ceilings()
+    for quant in (None, "fp8_tensor"):
+        inputs = make_inputs(shape, 4, quant, seed=0)
+        dims = MoEDims(T=4, E=shape.num_experts, K=shape.hidden, I=shape.intermediate, top_k=shape.top_k)
+        row = time_backend(STAND_IN, fake, [inputs], dims, quant, ceilings, quick=True)
+        if quant is None:
+            assert "separate_us" not in row and not separate_calls
+            continue
+        assert separate_calls == ["fp8_tensor"]
+        assert row["fusion_speedup"] == pytest.approx(row["separate_us"] / row["us"])
+        hit = row["experts_hit"]
+        assert row["fused_bytes"] == sum(hbm_bytes(4, dims.K, dims.I, dims.top_k, hit, quant, "fused").values())
+        assert row["separate_bytes"] > row["fused_bytes"]

@@ -361,3 +361,27 @@ def test_warm_up_of_an_fp8_plan_compiles_what_the_layer_runs():
     cute_moe.compile_quant_kernels("fp8_channel")
     compile_unfused_kernels("fp8_channel")
     assert cute_moe.compile_count() == n and cute_moe.compile_plan(p) == 0
+
+
+@pytest.mark.parametrize("quant", [None, "fp8_tensor", "fp8_channel", "fp8_block"])
+def test_hbm_bytes_of_the_two_pipelines(quant):
+    """The byte model compare prints beside fused vs separate: the unfused pipeline moves GEMM1's
+    fp32 H and GEMM2's bf16 Y once more through a scale pass where the scales can leave the GEMM
+    (per-tensor, per-channel), and reads the routing weights in its combine; the weights of the
+    hit experts dominate at decode."""
+    from cute_moe.unfused import hbm_bytes
+
+    T, K, I, top_k, hit = 4, 2048, 768, 8, 30
+    fused, separate = (hbm_bytes(T, K, I, top_k, hit, quant, f) for f in ("fused", "separate"))
+    M, wb = T * top_k, 1 if quant else 2
+    extra = M * 4
+    if quant in ("fp8_tensor", "fp8_channel"):
+        extra += 2 * M * 2 * I * 4 + 2 * M * K * 2
+        assert set(separate) - set(fused) == {"scale pass 1", "scale pass 2"}
+    else:
+        assert set(separate) == set(fused)
+    assert sum(separate.values()) - sum(fused.values()) == extra
+    weights = hit * 3 * I * K * wb
+    assert weights < sum(fused.values()) < 1.1 * weights
+    with pytest.raises(ValueError, match=r"^fusion: expected one of"):
+        hbm_bytes(T, K, I, top_k, hit, quant, "unfused")
