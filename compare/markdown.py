@@ -81,15 +81,24 @@ def _jit_md(result: dict) -> str:
     if result.get("jit"):
         rows = []
         for j in result["jit"]:
-            rows.append((j["backend"], j["shape"], j["quant"], j.get("status", ""),
-                         num(j.get("compilations_after_warmup"), "d"), num(j.get("first_call_ms_max"), ".2f"),
-                         num(j.get("first_call_ms_median"), ".2f"), num(j.get("steady_call_ms_median"), ".2f"),
-                         j.get("mode", "")))
-        parts.append(_md_table(["backend", "shape", "quant", "status", "compilations after warm-up",
-                                "first call of a new T, max ms", "median ms", "steady call ms", "mode"], rows, keep=4))
+            w = j.get("warmup") or {}
+            dry = str(w.get("mode", "")).startswith("dry run")
+            at = f" (T = {j['first_call_ms_max_at_T']})" if j.get("first_call_ms_max_at_T") is not None else ""
+            rows.append((j["backend"], j["shape"], j["quant"], j.get("status", ""), num(w.get("compiled"), "d"),
+                         "dry run" if dry else num(w.get("seconds"), ".2f"),
+                         num(j.get("compilations_after_warmup"), "d"),
+                         num(j.get("first_call_ms_max"), ".2f") + at, num(j.get("first_call_ms_median"), ".2f"),
+                         num(j.get("second_call_ms_median"), ".2f")))
+        parts.append(_md_table(["backend", "shape", "quant", "status", "kernels the warm-up compiled", "warm-up s",
+                                "compilations after warm-up", "first call of a new T, max ms", "median ms",
+                                "second call ms"], rows, keep=4))
         sweep = next((j["sweep_T"] for j in result["jit"] if j.get("sweep_T")), None)
         if sweep:
-            parts.append(f"\nWarm-up: T = 1, 2, 4, …, 4096; then the never-seen T = {sweep}.\n")
+            parts.append(f"\nEach case in a fresh process with empty Triton and CuTe caches: the backend's "
+                         f"`warmup(E, K, I, top_k, quant, max_tokens={sweep[1]})`, then {sweep[2]} token counts "
+                         f"T = {sweep[0]} … {sweep[1]} never seen before (powers of two, 2ᵏ ± 1, odd values between; "
+                         "`python -m compare.warm_study` for the whole study). A CPU run counts the keys Triton would "
+                         "compile (dry run) and compiles the CuTe kernels to PTX.\n")
     demo = result.get("jit_demo")
     if demo and "variants" not in demo:
         parts.append(f"`do_not_specialize` demo: {demo.get('status', 'not run')}")

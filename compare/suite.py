@@ -11,8 +11,11 @@ then formats, then token counts). For one case it
 3. with a clock (a GPU), times each backend that ran, places it on this run's roofline and quotes
    its speedup (:mod:`compare.timed`).
 
-After the first shape's cases come the JIT study and the CuTe PTX listing
-(:mod:`compare.compilation`) and the ``do_not_specialize`` demo (:mod:`compare.jitdemo`).
+After the first shape's cases come the JIT study — the fresh-cache warm-up study of
+:mod:`compare.warm_study` on that shape, each backend and format in a new process with empty Triton
+and CuTe caches: its ``warmup`` call, then a sweep of T up to 16384 that must compile nothing — and
+the CuTe PTX listing (:mod:`compare.compilation`) and the ``do_not_specialize`` demo
+(:mod:`compare.jitdemo`).
 
 ``spec.time_budget_s`` bounds the whole run: the case running when it is spent is stopped and says
 so in its rows, every later case becomes an explicit "skipped" row, and the report is written.
@@ -23,7 +26,6 @@ turns into a routing table.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -32,7 +34,7 @@ import torch
 from compare.backends import KERNELS, load_backend
 from compare.cases import (DEFAULT_TOKENS_GPU, REDUCED_LABEL, Budget, Case, OutOfTime, SuiteSpec, draw_weights,
                            reduce_shape)
-from compare.compilation import cute_ptx_summary, jit_study
+from compare.compilation import cute_ptx_summary
 from compare.metrics import quant_name
 from compare.numerics import case_record, cross_check, describe, measure, unavailable
 from compare.timed import GPU_CLOCK, Clock, time_case
@@ -141,6 +143,33 @@ class _Runner:
             return {**fields, "status": f"stopped: {self.budget.text} spent during it"}
 
 
+#: The JIT study's sweep: (max T, spacing of the odd values) — on a GPU the warm study's own 247 values
+#: up to 16384 (72 with --quick); on the CPU (reduced shapes, Triton dry run) up to 512.
+JIT_SWEEP = {("cuda", False): (16384, 1.03), ("cuda", True): (16384, 1.25),
+             ("cpu", False): (512, 1.25), ("cpu", True): (512, 1.25)}
+
+
+def _jit(spec: SuiteSpec, shape, kernels: list, runner: "_Runner") -> list:
+    """One warm-study case per (kernel, format) on ``shape``, each in a fresh process with empty
+    caches; the entries keep the summary and the warm-up's steps, not the per-T rows."""
+    from compare.warm_study import run_warm_study, sweep_tokens
+
+    if not kernels:
+        return []
+    tokens = sweep_tokens(*JIT_SWEEP[(spec.device, spec.quick)])
+
+    def study():
+        return run_warm_study([shape], list(spec.quants), kernels, tokens=tokens, device=spec.device,
+                              command=spec.command, commit=spec.commit or None)
+
+    done = runner.guarded("JIT: warm-up study (fresh caches)", study)
+    if "cases" not in done:  # stopped or skipped by the time budget
+        return [{"backend": k, "shape": shape.label, "quant": quant_name(q), "status": done["status"]}
+                for k in kernels for q in spec.quants]
+    return [{**{k: v for k, v in c.items() if k != "per_T"}, "sweep_T": [tokens[0], tokens[-1], len(tokens)]}
+            for c in done["cases"]]
+
+
 def run_suite(spec: SuiteSpec, progress: bool = True, clock: Optional[Clock] = None) -> dict:
     """Run every case of ``spec``; return the results dict (meta, ceilings, rows, cases, jit, ptx).
 
@@ -176,13 +205,8 @@ def run_suite(spec: SuiteSpec, progress: bool = True, clock: Optional[Clock] = N
                     if record:
                         result["cases"].append(record)
                     bar.update(len(backends))
-            if spec.jit and position == 0:  # the JIT study on the first shape, with its weights
-                for name in (k for k in KERNELS if k in backends):
-                    for quant in spec.quants:
-                        study = functools.partial(jit_study, backends[name], shape, quant, weights,
-                                                  device=spec.device, seed=spec.seed, quick=spec.quick)
-                        result["jit"].append(runner.guarded(f"JIT {name} {quant_name(quant)}", study, backend=name,
-                                                            shape=shape.label, quant=quant_name(quant)))
+            if spec.jit and position == 0:  # the JIT study on the first shape
+                result["jit"] = _jit(spec, shape, [k for k in KERNELS if k in backends], runner)
             weights = None  # this shape's weights: freed before the next shape's are drawn
             if spec.device == "cuda":
                 torch.cuda.empty_cache()
