@@ -361,9 +361,9 @@ def cannot_run(implementation: str, quant) -> Optional[str]:
     try:
         load()
     except Exception as exc:  # noqa: BLE001 - any failure to load is the reason
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        first = str(exc).strip().splitlines()[0].split(". ")[0] if str(exc).strip() else ""
         return (f"transformers' FP8 {implementation} needs its Hub kernel (kernels-community/finegrained-fp8), "
-                f"which does not load here: {type(exc).__name__}: {first}")[:300]
+                f"which does not load here: {type(exc).__name__}: {first}")
     return None
 
 
