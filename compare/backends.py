@@ -19,7 +19,8 @@ model name, so each runs one experts class for every shape — ``MixtralExperts`
 transformers' ``FP8Experts`` with a Mixtral config (fp8_block) — and says so in its config column;
 the experts classes of the catalog's models compute the same function from the same weights
 (tests/test_compare_hf.py checks it). A format transformers has no counterpart for is declined
-("not implemented"); they are timed eagerly (no CUDA-graph capture claimed).
+("not implemented"). They are timed eagerly, not from a CUDA graph (transformers' forwards read
+routing data on the host).
 
 A backend that fails to import, or refuses a (shape, quant, device), is never dropped: the suite
 turns it into a row that says "not available: <why>". Each :class:`Backend` also knows its plan

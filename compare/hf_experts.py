@@ -358,13 +358,19 @@ def cannot_run(implementation: str, quant) -> Optional[str]:
     load = getattr(finegrained_fp8, "_load_finegrained_fp8_kernel", None)
     if load is None:
         return None  # a transformers without this loader: the call itself tells
-    try:
-        load()
-    except Exception as exc:  # noqa: BLE001 - any failure to load is the reason
-        first = str(exc).strip().splitlines()[0].split(". ")[0] if str(exc).strip() else ""
-        return (f"transformers' FP8 {implementation} needs its Hub kernel (kernels-community/finegrained-fp8), "
-                f"which does not load here: {type(exc).__name__}: {first}")
-    return None
+    if implementation not in _HUB_REFUSALS:  # one attempt per process (a failed download can be slow)
+        try:
+            load()
+            _HUB_REFUSALS[implementation] = None
+        except Exception as exc:  # noqa: BLE001 - any failure to load is the reason
+            first = str(exc).strip().splitlines()[0].split(". ")[0] if str(exc).strip() else ""
+            _HUB_REFUSALS[implementation] = (f"transformers' FP8 {implementation} needs its Hub kernel "
+                                             "(kernels-community/finegrained-fp8), which does not load here: "
+                                             f"{type(exc).__name__}: {first}")
+    return _HUB_REFUSALS[implementation]
+
+
+_HUB_REFUSALS: dict = {}  # implementation -> cannot_run's answer for fp8_block
 
 
 def experts_fused_moe(implementation: str, model_type: str = "mixtral") -> Callable:
