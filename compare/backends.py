@@ -1,4 +1,4 @@
-"""The four contenders, loaded lazily and described uniformly.
+"""The contenders, loaded lazily and described uniformly.
 
 ============== ===========================================================================
 name           what it is
@@ -7,7 +7,20 @@ cute_moe       this project's CuTe DSL kernel (WGMMA grouped GEMM, swap-AB for d
 triton_moe     this project's Triton kernel (grouped GEMM, swap-AB, FP8 in registers)
 torch_grouped  ``torch._grouped_mm`` / ``torch._scaled_grouped_mm``: what a user already has
 torch_loop     one ``torch.matmul`` per expert: the plain baseline
+hf_triton_moe  transformers' experts module with ``experts_implementation="triton_moe"``
+hf_cute_moe    ... with ``"cute_moe"``
+hf_grouped_mm  ... with transformers' default, ``"grouped_mm"`` (``torch._grouped_mm``)
 ============== ===========================================================================
+
+The first four are the default run; the ``hf_`` three (:data:`HF_BACKENDS`, ``--backends all``)
+need transformers (the ``hf`` extra) and run :func:`compare.hf_experts.experts_fused_moe`: the
+numbers a user sees inside a model, against the same oracle. The contract's arguments carry no
+model name, so each runs one experts class for every shape — ``MixtralExperts`` (bf16) or
+transformers' ``FP8Experts`` with a Mixtral config (fp8_block) — and says so in its config column;
+the experts classes of the catalog's models compute the same function from the same weights
+(tests/test_compare_hf.py checks it). A format transformers has no counterpart for is declined
+("not implemented"). They are timed eagerly, not from a CUDA graph (transformers' forwards read
+routing data on the host).
 
 A backend that fails to import, or refuses a (shape, quant, device), is never dropped: the suite
 turns it into a row that says "not available: <why>". Each :class:`Backend` also knows its plan
@@ -24,10 +37,15 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from moe_spec.validate import MoEDims
+from moe_spec.validate import MoEDims, validate_moe_args
 
-BACKEND_NAMES = ("cute_moe", "triton_moe", "torch_grouped", "torch_loop")
+#: hf backend -> the transformers experts implementation it runs
+HF_BACKENDS = {"hf_triton_moe": "triton_moe", "hf_cute_moe": "cute_moe", "hf_grouped_mm": "grouped_mm"}
+#: every backend :func:`load_backend` knows (the default run: compare.cases.DEFAULT_BACKENDS)
+BACKEND_NAMES = ("cute_moe", "triton_moe", "torch_grouped", "torch_loop") + tuple(HF_BACKENDS)
 KERNELS = ("cute_moe", "triton_moe")  # the two implementations that must agree with each other
+#: the backends whose numerics are this project's kernels' (a FAIL is this project's problem)
+OUR_KERNELS = KERNELS + tuple(b for b, impl in HF_BACKENDS.items() if impl in KERNELS)
 BASELINE = "torch_grouped"  # speedups are quoted against what a torch user already has ...
 FALLBACK_BASELINE = "torch_loop"  # ... or, where torch_grouped was not timed, the plain loop
 
@@ -55,6 +73,8 @@ class Backend:
     # (T, K, I, top_k, experts_hit, quant, fusion) -> {pass: HBM bytes}: the analytic traffic of
     # the fused and separate pipelines
     pass_bytes: Optional[Callable] = None
+    # (quant, device) -> why it cannot run here beyond needs_cuda (None: try it)
+    check: Optional[Callable[[Optional[str], str], Optional[str]]] = None
 
     def unavailable(self, quant: Optional[str], device: str) -> Optional[str]:
         """Why this backend cannot run here before trying (None: try it; refusals are caught later)."""
@@ -62,7 +82,7 @@ class Backend:
             return self.missing
         if self.needs_cuda and device != "cuda":
             return "needs a Hopper GPU (the CPU report shows its configs and PTX instead)"
-        return None
+        return self.check(quant, device) if self.check else None
 
 
 def _import_error(name: str, exc: BaseException) -> str:
@@ -202,8 +222,40 @@ def _load_torch_loop() -> Backend:
     return b
 
 
+def _load_hf(name: str) -> Backend:
+    """transformers' experts module through one experts implementation (see the module docstring)."""
+    implementation = HF_BACKENDS[name]
+    hf = importlib.import_module("compare.hf_experts")  # ImportError without transformers: a "missing" row
+    kernel = None
+    if implementation in hf.IMPLEMENTATIONS:
+        kernel = load_backend(implementation)
+        if kernel.missing:
+            raise ImportError(f"{implementation}: {kernel.missing}")
+        hf.register(implementation)
+    run = hf.experts_fused_moe(implementation, hf.HARNESS_MODEL_TYPE)
+
+    def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None):
+        if quant not in hf.QUANTS:
+            validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale)
+            raise NotImplementedError(hf.no_counterpart(quant))
+        return run(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale)
+
+    fused_moe.__name__ = run.__name__
+    fused_moe.__doc__ = run.__doc__
+
+    def describe(dims, quant):
+        if quant not in hf.QUANTS:
+            return ""  # declined: its status says why
+        where = hf.experts_module_name(hf.HARNESS_MODEL_TYPE, quant)
+        inner = kernel.describe(dims, quant) if kernel is not None else hf.own_forward(implementation, quant)
+        return f"transformers {where} → {implementation}" + (f": {inner}" if inner else "")
+
+    return Backend(name, fused_moe=fused_moe, needs_cuda=kernel is not None and kernel.needs_cuda, capturable=False,
+                   describe=describe, check=lambda quant, device: hf.cannot_run(implementation, quant))
+
+
 _LOADERS = {"cute_moe": _load_cute, "triton_moe": _load_triton, "torch_grouped": _load_torch_grouped,
-            "torch_loop": _load_torch_loop}
+            "torch_loop": _load_torch_loop, **{name: (lambda n: lambda: _load_hf(n))(name) for name in HF_BACKENDS}}
 _loaded: dict[str, Backend] = {}
 
 

@@ -31,8 +31,8 @@ import os
 import sys
 
 from compare import report, results
-from compare.backends import BACKEND_NAMES
-from compare.cases import CPU_MAX_TOKENS, DEFAULT_SHAPES, DEFAULT_TOKENS_CPU, DEFAULT_TOKENS_GPU, SuiteSpec
+from compare.backends import BACKEND_NAMES, HF_BACKENDS
+from compare.cases import CPU_MAX_TOKENS, DEFAULT_BACKENDS, DEFAULT_SHAPES, DEFAULT_TOKENS_CPU, DEFAULT_TOKENS_GPU, SuiteSpec
 from compare.outputs import OutputError, Outputs
 from compare.report import OUTPUT_FILES
 from compare.results import ResultsError
@@ -129,7 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
                         f" CPU: {','.join(map(str, DEFAULT_TOKENS_CPU))}; the CPU path takes T ≤ {CPU_MAX_TOKENS}]")
     p.add_argument("--quant", default="bf16,fp8_tensor",
                    help=f"comma list of formats from {', '.join(QUANT_CHOICES)}, or 'all' [%(default)s]")
-    p.add_argument("--backends", default="all", help=f"comma list from {', '.join(BACKEND_NAMES)}, or 'all' [all]")
+    p.add_argument("--backends", default=",".join(DEFAULT_BACKENDS),
+                   help=f"comma list from {', '.join(BACKEND_NAMES)}, or 'all' (the {', '.join(HF_BACKENDS)} rows "
+                        "run transformers' experts module and need transformers) [%(default)s]")
     p.add_argument("--out", default="compare-out",
                    help="output directory; its earlier report files are replaced, others kept [%(default)s]")
     p.add_argument("--quick", action="store_true",

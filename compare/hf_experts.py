@@ -51,6 +51,7 @@ import torch
 try:
     from transformers import DeepseekV3Config, MixtralConfig, Qwen3MoeConfig
     from transformers.activations import SiLUActivation
+    from transformers.integrations import finegrained_fp8
     from transformers.integrations import moe as hf_moe
     from transformers.integrations.finegrained_fp8 import ALL_FP8_EXPERTS_FUNCTIONS, FP8Experts, FP8ExpertsInterface
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface, use_experts_implementation
@@ -307,6 +308,71 @@ _MODELS = {
 }
 
 
+#: catalog name (moe_spec.problem.CATALOG) → the model type whose experts module that model has
+CATALOG_MODEL_TYPES = {"mixtral-8x7b": "mixtral", "qwen3-30b-a3b": "qwen3_moe", "qwen3-235b-a22b": "qwen3_moe",
+                       "deepseek-v3": "deepseek_v3"}
+#: the experts class the harness's hf backends run for every shape: the contract's arguments carry no
+#: model name, and the experts classes of the catalog's models compute the same function
+HARNESS_MODEL_TYPE = "mixtral"
+#: the formats with a transformers counterpart (the ``quant`` of :func:`experts_fused_moe`)
+QUANTS = (None, "fp8_block")
+
+
+def model_type_of(shape) -> str:
+    """The transformers model type of a catalog shape (a ``MoEShape`` or a label such as
+    "deepseek-v3:tp8"): the experts class that model has."""
+    from moe_spec.problem import get_shape
+
+    name = get_shape(shape).name if isinstance(shape, str) else shape.name
+    if name not in CATALOG_MODEL_TYPES:
+        raise ValueError(f"shape: {name!r} has no transformers model type here; known: {sorted(CATALOG_MODEL_TYPES)}")
+    return CATALOG_MODEL_TYPES[name]
+
+
+def no_counterpart(quant) -> str:
+    """The refusal of a format transformers' experts modules have no counterpart for."""
+    return (f"quant: {quant!r} has no transformers counterpart (its FP8 experts store 128×128 blocks, or "
+            "per-tensor weights whose activations its Hub kernel quantizes); use None or 'fp8_block'")
+
+
+def experts_module_name(model_type: str, quant) -> str:
+    """The experts class :func:`experts_fused_moe` runs for ``model_type`` and ``quant``."""
+    if quant is None:
+        return _MODELS[model_type][1].__name__
+    return f"FP8Experts ({_MODELS[model_type][0].__name__}, {FP8_BLOCK}×{FP8_BLOCK} blocks)"
+
+
+def own_forward(implementation: str, quant) -> str:
+    """What transformers' own implementation ``"grouped_mm"`` runs."""
+    if implementation != "grouped_mm":
+        return ""
+    return "torch._grouped_mm" if quant is None else "Hub kernel kernels-community/finegrained-fp8 (matmul_grouped)"
+
+
+def cannot_run(implementation: str, quant) -> Optional[str]:
+    """Why transformers' own FP8 forward cannot run here, or None. Its ``grouped_mm`` for FP8Experts
+    loads a Hub kernel at its first call (the ``kernels`` package, and a download); where that fails,
+    the row says so instead of crashing."""
+    if quant != "fp8_block" or implementation in IMPLEMENTATIONS:
+        return None
+    load = getattr(finegrained_fp8, "_load_finegrained_fp8_kernel", None)
+    if load is None:
+        return None  # a transformers without this loader: the call itself tells
+    if implementation not in _HUB_REFUSALS:  # one attempt per process (a failed download can be slow)
+        try:
+            load()
+            _HUB_REFUSALS[implementation] = None
+        except Exception as exc:  # noqa: BLE001 - any failure to load is the reason
+            first = str(exc).strip().splitlines()[0].split(". ")[0] if str(exc).strip() else ""
+            _HUB_REFUSALS[implementation] = (f"transformers' FP8 {implementation} needs its Hub kernel "
+                                             "(kernels-community/finegrained-fp8), which does not load here: "
+                                             f"{type(exc).__name__}: {first}")
+    return _HUB_REFUSALS[implementation]
+
+
+_HUB_REFUSALS: dict = {}  # implementation -> cannot_run's answer for fp8_block
+
+
 def experts_fused_moe(implementation: str, model_type: str = "mixtral") -> Callable:
     """``fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None)``
     running transformers' experts module of ``model_type`` with ``experts_implementation =
@@ -327,10 +393,8 @@ def experts_fused_moe(implementation: str, model_type: str = "mixtral") -> Calla
 
     def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None):
         d = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale)
-        if quant not in (None, "fp8_block"):
-            raise ValueError(f"quant: {quant!r} has no transformers counterpart (its FP8 experts store 128×128 "
-                             "blocks, or per-tensor weights whose activations its Hub kernel quantizes); "
-                             "use None or 'fp8_block'")
+        if quant not in QUANTS:
+            raise ValueError(no_counterpart(quant))
         key = (d.E, d.K, d.I, d.top_k, quant)
         if key not in modules:
             config = config_cls(hidden_size=d.K, num_experts_per_tok=d.top_k, hidden_act="silu",
