@@ -23,6 +23,7 @@ commit, command) are rewritten after every cell, so a crash keeps what was measu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -237,7 +238,7 @@ def build_sets(cell: Cell, env: Env, seed: int) -> list:
 
 def _on_cell(cell: Cell, env: Env, seed: int, key: str, measure: Callable) -> dict:
     """Build the cell's sets, warm up, then ``measure(backend, sets, run)`` (``run(n)``: n eager calls
-    rotating the sets, not synchronized). Any failure becomes ``{key: status}``."""
+    rotating the sets, then a synchronize). Any failure becomes ``{key: status}``."""
     backend = env.load(cell.backend)
     if backend.missing:
         return {key: f"not available: {backend.missing}"}
@@ -247,15 +248,13 @@ def _on_cell(cell: Cell, env: Env, seed: int, key: str, measure: Callable) -> di
         def run(n: int) -> None:
             for i in range(n):
                 backend.fused_moe(**sets[i % len(sets)].kwargs())
+            env.clock.sync()
 
         run(WARMUP_CALLS)
-        env.clock.sync()
         return {key: "ok", **measure(backend, sets, run)}
     except Exception as exc:  # noqa: BLE001 - a failed cell is a row; the run goes on
-        try:
-            env.clock.sync()  # a sticky device error raises here again: it is in the row already
-        except Exception:  # noqa: BLE001
-            pass
+        with contextlib.suppress(Exception):  # a sticky device error raises here again: it is in the row already
+            env.clock.sync()
         return {key: status_of(exc)}
 
 
@@ -267,7 +266,6 @@ def time_cell(cell: Cell, env: Env, calls: int, seed: int) -> dict:
         env.clock.sync()
         start = time.perf_counter()
         run(calls)
-        env.clock.sync()
         met = None if cell.target_us is None else t.median_us <= cell.target_us
         return {"graph_us": t.median_us, "graph_p10_us": t.p10_us, "graph_p90_us": t.p90_us, "timing": note,
                 "input_sets": len(sets), "eager_us": (time.perf_counter() - start) / calls * 1e6, "met": met}
@@ -277,10 +275,7 @@ def time_cell(cell: Cell, env: Env, calls: int, seed: int) -> dict:
 def profile_cell(cell: Cell, env: Env, calls: int, seed: int) -> dict:
     """Phase 2 of one cell: the aggregated device events of ``calls`` eager calls."""
     def measure(backend, sets, run):
-        def profiled():
-            run(calls)
-            env.clock.sync()
-        return {"profile": aggregate(env.profile(profiled), calls)}
+        return {"profile": aggregate(env.profile(lambda: run(calls)), calls)}
     row = _on_cell(cell, env, seed, "profile_status", measure)
     if row.get("profile") is not None and not row["profile"]["kernels"]:
         row["profile_status"] = "no device events recorded (is CUPTI available here?)"
@@ -300,6 +295,9 @@ def run_profile(cells: list, *, env: Optional[Env] = None, calls: int = PROFILE_
                 stage_rules={s: list(words) for s, words in STAGE_RULES})
     result = {"meta": meta, "cells": [c.record() for c in cells]}
     for phase, step in (("time", time_cell), ("profile", profile_cell)):
+        if phase == "profile" and any(r["status"] == "ok" for r in result["cells"]):
+            with contextlib.suppress(Exception):  # the first session starts CUPTI (a second or so): outside any cell
+                env.profile(env.clock.sync)
         for i, (cell, row) in enumerate(zip(cells, result["cells"])):
             if phase == "profile" and row["status"] != "ok":
                 row["profile_status"] = "not profiled: the cell did not run"
