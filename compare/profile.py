@@ -10,8 +10,9 @@ first ran (CUPTI and CUDA graphs have a history of crashes when mixed):
    (:mod:`compare.timed`), then the wall time of ``--calls`` back-to-back eager calls;
 2. **profile**, per cell that ran: rebuilt, warmed up, ``torch.profiler`` (CUDA activity only)
    around ``--calls`` eager calls — graph replays are not profiled. :func:`aggregate` (pure, over
-   ``(name, device µs)`` records; :func:`torch_profile` is the adapter) gives per kernel its stage
-   (:data:`STAGE_RULES`), launches and µs per layer call and share of the device-busy time.
+   ``(name, device µs)`` records in launch order; :func:`torch_profile` is the adapter) gives per
+   kernel its stage (:data:`STAGE_RULES`), launches and µs per layer call (split per launch where a
+   name runs twice in a call, e.g. Triton's GEMM1 and GEMM2) and share of the device-busy time.
 
 A failing cell (a format the backend does not build, out of memory, a missing backend) is a row
 saying so. ``--time-budget`` stops cleanly (phase 1 leaves :data:`PROFILE_RESERVE_S` per cell to
@@ -87,13 +88,7 @@ STAGE_RULES = (
     ("activation", ("silu",)),
     ("gather", ("gather",)),
 )
-STAGES = tuple(s for s, _ in STAGE_RULES) + ("other", "memcpy", "memset")
-
-
-def event_kind(name: str) -> str:
-    """"memcpy", "memset" (the profiler's names for copies and fills) or "kernel"."""
-    low = name.strip().lower()
-    return "memcpy" if low.startswith("memcpy") else "memset" if low.startswith("memset") else "kernel"
+STAGES = tuple(s for s, _ in STAGE_RULES) + ("other", "memcpy", "memset")  # the last two are not kernel launches
 
 
 def display_name(name: str) -> str:
@@ -102,46 +97,51 @@ def display_name(name: str) -> str:
     return s.split("_object_at_")[0]
 
 
-def short(name: str, width: int = NAME_WIDTH) -> str:
-    """:func:`display_name`, cut to ``width`` characters (the markdown's kernel column)."""
+def short(name: str, width: int = NAME_WIDTH) -> str:  # the markdown's kernel column
     s = display_name(name)
     return s if len(s) <= width else s[: width - 1] + "…"
 
 
 def stage_of(name: str) -> str:
-    """The stage of :data:`STAGE_RULES`, read from the name's core: :func:`display_name` without C++
-    template and argument lists."""
-    if event_kind(name) != "kernel":
-        return event_kind(name)
+    """"memcpy"/"memset" (the profiler's names for copies and fills), else the stage of
+    :data:`STAGE_RULES` read from the name's core: :func:`display_name` without C++ templates and arguments."""
+    low = name.strip().lower()
+    if low.startswith(("memcpy", "memset")):
+        return low[:6]
     core = display_name(name).split("<")[0].split("(")[0].lower()
     return next((stage for stage, words in STAGE_RULES if any(w in core for w in words)), "other")
 
 
 def aggregate(records: Iterable[tuple[str, float]], calls: int) -> dict:
-    """Device events ``(name, µs)`` recorded over ``calls`` layer calls, grouped by name: per kernel
-    its stage, launches and µs per layer call and share of the busy time (largest first); the
-    kernel launches, copies, fills, busy µs (all events) and µs per stage, per layer call."""
+    """Device events ``(name, µs)`` of ``calls`` layer calls, in launch order, grouped by name: per
+    kernel its stage, launches and µs per layer call, share of the busy time (largest first) and,
+    where every call launched the same sequence, ``launch_us``: its µs per launch in call order;
+    per layer call the kernel launches, copies, fills, busy µs (all events) and µs per stage."""
     if not isinstance(calls, int) or calls < 1:
         raise ValueError(f"calls: expected a positive int, got {calls!r}")
+    records = [(name, float(us)) for name, us in records]
     count, total = defaultdict(int), defaultdict(float)
     for name, us in records:
         count[name] += 1
-        total[name] += float(us)
+        total[name] += us
+    n = len(records) // calls
+    seqs = [records[i * n:(i + 1) * n] for i in range(calls)]
+    regular = n * calls == len(records) and all([r[0] for r in q] == [r[0] for r in seqs[0]] for q in seqs)
     busy = sum(total.values())
-    kernels = [{"name": n, "display": display_name(n), "stage": stage_of(n), "kind": event_kind(n),
-                "count": count[n], "calls_per_call": count[n] / calls, "us_per_call": total[n] / calls,
-                "share": total[n] / busy if busy else 0.0} for n in sorted(total, key=lambda n: (-total[n], n))]
-    per_kind = lambda kind: sum(k["count"] for k in kernels if k["kind"] == kind) / calls  # noqa: E731
-    stages = {s: sum(k["us_per_call"] for k in kernels if k["stage"] == s) for s in STAGES}
-    return {"calls": calls, "launches_per_call": per_kind("kernel"), "memcpy_per_call": per_kind("memcpy"),
-            "memset_per_call": per_kind("memset"), "busy_us": busy / calls,
-            "stages": {s: us for s, us in stages.items() if any(k["stage"] == s for k in kernels)},
-            "kernels": kernels}
+    kernels = [{"name": k, "display": display_name(k), "stage": stage_of(k), "count": count[k],
+                "calls_per_call": count[k] / calls, "us_per_call": total[k] / calls,
+                "share": total[k] / busy if busy else 0.0,
+                "launch_us": [sum(q[j][1] for q in seqs) / calls for j in range(n) if seqs[0][j][0] == k]
+                if regular else None} for k in sorted(total, key=lambda k: (-total[k], k))]
+    of = lambda stages, field: sum(k[field] for k in kernels if k["stage"] in stages)  # noqa: E731
+    return {"calls": calls, "launches_per_call": of(STAGES[:-2], "calls_per_call"),
+            "memcpy_per_call": of(("memcpy",), "calls_per_call"), "memset_per_call": of(("memset",), "calls_per_call"),
+            "busy_us": busy / calls, "kernels": kernels,
+            "stages": {s: of((s,), "us_per_call") for s in STAGES if any(k["stage"] == s for k in kernels)}}
 
 
 def _device_us(event) -> float:
-    """A device event's duration: ``device_time_total`` (torch ≥ 2.4), ``cuda_time_total`` (older),
-    else, or where those read 0 (a profiler without a device set), the event's own time range."""
+    """``device_time_total`` (torch ≥ 2.4) or ``cuda_time_total``; where 0 (no device set) the time range."""
     value = next((getattr(event, a) for a in ("device_time_total", "cuda_time_total") if hasattr(type(event), a)), 0)
     return float(value or event.time_range.elapsed_us())
 
@@ -149,7 +149,7 @@ def _device_us(event) -> float:
 def device_records(events) -> list[tuple[str, float]]:
     """``(name, µs)`` of the CUDA device events (kernels, copies, fills) of ``prof.events()``."""
     cuda = torch.autograd.DeviceType.CUDA
-    return [(e.name, _device_us(e)) for e in events if e.device_type == cuda]
+    return [(e.name, _device_us(e)) for e in sorted(events, key=lambda e: e.time_range.start) if e.device_type == cuda]
 
 
 def torch_profile(run: Callable[[], None]) -> list[tuple[str, float]]:
@@ -356,8 +356,10 @@ def to_markdown(result: dict) -> str:
         lines += ["", f"## {r['cell']}: graph {_us(r.get('graph_us'))} µs ({target}busy {_us(p['busy_us'])} µs, "
                       f"{_us(p['launches_per_call'], '{:.3g}')} launches/call)", "",
                   "| kernel | stage | calls/call | µs/call | share |", "|---|---|---|---|---|"]
+        split = lambda k: " (" + " + ".join(f"{us:.1f}" for us in k["launch_us"]) + ")" \
+            if len(k.get("launch_us") or ()) > 1 else ""  # noqa: E731
         lines += [f"| `{short(k['name']).replace('|', '/')}` | {k['stage']} | {_us(k['calls_per_call'], '{:.3g}')} "
-                  f"| {_us(k['us_per_call'])} | {k['share'] * 100:.0f} % |" for k in p["kernels"]]
+                  f"| {_us(k['us_per_call'])}{split(k)} | {k['share'] * 100:.0f} % |" for k in p["kernels"]]
     return "\n".join(lines) + "\n"
 
 

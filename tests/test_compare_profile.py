@@ -71,6 +71,11 @@ def test_aggregate_groups_by_name_per_layer_call():
     assert [k["name"] for k in a["kernels"]][1:] == ["combine_kernel", "_place_kernel", "_count_kernel",
                                                      "Memset (Device)"]
     assert sum(k["share"] for k in a["kernels"]) == pytest.approx(1.0)
+    # the same sequence in every call: each name's µs per launch, in call order (GEMM1, then GEMM2)
+    assert gemm["launch_us"] == pytest.approx([40.5, 30.5]) and a["kernels"][1]["launch_us"] == [5.0]
+    shuffled = prof.aggregate(per_call + other_call[::-1], calls=2)
+    assert shuffled["kernels"][0]["launch_us"] is None and shuffled["busy_us"] == pytest.approx(82.0)
+    assert prof.aggregate(per_call + per_call[:2], calls=2)["kernels"][0]["launch_us"] is None
 
 
 def test_aggregate_of_nothing_and_a_bad_call_count():
@@ -81,11 +86,11 @@ def test_aggregate_of_nothing_and_a_bad_call_count():
 
 
 def test_device_records_keep_the_cuda_events_of_the_profiler():
-    events = [FunctionEvent(0, "moe_gemm_kernel", 1, 10, 35, use_device="cuda", device_type=DeviceType.CUDA),
-              FunctionEvent(1, "cudaLaunchKernel", 1, 5, 9, use_device="cuda", device_type=DeviceType.CPU),
-              # a profiler without a device set reads device_time_total 0: the event's own range counts
-              FunctionEvent(2, "combine_kernel", 1, 40, 47, device_type=DeviceType.CUDA)]
-    assert prof.device_records(events) == [("moe_gemm_kernel", 25.0), ("combine_kernel", 7.0)]
+    events = [  # a profiler without a device set reads device_time_total 0: the event's own range counts
+              FunctionEvent(2, "combine_kernel", 1, 40, 47, device_type=DeviceType.CUDA),
+              FunctionEvent(0, "moe_gemm_kernel", 1, 10, 35, use_device="cuda", device_type=DeviceType.CUDA),
+              FunctionEvent(1, "cudaLaunchKernel", 1, 5, 9, use_device="cuda", device_type=DeviceType.CPU)]
+    assert prof.device_records(events) == [("moe_gemm_kernel", 25.0), ("combine_kernel", 7.0)]  # in launch order
 
 
 # --- cells ---------------------------------------------------------------------------------------------
@@ -297,7 +302,8 @@ def _result():
             "command": "python -m compare.profile --out x", "calls": 20, "warmup_calls": 3,
             "stage_rules": {s: list(w) for s, w in prof.STAGE_RULES}}
     gemm = CUTE.format("gemmGroupedGemm")
-    profile = prof.aggregate([(gemm, 40.0), (CUTE.format("alignopsCountExperts"), 4.0), (NAMES[17][0], 1.5)] * 20, 20)
+    profile = prof.aggregate([(gemm, 40.0), (CUTE.format("alignopsCountExperts"), 4.0), (NAMES[17][0], 1.5),
+                              ("moe_gemm_kernel", 7.0), ("moe_gemm_kernel", 3.0)] * 20, 20)
     ok = {**prof.Cell("cute_moe", "qwen3-30b-a3b", 1, "bf16", 45.0).record(), "status": "ok", "graph_us": 52.25,
           "eager_us": 80.0, "met": False, "profile_status": "ok", "profile": profile}
     failed = {**prof.Cell("cute_moe", "mixtral-8x7b", 4096, "fp8_channel", 3000.0).record(),
@@ -310,12 +316,13 @@ def test_markdown_has_the_header_the_summary_and_a_kernel_table_per_profiled_cel
     md = prof.to_markdown(_result())
     assert "- device: NVIDIA H200" in md and "- commit: `abc1234`" in md
     assert "- command: `python -m compare.profile --out x`" in md
-    assert ("| cute_moe qwen3-30b-a3b bf16 T=1 | 45.0 | 52.2 | **no** | 80.0 | 3 | 45.5 | 1.5 | 4.0 | 40.0 | ok |"
+    assert ("| cute_moe qwen3-30b-a3b bf16 T=1 | 45.0 | 52.2 | **no** | 80.0 | 5 | 55.5 | 1.5 | 4.0 | 50.0 | ok |"
             in md)
     assert ("| cute_moe mixtral-8x7b fp8_channel T=4096 | 3000.0 | — | — | — | — | — | — | — | — | "
             "not implemented: NotImplementedError: fp8_channel / not built |") in md
     assert md.count("\n## ") == 1 and "## cute_moe qwen3-30b-a3b bf16 T=1: graph 52.2 µs" in md
-    assert "| `kernel_cute_moegemmGroupedGemm` | gemm | 1 | 40.0 | 88 % |" in md
+    assert "| `kernel_cute_moegemmGroupedGemm` | gemm | 1 | 40.0 | 72 % |" in md
+    assert "| `moe_gemm_kernel` | gemm | 2 | 10.0 (7.0 + 3.0) | 18 % |" in md
     header = next(line for line in md.splitlines() if line.startswith("| cell |"))
     assert header.count("|") == md.splitlines()[md.splitlines().index(header) + 1].count("|")
     assert "torch µs" in header and "memcpy" not in header
@@ -327,3 +334,20 @@ def test_outputs_are_written_whole_and_read_back(tmp_path):
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["profile.json", "profile.md"]
     assert json.loads((tmp_path / "out" / "profile.json").read_text()) == result
     assert (tmp_path / "out" / "profile.md").read_text() == prof.to_markdown(result)
+
+
+def test_main_runs_both_phases_and_writes_the_reports_even_when_every_cell_fails(tmp_path, monkeypatch, capsys):
+    """The command's wiring on a CPU: the device calls fail (no GPU), every cell becomes an error row."""
+    monkeypatch.setattr(prof.runinfo, "require_cuda", lambda prog: None)
+    monkeypatch.setattr(prof.timed, "GPU_CLOCK", Clock(time=None, ceilings=None, sync=lambda: None,
+                                                       device=lambda: "no GPU (test)"))
+    out = tmp_path / "out"
+    assert prof.main(["--quick", "--calls", "2", "--out", str(out), "--commit", "abc1234"]) == 0
+    result = json.loads((out / "profile.json").read_text())
+    assert result["meta"]["command"] == f"python -m compare.profile --quick --calls 2 --out {out} --commit abc1234"
+    assert [r["cell"] for r in result["cells"]] == [c.title for c in prof.TARGET_CELLS[:prof.QUICK_CELLS]]
+    assert all(r["status"].startswith("error: ") and r["profile_status"].startswith("not profiled")
+               for r in result["cells"])
+    assert (out / "profile.md").read_text() == prof.to_markdown(result)
+    printed = capsys.readouterr().out
+    assert printed.startswith("| cell | target µs |") and f"wrote {out / 'profile.md'}" in printed
