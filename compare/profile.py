@@ -133,7 +133,7 @@ def aggregate(records: Iterable[tuple[str, float]], calls: int) -> dict:
                 "share": total[k] / busy if busy else 0.0,
                 "launch_us": [sum(q[j][1] for q in seqs) / calls for j in range(n) if seqs[0][j][0] == k]
                 if regular else None} for k in sorted(total, key=lambda k: (-total[k], k))]
-    of = lambda stages, field: sum(k[field] for k in kernels if k["stage"] in stages)  # noqa: E731
+    of = lambda stages, key: sum(k[key] for k in kernels if k["stage"] in stages)  # noqa: E731
     return {"calls": calls, "launches_per_call": of(STAGES[:-2], "calls_per_call"),
             "memcpy_per_call": of(("memcpy",), "calls_per_call"), "memset_per_call": of(("memset",), "calls_per_call"),
             "busy_us": busy / calls, "kernels": kernels,
@@ -323,24 +323,24 @@ def _us(v, fmt="{:.1f}") -> str:
 
 
 def summary_table(result: dict) -> list[str]:
-    rows = result["cells"]
-    stages = [s for s in STAGES if any(s in (r.get("profile") or {}).get("stages", {}) for r in rows)]
+    stages = [s for s in STAGES if any(s in (r.get("profile") or {}).get("stages", {}) for r in result["cells"])]
     lines = ["| cell | target µs | graph µs | met | eager µs | launches/call | busy µs | "
              + "".join(f"{s} µs | " for s in stages) + "status |", "|---" * (8 + len(stages)) + "|"]
-    for r in rows:
+    for r in result["cells"]:
         p = r.get("profile") or {}
+        status = r["status"] if r["status"] != "ok" else r.get("profile_status", "ok") + (
+            "" if r.get("timing", "graph") == "graph" else f"; graph µs timed {r['timing']}")
         lines.append(f"| {r['cell']} | {_us(r['target_us'])} | {_us(r.get('graph_us'))} | {MET[r.get('met')]} "
                      f"| {_us(r.get('eager_us'))} | {_us(p.get('launches_per_call'), '{:.3g}')} | {_us(p.get('busy_us'))} | "
                      + "".join(f"{_us(p['stages'].get(s)) if p else '—'} | " for s in stages)
-                     + f"{(r['status'] if r['status'] != 'ok' else r.get('profile_status', 'ok')).replace('|', '/')} |")
+                     + f"{status.replace('|', '/')} |")
     return lines
 
 
 def to_markdown(result: dict) -> str:
     m = result["meta"]
     lines = ["# Where the layer's time goes, per kernel", "",
-             f"- date: {m['date']}", f"- device: {m['device']}", f"- commit: `{m['commit']}`",
-             f"- command: `{m['command']}`",
+             f"- date: {m['date']}", f"- device: {m['device']}", f"- commit: `{m['commit']}`", f"- command: `{m['command']}`",
              f"- graph µs: the suite's CUDA-graph clock (median, rotated input sets, cold L2); eager µs: wall time of "
              f"{m['calls']} back-to-back calls / {m['calls']}; kernels: torch.profiler (CUDA activity) over "
              f"{m['calls']} eager calls after {m['warmup_calls']} warm-up calls, per layer call; busy µs: the sum of "

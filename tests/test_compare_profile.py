@@ -351,3 +351,13 @@ def test_main_runs_both_phases_and_writes_the_reports_even_when_every_cell_fails
     assert (out / "profile.md").read_text() == prof.to_markdown(result)
     printed = capsys.readouterr().out
     assert printed.startswith("| cell | target µs |") and f"wrote {out / 'profile.md'}" in printed
+
+
+def test_a_cell_timed_without_a_graph_says_so_in_the_summary():
+    recorder, log = _Recorder(), []
+    loop = {"triton_moe": Backend("triton_moe", fused_moe=recorder.fused_moe, capturable=False)}
+    result = prof.run_profile([prof.Cell("triton_moe", "tiny", 3, "bf16", 50.0)], env=_env(recorder, log, loop),
+                              calls=2)
+    assert log == [("eager", dict(replays=20, min_calls=10, warmup=2))]
+    assert result["cells"][0]["timing"] == "eager (host-synchronizing loop)"
+    assert prof.summary_table(result)[-1].endswith("| ok; graph µs timed eager (host-synchronizing loop) |")
