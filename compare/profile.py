@@ -429,7 +429,7 @@ def main(argv=None) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     if args.list:
-        print("\n".join(f"{c.title}  target {_us(c.target_us)} µs" for c in args.cells))
+        print("\n".join(c.title + (f"  target {c.target_us:g} µs" if c.target_us else "  no target") for c in args.cells))
         return 0
     runinfo.require_cuda(PROG)
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")  # before any backend imports cutlass, as the suite does
