@@ -26,8 +26,8 @@ A backend that fails to import, or refuses a (shape, quant, device), is never dr
 turns it into a row that says "not available: <why>". Each :class:`Backend` also knows its plan
 for a case (the two kernels' own ``plan``: config, alignment tile, path, instruction — see
 :mod:`moe_spec.plan`), names it in the config column, runs its alignment/permutation step alone
-(timed separately from the GEMM path, at the plan's alignment tile), and counts its compilations,
-as far as the backend exposes those; what it does not expose is reported as missing, not guessed.
+(timed separately from the GEMM path, at the plan's alignment tile), as far as the backend exposes
+those; what it does not expose is reported as missing, not guessed.
 """
 
 from __future__ import annotations
@@ -64,9 +64,6 @@ class Backend:
     plan: Optional[Callable] = None
     # (inputs, dims) -> zero-argument callable running the alignment/permutation step alone
     prepare: Optional[Callable] = None
-    # (dry_run) -> a context manager yielding an object with .mark() and .new_compilations();
-    # dry_run (Triton only) records specialization keys without launching: a CPU sweep in seconds
-    compile_counter: Optional[Callable] = None
     # the same layer with scaling and aggregation as separate passes over HBM (cute_moe's
     # fusion="separate"), timed beside the fused layer on FP8 rows; None where there is none
     separate: Optional[Callable] = None
@@ -88,61 +85,6 @@ class Backend:
 def _import_error(name: str, exc: BaseException) -> str:
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"import {name} failed: {type(exc).__name__}: {first}"[:200]
-
-
-# --- compile counters with one interface ------------------------------------------------------------
-
-
-class _CuteCounter:
-    """cute_moe exposes a process-wide monotone ``compile_count()``."""
-
-    def __init__(self, count: Callable[[], int]):
-        self._count = count
-        self._base = count()
-
-    def mark(self) -> None:
-        self._base = self._count()
-
-    def new_compilations(self) -> int:
-        return self._count() - self._base
-
-
-class _CuteCounting:
-    def __init__(self, count, dry_run=False):
-        if dry_run:
-            raise NotImplementedError("cute_moe has no dry-run compile counter")
-        self._count = count
-
-    def __enter__(self):
-        return _CuteCounter(self._count)
-
-    def __exit__(self, *exc):
-        return False
-
-
-class _TritonCounter:
-    """triton_moe's ``CompileCounter``: specialization keys (both platforms) + GPU compilations."""
-
-    def __init__(self, counter):
-        self._c = counter
-
-    def mark(self) -> None:
-        self._c.mark()
-
-    def new_compilations(self) -> int:
-        # a new specialization key is exactly what makes Triton compile (or would, on a GPU)
-        return sum(self._c.new_keys.values())
-
-
-class _TritonCounting:
-    def __init__(self, factory, dry_run=False):
-        self._cm = factory(dry_run=dry_run)
-
-    def __enter__(self):
-        return _TritonCounter(self._cm.__enter__())
-
-    def __exit__(self, *exc):
-        return self._cm.__exit__(*exc)
 
 
 # --- the adapters -------------------------------------------------------------------------------
@@ -169,8 +111,6 @@ def _load_cute() -> Backend:
                 tile = mod.plan(dims, inputs.quant).align_tile
                 return lambda: sort_rows(inputs.topk_ids, inputs.topk_weights, dims.E, tile)
             b.prepare = prepare
-    if hasattr(mod, "compile_count"):
-        b.compile_counter = lambda dry_run=False: _CuteCounting(mod.compile_count, dry_run)
     unfused = importlib.import_module("cute_moe.unfused")
     b.separate = functools.partial(mod.fused_moe, fusion="separate")
     b.pass_bytes = unfused.hbm_bytes
@@ -192,11 +132,6 @@ def _load_triton() -> Backend:
             b.prepare = prepare
         except (ImportError, AttributeError):
             pass
-    try:
-        jit = importlib.import_module("triton_moe.jit")
-        b.compile_counter = lambda dry_run=False: _TritonCounting(jit.count_compilations, dry_run)
-    except (ImportError, AttributeError):
-        pass
     return b
 
 
