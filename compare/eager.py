@@ -35,37 +35,28 @@ import torch
 def eager_us(fn, kwargs: dict, calls: int = 50, repeats: int = 5) -> float:
     """Median over ``repeats`` of the wall time of ``calls`` back-to-back ``fn(**kwargs)``, one
     ``torch.cuda.synchronize()`` at the end of each repeat, in µs per call (after a warm-up call)."""
+    return eager_sets_us(lambda i: (lambda: fn(**kwargs)), 1, calls=calls, repeats=repeats)
+
+
+def eager_sets_us(make_call, n_sets: int, *, quick: bool = False, calls: int = 50, repeats: int = 5) -> float:
+    """:func:`eager_us` in the suite's clock signature: ``make_call(i)`` is set ``i``'s call; the
+    calls go round the sets (as the graph replays do), after one warm-up call per set; ``quick``:
+    20 calls, 3 repeats."""
     if not torch.cuda.is_available():
         raise RuntimeError("eager_us: needs a CUDA device (host_us measures the host side on a CPU)")
-    fn(**kwargs)
+    runs = [make_call(i) for i in range(n_sets)]
+    if quick:
+        calls, repeats = 20, 3
+    for run in runs:
+        run()
     torch.cuda.synchronize()
     per_call = []
     for _ in range(repeats):
         start = time.perf_counter()
-        for _ in range(calls):
-            fn(**kwargs)
+        for i in range(calls):
+            runs[i % n_sets]()
         torch.cuda.synchronize()
         per_call.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(per_call)
-
-
-def eager_sets_us(make_call, n_sets: int, *, quick: bool = False) -> float:
-    """:func:`eager_us` in the suite's clock signature: ``make_call(i)`` is set ``i``'s call; the
-    calls go round the sets (as the graph replays do), 50 per repeat (20 with ``quick``)."""
-    if not torch.cuda.is_available():
-        raise RuntimeError("eager_sets_us: needs a CUDA device")
-    calls = [make_call(i) for i in range(n_sets)]
-    n, repeats = (20, 3) if quick else (50, 5)
-    for c in calls:
-        c()
-    torch.cuda.synchronize()
-    per_call = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for i in range(n):
-            calls[i % n_sets]()
-        torch.cuda.synchronize()
-        per_call.append((time.perf_counter() - start) / n * 1e6)
     return statistics.median(per_call)
 
 

@@ -233,7 +233,7 @@ def build_sets(cell: Cell, env: Env, seed: int) -> list:
     inputs = make_inputs(shape, cell.T, QUANT_NAMES[cell.quant], seed=seed, device=env.device,
                          weights_bf16=draw_weights(shape, seed, env.device))
     n = sets_for_cold_l2(sum(t.numel() * t.element_size() for t in (inputs.w1, inputs.w2)))
-    return [inputs] + [timed._clone(inputs) for _ in range(n - 1)]
+    return [inputs] + [timed.clone_inputs(inputs) for _ in range(n - 1)]
 
 
 def _on_cell(cell: Cell, env: Env, seed: int, key: str, measure: Callable) -> dict:
@@ -262,7 +262,7 @@ def time_cell(cell: Cell, env: Env, calls: int, seed: int) -> dict:
     """Phase 1 of one cell: status, graph µs (median, p10, p90, how it was timed), eager µs, met."""
     def measure(backend, sets, run):
         make_call = lambda i: (lambda: backend.fused_moe(**sets[i].kwargs()))  # noqa: E731
-        t, note = timed._time(env.clock, make_call, len(sets), backend.capturable, False)
+        t, note = timed.time_calls(env.clock, make_call, len(sets), backend.capturable, False)
         env.clock.sync()
         start = time.perf_counter()
         run(calls)

@@ -78,6 +78,10 @@ def _spread(r: dict) -> str:
     return f"{num(r.get('p10_us'), '.1f')}–{num(r.get('p90_us'), '.1f')}" if r.get("p10_us") is not None else "-"
 
 
+def _pair_mb(fused, separate) -> str:
+    return "-" if fused is None else f"{num(fused / 1e6, '.1f')} / {num(separate / 1e6, '.1f')}"
+
+
 COLUMNS = (
     Column("rel_l2", "rel L2", lambda r: num(r.get("rel_l2"), ".2e"),
            "relative L2 error against the fp64 oracle on the backend's own (for FP8: quantized) inputs"),
@@ -112,9 +116,7 @@ COLUMNS = (
     Column("fused×", "fused speedup", lambda r: num(r.get("fusion_speedup"), ".3f"),
            "separate µs / fused µs: what fusing the scales and the routing weight into the GEMM buys",
            terminal=False),
-    Column("MB f/s", "MB fused / separate", lambda r: (f"{num(r.get('fused_bytes') and r['fused_bytes'] / 1e6, '.1f')}"
-                                                       f" / {num(r.get('separate_bytes') and r['separate_bytes'] / 1e6, '.1f')}")
-           if r.get("fused_bytes") is not None else "-",
+    Column("MB f/s", "MB fused / separate", lambda r: _pair_mb(r.get("fused_bytes"), r.get("separate_bytes")),
            "HBM traffic of the two pipelines, analytic from the shapes (MB)", terminal=False),
     Column("TB/s", "weight TB/s", lambda r: num(r.get("weight_tbps"), ".2f"),
            "bytes of the weights of the experts that received tokens, per second"),

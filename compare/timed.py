@@ -45,7 +45,7 @@ GPU_CLOCK = Clock(time=time_cuda_graph, ceilings=measure_ceilings, sync=torch.cu
                   device=torch.cuda.get_device_name, eager=eager_sets_us)
 
 
-def _clone(inputs: MoEInputs) -> MoEInputs:
+def clone_inputs(inputs: MoEInputs) -> MoEInputs:
     c = lambda t: None if t is None else t.clone()  # noqa: E731
     return MoEInputs(c(inputs.x), c(inputs.w1), c(inputs.w2), c(inputs.topk_weights), c(inputs.topk_ids),
                      inputs.quant, c(inputs.w1_scale), c(inputs.w2_scale))
@@ -55,7 +55,7 @@ def _options(quick: bool) -> dict:
     return dict(replays=6, min_calls=4, warmup=1) if quick else dict(replays=20, min_calls=10, warmup=2)
 
 
-def _time(clock: Clock, make_call, n_sets: int, capturable: bool, quick: bool):
+def time_calls(clock: Clock, make_call, n_sets: int, capturable: bool, quick: bool):
     """(Timing, note). A graph capture that fails falls back to eager timing, and says so."""
     if capturable:
         try:
@@ -81,7 +81,7 @@ def time_backend(clock: Clock, backend: Backend, sets: list, dims: MoEDims, quan
                  quick: bool) -> dict:
     """The timing columns of one backend's row."""
     make_call = lambda i: (lambda: backend.fused_moe(**sets[i].kwargs()))  # noqa: E731
-    t, note = _time(clock, make_call, len(sets), backend.capturable, quick)
+    t, note = time_calls(clock, make_call, len(sets), backend.capturable, quick)
     hit = int(torch.unique(sets[0].topk_ids).numel())
     weight_bytes = 1 if quant else 2
     nbytes, flops = moe_traffic(dims.T, dims.K, dims.I, dims.top_k, hit, weight_bytes, _scale_bytes(quant, dims))
@@ -92,7 +92,7 @@ def time_backend(clock: Clock, backend: Backend, sets: list, dims: MoEDims, quan
            "bound": roof["bound"], "experts_hit": hit}
     if backend.prepare is not None:
         try:
-            prep, _ = _time(clock, lambda i: backend.prepare(sets[i], dims), len(sets), True, quick)
+            prep, _ = time_calls(clock, lambda i: backend.prepare(sets[i], dims), len(sets), True, quick)
             row["prep_us"] = prep.median_us
         except Exception as exc:  # noqa: BLE001
             row["prep_us"] = None
@@ -108,7 +108,7 @@ def time_backend(clock: Clock, backend: Backend, sets: list, dims: MoEDims, quan
 def _separate(clock: Clock, backend: Backend, sets: list, dims: MoEDims, quant, hit: int, fused_us: float,
               quick: bool) -> dict:
     """The unfused pipeline on the same inputs: µs, the bytes both pipelines move, fused's speedup."""
-    t, _ = _time(clock, lambda i: (lambda: backend.separate(**sets[i].kwargs())), len(sets), backend.capturable,
+    t, _ = time_calls(clock, lambda i: (lambda: backend.separate(**sets[i].kwargs())), len(sets), backend.capturable,
                  quick)
     fused, separate = (sum(backend.pass_bytes(dims.T, dims.K, dims.I, dims.top_k, hit, quant, f).values())
                        for f in ("fused", "separate"))
@@ -122,7 +122,7 @@ def time_case(clock: Clock, case: Case, rows: dict, backends: dict, ceilings: Ce
     (a CUDA graph capture is not interrupted halfway)."""
     set_bytes = sum(t.numel() * t.element_size() for t in (case.inputs.w1, case.inputs.w2))
     n_sets = 2 if quick else sets_for_cold_l2(set_bytes)
-    sets = [case.inputs] + [_clone(case.inputs) for _ in range(n_sets - 1)]
+    sets = [case.inputs] + [clone_inputs(case.inputs) for _ in range(n_sets - 1)]
     for name, row in rows.items():
         if row.get("status") not in ("ok", "FAIL"):
             row["timing"] = "skipped: " + row.get("status", "not run")
