@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 from moe_spec.plan import tokens_per_expert
 from moe_spec.quant import FORMATS, get_format
+from moe_spec.runinfo import command_line
 from triton_moe.config import TritonConfig, current_device_name, default_config, table_path
 
 
@@ -95,8 +97,11 @@ def tune(spec: str, quant, tokens, *, budget_s: float = 1e9, progress=True, log=
     return results
 
 
-def write_table(spec: str, quant, results: dict, out_dir=None) -> Path:
+def write_table(spec: str, quant, results: dict, out_dir=None, *, command: str = "", commit: str = "") -> Path:
+    """Write the table (the measured candidates' µs included) with the command line and commit that
+    made it, so a reader can rerun it."""
     from moe_spec.problem import get_shape
+    from moe_spec.runinfo import git_commit
 
     shape = get_shape(spec)
     path = table_path(shape.num_experts, shape.intermediate, shape.hidden, quant, current_device_name())
@@ -105,8 +110,12 @@ def write_table(spec: str, quant, results: dict, out_dir=None) -> Path:
     body = {
         "shape": spec, "dtype": get_format(quant).label, "device": current_device_name(),
         "tuned": time.strftime("%Y-%m-%d"),
+        "command": command, "commit": commit or git_commit(),
+        "method": "CUDA-graph replays of the expert computation (alignment excluded), cold L2; "
+                  "moe_spec.timing.time_cuda_graph",
         "configs": {str(T): r[0].as_dict() for T, r in sorted(results.items()) if r[0] is not None},
         "measured_us": {str(T): r[1] for T, r in sorted(results.items())},
+        "candidates_us": {str(T): [[c, round(us, 2)] for c, us in r[2]] for T, r in sorted(results.items())},
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(body, indent=1) + "\n")
@@ -120,10 +129,12 @@ def main(argv=None):
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 32, 128, 1024, 4096])
     p.add_argument("--budget-s", type=float, default=1e9, help="stop after this many seconds")
     p.add_argument("--out-dir", default=None, help="where to write the table (default: the package's configs/)")
+    p.add_argument("--commit", default="", help="commit to record in the table [git rev-parse of this checkout]")
     a = p.parse_args(argv)
     quant = next(f.name for f in FORMATS.values() if f.label == a.quant)
     results = tune(a.shape, quant, a.tokens, budget_s=a.budget_s)
-    print(f"wrote {write_table(a.shape, quant, results, a.out_dir)}")
+    command = command_line("python -m triton_moe.autotune", sys.argv[1:] if argv is None else argv)
+    print(f"wrote {write_table(a.shape, quant, results, a.out_dir, command=command, commit=a.commit)}")
 
 
 if __name__ == "__main__":
