@@ -45,8 +45,8 @@ def test_table_lookup_nearest(tmp_path, monkeypatch):
 
 
 #: The tuned tables the package ships (measured on the H200; see notes/triton_moe.md).
-SHIPPED = [("mixtral-8x7b", None), ("mixtral-8x7b", "fp8_tensor"), ("qwen3-30b-a3b", None),
-           ("deepseek-v3:tp8", None), ("deepseek-v3:tp8", "fp8_tensor")]
+SHIPPED = [(spec, quant) for spec in ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8")
+           for quant in (None, "fp8_tensor", "fp8_channel", "fp8_block")]
 
 
 @pytest.mark.parametrize("spec, quant", SHIPPED, ids=lambda v: v or "bf16")
@@ -60,6 +60,9 @@ def test_shipped_h200_table_exists_loads_and_is_used(spec, quant):
     assert sorted(table) == [1, 8, 32, 128, 1024, 4096], path.name
     body = json.loads(path.read_text())
     assert (body["shape"], body["dtype"]) == (spec, quant or "bf16")  # the layer, hence the top_k, it was tuned for
+    if "command" in body:  # written by triton_moe.autotune: rerunnable, with every candidate measured
+        assert body["command"].startswith("python -m triton_moe.autotune ") and body["commit"], path.name
+        assert all(str(T) in body["candidates_us"] for T in table), path.name
     for T, cfg in table.items():
         cfg.resolved().check(quant)
         assert C.get_config(T, s.num_experts, s.top_k, s.intermediate, s.hidden, quant, "NVIDIA H200") == cfg.resolved()
