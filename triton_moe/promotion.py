@@ -21,9 +21,8 @@ dots, then one fp32 add; never — ``tl.dot(a, w, acc)``. 0 and 128 are one prog
 (``notes/triton_moe.md``, "FP8 promotion"); fp8_block's scales change every 128 of K, so n > 128 is
 "n/a" for it. The command prints, per format, the largest interval with rel L2 ≤ 1e-2 at every K
 measured up to the catalog's largest GEMM K, and the largest a TritonConfig takes. Writes
-``promotion.md`` and ``promotion.json`` to ``--out`` (new or empty) after every part; bad options
-and a used ``--out`` are refused in one line before any GPU work.
-"""
+``promotion.md`` and ``.json`` to ``--out`` (new or empty) after every part; bad options and a used
+``--out`` are refused in one line before any GPU work."""
 
 from __future__ import annotations
 
