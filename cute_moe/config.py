@@ -111,6 +111,10 @@ expert and 0.98–1.03× at 64.  At 128 and 256 tokens per expert the swap-AB ti
 and ran at 0.62–0.76×.  Swap-AB tiles with 128 or 256 tokens were not measured, so those numbers
 compare two tile sizes, not the two paths at their best."""
 
+SWAP_AB_MAX_BY_LAYER: dict[tuple[int, int], float] = {}
+"""Per layer (hidden K, intermediate I): its own limit in place of the 64 above, the largest mean tokens
+per expert on swap-AB (``python -m cute_moe.crossover`` prints the entries it measured)."""
+
 SWAP_TOKEN_TILES = tuple(WGMMA_N_STEP << i for i in range((WGMMA_M // WGMMA_N_STEP).bit_length()))
 """The swap-AB token tiles the path rule picks from — the powers of two from WGMMA's smallest N (8)
 to its M (64): 8, 16, 32, 64; the smallest one that covers the mean tokens per expert."""
@@ -392,25 +396,21 @@ def max_stages(cfg: GemmConfig, cap: int = 8) -> int:
     return max([s for s in range(2, cap + 1) if cfg.smem_bytes(s) <= SMEM_BUDGET_BYTES], default=2)
 
 
-def path_rule(swap_ab: bool | None = None) -> tuple[tuple[float, bool, int], ...]:
-    """THE path rule, as buckets of the mean tokens per expert.
-
-    Each bucket is ``(upper bound, inclusive; swap_ab; tokens_tile)``; :func:`choose_config` takes
-    the first bucket whose bound covers the mean, and ``plans_for`` enumerates them.
-
-    * rule (``swap_ab=None``): swap-AB while the mean is at most
-      :data:`SWAP_AB_MAX_TOKENS_PER_EXPERT` (64), with the smallest of :data:`SWAP_TOKEN_TILES`
-      covering it; above, the normal path with 128-token tiles (two consumer warpgroups).
-    * ``swap_ab=True``: the same swap-AB buckets, the last (64 tokens) for every larger mean.
-    * ``swap_ab=False``: the normal path, 64-token tiles (one warpgroup's M) up to 64 tokens per
-      expert, 128 above.
-    """
-    swap = tuple((float(t), True, t) for t in SWAP_TOKEN_TILES)
-    if swap_ab is None:
-        return swap + ((math.inf, False, MAX_TILE_M),)
-    if swap_ab:
-        return swap[:-1] + ((math.inf, True, SWAP_TOKEN_TILES[-1]),)
-    return ((float(SWAP_AB_MAX_TOKENS_PER_EXPERT), False, WGMMA_M), (math.inf, False, MAX_TILE_M))
+def path_rule(swap_ab: bool | None = None, layer: tuple[int, int] | None = None) -> tuple[tuple[float, bool, int], ...]:
+    """THE path rule: buckets ``(upper bound on the mean tokens per expert, inclusive; swap_ab;
+    tokens_tile)``; :func:`choose_config` takes the first covering the mean, ``plans_for`` lists them.
+    Forced swap-AB (``swap_ab=True``): the smallest of :data:`SWAP_TOKEN_TILES` covering the mean (64
+    above).  Forced normal: 64-token tiles (one warpgroup's M) up to 64 per expert, 128 above.  The rule
+    (None): forced swap-AB up to the limit of ``layer`` = (K, I) in :data:`SWAP_AB_MAX_BY_LAYER` (else
+    :data:`SWAP_AB_MAX_TOKENS_PER_EXPERT`), forced normal above it."""
+    swap = tuple((float(t), True, t) for t in SWAP_TOKEN_TILES[:-1]) + ((math.inf, True, SWAP_TOKEN_TILES[-1]),)
+    normal = ((float(SWAP_AB_MAX_TOKENS_PER_EXPERT), False, WGMMA_M), (math.inf, False, MAX_TILE_M))
+    if swap_ab is not None:
+        return swap if swap_ab else normal
+    limit = float(SWAP_AB_MAX_BY_LAYER.get(layer, SWAP_AB_MAX_TOKENS_PER_EXPERT))
+    last = (limit, True, next(b for b in swap if limit <= b[0])[2])
+    below = tuple(b for b in swap if b[0] < limit and b[2] != last[2])
+    return below + ((last,) if limit > 0 else ()) + tuple(b for b in normal if b[0] > limit)
 
 
 @functools.lru_cache(maxsize=None)
@@ -428,12 +428,12 @@ def _rule_config(swap_ab: bool, tokens_tile: int, wide: bool, row_scale: bool, q
     return cfg.replace(stages=max_stages(cfg))
 
 
-def choose_config(tokens_per_expert: float, n_out: int, k: int, *, swap_ab: bool | None = None,
-                  row_scale: bool = False, quant: str | None = None, out_dtype: str = "bfloat16") -> GemmConfig:
+def choose_config(tokens_per_expert: float, n_out: int, k: int, *, swap_ab: bool | None = None, row_scale: bool = False,
+                  quant: str | None = None, out_dtype: str = "bfloat16", layer: tuple | None = None) -> GemmConfig:
     """Pick the kernel for one expert GEMM ``[T_e, k] × [n_out, k]ᵀ`` by :func:`path_rule`.
 
     ``tokens_per_expert`` is the mean routed tokens per expert (``T · top_k / E``), known on the
-    host without reading the routing.  ``swap_ab`` forces a path (None: follow the rule).
+    host without reading the routing.  ``swap_ab`` forces a path (None: the rule for ``layer`` = (K, I)).
 
     * swap-AB: weights fill M (128 rows = two consumer warpgroups), and the token tile is the
       rule's bucket, so decode (a handful of tokens per expert) multiplies almost no padding and
@@ -446,5 +446,5 @@ def choose_config(tokens_per_expert: float, n_out: int, k: int, *, swap_ab: bool
 
     The deepest ring that fits the shared memory is taken; ``k`` does not change the tile.
     """
-    _, swap, tokens_tile = next(b for b in path_rule(swap_ab) if tokens_per_expert <= b[0])
+    _, swap, tokens_tile = next(b for b in path_rule(swap_ab, layer) if tokens_per_expert <= b[0])
     return _rule_config(swap, tokens_tile, n_out >= WGMMA_N_MAX, row_scale, quant, out_dtype)

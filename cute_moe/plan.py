@@ -129,8 +129,9 @@ def plan(dims: MoEDims, quant: str | None = None, *, swap_ab: bool | None = None
     if given is None:
         per_expert = tokens_per_expert(dims.T, dims.E, dims.top_k)
         given = (choose_config(per_expert, 2 * dims.I, dims.K, swap_ab=swap_ab, quant=quant,
-                               out_dtype=gemm1_out_dtype(quant)),
-                 choose_config(per_expert, dims.K, dims.I, swap_ab=swap_ab, row_scale=True, quant=quant))
+                               out_dtype=gemm1_out_dtype(quant), layer=(dims.K, dims.I)),
+                 choose_config(per_expert, dims.K, dims.I, swap_ab=swap_ab, row_scale=True, quant=quant,
+                               layer=(dims.K, dims.I)))
     if fusion == "separate":
         given = separate_configs(*given)
     return LayerPlan(*given, quant=quant, fusion=fusion)
@@ -141,7 +142,7 @@ def plans_for(E: int, K: int, I: int, top_k: int, quant: str | None = None,  # n
     """Every distinct plan this layer gets for T = 1 … ``max_tokens`` (with the same ``options``),
     in order of T: the plan at the first T of each bucket of :func:`~cute_moe.config.path_rule`."""
     starts = [1] if options.get("configs") is not None else \
-        bucket_starts([b[0] for b in path_rule(options.get("swap_ab"))], E, top_k)
+        bucket_starts([b[0] for b in path_rule(options.get("swap_ab"), (K, I))], E, top_k)
     plans = [plan(MoEDims(T=T, E=E, K=K, I=I, top_k=top_k), quant, **options) for T in starts if T <= max_tokens]
     return tuple(dict.fromkeys(plans))
 
