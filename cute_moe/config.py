@@ -28,6 +28,7 @@ Shared-memory budget (bytes; an operand element is 2 B of bf16 or 1 B of FP8, an
 element 2 B of bf16 or 4 B of fp32)::
 
     stages · (tile_m + tile_n) · tile_k · operand bytes      operand ring (A and B per stage)
+  + stages · weights_tile · tile_k · operand bytes           gated only: the up tile beside the gate tile
   + epi_stages · epi_tile_m · epi_tile_n · output bytes      epilogue staging for the TMA store
   + 1024                                                     mbarriers, padding to 1024-B alignment
   ≤ 227 KiB = 232 448 B                                      (Hopper's opt-in limit per CTA)
@@ -36,6 +37,14 @@ FP8 (``quant`` one of moe_spec's FP8 formats, ``dtype="float8_e4m3fn"``): E4M3 o
 ``m64nNk32`` with fp32 accumulation, ``tile_k`` = 128 (:data:`FP8_TILE_K`), and two accumulators
 per tile (:data:`FP8_ACCUMULATOR_REGISTERS`): each K step's block sum is promoted (scaled, for
 ``fp8_block``) into the fp32 one — ``cute_moe.fp8_gemm`` holds that loop and the dequantizing epilogue.
+
+Gated (``gated=True``, the bf16 layer's GEMM1): SiLU·up in the epilogue.  The weights are W1
+``[E, 2I, K]`` (gate rows, then up rows, as vLLM's ``fused_experts`` passes them); a tile of
+``weights_tile`` output features n … n+tW loads, per stage, the gate rows n … and the up rows
+I+n … (two TMA boxes into two buffers of one stage), accumulates them in two accumulators of one
+layout (same thread, same register, same (m, n)) and writes ``silu(g)·u`` bf16 ``[M_pad, I]``: the
+``[M_pad, 2I]`` pre-activation never reaches memory.  Two accumulators: at most
+:data:`TWO_ACCUMULATOR_REGISTERS` per thread, so a 128-wide weights tile.
 """
 
 from __future__ import annotations
@@ -83,6 +92,11 @@ FP8_ACCUMULATOR_REGISTERS = 128
 ``2 · tile_m · tile_n / (128 · consumer_warpgroups)``.  128 leaves room for addresses, scales and
 the epilogue below the 232 registers ``setmaxnreg`` grants (128×128 with two warpgroups, or
 64×128 with one, is the largest FP8 tile)."""
+
+TWO_ACCUMULATOR_REGISTERS = FP8_ACCUMULATOR_REGISTERS
+"""Most fp32 registers per consumer thread for a gated config's two accumulators (gate + up), the
+FP8 bound for the same reason: 128×128 (two warpgroups) or 64×128 (one) is the largest gated tile,
+whose WGMMA work per K step equals a plain 128×256 (resp. 64×256) tile's."""
 
 MAX_CONSUMER_WARPGROUPS = 2
 """MMA warpgroups per CTA, stacked along GEMM M (plus one producer warpgroup)."""
@@ -188,6 +202,11 @@ class GemmConfig:
             epilogue, before the bf16 down-cast (GEMM2 applies the routing weights this way).
         group_tokens: rasterization: consecutive tile ids walk this many token blocks before
             moving to the next weight block, so CTAs resident together share tiles through L2 (≥ 1).
+        gated: SiLU·up in the epilogue (the bf16 layer's GEMM1; bf16 only, no row scale): the weights
+            are ``[E, 2I, K]`` (gate rows, then up rows), every stage loads the gate tile and the up
+            tile of the same ``weights_tile`` features, two accumulators sum them, and the output is
+            ``silu(gate)·up`` ``[M_pad, I]``.  ``weights_tile`` counts output features (I), so a stage
+            carries ``2·weights_tile`` weight rows.
     """
 
     swap_ab: bool = False
@@ -204,6 +223,7 @@ class GemmConfig:
     out_dtype: str = "bfloat16"
     fp8_promote: bool = True
     epilogue_scales: bool = True
+    gated: bool = False
 
     def __post_init__(self):
         self._check()
@@ -244,9 +264,9 @@ class GemmConfig:
 
     @property
     def accumulator_registers(self) -> int:
-        """fp32 accumulator registers per consumer thread (two accumulators for FP8)."""
+        """fp32 accumulator registers per consumer thread (two accumulators for FP8 and for gated)."""
         per_acc = self.tile_m * self.tile_n // (WARPGROUP_THREADS * self.consumer_warpgroups)
-        return per_acc * (2 if self.two_level else 1)
+        return per_acc * (2 if self.two_level or self.gated else 1)
 
     @property
     def swizzle_bytes(self) -> int:
@@ -274,9 +294,14 @@ class GemmConfig:
         return WARPGROUP_THREADS * (1 + self.consumer_warpgroups)
 
     @property
+    def weight_rows(self) -> int:
+        """Weight rows one stage loads: ``weights_tile``, twice that when gated (gate and up tiles)."""
+        return self.weights_tile * (2 if self.gated else 1)
+
+    @property
     def stage_bytes(self) -> int:
-        """Bytes of one ring stage: the token tile and the weight tile (what TMA brings per K step)."""
-        return (self.tile_m + self.tile_n) * self.tile_k * self.element_bytes
+        """Bytes of one ring stage: the token tile and the weight tile(s) (what TMA brings per K step)."""
+        return (self.tokens_tile + self.weight_rows) * self.tile_k * self.element_bytes
 
     def smem_bytes(self, stages: int | None = None) -> int:
         """Shared memory of the kernel (the budget formula above), at ``stages`` if given."""
@@ -303,7 +328,7 @@ class GemmConfig:
         return self
 
     def _check(self) -> None:
-        for name in ("swap_ab", "row_scale", "fp8_promote", "epilogue_scales"):
+        for name in ("swap_ab", "row_scale", "fp8_promote", "epilogue_scales", "gated"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}: expected a bool, got {getattr(self, name)!r}")
         for name in ("tokens_tile", "weights_tile", "tile_k", "stages", "consumer_warpgroups", "epi_stages",
@@ -356,14 +381,29 @@ class GemmConfig:
         if self.group_tokens < 1:
             raise ValueError(f"group_tokens={self.group_tokens}: must be ≥ 1")
         self._check_fp8()
+        self._check_gated()
         need = self.smem_bytes()
         if need > SMEM_BUDGET_BYTES:
             fit = [s for s in range(2, self.stages) if self.smem_bytes(s) <= SMEM_BUDGET_BYTES]
             hint = f"at most {fit[-1]} stages fit this tile" if fit else "lower tile_k or the tiles"
             raise ValueError(
                 f"stages={self.stages}: shared memory over budget: {need} B needed ({self.stages} × "
-                f"({self.tile_m}+{self.tile_n})×{self.tile_k}×{self.element_bytes} B + epilogue + barriers) > "
+                f"({self.tokens_tile}+{self.weight_rows})×{self.tile_k}×{self.element_bytes} B + epilogue + barriers) > "
                 f"{SMEM_BUDGET_BYTES} B (227 KiB per CTA on sm_90); {hint}")
+
+    def _check_gated(self) -> None:
+        """The gated limits: bf16 in, bf16 out, no row scale, two accumulators that fit."""
+        if not self.gated:
+            return
+        if self.quant is not None or self.out_dtype != "bfloat16" or self.row_scale:
+            raise ValueError(f"gated=True with quant={self.quant!r}, out_dtype={self.out_dtype!r}, "
+                             f"row_scale={self.row_scale}: SiLU·up in the epilogue is the bf16 layer's GEMM1 "
+                             f"(quant=None, out_dtype='bfloat16', row_scale=False)")
+        if self.accumulator_registers > TWO_ACCUMULATOR_REGISTERS:
+            raise ValueError(
+                f"gated=True: the tile {self.tile_m}×{self.tile_n} with {self.consumer_warpgroups} consumer "
+                f"warpgroup(s) needs {self.accumulator_registers} accumulator registers per thread (gate + up), "
+                f"above {TWO_ACCUMULATOR_REGISTERS}; use a smaller tile (weights_tile=128) or two warpgroups")
 
     def _check_fp8(self) -> None:
         """The FP8 limits: tile_k is one 128-B row, block scales fit the tile, two accumulators fit."""
@@ -415,21 +455,22 @@ def path_rule(swap_ab: bool | None = None) -> tuple[tuple[float, bool, int], ...
 
 @functools.lru_cache(maxsize=None)
 def _rule_config(swap_ab: bool, tokens_tile: int, wide: bool, row_scale: bool, quant: str | None,
-                 out_dtype: str) -> GemmConfig:
+                 out_dtype: str, gated: bool) -> GemmConfig:
     operands = dict(dtype="bfloat16") if quant is None else dict(dtype="float8_e4m3fn", tile_k=FP8_TILE_K)
-    common = dict(quant=quant, out_dtype=out_dtype, row_scale=row_scale, **operands)
+    common = dict(quant=quant, out_dtype=out_dtype, row_scale=row_scale, gated=gated, **operands)
     if swap_ab:  # weights fill M: 128 rows = two consumer warpgroups
         cfg = GemmConfig(swap_ab=True, tokens_tile=tokens_tile, weights_tile=MAX_TILE_M,
                          consumer_warpgroups=MAX_CONSUMER_WARPGROUPS, **common)
     else:  # one consumer warpgroup per 64 token rows; the widest WGMMA N when the layer is that wide (bf16)
         cfg = GemmConfig(swap_ab=False, tokens_tile=tokens_tile,
-                         weights_tile=WGMMA_N_MAX if wide and quant is None else 128,
+                         weights_tile=WGMMA_N_MAX if wide and quant is None and not gated else 128,
                          consumer_warpgroups=tokens_tile // WGMMA_M, **common)
     return cfg.replace(stages=max_stages(cfg))
 
 
 def choose_config(tokens_per_expert: float, n_out: int, k: int, *, swap_ab: bool | None = None,
-                  row_scale: bool = False, quant: str | None = None, out_dtype: str = "bfloat16") -> GemmConfig:
+                  row_scale: bool = False, quant: str | None = None, out_dtype: str = "bfloat16",
+                  gated: bool = False) -> GemmConfig:
     """Pick the kernel for one expert GEMM ``[T_e, k] × [n_out, k]ᵀ`` by :func:`path_rule`.
 
     ``tokens_per_expert`` is the mean routed tokens per expert (``T · top_k / E``), known on the
@@ -443,8 +484,11 @@ def choose_config(tokens_per_expert: float, n_out: int, k: int, *, swap_ab: bool
       tokens with one warpgroup when the normal path is forced at ≤ 64 tokens per expert.
     * FP8 (``quant``): the same buckets, ``tile_k`` = :data:`FP8_TILE_K` and 128-weight tiles (two
       accumulators: :data:`FP8_ACCUMULATOR_REGISTERS`); ``out_dtype``: fp32 for an FP8 GEMM1.
+    * ``gated`` (the bf16 GEMM1 with SiLU·up in its epilogue; ``n_out`` is then I, the output
+      width): the same buckets, 128-feature weight tiles (two accumulators:
+      :data:`TWO_ACCUMULATOR_REGISTERS`), each stage carrying the gate and the up tile.
 
     The deepest ring that fits the shared memory is taken; ``k`` does not change the tile.
     """
     _, swap, tokens_tile = next(b for b in path_rule(swap_ab) if tokens_per_expert <= b[0])
-    return _rule_config(swap, tokens_tile, n_out >= WGMMA_N_MAX, row_scale, quant, out_dtype)
+    return _rule_config(swap, tokens_tile, n_out >= WGMMA_N_MAX, row_scale, quant, out_dtype, gated)

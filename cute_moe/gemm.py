@@ -79,6 +79,7 @@ from cutlass.tensor_utils import LayoutEnum  # noqa: E402
 
 from .fp8_gemm import TileScales  # noqa: E402
 from .config import GemmConfig  # noqa: E402
+from .rowops import silu_mul  # noqa: E402
 
 PRODUCER_REGISTERS = 40
 CONSUMER_REGISTERS = 232
@@ -138,9 +139,10 @@ class KernelPlan:
         self.x_smem_one = cute.slice_(self.x_smem_staged, (None, None, 0))
         self.w_smem_one = cute.slice_(self.w_smem_staged, (None, None, 0))
         self.epi_smem_one = cute.slice_(self.epi_smem_staged, (None, None, 0))
-        # Bytes the TMA engine deposits per ring stage: the full barrier's transaction count.
+        # Bytes the TMA engine deposits per ring stage: the full barrier's transaction count
+        # (gated: the gate and the up tile, two weight boxes of one layout).
         self.stage_bytes = (cute.size_in_bytes(dtype, self.x_smem_one)
-                            + cute.size_in_bytes(dtype, self.w_smem_one))
+                            + cute.size_in_bytes(dtype, self.w_smem_one) * (2 if cfg.gated else 1))
 
 
 class GroupedGemm:
@@ -149,6 +151,7 @@ class GroupedGemm:
     Arguments of the compiled function (all device tensors; shapes are dynamic):
         x            bf16 / E4M3 [M_pad, K]     sorted, padded tokens (K-major)
         w            bf16 / E4M3 (N_out, K, E)  the expert weights [E, N_out, K] viewed N, K, E
+                     gated: bf16 (I, K, 2, E), W1 [E, 2I, K] viewed as its gate (0) and up (1) halves
         c            out_dtype [M_pad, N_out] (normal) or its transpose view (N_out, M_pad) (swap-AB)
         block_expert int32 [max_blocks]        expert of every token block
         num_blocks   int32 [1]                 number of valid token blocks (device scalar)
@@ -159,7 +162,9 @@ class GroupedGemm:
 
     A bf16 config launches ``kernel``; an FP8 config launches ``kernel_fp8``, which takes the two
     scale tensors as well.  Both run the one body (``_body``), so a bf16 kernel is exactly what it
-    was before FP8 existed — same parameters, same PTX.
+    was before FP8 existed — same parameters, same PTX.  A gated config (``cfg.gated``) launches
+    ``kernel`` too; its weight tensor has one more mode, the half (gate 0, up 1), which is one
+    more TMA coordinate: the producer loads both boxes of a stage through one descriptor.
     """
 
     def __init__(self, cfg: GemmConfig, num_ctas: int):
@@ -190,7 +195,16 @@ class GroupedGemm:
             sB: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(plan.b_smem_staged)], 1024]
             sC: cute.struct.Align[cute.struct.MemRange[self.out_dtype, cute.cosize(plan.epi_smem_staged)], 1024]
 
-        self.shared_storage = SharedStorage
+        @cute.struct
+        class GatedSharedStorage:
+            ring_barriers: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
+            sA: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(plan.a_smem_staged)], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(plan.b_smem_staged)], 1024]
+            sC: cute.struct.Align[cute.struct.MemRange[self.out_dtype, cute.cosize(plan.epi_smem_staged)], 1024]
+            # the up tiles: a second weight ring of the same layout, filled on the same full barriers
+            sU: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(plan.w_smem_staged)], 1024]
+
+        self.shared_storage = GatedSharedStorage if cfg.gated else SharedStorage
         self.stage_bytes = plan.stage_bytes  # the ring's tx_count (read while the kernel is traced)
         launch = dict(grid=[self.num_ctas, 1, 1], block=[cfg.threads, 1, 1], cluster=[1, 1, 1],
                       min_blocks_per_mp=1, stream=stream)
@@ -260,11 +274,15 @@ class GroupedGemm:
         sB = storage.sB.get_tensor(b_smem_staged.outer, swizzle=b_smem_staged.inner)
         sC = storage.sC.get_tensor(epi_smem_staged.outer, swizzle=epi_smem_staged.inner)
         sX, sW = (sB, sA) if swap else (sA, sB)
+        w_smem_staged = a_smem_staged if swap else b_smem_staged
+        if cutlass.const_expr(cfg.gated):
+            sU = storage.sU.get_tensor(w_smem_staged.outer, swizzle=w_smem_staged.inner)
 
         # ---- global tiles ------------------------------------------------------------------
         # (tT, tK, token blocks, k blocks) and (tW, tK, weight blocks, k blocks, experts)
+        # (gated: (tW, tK, weight blocks, k blocks, half, experts), half 0 = gate, 1 = up)
         gX = cute.local_tile(mX, (cfg.tokens_tile, cfg.tile_k), (None, None))
-        gW = cute.local_tile(mW, (cfg.weights_tile, cfg.tile_k), (None, None, None))
+        gW = cute.local_tile(mW, (cfg.weights_tile, cfg.tile_k), (None,) * cute.rank(mW))
         gC = cute.local_tile(mC, (cfg.tile_m, cfg.tile_n), (None, None))
         k_tiles = cute.size(gX, mode=[3])
         n_weight_blocks = cute.size(gW, mode=[2])
@@ -272,6 +290,9 @@ class GroupedGemm:
                                            cute.group_modes(sX, 0, 2), cute.group_modes(gX, 0, 2))
         tWsW, tWgW = cpasync.tma_partition(tma_w, 0, cute.make_layout(1),
                                            cute.group_modes(sW, 0, 2), cute.group_modes(gW, 0, 2))
+        if cutlass.const_expr(cfg.gated):  # the up ring, same descriptor and boxes
+            tUsU, _ = cpasync.tma_partition(tma_w, 0, cute.make_layout(1),
+                                            cute.group_modes(sU, 0, 2), cute.group_modes(gW, 0, 2))
 
         pipeline.pipeline_init_wait()
 
@@ -291,12 +312,18 @@ class GroupedGemm:
                                                                  cfg.group_tokens)
                     expert = block_expert[token_block]
                     tXgX_tile = tXgX[(None, token_block, None)]
-                    tWgW_tile = tWgW[(None, weight_block, None, expert)]
+                    if cutlass.const_expr(cfg.gated):
+                        tWgW_tile = tWgW[(None, weight_block, None, 0, expert)]  # gate rows n …
+                        tUgU_tile = tWgW[(None, weight_block, None, 1, expert)]  # up rows I + n …
+                    else:
+                        tWgW_tile = tWgW[(None, weight_block, None, expert)]
                     for k in range(k_tiles):
                         ring.producer_acquire(state)
                         full = ring.producer_get_barrier(state)
                         cute.copy(tma_x, tXgX_tile[(None, k)], tXsX[(None, state.index)], tma_bar_ptr=full)
                         cute.copy(tma_w, tWgW_tile[(None, k)], tWsW[(None, state.index)], tma_bar_ptr=full)
+                        if cutlass.const_expr(cfg.gated):
+                            cute.copy(tma_w, tUgU_tile[(None, k)], tUsU[(None, state.index)], tma_bar_ptr=full)
                         ring.producer_commit(state)
                         state.advance()
                     tile += cute.arch.grid_dim()[0]
@@ -314,6 +341,15 @@ class GroupedGemm:
             acc = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)
             if cutlass.const_expr(cfg.two_level):
                 blk = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)  # FP8: one K step's WGMMA sum
+            # Gated: the up tiles are the weight operand of a second WGMMA chain into `up`, whose
+            # layout is acc's (same tiled MMA, same thread slice): register i of both holds the same (m, n).
+            tCrA_up, tCrB_up = tCrA, tCrB
+            if cutlass.const_expr(cfg.gated):
+                up = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)
+                if cutlass.const_expr(swap):
+                    tCrA_up = tiled_mma.make_fragment_A(thr_mma.partition_A(sU))
+                else:
+                    tCrB_up = tiled_mma.make_fragment_B(thr_mma.partition_B(sU))
             k_blocks = cute.size(tCrA, mode=[2])
 
             # Epilogue plumbing: registers → (stmatrix) → swizzled smem → (TMA) → global.
@@ -352,6 +388,8 @@ class GroupedGemm:
 
                 # ---- main loop: K steps through the ring --------------------------------
                 acc.fill(0.0)
+                if cutlass.const_expr(cfg.gated):
+                    up.fill(0.0)
                 if cutlass.const_expr(cfg.quant is not None):
                     scales = TileScales.at(cfg, tCcC, x_scale, w_scale, block_expert, token_block,
                                            weight_block, cute.size(mW, mode=[0]))
@@ -363,6 +401,9 @@ class GroupedGemm:
                     for kb in cutlass.range_constexpr(k_blocks):
                         cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read.index)],
                                   tCrB[(None, None, kb, read.index)], acc)
+                        if cutlass.const_expr(cfg.gated):
+                            cute.gemm(tiled_mma, up, tCrA_up[(None, None, kb, read.index)],
+                                      tCrB_up[(None, None, kb, read.index)], up)
                     warpgroup.commit_group()
                     read.advance()
                     for k in range(1, k_tiles):
@@ -370,6 +411,9 @@ class GroupedGemm:
                         for kb in cutlass.range_constexpr(k_blocks):
                             cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read.index)],
                                       tCrB[(None, None, kb, read.index)], acc)
+                            if cutlass.const_expr(cfg.gated):
+                                cute.gemm(tiled_mma, up, tCrA_up[(None, None, kb, read.index)],
+                                          tCrB_up[(None, None, kb, read.index)], up)
                         warpgroup.commit_group()
                         # keep this step's WGMMAs in flight; the previous step's are done → free its slot
                         warpgroup.wait_group(1)
@@ -398,6 +442,10 @@ class GroupedGemm:
                     scales.dequantize(acc)
 
                 # ---- epilogue -------------------------------------------------------------
+                if cutlass.const_expr(cfg.gated):
+                    # SiLU·up elementwise over matching registers, in fp32 (the row kernel's formula):
+                    # acc becomes the activation tile, rounded to bf16 once below
+                    acc.store(silu_mul(acc.load(), up.load()))
                 if cutlass.const_expr(cfg.row_scale):
                     # fp32 routing weight per token row, applied before the bf16 rounding
                     row0 = token_block * cfg.tokens_tile

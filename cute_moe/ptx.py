@@ -71,10 +71,14 @@ def fake_arguments(cfg: GemmConfig):
     k = cute.sym_int(divisibility=align)
     experts = cute.sym_int()
     x = make_fake_compact_tensor(dt, (m_pad, k), stride_order=(1, 0), assumed_align=16)
-    # W [E, N_out, K] seen as (N_out, K, E): strides (K, 1, N_out·K)
-    w = make_fake_tensor(dt, (n_out, k, experts),
-                         stride=(cute.sym_int64(divisibility=align), 1, cute.sym_int64(divisibility=align)),
-                         assumed_align=16)
+    if cfg.gated:  # W1 [E, 2I, K] seen as (I, K, half, E): strides (K, 1, I·K, 2I·K); C is [M_pad, I]
+        w = make_fake_tensor(dt, (n_out, k, 2, experts),
+                             stride=(cute.sym_int64(divisibility=align), 1, cute.sym_int64(divisibility=align),
+                                     cute.sym_int64(divisibility=align)), assumed_align=16)
+    else:  # W [E, N_out, K] seen as (N_out, K, E): strides (K, 1, N_out·K)
+        w = make_fake_tensor(dt, (n_out, k, experts),
+                             stride=(cute.sym_int64(divisibility=align), 1, cute.sym_int64(divisibility=align)),
+                             assumed_align=16)
     c_stride = cute.sym_int64(divisibility=cfg.out_align)
     if cfg.swap_ab:  # C [M_pad, N_out] viewed as Cᵀ (N_out, M_pad), M-major
         c = make_fake_tensor(out_dt, (n_out, m_pad), stride=(1, c_stride), assumed_align=16)
