@@ -340,7 +340,8 @@ def describe(cfg: GemmConfig) -> dict:
         "accumulators_moe": moe,
         "smem": smem,
         "tma": {"load_tokens_box": [cfg.tokens_tile, cfg.tile_k], "load_weights_box": [cfg.weights_tile, cfg.tile_k],
-                "weights_tensor": "(N_out, K, E): expert = 3rd TMA coordinate",
+                "weights_tensor": ("(I, K, 2, E): gate / up = 3rd, expert = 4th TMA coordinate; two boxes per stage"
+                                   if cfg.gated else "(N_out, K, E): expert = 3rd TMA coordinate"),
                 "store_box": list(cfg.epi_tile), "stage_bytes": raw["stage_bytes"]},
     }
 
