@@ -38,13 +38,10 @@ FP8 (``quant`` one of moe_spec's FP8 formats, ``dtype="float8_e4m3fn"``): E4M3 o
 per tile (:data:`FP8_ACCUMULATOR_REGISTERS`): each K step's block sum is promoted (scaled, for
 ``fp8_block``) into the fp32 one — ``cute_moe.fp8_gemm`` holds that loop and the dequantizing epilogue.
 
-Gated (``gated=True``, the bf16 layer's GEMM1): SiLU·up in the epilogue.  The weights are W1
-``[E, 2I, K]`` (gate rows, then up rows, as vLLM's ``fused_experts`` passes them); a tile of
-``weights_tile`` output features n … n+tW loads, per stage, the gate rows n … and the up rows
-I+n … (two TMA boxes into two buffers of one stage), accumulates them in two accumulators of one
-layout (same thread, same register, same (m, n)) and writes ``silu(g)·u`` bf16 ``[M_pad, I]``: the
-``[M_pad, 2I]`` pre-activation never reaches memory.  Two accumulators: at most
-:data:`TWO_ACCUMULATOR_REGISTERS` per thread, so a 128-wide weights tile.
+Gated (``gated=True``, the bf16 layer's GEMM1): each stage loads the gate and the up tile of W1
+``[E, 2I, K]`` for the same output features, two accumulators sum them and the epilogue writes
+``silu(gate)·up`` ``[M_pad, I]``.  The FP8 and gated limits (two accumulators each) are in
+:mod:`cute_moe.limits`.
 """
 
 from __future__ import annotations
@@ -56,7 +53,10 @@ from dataclasses import dataclass
 
 from moe_spec.hopper import (SMEM_PER_CTA_BYTES, TMA_ALIGN_BYTES, WARPGROUP_THREADS, WGMMA_M, WGMMA_N_MAX,
                              WGMMA_N_STEP, wgmma_k)
-from moe_spec.quant import FP8_BLOCK, QUANT_FORMATS
+from moe_spec.quant import QUANT_FORMATS
+
+from .limits import (FP8_ACCUMULATOR_REGISTERS, FP8_TILE_K, TWO_ACCUMULATOR_REGISTERS,  # noqa: F401 (re-exported)
+                     check_fp8, check_gated)
 
 SMEM_BUDGET_BYTES = SMEM_PER_CTA_BYTES
 """The shared memory one CTA may use: Hopper's opt-in limit (:mod:`moe_spec.hopper`)."""
@@ -81,22 +81,6 @@ thread step, so every row width the layer touches (K, I, 2I) must be a multiple 
 
 FP8_ALIGN_ELEMS = TMA_ALIGN_BYTES // DTYPE_BYTES["float8_e4m3fn"]
 """Row alignment of FP8 operands: 16-byte TMA rows are 16 E4M3 values (an FP8 layer's K and I)."""
-
-FP8_TILE_K = FP8_BLOCK
-"""``tile_k`` of every FP8 config: 128 E4M3 = one 128-B swizzled row, and one K block of
-``fp8_block`` (moe_spec.quant.FP8_BLOCK) — so one pipeline stage is one promotion of the block
-accumulator, and a block's scales are constant over it."""
-
-FP8_ACCUMULATOR_REGISTERS = 128
-"""Most fp32 registers per consumer thread for the two FP8 accumulators (block + promoted):
-``2 · tile_m · tile_n / (128 · consumer_warpgroups)``.  128 leaves room for addresses, scales and
-the epilogue below the 232 registers ``setmaxnreg`` grants (128×128 with two warpgroups, or
-64×128 with one, is the largest FP8 tile)."""
-
-TWO_ACCUMULATOR_REGISTERS = FP8_ACCUMULATOR_REGISTERS
-"""Most fp32 registers per consumer thread for a gated config's two accumulators (gate + up), the
-FP8 bound for the same reason: 128×128 (two warpgroups) or 64×128 (one) is the largest gated tile,
-whose WGMMA work per K step equals a plain 128×256 (resp. 64×256) tile's."""
 
 MAX_CONSUMER_WARPGROUPS = 2
 """MMA warpgroups per CTA, stacked along GEMM M (plus one producer warpgroup)."""
@@ -202,11 +186,9 @@ class GemmConfig:
             epilogue, before the bf16 down-cast (GEMM2 applies the routing weights this way).
         group_tokens: rasterization: consecutive tile ids walk this many token blocks before
             moving to the next weight block, so CTAs resident together share tiles through L2 (≥ 1).
-        gated: SiLU·up in the epilogue (the bf16 layer's GEMM1; bf16 only, no row scale): the weights
-            are ``[E, 2I, K]`` (gate rows, then up rows), every stage loads the gate tile and the up
-            tile of the same ``weights_tile`` features, two accumulators sum them, and the output is
-            ``silu(gate)·up`` ``[M_pad, I]``.  ``weights_tile`` counts output features (I), so a stage
-            carries ``2·weights_tile`` weight rows.
+        gated: SiLU·up in the epilogue (the bf16 layer's GEMM1, no row scale): weights ``[E, 2I, K]``
+            (gate rows, then up rows), output ``silu(gate)·up`` ``[M_pad, I]``; ``weights_tile``
+            counts output features, a stage carries the gate and the up tile (2·weights_tile rows).
     """
 
     swap_ab: bool = False
@@ -380,8 +362,8 @@ class GemmConfig:
             raise ValueError(f"epi_stages={self.epi_stages}: needs at least 1 epilogue buffer")
         if self.group_tokens < 1:
             raise ValueError(f"group_tokens={self.group_tokens}: must be ≥ 1")
-        self._check_fp8()
-        self._check_gated()
+        check_fp8(self)
+        check_gated(self)
         need = self.smem_bytes()
         if need > SMEM_BUDGET_BYTES:
             fit = [s for s in range(2, self.stages) if self.smem_bytes(s) <= SMEM_BUDGET_BYTES]
@@ -390,41 +372,6 @@ class GemmConfig:
                 f"stages={self.stages}: shared memory over budget: {need} B needed ({self.stages} × "
                 f"({self.tokens_tile}+{self.weight_rows})×{self.tile_k}×{self.element_bytes} B + epilogue + barriers) > "
                 f"{SMEM_BUDGET_BYTES} B (227 KiB per CTA on sm_90); {hint}")
-
-    def _check_gated(self) -> None:
-        """The gated limits: bf16 in, bf16 out, no row scale, two accumulators that fit."""
-        if not self.gated:
-            return
-        if self.quant is not None or self.out_dtype != "bfloat16" or self.row_scale:
-            raise ValueError(f"gated=True with quant={self.quant!r}, out_dtype={self.out_dtype!r}, "
-                             f"row_scale={self.row_scale}: SiLU·up in the epilogue is the bf16 layer's GEMM1 "
-                             f"(quant=None, out_dtype='bfloat16', row_scale=False)")
-        if self.accumulator_registers > TWO_ACCUMULATOR_REGISTERS:
-            raise ValueError(
-                f"gated=True: the tile {self.tile_m}×{self.tile_n} with {self.consumer_warpgroups} consumer "
-                f"warpgroup(s) needs {self.accumulator_registers} accumulator registers per thread (gate + up), "
-                f"above {TWO_ACCUMULATOR_REGISTERS}; use a smaller tile (weights_tile=128) or two warpgroups")
-
-    def _check_fp8(self) -> None:
-        """The FP8 limits: tile_k is one 128-B row, block scales fit the tile, two accumulators fit."""
-        for name, what in (("fp8_promote", "skip the promotion"), ("epilogue_scales", "leave their scales out")):
-            if not getattr(self, name) and self.quant not in ("fp8_tensor", "fp8_channel"):
-                raise ValueError(f"{name}=False with quant={self.quant!r}: only fp8_tensor / fp8_channel can {what} "
-                                 f"(bf16 has neither; fp8_block's scales change every K block)")
-        if self.quant is None:
-            return
-        if self.tile_k != FP8_TILE_K:
-            raise ValueError(f"tile_k={self.tile_k}: FP8 configs need tile_k={FP8_TILE_K} (one 128-B swizzled row of "
-                             f"E4M3, and one K block of the scales: each K step is promoted on its own)")
-        if self.quant == "fp8_block" and FP8_BLOCK % self.weights_tile:
-            raise ValueError(f"weights_tile={self.weights_tile}: fp8_block needs a weights tile that divides the "
-                             f"{FP8_BLOCK}-row scale block (one weight scale per tile and K step)")
-        if self.accumulator_registers > FP8_ACCUMULATOR_REGISTERS:
-            raise ValueError(
-                f"tokens_tile={self.tokens_tile}, weights_tile={self.weights_tile}: the FP8 tile {self.tile_m}×"
-                f"{self.tile_n} with {self.consumer_warpgroups} consumer warpgroup(s) needs {self.accumulator_registers} "
-                f"accumulator registers per thread (block + promoted), above {FP8_ACCUMULATOR_REGISTERS}; use a "
-                f"smaller tile or two warpgroups")
 
 
 def max_stages(cfg: GemmConfig, cap: int = 8) -> int:

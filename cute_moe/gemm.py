@@ -56,6 +56,15 @@ a block accumulator that is promoted into the fp32 tile accumulator — scaled p
 both pieces live in :mod:`cute_moe.fp8_gemm`.  An fp32 output (``cfg.out_dtype``) is staged with
 plain shared-memory stores instead of ``stmatrix`` (which moves 16-bit values only).
 
+Gated (``cfg.gated``, the bf16 layer's GEMM1): W1 ``[E, 2I, K]`` is handed to TMA as (I, K, 2, E) —
+gate or up is one more TMA coordinate — and the producer loads, per stage, the gate box and the up
+box of the same ``weights_tile`` features (one descriptor, two copies on the stage's *full*
+barrier, into the weight ring and a second "up" ring).  The consumers issue every WGMMA twice, the
+second with the up tile as the weight operand into a second accumulator; both accumulators come
+from one tiled MMA and one thread slice, so register i of each holds the same (m, n) and the
+epilogue computes ``silu(gate)·up`` register by register in fp32 (``rowops.silu_mul``) before the
+one bf16 rounding.  The compile-time layouts live in :mod:`cute_moe.kernel_plan`.
+
 Persistent scheduling: ``gridDim.x`` = number of SMs; CTA ``c`` processes tiles ``c, c + grid,
 c + 2·grid, …`` while ``tile < num_blocks · n_weight_blocks`` (``num_blocks`` is device data).
 Tile ids are rasterized in groups of ``group_tokens`` token blocks: consecutive ids walk token
@@ -79,14 +88,12 @@ from cutlass.tensor_utils import LayoutEnum  # noqa: E402
 
 from .fp8_gemm import TileScales  # noqa: E402
 from .config import GemmConfig  # noqa: E402
+from .kernel_plan import DSL_DTYPES, KernelPlan  # noqa: E402  (the compile-time layouts: kernel_plan.py)
 from .rowops import silu_mul  # noqa: E402
 
 PRODUCER_REGISTERS = 40
 CONSUMER_REGISTERS = 232
 EPILOGUE_BARRIER_ID = 1  # named barrier 0 is __syncthreads
-
-DSL_DTYPES = {"bfloat16": cutlass.BFloat16, "float8_e4m3fn": cutlass.Float8E4M3FN, "float32": cutlass.Float32}
-"""GemmConfig's dtype names → the DSL's element types."""
 
 
 def tile_coordinates(tile, n_token_blocks, n_weight_blocks, group_tokens: int):
@@ -102,47 +109,6 @@ def tile_coordinates(tile, n_token_blocks, n_weight_blocks, group_tokens: int):
     group_size = cutlass.min(n_token_blocks - first_block, group_tokens)
     in_group = tile % group_span
     return first_block + in_group % group_size, in_group // group_size
-
-
-class KernelPlan:
-    """Compile-time objects derived from a config (built inside a jit context).
-
-    ``GroupedGemm.__call__`` and ``layouts.describe`` both construct a ``KernelPlan``, so the
-    layout data the notes print is made from the very objects the kernel uses — including
-    ``stage_bytes``, the transaction count of the ring's *full* barriers.
-    """
-
-    def __init__(self, cfg: GemmConfig):
-        self.cfg = cfg
-        self.dtype = dtype = DSL_DTYPES[cfg.dtype]  # operands A and B
-        self.out_dtype = DSL_DTYPES[cfg.out_dtype]  # C
-        tile_mnk = (cfg.tile_m, cfg.tile_n, cfg.tile_k)
-        self.tile_mnk = tile_mnk
-        # Both operands K-major (unit stride along K): the natural layout of X [T, K] and of
-        # W [N_out, K], and the only one FP8 WGMMA accepts.  The atom is m64nNk16 for bf16 and
-        # m64nNk32 for E4M3 (make_trivial_tiled_mma picks it from the dtype).
-        k_major = LayoutEnum.ROW_MAJOR
-        self.c_layout = LayoutEnum.COL_MAJOR if cfg.swap_ab else LayoutEnum.ROW_MAJOR
-        # Consumer warpgroups stack along M; each warpgroup's WGMMA covers 64 rows × tile_n.
-        self.tiled_mma = sm90.make_trivial_tiled_mma(
-            dtype, dtype, k_major.sm90_mma_major_mode(), k_major.sm90_mma_major_mode(),
-            cutlass.Float32, (cfg.consumer_warpgroups, 1, 1), tiler_mn=(64, cfg.tile_n))
-        # Shared memory rings: (rows, tile_k, stages), swizzled atoms tiled to the tile shape.
-        self.a_smem_staged = sm90.make_smem_layout_a(k_major, tile_mnk, dtype, cfg.stages)
-        self.b_smem_staged = sm90.make_smem_layout_b(k_major, tile_mnk, dtype, cfg.stages)
-        self.epi_smem_staged = sm90.make_smem_layout_epi(self.out_dtype, self.c_layout, cfg.epi_tile, cfg.epi_stages)
-        # The producer speaks MoE: which ring holds tokens, which holds weights.
-        if cfg.swap_ab:
-            self.x_smem_staged, self.w_smem_staged = self.b_smem_staged, self.a_smem_staged
-        else:
-            self.x_smem_staged, self.w_smem_staged = self.a_smem_staged, self.b_smem_staged
-        self.x_smem_one = cute.slice_(self.x_smem_staged, (None, None, 0))
-        self.w_smem_one = cute.slice_(self.w_smem_staged, (None, None, 0))
-        self.epi_smem_one = cute.slice_(self.epi_smem_staged, (None, None, 0))
-        # Bytes the TMA engine deposits per ring stage: the full barrier's transaction count
-        # (gated: the gate and the up tile, two weight boxes of one layout).
-        self.stage_bytes = (cute.size_in_bytes(dtype, self.x_smem_one)
-                            + cute.size_in_bytes(dtype, self.w_smem_one) * (2 if cfg.gated else 1))
 
 
 class GroupedGemm:

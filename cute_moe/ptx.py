@@ -33,7 +33,8 @@ from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, mak
 from moe_spec.hopper import sm_count  # noqa: E402
 
 from .config import ALIGN_ELEMS, FP8_ALIGN_ELEMS, GemmConfig  # noqa: E402
-from .gemm import DSL_DTYPES, GroupedGemm, KernelPlan  # noqa: E402
+from .gemm import GroupedGemm  # noqa: E402
+from .kernel_plan import DSL_DTYPES, KernelPlan  # noqa: E402
 from .quantops import QuantizeRows, RowAmax  # noqa: E402
 from .rowops import CombineRows, GatherRows, ScaleRows, SiluMul, WeightedCombineRows  # noqa: E402
 
@@ -260,7 +261,7 @@ def compile_plan(plan, num_ctas: int | None = None) -> int:
 def mma_instruction(cfg: GemmConfig) -> str:
     """The ``wgmma.mma_async`` instruction ``cfg`` compiles to, as PTX spells it.
 
-    Read from the kernel's own tiled MMA (:class:`~cute_moe.gemm.KernelPlan`, built in a jit
+    Read from the kernel's own tiled MMA (:class:`~cute_moe.kernel_plan.KernelPlan`, built in a jit
     context without compiling the kernel): the atom's instruction shape and operand types.
     """
     found = {}

@@ -245,9 +245,10 @@ BAD_CONFIGS = [
     (dict(gated=True, out_dtype="float32"), ValueError, r"^gated=True with .*out_dtype='float32'"),
     (dict(gated=True, quant="fp8_tensor", dtype="float8_e4m3fn", tile_k=128), ValueError,
      r"^gated=True with quant='fp8_tensor'"),
-    (dict(gated=True, weights_tile=256), ValueError, r"^gated=True: the tile 128×256 .* needs 256 accumulator registers"),
+    (dict(gated=True, weights_tile=256), ValueError,
+     r"^tokens_tile=128, weights_tile=256: the gated tile 128×256 .* needs 256 accumulator registers .*\(gate \+ up\)"),
     (dict(gated=True, swap_ab=True, tokens_tile=256, weights_tile=128), ValueError,
-     r"^gated=True: the tile 128×256 .* needs 256 accumulator registers"),
+     r"^tokens_tile=256, weights_tile=128: the gated tile 128×256 .* needs 256 accumulator registers"),
     (dict(gated=True, swap_ab=True, tokens_tile=8, weights_tile=128, stages=7), ValueError,
      r"^stages=7: shared memory over budget: .*7 × \(8\+256\)×64×2 B.*at most 6 stages fit"),
 ]
