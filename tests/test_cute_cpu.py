@@ -514,3 +514,20 @@ def test_gated_epilogue_is_the_row_kernels_formula():
     # 8 elements per row-kernel vector, 4 accumulator registers per thread in a 128×8 swap-AB tile
     assert Counter(chain(row)) == Counter(one_element * 8)
     assert Counter(chain(gated)) == Counter(one_element * 4)
+
+
+@pytest.mark.parametrize("cfg", [GATED[0], GATED[-1]], ids=_id)
+def test_gated_kernel_roles_per_thread(cfg):
+    """test_cute_store's per-thread walk of the PTX on a gated kernel: thread 0 alone issues every
+    TMA load (the gate and up boxes included) and announces the stage's bytes, one consumer thread
+    stores, every consumer thread runs the SiLU epilogue."""
+    from test_cute_store import LOAD, STORE, Ptx, _threads_reaching
+
+    ptx = Ptx(cute_moe.compile_ptx(cfg))
+    loads = _threads_reaching(ptx, cfg.threads, LOAD)
+    assert len([i for i in loads if ".4d." in ptx.lines[i]]) >= 2  # the gate copy and the up copy
+    assert set().union(*loads.values()) == {0}
+    assert set().union(*_threads_reaching(ptx, cfg.threads, re.compile(r"mbarrier\.arrive\.expect_tx")).values()) == {0}
+    assert len(set().union(*_threads_reaching(ptx, cfg.threads, STORE).values())) == 1
+    silu = _threads_reaching(ptx, cfg.threads, re.compile(r"ex2\.approx\.ftz\.f32"))
+    assert all(t == set(range(128, cfg.threads)) for t in silu.values())
