@@ -531,3 +531,17 @@ def test_gated_kernel_roles_per_thread(cfg):
     assert len(set().union(*_threads_reaching(ptx, cfg.threads, STORE).values())) == 1
     silu = _threads_reaching(ptx, cfg.threads, re.compile(r"ex2\.approx\.ftz\.f32"))
     assert all(t == set(range(128, cfg.threads)) for t in silu.values())
+
+
+def test_gated_grouped_gemm_checks_w1_before_any_launch():
+    """A gated GEMM takes W1 [E, 2I, K]: an odd row count is refused on the host, naming w."""
+    from cute_moe.moe import grouped_gemm
+
+    ids = torch.zeros(4, 1, dtype=torch.int32)
+    rows = sort_rows(ids, torch.ones(4, 1), 2, 8)
+    cfg = _cfg(swap_ab=True, tokens_tile=8, weights_tile=128, gated=True)
+    x = torch.zeros(rows.rows, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"^grouped_gemm: a gated config takes w = W1 \[E, 2I, K\].*w has 33 rows"):
+        grouped_gemm(x, torch.zeros(2, 33, 64, dtype=torch.bfloat16), rows, cfg)
+    with pytest.raises(ValueError, match=r"^grouped_gemm: N_out=12 must be a positive multiple of 8"):
+        grouped_gemm(x, torch.zeros(2, 24, 64, dtype=torch.bfloat16), rows, cfg)  # I = 12
