@@ -405,9 +405,10 @@ def _rule_config(swap_ab: bool, tokens_tile: int, wide: bool, row_scale: bool, q
                  out_dtype: str, gated: bool) -> GemmConfig:
     operands = dict(dtype="bfloat16") if quant is None else dict(dtype="float8_e4m3fn", tile_k=FP8_TILE_K)
     common = dict(quant=quant, out_dtype=out_dtype, row_scale=row_scale, gated=gated, **operands)
-    if swap_ab:  # weights fill M: 128 rows = two consumer warpgroups
-        cfg = GemmConfig(swap_ab=True, tokens_tile=tokens_tile, weights_tile=MAX_TILE_M,
-                         consumer_warpgroups=MAX_CONSUMER_WARPGROUPS, **common)
+    if swap_ab:  # weights fill M: 128 rows = two consumer warpgroups (gated: 64 features, gate + up = 128 rows)
+        rows = WGMMA_M if gated else MAX_TILE_M
+        cfg = GemmConfig(swap_ab=True, tokens_tile=tokens_tile, weights_tile=rows,
+                         consumer_warpgroups=rows // WGMMA_M, **common)
     else:  # one consumer warpgroup per 64 token rows; the widest WGMMA N when the layer is that wide (bf16)
         cfg = GemmConfig(swap_ab=False, tokens_tile=tokens_tile,
                          weights_tile=WGMMA_N_MAX if wide and quant is None and not gated else 128,
@@ -432,8 +433,10 @@ def choose_config(tokens_per_expert: float, n_out: int, k: int, *, swap_ab: bool
     * FP8 (``quant``): the same buckets, ``tile_k`` = :data:`FP8_TILE_K` and 128-weight tiles (two
       accumulators: :data:`FP8_ACCUMULATOR_REGISTERS`); ``out_dtype``: fp32 for an FP8 GEMM1.
     * ``gated`` (the bf16 GEMM1 with SiLU·up in its epilogue; ``n_out`` is then I, the output
-      width): the same buckets, 128-feature weight tiles (two accumulators:
-      :data:`TWO_ACCUMULATOR_REGISTERS`), each stage carrying the gate and the up tile.
+      width): the same buckets; each stage carries the gate and the up tile, so the weights tile
+      is half the plain one — 64 features with one warpgroup on swap-AB, 128 on the normal path
+      (two accumulators: :data:`TWO_ACCUMULATOR_REGISTERS`) — and the stage bytes and the number
+      of tiles are the plain GEMM1's.
 
     The deepest ring that fits the shared memory is taken; ``k`` does not change the tile.
     """

@@ -440,8 +440,12 @@ def test_the_bf16_plans_gate_gemm1_and_separate_does_not():
     # every bucket of both paths: swap-AB 8/16/32/64 tokens, normal 64 (one warpgroup) and 128
     assert {(c.swap_ab, c.tokens_tile) for c in GATED} == {(True, 8), (True, 16), (True, 32), (True, 64),
                                                           (False, 64), (False, 128)}
-    assert all(c.weights_tile == 128 and c.smem_bytes() <= SMEM_BUDGET_BYTES for c in GATED)
-    assert all(c.stages == max_stages(c) for c in GATED)
+    assert all(c.smem_bytes() <= SMEM_BUDGET_BYTES and c.stages == max_stages(c) for c in GATED)
+    # half the plain weights tile (gate + up): the plain GEMM1's stage bytes, ring and tile count
+    for c in GATED:
+        plain = choose_config(c.tokens_tile, 28672, 4096, swap_ab=c.swap_ab)
+        assert (c.weight_rows, c.stage_bytes, c.stages) == (plain.weights_tile, plain.stage_bytes, plain.stages)
+        assert (c.weights_tile, c.consumer_warpgroups) == ((64, 1) if c.swap_ab else (128, c.tokens_tile // 64))
     for quant, fusion in ((None, "separate"), ("fp8_tensor", "fused"), ("fp8_block", "separate")):
         for p in cute_moe.plans_for(8, 4096, 14336, 2, quant, fusion=fusion):
             assert not p.gemm1.gated and not p.gemm2.gated

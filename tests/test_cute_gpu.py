@@ -191,12 +191,13 @@ def test_sort_rows_on_the_gpu_is_the_cpu_reference():
 
 
 # ---- the gated GEMM1: SiLU·up in the epilogue -----------------------------------------------------
-GATED_CONFIGS = [
-    dict(swap_ab=True, tokens_tile=8, weights_tile=128),
-    dict(swap_ab=True, tokens_tile=16, weights_tile=128),
-    dict(swap_ab=True, tokens_tile=32, weights_tile=128),
-    dict(swap_ab=True, tokens_tile=64, weights_tile=128),
+GATED_CONFIGS = [  # the path rule's gated configs (swap-AB 64 features, one warpgroup), and 128 with two
     dict(swap_ab=True, tokens_tile=8, weights_tile=64, consumer_warpgroups=1),
+    dict(swap_ab=True, tokens_tile=16, weights_tile=64, consumer_warpgroups=1),
+    dict(swap_ab=True, tokens_tile=32, weights_tile=64, consumer_warpgroups=1),
+    dict(swap_ab=True, tokens_tile=64, weights_tile=64, consumer_warpgroups=1),
+    dict(swap_ab=True, tokens_tile=8, weights_tile=128),
+    dict(swap_ab=True, tokens_tile=64, weights_tile=128),
     dict(swap_ab=False, tokens_tile=64, weights_tile=128, consumer_warpgroups=1),
     dict(swap_ab=False, tokens_tile=128, weights_tile=128, consumer_warpgroups=2),
 ]
