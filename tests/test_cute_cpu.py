@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 cute_moe = pytest.importorskip("cute_moe")
 
 from cute_moe.config import SMEM_BUDGET_BYTES, GemmConfig, choose_config, max_stages, tokens_tiles  # noqa: E402
-from cute_moe.layouts import describe, evaluate, swizzle_bytes  # noqa: E402
+from cute_moe.layouts import describe, evaluate, plan_layouts, swizzle_bytes  # noqa: E402
 from cute_moe.moe import gemm_blocks, sort_rows  # noqa: E402
 from cute_moe.ptx import mma_instruction  # noqa: E402
 
@@ -484,7 +484,7 @@ def test_gated_ptx_has_two_accumulator_chains_and_the_silu_epilogue(cfg):
     assert re.search(r"cp\.async\.bulk\.tensor\.4d\.shared::cta\.global\.tile\.mbarrier", ptx)
     assert not re.search(r"cp\.async\.bulk\.tensor\.3d", ptx)
     assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global\.tile\.mbarrier", ptx)
-    assert {int(n) for _, n in re.findall(_EXPECT_TX, ptx)} == {cfg.stage_bytes}
+    assert {int(n) for _, n in re.findall(_EXPECT_TX, ptx)} == {cfg.stage_bytes} == {plan_layouts(cfg)["stage_bytes"]}
     per_acc = cfg.accumulator_registers // 2
     for op in ("ex2.approx.ftz.f32", "div.rn.f32"):
         assert len(re.findall(rf"\b{re.escape(op)}\b", ptx)) == per_acc
