@@ -28,6 +28,7 @@ Shared-memory budget (bytes; an operand element is 2 B of bf16 or 1 B of FP8, an
 element 2 B of bf16 or 4 B of fp32)::
 
     stages · (tile_m + tile_n) · tile_k · operand bytes      operand ring (A and B per stage)
+  + stages · weights_tile · tile_k · operand bytes           gated only: the up tile beside the gate tile
   + epi_stages · epi_tile_m · epi_tile_n · output bytes      epilogue staging for the TMA store
   + 1024                                                     mbarriers, padding to 1024-B alignment
   ≤ 227 KiB = 232 448 B                                      (Hopper's opt-in limit per CTA)
@@ -36,6 +37,11 @@ FP8 (``quant`` one of moe_spec's FP8 formats, ``dtype="float8_e4m3fn"``): E4M3 o
 ``m64nNk32`` with fp32 accumulation, ``tile_k`` = 128 (:data:`FP8_TILE_K`), and two accumulators
 per tile (:data:`FP8_ACCUMULATOR_REGISTERS`): each K step's block sum is promoted (scaled, for
 ``fp8_block``) into the fp32 one — ``cute_moe.fp8_gemm`` holds that loop and the dequantizing epilogue.
+
+Gated (``gated=True``, the bf16 layer's GEMM1): each stage loads the gate and the up tile of W1
+``[E, 2I, K]`` for the same output features, two accumulators sum them and the epilogue writes
+``silu(gate)·up`` ``[M_pad, I]``.  The FP8 and gated limits (two accumulators each) are in
+:mod:`cute_moe.limits`.
 """
 
 from __future__ import annotations
@@ -47,7 +53,10 @@ from dataclasses import dataclass
 
 from moe_spec.hopper import (SMEM_PER_CTA_BYTES, TMA_ALIGN_BYTES, WARPGROUP_THREADS, WGMMA_M, WGMMA_N_MAX,
                              WGMMA_N_STEP, wgmma_k)
-from moe_spec.quant import FP8_BLOCK, QUANT_FORMATS
+from moe_spec.quant import QUANT_FORMATS
+
+from .limits import (FP8_ACCUMULATOR_REGISTERS, FP8_TILE_K, TWO_ACCUMULATOR_REGISTERS,  # noqa: F401 (re-exported)
+                     check_fp8, check_gated)
 
 SMEM_BUDGET_BYTES = SMEM_PER_CTA_BYTES
 """The shared memory one CTA may use: Hopper's opt-in limit (:mod:`moe_spec.hopper`)."""
@@ -72,17 +81,6 @@ thread step, so every row width the layer touches (K, I, 2I) must be a multiple 
 
 FP8_ALIGN_ELEMS = TMA_ALIGN_BYTES // DTYPE_BYTES["float8_e4m3fn"]
 """Row alignment of FP8 operands: 16-byte TMA rows are 16 E4M3 values (an FP8 layer's K and I)."""
-
-FP8_TILE_K = FP8_BLOCK
-"""``tile_k`` of every FP8 config: 128 E4M3 = one 128-B swizzled row, and one K block of
-``fp8_block`` (moe_spec.quant.FP8_BLOCK) — so one pipeline stage is one promotion of the block
-accumulator, and a block's scales are constant over it."""
-
-FP8_ACCUMULATOR_REGISTERS = 128
-"""Most fp32 registers per consumer thread for the two FP8 accumulators (block + promoted):
-``2 · tile_m · tile_n / (128 · consumer_warpgroups)``.  128 leaves room for addresses, scales and
-the epilogue below the 232 registers ``setmaxnreg`` grants (128×128 with two warpgroups, or
-64×128 with one, is the largest FP8 tile)."""
 
 MAX_CONSUMER_WARPGROUPS = 2
 """MMA warpgroups per CTA, stacked along GEMM M (plus one producer warpgroup)."""
@@ -192,6 +190,9 @@ class GemmConfig:
             epilogue, before the bf16 down-cast (GEMM2 applies the routing weights this way).
         group_tokens: rasterization: consecutive tile ids walk this many token blocks before
             moving to the next weight block, so CTAs resident together share tiles through L2 (≥ 1).
+        gated: SiLU·up in the epilogue (the bf16 layer's GEMM1, no row scale): weights ``[E, 2I, K]``
+            (gate rows, then up rows), output ``silu(gate)·up`` ``[M_pad, I]``; ``weights_tile``
+            counts output features, a stage carries the gate and the up tile (2·weights_tile rows).
     """
 
     swap_ab: bool = False
@@ -208,6 +209,7 @@ class GemmConfig:
     out_dtype: str = "bfloat16"
     fp8_promote: bool = True
     epilogue_scales: bool = True
+    gated: bool = False
 
     def __post_init__(self):
         self._check()
@@ -248,9 +250,9 @@ class GemmConfig:
 
     @property
     def accumulator_registers(self) -> int:
-        """fp32 accumulator registers per consumer thread (two accumulators for FP8)."""
+        """fp32 accumulator registers per consumer thread (two accumulators for FP8 and for gated)."""
         per_acc = self.tile_m * self.tile_n // (WARPGROUP_THREADS * self.consumer_warpgroups)
-        return per_acc * (2 if self.two_level else 1)
+        return per_acc * (2 if self.two_level or self.gated else 1)
 
     @property
     def swizzle_bytes(self) -> int:
@@ -278,9 +280,14 @@ class GemmConfig:
         return WARPGROUP_THREADS * (1 + self.consumer_warpgroups)
 
     @property
+    def weight_rows(self) -> int:
+        """Weight rows one stage loads: ``weights_tile``, twice that when gated (gate and up tiles)."""
+        return self.weights_tile * (2 if self.gated else 1)
+
+    @property
     def stage_bytes(self) -> int:
-        """Bytes of one ring stage: the token tile and the weight tile (what TMA brings per K step)."""
-        return (self.tile_m + self.tile_n) * self.tile_k * self.element_bytes
+        """Bytes of one ring stage: the token tile and the weight tile(s) (what TMA brings per K step)."""
+        return (self.tokens_tile + self.weight_rows) * self.tile_k * self.element_bytes
 
     def smem_bytes(self, stages: int | None = None) -> int:
         """Shared memory of the kernel (the budget formula above), at ``stages`` if given."""
@@ -307,7 +314,7 @@ class GemmConfig:
         return self
 
     def _check(self) -> None:
-        for name in ("swap_ab", "row_scale", "fp8_promote", "epilogue_scales"):
+        for name in ("swap_ab", "row_scale", "fp8_promote", "epilogue_scales", "gated"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}: expected a bool, got {getattr(self, name)!r}")
         for name in ("tokens_tile", "weights_tile", "tile_k", "stages", "consumer_warpgroups", "epi_stages",
@@ -359,36 +366,16 @@ class GemmConfig:
             raise ValueError(f"epi_stages={self.epi_stages}: needs at least 1 epilogue buffer")
         if self.group_tokens < 1:
             raise ValueError(f"group_tokens={self.group_tokens}: must be ≥ 1")
-        self._check_fp8()
+        check_fp8(self)
+        check_gated(self)
         need = self.smem_bytes()
         if need > SMEM_BUDGET_BYTES:
             fit = [s for s in range(2, self.stages) if self.smem_bytes(s) <= SMEM_BUDGET_BYTES]
             hint = f"at most {fit[-1]} stages fit this tile" if fit else "lower tile_k or the tiles"
             raise ValueError(
                 f"stages={self.stages}: shared memory over budget: {need} B needed ({self.stages} × "
-                f"({self.tile_m}+{self.tile_n})×{self.tile_k}×{self.element_bytes} B + epilogue + barriers) > "
+                f"({self.tokens_tile}+{self.weight_rows})×{self.tile_k}×{self.element_bytes} B + epilogue + barriers) > "
                 f"{SMEM_BUDGET_BYTES} B (227 KiB per CTA on sm_90); {hint}")
-
-    def _check_fp8(self) -> None:
-        """The FP8 limits: tile_k is one 128-B row, block scales fit the tile, two accumulators fit."""
-        for name, what in (("fp8_promote", "skip the promotion"), ("epilogue_scales", "leave their scales out")):
-            if not getattr(self, name) and self.quant not in ("fp8_tensor", "fp8_channel"):
-                raise ValueError(f"{name}=False with quant={self.quant!r}: only fp8_tensor / fp8_channel can {what} "
-                                 f"(bf16 has neither; fp8_block's scales change every K block)")
-        if self.quant is None:
-            return
-        if self.tile_k != FP8_TILE_K:
-            raise ValueError(f"tile_k={self.tile_k}: FP8 configs need tile_k={FP8_TILE_K} (one 128-B swizzled row of "
-                             f"E4M3, and one K block of the scales: each K step is promoted on its own)")
-        if self.quant == "fp8_block" and FP8_BLOCK % self.weights_tile:
-            raise ValueError(f"weights_tile={self.weights_tile}: fp8_block needs a weights tile that divides the "
-                             f"{FP8_BLOCK}-row scale block (one weight scale per tile and K step)")
-        if self.accumulator_registers > FP8_ACCUMULATOR_REGISTERS:
-            raise ValueError(
-                f"tokens_tile={self.tokens_tile}, weights_tile={self.weights_tile}: the FP8 tile {self.tile_m}×"
-                f"{self.tile_n} with {self.consumer_warpgroups} consumer warpgroup(s) needs {self.accumulator_registers} "
-                f"accumulator registers per thread (block + promoted), above {FP8_ACCUMULATOR_REGISTERS}; use a "
-                f"smaller tile or two warpgroups")
 
 
 def max_stages(cfg: GemmConfig, cap: int = 8) -> int:
@@ -415,21 +402,23 @@ def path_rule(swap_ab: bool | None = None, layer: tuple[int, int] | None = None)
 
 @functools.lru_cache(maxsize=None)
 def _rule_config(swap_ab: bool, tokens_tile: int, wide: bool, row_scale: bool, quant: str | None,
-                 out_dtype: str) -> GemmConfig:
+                 out_dtype: str, gated: bool) -> GemmConfig:
     operands = dict(dtype="bfloat16") if quant is None else dict(dtype="float8_e4m3fn", tile_k=FP8_TILE_K)
-    common = dict(quant=quant, out_dtype=out_dtype, row_scale=row_scale, **operands)
-    if swap_ab:  # weights fill M: 128 rows = two consumer warpgroups
-        cfg = GemmConfig(swap_ab=True, tokens_tile=tokens_tile, weights_tile=MAX_TILE_M,
-                         consumer_warpgroups=MAX_CONSUMER_WARPGROUPS, **common)
+    common = dict(quant=quant, out_dtype=out_dtype, row_scale=row_scale, gated=gated, **operands)
+    if swap_ab:  # weights fill M: 128 rows = two consumer warpgroups (gated: 64 features, gate + up = 128 rows)
+        rows = WGMMA_M if gated else MAX_TILE_M
+        cfg = GemmConfig(swap_ab=True, tokens_tile=tokens_tile, weights_tile=rows,
+                         consumer_warpgroups=rows // WGMMA_M, **common)
     else:  # one consumer warpgroup per 64 token rows; the widest WGMMA N when the layer is that wide (bf16)
         cfg = GemmConfig(swap_ab=False, tokens_tile=tokens_tile,
-                         weights_tile=WGMMA_N_MAX if wide and quant is None else 128,
+                         weights_tile=WGMMA_N_MAX if wide and quant is None and not gated else 128,
                          consumer_warpgroups=tokens_tile // WGMMA_M, **common)
     return cfg.replace(stages=max_stages(cfg))
 
 
-def choose_config(tokens_per_expert: float, n_out: int, k: int, *, swap_ab: bool | None = None, row_scale: bool = False,
-                  quant: str | None = None, out_dtype: str = "bfloat16", layer: tuple | None = None) -> GemmConfig:
+def choose_config(tokens_per_expert: float, n_out: int, k: int, *, swap_ab: bool | None = None,
+                  row_scale: bool = False, quant: str | None = None, out_dtype: str = "bfloat16",
+                  gated: bool = False, layer: tuple | None = None) -> GemmConfig:
     """Pick the kernel for one expert GEMM ``[T_e, k] × [n_out, k]ᵀ`` by :func:`path_rule`.
 
     ``tokens_per_expert`` is the mean routed tokens per expert (``T · top_k / E``), known on the
@@ -443,8 +432,13 @@ def choose_config(tokens_per_expert: float, n_out: int, k: int, *, swap_ab: bool
       tokens with one warpgroup when the normal path is forced at ≤ 64 tokens per expert.
     * FP8 (``quant``): the same buckets, ``tile_k`` = :data:`FP8_TILE_K` and 128-weight tiles (two
       accumulators: :data:`FP8_ACCUMULATOR_REGISTERS`); ``out_dtype``: fp32 for an FP8 GEMM1.
+    * ``gated`` (the bf16 GEMM1 with SiLU·up in its epilogue; ``n_out`` is then I, the output
+      width): the same buckets; each stage carries the gate and the up tile, so the weights tile
+      is half the plain one — 64 features with one warpgroup on swap-AB, 128 on the normal path
+      (two accumulators: :data:`TWO_ACCUMULATOR_REGISTERS`) — and the stage bytes and the number
+      of tiles are the plain GEMM1's.
 
     The deepest ring that fits the shared memory is taken; ``k`` does not change the tile.
     """
     _, swap, tokens_tile = next(b for b in path_rule(swap_ab, layer) if tokens_per_expert <= b[0])
-    return _rule_config(swap, tokens_tile, n_out >= WGMMA_N_MAX, row_scale, quant, out_dtype)
+    return _rule_config(swap, tokens_tile, n_out >= WGMMA_N_MAX, row_scale, quant, out_dtype, gated)

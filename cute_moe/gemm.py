@@ -56,6 +56,15 @@ a block accumulator that is promoted into the fp32 tile accumulator — scaled p
 both pieces live in :mod:`cute_moe.fp8_gemm`.  An fp32 output (``cfg.out_dtype``) is staged with
 plain shared-memory stores instead of ``stmatrix`` (which moves 16-bit values only).
 
+Gated (``cfg.gated``, the bf16 layer's GEMM1): W1 ``[E, 2I, K]`` is handed to TMA as (I, K, 2, E) —
+gate or up is one more TMA coordinate — and the producer loads, per stage, the gate box and the up
+box of the same ``weights_tile`` features (one descriptor, two copies on the stage's *full*
+barrier, into the weight ring and a second "up" ring).  The consumers issue every WGMMA twice, the
+second with the up tile as the weight operand into a second accumulator; both accumulators come
+from one tiled MMA and one thread slice, so register i of each holds the same (m, n) and the
+epilogue computes ``silu(gate)·up`` register by register in fp32 (``rowops.silu_mul``) before the
+one bf16 rounding.  The compile-time layouts live in :mod:`cute_moe.kernel_plan`.
+
 Persistent scheduling: ``gridDim.x`` = number of SMs; CTA ``c`` processes tiles ``c, c + grid,
 c + 2·grid, …`` while ``tile < num_blocks · n_weight_blocks`` (``num_blocks`` is device data).
 Tile ids are rasterized in groups of ``group_tokens`` token blocks: consecutive ids walk token
@@ -79,13 +88,12 @@ from cutlass.tensor_utils import LayoutEnum  # noqa: E402
 
 from .fp8_gemm import TileScales  # noqa: E402
 from .config import GemmConfig  # noqa: E402
+from .kernel_plan import DSL_DTYPES, KernelPlan  # noqa: E402  (the compile-time layouts: kernel_plan.py)
+from .rowops import silu_mul  # noqa: E402
 
 PRODUCER_REGISTERS = 40
 CONSUMER_REGISTERS = 232
 EPILOGUE_BARRIER_ID = 1  # named barrier 0 is __syncthreads
-
-DSL_DTYPES = {"bfloat16": cutlass.BFloat16, "float8_e4m3fn": cutlass.Float8E4M3FN, "float32": cutlass.Float32}
-"""GemmConfig's dtype names → the DSL's element types."""
 
 
 def tile_coordinates(tile, n_token_blocks, n_weight_blocks, group_tokens: int):
@@ -103,52 +111,13 @@ def tile_coordinates(tile, n_token_blocks, n_weight_blocks, group_tokens: int):
     return first_block + in_group % group_size, in_group // group_size
 
 
-class KernelPlan:
-    """Compile-time objects derived from a config (built inside a jit context).
-
-    ``GroupedGemm.__call__`` and ``layouts.describe`` both construct a ``KernelPlan``, so the
-    layout data the notes print is made from the very objects the kernel uses — including
-    ``stage_bytes``, the transaction count of the ring's *full* barriers.
-    """
-
-    def __init__(self, cfg: GemmConfig):
-        self.cfg = cfg
-        self.dtype = dtype = DSL_DTYPES[cfg.dtype]  # operands A and B
-        self.out_dtype = DSL_DTYPES[cfg.out_dtype]  # C
-        tile_mnk = (cfg.tile_m, cfg.tile_n, cfg.tile_k)
-        self.tile_mnk = tile_mnk
-        # Both operands K-major (unit stride along K): the natural layout of X [T, K] and of
-        # W [N_out, K], and the only one FP8 WGMMA accepts.  The atom is m64nNk16 for bf16 and
-        # m64nNk32 for E4M3 (make_trivial_tiled_mma picks it from the dtype).
-        k_major = LayoutEnum.ROW_MAJOR
-        self.c_layout = LayoutEnum.COL_MAJOR if cfg.swap_ab else LayoutEnum.ROW_MAJOR
-        # Consumer warpgroups stack along M; each warpgroup's WGMMA covers 64 rows × tile_n.
-        self.tiled_mma = sm90.make_trivial_tiled_mma(
-            dtype, dtype, k_major.sm90_mma_major_mode(), k_major.sm90_mma_major_mode(),
-            cutlass.Float32, (cfg.consumer_warpgroups, 1, 1), tiler_mn=(64, cfg.tile_n))
-        # Shared memory rings: (rows, tile_k, stages), swizzled atoms tiled to the tile shape.
-        self.a_smem_staged = sm90.make_smem_layout_a(k_major, tile_mnk, dtype, cfg.stages)
-        self.b_smem_staged = sm90.make_smem_layout_b(k_major, tile_mnk, dtype, cfg.stages)
-        self.epi_smem_staged = sm90.make_smem_layout_epi(self.out_dtype, self.c_layout, cfg.epi_tile, cfg.epi_stages)
-        # The producer speaks MoE: which ring holds tokens, which holds weights.
-        if cfg.swap_ab:
-            self.x_smem_staged, self.w_smem_staged = self.b_smem_staged, self.a_smem_staged
-        else:
-            self.x_smem_staged, self.w_smem_staged = self.a_smem_staged, self.b_smem_staged
-        self.x_smem_one = cute.slice_(self.x_smem_staged, (None, None, 0))
-        self.w_smem_one = cute.slice_(self.w_smem_staged, (None, None, 0))
-        self.epi_smem_one = cute.slice_(self.epi_smem_staged, (None, None, 0))
-        # Bytes the TMA engine deposits per ring stage: the full barrier's transaction count.
-        self.stage_bytes = (cute.size_in_bytes(dtype, self.x_smem_one)
-                            + cute.size_in_bytes(dtype, self.w_smem_one))
-
-
 class GroupedGemm:
     """Host side (``__call__``, jit) and device side (``kernel``) of one compiled configuration.
 
     Arguments of the compiled function (all device tensors; shapes are dynamic):
         x            bf16 / E4M3 [M_pad, K]     sorted, padded tokens (K-major)
         w            bf16 / E4M3 (N_out, K, E)  the expert weights [E, N_out, K] viewed N, K, E
+                     gated: bf16 (I, K, 2, E), W1 [E, 2I, K] viewed as its gate (0) and up (1) halves
         c            out_dtype [M_pad, N_out] (normal) or its transpose view (N_out, M_pad) (swap-AB)
         block_expert int32 [max_blocks]        expert of every token block
         num_blocks   int32 [1]                 number of valid token blocks (device scalar)
@@ -159,7 +128,9 @@ class GroupedGemm:
 
     A bf16 config launches ``kernel``; an FP8 config launches ``kernel_fp8``, which takes the two
     scale tensors as well.  Both run the one body (``_body``), so a bf16 kernel is exactly what it
-    was before FP8 existed — same parameters, same PTX.
+    was before FP8 existed — same parameters, same PTX.  A gated config (``cfg.gated``) launches
+    ``kernel`` too; its weight tensor has one more mode, the half (gate 0, up 1), which is one
+    more TMA coordinate: the producer loads both boxes of a stage through one descriptor.
     """
 
     def __init__(self, cfg: GemmConfig, num_ctas: int):
@@ -190,7 +161,16 @@ class GroupedGemm:
             sB: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(plan.b_smem_staged)], 1024]
             sC: cute.struct.Align[cute.struct.MemRange[self.out_dtype, cute.cosize(plan.epi_smem_staged)], 1024]
 
-        self.shared_storage = SharedStorage
+        @cute.struct
+        class GatedSharedStorage:
+            ring_barriers: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
+            sA: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(plan.a_smem_staged)], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(plan.b_smem_staged)], 1024]
+            sC: cute.struct.Align[cute.struct.MemRange[self.out_dtype, cute.cosize(plan.epi_smem_staged)], 1024]
+            # the up tiles: a second weight ring of the same layout, filled on the same full barriers
+            sU: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(plan.w_smem_staged)], 1024]
+
+        self.shared_storage = GatedSharedStorage if cfg.gated else SharedStorage
         self.stage_bytes = plan.stage_bytes  # the ring's tx_count (read while the kernel is traced)
         launch = dict(grid=[self.num_ctas, 1, 1], block=[cfg.threads, 1, 1], cluster=[1, 1, 1],
                       min_blocks_per_mp=1, stream=stream)
@@ -260,11 +240,15 @@ class GroupedGemm:
         sB = storage.sB.get_tensor(b_smem_staged.outer, swizzle=b_smem_staged.inner)
         sC = storage.sC.get_tensor(epi_smem_staged.outer, swizzle=epi_smem_staged.inner)
         sX, sW = (sB, sA) if swap else (sA, sB)
+        w_smem_staged = a_smem_staged if swap else b_smem_staged
+        if cutlass.const_expr(cfg.gated):
+            sU = storage.sU.get_tensor(w_smem_staged.outer, swizzle=w_smem_staged.inner)
 
         # ---- global tiles ------------------------------------------------------------------
         # (tT, tK, token blocks, k blocks) and (tW, tK, weight blocks, k blocks, experts)
+        # (gated: (tW, tK, weight blocks, k blocks, half, experts), half 0 = gate, 1 = up)
         gX = cute.local_tile(mX, (cfg.tokens_tile, cfg.tile_k), (None, None))
-        gW = cute.local_tile(mW, (cfg.weights_tile, cfg.tile_k), (None, None, None))
+        gW = cute.local_tile(mW, (cfg.weights_tile, cfg.tile_k), (None,) * cute.rank(mW))
         gC = cute.local_tile(mC, (cfg.tile_m, cfg.tile_n), (None, None))
         k_tiles = cute.size(gX, mode=[3])
         n_weight_blocks = cute.size(gW, mode=[2])
@@ -272,6 +256,9 @@ class GroupedGemm:
                                            cute.group_modes(sX, 0, 2), cute.group_modes(gX, 0, 2))
         tWsW, tWgW = cpasync.tma_partition(tma_w, 0, cute.make_layout(1),
                                            cute.group_modes(sW, 0, 2), cute.group_modes(gW, 0, 2))
+        if cutlass.const_expr(cfg.gated):  # the up ring, same descriptor and boxes
+            tUsU, _ = cpasync.tma_partition(tma_w, 0, cute.make_layout(1),
+                                            cute.group_modes(sU, 0, 2), cute.group_modes(gW, 0, 2))
 
         pipeline.pipeline_init_wait()
 
@@ -291,12 +278,18 @@ class GroupedGemm:
                                                                  cfg.group_tokens)
                     expert = block_expert[token_block]
                     tXgX_tile = tXgX[(None, token_block, None)]
-                    tWgW_tile = tWgW[(None, weight_block, None, expert)]
+                    if cutlass.const_expr(cfg.gated):
+                        tWgW_tile = tWgW[(None, weight_block, None, 0, expert)]  # gate rows n …
+                        tUgU_tile = tWgW[(None, weight_block, None, 1, expert)]  # up rows I + n …
+                    else:
+                        tWgW_tile = tWgW[(None, weight_block, None, expert)]
                     for k in range(k_tiles):
                         ring.producer_acquire(state)
                         full = ring.producer_get_barrier(state)
                         cute.copy(tma_x, tXgX_tile[(None, k)], tXsX[(None, state.index)], tma_bar_ptr=full)
                         cute.copy(tma_w, tWgW_tile[(None, k)], tWsW[(None, state.index)], tma_bar_ptr=full)
+                        if cutlass.const_expr(cfg.gated):
+                            cute.copy(tma_w, tUgU_tile[(None, k)], tUsU[(None, state.index)], tma_bar_ptr=full)
                         ring.producer_commit(state)
                         state.advance()
                     tile += cute.arch.grid_dim()[0]
@@ -314,6 +307,15 @@ class GroupedGemm:
             acc = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)
             if cutlass.const_expr(cfg.two_level):
                 blk = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)  # FP8: one K step's WGMMA sum
+            # Gated: the up tiles are the weight operand of a second WGMMA chain into `up`, whose
+            # layout is acc's (same tiled MMA, same thread slice): register i of both holds the same (m, n).
+            tCrA_up, tCrB_up = tCrA, tCrB
+            if cutlass.const_expr(cfg.gated):
+                up = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)
+                if cutlass.const_expr(swap):
+                    tCrA_up = tiled_mma.make_fragment_A(thr_mma.partition_A(sU))
+                else:
+                    tCrB_up = tiled_mma.make_fragment_B(thr_mma.partition_B(sU))
             k_blocks = cute.size(tCrA, mode=[2])
 
             # Epilogue plumbing: registers → (stmatrix) → swizzled smem → (TMA) → global.
@@ -352,6 +354,8 @@ class GroupedGemm:
 
                 # ---- main loop: K steps through the ring --------------------------------
                 acc.fill(0.0)
+                if cutlass.const_expr(cfg.gated):
+                    up.fill(0.0)
                 if cutlass.const_expr(cfg.quant is not None):
                     scales = TileScales.at(cfg, tCcC, x_scale, w_scale, block_expert, token_block,
                                            weight_block, cute.size(mW, mode=[0]))
@@ -363,6 +367,9 @@ class GroupedGemm:
                     for kb in cutlass.range_constexpr(k_blocks):
                         cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read.index)],
                                   tCrB[(None, None, kb, read.index)], acc)
+                        if cutlass.const_expr(cfg.gated):
+                            cute.gemm(tiled_mma, up, tCrA_up[(None, None, kb, read.index)],
+                                      tCrB_up[(None, None, kb, read.index)], up)
                     warpgroup.commit_group()
                     read.advance()
                     for k in range(1, k_tiles):
@@ -370,6 +377,9 @@ class GroupedGemm:
                         for kb in cutlass.range_constexpr(k_blocks):
                             cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read.index)],
                                       tCrB[(None, None, kb, read.index)], acc)
+                            if cutlass.const_expr(cfg.gated):
+                                cute.gemm(tiled_mma, up, tCrA_up[(None, None, kb, read.index)],
+                                          tCrB_up[(None, None, kb, read.index)], up)
                         warpgroup.commit_group()
                         # keep this step's WGMMAs in flight; the previous step's are done → free its slot
                         warpgroup.wait_group(1)
@@ -398,6 +408,10 @@ class GroupedGemm:
                     scales.dequantize(acc)
 
                 # ---- epilogue -------------------------------------------------------------
+                if cutlass.const_expr(cfg.gated):
+                    # SiLU·up elementwise over matching registers, in fp32 (the row kernel's formula):
+                    # acc becomes the activation tile, rounded to bf16 once below
+                    acc.store(silu_mul(acc.load(), up.load()))
                 if cutlass.const_expr(cfg.row_scale):
                     # fp32 routing weight per token row, applied before the bf16 rounding
                     row0 = token_block * cfg.tokens_tile

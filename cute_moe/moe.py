@@ -19,10 +19,14 @@ whole layer can be captured in a CUDA graph and a new routing never recompiles a
    T only; the number of *used* rows is a device scalar the GEMM's scheduler reads.
 2. gather ``X_sorted[r] = x[token(r)]`` for the used rows (a CuTe row kernel, ``rowops.py``;
    padding rows inside a block repeat the last token: finite, and weighted 0 later).
-3. GEMM1 (grouped): ``H = X_sorted · W1[e]ᵀ``  → ``[M_pad, 2I]``.
-4. ``A = SiLU(H[:, :I]) ⊙ H[:, I:]``: a CuTe row kernel over the used rows only,
-   fp32 math, one rounding to bf16.  (Fusing it into GEMM1's epilogue is future work: it needs
-   W1's gate and up rows interleaved so that one tile holds both halves.)
+3. GEMM1 (grouped) with SiLU·up in its epilogue (a gated config, ``GemmConfig.gated``, the
+   plan's choice): a CTA loads the gate rows n … and the up rows I+n … of ``W1[e]`` per stage,
+   accumulates ``X_sorted · W1g[e]ᵀ`` and ``X_sorted · W1u[e]ᵀ`` in two accumulators and writes
+   ``A = SiLU(gate) ⊙ up`` → ``[M_pad, I]`` (fp32 math, one rounding to bf16): the ``[M_pad, 2I]``
+   pre-activation never reaches memory.
+4. Only with a plain GEMM1 (``fusion="separate"``, or a plain config passed in ``configs``): GEMM1
+   writes ``H = X_sorted · W1[e]ᵀ`` → ``[M_pad, 2I]`` and a CuTe row kernel computes
+   ``A = SiLU(H[:, :I]) ⊙ H[:, I:]`` over the used rows (the same fp32 formula, on bf16 H).
 5. GEMM2 (grouped): ``Y = (A · W2[e]ᵀ) · w_row`` — the routing weight of each sorted row is
    applied in fp32 in the epilogue, before rounding to bf16 (padding rows get weight 0).
 6. combine: ``out[t] = Σ_j Y[row(t, j)]`` (a CuTe row kernel: fp32 sum over top_k, one rounding).
@@ -124,10 +128,16 @@ def grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, rows: SortedRows, cfg:
     x_sorted: [M_pad, K]; w: [E, N_out, K] (contiguous), both bf16 or — FP8 config — E4M3 with
     ``x_scale`` (per sorted row: [1] / [M_pad] / [M_pad, ⌈K/128⌉]) and ``w_scale`` (moe_spec's
     weight scale shape), dequantized in registers.  Returns ``cfg.out_dtype`` [M_pad, N_out]
-    (rows past the used blocks are left unwritten).
+    (rows past the used blocks are left unwritten).  A gated config (``cfg.gated``) takes W1
+    ``[E, 2I, K]`` (gate rows, then up rows) and returns ``SiLU(x·W1gᵀ) ⊙ (x·W1uᵀ)`` bf16 [M_pad, I].
     """
     m_pad, k = x_sorted.shape
     n_experts, n_out, k_w = w.shape
+    if cfg.gated:
+        if n_out % 2:
+            raise ValueError(f"grouped_gemm: a gated config takes w = W1 [E, 2I, K] (gate rows, then up rows); "
+                             f"w has {n_out} rows")
+        n_out //= 2  # the output is [M_pad, I]
     if k_w != k:
         raise ValueError(f"grouped_gemm: K of x_sorted ({k}) and w ({k_w}) differ")
     dtype = getattr(torch, cfg.dtype)
@@ -147,7 +157,8 @@ def grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, rows: SortedRows, cfg:
     compiled = compile_gemm(cfg, sm_count(x_sorted.device))
     compiled(
         _cute_tensor(x_sorted, 1),
-        _cute_tensor(w.permute(1, 2, 0), 1),  # (N_out, K, E): the expert is TMA's 3rd coordinate
+        # (N_out, K, E): the expert is TMA's 3rd coordinate; gated (I, K, half, E): gate 0 / up 1, then the expert
+        _cute_tensor(w.unflatten(1, (2, n_out)).permute(2, 3, 1, 0) if cfg.gated else w.permute(1, 2, 0), 1),
         _cute_tensor(out.t(), 0) if cfg.swap_ab else _cute_tensor(out, 1),
         _cute_vector(expert_of_block), _cute_vector(num_blocks), _cute_vector(row_scale), _stream(x_sorted),
         *(() if cfg.quant is None else (cute_scale(x_scale), cute_scale(w_scale))),
@@ -184,8 +195,10 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
     if quant is not None:
         return _fp8_layer(x, w1, w2, w1_scale, w2_scale, topk_weights, p, rows)
     x_sorted = gather_rows(x, rows)
-    h = grouped_gemm(x_sorted, w1, rows, p.gemm1)
-    a = silu_mul(h, rows)
+    if p.gemm1.gated:  # SiLU·up in GEMM1's epilogue: [M_pad, I] straight out
+        a = grouped_gemm(x_sorted, w1, rows, p.gemm1)
+    else:
+        a = silu_mul(grouped_gemm(x_sorted, w1, rows, p.gemm1), rows)
     if p.fusion == "separate":
         y = grouped_gemm(a, w2, rows, p.gemm2)
         return weighted_combine(y, rows.row_of_pair, topk_weights, quant)

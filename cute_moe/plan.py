@@ -27,17 +27,25 @@ from .unfused import check_fusion, separate_configs
 #: How far :func:`plans_for` looks by default (the largest batch the harness runs, doubled).
 MAX_TOKENS = 8192
 
+GATED_GEMM1 = True
+"""The bf16 fused pipeline's GEMM1 computes SiLU·up in its epilogue (``GemmConfig.gated``): the
+``[M_pad, 2I]`` pre-activation never reaches memory and the SiLU·mul row kernel does not run.
+False: a plain GEMM1 followed by the row kernel (what ``fusion="separate"`` always runs).  The one
+switch for the choice; explicit ``configs`` are taken as given."""
+
 
 def _tile_text(cfg: GemmConfig) -> str:
     w, t = cfg.weights_tile, cfg.tokens_tile
-    return f"{f'swap-AB W{w}xT{t}' if cfg.swap_ab else f'T{t}xW{w}'} k{cfg.tile_k} s{cfg.stages}"
+    gated = " silu" if cfg.gated else ""  # SiLU·up in the epilogue: W counts output features (I)
+    return f"{f'swap-AB W{w}xT{t}' if cfg.swap_ab else f'T{t}xW{w}'} k{cfg.tile_k} s{cfg.stages}{gated}"
 
 
 @dataclass(frozen=True)
 class LayerPlan:
     """What ``fused_moe`` runs for one layer call (see :mod:`moe_spec.plan` for the interface).
 
-    ``gemm1`` (no row scale) and ``gemm2`` (applies the routing weights in its epilogue — unless
+    ``gemm1`` (no row scale; in the bf16 fused pipeline gated — SiLU·up in its epilogue, see
+    :data:`GATED_GEMM1`) and ``gemm2`` (applies the routing weights in its epilogue — unless
     ``fusion`` is ``"separate"``, whose passes apply them) are the decisions; everything else is
     read from them.  Under an FP8 ``quant`` both GEMMs are E4M3 configs of that format, GEMM1
     writing fp32.
@@ -63,8 +71,8 @@ class LayerPlan:
         return mma_instruction(self.gemm1), mma_instruction(self.gemm2)
 
     def describe(self) -> str:
-        """``G1 swap-AB W128xT8 k64 s8 m64n8k16 | G2 …``: each GEMM's tile, K step, stages, WGMMA shape
-        (k32 is FP8), and ``| separate`` for the unfused pipeline."""
+        """``G1 swap-AB W128xT8 k64 s6 silu m64n8k16 | G2 …``: each GEMM's tile, K step, stages, ``silu``
+        for a gated GEMM1, WGMMA shape (k32 is FP8), and ``| separate`` for the unfused pipeline."""
         shapes = [re.search(r"m\d+n\d+k\d+", m).group() for m in self.mma]  # "m64n8k16"
         gemms = [f"G{i} {_tile_text(c)} {s}" for i, c, s in zip((1, 2), (self.gemm1, self.gemm2), shapes)]
         return " | ".join(gemms + ([] if self.fusion == "fused" else [self.fusion]))
@@ -80,7 +88,8 @@ def check_options(K: int, I: int, quant=None, *, swap_ab=None, configs=None, fus
       16-byte vectors.
     * ``swap_ab``: None or a bool.
     * ``configs``: None or a ``(GEMM1, GEMM2)`` pair of :class:`GemmConfig` (valid by
-      construction) — GEMM1 without and GEMM2 with ``row_scale``; then ``swap_ab`` must be None.
+      construction) — GEMM1 without and GEMM2 with ``row_scale``, GEMM2 not gated (GEMM1 may be:
+      SiLU·up in its epilogue); then ``swap_ab`` must be None.
     * FP8 ``quant``: the limits of :func:`~cute_moe.moe_fp8.check_quant_layer` (K and I multiples
       of 16, ``configs`` of the call's format).
     * ``fusion``: ``"fused"`` or ``"separate"`` (:func:`~cute_moe.unfused.check_fusion`).
@@ -104,6 +113,8 @@ def check_options(K: int, I: int, quant=None, *, swap_ab=None, configs=None, fus
             if cfg.row_scale != want:
                 raise ValueError(f"configs[{i}]: row_scale must be {want} (GEMM{i + 1}"
                                  f"{' applies the routing weights in its epilogue' if want else ' has no row scale'})")
+        if configs[1].gated:
+            raise ValueError("configs[1]: gated must be False (SiLU·up belongs to GEMM1's epilogue)")
         configs = configs[0], configs[1]
     check_quant_layer(K, I, quant, configs)
     check_fusion(fusion)
@@ -119,7 +130,8 @@ def plan(dims: MoEDims, quant: str | None = None, *, swap_ab: bool | None = None
     Options (those of ``fused_moe``): ``swap_ab`` forces the path (None: the rule in
     :func:`~cute_moe.config.path_rule`); ``configs`` gives the (GEMM1, GEMM2) configs of the fused
     pipeline outright; ``fusion="separate"`` turns them into the unfused pipeline's
-    (:func:`~cute_moe.unfused.separate_configs`).
+    (:func:`~cute_moe.unfused.separate_configs`, GEMM1 plain: SiLU·mul runs as its own kernel).
+    The bf16 fused pipeline's GEMM1 is gated (SiLU·up in its epilogue) while :data:`GATED_GEMM1`.
     Raises TypeError / ValueError naming a bad option or an unsupported size.
     """
     if not isinstance(dims, MoEDims):
@@ -128,12 +140,13 @@ def plan(dims: MoEDims, quant: str | None = None, *, swap_ab: bool | None = None
     given = check_options(dims.K, dims.I, quant, swap_ab=swap_ab, configs=configs, fusion=fusion)
     if given is None:
         per_expert = tokens_per_expert(dims.T, dims.E, dims.top_k)
-        given = (choose_config(per_expert, 2 * dims.I, dims.K, swap_ab=swap_ab, quant=quant,
-                               out_dtype=gemm1_out_dtype(quant), layer=(dims.K, dims.I)),
+        gated = GATED_GEMM1 and quant is None and fusion == "fused"
+        given = (choose_config(per_expert, dims.I if gated else 2 * dims.I, dims.K, swap_ab=swap_ab, quant=quant,
+                               out_dtype=gemm1_out_dtype(quant), gated=gated, layer=(dims.K, dims.I)),
                  choose_config(per_expert, dims.K, dims.I, swap_ab=swap_ab, row_scale=True, quant=quant,
                                layer=(dims.K, dims.I)))
-    if fusion == "separate":
-        given = separate_configs(*given)
+    if fusion == "separate":  # the unfused reference: a plain GEMM1, SiLU·mul as its own kernel
+        given = separate_configs(given[0].replace(gated=False), given[1])
     return LayerPlan(*given, quant=quant, fusion=fusion)
 
 

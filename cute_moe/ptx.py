@@ -33,7 +33,8 @@ from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, mak
 from moe_spec.hopper import sm_count  # noqa: E402
 
 from .config import ALIGN_ELEMS, FP8_ALIGN_ELEMS, GemmConfig  # noqa: E402
-from .gemm import DSL_DTYPES, GroupedGemm, KernelPlan  # noqa: E402
+from .gemm import GroupedGemm  # noqa: E402
+from .kernel_plan import DSL_DTYPES, KernelPlan  # noqa: E402
 from .quantops import QuantizeRows, RowAmax  # noqa: E402
 from .rowops import CombineRows, GatherRows, ScaleRows, SiluMul, WeightedCombineRows  # noqa: E402
 
@@ -71,10 +72,14 @@ def fake_arguments(cfg: GemmConfig):
     k = cute.sym_int(divisibility=align)
     experts = cute.sym_int()
     x = make_fake_compact_tensor(dt, (m_pad, k), stride_order=(1, 0), assumed_align=16)
-    # W [E, N_out, K] seen as (N_out, K, E): strides (K, 1, N_out·K)
-    w = make_fake_tensor(dt, (n_out, k, experts),
-                         stride=(cute.sym_int64(divisibility=align), 1, cute.sym_int64(divisibility=align)),
-                         assumed_align=16)
+    if cfg.gated:  # W1 [E, 2I, K] seen as (I, K, half, E): strides (K, 1, I·K, 2I·K); C is [M_pad, I]
+        w = make_fake_tensor(dt, (n_out, k, 2, experts),
+                             stride=(cute.sym_int64(divisibility=align), 1, cute.sym_int64(divisibility=align),
+                                     cute.sym_int64(divisibility=align)), assumed_align=16)
+    else:  # W [E, N_out, K] seen as (N_out, K, E): strides (K, 1, N_out·K)
+        w = make_fake_tensor(dt, (n_out, k, experts),
+                             stride=(cute.sym_int64(divisibility=align), 1, cute.sym_int64(divisibility=align)),
+                             assumed_align=16)
     c_stride = cute.sym_int64(divisibility=cfg.out_align)
     if cfg.swap_ab:  # C [M_pad, N_out] viewed as Cᵀ (N_out, M_pad), M-major
         c = make_fake_tensor(out_dt, (n_out, m_pad), stride=(1, c_stride), assumed_align=16)
@@ -256,7 +261,7 @@ def compile_plan(plan, num_ctas: int | None = None) -> int:
 def mma_instruction(cfg: GemmConfig) -> str:
     """The ``wgmma.mma_async`` instruction ``cfg`` compiles to, as PTX spells it.
 
-    Read from the kernel's own tiled MMA (:class:`~cute_moe.gemm.KernelPlan`, built in a jit
+    Read from the kernel's own tiled MMA (:class:`~cute_moe.kernel_plan.KernelPlan`, built in a jit
     context without compiling the kernel): the atom's instruction shape and operand types.
     """
     found = {}

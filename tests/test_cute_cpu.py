@@ -7,6 +7,7 @@ Everything here runs without a GPU: the CuTe DSL compiles Hopper kernels on the 
 
 import dataclasses
 import json
+from collections import Counter
 import os
 import re
 
@@ -18,7 +19,7 @@ torch = pytest.importorskip("torch")
 cute_moe = pytest.importorskip("cute_moe")
 
 from cute_moe.config import SMEM_BUDGET_BYTES, GemmConfig, choose_config, max_stages, tokens_tiles  # noqa: E402
-from cute_moe.layouts import describe, evaluate, swizzle_bytes  # noqa: E402
+from cute_moe.layouts import describe, evaluate, plan_layouts, swizzle_bytes  # noqa: E402
 from cute_moe.moe import gemm_blocks, sort_rows  # noqa: E402
 from cute_moe.ptx import mma_instruction  # noqa: E402
 
@@ -239,6 +240,17 @@ BAD_CONFIGS = [
     (dict(stages=1), ValueError, r"^stages=1: the TMA/WGMMA ring needs at least 2"),
     (dict(epi_stages=0), ValueError, r"^epi_stages=0: needs at least 1"),
     (dict(group_tokens=0), ValueError, r"^group_tokens=0: must be ≥ 1"),
+    (dict(gated=1), TypeError, r"^gated: expected a bool"),
+    (dict(gated=True, row_scale=True), ValueError, r"^gated=True with .*row_scale=True: SiLU·up in the epilogue"),
+    (dict(gated=True, out_dtype="float32"), ValueError, r"^gated=True with .*out_dtype='float32'"),
+    (dict(gated=True, quant="fp8_tensor", dtype="float8_e4m3fn", tile_k=128), ValueError,
+     r"^gated=True with quant='fp8_tensor'"),
+    (dict(gated=True, weights_tile=256), ValueError,
+     r"^tokens_tile=128, weights_tile=256: the gated tile 128×256 .* needs 256 accumulator registers .*\(gate \+ up\)"),
+    (dict(gated=True, swap_ab=True, tokens_tile=256, weights_tile=128), ValueError,
+     r"^tokens_tile=256, weights_tile=128: the gated tile 128×256 .* needs 256 accumulator registers"),
+    (dict(gated=True, swap_ab=True, tokens_tile=8, weights_tile=128, stages=7), ValueError,
+     r"^stages=7: shared memory over budget: .*7 × \(8\+256\)×64×2 B.*at most 6 stages fit"),
 ]
 
 
@@ -402,3 +414,138 @@ def test_bench_draws_the_shared_weights():
     got = _weights(shape, 2, seed=3, device="cpu")
     assert all(torch.equal(a, b) for gs, ws in zip(got, want) for a, b in zip(gs, ws))
     assert not torch.equal(got[0][0], got[1][0])  # the sets differ (cold L2 when rotated)
+
+
+# ---- the gated GEMM1: SiLU·up in the epilogue -------------------------------------------------
+def _gated_plan_configs():
+    """Every gated GEMM1 the bf16 plans of the catalog's three layers pick (rule and forced paths)."""
+    from moe_spec.problem import get_shape
+
+    found = {}
+    for spec in ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8"):
+        s = get_shape(spec)
+        for options in ({}, {"swap_ab": True}, {"swap_ab": False}):
+            for p in cute_moe.plans_for(s.num_experts, s.hidden, s.intermediate, s.top_k, **options):
+                found[p.gemm1] = None
+    return list(found)
+
+
+GATED = _gated_plan_configs()
+
+
+def test_the_bf16_plans_gate_gemm1_and_separate_does_not():
+    from cute_moe.plan import GATED_GEMM1
+
+    assert GATED_GEMM1 and GATED and all(c.gated for c in GATED)
+    # every bucket of both paths: swap-AB 8/16/32/64 tokens, normal 64 (one warpgroup) and 128
+    assert {(c.swap_ab, c.tokens_tile) for c in GATED} == {(True, 8), (True, 16), (True, 32), (True, 64),
+                                                          (False, 64), (False, 128)}
+    assert all(c.smem_bytes() <= SMEM_BUDGET_BYTES and c.stages == max_stages(c) for c in GATED)
+    # half the plain weights tile (gate + up): the plain GEMM1's stage bytes, ring and tile count
+    for c in GATED:
+        plain = choose_config(c.tokens_tile, 28672, 4096, swap_ab=c.swap_ab)
+        assert (c.weight_rows, c.stage_bytes, c.stages) == (plain.weights_tile, plain.stage_bytes, plain.stages)
+        assert (c.weights_tile, c.consumer_warpgroups) == ((64, 1) if c.swap_ab else (128, c.tokens_tile // 64))
+    for quant, fusion in ((None, "separate"), ("fp8_tensor", "fused"), ("fp8_block", "separate")):
+        for p in cute_moe.plans_for(8, 4096, 14336, 2, quant, fusion=fusion):
+            assert not p.gemm1.gated and not p.gemm2.gated
+    p = cute_moe.plan(__import__("moe_spec.validate").validate.MoEDims(T=8, E=8, K=4096, I=14336, top_k=2))
+    assert " silu " in p.describe().split("|")[0] and " silu " not in p.describe().split("|")[1]
+
+
+def test_gated_stage_carries_both_weight_tiles():
+    """A gated stage: the token tile plus the gate and up tiles; the ring shrinks to fit."""
+    plain = _cfg(swap_ab=True, tokens_tile=8, weights_tile=128)
+    gated = _cfg(swap_ab=True, tokens_tile=8, weights_tile=128, gated=True)
+    assert gated.stage_bytes == plain.stage_bytes + 128 * 64 * 2 == (8 + 2 * 128) * 64 * 2
+    assert (plain.stages, gated.stages) == (8, 6)
+    assert gated.accumulator_registers == 2 * plain.accumulator_registers
+
+
+@pytest.mark.parametrize("cfg", GATED, ids=_id)
+def test_gated_ptx_has_two_accumulator_chains_and_the_silu_epilogue(cfg):
+    """Each K step issues the plain kernel's WGMMAs twice (gate chain, up chain: same instruction),
+    both weight boxes come through the 4-D weight descriptor (gate/up is a TMA coordinate) on the
+    stage's full barrier, and the epilogue computes SiLU(gate)·up once per output register with the
+    row kernel's instructions (ex2.approx.ftz for e^(−g), div.rn for the division)."""
+    plain_cfg = cfg.replace(gated=False)
+    ptx, plain = cute_moe.compile_ptx(cfg), cute_moe.compile_ptx(plain_cfg)
+    wgmma = re.findall(_WGMMA, ptx)
+    assert set(wgmma) == {f"wgmma.mma_async.sync.aligned.m64n{cfg.tile_n}k16.f32.bf16.bf16"} == {mma_instruction(cfg)}
+    # WGMMAs per commit group (one K step): tile_k/16 per chain, two chains into two accumulators
+    def groups(text):
+        return {n for n in (len(re.findall(_WGMMA, g)) for g in text.split("wgmma.commit_group")) if n}
+
+    def accumulators(text):  # the distinct accumulator register lists the WGMMAs write
+        return {m for m in re.findall(r"wgmma\.mma_async[^{]*(\{[^}]*\})", text)}
+
+    assert groups(ptx) == {2 * cfg.tile_k // 16} and groups(plain) == {cfg.tile_k // 16}
+    assert len(accumulators(ptx)) == 2 * len(accumulators(plain))
+    assert re.search(r"cp\.async\.bulk\.tensor\.4d\.shared::cta\.global\.tile\.mbarrier", ptx)
+    assert not re.search(r"cp\.async\.bulk\.tensor\.3d", ptx)
+    assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global\.tile\.mbarrier", ptx)
+    assert {int(n) for _, n in re.findall(_EXPECT_TX, ptx)} == {cfg.stage_bytes} == {plan_layouts(cfg)["stage_bytes"]}
+    per_acc = cfg.accumulator_registers // 2
+    for op in ("ex2.approx.ftz.f32", "div.rn.f32"):
+        assert len(re.findall(rf"\b{re.escape(op)}\b", ptx)) == per_acc
+        assert op not in plain
+    stmatrix = set(re.findall(r"stmatrix\.sync\.aligned\.m8n8\.x\d(?:\.trans)?\.shared\.b16", ptx))
+    assert stmatrix == set(re.findall(r"stmatrix\.sync\.aligned\.m8n8\.x\d(?:\.trans)?\.shared\.b16", plain))
+
+
+def test_gated_epilogue_is_the_row_kernels_formula():
+    """The SiLU·up of the epilogue and of the row kernel compile to the same instructions per element
+    (negate, × log2 e, ex2.approx.ftz, + 1, div.rn, × up, then cvt.rn to bf16): one formula, one
+    rounding (the row kernel's inputs are GEMM1's bf16 H, the epilogue's its fp32 accumulators)."""
+    from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+    import cutlass
+    import cutlass.cute as cute
+    from cute_moe.ptx import _ptx_dir, _rows_tensor
+    from cute_moe.rowops import SiluMul
+
+    def chain(ptx):  # the float ops from the first negate to the bf16 conversion, as a sequence
+        start, end = ptx.index("neg.f32"), ptx.index("cvt.rn.bf16x2.f32")
+        ops = re.findall(r"^\s*(neg\.f32|mul\.f32|ex2\.approx\.ftz\.f32|add\.f32|div\.rn\.f32)\s+[^;]*?(0f[0-9A-F]{8})?;",
+                         ptx[start:end + 1], flags=re.M)
+        return [(op, const) for op, const in ops]
+
+    scalar = make_fake_compact_tensor(cutlass.Int32, (cute.sym_int(),), assumed_align=4)
+    row = cute.compile(SiluMul(132), _rows_tensor(cutlass.BFloat16, 16), _rows_tensor(cutlass.BFloat16), scalar,
+                       make_fake_stream(), options=f"--keep-ptx --dump-dir {_ptx_dir()}").__ptx__
+    gated = cute_moe.compile_ptx(_cfg(swap_ab=True, tokens_tile=8, weights_tile=128, gated=True))
+    one_element = [("neg.f32", ""), ("mul.f32", "0f3FB8AA3B"), ("ex2.approx.ftz.f32", ""), ("add.f32", "0f3F800000"),
+                   ("div.rn.f32", ""), ("mul.f32", "")]  # −g, ·log2 e, 2^x, +1, g / (…), · up
+    # 8 elements per row-kernel vector, 4 accumulator registers per thread in a 128×8 swap-AB tile
+    assert Counter(chain(row)) == Counter(one_element * 8)
+    assert Counter(chain(gated)) == Counter(one_element * 4)
+
+
+@pytest.mark.parametrize("cfg", [GATED[0], GATED[-1]], ids=_id)
+def test_gated_kernel_roles_per_thread(cfg):
+    """test_cute_store's per-thread walk of the PTX on a gated kernel: thread 0 alone issues every
+    TMA load (the gate and up boxes included) and announces the stage's bytes, one consumer thread
+    stores, every consumer thread runs the SiLU epilogue."""
+    from test_cute_store import LOAD, STORE, Ptx, _threads_reaching
+
+    ptx = Ptx(cute_moe.compile_ptx(cfg))
+    loads = _threads_reaching(ptx, cfg.threads, LOAD)
+    assert len([i for i in loads if ".4d." in ptx.lines[i]]) >= 2  # the gate copy and the up copy
+    assert set().union(*loads.values()) == {0}
+    assert set().union(*_threads_reaching(ptx, cfg.threads, re.compile(r"mbarrier\.arrive\.expect_tx")).values()) == {0}
+    assert len(set().union(*_threads_reaching(ptx, cfg.threads, STORE).values())) == 1
+    silu = _threads_reaching(ptx, cfg.threads, re.compile(r"ex2\.approx\.ftz\.f32"))
+    assert all(t == set(range(128, cfg.threads)) for t in silu.values())
+
+
+def test_gated_grouped_gemm_checks_w1_before_any_launch():
+    """A gated GEMM takes W1 [E, 2I, K]: an odd row count is refused on the host, naming w."""
+    from cute_moe.moe import grouped_gemm
+
+    ids = torch.zeros(4, 1, dtype=torch.int32)
+    rows = sort_rows(ids, torch.ones(4, 1), 2, 8)
+    cfg = _cfg(swap_ab=True, tokens_tile=8, weights_tile=128, gated=True)
+    x = torch.zeros(rows.rows, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"^grouped_gemm: a gated config takes w = W1 \[E, 2I, K\].*w has 33 rows"):
+        grouped_gemm(x, torch.zeros(2, 33, 64, dtype=torch.bfloat16), rows, cfg)
+    with pytest.raises(ValueError, match=r"^grouped_gemm: N_out=12 must be a positive multiple of 8"):
+        grouped_gemm(x, torch.zeros(2, 24, 64, dtype=torch.bfloat16), rows, cfg)  # I = 12

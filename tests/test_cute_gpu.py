@@ -188,3 +188,83 @@ def test_sort_rows_on_the_gpu_is_the_cpu_reference():
         assert torch.equal(getattr(gpu, name).cpu(), getattr(cpu, name)), name
     for name in ("sorted_ids", "expert_of_block", "expert_end"):
         assert torch.equal(getattr(gpu.alignment, name).cpu(), getattr(cpu.alignment, name)), name
+
+
+# ---- the gated GEMM1: SiLU·up in the epilogue -----------------------------------------------------
+GATED_CONFIGS = [  # the path rule's gated configs (swap-AB 64 features, one warpgroup), and 128 with two
+    dict(swap_ab=True, tokens_tile=8, weights_tile=64, consumer_warpgroups=1),
+    dict(swap_ab=True, tokens_tile=16, weights_tile=64, consumer_warpgroups=1),
+    dict(swap_ab=True, tokens_tile=32, weights_tile=64, consumer_warpgroups=1),
+    dict(swap_ab=True, tokens_tile=64, weights_tile=64, consumer_warpgroups=1),
+    dict(swap_ab=True, tokens_tile=8, weights_tile=128),
+    dict(swap_ab=True, tokens_tile=64, weights_tile=128),
+    dict(swap_ab=False, tokens_tile=64, weights_tile=128, consumer_warpgroups=1),
+    dict(swap_ab=False, tokens_tile=128, weights_tile=128, consumer_warpgroups=2),
+]
+
+
+@pytest.mark.parametrize("kw", GATED_CONFIGS, ids=lambda kw: "swap{swap_ab}-t{tokens_tile}-w{weights_tile}".format(**kw))
+def test_gated_gemm(kw):
+    """SiLU(x·W1gᵀ)·(x·W1uᵀ) straight out of GEMM1, against fp32 torch; I = 200 is not a multiple of
+    the weights tile (the last tile's gate rows must not read up rows), uneven experts, one idle;
+    and bit for bit the row kernel's SiLU·mul when both read the same (bf16-representable) values:
+    a plain GEMM1 whose H needs no rounding (integer-valued operands, exact fp32 sums)."""
+    from cute_moe.config import GemmConfig, max_stages
+    from cute_moe.moe import grouped_gemm, silu_mul, sort_rows
+
+    cfg = GemmConfig(gated=True, stages=2, **kw)
+    cfg = cfg.replace(stages=max_stages(cfg))
+    I, k, counts = 200, 512, [37, 0, 5, 130, 1]
+    g = torch.Generator(device="cuda").manual_seed(4)
+    E = len(counts)
+    ids = torch.cat([torch.full((c,), e, dtype=torch.int32) for e, c in enumerate(counts)]).cuda()
+    T = ids.numel()
+    rows = sort_rows(ids.view(T, 1), torch.ones(T, 1, device="cuda"), E, cfg.tokens_tile)
+    x = torch.randn(T, k, device="cuda", generator=g).bfloat16()
+    w1 = (torch.randn(E, 2 * I, k, device="cuda", generator=g) * k ** -0.5).bfloat16()
+    a = grouped_gemm(x.index_select(0, rows.token_of_row), w1, rows, cfg)
+    assert a.shape == (rows.rows, I)
+    h = torch.einsum("tk,tnk->tn", x.float(), w1.float()[ids.long()])
+    ref = torch.nn.functional.silu(h[:, :I]) * h[:, I:]
+    assert rel_l2(a.index_select(0, rows.row_of_pair), ref) < TOL
+    # bitwise against the row kernel on exact inputs: small integers, sums exact in fp32 and bf16
+    xi = torch.randint(-2, 3, (T, 64), device="cuda", generator=g).bfloat16()
+    wi = (torch.randint(-2, 3, (E, 2 * I, 64), device="cuda", generator=g).float() / 8).bfloat16()
+    xs = xi.index_select(0, rows.token_of_row)
+    fused = grouped_gemm(xs, wi, rows, cfg)
+    plain = silu_mul(grouped_gemm(xs, wi, rows, cfg.replace(gated=False, stages=2)), rows)
+    used = int(rows.alignment.num_padded)
+    assert torch.equal(fused[:used].view(torch.int16), plain[:used].view(torch.int16))
+
+
+@pytest.mark.parametrize("spec", ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8"])
+@pytest.mark.parametrize("T", [1, 8, 128, 4096])
+def test_gated_layer_runs_no_silu_kernel_and_agrees_with_separate(shapes, spec, T, monkeypatch):
+    """The bf16 plan's GEMM1 is gated: the layer never calls the SiLU·mul row kernel, meets the
+    oracle, reruns bit for bit, and agrees with the unfused pipeline (plain GEMM1 + row kernel, whose
+    H is rounded to bf16 before SiLU) within the tolerance."""
+    import cute_moe
+    import cute_moe.moe as moe
+
+    inp = _inputs(shapes, spec, T, seed=21)
+    assert cute_moe.plan(_dims(inp)).gemm1.gated
+    separate = cute_moe.fused_moe(**inp.kwargs(), fusion="separate")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the fused bf16 layer launched the SiLU·mul row kernel")
+
+    monkeypatch.setattr(moe, "silu_mul", refuse)
+    out = cute_moe.fused_moe(**inp.kwargs())
+    again = cute_moe.fused_moe(**inp.kwargs())
+    ref = oracle(**inp.kwargs())
+    assert rel_l2(out, ref) < TOL and rel_l2(separate, ref) < TOL
+    assert torch.equal(out.view(torch.int16), again.view(torch.int16))
+    assert rel_l2(out, separate) < TOL
+
+
+def _dims(inp):
+    from moe_spec.validate import MoEDims
+
+    T, K = inp.x.shape
+    E, two_i, _ = inp.w1.shape
+    return MoEDims(T=T, E=E, K=K, I=two_i // 2, top_k=inp.topk_ids.shape[1])

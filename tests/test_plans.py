@@ -68,6 +68,8 @@ def test_cute_plans_for_lists_every_plan_of_a_dense_sweep(spec, quant, options):
         assert {p.gemm1.quant, p.gemm2.quant} == {quant}
         assert (p.gemm1.out_dtype, p.gemm2.out_dtype) == ("bfloat16" if quant is None else "float32", "bfloat16")
         assert p.gemm2.row_scale == (p.fusion == "fused")
+        # SiLU·up in GEMM1's epilogue exactly in the bf16 fused pipeline; GEMM2 never
+        assert (p.gemm1.gated, p.gemm2.gated) == (quant is None and p.fusion == "fused", False)
 
 
 @pytest.mark.parametrize("quant", CUTE_FORMATS[1:])
