@@ -73,6 +73,14 @@ The interpreter (``INTERPRETER``, True only under ``TRITON_INTERPRET=1``)
     order; ``_widen`` restores NaN), and ``_cast_out`` / ``_quantize`` round onto the target grid
     before casting. On the GPU these branches do not exist in the binary.
 
+Element offsets: W's expert base (``expert · N_TOTAL · K``, hence the weight-scale indexes too) and
+the row offsets of the GEMMs and the combine (``row · K`` of A, ``pair · N`` of the output,
+``(t·TOP_K + j) · K``) are 64-bit, so W1 and W2 may hold more than 2³¹ − 1 elements (DeepSeek-V2's
+full layer on one GPU: W1 = 160 · 3072 · 5120 ≈ 2.5 G). Offsets inside one expert's matrix stay
+32-bit, and so do ``quantize_kernel``'s and ``amax_kernel``'s row offsets: the host bounds both
+(:func:`moe_spec.validate.validate_moe_args`: one expert's 2I·K, and T·top_k·max(K, 2I) for the
+activation copies).
+
 Recompilation: the per-call sizes (``num_pairs``, ``num_rows``, ``num_tokens``, ``num_amax``,
 ``zero_count``) are ``do_not_specialize``; N, K, E are model constants (inputs are contiguous).
 """
@@ -285,10 +293,12 @@ def moe_gemm_kernel(
 
     # ---- rows (sorted pairs of one expert) and columns ----
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_ids_ptr + offs_m)
+    # 64-bit element offsets (module docstring): the expert's base in W and the rows of A and of
+    # the output; offsets inside one expert's matrix (offs_n·K, N·K) stay 32-bit.
+    pair = tl.load(sorted_ids_ptr + offs_m).to(tl.int64)
     row_ok = pair < num_pairs
     a_row = pair // A_ROW_DIV
-    expert = tl.load(expert_of_block_ptr + pid_m)
+    expert = tl.load(expert_of_block_ptr + pid_m).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
@@ -441,7 +451,7 @@ def quantize_kernel(a_ptr, amax_ptr, q_ptr, scale_ptr, zero_ptr, num_rows, K, nu
 def combine_kernel(y_ptr, out_ptr, num_tokens, K, TOP_K: tl.constexpr, BLOCK: tl.constexpr,
                    INTERPRETER: tl.constexpr):
     """out[t] = Σ_j y[t·TOP_K + j] in fp32, j ascending (y rows already carry the routing weight)."""
-    t = tl.program_id(0)
+    t = tl.program_id(0).to(tl.int64)  # row offsets (t·TOP_K + j)·K may pass 2³¹
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < K
     total = tl.zeros([BLOCK], dtype=tl.float32)
