@@ -18,7 +18,7 @@ from moe_spec.problem import MoEInputs, MoEShape, make_inputs
 from moe_spec.validate import INT32_MAX, validate_moe_args
 from triton_moe import TritonConfig, fused_moe
 
-TOL = {None: 5e-3, "fp8_tensor": 1e-2, "fp8_block": 1e-2}
+TOL = {None: 5e-3, "fp8_block": 1e-2}
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array:DeprecationWarning")
 
 E_BIG, K, I = 1024, 2048, 1024  # noqa: E741  (W1: 1024·2048·2048 = 2³² elements, W2: 2³¹)
@@ -47,12 +47,12 @@ def _big_problem(quant) -> tuple[MoEInputs, MoEInputs]:
     return small, big
 
 
-@pytest.mark.parametrize("quant", [None, "fp8_tensor", "fp8_block"], ids=lambda q: q or "bf16")
+@pytest.mark.parametrize("quant", [None, "fp8_block"], ids=lambda q: q or "bf16")  # fp8_block: scale indexes too
 def test_triton_weights_past_int32_match_oracle(quant):
     small, big = _big_problem(quant)
     assert big.w1.numel() > INT32_MAX and big.w2.numel() > INT32_MAX
     assert int(big.topk_ids.max()) * 2 * I * K > INT32_MAX  # a routed expert's base needs 64 bits
-    cfg = TritonConfig(16, 64, 128, 1, 4, 2, False)
+    cfg = TritonConfig(16, 128, 128, 1, 4, 2, False)
     out = fused_moe(**big.kwargs(), config=cfg)
     err = rel_l2(out, oracle(**small.kwargs()))
     assert err <= TOL[quant], f"rel L2 {err:.2e} > {TOL[quant]:.0e}"
