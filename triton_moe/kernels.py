@@ -73,16 +73,11 @@ The interpreter (``INTERPRETER``, True only under ``TRITON_INTERPRET=1``)
     order; ``_widen`` restores NaN), and ``_cast_out`` / ``_quantize`` round onto the target grid
     before casting. On the GPU these branches do not exist in the binary.
 
-Element offsets: W's expert base (``expert · N_TOTAL · K``, hence the weight-scale indexes too) and
-the row offsets of the GEMMs and the combine (``row · K`` of A, ``pair · N`` of the output,
-``(t·TOP_K + j) · K``) are 64-bit, so W1 and W2 may hold more than 2³¹ − 1 elements (DeepSeek-V2's
-full layer on one GPU: W1 = 160 · 3072 · 5120 ≈ 2.5 G). Offsets inside one expert's matrix stay
-32-bit, and so do ``quantize_kernel``'s and ``amax_kernel``'s row offsets: the host bounds both
-(:func:`moe_spec.validate.validate_moe_args`: one expert's 2I·K, and T·top_k·max(K, 2I) for the
-activation copies).
-
 Recompilation: the per-call sizes (``num_pairs``, ``num_rows``, ``num_tokens``, ``num_amax``,
 ``zero_count``) are ``do_not_specialize``; N, K, E are model constants (inputs are contiguous).
+64-bit offsets: the expert id and the pair ids are loaded as int64, so W's expert base (and the
+weight-scale indexes) and the row offsets of the GEMMs and the combine may pass 2³¹ − 1 elements;
+offsets inside one expert and the quantize kernels' rows stay int32 (``moe_spec.validate`` bounds them).
 """
 
 from __future__ import annotations
@@ -293,8 +288,6 @@ def moe_gemm_kernel(
 
     # ---- rows (sorted pairs of one expert) and columns ----
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    # 64-bit element offsets (module docstring): the expert's base in W and the rows of A and of
-    # the output; offsets inside one expert's matrix (offs_n·K, N·K) stay 32-bit.
     pair = tl.load(sorted_ids_ptr + offs_m).to(tl.int64)
     row_ok = pair < num_pairs
     a_row = pair // A_ROW_DIV
@@ -302,10 +295,7 @@ def moe_gemm_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
-    if FUSE_SILU:
-        N_TOTAL = 2 * N  # W1 rows: gate 0…I−1, up I…2I−1
-    else:
-        N_TOTAL = N
+    N_TOTAL = 2 * N if FUSE_SILU else N  # W1 rows: gate 0…I−1, up I…2I−1
     K_GROUPS = tl.cdiv(K, FP8_BLOCK)
     N_GROUPS = tl.cdiv(N_TOTAL, FP8_BLOCK)
 
