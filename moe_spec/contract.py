@@ -18,7 +18,9 @@ argument's name. Nothing on the hot path reads device memory back to the host (n
 costs the same eager as in a CUDA graph:
 
 * Checked on the host, from metadata, before any launch, in every mode: types, dtypes, shapes,
-  scale shapes, the int32 offset limit, a backend's limits, meta tensors (refused: they have no
+  scale shapes, the int32 limits that remain (one expert's 2I·K elements; T·top_k·max(K, 2I)
+  elements in the sorted activation copies — W1 and W2 as a whole may exceed 2³¹, their experts
+  are addressed with 64-bit offsets), a backend's limits, meta tensors (refused: they have no
   data), one device, contiguity.
 * Checked on the device, by the kernels that read the data anyway (or by torch ops,
   :func:`moe_spec.validate.guard_routing`), without a sync (the default ``"device"`` mode): ids

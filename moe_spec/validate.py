@@ -9,7 +9,8 @@ Two kinds of checks:
 
 * **On the host**, from the tensors' metadata alone, always, before any launch: types, dtypes
   (the weight dtype is the format's, :data:`moe_spec.quant.FORMATS`), shapes and scale shapes, the
-  int32 offset limit, a backend's expert limit, then no meta tensor (shape but no data: refused by
+  int32 limits that remain (one expert's matrix, the sorted activation copies: W1 and W2 as a
+  whole are indexed in 64 bits), a backend's expert limit, then no meta tensor (shape but no data: refused by
   name before anything tries to read it), one device, contiguity. These are a function of the
   metadata, so their verdict is cached per signature (dtypes, shapes, strides, devices, options):
   a repeated call pays a dictionary lookup.
@@ -44,7 +45,8 @@ import torch
 
 from moe_spec.quant import get_format
 
-#: Largest element offset a kernel may form in int32 arithmetic.
+#: Largest element offset a kernel may form in int32 arithmetic (inside one expert's matrix, inside
+#: the sorted activation copies).
 INT32_MAX = 2**31 - 1
 
 
@@ -277,12 +279,17 @@ def _host_checks(x, w1, w2, topk_weights, topk_ids, quant, w1_scale, w2_scale, m
         raise ValueError(f"topk_weights: expected 1 <= top_k <= E={E}, got top_k={top_k}")
     _shape("topk_ids", topk_ids, (T, top_k))
 
-    # Flat offsets a kernel forms: a weight element of the last expert, a token-row element of the
-    # sorted (T·k) copies. Larger problems would overflow 32-bit index arithmetic.
-    for name, n in (("w1", w1.numel()), ("w2", w2.numel()), ("x", T * top_k * max(K, two_i))):
-        if n > INT32_MAX:
-            raise ValueError(f"{name}: {n} elements per flat index exceed the int32 offset limit {INT32_MAX}; "
-                             "split the problem (fewer tokens per call or tensor-parallel shards)")
+    # What 32-bit index arithmetic remains (the weights' expert bases are 64-bit in both backends,
+    # so W1 and W2 as a whole have no limit): offsets inside one expert's matrix (W1[e] is the
+    # larger, 2I·K), and the sorted activation copies (T·top_k rows of up to max(K, 2I) columns)
+    # with their int32 row indexes and work counters.
+    if two_i * K > INT32_MAX:
+        raise ValueError(f"w1: one expert's matrix holds 2I·K = {two_i}·{K} = {two_i * K} elements, more than "
+                         f"the int32 offset limit {INT32_MAX} inside an expert; shard the experts (tensor parallel)")
+    if T * top_k * max(K, two_i) > INT32_MAX:
+        raise ValueError(f"x: the sorted activation copies hold T·top_k·max(K, 2I) = {T}·{top_k}·{max(K, two_i)} = "
+                         f"{T * top_k * max(K, two_i)} elements, more than the int32 limit {INT32_MAX}; "
+                         "pass fewer tokens per call")
     if max_experts is not None and E > max_experts:
         raise ValueError(f"w1: at most {max_experts} experts (w1.shape[0]) are supported by this backend, got {E}")
 

@@ -246,16 +246,16 @@ def test_zero_tokens_is_valid():
 
 
 def test_int32_offset_overflow_is_rejected_before_allocation():
-    """A problem whose flat offsets overflow int32, built from meta tensors (no memory)."""
-    E, I, K = 256, 2048, 7168
-    n = E * 2 * I * K
-    assert n > INT32_MAX
+    """A problem whose activation copies overflow int32, built from meta tensors (no memory): W1
+    and W2 as a whole may pass 2³¹ (64-bit expert offsets), T·top_k·max(K, 2I) may not."""
+    E, I, K, T, top_k = 256, 2048, 7168, 40000, 8
+    assert T * top_k * K > INT32_MAX
     meta = dict(device="meta")
-    kw = dict(x=torch.empty(4, K, dtype=torch.bfloat16, **meta),
+    kw = dict(x=torch.empty(T, K, dtype=torch.bfloat16, **meta),
               w1=torch.empty(E, 2 * I, K, dtype=torch.bfloat16, **meta),
               w2=torch.empty(E, K, I, dtype=torch.bfloat16, **meta),
-              topk_weights=torch.empty(4, 8, **meta), topk_ids=torch.empty(4, 8, dtype=torch.int32, **meta))
-    with pytest.raises(ValueError, match=r"^w1: .*int32"):
+              topk_weights=torch.empty(T, top_k, **meta), topk_ids=torch.empty(T, top_k, dtype=torch.int32, **meta))
+    with pytest.raises(ValueError, match=r"^x: .*int32"):
         validate_moe_args(**kw)
 
 

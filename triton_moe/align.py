@@ -42,6 +42,8 @@ so the alignment stays consistent and in bounds; the GEMMs then zero and poison 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -161,6 +163,16 @@ def chunk_pairs(top_k: int) -> tuple[int, int]:
     return width, width // top_k * top_k
 
 
+@functools.lru_cache(maxsize=1024)
+def _launch_sizes(T: int, top_k: int, num_experts: int, num_blocks: int) -> tuple:
+    """(pairs, CHUNK, chunks, E_POW2, _place_kernel's grid) of one alignment: a function of the sizes."""
+    num_pairs = T * top_k
+    width, per_chunk = chunk_pairs(top_k)
+    num_chunks = -(-num_pairs // per_chunk)
+    grid = (max(num_chunks, -(-num_blocks // BLOCKS_PER_PROGRAM), 1),)
+    return num_pairs, width, num_chunks, 1 << (num_experts - 1).bit_length(), grid
+
+
 def align_into(topk_ids: torch.Tensor, num_experts: int, block_m: int, sorted_ids: torch.Tensor,
                expert_of_block: torch.Tensor, expert_end: torch.Tensor, counts: torch.Tensor,
                error: torch.Tensor) -> Alignment:
@@ -168,15 +180,11 @@ def align_into(topk_ids: torch.Tensor, num_experts: int, block_m: int, sorted_id
     int32 [chunks, num_experts]) — the launches only, for a caller that keeps its buffers
     (:mod:`triton_moe.moe`)."""
     T, top_k = topk_ids.shape
-    num_pairs = T * top_k
-    width, per_chunk = chunk_pairs(top_k)
-    num_chunks = -(-num_pairs // per_chunk)
     num_blocks = expert_of_block.numel()
-    e_pow2 = 1 << (num_experts - 1).bit_length()
+    num_pairs, width, num_chunks, e_pow2, grid = _launch_sizes(T, top_k, num_experts, num_blocks)
     flat_ids = topk_ids.reshape(-1)
     launch(_count_kernel, (num_chunks,), flat_ids, counts, num_pairs, E=num_experts, E_POW2=e_pow2,
            TOP_K=top_k, CHUNK=width)
-    grid = (max(num_chunks, -(-num_blocks // BLOCKS_PER_PROGRAM), 1),)
     launch(_place_kernel, grid, flat_ids, counts, sorted_ids, expert_of_block, expert_end, error, num_pairs,
            num_chunks, num_blocks, E=num_experts, E_POW2=e_pow2, TOP_K=top_k, BLOCK_M=block_m, CHUNK=width,
            SCAN_ROWS=SCAN_ROWS, BLOCKS_PER_PROGRAM=BLOCKS_PER_PROGRAM, num_warps=PLACE_WARPS)

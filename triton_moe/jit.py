@@ -79,11 +79,24 @@ def _binder(kernel):
     return _binders[kernel]
 
 
+_keys: dict = {}  # (spec, options) as given -> the key's text: a repeated launch pays a hash, not two reprs
+_KEYS_MAX = 4096
+
+
 def specialization_key(kernel, args, kwargs) -> str:
     """The key Triton would look its compiled-kernel cache up with (options included)."""
     bind, _ = _binder(kernel)
     _, spec, options = bind(*args, **kwargs)
-    return repr(spec) + repr(sorted(options.items()))
+    try:
+        raw = (tuple(spec), tuple(options.items()))
+        key = _keys.get(raw)
+    except TypeError:  # an unhashable specialization value: no memo
+        raw = key = None
+    if key is None:
+        key = repr(spec) + repr(sorted(options.items()))
+        if raw is not None and len(_keys) < _KEYS_MAX:
+            _keys[raw] = key
+    return key
 
 
 def launch(kernel, grid, *args, **kwargs):
@@ -99,7 +112,7 @@ def launch(kernel, grid, *args, **kwargs):
             return None
     if grid[0] == 0:
         return None
-    return kernel[grid](*args, **kwargs)
+    return kernel.run(*args, grid=grid, warmup=False, **kwargs)  # what kernel[grid](...) calls
 
 
 def _jit_cache_hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled):  # noqa: A002

@@ -75,6 +75,9 @@ The interpreter (``INTERPRETER``, True only under ``TRITON_INTERPRET=1``)
 
 Recompilation: the per-call sizes (``num_pairs``, ``num_rows``, ``num_tokens``, ``num_amax``,
 ``zero_count``) are ``do_not_specialize``; N, K, E are model constants (inputs are contiguous).
+64-bit offsets: the expert id and the pair ids are loaded as int64, so W's expert base (and the
+weight-scale indexes) and the row offsets of the GEMMs and the combine may pass 2³¹ − 1 elements;
+offsets inside one expert and the quantize kernels' rows stay int32 (``moe_spec.validate`` bounds them).
 """
 
 from __future__ import annotations
@@ -285,17 +288,14 @@ def moe_gemm_kernel(
 
     # ---- rows (sorted pairs of one expert) and columns ----
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_ids_ptr + offs_m)
+    pair = tl.load(sorted_ids_ptr + offs_m).to(tl.int64)
     row_ok = pair < num_pairs
     a_row = pair // A_ROW_DIV
-    expert = tl.load(expert_of_block_ptr + pid_m)
+    expert = tl.load(expert_of_block_ptr + pid_m).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
-    if FUSE_SILU:
-        N_TOTAL = 2 * N  # W1 rows: gate 0…I−1, up I…2I−1
-    else:
-        N_TOTAL = N
+    N_TOTAL = 2 * N if FUSE_SILU else N  # W1 rows: gate 0…I−1, up I…2I−1
     K_GROUPS = tl.cdiv(K, FP8_BLOCK)
     N_GROUPS = tl.cdiv(N_TOTAL, FP8_BLOCK)
 
@@ -441,7 +441,7 @@ def quantize_kernel(a_ptr, amax_ptr, q_ptr, scale_ptr, zero_ptr, num_rows, K, nu
 def combine_kernel(y_ptr, out_ptr, num_tokens, K, TOP_K: tl.constexpr, BLOCK: tl.constexpr,
                    INTERPRETER: tl.constexpr):
     """out[t] = Σ_j y[t·TOP_K + j] in fp32, j ascending (y rows already carry the routing weight)."""
-    t = tl.program_id(0)
+    t = tl.program_id(0).to(tl.int64)  # row offsets (t·TOP_K + j)·K may pass 2³¹
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < K
     total = tl.zeros([BLOCK], dtype=tl.float32)

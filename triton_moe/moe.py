@@ -89,15 +89,22 @@ def _gemm_constants(cfg: TritonConfig, quant, fuse_silu: bool, a_row_div: int) -
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
-def _gemm(a, a_scale, w, w_scale, out, out_amax, topk_weights, topk_ids, error, routing: Alignment, num_padded,
-          N, K, *, a_row_div, fuse_silu, quant, cfg: TritonConfig):
-    grid = (routing.expert_of_block.numel() * _cdiv(N, cfg.BLOCK_N),)
+@functools.lru_cache(maxsize=1024)
+def _geometry(T: int, top_k: int, K: int, I: int, quant, cfg: TritonConfig, num_blocks: int) -> tuple:  # noqa: E741
+    """What the launches of :func:`expert_computation` take from the sizes alone: (quantized,
+    GEMM1 grid, GEMM2 grid, combine grid, GEMM1 constexprs, GEMM2 constexprs) — once per shape."""
+    return (get_format(quant).quantized, (num_blocks * _cdiv(I, cfg.BLOCK_N),), (num_blocks * _cdiv(K, cfg.BLOCK_N),),
+            (T, _cdiv(K, COMBINE_BLOCK)), _gemm_constants(cfg, quant, True, top_k), _gemm_constants(cfg, quant, False, 1))
+
+
+def _gemm(grid, constants, a, a_scale, w, w_scale, out, out_amax, topk_weights, topk_ids, error, routing: Alignment,
+          num_padded, N, K):
     dummy = out  # stands in for pointers a mode does not read
     launch(moe_gemm_kernel, grid,
            a, a_scale if a_scale is not None else dummy, w, w_scale if w_scale is not None else dummy,
            out, out_amax if out_amax is not None else dummy, topk_weights, topk_ids,
            routing.sorted_ids, routing.expert_of_block, num_padded, error, routing.num_pairs, N, K,
-           w.shape[0], **_gemm_constants(cfg, quant, fuse_silu, a_row_div))
+           w.shape[0], **constants)
 
 
 def _buffers(T: int, top_k: int, E: int, K: int, I: int, quant, tile: int, device) -> dict:  # noqa: E741
@@ -193,24 +200,24 @@ def expert_computation(x, w1, w2, topk_weights, topk_ids, routing, *, quant, w1_
     ws = workspace or _buffers(T, top_k, E, K, I, quant, config.BLOCK_M, x.device)
     num_padded = ws["num_padded"] if routing.expert_end is ws["expert_end"] else routing.num_padded
     error = error_word(x.device)
+    quantized, grid1, grid2, combine_grid, const1, const2 = _geometry(T, top_k, K, I, quant, config,
+                                                                      routing.expert_of_block.numel())
     a1, a1_scale, act_amax = x, None, None
-    if get_format(quant).quantized:
+    if quantized:
         act_amax = ws["act_amax"]
         a1, a1_scale = _quantize(x, quant, q=ws["xq"], scale=ws["x_scale"], parts=ws["parts"], zero=act_amax)
 
     # GEMM1 + SiLU(gate)·up: bf16 intermediate, or fp32 with its amax, quantized once for GEMM2
     act = ws["act"]
-    _gemm(a1, a1_scale, w1, w1_scale, act, act_amax, topk_weights, topk_ids, error, routing, num_padded, I, K,
-          a_row_div=top_k, fuse_silu=True, quant=quant, cfg=config)
+    _gemm(grid1, const1, a1, a1_scale, w1, w1_scale, act, act_amax, topk_weights, topk_ids, error, routing,
+          num_padded, I, K)
     a2, a2_scale = (act, None) if act_amax is None else _quantize(act, quant, act_amax, q=ws["aq"],
                                                                  scale=ws["act_scale"])
 
     # GEMM2 × routing weight; with top_k = 1 its rows are already the output
     out = torch.empty((T, K), dtype=torch.bfloat16, device=x.device)
     y = out if top_k == 1 else ws["y"]
-    _gemm(a2, a2_scale, w2, w2_scale, y, None, topk_weights, topk_ids, error, routing, num_padded, K, I, a_row_div=1,
-          fuse_silu=False, quant=quant, cfg=config)
+    _gemm(grid2, const2, a2, a2_scale, w2, w2_scale, y, None, topk_weights, topk_ids, error, routing, num_padded, K, I)
     if top_k > 1:
-        launch(combine_kernel, (T, _cdiv(K, COMBINE_BLOCK)), y, out, T, K, TOP_K=top_k,
-               BLOCK=COMBINE_BLOCK, INTERPRETER=INTERPRET)
+        launch(combine_kernel, combine_grid, y, out, T, K, TOP_K=top_k, BLOCK=COMBINE_BLOCK, INTERPRETER=INTERPRET)
     return out
