@@ -74,13 +74,21 @@ def weighted_combine(y: torch.Tensor, row_of_pair: torch.Tensor, topk_weights: t
     return out
 
 
+def gated_gemm1() -> bool:
+    """Whether the fused bf16 plan's GEMM1 carries SiLU·up in its epilogue (:data:`cute_moe.plan.GATED_GEMM1`)."""
+    from .plan import GATED_GEMM1  # plan imports this module
+
+    return GATED_GEMM1
+
+
 def hbm_bytes(T: int, K: int, I: int, top_k: int, experts_hit: int, quant, fusion: str) -> dict:
     """Analytic HBM bytes of each pass of the layer (``quant`` FP8: the W8A8 pipeline; bf16: the
     plain one), from the shapes alone: M = T·top_k rows (padding ignored), the weights of the
     ``experts_hit`` experts read once per GEMM, scales and alignment data left out (they are small
     and the same in both pipelines). ``fusion="separate"`` adds what the unfused pipeline moves:
     the scale passes (per-tensor / per-channel FP8: read and write GEMM1's fp32 [M, 2I] and GEMM2's
-    bf16 [M, K] once more) and the routing weights read by the weighted combine. Returns
+    bf16 [M, K] once more) and the routing weights read by the weighted combine. The fused bf16
+    layer's gated GEMM1 writes [M, I] and has no SiLU·up pass. Returns
     {pass: bytes}; ``sum(...values())`` is the layer's total."""
     check_fusion(fusion)
     M, wb = T * top_k, 1 if quant else 2  # token rows; bytes per weight / activation element
@@ -89,11 +97,15 @@ def hbm_bytes(T: int, K: int, I: int, top_k: int, experts_hit: int, quant, fusio
         p["quantize x"] = T * K * 2 + T * K
     p["gather"] = 2 * M * K * wb
     h_bytes = 4 if quant else 2  # GEMM1 writes fp32 H for the FP8 layer, bf16 for bf16
-    p["GEMM1"] = experts_hit * 2 * I * K * wb + M * K * wb + M * 2 * I * h_bytes
+    if not quant and fusion == "fused" and gated_gemm1():  # SiLU·up in GEMM1's epilogue: [M, I] out
+        p["GEMM1 + SiLU·up"] = experts_hit * 2 * I * K * wb + M * K * wb + M * I * 2
+    else:
+        p["GEMM1"] = experts_hit * 2 * I * K * wb + M * K * wb + M * 2 * I * h_bytes
     scaled = fusion == "separate" and quant in _EPILOGUE_SCALED
     if scaled:
         p["scale pass 1"] = 2 * M * 2 * I * h_bytes
-    p["SiLU·up" + (", quantize" if quant else "")] = M * 2 * I * h_bytes + M * I * wb
+    if "GEMM1" in p:
+        p["SiLU·up" + (", quantize" if quant else "")] = M * 2 * I * h_bytes + M * I * wb
     p["GEMM2"] = experts_hit * K * I * wb + M * I * wb + M * K * 2
     if scaled:
         p["scale pass 2"] = 2 * M * K * 2

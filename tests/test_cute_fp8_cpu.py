@@ -369,7 +369,7 @@ def test_hbm_bytes_of_the_two_pipelines(quant):
     fp32 H and GEMM2's bf16 Y once more through a scale pass where the scales can leave the GEMM
     (per-tensor, per-channel), and reads the routing weights in its combine; the weights of the
     hit experts dominate at decode."""
-    from cute_moe.unfused import hbm_bytes
+    from cute_moe.unfused import gated_gemm1, hbm_bytes
 
     T, K, I, top_k, hit = 4, 2048, 768, 8, 30
     fused, separate = (hbm_bytes(T, K, I, top_k, hit, quant, f) for f in ("fused", "separate"))
@@ -378,6 +378,9 @@ def test_hbm_bytes_of_the_two_pipelines(quant):
     if quant in ("fp8_tensor", "fp8_channel"):
         extra += 2 * M * 2 * I * 4 + 2 * M * K * 2
         assert set(separate) - set(fused) == {"scale pass 1", "scale pass 2"}
+    elif quant is None and gated_gemm1():  # the fused bf16 GEMM1 writes [M, I]; no SiLU·up pass
+        extra += M * 2 * I * 2 - M * I * 2 + M * 2 * I * 2 + M * I * 2
+        assert set(fused) == set(separate) - {"GEMM1", "SiLU·up"} | {"GEMM1 + SiLU·up"}
     else:
         assert set(separate) == set(fused)
     assert sum(separate.values()) - sum(fused.values()) == extra
