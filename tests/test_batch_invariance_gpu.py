@@ -1,5 +1,6 @@
 """Batch invariance of triton_moe on the GPU (``-m gpu``): a token's output row is the same bits
-whether the token is alone (T = 1) or one of T = 4096, on Mixtral-8x7B's catalog shape.
+whether the token is alone (T = 1) or one of T = 4096, on Mixtral-8x7B's catalog shape (every
+format: fp8_tensor with static scales) and on DeepSeek-V3 TP8 (fp8_tensor, static scales).
 
 The big batch is :class:`triton_moe.workload.Problem`'s input set; the single-token call takes row j
 of it — the same x row, routing weights and expert ids — so only the batch around the token changes
@@ -17,7 +18,10 @@ invariant — the batch's amax sets every token's scale — and the last test sh
 the proof that the comparison sees a difference when there is one.
 
 Each token is also run alone with the T = 4096 call's config ("pinned"), so that a failure of the
-default T = 1 config alone points at the tile choice, and a failure of both at something else.
+default T = 1 config alone points at the tile choice, and a failure of both at something else. One
+tile choice does change the K sum: FP8 sums each BLOCK_K step from zero before adding it to the
+accumulator, so a different BLOCK_K groups the sum differently. DeepSeek-V3 TP8's tuned fp8_tensor
+table has BLOCK_K = 256 at T = 1 and 128 at T = 4096; there only the pinned config is asserted.
 """
 
 import pytest
@@ -27,25 +31,26 @@ from moe_spec.problem import get_shape
 
 pytestmark = pytest.mark.gpu
 
-SPEC = "mixtral-8x7b"
 BIG = 4096
 POSITIONS = (0, 1, 777, 2048, 4095)
-CASES = [("fp8_tensor", True), ("fp8_channel", False), ("fp8_block", False), (None, False)]
+CASES = [("mixtral-8x7b", "fp8_tensor", True), ("mixtral-8x7b", "fp8_channel", False),
+         ("mixtral-8x7b", "fp8_block", False), ("mixtral-8x7b", None, False),
+         ("deepseek-v3:tp8", "fp8_tensor", True)]
 
 _problems: dict = {}
 
 
-def _inputs(quant, static):
+def _inputs(spec, quant, static):
     """The T = 4096 input set of ``quant`` (one weight set on the card at a time), with the static
     scales calibrated on it (``moe_spec.oracle.calibrate_static_scales``) when ``static``."""
     from moe_spec.oracle import calibrate_static_scales
     from triton_moe.workload import Problem, drop_weights
 
-    if quant not in _problems:
+    if (spec, quant) not in _problems:
         _problems.clear()
         drop_weights()
-        _problems[quant] = Problem(get_shape(SPEC), BIG, quant, n_sets=1)
-    p = _problems[quant]
+        _problems[spec, quant] = Problem(get_shape(spec), BIG, quant, n_sets=1)
+    p = _problems[spec, quant]
     st = dict(p.sets[0])
     if static:
         st["a1_scale"], st["a2_scale"] = calibrate_static_scales(**st)
@@ -69,13 +74,14 @@ def _mismatches(fused_moe, st, big, cfg) -> list:
     return bad
 
 
-@pytest.mark.parametrize("quant, static", CASES, ids=["fp8_tensor-static", "fp8_channel", "fp8_block", "bf16"])
-def test_a_token_row_is_the_same_bits_alone_and_in_a_batch(quant, static):
+@pytest.mark.parametrize("spec, quant, static", CASES,
+                         ids=[f"{s}-{q or 'bf16'}{'-static' if st else ''}" for s, q, st in CASES])
+def test_a_token_row_is_the_same_bits_alone_and_in_a_batch(spec, quant, static):
     from moe_spec.validate import check, validate_moe_args
     from triton_moe import fused_moe
     from triton_moe.plan import plan
 
-    p, st = _inputs(quant, static)
+    p, st = _inputs(spec, quant, static)
     big_cfg = p.config()
     big = fused_moe(**st, config=big_cfg)
     one_cfg = plan(validate_moe_args(**_row(st, 0)), quant).config  # what a T = 1 call gets by default
@@ -84,9 +90,12 @@ def test_a_token_row_is_the_same_bits_alone_and_in_a_batch(quant, static):
     torch.cuda.synchronize()
     check()  # no data check failed (calibrated scales are finite and positive)
     assert bool(torch.isfinite(big).all())
-    assert not default and not pinned, (f"T=1 config {one_cfg}, T={BIG} config {big_cfg}; default: "
-                                        f"{'; '.join(default) or 'equal'}; pinned (T=1 with the T={BIG} config): "
-                                        f"{'; '.join(pinned) or 'equal'}")
+    # FP8 sums each BLOCK_K step from zero: another BLOCK_K groups the K sum differently, and no
+    # invariance is claimed across it (DeepSeek-V3 TP8's fp8_tensor table: 256 at T = 1, 128 at 4096)
+    claimed = quant is None or one_cfg.BLOCK_K == big_cfg.BLOCK_K
+    report = (f"T=1 config {one_cfg}, T={BIG} config {big_cfg}; default: {'; '.join(default) or 'equal'}; "
+              f"pinned (T=1 with the T={BIG} config): {'; '.join(pinned) or 'equal'}")
+    assert not pinned and not (claimed and default), report
 
 
 def test_the_dynamic_per_tensor_scale_is_not_batch_invariant():
@@ -94,7 +103,7 @@ def test_the_dynamic_per_tensor_scale_is_not_batch_invariant():
     own amax is below the batch's comes out different alone — the comparison above does see it."""
     from triton_moe import fused_moe
 
-    p, st = _inputs("fp8_tensor", False)
+    p, st = _inputs("mixtral-8x7b", "fp8_tensor", False)
     big = fused_moe(**st, config=p.config())
     amax = st["x"].float().abs().amax(dim=1)
     j = int(amax.argmin())  # the token furthest from the batch's amax
