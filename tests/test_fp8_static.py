@@ -245,3 +245,55 @@ def test_good_static_scales_set_no_bit():
     check()
     fused_moe(**kw, a1_scale=a1, a2_scale=a2)
     check()  # raises if a bit was set
+
+
+# --- compiled for Hopper on the CPU (Triton's compiler + its bundled ptxas, in a subprocess) --------
+
+SM90_SCRIPT = r"""
+import json
+from triton_moe.jit import compile_sm90
+from triton_moe.kernels import moe_gemm_kernel, quantize_kernel
+
+out = {}
+for dtype in ("bf16", "fp32"):  # x, the intermediate
+    sig = {"a_ptr": f"*{dtype}", "amax_ptr": "*i32", "q_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "zero_ptr": "*fp32",
+           "num_rows": "i32", "K": "i32", "num_amax": "i32", "zero_count": "i32"}
+    r = compile_sm90(quantize_kernel, sig, dict(QUANT=1, AMAX_GIVEN=False, GROUPS=8, INTERPRETER=False, STATIC_BIT=32),
+                     num_warps=4, num_stages=1)
+    out[f"quantize {dtype}"] = dict(spills=r["spill_bytes"], atomic_or=r["ttgir"].count("tt.atomic_rmw or"))
+for static in (False, True):
+    ptrs = {"a_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "out_ptr": "*fp32", "sorted_ids_ptr": "*i32",
+            "expert_of_block_ptr": "*i32", "num_padded_ptr": "*i32", "topk_ids_ptr": "*i32", "error_ptr": "*i32"}
+    sig = {n: ptrs.get(n, "*fp32") for n in moe_gemm_kernel.arg_names if n.endswith("_ptr")}
+    sig.update(num_pairs="i32", N="i32", K="i32", E="i32")
+    cex = dict(A_ROW_DIV=2, FUSE_SILU=True, MUL_ROUTED_WEIGHT=False, QUANT=1, FP8_IMPRECISE_ACC=0, SWAP_AB=False,
+               INTERPRETER=False, BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, GROUP_M=8)  # the prefill tile
+    if static:
+        del sig["out_amax_ptr"]
+        cex["out_amax_ptr"] = None
+    r = compile_sm90(moe_gemm_kernel, sig, cex, num_warps=8, num_stages=3,
+                     divisible_by_16=[n for n in sig if n != "num_pairs"])
+    out[f"gemm1 static={static}"] = dict(spills=r["spill_bytes"], atomic_max=r["ttgir"].count("tt.atomic_rmw max"))
+print(json.dumps(out))
+"""
+
+
+def test_static_scale_kernels_compile_for_sm90():
+    """The static-scale quantize kernel (a scale read and checked, the error word's atomic OR) and
+    GEMM1 without its amax pointer compile for Hopper; GEMM1's atomic max of the intermediate is
+    gone from the static variant and present in the dynamic one."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(__file__)), env.get("PYTHONPATH", "")])
+    run = subprocess.run([sys.executable, "-c", SM90_SCRIPT], capture_output=True, text=True, env=env)
+    if run.returncode and "ptxas" in run.stderr and "No such file" in run.stderr:
+        pytest.skip("Triton's bundled ptxas is missing")
+    assert run.returncode == 0, run.stderr[-2000:]
+    r = json.loads(run.stdout.strip().splitlines()[-1])
+    assert all(v["spills"] == 0 for v in r.values()), r
+    assert r["quantize bf16"]["atomic_or"] == r["quantize fp32"]["atomic_or"] == 1, r
+    assert r["gemm1 static=True"]["atomic_max"] == 0 < r["gemm1 static=False"]["atomic_max"], r

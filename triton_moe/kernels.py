@@ -400,7 +400,7 @@ def quantize_kernel(a_ptr, amax_ptr, q_ptr, scale_ptr, zero_ptr, num_rows, K, nu
     for z0 in range(0, per_row, FP8_BLOCK):
         z = row * per_row + z0 + cols
         tl.store(zero_ptr + z, tl.zeros_like(z).to(tl.float32), mask=(z0 + cols < per_row) & (z < zero_count))
-    if QUANT == PER_TENSOR and STATIC_BIT != 0:
+    if QUANT == PER_TENSOR and STATIC_BIT:
         s = tl.load(scale_ptr)
         tl.atomic_or(amax_ptr, STATIC_BIT, mask=(row == 0) & (_scale_bad(s) != 0))
     elif QUANT == PER_TENSOR:
