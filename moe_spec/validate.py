@@ -15,7 +15,8 @@ Two kinds of checks:
   a repeated call pays a dictionary lookup.
 * **On the data** — ids in [0, E), no repeated expert in a row, finite routing weights, finite
   positive scales (weight scales, and the static activation scales ``a1_scale`` / ``a2_scale`` of
-  fp8_tensor, whose host checks are :func:`_static_scales`). Reading data on the host is a device→host copy that waits for the GPU, so by
+  fp8_tensor, whose host checks are :func:`_static_scales`). Reading data on the host is a
+  device→host copy that waits for the GPU, so by
   default (the ``"device"`` check mode) these checks run *inside the backend's kernels*, which
   read that data anyway: a failed check sets a bit of the device's **error word**
   (:func:`error_word`, one int32 per device, sticky) and the bad value is made harmless, never
