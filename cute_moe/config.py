@@ -416,6 +416,12 @@ def _rule_config(swap_ab: bool, tokens_tile: int, wide: bool, row_scale: bool, q
     return cfg.replace(stages=max_stages(cfg))
 
 
+GATED_GEMM1 = True
+"""The bf16 fused GEMM1 computes SiLU·up in its epilogue (``GemmConfig.gated``: no ``[M_pad, 2I]``
+in memory, no SiLU·mul row kernel); False: a plain GEMM1 and the row kernel, as ``fusion="separate"``
+always runs.  The one switch for the choice; explicit ``configs`` are taken as given."""
+
+
 def choose_config(tokens_per_expert: float, n_out: int, k: int, *, swap_ab: bool | None = None,
                   row_scale: bool = False, quant: str | None = None, out_dtype: str = "bfloat16",
                   gated: bool = False, layer: tuple | None = None) -> GemmConfig:

@@ -168,7 +168,7 @@ def grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, rows: SortedRows, cfg:
 
 def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None,
               swap_ab: bool | None = None, configs: tuple[GemmConfig, GemmConfig] | None = None,
-              fusion: str = "fused") -> torch.Tensor:
+              fusion: str = "fused", a1_scale=None, a2_scale=None) -> torch.Tensor:
     """The backend contract: bf16 ``[T, K]`` output of the MoE layer.
 
     Backend options: ``swap_ab`` forces the path (None: the rule in
@@ -178,8 +178,12 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
     one.  ``quant`` (an FP8 format) runs the W8A8 layer of :mod:`cute_moe.moe_fp8`.  The
     arguments, then the options and every limit of this backend (:func:`~cute_moe.plan.plan`), are
     checked on the host before the first launch — T = 0 included — so bad input never leaves a
-    half-run pipeline behind.
+    half-run pipeline behind. Static activation scales (``a1_scale``, ``a2_scale``) are not
+    implemented here (the activations are quantized with dynamic scales): refused by name.
     """
+    if a1_scale is not None or a2_scale is not None:
+        raise ValueError(f"{'a1_scale' if a1_scale is not None else 'a2_scale'}: static activation scales are not "
+                         "implemented by cute_moe (dynamic scales only); triton_moe takes them with fp8_tensor")
     dims = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale,
                              max_experts=MAX_EXPERTS)
     p = plan(dims, quant, swap_ab=swap_ab, configs=configs, fusion=fusion)

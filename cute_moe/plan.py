@@ -19,20 +19,13 @@ from moe_spec.plan import bucket_starts, tokens_per_expert
 from moe_spec.quant import check_quant
 from moe_spec.validate import MoEDims
 
-from .config import ALIGN_ELEMS, GemmConfig, choose_config, path_rule
+from .config import ALIGN_ELEMS, GATED_GEMM1, GemmConfig, choose_config, path_rule
 from .moe_fp8 import check_quant_layer, gemm1_out_dtype
 from .ptx import mma_instruction
 from .unfused import check_fusion, separate_configs
 
 #: How far :func:`plans_for` looks by default (the largest batch the harness runs, doubled).
 MAX_TOKENS = 8192
-
-GATED_GEMM1 = True
-"""The bf16 fused pipeline's GEMM1 computes SiLU·up in its epilogue (``GemmConfig.gated``): the
-``[M_pad, 2I]`` pre-activation never reaches memory and the SiLU·mul row kernel does not run.
-False: a plain GEMM1 followed by the row kernel (what ``fusion="separate"`` always runs).  The one
-switch for the choice; explicit ``configs`` are taken as given."""
-
 
 def _tile_text(cfg: GemmConfig) -> str:
     w, t = cfg.weights_tile, cfg.tokens_tile
@@ -45,7 +38,7 @@ class LayerPlan:
     """What ``fused_moe`` runs for one layer call (see :mod:`moe_spec.plan` for the interface).
 
     ``gemm1`` (no row scale; in the bf16 fused pipeline gated — SiLU·up in its epilogue, see
-    :data:`GATED_GEMM1`) and ``gemm2`` (applies the routing weights in its epilogue — unless
+    :data:`~cute_moe.config.GATED_GEMM1`) and ``gemm2`` (applies the routing weights in its epilogue — unless
     ``fusion`` is ``"separate"``, whose passes apply them) are the decisions; everything else is
     read from them.  Under an FP8 ``quant`` both GEMMs are E4M3 configs of that format, GEMM1
     writing fp32.
@@ -131,7 +124,7 @@ def plan(dims: MoEDims, quant: str | None = None, *, swap_ab: bool | None = None
     :func:`~cute_moe.config.path_rule`); ``configs`` gives the (GEMM1, GEMM2) configs of the fused
     pipeline outright; ``fusion="separate"`` turns them into the unfused pipeline's
     (:func:`~cute_moe.unfused.separate_configs`, GEMM1 plain: SiLU·mul runs as its own kernel).
-    The bf16 fused pipeline's GEMM1 is gated (SiLU·up in its epilogue) while :data:`GATED_GEMM1`.
+    The bf16 fused pipeline's GEMM1 is gated (SiLU·up in its epilogue) while :data:`~cute_moe.config.GATED_GEMM1`.
     Raises TypeError / ValueError naming a bad option or an unsupported size.
     """
     if not isinstance(dims, MoEDims):

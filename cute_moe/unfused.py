@@ -24,7 +24,7 @@ import torch
 from moe_spec.align import Alignment
 from moe_spec.hopper import sm_count
 
-from .config import GemmConfig
+from .config import GATED_GEMM1, GemmConfig
 from .ptx import compile_unfused_kernels
 from .runtime import cute_scale, cute_tensor, cute_vector, current_stream
 
@@ -75,9 +75,7 @@ def weighted_combine(y: torch.Tensor, row_of_pair: torch.Tensor, topk_weights: t
 
 
 def gated_gemm1() -> bool:
-    """Whether the fused bf16 plan's GEMM1 carries SiLU·up in its epilogue (:data:`cute_moe.plan.GATED_GEMM1`)."""
-    from .plan import GATED_GEMM1  # plan imports this module
-
+    """Whether the fused bf16 plan's GEMM1 carries SiLU·up in its epilogue (:data:`cute_moe.config.GATED_GEMM1`)."""
     return GATED_GEMM1
 
 

@@ -3,7 +3,7 @@
 Both backends implement::
 
     fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None,
-              **backend_options) -> Tensor[T, K] (bf16)
+              a1_scale=None, a2_scale=None, **backend_options) -> Tensor[T, K] (bf16)
 
 with the tensors of :mod:`moe_spec.problem`, ``quant`` one of the registry
 :data:`moe_spec.quant.FORMATS` (weight dtype and scale shapes are the format's), activations
@@ -11,6 +11,15 @@ quantized inside the backend when ``quant`` is an fp8 format, and the output the
 (:mod:`moe_spec.oracle`) within the format's tolerance. ``T = 0`` returns an empty [0, K] tensor —
 after the same checks as any other T (the empty-batch rule of :mod:`moe_spec.plan`: a call refused
 at T = 1 is refused at T = 0).
+
+Static activation scales. ``a1_scale`` (x's) and ``a2_scale`` (the intermediate SiLU(gate)·up's)
+replace the two dynamic per-tensor activation scales by calibrated ones: ``quant="fp8_tensor"``
+only (the one format whose activation scale spans the whole batch), both or neither (a lone one is
+refused naming the missing one), each a float32 tensor of one element — shape [] (vLLM's
+``input_scale.max()``) or [1] — on the device of x. The oracle quantizes with them as given,
+``e4m3(clamp(a / s, ±448))``: values beyond 448·s saturate. A backend that does not implement them
+refuses them by name before any launch (cute_moe does). With them a token's output does not depend
+on the other tokens of the batch (``notes/triton_moe.md``).
 
 Bad arguments. Every argument is checked by :func:`moe_spec.validate.validate_moe_args`; a bad one
 raises TypeError (a type or dtype) or ValueError (anything else) whose message starts with the
@@ -24,7 +33,8 @@ costs the same eager as in a CUDA graph:
   data), one device, contiguity.
 * Checked on the device, by the kernels that read the data anyway (or by torch ops,
   :func:`moe_spec.validate.guard_routing`), without a sync (the default ``"device"`` mode): ids
-  in [0, E) and distinct within a row, routing weights finite, scales finite and positive. A
+  in [0, E) and distinct within a row, routing weights finite, scales (weight and static
+  activation scales) finite and positive. A
   failed check ORs its bit into the device's error word
   (:func:`moe_spec.validate.error_word`); :func:`moe_spec.validate.check` reads it (one sync,
   when the caller chooses), clears it and raises the ValueError naming the argument. The bad data
@@ -55,9 +65,9 @@ oracle's output is finite but beyond bf16's range (±inf once rounded) and the k
 (inf − inf in GEMM2). ``notes/numerics.md`` has the details.
 
 :func:`make_fused_experts` wraps such a function into vLLM's ``fused_experts`` signature so that a
-serving stack can swap either backend in. Options of vLLM that this project does not implement
-(int8/int4 weights, static activation scales, expert maps, other activations) raise ValueError
-instead of being ignored.
+serving stack can swap either backend in; ``a1_scale`` / ``a2_scale`` reach the backend only when
+given. Options of vLLM that this project does not implement (int8/int4 weights, expert maps, other
+activations) raise ValueError instead of being ignored.
 """
 
 from __future__ import annotations
@@ -123,16 +133,16 @@ def make_fused_experts(fused_moe):
             "expert_map": expert_map is not None,
             "w1_zp": w1_zp is not None,
             "w2_zp": w2_zp is not None,
-            "a1_scale": a1_scale is not None,
-            "a2_scale": a2_scale is not None,
         }
         bad = [name for name, hit in unsupported.items() if hit]
         if bad:
-            raise ValueError(f"{bad[0]}: not supported by this backend (SiLU-gated experts, fp8 W8A8 with "
-                             "dynamic activation scales, no expert map)")
+            raise ValueError(f"{bad[0]}: not supported by this backend (SiLU-gated experts, fp8 W8A8, "
+                             "no expert map)")
         if global_num_experts != -1 and not (isinstance(w1, torch.Tensor) and global_num_experts == w1.shape[0]):
             raise ValueError(f"global_num_experts: expected -1 or E (w1.shape[0]), got {global_num_experts}")
         quant = quant_from_vllm(use_fp8_w8a8, per_channel_quant, block_shape)
+        if a1_scale is not None or a2_scale is not None:  # static activation scales (fp8_tensor)
+            backend_options.update(a1_scale=a1_scale, a2_scale=a2_scale)
         out = fused_moe(hidden_states, w1, w2, topk_weights, topk_ids, quant=quant,
                         w1_scale=_vllm_scale(w1_scale, w1, quant), w2_scale=_vllm_scale(w2_scale, w2, quant),
                         **backend_options)

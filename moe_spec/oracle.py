@@ -10,6 +10,13 @@ the bf16 inputs. For an fp8 format it models a W8A8 kernel step by step, still i
    quantized again in the same format, as the kernel must do before GEMM2;
 5. GEMM2, then the routing weights and the sum over the top-k slots.
 
+With static activation scales (``a1_scale``, ``a2_scale``: fp8_tensor only, see
+:mod:`moe_spec.contract`) steps 2 and 4 use the given scales instead of the tensors' amaxes
+(:func:`moe_spec.quant.quantize_activation_static`: values beyond ±448·s saturate), and a token's
+output no longer depends on the rest of its batch. :func:`calibrate_static_scales` gives the scales
+the dynamic pipeline would use on a batch — what a calibration run records (its maximum over the
+batches it sees).
+
 So the gap between a kernel and the oracle is the kernel's own arithmetic (accumulation order,
 bf16 intermediates, a rounding at a quantization boundary), not the quantization error, which
 :mod:`compare` reports separately against the unquantized problem.
@@ -29,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from moe_spec.quant import dequantize_weight, fake_quantize_activation
+from moe_spec.quant import _group_amax, dequantize_weight, fake_quantize_activation, static_scale_of
 from moe_spec.validate import validate_moe_args
 
 F64 = torch.float64
@@ -68,22 +75,28 @@ def _expert_weight(w, scale, quant, e):
     return dequantize_weight(w[e : e + 1], None if scale is None else scale[e : e + 1], quant, F64)[0]
 
 
-def oracle_breakdown(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None,
-                     w2_scale=None) -> OracleResult:
-    """Evaluate the MoE layer in float64 and keep every (token, slot) output."""
-    d = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale,
-                          w2_scale=w2_scale, data_checks="sync")  # it indexes with the ids on the host
-    T, K, I, k = d.T, d.K, d.I, d.top_k
-    ids = topk_ids.long()
-    flat = ids.reshape(-1)  # pair p = t·k + j
-    xa = fake_quantize_activation(x, quant)  # [T, K] fp64
+def _intermediate(x, w1, topk_ids, quant, w1_scale, a1_scale, I):  # noqa: E741
+    """Steps 2–3: SiLU(gate)·up of every pair p = t·top_k + j in fp64 [T·top_k, I], and the pairs of each expert."""
+    k = topk_ids.shape[1]
+    flat = topk_ids.long().reshape(-1)
+    xa = fake_quantize_activation(x, quant, scale=a1_scale)  # [T, K] fp64
     pairs_of = {int(e): (flat == e).nonzero().squeeze(1) for e in flat.unique()}
-
-    inter = torch.zeros(T * k, I, dtype=F64, device=x.device)
+    inter = torch.zeros(flat.numel(), I, dtype=F64, device=x.device)
     for e, pairs in pairs_of.items():
         h = xa[pairs // k] @ _expert_weight(w1, w1_scale, quant, e).T
         inter[pairs] = torch.nn.functional.silu(h[:, :I]) * h[:, I:]
-    inter = fake_quantize_activation(inter, quant)  # identity for bf16
+    return inter, pairs_of
+
+
+def oracle_breakdown(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None,
+                     w2_scale=None, a1_scale=None, a2_scale=None) -> OracleResult:
+    """Evaluate the MoE layer in float64 and keep every (token, slot) output."""
+    d = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale,
+                          a1_scale=a1_scale, a2_scale=a2_scale, data_checks="sync")  # it indexes with the ids
+    T, K, I, k = d.T, d.K, d.I, d.top_k
+    ids = topk_ids.long()
+    inter, pairs_of = _intermediate(x, w1, topk_ids, quant, w1_scale, a1_scale, I)
+    inter = fake_quantize_activation(inter, quant, scale=a2_scale)  # identity for bf16
 
     y = torch.zeros(T * k, K, dtype=F64, device=x.device)
     for e, pairs in pairs_of.items():
@@ -93,10 +106,25 @@ def oracle_breakdown(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=
     return OracleResult(out=out, pair_output=y, topk_ids=ids, topk_weights=topk_weights)
 
 
-def oracle(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None) -> torch.Tensor:
+def oracle(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None, a1_scale=None,
+           a2_scale=None) -> torch.Tensor:
     """The MoE layer in float64: [T, K]."""
     return oracle_breakdown(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale,
-                            w2_scale=w2_scale).out
+                            w2_scale=w2_scale, a1_scale=a1_scale, a2_scale=a2_scale).out
+
+
+def calibrate_static_scales(x, w1, w2, topk_weights, topk_ids, *, quant="fp8_tensor", w1_scale=None,
+                            w2_scale=None) -> tuple:
+    """``(a1_scale, a2_scale)``, fp32 [1] each: the per-tensor scales the dynamic fp8_tensor layer
+    uses on this batch — x's and the intermediate's (from the fp64 intermediate rounded to fp32,
+    as step 4 quantizes it). A calibration takes the maximum of each over its batches."""
+    d = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale,
+                          data_checks="sync")
+    if quant != "fp8_tensor":
+        raise ValueError(f"quant: static activation scales are calibrated for 'fp8_tensor', got {quant!r}")
+    inter, _ = _intermediate(x, w1, topk_ids, quant, w1_scale, None, d.I)
+    whole = (None, None)
+    return static_scale_of(_group_amax(x.float(), whole)), static_scale_of(_group_amax(inter.float(), whole))
 
 
 def rel_l2(a: torch.Tensor, ref: torch.Tensor) -> float:

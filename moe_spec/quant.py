@@ -23,11 +23,19 @@ they change every 128 of K and are applied per K step.
 
 Amax is computed in fp32 on the values as given (a bf16 activation is exact in fp32).
 
+Static activation scales (``fp8_tensor`` only). Instead of the batch's amax, a caller may give the
+two activation scales — x's (``a1_scale``) and the intermediate's (``a2_scale``) — calibrated
+beforehand, as vLLM's ``activation_scheme="static"`` checkpoints do (:func:`quantize_activation_static`:
+``q = e4m3(clamp(a / s, ±448))`` with the given s). Then a token's quantization no longer depends on
+the other tokens of its batch. Values beyond ±448·s, which a calibration that saw smaller amaxes
+lets through, saturate to ±448 — a bounded clipping error, not an inf.
+
 NaN and overflow. A NaN anywhere in a group makes the group's amax NaN, hence its scale NaN, hence
 every value of the group NaN after dequantization (``q · s``); an inf makes the scale inf, and the
 group dequantizes to NaN as well (``0 · inf``). Nothing is dropped: a scale group is the blast
 radius of a non-finite value. Finite values beyond ±448·s cannot occur (s is taken from the
-group's own amax); the saturating cast only guards rounding at the edge.
+group's own amax); the saturating cast only guards rounding at the edge — except under a static
+scale, where they saturate (above). A NaN stays NaN under a static scale, but only in its own value.
 """
 
 from __future__ import annotations
@@ -238,6 +246,23 @@ def quantize_activation(a: torch.Tensor, fmt):
     return q.contiguous(), scale.reshape(f.activation_scale_shape(*a.shape)).contiguous()
 
 
+def quantize_activation_static(a: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Static per-tensor quantization of ``a`` [T, K] with a given fp32 scale (shape [] or [1]):
+    ``e4m3(clamp(a / scale, ±448))``, an IEEE division by the scale as given (no floor); values
+    beyond ±448·scale saturate. Returns q float8_e4m3fn [T, K]; its scale is ``scale`` itself."""
+    if a.dim() != 2:
+        raise ValueError(f"a: expected [T, K], got shape {tuple(a.shape)}")
+    if not (isinstance(scale, torch.Tensor) and scale.numel() == 1):
+        raise ValueError(f"scale: expected a one-element tensor, got {scale!r}")
+    return _cast_fp8(a.float() / scale.float().reshape(1).to(a.device)).contiguous()
+
+
+def static_scale_of(amax) -> torch.Tensor:
+    """The static scale a calibration stores for an activation amax it observed (fp32 [1]):
+    ``max(amax, 1e-12) / 448``, the dynamic scale of a tensor with that amax."""
+    return _scale_of(torch.as_tensor(amax, dtype=torch.float32).reshape(1))
+
+
 def dequantize_activation(q: torch.Tensor, scale: torch.Tensor, fmt, dtype=torch.float32) -> torch.Tensor:
     """``q · scale`` broadcast per ``fmt``, in ``dtype``."""
     f = get_format(fmt)
@@ -247,9 +272,14 @@ def dequantize_activation(q: torch.Tensor, scale: torch.Tensor, fmt, dtype=torch
     return q.to(dtype) * _expand_groups(s, f.activation_group, T, K)
 
 
-def fake_quantize_activation(a: torch.Tensor, fmt, dtype=torch.float64) -> torch.Tensor:
-    """``dequantize(quantize(a))`` — what a W8A8 kernel effectively multiplies; identity for bf16."""
+def fake_quantize_activation(a: torch.Tensor, fmt, dtype=torch.float64, scale=None) -> torch.Tensor:
+    """``dequantize(quantize(a))`` — what a W8A8 kernel effectively multiplies; identity for bf16.
+    ``scale``: a static per-tensor scale (fp8_tensor) instead of the dynamic one."""
     if not get_format(fmt).quantized:
         return a.to(dtype)
+    if scale is not None:
+        if fmt != "fp8_tensor":
+            raise ValueError(f"scale: a static activation scale needs fmt='fp8_tensor', got {fmt!r}")
+        return quantize_activation_static(a, scale).to(dtype) * scale.to(dtype=dtype, device=a.device).reshape(1)
     q, s = quantize_activation(a, fmt)
     return dequantize_activation(q, s, fmt, dtype)

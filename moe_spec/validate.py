@@ -15,7 +15,9 @@ Two kinds of checks:
   metadata, so their verdict is cached per signature (dtypes, shapes, strides, devices, options):
   a repeated call pays a dictionary lookup.
 * **On the data** — ids in [0, E), no repeated expert in a row, finite routing weights, finite
-  positive scales. Reading data on the host is a device→host copy that waits for the GPU, so by
+  positive scales (weight scales, and the static activation scales ``a1_scale`` / ``a2_scale`` of
+  fp8_tensor, whose host checks are :func:`_static_scales`). Reading data on the host is a
+  device→host copy that waits for the GPU, so by
   default (the ``"device"`` check mode) these checks run *inside the backend's kernels*, which
   read that data anyway: a failed check sets a bit of the device's **error word**
   (:func:`error_word`, one int32 per device, sticky) and the bad value is made harmless, never
@@ -88,8 +90,12 @@ DATA_CHECKS = (
               "the scale was used as given (NaN, inf, zero or a sign flip in the output)"),
     DataCheck(16, "w2_scale", "expected finite, positive scales",
               "the scale was used as given (NaN, inf, zero or a sign flip in the output)"),
+    DataCheck(32, "a1_scale", "expected a finite, positive static activation scale",
+              "the scale was used as given (NaN, inf, zero or a sign flip in the output)"),
+    DataCheck(64, "a2_scale", "expected a finite, positive static activation scale",
+              "the scale was used as given (NaN, inf, zero or a sign flip in the output)"),
 )
-BAD_ID, REPEATED_ID, BAD_WEIGHT, BAD_W1_SCALE, BAD_W2_SCALE = (c.bit for c in DATA_CHECKS)
+BAD_ID, REPEATED_ID, BAD_WEIGHT, BAD_W1_SCALE, BAD_W2_SCALE, BAD_A1_SCALE, BAD_A2_SCALE = (c.bit for c in DATA_CHECKS)
 
 CHECK_MODES = ("device", "sync")
 
@@ -244,7 +250,39 @@ def _scale(name, s, expected_shape):
     _contiguous(name, s)  # kernels index scales as dense row-major arrays
 
 
-def _host_checks(x, w1, w2, topk_weights, topk_ids, quant, w1_scale, w2_scale, max_experts) -> MoEDims:
+#: Shapes a static activation scale may have: 0-d (vLLM's ``input_scale.max()``) or [1].
+STATIC_SCALE_SHAPES = ((), (1,))
+#: The one format that takes static activation scales: a single scale per activation tensor.
+STATIC_SCALE_FORMAT = "fp8_tensor"
+
+
+def _static_scales(quant, a1_scale, a2_scale, device) -> None:
+    """Host checks of ``a1_scale`` / ``a2_scale``, the static (calibrated) activation scales of x and
+    of the intermediate: ``quant="fp8_tensor"`` only, both or neither, fp32 with one element (shape
+    [] or [1]) with data on the device of x."""
+    given = [(n, s) for n, s in (("a1_scale", a1_scale), ("a2_scale", a2_scale)) if s is not None]
+    if not given:
+        return
+    if quant != STATIC_SCALE_FORMAT:
+        raise ValueError(f"{given[0][0]}: static activation scales need quant={STATIC_SCALE_FORMAT!r} (one scale "
+                         f"per activation tensor), got quant={quant!r}")
+    if len(given) == 1:
+        missing = "a2_scale" if given[0][0] == "a1_scale" else "a1_scale"
+        raise ValueError(f"{missing}: required when {given[0][0]} is given (static scales come as a pair: "
+                         "x's and the intermediate's; with neither, both are dynamic)")
+    for name, s in given:
+        _tensor(name, s)
+        _dtype(name, s, (torch.float32,))
+        if tuple(s.shape) not in STATIC_SCALE_SHAPES:
+            raise ValueError(f"{name}: expected one scale, shape () or (1,), got {tuple(s.shape)}")
+        if s.is_meta:
+            raise ValueError(f"{name}: expected a tensor with data, got a meta tensor (the backend reads its value)")
+        if s.device != device:
+            raise ValueError(f"{name}: expected a tensor on {device} (the device of x), got {s.device}")
+
+
+def _host_checks(x, w1, w2, topk_weights, topk_ids, quant, w1_scale, w2_scale, max_experts,
+                 a1_scale=None, a2_scale=None) -> MoEDims:
     for name, t in (("x", x), ("w1", w1), ("w2", w2), ("topk_weights", topk_weights), ("topk_ids", topk_ids)):
         _tensor(name, t)
     fmt = get_format(quant)
@@ -310,14 +348,17 @@ def _host_checks(x, w1, w2, topk_weights, topk_ids, quant, w1_scale, w2_scale, m
             _scale(name, s, fmt.weight_scale_shape(*dims))
         elif s is not None:
             raise ValueError(f"{name}: must be None when quant={quant!r} (bf16 weights carry no scale)")
+    _static_scales(quant, a1_scale, a2_scale, device)
     return MoEDims(T=T, E=E, K=K, I=I, top_k=top_k)
 
 
-def _data_checks_now(dims: MoEDims, topk_weights, topk_ids, w1_scale, w2_scale) -> None:
+def _data_checks_now(dims: MoEDims, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale=None,
+                     a2_scale=None) -> None:
     """The data checks on the host: they read device memory (a sync) and raise before any launch."""
-    for name, s in (("w1_scale", w1_scale), ("w2_scale", w2_scale)):
+    for name, s in (("w1_scale", w1_scale), ("w2_scale", w2_scale), ("a1_scale", a1_scale), ("a2_scale", a2_scale)):
         if s is not None and s.numel() and not bool(torch.isfinite(s).all() and (s > 0).all()):
-            raise ValueError(f"{name}: expected finite, positive scales")
+            rule = "a finite, positive static activation scale" if name[0] == "a" else "finite, positive scales"
+            raise ValueError(f"{name}: expected {rule}")
     if not dims.T:
         return
     ids = topk_ids.long()
@@ -349,25 +390,30 @@ _VERDICTS_MAX = 4096
 
 
 def validate_moe_args(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None,
-                      w2_scale=None, max_experts=None, data_checks: Optional[str] = None) -> MoEDims:
+                      w2_scale=None, max_experts=None, data_checks: Optional[str] = None,
+                      a1_scale=None, a2_scale=None) -> MoEDims:
     """Check every argument of ``fused_moe`` and return the problem's sizes.
 
+    ``a1_scale`` / ``a2_scale``: static activation scales of x and of the intermediate
+    (``quant="fp8_tensor"`` only, both or neither; :mod:`moe_spec.contract`).
     ``max_experts``: a backend's limit on E (None: no limit), refused naming ``w1``.
     ``data_checks``: None follows :func:`check_mode`; ``"sync"`` reads the data now and raises
     (for callers that index with the ids on the host, such as the oracle); ``"device"`` leaves
     the data to the backend's kernels (see the module docstring).
     """
-    key = (quant, max_experts) + tuple(map(_signature, (x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale)))
+    key = (quant, max_experts) + tuple(map(_signature, (x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale,
+                                                        a1_scale, a2_scale)))
     if None in key[2:] or not (quant is None or type(quant) is str):
         key = None
     dims = _verdicts.get(key) if key is not None else None
     if dims is None:
-        dims = _host_checks(x, w1, w2, topk_weights, topk_ids, quant, w1_scale, w2_scale, max_experts)
+        dims = _host_checks(x, w1, w2, topk_weights, topk_ids, quant, w1_scale, w2_scale, max_experts,
+                            a1_scale, a2_scale)
         if key is not None:
             if len(_verdicts) >= _VERDICTS_MAX:
                 _verdicts.clear()
             _verdicts[key] = dims
     mode = _mode if data_checks is None else _mode_from(data_checks, "data_checks")
     if mode == "sync" and not (x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-        _data_checks_now(dims, topk_weights, topk_ids, w1_scale, w2_scale)
+        _data_checks_now(dims, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, a2_scale)
     return dims

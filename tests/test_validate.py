@@ -196,7 +196,7 @@ def test_check_names_the_first_failed_argument_and_lists_the_rest(word):
         check()
     msg = str(info.value)
     assert msg.startswith("topk_ids: expected distinct ids in each token's row"), msg
-    assert "also failed: topk_weights" in msg and "w2_scale" in msg
+    assert "also failed: topk_weights" in msg and DATA_CHECKS[-1].argument in msg
 
 
 def test_check_mode_comes_from_the_environment():
@@ -284,10 +284,36 @@ def test_fused_experts_adapter_forwards_and_rejects():
                         per_channel_quant=True, w1_scale=kw["w1_scale"][..., None],
                         w2_scale=kw["w2_scale"][..., None], inplace=True)
     assert out is x and seen["quant"] == "fp8_channel" and seen["w1_scale"].shape == (4, 96)
-    with pytest.raises(ValueError, match="^a1_scale:"):
-        fused_experts(x, kw["w1"], kw["w2"], kw["topk_weights"], kw["topk_ids"], a1_scale=torch.ones(1))
     with pytest.raises(ValueError, match="^activation:"):
         fused_experts(x, kw["w1"], kw["w2"], kw["topk_weights"], kw["topk_ids"], activation="gelu")
+
+
+def test_fused_experts_adapter_forwards_static_scales_only_when_given():
+    """a1_scale / a2_scale reach the backend (which validates them) when given, and only then, so a
+    backend without the option is called as before."""
+    seen = {}
+
+    def fake_fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None, **opts):
+        validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale,
+                          **opts)
+        seen.update(opts)
+        return x
+
+    fused_experts = make_fused_experts(fake_fused_moe)
+    kw = _kw("fp8_tensor")
+    args = (kw["x"], kw["w1"], kw["w2"], kw["topk_weights"], kw["topk_ids"])
+    fused_experts(*args, use_fp8_w8a8=True, w1_scale=kw["w1_scale"], w2_scale=kw["w2_scale"])
+    assert seen == {}
+    a1, a2 = torch.tensor(0.5), torch.ones(1)
+    fused_experts(*args, use_fp8_w8a8=True, w1_scale=kw["w1_scale"], w2_scale=kw["w2_scale"], a1_scale=a1,
+                  a2_scale=a2)
+    assert seen["a1_scale"] is a1 and seen["a2_scale"] is a2
+    with pytest.raises(ValueError, match="^a1_scale: static activation scales need quant='fp8_tensor'"):
+        bf16 = _kw(None)
+        fused_experts(bf16["x"], bf16["w1"], bf16["w2"], bf16["topk_weights"], bf16["topk_ids"],
+                      a1_scale=torch.ones(1), a2_scale=torch.ones(1))
+    with pytest.raises(ValueError, match="^a2_scale: required when a1_scale is given"):
+        fused_experts(*args, use_fp8_w8a8=True, w1_scale=kw["w1_scale"], w2_scale=kw["w2_scale"], a1_scale=a1)
 
 
 @pytest.mark.parametrize("quant, vllm_shape", [("fp8_tensor", (4, 1, 1)), ("fp8_tensor", (4,)),

@@ -28,14 +28,13 @@ FP8 W8A8 (``QUANT``: 0 bf16, 1 per-tensor, 2 per-channel, 3 128×128 block)
     nearest even), with the scales in its shapes ([1], [rows, 1], [rows, ⌈cols/128⌉]):
 
     * x: per-tensor needs the global amax first (``amax_kernel``: ≤ 128 partial amaxes, one read of
-      x, nothing to zero); per-channel and block scales depend only on the row / the 1×128 group,
-      so ``quantize_kernel`` finds the amax and quantizes in the same program.
+      x, nothing to zero) unless the scale is static; per-channel and block scales depend only on
+      the row / the 1×128 group, so ``quantize_kernel`` finds the amax and quantizes in one program.
     * the intermediate: GEMM1's epilogue writes SiLU·up in fp32 and its amax (``tl.atomic_max`` —
-      order-independent, hence deterministic; the buffer zeroed by x's quantization) per tensor /
-      row / group; one ``quantize_kernel`` pass makes E4M3 + scales for GEMM2. It stays fp32 until
-      then: quantizing a bf16-rounded copy moves ~2 % of its values across an E4M3 rounding
-      boundary, a ~1 % error. (GEMM1's epilogue cannot quantize per-tensor or per-channel: a tile
-      sees only part of the tensor or row whose amax sets the scale.)
+      order-independent, hence deterministic; zeroed by x's quantization; skipped under a static
+      scale) per tensor / row / group; one ``quantize_kernel`` pass makes E4M3 + scales for GEMM2.
+      It stays fp32 (a bf16-rounded copy moves ~2 % of its values across an E4M3 rounding boundary,
+      a ~1 % error); under a dynamic scale GEMM1 cannot quantize it (a tile sees part of a row).
 
     Dequantization happens in registers, with the scales loaded next to the tiles:
 
@@ -347,7 +346,7 @@ def moe_gemm_kernel(
         acc = acc / (1.0 + tl.exp(-acc)) * up  # SiLU(gate)·up in fp32
         acc = tl.where(out_mask & id_ok[:, None], acc, 0.0)
         # the intermediate's amax, as int32 bits (NaN kept, see _abs_bits), per tensor / row / group
-        if QUANT == PER_TENSOR:
+        if QUANT == PER_TENSOR and out_amax_ptr is not None:  # None: a static scale follows
             tl.atomic_max(_bits_ptr(out_amax_ptr), tl.max(tl.max(_abs_bits(acc), axis=1), axis=0))
         elif QUANT == PER_CHANNEL:
             tl.atomic_max(_bits_ptr(out_amax_ptr) + pair, tl.max(_abs_bits(acc), axis=1), mask=row_ok)
@@ -384,17 +383,15 @@ def amax_kernel(x_ptr, amax_ptr, num_rows, K, BLOCK: tl.constexpr):
 
 @triton.jit(do_not_specialize=["num_rows", "num_amax", "zero_count"])
 def quantize_kernel(a_ptr, amax_ptr, q_ptr, scale_ptr, zero_ptr, num_rows, K, num_amax, zero_count,
-                    QUANT: tl.constexpr, AMAX_GIVEN: tl.constexpr, GROUPS: tl.constexpr, INTERPRETER: tl.constexpr):
+                    QUANT: tl.constexpr, AMAX_GIVEN: tl.constexpr, GROUPS: tl.constexpr, INTERPRETER: tl.constexpr,
+                    STATIC_BIT: tl.constexpr = 0):
     """a [rows, K] (bf16 or fp32) → q [rows, K] E4M3 and scales, exactly as moe_spec.quant does.
-
-    One program per row, GROUPS × 128 columns at a time. The scale comes from an amax that is
-    either given (``AMAX_GIVEN``: x's ``num_amax`` partial amaxes under per-tensor; the
-    intermediate's, from GEMM1's epilogue, in the scale's own shape) or found here: per-channel
-    reads the row twice (amax, then quantize — the second read hits L2), block finds each 1×128
-    group's amax in the tile it quantizes. Scales are stored in moe_spec.quant's shapes: [1],
-    [rows, 1], [rows, ⌈K/128⌉]. Quantizing x also zeroes the amax buffer GEMM1's epilogue
-    accumulates into (``zero_count`` elements at ``zero_ptr``), so no launch of its own fills it.
-    """
+    One program per row, GROUPS × 128 columns at a time. The scale is static (``STATIC_BIT`` ≠ 0,
+    per-tensor: read at ``scale_ptr``; ``amax_ptr`` is the error word, where a scale not finite and
+    positive sets ``STATIC_BIT``) or comes from an amax, given (``AMAX_GIVEN``: x's ``num_amax``
+    partial amaxes; the intermediate's, from GEMM1's epilogue) or found here (per-channel reads the
+    row twice). Scales in moe_spec.quant's shapes: [1], [rows, 1], [rows, ⌈K/128⌉]. Quantizing x
+    also zeroes GEMM1's amax buffer (``zero_count`` elements at ``zero_ptr``): no launch fills it."""
     row = tl.program_id(0)
     groups = tl.arange(0, GROUPS)
     cols = tl.arange(0, FP8_BLOCK)
@@ -403,7 +400,10 @@ def quantize_kernel(a_ptr, amax_ptr, q_ptr, scale_ptr, zero_ptr, num_rows, K, nu
     for z0 in range(0, per_row, FP8_BLOCK):
         z = row * per_row + z0 + cols
         tl.store(zero_ptr + z, tl.zeros_like(z).to(tl.float32), mask=(z0 + cols < per_row) & (z < zero_count))
-    if QUANT == PER_TENSOR:
+    if QUANT == PER_TENSOR and STATIC_BIT:
+        s = tl.load(scale_ptr)
+        tl.atomic_or(amax_ptr, STATIC_BIT, mask=(row == 0) & (_scale_bad(s) != 0))
+    elif QUANT == PER_TENSOR:
         parts = tl.arange(0, AMAX_PARTS)
         amax = tl.max(tl.load(_bits_ptr(amax_ptr) + parts, mask=parts < num_amax, other=0), axis=0)
         s = _scale_of(amax.to(tl.float32, bitcast=True))

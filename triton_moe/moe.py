@@ -5,12 +5,16 @@
     plan               the config, checked for the quant format (host only, cached)
     _count_kernel      topk_ids → per-chunk expert histograms
     _place_kernel      → Alignment: sorted_ids, expert_of_block, …  + checks of topk_ids
-    amax_kernel        partial amaxes of x                          (fp8_tensor only)
+    amax_kernel        partial amaxes of x                (fp8_tensor with dynamic scales only)
     quantize_kernel    x → xq E4M3 [T, K] + scales; zeroes GEMM1's amax buffer   (FP8 only)
     moe_gemm_kernel    GEMM1 + SiLU(gate)·up (+ amax of the intermediate) → act [P, I]
     quantize_kernel    act fp32 → E4M3 [P, I] + scales                              (FP8 only)
     moe_gemm_kernel    GEMM2 × routing weight                             → y [P, K]
     combine_kernel     out[t] = Σ_j y[t·top_k + j]                        (skipped for top_k = 1)
+
+Static activation scales (``a1_scale``, ``a2_scale``: fp8_tensor, :mod:`moe_spec.contract`): the
+amax kernel and GEMM1's amax are skipped, and both quantize launches divide by the given scales
+(and check them into the error word) — seven launches instead of eight.
 
 No launch fills or zeroes a buffer: every buffer is written whole by the kernel that produces it
 (the alignment writes its padding; x's quantization zeroes the amax GEMM1 accumulates into).
@@ -40,7 +44,7 @@ import torch
 
 from moe_spec.align import Alignment
 from moe_spec.quant import FP8_DTYPE, WHOLE, get_format
-from moe_spec.validate import error_word, validate_moe_args
+from moe_spec.validate import BAD_A1_SCALE, BAD_A2_SCALE, error_word, validate_moe_args
 from triton_moe.align import MAX_EXPERTS, align_into, buffer_sizes
 from triton_moe.config import TritonConfig
 from triton_moe.jit import INTERPRET, launch
@@ -59,14 +63,20 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _quantize(a, quant: str, amax=None, *, q=None, scale=None, parts=None, zero=None):
+def _quantize(a, quant: str, amax=None, *, q=None, scale=None, parts=None, zero=None, static_bit=0):
     """(q E4M3, scale fp32) of activations a [rows, cols] — moe_spec.quant.quantize_activation's
     result. ``amax``: the amax in the format's shape when already known (else found here); ``q``,
     ``scale``, ``parts`` (fp32 [PARTS], fp8_tensor's partial amaxes): buffers to use;
-    ``zero``: a buffer the same launch zeroes (GEMM1's amax)."""
+    ``zero``: a buffer the same launch zeroes (GEMM1's amax). ``static_bit`` ≠ 0: ``scale`` is a
+    static fp8_tensor scale (read, not written: ``quantize_activation_static``), and a bad one sets
+    this bit of the error word."""
     rows, cols = a.shape
     fmt = get_format(quant)
     q = torch.empty((rows, cols), dtype=FP8_DTYPE, device=a.device) if q is None else q
+    if static_bit:
+        launch(quantize_kernel, (rows,), a, error_word(a.device), q, scale, scale, rows, cols, 1, 0,
+               QUANT=fmt.mode, AMAX_GIVEN=False, GROUPS=QUANT_GROUPS, INTERPRETER=INTERPRET, STATIC_BIT=static_bit)
+        return q, scale
     if scale is None:
         scale = torch.empty(fmt.activation_scale_shape(rows, cols), dtype=torch.float32, device=a.device)
     num_amax = 1
@@ -98,11 +108,11 @@ def _geometry(T: int, top_k: int, K: int, I: int, quant, cfg: TritonConfig, num_
 
 
 def _gemm(grid, constants, a, a_scale, w, w_scale, out, out_amax, topk_weights, topk_ids, error, routing: Alignment,
-          num_padded, N, K):
+          num_padded, N, K, static=False):
     dummy = out  # stands in for pointers a mode does not read
     launch(moe_gemm_kernel, grid,
            a, a_scale if a_scale is not None else dummy, w, w_scale if w_scale is not None else dummy,
-           out, out_amax if out_amax is not None else dummy, topk_weights, topk_ids,
+           out, None if static else out_amax if out_amax is not None else dummy, topk_weights, topk_ids,
            routing.sorted_ids, routing.expert_of_block, num_padded, error, routing.num_pairs, N, K,
            w.shape[0], **constants)
 
@@ -153,9 +163,12 @@ def _cached_plan(dims, quant, config, swap_ab, device):
     return plan(dims, quant, config=config, swap_ab=swap_ab)
 
 
-def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None,
-              config: Optional[TritonConfig] = None, swap_ab: Optional[bool] = None) -> torch.Tensor:
+def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None, a1_scale=None,
+              a2_scale=None, config: Optional[TritonConfig] = None, swap_ab: Optional[bool] = None) -> torch.Tensor:
     """The MoE expert computation (see :mod:`moe_spec.contract`) with Triton kernels → [T, K] bf16.
+
+    ``a1_scale`` / ``a2_scale``: static activation scales of x and of the intermediate (fp8_tensor,
+    both or neither; one fp32 element each): one launch fewer, and batch-invariant rows.
 
     Backend options:
       ``config``   a :class:`~triton_moe.config.TritonConfig`; default: the tuned table for this
@@ -168,7 +181,7 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
     kernels, without a sync (:mod:`moe_spec.contract`).
     """
     d = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale,
-                          w2_scale=w2_scale, max_experts=MAX_EXPERTS)
+                          w2_scale=w2_scale, max_experts=MAX_EXPERTS, a1_scale=a1_scale, a2_scale=a2_scale)
     if (config is None or type(config) is TritonConfig) and (swap_ab is None or type(swap_ab) is bool):
         p = _cached_plan(d, quant, config, swap_ab, x.device)
     else:
@@ -180,11 +193,12 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
     routing = align_into(topk_ids, d.E, p.align_tile, ws["sorted_ids"], ws["expert_of_block"], ws["expert_end"],
                          ws["counts"], error)
     return expert_computation(x, w1, w2, topk_weights, topk_ids, routing, quant=quant, w1_scale=w1_scale,
-                              w2_scale=w2_scale, config=p.config, workspace=ws)
+                              w2_scale=w2_scale, config=p.config, workspace=ws, a1_scale=a1_scale, a2_scale=a2_scale)
 
 
 def expert_computation(x, w1, w2, topk_weights, topk_ids, routing, *, quant, w1_scale, w2_scale,
-                       config: TritonConfig, workspace: Optional[dict] = None) -> torch.Tensor:
+                       config: TritonConfig, workspace: Optional[dict] = None, a1_scale=None,
+                       a2_scale=None) -> torch.Tensor:
     """Everything after the alignment: quantize x, GEMM1 + SiLU·up, quantize the intermediate,
     GEMM2 × routing weight, combine.
 
@@ -202,22 +216,29 @@ def expert_computation(x, w1, w2, topk_weights, topk_ids, routing, *, quant, w1_
     error = error_word(x.device)
     quantized, grid1, grid2, combine_grid, const1, const2 = _geometry(T, top_k, K, I, quant, config,
                                                                       routing.expert_of_block.numel())
-    a1, a1_scale, act_amax = x, None, None
-    if quantized:
+    static = a1_scale is not None  # static activation scales (validated: fp8_tensor, both given)
+    a1, s1, act_amax = x, None, None
+    if static:
+        a1, s1 = _quantize(x, quant, q=ws["xq"], scale=a1_scale, static_bit=BAD_A1_SCALE)
+    elif quantized:
         act_amax = ws["act_amax"]
-        a1, a1_scale = _quantize(x, quant, q=ws["xq"], scale=ws["x_scale"], parts=ws["parts"], zero=act_amax)
+        a1, s1 = _quantize(x, quant, q=ws["xq"], scale=ws["x_scale"], parts=ws["parts"], zero=act_amax)
 
-    # GEMM1 + SiLU(gate)·up: bf16 intermediate, or fp32 with its amax, quantized once for GEMM2
+    # GEMM1 + SiLU(gate)·up: bf16 intermediate, or fp32 (with its amax unless the scale is static),
+    # quantized once for GEMM2
     act = ws["act"]
-    _gemm(grid1, const1, a1, a1_scale, w1, w1_scale, act, act_amax, topk_weights, topk_ids, error, routing,
-          num_padded, I, K)
-    a2, a2_scale = (act, None) if act_amax is None else _quantize(act, quant, act_amax, q=ws["aq"],
-                                                                 scale=ws["act_scale"])
+    _gemm(grid1, const1, a1, s1, w1, w1_scale, act, act_amax, topk_weights, topk_ids, error, routing,
+          num_padded, I, K, static=static)
+    if static:
+        a2, s2 = _quantize(act, quant, q=ws["aq"], scale=a2_scale, static_bit=BAD_A2_SCALE)
+    else:
+        a2, s2 = (act, None) if act_amax is None else _quantize(act, quant, act_amax, q=ws["aq"],
+                                                                scale=ws["act_scale"])
 
     # GEMM2 × routing weight; with top_k = 1 its rows are already the output
     out = torch.empty((T, K), dtype=torch.bfloat16, device=x.device)
     y = out if top_k == 1 else ws["y"]
-    _gemm(grid2, const2, a2, a2_scale, w2, w2_scale, y, None, topk_weights, topk_ids, error, routing, num_padded, K, I)
+    _gemm(grid2, const2, a2, s2, w2, w2_scale, y, None, topk_weights, topk_ids, error, routing, num_padded, K, I)
     if top_k > 1:
         launch(combine_kernel, combine_grid, y, out, T, K, TOP_K=top_k, BLOCK=COMBINE_BLOCK, INTERPRETER=INTERPRET)
     return out
