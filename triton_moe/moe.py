@@ -45,6 +45,7 @@ from triton_moe.align import MAX_EXPERTS, align_into, buffer_sizes
 from triton_moe.config import TritonConfig
 from triton_moe.jit import INTERPRET, launch
 from triton_moe.kernels import AMAX_PARTS, QUANT_MODE, amax_kernel, combine_kernel, moe_gemm_kernel, quantize_kernel
+from triton_moe.kernels_tma import gemm_tma
 from triton_moe.plan import plan
 
 COMBINE_BLOCK = 1024
@@ -91,6 +92,9 @@ def _gemm_constants(cfg: TritonConfig, quant, fuse_silu: bool, a_row_div: int) -
 
 def _gemm(a, a_scale, w, w_scale, out, out_amax, topk_weights, topk_ids, error, routing: Alignment, num_padded,
           N, K, *, a_row_div, fuse_silu, quant, cfg: TritonConfig):
+    if cfg.persistent_tma:  # the persistent TMA kernel (triton_moe.kernels_tma): only when the config asks
+        return gemm_tma(a, a_scale, w, w_scale, out, out_amax, topk_weights, topk_ids, error, routing, num_padded,
+                        N, K, _gemm_constants(cfg, quant, fuse_silu, a_row_div), flatten=cfg.tma_flatten)
     grid = (routing.expert_of_block.numel() * _cdiv(N, cfg.BLOCK_N),)
     dummy = out  # stands in for pointers a mode does not read
     launch(moe_gemm_kernel, grid,
