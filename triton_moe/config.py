@@ -137,7 +137,11 @@ class TritonConfig:
     def resolved(self) -> "TritonConfig":
         if self.swap_ab is not None:
             return self
-        return replace(self, swap_ab=choose_swap_ab(self.BLOCK_M, self.BLOCK_N))
+        swap = choose_swap_ab(self.BLOCK_M, self.BLOCK_N)
+        if swap and self.persistent_tma:
+            raise ValueError(f"config: persistent_tma is the non-swap-AB path, but BLOCK_M={self.BLOCK_M} < {WGMMA_M} "
+                             f"<= BLOCK_N={self.BLOCK_N} resolves to swap-AB; pass swap_ab=False or BLOCK_M >= {WGMMA_M}")
+        return replace(self, swap_ab=swap)
 
     def smem_bytes(self, quant: Optional[str]) -> int:
         """Shared memory of the pipelined operand tiles of GEMM1 (A plus gate and up weight tiles),
@@ -157,9 +161,8 @@ class TritonConfig:
         if fmt.scales_along_k and FP8_BLOCK % self.BLOCK_K:
             raise ValueError(f"config: {fmt.label} needs BLOCK_K to divide {FP8_BLOCK} (one scale per K step), "
                              f"got BLOCK_K={self.BLOCK_K}")
-        if self.persistent_tma and self.resolved().swap_ab:
-            raise ValueError(f"config: persistent_tma is the non-swap-AB path, but BLOCK_M={self.BLOCK_M} < {WGMMA_M} "
-                             f"<= BLOCK_N={self.BLOCK_N} resolves to swap-AB; pass swap_ab=False or BLOCK_M >= {WGMMA_M}")
+        if self.persistent_tma:
+            self.resolved()  # raises when the tile resolves to swap-AB
         if fmt.quantized and self.BLOCK_K < 32:
             raise ValueError(f"config: FP8 needs BLOCK_K >= 32 (one WGMMA K step), got {self.BLOCK_K}")
         smem = self.smem_bytes(quant)
