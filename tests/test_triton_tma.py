@@ -172,3 +172,30 @@ def test_sm90_binary_reads_weights_by_tma_and_rows_by_async_copy(fuse_silu, quan
     weights = 2 if fuse_silu else 1
     assert r["tma_loads"] >= weights and r["async_copies"] > 0 and r["wgmma"] == weights, r
     assert r["spill_bytes"] == 0, r
+
+
+def test_bench_refuses_a_non_empty_output_directory(tmp_path, capsys):
+    from triton_moe import bench_tma
+
+    (tmp_path / "old.md").write_text("an earlier run\n")
+    with pytest.raises(SystemExit) as e:
+        bench_tma.main(["--out", str(tmp_path)])
+    assert e.value.code == 2 and "is a non-empty directory" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["old.md"]
+
+
+def test_bench_report_renders(tmp_path):
+    from triton_moe import bench_tma
+
+    row = dict(shape="mixtral-8x7b", dtype="bf16", T=4096, tile="128x128x64/g8w8s3", grouped_us=5357.0,
+               persistent_us=5000.0, speedup=1.0714, grouped_tflops=478.0, persistent_tflops=512.0, rel_l2=0.0,
+               bit_identical=True)
+    results = dict(date="d", device="dev", commit="c", command="cmd", flatten=False, cut=["qwen3-30b-a3b bf16 T=1024"],
+                   rows=[row, dict(shape="deepseek-v3:tp8", dtype="bf16", T=1024, tile="32x64x64/g1w4s4",
+                                   skipped="the table's tile is swap-AB")],
+                   oracle=[dict(dtype="bf16", grouped_rel_l2=3e-3, persistent_rel_l2=3e-3, bit_identical=True)])
+    bench_tma._write(tmp_path, results)
+    md = (tmp_path / "tma_bench.md").read_text()
+    assert "| mixtral-8x7b | bf16 | 4096 | 128x128x64/g8w8s3 | 5357.0 | 5000.0 | 1.071 | 478 | 512 |" in md
+    assert "skipped: the table's tile is swap-AB" in md and "Not run (deadline): qwen3-30b-a3b bf16 T=1024" in md
+    assert json.loads((tmp_path / "tma_bench.json").read_text())["rows"][0]["persistent_us"] == 5000.0
