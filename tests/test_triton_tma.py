@@ -199,3 +199,51 @@ def test_bench_report_renders(tmp_path):
     assert "| mixtral-8x7b | bf16 | 4096 | 128x128x64/g8w8s3 | 5357.0 | 5000.0 | 1.071 | 478 | 512 |" in md
     assert "skipped: the table's tile is swap-AB" in md and "Not run (deadline): qwen3-30b-a3b bf16 T=1024" in md
     assert json.loads((tmp_path / "tma_bench.json").read_text())["rows"][0]["persistent_us"] == 5000.0
+
+
+WS_PROBE = r"""
+import triton, triton.language as tl
+from triton_moe.jit import compile_sm90
+
+@triton.jit
+def mm(a_ptr, idx_ptr, b_ptr, c_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+       GATHER: tl.constexpr):
+    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
+    b_desc = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[K, 1], block_shape=[BN, BK])
+    c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1], block_shape=[BM, BN])
+    npn = tl.cdiv(N, BN)
+    for t in tl.range(tl.program_id(0), tl.cdiv(M, BM) * npn, tl.num_programs(0), warp_specialize=True):
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+        rows = tl.load(idx_ptr + t // npn * BM + tl.arange(0, BM))
+        for k in range(0, tl.cdiv(K, BK)):
+            if GATHER:  # A rows gathered by index, as the MoE GEMM reads them
+                a = tl.load(a_ptr + rows[:, None] * K + k * BK + tl.arange(0, BK)[None, :])
+            else:
+                a = a_desc.load([t // npn * BM, k * BK])
+            acc = tl.dot(a, b_desc.load([t % npn * BN, k * BK]).T, acc)
+        c_desc.store([t // npn * BM, t % npn * BN], acc.to(tl.bfloat16))
+
+sig = {"a_ptr": "*bf16", "idx_ptr": "*i32", "b_ptr": "*bf16", "c_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32"}
+for gather in (False, True):
+    try:
+        r = compile_sm90(mm, sig, dict(BM=128, BN=128, BK=64, GATHER=gather), num_warps=4, num_stages=3,
+                         divisible_by_16=["M", "N", "K"])
+        print("specialized" if "ttg.warp_specialize" in r["ttgir"] else "plain", flush=True)
+    except RuntimeError:
+        print("failed", flush=True)
+"""
+
+
+def test_triton_on_sm90_warp_specializes_only_all_tma_operands(tmp_path):
+    """Why the persistent kernel offers no warp specialization (see triton_moe.kernels_tma): Triton
+    3.6 compiles ``warp_specialize=True`` for sm_90a into warp-specialized partitions when both dot
+    operands come through TMA, and fails when A is gathered with pointer loads. A Triton that
+    handles the gather fails this test (and the kernel could then try it)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(__file__)), env.get("PYTHONPATH", "")])
+    probe = tmp_path / "ws_probe.py"  # a @triton.jit function must live in a file
+    probe.write_text(WS_PROBE)
+    run = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, env=env)
+    if "ptxas" in run.stderr and "No such file" in run.stderr:
+        pytest.skip("Triton's bundled ptxas is missing")
+    assert run.stdout.split() == ["specialized", "failed"], (run.stdout, run.stderr[-2000:])

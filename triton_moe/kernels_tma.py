@@ -9,7 +9,8 @@ Persistent schedule
     p, p + grid, p + 2·grid, … of the grouped order (GROUP_M M-blocks sweep the N tiles together,
     as in ``moe_gemm_kernel``) up to ``cdiv(num_padded, BLOCK_M)`` M-blocks, the padded total the
     alignment wrote on the device: tiles past it are never visited, nothing is read back on the
-    host, and the launch is CUDA-graph capturable (the grid depends only on the device).
+    host, and the launch is CUDA-graph capturable (the grid is min(SMs, the call's worst-case tile
+    count), both known on the host).
 
 Weights through TMA
     W [E, N_TOTAL, K] is viewed as one 2-D tensor [E·N_TOTAL, K] and read through a device-side
@@ -27,14 +28,24 @@ Weights through TMA
     TMA needs the row stride in bytes (K · element size) to be a multiple of 16 and a 16-byte
     aligned base; :func:`check_tma_operand` says so before the launch.
 
-Warp specialization (``WARP_SPECIALIZE``)
-    Triton 3.6 compiles ``tl.range(..., warp_specialize=True)`` on sm_90 through its Hopper
-    warp-specialization pass (producer warps issue the loads, consumer warpgroups the WGMMAs).
-    Whether it pays for this kernel (whose A tiles are pointer gathers, not TMA) is a measurement:
-    ``python -m triton_moe.bench_tma`` times it.
+Warp specialization and loop flattening (Triton 3.6 on sm_90)
+    Triton 3.6 runs its Hopper warp-specialization pass on a ``tl.range(..., warp_specialize=True)``
+    loop only with num_warps = 4, and (compiled for sm_90a on the CPU, 2026-12-02,
+    ``triton_moe.jit.compile_sm90``) it specializes a persistent matmul whose operands both come
+    through TMA descriptors, but fails to compile one whose A tile is a pointer gather, as here
+    (``NVGPUWarpSpecialization`` pass failure; the same with the attribute on the K loop).
+    ``tests/test_triton_tma.py`` checks both. So this kernel offers no warp specialization: with
+    Hopper's TMA lacking a row gather, A would first have to be stored in expert order.
+    ``tl.range(..., flatten=True)`` does compile on sm_90 (the nested-loop fusion pass runs there):
+    the tile loop and the K loop become one software pipeline, so the next tile's loads may start
+    under this tile's epilogue, at a cost in shared memory and registers (``FLATTEN``; the
+    config's ``tma_flatten``). Whether it pays is what ``python -m triton_moe.bench_tma --flatten``
+    measures.
 
 The K loop is the one of ``moe_gemm_kernel`` (same order, same ``_mma`` / ``_mma_scaled`` steps),
-so on the same tile the two kernels add the same products in the same order.
+so on the same tile the two kernels add the same products in the same order. The epilogue is
+``_epilogue`` here: ``moe_gemm_kernel``'s epilogue as a ``@triton.jit`` helper (with 64-bit output
+offsets), built from the same helpers of :mod:`triton_moe.kernels`, which it imports unchanged.
 """
 
 from __future__ import annotations
