@@ -49,11 +49,10 @@ def word():
     w.zero_()
 
 
-@pytest.mark.parametrize("flatten", [False, True], ids=["loop", "flatten"])
-@pytest.mark.parametrize("quant", [None, "fp8_block", "fp8_tensor"], ids=lambda q: q or "bf16")
+@pytest.mark.parametrize("quant, flatten", [(None, False), ("fp8_block", False), ("fp8_tensor", False),
+                                           (None, True), ("fp8_block", True)],
+                         ids=["bf16", "fp8_block", "fp8_tensor", "bf16-flatten", "fp8_block-flatten"])
 def test_matches_the_oracle_and_the_grouped_kernel_bit_for_bit(quant, flatten, few_programs):
-    if flatten and quant == "fp8_tensor":
-        pytest.skip("flatten is a compiler hint: two formats cover it in the interpreter")
     inp = make_inputs(SMALL, 11, quant, seed=1)  # 22 pairs over 8 experts: some experts empty
     base = fused_moe(**inp.kwargs(), config=TritonConfig(**TILE))
     with count_compilations() as counter:
@@ -104,6 +103,8 @@ def test_the_heuristic_and_the_shipped_tables_leave_it_off():
     (dict(tma_flatten="yes"), TypeError, r"^tma_flatten: expected True or False"),
     (dict(tma_flatten=True), ValueError, r"^tma_flatten=True: .* needs persistent_tma=True"),
     (dict(persistent_tma=True, swap_ab=True), ValueError, r"^persistent_tma=True: .* non-swap-AB path"),
+    (dict(persistent_tma=True, BLOCK_N=512), ValueError, r"^persistent_tma=True: .* BLOCK_N=512"),
+    (dict(persistent_tma=True, BLOCK_K=512), ValueError, r"^persistent_tma=True: .* BLOCK_K=512"),
 ])
 def test_config_fields_are_checked_on_construction(kwargs, error, match):
     with pytest.raises(error, match=match):

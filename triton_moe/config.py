@@ -59,6 +59,9 @@ SMEM_LIMIT = SMEM_PER_CTA_BYTES
 #: The smallest tile Triton's tl.dot accepts along M, N and K.
 MIN_DOT = 16
 
+#: The largest extent of a TMA box along any dimension (the weight tile of ``persistent_tma``).
+TMA_BOX_MAX = 256
+
 #: num_warps values a config may ask for (Triton: a power of two; 16 warps = 512 threads).
 NUM_WARPS = (1, 2, 4, 8, 16)
 
@@ -90,7 +93,8 @@ class TritonConfig:
     Every field is checked when the config is built (type first, then value; the message starts
     with the field's name): BLOCK_M, BLOCK_N, BLOCK_K powers of two ≥ 16; GROUP_M ≥ 1; num_warps
     in :data:`NUM_WARPS`; num_stages ≥ 1; swap_ab None or a bool; fp8_imprecise_acc 0 or a
-    multiple of 32 up to BLOCK_K; persistent_tma a bool, not with swap_ab=True; tma_flatten a
+    multiple of 32 up to BLOCK_K; persistent_tma a bool, not with swap_ab=True nor a
+    weight tile beyond a TMA box (BLOCK_N, BLOCK_K ≤ 256); tma_flatten a
     bool, only with persistent_tma.  What depends on the quant format too (FP8's BLOCK_K, shared
     memory) is :meth:`check`.
     """
@@ -131,6 +135,9 @@ class TritonConfig:
         if self.persistent_tma and self.swap_ab:
             raise ValueError("persistent_tma=True: the persistent TMA kernel is the non-swap-AB path; "
                              "it cannot run with swap_ab=True")
+        if self.persistent_tma and max(self.BLOCK_N, self.BLOCK_K) > TMA_BOX_MAX:
+            raise ValueError(f"persistent_tma=True: a TMA box spans at most {TMA_BOX_MAX} rows and columns; "
+                             f"got the weight tile BLOCK_N={self.BLOCK_N} × BLOCK_K={self.BLOCK_K}")
         if self.tma_flatten and not self.persistent_tma:
             raise ValueError("tma_flatten=True: flattens the persistent kernel's loops; it needs persistent_tma=True")
 
