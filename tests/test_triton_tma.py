@@ -111,6 +111,16 @@ def test_config_fields_are_checked_on_construction(kwargs, error, match):
         TritonConfig(**{**TILE, **kwargs})
 
 
+def test_flatten_counts_its_extra_shared_memory():
+    """Compiled for sm_90a, flattening the fp8 GEMM1 at 128×128×128 with 4 stages needs 262 176
+    bytes of shared memory, beyond the SM's 232 448: the config refuses it; with 3 stages it fits."""
+    cfg = TritonConfig(128, 128, 128, 8, 8, 4, False, persistent_tma=True)
+    assert cfg.fits("fp8_tensor") and not cfg.__class__(**{**cfg.as_dict(), "tma_flatten": True}).fits("fp8_tensor")
+    with pytest.raises(ValueError, match="^config: .* exceed the 232448-byte shared memory"):
+        TritonConfig(128, 128, 128, 8, 8, 4, False, persistent_tma=True, tma_flatten=True).check("fp8_tensor")
+    assert TritonConfig(128, 128, 128, 8, 8, 3, False, persistent_tma=True, tma_flatten=True).fits("fp8_tensor")
+
+
 def test_a_tile_that_resolves_to_swap_ab_is_refused_before_any_launch():
     inp = make_inputs(SMALL, 11, None, seed=1)
     cfg = TritonConfig(16, 64, 64, persistent_tma=True)  # BLOCK_M < 64 <= BLOCK_N: the swap-AB rule

@@ -69,7 +69,10 @@ def test_rerun_and_graph_replay(quant, flatten):
 
     drop_weights()
     p = Problem(get_shape(CATALOG[0]), CATALOG[1], quant, n_sets=1)
-    r = p.check(replace(p.config(), swap_ab=False, persistent_tma=True, tma_flatten=flatten))
+    cfg = replace(p.config(), swap_ab=False, persistent_tma=True, tma_flatten=flatten)
+    while not cfg.fits(quant):  # flattening takes more shared memory: one stage less
+        cfg = replace(cfg, num_stages=cfg.num_stages - 1)
+    r = p.check(cfg)
     assert r["rel_l2"] <= TOL[quant], r
     assert r["bit_identical"] and r["graph_equal"], r
 

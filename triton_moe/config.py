@@ -153,10 +153,13 @@ class TritonConfig:
     def smem_bytes(self, quant: Optional[str]) -> int:
         """Shared memory of the pipelined operand tiles of GEMM1 (A plus gate and up weight tiles),
         the larger of the two GEMMs. Both operands have the format's weight dtype (activations are
-        quantized to it): 1 byte under FP8, 2 under bf16."""
+        quantized to it): 1 byte under FP8, 2 under bf16. ``tma_flatten`` adds two more stages of
+        the weight tiles: the most Triton 3.6 added on sm_90 in the configs compiled on the CPU
+        (e.g. fp8 GEMM1 128×128×128, 4 stages: 196 640 → 262 176 bytes)."""
         nbytes = get_format(quant).weight_dtype.itemsize
-        per_stage = (self.BLOCK_M + 2 * self.BLOCK_N) * self.BLOCK_K * nbytes
-        return per_stage * self.num_stages
+        weights = 2 * self.BLOCK_N * self.BLOCK_K * nbytes
+        per_stage = self.BLOCK_M * self.BLOCK_K * nbytes + weights
+        return per_stage * self.num_stages + (2 * weights if self.tma_flatten else 0)
 
     def check(self, quant: Optional[str]) -> "TritonConfig":
         """Raise ValueError (naming ``config``) when this config cannot run ``quant``; else return it.
