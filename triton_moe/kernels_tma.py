@@ -7,9 +7,10 @@ the error-word bits, the NaN rules, the id masking — with two differences in h
 Persistent schedule
     The grid is one program per SM (:func:`moe_spec.hopper.sm_count`). Program p visits tiles
     p, p + grid, p + 2·grid, … of the grouped order (GROUP_M M-blocks sweep the N tiles together,
-    as in ``moe_gemm_kernel``) up to ``cdiv(num_padded, BLOCK_M)`` M-blocks, the padded total the
-    alignment wrote on the device: tiles past it are never visited, nothing is read back on the
-    host, and the launch is CUDA-graph capturable (the grid is min(SMs, the call's worst-case tile
+    as in ``moe_gemm_kernel``) over the ``cdiv(num_padded, BLOCK_M)`` M-blocks that hold pairs
+    (the padded total the alignment wrote on the device; ``moe_gemm_kernel`` groups over the
+    worst-case count and skips the programs past it, so only its last group's order differs):
+    tiles past it are never visited, nothing is read back on the host, and the launch is CUDA-graph capturable (the grid is min(SMs, the call's worst-case tile
     count), both known on the host).
 
 Weights through TMA
@@ -55,15 +56,11 @@ import triton
 import triton.language as tl
 from triton.runtime import _allocation
 
-from moe_spec.hopper import sm_count
+from moe_spec.hopper import TMA_ALIGN_BYTES as TMA_ALIGN, sm_count
 from triton_moe.jit import launch
 from triton_moe.kernels import (BAD_W1_SCALE, BAD_W2_SCALE, BAD_WEIGHT, FP8_BLOCK, PER_BLOCK, PER_CHANNEL,
                                 PER_TENSOR, _abs_bits, _bits_ptr, _cast_out, _dequant_after_loop, _mma,
                                 _mma_scaled, _scale_bad)
-
-#: TMA's alignment of a descriptor's base address and of its row stride, in bytes.
-TMA_ALIGN = 16
-
 
 def _torch_scratch(size: int, alignment: int, stream):
     """Triton's launch-time scratch (here: the device-side tensor descriptors), from torch's
