@@ -112,6 +112,10 @@ BAD_CONFIGS = [
     (dict(fp8_imprecise_acc=48), ValueError, r"^fp8_imprecise_acc=48: .*\(allowed: 0, 32, 64\)"),
     (dict(fp8_imprecise_acc=128), ValueError, r"^fp8_imprecise_acc=128: must be 0 or a multiple of 32 up to BLOCK_K=64"),
     (dict(fp8_imprecise_acc=-32), ValueError, r"^fp8_imprecise_acc=-32"),
+    (dict(persistent_tma=1), TypeError, r"^persistent_tma: expected True or False, got 1"),
+    (dict(persistent_tma=True, swap_ab=True), ValueError, r"^persistent_tma=True: .* non-swap-AB path"),
+    (dict(tma_flatten=None), TypeError, r"^tma_flatten: expected True or False"),
+    (dict(tma_flatten=True), ValueError, r"^tma_flatten=True: .* needs persistent_tma=True"),
 ]
 
 

@@ -59,6 +59,9 @@ SMEM_LIMIT = SMEM_PER_CTA_BYTES
 #: The smallest tile Triton's tl.dot accepts along M, N and K.
 MIN_DOT = 16
 
+#: The largest extent of a TMA box along any dimension (the weight tile of ``persistent_tma``).
+TMA_BOX_MAX = 256
+
 #: num_warps values a config may ask for (Triton: a power of two; 16 warps = 512 threads).
 NUM_WARPS = (1, 2, 4, 8, 16)
 
@@ -80,11 +83,19 @@ class TritonConfig:
     ``fp8_imprecise_acc`` picks how the FP8 WGMMA accumulator is promoted to fp32 (see
     :mod:`triton_moe.kernels`): 0 adds each K step's product into the fp32 accumulator; n > 0 (a
     multiple of 32, at most BLOCK_K) lets Triton's WGMMA lowering promote every n elements of K.
+    ``persistent_tma`` runs both GEMMs with :func:`triton_moe.kernels_tma.moe_gemm_tma_kernel`
+    (one program per SM looping over the tiles, expert weights through TMA descriptors) instead of
+    ``moe_gemm_kernel``; it is the non-swap-AB path, so the resolved tile must not swap.
+    ``tma_flatten`` (only with ``persistent_tma``) asks Triton to flatten its tile and K loops into
+    one software pipeline (``tl.range(..., flatten=True)``). Neither is chosen by the heuristic
+    or the shipped tables: ``python -m triton_moe.bench_tma`` measures them.
 
     Every field is checked when the config is built (type first, then value; the message starts
     with the field's name): BLOCK_M, BLOCK_N, BLOCK_K powers of two ≥ 16; GROUP_M ≥ 1; num_warps
     in :data:`NUM_WARPS`; num_stages ≥ 1; swap_ab None or a bool; fp8_imprecise_acc 0 or a
-    multiple of 32 up to BLOCK_K.  What depends on the quant format too (FP8's BLOCK_K, shared
+    multiple of 32 up to BLOCK_K; persistent_tma a bool, not with swap_ab=True nor a
+    weight tile beyond a TMA box (BLOCK_N, BLOCK_K ≤ 256); tma_flatten a
+    bool, only with persistent_tma.  What depends on the quant format too (FP8's BLOCK_K, shared
     memory) is :meth:`check`.
     """
 
@@ -96,12 +107,17 @@ class TritonConfig:
     num_stages: int = 3
     swap_ab: Optional[bool] = None
     fp8_imprecise_acc: int = 0
+    persistent_tma: bool = False
+    tma_flatten: bool = False
 
     def __post_init__(self):
         for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "fp8_imprecise_acc"):
             _int(name, getattr(self, name))
         if self.swap_ab is not None and not isinstance(self.swap_ab, bool):
             raise TypeError(f"swap_ab: expected True, False or None, got {self.swap_ab!r}")
+        for name in ("persistent_tma", "tma_flatten"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name}: expected True or False, got {getattr(self, name)!r}")
         for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
             v = getattr(self, name)
             if not _pow2(v) or v < MIN_DOT:
@@ -116,19 +132,34 @@ class TritonConfig:
         if n < 0 or n % 32 or n > self.BLOCK_K:
             raise ValueError(f"fp8_imprecise_acc={n}: must be 0 or a multiple of 32 up to BLOCK_K={self.BLOCK_K} "
                              f"(allowed: {', '.join(map(str, range(0, self.BLOCK_K + 1, 32)))})")
+        if self.persistent_tma and self.swap_ab:
+            raise ValueError("persistent_tma=True: the persistent TMA kernel is the non-swap-AB path; "
+                             "it cannot run with swap_ab=True")
+        if self.persistent_tma and max(self.BLOCK_N, self.BLOCK_K) > TMA_BOX_MAX:
+            raise ValueError(f"persistent_tma=True: a TMA box spans at most {TMA_BOX_MAX} rows and columns; "
+                             f"got the weight tile BLOCK_N={self.BLOCK_N} × BLOCK_K={self.BLOCK_K}")
+        if self.tma_flatten and not self.persistent_tma:
+            raise ValueError("tma_flatten=True: flattens the persistent kernel's loops; it needs persistent_tma=True")
 
     def resolved(self) -> "TritonConfig":
         if self.swap_ab is not None:
             return self
-        return replace(self, swap_ab=choose_swap_ab(self.BLOCK_M, self.BLOCK_N))
+        swap = choose_swap_ab(self.BLOCK_M, self.BLOCK_N)
+        if swap and self.persistent_tma:
+            raise ValueError(f"config: persistent_tma is the non-swap-AB path, but BLOCK_M={self.BLOCK_M} < {WGMMA_M} "
+                             f"<= BLOCK_N={self.BLOCK_N} resolves to swap-AB; pass swap_ab=False or BLOCK_M >= {WGMMA_M}")
+        return replace(self, swap_ab=swap)
 
     def smem_bytes(self, quant: Optional[str]) -> int:
         """Shared memory of the pipelined operand tiles of GEMM1 (A plus gate and up weight tiles),
         the larger of the two GEMMs. Both operands have the format's weight dtype (activations are
-        quantized to it): 1 byte under FP8, 2 under bf16."""
+        quantized to it): 1 byte under FP8, 2 under bf16. ``tma_flatten`` adds two more stages of
+        the weight tiles: the most Triton 3.6 added on sm_90 in the configs compiled on the CPU
+        (e.g. fp8 GEMM1 128×128×128, 4 stages: 196 640 → 262 176 bytes)."""
         nbytes = get_format(quant).weight_dtype.itemsize
-        per_stage = (self.BLOCK_M + 2 * self.BLOCK_N) * self.BLOCK_K * nbytes
-        return per_stage * self.num_stages
+        weights = 2 * self.BLOCK_N * self.BLOCK_K * nbytes
+        per_stage = self.BLOCK_M * self.BLOCK_K * nbytes + weights
+        return per_stage * self.num_stages + (2 * weights if self.tma_flatten else 0)
 
     def check(self, quant: Optional[str]) -> "TritonConfig":
         """Raise ValueError (naming ``config``) when this config cannot run ``quant``; else return it.
@@ -140,6 +171,8 @@ class TritonConfig:
         if fmt.scales_along_k and FP8_BLOCK % self.BLOCK_K:
             raise ValueError(f"config: {fmt.label} needs BLOCK_K to divide {FP8_BLOCK} (one scale per K step), "
                              f"got BLOCK_K={self.BLOCK_K}")
+        if self.persistent_tma:
+            self.resolved()  # raises when the tile resolves to swap-AB
         if fmt.quantized and self.BLOCK_K < 32:
             raise ValueError(f"config: FP8 needs BLOCK_K >= 32 (one WGMMA K step), got {self.BLOCK_K}")
         smem = self.smem_bytes(quant)

@@ -49,6 +49,7 @@ from triton_moe.align import MAX_EXPERTS, align_into, buffer_sizes
 from triton_moe.config import TritonConfig
 from triton_moe.jit import INTERPRET, launch
 from triton_moe.kernels import AMAX_PARTS, QUANT_MODE, amax_kernel, combine_kernel, moe_gemm_kernel, quantize_kernel
+from triton_moe.kernels_tma import check_tma_operand, gemm_tma
 from triton_moe.plan import plan
 
 COMBINE_BLOCK = 1024
@@ -108,7 +109,10 @@ def _geometry(T: int, top_k: int, K: int, I: int, quant, cfg: TritonConfig, num_
 
 
 def _gemm(grid, constants, a, a_scale, w, w_scale, out, out_amax, topk_weights, topk_ids, error, routing: Alignment,
-          num_padded, N, K, static=False):
+          num_padded, N, K, cfg: TritonConfig, static=False):
+    if cfg.persistent_tma:  # the persistent TMA kernel (triton_moe.kernels_tma): only when the config asks
+        return gemm_tma(a, a_scale, w, w_scale, out, out_amax, topk_weights, topk_ids, error, routing, num_padded,
+                        N, K, constants, flatten=cfg.tma_flatten, static=static)
     dummy = out  # stands in for pointers a mode does not read
     launch(moe_gemm_kernel, grid,
            a, a_scale if a_scale is not None else dummy, w, w_scale if w_scale is not None else dummy,
@@ -188,6 +192,9 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
         p = plan(d, quant, config=config, swap_ab=swap_ab)  # raises, naming the option
     if d.T == 0:
         return x.new_empty((0, d.K))
+    if p.config.persistent_tma:  # TMA reads the weights: 16-byte rows and base, checked before any launch
+        check_tma_operand("w1", w1)
+        check_tma_operand("w2", w2)
     ws = _workspace(d.T, d.top_k, d.E, d.K, d.I, quant, p.align_tile, x.device)
     error = error_word(x.device)
     routing = align_into(topk_ids, d.E, p.align_tile, ws["sorted_ids"], ws["expert_of_block"], ws["expert_end"],
@@ -228,7 +235,7 @@ def expert_computation(x, w1, w2, topk_weights, topk_ids, routing, *, quant, w1_
     # quantized once for GEMM2
     act = ws["act"]
     _gemm(grid1, const1, a1, s1, w1, w1_scale, act, act_amax, topk_weights, topk_ids, error, routing,
-          num_padded, I, K, static=static)
+          num_padded, I, K, config, static=static)
     if static:
         a2, s2 = _quantize(act, quant, q=ws["aq"], scale=a2_scale, static_bit=BAD_A2_SCALE)
     else:
@@ -238,7 +245,8 @@ def expert_computation(x, w1, w2, topk_weights, topk_ids, routing, *, quant, w1_
     # GEMM2 × routing weight; with top_k = 1 its rows are already the output
     out = torch.empty((T, K), dtype=torch.bfloat16, device=x.device)
     y = out if top_k == 1 else ws["y"]
-    _gemm(grid2, const2, a2, s2, w2, w2_scale, y, None, topk_weights, topk_ids, error, routing, num_padded, K, I)
+    _gemm(grid2, const2, a2, s2, w2, w2_scale, y, None, topk_weights, topk_ids, error, routing, num_padded, K, I,
+          config)
     if top_k > 1:
         launch(combine_kernel, combine_grid, y, out, T, K, TOP_K=top_k, BLOCK=COMBINE_BLOCK, INTERPRETER=INTERPRET)
     return out
