@@ -416,7 +416,7 @@ def _rule_config(swap_ab: bool, tokens_tile: int, wide: bool, row_scale: bool, q
     return cfg.replace(stages=max_stages(cfg))
 
 
-GATED_GEMM1 = True
+GATED_GEMM1 = False
 """The bf16 fused GEMM1 computes SiLU·up in its epilogue (``GemmConfig.gated``: no ``[M_pad, 2I]``
 in memory, no SiLU·mul row kernel); False: a plain GEMM1 and the row kernel, as ``fusion="separate"``
 always runs.  The one switch for the choice; explicit ``configs`` are taken as given."""

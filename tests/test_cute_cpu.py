@@ -421,22 +421,26 @@ def _gated_plan_configs():
     """Every gated GEMM1 the bf16 plans of the catalog's three layers pick (rule and forced paths)."""
     from moe_spec.problem import get_shape
 
+    import importlib
+
+    config, plan = importlib.import_module("cute_moe.config"), importlib.import_module("cute_moe.plan")
     found = {}
-    for spec in ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8"):
-        s = get_shape(spec)
-        for options in ({}, {"swap_ab": True}, {"swap_ab": False}):
-            for p in cute_moe.plans_for(s.num_experts, s.hidden, s.intermediate, s.top_k, **options):
-                found[p.gemm1] = None
+    with pytest.MonkeyPatch.context() as mp:  # the configs the switch would pick, whichever way it stands
+        mp.setattr(config, "GATED_GEMM1", True)
+        mp.setattr(plan, "GATED_GEMM1", True)
+        for spec in ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8"):
+            s = get_shape(spec)
+            for options in ({}, {"swap_ab": True}, {"swap_ab": False}):
+                for p in cute_moe.plans_for(s.num_experts, s.hidden, s.intermediate, s.top_k, **options):
+                    found[p.gemm1] = None
     return list(found)
 
 
 GATED = _gated_plan_configs()
 
 
-def test_the_bf16_plans_gate_gemm1_and_separate_does_not():
-    from cute_moe.plan import GATED_GEMM1
-
-    assert GATED_GEMM1 and GATED and all(c.gated for c in GATED)
+def test_the_bf16_plans_gate_gemm1_when_switched_on_and_separate_does_not():
+    assert GATED and all(c.gated for c in GATED)
     # every bucket of both paths: swap-AB 8/16/32/64 tokens, normal 64 (one warpgroup) and 128
     assert {(c.swap_ab, c.tokens_tile) for c in GATED} == {(True, 8), (True, 16), (True, 32), (True, 64),
                                                           (False, 64), (False, 128)}
@@ -449,8 +453,10 @@ def test_the_bf16_plans_gate_gemm1_and_separate_does_not():
     for quant, fusion in ((None, "separate"), ("fp8_tensor", "fused"), ("fp8_block", "separate")):
         for p in cute_moe.plans_for(8, 4096, 14336, 2, quant, fusion=fusion):
             assert not p.gemm1.gated and not p.gemm2.gated
+    from cute_moe.config import GATED_GEMM1
+
     p = cute_moe.plan(__import__("moe_spec.validate").validate.MoEDims(T=8, E=8, K=4096, I=14336, top_k=2))
-    assert " silu " in p.describe().split("|")[0] and " silu " not in p.describe().split("|")[1]
+    assert (" silu " in p.describe().split("|")[0]) == GATED_GEMM1 and " silu " not in p.describe().split("|")[1]
 
 
 def test_gated_stage_carries_both_weight_tiles():

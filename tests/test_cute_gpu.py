@@ -240,12 +240,15 @@ def test_gated_gemm(kw):
 @pytest.mark.parametrize("spec", ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8"])
 @pytest.mark.parametrize("T", [1, 8, 128, 4096])
 def test_gated_layer_runs_no_silu_kernel_and_agrees_with_separate(shapes, spec, T, monkeypatch):
-    """The bf16 plan's GEMM1 is gated: the layer never calls the SiLU·mul row kernel, meets the
+    """With the switch on, the bf16 plan's GEMM1 is gated: the layer never calls the SiLU·mul row kernel, meets the
     oracle, reruns bit for bit, and agrees with the unfused pipeline (plain GEMM1 + row kernel, whose
     H is rounded to bf16 before SiLU) within the tolerance."""
+    import importlib
+
     import cute_moe
     import cute_moe.moe as moe
 
+    monkeypatch.setattr(importlib.import_module("cute_moe.plan"), "GATED_GEMM1", True)  # whichever way it stands
     inp = _inputs(shapes, spec, T, seed=21)
     assert cute_moe.plan(_dims(inp)).gemm1.gated
     separate = cute_moe.fused_moe(**inp.kwargs(), fusion="separate")

@@ -59,7 +59,7 @@ CUTE_FORMATS = [None, "fp8_tensor", "fp8_channel", "fp8_block"]
 @pytest.mark.parametrize("quant", CUTE_FORMATS, ids=lambda q: q or "bf16")
 @pytest.mark.parametrize("spec", ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8"])
 def test_cute_plans_for_lists_every_plan_of_a_dense_sweep(spec, quant, options):
-    from cute_moe.config import path_rule
+    from cute_moe.config import GATED_GEMM1, path_rule
 
     listed = _sweep(cute_moe, spec, quant, options)
     assert len(listed) == len(path_rule(options.get("swap_ab")))  # these layers reach every bucket by T = 4096
@@ -68,8 +68,8 @@ def test_cute_plans_for_lists_every_plan_of_a_dense_sweep(spec, quant, options):
         assert {p.gemm1.quant, p.gemm2.quant} == {quant}
         assert (p.gemm1.out_dtype, p.gemm2.out_dtype) == ("bfloat16" if quant is None else "float32", "bfloat16")
         assert p.gemm2.row_scale == (p.fusion == "fused")
-        # SiLU·up in GEMM1's epilogue exactly in the bf16 fused pipeline; GEMM2 never
-        assert (p.gemm1.gated, p.gemm2.gated) == (quant is None and p.fusion == "fused", False)
+        # SiLU·up in GEMM1's epilogue exactly in the bf16 fused pipeline while the switch is on; GEMM2 never
+        assert (p.gemm1.gated, p.gemm2.gated) == (GATED_GEMM1 and quant is None and p.fusion == "fused", False)
 
 
 @pytest.mark.parametrize("quant", CUTE_FORMATS[1:])
