@@ -73,7 +73,9 @@ def fake_arguments(cfg: GemmConfig):
     experts = cute.sym_int()
     x = make_fake_compact_tensor(dt, (m_pad, k), stride_order=(1, 0), assumed_align=16)
     if cfg.gated:  # W1 [E, 2I, K] seen as (I, K, half, E): strides (K, 1, I·K, 2I·K); C is [M_pad, I]
-        w = make_fake_tensor(dt, (n_out, k, 2, experts),
+        # every extent symbolic, the half's too: the call marks the whole layout dynamic
+        # (runtime.cute_tensor), and a static extent here would shift the extents it passes
+        w = make_fake_tensor(dt, (n_out, k, cute.sym_int(), experts),
                              stride=(cute.sym_int64(divisibility=align), 1, cute.sym_int64(divisibility=align),
                                      cute.sym_int64(divisibility=align)), assumed_align=16)
     else:  # W [E, N_out, K] seen as (N_out, K, E): strides (K, 1, N_out·K)
