@@ -22,7 +22,8 @@ gather, so a gathering GEMM1 loads the token tile of a stage itself, from the un
 * cp.async writes shared memory through the generic proxy, WGMMA reads it through the async
   proxy: the consumers issue ``fence.proxy.async.shared::cta`` after each full-barrier wait.
 
-Every producer thread waits on the slot's *empty* barrier before it writes the slot.  K must be a
+Every producer thread waits on the slot's *empty* barrier before it writes the slot, and waits for
+its last copies before it leaves the loop.  K must be a
 multiple of ``tile_k`` (no partial vector rows: the copies do not zero-fill), checked on the host
 by ``moe.grouped_gemm``; the plan gathers only for such layers.
 """
@@ -121,5 +122,8 @@ class GatherProducer:
                 cute.arch.cp_async_mbarrier_arrive_noinc(ring.producer_get_barrier(state))
                 state.advance()
             tile += cute.arch.grid_dim()[0]
+        # no thread leaves with copies in flight (their arrivals are still owed to the full barriers)
+        cute.arch.cp_async_commit_group()
+        cute.arch.cp_async_wait_group(0)
         if warp_idx == 0:
             ring.producer_tail(state)
