@@ -161,7 +161,8 @@ class GemmConfig:
     Attributes (MoE terms):
         swap_ab: compute Cᵀ = W·Xᵀ (weights fill WGMMA M) instead of C = X·Wᵀ.
         tokens_tile: tokens per CTA tile.  normal: 64 or 128 with one consumer warpgroup, 128
-            with two.  swap-AB: 8 and the multiples of 16 up to 256 (:func:`tokens_tiles`).
+            with two.  swap-AB: 8, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208,
+            224, 240, 256 (:func:`tokens_tiles`).
         weights_tile: output features (weight rows) per CTA tile.  normal: a multiple of 16 in
             [16, 256].  swap-AB: 64 or 128 with one consumer warpgroup, 128 with two
             (:func:`weights_tiles`).

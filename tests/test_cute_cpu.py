@@ -251,6 +251,9 @@ BAD_CONFIGS = [
      r"^tokens_tile=256, weights_tile=128: the gated tile 128×256 .* needs 256 accumulator registers"),
     (dict(gated=True, swap_ab=True, tokens_tile=8, weights_tile=128, stages=7), ValueError,
      r"^stages=7: shared memory over budget: .*7 × \(8\+256\)×64×2 B.*at most 6 stages fit"),
+    (dict(gather_rows=1), TypeError, r"^gather_rows: expected a bool"),
+    (dict(gather_rows=True, quant="fp8_tensor", dtype="float8_e4m3fn", tile_k=128), ValueError,
+     r"^gather_rows=True: takes bf16 \(quant='fp8_tensor'\)"),
 ]
 
 
