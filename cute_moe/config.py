@@ -82,6 +82,8 @@ thread step, so every row width the layer touches (K, I, 2I) must be a multiple 
 FP8_ALIGN_ELEMS = TMA_ALIGN_BYTES // DTYPE_BYTES["float8_e4m3fn"]
 """Row alignment of FP8 operands: 16-byte TMA rows are 16 E4M3 values (an FP8 layer's K and I)."""
 
+GATHER_THREADS = WARPGROUP_THREADS  # producer threads copying gathered token rows (gather_rows)
+
 MAX_CONSUMER_WARPGROUPS = 2
 """MMA warpgroups per CTA, stacked along GEMM M (plus one producer warpgroup)."""
 
@@ -148,10 +150,6 @@ def weights_tiles(swap_ab: bool, consumer_warpgroups: int = MAX_CONSUMER_WARPGRO
     return tuple(range(2 * WGMMA_N_STEP, WGMMA_N_MAX + 1, 2 * WGMMA_N_STEP))
 
 
-def _listing(values) -> str:
-    return ", ".join(map(str, values))
-
-
 @dataclass(frozen=True)
 class GemmConfig:
     """A compile-time configuration of the grouped GEMM (one compiled kernel per value).
@@ -193,6 +191,7 @@ class GemmConfig:
         gated: SiLU·up in the epilogue (the bf16 layer's GEMM1, no row scale): weights ``[E, 2I, K]``
             (gate rows, then up rows), output ``silu(gate)·up`` ``[M_pad, I]``; ``weights_tile``
             counts output features, a stage carries the gate and the up tile (2·weights_tile rows).
+        gather_rows: bf16 tokens read by row index from the unsorted ``x [T, K]`` (:mod:`cute_moe.gather`).
     """
 
     swap_ab: bool = False
@@ -210,6 +209,7 @@ class GemmConfig:
     fp8_promote: bool = True
     epilogue_scales: bool = True
     gated: bool = False
+    gather_rows: bool = False
 
     def __post_init__(self):
         self._check()
@@ -314,7 +314,7 @@ class GemmConfig:
         return self
 
     def _check(self) -> None:
-        for name in ("swap_ab", "row_scale", "fp8_promote", "epilogue_scales", "gated"):
+        for name in ("swap_ab", "row_scale", "fp8_promote", "epilogue_scales", "gated", "gather_rows"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}: expected a bool, got {getattr(self, name)!r}")
         for name in ("tokens_tile", "weights_tile", "tile_k", "stages", "consumer_warpgroups", "epi_stages",
@@ -354,7 +354,7 @@ class GemmConfig:
                 else:
                     role = "WGMMA's N, here a multiple of 16 up to 256"
                 raise ValueError(f"{name}={v}: on the {path} path it is {role}; allowed with "
-                                 f"consumer_warpgroups={self.consumer_warpgroups}: {_listing(allowed)} "
+                                 f"consumer_warpgroups={self.consumer_warpgroups}: {', '.join(map(str, allowed))} "
                                  f"(cute_moe.config.{name}s)")
         k_step = wgmma_k(self.element_bytes)
         if self.tile_k < k_step or self.tile_k % k_step:
@@ -368,6 +368,11 @@ class GemmConfig:
             raise ValueError(f"group_tokens={self.group_tokens}: must be ≥ 1")
         check_fp8(self)
         check_gated(self)
+        vecs = self.tile_k * self.element_bytes // TMA_ALIGN_BYTES  # 16-byte vectors per token row of a stage
+        if self.gather_rows and (self.quant is not None or GATHER_THREADS % vecs
+                                 or self.tokens_tile % min(self.tokens_tile, GATHER_THREADS // vecs)):
+            raise ValueError(f"gather_rows=True: takes bf16 (quant={self.quant!r}); the {vecs} vectors of a row must "
+                             f"divide {GATHER_THREADS} threads, whose rows per pass divide tokens_tile={self.tokens_tile}")
         need = self.smem_bytes()
         if need > SMEM_BUDGET_BYTES:
             fit = [s for s in range(2, self.stages) if self.smem_bytes(s) <= SMEM_BUDGET_BYTES]
@@ -414,12 +419,6 @@ def _rule_config(swap_ab: bool, tokens_tile: int, wide: bool, row_scale: bool, q
                          weights_tile=WGMMA_N_MAX if wide and quant is None and not gated else 128,
                          consumer_warpgroups=tokens_tile // WGMMA_M, **common)
     return cfg.replace(stages=max_stages(cfg))
-
-
-GATED_GEMM1 = False
-"""The bf16 fused GEMM1 computes SiLU·up in its epilogue (``GemmConfig.gated``: no ``[M_pad, 2I]``
-in memory, no SiLU·mul row kernel); False: a plain GEMM1 and the row kernel, as ``fusion="separate"``
-always runs.  The one switch for the choice; explicit ``configs`` are taken as given."""
 
 
 def choose_config(tokens_per_expert: float, n_out: int, k: int, *, swap_ab: bool | None = None,

@@ -56,14 +56,14 @@ a block accumulator that is promoted into the fp32 tile accumulator — scaled p
 both pieces live in :mod:`cute_moe.fp8_gemm`.  An fp32 output (``cfg.out_dtype``) is staged with
 plain shared-memory stores instead of ``stmatrix`` (which moves 16-bit values only).
 
-Gated (``cfg.gated``, the bf16 layer's GEMM1): W1 ``[E, 2I, K]`` is handed to TMA as (I, K, 2, E) —
-gate or up is one more TMA coordinate — and the producer loads, per stage, the gate box and the up
-box of the same ``weights_tile`` features (one descriptor, two copies on the stage's *full*
-barrier, into the weight ring and a second "up" ring).  The consumers issue every WGMMA twice, the
-second with the up tile as the weight operand into a second accumulator; both accumulators come
-from one tiled MMA and one thread slice, so register i of each holds the same (m, n) and the
-epilogue computes ``silu(gate)·up`` register by register in fp32 (``rowops.silu_mul``) before the
-one bf16 rounding.  The compile-time layouts live in :mod:`cute_moe.kernel_plan`.
+Gated (``cfg.gated``, the bf16 layer's GEMM1): W1 ``[E, 2I, K]`` is handed to TMA as (I, K, 2, E), and
+each stage loads the gate and the up box of the same features (one descriptor, two copies on the
+*full* barrier, into the weight ring and an "up" ring).  Every WGMMA runs twice, into two
+accumulators of one tiled MMA and thread slice (register i of both holds the same (m, n)), and the
+epilogue computes ``silu(gate)·up`` in fp32 (``rowops.silu_mul``) before the one bf16 rounding.
+Gathering (``cfg.gather_rows``, the bf16 layer's GEMM1): the token rows come by cp.async from the
+unsorted x, issued by the whole producer warpgroup (:mod:`cute_moe.gather`).  The compile-time
+layouts live in :mod:`cute_moe.kernel_plan`.
 
 Persistent scheduling: ``gridDim.x`` = number of SMs; CTA ``c`` processes tiles ``c, c + grid,
 c + 2·grid, …`` while ``tile < num_blocks · n_weight_blocks`` (``num_blocks`` is device data).
@@ -87,7 +87,9 @@ from cutlass.memory import SmemAllocator  # noqa: E402
 from cutlass.tensor_utils import LayoutEnum  # noqa: E402
 
 from .fp8_gemm import TileScales  # noqa: E402
-from .config import GemmConfig  # noqa: E402
+from .config import GATHER_THREADS, GemmConfig  # noqa: E402
+from .gather import GatherProducer  # noqa: E402
+from .raster import tile_coordinates  # noqa: E402  (the persistent tile order)
 from .kernel_plan import DSL_DTYPES, KernelPlan  # noqa: E402  (the compile-time layouts: kernel_plan.py)
 from .rowops import silu_mul  # noqa: E402
 
@@ -96,22 +98,7 @@ CONSUMER_REGISTERS = 232
 EPILOGUE_BARRIER_ID = 1  # named barrier 0 is __syncthreads
 
 
-def tile_coordinates(tile, n_token_blocks, n_weight_blocks, group_tokens: int):
-    """Rasterization: persistent tile id → (token block, weight block).
-
-    Tile ids walk ``group_tokens`` token blocks (fastest) before the next weight block, one group
-    of token blocks at a time, so the CTAs resident together share a few weight tiles and token
-    blocks through L2. The producer and the consumers both call this — they must agree on every
-    tile — and it is traced inline into the kernel (plain arithmetic on DSL integers).
-    """
-    group_span = group_tokens * n_weight_blocks
-    first_block = (tile // group_span) * group_tokens
-    group_size = cutlass.min(n_token_blocks - first_block, group_tokens)
-    in_group = tile % group_span
-    return first_block + in_group % group_size, in_group // group_size
-
-
-class GroupedGemm:
+class GroupedGemm(GatherProducer):
     """Host side (``__call__``, jit) and device side (``kernel``) of one compiled configuration.
 
     Arguments of the compiled function (all device tensors; shapes are dynamic):
@@ -125,12 +112,12 @@ class GroupedGemm:
         stream       CUstream
         x_scale      fp32, FP8 only: [1] / [M_pad] / [M_pad, ⌈K/128⌉]  (tensor / channel / block)
         w_scale      fp32, FP8 only: [E] / [E, N_out] / [E, ⌈N_out/128⌉, ⌈K/128⌉]
+        token_of_row int [M_pad], gather_rows only: x is then the unsorted bf16 [T, K] (``gather.py``)
 
-    A bf16 config launches ``kernel``; an FP8 config launches ``kernel_fp8``, which takes the two
-    scale tensors as well.  Both run the one body (``_body``), so a bf16 kernel is exactly what it
-    was before FP8 existed — same parameters, same PTX.  A gated config (``cfg.gated``) launches
-    ``kernel`` too; its weight tensor has one more mode, the half (gate 0, up 1), which is one
-    more TMA coordinate: the producer loads both boxes of a stage through one descriptor.
+    A bf16 config launches ``kernel``, an FP8 config ``kernel_fp8`` (with the two scale tensors), a
+    ``gather_rows`` config ``kernel_gather`` (``gather.py``: x by ``token_of_row``, no TMA over x);
+    all run the one body (``_body``).  A gated config's weight tensor has one more mode, the half
+    (gate 0, up 1): one more TMA coordinate, both boxes of a stage through one descriptor.
     """
 
     def __init__(self, cfg: GemmConfig, num_ctas: int):
@@ -143,7 +130,7 @@ class GroupedGemm:
     @cute.jit
     def __call__(self, x: cute.Tensor, w: cute.Tensor, c: cute.Tensor, block_expert: cute.Tensor,
                  num_blocks: cute.Tensor, row_scale: cute.Tensor, stream,
-                 x_scale: cute.Tensor = None, w_scale: cute.Tensor = None):
+                 x_scale: cute.Tensor = None, w_scale: cute.Tensor = None, token_of_row: cute.Tensor = None):
         cfg = self.cfg
         plan = KernelPlan(cfg)
         g2s = cpasync.CopyBulkTensorTileG2SOp()
@@ -174,7 +161,12 @@ class GroupedGemm:
         self.stage_bytes = plan.stage_bytes  # the ring's tx_count (read while the kernel is traced)
         launch = dict(grid=[self.num_ctas, 1, 1], block=[cfg.threads, 1, 1], cluster=[1, 1, 1],
                       min_blocks_per_mp=1, stream=stream)
-        if cutlass.const_expr(cfg.quant is None):
+        if cutlass.const_expr(cfg.gather_rows):  # no TMA over x: the producer gathers its rows (gather.py)
+            self.kernel_gather(
+                x, tma_w, tma_w_tensor, tma_c, tma_c_tensor, block_expert, num_blocks, row_scale, token_of_row,
+                plan.tiled_mma, plan.a_smem_staged, plan.b_smem_staged, plan.epi_smem_staged,
+            ).launch(**launch)
+        elif cutlass.const_expr(cfg.quant is None):
             self.kernel(
                 tma_x, tma_x_tensor, tma_w, tma_w_tensor, tma_c, tma_c_tensor,
                 block_expert, num_blocks, row_scale, plan.tiled_mma,
@@ -211,7 +203,7 @@ class GroupedGemm:
               tma_c: cute.CopyAtom, mC: cute.Tensor, block_expert: cute.Tensor, num_blocks: cute.Tensor,
               row_scale: cute.Tensor, x_scale, w_scale, tiled_mma: cute.TiledMma,
               a_smem_staged: cute.ComposedLayout, b_smem_staged: cute.ComposedLayout,
-              epi_smem_staged: cute.ComposedLayout):
+              epi_smem_staged: cute.ComposedLayout, token_of_row=None):
         cfg = self.cfg
         swap = cfg.swap_ab
         tidx, _, _ = cute.arch.thread_idx()
@@ -219,7 +211,8 @@ class GroupedGemm:
         warpgroup_idx = cute.arch.make_warp_uniform(tidx // 128)
 
         if warp_idx == 0:
-            cpasync.prefetch_descriptor(tma_x)
+            if cutlass.const_expr(not cfg.gather_rows):
+                cpasync.prefetch_descriptor(tma_x)
             cpasync.prefetch_descriptor(tma_w)
             cpasync.prefetch_descriptor(tma_c)
 
@@ -228,7 +221,9 @@ class GroupedGemm:
         ring = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.ring_barriers.data_ptr(),
             num_stages=cfg.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            # the TMA lane's arrive (+ gather_rows: one cp.async arrive per producer thread, gather.py)
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
+                                                     1 + (GATHER_THREADS if cfg.gather_rows else 0)),
             # every consumer warp arrives once on a slot's empty barrier
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * cfg.consumer_warpgroups),
             tx_count=self.stage_bytes,  # KernelPlan.stage_bytes: both TMA loads of one stage
@@ -252,10 +247,12 @@ class GroupedGemm:
         gC = cute.local_tile(mC, (cfg.tile_m, cfg.tile_n), (None, None))
         k_tiles = cute.size(gX, mode=[3])
         n_weight_blocks = cute.size(gW, mode=[2])
-        tXsX, tXgX = cpasync.tma_partition(tma_x, 0, cute.make_layout(1),
-                                           cute.group_modes(sX, 0, 2), cute.group_modes(gX, 0, 2))
+        if cutlass.const_expr(not cfg.gather_rows):
+            tXsX, tXgX = cpasync.tma_partition(tma_x, 0, cute.make_layout(1),
+                                               cute.group_modes(sX, 0, 2), cute.group_modes(gX, 0, 2))
         tWsW, tWgW = cpasync.tma_partition(tma_w, 0, cute.make_layout(1),
                                            cute.group_modes(sW, 0, 2), cute.group_modes(gW, 0, 2))
+        tUsU = None
         if cutlass.const_expr(cfg.gated):  # the up ring, same descriptor and boxes
             tUsU, _ = cpasync.tma_partition(tma_w, 0, cute.make_layout(1),
                                             cute.group_modes(sU, 0, 2), cute.group_modes(gW, 0, 2))
@@ -270,7 +267,10 @@ class GroupedGemm:
         # ================================ producer ==========================================
         if warpgroup_idx == 0:
             cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
-            if warp_idx == 0:
+            if cutlass.const_expr(cfg.gather_rows):  # all four warps: cp.async rows + the weight TMA
+                self._produce_gathered(ring, mX, sX, token_of_row, block_expert, tma_w, tWgW, tWsW, tUsU,
+                                       n_token_blocks, n_weight_blocks, num_tiles, k_tiles)
+            elif warp_idx == 0:
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.stages)
                 tile = cute.arch.block_idx()[0]
                 while tile < num_tiles:
@@ -363,7 +363,7 @@ class GroupedGemm:
                     tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
                     warpgroup.fence()
                     # first K step: issue, do not wait (nothing older to retire)
-                    ring.consumer_wait(read)
+                    self._wait_full(ring, read)
                     for kb in cutlass.range_constexpr(k_blocks):
                         cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read.index)],
                                   tCrB[(None, None, kb, read.index)], acc)
@@ -373,7 +373,7 @@ class GroupedGemm:
                     warpgroup.commit_group()
                     read.advance()
                     for k in range(1, k_tiles):
-                        ring.consumer_wait(read)
+                        self._wait_full(ring, read)
                         for kb in cutlass.range_constexpr(k_blocks):
                             cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read.index)],
                                       tCrB[(None, None, kb, read.index)], acc)

@@ -58,6 +58,7 @@ class KernelPlan:
         self.w_smem_one = cute.slice_(self.w_smem_staged, (None, None, 0))
         self.epi_smem_one = cute.slice_(self.epi_smem_staged, (None, None, 0))
         # Bytes the TMA engine deposits per ring stage: the full barrier's transaction count
-        # (gated: the gate and the up tile, two weight boxes of one layout).
-        self.stage_bytes = (cute.size_in_bytes(dtype, self.x_smem_one)
+        # (gated: the gate and the up tile, two weight boxes of one layout; gather_rows: the weight
+        # boxes only — the token rows arrive by cp.async, counted as thread arrivals instead).
+        self.stage_bytes = ((0 if cfg.gather_rows else cute.size_in_bytes(dtype, self.x_smem_one))
                             + cute.size_in_bytes(dtype, self.w_smem_one) * (2 if cfg.gated else 1))

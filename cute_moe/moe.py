@@ -130,8 +130,10 @@ def grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, rows: SortedRows, cfg:
     weight scale shape), dequantized in registers.  Returns ``cfg.out_dtype`` [M_pad, N_out]
     (rows past the used blocks are left unwritten).  A gated config (``cfg.gated``) takes W1
     ``[E, 2I, K]`` (gate rows, then up rows) and returns ``SiLU(x·W1gᵀ) ⊙ (x·W1uᵀ)`` bf16 [M_pad, I].
+    A ``gather_rows`` config takes the unsorted tokens ``x [T, K]`` in place of ``x_sorted`` and reads
+    row r from ``x[rows.token_of_row[r]]`` (``gather.py``; K a multiple of ``cfg.tile_k``).
     """
-    m_pad, k = x_sorted.shape
+    m_pad, k = (rows.rows, x_sorted.shape[1]) if cfg.gather_rows else x_sorted.shape
     n_experts, n_out, k_w = w.shape
     if cfg.gated:
         if n_out % 2:
@@ -145,6 +147,9 @@ def grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, rows: SortedRows, cfg:
         if t.dtype != dtype:
             raise TypeError(f"grouped_gemm: {name} is {t.dtype}, the config's operands are {cfg.dtype}")
     check_gemm_shape(n_out, k, cfg)
+    if cfg.gather_rows and k % cfg.tile_k:
+        raise ValueError(f"grouped_gemm: K={k} must be a multiple of tile_k={cfg.tile_k} for a gather_rows config "
+                         f"(its cp.async copies move whole stages of a token row)")
     if cfg.row_scale != (row_scale is not None):
         raise ValueError("grouped_gemm: pass row_scale exactly when cfg.row_scale is set")
     if (cfg.quant is not None) != (x_scale is not None) or (x_scale is None) != (w_scale is None):
@@ -154,7 +159,8 @@ def grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, rows: SortedRows, cfg:
     expert_of_block, num_blocks = gemm_blocks(rows.alignment, cfg.tokens_tile)
     if row_scale is None:
         row_scale = rows.weight_of_row  # a valid fp32 buffer the kernel never reads
-    compiled = compile_gemm(cfg, sm_count(x_sorted.device))
+    index_dtype = str(rows.token_of_row.dtype).removeprefix("torch.")  # read by a gather_rows kernel only
+    compiled = compile_gemm(cfg, sm_count(x_sorted.device), index_dtype=index_dtype)
     compiled(
         _cute_tensor(x_sorted, 1),
         # (N_out, K, E): the expert is TMA's 3rd coordinate; gated (I, K, half, E): gate 0 / up 1, then the expert
@@ -162,6 +168,7 @@ def grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, rows: SortedRows, cfg:
         _cute_tensor(out.t(), 0) if cfg.swap_ab else _cute_tensor(out, 1),
         _cute_vector(expert_of_block), _cute_vector(num_blocks), _cute_vector(row_scale), _stream(x_sorted),
         *(() if cfg.quant is None else (cute_scale(x_scale), cute_scale(w_scale))),
+        *((None, None, _cute_vector(rows.token_of_row)) if cfg.gather_rows else ()),
     )
     return out
 
@@ -198,7 +205,7 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
     rows = sort_rows(topk_ids, topk_weights, dims.E, p.align_tile)
     if quant is not None:
         return _fp8_layer(x, w1, w2, w1_scale, w2_scale, topk_weights, p, rows)
-    x_sorted = gather_rows(x, rows)
+    x_sorted = x if p.gemm1.gather_rows else gather_rows(x, rows)  # gather_rows: GEMM1 reads x by token index
     if p.gemm1.gated:  # SiLU·up in GEMM1's epilogue: [M_pad, I] straight out
         a = grouped_gemm(x_sorted, w1, rows, p.gemm1)
     else:

@@ -19,7 +19,8 @@ from moe_spec.plan import bucket_starts, tokens_per_expert
 from moe_spec.quant import check_quant
 from moe_spec.validate import MoEDims
 
-from .config import ALIGN_ELEMS, GATED_GEMM1, GemmConfig, choose_config, path_rule
+from .config import ALIGN_ELEMS, GemmConfig, choose_config, path_rule
+from .fusion import GATED_GEMM1, GATHER_IN_PRODUCER
 from .moe_fp8 import check_quant_layer, gemm1_out_dtype
 from .ptx import mma_instruction
 from .unfused import check_fusion, separate_configs
@@ -30,7 +31,8 @@ MAX_TOKENS = 8192
 def _tile_text(cfg: GemmConfig) -> str:
     w, t = cfg.weights_tile, cfg.tokens_tile
     gated = " silu" if cfg.gated else ""  # SiLU·up in the epilogue: W counts output features (I)
-    return f"{f'swap-AB W{w}xT{t}' if cfg.swap_ab else f'T{t}xW{w}'} k{cfg.tile_k} s{cfg.stages}{gated}"
+    gather = " gather" if cfg.gather_rows else ""  # token rows read by index from x
+    return f"{f'swap-AB W{w}xT{t}' if cfg.swap_ab else f'T{t}xW{w}'} k{cfg.tile_k} s{cfg.stages}{gated}{gather}"
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,7 @@ class LayerPlan:
     """What ``fused_moe`` runs for one layer call (see :mod:`moe_spec.plan` for the interface).
 
     ``gemm1`` (no row scale; in the bf16 fused pipeline gated — SiLU·up in its epilogue, see
-    :data:`~cute_moe.config.GATED_GEMM1`) and ``gemm2`` (applies the routing weights in its epilogue — unless
+    :data:`~cute_moe.fusion.GATED_GEMM1`) and ``gemm2`` (applies the routing weights in its epilogue — unless
     ``fusion`` is ``"separate"``, whose passes apply them) are the decisions; everything else is
     read from them.  Under an FP8 ``quant`` both GEMMs are E4M3 configs of that format, GEMM1
     writing fp32.
@@ -106,8 +108,12 @@ def check_options(K: int, I: int, quant=None, *, swap_ab=None, configs=None, fus
             if cfg.row_scale != want:
                 raise ValueError(f"configs[{i}]: row_scale must be {want} (GEMM{i + 1}"
                                  f"{' applies the routing weights in its epilogue' if want else ' has no row scale'})")
-        if configs[1].gated:
-            raise ValueError("configs[1]: gated must be False (SiLU·up belongs to GEMM1's epilogue)")
+        if configs[1].gated or configs[1].gather_rows:
+            raise ValueError("configs[1]: gated and gather_rows must be False (SiLU·up belongs to GEMM1's epilogue; "
+                             "GEMM2's operand is already in sorted-row order)")
+        if configs[0].gather_rows and K % configs[0].tile_k:
+            raise ValueError(f"configs[0]: gather_rows needs x: hidden size K = {K} to be a multiple of "
+                             f"tile_k = {configs[0].tile_k} (whole stages of a token row)")
         configs = configs[0], configs[1]
     check_quant_layer(K, I, quant, configs)
     check_fusion(fusion)
@@ -124,7 +130,9 @@ def plan(dims: MoEDims, quant: str | None = None, *, swap_ab: bool | None = None
     :func:`~cute_moe.config.path_rule`); ``configs`` gives the (GEMM1, GEMM2) configs of the fused
     pipeline outright; ``fusion="separate"`` turns them into the unfused pipeline's
     (:func:`~cute_moe.unfused.separate_configs`, GEMM1 plain: SiLU·mul runs as its own kernel).
-    The bf16 fused pipeline's GEMM1 is gated (SiLU·up in its epilogue) while :data:`~cute_moe.config.GATED_GEMM1`.
+    The bf16 fused pipeline's GEMM1 is gated (SiLU·up in its epilogue) while
+    :data:`~cute_moe.fusion.GATED_GEMM1`, and gathers its token rows from x (no sorted copy) while
+    :data:`~cute_moe.fusion.GATHER_IN_PRODUCER`.
     Raises TypeError / ValueError naming a bad option or an unsupported size.
     """
     if not isinstance(dims, MoEDims):
@@ -134,12 +142,14 @@ def plan(dims: MoEDims, quant: str | None = None, *, swap_ab: bool | None = None
     if given is None:
         per_expert = tokens_per_expert(dims.T, dims.E, dims.top_k)
         gated = GATED_GEMM1 and quant is None and fusion == "fused"
-        given = (choose_config(per_expert, dims.I if gated else 2 * dims.I, dims.K, swap_ab=swap_ab, quant=quant,
-                               out_dtype=gemm1_out_dtype(quant), gated=gated, layer=(dims.K, dims.I)),
-                 choose_config(per_expert, dims.K, dims.I, swap_ab=swap_ab, row_scale=True, quant=quant,
-                               layer=(dims.K, dims.I)))
+        gemm1 = choose_config(per_expert, dims.I if gated else 2 * dims.I, dims.K, swap_ab=swap_ab, quant=quant,
+                              out_dtype=gemm1_out_dtype(quant), gated=gated, layer=(dims.K, dims.I))
+        if GATHER_IN_PRODUCER and quant is None and fusion == "fused" and dims.K % gemm1.tile_k == 0:
+            gemm1 = gemm1.replace(gather_rows=True)  # no X_sorted: GEMM1's producer reads x by token index
+        given = (gemm1, choose_config(per_expert, dims.K, dims.I, swap_ab=swap_ab, row_scale=True, quant=quant,
+                                      layer=(dims.K, dims.I)))
     if fusion == "separate":  # the unfused reference: a plain GEMM1, SiLU·mul as its own kernel
-        given = separate_configs(given[0].replace(gated=False), given[1])
+        given = separate_configs(given[0].replace(gated=False, gather_rows=False), given[1])
     return LayerPlan(*given, quant=quant, fusion=fusion)
 
 

@@ -59,11 +59,18 @@ def compile_count() -> int:
     return _compiles
 
 
-def fake_arguments(cfg: GemmConfig):
+INDEX_DTYPES = {"int32": cutlass.Int32, "int64": cutlass.Int64}
+"""The token-index dtypes a ``gather_rows`` kernel is compiled for (that of ``SortedRows.token_of_row``)."""
+INDEX_DTYPE = "int64"
+"""The one ``moe.sort_rows`` makes: what :func:`compile_plan` (a warm-up) compiles a gathering GEMM1 for."""
+
+
+def fake_arguments(cfg: GemmConfig, index_dtype: str = INDEX_DTYPE):
     """Symbolic stand-ins for the kernel's arguments (16-B aligned rows).
 
     bf16: ``(x, w, c, block_expert, num_blocks, row_scale, stream)``; an FP8 config adds
-    ``(x_scale, w_scale)`` in its format's shapes (``gemm.GroupedGemm``'s docstring).
+    ``(x_scale, w_scale)`` in its format's shapes (``gemm.GroupedGemm``'s docstring); a ``gather_rows``
+    config adds ``(None, None, token_of_row)`` (``index_dtype``), and its x has T rows, not M_pad.
     """
     dt, out_dt = DSL_DTYPES[cfg.dtype], DSL_DTYPES[cfg.out_dtype]
     align = cfg.operand_align  # TMA needs 16-B aligned strides: 8 bf16, 16 FP8 along K
@@ -71,7 +78,8 @@ def fake_arguments(cfg: GemmConfig):
     n_out = cute.sym_int(divisibility=cfg.out_align)
     k = cute.sym_int(divisibility=align)
     experts = cute.sym_int()
-    x = make_fake_compact_tensor(dt, (m_pad, k), stride_order=(1, 0), assumed_align=16)
+    x = make_fake_compact_tensor(dt, (cute.sym_int() if cfg.gather_rows else m_pad, k), stride_order=(1, 0),
+                                 assumed_align=16)
     if cfg.gated:  # W1 [E, 2I, K] seen as (I, K, half, E): strides (K, 1, I·K, 2I·K); C is [M_pad, I]
         # every extent symbolic, the half's too: the call marks the whole layout dynamic
         # (runtime.cute_tensor), and a static extent here would shift the extents it passes
@@ -91,6 +99,11 @@ def fake_arguments(cfg: GemmConfig):
     num_blocks = make_fake_compact_tensor(cutlass.Int32, (cute.sym_int(),), assumed_align=4)
     row_scale = make_fake_compact_tensor(cutlass.Float32, (cute.sym_int(),), assumed_align=4)
     args = (x, w, c, block_expert, num_blocks, row_scale, make_fake_stream())
+    if cfg.gather_rows:
+        if index_dtype not in INDEX_DTYPES:
+            raise ValueError(f"index_dtype={index_dtype!r}: token indices are one of {tuple(INDEX_DTYPES)}")
+        return args + (None, None, make_fake_compact_tensor(INDEX_DTYPES[index_dtype], (cute.sym_int(),),
+                                                            assumed_align=4))
     if cfg.quant is None:
         return args
     return args + _fake_scales(cfg.quant)
@@ -108,20 +121,23 @@ def _fake_scales(quant: str):
     return f32(dims[0]), f32(dims[1])
 
 
-def compile_gemm(cfg: GemmConfig, num_ctas: int | None = None, *, keep_ptx: bool = False):
+def compile_gemm(cfg: GemmConfig, num_ctas: int | None = None, *, keep_ptx: bool = False,
+                 index_dtype: str = INDEX_DTYPE):
     """The compiled grouped GEMM for ``cfg`` (cached per config and grid size; default grid: one
-    CTA per SM, :func:`moe_spec.hopper.sm_count`)."""
+    CTA per SM, :func:`moe_spec.hopper.sm_count`); a ``gather_rows`` config per ``index_dtype`` too
+    ("int32" or "int64": the dtype of the token indices it reads)."""
     global _compiles
     cfg.validate()
     num_ctas = sm_count() if num_ctas is None else num_ctas
-    key = (cfg.key(), num_ctas, keep_ptx)
+    index_dtype = index_dtype if cfg.gather_rows else INDEX_DTYPE  # only a gathering kernel reads indices
+    key = (cfg.key(), num_ctas, keep_ptx, index_dtype)
     with _lock:
         hit = _cache.get(key)
         if hit is not None:
             return hit
         # --keep-ptx writes a file; send it to a private temp dir, never the working directory
         options = f"--keep-ptx --dump-dir {_ptx_dir()}" if keep_ptx else None
-        compiled = cute.compile(GroupedGemm(cfg, num_ctas), *fake_arguments(cfg), options=options)
+        compiled = cute.compile(GroupedGemm(cfg, num_ctas), *fake_arguments(cfg, index_dtype), options=options)
         _compiles += 1
         _cache[key] = compiled
         return compiled

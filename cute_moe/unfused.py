@@ -24,7 +24,8 @@ import torch
 from moe_spec.align import Alignment
 from moe_spec.hopper import sm_count
 
-from .config import GATED_GEMM1, GemmConfig
+from .fusion import GATED_GEMM1, GATHER_IN_PRODUCER
+from .config import GemmConfig
 from .ptx import compile_unfused_kernels
 from .runtime import cute_scale, cute_tensor, cute_vector, current_stream
 
@@ -75,7 +76,7 @@ def weighted_combine(y: torch.Tensor, row_of_pair: torch.Tensor, topk_weights: t
 
 
 def gated_gemm1() -> bool:
-    """Whether the fused bf16 plan's GEMM1 carries SiLU·up in its epilogue (:data:`cute_moe.config.GATED_GEMM1`)."""
+    """Whether the fused bf16 plan's GEMM1 carries SiLU·up in its epilogue (:data:`cute_moe.fusion.GATED_GEMM1`)."""
     return GATED_GEMM1
 
 
@@ -86,14 +87,16 @@ def hbm_bytes(T: int, K: int, I: int, top_k: int, experts_hit: int, quant, fusio
     and the same in both pipelines). ``fusion="separate"`` adds what the unfused pipeline moves:
     the scale passes (per-tensor / per-channel FP8: read and write GEMM1's fp32 [M, 2I] and GEMM2's
     bf16 [M, K] once more) and the routing weights read by the weighted combine. The fused bf16
-    layer's gated GEMM1 writes [M, I] and has no SiLU·up pass. Returns
+    layer's gated GEMM1 writes [M, I] and has no SiLU·up pass; gathering in its producer, it has no
+    gather pass (:mod:`cute_moe.fusion`). Returns
     {pass: bytes}; ``sum(...values())`` is the layer's total."""
     check_fusion(fusion)
     M, wb = T * top_k, 1 if quant else 2  # token rows; bytes per weight / activation element
     p = {}
     if quant:
         p["quantize x"] = T * K * 2 + T * K
-    p["gather"] = 2 * M * K * wb
+    if quant or fusion == "separate" or not GATHER_IN_PRODUCER:  # else GEMM1 reads x's rows itself
+        p["gather"] = 2 * M * K * wb
     h_bytes = 4 if quant else 2  # GEMM1 writes fp32 H for the FP8 layer, bf16 for bf16
     if not quant and fusion == "fused" and gated_gemm1():  # SiLU·up in GEMM1's epilogue: [M, I] out
         p["GEMM1 + SiLU·up"] = experts_hit * 2 * I * K * wb + M * K * wb + M * I * 2

@@ -251,6 +251,9 @@ BAD_CONFIGS = [
      r"^tokens_tile=256, weights_tile=128: the gated tile 128×256 .* needs 256 accumulator registers"),
     (dict(gated=True, swap_ab=True, tokens_tile=8, weights_tile=128, stages=7), ValueError,
      r"^stages=7: shared memory over budget: .*7 × \(8\+256\)×64×2 B.*at most 6 stages fit"),
+    (dict(gather_rows=1), TypeError, r"^gather_rows: expected a bool"),
+    (dict(gather_rows=True, quant="fp8_tensor", dtype="float8_e4m3fn", tile_k=128), ValueError,
+     r"^gather_rows=True: takes bf16 \(quant='fp8_tensor'\)"),
 ]
 
 
@@ -423,11 +426,11 @@ def _gated_plan_configs():
 
     import importlib
 
-    config, plan = importlib.import_module("cute_moe.config"), importlib.import_module("cute_moe.plan")
+    plan = importlib.import_module("cute_moe.plan")
     found = {}
     with pytest.MonkeyPatch.context() as mp:  # the configs the switch would pick, whichever way it stands
-        mp.setattr(config, "GATED_GEMM1", True)
         mp.setattr(plan, "GATED_GEMM1", True)
+        mp.setattr(plan, "GATHER_IN_PRODUCER", True)
         for spec in ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8"):
             s = get_shape(spec)
             for options in ({}, {"swap_ab": True}, {"swap_ab": False}):
@@ -436,7 +439,8 @@ def _gated_plan_configs():
     return list(found)
 
 
-GATED = _gated_plan_configs()
+GATHERED = _gated_plan_configs()  # the plans' GEMM1: gated, and gathering its rows (plan.GATHER_IN_PRODUCER)
+GATED = [c.replace(gather_rows=False) for c in GATHERED]  # the same kernels reading X_sorted through TMA
 
 
 def test_the_bf16_plans_gate_gemm1_when_switched_on_and_separate_does_not():
@@ -453,7 +457,7 @@ def test_the_bf16_plans_gate_gemm1_when_switched_on_and_separate_does_not():
     for quant, fusion in ((None, "separate"), ("fp8_tensor", "fused"), ("fp8_block", "separate")):
         for p in cute_moe.plans_for(8, 4096, 14336, 2, quant, fusion=fusion):
             assert not p.gemm1.gated and not p.gemm2.gated
-    from cute_moe.config import GATED_GEMM1
+    from cute_moe.fusion import GATED_GEMM1
 
     p = cute_moe.plan(__import__("moe_spec.validate").validate.MoEDims(T=8, E=8, K=4096, I=14336, top_k=2))
     assert (" silu " in p.describe().split("|")[0]) == GATED_GEMM1 and " silu " not in p.describe().split("|")[1]
@@ -555,3 +559,84 @@ def test_gated_grouped_gemm_checks_w1_before_any_launch():
         grouped_gemm(x, torch.zeros(2, 33, 64, dtype=torch.bfloat16), rows, cfg)
     with pytest.raises(ValueError, match=r"^grouped_gemm: N_out=12 must be a positive multiple of 8"):
         grouped_gemm(x, torch.zeros(2, 24, 64, dtype=torch.bfloat16), rows, cfg)  # I = 12
+
+
+# ---- the gathering GEMM1: token rows by index from x, cp.async in the producer ----------------------
+def test_the_bf16_plans_gather_in_gemm1_only(monkeypatch):
+    """With both switches on (cute_moe.fusion), every bf16 fused plan's GEMM1 (gated) reads x by token
+    index; GEMM2, FP8 and the unfused pipeline keep their TMA loads; a K that is no multiple of tile_k
+    is not gathered."""
+    import importlib
+
+    from moe_spec.validate import MoEDims
+    from cute_moe.plan import check_options
+
+    plan_module = importlib.import_module("cute_moe.plan")
+    monkeypatch.setattr(plan_module, "GATED_GEMM1", True)
+    monkeypatch.setattr(plan_module, "GATHER_IN_PRODUCER", True)
+    assert GATHERED and all(c.gather_rows and c.gated for c in GATHERED)
+    for spec_dims in ((8, 4096, 14336, 2), (128, 2048, 768, 8)):
+        for p in cute_moe.plans_for(*spec_dims):
+            assert p.gemm1.gather_rows and not p.gemm2.gather_rows
+            assert " gather" in p.describe().split("|")[0] and " gather" not in p.describe().split("|")[1]
+        for quant, fusion in ((None, "separate"), ("fp8_tensor", "fused"), ("fp8_block", "separate")):
+            for p in cute_moe.plans_for(*spec_dims, quant, fusion=fusion):
+                assert not p.gemm1.gather_rows and not p.gemm2.gather_rows
+    odd = cute_moe.plan(MoEDims(T=8, E=8, K=4104, I=512, top_k=2))  # 4104 = 64·64 + 8
+    assert odd.gemm1.gated and not odd.gemm1.gather_rows
+    g1 = GATHERED[-1]
+    with pytest.raises(ValueError, match=r"configs\[1\]: gated and gather_rows"):
+        check_options(4096, 512, configs=(g1, GemmConfig(row_scale=True, gather_rows=True)))
+    with pytest.raises(ValueError, match=r"configs\[0\]: gather_rows needs x: hidden size K = 4104"):
+        check_options(4104, 512, configs=(g1, GemmConfig(row_scale=True)))
+
+
+@pytest.mark.parametrize("kw", [dict(quant="fp8_tensor", dtype="float8_e4m3fn", tile_k=128),
+                                dict(tile_k=48), dict(swap_ab=True, tokens_tile=48, weights_tile=128, tile_k=32)])
+def test_gather_rows_config_refuses_what_it_cannot_copy(kw):
+    """FP8 (x is quantized first), a row of 6 vectors (does not divide 128 threads), 48 rows with
+    32 rows per pass: each refused by name when the config is built."""
+    with pytest.raises(ValueError, match="gather_rows=True"):
+        GemmConfig(gather_rows=True, **kw)
+    GemmConfig(**kw)  # the same config without gathering is valid
+
+
+_CP_ASYNC = r"cp\.async\.cg\.shared\.global \[[^\]]+\], \[[^\]]+\], 16, 16;"
+
+
+@pytest.mark.parametrize("cfg", GATHERED, ids=_id)
+def test_gathering_ptx_copies_rows_by_cp_async_and_keeps_the_wgmma_chain(cfg):
+    """The gathering GEMM1 loads no token tile by TMA (no 2-D tensor load: only the 4-D weight
+    boxes), copies 16-byte vectors by cp.async, from every producer warp, each arriving on the full
+    barrier through cp.async.mbarrier.arrive.noinc; the barriers count 1 + 128 arrivals and the
+    weight bytes only; the consumers fence the proxies after each wait; the WGMMAs are the TMA twin's."""
+    from cute_moe.gather import gather_geometry
+
+    twin = cfg.replace(gather_rows=False)
+    ptx, tma = cute_moe.compile_ptx(cfg), cute_moe.compile_ptx(twin)
+    assert not re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global", ptx)
+    assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global", tma)
+    assert re.search(r"cp\.async\.bulk\.tensor\.4d\.shared::cta\.global\.tile\.mbarrier", ptx)
+    assert re.search(_CP_ASYNC, ptx) and not re.search(r"cp\.async\.c[ag]\.shared", tma)
+    assert "cp.async.mbarrier.arrive.noinc.shared.b64" in ptx
+    init = set(re.findall(r"mbarrier\.init\.shared\.b64\s+\[[^\]]+\], (%r\d+|\d+);", ptx))
+    counts = {int(re.search(rf"mov\.b32\s+{re.escape(r)}, (\d+);", ptx).group(1)) if r.startswith("%") else int(r)
+              for r in init}
+    assert 1 + 128 in counts and 1 not in counts  # full barriers: the TMA lane and 128 cp.async arrivals
+    token_bytes = cfg.tokens_tile * cfg.tile_k * cfg.element_bytes
+    assert {int(n) for _, n in re.findall(_EXPECT_TX, ptx)} == {cfg.stage_bytes - token_bytes} \
+        == {plan_layouts(cfg)["stage_bytes"]}
+    vecs, rows, passes = gather_geometry(cfg)
+    assert rows * passes == cfg.tokens_tile and vecs * 8 == cfg.tile_k
+    assert len(re.findall(r"fence\.proxy\.async", ptx)) > len(re.findall(r"fence\.proxy\.async", tma))
+    assert re.findall(_WGMMA, ptx) and Counter(re.findall(_WGMMA, ptx)) == Counter(re.findall(_WGMMA, tma))
+    assert ptx.count("wgmma.commit_group") == tma.count("wgmma.commit_group")
+
+
+def test_gathering_kernel_compiles_for_int32_and_int64_indices():
+    """The token index dtype is part of the compiled signature: one kernel per dtype, a clear error else."""
+    cfg = GATHERED[0]
+    a, b = (cute_moe.compile_gemm(cfg, index_dtype=d) for d in ("int64", "int32"))
+    assert a is not b and a is cute_moe.compile_gemm(cfg)
+    with pytest.raises(ValueError, match="index_dtype='int16'"):
+        cute_moe.compile_gemm(cfg, index_dtype="int16")

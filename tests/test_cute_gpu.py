@@ -271,3 +271,79 @@ def _dims(inp):
     T, K = inp.x.shape
     E, two_i, _ = inp.w1.shape
     return MoEDims(T=T, E=E, K=K, I=two_i // 2, top_k=inp.topk_ids.shape[1])
+
+
+# ---- the gathering GEMM1: token rows read by index from x (no X_sorted) ----------------------------
+GATHER_CONFIGS = GATED_CONFIGS + [  # the gated configs of the rule, and plain GEMMs of both paths
+    dict(swap_ab=True, tokens_tile=8, weights_tile=128, gated=False),
+    dict(swap_ab=False, tokens_tile=128, weights_tile=256, consumer_warpgroups=2, gated=False),
+]
+
+
+@pytest.mark.parametrize("kw", GATHER_CONFIGS,
+                         ids=lambda kw: "swap{swap_ab}-t{tokens_tile}-w{weights_tile}-g{g}".format(g=kw.get("gated", True),
+                                                                                                   **kw))
+def test_gathering_gemm_is_the_tma_path_bit_for_bit(kw):
+    """A gather_rows GEMM reads x [T, K] by token index (cp.async in the producer) and must give the
+    very bytes of the same kernel reading the sorted copy through TMA — the shared-memory tile holds
+    the same values either way — on uneven experts with one idle expert and padding rows, with int64
+    and int32 token indices; and meet fp32 torch."""
+    import dataclasses
+
+    from cute_moe.config import GemmConfig, max_stages
+    from cute_moe.moe import grouped_gemm, sort_rows
+
+    kw = dict(kw)
+    gated = kw.pop("gated", True)
+    cfg = GemmConfig(gated=gated, stages=2, **kw)
+    cfg = cfg.replace(stages=max_stages(cfg))
+    I, k, counts = 200, 512, [37, 0, 5, 130, 1]
+    g = torch.Generator(device="cuda").manual_seed(6)
+    E = len(counts)
+    ids = torch.cat([torch.full((c,), e, dtype=torch.int32) for e, c in enumerate(counts)]).cuda()
+    ids = ids[torch.randperm(ids.numel(), generator=torch.Generator().manual_seed(6)).cuda()]
+    T = ids.numel()
+    rows = sort_rows(ids.view(T, 1), torch.ones(T, 1, device="cuda"), E, cfg.tokens_tile)
+    used = int(rows.alignment.num_padded)
+    assert used > T  # padding rows exist
+    x = torch.randn(T, k, device="cuda", generator=g).bfloat16()
+    w1 = (torch.randn(E, 2 * I, k, device="cuda", generator=g) * k ** -0.5).bfloat16()
+    tma = grouped_gemm(x.index_select(0, rows.token_of_row), w1, rows, cfg)
+    gathered = grouped_gemm(x, w1, rows, cfg.replace(gather_rows=True))
+    rows32 = dataclasses.replace(rows, token_of_row=rows.token_of_row.to(torch.int32))
+    gathered32 = grouped_gemm(x, w1, rows32, cfg.replace(gather_rows=True))
+    assert gathered.shape == tma.shape == (rows.rows, I if gated else 2 * I)
+    for out in (gathered, gathered32):
+        assert torch.equal(out[:used].view(torch.int16), tma[:used].view(torch.int16))
+    h = torch.einsum("tk,tnk->tn", x.float(), w1.float()[ids.long()])
+    ref = torch.nn.functional.silu(h[:, :I]) * h[:, I:] if gated else h
+    assert rel_l2(gathered.index_select(0, rows.row_of_pair), ref) < TOL
+
+
+@pytest.mark.parametrize("spec", ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8"])
+@pytest.mark.parametrize("T", [1, 8, 128, 4096])
+def test_gathering_layer_runs_no_gather_kernel(shapes, spec, T, monkeypatch):
+    """With the switch on, the bf16 plan's GEMM1 gathers its rows: the layer never launches the gather row kernel, meets
+    the oracle, reruns bit for bit, and equals the layer with the switch off (gather kernel + TMA)."""
+    import importlib
+
+    import cute_moe
+    import cute_moe.moe as moe
+
+    plan_module = importlib.import_module("cute_moe.plan")
+    inp = _inputs(shapes, spec, T, seed=23)
+    monkeypatch.setattr(plan_module, "GATHER_IN_PRODUCER", False)  # the switch off: gather kernel + TMA
+    assert not cute_moe.plan(_dims(inp)).gemm1.gather_rows
+    tma = cute_moe.fused_moe(**inp.kwargs())
+    monkeypatch.setattr(plan_module, "GATHER_IN_PRODUCER", True)  # on, whichever way the module has it
+    assert cute_moe.plan(_dims(inp)).gemm1.gather_rows
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the gathering bf16 layer launched the gather row kernel")
+
+    monkeypatch.setattr(moe, "gather_rows", refuse)
+    out = cute_moe.fused_moe(**inp.kwargs())
+    again = cute_moe.fused_moe(**inp.kwargs())
+    assert rel_l2(out, oracle(**inp.kwargs())) < TOL
+    assert torch.equal(out.view(torch.int16), again.view(torch.int16))
+    assert torch.equal(out.view(torch.int16), tma.view(torch.int16))
