@@ -12,8 +12,10 @@ layer can be captured in a CUDA graph and replayed with new routing:
   a real, finite row; its weight is 0);
 * ``weight_of_row`` fp32 [rows]: the routing weight of each row's pair (padding 0; a pair whose id
   was out of range: NaN);
-* ``row_of_pair`` int64 [P]: the row of each pair; ``row_mask`` int32 [rows]: 1 where a row holds a
-  pair (the FP8 intermediate's amax skips the others);
+* ``row_of_pair`` int64 [P]: the row of each pair; ``weight_of_pair`` fp32 [P]: the routing
+  weights as the layer uses them (NaN where the id was out of range: the unfused pipeline's
+  weighted combine reads them); ``row_mask`` int32 [rows]: 1 where a row holds a pair (the FP8
+  intermediate's amax skips the others);
 * for each GEMM token tile ``t`` (dividing ``tile``): the expert of every ``t``-row block (−1 past
   the used rows) and the number of used blocks, ``num_padded / t``, as an int32 device scalar.
 
@@ -47,7 +49,9 @@ its 8 warps own consecutive slices of the chunk, walked 32 pairs (one per lane) 
       lane writes the pair's row in every map;
    d. the rows that hold no pair (each run's padding, everything past the used rows) get the
       sentinel, the last token and weight 0, and every block (the alignment's and each GEMM's)
-      its expert; each row and block is written exactly once.
+      its expert; each row and block is written exactly once;
+   e. the grid zeroes a scratch buffer the later kernels accumulate into (the FP8 amax buffers),
+      which would otherwise take a fill launch each.
 
 The sort uses no atomics (each warp owns its table row), so the result is deterministic.  A
 ``match`` treats lanes of the same expert together in a single step, so a skewed routing costs no
@@ -238,29 +242,33 @@ class PlacePairs:
 
     ids [P] int32/int64, weights fp32 [P], counts int32 [C·E] (launch 1; not read when C = 1),
     sorted_ids int32 [rows], expert_of_block int32 [rows / tile], expert_end int32 [E],
-    token_of_row int64 [rows], weight_of_row fp32 [rows], row_of_pair int64 [P], row_mask int32
-    [rows], blocks0 / blocks1 int32 [rows / tile0], [rows / tile1] (each GEMM tile's block
+    token_of_row int64 [rows], weight_of_row fp32 [rows], row_of_pair int64 [P], weight_of_pair fp32
+    [P], row_mask int32 [rows], blocks0 / blocks1 int32 [rows / tile0], [rows / tile1] (each GEMM tile's block
     experts), block_counts int32 [2] (used blocks of each), word int32 [1] (the error word),
-    num_experts, tile, top_k, tile0, tile1 (Int32), stream.  Grid: one CTA per chunk, as launch 1.
+    scratch fp32 [n] (zeroed), num_experts, tile, top_k, tile0, tile1 (Int32), stream.  Grid: one CTA per chunk, as launch 1.
     """
 
     @cute.jit
     def __call__(self, ids: cute.Tensor, weights: cute.Tensor, counts: cute.Tensor, sorted_ids: cute.Tensor,
                  expert_of_block: cute.Tensor, expert_end: cute.Tensor, token_of_row: cute.Tensor,
-                 weight_of_row: cute.Tensor, row_of_pair: cute.Tensor, row_mask: cute.Tensor, blocks0: cute.Tensor,
-                 blocks1: cute.Tensor, block_counts: cute.Tensor, word: cute.Tensor, num_experts: cutlass.Int32,
-                 tile: cutlass.Int32, top_k: cutlass.Int32, tile0: cutlass.Int32, tile1: cutlass.Int32, stream):
+                 weight_of_row: cute.Tensor, row_of_pair: cute.Tensor, weight_of_pair: cute.Tensor, row_mask: cute.Tensor,
+                 blocks0: cute.Tensor,
+                 blocks1: cute.Tensor, block_counts: cute.Tensor, word: cute.Tensor, scratch: cute.Tensor,
+                 num_experts: cutlass.Int32, tile: cutlass.Int32, top_k: cutlass.Int32, tile0: cutlass.Int32,
+                 tile1: cutlass.Int32, stream):
         chunks = (ids.shape[0] + CHUNK - 1) // CHUNK
         self.kernel(ids, weights, counts, sorted_ids, expert_of_block, expert_end, token_of_row, weight_of_row,
-                    row_of_pair, row_mask, blocks0, blocks1, block_counts, word, num_experts, tile, top_k, tile0,
-                    tile1).launch(grid=[chunks, 1, 1], block=[THREADS, 1, 1], stream=stream)
+                    row_of_pair, weight_of_pair, row_mask, blocks0, blocks1, block_counts, word, scratch, num_experts, tile,
+                    top_k, tile0, tile1).launch(grid=[chunks, 1, 1], block=[THREADS, 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(self, ids: cute.Tensor, weights: cute.Tensor, counts: cute.Tensor, sorted_ids: cute.Tensor,
                expert_of_block: cute.Tensor, expert_end: cute.Tensor, token_of_row: cute.Tensor,
-               weight_of_row: cute.Tensor, row_of_pair: cute.Tensor, row_mask: cute.Tensor, blocks0: cute.Tensor,
-               blocks1: cute.Tensor, block_counts: cute.Tensor, word: cute.Tensor, num_experts: cutlass.Int32,
-               tile: cutlass.Int32, top_k: cutlass.Int32, tile0: cutlass.Int32, tile1: cutlass.Int32):
+               weight_of_row: cute.Tensor, row_of_pair: cute.Tensor, weight_of_pair: cute.Tensor,
+               row_mask: cute.Tensor, blocks0: cute.Tensor,
+               blocks1: cute.Tensor, block_counts: cute.Tensor, word: cute.Tensor, scratch: cute.Tensor,
+               num_experts: cutlass.Int32, tile: cutlass.Int32, top_k: cutlass.Int32, tile0: cutlass.Int32,
+               tile1: cutlass.Int32):
         tidx, _, _ = cute.arch.thread_idx()
         c, _, _ = cute.arch.block_idx()
         chunks, _, _ = cute.arch.grid_dim()
@@ -326,11 +334,16 @@ class PlacePairs:
             e += THREADS
         cute.arch.sync_threads()
         # (c) the pairs, in index order within each expert, and their row in every map
-        _place_warp_slice(ids, weights, s_ids, table, sorted_ids, token_of_row, weight_of_row, row_of_pair, row_mask,
-                          lo, n, num_experts, top_k)
+        _place_warp_slice(ids, weights, s_ids, table, sorted_ids, token_of_row, weight_of_row, row_of_pair,
+                          weight_of_pair, row_mask, lo, n, num_experts, top_k)
         # (d) the rows without a pair, and every block's expert
         _fill_padding(s_total, s_end, sorted_ids, expert_of_block, token_of_row, weight_of_row, row_mask, blocks0,
                       blocks1, num_experts, tile, tile0, tile1, num_pairs, num_pairs // top_k - 1, c, chunks)
+        # (e) the layer's scratch that must start at zero (the FP8 amax buffers)
+        i = c * THREADS + tidx
+        while i < scratch.shape[0]:
+            scratch[i] = cutlass.Float32(0.0)
+            i += chunks * THREADS
 
 
 @cute.jit
@@ -369,7 +382,8 @@ def _scan_runs(s_total: cute.Tensor, s_end: cute.Tensor, s_warp_sums: cute.Tenso
 @cute.jit
 def _place_warp_slice(ids: cute.Tensor, weights: cute.Tensor, s_ids: cute.Tensor, table: cute.Tensor,
                       sorted_ids: cute.Tensor, token_of_row: cute.Tensor, weight_of_row: cute.Tensor,
-                      row_of_pair: cute.Tensor, row_mask: cute.Tensor, lo, n, num_experts, top_k):
+                      row_of_pair: cute.Tensor, weight_of_pair: cute.Tensor, row_mask: cute.Tensor, lo, n, num_experts,
+                      top_k):
     """Each pair of this warp's slice goes to row ``table[w, e]`` + its rank among the round's lanes
     of expert ``e`` (written to every map); then the lowest such lane advances ``table[w, e]``."""
     lane = cute.arch.lane_idx()
@@ -394,6 +408,7 @@ def _place_warp_slice(ids: cute.Tensor, weights: cute.Tensor, s_ids: cute.Tensor
             if (v < 0) | (v >= num_experts):  # its id was clamped: the pair's token comes out NaN
                 w = cutlass.Float32(float("nan"))
             weight_of_row[r] = w
+            weight_of_pair[p] = w
         cute.arch.sync_warp()  # every lane has read table[w, x] before it moves
         if (x >= 0) & (below == 0):
             table[warp, x] = table[warp, x] + cutlass.Int32(cute.arch.popc(peers))
@@ -479,8 +494,8 @@ def compile_align_kernels(ids_dtype: torch.dtype = torch.int32, *, keep_ptx: boo
         ids, counts = vec(ID_DTYPES[ids_dtype]), vec(i32)
         return {"count": cute.compile(CountExperts(), ids, counts, i32(1), stream, options=options),
                 "place": cute.compile(PlacePairs(), ids, vec(f32), counts, vec(i32), vec(i32), vec(i32), vec(i64),
-                                      vec(f32), vec(i64), vec(i32), vec(i32), vec(i32), vec(i32), vec(i32),
-                                      i32(1), i32(1), i32(1), i32(1), i32(1), stream, options=options)}
+                                      vec(f32), vec(i64), vec(f32), vec(i32), vec(i32), vec(i32), vec(i32), vec(i32),
+                                      vec(f32), i32(1), i32(1), i32(1), i32(1), i32(1), stream, options=options)}
 
     return compile_once(("align", str(ids_dtype)), build, keep_ptx=keep_ptx)
 
@@ -493,6 +508,7 @@ class SortedRows:
     Attributes:
         alignment: :class:`moe_spec.align.Alignment` of the (token, slot) pairs.
         token_of_row: int64 [rows]; weight_of_row: fp32 [rows]; row_of_pair: int64 [T·top_k];
+        weight_of_pair: fp32 [T·top_k] (the routing weights, NaN where the id was out of range);
         row_mask: int32 [rows] (1: the row holds a pair).
         blocks: ``{tokens_tile: (expert of every block int32 [rows / tokens_tile], used blocks int32 [1])}``
             for the GEMM token tiles the maps were written for.
@@ -502,6 +518,7 @@ class SortedRows:
     token_of_row: torch.Tensor
     weight_of_row: torch.Tensor
     row_of_pair: torch.Tensor
+    weight_of_pair: torch.Tensor
     row_mask: torch.Tensor
     blocks: dict = field(default_factory=dict)
 
@@ -535,15 +552,16 @@ def reference_rows(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_exper
     al = align(ids, num_experts, tile)
     token_of_row = al.token_of_row(top_k).clamp_(max=max(T - 1, 0))  # the padding sentinel is T
     blocks = {t: split_blocks(al, t) for t in dict.fromkeys(tiles)}
-    return SortedRows(al, token_of_row, al.weight_of_row(weights), al.row_of_pair(),
+    return SortedRows(al, token_of_row, al.weight_of_row(weights), al.row_of_pair(), weights.reshape(-1),
                       al.holds_pair().to(torch.int32), blocks)
 
 
 class RowBuffers:
     """Every output of the two launches for one shape (``T·top_k`` pairs, E, tile, the GEMM tiles)
-    on one device, and their CuTe wrappers, built once: a workspace's row maps."""
+    on one device, and their CuTe wrappers, built once: a workspace's row maps.  ``zeroed``: fp32
+    elements of ``scratch`` the place kernel zeroes (the FP8 layer's amax buffers)."""
 
-    def __init__(self, T: int, top_k: int, num_experts: int, tile: int, gemm_tiles, device):
+    def __init__(self, T: int, top_k: int, num_experts: int, tile: int, gemm_tiles, device, zeroed: int = 0):
         self.shape = (T, top_k, num_experts, tile, check_gemm_tiles(tile, gemm_tiles))
         self.tiles = self.shape[-1]
         P = T * top_k
@@ -551,9 +569,10 @@ class RowBuffers:
         new = lambda n, dtype=torch.int32: torch.empty(n, dtype=dtype, device=device)  # noqa: E731
         self.counts = new(max(-(-P // CHUNK), 1) * num_experts)
         self.block_counts = new(GEMM_TILES)
+        self.scratch = new(max(zeroed, 1), torch.float32)
         self.out = dict(sorted_ids=new(rows), expert_of_block=new(rows // tile), expert_end=new(num_experts),
                         token_of_row=new(rows, torch.int64), weight_of_row=new(rows, torch.float32),
-                        row_of_pair=new(P, torch.int64), row_mask=new(rows),
+                        row_of_pair=new(P, torch.int64), weight_of_pair=new(P, torch.float32), row_mask=new(rows),
                         blocks0=new(rows // self.tiles[0]), blocks1=new(rows // self.tiles[1]))
         self._wrapped = None
         o = self.out
@@ -562,7 +581,14 @@ class RowBuffers:
         blocks = {}
         for i, t in enumerate(self.tiles):
             blocks.setdefault(t, (o[f"blocks{i}"], self.block_counts[i:i + 1]))
-        self.rows = SortedRows(al, o["token_of_row"], o["weight_of_row"], o["row_of_pair"], o["row_mask"], blocks)
+        self.rows = SortedRows(al, o["token_of_row"], o["weight_of_row"], o["row_of_pair"], o["weight_of_pair"],
+                               o["row_mask"], blocks)
+
+    def tensors(self) -> tuple:
+        """Every buffer, and every view of one, that a later kernel is given (``runtime.keep``)."""
+        blocks = tuple(t for pair in self.rows.blocks.values() for t in pair)
+        return tuple(self.out.values()) + (self.counts, self.block_counts, self.scratch,
+                                           self.rows.alignment.num_padded) + blocks
 
     def wrapped(self) -> tuple:
         """The CuTe wrappers of the outputs, in the place kernel's order (made at the first call)."""
@@ -570,7 +596,8 @@ class RowBuffers:
             o = self.out
             self._wrapped = (cute_vector(self.counts),) + tuple(cute_vector(o[name]) for name in (
                 "sorted_ids", "expert_of_block", "expert_end", "token_of_row", "weight_of_row", "row_of_pair",
-                "row_mask", "blocks0", "blocks1")) + (cute_vector(self.block_counts),)
+                "weight_of_pair", "row_mask", "blocks0", "blocks1")) + (cute_vector(self.block_counts),
+                                                                       cute_vector(self.scratch))
         return self._wrapped
 
 
@@ -596,14 +623,15 @@ def launch_rows(topk_ids: torch.Tensor, topk_weights: torch.Tensor, bufs: RowBuf
     if P == 0:  # no pairs: every run is empty, nothing to sort, nothing to check
         bufs.out["expert_end"].zero_()
         bufs.block_counts.zero_()
+        bufs.scratch.zero_()
         return bufs.rows
     kernels = compile_align_kernels(topk_ids.dtype)
     stream = current_stream(topk_ids)
     ids, weights = cute_vector(topk_ids.view(-1)), cute_vector(topk_weights.view(-1))
-    counts, *outs, block_counts = bufs.wrapped()
+    counts, *outs, block_counts, scratch = bufs.wrapped()
     if P > CHUNK:  # a single chunk: launch 2 counts it itself
         kernels["count"](ids, counts, num_experts, stream)
-    kernels["place"](ids, weights, counts, *outs, block_counts, cute_vector(word), num_experts, tile, top_k,
+    kernels["place"](ids, weights, counts, *outs, block_counts, cute_vector(word), scratch, num_experts, tile, top_k,
                      tiles[0], tiles[1], stream)
     return bufs.rows
 
