@@ -152,15 +152,15 @@ def _check_chunk(ids: cute.Tensor, weights: cute.Tensor, word: cute.Tensor, lo, 
     """The routing data checks of the chunk's pairs (``guard_routing``'s meaning): an id outside
     [0, E), a non-finite weight (``w − w`` is not 0), an id equal to one in an earlier slot of the
     same token row (raw ids, so two equal out-of-range ids count as a repeat, as there).  A thread
-    that found a fault ORs its bits into the error word."""
+    that found a fault ORs its bits into the error word, once."""
     tidx, _, _ = cute.arch.thread_idx()
+    bits = cutlass.Int32(0)
     for k in cutlass.range_constexpr(CHUNK // THREADS):
         i = k * THREADS + tidx
         if i < n:
             p = lo + i
             v = ids[p]
             w = weights[p]
-            bits = cutlass.Int32(0)
             if (v < 0) | (v >= num_experts):
                 bits = bits | BAD_ID
             if (w - w) != cutlass.Float32(0.0):  # NaN for ±inf and NaN (an unordered compare)
@@ -169,8 +169,8 @@ def _check_chunk(ids: cute.Tensor, weights: cute.Tensor, word: cute.Tensor, lo, 
             for d in cutlass.range(slot):
                 if ids[p - 1 - d] == v:
                     bits = bits | REPEATED_ID
-            if bits != 0:
-                cute.arch.atomic_or(word.iterator, bits)
+    if bits != 0:
+        cute.arch.atomic_or(word.iterator, bits)
 
 
 @cute.jit
@@ -546,7 +546,8 @@ def reference_rows(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_exper
     device's error word), :func:`moe_spec.align.align` of the clamped ids, and the maps."""
     check_align_args(topk_ids, num_experts, tile)
     tiles = check_gemm_tiles(tile, gemm_tiles)
-    word = error_word(topk_ids.device) if word is None else word
+    device_word = error_word(topk_ids.device)  # also makes guard_routing's bit constants
+    word = device_word if word is None else word
     T, top_k = topk_ids.shape
     ids, weights = guard_routing(topk_ids, topk_weights, num_experts, word)
     al = align(ids, num_experts, tile)
@@ -609,11 +610,12 @@ def launch_rows(topk_ids: torch.Tensor, topk_weights: torch.Tensor, bufs: RowBuf
     naming the argument, before any launch."""
     T, top_k, num_experts, tile, tiles = bufs.shape
     check_align_args(topk_ids, num_experts, tile)
-    for name, t, dtypes in (("topk_ids", topk_ids, tuple(ID_DTYPES)), ("topk_weights", topk_weights,
-                                                                       (torch.float32,))):
+    routing = (("topk_ids", topk_ids, tuple(ID_DTYPES)), ("topk_weights", topk_weights, (torch.float32,)))
+    for name, t, dtypes in routing:
         if t.dtype not in dtypes or tuple(t.shape) != (T, top_k) or not t.is_contiguous():
             raise ValueError(f"{name}: expected a contiguous [{T}, {top_k}] tensor of {dtypes}, got {t.dtype} "
                              f"{list(t.shape)} (strides {t.stride()})")
+    for name, t, _ in routing:
         if t.device.type != "cuda" or t.device != bufs.counts.device:
             raise ValueError(f"{name}: the alignment kernels run on the CUDA device of the buffers "
                              f"({bufs.counts.device}), got a tensor on {t.device}")
@@ -646,16 +648,16 @@ def sort_rows_on_device(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_
     made.  Elsewhere (the CPU has no CuTe launches) :func:`reference_rows` runs instead.  Raises
     TypeError / ValueError naming a bad argument before any launch."""
     check_align_args(topk_ids, num_experts, tile)
-    if topk_ids.device.type != "cuda":
-        return reference_rows(topk_ids, topk_weights, num_experts, tile, gemm_tiles, word)
     if topk_ids.dim() != 2:
         raise ValueError(f"topk_ids: expected a 2-D [T, top_k] tensor, got shape {tuple(topk_ids.shape)}")
     T, top_k = topk_ids.shape
+    shape = (T, top_k, num_experts, tile, check_gemm_tiles(tile, gemm_tiles))
+    if buffers is not None and buffers.shape != shape:
+        raise ValueError(f"buffers: made for (T, top_k, E, tile, gemm tiles) = {buffers.shape}, the call has {shape}")
+    if topk_ids.device.type != "cuda":
+        return reference_rows(topk_ids, topk_weights, num_experts, tile, gemm_tiles, word)
     if buffers is None:
         buffers = RowBuffers(T, top_k, num_experts, tile, gemm_tiles, topk_ids.device)
-    elif buffers.shape != (T, top_k, num_experts, tile, check_gemm_tiles(tile, gemm_tiles)):
-        raise ValueError(f"buffers: made for (T, top_k, E, tile, gemm tiles) = {buffers.shape}, the call has "
-                         f"{(T, top_k, num_experts, tile, check_gemm_tiles(tile, gemm_tiles))}")
     return launch_rows(topk_ids, topk_weights, buffers, error_word(topk_ids.device) if word is None else word)
 
 
