@@ -7,7 +7,7 @@ alignment sees) and T ∈ {1, 8, 128, 1024, 4096}: the tile is the layer plan's 
 that T (what ``fused_moe`` pads to), the routings are softmax top-k of random logits
 (``moe_spec.problem.route``), one per input set.  Both routines are first checked to agree bit
 for bit on every set, then timed by CUDA-graph replay (``moe_spec.timing.time_cuda_graph``, the
-median µs per call): ``device`` is :func:`cute_moe.alignops.align_on_device`, ``torch`` is
+median µs per call): ``device`` is :func:`cute_moe.rowmaps.align_on_device`, ``torch`` is
 :func:`moe_spec.align.align`.  Writes ``PREFIX.json`` (raw) and ``PREFIX.md`` (the table).
 """
 
@@ -28,7 +28,7 @@ from moe_spec.problem import get_shape, route  # noqa: E402
 from moe_spec.timing import time_cuda_graph  # noqa: E402
 from moe_spec.validate import MoEDims  # noqa: E402
 
-from .alignops import align_on_device  # noqa: E402
+from .rowmaps import align_on_device  # noqa: E402
 from .plan import plan  # noqa: E402
 
 SPECS = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8")

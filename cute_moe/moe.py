@@ -47,7 +47,8 @@ from moe_spec.hopper import sm_count  # noqa: E402
 from moe_spec.quant import FP8_DTYPE  # noqa: E402
 from moe_spec.validate import MoEDims, error_word, validate_moe_args  # noqa: E402
 
-from .alignops import MAX_EXPERTS, RowBuffers, SortedRows, sort_rows_on_device, split_blocks  # noqa: E402
+from .alignops import MAX_EXPERTS  # noqa: E402
+from .rowmaps import RowBuffers, SortedRows, sort_rows_on_device, split_blocks  # noqa: E402
 from .config import ALIGN_ELEMS, GemmConfig  # noqa: E402
 from .moe_fp8 import amax_sizes, quantize_intermediate, quantize_tokens, sorted_token_scales  # noqa: E402
 from .plan import LayerPlan, plan  # noqa: E402
@@ -64,7 +65,7 @@ def sort_rows(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: i
               word: torch.Tensor | None = None, buffers: RowBuffers | None = None) -> SortedRows:
     """Check the routing data, align the pairs (runs padded to ``tile``) and write every row map and the
     block maps of each GEMM token tile in ``gemm_tiles`` (default: ``tile``): the two launches of
-    :func:`~cute_moe.alignops.sort_rows_on_device` on a GPU, :func:`~cute_moe.alignops.reference_rows`
+    :func:`~cute_moe.rowmaps.sort_rows_on_device` on a GPU, :func:`~cute_moe.rowmaps.reference_rows`
     on the CPU.  Failed checks go into ``word`` (default: the device's error word)."""
     return sort_rows_on_device(topk_ids, topk_weights, num_experts, tile, gemm_tiles, word=word, buffers=buffers)
 
@@ -74,7 +75,7 @@ def gemm_blocks(rows: SortedRows | Alignment, tokens_tile: int) -> tuple[torch.T
 
     From :class:`SortedRows`: the maps its launches wrote for that tile (no launch); for another
     tile, or from an :class:`~moe_spec.align.Alignment`, derived in torch ops
-    (:func:`~cute_moe.alignops.split_blocks`).  ``tokens_tile`` must divide the alignment tile, so
+    (:func:`~cute_moe.rowmaps.split_blocks`).  ``tokens_tile`` must divide the alignment tile, so
     each block lies inside one expert's run.  Blocks past the used rows get −1 (never read: the
     scheduler stops at the block count).
     """
@@ -207,7 +208,7 @@ _workspaces: OrderedDict = OrderedDict()
 
 
 def _workspace(dims: MoEDims, p: LayerPlan, device) -> dict:
-    """The buffers of one call — the alignment's outputs (:class:`~cute_moe.alignops.RowBuffers`),
+    """The buffers of one call — the alignment's outputs (:class:`~cute_moe.rowmaps.RowBuffers`),
     X_sorted, H and Y (FP8: also A in fp32 and the two amax buffers, which the alignment zeroes) — reused by the eager calls of one stream and thread: the stream
     orders each call after the last, and the returned output is always a new tensor.  Their CuTe
     wrappers are made once (``runtime.keep``).  Fresh, and not kept, while a CUDA graph is being

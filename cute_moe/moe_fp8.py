@@ -31,7 +31,7 @@ from moe_spec.align import Alignment
 from moe_spec.hopper import sm_count
 from moe_spec.quant import FP8_DTYPE, activation_scale_shape
 
-from .alignops import SortedRows
+from .rowmaps import SortedRows
 from .config import FP8_ALIGN_ELEMS
 from .ptx import compile_quant_kernels
 from .runtime import cute_tensor, cute_vector, current_stream, keep
@@ -142,7 +142,7 @@ def sorted_token_scales(scale: torch.Tensor, token_of_row: torch.Tensor, quant: 
 
 
 def _alignment_and_mask(rows) -> tuple[Alignment, torch.Tensor]:
-    """(alignment, int32 row mask) of a :class:`~cute_moe.alignops.SortedRows` (its ``row_mask``,
+    """(alignment, int32 row mask) of a :class:`~cute_moe.rowmaps.SortedRows` (its ``row_mask``,
     written by the alignment) or of an :class:`~moe_spec.align.Alignment` (``holds_pair``, torch ops)."""
     if isinstance(rows, SortedRows):
         return rows.alignment, rows.row_mask
@@ -153,7 +153,7 @@ def silu_mul_amax(h: torch.Tensor, rows, quant: str, *, amax: torch.Tensor | Non
                   out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``A = SiLU(h[:, :I]) · h[:, I:]`` in fp32 from GEMM1's fp32 output h [M_pad, 2I], and its flat amax.
 
-    ``rows`` (:class:`~cute_moe.alignops.SortedRows` or :class:`moe_spec.align.Alignment`): the rows
+    ``rows`` (:class:`~cute_moe.rowmaps.SortedRows` or :class:`moe_spec.align.Alignment`): the rows
     that hold a (token, slot) pair count in the amax, the padding rows do not; A is written on the
     rows the GEMMs cover (``num_padded``, int32 [1] on the device) and left unwritten past them.
     ``amax``: a zeroed buffer (:func:`amax_sizes`' second size), else a new one; ``out``: A's buffer.

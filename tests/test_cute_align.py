@@ -26,8 +26,8 @@ torch = pytest.importorskip("torch")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from cute_moe.alignops import (CHUNK, MAX_EXPERTS, THREADS, WARP, WARPS, align_on_device,  # noqa: E402
-                               compile_align_kernels, reference_rows, sort_rows_on_device)
+from cute_moe.alignops import CHUNK, MAX_EXPERTS, THREADS, WARP, WARPS, compile_align_kernels  # noqa: E402
+from cute_moe.rowmaps import align_on_device, reference_rows, sort_rows_on_device  # noqa: E402
 from moe_spec.align import align, max_rows  # noqa: E402
 from moe_spec.validate import BAD_ID, BAD_WEIGHT, REPEATED_ID  # noqa: E402
 
@@ -402,7 +402,7 @@ def test_kernels_compile_once_per_id_dtype():
 
 
 def test_launch_rows_checks_its_arguments_before_any_launch():
-    from cute_moe.alignops import RowBuffers, launch_rows
+    from cute_moe.rowmaps import RowBuffers, launch_rows
 
     T, k, E, tile = 5, 2, 8, 16
     bufs = RowBuffers(T, k, E, tile, (8, 16), "cpu")
@@ -422,7 +422,7 @@ def test_launch_rows_checks_its_arguments_before_any_launch():
 
 
 def test_row_buffers_size_every_map():
-    from cute_moe.alignops import RowBuffers
+    from cute_moe.rowmaps import RowBuffers
 
     T, k, E, tile = 300, 8, 64, 64
     bufs = RowBuffers(T, k, E, tile, (16, 64), "cpu", zeroed=10)

@@ -49,7 +49,7 @@ def _assert_same(got, want):
 @pytest.mark.parametrize("skew", [False, True], ids=["uniform", "skewed"])
 @pytest.mark.parametrize("T, top_k, E, tile", GPU_CASES)
 def test_kernels_are_the_reference(T, top_k, E, tile, skew, dtype):
-    from cute_moe.alignops import align_on_device
+    from cute_moe.rowmaps import align_on_device
 
     ids = routing(T, top_k, E, seed=T * E + tile, skew=skew and T > 0).to(dtype)
     got = align_on_device(ids.cuda(), E, tile)
@@ -59,7 +59,7 @@ def test_kernels_are_the_reference(T, top_k, E, tile, skew, dtype):
 
 def _poisoned_launch(ids, weights, E, tile, tiles=None, zeroed=5):
     """Launch into buffers filled with poison; every output (and the error word's bits) on the CPU."""
-    from cute_moe.alignops import RowBuffers, launch_rows
+    from cute_moe.rowmaps import RowBuffers, launch_rows
 
     T, top_k = ids.shape
     bufs = RowBuffers(T, top_k, E, tile, tiles or (tile,), "cuda", zeroed=zeroed)
@@ -73,7 +73,7 @@ def _poisoned_launch(ids, weights, E, tile, tiles=None, zeroed=5):
 
 
 def _assert_outputs_are_the_reference(got, ids, weights, E, tile, tiles=None):
-    from cute_moe.alignops import reference_rows
+    from cute_moe.rowmaps import reference_rows
 
     tiles = tiles or (tile,)
     word = torch.zeros(1, dtype=torch.int32)
@@ -178,7 +178,7 @@ def _rows_outputs(rows, bufs, word):
 
 
 def test_graph_replay_with_new_routing():
-    from cute_moe.alignops import RowBuffers, sort_rows_on_device
+    from cute_moe.rowmaps import RowBuffers, sort_rows_on_device
 
     T, top_k, E, tile = 1000, 8, 128, 64
     ids, w = routing(T, top_k, E, seed=0).cuda(), _weights(T, top_k, 0).cuda()
@@ -203,7 +203,7 @@ def test_graph_replay_with_new_routing():
 
 
 def test_no_host_sync():
-    from cute_moe.alignops import RowBuffers, sort_rows_on_device
+    from cute_moe.rowmaps import RowBuffers, sort_rows_on_device
 
     ids, w = routing(777, 8, 128, seed=4).cuda(), _weights(777, 8, 4).cuda()
     bufs, word = RowBuffers(777, 8, 128, 32, (16, 32), "cuda"), torch.zeros(1, dtype=torch.int32, device="cuda")
@@ -226,7 +226,8 @@ def _kernels_launched(fn):
 
 def test_two_launches_one_for_a_single_chunk_and_no_recompile():
     import cute_moe
-    from cute_moe.alignops import CHUNK, RowBuffers, sort_rows_on_device
+    from cute_moe.alignops import CHUNK
+    from cute_moe.rowmaps import RowBuffers, sort_rows_on_device
 
     word = torch.zeros(1, dtype=torch.int32, device="cuda")
     many, one = routing(4096, 8, 128, seed=5).cuda(), routing(CHUNK // 8, 8, 128, seed=6).cuda()
