@@ -45,7 +45,7 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
 import torch  # noqa: E402
-from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream  # noqa: E402
+from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_ptr  # noqa: E402
 from cutlass.memory import SmemAllocator  # noqa: E402
 
 from moe_spec.validate import BAD_ID, BAD_WEIGHT, REPEATED_ID  # noqa: E402
@@ -148,12 +148,16 @@ def _count_warp_slice(s_ids: cute.Tensor, table: cute.Tensor, n, num_experts):
 
 
 class CountExperts:
-    """Launch 1.  Arguments: ids [P] int32/int64, counts int32 [C·E] (out, ``counts[c·E + e]``),
-    num_experts Int32, stream.  Grid: one CTA per chunk, ``C = ⌈P / CHUNK⌉`` (P ≥ 1)."""
+    """Launch 1.  Arguments: ids (a pointer to P int32/int64: the routing tensor, passed as a bare
+    pointer, which costs the host a tenth of a wrapped tensor), num_pairs Int32 (P ≥ 1), counts
+    int32 [C·E] (out, ``counts[c·E + e]``), num_experts Int32, stream.  Grid: one CTA per chunk,
+    ``C = ⌈P / CHUNK⌉``."""
 
     @cute.jit
-    def __call__(self, ids: cute.Tensor, counts: cute.Tensor, num_experts: cutlass.Int32, stream):
-        chunks = (ids.shape[0] + CHUNK - 1) // CHUNK
+    def __call__(self, ids_ptr: cute.Pointer, num_pairs: cutlass.Int32, counts: cute.Tensor,
+                 num_experts: cutlass.Int32, stream):
+        ids = cute.make_tensor(ids_ptr, cute.make_layout((num_pairs,)))
+        chunks = (num_pairs + CHUNK - 1) // CHUNK
         self.kernel(ids, counts, num_experts).launch(grid=[chunks, 1, 1], block=[THREADS, 1, 1], stream=stream)
 
     @cute.kernel
@@ -181,7 +185,8 @@ class CountExperts:
 class PlacePairs:
     """Launch 2.  Arguments (the module docstring defines the maps):
 
-    ids [P] int32/int64, weights fp32 [P], counts int32 [C·E] (launch 1; not read when C = 1),
+    ids and weights (pointers to P int32/int64 ids and P fp32 weights, as in launch 1), num_pairs
+    Int32, counts int32 [C·E] (launch 1; not read when C = 1),
     sorted_ids int32 [rows], expert_of_block int32 [rows / tile], expert_end int32 [E],
     token_of_row int64 [rows], weight_of_row fp32 [rows], row_of_pair int64 [P], weight_of_pair fp32
     [P], row_mask int32 [rows], blocks0 / blocks1 int32 [rows / tile0], [rows / tile1] (each GEMM tile's block
@@ -190,14 +195,16 @@ class PlacePairs:
     """
 
     @cute.jit
-    def __call__(self, ids: cute.Tensor, weights: cute.Tensor, counts: cute.Tensor, sorted_ids: cute.Tensor,
-                 expert_of_block: cute.Tensor, expert_end: cute.Tensor, token_of_row: cute.Tensor,
+    def __call__(self, ids_ptr: cute.Pointer, weights_ptr: cute.Pointer, num_pairs: cutlass.Int32,
+                 counts: cute.Tensor, sorted_ids: cute.Tensor, expert_of_block: cute.Tensor, expert_end: cute.Tensor, token_of_row: cute.Tensor,
                  weight_of_row: cute.Tensor, row_of_pair: cute.Tensor, weight_of_pair: cute.Tensor, row_mask: cute.Tensor,
                  blocks0: cute.Tensor,
                  blocks1: cute.Tensor, block_counts: cute.Tensor, word: cute.Tensor, scratch: cute.Tensor,
                  num_experts: cutlass.Int32, tile: cutlass.Int32, top_k: cutlass.Int32, tile0: cutlass.Int32,
                  tile1: cutlass.Int32, stream):
-        chunks = (ids.shape[0] + CHUNK - 1) // CHUNK
+        ids = cute.make_tensor(ids_ptr, cute.make_layout((num_pairs,)))
+        weights = cute.make_tensor(weights_ptr, cute.make_layout((num_pairs,)))
+        chunks = (num_pairs + CHUNK - 1) // CHUNK
         self.kernel(ids, weights, counts, sorted_ids, expert_of_block, expert_end, token_of_row, weight_of_row,
                     row_of_pair, weight_of_pair, row_mask, blocks0, blocks1, block_counts, word, scratch, num_experts, tile,
                     top_k, tile0, tile1).launch(grid=[chunks, 1, 1], block=[THREADS, 1, 1], stream=stream)
@@ -432,9 +439,10 @@ def compile_align_kernels(ids_dtype: torch.dtype = torch.int32, *, keep_ptx: boo
     def build(options):
         vec = lambda dt: make_fake_compact_tensor(dt, (cute.sym_int(),), assumed_align=dt.width // 8)  # noqa: E731
         i32, i64, f32, stream = cutlass.Int32, cutlass.Int64, cutlass.Float32, make_fake_stream()
-        ids, counts = vec(ID_DTYPES[ids_dtype]), vec(i32)
-        return {"count": cute.compile(CountExperts(), ids, counts, i32(1), stream, options=options),
-                "place": cute.compile(PlacePairs(), ids, vec(f32), counts, vec(i32), vec(i32), vec(i32), vec(i64),
+        ptr = lambda dt: make_ptr(dt, 0, cute.AddressSpace.gmem, assumed_align=dt.width // 8)  # noqa: E731
+        ids, counts = ptr(ID_DTYPES[ids_dtype]), vec(i32)
+        return {"count": cute.compile(CountExperts(), ids, i32(1), counts, i32(1), stream, options=options),
+                "place": cute.compile(PlacePairs(), ids, ptr(f32), i32(1), counts, vec(i32), vec(i32), vec(i32), vec(i64),
                                       vec(f32), vec(i64), vec(f32), vec(i32), vec(i32), vec(i32), vec(i32), vec(i32),
                                       vec(f32), i32(1), i32(1), i32(1), i32(1), i32(1), stream, options=options)}
 

@@ -9,14 +9,30 @@ that T (what ``fused_moe`` pads to), the routings are softmax top-k of random lo
 for bit on every set, then timed by CUDA-graph replay (``moe_spec.timing.time_cuda_graph``, the
 median µs per call): ``device`` is :func:`cute_moe.rowmaps.align_on_device`, ``torch`` is
 :func:`moe_spec.align.align`.  Writes ``PREFIX.json`` (raw) and ``PREFIX.md`` (the table).
+
+Host cost (no GPU needed)::
+
+    python -m cute_moe.bench_align --host [--tokens 1 64] [--quant bf16 fp8_tensor ...]
+
+runs ``fused_moe``'s GPU path on CPU tensors with every CuTe launch and compilation stubbed
+(:func:`gpu_stand_in`): the time per call is the Python of the call — checks, plan, workspaces,
+the CuTe argument wrapping — plus the torch ops it still runs (on the CPU here), and the count is
+the launches a GPU call makes (stubbed CuTe launches + torch ops that launch a kernel).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import inspect
 import json
 import os
+import re
+import statistics
 import sys
+import textwrap
+import time
+import types
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
@@ -66,11 +82,144 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: aten ops that launch nothing: allocation and views (``tests/test_launches.py`` counts the same way).
+NO_LAUNCH = {"empty", "empty_strided", "empty_like", "new_empty", "view", "_unsafe_view", "reshape", "slice", "select",
+             "alias", "as_strided", "t", "transpose", "permute", "expand", "unsqueeze", "squeeze", "detach",
+             "lift_fresh", "_reshape_alias"}
+
+
+class _Stubs(dict):
+    """A compiled-kernel table whose every entry records its launches instead of running."""
+
+    def __init__(self, launches: list):
+        super().__init__()
+        self.launches = launches
+
+    def __missing__(self, name):
+        return lambda *args: self.launches.append(name)
+
+
+def _without_device_guard(fn):
+    """``fn`` (``fused_moe``) recompiled from its source without its refusal of non-CUDA tensors."""
+    src = textwrap.dedent(inspect.getsource(fn))
+    cut, n = re.subn(r'\n    if x\.device\.type != "cuda":\n(?:        .*\n)+', "\n", src, count=1)
+    if n != 1:
+        raise RuntimeError("gpu_stand_in: fused_moe's device check was not found in its source")
+    scope: dict = {}
+    exec(compile(cut, inspect.getsourcefile(fn), "exec"), fn.__globals__, scope)  # noqa: S102
+    return scope[fn.__name__]
+
+
+@contextlib.contextmanager
+def gpu_stand_in():
+    """``fused_moe``'s GPU path on CPU tensors: every compile returns stubs that record their launches
+    (the DSL still wraps every argument), the stream is a stand-in and the host wrappers take CPU
+    tensors for device ones.  Yields ``(fused_moe, launches)``; the patches are undone on exit."""
+    from . import moe, moe_fp8, unfused
+
+    launches: list = []
+    stubs = lambda *a, **k: _Stubs(launches)  # noqa: E731
+    patches = [(torch.cuda, "is_current_stream_capturing", lambda: False),
+               (torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=0)),
+               (torch.cuda, "device", lambda device: contextlib.nullcontext()),
+               (moe, "compile_gemm", lambda *a, **k: (lambda *args: launches.append("GroupedGemm"))),
+               (moe, "_row_kernels", stubs), (moe, "_stream", lambda t: None),
+               (moe_fp8, "compile_quant_kernels", stubs), (moe_fp8, "current_stream", lambda t: None),
+               (unfused, "compile_unfused_kernels", stubs), (unfused, "current_stream", lambda t: None)]
+    try:
+        from . import rowmaps
+        class RowBuffers(rowmaps.RowBuffers):  # maps a later torch op may index: valid values (0)
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                for t in self.out.values():
+                    t.zero_()
+
+        patches += [(rowmaps, "compile_align_kernels", stubs), (rowmaps, "current_stream", lambda t: None),
+                    (rowmaps, "on_gpu", lambda t: True), (moe, "RowBuffers", RowBuffers)]
+    except ImportError:  # an older tree: its alignment launches behind align_on_device
+        patches.append((moe, "align_on_device", _older_align_stand_in(launches)))
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches if hasattr(obj, name)]
+    for obj, name, value in patches:
+        if hasattr(obj, name):
+            setattr(obj, name, value)
+    try:
+        yield _without_device_guard(moe.fused_moe), launches
+    finally:
+        for obj, name, value in saved:
+            setattr(obj, name, value)
+
+
+def _older_align_stand_in(launches: list):
+    """The GPU branch of an older ``alignops.align_on_device`` (buffers, five wrapped vectors, one
+    launch), for a tree without ``rowmaps``: what its call did on the host."""
+    from moe_spec.align import Alignment, max_rows
+
+    from .runtime import cute_vector
+
+    def align_on_device(topk_ids, num_experts, tile):
+        flat = topk_ids.reshape(-1)
+        rows = max_rows(flat.numel(), num_experts, tile)
+        new = lambda n: torch.empty(n, dtype=torch.int32, device=flat.device)  # noqa: E731
+        bufs = [new(rows), new(rows // tile), new(num_experts), new(num_experts)]
+        for t in [flat] + bufs:
+            cute_vector(t)
+        launches.append("PlacePairs")
+        return Alignment(tile=tile, num_pairs=flat.numel(), sorted_ids=bufs[0], expert_of_block=bufs[1],
+                         expert_end=bufs[2])
+
+    return align_on_device
+
+
+def host_cost(T: int, quant=None, calls: int = 200, repeats: int = 5) -> dict:
+    """Median over ``repeats`` of the host µs per ``fused_moe`` call (Qwen3-30B-A3B's E = 128, top_k = 8
+    with K = 256, I = 128), under :func:`gpu_stand_in`, and the launches of one warm call."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from moe_spec.problem import MoEShape, make_inputs
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+            self.ops.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    kw = make_inputs(MoEShape("host", 128, 8, 256, 128, "host cost"), T, quant, seed=0).kwargs()
+    with gpu_stand_in() as (fused_moe, launches):
+        fused_moe(**kw)  # warm: plan, workspace, wrappers
+        launches.clear()
+        with Ops() as ops:
+            fused_moe(**kw)
+        cute = list(launches)
+        per_call = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for _ in range(calls):
+                fused_moe(**kw)
+            per_call.append((time.perf_counter() - start) / calls * 1e6)
+    torch_ops = [op for op in ops.ops if op not in NO_LAUNCH]
+    return {"T": T, "quant": quant or "bf16", "host_us": round(statistics.median(per_call), 1),
+            "cute_launches": len(cute), "torch_launches": len(torch_ops), "launches": len(cute) + len(torch_ops),
+            "cute": cute, "torch": torch_ops}
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=None, help="write PREFIX.json and PREFIX.md")
     ap.add_argument("--commit", default=None, help="git commit to record (when the checkout has no .git)")
+    ap.add_argument("--host", action="store_true", help="host cost per fused_moe call, no GPU (gpu_stand_in)")
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 64], help="with --host: batch sizes")
+    ap.add_argument("--quant", nargs="+", default=["bf16", "fp8_tensor", "fp8_channel", "fp8_block"],
+                    help="with --host: formats")
     args = ap.parse_args(argv)
+    if args.host:
+        rows = [host_cost(T, None if q == "bf16" else q) for q in args.quant for T in args.tokens]
+        for r in rows:
+            print({k: v for k, v in r.items() if k not in ("cute", "torch")}, "\n   cute:", r["cute"],
+                  "\n   torch:", r["torch"], flush=True)
+        return {"host": rows}
     runinfo.require_cuda("python -m cute_moe.bench_align")
     command = runinfo.command_line("python -m cute_moe.bench_align", sys.argv[1:] if argv is None else argv)
     result = {**runinfo.run_info(command, cuda=True, commit=args.commit),

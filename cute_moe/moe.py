@@ -232,6 +232,7 @@ def _workspace(dims: MoEDims, p: LayerPlan, device) -> dict:
     if not capturing:
         keep(ws["word"])  # it lives as long as the process
         ws["kept"] = [t for name, t in ws.items() if name not in ("rows", "word")] + list(bufs.tensors())
+        ws["kept"] += [ws["h"].t(), ws["y"].t()]  # the swap-AB GEMM's view of its output
         keep(*ws["kept"])
         _workspaces[key] = ws
         if len(_workspaces) > WORKSPACES:

@@ -43,7 +43,7 @@ from moe_spec.align import Alignment, align, max_rows
 from moe_spec.validate import error_word, guard_routing
 
 from .alignops import CHUNK, GEMM_TILES, ID_DTYPES, MAX_EXPERTS, WARPS, compile_align_kernels
-from .runtime import cute_vector, current_stream
+from .runtime import cute_pointer, cute_vector, current_stream, on_gpu
 
 
 def check_align_args(topk_ids: torch.Tensor, num_experts: int, tile: int) -> None:
@@ -137,6 +137,7 @@ class RowBuffers:
     elements of ``scratch`` the place kernel zeroes (the FP8 layer's amax buffers)."""
 
     def __init__(self, T: int, top_k: int, num_experts: int, tile: int, gemm_tiles, device, zeroed: int = 0):
+        check_align_args(torch.empty(0, dtype=torch.int32), num_experts, tile)
         self.shape = (T, top_k, num_experts, tile, check_gemm_tiles(tile, gemm_tiles))
         self.tiles = self.shape[-1]
         P = T * top_k
@@ -183,14 +184,13 @@ def launch_rows(topk_ids: torch.Tensor, topk_weights: torch.Tensor, bufs: RowBuf
     CUDA device of ``bufs`` with its shape; ``word``: the error word (int32 [1]).  Checked on the host,
     naming the argument, before any launch."""
     T, top_k, num_experts, tile, tiles = bufs.shape
-    check_align_args(topk_ids, num_experts, tile)
     routing = (("topk_ids", topk_ids, tuple(ID_DTYPES)), ("topk_weights", topk_weights, (torch.float32,)))
     for name, t, dtypes in routing:
         if t.dtype not in dtypes or tuple(t.shape) != (T, top_k) or not t.is_contiguous():
             raise ValueError(f"{name}: expected a contiguous [{T}, {top_k}] tensor of {dtypes}, got {t.dtype} "
                              f"{list(t.shape)} (strides {t.stride()})")
     for name, t, _ in routing:
-        if t.device.type != "cuda" or t.device != bufs.counts.device:
+        if not on_gpu(t) or t.device != bufs.counts.device:
             raise ValueError(f"{name}: the alignment kernels run on the CUDA device of the buffers "
                              f"({bufs.counts.device}), got a tensor on {t.device}")
     if word.dtype != torch.int32 or word.numel() != 1 or word.device != bufs.counts.device:
@@ -203,11 +203,11 @@ def launch_rows(topk_ids: torch.Tensor, topk_weights: torch.Tensor, bufs: RowBuf
         return bufs.rows
     kernels = compile_align_kernels(topk_ids.dtype)
     stream = current_stream(topk_ids)
-    ids, weights = cute_vector(topk_ids.view(-1)), cute_vector(topk_weights.view(-1))
+    ids, weights = cute_pointer(topk_ids), cute_pointer(topk_weights)
     counts, *outs, block_counts, scratch = bufs.wrapped()
     if P > CHUNK:  # a single chunk: launch 2 counts it itself
-        kernels["count"](ids, counts, num_experts, stream)
-    kernels["place"](ids, weights, counts, *outs, block_counts, cute_vector(word), scratch, num_experts, tile, top_k,
+        kernels["count"](ids, P, counts, num_experts, stream)
+    kernels["place"](ids, weights, P, counts, *outs, block_counts, cute_vector(word), scratch, num_experts, tile, top_k,
                      tiles[0], tiles[1], stream)
     return bufs.rows
 
@@ -228,7 +228,7 @@ def sort_rows_on_device(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_
     shape = (T, top_k, num_experts, tile, check_gemm_tiles(tile, gemm_tiles))
     if buffers is not None and buffers.shape != shape:
         raise ValueError(f"buffers: made for (T, top_k, E, tile, gemm tiles) = {buffers.shape}, the call has {shape}")
-    if topk_ids.device.type != "cuda":
+    if not on_gpu(topk_ids):
         return reference_rows(topk_ids, topk_weights, num_experts, tile, gemm_tiles, word)
     if buffers is None:
         buffers = RowBuffers(T, top_k, num_experts, tile, gemm_tiles, topk_ids.device)
@@ -241,7 +241,7 @@ def align_on_device(topk_ids: torch.Tensor, num_experts: int, tile: int) -> Alig
     go into a word of its own (never the device's error word), the weights are zeros (a fill).
     ``topk_ids`` of any shape: its elements in order are the pairs.  On the CPU: the reference."""
     check_align_args(topk_ids, num_experts, tile)
-    if topk_ids.device.type != "cuda":
+    if not on_gpu(topk_ids):
         return align(topk_ids.clamp(0, num_experts - 1), num_experts, tile)
     ids = topk_ids.reshape(-1, 1) if topk_ids.dim() != 2 else topk_ids.contiguous()
     weights = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)

@@ -105,6 +105,24 @@ def cute_vector(t: torch.Tensor):
     return _wrap(t, ("vector",), _vector)
 
 
+def cute_pointer(t: torch.Tensor):
+    """The address of a contiguous tensor as a CuTe global-memory pointer (its element type, aligned
+    to one element), for kernels that take a pointer and an extent: a few µs, where a wrapped
+    tensor costs tens (the alignment's launches take the routing tensors so)."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_ptr
+
+    dtype = _POINTER_TYPES.get(t.dtype)
+    if dtype is None:
+        dtype = _POINTER_TYPES[t.dtype] = {torch.int32: cutlass.Int32, torch.int64: cutlass.Int64,
+                                           torch.float32: cutlass.Float32}[t.dtype]
+    return make_ptr(dtype, t.data_ptr(), cute.AddressSpace.gmem, assumed_align=t.element_size())
+
+
+_POINTER_TYPES: dict = {}
+
+
 def cute_scale(t: torch.Tensor):
     """A contiguous fp32 scale array of any rank (4-B aligned), unit stride on its last dimension.
 
@@ -115,6 +133,13 @@ def cute_scale(t: torch.Tensor):
 
     return _wrap(t, ("scale",),
                  lambda t: from_dlpack(t, assumed_align=4).mark_layout_dynamic(leading_dim=t.dim() - 1))
+
+
+def on_gpu(t: torch.Tensor) -> bool:
+    """``t`` lives where the CuTe kernels launch (a CUDA device); elsewhere the host wrappers run
+    their torch reference (the one place that decides, so a host-cost measurement on a CPU can
+    stand in for it: ``cute_moe.bench_align``)."""
+    return t.device.type == "cuda"
 
 
 def current_stream(t: torch.Tensor):
