@@ -186,35 +186,37 @@ class PlacePairs:
     """Launch 2.  Arguments (the module docstring defines the maps):
 
     ids and weights (pointers to P int32/int64 ids and P fp32 weights, as in launch 1), num_pairs
-    Int32, counts int32 [C·E] (launch 1; not read when C = 1),
-    sorted_ids int32 [rows], expert_of_block int32 [rows / tile], expert_end int32 [E],
-    token_of_row int64 [rows], weight_of_row fp32 [rows], row_of_pair int64 [P], weight_of_pair fp32
-    [P], row_mask int32 [rows], blocks0 / blocks1 int32 [rows / tile0], [rows / tile1] (each GEMM tile's block
+    Int32, counts int32 [C·E] (launch 1; not read when C = 1), sorted_ids int32 [rows],
+    expert_of_block int32 [rows / tile], expert_end int32 [E], token_of_row int64 [rows],
+    weight_of_row fp32 [rows], row_of_pair int64 [P], weight_of_pair fp32 [P], row_mask int32
+    [rows], blocks0 / blocks1 int32 [rows / tile0] / [rows / tile1] (each GEMM tile's block
     experts), block_counts int32 [2] (used blocks of each), word int32 [1] (the error word),
-    scratch fp32 [n] (zeroed), num_experts, tile, top_k, tile0, tile1 (Int32), stream.  Grid: one CTA per chunk, as launch 1.
+    scratch fp32 [n] (zeroed), num_experts, tile, top_k, tile0, tile1 (Int32), stream.
+    Grid: one CTA per chunk, as launch 1.
     """
 
     @cute.jit
     def __call__(self, ids_ptr: cute.Pointer, weights_ptr: cute.Pointer, num_pairs: cutlass.Int32,
-                 counts: cute.Tensor, sorted_ids: cute.Tensor, expert_of_block: cute.Tensor, expert_end: cute.Tensor, token_of_row: cute.Tensor,
-                 weight_of_row: cute.Tensor, row_of_pair: cute.Tensor, weight_of_pair: cute.Tensor, row_mask: cute.Tensor,
-                 blocks0: cute.Tensor,
-                 blocks1: cute.Tensor, block_counts: cute.Tensor, word: cute.Tensor, scratch: cute.Tensor,
+                 counts: cute.Tensor, sorted_ids: cute.Tensor, expert_of_block: cute.Tensor, expert_end: cute.Tensor,
+                 token_of_row: cute.Tensor, weight_of_row: cute.Tensor, row_of_pair: cute.Tensor,
+                 weight_of_pair: cute.Tensor, row_mask: cute.Tensor, blocks0: cute.Tensor, blocks1: cute.Tensor,
+                 block_counts: cute.Tensor, word: cute.Tensor, scratch: cute.Tensor,
                  num_experts: cutlass.Int32, tile: cutlass.Int32, top_k: cutlass.Int32, tile0: cutlass.Int32,
                  tile1: cutlass.Int32, stream):
         ids = cute.make_tensor(ids_ptr, cute.make_layout((num_pairs,)))
         weights = cute.make_tensor(weights_ptr, cute.make_layout((num_pairs,)))
         chunks = (num_pairs + CHUNK - 1) // CHUNK
         self.kernel(ids, weights, counts, sorted_ids, expert_of_block, expert_end, token_of_row, weight_of_row,
-                    row_of_pair, weight_of_pair, row_mask, blocks0, blocks1, block_counts, word, scratch, num_experts, tile,
-                    top_k, tile0, tile1).launch(grid=[chunks, 1, 1], block=[THREADS, 1, 1], stream=stream)
+                    row_of_pair, weight_of_pair, row_mask, blocks0, blocks1, block_counts, word, scratch,
+                    num_experts, tile, top_k, tile0, tile1).launch(grid=[chunks, 1, 1], block=[THREADS, 1, 1],
+                                                                   stream=stream)
 
     @cute.kernel
     def kernel(self, ids: cute.Tensor, weights: cute.Tensor, counts: cute.Tensor, sorted_ids: cute.Tensor,
                expert_of_block: cute.Tensor, expert_end: cute.Tensor, token_of_row: cute.Tensor,
                weight_of_row: cute.Tensor, row_of_pair: cute.Tensor, weight_of_pair: cute.Tensor,
-               row_mask: cute.Tensor, blocks0: cute.Tensor,
-               blocks1: cute.Tensor, block_counts: cute.Tensor, word: cute.Tensor, scratch: cute.Tensor,
+               row_mask: cute.Tensor, blocks0: cute.Tensor, blocks1: cute.Tensor, block_counts: cute.Tensor,
+               word: cute.Tensor, scratch: cute.Tensor,
                num_experts: cutlass.Int32, tile: cutlass.Int32, top_k: cutlass.Int32, tile0: cutlass.Int32,
                tile1: cutlass.Int32):
         tidx, _, _ = cute.arch.thread_idx()
@@ -442,8 +444,9 @@ def compile_align_kernels(ids_dtype: torch.dtype = torch.int32, *, keep_ptx: boo
         ptr = lambda dt: make_ptr(dt, 0, cute.AddressSpace.gmem, assumed_align=dt.width // 8)  # noqa: E731
         ids, counts = ptr(ID_DTYPES[ids_dtype]), vec(i32)
         return {"count": cute.compile(CountExperts(), ids, i32(1), counts, i32(1), stream, options=options),
-                "place": cute.compile(PlacePairs(), ids, ptr(f32), i32(1), counts, vec(i32), vec(i32), vec(i32), vec(i64),
-                                      vec(f32), vec(i64), vec(f32), vec(i32), vec(i32), vec(i32), vec(i32), vec(i32),
-                                      vec(f32), i32(1), i32(1), i32(1), i32(1), i32(1), stream, options=options)}
+                "place": cute.compile(PlacePairs(), ids, ptr(f32), i32(1), counts, vec(i32), vec(i32), vec(i32),
+                                      vec(i64), vec(f32), vec(i64), vec(f32), vec(i32), vec(i32), vec(i32), vec(i32),
+                                      vec(i32), vec(f32), i32(1), i32(1), i32(1), i32(1), i32(1), stream,
+                                      options=options)}
 
     return compile_once(("align", str(ids_dtype)), build, keep_ptx=keep_ptx)

@@ -209,8 +209,9 @@ _workspaces: OrderedDict = OrderedDict()
 
 def _workspace(dims: MoEDims, p: LayerPlan, device) -> dict:
     """The buffers of one call — the alignment's outputs (:class:`~cute_moe.rowmaps.RowBuffers`),
-    X_sorted, H and Y (FP8: also A in fp32 and the two amax buffers, which the alignment zeroes) — reused by the eager calls of one stream and thread: the stream
-    orders each call after the last, and the returned output is always a new tensor.  Their CuTe
+    X_sorted, H and Y (FP8: also A in fp32 and the two amax buffers, which the alignment zeroes) —
+    reused by the eager calls of one stream and thread: the stream orders each call after the
+    last, and the returned output is always a new tensor.  Their CuTe
     wrappers are made once (``runtime.keep``).  Fresh, and not kept, while a CUDA graph is being
     captured: a graph owns the buffers it was captured with."""
     capturing = torch.cuda.is_current_stream_capturing()
