@@ -28,12 +28,11 @@ pairs (one per lane) at a time.
    d. the rows that hold no pair (each run's padding, everything past the used rows) get the
       sentinel, the last token and weight 0, and every block (the alignment's and each GEMM's)
       its expert; each row and block is written exactly once;
-   e. the grid zeroes a scratch buffer later kernels accumulate into (the FP8 amax buffers).
+   e. the grid zeroes a scratch buffer later kernels accumulate into (FP8: the amax buffers).
 
-The sort uses no atomics (each warp owns its table row), so the result is deterministic.  A
-``match`` treats lanes of the same expert together in a single step, so a skewed routing costs no
-more than a uniform one.  Limits (checked on the host, ``rowmaps``): ``num_experts`` ≤
-:data:`MAX_EXPERTS` (the shared tables); ids int32 or int64 (one compiled pair per dtype).
+The sort uses no atomics (each warp owns its table row): the result is deterministic.  A ``match``
+treats lanes of the same expert in one step, so a skewed routing costs no more than a uniform one.
+Limits (checked in ``rowmaps``): E ≤ :data:`MAX_EXPERTS`; ids int32 or int64 (a compile per dtype).
 """
 
 from __future__ import annotations
@@ -62,8 +61,7 @@ MAX_EXPERTS = 1024
 """Largest expert count: the shared ``[WARPS, E]`` table (32 KiB) and three ``[E]`` arrays."""
 FULL_MASK = 0xFFFFFFFF
 ID_DTYPES = {torch.int32: cutlass.Int32, torch.int64: cutlass.Int64}
-GEMM_TILES = 2
-"""Token tiles the place kernel writes block maps for (the layer's two GEMMs)."""
+GEMM_TILES = 2  # token tiles the place kernel writes block maps for (the layer's two GEMMs)
 
 
 # ---- device helpers (traced inline into both kernels) ------------------------------------------
