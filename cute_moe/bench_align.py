@@ -150,22 +150,27 @@ def gpu_stand_in():
 
 
 def _older_align_stand_in(launches: list):
-    """The GPU branch of an older ``alignops.align_on_device`` (buffers, five wrapped vectors, one
-    launch), for a tree without ``rowmaps``: what its call did on the host."""
-    from moe_spec.align import Alignment, max_rows
+    """The GPU branch of an older ``alignops.align_on_device`` (four buffers, five wrapped vectors, one
+    launch), for a tree without ``rowmaps``: what its call did on the host.  It returns the
+    reference alignment of the ids (computed once per routing), so later torch ops index validly."""
+    from moe_spec.align import align, max_rows
 
     from .runtime import cute_vector
+
+    done: dict = {}
 
     def align_on_device(topk_ids, num_experts, tile):
         flat = topk_ids.reshape(-1)
         rows = max_rows(flat.numel(), num_experts, tile)
         new = lambda n: torch.empty(n, dtype=torch.int32, device=flat.device)  # noqa: E731
-        bufs = [new(rows), new(rows // tile), new(num_experts), new(num_experts)]
-        for t in [flat] + bufs:
+        for t in [flat, new(rows), new(rows // tile), new(num_experts), new(num_experts)]:
             cute_vector(t)
         launches.append("PlacePairs")
-        return Alignment(tile=tile, num_pairs=flat.numel(), sorted_ids=bufs[0], expert_of_block=bufs[1],
-                         expert_end=bufs[2])
+        key = (flat.data_ptr(), flat.numel(), num_experts, tile)
+        if key not in done:
+            with torch.utils._python_dispatch._disable_current_modes():
+                done[key] = align(topk_ids, num_experts, tile)
+        return done[key]
 
     return align_on_device
 
