@@ -44,7 +44,7 @@ import torch  # noqa: E402
 
 from moe_spec.align import Alignment, max_rows  # noqa: E402
 from moe_spec.hopper import sm_count  # noqa: E402
-from moe_spec.quant import FP8_DTYPE  # noqa: E402
+from moe_spec.quant import FP8_DTYPE, activation_scale_shape  # noqa: E402
 from moe_spec.validate import MoEDims, error_word, validate_moe_args  # noqa: E402
 
 from .alignops import MAX_EXPERTS  # noqa: E402
@@ -186,13 +186,14 @@ def _fp8_layer(x, w1, w2, w1_scale, w2_scale, topk_weights, p: LayerPlan, rows: 
     ``ws``: the workspace (its amax buffers zeroed by the alignment)."""
     T, top_k = topk_weights.shape
     quant, separate, al = p.quant, p.fusion == "separate", rows.alignment
-    xq, x_scale = quantize_tokens(x, quant, amax=ws["x_amax"])
+    xq, x_scale = quantize_tokens(x, quant, amax=ws["x_amax"], out=(ws["xq"], ws["x_scale"]))
     x_sorted = gather_rows(xq.view(torch.bfloat16), rows, out=ws["x_sorted"]).view(FP8_DTYPE)
     x_scale = sorted_token_scales(x_scale, rows.token_of_row, quant)
     h = grouped_gemm(x_sorted, w1, rows, p.gemm1, x_scale=x_scale, w_scale=w1_scale, out=ws["h"])
     if separate:
         scale_rows(h, al, x_scale, w1_scale, quant)
-    aq, a_scale = quantize_intermediate(h, rows, quant, amax=ws["a_amax"], out=ws["a"])
+    aq, a_scale = quantize_intermediate(h, rows, quant, amax=ws["a_amax"], out=ws["a"],
+                                        q_out=(ws["aq"], ws["a_scale"]))
     if not separate:
         y = grouped_gemm(aq, w2, rows, p.gemm2, row_scale=rows.weight_of_row, x_scale=a_scale, w_scale=w2_scale,
                          out=ws["y"])
@@ -229,11 +230,18 @@ def _workspace(dims: MoEDims, p: LayerPlan, device) -> dict:
     ws = dict(rows=bufs, word=error_word(device), x_sorted=new(dims.K if p.quant is None else dims.K // 2),
               y=new(dims.K), h=new(2 * dims.I, getattr(torch, p.gemm1.out_dtype)))
     if p.quant is not None:  # the E4M3 rows are gathered as bf16 pairs
-        ws.update(a=new(dims.I, torch.float32), x_amax=bufs.scratch[:n_x], a_amax=bufs.scratch[n_x:n_x + n_a])
+        ws.update(a=new(dims.I, torch.float32), x_amax=bufs.scratch[:n_x], a_amax=bufs.scratch[n_x:n_x + n_a],
+                  xq=torch.empty(dims.T, dims.K, dtype=FP8_DTYPE, device=device), aq=new(dims.I, FP8_DTYPE),
+                  x_scale=torch.empty(n_x, dtype=torch.float32, device=device),
+                  a_scale=torch.empty(n_a, dtype=torch.float32, device=device))
     if not capturing:
         keep(ws["word"])  # it lives as long as the process
         ws["kept"] = [t for name, t in ws.items() if name not in ("rows", "word")] + list(bufs.tensors())
         ws["kept"] += [ws["h"].t(), ws["y"].t()]  # the swap-AB GEMM's view of its output
+        if p.quant is not None:  # the views the FP8 steps pass on: E4M3 rows as bf16 pairs, scales in shape
+            shape = activation_scale_shape(p.quant, dims.T, dims.K)
+            ws["kept"] += [ws["xq"].view(torch.bfloat16), ws["x_scale"].view(shape),
+                           ws["a_scale"].view(rows, -1) if p.quant == "fp8_block" else ws["a_scale"]]
         keep(*ws["kept"])
         _workspaces[key] = ws
         if len(_workspaces) > WORKSPACES:

@@ -72,13 +72,19 @@ def check_quant_layer(K: int, I: int, quant, configs) -> None:  # noqa: E741
 
 
 def _launch_quantize(kernels: dict, prefix: str, src: torch.Tensor, amax: torch.Tensor, quant: str,
-                     used: torch.Tensor):
-    """E4M3 copy of ``src`` [rows, cols] and its flat scales, from the flat ``amax``."""
+                     used: torch.Tensor, out=None, src_arg=None):
+    """E4M3 copy of ``src`` [rows, cols] and its flat scales, from the flat ``amax``, into ``out``
+    (a workspace's (E4M3 [rows, cols], fp32 like ``amax``)) or new tensors; ``src_arg``: ``src``
+    already wrapped."""
     rows, cols = src.shape
-    q = torch.empty(rows, cols, dtype=FP8_DTYPE, device=src.device)
-    scale = torch.empty_like(amax)
-    kernels[prefix + "_quantize"](cute_tensor(src, 1), cute_vector(amax), cute_tensor(q, 1), cute_vector(scale),
-                                  cute_vector(used), current_stream(src))
+    if out is None:
+        out = torch.empty(rows, cols, dtype=FP8_DTYPE, device=src.device), torch.empty_like(amax)
+    q, scale = out
+    if q.shape != (rows, cols) or q.dtype != FP8_DTYPE or scale.shape != amax.shape:
+        raise ValueError(f"out: expected (E4M3 [{rows}, {cols}], fp32 {list(amax.shape)}), got "
+                         f"({q.dtype} {list(q.shape)}, {list(scale.shape)})")
+    kernels[prefix + "_quantize"](cute_tensor(src, 1) if src_arg is None else src_arg, cute_vector(amax),
+                                  cute_tensor(q, 1), cute_vector(scale), cute_vector(used), current_stream(src))
     return q, scale
 
 
@@ -115,20 +121,21 @@ def _zeroed_amax(amax, n: int, device) -> torch.Tensor:
     return amax
 
 
-def quantize_tokens(x: torch.Tensor, quant: str, *, amax: torch.Tensor | None = None
+def quantize_tokens(x: torch.Tensor, quant: str, *, amax: torch.Tensor | None = None, out=None
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """``moe_spec.quant.quantize_activation(x, quant)`` on the device: (E4M3 [T, K], fp32 scales in
     its shape — [1], [T, 1] or [T, ⌈K/128⌉]).  ``amax``: a zeroed fp32 buffer of
-    :func:`amax_sizes`' first size (``fused_moe``'s alignment zeroes it), else a new one (a fill)."""
+    :func:`amax_sizes`' first size (``fused_moe``'s alignment zeroes it), else a new one (a fill);
+    ``out``: (E4M3 [T, K], flat fp32 scales) of a workspace, else new ones."""
     T, K = x.shape
     kernels = compile_quant_kernels(quant, sm_count(x.device))
     shape = activation_scale_shape(quant, T, K)
     amax = _zeroed_amax(amax, math.prod(shape), x.device)
     used = _row_count(T, x.device)
     # stand-ins for the arguments only the SiLU variant reads: x for `a`, `used` for the row mask
-    kernels["x_amax"](cute_tensor(x, 1), cute_tensor(x, 1), cute_vector(amax), cute_vector(used), cute_vector(used),
-                      current_stream(x))
-    q, scale = _launch_quantize(kernels, "x", x, amax, quant, used)
+    x_arg, used_arg = cute_tensor(x, 1), cute_vector(used)
+    kernels["x_amax"](x_arg, x_arg, cute_vector(amax), used_arg, used_arg, current_stream(x))
+    q, scale = _launch_quantize(kernels, "x", x, amax, quant, used, out, x_arg)
     return q, scale.view(shape)
 
 
@@ -170,13 +177,14 @@ def silu_mul_amax(h: torch.Tensor, rows, quant: str, *, amax: torch.Tensor | Non
 
 
 def quantize_intermediate(h: torch.Tensor, rows, quant: str, *, amax: torch.Tensor | None = None,
-                          out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                          out: torch.Tensor | None = None, q_out=None) -> tuple[torch.Tensor, torch.Tensor]:
     """SiLU(h[:, :I])·h[:, I:] of GEMM1's fp32 output h [M_pad, 2I], quantized per ``quant``
-    (:func:`silu_mul_amax` — ``rows``, ``amax`` and ``out`` are its — then the quantize kernel).
+    (:func:`silu_mul_amax` — ``rows``, ``amax`` and ``out`` are its — then the quantize kernel,
+    into ``q_out``: (E4M3 [M_pad, I], flat fp32 scales) of a workspace, else new ones).
 
     Returns (E4M3 [M_pad, I], fp32 scales in GEMM2's order: [1], [M_pad] or [M_pad, ⌈I/128⌉]).
     """
     a, amax = silu_mul_amax(h, rows, quant, amax=amax, out=out)
     q, scale = _launch_quantize(compile_quant_kernels(quant, sm_count(h.device)), "a", a, amax, quant,
-                                _alignment_and_mask(rows)[0].num_padded)
+                                _alignment_and_mask(rows)[0].num_padded, q_out)
     return q, (scale.view(h.shape[0], -1) if quant == "fp8_block" else scale)
