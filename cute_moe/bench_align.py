@@ -175,36 +175,48 @@ def _older_align_stand_in(launches: list):
     return align_on_device
 
 
+class _Ops:
+    """Records every aten op name run inside the block (a ``TorchDispatchMode``)."""
+
+    def __new__(cls):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class Ops(TorchDispatchMode):
+            def __init__(self):
+                super().__init__()
+                self.ops = []
+
+            def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+                self.ops.append(func.overloadpacket.__name__)
+                return func(*args, **(kwargs or {}))
+
+        return Ops()
+
+
+def launches_per_call(fused_moe, launches: list, kwargs: dict) -> tuple[list, list, list]:
+    """(CuTe launches, torch ops that launch a kernel, every aten op) of one warm call under
+    :func:`gpu_stand_in` (its ``fused_moe`` and ``launches``)."""
+    fused_moe(**kwargs)  # warm: plan, workspace, wrappers
+    launches.clear()
+    with _Ops() as ops:
+        fused_moe(**kwargs)
+    return list(launches), [op for op in ops.ops if op not in NO_LAUNCH], list(ops.ops)
+
+
 def host_cost(T: int, quant=None, calls: int = 200, repeats: int = 5) -> dict:
     """Median over ``repeats`` of the host µs per ``fused_moe`` call (Qwen3-30B-A3B's E = 128, top_k = 8
     with K = 256, I = 128), under :func:`gpu_stand_in`, and the launches of one warm call."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from moe_spec.problem import MoEShape, make_inputs
-
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = []
-
-        def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
-            self.ops.append(func.overloadpacket.__name__)
-            return func(*args, **(kwargs or {}))
 
     kw = make_inputs(MoEShape("host", 128, 8, 256, 128, "host cost"), T, quant, seed=0).kwargs()
     with gpu_stand_in() as (fused_moe, launches):
-        fused_moe(**kw)  # warm: plan, workspace, wrappers
-        launches.clear()
-        with Ops() as ops:
-            fused_moe(**kw)
-        cute = list(launches)
+        cute, torch_ops, _ = launches_per_call(fused_moe, launches, kw)
         per_call = []
         for _ in range(repeats):
             start = time.perf_counter()
             for _ in range(calls):
                 fused_moe(**kw)
             per_call.append((time.perf_counter() - start) / calls * 1e6)
-    torch_ops = [op for op in ops.ops if op not in NO_LAUNCH]
     return {"T": T, "quant": quant or "bf16", "host_us": round(statistics.median(per_call), 1),
             "cute_launches": len(cute), "torch_launches": len(torch_ops), "launches": len(cute) + len(torch_ops),
             "cute": cute, "torch": torch_ops}
