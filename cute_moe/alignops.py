@@ -350,11 +350,13 @@ def _place_warp_slice(ids: cute.Tensor, weights: cute.Tensor, s_ids: cute.Tensor
             sorted_ids[r] = p
             token_of_row[r] = cutlass.Int64(p // top_k)
             row_of_pair[p] = cutlass.Int64(r)
-            row_mask[r] = 1
             v = ids[p]
             w = weights[p]
-            if (v < 0) | (v >= num_experts):  # its id was clamped: the pair's token comes out NaN
-                w = cutlass.Float32(float("nan"))
+            counts_in_amax = cutlass.Int32(1)
+            if (v < 0) | (v >= num_experts):  # its id was clamped: the pair's token comes out NaN,
+                w = cutlass.Float32(float("nan"))  # and no shared FP8 scale sees its intermediate
+                counts_in_amax = cutlass.Int32(0)
+            row_mask[r] = counts_in_amax
             weight_of_row[r] = w
             weight_of_pair[p] = w
         cute.arch.sync_warp()  # every lane has read table[w, x] before it moves

@@ -14,8 +14,9 @@ without a host synchronisation, so the whole layer can be captured in a CUDA gra
   was out of range: NaN);
 * ``row_of_pair`` int64 [P]: the row of each pair; ``weight_of_pair`` fp32 [P]: the routing
   weights as the layer uses them (NaN where the id was out of range: the unfused pipeline's
-  weighted combine reads them); ``row_mask`` int32 [rows]: 1 where a row holds a pair (the FP8
-  intermediate's amax skips the others);
+  weighted combine reads them); ``row_mask`` int32 [rows]: 1 where a row holds a pair whose id was
+  in range — the rows the FP8 intermediate's amax counts (padding rows and a clamped pair's row
+  are skipped: no shared scale sees a bad pair, as ``moe_spec.contract`` says);
 * for each GEMM token tile ``t`` (dividing ``tile``): the expert of every ``t``-row block (−1 past
   the used rows) and the number of used blocks, ``num_padded / t``, an int32 device scalar.
 
@@ -83,7 +84,7 @@ class SortedRows:
         alignment: :class:`moe_spec.align.Alignment` of the (token, slot) pairs.
         token_of_row: int64 [rows]; weight_of_row: fp32 [rows]; row_of_pair: int64 [T·top_k];
         weight_of_pair: fp32 [T·top_k] (the routing weights, NaN where the id was out of range);
-        row_mask: int32 [rows] (1: the row holds a pair).
+        row_mask: int32 [rows] (1: the row holds a pair whose id was in range).
         blocks: ``{tokens_tile: (expert of every block int32 [rows / tokens_tile], used blocks int32 [1])}``
             for the GEMM token tiles the maps were written for.
     """
@@ -127,8 +128,11 @@ def reference_rows(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_exper
     al = align(ids, num_experts, tile)
     token_of_row = al.token_of_row(top_k).clamp_(max=max(T - 1, 0))  # the padding sentinel is T
     blocks = {t: split_blocks(al, t) for t in dict.fromkeys(tiles)}
-    return SortedRows(al, token_of_row, al.weight_of_row(weights), al.row_of_pair(), weights.reshape(-1),
-                      al.holds_pair().to(torch.int32), blocks)
+    weight_of_row = al.weight_of_row(weights)
+    bad_pair = torch.cat([ids.reshape(-1) != topk_ids.reshape(-1), ids.new_zeros(1, dtype=torch.bool)])
+    row_mask = al.holds_pair() & ~bad_pair[al.sorted_ids.long()]  # a clamped pair counts in no amax
+    return SortedRows(al, token_of_row, weight_of_row, al.row_of_pair(), weights.reshape(-1),
+                      row_mask.to(torch.int32), blocks)
 
 
 class RowBuffers:

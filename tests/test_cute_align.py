@@ -174,8 +174,8 @@ def model_align(topk_ids, num_experts, tile, topk_weights=None, gemm_tiles=None)
                 out["sorted_ids"].store(r, p)
                 out["token_of_row"].store(r, p // top_k)
                 out["row_of_pair"].store(p, r)
-                out["row_mask"].store(r, 1)
                 bad = (flat[p] < 0) | (flat[p] >= num_experts)
+                out["row_mask"].store(r, (~bad).long())
                 wp = torch.where(bad, float("nan"), weights[p])
                 out["weight_of_row"].store(r, wp)
                 out["weight_of_pair"].store(p, wp)
@@ -296,6 +296,7 @@ def test_model_clamps_out_of_range_ids_and_weights_their_pairs_nan():
     assert got["row_of_pair"].tolist() == [16, 17, 0, 18, 1, 8]
     assert got["weight_of_pair"].isnan().tolist() == [False, True, True, False, False, False]
     assert got["token_of_row"][:8].tolist() == [1, 2] + [2] * 6  # padding: the last token
+    assert got["row_mask"][[0, 1, 8, 16, 17, 18]].tolist() == [0, 1, 1, 1, 0, 1]  # clamped pairs: no amax
     assert_model_is_the_reference(topk_ids, 4, 8, weights)
 
 
