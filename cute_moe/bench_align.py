@@ -1,14 +1,19 @@
-"""Time the token alignment on the GPU: the two CuTe launches against the torch reference.
+"""Time the token alignment on the GPU — the two CuTe launches (routing checks, alignment, row and
+block maps) against the torch ops that do the same — and, on a CPU, fused_moe's host cost.
 
     python -m cute_moe.bench_align [--out PREFIX] [--commit SHA]
 
 For the three layer shapes ``cute_moe.bench`` times (their ``E`` and ``top_k`` are all the
 alignment sees) and T ∈ {1, 8, 128, 1024, 4096}: the tile is the layer plan's ``align_tile`` at
 that T (what ``fused_moe`` pads to), the routings are softmax top-k of random logits
-(``moe_spec.problem.route``), one per input set.  Both routines are first checked to agree bit
-for bit on every set, then timed by CUDA-graph replay (``moe_spec.timing.time_cuda_graph``, the
-median µs per call): ``device`` is :func:`cute_moe.rowmaps.align_on_device`, ``torch`` is
-:func:`moe_spec.align.align`.  Writes ``PREFIX.json`` (raw) and ``PREFIX.md`` (the table).
+(``moe_spec.problem.route``), one per input set, with the plan's two GEMM token tiles.  Both
+routines are first checked to agree on every set (the alignment and every map bit for bit, the
+weights' NaN where the other's), then timed by CUDA-graph replay
+(``moe_spec.timing.time_cuda_graph``, the median µs per call): ``device`` is
+:func:`cute_moe.rowmaps.sort_rows_on_device` into preallocated buffers, ``torch`` is
+:func:`cute_moe.rowmaps.reference_rows` (``guard_routing``, ``moe_spec.align.align`` and the
+maps in torch ops: what ``fused_moe`` ran before the kernels wrote the maps).  Writes
+``PREFIX.json`` (raw) and ``PREFIX.md`` (the table).
 
 Host cost (no GPU needed)::
 
@@ -39,12 +44,11 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 import torch  # noqa: E402
 
 from moe_spec import runinfo  # noqa: E402
-from moe_spec.align import align  # noqa: E402
 from moe_spec.problem import get_shape, route  # noqa: E402
 from moe_spec.timing import time_cuda_graph  # noqa: E402
 from moe_spec.validate import MoEDims  # noqa: E402
 
-from .rowmaps import align_on_device  # noqa: E402
+from .rowmaps import RowBuffers, reference_rows, sort_rows_on_device  # noqa: E402
 from .plan import plan  # noqa: E402
 
 SPECS = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8")
@@ -52,17 +56,31 @@ TOKENS = (1, 8, 128, 1024, 4096)
 FIELDS = ("sorted_ids", "expert_of_block", "expert_end")
 
 
+def _same_rows(a, b) -> bool:
+    fields = [getattr(a.alignment, f) for f in FIELDS], [getattr(b.alignment, f) for f in FIELDS]
+    maps = [(a.token_of_row, b.token_of_row), (a.row_of_pair, b.row_of_pair), (a.row_mask, b.row_mask)]
+    floats = [(a.weight_of_row, b.weight_of_row), (a.weight_of_pair, b.weight_of_pair)]
+    blocks = [(a.blocks[t][i], b.blocks[t][i]) for t in b.blocks for i in (0, 1)]
+    return (all(torch.equal(x, y) for x, y in zip(*fields)) and all(torch.equal(x, y) for x, y in maps + blocks)
+            and all(torch.equal(x.nan_to_num(7.0), y.nan_to_num(7.0)) for x, y in floats))
+
+
 def bench_cell(spec: str, T: int, n_sets: int = 4) -> dict:
     shape = get_shape(spec)
     E, k = shape.num_experts, shape.top_k
-    tile = plan(MoEDims(T=T, E=E, K=shape.hidden, I=shape.intermediate, top_k=k)).align_tile
+    p = plan(MoEDims(T=T, E=E, K=shape.hidden, I=shape.intermediate, top_k=k))
+    tile, tiles = p.align_tile, (p.gemm1.tokens_tile, p.gemm2.tokens_tile)
     g = torch.Generator(device="cuda").manual_seed(T)
     ids = [route(torch.randn(T, E, device="cuda", generator=g), k)[1] for _ in range(n_sets)]
-    equal = all(torch.equal(getattr(align_on_device(i, E, tile), f), getattr(align(i, E, tile), f))
-                for i in ids for f in FIELDS)
+    weights = [torch.rand(T, k, device="cuda", generator=g) for _ in range(n_sets)]
+    bufs = [RowBuffers(T, k, E, tile, tiles, "cuda") for _ in range(n_sets)]
+    word = torch.zeros(1, dtype=torch.int32, device="cuda")
+    device = lambda i: sort_rows_on_device(ids[i], weights[i], E, tile, tiles, word=word, buffers=bufs[i])  # noqa
+    torch_ops = lambda i: reference_rows(ids[i], weights[i], E, tile, tiles, word=word)  # noqa: E731
+    equal = all(_same_rows(device(i), torch_ops(i)) for i in range(n_sets))
     row = {"shape": spec, "E": E, "top_k": k, "T": T, "tile": tile, "pairs": T * k, "equal": equal}
-    for name, fn in (("device", align_on_device), ("torch", align)):
-        t = time_cuda_graph(lambda i: (lambda: fn(ids[i], E, tile)), n_sets)
+    for name, fn in (("device", device), ("torch", torch_ops)):
+        t = time_cuda_graph(lambda i, fn=fn: (lambda: fn(i)), n_sets)
         row[f"{name}_us"], row[f"{name}_p10_us"], row[f"{name}_p90_us"] = (
             round(t.median_us, 2), round(t.p10_us, 2), round(t.p90_us, 2))
     row["speedup"] = round(row["torch_us"] / row["device_us"], 1)
@@ -71,9 +89,10 @@ def bench_cell(spec: str, T: int, n_sets: int = 4) -> dict:
 
 
 def markdown(result: dict) -> str:
-    lines = [f"# Token alignment on the device vs the torch reference ({result['device']}, {result['date']})", "",
-             f"Commit `{result['commit']}`, command `{result['command']}`. CUDA-graph replay, median µs per call "
-             "(p10–p90 in the JSON); `equal`: both gave the same Alignment, bit for bit, on every routing.", "",
+    lines = [f"# Alignment, checks and row maps on the device vs torch ops ({result['device']}, {result['date']})",
+             "", f"Commit `{result['commit']}`, command `{result['command']}`. CUDA-graph replay, median µs per call "
+             "(p10–p90 in the JSON); `equal`: both gave the same alignment and maps, bit for bit, on every routing.",
+             "",
              "| shape | E | top_k | T | tile | device µs | torch µs | speedup | equal |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in result["cells"]:
