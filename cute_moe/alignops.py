@@ -51,8 +51,7 @@ from moe_spec.validate import BAD_ID, BAD_WEIGHT, REPEATED_ID  # noqa: E402
 
 from .ptx import compile_once  # noqa: E402
 
-THREADS = 256
-"""Threads of a CTA in both launches."""
+THREADS = 256  # threads of a CTA in both launches
 WARP = 32
 WARPS = THREADS // WARP
 CHUNK = 2048
@@ -352,11 +351,10 @@ def _place_warp_slice(ids: cute.Tensor, weights: cute.Tensor, s_ids: cute.Tensor
             row_of_pair[p] = cutlass.Int64(r)
             v = ids[p]
             w = weights[p]
-            counts_in_amax = cutlass.Int32(1)
-            if (v < 0) | (v >= num_experts):  # its id was clamped: the pair's token comes out NaN,
-                w = cutlass.Float32(float("nan"))  # and no shared FP8 scale sees its intermediate
-                counts_in_amax = cutlass.Int32(0)
-            row_mask[r] = counts_in_amax
+            in_amax = cutlass.Int32(1)
+            if (v < 0) | (v >= num_experts):  # id clamped: its token comes out NaN, no FP8 amax sees it
+                w, in_amax = cutlass.Float32(float("nan")), cutlass.Int32(0)
+            row_mask[r] = in_amax
             weight_of_row[r] = w
             weight_of_pair[p] = w
         cute.arch.sync_warp()  # every lane has read table[w, x] before it moves
