@@ -39,72 +39,56 @@ once, E4M3 GEMMs with their scales in registers, GEMM1 to fp32, SiLU·up quantiz
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import threading
+from collections import OrderedDict
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 import torch  # noqa: E402
 
-from moe_spec.align import Alignment  # noqa: E402
+from moe_spec.align import Alignment, max_rows  # noqa: E402
 from moe_spec.hopper import sm_count  # noqa: E402
-from moe_spec.quant import FP8_DTYPE  # noqa: E402
-from moe_spec.validate import error_word, guard_routing, validate_moe_args  # noqa: E402
+from moe_spec.quant import FP8_DTYPE, activation_scale_shape  # noqa: E402
+from moe_spec.validate import MoEDims, error_word, validate_moe_args  # noqa: E402
 
-from .alignops import MAX_EXPERTS, align_on_device  # noqa: E402
+from .alignops import MAX_EXPERTS  # noqa: E402
+from .rowmaps import RowBuffers, SortedRows, sort_rows_on_device, split_blocks  # noqa: E402
 from .config import ALIGN_ELEMS, GemmConfig  # noqa: E402
-from .moe_fp8 import quantize_intermediate, quantize_tokens, sorted_token_scales  # noqa: E402
+from .moe_fp8 import amax_sizes, quantize_intermediate, quantize_tokens, sorted_token_scales  # noqa: E402
 from .plan import LayerPlan, plan  # noqa: E402
 from .ptx import compile_gemm, compile_row_kernels  # noqa: E402
-from .runtime import cute_scale  # noqa: E402
+from .runtime import cute_scale, keep, release  # noqa: E402
 from .runtime import cute_tensor as _cute_tensor  # noqa: E402
+from .runtime import cute_weight as _cute_weight  # noqa: E402
 from .runtime import cute_vector as _cute_vector  # noqa: E402
 from .runtime import current_stream as _stream  # noqa: E402
 from .unfused import scale_rows, weighted_combine  # noqa: E402
 
 
-@dataclass(frozen=True)
-class SortedRows:
-    """The shared alignment and the row maps the CuTe kernels read (device tensors).
-
-    Attributes:
-        alignment: :class:`moe_spec.align.Alignment` of the (token, slot) pairs.
-        token_of_row: int64 [rows] token gathered into each sorted row (padding rows: the last
-            token — any real row would do: it is finite and its routing weight is 0).
-        weight_of_row: fp32 [rows] routing weight of each sorted row (0 for padding rows).
-        row_of_pair: int64 [T·top_k] sorted row of pair (t, j) (row-major over (t, j)).
-    """
-
-    alignment: Alignment
-    token_of_row: torch.Tensor
-    weight_of_row: torch.Tensor
-    row_of_pair: torch.Tensor
-
-    @property
-    def rows(self) -> int:
-        return self.alignment.rows
+def sort_rows(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, tile: int, gemm_tiles=(), *,
+              word: torch.Tensor | None = None, buffers: RowBuffers | None = None) -> SortedRows:
+    """Check the routing data, align the pairs (runs padded to ``tile``) and write every row map and the
+    block maps of each GEMM token tile in ``gemm_tiles`` (default: ``tile``): the two launches of
+    :func:`~cute_moe.rowmaps.sort_rows_on_device` on a GPU, :func:`~cute_moe.rowmaps.reference_rows`
+    on the CPU.  Failed checks go into ``word`` (default: the device's error word)."""
+    return sort_rows_on_device(topk_ids, topk_weights, num_experts, tile, gemm_tiles, word=word, buffers=buffers)
 
 
-def sort_rows(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, tile: int) -> SortedRows:
-    """Align the pairs (:func:`~cute_moe.alignops.align_on_device`, runs padded to ``tile``) and derive the row maps."""
-    al = align_on_device(topk_ids, num_experts, tile)
-    T, top_k = topk_ids.shape
-    token_of_row = al.token_of_row(top_k).clamp_(max=max(T - 1, 0))  # the padding sentinel is T
-    return SortedRows(al, token_of_row, al.weight_of_row(topk_weights), al.row_of_pair())
-
-
-def gemm_blocks(alignment: Alignment, tokens_tile: int) -> tuple[torch.Tensor, torch.Tensor]:
+def gemm_blocks(rows: SortedRows | Alignment, tokens_tile: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(expert of every ``tokens_tile``-row block int32, number of used blocks int32 [1]) for a GEMM.
 
-    ``tokens_tile`` must divide the alignment tile, so each block lies inside one expert's run.
-    Blocks past the used rows get −1 (never read: the scheduler stops at the block count).
+    From :class:`SortedRows`: the maps its launches wrote for that tile (no launch); for another
+    tile, or from an :class:`~moe_spec.align.Alignment`, derived in torch ops
+    (:func:`~cute_moe.rowmaps.split_blocks`).  ``tokens_tile`` must divide the alignment tile, so
+    each block lies inside one expert's run.  Blocks past the used rows get −1 (never read: the
+    scheduler stops at the block count).
     """
-    if alignment.tile % tokens_tile:
-        raise ValueError(f"tokens_tile={tokens_tile} does not divide the alignment tile {alignment.tile}")
-    per_block = alignment.tile // tokens_tile
-    experts = alignment.expert_of_block
-    if per_block > 1:
-        experts = experts.repeat_interleave(per_block)
-    return experts, alignment.num_padded // tokens_tile
+    if isinstance(rows, SortedRows):
+        hit = rows.blocks.get(tokens_tile)
+        if hit is not None:
+            return hit
+        rows = rows.alignment
+    return split_blocks(rows, tokens_tile)
 
 
 def check_gemm_shape(n_out: int, k: int, cfg: GemmConfig | None = None) -> None:
@@ -156,7 +140,7 @@ def grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, rows: SortedRows, cfg:
         raise ValueError("grouped_gemm: pass x_scale and w_scale exactly when cfg.quant is set")
     if out is None:
         out = torch.empty(m_pad, n_out, dtype=getattr(torch, cfg.out_dtype), device=x_sorted.device)
-    expert_of_block, num_blocks = gemm_blocks(rows.alignment, cfg.tokens_tile)
+    expert_of_block, num_blocks = gemm_blocks(rows, cfg.tokens_tile)
     if row_scale is None:
         row_scale = rows.weight_of_row  # a valid fp32 buffer the kernel never reads
     index_dtype = str(rows.token_of_row.dtype).removeprefix("torch.")  # read by a gather_rows kernel only
@@ -164,7 +148,7 @@ def grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, rows: SortedRows, cfg:
     compiled(
         _cute_tensor(x_sorted, 1),
         # (N_out, K, E): the expert is TMA's 3rd coordinate; gated (I, K, half, E): gate 0 / up 1, then the expert
-        _cute_tensor(w.unflatten(1, (2, n_out)).permute(2, 3, 1, 0) if cfg.gated else w.permute(1, 2, 0), 1),
+        _cute_weight(w.unflatten(1, (2, n_out)).permute(2, 3, 1, 0) if cfg.gated else w.permute(1, 2, 0), 1),
         _cute_tensor(out.t(), 0) if cfg.swap_ab else _cute_tensor(out, 1),
         _cute_vector(expert_of_block), _cute_vector(num_blocks), _cute_vector(row_scale), _stream(x_sorted),
         *(() if cfg.quant is None else (cute_scale(x_scale), cute_scale(w_scale))),
@@ -199,42 +183,97 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
     if x.device.type != "cuda":
         raise ValueError(f"x: cute_moe runs on a CUDA device (Hopper), got a tensor on {x.device.type}; "
                          f"on a CPU, compile_ptx() shows the kernels")
-    # The routing data is checked on the device, without a sync (moe_spec.validate.guard_routing):
-    # an id outside [0, E) is clamped and its pair weighted NaN, and the error word says why.
-    topk_ids, topk_weights = guard_routing(topk_ids, topk_weights, dims.E, error_word(x.device))
-    rows = sort_rows(topk_ids, topk_weights, dims.E, p.align_tile)
+    # The routing data is checked on the device, without a sync, by the alignment's place kernel
+    # (guard_routing's meaning): an id outside [0, E) is clamped and its pair weighted NaN, and the
+    # error word says why.  Its buffers and the layer's are the workspace of this shape and stream.
+    ws = _workspace(dims, p, x.device)
+    rows = sort_rows(topk_ids, topk_weights, dims.E, p.align_tile, (p.gemm1.tokens_tile, p.gemm2.tokens_tile),
+                     word=ws["word"], buffers=ws["rows"])
     if quant is not None:
-        return _fp8_layer(x, w1, w2, w1_scale, w2_scale, topk_weights, p, rows)
-    x_sorted = x if p.gemm1.gather_rows else gather_rows(x, rows)  # gather_rows: GEMM1 reads x by token index
-    if p.gemm1.gated:  # SiLU·up in GEMM1's epilogue: [M_pad, I] straight out
-        a = grouped_gemm(x_sorted, w1, rows, p.gemm1)
-    else:
-        a = silu_mul(grouped_gemm(x_sorted, w1, rows, p.gemm1), rows)
+        return _fp8_layer(x, w1, w2, w1_scale, w2_scale, topk_weights, p, rows, ws)
+    # gather_rows: GEMM1 reads x by token index; gated: SiLU·up in GEMM1's epilogue, [M_pad, I] straight out
+    x_sorted = x if p.gemm1.gather_rows else gather_rows(x, rows, out=ws["x_sorted"])
+    h = grouped_gemm(x_sorted, w1, rows, p.gemm1, out=ws["h"])
+    a = h if p.gemm1.gated else silu_mul(h, rows)
     if p.fusion == "separate":
-        y = grouped_gemm(a, w2, rows, p.gemm2)
-        return weighted_combine(y, rows.row_of_pair, topk_weights, quant)
-    y = grouped_gemm(a, w2, rows, p.gemm2, row_scale=rows.weight_of_row)
+        y = grouped_gemm(a, w2, rows, p.gemm2, out=ws["y"])
+        return weighted_combine(y, rows.row_of_pair, rows.weight_of_pair.view(dims.T, dims.top_k), quant)
+    y = grouped_gemm(a, w2, rows, p.gemm2, row_scale=rows.weight_of_row, out=ws["y"])
     return combine(y, rows, dims.T, dims.top_k)
 
 
-def _fp8_layer(x, w1, w2, w1_scale, w2_scale, topk_weights, p: LayerPlan, rows: SortedRows) -> torch.Tensor:
+def _fp8_layer(x, w1, w2, w1_scale, w2_scale, topk_weights, p: LayerPlan, rows: SortedRows, ws: dict) -> torch.Tensor:
     """The W8A8 layer (``moe_fp8``'s docstring): x quantized once, its E4M3 rows gathered (as bf16
     pairs: the gather moves bytes), GEMM1 to fp32, SiLU·up quantized, GEMM2 with the routing
-    weight, combine — or, ``separate``, with the scale and routing-weight passes of ``unfused``."""
+    weight, combine — or, ``separate``, with the scale and routing-weight passes of ``unfused``.
+    ``ws``: the workspace (its amax buffers zeroed by the alignment)."""
     T, top_k = topk_weights.shape
     quant, separate, al = p.quant, p.fusion == "separate", rows.alignment
-    xq, x_scale = quantize_tokens(x, quant)
-    x_sorted = gather_rows(xq.view(torch.bfloat16), rows).view(FP8_DTYPE)
+    xq, x_scale = quantize_tokens(x, quant, amax=ws["x_amax"], out=(ws["xq"], ws["x_scale"]))
+    x_sorted = gather_rows(xq.view(torch.bfloat16), rows, out=ws["x_sorted"]).view(FP8_DTYPE)
     x_scale = sorted_token_scales(x_scale, rows.token_of_row, quant)
-    h = grouped_gemm(x_sorted, w1, rows, p.gemm1, x_scale=x_scale, w_scale=w1_scale)
+    h = grouped_gemm(x_sorted, w1, rows, p.gemm1, x_scale=x_scale, w_scale=w1_scale, out=ws["h"])
     if separate:
         scale_rows(h, al, x_scale, w1_scale, quant)
-    aq, a_scale = quantize_intermediate(h, al, quant)
+    aq, a_scale = quantize_intermediate(h, rows, quant, amax=ws["a_amax"], out=ws["a"],
+                                        q_out=(ws["aq"], ws["a_scale"]))
     if not separate:
-        y = grouped_gemm(aq, w2, rows, p.gemm2, row_scale=rows.weight_of_row, x_scale=a_scale, w_scale=w2_scale)
+        y = grouped_gemm(aq, w2, rows, p.gemm2, row_scale=rows.weight_of_row, x_scale=a_scale, w_scale=w2_scale,
+                         out=ws["y"])
         return combine(y, rows, T, top_k)
-    y = grouped_gemm(aq, w2, rows, p.gemm2, x_scale=a_scale, w_scale=w2_scale)
-    return weighted_combine(scale_rows(y, al, a_scale, w2_scale, quant), rows.row_of_pair, topk_weights, quant)
+    y = grouped_gemm(aq, w2, rows, p.gemm2, x_scale=a_scale, w_scale=w2_scale, out=ws["y"])
+    return weighted_combine(scale_rows(y, al, a_scale, w2_scale, quant), rows.row_of_pair,
+                            rows.weight_of_pair.view(T, top_k), quant)
+
+
+#: Workspaces kept (least recently used dropped first): one per (sizes, plan tiles, device, stream, thread).
+WORKSPACES = 8
+_workspaces: OrderedDict = OrderedDict()
+
+
+def _workspace(dims: MoEDims, p: LayerPlan, device) -> dict:
+    """The buffers of one call — the alignment's outputs (:class:`~cute_moe.rowmaps.RowBuffers`),
+    X_sorted, H and Y (FP8: also A in fp32 and the two amax buffers, which the alignment zeroes) —
+    reused by the eager calls of one stream and thread: the stream orders each call after the
+    last, and the returned output is always a new tensor.  Their CuTe
+    wrappers are made once (``runtime.keep``).  Fresh, and not kept, while a CUDA graph is being
+    captured: a graph owns the buffers it was captured with."""
+    capturing = torch.cuda.is_current_stream_capturing()
+    stream = torch.cuda.current_stream(device).cuda_stream
+    tiles = (p.gemm1.tokens_tile, p.gemm2.tokens_tile)
+    key = (dims, p.quant, p.align_tile, tiles, p.gemm1.gated, p.gemm1.gather_rows, device, stream,
+           threading.get_ident())
+    ws = None if capturing else _workspaces.get(key)
+    if ws is not None:
+        _workspaces.move_to_end(key)
+        return ws
+    rows = max_rows(dims.T * dims.top_k, dims.E, p.align_tile)
+    n_x, n_a = amax_sizes(p.quant, dims.T, rows, dims.K, dims.I) if p.quant else (0, 0)
+    bufs = RowBuffers(dims.T, dims.top_k, dims.E, p.align_tile, tiles, device, zeroed=n_x + n_a)
+    new = lambda cols, dtype=torch.bfloat16: torch.empty(rows, cols, dtype=dtype, device=device)  # noqa: E731
+    ws = dict(rows=bufs, word=error_word(device), y=new(dims.K),
+              h=new(dims.I if p.gemm1.gated else 2 * dims.I, getattr(torch, p.gemm1.out_dtype)))
+    if not p.gemm1.gather_rows:  # else GEMM1 reads x itself: no sorted copy
+        ws["x_sorted"] = new(dims.K if p.quant is None else dims.K // 2)
+    if p.quant is not None:  # the E4M3 rows are gathered as bf16 pairs
+        ws.update(a=new(dims.I, torch.float32), x_amax=bufs.scratch[:n_x], a_amax=bufs.scratch[n_x:n_x + n_a],
+                  xq=torch.empty(dims.T, dims.K, dtype=FP8_DTYPE, device=device), aq=new(dims.I, FP8_DTYPE),
+                  x_scale=torch.empty(n_x, dtype=torch.float32, device=device),
+                  a_scale=torch.empty(n_a, dtype=torch.float32, device=device))
+    if not capturing:
+        keep(ws["word"])  # it lives as long as the process
+        ws["kept"] = [t for name, t in ws.items() if name not in ("rows", "word")] + list(bufs.tensors())
+        ws["kept"] += [ws["h"].t(), ws["y"].t()]  # the swap-AB GEMM's view of its output
+        if p.quant is not None:  # the views the FP8 steps pass on: E4M3 rows as bf16 pairs, scales in shape
+            shape = activation_scale_shape(p.quant, dims.T, dims.K)
+            ws["kept"] += [ws["xq"].view(torch.bfloat16), ws["x_scale"].view(shape),
+                           ws["a_scale"].view(rows, -1) if p.quant == "fp8_block" else ws["a_scale"]]
+        keep(*ws["kept"])
+        _workspaces[key] = ws
+        if len(_workspaces) > WORKSPACES:
+            _, old = _workspaces.popitem(last=False)
+            release(*old["kept"])
+    return ws
 
 
 def _row_kernels(device) -> dict:
@@ -248,10 +287,15 @@ def _check_row_width(fn: str, name: str, cols: int, multiple: int = ALIGN_ELEMS)
                          f"(the row kernels move {ALIGN_ELEMS}-element vectors; a tail would be silently dropped)")
 
 
-def gather_rows(x: torch.Tensor, rows: SortedRows) -> torch.Tensor:
-    """``X_sorted[r] = x[token_of_row[r]]`` on the used rows (bf16 [M_pad, K]; other rows unwritten)."""
+def gather_rows(x: torch.Tensor, rows: SortedRows, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``X_sorted[r] = x[token_of_row[r]]`` on the used rows (bf16 [M_pad, K]; other rows unwritten),
+    into ``out`` (a workspace's, of that shape and dtype) or a new tensor."""
     _check_row_width("gather_rows", "x.shape[1]", x.shape[1])
-    out = torch.empty(rows.rows, x.shape[1], dtype=x.dtype, device=x.device)
+    if out is None:
+        out = torch.empty(rows.rows, x.shape[1], dtype=x.dtype, device=x.device)
+    elif out.shape != (rows.rows, x.shape[1]) or out.dtype != x.dtype:
+        raise ValueError(f"gather_rows: out is {out.dtype} {list(out.shape)}, expected {x.dtype} "
+                         f"{[rows.rows, x.shape[1]]}")
     _row_kernels(x.device)["gather"](_cute_tensor(x, 1), _cute_tensor(out, 1), _cute_vector(rows.token_of_row),
                                      _cute_vector(rows.alignment.num_padded), _stream(x))
     return out

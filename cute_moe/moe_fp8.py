@@ -31,9 +31,10 @@ from moe_spec.align import Alignment
 from moe_spec.hopper import sm_count
 from moe_spec.quant import FP8_DTYPE, activation_scale_shape
 
+from .rowmaps import SortedRows
 from .config import FP8_ALIGN_ELEMS
 from .ptx import compile_quant_kernels
-from .runtime import cute_tensor, cute_vector, current_stream
+from .runtime import cute_tensor, cute_vector, current_stream, keep
 
 
 def gemm1_out_dtype(quant) -> str:
@@ -71,28 +72,70 @@ def check_quant_layer(K: int, I: int, quant, configs) -> None:  # noqa: E741
 
 
 def _launch_quantize(kernels: dict, prefix: str, src: torch.Tensor, amax: torch.Tensor, quant: str,
-                     used: torch.Tensor):
-    """E4M3 copy of ``src`` [rows, cols] and its flat scales, from the flat ``amax``."""
+                     used: torch.Tensor, out=None, src_arg=None):
+    """E4M3 copy of ``src`` [rows, cols] and its flat scales, from the flat ``amax``, into ``out``
+    (a workspace's (E4M3 [rows, cols], fp32 like ``amax``)) or new tensors; ``src_arg``: ``src``
+    already wrapped."""
     rows, cols = src.shape
-    q = torch.empty(rows, cols, dtype=FP8_DTYPE, device=src.device)
-    scale = torch.empty_like(amax)
-    kernels[prefix + "_quantize"](cute_tensor(src, 1), cute_vector(amax), cute_tensor(q, 1), cute_vector(scale),
-                                  cute_vector(used), current_stream(src))
+    if out is None:
+        out = torch.empty(rows, cols, dtype=FP8_DTYPE, device=src.device), torch.empty_like(amax)
+    q, scale = out
+    if q.shape != (rows, cols) or q.dtype != FP8_DTYPE or scale.shape != amax.shape:
+        raise ValueError(f"out: expected (E4M3 [{rows}, {cols}], fp32 {list(amax.shape)}), got "
+                         f"({q.dtype} {list(q.shape)}, {list(scale.shape)})")
+    kernels[prefix + "_quantize"](cute_tensor(src, 1) if src_arg is None else src_arg, cute_vector(amax),
+                                  cute_tensor(q, 1), cute_vector(scale), cute_vector(used), current_stream(src))
     return q, scale
 
 
-def quantize_tokens(x: torch.Tensor, quant: str) -> tuple[torch.Tensor, torch.Tensor]:
+_constants: dict = {}  # (value, device) -> int32 [1]
+_CONSTANTS_MAX = 1024
+
+
+def _row_count(n: int, device) -> torch.Tensor:
+    """int32 [1] holding ``n`` (a kernel's row count), made once per (n, device) outside a CUDA graph
+    capture (inside one: a new tensor, filled by the graph) — no fill launch in a warm call."""
+    key = (n, device)
+    t = _constants.get(key)
+    if t is None:
+        t = torch.full((1,), n, dtype=torch.int32, device=device)
+        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            if len(_constants) >= _CONSTANTS_MAX:
+                _constants.clear()
+            _constants[key] = t
+            keep(t)
+    return t
+
+
+def amax_sizes(quant: str, T: int, rows: int, K: int, I: int) -> tuple[int, int]:  # noqa: E741
+    """fp32 elements of the two amax buffers of the layer: x's ([T, K]) and the intermediate's
+    ([rows, I], in sorted order)."""
+    return math.prod(activation_scale_shape(quant, T, K)), math.prod(activation_scale_shape(quant, rows, I))
+
+
+def _zeroed_amax(amax, n: int, device) -> torch.Tensor:
+    if amax is None:
+        return torch.zeros(n, dtype=torch.float32, device=device)
+    if amax.dtype != torch.float32 or amax.shape != (n,):
+        raise ValueError(f"amax: expected a zeroed fp32 [{n}] buffer, got {amax.dtype} {list(amax.shape)}")
+    return amax
+
+
+def quantize_tokens(x: torch.Tensor, quant: str, *, amax: torch.Tensor | None = None, out=None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """``moe_spec.quant.quantize_activation(x, quant)`` on the device: (E4M3 [T, K], fp32 scales in
-    its shape — [1], [T, 1] or [T, ⌈K/128⌉])."""
+    its shape — [1], [T, 1] or [T, ⌈K/128⌉]).  ``amax``: a zeroed fp32 buffer of
+    :func:`amax_sizes`' first size (``fused_moe``'s alignment zeroes it), else a new one (a fill);
+    ``out``: (E4M3 [T, K], flat fp32 scales) of a workspace, else new ones."""
     T, K = x.shape
     kernels = compile_quant_kernels(quant, sm_count(x.device))
     shape = activation_scale_shape(quant, T, K)
-    amax = torch.zeros(math.prod(shape), dtype=torch.float32, device=x.device)
-    used = torch.full((1,), T, dtype=torch.int32, device=x.device)
+    amax = _zeroed_amax(amax, math.prod(shape), x.device)
+    used = _row_count(T, x.device)
     # stand-ins for the arguments only the SiLU variant reads: x for `a`, `used` for the row mask
-    kernels["x_amax"](cute_tensor(x, 1), cute_tensor(x, 1), cute_vector(amax), cute_vector(used), cute_vector(used),
-                      current_stream(x))
-    q, scale = _launch_quantize(kernels, "x", x, amax, quant, used)
+    x_arg, used_arg = cute_tensor(x, 1), cute_vector(used)
+    kernels["x_amax"](x_arg, x_arg, cute_vector(amax), used_arg, used_arg, current_stream(x))
+    q, scale = _launch_quantize(kernels, "x", x, amax, quant, used, out, x_arg)
     return q, scale.view(shape)
 
 
@@ -105,31 +148,43 @@ def sorted_token_scales(scale: torch.Tensor, token_of_row: torch.Tensor, quant: 
     return rows.view(-1) if quant == "fp8_channel" else rows
 
 
-def silu_mul_amax(h: torch.Tensor, alignment: Alignment, quant: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _alignment_and_mask(rows) -> tuple[Alignment, torch.Tensor]:
+    """(alignment, int32 row mask) of a :class:`~cute_moe.rowmaps.SortedRows` (its ``row_mask``,
+    written by the alignment) or of an :class:`~moe_spec.align.Alignment` (``holds_pair``, torch ops)."""
+    if isinstance(rows, SortedRows):
+        return rows.alignment, rows.row_mask
+    return rows, rows.holds_pair().to(torch.int32)
+
+
+def silu_mul_amax(h: torch.Tensor, rows, quant: str, *, amax: torch.Tensor | None = None,
+                  out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``A = SiLU(h[:, :I]) · h[:, I:]`` in fp32 from GEMM1's fp32 output h [M_pad, 2I], and its flat amax.
 
-    ``alignment`` (:class:`moe_spec.align.Alignment`): the rows that hold a (token, slot) pair
-    (``holds_pair``) count in the amax, the padding rows do not; A is written on the rows the GEMMs
-    cover (``num_padded``, int32 [1] on the device) and left unwritten past them.
+    ``rows`` (:class:`~cute_moe.rowmaps.SortedRows` or :class:`moe_spec.align.Alignment`): the rows
+    that hold a (token, slot) pair count in the amax, the padding rows do not; A is written on the
+    rows the GEMMs cover (``num_padded``, int32 [1] on the device) and left unwritten past them.
+    ``amax``: a zeroed buffer (:func:`amax_sizes`' second size), else a new one; ``out``: A's buffer.
     """
+    alignment, row_mask = _alignment_and_mask(rows)
     rows, two_i = h.shape
     i = two_i // 2
     kernels = compile_quant_kernels(quant, sm_count(h.device))
-    amax = torch.zeros(math.prod(activation_scale_shape(quant, rows, i)), dtype=torch.float32, device=h.device)
-    row_mask = alignment.holds_pair().to(torch.int32)
-    a = torch.empty(rows, i, dtype=torch.float32, device=h.device)
+    amax = _zeroed_amax(amax, math.prod(activation_scale_shape(quant, rows, i)), h.device)
+    a = torch.empty(rows, i, dtype=torch.float32, device=h.device) if out is None else out
     kernels["silu_amax"](cute_tensor(h, 1), cute_tensor(a, 1), cute_vector(amax), cute_vector(row_mask),
                          cute_vector(alignment.num_padded), current_stream(h))
     return a, amax
 
 
-def quantize_intermediate(h: torch.Tensor, alignment: Alignment, quant: str) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_intermediate(h: torch.Tensor, rows, quant: str, *, amax: torch.Tensor | None = None,
+                          out: torch.Tensor | None = None, q_out=None) -> tuple[torch.Tensor, torch.Tensor]:
     """SiLU(h[:, :I])·h[:, I:] of GEMM1's fp32 output h [M_pad, 2I], quantized per ``quant``
-    (:func:`silu_mul_amax`, then the quantize kernel).
+    (:func:`silu_mul_amax` — ``rows``, ``amax`` and ``out`` are its — then the quantize kernel,
+    into ``q_out``: (E4M3 [M_pad, I], flat fp32 scales) of a workspace, else new ones).
 
     Returns (E4M3 [M_pad, I], fp32 scales in GEMM2's order: [1], [M_pad] or [M_pad, ⌈I/128⌉]).
     """
-    a, amax = silu_mul_amax(h, alignment, quant)
+    a, amax = silu_mul_amax(h, rows, quant, amax=amax, out=out)
     q, scale = _launch_quantize(compile_quant_kernels(quant, sm_count(h.device)), "a", a, amax, quant,
-                                alignment.num_padded)
+                                _alignment_and_mask(rows)[0].num_padded, q_out)
     return q, (scale.view(h.shape[0], -1) if quant == "fp8_block" else scale)

@@ -1,5 +1,7 @@
 """cute_moe.alignops on the CPU: the alignment kernels compile, their PTX holds what the scheme
-relies on, and a torch model of the two launches equals moe_spec.align bit for bit.
+relies on, and a torch model of the two launches equals the reference bit for bit — the
+alignment of moe_spec.align, the row maps and block maps, and the routing data checks with
+moe_spec.validate.guard_routing's meaning (``alignops.reference_rows`` puts them together).
 
 The model runs the kernels' steps one CTA, one warp, one 32-lane round at a time, with the same
 chunk, warp slice, ``match.any`` rank, shared tables, block scan (per-thread sums, shuffle scan
@@ -24,9 +26,10 @@ torch = pytest.importorskip("torch")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from cute_moe.alignops import (CHUNK, MAX_EXPERTS, THREADS, WARP, WARPS, align_on_device,  # noqa: E402
-                               compile_align_kernels)
+from cute_moe.alignops import CHUNK, MAX_EXPERTS, THREADS, WARP, WARPS, compile_align_kernels  # noqa: E402
+from cute_moe.rowmaps import align_on_device, reference_rows, sort_rows_on_device  # noqa: E402
 from moe_spec.align import align, max_rows  # noqa: E402
+from moe_spec.validate import BAD_ID, BAD_WEIGHT, REPEATED_ID  # noqa: E402
 
 from test_align import routing  # noqa: E402
 
@@ -38,13 +41,13 @@ FIELDS = ("tile", "num_pairs", "sorted_ids", "expert_of_block", "expert_end")
 class _Memory:
     """An output buffer that records every write (element written twice or never: an error)."""
 
-    def __init__(self, n):
-        self.data = torch.full((n,), POISON, dtype=torch.int64)
+    def __init__(self, n, dtype=torch.int64):
+        self.data = torch.full((n,), POISON, dtype=dtype)
         self.writes = torch.zeros(n, dtype=torch.int64)
 
     def store(self, index, value):
         index = torch.as_tensor(index, dtype=torch.int64).reshape(-1)
-        value = torch.as_tensor(value, dtype=torch.int64).expand(index.shape)
+        value = torch.as_tensor(value, dtype=self.data.dtype).expand(index.shape)
         self.writes.index_add_(0, index, torch.ones_like(index))
         self.data[index] = value
 
@@ -59,9 +62,24 @@ def _padded(count, tile):
 
 
 def _stage(flat, lo, n, num_experts):
+    """Ids clamped into [0, E) (guard_routing's rule), −1 past the chunk."""
     i = torch.arange(CHUNK)
-    v = flat[lo + i.clamp(max=n - 1)]
-    return torch.where((i >= n) | (v < 0) | (v >= num_experts), -1, v)
+    v = flat[lo + i.clamp(max=n - 1)].clamp(0, num_experts - 1)
+    return torch.where(i >= n, -1, v)
+
+
+def _check(flat, weights, lo, n, num_experts, top_k):
+    """The error bits a chunk's threads OR in: range, finite weight, the earlier slots of the row."""
+    bits = 0
+    for p in range(lo, lo + n):
+        v = int(flat[p])
+        if not 0 <= v < num_experts:
+            bits |= BAD_ID
+        if not bool(torch.isfinite(weights[p])):
+            bits |= BAD_WEIGHT
+        if any(int(flat[p - 1 - d]) == v for d in range(p % top_k)):
+            bits |= REPEATED_ID
+    return bits
 
 
 def _warp_slice(n, warp):
@@ -113,58 +131,104 @@ def _scan_runs(total, tile):
     return end
 
 
-def model_align(topk_ids, num_experts, tile):
-    """The two launches of ``cute_moe.alignops`` for P ≥ 1 pairs, executed with torch."""
+def model_align(topk_ids, num_experts, tile, topk_weights=None, gemm_tiles=None):
+    """The two launches of ``cute_moe.alignops`` for P ≥ 1 pairs, executed with torch: a dict of
+    every output (as the kernels write them; ``bits``: what they OR into the error word)."""
+    T, top_k = topk_ids.shape if topk_ids.dim() == 2 else (topk_ids.numel(), 1)
     flat = topk_ids.reshape(-1).long()
+    weights = torch.zeros(flat.numel()) if topk_weights is None else topk_weights.reshape(-1).float()
+    tiles = gemm_tiles or (tile, tile)
     num_pairs = flat.numel()
     rows = max_rows(num_pairs, num_experts, tile)
     chunks = -(-num_pairs // CHUNK)
-    sorted_ids, expert_of_block, expert_end = _Memory(rows), _Memory(rows // tile), _Memory(num_experts)
+    out = dict(sorted_ids=_Memory(rows), expert_of_block=_Memory(rows // tile), expert_end=_Memory(num_experts),
+               token_of_row=_Memory(rows), weight_of_row=_Memory(rows, torch.float32), row_of_pair=_Memory(num_pairs),
+               weight_of_pair=_Memory(num_pairs, torch.float32), row_mask=_Memory(rows),
+               blocks0=_Memory(rows // tiles[0]), blocks1=_Memory(rows // tiles[1]), block_counts=_Memory(2))
     counts = torch.full((chunks, num_experts), POISON, dtype=torch.int64)
+    bits = 0
     for c in range(chunks if chunks > 1 else 0):  # launch 1 (skipped for a single chunk)
         lo, n = c * CHUNK, min(CHUNK, num_pairs - c * CHUNK)
         counts[c] = _count_warp_slices(_stage(flat, lo, n, num_experts), n, num_experts).sum(0)
     for c in range(chunks):  # launch 2
         lo, n = c * CHUNK, min(CHUNK, num_pairs - c * CHUNK)
         s_ids = _stage(flat, lo, n, num_experts)
+        bits |= _check(flat, weights, lo, n, num_experts, top_k)
         table = _count_warp_slices(s_ids, n, num_experts)
         if chunks > 1:
             before, total = counts[:c].sum(0), counts.sum(0)
         else:  # the CTA's own table holds the totals
             before, total = torch.zeros(num_experts, dtype=torch.int64), table.sum(0)
         end = _scan_runs(total, tile)
+        used = int(end[-1])
         if c == 0:
-            expert_end.store(torch.arange(num_experts), end)
+            out["expert_end"].store(torch.arange(num_experts), end)
+            out["block_counts"].store(torch.arange(2), torch.tensor([used // tiles[0], used // tiles[1]]))
         row = end - _padded(total, tile) + before
         for w in range(WARPS):
             row, table[w] = row + table[w], row
-        for w in range(WARPS):  # placement
+        for w in range(WARPS):  # placement: the pair's row in every map
             for pos, x, rank, size in _rounds(s_ids, n, w):
                 live = x >= 0
-                sorted_ids.store(table[w, x[live]] + rank[live], lo + pos[live])
+                r, p = table[w, x[live]] + rank[live], lo + pos[live]
+                out["sorted_ids"].store(r, p)
+                out["token_of_row"].store(r, p // top_k)
+                out["row_of_pair"].store(p, r)
+                bad = (flat[p] < 0) | (flat[p] >= num_experts)
+                out["row_mask"].store(r, (~bad).long())
+                wp = torch.where(bad, float("nan"), weights[p])
+                out["weight_of_row"].store(r, wp)
+                out["weight_of_pair"].store(p, wp)
                 lead = live & (rank == 0)
                 table[w, x[lead]] += size[lead]
+
+        def pad(r):
+            out["sorted_ids"].store(r, num_pairs)
+            out["token_of_row"].store(r, T - 1)
+            out["weight_of_row"].store(r, 0.0)
+            out["row_mask"].store(r, 0)
+
         for w in range(WARPS):  # runs' padding and blocks, warp (c, w) takes every (chunks·WARPS)-th expert
             for e in range(c * WARPS + w, num_experts, chunks * WARPS):
                 start = int(end[e] - _padded(total[e], tile))
-                sorted_ids.store(_span(start + int(total[e]), int(end[e])), num_pairs)
-                expert_of_block.store(_span(start // tile, int(end[e]) // tile), e)
-        used = int(end[-1])
+                pad(_span(start + int(total[e]), int(end[e])))
+                for name, t in (("expert_of_block", tile), ("blocks0", tiles[0]), ("blocks1", tiles[1])):
+                    out[name].store(_span(start // t, int(end[e]) // t), e)
         for tid in range(THREADS):  # past the used rows: a grid-stride loop over all threads
             gid = c * THREADS + tid
-            sorted_ids.store(_span(used + gid, rows, chunks * THREADS), num_pairs)
-            expert_of_block.store(_span(used // tile + gid, rows // tile, chunks * THREADS), -1)
-    for name, mem in (("sorted_ids", sorted_ids), ("expert_of_block", expert_of_block), ("expert_end", expert_end)):
+            pad(_span(used + gid, rows, chunks * THREADS))
+            for name, t in (("expert_of_block", tile), ("blocks0", tiles[0]), ("blocks1", tiles[1])):
+                out[name].store(_span(used // t + gid, rows // t, chunks * THREADS), -1)
+    for name, mem in out.items():
         assert bool((mem.writes == 1).all()), f"{name}: elements written {sorted(set(mem.writes.tolist()))} times"
-    return sorted_ids.data.int(), expert_of_block.data.int(), expert_end.data.int()
+    got = {name: mem.data for name, mem in out.items()}
+    for name in ("sorted_ids", "expert_of_block", "expert_end", "row_mask", "blocks0", "blocks1", "block_counts"):
+        got[name] = got[name].int()
+    got["bits"] = bits
+    return got
 
 
-def assert_model_is_the_reference(topk_ids, num_experts, tile):
-    want = align(topk_ids, num_experts, tile)
-    got = model_align(topk_ids, num_experts, tile)
-    for name, g in zip(("sorted_ids", "expert_of_block", "expert_end"), got):
+def assert_model_is_the_reference(topk_ids, num_experts, tile, topk_weights=None, gemm_tiles=None):
+    """Every output of the model equals ``alignops.reference_rows`` (guard_routing, align, the maps)."""
+    T, top_k = topk_ids.shape
+    weights = torch.rand(T, top_k, generator=torch.Generator().manual_seed(T)) if topk_weights is None \
+        else topk_weights
+    tiles = gemm_tiles or (tile, tile)
+    got = model_align(topk_ids, num_experts, tile, weights, tiles)
+    word = torch.zeros(1, dtype=torch.int32)
+    want = reference_rows(topk_ids, weights, num_experts, tile, tiles, word=word)
+    for name in ("sorted_ids", "expert_of_block", "expert_end"):
+        w = getattr(want.alignment, name)
+        assert w.dtype == torch.int32 and torch.equal(got[name], w), name
+    for name in ("token_of_row", "row_of_pair", "row_mask"):
         w = getattr(want, name)
-        assert w.dtype == torch.int32 and torch.equal(g, w), name
+        assert torch.equal(got[name].to(w.dtype), w), name
+    for name in ("weight_of_row", "weight_of_pair"):  # NaN where the reference has NaN, else equal
+        torch.testing.assert_close(got[name], getattr(want, name), rtol=0, atol=0, equal_nan=True, msg=name)
+    for i, t in enumerate(tiles):
+        experts, used = want.blocks[t]
+        assert torch.equal(got[f"blocks{i}"], experts) and int(got["block_counts"][i]) == int(used), t
+    assert got["bits"] == int(word), (got["bits"], int(word))
 
 
 # ---- the model against the reference ------------------------------------------------------------
@@ -220,13 +284,63 @@ def test_model_is_the_reference_fuzzed(data):
     assert_model_is_the_reference(topk_ids, E, tile)
 
 
-def test_model_drops_out_of_range_ids():
-    """An id outside [0, E) is counted and placed nowhere; every other pair keeps its row."""
-    topk_ids = torch.tensor([[3, 9], [-1, 3], [0, 2]], dtype=torch.int32)  # E = 4: 9 and −1 are out
-    sorted_ids, expert_of_block, expert_end = model_align(topk_ids, 4, 8)
-    assert expert_end.tolist() == [8, 8, 16, 24]
-    assert sorted_ids[:24].tolist() == [4] + [6] * 7 + [5] + [6] * 7 + [0, 3] + [6] * 6
-    assert expert_of_block[:3].tolist() == [0, 2, 3]
+def test_model_clamps_out_of_range_ids_and_weights_their_pairs_nan():
+    """An id outside [0, E) is aligned as the nearest expert (guard_routing's clamp), its pair's weight
+    is NaN, and BAD_ID is set; every other pair keeps its row."""
+    topk_ids = torch.tensor([[3, 9], [-1, 3], [0, 2]], dtype=torch.int32)  # E = 4: 9 → 3, −1 → 0
+    weights = torch.tensor([[0.5, 0.25], [0.125, 1.0], [2.0, 4.0]])
+    got = model_align(topk_ids, 4, 8, weights)
+    assert got["expert_end"].tolist() == [8, 8, 16, 24] and got["bits"] == BAD_ID
+    assert got["sorted_ids"][:24].tolist() == [2, 4] + [6] * 6 + [5] + [6] * 7 + [0, 1, 3] + [6] * 5
+    assert got["expert_of_block"][:3].tolist() == [0, 2, 3]
+    assert got["row_of_pair"].tolist() == [16, 17, 0, 18, 1, 8]
+    assert got["weight_of_pair"].isnan().tolist() == [False, True, True, False, False, False]
+    assert got["token_of_row"][:8].tolist() == [1, 2] + [2] * 6  # padding: the last token
+    assert got["row_mask"][[0, 1, 8, 16, 17, 18]].tolist() == [0, 1, 1, 1, 0, 1]  # clamped pairs: no amax
+    assert_model_is_the_reference(topk_ids, 4, 8, weights)
+
+
+def _bad_routing(T, top_k, E, seed):
+    """Distinct ids per row, then faults sprinkled in: ids E, −1 and 2**31 − 1, a repeated id, NaN
+    and ±inf weights (rows straddle the chunks when CHUNK is no multiple of top_k)."""
+    ids = routing(T, top_k, E, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    w = torch.rand(T, top_k, generator=g)
+    ids[::97, 0] = E
+    ids[5::89, top_k - 1] = -1
+    ids[7, 0] = 2**31 - 1
+    if top_k > 1:
+        ids[11::101, 1] = ids[11::101, 0]
+    w[3::83, 0] = float("nan")
+    w[13, top_k - 1] = float("inf")
+    w[17, 0] = -float("inf")
+    return ids, w
+
+
+@pytest.mark.parametrize("T, top_k, E, tile", [(40, 2, 8, 16), (700, 3, 64, 16), (1400, 6, 128, 32),
+                                               (683, 3, 16, 8)])
+def test_model_flags_bad_routing_as_guard_routing(T, top_k, E, tile):
+    ids, w = _bad_routing(T, top_k, E, seed=T)
+    got = model_align(ids, E, tile, w)
+    assert got["bits"] == BAD_ID | BAD_WEIGHT | (REPEATED_ID if top_k > 1 else 0)
+    assert_model_is_the_reference(ids, E, tile, w)
+    assert_model_is_the_reference(ids.long(), E, tile, w, (tile // 2 or 1, tile))
+
+
+def test_model_repeated_ids_across_a_chunk_boundary():
+    """Row 682 of top_k = 3 holds pairs 2046, 2047 (chunk 0) and 2048 (chunk 1): the repeat in its
+    last slot is found by chunk 1's thread, reading the earlier slots from global memory."""
+    ids = routing(700, 3, 16, seed=1)
+    ids[682, 2] = ids[682, 0]
+    got = model_align(ids, 16, 8, torch.ones(700, 3))
+    assert got["bits"] == REPEATED_ID
+    assert_model_is_the_reference(ids, 16, 8, torch.ones(700, 3))
+
+
+@pytest.mark.parametrize("T, top_k, E, tile, tiles", [(37, 2, 8, 64, (8, 64)), (300, 8, 64, 128, (128, 32)),
+                                                      (3000, 8, 256, 32, (16, 16)), (5, 2, 8, 1, (1, 1))])
+def test_model_writes_each_gemm_tile_s_block_map(T, top_k, E, tile, tiles):
+    assert_model_is_the_reference(routing(T, top_k, E, seed=T, skew=True), E, tile, gemm_tiles=tiles)
 
 
 # ---- the host function on the CPU ---------------------------------------------------------------
@@ -265,11 +379,16 @@ def test_kernels_compile_to_ptx_with_the_scheme_s_instructions(ptx, dtype):
     for text in (count, place):
         assert ".target sm_90a" in text and f".reqntid {THREADS}, 1, 1" in text
         assert "match.any.sync.b32" in text and "%lanemask_lt" in text and "popc.b32" in text
-        assert not re.search(r"\b(atom|red)\.", text), "the scheme uses no atomics"
         # the ids are read in their own width: no conversion launch on the host
         assert re.search(rf"ld\.global(\.\w+)*\.b{dtype.itemsize * 8}\b", text)
+    # the sort uses no atomics; the one atomic is the error word's OR
+    assert not re.search(r"\b(atom|red)\.", count)
+    assert re.findall(r"\b(?:atom|red)\.[\w.]+", place) == ["atom.global.or.b32"]
     assert "shfl.sync.up.b32" in place  # the block scan over the experts
     assert "shfl.sync.up" not in count
+    # the weight check: w − w compared unordered with 0 (true for NaN and ±inf), one per staged pair
+    assert place.count("setp.neu.f32") >= CHUNK // THREADS
+    assert re.search(r"st\.global(\.\w+)*\.b64", place)  # the int64 row maps
 
 
 def test_kernels_compile_once_per_id_dtype():
@@ -283,19 +402,35 @@ def test_kernels_compile_once_per_id_dtype():
         compile_align_kernels(torch.float32)
 
 
-def test_launch_align_checks_every_buffer_before_any_launch():
-    from cute_moe.alignops import launch_align
+def test_launch_rows_checks_its_arguments_before_any_launch():
+    from cute_moe.rowmaps import RowBuffers, launch_rows
 
-    flat, E, tile = torch.zeros(5, dtype=torch.int32), 8, 16
-    rows = max_rows(5, E, tile)
-    i32 = lambda n: torch.zeros(n, dtype=torch.int32)  # noqa: E731
-    good = [i32(rows), i32(rows // tile), i32(E), i32(E)]
-    for k, name in enumerate(("sorted_ids", "expert_of_block", "expert_end", "counts")):
-        bad = list(good)
-        bad[k] = i32(bad[k].numel() + 1)
-        with pytest.raises(ValueError, match=f"^{name}: "):
-            launch_align(flat, E, tile, *bad)
-    with pytest.raises(ValueError, match="^flat_ids: .*contiguous"):
-        launch_align(torch.zeros(10, dtype=torch.int32)[::2], E, tile, *good)
-    with pytest.raises(ValueError, match="^flat_ids: .*CUDA"):
-        launch_align(flat, E, tile, *good)
+    T, k, E, tile = 5, 2, 8, 16
+    bufs = RowBuffers(T, k, E, tile, (8, 16), "cpu")
+    ids, w, word = torch.zeros(T, k, dtype=torch.int32), torch.ones(T, k), torch.zeros(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="^topk_ids: expected a contiguous"):
+        launch_rows(torch.zeros(T + 1, k, dtype=torch.int32), w, bufs, word)
+    with pytest.raises(ValueError, match="^topk_ids: expected a contiguous"):
+        launch_rows(torch.zeros(k, T, dtype=torch.int32).t(), w, bufs, word)
+    with pytest.raises(ValueError, match="^topk_weights: expected a contiguous"):
+        launch_rows(ids, w.double(), bufs, word)
+    with pytest.raises(ValueError, match="^topk_ids: .*CUDA"):
+        launch_rows(ids, w, bufs, word)
+    with pytest.raises(ValueError, match="^buffers: made for"):
+        sort_rows_on_device(ids, w, E, tile, (16,), buffers=bufs)
+    with pytest.raises(ValueError, match="^gemm_tiles: tokens_tile=32 does not divide the alignment tile 16"):
+        sort_rows_on_device(ids, w, E, tile, (32,))
+
+
+def test_row_buffers_size_every_map():
+    from cute_moe.rowmaps import RowBuffers
+
+    T, k, E, tile = 300, 8, 64, 64
+    bufs = RowBuffers(T, k, E, tile, (16, 64), "cpu", zeroed=10)
+    rows = max_rows(T * k, E, tile)
+    sizes = {name: t.numel() for name, t in bufs.out.items()}
+    assert sizes == dict(sorted_ids=rows, expert_of_block=rows // tile, expert_end=E, token_of_row=rows,
+                         weight_of_row=rows, row_of_pair=T * k, weight_of_pair=T * k, row_mask=rows,
+                         blocks0=rows // 16, blocks1=rows // 64)
+    assert bufs.counts.numel() == -(-T * k // CHUNK) * E and bufs.scratch.numel() == 10
+    assert set(bufs.rows.blocks) == {16, 64} and bufs.rows.blocks[16][0] is bufs.out["blocks0"]

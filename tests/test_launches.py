@@ -13,6 +13,10 @@ never waits for the GPU. Counted here, in a warm (steady-state) call:
 Targets (notes/triton_moe.md, "Launches and host cost per call"): triton_moe bf16 ≤ 6 launches,
 FP8 ≤ 8. The exact counts are asserted, so a change that adds one shows up here.
 
+cute_moe runs its GPU path on CPU tensors with every CuTe launch and compilation stubbed
+(``cute_moe.bench_align.gpu_stand_in``): the stubs record the CuTe launches, the dispatch mode the
+torch ones (notes/cute_moe.md, "Launches and host cost per call").
+
 """
 
 import pytest
@@ -96,3 +100,44 @@ def test_triton_empty_batch_launches_nothing():
     assert counter.launches == [] and ops.launches == []
 
 
+
+
+#: cute_moe: (quant, T) -> exact launches of a warm call. T = 4: 8 pairs, one chunk (the alignment's
+#: place kernel alone); T = 1100: 2200 pairs, two chunks (its count kernel too).
+CUTE_PREFILL = 1100
+CUTE_ALIGN = {DECODE: ["place"], CUTE_PREFILL: ["count", "place"]}
+def _cute_layer():
+    """The bf16 fused layer's launches after the alignment, as the two switches of cute_moe.fusion stand."""
+    from cute_moe.fusion import GATED_GEMM1, GATHER_IN_PRODUCER
+
+    return ([] if GATHER_IN_PRODUCER else ["gather"]) + ["GroupedGemm"] + ([] if GATED_GEMM1 else ["silu_mul"]) + [
+        "GroupedGemm", "combine"]
+
+
+CUTE_FP8 = ["x_amax", "x_quantize", "gather", "GroupedGemm", "silu_amax", "a_quantize", "GroupedGemm", "combine"]
+CUTE_CASES = [(q, T) for q in (None, "fp8_tensor", "fp8_channel", "fp8_block") for T in (DECODE, CUTE_PREFILL)]
+
+
+@pytest.mark.parametrize("quant, T", CUTE_CASES, ids=[f"{q or 'bf16'}-T{T}" for q, T in CUTE_CASES])
+def test_cute_launches_per_call(quant, T):
+    from cute_moe.bench_align import gpu_stand_in, launches_per_call
+
+    kw = make_inputs(SHAPE, T, quant, seed=0).kwargs()
+    with gpu_stand_in() as (fused_moe, launches):
+        cute, torch_ops, ops = launches_per_call(fused_moe, launches, kw)
+    assert cute == CUTE_ALIGN[T] + (_cute_layer() if quant is None else CUTE_FP8), cute
+    # the row maps, block maps, data checks and amax zeroing are the alignment's: the one torch op
+    # left gathers x's channel / block scales into the sorted rows
+    assert torch_ops == ([] if quant in (None, "fp8_tensor") else ["index"]), torch_ops
+    assert not HOST_READS & set(ops), ops
+    assert len(cute) + len(torch_ops) <= (6 if quant is None else 11)
+
+
+def test_cute_separate_pipeline_launches():
+    from cute_moe.bench_align import gpu_stand_in, launches_per_call
+
+    kw = make_inputs(SHAPE, DECODE, None, seed=0).kwargs()
+    with gpu_stand_in() as (fused_moe, launches):
+        cute, torch_ops, _ = launches_per_call(lambda **k: fused_moe(**k, fusion="separate"), launches, kw)
+    assert cute == ["place", "gather", "GroupedGemm", "silu_mul", "GroupedGemm", "weighted_combine"], cute
+    assert torch_ops == [], torch_ops
