@@ -24,7 +24,11 @@ import contextlib
 import os
 from collections import defaultdict
 
+from torch import Tensor
 import triton
+from triton import knobs
+from triton.knobs import HookChain
+from triton.compiler import CompiledKernel
 from triton.runtime.jit import JITFunction, create_function_from_signature
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -100,7 +104,10 @@ def specialization_key(kernel, args, kwargs) -> str:
 
 
 def launch(kernel, grid, *args, **kwargs):
-    """``kernel[grid](*args, **kwargs)``, recorded by any active :class:`CompileCounter`."""
+    """``kernel[grid](*args, **kwargs)``, recorded by any active :class:`CompileCounter`.
+
+    On a GPU a launch whose :func:`fast_key` was seen before skips Triton's ``JITFunction.run`` and
+    calls the kernel it compiled then (:func:`_launch_fast`); any other goes through ``run``."""
     if _active:
         _, name = _binder(kernel)
         key = specialization_key(kernel, args, kwargs)
@@ -112,7 +119,136 @@ def launch(kernel, grid, *args, **kwargs):
             return None
     if grid[0] == 0:
         return None
+    if FAST_LAUNCH and type(kernel) is JITFunction:
+        return _launch_fast(kernel, grid, args, kwargs)
     return kernel.run(*args, grid=grid, warmup=False, **kwargs)  # what kernel[grid](...) calls
+
+
+# ---- the direct launch path --------------------------------------------------------------------
+#
+# Triton's JITFunction.run costs ~18 µs of Python per launch: it binds every argument
+# (``specialize_impl`` per argument), turns the specialization and the options into a string
+# cache key, looks the compiled kernel up, checks the globals the kernel read and builds the
+# launch metadata. The compiled kernel depends only on what the binder puts in the key, so after
+# one launch through ``run`` this module keeps the CompiledKernel under a cheaper key of the same
+# classes and launches it directly — the launcher ``run`` calls, with the same arguments, on the
+# current device's current stream (what ``run`` uses; CUDA-graph capture records it the same way).
+
+#: Off: every launch goes through ``JITFunction.run`` (``TRITON_MOE_FAST_LAUNCH=0``).
+FAST_LAUNCH = os.environ.get("TRITON_MOE_FAST_LAUNCH", "1") != "0"
+_I32 = 2**31
+_I64 = 2**63
+_FAST_MAX = 256  # keys kept per kernel; past that a new key goes through run() every time
+_driver = None
+_launched: list = []  # kernels with a _moe_fast attribute
+# Per kernel, in its ``_moe_fast`` attribute (a JITFunction hashes slowly, so no dict keyed by it):
+# (per parameter "c" constexpr / "s" specialized / "n" do_not_specialize,
+#  {fast key: (CompiledKernel, the values of the parameters after the positional ones)}).
+
+
+def _param_kinds(kernel) -> tuple:
+    return tuple("c" if p.is_constexpr else "n" if p.do_not_specialize else "s" for p in kernel.params)
+
+
+def fast_key(kernel, args, kwargs, device=None):
+    """A cheap key that fixes Triton's specialization of ``kernel(*args, **kwargs)`` on the current
+    device, or None when an argument is of a kind it does not classify (then ``run`` decides).
+
+    It holds what ``JITFunction.run``'s key is made of (``create_function_from_signature`` and
+    ``specialize_impl`` in ``triton/runtime/jit.py``, Triton 3.6): each tensor's dtype and whether
+    its address is 16-byte aligned; each integer's type (i32 below 2³¹, i64 below 2⁶³, else u64)
+    and, unless it is in ``do_not_specialize``, whether it equals 1 and whether 16 divides it;
+    the type of a bool, float or None; the value of a positional constexpr; the keyword arguments
+    (constexprs and launch options) with their values; the debug and instrumentation knobs, which
+    ``run`` adds to the options; the device. Two calls with one fast key have one Triton key, so
+    they run the same binary. It may split one Triton key in two (e.g. an alignment class of an
+    argument in ``do_not_specialize_on_alignment``); that only costs a second slow first launch.
+    """
+    state = kernel.__dict__.get("_moe_fast")
+    if state is None:
+        state = kernel.__dict__["_moe_fast"] = (_param_kinds(kernel), {})
+        _launched.append(kernel)
+    kinds = state[0]
+    if len(args) > len(kinds):
+        return None
+    key = [device, knobs.runtime.debug, knobs.compilation.instrumentation_mode, tuple(kwargs.items())]
+    append = key.append
+    for a, kind in zip(args, kinds):
+        t = type(a)
+        if t is int:
+            if kind == "s":
+                append(-1 if a == 1 else (a % 16 == 0) + (0 if -_I32 <= a < _I32 else 2 if -_I64 <= a < _I64 else 4))
+            elif kind == "n":
+                append(0 if -_I32 <= a < _I32 else 2 if -_I64 <= a < _I64 else 4)
+            else:
+                append((a,))
+        elif t is Tensor or isinstance(a, Tensor):
+            if kind == "c":
+                return None
+            append(a.dtype)
+            append(a.data_ptr() % 16 == 0)
+        elif a is None or t is bool or t is float:
+            append((t,) if kind != "c" else (t, a))
+        else:
+            return None
+    return tuple(key)
+
+
+def _launch_fast(kernel, grid, args, kwargs):
+    global _driver
+    if _driver is None:
+        from triton.runtime.driver import driver as _driver
+    drv = _driver.active
+    device = drv.get_current_device()
+    key = fast_key(kernel, args, kwargs, device)
+    try:
+        hit = None if key is None else kernel._moe_fast[1].get(key)
+    except TypeError:  # an unhashable keyword value
+        hit = key = None
+    if hit is None or kernel.pre_run_hooks or not _hooks_idle() or not _globals_unchanged(kernel):
+        compiled = kernel.run(*args, grid=grid, warmup=False, **kwargs)
+        cache = kernel._moe_fast[1]
+        if key is not None and isinstance(compiled, CompiledKernel) and len(cache) < _FAST_MAX:
+            params = kernel.params[len(args):]
+            tail = tuple(kwargs[p.name] if p.name in kwargs else p.default for p in params)
+            cache[key] = (compiled, tail)
+        return compiled
+    compiled, tail = hit
+    n = len(grid)
+    compiled.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, drv.get_current_stream(device),
+                 compiled.function, compiled.packed_metadata, None, None, None, *args, *tail)
+    return compiled
+
+
+def forget_fast(kernel=None) -> None:
+    """Drop the direct path's entries of ``kernel`` (default: of every kernel launched so far)."""
+    for k in [kernel] if kernel is not None else list(_launched):
+        state = k.__dict__.get("_moe_fast")
+        if state is not None:
+            state[1].clear()
+
+
+_MISSING = object()
+
+
+def _idle(hook) -> bool:
+    return hook is None or (type(hook) is HookChain and not hook.calls)
+
+
+def _hooks_idle() -> bool:
+    """No launch hook would run: Triton's default hooks are empty chains, which the launcher calls
+    and which do nothing; the direct path passes None instead (the launcher then calls nothing)."""
+    return _idle(knobs.runtime.launch_enter_hook) and _idle(knobs.runtime.launch_exit_hook)
+
+
+def _globals_unchanged(kernel) -> bool:
+    """What ``run`` checks before every launch: the globals the kernel read at compile time still
+    hold the values it was compiled with (``run`` raises when one changed)."""
+    for (name, _), (val, globals_dict) in kernel.used_global_vals.items():
+        now = globals_dict.get(name, _MISSING)
+        if now is not val and now != val:
+            return False
+    return True
 
 
 def _jit_cache_hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled):  # noqa: A002
