@@ -36,19 +36,20 @@ from triton_moe import jit
 class StandInKernel(CompiledKernel):
     """A compiled kernel that records its launches instead of launching."""
 
-    def __init__(self, name: str, signature: dict, constexprs: dict, attrs: dict):
+    def __init__(self, name: str, signature: dict, constexprs: dict, attrs: dict, options: dict):
         self.name = name
+        self.options = options
         self.src = None  # launch_metadata then carries no kernel-specific entries
         self.signature, self.constexprs, self.attrs = signature, constexprs, attrs
         self.module = self.function = object()
         self.packed_metadata = ()
-        self.launches: list = []  # (grid, stream, arguments) when recording
+        self.launches: list = []  # (grid, stream, (metadata, enter hook, exit hook), arguments) if recording
         self.record = False
         self._run = self._launch
 
     def _launch(self, gx, gy, gz, stream, function, packed_metadata, launch_metadata, enter, exit_, *args):
         if self.record:
-            self.launches.append(((gx, gy, gz), stream, args))
+            self.launches.append(((gx, gy, gz), stream, (launch_metadata, enter, exit_), args))
 
 
 class _Driver:
@@ -80,7 +81,7 @@ def stand_in_driver(stream: int = 7):
     compiled.driver = _Driver(stream)
 
     def fake_compile(src, target=None, options=None, **_):
-        k = StandInKernel(src.fn.__name__, dict(src.signature), dict(src.constants), dict(src.attrs))
+        k = StandInKernel(src.fn.__name__, dict(src.signature), dict(src.constants), dict(src.attrs), dict(options))
         compiled.append(k)
         return k
 
@@ -140,9 +141,11 @@ def main(argv=None) -> None:
     for T in a.tokens:
         kw = make_inputs(stand_in, T, quant).kwargs()
         runs: dict = {"run": [], "direct": []}
-        with stand_in_driver() as compiled:
+        with stand_in_driver():
             fused_moe(**kw)
-            launches = len(compiled)  # one compilation per launch of a fresh process
+            with jit.count_compilations() as counter:
+                fused_moe(**kw)
+            launches = len(counter.launches)
             for _ in range(a.rounds):
                 for path in runs:
                     jit.FAST_LAUNCH = path == "direct"
