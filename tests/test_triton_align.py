@@ -125,13 +125,13 @@ def test_the_same_expert_in_two_rows_is_not_a_repeat(word):
 
 SM90_SCRIPT = r"""
 import json
-from triton_moe.align import PLACE_WARPS, _count_kernel, _place_kernel
+from triton_moe.align import PLACE_WARPS, _count_kernel, _launch_sizes, _place_kernel
 from triton_moe.jit import compile_sm90
 from triton_moe.kernels import amax_kernel, combine_kernel, quantize_kernel
 
 out = {}
 for E, bm, top_k in ((8, 16, 2), (256, 128, 8), (1024, 16, 8)):
-    cex = dict(E=E, E_POW2=max(E, 8), TOP_K=top_k, CHUNK=256)
+    cex = _launch_sizes(1, top_k, E, 1)[2]
     r = compile_sm90(_count_kernel, {"topk_ids_ptr": "*i64", "counts_ptr": "*i32", "num_pairs": "i32"}, cex,
                      num_warps=4, num_stages=1)
     out[f"count E={E}"] = r["spill_bytes"]
