@@ -58,6 +58,8 @@ CHUNK = 256
 #: Pairs per chunk of a small alignment (at most SCAN_ROWS chunks of SMALL_CHUNK // top_k rows:
 #: 1024 pairs for top_k = 1, 2, 4, 8): a 64² rank comparison instead of 256².
 SMALL_CHUNK = 64
+#: Pairs of a large chunk ranked per step (a RANK_ROWS × CHUNK comparison each).
+RANK_ROWS = 64
 #: Chunk rows of the histograms read per step when a program re-derives the scan.
 SCAN_ROWS = 16
 #: M-blocks labelled per step of a program.
@@ -79,23 +81,24 @@ def check_num_experts(num_experts: int) -> None:
 
 
 @triton.jit
-def _chunk(topk_ids_ptr, chunk, num_pairs, E: tl.constexpr, TOP_K: tl.constexpr, CHUNK: tl.constexpr):
-    """Pairs of chunk ``chunk`` (CHUNK // TOP_K whole rows): (pair index, valid, expert clamped into
-    [0, E) as int32, id out of range)."""
+def _chunk(topk_ids_ptr, chunk, num_pairs, E: tl.constexpr, TOP_K: tl.constexpr, CHUNK: tl.constexpr,
+           FIRST=0, WIDTH: tl.constexpr = None):
+    """Pairs FIRST … FIRST + WIDTH − 1 (default: all CHUNK) of chunk ``chunk`` (CHUNK // TOP_K whole
+    rows): (index in the chunk, pair index, valid, expert clamped into [0, E) as int32, id out of range)."""
     PAIRS: tl.constexpr = CHUNK // TOP_K * TOP_K
-    idx = tl.arange(0, CHUNK)
+    idx = FIRST + tl.arange(0, CHUNK if WIDTH is None else WIDTH)
     offs = chunk * PAIRS + idx
     valid = (idx < PAIRS) & (offs < num_pairs)
     raw = tl.load(topk_ids_ptr + offs, mask=valid, other=0)  # int32 or int64, as given
     in_range = (raw >= 0) & (raw < E)
     experts = tl.minimum(tl.maximum(raw, 0), E - 1).to(tl.int32)
-    return offs, valid, experts, valid & ~in_range
+    return idx, offs, valid, experts, valid & ~in_range
 
 
 @triton.jit
 def _histogram(topk_ids_ptr, counts_ptr, chunk, num_pairs, E: tl.constexpr, E_POW2: tl.constexpr,
                TOP_K: tl.constexpr, CHUNK: tl.constexpr):
-    _, valid, experts, _ = _chunk(topk_ids_ptr, chunk, num_pairs, E, TOP_K, CHUNK)
+    _, _, valid, experts, _ = _chunk(topk_ids_ptr, chunk, num_pairs, E, TOP_K, CHUNK)
     lanes = tl.arange(0, E_POW2)
     tl.store(counts_ptr + chunk * E + lanes, tl.histogram(experts, E_POW2, mask=valid), mask=lanes < E)
 
@@ -111,29 +114,34 @@ def _count_kernel(topk_ids_ptr, counts_ptr, num_pairs, E: tl.constexpr, E_POW2: 
 
 @triton.jit
 def _place_chunk(topk_ids_ptr, sorted_ids_ptr, error_ptr, chunk, num_pairs, first_row, TOP_K: tl.constexpr,
-                 E: tl.constexpr, CHUNK: tl.constexpr):
+                 E: tl.constexpr, CHUNK: tl.constexpr, RANK_ROWS: tl.constexpr):
     """Place the pairs of chunk ``chunk``: pair i goes to row ``first_row[e] + #{earlier pairs of the
-    chunk with expert e}``; flag bad and repeated ids."""
-    offs, valid, experts, bad_id = _chunk(topk_ids_ptr, chunk, num_pairs, E, TOP_K, CHUNK)
-    idx = tl.arange(0, CHUNK)
-    same_before = (experts[:, None] == experts[None, :]) & (idx[None, :] < idx[:, None])
-    rank = tl.sum(same_before.to(tl.int32), axis=1)
-    # a repeat: the same id in an earlier slot j of the pair's row (rows lie whole in a chunk)
-    ok = valid & ~bad_id
-    mine = tl.load(topk_ids_ptr + offs, mask=ok, other=-2)
-    repeated = tl.zeros([CHUNK], dtype=tl.int1)
-    if TOP_K <= 16:  # unrolled: the TOP_K - 1 loads are independent and in flight together
-        for j in tl.static_range(1, TOP_K):
-            earlier = tl.load(topk_ids_ptr + offs - j, mask=ok & (idx % TOP_K >= j), other=-1)
-            repeated |= earlier == mine
-    else:
-        for j in range(1, TOP_K):
-            earlier = tl.load(topk_ids_ptr + offs - j, mask=ok & (idx % TOP_K >= j), other=-1)
-            repeated |= earlier == mine
-    base = tl.gather(first_row, experts, 0)
-    tl.store(sorted_ids_ptr + base + rank, offs, mask=valid)
-    bits = tl.where(tl.max(bad_id.to(tl.int32), axis=0) > 0, _BAD_ID, 0)
-    bits |= tl.where(tl.max((repeated & ok).to(tl.int32), axis=0) > 0, _REPEATED_ID, 0)
+    chunk with expert e}`` (its rank, RANK_ROWS pairs against the whole chunk per step); flag bad and
+    repeated ids."""
+    idx, _, _, experts, _ = _chunk(topk_ids_ptr, chunk, num_pairs, E, TOP_K, CHUNK)
+    any_bad = 0
+    any_repeat = 0
+    for r0 in range(0, CHUNK, RANK_ROWS):
+        mine_idx, offs, valid, mine, bad_id = _chunk(topk_ids_ptr, chunk, num_pairs, E, TOP_K, CHUNK, r0,
+                                                     RANK_ROWS)
+        same_before = (mine[:, None] == experts[None, :]) & (idx[None, :] < mine_idx[:, None])
+        rank = tl.sum(same_before.to(tl.int32), axis=1)
+        tl.store(sorted_ids_ptr + tl.gather(first_row, mine, 0) + rank, offs, mask=valid)
+        # a repeat: the same id in an earlier slot j of the pair's row (rows lie whole in a chunk)
+        ok = valid & ~bad_id
+        raw = tl.load(topk_ids_ptr + offs, mask=ok, other=-2)
+        repeated = tl.zeros([RANK_ROWS], dtype=tl.int1)
+        if TOP_K <= 16:  # unrolled: the TOP_K - 1 loads are independent and in flight together
+            for j in tl.static_range(1, TOP_K):
+                earlier = tl.load(topk_ids_ptr + offs - j, mask=ok & (mine_idx % TOP_K >= j), other=-1)
+                repeated |= earlier == raw
+        else:
+            for j in range(1, TOP_K):
+                earlier = tl.load(topk_ids_ptr + offs - j, mask=ok & (mine_idx % TOP_K >= j), other=-1)
+                repeated |= earlier == raw
+        any_bad = tl.maximum(any_bad, tl.max(bad_id.to(tl.int32), axis=0))
+        any_repeat = tl.maximum(any_repeat, tl.max((repeated & ok).to(tl.int32), axis=0))
+    bits = tl.where(any_bad > 0, _BAD_ID, 0) | tl.where(any_repeat > 0, _REPEATED_ID, 0)
     tl.atomic_or(error_ptr, bits, mask=bits != 0)
 
 
@@ -141,7 +149,7 @@ def _place_chunk(topk_ids_ptr, sorted_ids_ptr, error_ptr, chunk, num_pairs, firs
 def _place_kernel(topk_ids_ptr, counts_ptr, sorted_ids_ptr, expert_of_block_ptr, expert_end_ptr, error_ptr,
                   num_pairs, num_chunks, num_blocks, E: tl.constexpr, E_POW2: tl.constexpr, TOP_K: tl.constexpr,
                   BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, SMALL_CHUNK: tl.constexpr, SMALL_PAIRS: tl.constexpr,
-                  SCAN_ROWS: tl.constexpr, BLOCKS_PER_PROGRAM: tl.constexpr):
+                  SCAN_ROWS: tl.constexpr, BLOCKS_PER_PROGRAM: tl.constexpr, RANK_ROWS: tl.constexpr):
     pid = tl.program_id(0)
     lanes = tl.arange(0, E_POW2)
     lane_ok = lanes < E
@@ -165,9 +173,10 @@ def _place_kernel(topk_ids_ptr, counts_ptr, sorted_ids_ptr, expert_of_block_ptr,
     if pid < num_chunks:
         if num_pairs <= SMALL_PAIRS:
             _place_chunk(topk_ids_ptr, sorted_ids_ptr, error_ptr, pid, num_pairs, start + before, TOP_K, E,
-                         SMALL_CHUNK)
+                         SMALL_CHUNK, SMALL_CHUNK)
         else:
-            _place_chunk(topk_ids_ptr, sorted_ids_ptr, error_ptr, pid, num_pairs, start + before, TOP_K, E, CHUNK)
+            _place_chunk(topk_ids_ptr, sorted_ids_ptr, error_ptr, pid, num_pairs, start + before, TOP_K, E,
+                         CHUNK, RANK_ROWS)
 
     # ---- label M-blocks and write the sentinel P into their padding rows ----
     run_end = tl.where(lane_ok, start + total, 0)  # end of each expert's pairs inside its run
@@ -228,7 +237,7 @@ def align_into(topk_ids: torch.Tensor, num_experts: int, block_m: int, sorted_id
     launch(_count_kernel, (num_chunks,), flat_ids, counts, num_pairs, **constexprs)
     launch(_place_kernel, grid, flat_ids, counts, sorted_ids, expert_of_block, expert_end, error, num_pairs,
            num_chunks, num_blocks, BLOCK_M=block_m, SCAN_ROWS=SCAN_ROWS, BLOCKS_PER_PROGRAM=BLOCKS_PER_PROGRAM,
-           num_warps=PLACE_WARPS, **constexprs)
+           RANK_ROWS=RANK_ROWS, num_warps=PLACE_WARPS, **constexprs)
     return Alignment(tile=block_m, num_pairs=num_pairs, sorted_ids=sorted_ids, expert_of_block=expert_of_block,
                      expert_end=expert_end)
 
