@@ -221,3 +221,43 @@ def test_a_repeat_found_in_a_later_rank_step(word):
     ids[30, 5] = E + 3
     assert_same(align_block_size(ids, E, 16), align(ids.clamp(0, E - 1), E, 16))
     assert int(word) == BAD_ID
+
+
+# --- the GPU micro-benchmark's command line (runs on the CPU up to the point it needs CUDA) ---------
+
+
+def test_bench_align_refuses_a_non_empty_out(tmp_path):
+    from triton_moe import bench_align
+
+    (tmp_path / "old.md").write_text("an earlier run")
+    with pytest.raises(SystemExit, match="is not empty"):
+        bench_align.main(["--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="every T must be at least 1"):
+        bench_align.main(["--out", str(tmp_path / "new"), "--tokens", "0"])
+
+
+def test_bench_align_variants_restore_the_constants():
+    from triton_moe import align as align_mod
+    from triton_moe import bench_align
+
+    before = align_mod.PLACE_WARPS, align_mod.SMALL_CHUNK
+    with bench_align._variant("256-pair chunks"):
+        assert chunk_pairs(8, 8) == (CHUNK, CHUNK)
+        topk_ids = routing(40, 8, 64, seed=1)
+        assert_same(align_block_size(topk_ids, 64, 16), align(topk_ids, 64, 16))
+    with bench_align._variant("4 warps"):
+        assert align_mod.PLACE_WARPS == 4
+    assert (align_mod.PLACE_WARPS, align_mod.SMALL_CHUNK) == before and chunk_pairs(8, 8) == (SMALL_CHUNK, 64)
+
+
+@pytest.mark.gpu
+def test_bench_align_on_the_gpu(tmp_path):
+    import json
+
+    from triton_moe import bench_align
+
+    bench_align.main(["--out", str(tmp_path), "--shapes", "qwen3-30b-a3b", "--tokens", "1", "200"])
+    rows = json.loads((tmp_path / "bench_align.json").read_text())["rows"]
+    assert [r["T"] for r in rows] == [1, 200]
+    assert all(r[v]["reference"] and r[v]["us"] > 0 for r in rows for v in bench_align.VARIANTS)
+    assert "| qwen3-30b-a3b | 1 |" in (tmp_path / "bench_align.md").read_text()
