@@ -11,26 +11,37 @@ bit (``tests/test_triton_align.py``). Its buffers have the reference's worst-cas
 ``num_padded`` exit at once. Every row of ``sorted_ids`` is written by a kernel (pairs, padding,
 the unused tail), so nothing is zero-filled by a separate launch.
 
-The pairs are cut into **chunks of whole token rows** (``CHUNK // top_k`` rows, at most CHUNK
-pairs), and each chunk is one program's work. Two kernels, stable and deterministic (no atomics
-on the data):
+The pairs are cut into **chunks of whole token rows**, and each chunk is one program's work: a
+small alignment (at most ``SCAN_ROWS`` chunks of ``SMALL_CHUNK // top_k`` rows — 1024 pairs for
+top_k = 1, 2, 4, 8) takes chunks of at most SMALL_CHUNK = 64 pairs, a larger one chunks of at most
+CHUNK = 256. Both widths live in the same binaries: the kernels branch on ``num_pairs`` at run
+time (each width's code is compiled in), so a new T never compiles anything. Two kernels, stable
+and deterministic (no atomics on the data):
 
 1. ``_count_kernel``: each program histograms its chunk into ``counts[chunk, e]``.
 2. ``_place_kernel``: each program first derives what it needs from the histograms — per expert,
    the total (→ padded run lengths and their prefix sum, ``expert_end``) and the pairs of the
-   chunks before its own (→ where its chunk's pairs start inside each run). Then pair i of its
-   chunk goes to
-   ``start[e] + before[e] + #{earlier pairs of the chunk with the same expert}`` (a CHUNK×CHUNK
-   comparison); and its share of the M-blocks gets labelled (block b belongs to the expert whose
-   padded run contains row b·BLOCK_M) and its padding rows get the sentinel P. A repeated
-   expert in a token's row is found by comparing each pair with the earlier slots of its row.
+   chunks before its own (→ where its chunk's pairs start inside each run). Then, if it has a
+   chunk, pair i of it goes to
+   ``start[e] + before[e] + #{earlier pairs of the chunk with the same expert}`` — a comparison of
+   RANK_ROWS = 64 pairs with the whole chunk per step (64 × 64 once for a small chunk, 4 steps of
+   64 × 256 for a large one; the whole 256 × 256 at once spilled registers). Every program then
+   labels its share of the M-blocks (block b belongs to the expert whose padded run contains row
+   b·BLOCK_M) and writes the sentinel P into their padding rows. A repeated expert in a token's
+   row is found by comparing each pair with the earlier slots of its row (top_k − 1 loads, unrolled
+   so that they are in flight together).
 
-Re-deriving the scan in every program reads the [chunks, E] histograms once per program instead
-of once, in exchange for a launch: for the catalog shapes at T = 4096 that is 8 KB (Mixtral) to
-128 KB (DeepSeek-V3) per program, about what the single program of a separate scan would read.
-Both kernels run at every T, so a warm-up at any batch size compiles all there is: a single-
-program path for one chunk would save a launch at decode but compile new binaries the first
-time a batch needs two chunks.
+Why two widths: a chunk's rank costs (chunk width)² comparisons whatever the number of pairs in
+it, and at decode a batch holds a few pairs (T = 1, top_k = 8: 8 pairs); 64-pair chunks make that
+64² and spread T ≤ 128 (top_k = 8) over up to 16 programs. Large batches keep 256-pair chunks
+because every program re-derives the scan: it reads the [chunks, E] histograms once per program
+instead of once, in exchange for a launch — for the catalog shapes at T = 4096 that is 8 KB
+(Mixtral) to 128 KB (DeepSeek-V3) per program, about what the single program of a separate scan
+would read, and four times more chunks would read sixteen times more in all. Both kernels run at
+every T, so a warm-up at any batch size compiles all there is: a single-program path for one
+chunk would save a launch at decode but compile new binaries the first time a batch needs two
+chunks. ``python -m triton_moe.bench_align`` times the alignment on a GPU (with and without the
+small chunks, and with 4 warps per place program).
 
 The checks of ``topk_ids`` (``moe_spec.validate``): the place kernel reads every id, so it also
 flags an id outside [0, E) (:data:`~moe_spec.validate.BAD_ID`) and a repeated expert in a token's
@@ -66,8 +77,9 @@ SCAN_ROWS = 16
 BLOCKS_PER_PROGRAM = 64
 #: Largest supported expert count (the scan keeps one lane per expert in a program).
 MAX_EXPERTS = 1024
-#: Warps of a place program: its CHUNK×CHUNK rank comparison and [64, E] block owners spill
-#: registers with 4 (compiled for sm_90a on the CPU: 192–480 bytes at E = 8…1024, 96–284 with 8).
+#: Warps of a place program. Compiled for sm_90a on the CPU, neither 4 nor 8 spill since the rank
+#: is taken RANK_ROWS pairs per step (the whole CHUNK × CHUNK comparison spilled 192–480 bytes
+#: at E = 8…1024 with 4 warps, 96–328 with 8).
 PLACE_WARPS = 8
 
 _BAD_ID = tl.constexpr(BAD_ID)
