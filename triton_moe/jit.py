@@ -16,6 +16,12 @@ recompilations a sweep caused. ``count_compilations(dry_run=True)`` records keys
 kernels, so a CPU test can sweep T up to 8192 in seconds. ``counter.launches`` lists every launch
 in order (kernel names; a grid of zero programs launches nothing and is not listed): the launch
 count of a call.
+
+On a GPU, :func:`launch` also skips most of Triton's per-launch Python: the first launch of a
+specialization goes through ``JITFunction.run`` (which compiles it, once), and later launches
+with the same :func:`fast_key` call the CompiledKernel it returned directly, on the current
+stream. ``TRITON_MOE_FAST_LAUNCH=0`` turns that off; ``python -m triton_moe.hostcost`` measures
+both on any machine.
 """
 
 from __future__ import annotations
