@@ -149,11 +149,57 @@ _driver = None
 _launched: list = []  # kernels with a _moe_fast attribute
 # Per kernel, in its ``_moe_fast`` attribute (a JITFunction hashes slowly, so no dict keyed by it):
 # (per parameter "c" constexpr / "s" specialized / "n" do_not_specialize,
-#  {fast key: (CompiledKernel, the values of the parameters after the positional ones)}).
+#  {fast key: (CompiledKernel, the values of the parameters after the positional ones)},
+#  {number of positional arguments: the key function written for it}).
 
 
 def _param_kinds(kernel) -> tuple:
     return tuple("c" if p.is_constexpr else "n" if p.do_not_specialize else "s" for p in kernel.params)
+
+
+class _Unclassified(Exception):
+    """An argument the fast key does not classify: the launch goes through ``run``."""
+
+
+def _other(a, constexpr=False):
+    """The class of an argument that is neither a plain ``torch.Tensor`` nor an ``int``."""
+    if isinstance(a, Tensor) and not constexpr:
+        return a.dtype, a.data_ptr() % 16 == 0
+    if a is None or type(a) is bool or type(a) is float:
+        return (type(a), a) if constexpr else (type(a),)
+    if constexpr and type(a) is int:
+        return (int, a)
+    raise _Unclassified
+
+
+_WIDTH = f"(0 if -{_I32} <= {{a}} < {_I32} else 2 if -{_I64} <= {{a}} < {_I64} else 4)"
+_CLASS = {  # per parameter kind: the expression of argument {a}'s class (see fast_key)
+    "c": "_other({a}, True)",
+    "s": f"((({{a}}).dtype, ({{a}}).data_ptr() % 16 == 0) if type({{a}}) is Tensor else "
+         f"(-1 if {{a}} == 1 else ({{a}} % 16 == 0) + {_WIDTH}) if type({{a}}) is int else _other({{a}}))",
+    "n": f"((({{a}}).dtype, ({{a}}).data_ptr() % 16 == 0) if type({{a}}) is Tensor else "
+         f"{_WIDTH} if type({{a}}) is int else _other({{a}}))",
+}
+
+
+def _key_function(kinds: tuple, nargs: int):
+    """A function (prefix, *args) -> the fast key, written out for ``nargs`` positional arguments
+    (no loop: this runs at every launch)."""
+    names = [f"a{i}" for i in range(nargs)]
+    body = ", ".join(_CLASS[kind].format(a=n) for n, kind in zip(names, kinds))
+    src = f"def key(prefix, {', '.join(names)}):\n    return (prefix, {body})\n" if nargs else \
+        "def key(prefix):\n    return (prefix,)\n"
+    namespace = {"Tensor": Tensor, "_other": _other}
+    exec(src, namespace)  # noqa: S102 - the text above, built from the parameter kinds only
+    return namespace["key"]
+
+
+def _state(kernel):
+    state = kernel.__dict__.get("_moe_fast")
+    if state is None:
+        state = kernel.__dict__["_moe_fast"] = (_param_kinds(kernel), {}, {})
+        _launched.append(kernel)
+    return state
 
 
 def fast_key(kernel, args, kwargs, device=None):
@@ -170,34 +216,17 @@ def fast_key(kernel, args, kwargs, device=None):
     they run the same binary. It may split one Triton key in two (e.g. an alignment class of an
     argument in ``do_not_specialize_on_alignment``); that only costs a second slow first launch.
     """
-    state = kernel.__dict__.get("_moe_fast")
-    if state is None:
-        state = kernel.__dict__["_moe_fast"] = (_param_kinds(kernel), {})
-        _launched.append(kernel)
-    kinds = state[0]
-    if len(args) > len(kinds):
-        return None
-    key = [device, knobs.runtime.debug, knobs.compilation.instrumentation_mode, tuple(kwargs.items())]
-    append = key.append
-    for a, kind in zip(args, kinds):
-        t = type(a)
-        if t is int:
-            if kind == "s":
-                append(-1 if a == 1 else (a % 16 == 0) + (0 if -_I32 <= a < _I32 else 2 if -_I64 <= a < _I64 else 4))
-            elif kind == "n":
-                append(0 if -_I32 <= a < _I32 else 2 if -_I64 <= a < _I64 else 4)
-            else:
-                append((a,))
-        elif t is Tensor or isinstance(a, Tensor):
-            if kind == "c":
-                return None
-            append(a.dtype)
-            append(a.data_ptr() % 16 == 0)
-        elif a is None or t is bool or t is float:
-            append((t,) if kind != "c" else (t, a))
-        else:
+    kinds, _, functions = _state(kernel)
+    n = len(args)
+    fn = functions.get(n)
+    if fn is None:
+        if n > len(kinds):
             return None
-    return tuple(key)
+        fn = functions[n] = _key_function(kinds, n)
+    try:
+        return fn((device, knobs.runtime.debug, knobs.compilation.instrumentation_mode, tuple(kwargs.items())), *args)
+    except _Unclassified:
+        return None
 
 
 def _launch_fast(kernel, grid, args, kwargs):
@@ -208,12 +237,12 @@ def _launch_fast(kernel, grid, args, kwargs):
     device = drv.get_current_device()
     key = fast_key(kernel, args, kwargs, device)
     try:
-        hit = None if key is None else kernel._moe_fast[1].get(key)
+        hit = None if key is None else _state(kernel)[1].get(key)
     except TypeError:  # an unhashable keyword value
         hit = key = None
     if hit is None or kernel.pre_run_hooks or not _hooks_idle() or not _globals_unchanged(kernel):
         compiled = kernel.run(*args, grid=grid, warmup=False, **kwargs)
-        cache = kernel._moe_fast[1]
+        cache = _state(kernel)[1]
         if key is not None and isinstance(compiled, CompiledKernel) and len(cache) < _FAST_MAX:
             params = kernel.params[len(args):]
             tail = tuple(kwargs[p.name] if p.name in kwargs else p.default for p in params)
