@@ -72,17 +72,24 @@ class _Driver:
 def stand_in_driver(stream: int = 7):
     """Inside the block Triton sees a stand-in sm_90 driver and compiles stand-in kernels; yields
     the list of :class:`StandInKernel` compiled (one per Triton compilation, in order), whose
-    ``.driver.stream`` is the current stream. For a process without a GPU: the kernels' compiled
-    binaries and the direct path's entries are forgotten on entry and on exit
-    (:func:`reset_kernel`), so nothing compiled here is used outside the block."""
+    ``.driver.stream`` is the current stream. For a machine without a GPU only (raises
+    RuntimeError where CUDA is available: real kernels compiled before the block would be launched
+    on the stand-in stream). On exit the kernels compiled inside forget their binaries
+    (:func:`reset_kernel`), and the direct path forgets every entry."""
+    import torch
     from triton.runtime.driver import driver
 
+    if torch.cuda.is_available():
+        raise RuntimeError("stand_in_driver: for a machine without a GPU (on a GPU, time real launches: "
+                           "python -m compare.eager)")
     compiled = _Compiled()
     compiled.driver = _Driver(stream)
+    kernels = []
 
     def fake_compile(src, target=None, options=None, **_):
         k = StandInKernel(src.fn.__name__, dict(src.signature), dict(src.constants), dict(src.attrs), dict(options))
         compiled.append(k)
+        kernels.append(src.fn)
         return k
 
     original = triton.compiler.compile
@@ -95,6 +102,8 @@ def stand_in_driver(stream: int = 7):
     finally:
         triton.compiler.compile = original
         driver._active = previous  # reset_active() would look for a real driver
+        for fn in kernels:
+            reset_kernel(fn)
         jit.forget_fast()
 
 
