@@ -8,8 +8,9 @@ time), with the BLOCK_M the bf16 plan of that T aligns to. Three variants per ro
 
 * ``shipped``: this module's constants (64-pair chunks up to the small limit, :data:`PLACE_WARPS` warps);
 * ``4 warps``: the same with 4 warps per place program;
-* ``256-pair chunks``: every T with CHUNK-pair chunks (``SMALL_CHUNK = CHUNK``), i.e. without the
-  small-chunk branch (a binary compiled for this run only).
+* ``256-pair chunks``: ``SMALL_CHUNK = CHUNK`` (a binary compiled for this run only): every T with
+  256-pair chunks, and up to 16 chunks each ranked whole (256 × 256 at once) as the alignment
+  did before its small chunks — the comparison that tells what the 64-pair chunks bring.
 
 Writes ``bench_align.md`` and ``bench_align.json`` (date, device, commit, command) into ``--out``,
 which must be new or empty.
@@ -98,7 +99,8 @@ def to_markdown(result: dict) -> str:
              "µs per `align_block_size` call (count + place), CUDA-graph replay over rotated routings, "
              "median (p10–p90). BLOCK_M: the bf16 plan's alignment tile at that T. `ref`: the result equals "
              "moe_spec.align's.", "",
-             "| shape | T | pairs | BLOCK_M | " + " | ".join(f"{v} µs" for v in VARIANTS) + " | chunk (shipped) | ref |",
+             "| shape | T | pairs | BLOCK_M | " + " | ".join(f"{v} µs" for v in VARIANTS)
+             + " | chunk (shipped) | ref |",
              "|---|---|---|---|" + "---|" * len(VARIANTS) + "---|---|"]
     for r in result["rows"]:
         cells = [f"{r[v]['us']:.1f} ({r[v]['p10_us']:.1f}–{r[v]['p90_us']:.1f})" for v in VARIANTS]
