@@ -261,3 +261,17 @@ def test_bench_align_on_the_gpu(tmp_path):
     assert [r["T"] for r in rows] == [1, 200]
     assert all(r[v]["reference"] and r[v]["us"] > 0 for r in rows for v in bench_align.VARIANTS)
     assert "| qwen3-30b-a3b | 1 |" in (tmp_path / "bench_align.md").read_text()
+
+
+def test_bench_align_table_names_every_variant_and_flags_a_mismatch():
+    from triton_moe import bench_align
+
+    cell = lambda us, ok=True: {"us": us, "p10_us": us - 0.5, "p90_us": us + 0.5, "chunk": 64, "reference": ok}  # noqa: E731
+    row = {"shape": "qwen3-30b-a3b", "T": 1, "pairs": 8, "block_m": 16}
+    result = {"device": "H200", "date": "d", "commit": "c", "command": "python -m triton_moe.bench_align",
+              "rows": [row | {v: cell(5.0 + i) for i, v in enumerate(bench_align.VARIANTS)},
+                       row | {"T": 8, "pairs": 64} | {v: cell(5.0, v != "4 warps") for v in bench_align.VARIANTS}]}
+    md = bench_align.to_markdown(result)
+    assert all(f"{v} µs" in md for v in bench_align.VARIANTS)
+    assert "| qwen3-30b-a3b | 1 | 8 | 16 | 5.0 (4.5–5.5) | 6.0 (5.5–6.5) | 7.0 (6.5–7.5) | 64 | yes |" in md
+    assert md.rstrip().endswith("| 64 | **no** |")
