@@ -82,6 +82,52 @@ def test_repeat_launches_the_compiled_kernel_with_runs_arguments(driver):
     assert hooks_run[1] is knobs.runtime.launch_enter_hook and not hooks_run[1].calls
 
 
+def test_a_cuda_launcher_is_entered_with_the_arguments_its_call_passes(driver):
+    """With Triton's CudaLauncher (no scratch memory) the direct path calls its C launch function
+    itself: with what ``CudaLauncher.__call__`` passes it when ``run`` launches."""
+    from triton.backends.nvidia.driver import CudaLauncher
+
+    calls = []
+    launcher = object.__new__(CudaLauncher)  # the class's own __call__, a recording C entry point
+    launcher.launch = lambda *a: calls.append(a)
+    launcher.num_ctas, launcher.launch_cooperative_grid, launcher.launch_pdl = 1, False, True
+    launcher.global_scratch_size = launcher.profile_scratch_size = 0
+    launcher.global_scratch_align = launcher.profile_scratch_align = 1
+    k = _kernel()
+    x, y = torch.zeros(64), torch.zeros(64)
+    _launch(k, x, y, 5, 3, BLOCK=32)  # compiles the stand-in
+    driver[0]._run = launcher
+    jit.forget_fast(k)
+    jit.FAST_LAUNCH = False
+    try:
+        _launch(k, x, y, 7, 3, BLOCK=32)  # run → CudaLauncher.__call__ → launch
+    finally:
+        jit.FAST_LAUNCH = True
+    _launch(k, x, y, 7, 3, BLOCK=32)  # run again: the direct path keeps the kernel
+    _launch(k, x, y, 7, 3, BLOCK=32)  # direct → launch
+    assert len(calls) == 3
+    via_run, direct = calls[1], calls[2]
+    assert via_run[:9] == (2, 1, 1, 11, driver[0].function, False, True, None, None)
+    assert direct[:10] == via_run[:10]  # grid, stream, function, cooperative, PDL, scratch, metadata
+    assert direct[10:13] == (None, None, None) and via_run[11] is knobs.runtime.launch_enter_hook
+    assert all(a is b for a, b in zip(direct[13:], via_run[13:])) and len(direct) == len(via_run) == 18
+    # a launcher that allocates scratch memory is called (its __call__ allocates), never bypassed
+    import triton
+    from triton.runtime import _allocation
+
+    launcher.global_scratch_size = 256
+    jit.forget_fast(k)
+    previous = _allocation._allocator.get()
+    triton.set_allocator(lambda size, align, stream: ("scratch", size))
+    try:
+        for _ in range(3):  # run, then twice the direct path
+            _launch(k, x, y, 7, 3, BLOCK=32)
+    finally:
+        triton.set_allocator(previous)
+    assert [c[7] for c in calls[3:]] == [("scratch", 512)] * 3
+    assert [c[11] is None for c in calls[3:]] == [False, True, True]  # run's hook chain, then the direct path
+
+
 @pytest.mark.parametrize("change", ["dtype", "alignment", "m_one", "m_div16", "constexpr", "n_i64", "options"])
 def test_a_changed_specialization_goes_through_run_and_compiles(driver, change):
     k = _kernel()

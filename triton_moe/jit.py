@@ -246,13 +246,30 @@ def _launch_fast(kernel, grid, args, kwargs):
         if key is not None and isinstance(compiled, CompiledKernel) and len(cache) < _FAST_MAX:
             params = kernel.params[len(args):]
             tail = tuple(kwargs[p.name] if p.name in kwargs else p.default for p in params)
-            cache[key] = (compiled, tail)
+            cache[key] = (compiled, tail, _entry_point(compiled))
         return compiled
-    compiled, tail = hit
+    compiled, tail, entry = hit
     n = len(grid)
-    compiled.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, drv.get_current_stream(device),
-                 compiled.function, compiled.packed_metadata, None, None, None, *args, *tail)
+    if entry is None:
+        compiled.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, drv.get_current_stream(device),
+                     compiled.function, compiled.packed_metadata, None, None, None, *args, *tail)
+    else:
+        launch_c, cooperative, pdl = entry
+        launch_c(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, drv.get_current_stream(device),
+                 compiled.function, cooperative, pdl, None, None, compiled.packed_metadata, None, None, None,
+                 *args, *tail)
     return compiled
+
+
+def _entry_point(compiled):
+    """(C launch function, cooperative grid, PDL) of ``compiled``'s CUDA launcher when its
+    ``__call__`` would only forward to that function (no global or profile scratch memory to
+    allocate: it then passes None for both), else None (call the launcher)."""
+    launcher = compiled.run
+    if (type(launcher).__name__ == "CudaLauncher" and not getattr(launcher, "global_scratch_size", 1)
+            and not getattr(launcher, "profile_scratch_size", 1)):
+        return launcher.launch, launcher.launch_cooperative_grid, launcher.launch_pdl
+    return None
 
 
 def forget_fast(kernel=None) -> None:
