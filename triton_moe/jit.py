@@ -16,6 +16,12 @@ recompilations a sweep caused. ``count_compilations(dry_run=True)`` records keys
 kernels, so a CPU test can sweep T up to 8192 in seconds. ``counter.launches`` lists every launch
 in order (kernel names; a grid of zero programs launches nothing and is not listed): the launch
 count of a call.
+
+On a GPU, :func:`launch` also skips most of Triton's per-launch Python: the first launch of a
+specialization goes through ``JITFunction.run`` (which compiles it, once), and later launches
+with the same :func:`fast_key` call the CompiledKernel it returned directly, on the current
+stream. ``TRITON_MOE_FAST_LAUNCH=0`` turns that off; ``python -m triton_moe.hostcost`` measures
+both on any machine.
 """
 
 from __future__ import annotations
@@ -24,7 +30,11 @@ import contextlib
 import os
 from collections import defaultdict
 
+from torch import Tensor
 import triton
+from triton import knobs
+from triton.knobs import HookChain
+from triton.compiler import CompiledKernel
 from triton.runtime.jit import JITFunction, create_function_from_signature
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -100,7 +110,10 @@ def specialization_key(kernel, args, kwargs) -> str:
 
 
 def launch(kernel, grid, *args, **kwargs):
-    """``kernel[grid](*args, **kwargs)``, recorded by any active :class:`CompileCounter`."""
+    """``kernel[grid](*args, **kwargs)``, recorded by any active :class:`CompileCounter`.
+
+    On a GPU a launch whose :func:`fast_key` was seen before skips Triton's ``JITFunction.run`` and
+    calls the kernel it compiled then (:func:`_launch_fast`); any other goes through ``run``."""
     if _active:
         _, name = _binder(kernel)
         key = specialization_key(kernel, args, kwargs)
@@ -112,7 +125,182 @@ def launch(kernel, grid, *args, **kwargs):
             return None
     if grid[0] == 0:
         return None
+    if FAST_LAUNCH and type(kernel) is JITFunction:
+        return _launch_fast(kernel, grid, args, kwargs)
     return kernel.run(*args, grid=grid, warmup=False, **kwargs)  # what kernel[grid](...) calls
+
+
+# ---- the direct launch path --------------------------------------------------------------------
+#
+# Triton's JITFunction.run costs ~18 µs of Python per launch: it binds every argument
+# (``specialize_impl`` per argument), turns the specialization and the options into a string
+# cache key, looks the compiled kernel up, checks the globals the kernel read and builds the
+# launch metadata. The compiled kernel depends only on what the binder puts in the key, so after
+# one launch through ``run`` this module keeps the CompiledKernel under a cheaper key of the same
+# classes and launches it directly — the launcher ``run`` calls, with the same arguments, on the
+# current device's current stream (what ``run`` uses; CUDA-graph capture records it the same way).
+
+#: Off: every launch goes through ``JITFunction.run`` (``TRITON_MOE_FAST_LAUNCH=0``).
+FAST_LAUNCH = os.environ.get("TRITON_MOE_FAST_LAUNCH", "1") != "0"
+_I32 = 2**31
+_I64 = 2**63
+_FAST_MAX = 256  # keys kept per kernel; past that a new key goes through run() every time
+_driver = None
+_launched: list = []  # kernels with a _moe_fast attribute
+# Per kernel, in its ``_moe_fast`` attribute (a JITFunction hashes slowly, so no dict keyed by it):
+# (per parameter "c" constexpr / "s" specialized / "n" do_not_specialize,
+#  {fast key: (CompiledKernel, the values of the parameters after the positional ones)},
+#  {number of positional arguments: the key function written for it}).
+
+
+def _param_kinds(kernel) -> tuple:
+    return tuple("c" if p.is_constexpr else "n" if p.do_not_specialize else "s" for p in kernel.params)
+
+
+class _Unclassified(Exception):
+    """An argument the fast key does not classify: the launch goes through ``run``."""
+
+
+def _other(a, constexpr=False):
+    """The class of an argument that is neither a plain ``torch.Tensor`` nor an ``int``."""
+    if isinstance(a, Tensor) and not constexpr:
+        return a.dtype, a.data_ptr() % 16 == 0
+    if a is None or type(a) is bool or type(a) is float:
+        return (type(a), a) if constexpr else (type(a),)
+    if constexpr and type(a) is int:
+        return (int, a)
+    raise _Unclassified
+
+
+_WIDTH = f"(0 if -{_I32} <= {{a}} < {_I32} else 2 if -{_I64} <= {{a}} < {_I64} else 4)"
+_CLASS = {  # per parameter kind: the expression of argument {a}'s class (see fast_key)
+    "c": "_other({a}, True)",
+    "s": f"((({{a}}).dtype, ({{a}}).data_ptr() % 16 == 0) if type({{a}}) is Tensor else "
+         f"(-1 if {{a}} == 1 else ({{a}} % 16 == 0) + {_WIDTH}) if type({{a}}) is int else _other({{a}}))",
+    "n": f"((({{a}}).dtype, ({{a}}).data_ptr() % 16 == 0) if type({{a}}) is Tensor else "
+         f"{_WIDTH} if type({{a}}) is int else _other({{a}}))",
+}
+
+
+def _key_function(kinds: tuple, nargs: int):
+    """A function (prefix, *args) -> the fast key, written out for ``nargs`` positional arguments
+    (no loop: this runs at every launch)."""
+    names = [f"a{i}" for i in range(nargs)]
+    body = ", ".join(_CLASS[kind].format(a=n) for n, kind in zip(names, kinds))
+    src = f"def key(prefix, {', '.join(names)}):\n    return (prefix, {body})\n" if nargs else \
+        "def key(prefix):\n    return (prefix,)\n"
+    namespace = {"Tensor": Tensor, "_other": _other}
+    exec(src, namespace)  # noqa: S102 - the text above, built from the parameter kinds only
+    return namespace["key"]
+
+
+def _state(kernel):
+    state = kernel.__dict__.get("_moe_fast")
+    if state is None:
+        state = kernel.__dict__["_moe_fast"] = (_param_kinds(kernel), {}, {})
+        _launched.append(kernel)
+    return state
+
+
+def fast_key(kernel, args, kwargs, device=None):
+    """A cheap key that fixes Triton's specialization of ``kernel(*args, **kwargs)`` on the current
+    device, or None when an argument is of a kind it does not classify (then ``run`` decides).
+
+    It holds what ``JITFunction.run``'s key is made of (``create_function_from_signature`` and
+    ``specialize_impl`` in ``triton/runtime/jit.py``, Triton 3.6): each tensor's dtype and whether
+    its address is 16-byte aligned; each integer's type (i32 below 2³¹, i64 below 2⁶³, else u64)
+    and, unless it is in ``do_not_specialize``, whether it equals 1 and whether 16 divides it;
+    the type of a bool, float or None; the value of a positional constexpr; the keyword arguments
+    (constexprs and launch options) with their values; the debug and instrumentation knobs, which
+    ``run`` adds to the options; the device. Two calls with one fast key have one Triton key, so
+    they run the same binary. It may split one Triton key in two (e.g. an alignment class of an
+    argument in ``do_not_specialize_on_alignment``); that only costs a second slow first launch.
+    """
+    kinds, _, functions = _state(kernel)
+    n = len(args)
+    fn = functions.get(n)
+    if fn is None:
+        if n > len(kinds):
+            return None
+        fn = functions[n] = _key_function(kinds, n)
+    try:
+        return fn((device, knobs.runtime.debug, knobs.compilation.instrumentation_mode, tuple(kwargs.items())), *args)
+    except _Unclassified:
+        return None
+
+
+def _launch_fast(kernel, grid, args, kwargs):
+    global _driver
+    if _driver is None:
+        from triton.runtime.driver import driver as _driver
+    drv = _driver.active
+    device = drv.get_current_device()
+    key = fast_key(kernel, args, kwargs, device)
+    try:
+        hit = None if key is None else _state(kernel)[1].get(key)
+    except TypeError:  # an unhashable keyword value
+        hit = key = None
+    if hit is None or kernel.pre_run_hooks or not _hooks_idle() or not _globals_unchanged(kernel):
+        compiled = kernel.run(*args, grid=grid, warmup=False, **kwargs)
+        cache = _state(kernel)[1]
+        if key is not None and isinstance(compiled, CompiledKernel) and len(cache) < _FAST_MAX:
+            params = kernel.params[len(args):]
+            tail = tuple(kwargs[p.name] if p.name in kwargs else p.default for p in params)
+            cache[key] = (compiled, tail, _entry_point(compiled))
+        return compiled
+    compiled, tail, entry = hit
+    n = len(grid)
+    if entry is None:
+        compiled.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, drv.get_current_stream(device),
+                     compiled.function, compiled.packed_metadata, None, None, None, *args, *tail)
+    else:
+        launch_c, cooperative, pdl = entry
+        launch_c(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, drv.get_current_stream(device),
+                 compiled.function, cooperative, pdl, None, None, compiled.packed_metadata, None, None, None,
+                 *args, *tail)
+    return compiled
+
+
+def _entry_point(compiled):
+    """(C launch function, cooperative grid, PDL) of ``compiled``'s CUDA launcher when its
+    ``__call__`` would only forward to that function (no global or profile scratch memory to
+    allocate: it then passes None for both), else None (call the launcher)."""
+    launcher = compiled.run
+    if (type(launcher).__name__ == "CudaLauncher" and not getattr(launcher, "global_scratch_size", 1)
+            and not getattr(launcher, "profile_scratch_size", 1)):
+        return launcher.launch, launcher.launch_cooperative_grid, launcher.launch_pdl
+    return None
+
+
+def forget_fast(kernel=None) -> None:
+    """Drop the direct path's entries of ``kernel`` (default: of every kernel launched so far)."""
+    for k in [kernel] if kernel is not None else list(_launched):
+        state = k.__dict__.get("_moe_fast")
+        if state is not None:
+            state[1].clear()
+
+
+_MISSING = object()
+
+
+def _idle(hook) -> bool:
+    return hook is None or (type(hook) is HookChain and not hook.calls)
+
+
+def _hooks_idle() -> bool:
+    """No launch hook would run: Triton's default hooks are empty chains, which the launcher calls
+    and which do nothing; the direct path passes None instead (the launcher then calls nothing)."""
+    return _idle(knobs.runtime.launch_enter_hook) and _idle(knobs.runtime.launch_exit_hook)
+
+
+def _globals_unchanged(kernel) -> bool:
+    """What ``run`` checks before every launch: the globals the kernel read at compile time still
+    hold the values it was compiled with (``run`` raises when one changed)."""
+    for (name, _), (val, globals_dict) in kernel.used_global_vals.items():
+        now = globals_dict.get(name, _MISSING)
+        if now is not val and now != val:
+            return False
+    return True
 
 
 def _jit_cache_hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled):  # noqa: A002

@@ -17,8 +17,9 @@ Not by T: every argument that varies with T (``num_pairs``, ``num_rows``, ``num_
 accepts keeps them far below 2³¹, where their key would change from i32 to i64.
 So running each plan once, on a one-token placeholder call (:func:`moe_spec.warmup.placeholder_inputs`)
 with that plan's config, produces every key the layer will ever look up: GEMM1 and GEMM2, the
-three alignment kernels, the FP8 amax and quantize kernels, the combine.  The tests sweep T densely
-afterwards and find no key the warm-up missed (``tests/test_warmup.py``).
+two alignment kernels (one binary each serves both chunk widths, :mod:`triton_moe.align`), the
+FP8 amax and quantize kernels, the combine.  The tests sweep T densely afterwards and find no
+key the warm-up missed (``tests/test_warmup.py``).
 
 Tensors are assumed fresh torch allocations (16-byte aligned), as the placeholder's are: a view
 that starts at an odd offset would be a new key.  Under ``TRITON_INTERPRET=1`` nothing is ever
