@@ -7,10 +7,11 @@ wait. :func:`eager_us` measures that: ``calls`` back-to-back calls with one sync
 the end, so the host runs ahead of the GPU unless something in the call waits for it; the median
 of a few repeats. When an eager call costs as much as its graph replay, the host keeps up.
 
-:func:`host_us` is the host side alone (no GPU needed): µs per call of the Python that runs, with
-the launches made by the caller's stand-in (for triton_moe, run it inside
-``triton_moe.jit.count_compilations(dry_run=True)``, which binds every launch's arguments as Triton
-does but launches nothing).
+:func:`host_us` (:func:`moe_spec.timing.host_us`: the loop of :func:`eager_us`,
+:func:`moe_spec.timing.wall_us`, without the synchronization) is the host side alone (no GPU
+needed): µs per call of the Python that runs, with the launches made by the caller's stand-in
+(for triton_moe, run it inside ``triton_moe.jit.count_compilations(dry_run=True)``, which binds
+every launch's arguments as Triton does but launches nothing).
 
     python -m compare.eager --shape qwen3-30b-a3b --tokens 1 8 --quant bf16     # on a GPU
 
@@ -26,10 +27,10 @@ I = 128: the host work does not depend on K and I), launches bound but not run.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
+
+from moe_spec.timing import host_us, wall_us
 
 
 def eager_us(fn, kwargs: dict, calls: int = 50, repeats: int = 5) -> float:
@@ -44,32 +45,9 @@ def eager_sets_us(make_call, n_sets: int, *, quick: bool = False, calls: int = 5
     20 calls, 3 repeats."""
     if not torch.cuda.is_available():
         raise RuntimeError("eager_us: needs a CUDA device (host_us measures the host side on a CPU)")
-    runs = [make_call(i) for i in range(n_sets)]
     if quick:
         calls, repeats = 20, 3
-    for run in runs:
-        run()
-    torch.cuda.synchronize()
-    per_call = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for i in range(calls):
-            runs[i % n_sets]()
-        torch.cuda.synchronize()
-        per_call.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(per_call)
-
-
-def host_us(fn, kwargs: dict, calls: int = 200, repeats: int = 5) -> float:
-    """Median over ``repeats`` of the host time per ``fn(**kwargs)``, no synchronization (µs)."""
-    fn(**kwargs)
-    per_call = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn(**kwargs)
-        per_call.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(per_call)
+    return wall_us([make_call(i) for i in range(n_sets)], calls=calls, repeats=repeats, sync=torch.cuda.synchronize)
 
 
 def main(argv=None) -> None:

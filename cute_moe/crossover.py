@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -34,7 +33,7 @@ from typing import Callable, Optional
 
 import torch
 
-from moe_spec import runinfo
+from moe_spec import runinfo, studyout
 from moe_spec.problem import MoEShape, draw_weights, get_shape
 from moe_spec.timing import sets_for_cold_l2
 from moe_spec.validate import MoEDims
@@ -247,7 +246,7 @@ def to_markdown(result: dict) -> str:
     timing = ", ".join(f"{k} {v}" for k, v in m["timing"].items())
     return "\n".join(
         ["# Swap-AB crossover of cute_moe (bf16, whole layer)", "",
-         f"- date: {m['date']}", f"- device: {m['device']}", f"- commit: `{m['commit']}`", f"- command: `{m['command']}`",
+         *studyout.header_lines(m),
          f"- each count: both paths forced (`fused_moe(..., swap_ab=True/False)`), CUDA-graph replays over rotated "
          f"input sets (cold L2), median µs ({timing}); every expert gets exactly m tokens (T = m·E/top_k)",
          "- ratio = normal µs / swap-AB µs (above 1: swap-AB is faster); the rule is within 3 % when its path's µs ≤ "
@@ -302,28 +301,16 @@ def to_svg(result: dict) -> str:
 
 
 def write_outputs(result: dict, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    texts = dict(zip(FILES, (to_markdown(result), json.dumps(result, indent=1) + "\n", to_svg(result))))
-    for name, text in texts.items():
-        (out / f".{name}.partial").write_text(text)
-        os.replace(out / f".{name}.partial", out / name)  # a crash mid-write leaves the previous file
+    texts = (to_markdown(result), json.dumps(result, indent=1) + "\n", to_svg(result))
+    studyout.write_files(out, dict(zip(FILES, texts)))
 
 
 def check_out(text: Optional[str]) -> Path:
-    """``--out``: a new directory, or an empty one (no directory mixes two runs). Creates nothing."""
-    if not text:
-        raise UsageError("--out: required: a new or empty directory for " + ", ".join(FILES))
-    out = Path(text)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out: {text!r} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()):
-        raise UsageError(f"--out: {text!r} is not empty; give a new or empty directory (no directory mixes two runs)")
-    base = out.absolute()
-    while not base.exists():
-        base = base.parent
-    if not base.is_dir() or not os.access(base, os.W_OK | os.X_OK):
-        raise UsageError(f"--out: cannot create {text!r}: {str(base)!r} is not a writable directory")
-    return out
+    """``--out``: a new or empty directory (:func:`moe_spec.studyout.check_out`). Creates nothing."""
+    try:
+        return studyout.check_out(text, FILES)
+    except studyout.OutError as exc:
+        raise UsageError(str(exc)) from None
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,4 +1,4 @@
-"""GPU timing shared by both backends: CUDA-graph replay with a cold L2, ceilings and rooflines.
+"""Timing shared by both backends: CUDA-graph replay with a cold L2, ceilings, rooflines, wall clock.
 
 How a call is timed (:func:`time_cuda_graph`)
     The caller builds ``n_sets`` independent input sets (own weights, own activations) and gives
@@ -19,14 +19,21 @@ Ceilings (:func:`measure_ceilings`)
 Roofline (:func:`roofline`)
     The floor of a call is max(bytes / bandwidth, flops / matmul rate); ``pct_of_floor`` =
     floor / measured · 100 says how close a kernel is to the best the card can do.
+
+Wall clock (:func:`wall_us`, :func:`host_us`)
+    ``time.perf_counter`` around ``calls`` back-to-back calls, ``repeats`` times; the median µs per
+    call. With a ``sync`` (``torch.cuda.synchronize``) ending each repeat it is an eager call's
+    cost, host and GPU together (``compare.eager``); without one, and with launches that do not
+    reach a GPU, it is the host's time alone (:func:`host_us`, ``triton_moe.hostcost``).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+import time
 from dataclasses import asdict, dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -194,3 +201,30 @@ def moe_traffic(T: int, K: int, I: int, top_k: int, experts_hit: int, weight_byt
     bytes_moved = experts_hit * (3 * I * K * weight_bytes + scale_bytes) + 2 * T * K * 2
     flops = 2 * T * top_k * 3 * I * K
     return bytes_moved, flops
+
+
+def wall_us(runs: Sequence[Callable[[], object]], *, calls: int, repeats: int,
+            sync: Callable[[], object] = lambda: None) -> float:
+    """Median over ``repeats`` of the wall µs per call of ``calls`` calls going round ``runs``
+    (``runs[i % len(runs)]``), ``sync()`` ending each repeat; after a warm-up of one call of each
+    run and a ``sync()``."""
+    if not runs or calls < 1 or repeats < 1:
+        raise ValueError(f"wall_us: expected runs, calls >= 1, repeats >= 1; got {len(runs)} runs, "
+                         f"calls = {calls}, repeats = {repeats}")
+    for run in runs:
+        run()
+    sync()
+    per_call = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for i in range(calls):
+            runs[i % len(runs)]()
+        sync()
+        per_call.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(per_call)
+
+
+def host_us(fn: Callable, kwargs: dict, calls: int = 200, repeats: int = 5) -> float:
+    """Median over ``repeats`` of the µs per ``fn(**kwargs)`` (``calls`` per repeat, after one call),
+    no synchronization: the host's time when the launches are stand-ins."""
+    return wall_us([lambda: fn(**kwargs)], calls=calls, repeats=repeats)

@@ -48,3 +48,46 @@ def test_oracle_on_gpu_matches_cpu():
 
     inp = make_inputs(MoEShape("s", 8, 2, 256, 128, "test"), 33, "fp8_block", seed=2)
     assert rel_l2(oracle(**inp.to("cuda").kwargs()).cpu(), oracle(**inp.kwargs())) < 1e-12
+
+
+class _Clock:
+    """A stand-in ``time`` module whose ``perf_counter`` moves only when the work under test says so."""
+
+    def __init__(self):
+        self.now, self.log = 0.0, []
+
+    def perf_counter(self):
+        return self.now
+
+    def work(self, name, us):
+        self.log.append(name)
+        self.now += us * 1e-6
+
+
+def test_wall_loop_goes_round_the_runs_and_syncs_each_repeat(monkeypatch):
+    from moe_spec import timing
+
+    clock = _Clock()
+    monkeypatch.setattr(timing, "time", clock)
+    runs = [lambda: clock.work("a", 3.0), lambda: clock.work("b", 5.0)]
+    us = timing.wall_us(runs, calls=3, repeats=2, sync=lambda: clock.work("sync", 10.0))
+    assert clock.log == ["a", "b", "sync"] + ["a", "b", "a", "sync"] * 2
+    assert us == pytest.approx((3 + 5 + 3 + 10) / 3)
+    with pytest.raises(ValueError, match="wall_us: .*calls = 0"):
+        timing.wall_us(runs, calls=0, repeats=1)
+
+
+def test_host_us_is_the_median_per_call_without_sync(monkeypatch):
+    from moe_spec import timing
+
+    clock = _Clock()
+    monkeypatch.setattr(timing, "time", clock)
+    costs = iter([100.0] + [1.0] * 4 + [2.0] * 4 + [9.0] * 4)  # a warm-up call, then three repeats of four
+    seen = []
+
+    def fn(x):
+        seen.append(x)
+        clock.work("call", next(costs))
+
+    assert timing.host_us(fn, {"x": 7}, calls=4, repeats=3) == pytest.approx(2.0)
+    assert seen == [7] * 13 and clock.log == ["call"] * 13

@@ -22,21 +22,13 @@ import argparse
 import contextlib
 import json
 import sys
-from pathlib import Path
 
+from moe_spec import studyout
+
+FILES = ("bench_align.md", "bench_align.json")
 DEFAULT_SHAPES = ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8"]
 DEFAULT_TOKENS = [1, 8, 32, 128, 4096]
 VARIANTS = ["shipped", "4 warps", "256-pair chunks"]
-
-
-def _check_out(text: str) -> Path:
-    out = Path(text)
-    if out.exists() and not out.is_dir():
-        raise SystemExit(f"bench_align: error: --out: {text!r} is a file; give a new or empty directory")
-    if out.is_dir() and any(out.iterdir()):
-        raise SystemExit(f"bench_align: error: --out: {text!r} is not empty; give a new or empty directory "
-                         f"(no directory mixes two runs)")
-    return out
 
 
 @contextlib.contextmanager
@@ -94,8 +86,7 @@ def measure(shapes, tokens, n_sets: int = 4) -> list[dict]:
 
 
 def to_markdown(result: dict) -> str:
-    lines = [f"# Triton alignment device time on {result['device']}", "",
-             f"date {result['date']}, commit {result['commit']}, command `{result['command']}`", "",
+    lines = [f"# Triton alignment device time on {result['device']}", "", *studyout.header_lines(result), "",
              "µs per `align_block_size` call (count + place), CUDA-graph replay over rotated routings, "
              "median (p10–p90). BLOCK_M: the bf16 plan's alignment tile at that T. `ref`: the result equals "
              "moe_spec.align's.", "",
@@ -120,15 +111,16 @@ def main(argv=None) -> None:
     p.add_argument("--commit", default=None, help="the commit to record (default: git's HEAD)")
     argv = sys.argv[1:] if argv is None else argv
     a = p.parse_args(argv)
-    out = _check_out(a.out)
+    try:
+        out = studyout.check_out(a.out, FILES)
+    except studyout.OutError as exc:
+        raise SystemExit(f"bench_align: error: {exc}") from None
     if any(t < 1 for t in a.tokens):
         raise SystemExit("bench_align: error: --tokens: every T must be at least 1")
     require_cuda("bench_align")
     result = run_info(command_line("python -m triton_moe.bench_align", argv), cuda=True, commit=a.commit)
     result["rows"] = measure(a.shapes, a.tokens)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_align.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / "bench_align.md").write_text(to_markdown(result))
+    studyout.write_files(out, dict(zip(FILES, (to_markdown(result), json.dumps(result, indent=1) + "\n"))))
     print(to_markdown(result))
 
 

@@ -29,20 +29,14 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from moe_spec import studyout
+
+FILES = ("tma_bench.md", "tma_bench.json")
 SHAPES = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8")
 TOKENS = (4096, 1024)
 #: A row starts only when this much time is left before the deadline (compiling four kernels and
 #: timing two variants of the largest shape takes about that long).
 ROW_S = 20.0
-
-
-def check_out_dir(out: Path) -> None:
-    """Refuse an output path that is a file or a non-empty directory (exit status 2, one line)."""
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        what = "a file" if not out.is_dir() else "a non-empty directory"
-        print(f"python -m triton_moe.bench_tma: error: --out {str(out)!r} is {what}; give a new or empty directory",
-              file=sys.stderr)
-        raise SystemExit(2)
 
 
 def _tile(cfg) -> str:
@@ -54,10 +48,9 @@ def _fmt(v, spec):
 
 
 def _write(out: Path, results: dict) -> None:
-    (out / "tma_bench.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
     flatten = results["flatten"]
     lines = [f"# Persistent TMA GEMM vs grouped GEMM on {results['device']}", "",
-             f"date {results['date']}, commit {results['commit']}, command `{results['command']}`", "",
+             *studyout.header_lines(results), "",
              "Expert computation (alignment excluded), CUDA-graph replay, cold L2, median µs; the same tile in "
              "both columns. TFLOP/s: the two GEMMs' FLOPs over the layer's time. rel L2 and bit-identical: the "
              "persistent output against the grouped one on the same inputs.", "",
@@ -79,7 +72,8 @@ def _write(out: Path, results: dict) -> None:
                      f"| {r['bit_identical']} |")
     if results["cut"]:
         lines += ["", f"Not run (deadline): {', '.join(results['cut'])}"]
-    (out / "tma_bench.md").write_text("\n".join(lines) + "\n")
+    studyout.write_files(out, dict(zip(FILES, ("\n".join(lines) + "\n",
+                                               json.dumps(results, indent=1, default=str) + "\n"))))
 
 
 def _oracle_rows(quants) -> list:
@@ -119,8 +113,11 @@ def main(argv=None):
     p.add_argument("--deadline-s", type=float, default=130.0, help="no row starts after this many seconds")
     p.add_argument("--commit", default=None, help="git commit to record (when the checkout has no .git)")
     a = p.parse_args(argv)
-    out = Path(a.out)
-    check_out_dir(out)
+    try:
+        out = studyout.check_out(a.out, FILES)
+    except studyout.OutError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
     from moe_spec.runinfo import command_line, require_cuda, run_info
 
@@ -136,7 +133,6 @@ def main(argv=None):
 
     start = time.time()
     quants = [None, "fp8_tensor"] + (["fp8_block"] if a.fp8_block else [])
-    out.mkdir(parents=True, exist_ok=True)
     results = {**run_info(command_line(prog, argv), cuda=True, commit=a.commit), "flatten": a.flatten,
                "oracle": [], "rows": [], "cut": []}
     results["oracle"] = _oracle_rows(quants)

@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import statistics
-import time
 
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import CompiledKernel
 
+from moe_spec.timing import host_us
 from triton_moe import jit
 
 
@@ -115,18 +114,6 @@ def reset_kernel(kernel) -> None:
     """Forget ``kernel``'s compiled binaries (Triton's per-device caches) and its direct-path entries."""
     kernel.device_caches.clear()
     jit.forget_fast(kernel)
-
-
-def host_us(fn, kwargs: dict, calls: int = 200, repeats: int = 5) -> float:
-    """Median over ``repeats`` of the µs per ``fn(**kwargs)`` (after one call)."""
-    fn(**kwargs)
-    per_call = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn(**kwargs)
-        per_call.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(per_call)
 
 
 def main(argv=None) -> None:

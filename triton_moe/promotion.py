@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -40,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from moe_spec import runinfo
+from moe_spec import runinfo, studyout
 from moe_spec.oracle import oracle, rel_l2
 from moe_spec.problem import CATALOG, draw_weights, get_shape, make_inputs
 from moe_spec.quant import FP8_BLOCK, dequantize_activation, dequantize_weight, get_format, quantize_activation
@@ -350,7 +349,7 @@ def verdict_lines(result: dict) -> list[str]:
 def to_markdown(result: dict) -> str:
     m = result["meta"]
     lines = ["# FP8 accumulation promotion: accuracy against cost", "",
-             f"- date: {m['date']}", f"- device: {m['device']}", f"- commit: `{m['commit']}`", f"- command: `{m['command']}`",
+             *studyout.header_lines(m),
              f"- rel L2: one FP8 GEMM [M={m['rows']}, K] × [N={m['rows']}, K]ᵀ (x ~ N(0, 1), w ~ N(0, 1/K), E4M3, "
              f"fp32 out, tile {m['block'][0]}×{m['block'][1]}×{m['block'][2]}) against the fp64 product of the "
              "dequantized E4M3 operands: the accumulation's error alone; n/a: fp8_block promotes every 128 of K",
@@ -366,25 +365,15 @@ def to_markdown(result: dict) -> str:
 
 
 def write_outputs(result: dict, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    for name, text in zip(FILES, (to_markdown(result), json.dumps(result, indent=1) + "\n")):
-        (out / f".{name}.partial").write_text(text)
-        os.replace(out / f".{name}.partial", out / name)  # a crash mid-write leaves the previous file
+    studyout.write_files(out, dict(zip(FILES, (to_markdown(result), json.dumps(result, indent=1) + "\n"))))
 
 
 def check_out(text: Optional[str]) -> Path:
-    """``--out``: a new directory, or an empty one (no directory mixes two runs). Creates nothing."""
-    if not text:
-        raise UsageError("--out: required: a new or empty directory for " + " and ".join(FILES))
-    out = Path(text)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out: {text!r} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()):
-        raise UsageError(f"--out: {text!r} is not empty; give a new or empty directory (no directory mixes two runs)")
-    base = next(p for p in [out.absolute(), *out.absolute().parents] if p.exists())
-    if not base.is_dir() or not os.access(base, os.W_OK | os.X_OK):
-        raise UsageError(f"--out: cannot create {text!r}: {str(base)!r} is not a writable directory")
-    return out
+    """``--out``: a new or empty directory (:func:`moe_spec.studyout.check_out`). Creates nothing."""
+    try:
+        return studyout.check_out(text, FILES)
+    except studyout.OutError as exc:
+        raise UsageError(str(exc)) from None
 
 
 class _Parser(argparse.ArgumentParser):

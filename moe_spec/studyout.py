@@ -1,0 +1,71 @@
+"""Where a study command puts its results: ``--out``, a new or empty directory, files written whole.
+
+The commands that measure for minutes on a GPU and leave a report (``python -m
+cute_moe.crossover``, ``triton_moe.promotion``, ``triton_moe.bench_align``,
+``triton_moe.bench_tma``) share three rules, kept here:
+
+:func:`check_out`
+    ``--out`` must be a new directory or an empty one, so that no directory mixes two runs. It
+    is checked before any GPU work and nothing is created; a path that exists and is not a
+    directory, a directory with anything in it, and a path whose nearest existing parent is not
+    a writable directory are refused with :class:`OutError`, one line that names ``--out`` and
+    says why. Each command turns it into its own usage error.
+:func:`write_files`
+    Each file is written as ``.<name>.partial`` beside it, then renamed over it
+    (``os.replace``): a run cut off mid-write leaves the previous version whole, and a command
+    that rewrites its report after every part never leaves half a file.
+:func:`header_lines`
+    The markdown lines that name the run — date, device, commit, command and, where the dict has
+    them, the versions — from :func:`moe_spec.runinfo.run_info`'s fields.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Mapping, Optional, Sequence
+
+
+class OutError(ValueError):
+    """``--out`` refused: one line naming it and saying why."""
+
+
+def _names(files: Sequence[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    *rest, last = files
+    return f"{', '.join(rest)} and {last}" if rest else last
+
+
+def check_out(text: Optional[str], files: Sequence[str] = ()) -> Path:
+    """``text`` as a Path when it names a new or empty directory (created by :func:`write_files`);
+    :class:`OutError` otherwise. ``files`` names what the command writes there (for the message)."""
+    if not text:
+        raise OutError("--out: required: a new or empty directory" + (f" for {_names(files)}" if files else ""))
+    out = Path(text)
+    if out.exists() and not out.is_dir():
+        raise OutError(f"--out: {text!r} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        raise OutError(f"--out: {text!r} is not empty; give a new or empty directory (no directory mixes two runs)")
+    base = next(p for p in [out.absolute(), *out.absolute().parents] if p.exists())
+    if not base.is_dir() or not os.access(base, os.W_OK | os.X_OK):
+        raise OutError(f"--out: cannot create {text!r}: {str(base)!r} is not a writable directory")
+    return out
+
+
+def write_files(out: Path, texts: Mapping[str, str]) -> None:
+    """Write ``texts`` (file name -> text) into ``out`` (created with its parents), each file whole."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in texts.items():
+        partial = out / f".{name}.partial"
+        partial.write_text(text)
+        os.replace(partial, out / name)
+
+
+def header_lines(info: Mapping) -> list[str]:
+    """``- date: …``, ``- device: …``, ``- commit: `…```, ``- command: `…``` and, when ``info`` has
+    python, torch and triton, ``- versions: python …, torch …, triton …``."""
+    lines = [f"- date: {info['date']}", f"- device: {info['device']}", f"- commit: `{info['commit']}`",
+             f"- command: `{info['command']}`"]
+    versions = [f"{k} {info[k]}" for k in ("python", "torch", "triton") if k in info]
+    return lines + ([f"- versions: {', '.join(versions)}"] if versions else [])

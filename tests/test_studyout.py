@@ -1,0 +1,157 @@
+"""The study commands' output rules (``moe_spec.studyout``): ``--out`` refused in one line before any
+work, files written whole, the run named in the markdown header; and the four commands use them."""
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from moe_spec import runinfo, studyout
+
+ROOT = Path(__file__).resolve().parents[1]
+FILES = ("a.md", "a.json")
+COMMANDS = ("cute_moe/crossover.py", "triton_moe/promotion.py", "triton_moe/bench_align.py", "triton_moe/bench_tma.py")
+
+
+def _refusal(text) -> str:
+    with pytest.raises(studyout.OutError) as caught:
+        studyout.check_out(text, FILES)
+    message = str(caught.value)
+    assert message.startswith("--out: ") and "\n" not in message
+    return message
+
+
+# --- check_out ------------------------------------------------------------------------------------------------
+
+
+def test_a_file_is_refused(tmp_path):
+    (tmp_path / "file").write_text("x")
+    assert _refusal(str(tmp_path / "file")) == f"--out: {str(tmp_path / 'file')!r} exists and is not a directory"
+    assert (tmp_path / "file").read_text() == "x"
+
+
+def test_a_non_empty_directory_is_refused_and_left_alone(tmp_path):
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "a.md").write_text("an earlier run")
+    assert "is not empty; give a new or empty directory (no directory mixes two runs)" in _refusal(str(tmp_path / "used"))
+    (tmp_path / "hidden").mkdir()
+    (tmp_path / "hidden" / ".a.md.partial").write_text("")  # a leftover counts too
+    assert "is not empty" in _refusal(str(tmp_path / "hidden"))
+    assert [p.name for p in (tmp_path / "used").iterdir()] == ["a.md"]
+
+
+def test_a_path_that_cannot_be_created_is_refused(tmp_path):
+    (tmp_path / "file").write_text("x")
+    message = _refusal(str(tmp_path / "file" / "sub" / "out"))
+    assert message == (f"--out: cannot create {str(tmp_path / 'file' / 'sub' / 'out')!r}: "
+                       f"{str(tmp_path / 'file')!r} is not a writable directory")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write into any directory")
+def test_a_read_only_parent_is_refused(tmp_path):
+    (tmp_path / "ro").mkdir(mode=0o500)
+    try:
+        assert "cannot create" in _refusal(str(tmp_path / "ro" / "out"))
+    finally:
+        (tmp_path / "ro").chmod(0o700)
+
+
+@pytest.mark.parametrize("text", [None, ""])
+def test_out_is_required_and_the_message_names_the_files(text):
+    assert _refusal(text) == "--out: required: a new or empty directory for a.md and a.json"
+    with pytest.raises(studyout.OutError, match=r"for x\.md, x\.json and x\.svg$"):
+        studyout.check_out(text, ("x.md", "x.json", "x.svg"))
+    with pytest.raises(studyout.OutError, match=r"directory$"):
+        studyout.check_out(text)
+
+
+def test_a_new_or_empty_directory_is_accepted_and_nothing_is_created(tmp_path):
+    (tmp_path / "empty").mkdir()
+    assert studyout.check_out(str(tmp_path / "empty"), FILES) == tmp_path / "empty"
+    assert studyout.check_out(str(tmp_path / "a" / "b"), FILES) == tmp_path / "a" / "b"
+    assert not (tmp_path / "a").exists() and list((tmp_path / "empty").iterdir()) == []
+
+
+# --- write_files ----------------------------------------------------------------------------------------------
+
+
+def test_files_are_written_with_their_parents_and_no_partial_is_left(tmp_path):
+    out = tmp_path / "new" / "out"
+    studyout.write_files(out, {"a.md": "# one\n", "a.json": "{}\n"})
+    assert sorted(p.name for p in out.iterdir()) == ["a.json", "a.md"]
+    studyout.write_files(out, {"a.md": "# two\n", "a.json": "[]\n"})  # rewritten after every part
+    assert (out / "a.md").read_text() == "# two\n" and (out / "a.json").read_text() == "[]\n"
+    assert sorted(p.name for p in out.iterdir()) == ["a.json", "a.md"]
+
+
+def test_a_write_cut_off_before_the_rename_leaves_the_previous_file(tmp_path, monkeypatch):
+    studyout.write_files(tmp_path, {"a.md": "the previous report\n"})
+
+    def cut_off(src, dst):
+        raise OSError("cut off")
+
+    monkeypatch.setattr(studyout.os, "replace", cut_off)
+    with pytest.raises(OSError, match="cut off"):
+        studyout.write_files(tmp_path, {"a.md": "half of the next"})
+    assert (tmp_path / "a.md").read_text() == "the previous report\n"
+    assert (tmp_path / ".a.md.partial").read_text() == "half of the next"
+
+
+# --- header_lines ---------------------------------------------------------------------------------------------
+
+
+def test_the_header_names_date_device_commit_command_and_versions():
+    info = runinfo.run_info("python -m x --out 'my dir'", cuda=False, commit="abc1234")
+    lines = studyout.header_lines(info)
+    assert re.fullmatch(r"- date: \d{4}-\d\d-\d\d \d\d:\d\d UTC", lines[0])
+    assert lines[1].startswith("- device: CPU (") and lines[2] == "- commit: `abc1234`"
+    assert lines[3] == "- command: `python -m x --out 'my dir'`"
+    assert lines[4] == f"- versions: python {info['python']}, torch {info['torch']}, triton {info['triton']}"
+    assert len(lines) == 5
+
+
+def test_the_header_of_a_dict_without_versions_has_four_lines():
+    lines = studyout.header_lines({"date": "d", "device": "H200", "commit": "c", "command": "cmd", "rows": []})
+    assert lines == ["- date: d", "- device: H200", "- commit: `c`", "- command: `cmd`"]
+
+
+# --- the four commands ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", COMMANDS)
+def test_the_study_commands_use_these_rules(path):
+    source = (ROOT / path).read_text()
+    assert "studyout.check_out(" in source and "studyout.write_files(" in source, path
+    assert "studyout.header_lines(" in source, path
+    assert "os.replace" not in source and ".partial" not in source and "iterdir" not in source, path
+    assert "write_text" not in source, path
+
+
+def _stderr_of(module, argv, capsys) -> str:
+    try:
+        status = module.main(argv)
+    except SystemExit as stop:
+        status = stop.code
+    err = capsys.readouterr().err
+    if isinstance(status, str):  # SystemExit(message): Python prints it on stderr, status 1
+        err, status = status, 1
+    assert status in (1, 2)
+    return err
+
+
+@pytest.mark.parametrize("name", ["cute_moe.crossover", "triton_moe.promotion", "triton_moe.bench_align",
+                                  "triton_moe.bench_tma"])
+def test_every_command_refuses_a_used_out_in_one_line_before_any_work(name, tmp_path, capsys):
+    import importlib
+
+    module = importlib.import_module(name)
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "old.md").write_text("an earlier run")
+    for out, why in ((tmp_path / "file", "exists and is not a directory"), (tmp_path / "used", "is not empty"),
+                     (tmp_path / "file" / "sub", "cannot create")):
+        err = _stderr_of(module, ["--out", str(out)], capsys)
+        assert len(err.strip().splitlines()) == 1 and "error: --out: " in err, err
+        assert repr(str(out)) in err and why in err, err
+    assert (tmp_path / "file").read_text() == "x" and [p.name for p in (tmp_path / "used").iterdir()] == ["old.md"]
