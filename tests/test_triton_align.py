@@ -127,7 +127,7 @@ SM90_SCRIPT = r"""
 import json
 from triton_moe.align import PLACE_WARPS, RANK_ROWS, _count_kernel, _launch_sizes, _place_kernel
 from triton_moe.jit import compile_sm90
-from triton_moe.kernels import amax_kernel, combine_kernel, quantize_kernel
+from triton_moe.kernels_rows import amax_kernel, combine_kernel, quantize_kernel
 
 out = {}
 for E, bm, top_k in ((8, 16, 2), (256, 128, 8), (1024, 16, 8)):

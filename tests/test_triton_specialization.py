@@ -8,7 +8,7 @@ GPU launch performs. ``amax_kernel(x_ptr, amax_ptr, num_rows, K, BLOCK)`` has ``
 import torch
 
 from triton_moe.jit import specialization_key
-from triton_moe.kernels import amax_kernel
+from triton_moe.kernels_rows import amax_kernel
 
 X, AMAX = torch.empty(4, 4), torch.empty(1)
 

@@ -89,13 +89,16 @@ class TritonConfig:
     ``tma_flatten`` (only with ``persistent_tma``) asks Triton to flatten its tile and K loops into
     one software pipeline (``tl.range(..., flatten=True)``). Neither is chosen by the heuristic
     or the shipped tables: ``python -m triton_moe.bench_tma`` measures them.
+    ``split_k`` > 1 splits GEMM1's K (the hidden size) over that many programs per tile, summed in a
+    fixed order by the last of them (:mod:`triton_moe.kernels`): for decode layers whose GEMM1
+    has too few tiles to fill the GPU; not with ``persistent_tma``.
 
     Every field is checked when the config is built (type first, then value; the message starts
     with the field's name): BLOCK_M, BLOCK_N, BLOCK_K powers of two ≥ 16; GROUP_M ≥ 1; num_warps
     in :data:`NUM_WARPS`; num_stages ≥ 1; swap_ab None or a bool; fp8_imprecise_acc 0 or a
     multiple of 32 up to BLOCK_K; persistent_tma a bool, not with swap_ab=True nor a
     weight tile beyond a TMA box (BLOCK_N, BLOCK_K ≤ 256); tma_flatten a
-    bool, only with persistent_tma.  What depends on the quant format too (FP8's BLOCK_K, shared
+    bool, only with persistent_tma; split_k an int ≥ 1, 1 with persistent_tma.  What depends on the quant format too (FP8's BLOCK_K, shared
     memory) is :meth:`check`.
     """
 
@@ -109,9 +112,11 @@ class TritonConfig:
     fp8_imprecise_acc: int = 0
     persistent_tma: bool = False
     tma_flatten: bool = False
+    split_k: int = 1
 
     def __post_init__(self):
-        for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "fp8_imprecise_acc"):
+        for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "fp8_imprecise_acc",
+                     "split_k"):
             _int(name, getattr(self, name))
         if self.swap_ab is not None and not isinstance(self.swap_ab, bool):
             raise TypeError(f"swap_ab: expected True, False or None, got {self.swap_ab!r}")
@@ -138,6 +143,11 @@ class TritonConfig:
         if self.persistent_tma and max(self.BLOCK_N, self.BLOCK_K) > TMA_BOX_MAX:
             raise ValueError(f"persistent_tma=True: a TMA box spans at most {TMA_BOX_MAX} rows and columns; "
                              f"got the weight tile BLOCK_N={self.BLOCK_N} × BLOCK_K={self.BLOCK_K}")
+        if self.split_k < 1:
+            raise ValueError(f"split_k={self.split_k}: must be >= 1 (programs sharing one tile's K steps)")
+        if self.split_k > 1 and self.persistent_tma:
+            raise ValueError(f"split_k={self.split_k}: the persistent TMA kernel does not split K; "
+                             "use split_k=1 with persistent_tma=True")
         if self.tma_flatten and not self.persistent_tma:
             raise ValueError("tma_flatten=True: flattens the persistent kernel's loops; it needs persistent_tma=True")
 

@@ -72,11 +72,26 @@ The interpreter (``INTERPRETER``, True only under ``TRITON_INTERPRET=1``)
     order; ``_widen`` restores NaN), and ``_cast_out`` / ``_quantize`` round onto the target grid
     before casting. On the GPU these branches do not exist in the binary.
 
+Split-K (``SPLIT_K`` > 1, the config's ``split_k``; GEMM1 only)
+    At T = 1 a layer like DeepSeek-V3 under 8-way tensor parallelism (I = 256, K = 7168) has 8
+    active experts × 4 column tiles = 32 GEMM1 programs for 132 SMs, each streaming 1.8 MB of W1:
+    one SM cannot pull its share of HBM bandwidth alone. Split-K gives each tile SPLIT_K programs
+    (grid axis 1), program s summing the K steps [s·span, (s+1)·span). Each stores its fp32 partial
+    gate and up tiles, then takes a ticket from the tile's counter (an acquire-release atomic);
+    the program holding the last ticket adds the partials in the order s = 0, 1, … (so the result
+    does not depend on which program finished last: bitwise reruns), runs the epilogue — SiLU is
+    not linear, so it must follow the whole sum — and resets the counter for the next launch. Every
+    scale is applied after the sum or per K step as without the split; the result differs from
+    SPLIT_K = 1 only in the order of the fp32 additions, so batch invariance holds between calls
+    whose configs share split_k.
+
 Recompilation: the per-call sizes (``num_pairs``, ``num_rows``, ``num_tokens``, ``num_amax``,
 ``zero_count``) are ``do_not_specialize``; N, K, E are model constants (inputs are contiguous).
-64-bit offsets: the expert id and the pair ids are loaded as int64, so W's expert base (and the
-weight-scale indexes) and the row offsets of the GEMMs and the combine may pass 2³¹ − 1 elements;
-offsets inside one expert and the quantize kernels' rows stay int32 (``moe_spec.validate`` bounds them).
+64-bit offsets: the pair ids and the expert id are widened to int64 where they scale a row or an
+expert's base, so W's expert base and the row offsets of the GEMMs and the combine may pass
+2³¹ − 1 elements; offsets inside one expert, the weight-scale indexes and the quantize kernels'
+rows stay int32 (``moe_spec.validate`` bounds them). The amax, quantize and combine kernels are in
+:mod:`triton_moe.kernels_rows`.
 """
 
 from __future__ import annotations
@@ -101,9 +116,6 @@ FP8_BLOCK = tl.constexpr(moe_spec.quant.FP8_BLOCK)  # weight block / activation 
 #: The error-word bits the GEMMs set (moe_spec.validate.DATA_CHECKS).
 BAD_WEIGHT, BAD_W1_SCALE, BAD_W2_SCALE = (tl.constexpr(b) for b in (
     moe_spec.validate.BAD_WEIGHT, moe_spec.validate.BAD_W1_SCALE, moe_spec.validate.BAD_W2_SCALE))
-#: Partial amaxes of x under fp8_tensor (``amax_kernel``'s programs), reduced by ``quantize_kernel``.
-AMAX_PARTS = tl.constexpr(128)
-
 
 @triton.jit
 def _abs_bits(v):
@@ -122,33 +134,6 @@ def _abs_bits(v):
 def _bits_ptr(ptr):
     """An fp32 amax buffer seen as the int32 bits that :func:`_abs_bits` maxima are taken over."""
     return ptr.to(tl.pointer_type(tl.int32))
-
-
-@triton.jit
-def _scale_of(amax):
-    """fp32 scale of an amax, as moe_spec.quant computes it (IEEE division, like torch's; NaN in,
-    NaN out: a floor taken with IEEE maxNum would turn a NaN amax into the floor)."""
-    return tl.math.div_rn(tl.maximum(amax, AMAX_FLOOR, propagate_nan=tl.PropagateNan.ALL), FP8_MAX)
-
-
-@triton.jit
-def _quantize(a, scale, INTERPRETER: tl.constexpr):
-    """e4m3(clamp(a / scale, ±FP8_MAX)): round to nearest even, saturating.
-
-    The interpreter's fp32→e4m3 cast mishandles ties and rounding that carries into the exponent
-    (31 → 16 instead of 32); there the value is rounded to e4m3's grid in fp32 first: 3 mantissa
-    bits for normals (|q| ≥ 2⁻⁶), a fixed step of 2⁻⁹ below, so the cast itself is exact.
-    """
-    q = tl.clamp(tl.math.div_rn(a.to(tl.float32), scale), -FP8_MAX, FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
-    if INTERPRETER:
-        bits = q.to(tl.uint32, bitcast=True)
-        normal = ((bits + (0x7FFFF + ((bits >> 20) & 1))) & 0xFFF00000).to(tl.float32, bitcast=True)
-        subnormal = ((q * 512.0 + 12582912.0) - 12582912.0) / 512.0  # 1.5·2²³: RNE to an integer
-        grid = tl.where(tl.abs(q) >= 0.015625, normal, subnormal)
-        # the interpreter casts NaN to 384 (0x7C): write E4M3's NaN byte (S.1111.111) itself
-        byte = grid.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-        return tl.where(q != q, byte | 0x7F, byte).to(tl.float8e4nv, bitcast=True)
-    return q.to(tl.float8e4nv)  # the GPU's saturating cast keeps NaN
 
 
 @triton.jit
@@ -253,6 +238,78 @@ def _dequant_after_loop(acc, a_scale_ptr, a_row, row_ok, w_scale_ptr, expert, w_
     return acc, bad
 
 
+@triton.jit
+def _epilogue(acc, acc_up, scale_bad, pair, row_ok, a_row, expert, offs_n, col_ok, pid_n,
+              a_scale_ptr, w_scale_ptr, out_ptr, out_amax_ptr, topk_weights_ptr, topk_ids_ptr, error_ptr,
+              N, E, N_TOTAL, FUSE_SILU: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr, QUANT: tl.constexpr,
+              INTERPRETER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The epilogue of both grouped GEMMs on an (unswapped) [BLOCK_M, BLOCK_N] tile: dequantize,
+    SiLU(gate)·up and the intermediate's amax (GEMM1), routing weight (GEMM2), error bits, store."""
+    acc, bad = _dequant_after_loop(acc, a_scale_ptr, a_row, row_ok, w_scale_ptr, expert, offs_n, col_ok,
+                                   N_TOTAL, QUANT)
+    if QUANT == PER_BLOCK:
+        bad = tl.max(scale_bad, axis=0)
+    # a pair whose id is outside [0, E) was aligned with it clamped (triton_moe.align): GEMM1 zeroes
+    # its intermediate, GEMM2 multiplies it by NaN instead of its routing weight (moe_spec.contract)
+    ids = tl.load(topk_ids_ptr + pair, mask=row_ok, other=0)
+    id_ok = (ids >= 0) & (ids < E)
+    out_mask = row_ok[:, None] & col_ok[None, :]
+    if FUSE_SILU:
+        up, bad_up = _dequant_after_loop(acc_up, a_scale_ptr, a_row, row_ok, w_scale_ptr, expert, N + offs_n,
+                                         col_ok, N_TOTAL, QUANT)
+        bad = bad | bad_up
+        acc = acc / (1.0 + tl.exp(-acc)) * up  # SiLU(gate)·up in fp32
+        acc = tl.where(out_mask & id_ok[:, None], acc, 0.0)
+        # the intermediate's amax, as int32 bits (NaN kept, see _abs_bits), per tensor / row / group
+        if QUANT == PER_TENSOR and out_amax_ptr is not None:  # None: a static scale follows
+            tl.atomic_max(_bits_ptr(out_amax_ptr), tl.max(tl.max(_abs_bits(acc), axis=1), axis=0))
+        elif QUANT == PER_CHANNEL:
+            tl.atomic_max(_bits_ptr(out_amax_ptr) + pair, tl.max(_abs_bits(acc), axis=1), mask=row_ok)
+        elif QUANT == PER_BLOCK:
+            # 1×128 groups of the intermediate: BLOCK_N/G groups of G columns in this tile
+            G: tl.constexpr = BLOCK_N if BLOCK_N < FP8_BLOCK else FP8_BLOCK
+            group_max = tl.max(tl.reshape(_abs_bits(acc), [BLOCK_M, BLOCK_N // G, G]), axis=2)
+            gcol = (pid_n * BLOCK_N) // FP8_BLOCK + tl.arange(0, BLOCK_N // G)
+            tl.atomic_max(_bits_ptr(out_amax_ptr) + pair[:, None].to(tl.int64) * tl.cdiv(N, FP8_BLOCK)
+                          + gcol[None, :], group_max, mask=row_ok[:, None] & (gcol < tl.cdiv(N, FP8_BLOCK))[None, :])
+    bits = tl.where(bad > 0, BAD_W1_SCALE if FUSE_SILU else BAD_W2_SCALE, 0)  # the weight scale it read
+    if MUL_ROUTED_WEIGHT:
+        rw = tl.load(topk_weights_ptr + pair, mask=row_ok, other=0.0)
+        bits |= tl.where(tl.max((row_ok & ~(tl.abs(rw) < float("inf"))).to(tl.int32), axis=0) > 0, BAD_WEIGHT, 0)
+        acc = acc * tl.where(id_ok | ~row_ok, rw, float("nan"))[:, None]
+    tl.atomic_or(error_ptr, bits, mask=bits != 0)
+    out_ptrs = out_ptr + pair[:, None].to(tl.int64) * N + offs_n[None, :]
+    tl.store(out_ptrs, _cast_out(acc, out_ptr.dtype.element_ty, INTERPRETER), mask=out_mask)
+
+
+@triton.jit
+def _split_k_sum(acc, acc_up, partial_ptr, count_ptr, tile, FUSE_SILU: tl.constexpr, SPLIT_K: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Split-K's exchange: store this program's partial tile(s), count the programs of ``tile`` that
+    are done; the last one gets (Σ_s partial_s in the order s = 0, 1, …, the same, True) and resets
+    the count for the next launch, the others (their partials, the same, False)."""
+    TILE: tl.constexpr = BLOCK_M * BLOCK_N
+    cells = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    first = partial_ptr + tile.to(tl.int64) * (SPLIT_K * 2 * TILE) + cells  # partial s: gate at 2s, up at 2s+1
+    mine = first + tl.program_id(1) * (2 * TILE)
+    tl.store(mine, acc)
+    if FUSE_SILU:
+        tl.store(mine + TILE, acc_up)
+    tl.debug_barrier()  # every thread's stores precede the count's release
+    last = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel") == SPLIT_K - 1
+    mask = (cells >= 0) & last
+    # in L2 (.cg): the partials were written by other SMs during this launch
+    acc = tl.load(first, mask=mask, other=0.0, cache_modifier=".cg")
+    if FUSE_SILU:
+        acc_up = tl.load(first + TILE, mask=mask, other=0.0, cache_modifier=".cg")
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(first + s * 2 * TILE, mask=mask, other=0.0, cache_modifier=".cg")
+        if FUSE_SILU:
+            acc_up += tl.load(first + s * 2 * TILE + TILE, mask=mask, other=0.0, cache_modifier=".cg")
+    tl.store(count_ptr + tile, 0, mask=last)
+    return acc, acc_up, last
+
+
 @triton.jit(do_not_specialize=["num_pairs"])
 def moe_gemm_kernel(
     a_ptr, a_scale_ptr,  # A rows [rows, K]: bf16, or E4M3 with its scales (FP8)
@@ -261,6 +318,7 @@ def moe_gemm_kernel(
     topk_weights_ptr, topk_ids_ptr,  # [P] routing weights (GEMM2) and ids (both: checked, see below)
     sorted_ids_ptr, expert_of_block_ptr, num_padded_ptr,  # the Alignment (moe_spec.align)
     error_ptr,  # the device's error word (moe_spec.validate): bad scales, routing weights
+    partial_ptr, count_ptr,  # split-K: fp32 partial tiles, a zeroed int32 count per tile (SPLIT_K > 1)
     num_pairs,  # P = T·top_k: varies per call
     N, K, E,  # output columns (I for GEMM1, hidden for GEMM2), reduction length, experts
     A_ROW_DIV: tl.constexpr,  # A row of pair p is p // A_ROW_DIV (top_k in GEMM1, 1 in GEMM2)
@@ -271,6 +329,7 @@ def moe_gemm_kernel(
     SWAP_AB: tl.constexpr,
     INTERPRETER: tl.constexpr,  # True only under TRITON_INTERPRET=1 (see the module docstring)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr = 1,  # programs along grid axis 1, each summing its share of the K steps
 ):
     # ---- which tile: grouped ordering (GROUP_M M-blocks sweep the N tiles together, for L2) ----
     pid = tl.program_id(0)
@@ -285,26 +344,32 @@ def moe_gemm_kernel(
     if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
         return  # past the padded total: the grid was sized for the worst case
 
-    # ---- rows (sorted pairs of one expert) and columns ----
+    # ---- rows (sorted pairs of one expert), columns, this program's K steps ----
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_ids_ptr + offs_m).to(tl.int64)
+    pair = tl.load(sorted_ids_ptr + offs_m)
     row_ok = pair < num_pairs
     a_row = pair // A_ROW_DIV
-    expert = tl.load(expert_of_block_ptr + pid_m).to(tl.int64)
+    expert = tl.load(expert_of_block_ptr + pid_m)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = offs_n < N
-    offs_k = tl.arange(0, BLOCK_K)
     N_TOTAL = 2 * N if FUSE_SILU else N  # W1 rows: gate 0…I−1, up I…2I−1
     K_GROUPS = tl.cdiv(K, FP8_BLOCK)
     N_GROUPS = tl.cdiv(N_TOTAL, FP8_BLOCK)
+    k_begin = 0
+    k_end = K
+    if SPLIT_K > 1:  # program s of the tile: K steps [s·span, (s+1)·span), span a multiple of BLOCK_K
+        span = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+        k_begin = tl.program_id(1) * span
+        k_end = tl.minimum(K, k_begin + span)
+    offs_k = tl.arange(0, BLOCK_K)
 
-    a_ptrs = a_ptr + a_row[:, None] * K + offs_k[None, :]
-    w_ptrs = w_ptr + expert * N_TOTAL * K + offs_n[:, None] * K + offs_k[None, :]
+    a_ptrs = a_ptr + a_row[:, None].to(tl.int64) * K + (k_begin + offs_k)[None, :]
+    w_ptrs = w_ptr + expert.to(tl.int64) * N_TOTAL * K + offs_n[:, None] * K + (k_begin + offs_k)[None, :]
 
     acc = _acc_tile(SWAP_AB, BLOCK_M, BLOCK_N)
     acc_up = _acc_tile(SWAP_AB, BLOCK_M, BLOCK_N)  # GEMM1 only; folded away otherwise
     scale_bad = tl.zeros([BLOCK_N], dtype=tl.int32)  # fp8_block: any bad weight scale of the loop
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_begin, k_end, BLOCK_K):
         k_ok = offs_k < K - k0
         a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
@@ -328,123 +393,16 @@ def moe_gemm_kernel(
                 acc_up = _mma(acc_up, a, w_up, SWAP_AB, INTERPRETER, FP8_IMPRECISE_ACC)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
+    acc = _unswap(acc, SWAP_AB)
+    acc_up = _unswap(acc_up, SWAP_AB)
 
-    # ---- epilogue on [BLOCK_M, BLOCK_N] ----
-    acc, bad = _dequant_after_loop(_unswap(acc, SWAP_AB), a_scale_ptr, a_row, row_ok, w_scale_ptr, expert,
-                                   offs_n, col_ok, N_TOTAL, QUANT)
-    if QUANT == PER_BLOCK:
-        bad = tl.max(scale_bad, axis=0)
-    # a pair whose id is outside [0, E) was aligned with it clamped (triton_moe.align): GEMM1 zeroes
-    # its intermediate, GEMM2 multiplies it by NaN instead of its routing weight (moe_spec.contract)
-    ids = tl.load(topk_ids_ptr + pair, mask=row_ok, other=0)
-    id_ok = (ids >= 0) & (ids < E)
-    out_mask = row_ok[:, None] & col_ok[None, :]
-    if FUSE_SILU:
-        up, bad_up = _dequant_after_loop(_unswap(acc_up, SWAP_AB), a_scale_ptr, a_row, row_ok, w_scale_ptr,
-                                         expert, N + offs_n, col_ok, N_TOTAL, QUANT)
-        bad = bad | bad_up
-        acc = acc / (1.0 + tl.exp(-acc)) * up  # SiLU(gate)·up in fp32
-        acc = tl.where(out_mask & id_ok[:, None], acc, 0.0)
-        # the intermediate's amax, as int32 bits (NaN kept, see _abs_bits), per tensor / row / group
-        if QUANT == PER_TENSOR and out_amax_ptr is not None:  # None: a static scale follows
-            tl.atomic_max(_bits_ptr(out_amax_ptr), tl.max(tl.max(_abs_bits(acc), axis=1), axis=0))
-        elif QUANT == PER_CHANNEL:
-            tl.atomic_max(_bits_ptr(out_amax_ptr) + pair, tl.max(_abs_bits(acc), axis=1), mask=row_ok)
-        elif QUANT == PER_BLOCK:
-            # 1×128 groups of the intermediate: BLOCK_N/G groups of G columns in this tile
-            G: tl.constexpr = BLOCK_N if BLOCK_N < FP8_BLOCK else FP8_BLOCK
-            group_max = tl.max(tl.reshape(_abs_bits(acc), [BLOCK_M, BLOCK_N // G, G]), axis=2)
-            gcol = (pid_n * BLOCK_N) // FP8_BLOCK + tl.arange(0, BLOCK_N // G)
-            tl.atomic_max(_bits_ptr(out_amax_ptr) + pair[:, None] * tl.cdiv(N, FP8_BLOCK) + gcol[None, :],
-                          group_max, mask=row_ok[:, None] & (gcol < tl.cdiv(N, FP8_BLOCK))[None, :])
-    bits = tl.where(bad > 0, BAD_W1_SCALE if FUSE_SILU else BAD_W2_SCALE, 0)  # the weight scale it read
-    if MUL_ROUTED_WEIGHT:
-        rw = tl.load(topk_weights_ptr + pair, mask=row_ok, other=0.0)
-        bits |= tl.where(tl.max((row_ok & ~(tl.abs(rw) < float("inf"))).to(tl.int32), axis=0) > 0, BAD_WEIGHT, 0)
-        acc = acc * tl.where(id_ok | ~row_ok, rw, float("nan"))[:, None]
-    tl.atomic_or(error_ptr, bits, mask=bits != 0)
-    out_ptrs = out_ptr + pair[:, None] * N + offs_n[None, :]
-    tl.store(out_ptrs, _cast_out(acc, out_ptr.dtype.element_ty, INTERPRETER), mask=out_mask)
-
-
-@triton.jit(do_not_specialize=["num_rows"])
-def amax_kernel(x_ptr, amax_ptr, num_rows, K, BLOCK: tl.constexpr):
-    """Partial amaxes of x [rows, K] (per-tensor FP8): program g of G stores the amax bits of rows g,
-    g + G, … in ``amax_ptr[g]`` (no atomics, nothing to zero; NaN kept); ``quantize_kernel`` reduces them."""
-    part = tl.program_id(0)
-    cols = tl.arange(0, BLOCK)
-    row_max = tl.zeros([BLOCK], dtype=tl.int32)
-    for row in range(part, num_rows, tl.num_programs(0)):
-        for k0 in range(0, K, BLOCK):
-            v = tl.load(x_ptr + row * K + k0 + cols, mask=cols < K - k0, other=0.0)
-            row_max = tl.maximum(row_max, _abs_bits(v))
-    tl.store(_bits_ptr(amax_ptr) + part, tl.max(row_max, axis=0))
-
-
-@triton.jit(do_not_specialize=["num_rows", "num_amax", "zero_count"])
-def quantize_kernel(a_ptr, amax_ptr, q_ptr, scale_ptr, zero_ptr, num_rows, K, num_amax, zero_count,
-                    QUANT: tl.constexpr, AMAX_GIVEN: tl.constexpr, GROUPS: tl.constexpr, INTERPRETER: tl.constexpr,
-                    STATIC_BIT: tl.constexpr = 0):
-    """a [rows, K] (bf16 or fp32) → q [rows, K] E4M3 and scales, exactly as moe_spec.quant does.
-    One program per row, GROUPS × 128 columns at a time. The scale is static (``STATIC_BIT`` ≠ 0,
-    per-tensor: read at ``scale_ptr``; ``amax_ptr`` is the error word, where a scale not finite and
-    positive sets ``STATIC_BIT``) or comes from an amax, given (``AMAX_GIVEN``: x's ``num_amax``
-    partial amaxes; the intermediate's, from GEMM1's epilogue) or found here (per-channel reads the
-    row twice). Scales in moe_spec.quant's shapes: [1], [rows, 1], [rows, ⌈K/128⌉]. Quantizing x
-    also zeroes GEMM1's amax buffer (``zero_count`` elements at ``zero_ptr``): no launch fills it."""
-    row = tl.program_id(0)
-    groups = tl.arange(0, GROUPS)
-    cols = tl.arange(0, FP8_BLOCK)
-    K_GROUPS = tl.cdiv(K, FP8_BLOCK)
-    per_row = tl.cdiv(zero_count, num_rows)
-    for z0 in range(0, per_row, FP8_BLOCK):
-        z = row * per_row + z0 + cols
-        tl.store(zero_ptr + z, tl.zeros_like(z).to(tl.float32), mask=(z0 + cols < per_row) & (z < zero_count))
-    if QUANT == PER_TENSOR and STATIC_BIT:
-        s = tl.load(scale_ptr)
-        tl.atomic_or(amax_ptr, STATIC_BIT, mask=(row == 0) & (_scale_bad(s) != 0))
-    elif QUANT == PER_TENSOR:
-        parts = tl.arange(0, AMAX_PARTS)
-        amax = tl.max(tl.load(_bits_ptr(amax_ptr) + parts, mask=parts < num_amax, other=0), axis=0)
-        s = _scale_of(amax.to(tl.float32, bitcast=True))
-        tl.store(scale_ptr, s, mask=row == 0)
-    elif QUANT == PER_CHANNEL:
-        if AMAX_GIVEN:
-            amax = tl.load(amax_ptr + row)
-        else:
-            row_max = tl.zeros([GROUPS, FP8_BLOCK], dtype=tl.int32)
-            for g0 in range(0, K_GROUPS, GROUPS):
-                k = (g0 + groups)[:, None] * FP8_BLOCK + cols[None, :]
-                v = tl.load(a_ptr + row * K + k, mask=k < K, other=0.0)
-                row_max = tl.maximum(row_max, _abs_bits(v))
-            amax = tl.max(tl.max(row_max, axis=1), axis=0).to(tl.float32, bitcast=True)
-        s = _scale_of(amax)
-        tl.store(scale_ptr + row, s)
-    for g0 in range(0, K_GROUPS, GROUPS):
-        k = (g0 + groups)[:, None] * FP8_BLOCK + cols[None, :]
-        v = tl.load(a_ptr + row * K + k, mask=k < K, other=0.0).to(tl.float32)
-        if QUANT == PER_BLOCK:
-            g_ok = g0 + groups < K_GROUPS
-            if AMAX_GIVEN:
-                amax = tl.load(amax_ptr + row * K_GROUPS + g0 + groups, mask=g_ok, other=1.0)
-            else:
-                amax = tl.max(_abs_bits(v), axis=1).to(tl.float32, bitcast=True)
-            s_g = _scale_of(amax)
-            tl.store(scale_ptr + row * K_GROUPS + g0 + groups, s_g, mask=g_ok)
-            q = _quantize(v, s_g[:, None], INTERPRETER)
-        else:
-            q = _quantize(v, s, INTERPRETER)
-        tl.store(q_ptr + row * K + k, q, mask=k < K)
-
-
-@triton.jit(do_not_specialize=["num_tokens"])
-def combine_kernel(y_ptr, out_ptr, num_tokens, K, TOP_K: tl.constexpr, BLOCK: tl.constexpr,
-                   INTERPRETER: tl.constexpr):
-    """out[t] = Σ_j y[t·TOP_K + j] in fp32, j ascending (y rows already carry the routing weight)."""
-    t = tl.program_id(0).to(tl.int64)  # row offsets (t·TOP_K + j)·K may pass 2³¹
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    ok = cols < K
-    total = tl.zeros([BLOCK], dtype=tl.float32)
-    for j in range(TOP_K):
-        total += tl.load(y_ptr + (t * TOP_K + j) * K + cols, mask=ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + t * K + cols, _cast_out(total, out_ptr.dtype.element_ty, INTERPRETER), mask=ok)
+    if SPLIT_K > 1:  # the tile's last program to finish sums the partials and runs the epilogue
+        if QUANT == PER_BLOCK:  # the bad weight scales of this program's K steps
+            tl.atomic_or(error_ptr, BAD_W1_SCALE if FUSE_SILU else BAD_W2_SCALE, mask=tl.max(scale_bad, axis=0) > 0)
+        acc, acc_up, last = _split_k_sum(acc, acc_up, partial_ptr, count_ptr, pid_m * num_pid_n + pid_n, FUSE_SILU,
+                                         SPLIT_K, BLOCK_M, BLOCK_N)
+        if not last:
+            return
+    _epilogue(acc, acc_up, scale_bad, pair, row_ok, a_row, expert, offs_n, col_ok, pid_n,
+              a_scale_ptr, w_scale_ptr, out_ptr, out_amax_ptr, topk_weights_ptr, topk_ids_ptr, error_ptr,
+              N, E, N_TOTAL, FUSE_SILU, MUL_ROUTED_WEIGHT, QUANT, INTERPRETER, BLOCK_M, BLOCK_N)

@@ -44,9 +44,8 @@ Warp specialization and loop flattening (Triton 3.6 on sm_90)
     measures.
 
 The K loop is the one of ``moe_gemm_kernel`` (same order, same ``_mma`` / ``_mma_scaled`` steps),
-so on the same tile the two kernels add the same products in the same order. The epilogue is
-``_epilogue`` here: ``moe_gemm_kernel``'s epilogue as a ``@triton.jit`` helper (with 64-bit output
-offsets), built from the same helpers of :mod:`triton_moe.kernels`, which it imports unchanged.
+so on the same tile the two kernels add the same products in the same order, and the epilogue is
+the same function (:mod:`triton_moe.kernels` ``_epilogue``).
 """
 
 from __future__ import annotations
@@ -58,9 +57,8 @@ from triton.runtime import _allocation
 
 from moe_spec.hopper import TMA_ALIGN_BYTES as TMA_ALIGN, sm_count
 from triton_moe.jit import launch
-from triton_moe.kernels import (BAD_W1_SCALE, BAD_W2_SCALE, BAD_WEIGHT, FP8_BLOCK, PER_BLOCK, PER_CHANNEL,
-                                PER_TENSOR, _abs_bits, _bits_ptr, _cast_out, _dequant_after_loop, _mma,
-                                _mma_scaled, _scale_bad)
+from triton_moe.kernels import FP8_BLOCK, PER_BLOCK, _epilogue, _mma, _mma_scaled, _scale_bad
+
 
 def _torch_scratch(size: int, alignment: int, stream):
     """Triton's launch-time scratch (here: the device-side tensor descriptors), from torch's
@@ -99,6 +97,8 @@ def gemm_tma(a, a_scale, w, w_scale, out, out_amax, topk_weights, topk_ids, erro
     the launch when TMA cannot read it (:func:`check_tma_operand`)."""
     if constants["SWAP_AB"]:
         raise ValueError("config: persistent_tma is the non-swap-AB path; this config resolves to swap_ab=True")
+    if constants["SPLIT_K"] != 1:
+        raise ValueError("config: persistent_tma does not split K; this config has split_k > 1")
     check_tma_operand("w1" if constants["FUSE_SILU"] else "w2", w)
     ensure_allocator()
     tiles = routing.expert_of_block.numel() * triton.cdiv(N, constants["BLOCK_N"])
@@ -108,51 +108,7 @@ def gemm_tma(a, a_scale, w, w_scale, out, out_amax, topk_weights, topk_ids, erro
            a, a_scale if a_scale is not None else dummy, w, w_scale if w_scale is not None else dummy,
            out, None if static else out_amax if out_amax is not None else dummy, topk_weights, topk_ids,
            routing.sorted_ids, routing.expert_of_block, num_padded, error, routing.num_pairs, N, K, w.shape[0],
-           **{k: v for k, v in constants.items() if k != "SWAP_AB"}, FLATTEN=flatten)
-
-
-@triton.jit
-def _epilogue(acc, acc_up, scale_bad, pair, row_ok, a_row, expert, offs_n, col_ok, pid_n,
-              a_scale_ptr, w_scale_ptr, out_ptr, out_amax_ptr, topk_weights_ptr, topk_ids_ptr, error_ptr,
-              N, E, N_TOTAL, FUSE_SILU: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr, QUANT: tl.constexpr,
-              INTERPRETER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The epilogue of ``moe_gemm_kernel`` on an (unswapped) [BLOCK_M, BLOCK_N] tile: dequantize,
-    SiLU(gate)·up and the intermediate's amax (GEMM1), routing weight (GEMM2), error bits, store."""
-    acc, bad = _dequant_after_loop(acc, a_scale_ptr, a_row, row_ok, w_scale_ptr, expert, offs_n, col_ok,
-                                   N_TOTAL, QUANT)
-    if QUANT == PER_BLOCK:
-        bad = tl.max(scale_bad, axis=0)
-    # a pair whose id is outside [0, E) was aligned with it clamped (triton_moe.align): GEMM1 zeroes
-    # its intermediate, GEMM2 multiplies it by NaN instead of its routing weight (moe_spec.contract)
-    ids = tl.load(topk_ids_ptr + pair, mask=row_ok, other=0)
-    id_ok = (ids >= 0) & (ids < E)
-    out_mask = row_ok[:, None] & col_ok[None, :]
-    if FUSE_SILU:
-        up, bad_up = _dequant_after_loop(acc_up, a_scale_ptr, a_row, row_ok, w_scale_ptr, expert, N + offs_n,
-                                         col_ok, N_TOTAL, QUANT)
-        bad = bad | bad_up
-        acc = acc / (1.0 + tl.exp(-acc)) * up  # SiLU(gate)·up in fp32
-        acc = tl.where(out_mask & id_ok[:, None], acc, 0.0)
-        # the intermediate's amax, as int32 bits (NaN kept, see _abs_bits), per tensor / row / group
-        if QUANT == PER_TENSOR and out_amax_ptr is not None:  # None: a static scale follows
-            tl.atomic_max(_bits_ptr(out_amax_ptr), tl.max(tl.max(_abs_bits(acc), axis=1), axis=0))
-        elif QUANT == PER_CHANNEL:
-            tl.atomic_max(_bits_ptr(out_amax_ptr) + pair, tl.max(_abs_bits(acc), axis=1), mask=row_ok)
-        elif QUANT == PER_BLOCK:
-            # 1×128 groups of the intermediate: BLOCK_N/G groups of G columns in this tile
-            G: tl.constexpr = BLOCK_N if BLOCK_N < FP8_BLOCK else FP8_BLOCK
-            group_max = tl.max(tl.reshape(_abs_bits(acc), [BLOCK_M, BLOCK_N // G, G]), axis=2)
-            gcol = (pid_n * BLOCK_N) // FP8_BLOCK + tl.arange(0, BLOCK_N // G)
-            tl.atomic_max(_bits_ptr(out_amax_ptr) + pair[:, None].to(tl.int64) * tl.cdiv(N, FP8_BLOCK)
-                          + gcol[None, :], group_max, mask=row_ok[:, None] & (gcol < tl.cdiv(N, FP8_BLOCK))[None, :])
-    bits = tl.where(bad > 0, BAD_W1_SCALE if FUSE_SILU else BAD_W2_SCALE, 0)  # the weight scale it read
-    if MUL_ROUTED_WEIGHT:
-        rw = tl.load(topk_weights_ptr + pair, mask=row_ok, other=0.0)
-        bits |= tl.where(tl.max((row_ok & ~(tl.abs(rw) < float("inf"))).to(tl.int32), axis=0) > 0, BAD_WEIGHT, 0)
-        acc = acc * tl.where(id_ok | ~row_ok, rw, float("nan"))[:, None]
-    tl.atomic_or(error_ptr, bits, mask=bits != 0)
-    out_ptrs = out_ptr + pair[:, None].to(tl.int64) * N + offs_n[None, :]
-    tl.store(out_ptrs, _cast_out(acc, out_ptr.dtype.element_ty, INTERPRETER), mask=out_mask)
+           **{k: v for k, v in constants.items() if k not in ("SWAP_AB", "SPLIT_K")}, FLATTEN=flatten)
 
 
 @triton.jit(do_not_specialize=["num_pairs"])

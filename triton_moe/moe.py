@@ -17,7 +17,10 @@ amax kernel and GEMM1's amax are skipped, and both quantize launches divide by t
 (and check them into the error word) — seven launches instead of eight.
 
 No launch fills or zeroes a buffer: every buffer is written whole by the kernel that produces it
-(the alignment writes its padding; x's quantization zeroes the amax GEMM1 accumulates into).
+(the alignment writes its padding; x's quantization zeroes the amax GEMM1 accumulates into). The
+one exception is split-K's per-tile counts (configs with ``split_k`` > 1): zeroed when the
+workspace is made — once per eager workspace, one memset per replay of a captured CUDA graph —
+and left zero by every GEMM1 launch.
 
 Nothing here reads device data on the host, so a call is as cheap eager as in a CUDA graph and can
 be captured and replayed for new routing; the buffer sizes depend only on T, top_k, E and the
@@ -48,7 +51,8 @@ from moe_spec.validate import BAD_A1_SCALE, BAD_A2_SCALE, error_word, validate_m
 from triton_moe.align import MAX_EXPERTS, align_into, buffer_sizes
 from triton_moe.config import TritonConfig
 from triton_moe.jit import INTERPRET, launch
-from triton_moe.kernels import AMAX_PARTS, QUANT_MODE, amax_kernel, combine_kernel, moe_gemm_kernel, quantize_kernel
+from triton_moe.kernels import QUANT_MODE, moe_gemm_kernel
+from triton_moe.kernels_rows import AMAX_PARTS, amax_kernel, combine_kernel, quantize_kernel
 from triton_moe.kernels_tma import check_tma_operand, gemm_tma
 from triton_moe.plan import plan
 
@@ -93,23 +97,25 @@ def _quantize(a, quant: str, amax=None, *, q=None, scale=None, parts=None, zero=
 
 @functools.lru_cache(maxsize=256)
 def _gemm_constants(cfg: TritonConfig, quant, fuse_silu: bool, a_row_div: int) -> dict:
-    """The constexpr arguments of one GEMM launch (a function of the plan; not to be mutated)."""
+    """The constexpr arguments of one GEMM launch (a function of the plan; not to be mutated).
+    Only GEMM1 splits K (``cfg.split_k``)."""
     return dict(A_ROW_DIV=a_row_div, FUSE_SILU=fuse_silu, MUL_ROUTED_WEIGHT=not fuse_silu, QUANT=QUANT_MODE[quant],
                 FP8_IMPRECISE_ACC=cfg.fp8_imprecise_acc, SWAP_AB=bool(cfg.swap_ab), INTERPRETER=INTERPRET,
                 BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                SPLIT_K=cfg.split_k if fuse_silu else 1, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 @functools.lru_cache(maxsize=1024)
 def _geometry(T: int, top_k: int, K: int, I: int, quant, cfg: TritonConfig, num_blocks: int) -> tuple:  # noqa: E741
     """What the launches of :func:`expert_computation` take from the sizes alone: (quantized,
     GEMM1 grid, GEMM2 grid, combine grid, GEMM1 constexprs, GEMM2 constexprs) — once per shape."""
-    return (get_format(quant).quantized, (num_blocks * _cdiv(I, cfg.BLOCK_N),), (num_blocks * _cdiv(K, cfg.BLOCK_N),),
+    return (get_format(quant).quantized, (num_blocks * _cdiv(I, cfg.BLOCK_N), cfg.split_k),
+            (num_blocks * _cdiv(K, cfg.BLOCK_N),),
             (T, _cdiv(K, COMBINE_BLOCK)), _gemm_constants(cfg, quant, True, top_k), _gemm_constants(cfg, quant, False, 1))
 
 
 def _gemm(grid, constants, a, a_scale, w, w_scale, out, out_amax, topk_weights, topk_ids, error, routing: Alignment,
-          num_padded, N, K, cfg: TritonConfig, static=False):
+          num_padded, N, K, cfg: TritonConfig, static=False, split=None):
     if cfg.persistent_tma:  # the persistent TMA kernel (triton_moe.kernels_tma): only when the config asks
         return gemm_tma(a, a_scale, w, w_scale, out, out_amax, topk_weights, topk_ids, error, routing, num_padded,
                         N, K, constants, flatten=cfg.tma_flatten, static=static)
@@ -117,12 +123,15 @@ def _gemm(grid, constants, a, a_scale, w, w_scale, out, out_amax, topk_weights, 
     launch(moe_gemm_kernel, grid,
            a, a_scale if a_scale is not None else dummy, w, w_scale if w_scale is not None else dummy,
            out, None if static else out_amax if out_amax is not None else dummy, topk_weights, topk_ids,
-           routing.sorted_ids, routing.expert_of_block, num_padded, error, routing.num_pairs, N, K,
-           w.shape[0], **constants)
+           routing.sorted_ids, routing.expert_of_block, num_padded, error,
+           *(split if split is not None else (dummy, dummy)), routing.num_pairs, N, K, w.shape[0], **constants)
 
 
-def _buffers(T: int, top_k: int, E: int, K: int, I: int, quant, tile: int, device) -> dict:  # noqa: E741
-    """Every intermediate buffer of one call, by name (``torch.empty``: no launch)."""
+def _buffers(T: int, top_k: int, E: int, K: int, I: int, quant, tile: int, device,  # noqa: E741
+             split: tuple = (1, 0)) -> dict:
+    """Every intermediate buffer of one call, by name (``torch.empty``: no launch). ``split``:
+    (split_k, BLOCK_N); with split_k > 1 also GEMM1's fp32 partial tiles and its per-tile counts,
+    zeroed once here (one fill at creation; the kernel leaves them zero after every launch)."""
     P = T * top_k
     fmt = get_format(quant)
     n = buffer_sizes(T, top_k, E, tile)
@@ -132,6 +141,11 @@ def _buffers(T: int, top_k: int, E: int, K: int, I: int, quant, tile: int, devic
              expert_end=end, num_padded=end[-1:], counts=new((n["chunks"], E), torch.int32),
              act=new((P, I), torch.float32 if fmt.quantized else torch.bfloat16),
              y=new((P, K), torch.bfloat16) if top_k > 1 else None)
+    split_k, block_n = split
+    if split_k > 1:
+        tiles = n["blocks"] * _cdiv(I, block_n)
+        b.update(partials=new((tiles * split_k * 2 * tile * block_n,), torch.float32),
+                 counts_split=torch.zeros((tiles,), dtype=torch.int32, device=device))
     if fmt.quantized:
         b.update(xq=new((T, K), FP8_DTYPE), x_scale=new(fmt.activation_scale_shape(T, K), torch.float32),
                  parts=new((PARTS,), torch.float32),
@@ -143,18 +157,23 @@ def _buffers(T: int, top_k: int, E: int, K: int, I: int, quant, tile: int, devic
 _workspaces: OrderedDict = OrderedDict()
 
 
-def _workspace(T, top_k, E, K, I, quant, tile, device) -> dict:  # noqa: E741
+def _split(cfg: TritonConfig) -> tuple:
+    """What GEMM1's split-K buffers depend on: (split_k, BLOCK_N), or (1, 0) without a split."""
+    return (cfg.split_k, cfg.BLOCK_N) if cfg.split_k > 1 else (1, 0)
+
+
+def _workspace(T, top_k, E, K, I, quant, tile, device, split=(1, 0)) -> dict:  # noqa: E741
     """The buffers of :func:`_buffers`, reused by the eager calls of one stream (see the module
     docstring); fresh while a CUDA graph is being captured."""
     stream = None
     if device.type == "cuda":
         if torch.cuda.is_current_stream_capturing():
-            return _buffers(T, top_k, E, K, I, quant, tile, device)
+            return _buffers(T, top_k, E, K, I, quant, tile, device, split)
         stream = torch.cuda.current_stream(device).cuda_stream
-    key = (T, top_k, E, K, I, quant, tile, device, stream, threading.get_ident())
+    key = (T, top_k, E, K, I, quant, tile, device, split, stream, threading.get_ident())
     b = _workspaces.get(key)
     if b is None:
-        b = _workspaces[key] = _buffers(T, top_k, E, K, I, quant, tile, device)
+        b = _workspaces[key] = _buffers(T, top_k, E, K, I, quant, tile, device, split)
         if len(_workspaces) > WORKSPACES:
             _workspaces.popitem(last=False)
     else:
@@ -195,7 +214,7 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
     if p.config.persistent_tma:  # TMA reads the weights: 16-byte rows and base, checked before any launch
         check_tma_operand("w1", w1)
         check_tma_operand("w2", w2)
-    ws = _workspace(d.T, d.top_k, d.E, d.K, d.I, quant, p.align_tile, x.device)
+    ws = _workspace(d.T, d.top_k, d.E, d.K, d.I, quant, p.align_tile, x.device, _split(p.config))
     error = error_word(x.device)
     routing = align_into(topk_ids, d.E, p.align_tile, ws["sorted_ids"], ws["expert_of_block"], ws["expert_end"],
                          ws["counts"], error)
@@ -218,7 +237,7 @@ def expert_computation(x, w1, w2, topk_weights, topk_ids, routing, *, quant, w1_
     T, K = x.shape
     E, I = w2.shape[0], w2.shape[2]  # noqa: E741
     top_k = topk_ids.shape[1]
-    ws = workspace or _buffers(T, top_k, E, K, I, quant, config.BLOCK_M, x.device)
+    ws = workspace or _buffers(T, top_k, E, K, I, quant, config.BLOCK_M, x.device, _split(config))
     num_padded = ws["num_padded"] if routing.expert_end is ws["expert_end"] else routing.num_padded
     error = error_word(x.device)
     quantized, grid1, grid2, combine_grid, const1, const2 = _geometry(T, top_k, K, I, quant, config,
@@ -235,7 +254,8 @@ def expert_computation(x, w1, w2, topk_weights, topk_ids, routing, *, quant, w1_
     # quantized once for GEMM2
     act = ws["act"]
     _gemm(grid1, const1, a1, s1, w1, w1_scale, act, act_amax, topk_weights, topk_ids, error, routing,
-          num_padded, I, K, config, static=static)
+          num_padded, I, K, config, static=static,
+          split=(ws["partials"], ws["counts_split"]) if config.split_k > 1 else None)
     if static:
         a2, s2 = _quantize(act, quant, q=ws["aq"], scale=a2_scale, static_bit=BAD_A2_SCALE)
     else:

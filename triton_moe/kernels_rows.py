@@ -1,0 +1,134 @@
+"""The row-wise kernels of the MoE layer: FP8 quantization of activations, and the combine.
+
+``amax_kernel``      partial amaxes of x [rows, K] (per-tensor FP8 with a dynamic scale)
+``quantize_kernel``  a [rows, K] (bf16 or fp32) → E4M3 [rows, K] + scales in :mod:`moe_spec.quant`'s
+                     shapes, bit for bit its reference quantization (see :mod:`triton_moe.kernels`
+                     for where each format's scale comes from and for the NaN rules)
+``combine_kernel``   out[t] = Σ_j y[t·top_k + j] in a fixed order (deterministic)
+
+One program per row (or per partial amax); they share the helpers and constants of
+:mod:`triton_moe.kernels`, whose grouped GEMM reads what the quantization writes.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from triton_moe.kernels import (AMAX_FLOOR, FP8_BLOCK, FP8_MAX, PER_BLOCK, PER_CHANNEL, PER_TENSOR, _abs_bits,
+                                _bits_ptr, _cast_out, _scale_bad)
+
+#: Partial amaxes of x under fp8_tensor (``amax_kernel``'s programs), reduced by ``quantize_kernel``.
+AMAX_PARTS = tl.constexpr(128)
+
+
+@triton.jit
+def _scale_of(amax):
+    """fp32 scale of an amax, as moe_spec.quant computes it (IEEE division, like torch's; NaN in,
+    NaN out: a floor taken with IEEE maxNum would turn a NaN amax into the floor)."""
+    return tl.math.div_rn(tl.maximum(amax, AMAX_FLOOR, propagate_nan=tl.PropagateNan.ALL), FP8_MAX)
+
+
+@triton.jit
+def _quantize(a, scale, INTERPRETER: tl.constexpr):
+    """e4m3(clamp(a / scale, ±FP8_MAX)): round to nearest even, saturating.
+
+    The interpreter's fp32→e4m3 cast mishandles ties and rounding that carries into the exponent
+    (31 → 16 instead of 32); there the value is rounded to e4m3's grid in fp32 first: 3 mantissa
+    bits for normals (|q| ≥ 2⁻⁶), a fixed step of 2⁻⁹ below, so the cast itself is exact.
+    """
+    q = tl.clamp(tl.math.div_rn(a.to(tl.float32), scale), -FP8_MAX, FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
+    if INTERPRETER:
+        bits = q.to(tl.uint32, bitcast=True)
+        normal = ((bits + (0x7FFFF + ((bits >> 20) & 1))) & 0xFFF00000).to(tl.float32, bitcast=True)
+        subnormal = ((q * 512.0 + 12582912.0) - 12582912.0) / 512.0  # 1.5·2²³: RNE to an integer
+        grid = tl.where(tl.abs(q) >= 0.015625, normal, subnormal)
+        # the interpreter casts NaN to 384 (0x7C): write E4M3's NaN byte (S.1111.111) itself
+        byte = grid.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+        return tl.where(q != q, byte | 0x7F, byte).to(tl.float8e4nv, bitcast=True)
+    return q.to(tl.float8e4nv)  # the GPU's saturating cast keeps NaN
+
+
+
+
+@triton.jit(do_not_specialize=["num_rows"])
+def amax_kernel(x_ptr, amax_ptr, num_rows, K, BLOCK: tl.constexpr):
+    """Partial amaxes of x [rows, K] (per-tensor FP8): program g of G stores the amax bits of rows g,
+    g + G, … in ``amax_ptr[g]`` (no atomics, nothing to zero; NaN kept); ``quantize_kernel`` reduces them."""
+    part = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    row_max = tl.zeros([BLOCK], dtype=tl.int32)
+    for row in range(part, num_rows, tl.num_programs(0)):
+        for k0 in range(0, K, BLOCK):
+            v = tl.load(x_ptr + row * K + k0 + cols, mask=cols < K - k0, other=0.0)
+            row_max = tl.maximum(row_max, _abs_bits(v))
+    tl.store(_bits_ptr(amax_ptr) + part, tl.max(row_max, axis=0))
+
+
+@triton.jit(do_not_specialize=["num_rows", "num_amax", "zero_count"])
+def quantize_kernel(a_ptr, amax_ptr, q_ptr, scale_ptr, zero_ptr, num_rows, K, num_amax, zero_count,
+                    QUANT: tl.constexpr, AMAX_GIVEN: tl.constexpr, GROUPS: tl.constexpr, INTERPRETER: tl.constexpr,
+                    STATIC_BIT: tl.constexpr = 0):
+    """a [rows, K] (bf16 or fp32) → q [rows, K] E4M3 and scales, exactly as moe_spec.quant does.
+    One program per row, GROUPS × 128 columns at a time. The scale is static (``STATIC_BIT`` ≠ 0,
+    per-tensor: read at ``scale_ptr``; ``amax_ptr`` is the error word, where a scale not finite and
+    positive sets ``STATIC_BIT``) or comes from an amax, given (``AMAX_GIVEN``: x's ``num_amax``
+    partial amaxes; the intermediate's, from GEMM1's epilogue) or found here (per-channel reads the
+    row twice). Scales in moe_spec.quant's shapes: [1], [rows, 1], [rows, ⌈K/128⌉]. Quantizing x
+    also zeroes GEMM1's amax buffer (``zero_count`` elements at ``zero_ptr``): no launch fills it."""
+    row = tl.program_id(0)
+    groups = tl.arange(0, GROUPS)
+    cols = tl.arange(0, FP8_BLOCK)
+    K_GROUPS = tl.cdiv(K, FP8_BLOCK)
+    per_row = tl.cdiv(zero_count, num_rows)
+    for z0 in range(0, per_row, FP8_BLOCK):
+        z = row * per_row + z0 + cols
+        tl.store(zero_ptr + z, tl.zeros_like(z).to(tl.float32), mask=(z0 + cols < per_row) & (z < zero_count))
+    if QUANT == PER_TENSOR and STATIC_BIT:
+        s = tl.load(scale_ptr)
+        tl.atomic_or(amax_ptr, STATIC_BIT, mask=(row == 0) & (_scale_bad(s) != 0))
+    elif QUANT == PER_TENSOR:
+        parts = tl.arange(0, AMAX_PARTS)
+        amax = tl.max(tl.load(_bits_ptr(amax_ptr) + parts, mask=parts < num_amax, other=0), axis=0)
+        s = _scale_of(amax.to(tl.float32, bitcast=True))
+        tl.store(scale_ptr, s, mask=row == 0)
+    elif QUANT == PER_CHANNEL:
+        if AMAX_GIVEN:
+            amax = tl.load(amax_ptr + row)
+        else:
+            row_max = tl.zeros([GROUPS, FP8_BLOCK], dtype=tl.int32)
+            for g0 in range(0, K_GROUPS, GROUPS):
+                k = (g0 + groups)[:, None] * FP8_BLOCK + cols[None, :]
+                v = tl.load(a_ptr + row * K + k, mask=k < K, other=0.0)
+                row_max = tl.maximum(row_max, _abs_bits(v))
+            amax = tl.max(tl.max(row_max, axis=1), axis=0).to(tl.float32, bitcast=True)
+        s = _scale_of(amax)
+        tl.store(scale_ptr + row, s)
+    for g0 in range(0, K_GROUPS, GROUPS):
+        k = (g0 + groups)[:, None] * FP8_BLOCK + cols[None, :]
+        v = tl.load(a_ptr + row * K + k, mask=k < K, other=0.0).to(tl.float32)
+        if QUANT == PER_BLOCK:
+            g_ok = g0 + groups < K_GROUPS
+            if AMAX_GIVEN:
+                amax = tl.load(amax_ptr + row * K_GROUPS + g0 + groups, mask=g_ok, other=1.0)
+            else:
+                amax = tl.max(_abs_bits(v), axis=1).to(tl.float32, bitcast=True)
+            s_g = _scale_of(amax)
+            tl.store(scale_ptr + row * K_GROUPS + g0 + groups, s_g, mask=g_ok)
+            q = _quantize(v, s_g[:, None], INTERPRETER)
+        else:
+            q = _quantize(v, s, INTERPRETER)
+        tl.store(q_ptr + row * K + k, q, mask=k < K)
+
+
+@triton.jit(do_not_specialize=["num_tokens"])
+def combine_kernel(y_ptr, out_ptr, num_tokens, K, TOP_K: tl.constexpr, BLOCK: tl.constexpr,
+                   INTERPRETER: tl.constexpr):
+    """out[t] = Σ_j y[t·TOP_K + j] in fp32, j ascending (y rows already carry the routing weight)."""
+    t = tl.program_id(0).to(tl.int64)  # row offsets (t·TOP_K + j)·K may pass 2³¹
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < K
+    total = tl.zeros([BLOCK], dtype=tl.float32)
+    for j in range(TOP_K):
+        total += tl.load(y_ptr + (t * TOP_K + j) * K + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t * K + cols, _cast_out(total, out_ptr.dtype.element_ty, INTERPRETER), mask=ok)
