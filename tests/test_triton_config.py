@@ -116,6 +116,9 @@ BAD_CONFIGS = [
     (dict(persistent_tma=True, swap_ab=True), ValueError, r"^persistent_tma=True: .* non-swap-AB path"),
     (dict(tma_flatten=None), TypeError, r"^tma_flatten: expected True or False"),
     (dict(tma_flatten=True), ValueError, r"^tma_flatten=True: .* needs persistent_tma=True"),
+    (dict(split_k=2.0), TypeError, r"^split_k: expected an int, got 2\.0"),
+    (dict(split_k=0), ValueError, r"^split_k=0: must be >= 1"),
+    (dict(split_k=2, persistent_tma=True, swap_ab=False), ValueError, r"^split_k=2: the persistent TMA kernel"),
 ]
 
 

@@ -26,7 +26,7 @@ def ptx_instructions(cfg, quant, fuse_silu):
     sig.update(num_pairs="i32", N="i32", K="i32", E="i32")
     cex = dict(A_ROW_DIV=1, FUSE_SILU=fuse_silu, MUL_ROUTED_WEIGHT=not fuse_silu, QUANT=QUANT_MODE[quant],
                FP8_IMPRECISE_ACC=0, SWAP_AB=cfg.swap_ab, INTERPRETER=False, BLOCK_M=cfg.BLOCK_M,
-               BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M)
+               BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M, SPLIT_K=cfg.split_k)
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in sig if n != "num_pairs"}
     src = ASTSource(moe_gemm_kernel, signature={n: sig.get(n, "constexpr") for n in names}, constexprs=cex,
                     attrs=attrs)

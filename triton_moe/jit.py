@@ -330,7 +330,9 @@ def compile_sm90(kernel, signature: dict, constexprs: dict, *, num_warps: int, n
     """Compile ``kernel`` for sm_90a without a GPU (Triton's compiler and its bundled ptxas) and
     report what the binary looks like: registers and spill bytes per thread (``ptxas -v``),
     shared memory, and the TTGIR text. Needs the compiled (not the interpreted) kernel, i.e. a
-    process without ``TRITON_INTERPRET=1``; ``tests/test_triton_sm90.py`` runs it in one."""
+    process without ``TRITON_INTERPRET=1``; ``tests/test_triton_sm90.py`` runs it in one.
+    A constexpr the kernel declares with a default and ``constexprs`` leaves out takes the default,
+    as a launch would."""
     import re
     import subprocess
     import tempfile
@@ -339,6 +341,7 @@ def compile_sm90(kernel, signature: dict, constexprs: dict, *, num_warps: int, n
     from triton.compiler import ASTSource
 
     names = kernel.arg_names
+    constexprs = {**{p.name: p.default for p in kernel.params if p.is_constexpr and p.has_default}, **constexprs}
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible_by_16}
     src = ASTSource(kernel, signature={n: signature.get(n, "constexpr") for n in names},
                     constexprs=constexprs, attrs=attrs)
