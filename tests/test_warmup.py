@@ -88,6 +88,16 @@ def test_triton_warmup_covers_the_h200_tables(quant, monkeypatch):
     assert new_keys == {} and len(met) == len(report.plans) >= 3
 
 
+@pytest.mark.parametrize("quant", [None, "fp8_block"], ids=["bf16", "fp8_block"])
+def test_triton_warmup_covers_the_split_k_entries_of_the_h200_tables(quant, monkeypatch):
+    """DeepSeek-V3 TP8's H200 tables split GEMM1's K four ways at T = 1 (a constexpr of its own):
+    the warm-up compiles that kernel too, and no T up to 4096 meets a key it missed."""
+    monkeypatch.setattr(triton_config, "current_device_name", lambda: "NVIDIA H200")
+    report, new_keys, _, met = _triton_new_keys(256, 8, 7168, 256, quant, 4096, sweep_tokens(4096))
+    assert new_keys == {} and len(met) == len(report.plans) >= 3
+    assert {p.config.split_k for p in met} == {1, 4}
+
+
 def test_triton_sweep_catches_a_plan_the_warmup_skipped(monkeypatch):
     full = triton_moe.plans_for(8, 64, 32, 2, None, MAX_T)
     monkeypatch.setattr(TRITON_WARMUP, "plans_for", lambda *a, **k: full[:1] + full[2:])
