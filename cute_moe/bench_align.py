@@ -33,10 +33,8 @@ import inspect
 import json
 import os
 import re
-import statistics
 import sys
 import textwrap
-import time
 import types
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
@@ -226,17 +224,13 @@ def host_cost(T: int, quant=None, calls: int = 200, repeats: int = 5) -> dict:
     """Median over ``repeats`` of the host µs per ``fused_moe`` call (Qwen3-30B-A3B's E = 128, top_k = 8
     with K = 256, I = 128), under :func:`gpu_stand_in`, and the launches of one warm call."""
     from moe_spec.problem import MoEShape, make_inputs
+    from moe_spec.timing import host_us
 
     kw = make_inputs(MoEShape("host", 128, 8, 256, 128, "host cost"), T, quant, seed=0).kwargs()
     with gpu_stand_in() as (fused_moe, launches):
         cute, torch_ops, _ = launches_per_call(fused_moe, launches, kw)
-        per_call = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            for _ in range(calls):
-                fused_moe(**kw)
-            per_call.append((time.perf_counter() - start) / calls * 1e6)
-    return {"T": T, "quant": quant or "bf16", "host_us": round(statistics.median(per_call), 1),
+        us = host_us(fused_moe, kw, calls=calls, repeats=repeats)
+    return {"T": T, "quant": quant or "bf16", "host_us": round(us, 1),
             "cute_launches": len(cute), "torch_launches": len(torch_ops), "launches": len(cute) + len(torch_ops),
             "cute": cute, "torch": torch_ops}
 

@@ -22,6 +22,7 @@ cute_moe.crossover``, ``triton_moe.promotion``, ``triton_moe.bench_align``,
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
@@ -50,6 +51,15 @@ def check_out(text: Optional[str], files: Sequence[str] = ()) -> Path:
     if not base.is_dir() or not os.access(base, os.W_OK | os.X_OK):
         raise OutError(f"--out: cannot create {text!r}: {str(base)!r} is not a writable directory")
     return out
+
+
+def out_or_exit(prog: str, text: Optional[str], files: Sequence[str] = ()) -> Path:
+    """:func:`check_out`, or one line ``<prog>: error: --out: …`` on stderr and exit status 2."""
+    try:
+        return check_out(text, files)
+    except OutError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def write_files(out: Path, texts: Mapping[str, str]) -> None:

@@ -141,3 +141,12 @@ def test_cute_separate_pipeline_launches():
         cute, torch_ops, _ = launches_per_call(lambda **k: fused_moe(**k, fusion="separate"), launches, kw)
     assert cute == ["place", "gather", "GroupedGemm", "silu_mul", "GroupedGemm", "weighted_combine"], cute
     assert torch_ops == [], torch_ops
+
+
+def test_cute_host_cost_counts_the_launches_of_a_timed_call():
+    """``cute_moe.bench_align.host_cost`` (the CPU host-cost study): a positive host time from
+    ``moe_spec.timing.host_us`` and the launch count of a bf16 decode call."""
+    from cute_moe.bench_align import host_cost
+
+    r = host_cost(1, calls=2, repeats=1)
+    assert r["host_us"] > 0 and r["cute_launches"] == 4 and r["torch_launches"] == 0, r

@@ -117,13 +117,14 @@ def test_the_header_of_a_dict_without_versions_has_four_lines():
     assert lines == ["- date: d", "- device: H200", "- commit: `c`", "- command: `cmd`"]
 
 
-# --- the four commands ------------------------------------------------------------------------------------------
+# --- the study commands ----------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("path", COMMANDS)
 def test_the_study_commands_use_these_rules(path):
     source = (ROOT / path).read_text()
-    assert "studyout.check_out(" in source and "studyout.write_files(" in source, path
+    assert ("studyout.check_out(" in source or "studyout.out_or_exit(" in source), path
+    assert "studyout.write_files(" in source, path
     assert "studyout.header_lines(" in source, path
     assert "os.replace" not in source and ".partial" not in source and "iterdir" not in source, path
     assert "write_text" not in source, path
@@ -156,3 +157,13 @@ def test_every_command_refuses_a_used_out_in_one_line_before_any_work(name, tmp_
         assert len(err.strip().splitlines()) == 1 and "error: --out: " in err, err
         assert repr(str(out)) in err and why in err, err
     assert (tmp_path / "file").read_text() == "x" and [p.name for p in (tmp_path / "used").iterdir()] == ["old.md"]
+
+
+def test_out_or_exit_prints_one_line_and_exits_2(tmp_path, capsys):
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "old.md").write_text("x")
+    with pytest.raises(SystemExit) as stop:
+        studyout.out_or_exit("python -m some.study", str(tmp_path / "used"), FILES)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.startswith("python -m some.study: error: --out: ") and err.count("\n") == 1
+    assert studyout.out_or_exit("p", str(tmp_path / "new"), FILES) == tmp_path / "new" and not (tmp_path / "new").exists()

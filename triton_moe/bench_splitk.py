@@ -83,11 +83,7 @@ def main(argv=None):
     p.add_argument("--deadline-s", type=float, default=150.0, help="no cell starts after this many seconds")
     p.add_argument("--commit", default=None, help="git commit to record (when the checkout has no .git)")
     a = p.parse_args(argv)
-    try:
-        out = studyout.check_out(a.out, FILES)
-    except studyout.OutError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+    out = studyout.out_or_exit(prog, a.out, FILES)
     if a.deadline_s <= 0:
         print(f"{prog}: error: --deadline-s: must be positive, got {a.deadline_s}", file=sys.stderr)
         raise SystemExit(2)

@@ -113,11 +113,7 @@ def main(argv=None):
     p.add_argument("--deadline-s", type=float, default=130.0, help="no row starts after this many seconds")
     p.add_argument("--commit", default=None, help="git commit to record (when the checkout has no .git)")
     a = p.parse_args(argv)
-    try:
-        out = studyout.check_out(a.out, FILES)
-    except studyout.OutError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+    out = studyout.out_or_exit(prog, a.out, FILES)
 
     from moe_spec.runinfo import command_line, require_cuda, run_info
 
