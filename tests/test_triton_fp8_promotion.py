@@ -43,7 +43,7 @@ bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "b
 
 def compile_gemm2(imprecise, block_k=128):
     cex = dict(A_ROW_DIV=1, FUSE_SILU=False, MUL_ROUTED_WEIGHT=True, QUANT=1, FP8_IMPRECISE_ACC=imprecise,
-               SWAP_AB=False, INTERPRETER=False, BLOCK_M=128, BLOCK_N=128, BLOCK_K=block_k, GROUP_M=8)
+               SWAP_AB=False, INTERPRETER=False, BLOCK_M=128, BLOCK_N=128, BLOCK_K=block_k, GROUP_M=8, SPLIT_K=1)
     src = ASTSource(moe_gemm_kernel, signature={n: sig.get(n, "constexpr") for n in names}, constexprs=cex,
                     attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8, num_stages=3))
