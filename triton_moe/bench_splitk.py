@@ -2,9 +2,9 @@
 
     python -m triton_moe.bench_splitk --out DIR [--deadline-s 150] [--commit C]
 
-A decode layer of few experts per token and a narrow intermediate (DeepSeek-V3 under TP8: I = 256,
-so GEMM1 has 2I = 512 weight rows per expert) gives GEMM1 too few programs to keep 132 SMs
-streaming weights: at T = 1, top_k = 8 pairs × 512 / BLOCK_N 64 = 64 programs, each walking all of
+A decode layer of few tokens and a narrow intermediate (DeepSeek-V3 under TP8: I = 256) gives
+GEMM1 too few programs to keep 132 SMs streaming weights: at T = 1 the top_k = 8 pairs land in
+8 blocks, and 8 × I / BLOCK_N 64 = 32 programs (each a gate tile and its up tile) walk all of
 K = 7168. ``split_k = S`` cuts K into S ranges and launches S times the programs; each writes its
 fp32 partial tile, the last one to finish sums them in a fixed order and runs the epilogue
 (:func:`triton_moe.kernels._split_k_sum`), so the output does not depend on which finished first.
