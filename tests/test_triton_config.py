@@ -166,3 +166,7 @@ def test_table_buckets_start_at_the_midpoints(tmp_path, monkeypatch):
     picks = [C.get_config(T, 8, 2, 512, 256, None, "Fake GPU") for T in (4, 5, 20, 21, 528, 529)]
     assert [c.BLOCK_N for c in picks[:2]] == [64, 128] and [c.BLOCK_M for c in picks[2:]] == [16, 32, 32, 128]
     C.load_table.cache_clear()
+
+
+def test_tile_label_names_the_tile_fields():
+    assert TritonConfig(128, 64, 32, 8, 4, 3).tile_label() == "128x64x32/g8w4s3"

@@ -27,8 +27,7 @@ import pytest
 SCRIPT = r"""
 import json, os, re, subprocess, sys, tempfile
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+from triton_moe.jit import build_sm90
 from triton_moe.kernels import moe_gemm_kernel
 
 names = moe_gemm_kernel.arg_names
@@ -37,16 +36,14 @@ ptrs = {"a_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "out_ptr": "*bf16",
         "topk_ids_ptr": "*i32", "error_ptr": "*i32"}
 sig = {n: ptrs.get(n, "*fp32") for n in names if n.endswith("_ptr")}
 sig.update(num_pairs="i32", N="i32", K="i32", E="i32")
-attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in sig if n != "num_pairs"}
 bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
 def compile_gemm2(imprecise, block_k=128):
     cex = dict(A_ROW_DIV=1, FUSE_SILU=False, MUL_ROUTED_WEIGHT=True, QUANT=1, FP8_IMPRECISE_ACC=imprecise,
-               SWAP_AB=False, INTERPRETER=False, BLOCK_M=128, BLOCK_N=128, BLOCK_K=block_k, GROUP_M=8, SPLIT_K=1)
-    src = ASTSource(moe_gemm_kernel, signature={n: sig.get(n, "constexpr") for n in names}, constexprs=cex,
-                    attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8, num_stages=3))
+               SWAP_AB=False, INTERPRETER=False, BLOCK_M=128, BLOCK_N=128, BLOCK_K=block_k, GROUP_M=8)
+    return build_sm90(moe_gemm_kernel, sig, cex, num_warps=8, num_stages=3,
+                      divisible_by_16=[n for n in sig if n != "num_pairs"])
 
 
 def loop_events(ptx):

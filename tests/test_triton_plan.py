@@ -10,10 +10,8 @@ import sys
 
 SCRIPT = r"""
 import json, re, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 from triton_moe.config import TritonConfig, mma_instruction
+from triton_moe.jit import build_sm90
 from triton_moe.kernels import QUANT_MODE, moe_gemm_kernel
 
 def ptx_instructions(cfg, quant, fuse_silu):
@@ -27,11 +25,8 @@ def ptx_instructions(cfg, quant, fuse_silu):
     cex = dict(A_ROW_DIV=1, FUSE_SILU=fuse_silu, MUL_ROUTED_WEIGHT=not fuse_silu, QUANT=QUANT_MODE[quant],
                FP8_IMPRECISE_ACC=0, SWAP_AB=cfg.swap_ab, INTERPRETER=False, BLOCK_M=cfg.BLOCK_M,
                BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M, SPLIT_K=cfg.split_k)
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in sig if n != "num_pairs"}
-    src = ASTSource(moe_gemm_kernel, signature={n: sig.get(n, "constexpr") for n in names}, constexprs=cex,
-                    attrs=attrs)
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                         options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)).asm["ptx"]
+    ptx = build_sm90(moe_gemm_kernel, sig, cex, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                     divisible_by_16=[n for n in sig if n != "num_pairs"]).asm["ptx"]
     return sorted(set(re.findall(r"(?:wgmma\.mma_async|mma\.sync)\.\S+?(?=[\s;])", ptx)))
 
 out = []

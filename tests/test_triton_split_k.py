@@ -1,7 +1,8 @@
 """Split-K of GEMM1 (``TritonConfig.split_k``) on the CPU (Triton interpreter): every format, both
 swap-AB paths, K not a multiple of the split, a split with no K steps of its own; the last program
 sums the partials in a fixed order, so reruns are bitwise; the counters are left zero; bad
-weight scales seen by any program reach the error word; the config refuses what cannot run.
+weight scales seen by any program reach the error word (the config's refusals of a bad split are
+in tests/test_triton_config.py).
 
 The interpreter runs a launch's programs one after another, so here the last program of a tile
 is always split SPLIT_K − 1; on the GPU any may be last, which the fixed summation order makes
@@ -76,16 +77,6 @@ def test_a_bad_block_scale_in_any_split_sets_the_error_bit():
     fused_moe(**dict(inp.kwargs(), w1_scale=w1_scale), config=_cfg(4, True))
     with pytest.raises(ValueError, match="^w1_scale"):
         check()
-
-
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(split_k=0), "split_k=0: must be >= 1"),
-    (dict(split_k=2.0), "split_k: expected an int"),
-    (dict(split_k=2, persistent_tma=True, swap_ab=False), "split_k=2: the persistent TMA kernel"),
-])
-def test_the_config_refuses_a_bad_split(kwargs, message):
-    with pytest.raises((TypeError, ValueError), match=message):
-        TritonConfig(64, 64, 64, **kwargs)
 
 
 SM90 = r"""

@@ -44,10 +44,6 @@ CELLS = (("deepseek-v3:tp8", None, 1, (1, 2, 4, 8)), ("deepseek-v3:tp8", "fp8_te
 CELL_S = 15.0
 
 
-def _tile(cfg) -> str:
-    return f"{cfg.BLOCK_M}x{cfg.BLOCK_N}x{cfg.BLOCK_K}/g{cfg.GROUP_M}w{cfg.num_warps}s{cfg.num_stages}"
-
-
 def _write(out: Path, results: dict) -> None:
     lines = [f"# Split-K for GEMM1 on {results['device']}", "", *studyout.header_lines(results), "",
              "Expert computation (alignment excluded), CUDA-graph replay, cold L2, median µs. Each cell keeps the "
@@ -109,7 +105,7 @@ def main(argv=None):
         shipped = prob.config()
         for s in splits:
             cfg = replace(shipped, split_k=s)
-            row = {"shape": spec, "dtype": label, "T": T, "tile": _tile(cfg), "split_k": s, "config": cfg.as_dict(),
+            row = {"shape": spec, "dtype": label, "T": T, "tile": cfg.tile_label(), "split_k": s, "config": cfg.as_dict(),
                    "shipped_split_k": shipped.split_k}
             try:
                 row.update(prob.check(cfg), us=prob.time(cfg))

@@ -39,10 +39,6 @@ TOKENS = (4096, 1024)
 ROW_S = 20.0
 
 
-def _tile(cfg) -> str:
-    return f"{cfg.BLOCK_M}x{cfg.BLOCK_N}x{cfg.BLOCK_K}/g{cfg.GROUP_M}w{cfg.num_warps}s{cfg.num_stages}"
-
-
 def _fmt(v, spec):
     return "–" if v is None else format(v, spec)
 
@@ -99,7 +95,7 @@ def _oracle_rows(quants) -> list:
         ref = oracle(**inp.kwargs())
         rows.append({"dtype": get_format(quant).label, "grouped_rel_l2": rel_l2(base, ref),
                      "persistent_rel_l2": rel_l2(out, ref), "bit_identical": bool(torch.equal(out, base)),
-                     "tile": _tile(cfg)})
+                     "tile": cfg.tile_label()})
     return rows
 
 
@@ -142,7 +138,7 @@ def main(argv=None):
                 continue
             prob = Problem(shape, T, quant)
             cfg = prob.config()
-            row = {"shape": spec, "dtype": label, "T": T, "tile": _tile(cfg), "config": cfg.as_dict()}
+            row = {"shape": spec, "dtype": label, "T": T, "tile": cfg.tile_label(), "config": cfg.as_dict()}
             if cfg.swap_ab:
                 row["skipped"] = "the table's tile is swap-AB"
                 results["rows"].append(row)

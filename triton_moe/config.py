@@ -98,8 +98,8 @@ class TritonConfig:
     in :data:`NUM_WARPS`; num_stages ≥ 1; swap_ab None or a bool; fp8_imprecise_acc 0 or a
     multiple of 32 up to BLOCK_K; persistent_tma a bool, not with swap_ab=True nor a
     weight tile beyond a TMA box (BLOCK_N, BLOCK_K ≤ 256); tma_flatten a
-    bool, only with persistent_tma; split_k an int ≥ 1, 1 with persistent_tma.  What depends on the quant format too (FP8's BLOCK_K, shared
-    memory) is :meth:`check`.
+    bool, only with persistent_tma; split_k an int ≥ 1, 1 with persistent_tma.  What depends on
+    the quant format too (FP8's BLOCK_K, shared memory) is :meth:`check`.
     """
 
     BLOCK_M: int
@@ -201,6 +201,10 @@ class TritonConfig:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    def tile_label(self) -> str:
+        """``BLOCK_MxBLOCK_NxBLOCK_K/g<GROUP_M>w<num_warps>s<num_stages>``, the study reports' tile column."""
+        return f"{self.BLOCK_M}x{self.BLOCK_N}x{self.BLOCK_K}/g{self.GROUP_M}w{self.num_warps}s{self.num_stages}"
 
 
 def choose_swap_ab(block_m: int, block_n: int) -> bool:

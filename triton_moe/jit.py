@@ -325,18 +325,13 @@ def count_compilations(dry_run: bool = False):
             triton.knobs.runtime.jit_cache_hook = previous
 
 
-def compile_sm90(kernel, signature: dict, constexprs: dict, *, num_warps: int, num_stages: int,
-                 divisible_by_16=()) -> dict:
-    """Compile ``kernel`` for sm_90a without a GPU (Triton's compiler and its bundled ptxas) and
-    report what the binary looks like: registers and spill bytes per thread (``ptxas -v``),
-    shared memory, and the TTGIR text. Needs the compiled (not the interpreted) kernel, i.e. a
-    process without ``TRITON_INTERPRET=1``; ``tests/test_triton_sm90.py`` runs it in one.
-    A constexpr the kernel declares with a default and ``constexprs`` leaves out takes the default,
-    as a launch would."""
-    import re
-    import subprocess
-    import tempfile
-
+def build_sm90(kernel, signature: dict, constexprs: dict, *, num_warps: int, num_stages: int,
+               divisible_by_16=()):
+    """``kernel`` compiled for sm_90a without a GPU (Triton's compiled kernel: ``.asm`` holds its
+    TTGIR, PTX and cubin). ``signature`` types the runtime arguments (the rest are constexprs);
+    a constexpr the kernel declares with a default and ``constexprs`` leaves out takes the
+    default, as a launch would; ``divisible_by_16`` names the arguments Triton may assume
+    divisible by 16. Needs a process without ``TRITON_INTERPRET=1``."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -345,8 +340,21 @@ def compile_sm90(kernel, signature: dict, constexprs: dict, *, num_warps: int, n
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible_by_16}
     src = ASTSource(kernel, signature={n: signature.get(n, "constexpr") for n in names},
                     constexprs=constexprs, attrs=attrs)
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=num_warps, num_stages=num_stages))
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps,
+                                                                              num_stages=num_stages))
+
+
+def compile_sm90(kernel, signature: dict, constexprs: dict, *, num_warps: int, num_stages: int,
+                 divisible_by_16=()) -> dict:
+    """:func:`build_sm90`, and what the binary looks like: registers and spill bytes per thread
+    (``ptxas -v``), shared memory, and the TTGIR text. ``tests/test_triton_sm90.py`` runs it in
+    a process of its own (the test session imports the interpreted kernels)."""
+    import re
+    import subprocess
+    import tempfile
+
+    compiled = build_sm90(kernel, signature, constexprs, num_warps=num_warps, num_stages=num_stages,
+                          divisible_by_16=divisible_by_16)
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     with tempfile.TemporaryDirectory() as d:
         ptx = os.path.join(d, "k.ptx")
