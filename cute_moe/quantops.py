@@ -10,8 +10,7 @@ Both kernels reproduce :func:`moe_spec.quant.quantize_activation` bit for bit:
   stays a NaN in both).
 
 The unit of work is one *group*: 128 columns of one row, held by one warp, 4 consecutive values
-per lane.  A group's amax is a warp reduction (``shfl.bfly``) and one ``atomic max`` into the
-amax buffer, whose slot depends on the format::
+per lane.  The amax buffer's slot of a group depends on the format::
 
     fp8_tensor   amax[0]                  one scale for the whole tensor
     fp8_channel  amax[row]                one per row (token / sorted row)
@@ -19,6 +18,18 @@ amax buffer, whose slot depends on the format::
 
 so the three formats share one kernel, and the quantize kernel finds a group's scale in the same
 slot.  Amax and scale buffers are flat fp32 vectors; the amax buffer must be zero on entry.
+
+How the maxima reach memory differs: under fp8_channel and fp8_block a group's amax is a warp
+reduction (``shfl.bfly``) and one ``atomic max`` into its own slot.  Under fp8_tensor every group
+would aim its atomic at the one slot, and the hardware serializes atomics on one address (about
+1.2 ns each on the H200: 917 504 of them, 8192 rows × 112 groups of Mixtral's intermediate, took
+1.2 ms), so there each lane keeps a running maximum over every group it walks and the warp issues
+a single atomic when its walk is done.
+
+NaN is kept, as the reference's ``amax`` keeps it: every maximum here is PTX's ``max.NaN.f32``
+(a NaN operand gives NaN), not the NaN-dropping ``max.f32`` — one NaN in a group makes that
+group's amax NaN (the whole tensor's under fp8_tensor), and the atomic, an integer max on the
+bits of non-negative values, ranks the positive canonical NaN above +inf.
 
 * ``RowAmax``: the amax of ``x`` [rows, cols] (bf16), or — ``silu=True`` — of the SiLU·up
   intermediate: it reads GEMM1's fp32 output ``h`` [rows, 2·cols] and writes ``a = SiLU(h[:, :I]) ·
@@ -49,6 +60,20 @@ from .rowops import CTAS_PER_SM, THREADS, silu_mul  # noqa: E402
 LANE_VALUES = FP8_BLOCK // 32
 """Values per lane: a warp of 32 lanes holds one 128-column group."""
 WARPS = THREADS // 32
+
+
+@cute.jit
+def _max_nan(a, b):
+    """IEEE 754 ``maximum``: NaN if either operand is NaN (PTX ``max.NaN.f32``)."""
+    return cute.arch.fmax(a, b, nan=True)
+
+
+@cute.jit
+def _warp_max_nan(v):
+    """The warp's maximum of ``v`` in every lane, NaN-propagating (five butterfly shuffles)."""
+    for i in cutlass.range_constexpr(5):
+        v = _max_nan(v, cute.arch.shuffle_sync_bfly(v, offset=16 >> i))
+    return v
 
 
 def _chunks(t: cute.Tensor):
@@ -103,26 +128,37 @@ class RowAmax(_GroupKernel):
         chunks = a.shape[1] // LANE_VALUES if self.silu else src.shape[1] // LANE_VALUES
         groups = (chunks + 31) // 32
         lane = cute.arch.lane_idx()
+        per_tensor = cutlass.const_expr(self.quant == "fp8_tensor")
+        running = cutlass.Float32(0.0)  # fp8_tensor: this lane's maximum over every group it walks
         item, step = self._first_and_step()
         while item < used_rows[0] * groups:
             row = item // groups
             g = item - row * groups
             chunk = g * 32 + lane
-            group_max = cutlass.Float32(0.0)
+            lane_max = cutlass.Float32(0.0)
             if chunk < chunks:
                 if cutlass.const_expr(self.silu):
                     v = silu_mul(vs[(0, None, row, chunk)].load(), vs[(0, None, row, chunk + chunks)].load())
                     va[(0, None, row, chunk)].store(v)
                 else:
                     v = vs[(0, None, row, chunk)].load().to(cutlass.Float32)
-                group_max = abs(v).reduce(cute.ReductionOp.MAX, cutlass.Float32(0.0), 0)
-            group_max = cute.arch.warp_reduction_max(group_max)
-            counts = lane == 0
+                for i in cutlass.range_constexpr(LANE_VALUES):
+                    lane_max = _max_nan(lane_max, abs(v[i]))
+            counts = True
             if cutlass.const_expr(self.silu):
-                counts = counts & (row_mask[row] != 0)
-            if counts:
-                cute.arch.atomic_fmax(amax.iterator + self._slot(row, g, groups), group_max, sign_bit=False)
+                counts = row_mask[row] != 0  # padding rows of the sorted order add nothing
+            if cutlass.const_expr(per_tensor):
+                if counts:
+                    running = _max_nan(running, lane_max)
+            else:
+                group_max = _warp_max_nan(lane_max)
+                if counts & (lane == 0):
+                    cute.arch.atomic_fmax(amax.iterator + self._slot(row, g, groups), group_max, sign_bit=False)
             item += step
+        if cutlass.const_expr(per_tensor):
+            running = _warp_max_nan(running)
+            if lane == 0:  # one atomic per warp into the tensor's one slot
+                cute.arch.atomic_fmax(amax.iterator, running, sign_bit=False)
 
 
 class QuantizeRows(_GroupKernel):

@@ -207,7 +207,14 @@ def test_quant_kernels_divide_exactly_and_round_to_nearest_even(quant):
         assert not re.search(r"div\.(approx|full)|rcp\.", p)  # never a reciprocal multiply
     for name in ("x_amax", "silu_amax"):
         p = kernels[name].__ptx__
-        assert "shfl.sync.bfly" in p and "atom.global.max.s32" in p  # warp max, then one atomic per group
+        assert "shfl.sync.bfly" in p and p.count("atom.global.max.s32") == 1  # warp max, then the atomic
+        # every maximum keeps NaN (max.NaN.f32); a NaN-dropping max.f32 would lose a NaN's group
+        assert "max.NaN.f32" in p and not re.search(r"max\.f32", p)
+        if quant == "fp8_tensor":  # one atomic per warp: after the walk's loop, not inside it
+            labels = {m.group(1): m.start() for m in re.finditer(r"^\s*(\$L__BB\w+):", p, re.M)}
+            back = [m.start() for m in re.finditer(r"bra(?:\.uni)?\s+(\$L__BB\w+);", p)
+                    if labels[m.group(1)] < m.start()]
+            assert back and p.index("atom.global.max.s32") > max(back)
         assert "st.global" not in p if name == "x_amax" else "st.global.v4.b32" in p  # SiLU·up kept in fp32
 
 

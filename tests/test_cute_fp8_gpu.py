@@ -73,6 +73,56 @@ def test_quantize_intermediate_is_the_reference_on_the_rows_that_exist(quant):
     assert torch.equal(got.view(s_ref.shape), s_ref)
 
 
+@pytest.mark.parametrize("quant", FORMATS)
+def test_a_nan_reaches_its_whole_scale_group(quant):
+    """One NaN in x: the amax of its group is NaN (the tensor's, under fp8_tensor), as torch's amax
+    in moe_spec.quant makes it, so the scale and the dequantized group are NaN, exactly where the
+    reference has NaN; every other value and scale is the reference's. A NaN-dropping maximum
+    (PTX ``max.f32``) anywhere in the reduction would leave the group finite."""
+    from cute_moe.moe_fp8 import quantize_tokens
+
+    g = torch.Generator(device="cuda").manual_seed(5)
+    x = (torch.randn(1024, 2048, device="cuda", generator=g) * 3).bfloat16()
+    x[700, 1300] = float("nan")  # row 700, scale group 10 of 16, far from lane 0 of its group
+    q, s = quantize_tokens(x, quant)
+    q_ref, s_ref = quantize_activation(x, quant)
+    torch.testing.assert_close(s.view(s_ref.shape), s_ref, rtol=0, atol=0, equal_nan=True)
+    assert int(s_ref.isnan().sum()) == 1
+    torch.testing.assert_close(dequantize_activation(q, s.view(s_ref.shape), quant),
+                               dequantize_activation(q_ref, s_ref, quant), rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("quant", FORMATS)
+def test_a_nan_on_a_padding_row_of_the_intermediate_counts_for_nothing(quant):
+    """The SiLU·up amax: a NaN on a row that holds a pair makes its group's amax NaN; the same NaN
+    on a padding row of the sorted order (row_mask 0) leaves every amax the reference's."""
+    from cute_moe.moe import sort_rows
+    from cute_moe.moe_fp8 import silu_mul_amax
+
+    g = torch.Generator(device="cuda").manual_seed(2)
+    T, k, E, I = 300, 2, 8, 1024  # noqa: E741
+    ids = torch.stack([torch.randperm(E, device="cuda", generator=g)[:k] for _ in range(T)]).int()
+    sorted_rows = sort_rows(ids, torch.rand(T, k, device="cuda", generator=g), E, 64)
+    al, rows = sorted_rows.alignment, sorted_rows.row_of_pair
+    real = torch.zeros(al.rows, dtype=torch.bool, device="cuda").index_fill_(0, rows, True)
+    pad_row = int((~real).nonzero()[0])
+    h = torch.randn(al.rows, 2 * I, device="cuda", generator=g)
+    h[pad_row, 3] = float("nan")
+    a, amax = silu_mul_amax(h, al, quant)
+    _, s_ref = quantize_activation(a[rows], quant)
+    assert not bool(amax.isnan().any())
+    want = s_ref.flatten() if quant == "fp8_tensor" else None
+    if want is not None:
+        torch.testing.assert_close(amax.max(), (want * 448).max().clamp_min(1e-12), rtol=1e-6, atol=0)
+    h[rows[17], I + 900] = float("nan")  # a real row: its up value NaN → its SiLU·up value NaN
+    a, amax = silu_mul_amax(h, al, quant)
+    assert bool(amax.isnan().any())
+    if quant == "fp8_tensor":
+        assert bool(amax[0].isnan())
+    else:
+        assert int(amax.isnan().sum()) == 1
+
+
 # ---- the grouped GEMM alone --------------------------------------------------------------------
 def _gemm_case(cfg, counts, n_out, k, seed=0):
     """One FP8 grouped GEMM on explicit per-expert token counts (an expert with none, N_out not a
