@@ -256,6 +256,20 @@ def test_bench_times_the_layers_gemms_and_their_twins():
     g2 = variants(PREFILL_GEMM2, alt=False)
     assert list(g2) == ["cooperative", "pingpong"] and g2["pingpong"] == PINGPONG["gemm2-row-scale"]
     assert variants(PREFILL_GEMM2, alt=True)["pingpong-128"].tile_m == 128
+    for cfg in (g1["pingpong-128"], variants(PREFILL_GEMM2, alt=True)["pingpong-128"]):  # they compile
+        assert set(re.findall(_WGMMA, cute_moe.compile_ptx(cfg))) == {mma_instruction(cfg)}
+
+
+def test_bench_report_lists_every_cell():
+    from cute_moe.bench_pingpong import markdown
+
+    cell = dict(shape="qwen3-30b-a3b", gemm="gemm1", tile="T64xW128 s5", us=1.0, tflops=2.0, equal=True)
+    result = dict(date="d", device="H200", commit="c", command="python -m cute_moe.bench_pingpong --out x",
+                  wall_s=1.0, cells=[dict(cell, variant="cooperative"), dict(cell, variant="pingpong", speedup=1.1)])
+    text = markdown(result)
+    assert "| qwen3-30b-a3b | gemm1 | pingpong | T64xW128 s5 | 1.0 | 2.0 | 1.1 | True |" in text
+    assert "| qwen3-30b-a3b | gemm1 | cooperative | T64xW128 s5 | 1.0 | 2.0 | — | True |" in text
+    assert "- commit: `c`" in text
 
 
 def test_bench_refuses_a_used_out_and_a_cpu(tmp_path, capsys):
