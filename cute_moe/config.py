@@ -138,7 +138,7 @@ class GemmConfig:
             64 bf16 fill one 128-B swizzle row.  FP8: 128 E4M3 (:data:`FP8_TILE_K`).
         stages: depth of the TMA → WGMMA shared-memory ring (≥ 2; 3+ to hide latency), within
             the shared-memory budget.
-        consumer_warpgroups: MMA warpgroups (1 or 2), stacked along GEMM M.
+        consumer_warpgroups: MMA warpgroups (1 or 2), stacked along GEMM M (ping-pong: a tile each).
         epi_stages: shared-memory buffers of the epilogue's TMA-store ring (≥ 1).
         dtype: operand dtype (:data:`DTYPES`): "bfloat16", or "float8_e4m3fn" with an FP8 ``quant``.
         quant: None (bf16), or the FP8 format whose scales the kernel applies in registers:
