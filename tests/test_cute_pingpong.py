@@ -289,3 +289,103 @@ def test_bench_refuses_a_used_out_and_a_cpu(tmp_path, capsys):
             main(["--out", str(tmp_path / "new")])
         assert exc.value.code == 2 and "needs a CUDA GPU" in capsys.readouterr().err
     assert not (tmp_path / "new").exists()
+
+
+# ---- the protocol, modelled: ring parities and order barriers under random interleavings ------------
+class _State:
+    """cutlass.pipeline.PipelineState's arithmetic (index, phase; advance by n)."""
+
+    def __init__(self, stages, phase=0):
+        self.stages, self.index, self.phase = stages, 0, phase
+
+    def advance(self, n=1):
+        self.index += n
+        self.phase ^= (self.index // self.stages) % 2
+        self.index %= self.stages
+
+
+def _run_protocol(stages, k_tiles, n_tiles, seed, ordered=True):
+    """One CTA: the producer fills global stages 0 … n_tiles·k_tiles − 1 in order; consumer warpgroup w
+    takes tiles w, w + 2, … with the kernel's ring states (start w·k_tiles in, skip k_tiles after each
+    tile), waits on a slot's full barrier by parity (``mbarrier.try_wait.parity``: true while the
+    barrier's completed-phase count has the other parity), releases a stage after its next wait, and,
+    when ``ordered``, waits for its turn on the main-loop order barrier and grants the other warpgroup
+    its turn after its last wait.  Returns (stages read per warpgroup, wrong reads, deadlocked)."""
+    import random
+
+    rng = random.Random(seed)
+    full_done, empty_done, data = [0] * stages, [0] * stages, [None] * stages
+    grants = [1, 0]  # warpgroup 1 opens warpgroup 0's first main loop
+
+    def producer():
+        st = _State(stages, phase=1)  # PipelineUserType.Producer starts at phase 1 (slots free)
+        for g in range(n_tiles * k_tiles):
+            while (empty_done[st.index] & 1) == st.phase:
+                yield
+            data[st.index] = g
+            full_done[st.index] += 1
+            st.advance()
+            yield
+
+    reads, wrong = ([], []), []
+
+    def consumer(w):
+        read, release = _State(stages), _State(stages)
+        read.advance(w * k_tiles) if w else None
+        release.advance(w * k_tiles) if w else None
+        for tile in range(w, n_tiles, 2):
+            if ordered:
+                while grants[w] == 0:
+                    yield
+                grants[w] -= 1
+            for k in range(k_tiles):
+                while (full_done[read.index] & 1) == read.phase:
+                    yield
+                got, want = data[read.index], tile * k_tiles + k
+                reads[w].append(got)
+                if got != want:
+                    wrong.append((w, tile, k, got, want))
+                if k:
+                    empty_done[release.index] += 1
+                    release.advance()
+                read.advance()
+                yield
+            if ordered:
+                grants[1 - w] += 1
+            empty_done[release.index] += 1
+            release.advance()
+            read.advance(k_tiles)
+            release.advance(k_tiles)
+            yield
+
+    agents = [producer(), consumer(0), consumer(1)]
+    for _ in range(10 ** 5):
+        if not agents:
+            return reads, wrong, False
+        a = rng.choice(agents)
+        try:
+            next(a)
+        except StopIteration:
+            agents.remove(a)
+    return reads, wrong, True
+
+
+@pytest.mark.parametrize("stages, k_tiles", [(2, 1), (3, 2), (5, 4), (4, 8), (5, 7), (6, 3), (8, 2)])
+def test_the_ring_protocol_reads_every_stage_of_its_own_tiles(stages, k_tiles):
+    """With the order barrier, every warpgroup reads exactly the stages of its own tiles, in order, under
+    random interleavings, for rings shallower and deeper than a tile, an odd and an even tile count."""
+    for n_tiles in (1, 2, 5, 6):
+        for seed in range(20):
+            reads, wrong, deadlocked = _run_protocol(stages, k_tiles, n_tiles, seed)
+            assert not wrong and not deadlocked, wrong[:4]
+            for w in (0, 1):
+                assert reads[w] == [t * k_tiles + k for t in range(w, n_tiles, 2) for k in range(k_tiles)]
+
+
+def test_without_the_order_barrier_a_parity_wait_can_pass_early():
+    """The order barrier is what makes the parity waits safe: without it warpgroup 1 can wait on a slot
+    two fills ahead of the barrier, see the parity it wants, and read warpgroup 0's data (whose
+    early release then also derails the ring)."""
+    runs = [_run_protocol(stages, k_tiles, 4, seed, ordered=False) for stages, k_tiles in ((2, 4), (3, 6))
+            for seed in range(10)]
+    assert any(wrong for _, wrong, _ in runs)
