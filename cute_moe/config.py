@@ -29,7 +29,8 @@ element 2 B of bf16 or 4 B of fp32)::
 
     stages · (tile_m + tile_n) · tile_k · operand bytes      operand ring (A and B per stage)
   + stages · weights_tile · tile_k · operand bytes           gated only: the up tile beside the gate tile
-  + epi_stages · epi_tile_m · epi_tile_n · output bytes      epilogue staging for the TMA store
+  + epi_buffers · epi_tile_m · epi_tile_n · output bytes     epilogue staging for the TMA store
+                                                             (epi_stages; ×2 under ping-pong)
   + 1024                                                     mbarriers, padding to 1024-B alignment
   ≤ 227 KiB = 232 448 B                                      (Hopper's opt-in limit per CTA)
 
@@ -42,6 +43,10 @@ Gated (``gated=True``, the bf16 layer's GEMM1): each stage loads the gate and th
 ``[E, 2I, K]`` for the same output features, two accumulators sum them and the epilogue writes
 ``silu(gate)·up`` ``[M_pad, I]``.  The FP8 and gated limits (two accumulators each) are in
 :mod:`cute_moe.limits`.
+
+Schedules (``schedule``, :mod:`cute_moe.schedule`): ``"cooperative"`` — the consumer warpgroups share
+one tile along M; ``"pingpong"`` — each owns whole tiles (the tile fields are then ONE warpgroup's)
+and the two take turns on the tensor cores; limits in :func:`cute_moe.limits.check_pingpong`.
 """
 
 from __future__ import annotations
@@ -55,8 +60,9 @@ from moe_spec.hopper import (SMEM_PER_CTA_BYTES, TMA_ALIGN_BYTES, WARPGROUP_THRE
                              WGMMA_N_STEP, wgmma_k)
 from moe_spec.quant import QUANT_FORMATS
 
-from .limits import (FP8_ACCUMULATOR_REGISTERS, FP8_TILE_K, TWO_ACCUMULATOR_REGISTERS,  # noqa: F401 (re-exported)
-                     check_fp8, check_gated)
+from .limits import (FP8_ACCUMULATOR_REGISTERS, FP8_TILE_K, MAX_CONSUMER_WARPGROUPS, MAX_TILE_M,  # noqa: F401
+                     PINGPONG_ACCUMULATOR_REGISTERS, SCHEDULES, TWO_ACCUMULATOR_REGISTERS, check_fp8,  # (re-exported)
+                     check_gated, check_pingpong, tokens_tiles, weights_tiles)
 
 SMEM_BUDGET_BYTES = SMEM_PER_CTA_BYTES
 """The shared memory one CTA may use: Hopper's opt-in limit (:mod:`moe_spec.hopper`)."""
@@ -83,14 +89,6 @@ FP8_ALIGN_ELEMS = TMA_ALIGN_BYTES // DTYPE_BYTES["float8_e4m3fn"]
 """Row alignment of FP8 operands: 16-byte TMA rows are 16 E4M3 values (an FP8 layer's K and I)."""
 
 GATHER_THREADS = WARPGROUP_THREADS  # producer threads copying gathered token rows (gather_rows)
-
-MAX_CONSUMER_WARPGROUPS = 2
-"""MMA warpgroups per CTA, stacked along GEMM M (plus one producer warpgroup)."""
-
-MAX_TILE_M = WGMMA_M * MAX_CONSUMER_WARPGROUPS
-"""The largest GEMM tile M accepted: 64 rows × 2 consumer warpgroups = 128.  A larger M (swap-AB's
-``weights_tile = 256``) would give every CTA tile two epilogue sub-tiles along M, an ordering of
-accumulator registers to TMA-store boxes (``epi_order`` in gemm.py) that no GPU test has run."""
 
 EPI_TILE_N = 32
 """Columns of one epilogue sub-tile (at most; fewer when the tile is narrower)."""
@@ -120,36 +118,6 @@ SWAP_TOKEN_TILES = tuple(WGMMA_N_STEP << i for i in range((WGMMA_M // WGMMA_N_ST
 to its M (64): 8, 16, 32, 64; the smallest one that covers the mean tokens per expert."""
 
 
-def _m_tiles(consumer_warpgroups: int) -> tuple[int, ...]:
-    rows = WGMMA_M * consumer_warpgroups
-    return tuple(range(rows, MAX_TILE_M + 1, rows))
-
-
-def tokens_tiles(swap_ab: bool, consumer_warpgroups: int = MAX_CONSUMER_WARPGROUPS) -> tuple[int, ...]:
-    """Every ``tokens_tile`` a :class:`GemmConfig` accepts on a path (validation reads this).
-
-    normal: the tokens are GEMM M — a multiple of 64 rows per consumer warpgroup, at most
-    :data:`MAX_TILE_M`.  swap-AB: the tokens are WGMMA's N — a multiple of 8 in [8, 256], except
-    the odd multiples of 8 above 8 (24, 40, …): with 16-bit operands the CuTe DSL aborts the
-    process (SIGABRT, no message) slicing the staged, swizzled shared-memory layout at such an N.
-    """
-    if not swap_ab:
-        return _m_tiles(consumer_warpgroups)
-    return tuple(n for n in range(WGMMA_N_STEP, WGMMA_N_MAX + 1, WGMMA_N_STEP)
-                 if n == WGMMA_N_STEP or n % (2 * WGMMA_N_STEP) == 0)
-
-
-def weights_tiles(swap_ab: bool, consumer_warpgroups: int = MAX_CONSUMER_WARPGROUPS) -> tuple[int, ...]:
-    """Every ``weights_tile`` a :class:`GemmConfig` accepts on a path (validation reads this).
-
-    normal: the weight rows are WGMMA's N — a multiple of 16 in [16, 256].  swap-AB: they are GEMM
-    M — a multiple of 64 rows per consumer warpgroup, at most :data:`MAX_TILE_M`.
-    """
-    if swap_ab:
-        return _m_tiles(consumer_warpgroups)
-    return tuple(range(2 * WGMMA_N_STEP, WGMMA_N_MAX + 1, 2 * WGMMA_N_STEP))
-
-
 @dataclass(frozen=True)
 class GemmConfig:
     """A compile-time configuration of the grouped GEMM (one compiled kernel per value).
@@ -170,7 +138,7 @@ class GemmConfig:
             64 bf16 fill one 128-B swizzle row.  FP8: 128 E4M3 (:data:`FP8_TILE_K`).
         stages: depth of the TMA → WGMMA shared-memory ring (≥ 2; 3+ to hide latency), within
             the shared-memory budget.
-        consumer_warpgroups: MMA warpgroups (1 or 2), stacked along GEMM M.
+        consumer_warpgroups: MMA warpgroups (1 or 2), stacked along GEMM M (ping-pong: a tile each).
         epi_stages: shared-memory buffers of the epilogue's TMA-store ring (≥ 1).
         dtype: operand dtype (:data:`DTYPES`): "bfloat16", or "float8_e4m3fn" with an FP8 ``quant``.
         quant: None (bf16), or the FP8 format whose scales the kernel applies in registers:
@@ -192,6 +160,12 @@ class GemmConfig:
             (gate rows, then up rows), output ``silu(gate)·up`` ``[M_pad, I]``; ``weights_tile``
             counts output features, a stage carries the gate and the up tile (2·weights_tile rows).
         gather_rows: bf16 tokens read by row index from the unsorted ``x [T, K]`` (:mod:`cute_moe.gather`).
+        schedule: "cooperative" (the default: the consumer warpgroups split one tile along M and run
+            its epilogue together) or "pingpong" (``consumer_warpgroups=2``, bf16): each consumer
+            warpgroup owns whole tiles — ``tile_m`` (64 or 128) rows handled by it alone, tile_m/64
+            WGMMAs per K slice, all accumulators in its registers — and its own ``epi_stages``
+            staging buffers; one issues its main loop while the other runs its epilogue.  The twin
+            of a cooperative 128-row tile is the 64-row one (``schedule.pingpong_config``).
     """
 
     swap_ab: bool = False
@@ -210,6 +184,7 @@ class GemmConfig:
     epilogue_scales: bool = True
     gated: bool = False
     gather_rows: bool = False
+    schedule: str = "cooperative"
 
     def __post_init__(self):
         self._check()
@@ -249,9 +224,23 @@ class GemmConfig:
         return self.quant is not None and self.fp8_promote
 
     @property
+    def pingpong(self) -> bool:
+        return self.schedule == "pingpong"
+
+    @property
+    def tile_warpgroups(self) -> int:
+        """Consumer warpgroups that share one tile: all of them (cooperative), one (ping-pong)."""
+        return 1 if self.pingpong else self.consumer_warpgroups
+
+    @property
+    def epi_buffers(self) -> int:
+        """Epilogue staging buffers: ``epi_stages``, per consumer warpgroup under ping-pong."""
+        return self.epi_stages * (self.consumer_warpgroups if self.pingpong else 1)
+
+    @property
     def accumulator_registers(self) -> int:
         """fp32 accumulator registers per consumer thread (two accumulators for FP8 and for gated)."""
-        per_acc = self.tile_m * self.tile_n // (WARPGROUP_THREADS * self.consumer_warpgroups)
+        per_acc = self.tile_m * self.tile_n // (WARPGROUP_THREADS * self.tile_warpgroups)
         return per_acc * (2 if self.two_level or self.gated else 1)
 
     @property
@@ -272,8 +261,12 @@ class GemmConfig:
         fills): the normal path's C is N-major, and 32 bf16 columns are a 64-byte row, so its
         buffer has the 64-byte swizzle ``S<2,4,3>`` (bits 4–5 of the byte address XOR bits 7–8);
         32 fp32 columns (an FP8 GEMM1's output) are a 128-byte row; swap-AB's C is M-major, 128
-        rows = 256 contiguous bytes or more, so it gets the 128-byte swizzle."""
-        return (WGMMA_M * self.consumer_warpgroups, min(EPI_TILE_N, self.tile_n))
+        rows = 256 contiguous bytes or more, so it gets the 128-byte swizzle.
+
+        M: 64 rows per warpgroup sharing the tile, so a one-warpgroup 128-row tile (ping-pong's too)
+        stores two rows of sub-tiles: its registers, retiled for ``stmatrix``, run over the N chunks
+        of one WGMMA's 64 rows before the next's, so sub-tile e (row-major) is the e-th run."""
+        return (WGMMA_M * self.tile_warpgroups, min(EPI_TILE_N, self.tile_n))
 
     @property
     def threads(self) -> int:
@@ -291,7 +284,7 @@ class GemmConfig:
 
     def smem_bytes(self, stages: int | None = None) -> int:
         """Shared memory of the kernel (the budget formula above), at ``stages`` if given."""
-        epi = self.epi_stages * self.epi_tile[0] * self.epi_tile[1] * self.out_bytes
+        epi = self.epi_buffers * self.epi_tile[0] * self.epi_tile[1] * self.out_bytes
         return (self.stages if stages is None else stages) * self.stage_bytes + epi + BARRIER_RESERVE_BYTES
 
     def replace(self, **changes) -> "GemmConfig":
@@ -322,6 +315,8 @@ class GemmConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool):
                 raise TypeError(f"{name}: expected an int, got {v!r} ({type(v).__name__})")
+        if not isinstance(self.schedule, str):
+            raise TypeError(f"schedule: expected a str, one of {SCHEDULES}, got {self.schedule!r}")
         if not isinstance(self.dtype, str):
             raise TypeError(f"dtype: expected a str, one of {DTYPES}, got {self.dtype!r}")
         if not isinstance(self.out_dtype, str):
@@ -339,11 +334,14 @@ class GemmConfig:
         if self.dtype != want:
             raise ValueError(f"dtype={self.dtype!r} with quant={self.quant!r}: expected dtype={want!r} "
                              f"(FP8 formats take E4M3 operands, quant=None takes bf16)")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule={self.schedule!r}: expected one of {SCHEDULES}")
         if not 1 <= self.consumer_warpgroups <= MAX_CONSUMER_WARPGROUPS:
             raise ValueError(f"consumer_warpgroups={self.consumer_warpgroups}: must be 1 or 2")
         path = "swap-AB" if self.swap_ab else "normal"
-        for name, allowed in (("tokens_tile", tokens_tiles(self.swap_ab, self.consumer_warpgroups)),
-                              ("weights_tile", weights_tiles(self.swap_ab, self.consumer_warpgroups))):
+        per_tile = self.tile_warpgroups  # warpgroups stacked on one tile's M: one under ping-pong
+        for name, allowed in (("tokens_tile", tokens_tiles(self.swap_ab, per_tile)),
+                              ("weights_tile", weights_tiles(self.swap_ab, per_tile))):
             v = getattr(self, name)
             if v not in allowed:
                 if (name == "tokens_tile") != self.swap_ab:
@@ -353,9 +351,10 @@ class GemmConfig:
                             "DSL aborts slicing the staged, swizzled 16-bit shared-memory layout there)")
                 else:
                     role = "WGMMA's N, here a multiple of 16 up to 256"
+                with_ = ("schedule='pingpong' (one consumer warpgroup per tile)" if self.pingpong
+                         else f"consumer_warpgroups={self.consumer_warpgroups}")
                 raise ValueError(f"{name}={v}: on the {path} path it is {role}; allowed with "
-                                 f"consumer_warpgroups={self.consumer_warpgroups}: {', '.join(map(str, allowed))} "
-                                 f"(cute_moe.config.{name}s)")
+                                 f"{with_}: {', '.join(map(str, allowed))} (cute_moe.config.{name}s)")
         k_step = wgmma_k(self.element_bytes)
         if self.tile_k < k_step or self.tile_k % k_step:
             raise ValueError(f"tile_k={self.tile_k}: must be a positive multiple of {k_step}, WGMMA's K for "
@@ -366,6 +365,7 @@ class GemmConfig:
             raise ValueError(f"epi_stages={self.epi_stages}: needs at least 1 epilogue buffer")
         if self.group_tokens < 1:
             raise ValueError(f"group_tokens={self.group_tokens}: must be ≥ 1")
+        check_pingpong(self)
         check_fp8(self)
         check_gated(self)
         vecs = self.tile_k * self.element_bytes // TMA_ALIGN_BYTES  # 16-byte vectors per token row of a stage

@@ -63,7 +63,8 @@ accumulators of one tiled MMA and thread slice (register i of both holds the sam
 epilogue computes ``silu(gate)·up`` in fp32 (``rowops.silu_mul``) before the one bf16 rounding.
 Gathering (``cfg.gather_rows``, the bf16 layer's GEMM1): the token rows come by cp.async from the
 unsorted x, issued by the whole producer warpgroup (:mod:`cute_moe.gather`).  The compile-time
-layouts live in :mod:`cute_moe.kernel_plan`.
+layouts live in :mod:`cute_moe.kernel_plan`.  Ping-pong (``cfg.schedule``): two consumer warpgroups
+with whole tiles of their own take turns on the tensor cores (:mod:`cute_moe.schedule`).
 
 Persistent scheduling: ``gridDim.x`` = number of SMs; CTA ``c`` processes tiles ``c, c + grid,
 c + 2·grid, …`` while ``tile < num_blocks · n_weight_blocks`` (``num_blocks`` is device data).
@@ -92,13 +93,13 @@ from .gather import GatherProducer  # noqa: E402
 from .raster import tile_coordinates  # noqa: E402  (the persistent tile order)
 from .kernel_plan import DSL_DTYPES, KernelPlan  # noqa: E402  (the compile-time layouts: kernel_plan.py)
 from .rowops import silu_mul  # noqa: E402
+from .schedule import ConsumerSchedule  # noqa: E402  (cooperative / ping-pong consumers: schedule.py)
 
 PRODUCER_REGISTERS = 40
 CONSUMER_REGISTERS = 232
-EPILOGUE_BARRIER_ID = 1  # named barrier 0 is __syncthreads
 
 
-class GroupedGemm(GatherProducer):
+class GroupedGemm(GatherProducer, ConsumerSchedule):
     """Host side (``__call__``, jit) and device side (``kernel``) of one compiled configuration.
 
     Arguments of the compiled function (all device tensors; shapes are dynamic):
@@ -123,7 +124,6 @@ class GroupedGemm(GatherProducer):
     def __init__(self, cfg: GemmConfig, num_ctas: int):
         self.cfg = cfg.validate()
         self.num_ctas = num_ctas
-        self.num_consumer_threads = 128 * cfg.consumer_warpgroups
         self.dtype = DSL_DTYPES[cfg.dtype]
         self.out_dtype = DSL_DTYPES[cfg.out_dtype]
 
@@ -224,8 +224,8 @@ class GroupedGemm(GatherProducer):
             # the TMA lane's arrive (+ gather_rows: one cp.async arrive per producer thread, gather.py)
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
                                                      1 + (GATHER_THREADS if cfg.gather_rows else 0)),
-            # every consumer warp arrives once on a slot's empty barrier
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * cfg.consumer_warpgroups),
+            # every consumer warp of a tile arrives once on a slot's empty barrier (ping-pong: 4, one warpgroup's)
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * cfg.tile_warpgroups),
             tx_count=self.stage_bytes,  # KernelPlan.stage_bytes: both TMA loads of one stage
             cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
             defer_sync=True,
@@ -298,7 +298,8 @@ class GroupedGemm(GatherProducer):
         # ================================ consumers =========================================
         if warpgroup_idx > 0:
             cute.arch.setmaxregister_increase(CONSUMER_REGISTERS)
-            mma_tidx = tidx - 128
+            wg = warpgroup_idx - 1  # ping-pong: this warpgroup's tiles, barriers and staging buffers
+            mma_tidx = self._tile_thread(tidx, warpgroup_idx)
             thr_mma = tiled_mma.get_slice(mma_tidx)
             tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
             tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
@@ -332,22 +333,18 @@ class GroupedGemm(GatherProducer):
             tRS_rD = cute.make_rmem_tensor(rD_shape, cutlass.Float32)
             tRS_rD_out = cute.make_rmem_tensor(rD_shape, self.out_dtype)
             rD_size = cute.size(tRS_rD)
-            epi_barrier = pipeline.NamedBarrier(barrier_id=EPILOGUE_BARRIER_ID,
-                                                num_threads=self.num_consumer_threads)
-            store_ring = pipeline.PipelineTmaStore.create(
-                num_stages=cfg.epi_stages,
-                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumer_threads))
-            # ONE thread issues every TMA store of the CTA and owns their bulk async-groups: each
+            epi_barrier, store_ring, first_buffer = self._epilogue_sync(wg)  # ping-pong: per warpgroup
+            # ONE thread issues every TMA store of a tile and owns their bulk async-groups: each
             # thread that executes cp.async.bulk.tensor starts its own copy, and commit_group /
             # wait_group count the executing thread's groups only, so the thread that stores, commits,
-            # waits and drains (producer_tail) must be the same one every time: consumer thread 0
-            # (lane 0 of warp 4).  The loads need no such guard: the DSL elects one lane for them.
+            # waits and drains (producer_tail) must be the same one every time: consumer thread 0 (lane 0
+            # of warp 4; ping-pong: of warps 4 and 8).  The loads need no such guard (one elected lane).
             is_store_thread = mma_tidx == 0
 
             read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
             release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
             tiles_done = cutlass.Int32(0)
-            tile = cute.arch.block_idx()[0]
+            tile, tile_step = self._first_tile(wg, read, release, k_tiles)
             while tile < num_tiles:
                 token_block, weight_block = tile_coordinates(tile, n_token_blocks, n_weight_blocks,
                                                              cfg.group_tokens)
@@ -359,6 +356,7 @@ class GroupedGemm(GatherProducer):
                 if cutlass.const_expr(cfg.quant is not None):
                     scales = TileScales.at(cfg, tCcC, x_scale, w_scale, block_expert, token_block,
                                            weight_block, cute.size(mW, mode=[0]))
+                self._mainloop_turn(wg)
                 if cutlass.const_expr(not cfg.two_level):  # bf16 (and FP8 without promotion, for the study)
                     tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
                     warpgroup.fence()
@@ -386,9 +384,11 @@ class GroupedGemm(GatherProducer):
                         ring.consumer_release(release)
                         release.advance()
                         read.advance()
+                    self._mainloop_issued(wg)
                     warpgroup.wait_group(0)
                     ring.consumer_release(release)
                     release.advance()
+                    self._mainloop_done(read, release, k_tiles)
                 else:
                     # FP8: every K step into `blk`, promoted into `acc` (scaled per block for fp8_block)
                     for k in range(k_tiles):
@@ -419,6 +419,7 @@ class GroupedGemm(GatherProducer):
                         token = tCcC[i][1] if swap else tCcC[i][0]
                         acc[i] = acc[i] * row_scale[row0 + token]
 
+                self._epilogue_turn(wg)
                 m_block, n_block = (weight_block, token_block) if swap else (token_block, weight_block)
                 gC_epi = cute.zipped_divide(gC[(None, None, m_block, n_block)], cfg.epi_tile)
                 bSG_sC, bSG_gC = cpasync.tma_partition(tma_c, 0, cute.make_layout(1),
@@ -430,7 +431,7 @@ class GroupedGemm(GatherProducer):
                     for v in cutlass.range_constexpr(rD_size):
                         tRS_rD[v] = tRS_acc[e * rD_size + v]
                     tRS_rD_out.store(tRS_rD.load().to(self.out_dtype))
-                    buf = (tiles_done * epi_count + e) % cfg.epi_stages
+                    buf = first_buffer + (tiles_done * epi_count + e) % cfg.epi_stages
                     cute.copy(r2s, tRS_rD_out, tRS_sC[(None, None, None, buf)])
                     # make the generic-proxy smem writes visible to the TMA (async proxy)
                     cute.arch.fence_proxy("async.shared", space="cta")
@@ -441,7 +442,8 @@ class GroupedGemm(GatherProducer):
                         store_ring.producer_acquire()  # ≤ epi_stages−1 groups still reading smem
                     # nobody rewrites a staging buffer before the store thread has seen it read out
                     epi_barrier.arrive_and_wait()
+                self._epilogue_done(wg)
                 tiles_done += 1
-                tile += cute.arch.grid_dim()[0]
+                tile += tile_step
             if is_store_thread:
                 store_ring.producer_tail()  # the last stores have read their staging buffers

@@ -41,14 +41,16 @@ class KernelPlan:
         # m64nNk32 for E4M3 (make_trivial_tiled_mma picks it from the dtype).
         k_major = LayoutEnum.ROW_MAJOR
         self.c_layout = LayoutEnum.COL_MAJOR if cfg.swap_ab else LayoutEnum.ROW_MAJOR
-        # Consumer warpgroups stack along M; each warpgroup's WGMMA covers 64 rows × tile_n.
+        # Cooperative: the consumer warpgroups stack along M, each warpgroup's WGMMA covers 64 rows ×
+        # tile_n.  Ping-pong: one warpgroup per tile (tile_warpgroups = 1), tile_m/64 WGMMAs along M.
         self.tiled_mma = sm90.make_trivial_tiled_mma(
             dtype, dtype, k_major.sm90_mma_major_mode(), k_major.sm90_mma_major_mode(),
-            cutlass.Float32, (cfg.consumer_warpgroups, 1, 1), tiler_mn=(64, cfg.tile_n))
+            cutlass.Float32, (cfg.tile_warpgroups, 1, 1), tiler_mn=(64, cfg.tile_n))
         # Shared memory rings: (rows, tile_k, stages), swizzled atoms tiled to the tile shape.
         self.a_smem_staged = sm90.make_smem_layout_a(k_major, tile_mnk, dtype, cfg.stages)
         self.b_smem_staged = sm90.make_smem_layout_b(k_major, tile_mnk, dtype, cfg.stages)
-        self.epi_smem_staged = sm90.make_smem_layout_epi(self.out_dtype, self.c_layout, cfg.epi_tile, cfg.epi_stages)
+        # the epilogue's staging buffers (ping-pong: epi_stages per consumer warpgroup, warpgroup w's first)
+        self.epi_smem_staged = sm90.make_smem_layout_epi(self.out_dtype, self.c_layout, cfg.epi_tile, cfg.epi_buffers)
         # The producer speaks MoE: which ring holds tokens, which holds weights.
         if cfg.swap_ab:
             self.x_smem_staged, self.w_smem_staged = self.b_smem_staged, self.a_smem_staged

@@ -10,7 +10,8 @@ split colexicographically over the (flattened) shape, ``i = c0 + s0·(c1 + s1·(
 result is ``Σ c_j · stride_j``.  ``evaluate`` below is that definition, nothing more.
 
 What the dict holds (all thread numbers are *consumer* threads, 0 … 128·warpgroups − 1; the
-kernel's thread id is that plus 128, the producer warpgroup coming first):
+kernel's thread id is that plus 128, the producer warpgroup coming first; under ping-pong the
+threads of one tile's warpgroup, 0 … 127, each consumer warpgroup owning its tiles the same way):
 
 * ``tile``: GEMM (M, N, K) and MoE (tokens, weights) extents, path, pipeline depth, smem budget.
 * ``mma``: the WGMMA instruction shape and the tiled MMA's thread-value layouts (``tv_A``,
@@ -158,9 +159,10 @@ def _raw_plan(cfg: GemmConfig) -> dict:
         _read_plan(plan, raw)
         # Accumulator ownership exactly as the kernel computes it: each consumer thread's slice
         # of the tiled MMA applied to an identity tensor over the CTA tile (static coordinates).
+        # Ping-pong: the threads of the one warpgroup that owns a tile (both own tiles the same way).
         identity = cute.make_identity_tensor((cfg.tile_m, cfg.tile_n))
         acc = []
-        for t in cutlass.range_constexpr(128 * cfg.consumer_warpgroups):
+        for t in cutlass.range_constexpr(128 * cfg.tile_warpgroups):
             coords = plan.tiled_mma.get_slice(t).partition_C(identity)
             acc.append([tuple(int(v) for v in coords[i]) for i in range(cute.size(coords))])
         raw["accumulators"] = acc
@@ -331,9 +333,10 @@ def describe(cfg: GemmConfig) -> dict:
                  "A_is": operand[0], "B_is": operand[1],
                  "C_major": "M" if cfg.swap_ab else "N",
                  "threads": cfg.threads, "consumer_threads": 128 * cfg.consumer_warpgroups,
+                 "schedule": cfg.schedule, "tile_threads": 128 * cfg.tile_warpgroups,
                  "stages": cfg.stages, "epi_stages": cfg.epi_stages},
         "mma": {"instruction": _instruction(raw),
-                "atom_mnk": list(raw["atom_mnk"]), "warpgroups_along_m": cfg.consumer_warpgroups,
+                "atom_mnk": list(raw["atom_mnk"]), "warpgroups_along_m": cfg.tile_warpgroups,
                 "tv_A": raw["tv_A"], "tv_B": raw["tv_B"], "tv_C": raw["tv_C"],
                 "A_coords_every_thread": tv_a, "B_coords_every_thread": tv_b},
         "accumulators": accumulators,

@@ -1,16 +1,62 @@
-"""The limits of a :class:`~cute_moe.config.GemmConfig` that keep two accumulators: FP8 and gated.
+"""The limits of a :class:`~cute_moe.config.GemmConfig`: the tiles each path accepts, those that keep
+two accumulators — FP8 and gated — and those of the ping-pong schedule, whose one warpgroup holds a
+whole tile's accumulators.
 
 Both kernels hold two fp32 accumulators per tile in the consumer's registers — FP8 a block
 accumulator beside the promoted one (``cute_moe.fp8_gemm``), a gated GEMM1 the gate and the up
 sums (``cute_moe.gemm``, SiLU·up in the epilogue) — so both are bound by
-:data:`TWO_ACCUMULATOR_REGISTERS`.  ``GemmConfig`` calls :func:`check_fp8` and :func:`check_gated`
-from its validation; this module reads the config's fields only (it imports nothing of
-``config``), and ``config`` re-exports its constants.
+:data:`TWO_ACCUMULATOR_REGISTERS`.  ``GemmConfig`` calls :func:`check_pingpong`, :func:`check_fp8`
+and :func:`check_gated` from its validation; this module reads the config's fields only (it imports
+nothing of ``config``), and ``config`` re-exports its constants and tile lists.
 """
 
 from __future__ import annotations
 
+from moe_spec.hopper import WGMMA_M, WGMMA_N_MAX, WGMMA_N_STEP
 from moe_spec.quant import FP8_BLOCK
+
+MAX_CONSUMER_WARPGROUPS = 2
+"""MMA warpgroups per CTA (plus one producer warpgroup): stacked along GEMM M on one tile (cooperative),
+or one tile each (ping-pong)."""
+
+SCHEDULES = ("cooperative", "pingpong")
+"""How the consumer warpgroups share the work (``GemmConfig.schedule``)."""
+
+MAX_TILE_M = WGMMA_M * MAX_CONSUMER_WARPGROUPS
+"""The largest GEMM tile M accepted: 64 rows × 2 consumer warpgroups = 128.  A larger M (swap-AB's
+``weights_tile = 256``) would give every CTA tile two epilogue sub-tiles along M, an ordering of
+accumulator registers to TMA-store boxes (``epi_order`` in gemm.py) that no GPU test has run."""
+
+
+def _m_tiles(consumer_warpgroups: int) -> tuple[int, ...]:
+    rows = WGMMA_M * consumer_warpgroups
+    return tuple(range(rows, MAX_TILE_M + 1, rows))
+
+
+def tokens_tiles(swap_ab: bool, consumer_warpgroups: int = MAX_CONSUMER_WARPGROUPS) -> tuple[int, ...]:
+    """Every ``tokens_tile`` a :class:`~cute_moe.config.GemmConfig` accepts on a path (validation reads this).
+
+    normal: the tokens are GEMM M — a multiple of 64 rows per consumer warpgroup of a tile, at most
+    :data:`MAX_TILE_M`.  swap-AB: the tokens are WGMMA's N — a multiple of 8 in [8, 256], except
+    the odd multiples of 8 above 8 (24, 40, …): with 16-bit operands the CuTe DSL aborts the
+    process (SIGABRT, no message) slicing the staged, swizzled shared-memory layout at such an N.
+    """
+    if not swap_ab:
+        return _m_tiles(consumer_warpgroups)
+    return tuple(n for n in range(WGMMA_N_STEP, WGMMA_N_MAX + 1, WGMMA_N_STEP)
+                 if n == WGMMA_N_STEP or n % (2 * WGMMA_N_STEP) == 0)
+
+
+def weights_tiles(swap_ab: bool, consumer_warpgroups: int = MAX_CONSUMER_WARPGROUPS) -> tuple[int, ...]:
+    """Every ``weights_tile`` a :class:`~cute_moe.config.GemmConfig` accepts on a path (validation reads this).
+
+    normal: the weight rows are WGMMA's N — a multiple of 16 in [16, 256].  swap-AB: they are GEMM
+    M — a multiple of 64 rows per consumer warpgroup of a tile, at most :data:`MAX_TILE_M`.
+    """
+    if swap_ab:
+        return _m_tiles(consumer_warpgroups)
+    return tuple(range(2 * WGMMA_N_STEP, WGMMA_N_MAX + 1, 2 * WGMMA_N_STEP))
+
 
 FP8_TILE_K = FP8_BLOCK
 """``tile_k`` of every FP8 config: 128 E4M3 = one 128-B swizzled row, and one K block of
@@ -26,6 +72,33 @@ work of a plain 128×256 one per K step."""
 
 FP8_ACCUMULATOR_REGISTERS = TWO_ACCUMULATOR_REGISTERS
 """The FP8 kernel's bound (:data:`TWO_ACCUMULATOR_REGISTERS`)."""
+
+
+PINGPONG_ACCUMULATOR_REGISTERS = TWO_ACCUMULATOR_REGISTERS
+"""Most fp32 accumulator registers per consumer thread under ``schedule="pingpong"``, one or two
+accumulators together: ``tile_m · tile_n / 128`` (× 2 gated) — one warpgroup holds the whole tile.
+128 is what the cooperative kernel's largest tiles hold per thread (128×256 over two warpgroups, or a
+gated 128×128), so the ping-pong tiles allowed are those whose registers the cooperative kernel
+already holds: 64×256, 128×128, gated 64×128 or 128×64.  A 128×256 tile (256 registers) cannot fit
+the 232 that ``setmaxnreg`` grants."""
+
+
+def check_pingpong(cfg) -> None:
+    """The ping-pong limits: two consumer warpgroups, bf16, a whole tile's accumulators in one warpgroup."""
+    if cfg.schedule != "pingpong":
+        return
+    if cfg.consumer_warpgroups != 2:
+        raise ValueError(f"schedule='pingpong' with consumer_warpgroups={cfg.consumer_warpgroups}: ping-pong needs "
+                         f"consumer_warpgroups=2 (two warpgroups, each with a whole tile of its own, taking turns)")
+    if cfg.quant is not None:
+        raise ValueError(f"schedule='pingpong' with quant={cfg.quant!r}: the ping-pong kernel is built for bf16 "
+                         f"operands only (quant=None); FP8 runs on schedule='cooperative'")
+    if cfg.accumulator_registers > PINGPONG_ACCUMULATOR_REGISTERS:
+        raise ValueError(
+            f"tokens_tile={cfg.tokens_tile}, weights_tile={cfg.weights_tile}: under schedule='pingpong' one "
+            f"warpgroup holds the whole {cfg.tile_m}×{cfg.tile_n} tile{' (gate + up)' if cfg.gated else ''}: "
+            f"{cfg.accumulator_registers} accumulator registers per thread, above {PINGPONG_ACCUMULATOR_REGISTERS}; "
+            f"use a smaller tile (64×256, 128×128; gated 64×128, 128×64)")
 
 
 def _check_registers(cfg, what: str, kind: str) -> None:

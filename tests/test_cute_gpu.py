@@ -347,3 +347,98 @@ def test_gathering_layer_runs_no_gather_kernel(shapes, spec, T, monkeypatch):
     assert rel_l2(out, oracle(**inp.kwargs())) < TOL
     assert torch.equal(out.view(torch.int16), again.view(torch.int16))
     assert torch.equal(out.view(torch.int16), tma.view(torch.int16))
+
+
+# ---- the ping-pong schedule: each consumer warpgroup owns whole tiles ------------------------------
+def _pingpong_pairs():
+    """(cooperative, ping-pong) configs with the same WGMMA sequence per output element: the bf16
+    layer's prefill GEMM1 (gated, gathering) and GEMM2 (row scale) against their ping-pong twins
+    (one warpgroup's 64 rows), a 128-row ping-pong tile (two WGMMAs along M in one warpgroup)
+    against the cooperative 128-row tile of two warpgroups, and swap-AB twins."""
+    from cute_moe.config import GemmConfig, choose_config, max_stages
+    from cute_moe.schedule import pingpong_config
+
+    def cfg(**kw):
+        c = GemmConfig(stages=2, **kw)
+        return c.replace(stages=max_stages(c))
+
+    gemm1 = choose_config(1024, 768, 2048, gated=True).replace(gather_rows=True)
+    gemm2 = choose_config(1024, 2048, 768, row_scale=True)
+    coop128 = cfg(tokens_tile=128, weights_tile=128)
+    swap = cfg(swap_ab=True, tokens_tile=32, weights_tile=128)
+    return {
+        "gemm1-gated-gather": (gemm1, pingpong_config(gemm1)),
+        "gemm2-row-scale": (gemm2, pingpong_config(gemm2)),
+        "gemm2-plain": (gemm2.replace(row_scale=False), pingpong_config(gemm2.replace(row_scale=False))),
+        "128x128-one-wg": (coop128, cfg(tokens_tile=128, weights_tile=128, schedule="pingpong")),
+        "gated-128x64-one-wg": (cfg(tokens_tile=128, weights_tile=64, gated=True),
+                                cfg(tokens_tile=128, weights_tile=64, gated=True, schedule="pingpong")),
+        "swap-w128-t32": (swap, pingpong_config(swap)),
+        "swap-w128-t8": (cfg(swap_ab=True, tokens_tile=8, weights_tile=128),
+                         pingpong_config(cfg(swap_ab=True, tokens_tile=8, weights_tile=128))),
+        "swap-w128-t64-one-wg": (cfg(swap_ab=True, tokens_tile=64, weights_tile=128),
+                                 cfg(swap_ab=True, tokens_tile=64, weights_tile=128, schedule="pingpong")),
+    }
+
+
+PINGPONG_PAIRS = list(_pingpong_pairs())
+
+
+@pytest.mark.parametrize("ctas", [None, 5], ids=["grid-sms", "grid-5"])
+@pytest.mark.parametrize("name", PINGPONG_PAIRS)
+def test_pingpong_is_the_cooperative_kernel_bit_for_bit(name, ctas, monkeypatch):
+    """The ping-pong kernel gives the very bytes of the cooperative one on the rows both write (uneven
+    experts, an idle one, partial token blocks, N_out not a multiple of the tile, K a few stages
+    deep), and meets fp32 torch.  With 5 CTAs each warpgroup runs many tiles, wg 0 one more than wg 1
+    on some CTAs, and the ring wraps inside and across tiles."""
+    import math
+
+    import cute_moe.moe as moe
+    from cute_moe.moe import grouped_gemm, sort_rows
+
+    coop, pp = _pingpong_pairs()[name]
+    if ctas is not None:
+        monkeypatch.setattr(moe, "sm_count", lambda device=None: ctas)
+    gated, gather = coop.gated, coop.gather_rows
+    n_out, k, counts = (200 if gated else 328), 640, [37, 0, 5, 300, 1, 129, 64]
+    g = torch.Generator(device="cuda").manual_seed(31)
+    E = len(counts)
+    ids = torch.cat([torch.full((c,), e, dtype=torch.int32) for e, c in enumerate(counts)]).cuda()
+    ids = ids[torch.randperm(ids.numel(), generator=torch.Generator().manual_seed(31)).cuda()]
+    T = ids.numel()
+    weights = torch.rand(T, 1, device="cuda", generator=g)
+    tile = math.lcm(coop.tokens_tile, pp.tokens_tile)
+    rows = sort_rows(ids.view(T, 1), weights, E, tile, (coop.tokens_tile, pp.tokens_tile))
+    used = int(rows.alignment.num_padded)
+    x = torch.randn(T, k, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(E, (2 if gated else 1) * n_out, k, device="cuda", generator=g) * k ** -0.5).bfloat16()
+    xs = x if gather else x.index_select(0, rows.token_of_row)
+    scale = rows.weight_of_row if coop.row_scale else None
+    a = grouped_gemm(xs, w, rows, coop, row_scale=scale)
+    b = grouped_gemm(xs, w, rows, pp, row_scale=scale)
+    again = grouped_gemm(xs, w, rows, pp, row_scale=scale)
+    assert a.shape == b.shape == (rows.rows, n_out)
+    assert torch.equal(a[:used].view(torch.int16), b[:used].view(torch.int16))
+    assert torch.equal(b[:used].view(torch.int16), again[:used].view(torch.int16))
+    h = torch.einsum("tk,tnk->tn", x.float(), w.float()[ids.long()])
+    ref = torch.nn.functional.silu(h[:, :n_out]) * h[:, n_out:] if gated else h
+    if coop.row_scale:
+        ref = ref * weights
+    assert rel_l2(b.index_select(0, rows.row_of_pair), ref) < TOL
+
+
+@pytest.mark.parametrize("spec", ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8"])
+@pytest.mark.parametrize("T", [8, 4096])
+def test_pingpong_layer_is_the_cooperative_layer_bit_for_bit(shapes, spec, T):
+    """The bf16 layer with both GEMMs' ping-pong twins (``configs=``) gives the very bytes of the plan's
+    cooperative layer, and meets the oracle."""
+    import cute_moe
+    from cute_moe.schedule import pingpong_config
+
+    inp = _inputs(shapes, spec, T, seed=29)
+    p = cute_moe.plan(_dims(inp))
+    twins = (pingpong_config(p.gemm1), pingpong_config(p.gemm2))
+    out = cute_moe.fused_moe(**inp.kwargs())
+    pp = cute_moe.fused_moe(**inp.kwargs(), configs=twins)
+    assert torch.equal(out.view(torch.int16), pp.view(torch.int16))
+    assert rel_l2(pp, oracle(**inp.kwargs())) < TOL

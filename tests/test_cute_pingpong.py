@@ -1,0 +1,391 @@
+"""CPU lane for the ping-pong schedule of the grouped GEMM (``GemmConfig.schedule="pingpong"``).
+
+Without a GPU: the config's rules and twin, the sm_90a PTX of the ping-pong kernels (the WGMMAs of
+the cooperative twin, the order barriers each warpgroup waits on and arrives at — evaluated per
+thread id with ``test_cute_store``'s walk of the PTX —, one store thread per warpgroup, the empty
+barriers' count), ptxas's register report (no spills), and the epilogue's register runs.  The
+GPU lane (``tests/test_cute_gpu.py``) checks that the results are the cooperative kernel's, bit for bit.
+"""
+
+import os
+import re
+from collections import Counter
+
+import pytest
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+cute_moe = pytest.importorskip("cute_moe")
+
+from cute_moe.config import GemmConfig, PINGPONG_ACCUMULATOR_REGISTERS, choose_config, max_stages  # noqa: E402
+from cute_moe.schedule import (EPI_ORDER_BARRIER_ID, EPILOGUE_BARRIER_ID, MMA_ORDER_BARRIER_ID,  # noqa: E402
+                               pingpong_config)
+from cute_moe.ptx import mma_instruction  # noqa: E402
+
+from test_cute_store import COMMIT, LOAD, STORE, WAIT, Ptx, _threads_reaching  # noqa: E402
+
+
+def _cfg(**kw):
+    cfg = GemmConfig(stages=2, **kw)
+    return cfg.replace(stages=max_stages(cfg))
+
+
+# The bf16 layer's prefill GEMMs (T = 4096: the normal path's 128-token tiles, two warpgroups) and
+# their ping-pong twins; a 128-row ping-pong tile (two WGMMAs along M per warpgroup); swap-AB twins.
+PREFILL_GEMM1 = choose_config(1024, 768, 2048, gated=True).replace(gather_rows=True)  # T128xW128 silu gather
+PREFILL_GEMM2 = choose_config(1024, 2048, 768, row_scale=True)  # T128xW256, routing weights in the epilogue
+COOPERATIVE = {
+    "gemm1-gated-gather": PREFILL_GEMM1,
+    "gemm2-row-scale": PREFILL_GEMM2,
+    "plain-128x128": _cfg(tokens_tile=128, weights_tile=128),
+    "swap-w128-t32": _cfg(swap_ab=True, tokens_tile=32, weights_tile=128),
+    "swap-w128-t8": _cfg(swap_ab=True, tokens_tile=8, weights_tile=128),
+}
+PINGPONG = {name: pingpong_config(cfg) for name, cfg in COOPERATIVE.items()}
+PINGPONG["plain-128x128-one-wg"] = _cfg(tokens_tile=128, weights_tile=128, schedule="pingpong")
+PINGPONG["swap-w128-t64-one-wg"] = _cfg(swap_ab=True, tokens_tile=64, weights_tile=128, schedule="pingpong")
+PINGPONG["gated-128x64"] = _cfg(tokens_tile=128, weights_tile=64, gated=True, schedule="pingpong")
+
+_WGMMA = r"wgmma\.mma_async\.sync\.aligned\.m\d+n\d+k\d+\.[\w.]+"
+
+
+def test_the_prefill_configs_are_what_the_layer_runs():
+    from moe_spec.problem import get_shape
+    from moe_spec.validate import MoEDims
+
+    for spec in ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8"):
+        s = get_shape(spec)
+        p = cute_moe.plan(MoEDims(T=4096, E=s.num_experts, K=s.hidden, I=s.intermediate, top_k=s.top_k))
+        assert (p.gemm1, p.gemm2) == (PREFILL_GEMM1, PREFILL_GEMM2), spec
+        assert p.gemm1.schedule == p.gemm2.schedule == "cooperative"  # the default is unchanged
+
+
+# ---- the config ---------------------------------------------------------------------------------
+def test_the_twin_has_one_warpgroups_rows_of_the_cooperative_tile():
+    g1, g2 = PINGPONG["gemm1-gated-gather"], PINGPONG["gemm2-row-scale"]
+    assert (g1.tokens_tile, g1.weights_tile, g1.gated, g1.gather_rows, g1.schedule) == (64, 128, True, True, "pingpong")
+    assert (g2.tokens_tile, g2.weights_tile, g2.row_scale) == (64, 256, True)
+    swap = PINGPONG["swap-w128-t32"]
+    assert (swap.weights_tile, swap.tokens_tile, swap.tile_m) == (64, 32, 64)
+    for name, cfg in COOPERATIVE.items():
+        twin = PINGPONG[name]
+        assert twin.tile_warpgroups == 1 and twin.consumer_warpgroups == 2 and twin.threads == cfg.threads == 384
+        # one warpgroup holds the whole tile: the cooperative kernel's registers per thread
+        assert twin.accumulator_registers == cfg.accumulator_registers <= PINGPONG_ACCUMULATOR_REGISTERS
+        # each warpgroup its own staging buffers, 64-row sub-tiles
+        assert twin.epi_buffers == 2 * twin.epi_stages and twin.epi_tile == (64, cfg.epi_tile[1])
+        assert twin.smem_bytes() == (twin.stages * twin.stage_bytes + twin.epi_buffers * 64 * twin.epi_tile[1] * 2
+                                     + 1024)
+        assert mma_instruction(twin) == mma_instruction(cfg)
+    assert pingpong_config(PINGPONG["plain-128x128-one-wg"].replace(schedule="cooperative", consumer_warpgroups=1)) \
+        == PINGPONG["plain-128x128-one-wg"]  # a one-warpgroup tile keeps its rows
+    with pytest.raises(ValueError, match=r"^schedule='pingpong' with quant='fp8_block'"):
+        pingpong_config(choose_config(1024, 2048, 768, row_scale=True, quant="fp8_block"))
+
+
+def test_the_plan_names_the_schedule():
+    from moe_spec.validate import MoEDims
+
+    dims = MoEDims(T=4096, E=128, K=2048, I=768, top_k=8)
+    p = cute_moe.plan(dims, configs=(PINGPONG["gemm1-gated-gather"], PINGPONG["gemm2-row-scale"]))
+    assert p.describe() == ("G1 T64xW128 k64 s5 silu gather pingpong m64n128k16 | "
+                            "G2 T64xW256 k64 s5 pingpong m64n256k16")
+    assert p.align_tile == 64
+    assert "pingpong" not in cute_moe.plan(dims).describe()
+
+
+# ---- the PTX ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module", params=list(PINGPONG), ids=list(PINGPONG))
+def compiled(request):
+    cfg = PINGPONG[request.param]
+    return request.param, cfg, cute_moe.compile_ptx(cfg)
+
+
+def _groups(ptx):
+    """WGMMAs per commit group (one K step of one warpgroup)."""
+    return Counter(n for n in (len(re.findall(_WGMMA, g)) for g in ptx.split("wgmma.commit_group")) if n)
+
+
+def test_ptx_has_the_intended_wgmma_per_k_step(compiled):
+    """sm_90a WGMMAs of one warpgroup's tile: tile_m/64 along M, tile_k/16 along K, twice when gated;
+    the same instruction as the cooperative twin, no local memory in the PTX."""
+    name, cfg, ptx = compiled
+    assert ".target sm_90a" in ptx
+    assert set(re.findall(_WGMMA, ptx)) == {f"wgmma.mma_async.sync.aligned.m64n{cfg.tile_n}k16.f32.bf16.bf16"}
+    per_step = cfg.tile_m // 64 * cfg.tile_k // 16 * (2 if cfg.gated else 1)
+    assert set(_groups(ptx)) == {per_step}
+    if name in COOPERATIVE:  # the cooperative kernel: one warpgroup's 64 rows per step, the same instruction
+        coop = cute_moe.compile_ptx(COOPERATIVE[name])
+        assert set(re.findall(_WGMMA, coop)) == set(re.findall(_WGMMA, ptx))
+        assert set(_groups(coop)) == {per_step}
+    assert not re.search(r"\.local\b|\bld\.local|\bst\.local", ptx)
+
+
+_BAR = re.compile(r"^bar\.(sync|arrive)\b")
+
+
+def _barriers_per_warpgroup(cfg, ptx: Ptx) -> dict:
+    """{warpgroup: {(bar.sync | bar.arrive, barrier id, thread count)}}, the id evaluated for every thread."""
+    sites = [i for i, line in enumerate(ptx.lines) if _BAR.search(line)]
+    out: dict = {}
+    for tid in range(cfg.threads):
+        seen, cache = ptx.reachable(tid), {}
+        for i in sites:
+            if i in seen:
+                _, op, args = ptx._split(ptx.lines[i])
+                count = int(args[1]) if len(args) > 1 else None
+                out.setdefault(tid // 128, set()).add((op, ptx._operand(args[0], tid, cache), count))
+    return out
+
+
+def test_each_warpgroup_waits_on_its_own_order_barriers_and_opens_the_others(compiled):
+    """Consumer warpgroup w (threads 128·(w+1) …): bar.sync on its epilogue barrier (1 + w, 128
+    threads) and on its order barriers (main loop 3 + w, epilogue 5 + w; 256 threads), bar.arrive on
+    the other warpgroup's.  The producer only joins the CTA-wide barrier 0 of the set-up."""
+    _, cfg, text = compiled
+    bars = _barriers_per_warpgroup(cfg, Ptx(text))
+    assert bars[0] == {("bar.sync", 0, None)}
+    for wg in (0, 1):
+        other = 1 - wg
+        assert bars[1 + wg] == {
+            ("bar.sync", 0, None),
+            ("bar.sync", EPILOGUE_BARRIER_ID + wg, 128),
+            ("bar.sync", MMA_ORDER_BARRIER_ID + wg, 256), ("bar.sync", EPI_ORDER_BARRIER_ID + wg, 256),
+            ("bar.arrive", MMA_ORDER_BARRIER_ID + other, 256), ("bar.arrive", EPI_ORDER_BARRIER_ID + other, 256),
+        }, wg
+    assert (EPILOGUE_BARRIER_ID + 1) < MMA_ORDER_BARRIER_ID and MMA_ORDER_BARRIER_ID + 1 < EPI_ORDER_BARRIER_ID < 15
+
+
+def test_each_warpgroup_has_one_store_thread_of_its_own(compiled):
+    """test_cute_store's rule per warpgroup: thread 0 of each consumer warpgroup (128 and 256) issues
+    its TMA stores and commits and waits on exactly those; thread 0 issues every TMA load."""
+    name, cfg, text = compiled
+    ptx = Ptx(text)
+    stores = set().union(*_threads_reaching(ptx, cfg.threads, STORE).values())
+    assert stores == {128, 256}
+    for pattern in (COMMIT, WAIT):
+        for line, threads in _threads_reaching(ptx, cfg.threads, pattern).items():
+            assert threads == stores, ptx.lines[line]
+    assert set().union(*_threads_reaching(ptx, cfg.threads, LOAD).values()) == {0}
+
+
+def test_a_stage_is_released_by_one_warpgroup(compiled):
+    """The empty barriers count 4 arrivals (the warps of the one warpgroup whose tile the stage holds);
+    every consumer warp's lane 0 arrives; the full barriers keep the producer's count."""
+    _, cfg, text = compiled
+    ptx = Ptx(text)
+    counts = [ptx.value(ptx._split(line)[2][1], 0, {}) for line in ptx.lines if line.startswith("mbarrier.init")]
+    full, empty = counts[:cfg.stages], counts[cfg.stages:2 * cfg.stages]
+    assert empty == [4] * cfg.stages and full == [129 if cfg.gather_rows else 1] * cfg.stages, counts
+    arrive = re.compile(r"^mbarrier\.arrive\.shared")
+    for threads in _threads_reaching(ptx, cfg.threads, arrive).values():
+        assert threads == set(range(128, cfg.threads, 32))
+
+
+@pytest.mark.parametrize("name", ["gemm1-gated-gather", "gemm2-row-scale", "plain-128x128-one-wg", "gated-128x64"])
+def test_ptxas_reports_no_spills(name, capfd):
+    """ptxas (the DSL's, ``remarks{ptx}``) on the ping-pong kernel: no stack frame, no spill stores or
+    loads, at most the 232 registers the consumers ask for."""
+    import cutlass.cute as cute
+    from cute_moe.gemm import CONSUMER_REGISTERS, GroupedGemm
+    from cute_moe.ptx import fake_arguments
+
+    cfg = PINGPONG[name]
+    capfd.readouterr()
+    cute.compile(GroupedGemm(cfg, 132), *fake_arguments(cfg), options="remarks{ptx}")
+    text = "".join(capfd.readouterr())
+    frame = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", text)
+    used = re.search(r"Used (\d+) registers", text)
+    assert frame and used, text[-2000:]
+    assert frame.groups() == ("0", "0", "0"), frame.group(0)
+    assert int(used.group(1)) <= CONSUMER_REGISTERS
+
+
+@pytest.mark.parametrize("name", ["gemm2-row-scale", "plain-128x128-one-wg", "swap-w128-t64-one-wg", "gated-128x64"])
+def test_the_epilogue_sub_tiles_are_runs_of_registers(name):
+    """The epilogue copies sub-tile e from the accumulator registers e·n … e·n + n − 1 (n registers per
+    sub-tile) and stores it to box e of the sub-tile grid (row-major).  For a 128-row ping-pong tile
+    (two WGMMAs along M in one warpgroup) every thread's run e must lie in box e: checked for all 128
+    threads with the kernel's own tiled MMA and stmatrix partition."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.nvgpu import warp
+    from cute_moe.kernel_plan import KernelPlan
+    from cute_moe.layouts import _quietly  # the loops over threads and registers are unrolled on purpose
+
+    cfg = PINGPONG[name]
+    em, en = cfg.epi_tile
+    grid_n = cfg.tile_n // en
+    seen = []  # (thread, register run index, the register's (m, n), where the epilogue stores it)
+
+    @cute.jit
+    def probe():
+        plan = KernelPlan(cfg)
+        stmatrix = cute.make_copy_atom(warp.StMatrix8x8x16bOp(cfg.swap_ab, 4 if cfg.tile_n >= 16 else 2),
+                                       cutlass.BFloat16)
+        r2s = cute.make_tiled_copy_S(stmatrix, cute.make_tiled_copy_C_atom(stmatrix, plan.tiled_mma))
+        sC = cute.make_tensor(cute.make_ptr(cutlass.BFloat16, 0, cute.AddressSpace.smem, assumed_align=1024),
+                              plan.epi_smem_staged.outer)
+        n = cute.size(cute.shape(r2s.get_slice(0).partition_S(sC))[:3])
+        for t in cutlass.range_constexpr(128):
+            coords = plan.tiled_mma.get_slice(t).partition_C(cute.make_identity_tensor((cfg.tile_m, cfg.tile_n)))
+            # the (m, n) in the staging buffer (one box) that stmatrix gives the sub-tile's register v
+            box = r2s.get_slice(t).partition_S(cute.make_identity_tensor((em, en)))
+            # the register order the epilogue walks: the retiled accumulator (a layout over register offsets)
+            order = r2s.retile(cute.make_rmem_tensor(coords.shape, cutlass.Float32)).layout
+            for i in cutlass.range_constexpr(cute.size(order)):
+                m, c = coords[order(i)]
+                e, v = i // n, i % n
+                bm, bn = box[v]
+                seen.append((t, i, (int(m), int(c)), ((e // grid_n) * em + int(bm), (e % grid_n) * en + int(bn))))
+
+    _quietly(probe)  # (compared out here: a Python `if` inside a jit function is traced, not evaluated)
+    assert len(seen) == 128 * cfg.accumulator_registers // (2 if cfg.gated else 1)
+    bad = [s for s in seen if s[2] != s[3]]
+    assert not bad, bad[:8]
+
+
+# ---- the study command (its GPU run is the lead's; here what it times and its refusals) -------------
+def test_bench_times_the_layers_gemms_and_their_twins():
+    from cute_moe.bench_pingpong import variants
+
+    g1 = variants(PREFILL_GEMM1, alt=True)
+    assert g1["cooperative"] == PREFILL_GEMM1 and g1["pingpong"] == PINGPONG["gemm1-gated-gather"]
+    assert (g1["pingpong-128"].tokens_tile, g1["pingpong-128"].weights_tile, g1["pingpong-128"].gather_rows) == \
+        (128, 64, True)
+    g2 = variants(PREFILL_GEMM2, alt=False)
+    assert list(g2) == ["cooperative", "pingpong"] and g2["pingpong"] == PINGPONG["gemm2-row-scale"]
+    assert variants(PREFILL_GEMM2, alt=True)["pingpong-128"].tile_m == 128
+    for cfg in (g1["pingpong-128"], variants(PREFILL_GEMM2, alt=True)["pingpong-128"]):  # they compile
+        assert set(re.findall(_WGMMA, cute_moe.compile_ptx(cfg))) == {mma_instruction(cfg)}
+
+
+def test_bench_report_lists_every_cell():
+    from cute_moe.bench_pingpong import markdown
+
+    cell = dict(shape="qwen3-30b-a3b", gemm="gemm1", tile="T64xW128 s5", us=1.0, tflops=2.0, equal=True)
+    result = dict(date="d", device="H200", commit="c", command="python -m cute_moe.bench_pingpong --out x",
+                  wall_s=1.0, cells=[dict(cell, variant="cooperative"), dict(cell, variant="pingpong", speedup=1.1)])
+    text = markdown(result)
+    assert "| qwen3-30b-a3b | gemm1 | pingpong | T64xW128 s5 | 1.0 | 2.0 | 1.1 | True |" in text
+    assert "| qwen3-30b-a3b | gemm1 | cooperative | T64xW128 s5 | 1.0 | 2.0 | — | True |" in text
+    assert "- commit: `c`" in text
+
+
+def test_bench_refuses_a_used_out_and_a_cpu(tmp_path, capsys):
+    from cute_moe.bench_pingpong import main
+
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "x").write_text("")
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", str(tmp_path / "used")])
+    assert exc.value.code == 2 and "--out" in capsys.readouterr().err
+    assert main(["--out", str(tmp_path / "new"), "--shapes", "nope"]) == 2
+    assert "--shapes" in capsys.readouterr().err
+    import torch
+
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit) as exc:
+            main(["--out", str(tmp_path / "new")])
+        assert exc.value.code == 2 and "needs a CUDA GPU" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
+
+
+# ---- the protocol, modelled: ring parities and order barriers under random interleavings ------------
+class _State:
+    """cutlass.pipeline.PipelineState's arithmetic (index, phase; advance by n)."""
+
+    def __init__(self, stages, phase=0):
+        self.stages, self.index, self.phase = stages, 0, phase
+
+    def advance(self, n=1):
+        self.index += n
+        self.phase ^= (self.index // self.stages) % 2
+        self.index %= self.stages
+
+
+def _run_protocol(stages, k_tiles, n_tiles, seed, ordered=True):
+    """One CTA: the producer fills global stages 0 … n_tiles·k_tiles − 1 in order; consumer warpgroup w
+    takes tiles w, w + 2, … with the kernel's ring states (start w·k_tiles in, skip k_tiles after each
+    tile), waits on a slot's full barrier by parity (``mbarrier.try_wait.parity``: true while the
+    barrier's completed-phase count has the other parity), releases a stage after its next wait, and,
+    when ``ordered``, waits for its turn on the main-loop order barrier and grants the other warpgroup
+    its turn after its last wait.  Returns (stages read per warpgroup, wrong reads, deadlocked)."""
+    import random
+
+    rng = random.Random(seed)
+    full_done, empty_done, data = [0] * stages, [0] * stages, [None] * stages
+    grants = [1, 0]  # warpgroup 1 opens warpgroup 0's first main loop
+
+    def producer():
+        st = _State(stages, phase=1)  # PipelineUserType.Producer starts at phase 1 (slots free)
+        for g in range(n_tiles * k_tiles):
+            while (empty_done[st.index] & 1) == st.phase:
+                yield
+            data[st.index] = g
+            full_done[st.index] += 1
+            st.advance()
+            yield
+
+    reads, wrong = ([], []), []
+
+    def consumer(w):
+        read, release = _State(stages), _State(stages)
+        read.advance(w * k_tiles) if w else None
+        release.advance(w * k_tiles) if w else None
+        for tile in range(w, n_tiles, 2):
+            if ordered:
+                while grants[w] == 0:
+                    yield
+                grants[w] -= 1
+            for k in range(k_tiles):
+                while (full_done[read.index] & 1) == read.phase:
+                    yield
+                got, want = data[read.index], tile * k_tiles + k
+                reads[w].append(got)
+                if got != want:
+                    wrong.append((w, tile, k, got, want))
+                if k:
+                    empty_done[release.index] += 1
+                    release.advance()
+                read.advance()
+                yield
+            if ordered:
+                grants[1 - w] += 1
+            empty_done[release.index] += 1
+            release.advance()
+            read.advance(k_tiles)
+            release.advance(k_tiles)
+            yield
+
+    agents = [producer(), consumer(0), consumer(1)]
+    for _ in range(10 ** 5):
+        if not agents:
+            return reads, wrong, False
+        a = rng.choice(agents)
+        try:
+            next(a)
+        except StopIteration:
+            agents.remove(a)
+    return reads, wrong, True
+
+
+@pytest.mark.parametrize("stages, k_tiles", [(2, 1), (3, 2), (5, 4), (4, 8), (5, 7), (6, 3), (8, 2)])
+def test_the_ring_protocol_reads_every_stage_of_its_own_tiles(stages, k_tiles):
+    """With the order barrier, every warpgroup reads exactly the stages of its own tiles, in order, under
+    random interleavings, for rings shallower and deeper than a tile, an odd and an even tile count."""
+    for n_tiles in (1, 2, 5, 6):
+        for seed in range(20):
+            reads, wrong, deadlocked = _run_protocol(stages, k_tiles, n_tiles, seed)
+            assert not wrong and not deadlocked, wrong[:4]
+            for w in (0, 1):
+                assert reads[w] == [t * k_tiles + k for t in range(w, n_tiles, 2) for k in range(k_tiles)]
+
+
+def test_without_the_order_barrier_a_parity_wait_can_pass_early():
+    """The order barrier is what makes the parity waits safe: without it warpgroup 1 can wait on a slot
+    two fills ahead of the barrier, see the parity it wants, and read warpgroup 0's data (whose
+    early release then also derails the ring)."""
+    runs = [_run_protocol(stages, k_tiles, 4, seed, ordered=False) for stages, k_tiles in ((2, 4), (3, 6))
+            for seed in range(10)]
+    assert any(wrong for _, wrong, _ in runs)
