@@ -1,19 +1,28 @@
-"""Time the token alignment on the GPU — the two CuTe launches (routing checks, alignment, row and
-block maps) against the torch ops that do the same — and, on a CPU, fused_moe's host cost.
+"""Time the token alignment on the GPU exactly as the bf16 layer launches it — the CuTe launches
+(routing checks, alignment, row and block maps) against the torch ops that do the same — and, on a
+CPU, fused_moe's host cost.
 
-    python -m cute_moe.bench_align [--out PREFIX] [--commit SHA]
+    python -m cute_moe.bench_align [--out DIR] [--shapes ...] [--tokens ...] [--commit SHA]
 
-For the three layer shapes ``cute_moe.bench`` times (their ``E`` and ``top_k`` are all the
-alignment sees) and T ∈ {1, 8, 128, 1024, 4096}: the tile is the layer plan's ``align_tile`` at
-that T (what ``fused_moe`` pads to), the routings are softmax top-k of random logits
-(``moe_spec.problem.route``), one per input set, with the plan's two GEMM token tiles.  Both
-routines are first checked to agree on every set (the alignment and every map bit for bit, the
-weights' NaN where the other's), then timed by CUDA-graph replay
-(``moe_spec.timing.time_cuda_graph``, the median µs per call): ``device`` is
-:func:`cute_moe.rowmaps.sort_rows_on_device` into preallocated buffers, ``torch`` is
-:func:`cute_moe.rowmaps.reference_rows` (``guard_routing``, ``moe_spec.align.align`` and the
-maps in torch ops: what ``fused_moe`` ran before the kernels wrote the maps).  Writes
-``PREFIX.json`` (raw) and ``PREFIX.md`` (the table).
+For each shape (default: Mixtral-8x7B, Qwen3-30B-A3B, DeepSeek-V3 TP8 — their ``E`` and ``top_k``
+and, through the plan, their tiles are all the alignment sees) and T (default 1, 8, 32, 128, 1024,
+4096): the layer's bf16 plan at that T gives the alignment tile and the two GEMM token tiles, and
+the buffers are the layer's (:class:`cute_moe.rowmaps.RowBuffers`, the place launch's grid
+included); the routings are softmax top-k of random logits (``moe_spec.problem.route``), one per
+input set.  Per cell:
+
+* ``equal``: on every set the launches give what :func:`cute_moe.rowmaps.reference_rows` gives
+  (``moe_spec.align.align`` of the clamped ids, every map, bit for bit; NaN weights where it has them);
+* ``device µs`` / ``torch µs``: CUDA-graph replay (``moe_spec.timing.time_cuda_graph``, median µs
+  per call, launch gaps included) of :func:`~cute_moe.rowmaps.sort_rows_on_device` into the
+  preallocated buffers and of ``reference_rows`` (what ``fused_moe`` ran before the kernels);
+* ``count`` / ``place µs (cold)``: the kernels' own durations from ``torch.profiler`` over eager
+  calls, each after a fill of a buffer twice the L2 (as in the layer, where the GEMMs before it have
+  moved the alignment's data and code out of the cache); ``warm``: the same, back to back.  The
+  profiler runs after every graph was timed (no graph is captured once CUPTI is active).
+
+Prints each cell as it goes and the table at the end; ``--out`` (a new or empty directory) receives
+``bench_align.md`` and ``bench_align.json`` (date, device, commit, command).
 
 Host cost (no GPU needed)::
 
@@ -41,16 +50,19 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 import torch  # noqa: E402
 
-from moe_spec import runinfo  # noqa: E402
+from moe_spec import runinfo, studyout  # noqa: E402
 from moe_spec.problem import get_shape, route  # noqa: E402
-from moe_spec.timing import time_cuda_graph  # noqa: E402
+from moe_spec.timing import L2_BYTES, time_cuda_graph  # noqa: E402
 from moe_spec.validate import MoEDims  # noqa: E402
 
 from .rowmaps import RowBuffers, reference_rows, sort_rows_on_device  # noqa: E402
 from .plan import plan  # noqa: E402
 
 SPECS = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8")
-TOKENS = (1, 8, 128, 1024, 4096)
+TOKENS = (1, 8, 32, 128, 1024, 4096)
+FILES = ("bench_align.md", "bench_align.json")
+PROFILED_CALLS = 20  # per cell and mode (cold, warm)
+KERNELS = ("CountExperts", "PlacePairs")
 FIELDS = ("sorted_ids", "expert_of_block", "expert_end")
 
 
@@ -63,39 +75,88 @@ def _same_rows(a, b) -> bool:
             and all(torch.equal(x.nan_to_num(7.0), y.nan_to_num(7.0)) for x, y in floats))
 
 
-def bench_cell(spec: str, T: int, n_sets: int = 4) -> dict:
+def layer_tiles(spec: str, T: int) -> tuple[int, tuple[int, int]]:
+    """The bf16 layer's alignment tile and (GEMM1, GEMM2) token tiles at T (what ``fused_moe`` passes)."""
     shape = get_shape(spec)
-    E, k = shape.num_experts, shape.top_k
-    p = plan(MoEDims(T=T, E=E, K=shape.hidden, I=shape.intermediate, top_k=k))
-    tile, tiles = p.align_tile, (p.gemm1.tokens_tile, p.gemm2.tokens_tile)
-    g = torch.Generator(device="cuda").manual_seed(T)
-    ids = [route(torch.randn(T, E, device="cuda", generator=g), k)[1] for _ in range(n_sets)]
-    weights = [torch.rand(T, k, device="cuda", generator=g) for _ in range(n_sets)]
-    bufs = [RowBuffers(T, k, E, tile, tiles, "cuda") for _ in range(n_sets)]
-    word = torch.zeros(1, dtype=torch.int32, device="cuda")
-    device = lambda i: sort_rows_on_device(ids[i], weights[i], E, tile, tiles, word=word, buffers=bufs[i])  # noqa
-    torch_ops = lambda i: reference_rows(ids[i], weights[i], E, tile, tiles, word=word)  # noqa: E731
-    equal = all(_same_rows(device(i), torch_ops(i)) for i in range(n_sets))
-    row = {"shape": spec, "E": E, "top_k": k, "T": T, "tile": tile, "pairs": T * k, "equal": equal}
-    for name, fn in (("device", device), ("torch", torch_ops)):
-        t = time_cuda_graph(lambda i, fn=fn: (lambda: fn(i)), n_sets)
+    p = plan(MoEDims(T=T, E=shape.num_experts, K=shape.hidden, I=shape.intermediate, top_k=shape.top_k))
+    return p.align_tile, (p.gemm1.tokens_tile, p.gemm2.tokens_tile)
+
+
+class Cell:
+    """One (shape, T): its routings, the layer's tiles and buffers, and the two routines on set ``i``."""
+
+    def __init__(self, spec: str, T: int, n_sets: int = 4):
+        shape = get_shape(spec)
+        self.E, self.k = E, k = shape.num_experts, shape.top_k
+        self.tile, self.tiles = tile, tiles = layer_tiles(spec, T)
+        g = torch.Generator(device="cuda").manual_seed(T)
+        self.ids = [route(torch.randn(T, E, device="cuda", generator=g), k)[1] for _ in range(n_sets)]
+        self.weights = [torch.rand(T, k, device="cuda", generator=g) for _ in range(n_sets)]
+        self.bufs = [RowBuffers(T, k, E, tile, tiles, "cuda") for _ in range(n_sets)]
+        self.word = torch.zeros(1, dtype=torch.int32, device="cuda")
+        self.row = {"shape": spec, "E": E, "top_k": k, "T": T, "tile": tile, "gemm_tiles": list(tiles),
+                    "pairs": T * k, "rows": self.bufs[0].rows.rows, "place_ctas": self.bufs[0].ctas}
+
+    def device(self, i):
+        return sort_rows_on_device(self.ids[i], self.weights[i], self.E, self.tile, self.tiles, word=self.word,
+                                   buffers=self.bufs[i])
+
+    def torch_ops(self, i):
+        return reference_rows(self.ids[i], self.weights[i], self.E, self.tile, self.tiles, word=self.word)
+
+
+def time_cell(cell: Cell) -> dict:
+    """Phase 1: ``equal`` and the CUDA-graph µs of both routines."""
+    row, n = cell.row, len(cell.ids)
+    row["equal"] = all(_same_rows(cell.device(i), cell.torch_ops(i)) for i in range(n))
+    for name, fn in (("device", cell.device), ("torch", cell.torch_ops)):
+        t = time_cuda_graph(lambda i, fn=fn: (lambda: fn(i)), n)
         row[f"{name}_us"], row[f"{name}_p10_us"], row[f"{name}_p90_us"] = (
             round(t.median_us, 2), round(t.p10_us, 2), round(t.p90_us, 2))
     row["speedup"] = round(row["torch_us"] / row["device_us"], 1)
-    print(row, flush=True)
+    return row
+
+
+def profile_cell(cell: Cell, flush: torch.Tensor, calls: int = PROFILED_CALLS) -> dict:
+    """Phase 2: each alignment kernel's mean duration per call (torch.profiler), after an L2 flush
+    (``cold``) and back to back (``warm``)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    n, row = len(cell.ids), cell.row
+    for mode in ("cold", "warm"):
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for c in range(calls):
+                if mode == "cold":
+                    flush.zero_()
+                cell.device(c % n)
+            torch.cuda.synchronize()
+        cuda = torch.autograd.DeviceType.CUDA
+        for kernel in KERNELS:
+            us = [e.device_time_total or e.time_range.elapsed_us() for e in prof.events()
+                  if e.device_type == cuda and kernel in e.name]
+            key = f"{kernel}_{mode}_us"
+            row[key] = round(sum(us) / calls, 2) if us else 0.0
     return row
 
 
 def markdown(result: dict) -> str:
-    lines = [f"# Alignment, checks and row maps on the device vs torch ops ({result['device']}, {result['date']})",
-             "", f"Commit `{result['commit']}`, command `{result['command']}`. CUDA-graph replay, median µs per call "
-             "(p10–p90 in the JSON); `equal`: both gave the same alignment and maps, bit for bit, on every routing.",
-             "",
-             "| shape | E | top_k | T | tile | device µs | torch µs | speedup | equal |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"# Token alignment as the bf16 layer launches it ({result['device']})", "",
+             *studyout.header_lines(result), "",
+             "Tiles: the bf16 plan's alignment tile (GEMM1, GEMM2 token tiles) at that T; `ctas`: the place "
+             "launch's grid. `device`/`torch`: CUDA-graph replay, median µs per call (p10–p90 in the JSON), "
+             "launch gaps included. `count`/`place`: the kernels' own µs per call from torch.profiler, `cold` "
+             "after a fill of twice the L2 (as inside the layer), `warm` back to back. `equal`: the launches "
+             "gave moe_spec.align's alignment and the reference maps, bit for bit, on every routing.", "",
+             "| shape | E | T | tile (G1, G2) | ctas | device µs | place cold | count cold | place warm | "
+             "count warm | torch µs | equal |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["cells"]:
-        lines.append(f"| {r['shape']} | {r['E']} | {r['top_k']} | {r['T']} | {r['tile']} | {r['device_us']} | "
-                     f"{r['torch_us']} | {r['speedup']}× | {r['equal']} |")
+        lines.append(f"| {r['shape']} | {r['E']} | {r['T']} | {r['tile']} {tuple(r['gemm_tiles'])} | "
+                     f"{r['place_ctas']} | {r['device_us']} | {r.get('PlacePairs_cold_us', '–')} | "
+                     f"{r.get('CountExperts_cold_us', '–')} | {r.get('PlacePairs_warm_us', '–')} | "
+                     f"{r.get('CountExperts_warm_us', '–')} | {r['torch_us']} | "
+                     f"{'yes' if r['equal'] else '**no**'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -236,29 +297,47 @@ def host_cost(T: int, quant=None, calls: int = 200, repeats: int = 5) -> dict:
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=None, help="write PREFIX.json and PREFIX.md")
+    prog = "python -m cute_moe.bench_align"
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=None, help="a new or empty directory for bench_align.md and .json")
+    ap.add_argument("--shapes", nargs="+", default=list(SPECS), help="catalog shapes (default: %(default)s)")
     ap.add_argument("--commit", default=None, help="git commit to record (when the checkout has no .git)")
     ap.add_argument("--host", action="store_true", help="host cost per fused_moe call, no GPU (gpu_stand_in)")
-    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 64], help="with --host: batch sizes")
+    ap.add_argument("--tokens", type=int, nargs="+", default=None,
+                    help=f"batch sizes (default: {' '.join(map(str, TOKENS))}; with --host: 1 64)")
     ap.add_argument("--quant", nargs="+", default=["bf16", "fp8_tensor", "fp8_channel", "fp8_block"],
                     help="with --host: formats")
+    argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
     if args.host:
-        rows = [host_cost(T, None if q == "bf16" else q) for q in args.quant for T in args.tokens]
+        rows = [host_cost(T, None if q == "bf16" else q) for q in args.quant for T in args.tokens or (1, 64)]
         for r in rows:
             print({k: v for k, v in r.items() if k not in ("cute", "torch")}, "\n   cute:", r["cute"],
                   "\n   torch:", r["torch"], flush=True)
         return {"host": rows}
-    runinfo.require_cuda("python -m cute_moe.bench_align")
-    command = runinfo.command_line("python -m cute_moe.bench_align", sys.argv[1:] if argv is None else argv)
-    result = {**runinfo.run_info(command, cuda=True, commit=args.commit),
-              "cells": [bench_cell(spec, T) for spec in SPECS for T in TOKENS]}
-    if args.out:
-        with open(args.out + ".json", "w") as f:
-            json.dump(result, f, indent=1)
-        with open(args.out + ".md", "w") as f:
-            f.write(markdown(result))
+    out = None if args.out is None else studyout.out_or_exit(prog, args.out, FILES)  # before any GPU work
+    tokens = args.tokens or list(TOKENS)
+    if any(t < 1 for t in tokens):
+        ap.error("--tokens: every T must be at least 1")
+    for spec in args.shapes:
+        try:
+            get_shape(spec)
+        except ValueError as exc:
+            ap.error(f"--shapes: {exc}")
+    runinfo.require_cuda(prog)
+    result = {**runinfo.run_info(runinfo.command_line(prog, argv), cuda=True, commit=args.commit), "cells": []}
+    cells = [Cell(spec, T) for spec in args.shapes for T in tokens]
+    for cell in cells:  # every graph first: none is captured once the profiler has run
+        print(time_cell(cell), flush=True)
+    flush = torch.empty(2 * L2_BYTES // 4, dtype=torch.int32, device="cuda")
+    for cell in cells:
+        result["cells"].append(profile_cell(cell, flush))
+        print({k: v for k, v in cell.row.items() if k in ("shape", "T") or k.endswith(("cold_us", "warm_us"))},
+              flush=True)
+    text = markdown(result)
+    print(text)
+    if out is not None:
+        studyout.write_files(out, {"bench_align.md": text, "bench_align.json": json.dumps(result, indent=1) + "\n"})
     return result
 
 

@@ -43,7 +43,7 @@ import torch
 from moe_spec.align import Alignment, align, max_rows
 from moe_spec.validate import error_word, guard_routing
 
-from .alignops import CHUNK, GEMM_TILES, ID_DTYPES, MAX_EXPERTS, WARPS, compile_align_kernels
+from .alignops import CHUNK, GEMM_TILES, ID_DTYPES, MAX_EXPERTS, WARPS, compile_align_kernels, place_ctas
 from .runtime import cute_pointer, cute_vector, current_stream, on_gpu
 
 
@@ -138,7 +138,9 @@ def reference_rows(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_exper
 class RowBuffers:
     """Every output of the two launches for one shape (``T·top_k`` pairs, E, tile, the GEMM tiles)
     on one device, and their CuTe wrappers, built once: a workspace's row maps.  ``zeroed``: fp32
-    elements of ``scratch`` the place kernel zeroes (the FP8 layer's amax buffers)."""
+    elements of ``scratch`` the place kernel zeroes (the FP8 layer's amax buffers).  ``ctas``: the
+    place launch's grid (:func:`~cute_moe.alignops.place_ctas` of the sizes; any grid of at least one
+    CTA per chunk gives the same maps, which the tests use)."""
 
     def __init__(self, T: int, top_k: int, num_experts: int, tile: int, gemm_tiles, device, zeroed: int = 0):
         check_align_args(torch.empty(0, dtype=torch.int32), num_experts, tile)
@@ -147,6 +149,7 @@ class RowBuffers:
         P = T * top_k
         rows = max_rows(P, num_experts, tile)
         new = lambda n, dtype=torch.int32: torch.empty(n, dtype=dtype, device=device)  # noqa: E731
+        self.ctas = place_ctas(P, rows) if P else 0
         self.counts = new(max(-(-P // CHUNK), 1) * num_experts)
         self.block_counts = new(GEMM_TILES)
         self.scratch = new(max(zeroed, 1), torch.float32)
@@ -211,8 +214,10 @@ def launch_rows(topk_ids: torch.Tensor, topk_weights: torch.Tensor, bufs: RowBuf
     counts, *outs, block_counts, scratch = bufs.wrapped()
     if P > CHUNK:  # a single chunk: launch 2 counts it itself
         kernels["count"](ids, P, counts, num_experts, stream)
+    if bufs.ctas < -(-P // CHUNK):
+        raise ValueError(f"bufs.ctas: the place launch needs a CTA per chunk of {CHUNK} pairs, got {bufs.ctas}")
     kernels["place"](ids, weights, P, counts, *outs, block_counts, cute_vector(word), scratch, num_experts, tile, top_k,
-                     tiles[0], tiles[1], stream)
+                     tiles[0], tiles[1], bufs.ctas, stream)
     return bufs.rows
 
 

@@ -1,8 +1,8 @@
 """Where a study command puts its results: ``--out``, a new or empty directory, files written whole.
 
-The commands that measure for minutes on a GPU and leave a report (``python -m
-cute_moe.crossover``, ``triton_moe.promotion``, ``triton_moe.bench_align``,
-``triton_moe.bench_tma``) share three rules, kept here:
+The commands that measure on a GPU and leave a report (``python -m cute_moe.crossover``,
+``cute_moe.bench_align``, ``triton_moe.promotion``, ``triton_moe.bench_align``, ``triton_moe.bench_tma``)
+share three rules, kept here:
 
 :func:`check_out`
     ``--out`` must be a new directory or an empty one, so that no directory mixes two runs. It

@@ -5,8 +5,9 @@ moe_spec.validate.guard_routing's meaning (``alignops.reference_rows`` puts them
 
 The model runs the kernels' steps one CTA, one warp, one 32-lane round at a time, with the same
 chunk, warp slice, ``match.any`` rank, shared tables, block scan (per-thread sums, shuffle scan
-in each warp, warp sums) and fill assignment — so the algorithm is proven here, where no CuTe
-kernel can launch. Every output element starts at a poison value and must be written exactly
+in each warp, warp sums), binary search of the run ends and fill slices — for the place launch's
+grid as the host sizes it (``alignops.place_ctas``) or any other of at least a CTA per chunk —
+so the algorithm is proven here, where no CuTe kernel can launch. Every output element starts at a poison value and must be written exactly
 once: that is what makes the kernel's unordered writes (CTAs and warps run in any order) safe.
 The kernels themselves are checked against the same reference on the H200 in
 ``tests/test_cute_align_gpu.py``.
@@ -26,7 +27,8 @@ torch = pytest.importorskip("torch")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from cute_moe.alignops import CHUNK, MAX_EXPERTS, THREADS, WARP, WARPS, compile_align_kernels  # noqa: E402
+from cute_moe.alignops import (BIG, CHUNK, FILL_CTAS, FILL_ROWS, MAX_EXPERTS, THREADS, WARP, WARPS,  # noqa: E402
+                               compile_align_kernels, place_ctas)
 from cute_moe.rowmaps import align_on_device, reference_rows, sort_rows_on_device  # noqa: E402
 from moe_spec.align import align, max_rows  # noqa: E402
 from moe_spec.validate import BAD_ID, BAD_WEIGHT, REPEATED_ID  # noqa: E402
@@ -68,8 +70,15 @@ def _stage(flat, lo, n, num_experts):
     return torch.where(i >= n, -1, v)
 
 
-def _check(flat, weights, lo, n, num_experts, top_k):
-    """The error bits a chunk's threads OR in: range, finite weight, the earlier slots of the row."""
+def _stage_bad(flat, lo, n, num_experts):
+    """The place kernel's BAD bit of each staged pair: its raw id was outside [0, E)."""
+    v = flat[lo + torch.arange(CHUNK).clamp(max=n - 1)]
+    return (torch.arange(CHUNK) < n) & ((v < 0) | (v >= num_experts))
+
+
+def _check(flat, weights, s_ids, lo, n, num_experts, top_k):
+    """The error bits a chunk's threads OR in: range, finite weight, the earlier slots of the row —
+    the staged (clamped) experts compared first, the raw ids only on a clamped match or before the chunk."""
     bits = 0
     for p in range(lo, lo + n):
         v = int(flat[p])
@@ -77,8 +86,12 @@ def _check(flat, weights, lo, n, num_experts, top_k):
             bits |= BAD_ID
         if not bool(torch.isfinite(weights[p])):
             bits |= BAD_WEIGHT
-        if any(int(flat[p - 1 - d]) == v for d in range(p % top_k)):
-            bits |= REPEATED_ID
+        for d in range(p % top_k):
+            q = p - 1 - d
+            if q >= lo and int(s_ids[q - lo]) != int(s_ids[p - lo]):
+                continue
+            if int(flat[q]) == v:
+                bits |= REPEATED_ID
     return bits
 
 
@@ -131,9 +144,32 @@ def _scan_runs(total, tile):
     return end
 
 
-def model_align(topk_ids, num_experts, tile, topk_weights=None, gemm_tiles=None):
+def _owner(s_end, r, top):
+    """The kernel's binary search, lane-wise over the rows ``r``: the first e with s_end[e] > r, over
+    ``top`` (a power of two ≥ E) entries, BIG past E."""
+    pos = torch.zeros_like(r)
+    half = top // 2
+    while half > 0:
+        pos = torch.where(s_end[pos + half - 1] <= r, pos + half, pos)
+        half //= 2
+    return pos
+
+
+def _chunk_totals(flat, lo, n, num_experts, cache):
+    """A CTA's staged chunk and its per-warp table.  Every CTA that stages the same chunk computes
+    the same values (same data, same code), so the model computes them once per chunk."""
+    if (lo, n) not in cache:
+        s_ids = _stage(flat, lo, n, num_experts)
+        cache[lo, n] = s_ids, _count_warp_slices(s_ids, n, num_experts)
+    s_ids, table = cache[lo, n]
+    return s_ids, table.clone()
+
+
+def model_align(topk_ids, num_experts, tile, topk_weights=None, gemm_tiles=None, ctas=None):
     """The two launches of ``cute_moe.alignops`` for P ≥ 1 pairs, executed with torch: a dict of
-    every output (as the kernels write them; ``bits``: what they OR into the error word)."""
+    every output (as the kernels write them; ``bits``: what they OR into the error word).  ``ctas``:
+    the place launch's grid (default :func:`place_ctas`, as the host launches it; at least a CTA
+    per chunk)."""
     T, top_k = topk_ids.shape if topk_ids.dim() == 2 else (topk_ids.numel(), 1)
     flat = topk_ids.reshape(-1).long()
     weights = torch.zeros(flat.numel()) if topk_weights is None else topk_weights.reshape(-1).float()
@@ -141,64 +177,73 @@ def model_align(topk_ids, num_experts, tile, topk_weights=None, gemm_tiles=None)
     num_pairs = flat.numel()
     rows = max_rows(num_pairs, num_experts, tile)
     chunks = -(-num_pairs // CHUNK)
+    grid = place_ctas(num_pairs, rows) if ctas is None else ctas
+    assert grid >= chunks
     out = dict(sorted_ids=_Memory(rows), expert_of_block=_Memory(rows // tile), expert_end=_Memory(num_experts),
                token_of_row=_Memory(rows), weight_of_row=_Memory(rows, torch.float32), row_of_pair=_Memory(num_pairs),
                weight_of_pair=_Memory(num_pairs, torch.float32), row_mask=_Memory(rows),
                blocks0=_Memory(rows // tiles[0]), blocks1=_Memory(rows // tiles[1]), block_counts=_Memory(2))
     counts = torch.full((chunks, num_experts), POISON, dtype=torch.int64)
-    bits = 0
+    bits, cache, scans = 0, {}, {}
     for c in range(chunks if chunks > 1 else 0):  # launch 1 (skipped for a single chunk)
         lo, n = c * CHUNK, min(CHUNK, num_pairs - c * CHUNK)
         counts[c] = _count_warp_slices(_stage(flat, lo, n, num_experts), n, num_experts).sum(0)
-    for c in range(chunks):  # launch 2
-        lo, n = c * CHUNK, min(CHUNK, num_pairs - c * CHUNK)
-        s_ids = _stage(flat, lo, n, num_experts)
-        bits |= _check(flat, weights, lo, n, num_experts, top_k)
-        table = _count_warp_slices(s_ids, n, num_experts)
+    top = 1 << (num_experts - 1).bit_length()
+
+    def pad(r):
+        out["sorted_ids"].store(r, num_pairs)
+        out["token_of_row"].store(r, T - 1)
+        out["weight_of_row"].store(r, 0.0)
+        out["row_mask"].store(r, 0)
+
+    for c in range(grid):  # launch 2
+        lo = 0 if chunks == 1 else c * CHUNK  # one chunk: staged by every CTA
+        n = min(CHUNK, num_pairs - lo)
+        s_ids = table = None
+        if chunks == 1 or c < chunks:
+            s_ids, table = _chunk_totals(flat, lo, n, num_experts, cache)
         if chunks > 1:
-            before, total = counts[:c].sum(0), counts.sum(0)
+            before, total = counts[:min(c, chunks)].sum(0), counts.sum(0)
         else:  # the CTA's own table holds the totals
             before, total = torch.zeros(num_experts, dtype=torch.int64), table.sum(0)
-        end = _scan_runs(total, tile)
+        key = tuple(total.tolist())
+        if key not in scans:  # the same totals give the same scan in every CTA
+            scans[key] = _scan_runs(total, tile)
+        end = scans[key]
+        s_end = torch.cat([end, torch.full((top - num_experts,), BIG, dtype=torch.int64)])
         used = int(end[-1])
         if c == 0:
             out["expert_end"].store(torch.arange(num_experts), end)
             out["block_counts"].store(torch.arange(2), torch.tensor([used // tiles[0], used // tiles[1]]))
-        row = end - _padded(total, tile) + before
-        for w in range(WARPS):
-            row, table[w] = row + table[w], row
-        for w in range(WARPS):  # placement: the pair's row in every map
-            for pos, x, rank, size in _rounds(s_ids, n, w):
-                live = x >= 0
-                r, p = table[w, x[live]] + rank[live], lo + pos[live]
-                out["sorted_ids"].store(r, p)
-                out["token_of_row"].store(r, p // top_k)
-                out["row_of_pair"].store(p, r)
-                bad = (flat[p] < 0) | (flat[p] >= num_experts)
-                out["row_mask"].store(r, (~bad).long())
-                wp = torch.where(bad, float("nan"), weights[p])
-                out["weight_of_row"].store(r, wp)
-                out["weight_of_pair"].store(p, wp)
-                lead = live & (rank == 0)
-                table[w, x[lead]] += size[lead]
-
-        def pad(r):
-            out["sorted_ids"].store(r, num_pairs)
-            out["token_of_row"].store(r, T - 1)
-            out["weight_of_row"].store(r, 0.0)
-            out["row_mask"].store(r, 0)
-
-        for w in range(WARPS):  # runs' padding and blocks, warp (c, w) takes every (chunks·WARPS)-th expert
-            for e in range(c * WARPS + w, num_experts, chunks * WARPS):
-                start = int(end[e] - _padded(total[e], tile))
-                pad(_span(start + int(total[e]), int(end[e])))
-                for name, t in (("expert_of_block", tile), ("blocks0", tiles[0]), ("blocks1", tiles[1])):
-                    out[name].store(_span(start // t, int(end[e]) // t), e)
-        for tid in range(THREADS):  # past the used rows: a grid-stride loop over all threads
-            gid = c * THREADS + tid
-            pad(_span(used + gid, rows, chunks * THREADS))
+        if c < chunks:
+            row = end - _padded(total, tile) + before
+            for w in range(WARPS):
+                row, table[w] = row + table[w], row
+            bad = _stage_bad(flat, lo, n, num_experts)
+            bits |= _check(flat, weights, s_ids, lo, n, num_experts, top_k)
+            for w in range(WARPS):  # placement: the pair's row in every map
+                for pos, x, rank, size in _rounds(s_ids, n, w):
+                    live = x >= 0
+                    r, p = table[w, x[live]] + rank[live], lo + pos[live]
+                    out["sorted_ids"].store(r, p)
+                    out["token_of_row"].store(r, p // top_k)
+                    out["row_of_pair"].store(p, r)
+                    b = bad[pos[live]]
+                    out["row_mask"].store(r, (~b).long())
+                    wp = torch.where(b, float("nan"), weights[p])
+                    out["weight_of_row"].store(r, wp)
+                    out["weight_of_pair"].store(p, wp)
+                    lead = live & (rank == 0)
+                    table[w, x[lead]] += size[lead]
+        for s in range(c, -(-rows // FILL_ROWS), grid):  # this CTA's fill slices
+            first, last = s * FILL_ROWS, min(s * FILL_ROWS + FILL_ROWS, rows)
+            r = _span(first, last)
+            e = _owner(s_end, r.clamp(max=max(used - 1, 0)), top)
+            start = torch.where(e > 0, s_end[(e - 1).clamp(min=0)], 0)
+            pad(r[(r >= used) | (r >= start + total[e])])
             for name, t in (("expert_of_block", tile), ("blocks0", tiles[0]), ("blocks1", tiles[1])):
-                out[name].store(_span(used // t + gid, rows // t, chunks * THREADS), -1)
+                b = _span(-(-first // t), min(-(-last // t), rows // t))
+                out[name].store(b, torch.where(b * t < used, _owner(s_end, b * t, top), -1))
     for name, mem in out.items():
         assert bool((mem.writes == 1).all()), f"{name}: elements written {sorted(set(mem.writes.tolist()))} times"
     got = {name: mem.data for name, mem in out.items()}
@@ -208,13 +253,13 @@ def model_align(topk_ids, num_experts, tile, topk_weights=None, gemm_tiles=None)
     return got
 
 
-def assert_model_is_the_reference(topk_ids, num_experts, tile, topk_weights=None, gemm_tiles=None):
+def assert_model_is_the_reference(topk_ids, num_experts, tile, topk_weights=None, gemm_tiles=None, ctas=None):
     """Every output of the model equals ``alignops.reference_rows`` (guard_routing, align, the maps)."""
     T, top_k = topk_ids.shape
     weights = torch.rand(T, top_k, generator=torch.Generator().manual_seed(T)) if topk_weights is None \
         else topk_weights
     tiles = gemm_tiles or (tile, tile)
-    got = model_align(topk_ids, num_experts, tile, weights, tiles)
+    got = model_align(topk_ids, num_experts, tile, weights, tiles, ctas)
     word = torch.zeros(1, dtype=torch.int32)
     want = reference_rows(topk_ids, weights, num_experts, tile, tiles, word=word)
     for name in ("sorted_ids", "expert_of_block", "expert_end"):
@@ -343,6 +388,58 @@ def test_model_writes_each_gemm_tile_s_block_map(T, top_k, E, tile, tiles):
     assert_model_is_the_reference(routing(T, top_k, E, seed=T, skew=True), E, tile, gemm_tiles=tiles)
 
 
+# ---- the place launch's grid: any grid of at least a CTA per chunk gives the same outputs ------------
+def test_place_ctas_is_a_cta_per_chunk_or_per_fill_slice():
+    assert place_ctas(1, 64) == 1 and place_ctas(8, FILL_ROWS + 1) == 2
+    assert place_ctas(CHUNK, 10**7) == FILL_CTAS  # the fill alone takes at most FILL_CTAS
+    assert place_ctas(40 * CHUNK, 10) == 40       # ... and every chunk its own CTA
+    for P in (1, CHUNK - 1, CHUNK, CHUNK + 1, 17 * CHUNK):
+        for E, tile in ((8, 1), (128, 8), (256, 128), (MAX_EXPERTS, 256)):
+            rows = max_rows(P, E, tile)
+            g = place_ctas(P, rows)
+            assert g >= -(-P // CHUNK) and g * FILL_ROWS >= min(rows, FILL_CTAS * FILL_ROWS)
+
+
+@pytest.mark.parametrize("pairs", [1, 7, CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK + 5])
+@pytest.mark.parametrize("extra", [0, 1, 2, 5, 23])
+def test_model_is_the_reference_for_any_grid(pairs, extra):
+    """From the fewest CTAs (one per chunk: each walks many fill slices) to more CTAs than slices
+    (some fill nothing, stage and scan for nothing): the same outputs, every element written once;
+    across the single-chunk (every CTA counts the pairs itself) / multi-chunk boundary."""
+    top_k, E, tile = (1, 16, 64) if pairs < 8 else (8, 64, 64)
+    T = -(-pairs // top_k)
+    ids = routing(T, top_k, E, seed=pairs + extra, skew=extra % 2 == 1)
+    ctas = -(-T * top_k // CHUNK) + extra
+    assert_model_is_the_reference(ids, E, tile, gemm_tiles=(tile // 2, tile), ctas=ctas)
+
+
+@pytest.mark.parametrize("T, top_k, E, tile", [(1, 8, 128, 8), (1, 8, 256, 8), (8, 8, 128, 8), (32, 8, 256, 8),
+                                               (128, 8, 128, 8), (128, 8, 256, 8), (1024, 8, 128, 64),
+                                               (1024, 8, 256, 32)])
+def test_model_is_the_reference_at_the_layer_s_sizes(T, top_k, E, tile):
+    """The bf16 plan's tiles of Qwen3-30B-A3B (E = 128) and DeepSeek-V3 TP8 (E = 256), with the grid the
+    host launches (one CTA per 512 rows at decode)."""
+    assert_model_is_the_reference(routing(T, top_k, E, seed=T + E), E, tile, gemm_tiles=(tile, tile))
+
+
+@settings(derandomize=True, deadline=None, database=None, max_examples=30)
+@given(st.data())
+def test_model_is_the_reference_for_any_grid_fuzzed(data):
+    E = data.draw(st.sampled_from([1, 3, 8, 64, 128, 256, MAX_EXPERTS]), label="E")
+    top_k = data.draw(st.integers(1, min(E, 8)), label="top_k")
+    T = data.draw(st.integers(1, 3 * CHUNK // top_k), label="T")
+    tile = data.draw(st.sampled_from([1, 8, 16, 24, 64, 128]), label="tile")
+    g0 = data.draw(st.sampled_from([1, tile // 8 or 1, tile]), label="GEMM tile")
+    extra = data.draw(st.integers(0, 40), label="CTAs past the chunks")
+    seed = data.draw(st.integers(0, 2**16), label="seed")
+    g = torch.Generator().manual_seed(seed)
+    topk_ids = torch.randint(-1, E + 1, (T, top_k), generator=g, dtype=torch.int32)  # bad ids and repeats too
+    w = torch.rand(T, top_k, generator=g)
+    w[torch.rand(T, top_k, generator=g) < 0.01] = float("nan")
+    assert_model_is_the_reference(topk_ids, E, tile, w, gemm_tiles=(g0 if tile % g0 == 0 else tile, tile),
+                                  ctas=-(-T * top_k // CHUNK) + extra)
+
+
 # ---- the host function on the CPU ---------------------------------------------------------------
 @pytest.mark.parametrize("T", [0, 37])
 def test_align_on_device_on_the_cpu_is_the_reference(T):
@@ -385,6 +482,7 @@ def test_kernels_compile_to_ptx_with_the_scheme_s_instructions(ptx, dtype):
     assert not re.search(r"\b(atom|red)\.", count)
     assert re.findall(r"\b(?:atom|red)\.[\w.]+", place) == ["atom.global.or.b32"]
     assert "shfl.sync.up.b32" in place  # the block scan over the experts
+    assert "%nctaid.x" in place and "%nctaid.x" not in count  # the fill slices and scratch go round the grid
     assert "shfl.sync.up" not in count
     # the weight check: w − w compared unordered with 0 (true for NaN and ±inf), one per staged pair
     assert place.count("setp.neu.f32") >= CHUNK // THREADS
@@ -434,3 +532,37 @@ def test_row_buffers_size_every_map():
                          blocks0=rows // 16, blocks1=rows // 64)
     assert bufs.counts.numel() == -(-T * k // CHUNK) * E and bufs.scratch.numel() == 10
     assert set(bufs.rows.blocks) == {16, 64} and bufs.rows.blocks[16][0] is bufs.out["blocks0"]
+
+
+# ---- the benchmark times what the layer launches ----------------------------------------------------
+def test_bench_align_takes_the_bf16_layer_s_tiles_at_each_T():
+    from cute_moe import bench_align
+    from cute_moe.plan import plan
+    from moe_spec.problem import get_shape
+    from moe_spec.validate import MoEDims
+
+    assert bench_align.TOKENS == (1, 8, 32, 128, 1024, 4096)
+    assert {"qwen3-30b-a3b", "deepseek-v3:tp8"} <= set(bench_align.SPECS)
+    for spec in bench_align.SPECS:
+        s = get_shape(spec)
+        for T in bench_align.TOKENS:
+            p = plan(MoEDims(T=T, E=s.num_experts, K=s.hidden, I=s.intermediate, top_k=s.top_k))
+            assert bench_align.layer_tiles(spec, T) == (p.align_tile, (p.gemm1.tokens_tile, p.gemm2.tokens_tile))
+
+
+def test_bench_align_table_and_its_refusals_before_any_gpu_work(tmp_path, capsys):
+    from cute_moe import bench_align
+
+    row = {"shape": "qwen3-30b-a3b", "E": 128, "T": 1, "tile": 8, "gemm_tiles": [8, 8], "place_ctas": 1,
+           "device_us": 3.0, "PlacePairs_cold_us": 4.0, "CountExperts_cold_us": 0.0, "PlacePairs_warm_us": 2.5,
+           "CountExperts_warm_us": 0.0, "torch_us": 50.0, "equal": False}
+    md = bench_align.markdown({"date": "d", "device": "H200", "commit": "c", "command": "cmd", "cells": [row]})
+    assert "| qwen3-30b-a3b | 128 | 1 | 8 (8, 8) | 1 | 3.0 | 4.0 | 0.0 | 2.5 | 0.0 | 50.0 | **no** |" in md
+    for argv in (["--shapes", "no-such-shape"], ["--tokens", "0"]):
+        with pytest.raises(SystemExit) as stop:
+            bench_align.main(argv)
+        assert stop.value.code == 2
+    (tmp_path / "old.md").write_text("x")
+    with pytest.raises(SystemExit) as stop:
+        bench_align.main(["--out", str(tmp_path)])
+    assert stop.value.code == 2 and "python -m cute_moe.bench_align: error: --out: " in capsys.readouterr().err

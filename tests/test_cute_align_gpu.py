@@ -6,7 +6,8 @@ catalog. Every output — the alignment (``moe_spec.align.align``), the row maps
 block map and count, the zeroed scratch — and the error word's bits are compared with
 ``alignops.reference_rows`` (``moe_spec.validate.guard_routing``'s meaning: bad ids clamped and
 weighted NaN); every buffer starts poisoned, so an element the kernels never write cannot pass;
-CUDA-graph capture and replay with new routing; no host sync; two launches (one for a single chunk).
+CUDA-graph capture and replay with new routing; no host sync; two launches (one for a single chunk);
+the layer's tiles at Qwen3-30B-A3B and DeepSeek-V3 TP8 sizes; place grids beyond the host's choice.
 """
 
 from __future__ import annotations
@@ -57,12 +58,14 @@ def test_kernels_are_the_reference(T, top_k, E, tile, skew, dtype):
     _assert_same(got, align(ids.cuda(), E, tile))  # ... and on the GPU
 
 
-def _poisoned_launch(ids, weights, E, tile, tiles=None, zeroed=5):
-    """Launch into buffers filled with poison; every output (and the error word's bits) on the CPU."""
+def _poisoned_launch(ids, weights, E, tile, tiles=None, zeroed=5, ctas=None):
+    """Launch into buffers filled with poison; every output (and the error word's bits) on the CPU.
+    ``ctas``: the place launch's grid (default: the host's, ``alignops.place_ctas``)."""
     from cute_moe.rowmaps import RowBuffers, launch_rows
 
     T, top_k = ids.shape
     bufs = RowBuffers(T, top_k, E, tile, tiles or (tile,), "cuda", zeroed=zeroed)
+    bufs.ctas = bufs.ctas if ctas is None else ctas
     for t in list(bufs.out.values()) + [bufs.counts, bufs.block_counts, bufs.scratch]:
         t.fill_(POISON)
     word = torch.zeros(1, dtype=torch.int32, device="cuda")
@@ -105,6 +108,40 @@ def test_every_output_is_written_into_poisoned_buffers(T, top_k, E, tile):
     w = _weights(T, top_k, T)
     for tiles in ((tile,), (max(tile // 2, 1), tile), (tile, max(tile // 4, 1))):
         _assert_outputs_are_the_reference(_poisoned_launch(ids, w, E, tile, tiles), ids, w, E, tile, tiles)
+
+
+@pytest.mark.parametrize("pairs", [1, 8, 1024, 2047, 2048, 2049, 5000])
+@pytest.mark.parametrize("extra", [0, 1, 3, 40, 200])
+def test_any_grid_writes_the_reference_into_poisoned_buffers(pairs, extra):
+    """The place launch with a CTA per chunk and more (every CTA stages and counts a single chunk
+    itself; the fill slices go round the grid): the same outputs as the reference, every element
+    written (the CPU model proves each is written once)."""
+    from cute_moe.alignops import CHUNK
+
+    top_k, E, tile = 8, 256, 8
+    T = -(-pairs // top_k)
+    ids = routing(T, top_k, E, seed=pairs, skew=extra % 2 == 1)
+    w = _weights(T, top_k, pairs)
+    ctas = -(-T * top_k // CHUNK) + extra
+    got = _poisoned_launch(ids, w, E, tile, (tile, tile), zeroed=3000, ctas=ctas)
+    _assert_outputs_are_the_reference(got, ids, w, E, tile, (tile, tile))
+
+
+@pytest.mark.parametrize("T", [1, 8, 32, 128, 1024, 4096])
+@pytest.mark.parametrize("spec", ["qwen3-30b-a3b", "deepseek-v3:tp8"])
+def test_the_layer_s_alignment_is_the_reference(spec, T):
+    """What the bf16 layer launches: its plan's alignment tile and GEMM tiles at that T."""
+    from cute_moe.plan import plan
+    from moe_spec.problem import get_shape
+    from moe_spec.validate import MoEDims
+
+    shape = get_shape(spec)
+    E, k = shape.num_experts, shape.top_k
+    p = plan(MoEDims(T=T, E=E, K=shape.hidden, I=shape.intermediate, top_k=k))
+    tiles = (p.gemm1.tokens_tile, p.gemm2.tokens_tile)
+    ids, w = routing(T, k, E, seed=T), _weights(T, k, T)
+    got = _poisoned_launch(ids, w, E, p.align_tile, tiles, zeroed=0)
+    _assert_outputs_are_the_reference(got, ids, w, E, p.align_tile, tiles)
 
 
 @pytest.mark.parametrize("tile", [8, 64, 256])
