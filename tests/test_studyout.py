@@ -12,7 +12,7 @@ from moe_spec import runinfo, studyout
 ROOT = Path(__file__).resolve().parents[1]
 FILES = ("a.md", "a.json")
 COMMANDS = ("cute_moe/crossover.py", "cute_moe/bench_align.py", "triton_moe/promotion.py", "triton_moe/bench_align.py",
-            "triton_moe/bench_tma.py", "triton_moe/bench_splitk.py")
+            "triton_moe/bench_tma.py", "triton_moe/bench_splitk.py", "triton_moe/bench_static.py", "cute_moe/bench_pingpong.py")
 
 
 def _refusal(text) -> str:
@@ -143,7 +143,8 @@ def _stderr_of(module, argv, capsys) -> str:
 
 
 @pytest.mark.parametrize("name", ["cute_moe.crossover", "cute_moe.bench_align", "triton_moe.promotion",
-                                  "triton_moe.bench_align", "triton_moe.bench_tma", "triton_moe.bench_splitk"])
+                                  "triton_moe.bench_align", "triton_moe.bench_tma", "triton_moe.bench_splitk", "triton_moe.bench_static",
+                                  "cute_moe.bench_pingpong"])
 def test_every_command_refuses_a_used_out_in_one_line_before_any_work(name, tmp_path, capsys):
     import importlib
 
