@@ -105,7 +105,8 @@ def _write(out: Path, results: dict) -> None:
             continue
         best = " (best)" if r.get("best") else ""
         lines.append(f"{head} {r['us']:.1f}{best} | {_fmt(r.get('vs_shared'), '.3f')} | {r['tflops']:.0f} | "
-                     f"{_fmt(r.get('rel_l2'), '.1e')} | {r.get('equal', '–')} |")
+                     f"{_fmt(r.get('rel_l2'), '.1e')} | {r.get('equal', '–')}"
+                     f"{'' if r.get('same_k_order', True) or 'equal' not in r else ' (other BLOCK_K)'} |")
     if results["cells"]:
         lines += ["", "Per cell: the best GEMM2 tile, checked as a whole layer (rel L2 against the fp64 oracle, a "
                   "rerun bit-identical, a CUDA-graph replay equal to eager) and the expert computation timed with the "

@@ -28,8 +28,9 @@ Default heuristic (:func:`default_config`, its buckets in :func:`default_tiles`)
 Tuned tables
     ``configs/E=<E>,N=<I>,K=<K>,dtype=<bf16|fp8_tensor|…>,device=<name>.json`` map a token count
     to a config; :func:`get_config` takes the entry with the nearest token count (absolute
-    distance, as vLLM does) and falls back to the heuristic when no table exists.
-    ``python -m triton_moe.autotune`` writes these tables. The key has no top_k, although the
+    distance, as vLLM does) and falls back to the heuristic when no table exists. ``python -m
+    triton_moe.autotune`` writes them, ``python -m triton_moe.bench_gemm2 --tables`` an entry's
+    ``gemm2`` (:meth:`TritonConfig.from_dict` reads it). The key has no top_k, although the
     tile really depends on the tokens per expert T·top_k / E: a table is tuned for one model's
     layer, which (E, N, K) identify and whose top_k is fixed (the table's ``"shape"`` names it;
     no two catalog shapes share E, N, K), so its T is the layer's batch size at that top_k and
@@ -241,7 +242,7 @@ class TritonConfig:
 
     def gemm1_config(self) -> "TritonConfig":
         """The config GEMM1 launches with: this one without ``gemm2``."""
-        return self if self.gemm2 is None else _gemm1_config(self)
+        return self if self.gemm2 is None else replace(self, gemm2=None)
 
     def gemm2_config(self) -> "TritonConfig":
         """The config GEMM2 launches with: BLOCK_M this one's, the rest ``gemm2``'s (or, without
@@ -315,11 +316,6 @@ class TritonConfig:
         column; with a ``gemm2``, `` G2 `` and its tile as :meth:`Gemm2Tile.label` writes it."""
         own = f"{self.BLOCK_M}x{self.BLOCK_N}x{self.BLOCK_K}/g{self.GROUP_M}w{self.num_warps}s{self.num_stages}"
         return own if self.gemm2 is None else f"{own} G2 {self.gemm2.label()}"
-
-
-@functools.lru_cache(maxsize=1024)
-def _gemm1_config(cfg: TritonConfig) -> TritonConfig:
-    return replace(cfg, gemm2=None)
 
 
 @functools.lru_cache(maxsize=1024)
