@@ -7,7 +7,7 @@ import json
 import pytest
 
 from triton_moe import config as C
-from triton_moe.config import TritonConfig
+from triton_moe.config import Gemm2Tile, TritonConfig
 
 
 def test_swap_rule():
@@ -119,6 +119,8 @@ BAD_CONFIGS = [
     (dict(split_k=2.0), TypeError, r"^split_k: expected an int, got 2\.0"),
     (dict(split_k=0), ValueError, r"^split_k=0: must be >= 1"),
     (dict(split_k=2, persistent_tma=True, swap_ab=False), ValueError, r"^split_k=2: the persistent TMA kernel"),
+    (dict(gemm2={"BLOCK_N": 128, "BLOCK_K": 64}), TypeError, r"^gemm2: expected a triton_moe.config.Gemm2Tile or None"),
+    (dict(gemm2=(128, 64)), TypeError, r"^gemm2: expected"),
 ]
 
 
@@ -170,3 +172,105 @@ def test_table_buckets_start_at_the_midpoints(tmp_path, monkeypatch):
 
 def test_tile_label_names_the_tile_fields():
     assert TritonConfig(128, 64, 32, 8, 4, 3).tile_label() == "128x64x32/g8w4s3"
+
+
+# ---- GEMM2's own tile (TritonConfig.gemm2) ---------------------------------------------------------------
+
+BAD_GEMM2 = [
+    (dict(BLOCK_N=48), ValueError, r"^gemm2\.BLOCK_N=48: must be a power of two >= 16"),
+    (dict(BLOCK_N=256.0), TypeError, r"^gemm2\.BLOCK_N: expected an int"),
+    (dict(BLOCK_K=8), ValueError, r"^gemm2\.BLOCK_K=8: must be a power of two >= 16"),
+    (dict(GROUP_M=0), ValueError, r"^gemm2\.GROUP_M=0: must be >= 1"),
+    (dict(num_warps=6), ValueError, r"^gemm2\.num_warps=6: must be one of"),
+    (dict(num_stages=0), ValueError, r"^gemm2\.num_stages=0: must be >= 1"),
+    (dict(swap_ab="yes"), TypeError, r"^gemm2\.swap_ab: expected True, False or None"),
+    (dict(fp8_imprecise_acc=96), ValueError, r"^gemm2\.fp8_imprecise_acc=96: must be 0 or a multiple of 32 up to BLOCK_K=64"),
+    (dict(persistent_tma="no"), TypeError, r"^gemm2\.persistent_tma: expected True or False"),
+    (dict(persistent_tma=True, BLOCK_N=512), ValueError, r"^gemm2\.persistent_tma=True: a TMA box"),
+    (dict(tma_flatten=True), ValueError, r"^gemm2\.tma_flatten=True: .* needs persistent_tma=True"),
+]
+
+
+@pytest.mark.parametrize("bad, error, match", BAD_GEMM2, ids=lambda v: str(v) if isinstance(v, dict) else "")
+def test_a_bad_gemm2_field_is_named_on_construction(bad, error, match):
+    with pytest.raises(error, match=match):
+        Gemm2Tile(**{"BLOCK_N": 128, "BLOCK_K": 64, **bad})
+
+
+def test_every_gemm2_field_is_checked_and_blocks_m_and_split_k_are_not_its_own():
+    checked = {name for bad, _, _ in BAD_GEMM2 for name in bad}
+    fields = {f.name for f in dataclasses.fields(Gemm2Tile)}
+    assert checked == fields
+    # every field of the config but the alignment tile, the split and the override itself
+    assert fields == {f.name for f in dataclasses.fields(TritonConfig)} - {"BLOCK_M", "split_k", "gemm2"}
+
+
+def test_gemm2_config_keeps_block_m_and_drops_the_split():
+    cfg = TritonConfig(128, 128, 64, 8, 8, 3, split_k=2, gemm2=Gemm2Tile(256, 128, 4, 8, 2, fp8_imprecise_acc=128))
+    g2 = cfg.gemm2_config()
+    assert g2 == TritonConfig(128, 256, 128, 4, 8, 2, fp8_imprecise_acc=128)  # split_k 1, no gemm2
+    assert cfg.gemm1_config() == TritonConfig(128, 128, 64, 8, 8, 3, split_k=2)
+    # without an override GEMM2 runs GEMM1's tile, unsplit
+    plain = TritonConfig(16, 64, 64, split_k=4)
+    assert plain.gemm2_config() == TritonConfig(16, 64, 64) and plain.gemm1_config() is plain
+
+
+def test_gemm2_swap_ab_follows_the_rule_on_its_own_tile():
+    cfg = TritonConfig(16, 32, 64, gemm2=Gemm2Tile(64, 64)).resolved()
+    assert (cfg.swap_ab, cfg.gemm2.swap_ab) == (False, True)  # BLOCK_N 32 < 64 <= 64
+    assert cfg.resolved() is cfg
+    forced = TritonConfig(16, 32, 64, gemm2=Gemm2Tile(64, 64)).replace_both(swap_ab=False).resolved()
+    assert (forced.swap_ab, forced.gemm2.swap_ab) == (False, False)
+    with pytest.raises(ValueError, match=r"^config\.gemm2: persistent_tma is the non-swap-AB path, but BLOCK_M=16"):
+        TritonConfig(16, 32, 64, swap_ab=False, gemm2=Gemm2Tile(64, 64, persistent_tma=True)).resolved()
+
+
+@pytest.mark.parametrize("config, quant, match", [
+    (TritonConfig(16, 64, 64, gemm2=Gemm2Tile(64, 256)), "fp8_block", r"^config\.gemm2: fp8_block needs BLOCK_K to divide 128"),
+    (TritonConfig(16, 64, 64, gemm2=Gemm2Tile(64, 16)), "fp8_tensor", r"^config\.gemm2: FP8 needs BLOCK_K >= 32"),
+    (TritonConfig(128, 128, 64, gemm2=Gemm2Tile(256, 128, num_stages=3)), None,
+     r"^config\.gemm2: 294912 bytes of pipelined tiles exceed"),
+])
+def test_what_depends_on_the_format_is_checked_for_gemm2_too(config, quant, match):
+    with pytest.raises(ValueError, match=match):
+        config.check(quant)
+    assert not config.fits(quant)
+
+
+def test_gemm2_shared_memory_counts_one_weight_tile():
+    """GEMM1 stages a gate and an up weight tile, GEMM2 one (the sm_90a binaries agree:
+    tests/test_triton_gemm2.py): 128×256×64 bf16 with 4 stages fits GEMM2, not GEMM1."""
+    g2 = TritonConfig(128, 128, 64, 8, 8, 3, gemm2=Gemm2Tile(256, 64, 8, 8, 4))
+    assert g2.gemm2_config().smem_bytes(None, gemm=2) == (128 * 64 + 256 * 64) * 2 * 4 == 196608
+    assert g2.fits(None) and not TritonConfig(128, 256, 64, 8, 8, 4).fits(None)
+
+
+def test_a_table_entry_with_gemm2_round_trips(tmp_path, monkeypatch):
+    cfg = TritonConfig(128, 128, 64, 8, 8, 3, gemm2=Gemm2Tile(256, 64, 8, 8, 4))
+    assert TritonConfig.from_dict(json.loads(json.dumps(cfg.as_dict()))) == cfg
+    assert TritonConfig.from_dict(TritonConfig(16, 64, 64).as_dict()) == TritonConfig(16, 64, 64)  # "gemm2": null
+    monkeypatch.setattr(C, "CONFIG_DIR", tmp_path)
+    old = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64}  # an entry written before gemm2 existed
+    C.table_path(8, 512, 256, None, "Fake GPU").write_text(json.dumps({"configs": {"1": old, "4096": cfg.as_dict()}}))
+    C.load_table.cache_clear()
+    got = C.get_config(4000, 8, 2, 512, 256, None, "Fake GPU")
+    assert got == cfg.resolved() and got.gemm2 == Gemm2Tile(256, 64, 8, 8, 4, swap_ab=False)
+    assert C.get_config(1, 8, 2, 512, 256, None, "Fake GPU") == TritonConfig(16, 64, 64).resolved()
+    C.load_table.cache_clear()
+
+
+def test_the_plan_names_each_gemm():
+    import triton_moe
+    from moe_spec.validate import MoEDims
+
+    d = MoEDims(T=4096, E=256, K=7168, I=256, top_k=8)
+    p = triton_moe.plan(d, None, config=TritonConfig(128, 128, 64, 8, 8, 3, gemm2=Gemm2Tile(256, 64, 8, 8, 4)))
+    assert (p.gemm1.BLOCK_N, p.gemm2.BLOCK_N, p.align_tile) == (128, 256, 128)
+    assert p.mma == ("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16",
+                     "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16")
+    assert p.describe() == "BM128 BN128 BK64 w8 s3 wgmma m64n128k16; G2 BN256 BK64 w8 s4 wgmma m64n256k16"
+    assert p.config.tile_label() == "128x128x64/g8w8s3 G2 256x64/g8w8s4"
+    # swap_ab forced per call: both GEMMs
+    q = triton_moe.plan(d, None, config=TritonConfig(16, 32, 64, gemm2=Gemm2Tile(64, 64)), swap_ab=True)
+    assert q.swap_ab == (True, True)
+    assert triton_moe.plan(d, None, config=TritonConfig(16, 32, 64, gemm2=Gemm2Tile(64, 64))).swap_ab == (False, True)

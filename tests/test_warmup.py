@@ -13,6 +13,7 @@ nothing:
 Dropping one plan from the enumeration the warm-up reads must make the sweep fail (both backends).
 """
 
+import dataclasses
 import importlib
 import inspect
 import json
@@ -111,6 +112,35 @@ def test_triton_warmup_covers_the_callers_options():
     assert new_keys == {} and len(report.plans) == len(met) == 1
     report, new_keys, _, met = _triton_new_keys(8, 2, 64, 32, None, MAX_T, swap_ab=False)
     assert new_keys == {} and all(not p.config.swap_ab for p in met)
+
+
+def test_triton_warmup_compiles_both_tiles_of_a_gemm2_override(tmp_path, monkeypatch):
+    """A config with GEMM2's own tile: the warm-up compiles GEMM1's tile and GEMM2's (a warm-up of
+    the shared tile would leave GEMM2's two keys, one per ids dtype, to the first call), from the
+    caller's config and from a tuned table's entry."""
+    from triton_moe.config import Gemm2Tile
+
+    shared = triton_moe.TritonConfig(16, 32, 32, 1, 4, 2)
+    own = triton_moe.TritonConfig(16, 32, 32, 1, 4, 2, gemm2=Gemm2Tile(64, 64, 2, 8, 3))
+    report, new_keys, _, met = _triton_new_keys(8, 2, 64, 32, "fp8_tensor", 64, config=own)
+    assert new_keys == {} and len(report.plans) == len(met) == 1
+    with count_compilations(dry_run=True) as counter:
+        triton_moe.warmup(8, 64, 32, 2, "fp8_tensor", max_tokens=64, device="cpu", config=shared)
+        counter.mark()
+        _triton_sweep(8, 2, 64, 32, "fp8_tensor", [2, 3], config=own)
+    assert counter.new_keys == {"moe_gemm_kernel": 2}
+
+    monkeypatch.setattr(triton_config, "CONFIG_DIR", tmp_path)
+    monkeypatch.setattr(triton_config, "current_device_name", lambda: "Fake GPU")
+    table = {"1": shared.as_dict(), "128": dataclasses.replace(own, BLOCK_M=64).as_dict()}
+    triton_config.table_path(8, 32, 64, None, "Fake GPU").write_text(json.dumps({"configs": table}))
+    triton_config.load_table.cache_clear()
+    try:
+        report, new_keys, _, met = _triton_new_keys(8, 2, 64, 32, None, MAX_T)
+    finally:
+        triton_config.load_table.cache_clear()
+    assert new_keys == {} and len(met) == len(report.plans) == 2
+    assert {p.config.gemm2 for p in met} == {None, Gemm2Tile(64, 64, 2, 8, 3, swap_ab=False)}
 
 
 def test_triton_warmup_with_one_ids_dtype_misses_the_other():

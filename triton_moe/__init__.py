@@ -11,18 +11,18 @@ config=None, swap_ab=None)`` implements the backend contract of :mod:`moe_spec.c
 
 Read in this order: :mod:`~triton_moe.align` (sorting pairs by expert), :mod:`~triton_moe.kernels`
 (the grouped GEMM with swap-AB and in-register FP8), :mod:`~triton_moe.moe` (the pipeline),
-:mod:`~triton_moe.config` (tiles, the swap-AB rule, tuned tables), :mod:`~triton_moe.plan` (the
+:mod:`~triton_moe.config` (tiles, GEMM2's own tile, the swap-AB rule, tuned tables), :mod:`~triton_moe.plan` (the
 decisions of one call), :mod:`~triton_moe.jit` (the compile counter), :mod:`~triton_moe.autotune`
 and :mod:`~triton_moe.bench` (GPU tools).
 """
 
 from moe_spec.contract import make_fused_experts
-from triton_moe.config import TritonConfig, choose_swap_ab, get_config
+from triton_moe.config import Gemm2Tile, TritonConfig, choose_swap_ab, get_config
 from triton_moe.moe import fused_moe
 from triton_moe.plan import LayerPlan, plan, plans_for
 from triton_moe.warmup import warmup
 
 fused_experts = make_fused_experts(fused_moe)
 
-__all__ = ["fused_moe", "fused_experts", "LayerPlan", "TritonConfig", "choose_swap_ab", "get_config", "plan",
-           "plans_for", "warmup"]
+__all__ = ["fused_moe", "fused_experts", "Gemm2Tile", "LayerPlan", "TritonConfig", "choose_swap_ab", "get_config",
+           "plan", "plans_for", "warmup"]

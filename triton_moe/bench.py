@@ -136,7 +136,7 @@ def main(argv=None):
                 break
             T = max(1, round(tpe * shape.num_experts / shape.top_k))
             prob = Problem(shape, T, quant)
-            base = replace(prob.config(), BLOCK_M=16 if tpe <= 16 else 32, BLOCK_N=64, GROUP_M=1)
+            base = replace(prob.config(), BLOCK_M=16 if tpe <= 16 else 32, BLOCK_N=64, GROUP_M=1, gemm2=None)
             on, off = prob.time(replace(base, swap_ab=True)), prob.time(replace(base, swap_ab=False))
             results["swap"].append({"shape": spec, "dtype": get_format(quant).label, "T": T,
                                     "tokens_per_expert": tokens_per_expert(T, shape.num_experts, shape.top_k),

@@ -26,7 +26,6 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from moe_spec import studyout
@@ -88,10 +87,10 @@ def _oracle_rows(quants) -> list:
     rows = []
     for quant in quants:
         inp = make_inputs(shape, 300, quant, seed=1, device="cuda")
-        cfg = replace(get_config(TOKENS[0], mixtral.num_experts, mixtral.top_k, mixtral.intermediate, mixtral.hidden,
-                                 quant), swap_ab=False)
+        cfg = get_config(TOKENS[0], mixtral.num_experts, mixtral.top_k, mixtral.intermediate, mixtral.hidden,
+                         quant).replace_both(swap_ab=False)
         base = fused_moe(**inp.kwargs(), config=cfg)
-        out = fused_moe(**inp.kwargs(), config=replace(cfg, persistent_tma=True))
+        out = fused_moe(**inp.kwargs(), config=cfg.replace_both(persistent_tma=True))
         ref = oracle(**inp.kwargs())
         rows.append({"dtype": get_format(quant).label, "grouped_rel_l2": rel_l2(base, ref),
                      "persistent_rel_l2": rel_l2(out, ref), "bit_identical": bool(torch.equal(out, base)),
@@ -143,7 +142,7 @@ def main(argv=None):
                 row["skipped"] = "the table's tile is swap-AB"
                 results["rows"].append(row)
                 continue
-            tma = replace(cfg, persistent_tma=True)
+            tma = cfg.replace_both(persistent_tma=True)
             st = prob.sets[0]
             base_out, tma_out = fused_moe(**st, config=cfg), fused_moe(**st, config=tma)
             torch.cuda.synchronize()
@@ -154,7 +153,7 @@ def main(argv=None):
                        grouped_tflops=flops / grouped_us * 1e-6, persistent_tflops=flops / persistent_us * 1e-6,
                        rel_l2=rel_l2(tma_out, base_out.double()), bit_identical=bool(torch.equal(tma_out, base_out)))
             if a.flatten:  # None where the flattened pipeline does not fit in shared memory
-                flat = replace(tma, tma_flatten=True)
+                flat = tma.replace_both(tma_flatten=True)
                 row["flatten_us"] = prob.time(flat) if flat.fits(quant) else None
             results["rows"].append(row)
             print(f"{spec:16s} {label:10s} T={T:5d} {row['tile']:20s} grouped {grouped_us:9.1f} µs "

@@ -1,8 +1,12 @@
-"""Launch configurations: one tile shape for both GEMMs, the swap-AB rule, tuned tables.
+"""Launch configurations: the tile of each GEMM, the swap-AB rule, tuned tables.
 
 A :class:`TritonConfig` fixes the tile every program of the grouped GEMM works on. ``BLOCK_M``
 is also the granularity of the token alignment (each expert's run of (token, slot) pairs is padded
-to a multiple of it), so GEMM1 and GEMM2 of one call share a config.
+to a multiple of it), so GEMM1 and GEMM2 of one call share it. Everything else of the tile GEMM2
+may set for itself (:class:`Gemm2Tile`, the config's ``gemm2``): GEMM2 multiplies [P, I] by W2ᵀ, so
+its reduction is only I long (256 at DeepSeek-V3 under TP8: 2–4 K steps per tile) and it keeps one
+accumulator where GEMM1 keeps two (gate and up) — a wider or deeper tile fits its registers and
+shared memory where GEMM1's would not. Without ``gemm2`` GEMM2 runs GEMM1's tile.
 
 The swap-AB rule (:func:`choose_swap_ab`)
     Hopper's WGMMA multiplies a 64-row A operand per warpgroup. Without swap, A is the token tile
@@ -24,8 +28,9 @@ Default heuristic (:func:`default_config`, its buckets in :func:`default_tiles`)
 Tuned tables
     ``configs/E=<E>,N=<I>,K=<K>,dtype=<bf16|fp8_tensor|…>,device=<name>.json`` map a token count
     to a config; :func:`get_config` takes the entry with the nearest token count (absolute
-    distance, as vLLM does) and falls back to the heuristic when no table exists.
-    ``python -m triton_moe.autotune`` writes these tables. The key has no top_k, although the
+    distance, as vLLM does) and falls back to the heuristic when no table exists. ``python -m
+    triton_moe.autotune`` writes them, ``python -m triton_moe.bench_gemm2 --tables`` an entry's
+    ``gemm2`` (:meth:`TritonConfig.from_dict` reads it). The key has no top_k, although the
     tile really depends on the tokens per expert T·top_k / E: a table is tuned for one model's
     layer, which (E, N, K) identify and whose top_k is fixed (the table's ``"shape"`` names it;
     no two catalog shapes share E, N, K), so its T is the layer's batch size at that top_k and
@@ -75,6 +80,74 @@ def _int(name: str, v) -> None:
         raise TypeError(f"{name}: expected an int, got {v!r} ({type(v).__name__})")
 
 
+def _check_tile(t, prefix: str = "") -> None:
+    """The checks of the fields :class:`TritonConfig` and :class:`Gemm2Tile` share, type first, then
+    value; each message starts with ``prefix`` + the field's name."""
+    for name in ("BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "fp8_imprecise_acc"):
+        _int(prefix + name, getattr(t, name))
+    if t.swap_ab is not None and not isinstance(t.swap_ab, bool):
+        raise TypeError(f"{prefix}swap_ab: expected True, False or None, got {t.swap_ab!r}")
+    for name in ("persistent_tma", "tma_flatten"):
+        if not isinstance(getattr(t, name), bool):
+            raise TypeError(f"{prefix}{name}: expected True or False, got {getattr(t, name)!r}")
+    for name in ("BLOCK_N", "BLOCK_K"):
+        v = getattr(t, name)
+        if not _pow2(v) or v < MIN_DOT:
+            raise ValueError(f"{prefix}{name}={v}: must be a power of two >= {MIN_DOT} (16, 32, 64, 128, …)")
+    if t.GROUP_M < 1:
+        raise ValueError(f"{prefix}GROUP_M={t.GROUP_M}: must be >= 1 (M-blocks per rasterization group)")
+    if t.num_warps not in NUM_WARPS:
+        raise ValueError(f"{prefix}num_warps={t.num_warps}: must be one of {', '.join(map(str, NUM_WARPS))}")
+    if t.num_stages < 1:
+        raise ValueError(f"{prefix}num_stages={t.num_stages}: must be >= 1")
+    n = t.fp8_imprecise_acc
+    if n < 0 or n % 32 or n > t.BLOCK_K:
+        raise ValueError(f"{prefix}fp8_imprecise_acc={n}: must be 0 or a multiple of 32 up to BLOCK_K={t.BLOCK_K} "
+                         f"(allowed: {', '.join(map(str, range(0, t.BLOCK_K + 1, 32)))})")
+    if t.persistent_tma and t.swap_ab:
+        raise ValueError(f"{prefix}persistent_tma=True: the persistent TMA kernel is the non-swap-AB path; "
+                         "it cannot run with swap_ab=True")
+    if t.persistent_tma and max(t.BLOCK_N, t.BLOCK_K) > TMA_BOX_MAX:
+        raise ValueError(f"{prefix}persistent_tma=True: a TMA box spans at most {TMA_BOX_MAX} rows and columns; "
+                         f"got the weight tile BLOCK_N={t.BLOCK_N} × BLOCK_K={t.BLOCK_K}")
+    if t.tma_flatten and not t.persistent_tma:
+        raise ValueError(f"{prefix}tma_flatten=True: flattens the persistent kernel's loops; "
+                         "it needs persistent_tma=True")
+
+
+@dataclass(frozen=True)
+class Gemm2Tile:
+    """GEMM2's own tile: every field of :class:`TritonConfig` but ``BLOCK_M`` (the alignment tile,
+    which both GEMMs read, so the config owns it) and ``split_k`` (GEMM2 never splits K: its K is
+    the intermediate size I, and even at T = 1 it has hidden / BLOCK_N programs per expert).
+
+    A whole tile, not a difference: a field left out takes its default here, not GEMM1's value
+    (``swap_ab=None``: the swap-AB rule on (BLOCK_M, this BLOCK_N)). The fields are checked as
+    :class:`TritonConfig` checks them; each message starts with ``gemm2.`` and the field's name.
+    """
+
+    BLOCK_N: int
+    BLOCK_K: int
+    GROUP_M: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+    swap_ab: Optional[bool] = None
+    fp8_imprecise_acc: int = 0
+    persistent_tma: bool = False
+    tma_flatten: bool = False
+
+    def __post_init__(self):
+        _check_tile(self, "gemm2.")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def label(self) -> str:
+        """``BLOCK_NxBLOCK_K/g<GROUP_M>w<num_warps>s<num_stages>`` (``+tma`` for the persistent kernel)."""
+        return (f"{self.BLOCK_N}x{self.BLOCK_K}/g{self.GROUP_M}w{self.num_warps}s{self.num_stages}"
+                + ("+tma" if self.persistent_tma else ""))
+
+
 @dataclass(frozen=True)
 class TritonConfig:
     """The tile of one grouped-GEMM program, and how it is scheduled.
@@ -83,23 +156,29 @@ class TritonConfig:
     ``fp8_imprecise_acc`` picks how the FP8 WGMMA accumulator is promoted to fp32 (see
     :mod:`triton_moe.kernels`): 0 adds each K step's product into the fp32 accumulator; n > 0 (a
     multiple of 32, at most BLOCK_K) lets Triton's WGMMA lowering promote every n elements of K.
-    ``persistent_tma`` runs both GEMMs with :func:`triton_moe.kernels_tma.moe_gemm_tma_kernel`
+    ``persistent_tma`` runs the GEMM with :func:`triton_moe.kernels_tma.moe_gemm_tma_kernel`
     (one program per SM looping over the tiles, expert weights through TMA descriptors) instead of
     ``moe_gemm_kernel``; it is the non-swap-AB path, so the resolved tile must not swap.
     ``tma_flatten`` (only with ``persistent_tma``) asks Triton to flatten its tile and K loops into
     one software pipeline (``tl.range(..., flatten=True)``). Neither is chosen by the heuristic
-    or the shipped tables: ``python -m triton_moe.bench_tma`` measures them.
+    (a shipped table turns ``persistent_tma`` on where it measured faster):
+    ``python -m triton_moe.bench_tma`` measures them.
     ``split_k`` > 1 splits GEMM1's K (the hidden size) over that many programs per tile, summed in a
     fixed order by the last of them (:mod:`triton_moe.kernels`): for decode layers whose GEMM1
     has too few tiles to fill the GPU; not with ``persistent_tma``.
+    ``gemm2`` (a :class:`Gemm2Tile`, or None) is GEMM2's own tile: its BLOCK_N, BLOCK_K, GROUP_M,
+    warps, stages, swap-AB, FP8 promotion and kernel; BLOCK_M stays this config's. None: GEMM2
+    runs this tile (without the split). :meth:`gemm1_config` / :meth:`gemm2_config` give the
+    config each GEMM launches with.
 
     Every field is checked when the config is built (type first, then value; the message starts
     with the field's name): BLOCK_M, BLOCK_N, BLOCK_K powers of two ≥ 16; GROUP_M ≥ 1; num_warps
     in :data:`NUM_WARPS`; num_stages ≥ 1; swap_ab None or a bool; fp8_imprecise_acc 0 or a
     multiple of 32 up to BLOCK_K; persistent_tma a bool, not with swap_ab=True nor a
     weight tile beyond a TMA box (BLOCK_N, BLOCK_K ≤ 256); tma_flatten a
-    bool, only with persistent_tma; split_k an int ≥ 1, 1 with persistent_tma.  What depends on
-    the quant format too (FP8's BLOCK_K, shared memory) is :meth:`check`.
+    bool, only with persistent_tma; split_k an int ≥ 1, 1 with persistent_tma; gemm2 None or a
+    :class:`Gemm2Tile` (whose own fields are checked the same way, named ``gemm2.<field>``).
+    What depends on the quant format too (FP8's BLOCK_K, shared memory) is :meth:`check`.
     """
 
     BLOCK_M: int
@@ -113,83 +192,111 @@ class TritonConfig:
     persistent_tma: bool = False
     tma_flatten: bool = False
     split_k: int = 1
+    gemm2: Optional[Gemm2Tile] = None
 
     def __post_init__(self):
-        for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "fp8_imprecise_acc",
-                     "split_k"):
+        for name in ("BLOCK_M", "split_k"):
             _int(name, getattr(self, name))
-        if self.swap_ab is not None and not isinstance(self.swap_ab, bool):
-            raise TypeError(f"swap_ab: expected True, False or None, got {self.swap_ab!r}")
-        for name in ("persistent_tma", "tma_flatten"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name}: expected True or False, got {getattr(self, name)!r}")
-        for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
-            v = getattr(self, name)
-            if not _pow2(v) or v < MIN_DOT:
-                raise ValueError(f"{name}={v}: must be a power of two >= {MIN_DOT} (16, 32, 64, 128, …)")
-        if self.GROUP_M < 1:
-            raise ValueError(f"GROUP_M={self.GROUP_M}: must be >= 1 (M-blocks per rasterization group)")
-        if self.num_warps not in NUM_WARPS:
-            raise ValueError(f"num_warps={self.num_warps}: must be one of {', '.join(map(str, NUM_WARPS))}")
-        if self.num_stages < 1:
-            raise ValueError(f"num_stages={self.num_stages}: must be >= 1")
-        n = self.fp8_imprecise_acc
-        if n < 0 or n % 32 or n > self.BLOCK_K:
-            raise ValueError(f"fp8_imprecise_acc={n}: must be 0 or a multiple of 32 up to BLOCK_K={self.BLOCK_K} "
-                             f"(allowed: {', '.join(map(str, range(0, self.BLOCK_K + 1, 32)))})")
-        if self.persistent_tma and self.swap_ab:
-            raise ValueError("persistent_tma=True: the persistent TMA kernel is the non-swap-AB path; "
-                             "it cannot run with swap_ab=True")
-        if self.persistent_tma and max(self.BLOCK_N, self.BLOCK_K) > TMA_BOX_MAX:
-            raise ValueError(f"persistent_tma=True: a TMA box spans at most {TMA_BOX_MAX} rows and columns; "
-                             f"got the weight tile BLOCK_N={self.BLOCK_N} × BLOCK_K={self.BLOCK_K}")
+        if not _pow2(self.BLOCK_M) or self.BLOCK_M < MIN_DOT:
+            raise ValueError(f"BLOCK_M={self.BLOCK_M}: must be a power of two >= {MIN_DOT} (16, 32, 64, 128, …)")
+        _check_tile(self)
         if self.split_k < 1:
             raise ValueError(f"split_k={self.split_k}: must be >= 1 (programs sharing one tile's K steps)")
         if self.split_k > 1 and self.persistent_tma:
             raise ValueError(f"split_k={self.split_k}: the persistent TMA kernel does not split K; "
                              "use split_k=1 with persistent_tma=True")
-        if self.tma_flatten and not self.persistent_tma:
-            raise ValueError("tma_flatten=True: flattens the persistent kernel's loops; it needs persistent_tma=True")
+        if self.gemm2 is not None and not isinstance(self.gemm2, Gemm2Tile):
+            raise TypeError(f"gemm2: expected a triton_moe.config.Gemm2Tile or None, got {self.gemm2!r} "
+                            f"({type(self.gemm2).__name__}); a table's dict goes through TritonConfig.from_dict")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TritonConfig":
+        """The inverse of :meth:`as_dict` (a tuned table's entry): ``gemm2`` as a dict or null."""
+        d = dict(d)
+        g = d.get("gemm2")
+        if isinstance(g, dict):
+            d["gemm2"] = Gemm2Tile(**g)
+        return cls(**d)
 
     def resolved(self) -> "TritonConfig":
-        if self.swap_ab is not None:
-            return self
-        swap = choose_swap_ab(self.BLOCK_M, self.BLOCK_N)
-        if swap and self.persistent_tma:
-            raise ValueError(f"config: persistent_tma is the non-swap-AB path, but BLOCK_M={self.BLOCK_M} < {WGMMA_M} "
-                             f"<= BLOCK_N={self.BLOCK_N} resolves to swap-AB; pass swap_ab=False or BLOCK_M >= {WGMMA_M}")
-        return replace(self, swap_ab=swap)
+        """This config with swap-AB decided by the rule (:func:`choose_swap_ab`) where it is None,
+        for GEMM1's tile and GEMM2's own; raises ValueError when the persistent TMA kernel's tile
+        (GEMM1's, or ``gemm2``'s) resolves to swap-AB."""
+        cfg = self
+        if self.swap_ab is None:
+            swap = choose_swap_ab(self.BLOCK_M, self.BLOCK_N)
+            if swap and self.persistent_tma:
+                raise ValueError(f"config: persistent_tma is the non-swap-AB path, but BLOCK_M={self.BLOCK_M} < "
+                                 f"{WGMMA_M} <= BLOCK_N={self.BLOCK_N} resolves to swap-AB; pass swap_ab=False or "
+                                 f"BLOCK_M >= {WGMMA_M}")
+            cfg = replace(cfg, swap_ab=swap)
+        g = self.gemm2
+        if g is not None and g.swap_ab is None:
+            swap = choose_swap_ab(self.BLOCK_M, g.BLOCK_N)
+            if swap and g.persistent_tma:
+                raise ValueError(f"config.gemm2: persistent_tma is the non-swap-AB path, but BLOCK_M={self.BLOCK_M} < "
+                                 f"{WGMMA_M} <= gemm2.BLOCK_N={g.BLOCK_N} resolves to swap-AB; pass "
+                                 f"gemm2.swap_ab=False or BLOCK_M >= {WGMMA_M}")
+            cfg = replace(cfg, gemm2=replace(g, swap_ab=swap))
+        return cfg
 
-    def smem_bytes(self, quant: Optional[str]) -> int:
-        """Shared memory of the pipelined operand tiles of GEMM1 (A plus gate and up weight tiles),
-        the larger of the two GEMMs. Both operands have the format's weight dtype (activations are
-        quantized to it): 1 byte under FP8, 2 under bf16. ``tma_flatten`` adds two more stages of
-        the weight tiles: the most Triton 3.6 added on sm_90 in the configs compiled on the CPU
-        (e.g. fp8 GEMM1 128×128×128, 4 stages: 196 640 → 262 176 bytes)."""
+    def gemm1_config(self) -> "TritonConfig":
+        """The config GEMM1 launches with: this one without ``gemm2``."""
+        return self if self.gemm2 is None else replace(self, gemm2=None)
+
+    def gemm2_config(self) -> "TritonConfig":
+        """The config GEMM2 launches with: BLOCK_M this one's, the rest ``gemm2``'s (or, without
+        it, this tile's), ``split_k`` 1 (only GEMM1 splits K), no ``gemm2``."""
+        return _gemm2_config(self)
+
+    def replace_both(self, **changes) -> "TritonConfig":
+        """A copy with ``changes`` made to GEMM1's fields and, with a ``gemm2``, to the same fields
+        of it (those it has): what a per-call option such as ``swap_ab`` forces for both GEMMs."""
+        g = self.gemm2
+        if g is not None:
+            own = {k: v for k, v in changes.items() if k in Gemm2Tile.__dataclass_fields__}
+            if own:
+                changes = {**changes, "gemm2": replace(g, **own)}
+        return replace(self, **changes)
+
+    def smem_bytes(self, quant: Optional[str], gemm: int = 1) -> int:
+        """Shared memory of the pipelined operand tiles of one GEMM with this tile: A plus, for
+        GEMM1 (``gemm=1``), the gate and up weight tiles, for GEMM2 (``gemm=2``) one weight tile.
+        Without a ``gemm2`` GEMM1 is the larger of the two. Both operands have the format's weight
+        dtype (activations are quantized to it): 1 byte under FP8, 2 under bf16. ``tma_flatten``
+        adds two more stages of the weight tiles: the most Triton 3.6 added on sm_90 in the configs
+        compiled on the CPU (e.g. fp8 GEMM1 128×128×128, 4 stages: 196 640 → 262 176 bytes)."""
         nbytes = get_format(quant).weight_dtype.itemsize
-        weights = 2 * self.BLOCK_N * self.BLOCK_K * nbytes
+        weights = (2 if gemm == 1 else 1) * self.BLOCK_N * self.BLOCK_K * nbytes
         per_stage = self.BLOCK_M * self.BLOCK_K * nbytes + weights
         return per_stage * self.num_stages + (2 * weights if self.tma_flatten else 0)
 
     def check(self, quant: Optional[str]) -> "TritonConfig":
-        """Raise ValueError (naming ``config``) when this config cannot run ``quant``; else return it.
+        """Raise ValueError (naming ``config``, or ``config.gemm2`` for GEMM2's own tile) when this
+        config cannot run ``quant``; else return it.
 
         Every rule is a property of the tile and the format alone: the kernels mask partial tiles
         in M, N and K, so any K and I work with any valid tile (the CPU tests use K = 160, I = 80
         under 64-wide tiles); fp8_block's BLOCK_K | 128 keeps one K step inside one scale block."""
+        self._check_gemm(quant, 1, "config")
+        if self.gemm2 is not None:
+            self.resolved()  # raises when gemm2's persistent tile resolves to swap-AB
+            self.gemm2_config()._check_gemm(quant, 2, "config.gemm2")
+        return self
+
+    def _check_gemm(self, quant: Optional[str], gemm: int, name: str) -> None:
         fmt = get_format(quant)
         if fmt.scales_along_k and FP8_BLOCK % self.BLOCK_K:
-            raise ValueError(f"config: {fmt.label} needs BLOCK_K to divide {FP8_BLOCK} (one scale per K step), "
+            raise ValueError(f"{name}: {fmt.label} needs BLOCK_K to divide {FP8_BLOCK} (one scale per K step), "
                              f"got BLOCK_K={self.BLOCK_K}")
         if self.persistent_tma:
-            self.resolved()  # raises when the tile resolves to swap-AB
+            replace(self, gemm2=None).resolved()  # raises when the tile resolves to swap-AB
         if fmt.quantized and self.BLOCK_K < 32:
-            raise ValueError(f"config: FP8 needs BLOCK_K >= 32 (one WGMMA K step), got {self.BLOCK_K}")
-        smem = self.smem_bytes(quant)
+            raise ValueError(f"{name}: FP8 needs BLOCK_K >= 32 (one WGMMA K step), got {self.BLOCK_K}")
+        smem = self.smem_bytes(quant, gemm)
         if smem > SMEM_LIMIT:
-            raise ValueError(f"config: {smem} bytes of pipelined tiles exceed the {SMEM_LIMIT}-byte shared memory "
+            raise ValueError(f"{name}: {smem} bytes of pipelined tiles exceed the {SMEM_LIMIT}-byte shared memory "
                              f"of one Hopper SM; lower num_stages={self.num_stages} or the tile")
-        return self
 
     def fits(self, quant: Optional[str]) -> bool:
         """Whether :meth:`check` accepts this config (False instead of the ValueError)."""
@@ -200,11 +307,23 @@ class TritonConfig:
             return False
 
     def as_dict(self) -> dict:
+        """The fields as a dict (``gemm2`` a dict or None): a tuned table's entry, read back by
+        :meth:`from_dict`."""
         return asdict(self)
 
     def tile_label(self) -> str:
-        """``BLOCK_MxBLOCK_NxBLOCK_K/g<GROUP_M>w<num_warps>s<num_stages>``, the study reports' tile column."""
-        return f"{self.BLOCK_M}x{self.BLOCK_N}x{self.BLOCK_K}/g{self.GROUP_M}w{self.num_warps}s{self.num_stages}"
+        """``BLOCK_MxBLOCK_NxBLOCK_K/g<GROUP_M>w<num_warps>s<num_stages>``, the study reports' tile
+        column; with a ``gemm2``, `` G2 `` and its tile as :meth:`Gemm2Tile.label` writes it."""
+        own = f"{self.BLOCK_M}x{self.BLOCK_N}x{self.BLOCK_K}/g{self.GROUP_M}w{self.num_warps}s{self.num_stages}"
+        return own if self.gemm2 is None else f"{own} G2 {self.gemm2.label()}"
+
+
+@functools.lru_cache(maxsize=1024)
+def _gemm2_config(cfg: TritonConfig) -> TritonConfig:
+    g = cfg.gemm2
+    if g is None:
+        return replace(cfg, split_k=1)
+    return TritonConfig(cfg.BLOCK_M, **asdict(g))
 
 
 def choose_swap_ab(block_m: int, block_n: int) -> bool:
@@ -276,7 +395,7 @@ def load_table(path: str) -> Optional[dict]:
         raw = json.load(f)
     table = {}
     for t, d in raw.get("configs", raw).items():
-        table[int(t)] = TritonConfig(**d)
+        table[int(t)] = TritonConfig.from_dict(d)
     return table
 
 

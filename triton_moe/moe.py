@@ -9,7 +9,7 @@
     quantize_kernel    x → xq E4M3 [T, K] + scales; zeroes GEMM1's amax buffer   (FP8 only)
     moe_gemm_kernel    GEMM1 + SiLU(gate)·up (+ amax of the intermediate) → act [P, I]
     quantize_kernel    act fp32 → E4M3 [P, I] + scales                              (FP8 only)
-    moe_gemm_kernel    GEMM2 × routing weight                             → y [P, K]
+    moe_gemm_kernel    GEMM2 × routing weight (GEMM2's own tile, if any)  → y [P, K]
     combine_kernel     out[t] = Σ_j y[t·top_k + j]                        (skipped for top_k = 1)
 
 Static activation scales (``a1_scale``, ``a2_scale``: fp8_tensor, :mod:`moe_spec.contract`): the
@@ -97,8 +97,9 @@ def _quantize(a, quant: str, amax=None, *, q=None, scale=None, parts=None, zero=
 
 @functools.lru_cache(maxsize=256)
 def _gemm_constants(cfg: TritonConfig, quant, fuse_silu: bool, a_row_div: int) -> dict:
-    """The constexpr arguments of one GEMM launch (a function of the plan; not to be mutated).
-    Only GEMM1 splits K (``cfg.split_k``)."""
+    """The constexpr arguments of one GEMM launch with ``cfg``, the config of that GEMM
+    (:meth:`~triton_moe.config.TritonConfig.gemm1_config` / ``gemm2_config``; a function of the
+    plan; not to be mutated). Only GEMM1 splits K (``cfg.split_k``)."""
     return dict(A_ROW_DIV=a_row_div, FUSE_SILU=fuse_silu, MUL_ROUTED_WEIGHT=not fuse_silu, QUANT=QUANT_MODE[quant],
                 FP8_IMPRECISE_ACC=cfg.fp8_imprecise_acc, SWAP_AB=bool(cfg.swap_ab), INTERPRETER=INTERPRET,
                 BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
@@ -108,14 +109,18 @@ def _gemm_constants(cfg: TritonConfig, quant, fuse_silu: bool, a_row_div: int) -
 @functools.lru_cache(maxsize=1024)
 def _geometry(T: int, top_k: int, K: int, I: int, quant, cfg: TritonConfig, num_blocks: int) -> tuple:  # noqa: E741
     """What the launches of :func:`expert_computation` take from the sizes alone: (quantized,
-    GEMM1 grid, GEMM2 grid, combine grid, GEMM1 constexprs, GEMM2 constexprs) — once per shape."""
-    return (get_format(quant).quantized, (num_blocks * _cdiv(I, cfg.BLOCK_N), cfg.split_k),
-            (num_blocks * _cdiv(K, cfg.BLOCK_N),),
-            (T, _cdiv(K, COMBINE_BLOCK)), _gemm_constants(cfg, quant, True, top_k), _gemm_constants(cfg, quant, False, 1))
+    GEMM1 grid, GEMM2 grid, combine grid, GEMM1 constexprs, GEMM2 constexprs, GEMM1's config,
+    GEMM2's config) — once per shape. GEMM2's grid and constexprs are its own tile's
+    (``cfg.gemm2``, else GEMM1's)."""
+    cfg1, cfg2 = cfg.gemm1_config(), cfg.gemm2_config()
+    return (get_format(quant).quantized, (num_blocks * _cdiv(I, cfg1.BLOCK_N), cfg1.split_k),
+            (num_blocks * _cdiv(K, cfg2.BLOCK_N),), (T, _cdiv(K, COMBINE_BLOCK)),
+            _gemm_constants(cfg1, quant, True, top_k), _gemm_constants(cfg2, quant, False, 1), cfg1, cfg2)
 
 
 def _gemm(grid, constants, a, a_scale, w, w_scale, out, out_amax, topk_weights, topk_ids, error, routing: Alignment,
           num_padded, N, K, cfg: TritonConfig, static=False, split=None):
+    """One grouped GEMM; ``cfg`` is that GEMM's config (its kernel: grouped or persistent TMA)."""
     if cfg.persistent_tma:  # the persistent TMA kernel (triton_moe.kernels_tma): only when the config asks
         return gemm_tma(a, a_scale, w, w_scale, out, out_amax, topk_weights, topk_ids, error, routing, num_padded,
                         N, K, constants, flatten=cfg.tma_flatten, static=static)
@@ -211,8 +216,9 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
         p = plan(d, quant, config=config, swap_ab=swap_ab)  # raises, naming the option
     if d.T == 0:
         return x.new_empty((0, d.K))
-    if p.config.persistent_tma:  # TMA reads the weights: 16-byte rows and base, checked before any launch
+    if p.gemm1.persistent_tma:  # TMA reads the weights: 16-byte rows and base, checked before any launch
         check_tma_operand("w1", w1)
+    if p.gemm2.persistent_tma:
         check_tma_operand("w2", w2)
     ws = _workspace(d.T, d.top_k, d.E, d.K, d.I, quant, p.align_tile, x.device, _split(p.config))
     error = error_word(x.device)
@@ -230,7 +236,8 @@ def expert_computation(x, w1, w2, topk_weights, topk_ids, routing, *, quant, w1_
 
     ``routing`` is the :class:`~moe_spec.align.Alignment` of ``topk_ids`` for ``config.BLOCK_M``
     (:func:`~triton_moe.align.align_block_size`); ``config`` must be resolved and checked (a
-    plan's); ``workspace``: the buffers of :func:`_buffers` (default: new ones). :func:`fused_moe`
+    plan's); GEMM2 runs its ``gemm2`` tile when it has one; ``workspace``: the buffers of
+    :func:`_buffers` (default: new ones). :func:`fused_moe`
     is the validated entry point; the benchmark times this part alone (the alignment is timed
     separately).
     """
@@ -240,8 +247,8 @@ def expert_computation(x, w1, w2, topk_weights, topk_ids, routing, *, quant, w1_
     ws = workspace or _buffers(T, top_k, E, K, I, quant, config.BLOCK_M, x.device, _split(config))
     num_padded = ws["num_padded"] if routing.expert_end is ws["expert_end"] else routing.num_padded
     error = error_word(x.device)
-    quantized, grid1, grid2, combine_grid, const1, const2 = _geometry(T, top_k, K, I, quant, config,
-                                                                      routing.expert_of_block.numel())
+    quantized, grid1, grid2, combine_grid, const1, const2, cfg1, cfg2 = _geometry(
+        T, top_k, K, I, quant, config, routing.expert_of_block.numel())
     static = a1_scale is not None  # static activation scales (validated: fp8_tensor, both given)
     a1, s1, act_amax = x, None, None
     if static:
@@ -254,8 +261,8 @@ def expert_computation(x, w1, w2, topk_weights, topk_ids, routing, *, quant, w1_
     # quantized once for GEMM2
     act = ws["act"]
     _gemm(grid1, const1, a1, s1, w1, w1_scale, act, act_amax, topk_weights, topk_ids, error, routing,
-          num_padded, I, K, config, static=static,
-          split=(ws["partials"], ws["counts_split"]) if config.split_k > 1 else None)
+          num_padded, I, K, cfg1, static=static,
+          split=(ws["partials"], ws["counts_split"]) if cfg1.split_k > 1 else None)
     if static:
         a2, s2 = _quantize(act, quant, q=ws["aq"], scale=a2_scale, static_bit=BAD_A2_SCALE)
     else:
@@ -266,7 +273,24 @@ def expert_computation(x, w1, w2, topk_weights, topk_ids, routing, *, quant, w1_
     out = torch.empty((T, K), dtype=torch.bfloat16, device=x.device)
     y = out if top_k == 1 else ws["y"]
     _gemm(grid2, const2, a2, s2, w2, w2_scale, y, None, topk_weights, topk_ids, error, routing, num_padded, K, I,
-          config)
+          cfg2)
     if top_k > 1:
         launch(combine_kernel, combine_grid, y, out, T, K, TOP_K=top_k, BLOCK=COMBINE_BLOCK, INTERPRETER=INTERPRET)
     return out
+
+
+def gemm2(a2, s2, w2, w2_scale, y, topk_weights, topk_ids, routing, config: TritonConfig, *, quant) -> None:
+    """GEMM2 alone, launched as :func:`expert_computation` launches it: y [P, K] (bf16, by pair) =
+    routing weight × (a2 [P, I] · W2[e]ᵀ), with GEMM2's tile (``config.gemm2``, else the config's
+    own) and GEMM2's kernel (grouped or persistent TMA).
+
+    ``a2``: the intermediate — bf16, or under FP8 its E4M3 copy with the scales ``s2``;
+    ``routing``: the alignment of ``topk_ids`` for ``config.BLOCK_M``; ``config`` resolved and
+    checked (a plan's). ``python -m triton_moe.bench_gemm2`` times this launch alone."""
+    top_k = topk_ids.shape[1]
+    P, I = a2.shape  # noqa: E741
+    K = w2.shape[1]
+    geometry = _geometry(P // top_k, top_k, K, I, quant, config, routing.expert_of_block.numel())
+    grid2, const2, cfg2 = geometry[2], geometry[5], geometry[7]
+    _gemm(grid2, const2, a2, s2, w2, w2_scale, y, None, topk_weights, topk_ids, error_word(a2.device), routing,
+          routing.num_padded, K, I, cfg2)

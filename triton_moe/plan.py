@@ -1,4 +1,4 @@
-"""The Triton backend's plan for one layer call: one tile config for both GEMMs, and what follows.
+"""The Triton backend's plan for one layer call: the tile config of both GEMMs, and what follows.
 
 :func:`plan` makes every decision of a ``fused_moe`` call on the host, before anything runs: the
 :class:`~triton_moe.config.TritonConfig` (given, or the tuned table / heuristic of
@@ -9,8 +9,9 @@ empty-batch rule of :mod:`moe_spec.plan`). :func:`plans_for` lists every plan a 
 
 from __future__ import annotations
 
+import functools
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Optional
 
 from moe_spec.quant import check_quant
@@ -27,19 +28,21 @@ class LayerPlan:
     """What ``fused_moe`` runs for one layer call (see :mod:`moe_spec.plan` for the interface).
 
     GEMM1 and GEMM2 share ``config`` (resolved and checked): its BLOCK_M is the alignment tile,
-    which both GEMMs read. ``gemm1``/``gemm2`` name it per GEMM.
+    which both GEMMs read; GEMM2 runs its own tile when the config has a ``gemm2``. ``gemm1`` /
+    ``gemm2`` are the configs each GEMM launches with
+    (:meth:`~triton_moe.config.TritonConfig.gemm1_config`, ``gemm2_config``).
     """
 
     config: TritonConfig
     quant: Optional[str] = None
 
-    @property
+    @functools.cached_property  # a plan is cached per call signature (moe._cached_plan): once per plan
     def gemm1(self) -> TritonConfig:
-        return self.config
+        return self.config.gemm1_config()
 
-    @property
+    @functools.cached_property
     def gemm2(self) -> TritonConfig:
-        return self.config
+        return self.config.gemm2_config()
 
     @property
     def align_tile(self) -> int:
@@ -47,20 +50,26 @@ class LayerPlan:
 
     @property
     def swap_ab(self) -> tuple[bool, bool]:
-        return self.config.swap_ab, self.config.swap_ab
+        return self.gemm1.swap_ab, self.gemm2.swap_ab
 
     @property
     def mma(self) -> tuple[str, str]:
         """The instruction each GEMM compiles to, implied by the tile and the dtype
         (:func:`~triton_moe.config.mma_instruction`; not read from a compiled kernel)."""
-        inst = mma_instruction(self.config, self.quant)
-        return inst, inst
+        return mma_instruction(self.gemm1, self.quant), mma_instruction(self.gemm2, self.quant)
 
     def describe(self) -> str:
-        c = self.config
-        kind, shape = re.match(r"(\w+)\.\S*?(m\d+n\d+k\d+)", self.mma[0]).groups()  # ("wgmma", "m64n16k16")
-        return (f"{'swap-AB ' if c.swap_ab else ''}BM{c.BLOCK_M} BN{c.BLOCK_N} BK{c.BLOCK_K} "
-                f"w{c.num_warps} s{c.num_stages} {kind} {shape}")
+        """One line: GEMM1's tile and instruction, then ``; G2 …`` GEMM2's where it has its own."""
+        line = _describe(self.gemm1, self.mma[0])
+        if self.config.gemm2 is None:
+            return line
+        return f"{line}; G2 {_describe(self.gemm2, self.mma[1], block_m=False)}"
+
+
+def _describe(c: TritonConfig, mma: str, block_m: bool = True) -> str:
+    kind, shape = re.match(r"(\w+)\.\S*?(m\d+n\d+k\d+)", mma).groups()  # ("wgmma", "m64n16k16")
+    return (f"{'swap-AB ' if c.swap_ab else ''}{f'BM{c.BLOCK_M} ' if block_m else ''}BN{c.BLOCK_N} BK{c.BLOCK_K} "
+            f"w{c.num_warps} s{c.num_stages} {kind} {shape}")
 
 
 def check_options(config, swap_ab) -> None:
@@ -77,8 +86,8 @@ def plan(dims: MoEDims, quant: Optional[str] = None, *, config: Optional[TritonC
     """The plan of one ``fused_moe`` call with sizes ``dims`` (a :class:`moe_spec.validate.MoEDims`).
 
     Options (those of ``fused_moe``): ``config`` a :class:`TritonConfig` (default: the tuned table
-    for this shape and device, else the heuristic); ``swap_ab`` forces swap-AB on or off (default:
-    the config's, else the rule). Raises TypeError / ValueError naming a bad option, a config that
+    for this shape and device, else the heuristic); ``swap_ab`` forces swap-AB on or off for both
+    GEMMs (default: the config's, else the rule). Raises TypeError / ValueError naming a bad option, a config that
     cannot run ``quant``, or an expert count the alignment does not support.
     """
     if not isinstance(dims, MoEDims):
@@ -89,7 +98,7 @@ def plan(dims: MoEDims, quant: Optional[str] = None, *, config: Optional[TritonC
     if config is None:
         config = get_config(dims.T, dims.E, dims.top_k, dims.I, dims.K, quant)
     if swap_ab is not None:
-        config = replace(config, swap_ab=swap_ab)
+        config = config.replace_both(swap_ab=swap_ab)
     return LayerPlan(config.resolved().check(quant), quant)
 
 
