@@ -23,6 +23,7 @@ from .config import ALIGN_ELEMS, GemmConfig, choose_config, path_rule
 from .fusion import GATED_GEMM1, GATHER_IN_PRODUCER
 from .moe_fp8 import check_quant_layer, gemm1_out_dtype
 from .ptx import mma_instruction
+from .schedule import short_k_gemm2
 from .unfused import check_fusion, separate_configs
 
 #: How far :func:`plans_for` looks by default (the largest batch the harness runs, doubled).
@@ -148,8 +149,9 @@ def plan(dims: MoEDims, quant: str | None = None, *, swap_ab: bool | None = None
                               out_dtype=gemm1_out_dtype(quant), gated=gated, layer=(dims.K, dims.I))
         if GATHER_IN_PRODUCER and quant is None and fusion == "fused" and dims.K % gemm1.tile_k == 0:
             gemm1 = gemm1.replace(gather_rows=True)  # no X_sorted: GEMM1's producer reads x by token index
-        given = (gemm1, choose_config(per_expert, dims.K, dims.I, swap_ab=swap_ab, row_scale=True, quant=quant,
-                                      layer=(dims.K, dims.I)))
+        gemm2 = choose_config(per_expert, dims.K, dims.I, swap_ab=swap_ab, row_scale=True, quant=quant,
+                              layer=(dims.K, dims.I))
+        given = (gemm1, short_k_gemm2(gemm2, dims.I) if fusion == "fused" else gemm2)  # ping-pong: schedule.py
     if fusion == "separate":  # the unfused reference: a plain GEMM1, SiLU·mul as its own kernel
         given = separate_configs(given[0].replace(gated=False, gather_rows=False), given[1])
     return LayerPlan(*given, quant=quant, fusion=fusion)

@@ -49,6 +49,26 @@ EPI_ORDER_BARRIER_ID = 5
 ORDER_THREADS = 2 * 128  # an order barrier: the waiting warpgroup and the arriving one
 
 
+#: The layer's GEMM2 runs ping-pong when its K (the layer's I) is at most this many ``tile_k`` steps.
+#: Measured on the H200 at T = 4096 (notes/results/cute_pingpong_h200_2026-12-02.md): a 128×128
+#: ping-pong tile per warpgroup against the cooperative 128×256, bit for bit the same output —
+#: DeepSeek-V3 TP8's GEMM2 (I = 256: 4 steps of 64) 459.6 against 499.2 µs; Qwen3-30B-A3B's
+#: (I = 768: 12 steps) 227.2 against 221.0; Mixtral-8x7B's (I = 14 336) 1895.7 against 1450.8.  A short
+#: main loop leaves the epilogue a large share of a tile's time, which ping-pong hides under the
+#: other warpgroup's WGMMAs; a long one gains nothing from that and loses the 256-wide tile's reuse.
+PINGPONG_MAX_K_STEPS = 4
+
+
+def short_k_gemm2(cfg: GemmConfig, k: int) -> GemmConfig:
+    """The layer plan's GEMM2 ``cfg`` (cooperative) as it runs: a 128 × 128 ping-pong tile per
+    warpgroup when the bf16 normal path's K = ``k`` is at most :data:`PINGPONG_MAX_K_STEPS` K steps
+    deep, else ``cfg`` unchanged."""
+    if cfg.quant is not None or cfg.swap_ab or cfg.tokens_tile != 128 or k > PINGPONG_MAX_K_STEPS * cfg.tile_k:
+        return cfg
+    twin = cfg.replace(weights_tile=128, schedule="pingpong", stages=2)
+    return twin.replace(stages=max_stages(twin))
+
+
 def pingpong_config(cfg: GemmConfig) -> GemmConfig:
     """The ping-pong twin of a cooperative config: the same WGMMA sequence per output element.
 

@@ -19,7 +19,7 @@ cute_moe = pytest.importorskip("cute_moe")
 
 from cute_moe.config import GemmConfig, PINGPONG_ACCUMULATOR_REGISTERS, choose_config, max_stages  # noqa: E402
 from cute_moe.schedule import (EPI_ORDER_BARRIER_ID, EPILOGUE_BARRIER_ID, MMA_ORDER_BARRIER_ID,  # noqa: E402
-                               pingpong_config)
+                               pingpong_config, PINGPONG_MAX_K_STEPS, short_k_gemm2)
 from cute_moe.ptx import mma_instruction  # noqa: E402
 
 from test_cute_store import COMMIT, LOAD, STORE, WAIT, Ptx, _threads_reaching  # noqa: E402
@@ -56,8 +56,26 @@ def test_the_prefill_configs_are_what_the_layer_runs():
     for spec in ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8"):
         s = get_shape(spec)
         p = cute_moe.plan(MoEDims(T=4096, E=s.num_experts, K=s.hidden, I=s.intermediate, top_k=s.top_k))
-        assert (p.gemm1, p.gemm2) == (PREFILL_GEMM1, PREFILL_GEMM2), spec
-        assert p.gemm1.schedule == p.gemm2.schedule == "cooperative"  # the default is unchanged
+        assert p.gemm1 == PREFILL_GEMM1 and p.gemm1.schedule == "cooperative", spec
+        if s.intermediate <= PINGPONG_MAX_K_STEPS * PREFILL_GEMM2.tile_k:  # DeepSeek-V3 TP8: I = 256, 4 K steps
+            assert spec == "deepseek-v3:tp8"
+            assert p.gemm2 == short_k_gemm2(PREFILL_GEMM2, s.intermediate) == PREFILL_GEMM2.replace(
+                weights_tile=128, schedule="pingpong", stages=p.gemm2.stages), spec
+            assert p.gemm2.stages > PREFILL_GEMM2.stages
+        else:
+            assert p.gemm2 == PREFILL_GEMM2 and p.gemm2.schedule == "cooperative", spec
+
+
+def test_only_a_short_bf16_normal_path_gemm2_turns_pingpong():
+    """The rule of schedule.short_k_gemm2: FP8, swap-AB, a token tile under 128 and a K deeper than
+    PINGPONG_MAX_K_STEPS steps keep the cooperative config."""
+    k_short = PINGPONG_MAX_K_STEPS * PREFILL_GEMM2.tile_k
+    assert short_k_gemm2(PREFILL_GEMM2, k_short).schedule == "pingpong"
+    assert short_k_gemm2(PREFILL_GEMM2, k_short + PREFILL_GEMM2.tile_k) == PREFILL_GEMM2
+    for cfg in (COOPERATIVE["swap-w128-t32"], PREFILL_GEMM2.replace(tokens_tile=64, consumer_warpgroups=1)):
+        assert short_k_gemm2(cfg, 64) == cfg
+    fp8 = cute_moe.choose_config(512, 7168, 256, row_scale=True, quant="fp8_tensor")
+    assert short_k_gemm2(fp8, 256) == fp8
 
 
 # ---- the config ---------------------------------------------------------------------------------
