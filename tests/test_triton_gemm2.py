@@ -236,7 +236,8 @@ def test_the_study_report_and_tables_render(tmp_path, monkeypatch):
     name = "E=256,N=256,K=7168,dtype=bf16,device=NVIDIA_H200.json"
     assert list(bodies) == [name]
     table = C.load_table(str(tmp_path / "tables" / name))
-    assert table[4096].gemm2 == g2 and table[1024].gemm2 is None
+    shipped = C.load_table(str(C.table_path(256, 256, 7168, None, "NVIDIA H200")))
+    assert table[4096].gemm2 == g2 and table[1024] == shipped[1024]  # a cell not in the results keeps its entry
     body = json.loads((tmp_path / "tables" / name).read_text())
     assert body["gemm2_measured"]["4096"] == {"gemm2_us": [600.0, 400.0], "layer_us": [1300.0, 1100.0]}
     assert "command" not in body or body["command"] == json.loads(C.table_path(256, 256, 7168, None, "NVIDIA H200")
@@ -307,3 +308,22 @@ def test_the_study_runs_a_cell_end_to_end_on_a_stand_in(tmp_path, monkeypatch):
     assert cell["best"] == tiles[winner - 2].label() and cell["best_us"] == 40.0
     assert cell["layer_rel_l2"] <= TOL[None] and cell["written"], cell
     assert f"| {tiles[winner - 2].label()} | 40.0 (best) | 0.784 |" in md, md
+
+
+def test_shipped_fp8_gemm2_tiles_keep_the_entrys_block_k():
+    """Under FP8 BLOCK_K cuts the K sum into promoted partial sums: a GEMM2 tile with another
+    BLOCK_K than its entry's would change a token's bits between table entries (batch invariance,
+    tests/test_batch_invariance_gpu.py), so no shipped FP8 table has one; bf16 tables may."""
+    import glob
+
+    from triton_moe import config as C
+
+    seen = 0
+    for path in glob.glob(str(C.CONFIG_DIR / "*.json")):
+        if "dtype=bf16" in path:
+            continue
+        for T, cfg in C.load_table(path).items():
+            if cfg.gemm2 is not None:
+                seen += 1
+                assert cfg.gemm2.BLOCK_K == cfg.BLOCK_K, (path, T, cfg)
+    assert seen >= 1  # DeepSeek-V3 TP8 fp8_tensor's T = 1024 entry has its own GEMM2 tile
