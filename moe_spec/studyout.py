@@ -79,3 +79,31 @@ def header_lines(info: Mapping) -> list[str]:
              f"- command: `{info['command']}`"]
     versions = [f"{k} {info[k]}" for k in ("python", "torch", "triton") if k in info]
     return lines + ([f"- versions: {', '.join(versions)}"] if versions else [])
+
+
+def gpu_study_parser(prog: str, doc: str, files: Sequence[str], deadline_s: float,
+                     deadline_help: str = "no cell starts after this many seconds"):
+    """The options every timed GPU study shares: ``--out`` (a new or empty directory for ``files``),
+    ``--deadline-s`` and ``--commit``; a study adds its own before :func:`start_gpu_study`."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
+    p.add_argument("--out", required=True, help=f"a new or empty directory for {_names(files)}")
+    p.add_argument("--deadline-s", type=float, default=deadline_s, help=deadline_help)
+    p.add_argument("--commit", default=None, help="git commit to record (when the checkout has no .git)")
+    return p
+
+
+def start_gpu_study(prog: str, parser, argv: Sequence[str], files: Sequence[str]):
+    """Parse ``argv``; refuse a used ``--out``, a non-positive ``--deadline-s`` or a machine without
+    CUDA, each in one line before any work; return (options, out directory, the run's record:
+    date, device, commit, command — :func:`moe_spec.runinfo.run_info`)."""
+    a = parser.parse_args(argv)
+    out = out_or_exit(prog, a.out, files)
+    if a.deadline_s <= 0:
+        print(f"{prog}: error: --deadline-s: must be positive, got {a.deadline_s}", file=sys.stderr)
+        raise SystemExit(2)
+    from moe_spec.runinfo import command_line, require_cuda, run_info
+
+    require_cuda(prog)
+    return a, out, run_info(command_line(prog, argv), cuda=True, commit=a.commit)

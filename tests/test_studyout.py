@@ -12,7 +12,8 @@ from moe_spec import runinfo, studyout
 ROOT = Path(__file__).resolve().parents[1]
 FILES = ("a.md", "a.json")
 COMMANDS = ("cute_moe/crossover.py", "cute_moe/bench_align.py", "triton_moe/promotion.py", "triton_moe/bench_align.py",
-            "triton_moe/bench_tma.py", "triton_moe/bench_splitk.py", "triton_moe/bench_static.py", "cute_moe/bench_pingpong.py")
+            "triton_moe/bench_tma.py", "triton_moe/bench_splitk.py", "triton_moe/bench_static.py", "cute_moe/bench_pingpong.py",
+            "triton_moe/bench_gemm2.py")
 
 
 def _refusal(text) -> str:
@@ -123,7 +124,7 @@ def test_the_header_of_a_dict_without_versions_has_four_lines():
 @pytest.mark.parametrize("path", COMMANDS)
 def test_the_study_commands_use_these_rules(path):
     source = (ROOT / path).read_text()
-    assert ("studyout.check_out(" in source or "studyout.out_or_exit(" in source), path
+    assert any(f"studyout.{f}(" in source for f in ("check_out", "out_or_exit", "start_gpu_study")), path
     assert "studyout.write_files(" in source, path
     assert "studyout.header_lines(" in source, path
     assert "os.replace" not in source and ".partial" not in source and "iterdir" not in source, path
@@ -144,7 +145,7 @@ def _stderr_of(module, argv, capsys) -> str:
 
 @pytest.mark.parametrize("name", ["cute_moe.crossover", "cute_moe.bench_align", "triton_moe.promotion",
                                   "triton_moe.bench_align", "triton_moe.bench_tma", "triton_moe.bench_splitk", "triton_moe.bench_static",
-                                  "cute_moe.bench_pingpong"])
+                                  "cute_moe.bench_pingpong", "triton_moe.bench_gemm2"])
 def test_every_command_refuses_a_used_out_in_one_line_before_any_work(name, tmp_path, capsys):
     import importlib
 

@@ -32,7 +32,6 @@ copied over ``triton_moe/configs/``), and the JSON snippet printed.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -250,25 +249,14 @@ def write_tables(results: dict, out: Path) -> dict:
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     prog = "python -m triton_moe.bench_gemm2"
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True, help="a new or empty directory for gemm2.{md,json}")
-    p.add_argument("--deadline-s", type=float, default=120.0, help="no cell or candidate starts after this many seconds")
+    p = studyout.gpu_study_parser(prog, __doc__, FILES, 120.0, "no cell or candidate starts after this many seconds")
     p.add_argument("--margin", type=float, default=0.03,
                    help="a winner must be this fraction faster than the shared tile to be checked and written")
     p.add_argument("--tables", action="store_true", help="also write the tables with the winners under --out/tables")
     p.add_argument("--shapes", nargs="+", default=None, help="only these shapes' cells (e.g. deepseek-v3:tp8)")
     p.add_argument("--dtypes", nargs="+", default=None, choices=["bf16", "fp8_tensor", "fp8_channel", "fp8_block"],
                    help="only these formats' cells")
-    p.add_argument("--commit", default=None, help="git commit to record (when the checkout has no .git)")
-    a = p.parse_args(argv)
-    out = studyout.out_or_exit(prog, a.out, FILES)
-    if a.deadline_s <= 0:
-        print(f"{prog}: error: --deadline-s: must be positive, got {a.deadline_s}", file=sys.stderr)
-        raise SystemExit(2)
-
-    from moe_spec.runinfo import command_line, require_cuda, run_info
-
-    require_cuda(prog)
+    a, out, run = studyout.start_gpu_study(prog, p, argv, FILES)
     import torch
 
     from moe_spec.quant import get_format
@@ -276,7 +264,7 @@ def main(argv=None):
 
     start = time.time()
     deadline = start + a.deadline_s
-    results = {**run_info(command_line(prog, argv), cuda=True, commit=a.commit), "rows": [], "cells": [], "cut": []}
+    results = {**run, "rows": [], "cells": [], "cut": []}
     _write(out, results)
     for spec, quant, T in CELLS:
         if (a.shapes and spec not in a.shapes) or (a.dtypes and get_format(quant).label not in a.dtypes):

@@ -24,7 +24,6 @@ starts after it) cuts the tail, never the whole run.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -74,19 +73,8 @@ def _write(out: Path, results: dict) -> None:
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     prog = "python -m triton_moe.bench_splitk"
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True, help="a new or empty directory for splitk.{md,json}")
-    p.add_argument("--deadline-s", type=float, default=150.0, help="no cell starts after this many seconds")
-    p.add_argument("--commit", default=None, help="git commit to record (when the checkout has no .git)")
-    a = p.parse_args(argv)
-    out = studyout.out_or_exit(prog, a.out, FILES)
-    if a.deadline_s <= 0:
-        print(f"{prog}: error: --deadline-s: must be positive, got {a.deadline_s}", file=sys.stderr)
-        raise SystemExit(2)
-
-    from moe_spec.runinfo import command_line, require_cuda, run_info
-
-    require_cuda(prog)
+    parser = studyout.gpu_study_parser(prog, __doc__, FILES, 150.0)
+    a, out, run = studyout.start_gpu_study(prog, parser, argv, FILES)
     import torch
 
     from moe_spec.problem import get_shape
@@ -94,7 +82,7 @@ def main(argv=None):
     from triton_moe.workload import Problem, drop_weights
 
     start = time.time()
-    results = {**run_info(command_line(prog, argv), cuda=True, commit=a.commit), "rows": [], "cut": []}
+    results = {**run, "rows": [], "cut": []}
     _write(out, results)
     for spec, quant, T, splits in CELLS:
         label = get_format(quant).label
