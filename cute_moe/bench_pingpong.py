@@ -1,4 +1,5 @@
-"""Ping-pong against cooperative: ``python -m cute_moe.bench_pingpong --out DIR`` (GPU, well under 90 s).
+"""Ping-pong and cluster multicast against cooperative: ``python -m cute_moe.bench_pingpong --out DIR``
+(GPU, well under 90 s).
 
 For each catalog shape (Mixtral-8x7B, Qwen3-30B-A3B, DeepSeek-V3 TP8) at T = 4096 tokens — the
 prefill the bf16 layer plans with the normal path's 128-token tiles — each GEMM of the bf16 layer
@@ -9,12 +10,15 @@ is run as the layer runs it:
 * GEMM2: ``[M_pad, I]`` (GEMM1's output) by ``W2 [E, K, I]`` → ``[M_pad, K]``, the routing weight
   of every row applied in the epilogue;
 
-with three configurations: ``cooperative`` — the plan's (:func:`cute_moe.plan.plan`: 128 tokens per
-tile over two consumer warpgroups), ``pingpong`` — its ping-pong twin
+with these configurations: ``cooperative`` — the plan's cooperative tile (:func:`cute_moe.config.choose_config`
+as the plan calls it: 128 tokens per tile over two consumer warpgroups; the plan then runs DeepSeek-V3
+TP8's short GEMM2 ping-pong, :func:`cute_moe.schedule.short_k_gemm2`), ``pingpong`` — its ping-pong twin
 (:func:`cute_moe.schedule.pingpong_config`: each warpgroup a whole 64-token tile of its own, the same
 WGMMA sequence per output element, so its output must be the cooperative one bit for bit), and
 with ``--alt`` also ``pingpong-128`` — a ping-pong tile of 128 tokens per warpgroup (GEMM1
-128×64 gated, GEMM2 128×128; two WGMMAs along M per K slice).  The routing is the softmax top-k of
+128×64 gated, GEMM2 128×128; two WGMMAs along M per K slice), and with ``--cluster`` also
+``cluster-2`` — the cooperative tile on clusters of two CTAs that multicast a shared weight tile
+(:mod:`cute_moe.cluster`; the same output bit for bit).  The routing is the softmax top-k of
 random logits (``moe_spec.problem.make_inputs``), sorted once for every token tile
 (``cute_moe.moe.sort_rows``).
 
@@ -58,9 +62,11 @@ def _fitted(cfg: GemmConfig) -> GemmConfig:
     return cfg.replace(stages=max_stages(cfg.replace(stages=2)))
 
 
-def variants(gemm: GemmConfig, alt: bool) -> dict[str, GemmConfig]:
+def variants(gemm: GemmConfig, alt: bool, cluster: bool = False) -> dict[str, GemmConfig]:
     """{name: config} timed for one of the layer's GEMMs (``gemm``: the plan's, cooperative)."""
     out = {"cooperative": gemm, "pingpong": pingpong_config(gemm)}
+    if cluster:
+        out["cluster-2"] = gemm.replace(cluster=2)
     if alt:  # 128 tokens per warpgroup: 128 registers of accumulators (gated: 64 features, gate and up)
         wide = dict(tokens_tile=128, weights_tile=64 if gemm.gated else 128, schedule="pingpong", stages=2)
         out["pingpong-128"] = _fitted(gemm.replace(**wide))
@@ -71,7 +77,10 @@ def tile_text(cfg: GemmConfig) -> str:
     return f"T{cfg.tokens_tile}xW{cfg.weights_tile} s{cfg.stages}"
 
 
-def bench_shape(spec: str, alt: bool) -> list[dict]:
+def bench_shape(spec: str, alt: bool, cluster: bool = False) -> list[dict]:
+    from moe_spec.plan import tokens_per_expert
+
+    from .config import choose_config
     from .moe import grouped_gemm, sort_rows
     from .plan import plan
 
@@ -80,7 +89,8 @@ def bench_shape(spec: str, alt: bool) -> list[dict]:
     w1, w2 = draw_weights(shape, 1, device="cuda")
     inp = make_inputs(shape, TOKENS, seed=7, device="cuda", weights_bf16=(w1, w2))
     p = plan(MoEDims(T=TOKENS, E=E, K=K, I=I, top_k=top_k))
-    gemms = {"gemm1": variants(p.gemm1, alt), "gemm2": variants(p.gemm2, alt)}
+    gemm2 = choose_config(tokens_per_expert(TOKENS, E, top_k), K, I, row_scale=True, layer=(K, I))  # cooperative
+    gemms = {"gemm1": variants(p.gemm1, alt, cluster), "gemm2": variants(gemm2, alt, cluster)}
     tiles = sorted({c.tokens_tile for v in gemms.values() for c in v.values()})
     rows = sort_rows(inp.topk_ids, inp.topk_weights, E, math.lcm(*tiles), tuple(tiles))
     used = int(rows.alignment.num_padded)
@@ -125,7 +135,7 @@ def bench_shape(spec: str, alt: bool) -> list[dict]:
 
 
 def markdown(result: dict) -> str:
-    lines = ["# Ping-pong against cooperative: the bf16 layer's GEMMs at T = 4096", "",
+    lines = ["# Ping-pong and cluster multicast against cooperative: the bf16 layer's GEMMs at T = 4096", "",
              *studyout.header_lines(result), "",
              "CUDA-graph replay, median µs per GEMM call (p10–p90 in the JSON); TFLOP/s over the routed rows "
              "(2·T·top_k·N·K, N = 2I for GEMM1); speedup = cooperative µs / variant µs; `equal`: torch.equal "
@@ -145,6 +155,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=False, help="a new or empty directory for bench_pingpong.md and .json")
     ap.add_argument("--shapes", default=",".join(SHAPES), help="comma list of catalog shapes [%(default)s]")
     ap.add_argument("--alt", action="store_true", help="also a ping-pong tile of 128 tokens per warpgroup")
+    ap.add_argument("--cluster", action="store_true", help="also the cooperative tile on clusters of two (multicast)")
     ap.add_argument("--commit", default=None, help="commit to record [git rev-parse of this checkout]")
     args = ap.parse_args(argv)
     out = studyout.out_or_exit(PROG, args.out, FILES)
@@ -160,11 +171,11 @@ def main(argv=None) -> int:
     result = {**runinfo.run_info(command, cuda=True, commit=args.commit), "T": TOKENS, "cells": []}
     start = time.perf_counter()
     for spec in shapes:
-        result["cells"] += bench_shape(spec, args.alt)
+        result["cells"] += bench_shape(spec, args.alt, args.cluster)
         result["wall_s"] = round(time.perf_counter() - start, 1)
         studyout.write_files(out, {FILES[0]: markdown(result), FILES[1]: json.dumps(result, indent=1) + "\n"})
     print(markdown(result))
-    return 0 if all(r["equal"] for r in result["cells"] if r["variant"] == "pingpong") else 1
+    return 0 if all(r["equal"] for r in result["cells"] if r["variant"] in ("pingpong", "cluster-2")) else 1
 
 
 if __name__ == "__main__":

@@ -61,8 +61,8 @@ from moe_spec.hopper import (SMEM_PER_CTA_BYTES, TMA_ALIGN_BYTES, WARPGROUP_THRE
 from moe_spec.quant import QUANT_FORMATS
 
 from .limits import (FP8_ACCUMULATOR_REGISTERS, FP8_TILE_K, MAX_CONSUMER_WARPGROUPS, MAX_TILE_M,  # noqa: F401
-                     PINGPONG_ACCUMULATOR_REGISTERS, SCHEDULES, TWO_ACCUMULATOR_REGISTERS, check_fp8,  # (re-exported)
-                     check_gated, check_pingpong, tokens_tiles, weights_tiles)
+                     PINGPONG_ACCUMULATOR_REGISTERS, SCHEDULES, TWO_ACCUMULATOR_REGISTERS, check_cluster,
+                     check_fp8, check_gated, check_pingpong, tokens_tiles, weights_tiles)  # (re-exported)
 
 SMEM_BUDGET_BYTES = SMEM_PER_CTA_BYTES
 """The shared memory one CTA may use: Hopper's opt-in limit (:mod:`moe_spec.hopper`)."""
@@ -101,13 +101,10 @@ expert most of every normal tile multiplies padding, while swap-AB's token tile 
 8 (N of WGMMA) and every weight byte still feeds a full 64-row M.
 
 What was measured (GEMM1 alone of Mixtral-8x7B and DeepSeek-V3 TP8, every expert the same token
-count, H200, 2026-11-30, commit 6423a93, ``python -m cute_moe.bench``;
-notes/results/cute_bench_2026-11-30.md): swap-AB with the
-rule's 128-weight tiles against the normal 64×256 tile ran 1.04–1.19× faster at 1–32 tokens per
-expert and 0.98–1.03× at 64.  At 128 and 256 tokens per expert the swap-AB tile was 128 weights ×
-64 tokens (:func:`choose_config` caps the swap-AB token tile at 64) against the normal 128 × 256,
-and ran at 0.62–0.76×.  Swap-AB tiles with 128 or 256 tokens were not measured, so those numbers
-compare two tile sizes, not the two paths at their best."""
+count, H200, 2026-11-30, commit 6423a93, ``python -m cute_moe.bench``; notes/results/cute_bench_2026-11-30.md):
+swap-AB's 128-weight tiles ran 1.04–1.19× as fast as the normal 64×256 tile at 1–32 tokens per
+expert, 0.98–1.03× at 64, and 0.62–0.76× at 128 and 256 (there a 128 × 64 swap-AB tile against the
+normal 128 × 256: two tile sizes compared, not the two paths at their best)."""
 
 SWAP_AB_MAX_BY_LAYER: dict[tuple[int, int], float] = {}
 """Per layer (hidden K, intermediate I): its own limit in place of the 64 above, the largest mean tokens
@@ -166,6 +163,8 @@ class GemmConfig:
             WGMMAs per K slice, all accumulators in its registers — and its own ``epi_stages``
             staging buffers; one issues its main loop while the other runs its epilogue.  The twin
             of a cooperative 128-row tile is the 64-row one (``schedule.pingpong_config``).
+        cluster: CTAs per cluster, 1 or 2: two take consecutive token blocks of a weight block and, when
+            both are one expert's, load half its weight tile each for both (:mod:`cute_moe.cluster`).
     """
 
     swap_ab: bool = False
@@ -185,6 +184,7 @@ class GemmConfig:
     gated: bool = False
     gather_rows: bool = False
     schedule: str = "cooperative"
+    cluster: int = 1
 
     def __post_init__(self):
         self._check()
@@ -311,7 +311,7 @@ class GemmConfig:
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}: expected a bool, got {getattr(self, name)!r}")
         for name in ("tokens_tile", "weights_tile", "tile_k", "stages", "consumer_warpgroups", "epi_stages",
-                     "group_tokens"):
+                     "group_tokens", "cluster"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool):
                 raise TypeError(f"{name}: expected an int, got {v!r} ({type(v).__name__})")
@@ -368,6 +368,7 @@ class GemmConfig:
         check_pingpong(self)
         check_fp8(self)
         check_gated(self)
+        check_cluster(self)
         vecs = self.tile_k * self.element_bytes // TMA_ALIGN_BYTES  # 16-byte vectors per token row of a stage
         if self.gather_rows and (self.quant is not None or GATHER_THREADS % vecs
                                  or self.tokens_tile % min(self.tokens_tile, GATHER_THREADS // vecs)):

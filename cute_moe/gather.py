@@ -40,7 +40,6 @@ import cutlass.pipeline as pipeline  # noqa: E402
 from cutlass.cute.nvgpu import cpasync  # noqa: E402
 
 from .config import GATHER_THREADS, GemmConfig  # noqa: E402
-from .raster import tile_coordinates  # noqa: E402
 
 VEC_BYTES = 16  # one cp.async moves 16 bytes: 8 bf16
 
@@ -57,12 +56,13 @@ class GatherProducer:
     ``gather_rows`` config, and the consumers' full-barrier wait."""
 
     @cute.kernel
-    def kernel_gather(self, mX: cute.Tensor, tma_w: cute.CopyAtom, mW: cute.Tensor, tma_c: cute.CopyAtom,
+    def kernel_gather(self, mX: cute.Tensor, tma_w: cute.CopyAtom, mW: cute.Tensor, tma_wm: cute.CopyAtom,
+                      mWm: cute.Tensor, tma_c: cute.CopyAtom,
                       mC: cute.Tensor, block_expert: cute.Tensor, num_blocks: cute.Tensor, row_scale: cute.Tensor,
                       token_of_row: cute.Tensor, tiled_mma: cute.TiledMma, a_smem_staged: cute.ComposedLayout,
                       b_smem_staged: cute.ComposedLayout, epi_smem_staged: cute.ComposedLayout):
         """The gathering bf16 entry point: x [T, K] read by ``token_of_row`` (no TMA descriptor for it)."""
-        self._body(None, mX, tma_w, mW, tma_c, mC, block_expert, num_blocks, row_scale, None, None,
+        self._body(None, mX, tma_w, mW, tma_wm, mWm, tma_c, mC, block_expert, num_blocks, row_scale, None, None,
                    tiled_mma, a_smem_staged, b_smem_staged, epi_smem_staged, token_of_row)
 
     @cute.jit
@@ -76,7 +76,7 @@ class GatherProducer:
     @cute.jit
     def _produce_gathered(self, ring, mX: cute.Tensor, sX: cute.Tensor, token_of_row: cute.Tensor,
                           block_expert: cute.Tensor, tma_w: cute.CopyAtom, tWgW: cute.Tensor, tWsW: cute.Tensor,
-                          tUsU, n_token_blocks, n_weight_blocks, num_tiles, k_tiles):
+                          tUsU, multicast, n_token_blocks, n_weight_blocks, num_tiles, k_tiles):
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()  # producer warpgroup: 0 … 127
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -94,24 +94,19 @@ class GatherProducer:
         tokens = cute.make_rmem_tensor((passes,), cutlass.Int32)
 
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.stages)
-        tile = cute.arch.block_idx()[0]
+        tile, tile_step = self._walk()  # per cluster (cluster.py)
         while tile < num_tiles:
-            token_block, weight_block = tile_coordinates(tile, n_token_blocks, n_weight_blocks, cfg.group_tokens)
+            token_block, weight_block, _, shared = self._tile_blocks(tile, n_token_blocks, n_weight_blocks,
+                                                                     block_expert)
             expert = block_expert[token_block]
             for p in cutlass.range_constexpr(passes):  # the token of each row this thread copies
                 tokens[p] = cutlass.Int32(token_of_row[token_block * cfg.tokens_tile + p * rows + my_row])
-            if cutlass.const_expr(cfg.gated):
-                tWgW_tile = tWgW[(None, weight_block, None, 0, expert)]
-                tUgU_tile = tWgW[(None, weight_block, None, 1, expert)]
-            else:
-                tWgW_tile = tWgW[(None, weight_block, None, expert)]
             for k in range(k_tiles):
                 if warp_idx == 0:  # one elected lane: wait for the slot, arrive with the weight bytes
                     ring.producer_acquire(state)
                     full = ring.producer_get_barrier(state)
-                    cute.copy(tma_w, tWgW_tile[(None, k)], tWsW[(None, state.index)], tma_bar_ptr=full)
-                    if cutlass.const_expr(cfg.gated):
-                        cute.copy(tma_w, tUgU_tile[(None, k)], tUsU[(None, state.index)], tma_bar_ptr=full)
+                    self._load_weights(shared, k, state.index, full, tma_w, tWgW, tWsW, tUsU, multicast,
+                                       weight_block, expert)
                 else:  # the other warps only wait until the consumers have freed the slot
                     ring.sync_object_empty.wait(state.index, state.phase)
                 if copies:
@@ -121,7 +116,7 @@ class GatherProducer:
                 # fires once this thread's copies above have landed (noinc: counted in the 1 + 128)
                 cute.arch.cp_async_mbarrier_arrive_noinc(ring.producer_get_barrier(state))
                 state.advance()
-            tile += cute.arch.grid_dim()[0]
+            tile += tile_step
         # no thread leaves with copies in flight (their arrivals are still owed to the full barriers)
         cute.arch.cp_async_commit_group()
         cute.arch.cp_async_wait_group(0)

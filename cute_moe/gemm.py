@@ -44,10 +44,7 @@ Anatomy of a CTA (``128 · (1 + consumer_warpgroups)`` threads)
   (the ``.trans`` form for swap-AB's M-major C) into a swizzled staging buffer, a proxy fence and
   a named barrier; then consumer thread 0 alone issues the TMA store, commits it as a bulk
   async-group and waits until at most ``epi_stages − 1`` of its groups still read shared memory,
-  so a small ring of staging buffers lets stores overlap the next sub-tile.  (A TMA instruction is
-  per thread: every thread that executes it starts its own copy, and the bulk async-groups it
-  commits and waits on are that thread's own; ``tests/test_cute_store.py`` checks in the PTX that
-  exactly one thread stores, commits and waits.)
+  so a small ring of staging buffers lets stores overlap the next sub-tile (why one thread: below).
 
 FP8 (``cfg.quant``): the same kernel with E4M3 operands (``wgmma … m64nNk32.f32.e4m3.e4m3``) and
 two more arguments, the activation and weight scales.  Each K step (128 deep) accumulates into
@@ -64,7 +61,9 @@ epilogue computes ``silu(gate)·up`` in fp32 (``rowops.silu_mul``) before the on
 Gathering (``cfg.gather_rows``, the bf16 layer's GEMM1): the token rows come by cp.async from the
 unsorted x, issued by the whole producer warpgroup (:mod:`cute_moe.gather`).  The compile-time
 layouts live in :mod:`cute_moe.kernel_plan`.  Ping-pong (``cfg.schedule``): two consumer warpgroups
-with whole tiles of their own take turns on the tensor cores (:mod:`cute_moe.schedule`).
+with whole tiles of their own take turns on the tensor cores (:mod:`cute_moe.schedule`).  Clusters
+(``cfg.cluster = 2``): two CTAs on neighbouring token blocks of one expert load half the weight tile
+each, multicast into both (:mod:`cute_moe.cluster`).
 
 Persistent scheduling: ``gridDim.x`` = number of SMs; CTA ``c`` processes tiles ``c, c + grid,
 c + 2·grid, …`` while ``tile < num_blocks · n_weight_blocks`` (``num_blocks`` is device data).
@@ -87,10 +86,10 @@ from cutlass.cute.nvgpu import cpasync, warp, warpgroup  # noqa: E402
 from cutlass.memory import SmemAllocator  # noqa: E402
 from cutlass.tensor_utils import LayoutEnum  # noqa: E402
 
+from .cluster import ClusterTiles, cluster_layout_vmnk  # noqa: E402  (weight multicast: cluster.py)
 from .fp8_gemm import TileScales  # noqa: E402
 from .config import GATHER_THREADS, GemmConfig  # noqa: E402
 from .gather import GatherProducer  # noqa: E402
-from .raster import tile_coordinates  # noqa: E402  (the persistent tile order)
 from .kernel_plan import DSL_DTYPES, KernelPlan  # noqa: E402  (the compile-time layouts: kernel_plan.py)
 from .rowops import silu_mul  # noqa: E402
 from .schedule import ConsumerSchedule  # noqa: E402  (cooperative / ping-pong consumers: schedule.py)
@@ -99,7 +98,7 @@ PRODUCER_REGISTERS = 40
 CONSUMER_REGISTERS = 232
 
 
-class GroupedGemm(GatherProducer, ConsumerSchedule):
+class GroupedGemm(GatherProducer, ConsumerSchedule, ClusterTiles):
     """Host side (``__call__``, jit) and device side (``kernel``) of one compiled configuration.
 
     Arguments of the compiled function (all device tensors; shapes are dynamic):
@@ -140,67 +139,54 @@ class GroupedGemm(GatherProducer, ConsumerSchedule):
             g2s, w, plan.w_smem_one, (cfg.weights_tile, cfg.tile_k))
         tma_c, tma_c_tensor = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileS2GOp(), c, plan.epi_smem_one, cfg.epi_tile)
+        tma_wm, tma_wm_tensor = self._weight_atoms(w, plan)  # cluster multicast (cluster.py)
+        if cutlass.const_expr(tma_wm is None):
+            tma_wm, tma_wm_tensor = tma_w, tma_w_tensor
 
-        @cute.struct
-        class SharedStorage:
-            ring_barriers: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
-            sA: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(plan.a_smem_staged)], 1024]
-            sB: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(plan.b_smem_staged)], 1024]
-            sC: cute.struct.Align[cute.struct.MemRange[self.out_dtype, cute.cosize(plan.epi_smem_staged)], 1024]
-
-        @cute.struct
-        class GatedSharedStorage:
-            ring_barriers: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
-            sA: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(plan.a_smem_staged)], 1024]
-            sB: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(plan.b_smem_staged)], 1024]
-            sC: cute.struct.Align[cute.struct.MemRange[self.out_dtype, cute.cosize(plan.epi_smem_staged)], 1024]
-            # the up tiles: a second weight ring of the same layout, filled on the same full barriers
-            sU: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(plan.w_smem_staged)], 1024]
-
-        self.shared_storage = GatedSharedStorage if cfg.gated else SharedStorage
+        self.shared_storage = plan.shared_storage()  # barriers, the rings, the epilogue's buffers
         self.stage_bytes = plan.stage_bytes  # the ring's tx_count (read while the kernel is traced)
-        launch = dict(grid=[self.num_ctas, 1, 1], block=[cfg.threads, 1, 1], cluster=[1, 1, 1],
-                      min_blocks_per_mp=1, stream=stream)
+        launch = dict(grid=[self.num_ctas - self.num_ctas % cfg.cluster, 1, 1], block=[cfg.threads, 1, 1],
+                      cluster=[cfg.cluster, 1, 1], min_blocks_per_mp=1, stream=stream)
         if cutlass.const_expr(cfg.gather_rows):  # no TMA over x: the producer gathers its rows (gather.py)
             self.kernel_gather(
-                x, tma_w, tma_w_tensor, tma_c, tma_c_tensor, block_expert, num_blocks, row_scale, token_of_row,
+                x, tma_w, tma_w_tensor, tma_wm, tma_wm_tensor, tma_c, tma_c_tensor, block_expert, num_blocks, row_scale, token_of_row,
                 plan.tiled_mma, plan.a_smem_staged, plan.b_smem_staged, plan.epi_smem_staged,
             ).launch(**launch)
         elif cutlass.const_expr(cfg.quant is None):
             self.kernel(
-                tma_x, tma_x_tensor, tma_w, tma_w_tensor, tma_c, tma_c_tensor,
+                tma_x, tma_x_tensor, tma_w, tma_w_tensor, tma_wm, tma_wm_tensor, tma_c, tma_c_tensor,
                 block_expert, num_blocks, row_scale, plan.tiled_mma,
                 plan.a_smem_staged, plan.b_smem_staged, plan.epi_smem_staged,
             ).launch(**launch)
         else:
             self.kernel_fp8(
-                tma_x, tma_x_tensor, tma_w, tma_w_tensor, tma_c, tma_c_tensor,
+                tma_x, tma_x_tensor, tma_w, tma_w_tensor, tma_wm, tma_wm_tensor, tma_c, tma_c_tensor,
                 block_expert, num_blocks, row_scale, x_scale, w_scale, plan.tiled_mma,
                 plan.a_smem_staged, plan.b_smem_staged, plan.epi_smem_staged,
             ).launch(**launch)
 
     @cute.kernel
     def kernel(self, tma_x: cute.CopyAtom, mX: cute.Tensor, tma_w: cute.CopyAtom, mW: cute.Tensor,
-               tma_c: cute.CopyAtom, mC: cute.Tensor, block_expert: cute.Tensor, num_blocks: cute.Tensor,
+               tma_wm: cute.CopyAtom, mWm: cute.Tensor, tma_c: cute.CopyAtom, mC: cute.Tensor, block_expert: cute.Tensor, num_blocks: cute.Tensor,
                row_scale: cute.Tensor, tiled_mma: cute.TiledMma, a_smem_staged: cute.ComposedLayout,
                b_smem_staged: cute.ComposedLayout, epi_smem_staged: cute.ComposedLayout):
         """The bf16 entry point."""
-        self._body(tma_x, mX, tma_w, mW, tma_c, mC, block_expert, num_blocks, row_scale, None, None,
+        self._body(tma_x, mX, tma_w, mW, tma_wm, mWm, tma_c, mC, block_expert, num_blocks, row_scale, None, None,
                    tiled_mma, a_smem_staged, b_smem_staged, epi_smem_staged)
 
     @cute.kernel
     def kernel_fp8(self, tma_x: cute.CopyAtom, mX: cute.Tensor, tma_w: cute.CopyAtom, mW: cute.Tensor,
-                   tma_c: cute.CopyAtom, mC: cute.Tensor, block_expert: cute.Tensor, num_blocks: cute.Tensor,
+                   tma_wm: cute.CopyAtom, mWm: cute.Tensor, tma_c: cute.CopyAtom, mC: cute.Tensor, block_expert: cute.Tensor, num_blocks: cute.Tensor,
                    row_scale: cute.Tensor, x_scale: cute.Tensor, w_scale: cute.Tensor, tiled_mma: cute.TiledMma,
                    a_smem_staged: cute.ComposedLayout, b_smem_staged: cute.ComposedLayout,
                    epi_smem_staged: cute.ComposedLayout):
         """The FP8 entry point: the bf16 arguments plus the activation and weight scales."""
-        self._body(tma_x, mX, tma_w, mW, tma_c, mC, block_expert, num_blocks, row_scale, x_scale, w_scale,
-                   tiled_mma, a_smem_staged, b_smem_staged, epi_smem_staged)
+        self._body(tma_x, mX, tma_w, mW, tma_wm, mWm, tma_c, mC, block_expert, num_blocks, row_scale, x_scale,
+                   w_scale, tiled_mma, a_smem_staged, b_smem_staged, epi_smem_staged)
 
     @cute.jit
     def _body(self, tma_x: cute.CopyAtom, mX: cute.Tensor, tma_w: cute.CopyAtom, mW: cute.Tensor,
-              tma_c: cute.CopyAtom, mC: cute.Tensor, block_expert: cute.Tensor, num_blocks: cute.Tensor,
+              tma_wm: cute.CopyAtom, mWm: cute.Tensor, tma_c: cute.CopyAtom, mC: cute.Tensor, block_expert: cute.Tensor, num_blocks: cute.Tensor,
               row_scale: cute.Tensor, x_scale, w_scale, tiled_mma: cute.TiledMma,
               a_smem_staged: cute.ComposedLayout, b_smem_staged: cute.ComposedLayout,
               epi_smem_staged: cute.ComposedLayout, token_of_row=None):
@@ -214,6 +200,8 @@ class GroupedGemm(GatherProducer, ConsumerSchedule):
             if cutlass.const_expr(not cfg.gather_rows):
                 cpasync.prefetch_descriptor(tma_x)
             cpasync.prefetch_descriptor(tma_w)
+            if cutlass.const_expr(cfg.cluster > 1):
+                cpasync.prefetch_descriptor(tma_wm)
             cpasync.prefetch_descriptor(tma_c)
 
         # ---- shared memory and the mbarrier ring ------------------------------------------
@@ -224,13 +212,15 @@ class GroupedGemm(GatherProducer, ConsumerSchedule):
             # the TMA lane's arrive (+ gather_rows: one cp.async arrive per producer thread, gather.py)
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
                                                      1 + (GATHER_THREADS if cfg.gather_rows else 0)),
-            # every consumer warp of a tile arrives once on a slot's empty barrier (ping-pong: 4, one warpgroup's)
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * cfg.tile_warpgroups),
+            # every consumer warp of a tile arrives once on a slot's empty barrier (ping-pong: 4, one warpgroup's),
+            # in a cluster on both CTAs' (cluster.py)
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * cfg.tile_warpgroups * cfg.cluster),
             tx_count=self.stage_bytes,  # KernelPlan.stage_bytes: both TMA loads of one stage
-            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+            cta_layout_vmnk=cluster_layout_vmnk(cfg.cluster),
             defer_sync=True,
         )
-        pipeline.pipeline_init_arrive()
+        cluster_mn = cute.make_layout((cfg.cluster, 1))
+        pipeline.pipeline_init_arrive(cluster_mn, is_relaxed=True)
         sA = storage.sA.get_tensor(a_smem_staged.outer, swizzle=a_smem_staged.inner)
         sB = storage.sB.get_tensor(b_smem_staged.outer, swizzle=b_smem_staged.inner)
         sC = storage.sC.get_tensor(epi_smem_staged.outer, swizzle=epi_smem_staged.inner)
@@ -254,45 +244,44 @@ class GroupedGemm(GatherProducer, ConsumerSchedule):
                                            cute.group_modes(sW, 0, 2), cute.group_modes(gW, 0, 2))
         tUsU = None
         if cutlass.const_expr(cfg.gated):  # the up ring, same descriptor and boxes
-            tUsU, _ = cpasync.tma_partition(tma_w, 0, cute.make_layout(1),
-                                            cute.group_modes(sU, 0, 2), cute.group_modes(gW, 0, 2))
+            tUsU, _ = cpasync.tma_partition(tma_w, 0, cute.make_layout(1), cute.group_modes(sU, 0, 2),
+                                            cute.group_modes(gW, 0, 2))
+        multicast = None  # (atom, W boxes, weight and up slots) of this CTA's half of a shared weight tile
+        if cutlass.const_expr(cfg.cluster > 1):
+            tWsWm, tWgWm, tUsUm = self._weight_halves(tma_wm, mWm, sW, sU if cfg.gated else None)
+            multicast = (tma_wm, tWgWm, tWsWm, tUsUm)
 
-        pipeline.pipeline_init_wait()
+        pipeline.pipeline_init_wait(cluster_mn)
 
         # The tile sequence, identical in producer and consumers.  Group-rasterized ids:
         # id → (group of `group_tokens` token blocks, weight block, token block in the group).
         n_token_blocks = num_blocks[0]
-        num_tiles = n_token_blocks * n_weight_blocks
+        num_tiles = self._num_tiles(n_token_blocks, n_weight_blocks)  # (pairs of token blocks in a cluster)
 
         # ================================ producer ==========================================
         if warpgroup_idx == 0:
             cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
             if cutlass.const_expr(cfg.gather_rows):  # all four warps: cp.async rows + the weight TMA
-                self._produce_gathered(ring, mX, sX, token_of_row, block_expert, tma_w, tWgW, tWsW, tUsU,
+                self._produce_gathered(ring, mX, sX, token_of_row, block_expert, tma_w, tWgW, tWsW, tUsU, multicast,
                                        n_token_blocks, n_weight_blocks, num_tiles, k_tiles)
             elif warp_idx == 0:
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.stages)
-                tile = cute.arch.block_idx()[0]
+                tile, tile_step = self._walk()
                 while tile < num_tiles:
-                    token_block, weight_block = tile_coordinates(tile, n_token_blocks, n_weight_blocks,
-                                                                 cfg.group_tokens)
+                    token_block, weight_block, _, shared = self._tile_blocks(tile, n_token_blocks, n_weight_blocks,
+                                                                             block_expert)
                     expert = block_expert[token_block]
                     tXgX_tile = tXgX[(None, token_block, None)]
-                    if cutlass.const_expr(cfg.gated):
-                        tWgW_tile = tWgW[(None, weight_block, None, 0, expert)]  # gate rows n …
-                        tUgU_tile = tWgW[(None, weight_block, None, 1, expert)]  # up rows I + n …
-                    else:
-                        tWgW_tile = tWgW[(None, weight_block, None, expert)]
                     for k in range(k_tiles):
                         ring.producer_acquire(state)
                         full = ring.producer_get_barrier(state)
                         cute.copy(tma_x, tXgX_tile[(None, k)], tXsX[(None, state.index)], tma_bar_ptr=full)
-                        cute.copy(tma_w, tWgW_tile[(None, k)], tWsW[(None, state.index)], tma_bar_ptr=full)
-                        if cutlass.const_expr(cfg.gated):
-                            cute.copy(tma_w, tUgU_tile[(None, k)], tUsU[(None, state.index)], tma_bar_ptr=full)
+                        # the weight box (gated: gate rows n …, up rows I + n …), multicast when shared
+                        self._load_weights(shared, k, state.index, full, tma_w, tWgW, tWsW, tUsU, multicast,
+                                           weight_block, expert)
                         ring.producer_commit(state)
                         state.advance()
-                    tile += cute.arch.grid_dim()[0]
+                    tile += tile_step
                 ring.producer_tail(state)
 
         # ================================ consumers =========================================
@@ -346,8 +335,9 @@ class GroupedGemm(GatherProducer, ConsumerSchedule):
             tiles_done = cutlass.Int32(0)
             tile, tile_step = self._first_tile(wg, read, release, k_tiles)
             while tile < num_tiles:
-                token_block, weight_block = tile_coordinates(tile, n_token_blocks, n_weight_blocks,
-                                                             cfg.group_tokens)
+                # stores: False only for a cluster's rank 1 past an odd last token block (cluster.py)
+                token_block, weight_block, stores, _ = self._tile_blocks(tile, n_token_blocks, n_weight_blocks,
+                                                                         block_expert)
 
                 # ---- main loop: K steps through the ring --------------------------------
                 acc.fill(0.0)
@@ -437,7 +427,8 @@ class GroupedGemm(GatherProducer, ConsumerSchedule):
                     cute.arch.fence_proxy("async.shared", space="cta")
                     epi_barrier.arrive_and_wait()
                     if is_store_thread:
-                        cute.copy(tma_c, bSG_sC[(None, buf)], bSG_gC[(None, epi_order.get_hier_coord(e))])
+                        if stores:
+                            cute.copy(tma_c, bSG_sC[(None, buf)], bSG_gC[(None, epi_order.get_hier_coord(e))])
                         store_ring.producer_commit()  # close this sub-tile's bulk group
                         store_ring.producer_acquire()  # ≤ epi_stages−1 groups still reading smem
                     # nobody rewrites a staging buffer before the store thread has seen it read out

@@ -5,7 +5,6 @@ shared-memory layouts of the rings and of the epilogue, and the bytes of one rin
 the kernel from it; ``layouts.describe`` reads the same objects back as plain data).
 """
 
-from __future__ import annotations
 
 import os
 
@@ -64,3 +63,26 @@ class KernelPlan:
         # boxes only — the token rows arrive by cp.async, counted as thread arrivals instead).
         self.stage_bytes = ((0 if cfg.gather_rows else cute.size_in_bytes(dtype, self.x_smem_one))
                             + cute.size_in_bytes(dtype, self.w_smem_one) * (2 if cfg.gated else 1))
+
+    def shared_storage(self):
+        """The kernel's shared memory as a struct: the ring's full and empty mbarriers, the A and B
+        rings, the epilogue's staging buffers and — gated — the up ring beside the weight ring (the
+        same layout, filled on the same full barriers); each buffer 1024-B aligned (128-B swizzle)."""
+        cfg, dtype, out_dtype = self.cfg, self.dtype, self.out_dtype
+
+        @cute.struct
+        class SharedStorage:
+            ring_barriers: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
+            sA: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(self.a_smem_staged)], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(self.b_smem_staged)], 1024]
+            sC: cute.struct.Align[cute.struct.MemRange[out_dtype, cute.cosize(self.epi_smem_staged)], 1024]
+
+        @cute.struct
+        class GatedSharedStorage:
+            ring_barriers: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
+            sA: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(self.a_smem_staged)], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(self.b_smem_staged)], 1024]
+            sC: cute.struct.Align[cute.struct.MemRange[out_dtype, cute.cosize(self.epi_smem_staged)], 1024]
+            sU: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(self.w_smem_staged)], 1024]
+
+        return GatedSharedStorage if cfg.gated else SharedStorage

@@ -1,12 +1,12 @@
 """The limits of a :class:`~cute_moe.config.GemmConfig`: the tiles each path accepts, those that keep
-two accumulators — FP8 and gated — and those of the ping-pong schedule, whose one warpgroup holds a
-whole tile's accumulators.
+two accumulators — FP8 and gated — those of the ping-pong schedule, whose one warpgroup holds a
+whole tile's accumulators, and those of cluster multicast.
 
 Both kernels hold two fp32 accumulators per tile in the consumer's registers — FP8 a block
 accumulator beside the promoted one (``cute_moe.fp8_gemm``), a gated GEMM1 the gate and the up
 sums (``cute_moe.gemm``, SiLU·up in the epilogue) — so both are bound by
-:data:`TWO_ACCUMULATOR_REGISTERS`.  ``GemmConfig`` calls :func:`check_pingpong`, :func:`check_fp8`
-and :func:`check_gated` from its validation; this module reads the config's fields only (it imports
+:data:`TWO_ACCUMULATOR_REGISTERS`.  ``GemmConfig`` calls :func:`check_pingpong`, :func:`check_fp8`,
+:func:`check_gated` and :func:`check_cluster` from its validation; this module reads the config's fields only (it imports
 nothing of ``config``), and ``config`` re-exports its constants and tile lists.
 """
 
@@ -21,6 +21,10 @@ or one tile each (ping-pong)."""
 
 SCHEDULES = ("cooperative", "pingpong")
 """How the consumer warpgroups share the work (``GemmConfig.schedule``)."""
+
+CLUSTER_SIZES = (1, 2)
+"""CTAs per cluster (``GemmConfig.cluster``): 1, or 2 whose weight tile is loaded once and
+multicast into both (:mod:`cute_moe.cluster`)."""
 
 MAX_TILE_M = WGMMA_M * MAX_CONSUMER_WARPGROUPS
 """The largest GEMM tile M accepted: 64 rows × 2 consumer warpgroups = 128.  A larger M (swap-AB's
@@ -108,6 +112,18 @@ def _check_registers(cfg, what: str, kind: str) -> None:
             f"{cfg.tile_n} with {cfg.consumer_warpgroups} consumer warpgroup(s) needs {cfg.accumulator_registers} "
             f"accumulator registers per thread ({what}), above {TWO_ACCUMULATOR_REGISTERS}; use a "
             f"smaller tile or two warpgroups")
+
+
+def check_cluster(cfg) -> None:
+    """The multicast limits: a cluster of 2 shares the weight tile of two token blocks — built for the
+    bf16 normal path's cooperative tiles (the weights are WGMMA's B there; ping-pong would need the
+    two CTAs' warpgroups to take their turns in step; FP8 was not measured with it)."""
+    if cfg.cluster not in CLUSTER_SIZES:
+        raise ValueError(f"cluster={cfg.cluster}: expected one of {CLUSTER_SIZES} (CTAs sharing a weight tile)")
+    if cfg.cluster > 1 and (cfg.swap_ab or cfg.schedule != "cooperative" or cfg.quant is not None):
+        raise ValueError(f"cluster={cfg.cluster} with swap_ab={cfg.swap_ab}, schedule={cfg.schedule!r}, "
+                         f"quant={cfg.quant!r}: weight multicast is built for the bf16 normal path's cooperative "
+                         f"tiles (swap_ab=False, schedule='cooperative', quant=None)")
 
 
 def check_gated(cfg) -> None:

@@ -113,7 +113,7 @@ class ConsumerSchedule:
     def _first_tile(self, wg, read, release, k_tiles):
         """(first tile id, step) of this warpgroup; ping-pong also moves the ring states past the
         other warpgroup's first tile (warpgroup 1) and lets warpgroup 0 start."""
-        tile, step = cute.arch.block_idx()[0], cute.arch.grid_dim()[0]
+        tile, step = self._walk()  # the CTA's first tile and the launch's step (per cluster: cluster.py)
         if cutlass.const_expr(self.cfg.pingpong):
             tile, step = tile + wg * step, 2 * step
             read.advance(wg * k_tiles)

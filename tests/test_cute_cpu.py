@@ -252,6 +252,12 @@ BAD_CONFIGS = [
     (dict(gated=True, swap_ab=True, tokens_tile=8, weights_tile=128, stages=7), ValueError,
      r"^stages=7: shared memory over budget: .*7 × \(8\+256\)×64×2 B.*at most 6 stages fit"),
     (dict(schedule=1), TypeError, r"^schedule: expected a str"),
+    (dict(cluster=2.0), TypeError, r"^cluster: expected an int"),
+    (dict(cluster=4), ValueError, r"^cluster=4: expected one of \(1, 2\)"),
+    (dict(cluster=2, swap_ab=True, tokens_tile=8), ValueError, r"^cluster=2 with swap_ab=True.*bf16 normal path"),
+    (dict(cluster=2, schedule="pingpong"), ValueError, r"^cluster=2 with swap_ab=False, schedule='pingpong'"),
+    (dict(cluster=2, quant="fp8_tensor", dtype="float8_e4m3fn", tile_k=128), ValueError,
+     r"^cluster=2 with .*quant='fp8_tensor': weight multicast is built for the bf16"),
     (dict(schedule="async"), ValueError, r"^schedule='async': expected one of \('cooperative', 'pingpong'\)"),
     (dict(schedule="pingpong", tokens_tile=64, consumer_warpgroups=1), ValueError,
      r"^schedule='pingpong' with consumer_warpgroups=1: ping-pong needs consumer_warpgroups=2"),
@@ -306,9 +312,9 @@ def test_a_config_over_budget_cannot_be_built():
 
 # ---- rasterization: every tile once ------------------------------------------------------------
 def test_tile_coordinates_visit_every_tile_exactly_once():
-    """gemm.tile_coordinates in plain Python: a bijection of tile ids onto (token block, weight
+    """raster.tile_coordinates in plain Python: a bijection of tile ids onto (token block, weight
     block) for every grid shape and group size — a partial last group of token blocks included."""
-    from cute_moe.gemm import tile_coordinates
+    from cute_moe.raster import tile_coordinates
 
     for n_tokens in range(1, 14):
         for n_weights in range(1, 6):

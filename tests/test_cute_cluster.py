@@ -1,0 +1,96 @@
+"""Cluster multicast of the weight tile (``GemmConfig.cluster``) in the PTX the CPU compiles: the
+weight boxes — and only they — go out with ``.multicast::cluster``; the consumers release a slot in
+both CTAs of the cluster (a remote mbarrier arrive through ``mapa``); the cluster barrier orders the
+barrier initialization; a config without a cluster has none of it.  The GPU lane checks the bytes
+(``tests/test_cute_cluster_gpu.py``)."""
+
+import os
+import re
+
+import pytest
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+cute_moe = pytest.importorskip("cute_moe")
+
+from cute_moe.config import GemmConfig, choose_config  # noqa: E402
+
+LOAD = re.compile(r"cp\.async\.bulk\.tensor\.(\d)d\.shared::(?:cta|cluster)\.global\S*")  # TMA loads
+
+
+def _configs():
+    gemm1 = choose_config(1024, 768, 2048, gated=True).replace(gather_rows=True)
+    return {"gemm1-gated-gather": gemm1, "gemm2-row-scale": choose_config(1024, 2048, 768, row_scale=True),
+            "plain": choose_config(1024, 640, 2048)}
+
+
+@pytest.fixture(scope="module", params=list(_configs()))
+def pair(request):
+    cfg = _configs()[request.param]
+    return cfg, cute_moe.compile_ptx(cfg), cute_moe.compile_ptx(cfg.replace(cluster=2))
+
+
+def test_only_the_weight_boxes_are_multicast(pair):
+    cfg, single, clustered = pair
+    weight_rank = 4 if cfg.gated else 3  # W (N, K, E), gated W1 (I, K, 2, E); x is 2-D
+    assert LOAD.search(single) and "multicast::cluster" not in single
+    mc = [m.group(0) for m in LOAD.finditer(clustered) if "multicast::cluster" in m.group(0)]
+    assert mc and all(f".{weight_rank}d." in op for op in mc)
+    # the same weight boxes also load without multicast (a pair of blocks of two experts)
+    plain_w = [m.group(0) for m in LOAD.finditer(clustered)
+               if m.group(1) == str(weight_rank) and "multicast" not in m.group(0)]
+    assert plain_w
+
+
+def test_consumers_release_the_slot_in_both_ctas(pair):
+    _, single, clustered = pair
+    assert re.search(r"mapa\.shared::cluster", clustered)
+    assert re.search(r"mbarrier\.arrive\.shared::cluster\.b64", clustered)
+    assert not re.search(r"mapa\.shared::cluster", single)
+
+
+def test_the_cluster_barrier_orders_the_barrier_init(pair):
+    _, single, clustered = pair
+    assert "barrier.cluster.arrive" in clustered and "barrier.cluster.wait" in clustered
+    assert "barrier.cluster" not in single
+
+
+def test_the_tile_walk_reads_the_cluster_rank(pair):
+    _, single, clustered = pair
+    assert "%cluster_ctarank" in clustered and "%cluster_ctarank" not in single
+
+
+def test_a_cluster_keeps_the_stage_bytes():
+    """Each CTA's full barrier expects the whole stage (its token tile + both weight halves)."""
+    cfg = _configs()["gemm2-row-scale"]
+    ptx = cute_moe.compile_ptx(cfg.replace(cluster=2))
+    assert {int(n) for n in re.findall(r"mbarrier\.arrive\.expect_tx\.shared\.b64 [^,]+, \[[^]]+\], (\d+);", ptx)} \
+        <= {cfg.stage_bytes}
+
+
+def test_the_field_is_in_the_cache_key():
+    assert GemmConfig().key() != GemmConfig(cluster=2).key()
+
+
+def test_the_cluster_walk_stores_every_tile_exactly_once():
+    """The two ranks of a cluster over the pairs of token blocks (cluster.pair_blocks after
+    raster.tile_coordinates, as the kernel walks them): every (token block, weight block) is stored
+    by exactly one CTA; the only tile computed without a store is rank 1's copy of an odd last block,
+    which has its partner's expert (so a multicast half it sends is still wanted)."""
+    from cute_moe.cluster import pair_blocks
+    from cute_moe.raster import tile_coordinates
+
+    for n_tokens in range(1, 12):
+        for n_weights in range(1, 5):
+            for group in (1, 2, 3, 4):
+                pairs = (n_tokens + 1) // 2
+                stored, idle = [], []
+                for t in range(pairs * n_weights):
+                    pair, w = tile_coordinates(t, pairs, n_weights, group)
+                    for rank in (0, 1):
+                        first, last, block, stores = pair_blocks(pair, rank, n_tokens)
+                        assert first <= block <= last < n_tokens and last - first <= 1
+                        (stored if stores else idle).append((block, w))
+                assert sorted(stored) == [(b, w) for b in range(n_tokens) for w in range(n_weights)]
+                assert len(idle) == (n_weights if n_tokens % 2 else 0)
+                assert all(b == n_tokens - 1 for b, _ in idle)
