@@ -57,7 +57,7 @@ from triton.runtime import _allocation
 
 from moe_spec.hopper import TMA_ALIGN_BYTES as TMA_ALIGN, sm_count
 from triton_moe.jit import launch
-from triton_moe.kernels import FP8_BLOCK, PER_BLOCK, _epilogue, _mma, _mma_scaled, _scale_bad
+from triton_moe.kernels import FP8_BLOCK, PER_BLOCK, _early_routing, _epilogue, _mma, _mma_scaled, _scale_bad
 
 
 def _torch_scratch(size: int, alignment: int, stream):
@@ -151,6 +151,7 @@ def moe_gemm_tma_kernel(
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         pair = tl.load(sorted_ids_ptr + offs_m)
         row_ok = pair < num_pairs
+        id_ok, rw = _early_routing(pair, row_ok, topk_ids_ptr, topk_weights_ptr, E, MUL_ROUTED_WEIGHT, BLOCK_M)
         a_row = pair // A_ROW_DIV
         expert = tl.load(expert_of_block_ptr + pid_m)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -186,5 +187,5 @@ def moe_gemm_tma_kernel(
             a_ptrs += BLOCK_K
 
         _epilogue(acc, acc_up, scale_bad, pair, row_ok, a_row, expert, offs_n, col_ok, pid_n,
-                  a_scale_ptr, w_scale_ptr, out_ptr, out_amax_ptr, topk_weights_ptr, topk_ids_ptr, error_ptr,
+                  a_scale_ptr, w_scale_ptr, out_ptr, out_amax_ptr, topk_ids_ptr, id_ok, rw, error_ptr,
                   N, E, N_TOTAL, FUSE_SILU, MUL_ROUTED_WEIGHT, QUANT, INTERPRETER, BLOCK_M, BLOCK_N)
