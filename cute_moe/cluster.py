@@ -42,7 +42,30 @@ import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
 from cutlass.cute.nvgpu import cpasync  # noqa: E402
 
+from .config import GemmConfig  # noqa: E402
 from .raster import tile_coordinates  # noqa: E402
+
+#: The layer plan's GEMM2 runs on clusters of two when its K (the layer's I) is at least this many
+#: ``tile_k`` steps; its GEMM1 whenever it runs the normal path's cooperative 128-token tile.
+#: Measured on the H200 at T = 4096 (``python -m cute_moe.bench_pingpong --cluster``,
+#: notes/results/cute_cluster_h200_2026-12-03.md), cluster-2 against the same tile on single CTAs, the
+#: same output bit for bit: GEMM1 (gated, gathering, 128×128) 3400.4 against 3539.4 µs (Mixtral-8x7B),
+#: 464.7 against 520.5 (Qwen3-30B-A3B), 735.8 against 815.5 (DeepSeek-V3 TP8); GEMM2 (128×256)
+#: 1430.8 against 1491.0 (Mixtral, K = 14 336: 224 steps of 64) but 231.3 against 226.7 (Qwen3, K = 768:
+#: 12 steps); DeepSeek-V3 TP8's GEMM2 (483.3 against 519.1) keeps its ping-pong tile (459.6).  The
+#: threshold lies between the 12 and 224 steps measured; nothing between was timed.
+CLUSTER_GEMM2_MIN_K_STEPS = 32
+
+
+def clustered(cfg: GemmConfig, k: int, gemm2: bool) -> GemmConfig:
+    """The layer plan's GEMM ``cfg`` (K = ``k``) as it runs: on clusters of two where that was measured
+    faster (:data:`CLUSTER_GEMM2_MIN_K_STEPS`) — bf16, the normal path's cooperative 128-token tile —
+    else ``cfg`` unchanged."""
+    if cfg.quant is not None or cfg.swap_ab or cfg.pingpong or cfg.tokens_tile != 128:
+        return cfg
+    if gemm2 and -(-k // cfg.tile_k) < CLUSTER_GEMM2_MIN_K_STEPS:
+        return cfg
+    return cfg.replace(cluster=2)
 
 
 def pair_blocks(pair, rank, n_token_blocks):

@@ -19,6 +19,7 @@ from moe_spec.plan import bucket_starts, tokens_per_expert
 from moe_spec.quant import check_quant
 from moe_spec.validate import MoEDims
 
+from .cluster import clustered
 from .config import ALIGN_ELEMS, GemmConfig, choose_config, path_rule
 from .fusion import GATED_GEMM1, GATHER_IN_PRODUCER
 from .moe_fp8 import check_quant_layer, gemm1_out_dtype
@@ -151,7 +152,10 @@ def plan(dims: MoEDims, quant: str | None = None, *, swap_ab: bool | None = None
             gemm1 = gemm1.replace(gather_rows=True)  # no X_sorted: GEMM1's producer reads x by token index
         gemm2 = choose_config(per_expert, dims.K, dims.I, swap_ab=swap_ab, row_scale=True, quant=quant,
                               layer=(dims.K, dims.I))
-        given = (gemm1, short_k_gemm2(gemm2, dims.I) if fusion == "fused" else gemm2)  # ping-pong: schedule.py
+        if fusion == "fused":  # ping-pong for a short GEMM2 (schedule.py), clusters of two (cluster.py)
+            gemm2 = short_k_gemm2(gemm2, dims.I)
+            gemm1, gemm2 = clustered(gemm1, dims.K, gemm2=False), clustered(gemm2, dims.I, gemm2=True)
+        given = (gemm1, gemm2)
     if fusion == "separate":  # the unfused reference: a plain GEMM1, SiLU·mul as its own kernel
         given = separate_configs(given[0].replace(gated=False, gather_rows=False), given[1])
     return LayerPlan(*given, quant=quant, fusion=fusion)

@@ -94,3 +94,20 @@ def test_the_cluster_walk_stores_every_tile_exactly_once():
                 assert sorted(stored) == [(b, w) for b in range(n_tokens) for w in range(n_weights)]
                 assert len(idle) == (n_weights if n_tokens % 2 else 0)
                 assert all(b == n_tokens - 1 for b, _ in idle)
+
+
+def test_the_plan_clusters_what_was_measured_faster():
+    """cluster.clustered: the cooperative 128-token bf16 tile of the normal path — GEMM1 always, GEMM2
+    from CLUSTER_GEMM2_MIN_K_STEPS steps of K; FP8, swap-AB, ping-pong and smaller tiles never."""
+    from cute_moe.cluster import CLUSTER_GEMM2_MIN_K_STEPS, clustered
+    from cute_moe.schedule import short_k_gemm2
+
+    gemm1, gemm2 = _configs()["gemm1-gated-gather"], _configs()["gemm2-row-scale"]
+    deep = CLUSTER_GEMM2_MIN_K_STEPS * gemm2.tile_k
+    assert clustered(gemm1, 2048, gemm2=False).cluster == 2
+    assert clustered(gemm2, deep, gemm2=True).cluster == 2
+    assert clustered(gemm2, deep - gemm2.tile_k, gemm2=True) == gemm2
+    assert clustered(short_k_gemm2(gemm2, 256), 256, gemm2=True).cluster == 1  # ping-pong keeps one CTA
+    for other in (choose_config(16, 768, 2048, gated=True), choose_config(1024, 2048, 768, quant="fp8_tensor"),
+                  gemm1.replace(tokens_tile=64, weights_tile=128, consumer_warpgroups=1)):
+        assert clustered(other, 1 << 14, gemm2=False) == other

@@ -56,14 +56,16 @@ def test_the_prefill_configs_are_what_the_layer_runs():
     for spec in ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8"):
         s = get_shape(spec)
         p = cute_moe.plan(MoEDims(T=4096, E=s.num_experts, K=s.hidden, I=s.intermediate, top_k=s.top_k))
-        assert p.gemm1 == PREFILL_GEMM1 and p.gemm1.schedule == "cooperative", spec
+        # the plan's GEMM1 runs on clusters of two (cluster.py), its GEMM2 when K is long (Mixtral-8x7B)
+        assert p.gemm1 == PREFILL_GEMM1.replace(cluster=2) and p.gemm1.schedule == "cooperative", spec
         if s.intermediate <= PINGPONG_MAX_K_STEPS * PREFILL_GEMM2.tile_k:  # DeepSeek-V3 TP8: I = 256, 4 K steps
             assert spec == "deepseek-v3:tp8"
             assert p.gemm2 == short_k_gemm2(PREFILL_GEMM2, s.intermediate) == PREFILL_GEMM2.replace(
                 weights_tile=128, schedule="pingpong", stages=p.gemm2.stages), spec
-            assert p.gemm2.stages > PREFILL_GEMM2.stages
+            assert p.gemm2.stages > PREFILL_GEMM2.stages and p.gemm2.cluster == 1
         else:
-            assert p.gemm2 == PREFILL_GEMM2 and p.gemm2.schedule == "cooperative", spec
+            cluster = 2 if spec == "mixtral-8x7b" else 1
+            assert p.gemm2 == PREFILL_GEMM2.replace(cluster=cluster) and p.gemm2.schedule == "cooperative", spec
 
 
 def test_only_a_short_bf16_normal_path_gemm2_turns_pingpong():

@@ -149,7 +149,7 @@ bk = 64 if quant is None else 128
 p = plan(MoEDims(T=4096, E=256, K=7168, I=256, top_k=8), quant,
          config=TritonConfig(128, 128, bk, 8, 8, 3, gemm2=Gemm2Tile(**g2)))
 cfg = p.gemm2
-cex = dict(_gemm_constants(cfg, quant, False, 1), INTERPRETER=False)
+cex = dict(_gemm_constants(cfg, quant, False, 1, 256), INTERPRETER=False)  # K = I = 256: EARLY_ROUTING
 warps, stages = cex.pop("num_warps"), cex.pop("num_stages")
 op = "*bf16" if quant is None else "*fp8e4nv"
 ptrs = {"a_ptr": op, "w_ptr": op, "out_ptr": "*bf16", "sorted_ids_ptr": "*i32", "expert_of_block_ptr": "*i32",

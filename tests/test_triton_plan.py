@@ -55,3 +55,16 @@ def test_mma_instruction_is_what_triton_compiles():
     results = json.loads(run.stdout.strip().splitlines()[-1])
     for case, (compiled, planned) in zip(CASES, results):
         assert compiled == [planned], (case, compiled, planned)
+
+
+def test_only_a_gemm2_of_few_k_steps_reads_its_routing_before_the_loop():
+    """EARLY_ROUTING: GEMM2 with at most EARLY_ROUTING_MAX_K_STEPS steps of BLOCK_K (DeepSeek-V3 TP8's
+    I = 256); a longer GEMM2 (Qwen3-30B-A3B's 768) and GEMM1 read them in the epilogue."""
+    from triton_moe.config import EARLY_ROUTING_MAX_K_STEPS, TritonConfig
+    from triton_moe.moe import _gemm_constants
+
+    cfg = TritonConfig(128, 128, 64, 8, 8, 3)
+    assert _gemm_constants(cfg, None, False, 1, 64 * EARLY_ROUTING_MAX_K_STEPS)["EARLY_ROUTING"] is True
+    assert _gemm_constants(cfg, None, False, 1, 64 * EARLY_ROUTING_MAX_K_STEPS + 1)["EARLY_ROUTING"] is False
+    assert _gemm_constants(cfg, None, False, 1, 768)["EARLY_ROUTING"] is False
+    assert _gemm_constants(cfg, None, True, 8, 256)["EARLY_ROUTING"] is False

@@ -67,6 +67,11 @@ MIN_DOT = 16
 #: The largest extent of a TMA box along any dimension (the weight tile of ``persistent_tma``).
 TMA_BOX_MAX = 256
 
+#: A GEMM2 of at most this many ``BLOCK_K`` steps reads its rows' ids and routing weights before its K loop
+#: (``EARLY_ROUTING``). H200, T = 4096, against 102448a: early everywhere took DeepSeek-V3 TP8 (I = 256) from
+#: +3.3 % to +2.0 % and Qwen3-30B-A3B (I = 768) from +3.7 % to +5.0 % (notes/triton_moe.md).
+EARLY_ROUTING_MAX_K_STEPS = 4
+
 #: num_warps values a config may ask for (Triton: a power of two; 16 warps = 512 threads).
 NUM_WARPS = (1, 2, 4, 8, 16)
 

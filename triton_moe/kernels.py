@@ -241,11 +241,11 @@ def _dequant_after_loop(acc, a_scale_ptr, a_row, row_ok, w_scale_ptr, expert, w_
 @triton.jit
 def _row_routing(pair, row_ok, topk_ids_ptr, topk_weights_ptr, E, MUL_ROUTED_WEIGHT: tl.constexpr):
     """The routing data of a tile's rows, for the epilogue: whether each pair's id is in [0, E), and
-    its routing weight (GEMM2; zeros otherwise).  GEMM2 loads them before its K loop (:func:`_early_routing`),
-    so that the two gathers' latency hides under the main loop instead of lengthening every tile's
-    epilogue — which matters where K is short (DeepSeek-V3 TP8's GEMM2: K = I = 256, two 128-deep
-    steps per tile; notes/triton_moe.md has the measurement).  GEMM1 (long K, two accumulators)
-    loads its ids in the epilogue: held across its loop they made an FP8 tile spill."""
+    its routing weight (GEMM2; zeros otherwise).  Read in the epilogue, or — ``EARLY_ROUTING``, a
+    GEMM2 of at most :data:`triton_moe.config.EARLY_ROUTING_MAX_K_STEPS` K steps — before the K loop
+    (:func:`_early_routing`), so that the two gathers' latency hides under a main loop too short to
+    cover an epilogue's wait; a long loop gains nothing and holds the registers across it.
+    notes/triton_moe.md has the measurement."""
     ids = tl.load(topk_ids_ptr + pair, mask=row_ok, other=0)
     id_ok = (ids >= 0) & (ids < E)
     if MUL_ROUTED_WEIGHT:
@@ -257,9 +257,9 @@ def _row_routing(pair, row_ok, topk_ids_ptr, topk_weights_ptr, E, MUL_ROUTED_WEI
 
 @triton.jit
 def _early_routing(pair, row_ok, topk_ids_ptr, topk_weights_ptr, E, MUL_ROUTED_WEIGHT: tl.constexpr,
-                   BLOCK_M: tl.constexpr):
-    """Before the K loop: GEMM2's :func:`_row_routing`; GEMM1's placeholders (its epilogue loads them)."""
-    if MUL_ROUTED_WEIGHT:
+                   EARLY_ROUTING: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Before the K loop: :func:`_row_routing` when ``EARLY_ROUTING``, else placeholders (the epilogue loads them)."""
+    if EARLY_ROUTING:
         id_ok, rw = _row_routing(pair, row_ok, topk_ids_ptr, topk_weights_ptr, E, MUL_ROUTED_WEIGHT)
     else:
         id_ok, rw = row_ok, tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -268,20 +268,21 @@ def _early_routing(pair, row_ok, topk_ids_ptr, topk_weights_ptr, E, MUL_ROUTED_W
 
 @triton.jit
 def _epilogue(acc, acc_up, scale_bad, pair, row_ok, a_row, expert, offs_n, col_ok, pid_n,
-              a_scale_ptr, w_scale_ptr, out_ptr, out_amax_ptr, topk_ids_ptr, id_ok, rw, error_ptr,
+              a_scale_ptr, w_scale_ptr, out_ptr, out_amax_ptr, topk_ids_ptr, topk_weights_ptr, id_ok, rw, error_ptr,
               N, E, N_TOTAL, FUSE_SILU: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr, QUANT: tl.constexpr,
-              INTERPRETER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+              INTERPRETER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              EARLY_ROUTING: tl.constexpr):
     """The epilogue of both grouped GEMMs on an (unswapped) [BLOCK_M, BLOCK_N] tile: dequantize,
     SiLU(gate)·up and the intermediate's amax (GEMM1), routing weight (GEMM2), error bits, store.
-    ``id_ok`` and ``rw`` come from :func:`_early_routing` (GEMM2) or are loaded here (GEMM1)."""
+    ``id_ok`` and ``rw`` come from :func:`_early_routing` (``EARLY_ROUTING``) or are loaded here."""
     acc, bad = _dequant_after_loop(acc, a_scale_ptr, a_row, row_ok, w_scale_ptr, expert, offs_n, col_ok,
                                    N_TOTAL, QUANT)
     if QUANT == PER_BLOCK:
         bad = tl.max(scale_bad, axis=0)
     # a pair whose id is outside [0, E) was aligned with it clamped (triton_moe.align): GEMM1 zeroes
     # its intermediate, GEMM2 multiplies it by NaN instead of its routing weight (moe_spec.contract)
-    if not MUL_ROUTED_WEIGHT:
-        id_ok, rw = _row_routing(pair, row_ok, topk_ids_ptr, topk_ids_ptr, E, False)
+    if not EARLY_ROUTING:
+        id_ok, rw = _row_routing(pair, row_ok, topk_ids_ptr, topk_weights_ptr, E, MUL_ROUTED_WEIGHT)
     out_mask = row_ok[:, None] & col_ok[None, :]
     if FUSE_SILU:
         up, bad_up = _dequant_after_loop(acc_up, a_scale_ptr, a_row, row_ok, w_scale_ptr, expert, N + offs_n,
@@ -358,6 +359,7 @@ def moe_gemm_kernel(
     INTERPRETER: tl.constexpr,  # True only under TRITON_INTERPRET=1 (see the module docstring)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SPLIT_K: tl.constexpr = 1,  # programs along grid axis 1, each summing its share of the K steps
+    EARLY_ROUTING: tl.constexpr = False,  # GEMM2 of few K steps: the rows' ids and weights before the loop
 ):
     # ---- which tile: grouped ordering (GROUP_M M-blocks sweep the N tiles together, for L2) ----
     pid = tl.program_id(0)
@@ -376,7 +378,8 @@ def moe_gemm_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     pair = tl.load(sorted_ids_ptr + offs_m)
     row_ok = pair < num_pairs
-    id_ok, rw = _early_routing(pair, row_ok, topk_ids_ptr, topk_weights_ptr, E, MUL_ROUTED_WEIGHT, BLOCK_M)
+    id_ok, rw = _early_routing(pair, row_ok, topk_ids_ptr, topk_weights_ptr, E, MUL_ROUTED_WEIGHT, EARLY_ROUTING,
+                               BLOCK_M)
     a_row = pair // A_ROW_DIV
     expert = tl.load(expert_of_block_ptr + pid_m)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -433,5 +436,5 @@ def moe_gemm_kernel(
         if not last:
             return
     _epilogue(acc, acc_up, scale_bad, pair, row_ok, a_row, expert, offs_n, col_ok, pid_n,
-              a_scale_ptr, w_scale_ptr, out_ptr, out_amax_ptr, topk_ids_ptr, id_ok, rw, error_ptr,
-              N, E, N_TOTAL, FUSE_SILU, MUL_ROUTED_WEIGHT, QUANT, INTERPRETER, BLOCK_M, BLOCK_N)
+              a_scale_ptr, w_scale_ptr, out_ptr, out_amax_ptr, topk_ids_ptr, topk_weights_ptr, id_ok, rw, error_ptr,
+              N, E, N_TOTAL, FUSE_SILU, MUL_ROUTED_WEIGHT, QUANT, INTERPRETER, BLOCK_M, BLOCK_N, EARLY_ROUTING)

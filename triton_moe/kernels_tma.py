@@ -125,6 +125,7 @@ def moe_gemm_tma_kernel(
     FP8_IMPRECISE_ACC: tl.constexpr, INTERPRETER: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     FLATTEN: tl.constexpr,  # tl.range(..., flatten=True): one software pipeline across tiles
+    EARLY_ROUTING: tl.constexpr = False,  # GEMM2 of few K steps: the rows' ids and weights before the loop
 ):
     if FUSE_SILU:
         N_TOTAL = 2 * N  # W1 rows: gate 0…I−1, up I…2I−1
@@ -151,7 +152,8 @@ def moe_gemm_tma_kernel(
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         pair = tl.load(sorted_ids_ptr + offs_m)
         row_ok = pair < num_pairs
-        id_ok, rw = _early_routing(pair, row_ok, topk_ids_ptr, topk_weights_ptr, E, MUL_ROUTED_WEIGHT, BLOCK_M)
+        id_ok, rw = _early_routing(pair, row_ok, topk_ids_ptr, topk_weights_ptr, E, MUL_ROUTED_WEIGHT,
+                                   EARLY_ROUTING, BLOCK_M)
         a_row = pair // A_ROW_DIV
         expert = tl.load(expert_of_block_ptr + pid_m)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -187,5 +189,6 @@ def moe_gemm_tma_kernel(
             a_ptrs += BLOCK_K
 
         _epilogue(acc, acc_up, scale_bad, pair, row_ok, a_row, expert, offs_n, col_ok, pid_n,
-                  a_scale_ptr, w_scale_ptr, out_ptr, out_amax_ptr, topk_ids_ptr, id_ok, rw, error_ptr,
-                  N, E, N_TOTAL, FUSE_SILU, MUL_ROUTED_WEIGHT, QUANT, INTERPRETER, BLOCK_M, BLOCK_N)
+                  a_scale_ptr, w_scale_ptr, out_ptr, out_amax_ptr, topk_ids_ptr, topk_weights_ptr, id_ok, rw,
+                  error_ptr, N, E, N_TOTAL, FUSE_SILU, MUL_ROUTED_WEIGHT, QUANT, INTERPRETER, BLOCK_M, BLOCK_N,
+                  EARLY_ROUTING)

@@ -49,7 +49,7 @@ from moe_spec.align import Alignment
 from moe_spec.quant import FP8_DTYPE, WHOLE, get_format
 from moe_spec.validate import BAD_A1_SCALE, BAD_A2_SCALE, error_word, validate_moe_args
 from triton_moe.align import MAX_EXPERTS, align_into, buffer_sizes
-from triton_moe.config import TritonConfig
+from triton_moe.config import EARLY_ROUTING_MAX_K_STEPS, TritonConfig
 from triton_moe.jit import INTERPRET, launch
 from triton_moe.kernels import QUANT_MODE, moe_gemm_kernel
 from triton_moe.kernels_rows import AMAX_PARTS, amax_kernel, combine_kernel, quantize_kernel
@@ -96,11 +96,14 @@ def _quantize(a, quant: str, amax=None, *, q=None, scale=None, parts=None, zero=
 
 
 @functools.lru_cache(maxsize=256)
-def _gemm_constants(cfg: TritonConfig, quant, fuse_silu: bool, a_row_div: int) -> dict:
+def _gemm_constants(cfg: TritonConfig, quant, fuse_silu: bool, a_row_div: int, k: int) -> dict:
     """The constexpr arguments of one GEMM launch with ``cfg``, the config of that GEMM
     (:meth:`~triton_moe.config.TritonConfig.gemm1_config` / ``gemm2_config``; a function of the
-    plan; not to be mutated). Only GEMM1 splits K (``cfg.split_k``)."""
+    plan; not to be mutated), whose reduction length is ``k`` (a layer size: no new compile per T).
+    Only GEMM1 splits K (``cfg.split_k``); only a short GEMM2 reads its routing early."""
+    early = not fuse_silu and _cdiv(k, cfg.BLOCK_K) <= EARLY_ROUTING_MAX_K_STEPS
     return dict(A_ROW_DIV=a_row_div, FUSE_SILU=fuse_silu, MUL_ROUTED_WEIGHT=not fuse_silu, QUANT=QUANT_MODE[quant],
+                EARLY_ROUTING=early,
                 FP8_IMPRECISE_ACC=cfg.fp8_imprecise_acc, SWAP_AB=bool(cfg.swap_ab), INTERPRETER=INTERPRET,
                 BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
                 SPLIT_K=cfg.split_k if fuse_silu else 1, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -115,7 +118,7 @@ def _geometry(T: int, top_k: int, K: int, I: int, quant, cfg: TritonConfig, num_
     cfg1, cfg2 = cfg.gemm1_config(), cfg.gemm2_config()
     return (get_format(quant).quantized, (num_blocks * _cdiv(I, cfg1.BLOCK_N), cfg1.split_k),
             (num_blocks * _cdiv(K, cfg2.BLOCK_N),), (T, _cdiv(K, COMBINE_BLOCK)),
-            _gemm_constants(cfg1, quant, True, top_k), _gemm_constants(cfg2, quant, False, 1), cfg1, cfg2)
+            _gemm_constants(cfg1, quant, True, top_k, K), _gemm_constants(cfg2, quant, False, 1, I), cfg1, cfg2)
 
 
 def _gemm(grid, constants, a, a_scale, w, w_scale, out, out_amax, topk_weights, topk_ids, error, routing: Alignment,
