@@ -35,7 +35,9 @@ def _tile_text(cfg: GemmConfig) -> str:
     gated = " silu" if cfg.gated else ""  # SiLU·up in the epilogue: W counts output features (I)
     gather = " gather" if cfg.gather_rows else ""  # token rows read by index from x
     pingpong = " pingpong" if cfg.pingpong else ""  # each consumer warpgroup owns a whole tile (gemm.py)
-    return f"{f'swap-AB W{w}xT{t}' if cfg.swap_ab else f'T{t}xW{w}'} k{cfg.tile_k} s{cfg.stages}{gated}{gather}{pingpong}"
+    cluster = f" cluster{cfg.cluster}" if cfg.cluster > 1 else ""  # weight tiles multicast (cluster.py)
+    return (f"{f'swap-AB W{w}xT{t}' if cfg.swap_ab else f'T{t}xW{w}'} k{cfg.tile_k} s{cfg.stages}"
+            f"{gated}{gather}{pingpong}{cluster}")
 
 
 @dataclass(frozen=True)
@@ -70,8 +72,8 @@ class LayerPlan:
 
     def describe(self) -> str:
         """``G1 swap-AB W128xT8 k64 s6 silu m64n8k16 | G2 …``: each GEMM's tile, K step, stages, ``silu``
-        for a gated GEMM1, ``gather`` for a gathering one, ``pingpong`` for the ping-pong schedule, WGMMA
-        shape (k32 is FP8), and ``| separate`` for the unfused pipeline."""
+        for a gated GEMM1, ``gather`` for a gathering one, ``pingpong`` for the ping-pong schedule,
+        ``cluster2`` for clusters of two CTAs, WGMMA shape (k32 is FP8), and ``| separate`` for the unfused pipeline."""
         shapes = [re.search(r"m\d+n\d+k\d+", m).group() for m in self.mma]  # "m64n8k16"
         gemms = [f"G{i} {_tile_text(c)} {s}" for i, c, s in zip((1, 2), (self.gemm1, self.gemm2), shapes)]
         return " | ".join(gemms + ([] if self.fusion == "fused" else [self.fusion]))

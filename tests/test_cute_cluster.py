@@ -111,3 +111,11 @@ def test_the_plan_clusters_what_was_measured_faster():
     for other in (choose_config(16, 768, 2048, gated=True), choose_config(1024, 2048, 768, quant="fp8_tensor"),
                   gemm1.replace(tokens_tile=64, weights_tile=128, consumer_warpgroups=1)):
         assert clustered(other, 1 << 14, gemm2=False) == other
+
+
+def test_the_plan_names_the_cluster():
+    from moe_spec.validate import MoEDims
+
+    p = cute_moe.plan(MoEDims(T=4096, E=8, K=4096, I=14336, top_k=2))  # Mixtral-8x7B prefill: both GEMMs
+    assert p.describe().count(" cluster2 ") == 2
+    assert "cluster" not in cute_moe.plan(MoEDims(T=8, E=8, K=4096, I=14336, top_k=2)).describe()
