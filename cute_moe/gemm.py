@@ -145,11 +145,13 @@ class GroupedGemm(GatherProducer, ConsumerSchedule, ClusterTiles):
 
         self.shared_storage = plan.shared_storage()  # barriers, the rings, the epilogue's buffers
         self.stage_bytes = plan.stage_bytes  # the ring's tx_count (read while the kernel is traced)
-        launch = dict(grid=[self.num_ctas - self.num_ctas % cfg.cluster, 1, 1], block=[cfg.threads, 1, 1],
-                      cluster=[cfg.cluster, 1, 1], min_blocks_per_mp=1, stream=stream)
+        ctas = max(cfg.cluster, self.num_ctas - self.num_ctas % cfg.cluster)  # whole clusters (cluster.py)
+        launch = dict(grid=[ctas, 1, 1], block=[cfg.threads, 1, 1], cluster=[cfg.cluster, 1, 1],
+                      min_blocks_per_mp=1, stream=stream)
         if cutlass.const_expr(cfg.gather_rows):  # no TMA over x: the producer gathers its rows (gather.py)
             self.kernel_gather(
-                x, tma_w, tma_w_tensor, tma_wm, tma_wm_tensor, tma_c, tma_c_tensor, block_expert, num_blocks, row_scale, token_of_row,
+                x, tma_w, tma_w_tensor, tma_wm, tma_wm_tensor, tma_c, tma_c_tensor, block_expert, num_blocks,
+                row_scale, token_of_row,
                 plan.tiled_mma, plan.a_smem_staged, plan.b_smem_staged, plan.epi_smem_staged,
             ).launch(**launch)
         elif cutlass.const_expr(cfg.quant is None):
@@ -167,17 +169,19 @@ class GroupedGemm(GatherProducer, ConsumerSchedule, ClusterTiles):
 
     @cute.kernel
     def kernel(self, tma_x: cute.CopyAtom, mX: cute.Tensor, tma_w: cute.CopyAtom, mW: cute.Tensor,
-               tma_wm: cute.CopyAtom, mWm: cute.Tensor, tma_c: cute.CopyAtom, mC: cute.Tensor, block_expert: cute.Tensor, num_blocks: cute.Tensor,
-               row_scale: cute.Tensor, tiled_mma: cute.TiledMma, a_smem_staged: cute.ComposedLayout,
-               b_smem_staged: cute.ComposedLayout, epi_smem_staged: cute.ComposedLayout):
+               tma_wm: cute.CopyAtom, mWm: cute.Tensor, tma_c: cute.CopyAtom, mC: cute.Tensor,
+               block_expert: cute.Tensor, num_blocks: cute.Tensor, row_scale: cute.Tensor, tiled_mma: cute.TiledMma,
+               a_smem_staged: cute.ComposedLayout, b_smem_staged: cute.ComposedLayout,
+               epi_smem_staged: cute.ComposedLayout):
         """The bf16 entry point."""
         self._body(tma_x, mX, tma_w, mW, tma_wm, mWm, tma_c, mC, block_expert, num_blocks, row_scale, None, None,
                    tiled_mma, a_smem_staged, b_smem_staged, epi_smem_staged)
 
     @cute.kernel
     def kernel_fp8(self, tma_x: cute.CopyAtom, mX: cute.Tensor, tma_w: cute.CopyAtom, mW: cute.Tensor,
-                   tma_wm: cute.CopyAtom, mWm: cute.Tensor, tma_c: cute.CopyAtom, mC: cute.Tensor, block_expert: cute.Tensor, num_blocks: cute.Tensor,
-                   row_scale: cute.Tensor, x_scale: cute.Tensor, w_scale: cute.Tensor, tiled_mma: cute.TiledMma,
+                   tma_wm: cute.CopyAtom, mWm: cute.Tensor, tma_c: cute.CopyAtom, mC: cute.Tensor,
+                   block_expert: cute.Tensor, num_blocks: cute.Tensor, row_scale: cute.Tensor, x_scale: cute.Tensor,
+                   w_scale: cute.Tensor, tiled_mma: cute.TiledMma,
                    a_smem_staged: cute.ComposedLayout, b_smem_staged: cute.ComposedLayout,
                    epi_smem_staged: cute.ComposedLayout):
         """The FP8 entry point: the bf16 arguments plus the activation and weight scales."""
@@ -186,8 +190,9 @@ class GroupedGemm(GatherProducer, ConsumerSchedule, ClusterTiles):
 
     @cute.jit
     def _body(self, tma_x: cute.CopyAtom, mX: cute.Tensor, tma_w: cute.CopyAtom, mW: cute.Tensor,
-              tma_wm: cute.CopyAtom, mWm: cute.Tensor, tma_c: cute.CopyAtom, mC: cute.Tensor, block_expert: cute.Tensor, num_blocks: cute.Tensor,
-              row_scale: cute.Tensor, x_scale, w_scale, tiled_mma: cute.TiledMma,
+              tma_wm: cute.CopyAtom, mWm: cute.Tensor, tma_c: cute.CopyAtom, mC: cute.Tensor,
+              block_expert: cute.Tensor, num_blocks: cute.Tensor, row_scale: cute.Tensor, x_scale, w_scale,
+              tiled_mma: cute.TiledMma,
               a_smem_staged: cute.ComposedLayout, b_smem_staged: cute.ComposedLayout,
               epi_smem_staged: cute.ComposedLayout, token_of_row=None):
         cfg = self.cfg

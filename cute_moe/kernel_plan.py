@@ -5,7 +5,6 @@ shared-memory layouts of the rings and of the epilogue, and the bytes of one rin
 the kernel from it; ``layouts.describe`` reads the same objects back as plain data).
 """
 
-
 import os
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
