@@ -79,7 +79,7 @@ def pingpong_config(cfg: GemmConfig) -> GemmConfig:
     keeps its tile.  Raises ValueError (naming the field) when the twin is not buildable (FP8)."""
     rows = cfg.tile_m // cfg.tile_warpgroups
     tiles = dict(weights_tile=rows) if cfg.swap_ab else dict(tokens_tile=rows)
-    twin = cfg.replace(schedule="pingpong", consumer_warpgroups=MAX_CONSUMER_WARPGROUPS, stages=2, **tiles)
+    twin = cfg.replace(schedule="pingpong", consumer_warpgroups=MAX_CONSUMER_WARPGROUPS, stages=2, cluster=1, **tiles)
     return twin.replace(stages=max_stages(twin))
 
 

@@ -119,3 +119,12 @@ def test_the_plan_names_the_cluster():
     p = cute_moe.plan(MoEDims(T=4096, E=8, K=4096, I=14336, top_k=2))  # Mixtral-8x7B prefill: both GEMMs
     assert p.describe().count(" cluster2 ") == 2
     assert "cluster" not in cute_moe.plan(MoEDims(T=8, E=8, K=4096, I=14336, top_k=2)).describe()
+
+
+def test_the_pingpong_twin_of_a_clustered_gemm_runs_on_single_ctas():
+    """schedule.pingpong_config of the plan's clustered prefill GEMM1 is a buildable single-CTA twin
+    (ping-pong is refused on clusters): the GPU lane compares the layers built from both."""
+    from cute_moe.schedule import pingpong_config
+
+    twin = pingpong_config(_configs()["gemm1-gated-gather"].replace(cluster=2))
+    assert twin.pingpong and twin.cluster == 1
