@@ -62,10 +62,11 @@ def test_the_tile_walk_reads_the_cluster_rank(pair):
 
 def test_a_cluster_keeps_the_stage_bytes():
     """Each CTA's full barrier expects the whole stage (its token tile + both weight halves)."""
-    cfg = _configs()["gemm2-row-scale"]
-    ptx = cute_moe.compile_ptx(cfg.replace(cluster=2))
-    assert {int(n) for n in re.findall(r"mbarrier\.arrive\.expect_tx\.shared\.b64 [^,]+, \[[^]]+\], (\d+);", ptx)} \
-        <= {cfg.stage_bytes}
+    from test_cute_cpu import _EXPECT_TX
+
+    for cfg in _configs().values():  # the same transaction count as on one CTA (gathering: weights only)
+        tx = [{int(n) for _, n in re.findall(_EXPECT_TX, cute_moe.compile_ptx(c))} for c in (cfg, cfg.replace(cluster=2))]
+        assert len(tx[0]) == 1 and tx[0] == tx[1], cfg
 
 
 def test_the_field_is_in_the_cache_key():
