@@ -100,19 +100,27 @@ class ClusterTiles:
         return (n_token_blocks + c - 1) // c * n_weight_blocks
 
     @cute.jit
-    def _tile_blocks(self, tile, n_token_blocks, n_weight_blocks, block_expert):
-        """(token block, weight block, stores, shared) of tile id ``tile`` for this CTA.
+    def _tile_blocks(self, tile, n_token_blocks, n_weight_blocks):
+        """(token block, weight block, stores, first, last) of tile id ``tile`` for this CTA.
 
         ``stores``: the CTA owns the token block (False only for rank 1 past an odd last block);
-        ``shared``: the pair's blocks are one expert's, so the weight tile is multicast."""
+        ``first``, ``last``: the pair's blocks (the token block itself without a cluster), whose
+        experts decide the multicast (:meth:`_multicasts`, the producers only)."""
         cfg = self.cfg
         if cutlass.const_expr(cfg.cluster == 1):
             token_block, weight_block = tile_coordinates(tile, n_token_blocks, n_weight_blocks, cfg.group_tokens)
-            return token_block, weight_block, cutlass.Boolean(True), cutlass.Boolean(False)
+            return token_block, weight_block, cutlass.Boolean(True), token_block, token_block
         pairs = (n_token_blocks + 1) // 2
         pair, weight_block = tile_coordinates(tile, pairs, n_weight_blocks, max(1, cfg.group_tokens // 2))
         first, last, token_block, stores = pair_blocks(pair, cute.arch.block_idx_in_cluster(), n_token_blocks)
-        return token_block, weight_block, stores, block_expert[first] == block_expert[last]
+        return token_block, weight_block, stores, first, last
+
+    @cute.jit
+    def _multicasts(self, block_expert, first, last):
+        """Whether the pair's blocks are one expert's, so its weight tile is multicast (never without a cluster)."""
+        if cutlass.const_expr(self.cfg.cluster == 1):
+            return cutlass.Boolean(False)
+        return block_expert[first] == block_expert[last]
 
     def _weight_atoms(self, w, plan):
         """Host side: the multicast TMA atom over W (and its coordinate tensor); with no cluster, None."""

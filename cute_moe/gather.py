@@ -96,8 +96,8 @@ class GatherProducer:
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.stages)
         tile, tile_step = self._walk()  # per cluster (cluster.py)
         while tile < num_tiles:
-            token_block, weight_block, _, shared = self._tile_blocks(tile, n_token_blocks, n_weight_blocks,
-                                                                     block_expert)
+            token_block, weight_block, _, first, last = self._tile_blocks(tile, n_token_blocks, n_weight_blocks)
+            shared = self._multicasts(block_expert, first, last)
             expert = block_expert[token_block]
             for p in cutlass.range_constexpr(passes):  # the token of each row this thread copies
                 tokens[p] = cutlass.Int32(token_of_row[token_block * cfg.tokens_tile + p * rows + my_row])

@@ -273,8 +273,9 @@ class GroupedGemm(GatherProducer, ConsumerSchedule, ClusterTiles):
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.stages)
                 tile, tile_step = self._walk()
                 while tile < num_tiles:
-                    token_block, weight_block, _, shared = self._tile_blocks(tile, n_token_blocks, n_weight_blocks,
-                                                                             block_expert)
+                    token_block, weight_block, _, first, last = self._tile_blocks(tile, n_token_blocks,
+                                                                                  n_weight_blocks)
+                    shared = self._multicasts(block_expert, first, last)
                     expert = block_expert[token_block]
                     tXgX_tile = tXgX[(None, token_block, None)]
                     for k in range(k_tiles):
@@ -341,8 +342,7 @@ class GroupedGemm(GatherProducer, ConsumerSchedule, ClusterTiles):
             tile, tile_step = self._first_tile(wg, read, release, k_tiles)
             while tile < num_tiles:
                 # stores: False only for a cluster's rank 1 past an odd last token block (cluster.py)
-                token_block, weight_block, stores, _ = self._tile_blocks(tile, n_token_blocks, n_weight_blocks,
-                                                                         block_expert)
+                token_block, weight_block, stores, _, _ = self._tile_blocks(tile, n_token_blocks, n_weight_blocks)
 
                 # ---- main loop: K steps through the ring --------------------------------
                 acc.fill(0.0)
