@@ -257,7 +257,7 @@ def test_bf16_overflow_is_non_finite_where_the_oracle_leaves_the_bf16_range():
 
 # --- the data checks on the device (moe_spec.contract): no sync, the error word, nothing plausible ----
 
-from moe_spec.validate import BAD_W1_SCALE, BAD_W2_SCALE, BAD_WEIGHT, REPEATED_ID, check, error_word  # noqa: E402
+from moe_spec.validate import BAD_ID, BAD_W1_SCALE, BAD_W2_SCALE, BAD_WEIGHT, REPEATED_ID, check, error_word  # noqa: E402
 
 CHECK_SHAPE = MoEShape("check", 4, 2, 64, 48, "test: 6 tokens over 4 experts")
 
@@ -292,6 +292,32 @@ def test_a_bad_id_gives_a_nan_row_and_the_flag(quant, bad, word):
         assert torch.equal(out[rest], clean[rest])
     with pytest.raises(ValueError, match=r"^topk_ids: expected ids in \[0, E\)"):
         check("cpu")
+
+
+@nan_arithmetic
+@pytest.mark.parametrize("quant", QUANTS, ids=lambda q: q or "bf16")
+def test_gemm2_reads_its_routing_early_or_late_to_the_same_bytes(quant, word, monkeypatch):
+    """EARLY_ROUTING (GEMM2's ids and weights loaded before the K loop) and the epilogue's read give
+    the same output bit for bit — a bad id's NaN row, an infinite weight's row — and the same error bits."""
+    import triton_moe.moe as moe
+
+    inp = make_inputs(CHECK_SHAPE, 6, quant, seed=24)
+    inp.topk_ids[2, 1] = -1
+    inp.topk_weights[4, 0] = float("inf")
+    outs, words, early = [], [], []
+    for steps in (0, 1 << 20):  # no GEMM2 is short enough / every GEMM2 is
+        monkeypatch.setattr(moe, "EARLY_ROUTING_MAX_K_STEPS", steps)
+        moe._gemm_constants.cache_clear()
+        moe._geometry.cache_clear()
+        outs.append(fused_moe(**inp.kwargs(), config=_config(quant, True)))
+        words.append(int(word))
+        early.append(moe._gemm_constants(_config(quant, True).gemm2_config(), quant, False, 1, 64)["EARLY_ROUTING"])
+        word.zero_()
+    moe._gemm_constants.cache_clear()
+    moe._geometry.cache_clear()
+    assert early == [False, True]
+    assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
+    assert words[0] == words[1] == BAD_ID | BAD_WEIGHT and bool(outs[0][2].isnan().all())
 
 
 def test_a_repeated_expert_is_summed_as_the_formula_reads_and_flagged(word):

@@ -68,8 +68,8 @@ MIN_DOT = 16
 TMA_BOX_MAX = 256
 
 #: A GEMM2 of at most this many ``BLOCK_K`` steps reads its rows' ids and routing weights before its K loop
-#: (``EARLY_ROUTING``). H200, T = 4096, against 102448a: early everywhere took DeepSeek-V3 TP8 (I = 256) from
-#: +3.3 % to +2.0 % and Qwen3-30B-A3B (I = 768) from +3.7 % to +5.0 % (notes/triton_moe.md).
+#: (``EARLY_ROUTING``). H200, T = 4096, against 102448a (before the checks): early in every GEMM2 took DeepSeek-V3
+#: TP8 (I = 256) from 1.032x to 1.019x, Qwen3-30B-A3B (I = 768) from 1.037x to 1.049x (notes/triton_moe.md).
 EARLY_ROUTING_MAX_K_STEPS = 4
 
 #: num_warps values a config may ask for (Triton: a power of two; 16 warps = 512 threads).

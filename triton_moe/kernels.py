@@ -239,28 +239,21 @@ def _dequant_after_loop(acc, a_scale_ptr, a_row, row_ok, w_scale_ptr, expert, w_
 
 
 @triton.jit
-def _row_routing(pair, row_ok, topk_ids_ptr, topk_weights_ptr, E, MUL_ROUTED_WEIGHT: tl.constexpr):
+def _row_routing(pair, row_ok, topk_ids_ptr, topk_weights_ptr, E, MUL_ROUTED_WEIGHT: tl.constexpr,
+                 LOAD: tl.constexpr, BLOCK_M: tl.constexpr):
     """The routing data of a tile's rows, for the epilogue: whether each pair's id is in [0, E), and
-    its routing weight (GEMM2; zeros otherwise).  Read in the epilogue, or — ``EARLY_ROUTING``, a
-    GEMM2 of at most :data:`triton_moe.config.EARLY_ROUTING_MAX_K_STEPS` K steps — before the K loop
-    (:func:`_early_routing`), so that the two gathers' latency hides under a main loop too short to
-    cover an epilogue's wait; a long loop gains nothing and holds the registers across it.
-    notes/triton_moe.md has the measurement."""
-    ids = tl.load(topk_ids_ptr + pair, mask=row_ok, other=0)
-    id_ok = (ids >= 0) & (ids < E)
-    if MUL_ROUTED_WEIGHT:
-        rw = tl.load(topk_weights_ptr + pair, mask=row_ok, other=0.0)
-    else:
-        rw = tl.zeros_like(pair).to(tl.float32)
-    return id_ok, rw
-
-
-@triton.jit
-def _early_routing(pair, row_ok, topk_ids_ptr, topk_weights_ptr, E, MUL_ROUTED_WEIGHT: tl.constexpr,
-                   EARLY_ROUTING: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Before the K loop: :func:`_row_routing` when ``EARLY_ROUTING``, else placeholders (the epilogue loads them)."""
-    if EARLY_ROUTING:
-        id_ok, rw = _row_routing(pair, row_ok, topk_ids_ptr, topk_weights_ptr, E, MUL_ROUTED_WEIGHT)
+    its routing weight (GEMM2; zeros otherwise) — or, unless ``LOAD``, placeholders.  Loaded in the
+    epilogue, or — ``EARLY_ROUTING``, a GEMM2 of at most
+    :data:`triton_moe.config.EARLY_ROUTING_MAX_K_STEPS` K steps — before the K loop, so that the two
+    gathers' latency hides under a main loop too short to cover an epilogue's wait; a long loop gains
+    nothing and holds the registers across it.  notes/triton_moe.md has the measurement."""
+    if LOAD:
+        ids = tl.load(topk_ids_ptr + pair, mask=row_ok, other=0)
+        id_ok = (ids >= 0) & (ids < E)
+        if MUL_ROUTED_WEIGHT:
+            rw = tl.load(topk_weights_ptr + pair, mask=row_ok, other=0.0)
+        else:
+            rw = tl.zeros([BLOCK_M], dtype=tl.float32)
     else:
         id_ok, rw = row_ok, tl.zeros([BLOCK_M], dtype=tl.float32)
     return id_ok, rw
@@ -274,7 +267,7 @@ def _epilogue(acc, acc_up, scale_bad, pair, row_ok, a_row, expert, offs_n, col_o
               EARLY_ROUTING: tl.constexpr):
     """The epilogue of both grouped GEMMs on an (unswapped) [BLOCK_M, BLOCK_N] tile: dequantize,
     SiLU(gate)·up and the intermediate's amax (GEMM1), routing weight (GEMM2), error bits, store.
-    ``id_ok`` and ``rw`` come from :func:`_early_routing` (``EARLY_ROUTING``) or are loaded here."""
+    ``id_ok`` and ``rw`` were loaded before the K loop (``EARLY_ROUTING``) or are loaded here (:func:`_row_routing`)."""
     acc, bad = _dequant_after_loop(acc, a_scale_ptr, a_row, row_ok, w_scale_ptr, expert, offs_n, col_ok,
                                    N_TOTAL, QUANT)
     if QUANT == PER_BLOCK:
@@ -282,7 +275,7 @@ def _epilogue(acc, acc_up, scale_bad, pair, row_ok, a_row, expert, offs_n, col_o
     # a pair whose id is outside [0, E) was aligned with it clamped (triton_moe.align): GEMM1 zeroes
     # its intermediate, GEMM2 multiplies it by NaN instead of its routing weight (moe_spec.contract)
     if not EARLY_ROUTING:
-        id_ok, rw = _row_routing(pair, row_ok, topk_ids_ptr, topk_weights_ptr, E, MUL_ROUTED_WEIGHT)
+        id_ok, rw = _row_routing(pair, row_ok, topk_ids_ptr, topk_weights_ptr, E, MUL_ROUTED_WEIGHT, True, BLOCK_M)
     out_mask = row_ok[:, None] & col_ok[None, :]
     if FUSE_SILU:
         up, bad_up = _dequant_after_loop(acc_up, a_scale_ptr, a_row, row_ok, w_scale_ptr, expert, N + offs_n,
@@ -378,8 +371,8 @@ def moe_gemm_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     pair = tl.load(sorted_ids_ptr + offs_m)
     row_ok = pair < num_pairs
-    id_ok, rw = _early_routing(pair, row_ok, topk_ids_ptr, topk_weights_ptr, E, MUL_ROUTED_WEIGHT, EARLY_ROUTING,
-                               BLOCK_M)
+    id_ok, rw = _row_routing(pair, row_ok, topk_ids_ptr, topk_weights_ptr, E, MUL_ROUTED_WEIGHT, EARLY_ROUTING,
+                             BLOCK_M)
     a_row = pair // A_ROW_DIV
     expert = tl.load(expert_of_block_ptr + pid_m)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -57,7 +57,7 @@ from triton.runtime import _allocation
 
 from moe_spec.hopper import TMA_ALIGN_BYTES as TMA_ALIGN, sm_count
 from triton_moe.jit import launch
-from triton_moe.kernels import FP8_BLOCK, PER_BLOCK, _early_routing, _epilogue, _mma, _mma_scaled, _scale_bad
+from triton_moe.kernels import FP8_BLOCK, PER_BLOCK, _epilogue, _mma, _mma_scaled, _row_routing, _scale_bad
 
 
 def _torch_scratch(size: int, alignment: int, stream):
@@ -152,8 +152,8 @@ def moe_gemm_tma_kernel(
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         pair = tl.load(sorted_ids_ptr + offs_m)
         row_ok = pair < num_pairs
-        id_ok, rw = _early_routing(pair, row_ok, topk_ids_ptr, topk_weights_ptr, E, MUL_ROUTED_WEIGHT,
-                                   EARLY_ROUTING, BLOCK_M)
+        id_ok, rw = _row_routing(pair, row_ok, topk_ids_ptr, topk_weights_ptr, E, MUL_ROUTED_WEIGHT,
+                                 EARLY_ROUTING, BLOCK_M)
         a_row = pair // A_ROW_DIV
         expert = tl.load(expert_of_block_ptr + pid_m)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
