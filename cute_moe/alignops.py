@@ -13,17 +13,21 @@ chunk ``c`` in both launches, its warps consecutive slices of it, walked 32 pair
    the maps up to :data:`FILL_CTAS`, whichever is more):
 
    a. every expert's total in every CTA: with one chunk each CTA stages the (≤ 2048) pairs and
-      counts them itself (the same table everywhere: no grid barrier); with more, it sums launch
-      1's ``counts`` (a chunk's CTA also the chunks before its own);
+      counts them itself (the same totals everywhere: no grid barrier), each round's count added by
+      a shared-memory atomic, and apart the pairs before its own piece (c); with more chunks it
+      sums launch 1's ``counts`` (a chunk's CTA also the chunks before its own);
    b. the padded totals scanned over the experts (a block scan): ``s_end``, each run's end;
       CTA 0 writes ``expert_end`` and each GEMM tile's used-block count;
-   c. a chunk's CTA checks its pairs (range, weight, earlier slots of the token row: compared
-      clamped in shared memory, confirmed on the raw ids in global memory, which also serves a row
-      straddling two chunks) and places them: its table becomes the row of each warp's next pair
-      of ``e`` (start + pairs of ``e`` in earlier chunks and warps); in a round ``match.any`` gives
-      a lane the lanes of its expert, its rank is the popcount of those below it and the lowest
-      advances the entry: a pair's row is its expert's start plus the number of earlier pairs of
-      that expert (the stable order, no atomics); the lane writes the pair into every map;
+   c. a CTA checks and places its pairs: with more chunks, a chunk's CTA its chunk; with a single
+      chunk, every CTA the piece of whole 32-pair rounds :func:`~cute_moe.alignsteps.place_slice`
+      gives it (the per-pair work spread over the grid the fill launches anyway).  The checks:
+      range, weight, earlier slots of the token row (compared clamped in shared memory, confirmed
+      on the raw ids in global memory, which also serves a row straddling two chunks or pieces).
+      The placement: the table becomes the row of each warp's next pair of ``e`` (start + pairs of
+      ``e`` in earlier chunks or pieces and warps); in a round ``match.any`` gives a lane the lanes
+      of its expert, its rank is the popcount of those below it and the lowest advances the entry:
+      a pair's row is its expert's start plus the number of earlier pairs of that expert (the
+      stable order, no atomics); the lane writes the pair into every map;
    d. CTA ``g`` fills the slices ``g, g + grid, …`` of :data:`FILL_ROWS` rows: a thread per row
       finds its expert by a binary search of ``s_end`` and, if the row holds no pair, writes the
       sentinel, the last token and weight 0; a thread per block starting in the slice writes its
@@ -47,8 +51,8 @@ from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, mak
 from cutlass.memory import SmemAllocator  # noqa: E402
 
 from .alignsteps import (BIG, CHUNK, FILL_CTAS, FILL_ROWS, GEMM_TILES, ID_DTYPES, MAX_EXPERTS,  # noqa: E402,F401
-                         THREADS, WARP, WARPS, _check_chunk, _count_warp_slice, _fill, _padded,
-                         _place_warp_slice, _scan_runs, _stage_chunk, _stage_pairs)
+                         THREADS, WARP, WARPS, _check_chunk, _count_totals, _count_warp_slice, _fill, _padded,
+                         _place_warp_slice, _scan_runs, _stage_chunk, _stage_pairs, place_slice)
 from .ptx import compile_once  # noqa: E402
 
 
@@ -83,7 +87,7 @@ class CountExperts:
         table = smem.allocate_tensor(cutlass.Int32, cute.make_layout((WARPS, MAX_EXPERTS), stride=(MAX_EXPERTS, 1)))
         _stage_chunk(ids, s_ids, lo, n, num_experts)
         cute.arch.sync_threads()
-        _count_warp_slice(s_ids, table, n, num_experts)
+        _count_warp_slice(s_ids, table, 0, n, num_experts)
         cute.arch.sync_threads()
         e = tidx
         while e < num_experts:
@@ -139,6 +143,15 @@ class PlacePairs:
         if chunks == 1:
             lo = cutlass.Int32(0)
         n = cutlass.min(CHUNK, num_pairs - lo)
+        a = cutlass.Int32(0)  # [a, b): the staged positions this CTA checks and places
+        b = n
+        if chunks == 1:
+            first, last = place_slice(c, grid, n)
+            a = first
+            b = last
+        if c >= chunks:
+            if chunks > 1:
+                b = cutlass.Int32(0)
         smem = SmemAllocator()
         s_ids = smem.allocate_tensor(cutlass.Int32, cute.make_layout(CHUNK))
         s_w = smem.allocate_tensor(cutlass.Float32, cute.make_layout(CHUNK))
@@ -148,8 +161,8 @@ class PlacePairs:
         s_end = smem.allocate_tensor(cutlass.Int32, cute.make_layout(MAX_EXPERTS))     # end of e's run
         s_warp_sums = smem.allocate_tensor(cutlass.Int32, cute.make_layout(WARPS))
 
-        # (a) every expert's total (and its pairs in the chunks before this one): from launch 1's
-        #     counts, or — a single chunk, where launch 1 is skipped — from each CTA's own count
+        # (a) every expert's total (and its pairs before this CTA's): from launch 1's counts, or — a
+        #     single chunk, where launch 1 is skipped — from each CTA's own count of the whole chunk
         staged = (chunks == 1) | (c < chunks)
         if staged:
             _stage_pairs(ids, weights, s_ids, s_w, lo, n, num_experts)
@@ -166,20 +179,18 @@ class PlacePairs:
                 s_before[e] = before
                 s_total[e] = total
                 e += THREADS
-        cute.arch.sync_threads()
-        if staged:
-            _count_warp_slice(s_ids, table, n, num_experts)
-        cute.arch.sync_threads()
-        if chunks == 1:
+        else:
             e = tidx
             while e < num_experts:
-                total = cutlass.Int32(0)
-                for w in cutlass.range_constexpr(WARPS):
-                    total += table[w, e]
                 s_before[e] = 0
-                s_total[e] = total
+                s_total[e] = 0
                 e += THREADS
-            cute.arch.sync_threads()
+        cute.arch.sync_threads()
+        if chunks == 1:
+            _count_totals(s_ids, s_total, s_before, n, a)
+        if b > a:
+            _count_warp_slice(s_ids, table, a, b, num_experts)
+        cute.arch.sync_threads()
         # (b) the padded runs scanned over the experts; past them, BIG up to a power of two
         _scan_runs(s_total, s_end, s_warp_sums, num_experts, tile)  # ends with a CTA barrier
         top = cutlass.Int32(1)
@@ -198,7 +209,7 @@ class PlacePairs:
                 used = s_end[num_experts - 1]
                 block_counts[0] = used // tile0
                 block_counts[1] = used // tile1
-        if c < chunks:
+        if b > a:
             e = tidx
             while e < num_experts:  # table[w, e] := the row of warp w's first pair of expert e
                 row = s_end[e] - _padded(s_total[e], tile) + s_before[e]
@@ -208,11 +219,11 @@ class PlacePairs:
                     row += mine
                 e += THREADS
         cute.arch.sync_threads()
-        # (c) this chunk's checks, its pairs in index order within each expert, their rows in every map
-        if c < chunks:
-            _check_chunk(ids, s_ids, s_w, word, lo, n, top_k)
+        # (c) this CTA's checks, its pairs in index order within each expert, their rows in every map
+        if b > a:
+            _check_chunk(ids, s_ids, s_w, word, lo, a, b, top_k)
             _place_warp_slice(s_ids, s_w, table, sorted_ids, token_of_row, weight_of_row, row_of_pair,
-                              weight_of_pair, row_mask, lo, n, top_k)
+                              weight_of_pair, row_mask, lo, a, b, top_k)
         # (d) this CTA's slices: the rows without a pair, and every block's expert
         _fill(s_total, s_end, sorted_ids, expert_of_block, token_of_row, weight_of_row, row_mask, blocks0,
               blocks1, num_experts, top, tile, tile0, tile1, num_pairs, num_pairs // top_k - 1, c, grid)

@@ -77,8 +77,8 @@ def _stage_pairs(ids: cute.Tensor, weights: cute.Tensor, s_ids: cute.Tensor, s_w
 
 
 @cute.jit
-def _check_chunk(ids: cute.Tensor, s_ids: cute.Tensor, s_w: cute.Tensor, word: cute.Tensor, lo, n, top_k):
-    """The routing data checks of the chunk's pairs (``guard_routing``'s meaning): an id outside
+def _check_chunk(ids: cute.Tensor, s_ids: cute.Tensor, s_w: cute.Tensor, word: cute.Tensor, lo, a, b, top_k):
+    """The routing data checks of the staged chunk's pairs ``[a, b)`` (``guard_routing``'s meaning): an id outside
     [0, E), a non-finite weight (``w − w`` is not 0), an id equal to one in an earlier slot of the
     same token row — raw ids, so two equal out-of-range ids count as a repeat, as there: the staged
     (clamped) experts are compared first, and only a clamped match, or an earlier slot in the chunk
@@ -86,8 +86,8 @@ def _check_chunk(ids: cute.Tensor, s_ids: cute.Tensor, s_w: cute.Tensor, word: c
     tidx, _, _ = cute.arch.thread_idx()
     bits = cutlass.Int32(0)
     for k in cutlass.range_constexpr(CHUNK // THREADS):
-        i = k * THREADS + tidx
-        if i < n:
+        i = a + k * THREADS + tidx
+        if i < b:
             x = s_ids[i]
             w = s_w[i]
             if (x & BAD) != 0:
@@ -109,18 +109,29 @@ def _check_chunk(ids: cute.Tensor, s_ids: cute.Tensor, s_w: cute.Tensor, word: c
 
 
 @cute.jit
-def _warp_slice(n):
-    """``[first, last)``: the positions of the chunk's ``n`` pairs this warp owns (whole rounds of 32
-    lanes, consecutive warps own consecutive slices; trailing warps may own nothing)."""
+def _warp_slice(start, end):
+    """``[first, last)``: the positions of ``[start, end)`` this warp owns (whole rounds of 32 lanes,
+    consecutive warps own consecutive slices; trailing warps may own nothing)."""
     warp = cute.arch.warp_idx()
-    span = (n + WARPS * WARP - 1) // (WARPS * WARP) * WARP
-    first = warp * span
-    return first, cutlass.min(first + span, n)
+    span = (end - start + WARPS * WARP - 1) // (WARPS * WARP) * WARP
+    first = start + warp * span
+    return first, cutlass.min(first + span, end)
+
+
+def place_slice(c, grid, n):
+    """``[a, b)``: the positions of a single chunk's ``n`` pairs that CTA ``c`` of a ``grid`` checks and
+    places — consecutive pieces of whole 32-pair rounds, so that the chunk's per-pair work is spread
+    over the CTAs the fill launches anyway.  Plain integer arithmetic: traced into the kernel, and
+    callable in Python (the CPU model walks it)."""
+    piece = ((n + grid - 1) // grid + WARP - 1) // WARP * WARP
+    a = cutlass.min(c * piece, n)
+    return a, cutlass.min(a + piece, n)
 
 
 @cute.jit
-def _count_warp_slice(s_ids: cute.Tensor, table: cute.Tensor, n, num_experts):
-    """``table[w, e]`` = the pairs of expert ``e`` in warp ``w``'s slice (each warp writes only its row)."""
+def _count_warp_slice(s_ids: cute.Tensor, table: cute.Tensor, start, end, num_experts):
+    """``table[w, e]`` = the pairs of expert ``e`` in warp ``w``'s slice of ``[start, end)`` (each warp
+    writes only its row)."""
     lane = cute.arch.lane_idx()
     warp = cute.arch.warp_idx()
     e = lane
@@ -128,7 +139,7 @@ def _count_warp_slice(s_ids: cute.Tensor, table: cute.Tensor, n, num_experts):
         table[warp, e] = 0
         e += WARP
     cute.arch.sync_warp()
-    first, last = _warp_slice(n)
+    first, last = _warp_slice(start, end)
     base = first
     while base < last:
         x = cutlass.Int32(-1)
@@ -138,6 +149,29 @@ def _count_warp_slice(s_ids: cute.Tensor, table: cute.Tensor, n, num_experts):
         if (x >= 0) & ((peers & cute.arch.lanemask_lt()) == 0):  # the lowest of them adds them all
             table[warp, x] = table[warp, x] + cutlass.Int32(cute.arch.popc(peers))
         cute.arch.sync_warp()
+        base += WARP
+
+
+@cute.jit
+def _count_totals(s_ids: cute.Tensor, s_total: cute.Tensor, s_before: cute.Tensor, n, a):
+    """``s_total[e]`` += the pairs of expert ``e`` among the chunk's ``n``, ``s_before[e]`` += those
+    before position ``a`` (a multiple of 32: a round lies wholly before it or not).  The lowest lane
+    of each expert in a round adds the round's count by a shared-memory atomic: a sum is the same in
+    any order, and no round waits for the one before (the per-warp table's read-modify-write chains
+    them)."""
+    lane = cute.arch.lane_idx()
+    first, last = _warp_slice(0, n)
+    base = first
+    while base < last:
+        x = cutlass.Int32(-1)
+        if base + lane < last:
+            x = s_ids[base + lane] & NOT_BAD
+        peers = cute.arch.match_sync(FULL_MASK, x)
+        if (x >= 0) & ((peers & cute.arch.lanemask_lt()) == 0):
+            k = cutlass.Int32(cute.arch.popc(peers))
+            cute.arch.atomic_add(s_total.iterator + x, k)
+            if base < a:
+                cute.arch.atomic_add(s_before.iterator + x, k)
         base += WARP
 
 
@@ -177,12 +211,12 @@ def _scan_runs(s_total: cute.Tensor, s_end: cute.Tensor, s_warp_sums: cute.Tenso
 @cute.jit
 def _place_warp_slice(s_ids: cute.Tensor, s_w: cute.Tensor, table: cute.Tensor, sorted_ids: cute.Tensor,
                       token_of_row: cute.Tensor, weight_of_row: cute.Tensor, row_of_pair: cute.Tensor,
-                      weight_of_pair: cute.Tensor, row_mask: cute.Tensor, lo, n, top_k):
-    """Each pair of this warp's slice goes to row ``table[w, e]`` + its rank among the round's lanes
+                      weight_of_pair: cute.Tensor, row_mask: cute.Tensor, lo, a, b, top_k):
+    """Each pair of this warp's slice of ``[a, b)`` goes to row ``table[w, e]`` + its rank among the round's lanes
     of expert ``e`` (written to every map); then the lowest such lane advances ``table[w, e]``."""
     lane = cute.arch.lane_idx()
     warp = cute.arch.warp_idx()
-    first, last = _warp_slice(n)
+    first, last = _warp_slice(a, b)
     base = first
     while base < last:
         raw = cutlass.Int32(-1)

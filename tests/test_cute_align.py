@@ -28,7 +28,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from cute_moe.alignops import (BIG, CHUNK, FILL_CTAS, FILL_ROWS, MAX_EXPERTS, THREADS, WARP, WARPS,  # noqa: E402
-                               compile_align_kernels, place_ctas)
+                               compile_align_kernels, place_ctas, place_slice)
 from cute_moe.rowmaps import align_on_device, reference_rows, sort_rows_on_device  # noqa: E402
 from moe_spec.align import align, max_rows  # noqa: E402
 from moe_spec.validate import BAD_ID, BAD_WEIGHT, REPEATED_ID  # noqa: E402
@@ -76,11 +76,12 @@ def _stage_bad(flat, lo, n, num_experts):
     return (torch.arange(CHUNK) < n) & ((v < 0) | (v >= num_experts))
 
 
-def _check(flat, weights, s_ids, lo, n, num_experts, top_k):
-    """The error bits a chunk's threads OR in: range, finite weight, the earlier slots of the row —
-    the staged (clamped) experts compared first, the raw ids only on a clamped match or before the chunk."""
+def _check(flat, weights, s_ids, lo, a, b, num_experts, top_k):
+    """The error bits a CTA's threads OR in for the staged positions [a, b): range, finite weight, the
+    earlier slots of the row — the staged (clamped) experts compared first, the raw ids only on a
+    clamped match or before the chunk."""
     bits = 0
-    for p in range(lo, lo + n):
+    for p in range(lo + a, lo + b):
         v = int(flat[p])
         if not 0 <= v < num_experts:
             bits |= BAD_ID
@@ -95,17 +96,18 @@ def _check(flat, weights, s_ids, lo, n, num_experts, top_k):
     return bits
 
 
-def _warp_slice(n, warp):
-    span = -(-n // (WARPS * WARP)) * WARP
-    first = warp * span
-    return first, min(first + span, n)
+def _warp_slice(start, end, warp):
+    span = -(-(end - start) // (WARPS * WARP)) * WARP
+    first = start + warp * span
+    return first, min(first + span, end)
 
 
-def _rounds(s_ids, n, warp):
-    """The warp's 32-lane rounds: (chunk positions, experts (−1: idle lane), rank among the lanes of
-    the same expert below, lanes of the same expert) — what ``match.any`` and ``lanemask_lt`` give."""
+def _rounds(s_ids, start, end, warp):
+    """The warp's 32-lane rounds over its slice of [start, end): (chunk positions, experts (−1: idle
+    lane), rank among the lanes of the same expert below, lanes of the same expert) — what
+    ``match.any`` and ``lanemask_lt`` give."""
     lane = torch.arange(WARP)
-    first, last = _warp_slice(n, warp)
+    first, last = _warp_slice(start, end, warp)
     for base in range(first, last, WARP):
         pos = base + lane
         x = torch.where(pos < last, s_ids[pos.clamp(max=CHUNK - 1)], -1)
@@ -113,13 +115,27 @@ def _rounds(s_ids, n, warp):
         yield pos, x, (same & (lane[None, :] < lane[:, None])).sum(1), same.sum(1)
 
 
-def _count_warp_slices(s_ids, n, num_experts):
+def _count_warp_slices(s_ids, start, end, num_experts):
     table = torch.zeros(WARPS, num_experts, dtype=torch.int64)
     for w in range(WARPS):
-        for _, x, rank, size in _rounds(s_ids, n, w):
+        for _, x, rank, size in _rounds(s_ids, start, end, w):
             lead = (x >= 0) & (rank == 0)  # one lane per expert: distinct indices
             table[w, x[lead]] += size[lead]
     return table
+
+
+def _count_totals(s_ids, n, a, num_experts):
+    """``_count_totals``: every round's per-expert counts over the chunk's n pairs summed (the kernel's
+    shared atomics: the order does not matter), and those of the rounds before position a."""
+    total = torch.zeros(num_experts, dtype=torch.int64)
+    before = torch.zeros(num_experts, dtype=torch.int64)
+    for w in range(WARPS):
+        for pos, x, rank, size in _rounds(s_ids, 0, n, w):
+            lead = (x >= 0) & (rank == 0)
+            total[x[lead]] += size[lead]
+            if int(pos[0]) < a:
+                before[x[lead]] += size[lead]
+    return total, before
 
 
 def _scan_runs(total, tile):
@@ -155,14 +171,12 @@ def _owner(s_end, r, top):
     return pos
 
 
-def _chunk_totals(flat, lo, n, num_experts, cache):
-    """A CTA's staged chunk and its per-warp table.  Every CTA that stages the same chunk computes
-    the same values (same data, same code), so the model computes them once per chunk."""
+def _staged(flat, lo, n, num_experts, cache):
+    """A CTA's staged chunk.  Every CTA that stages the same chunk holds the same values (same data,
+    same code), so the model stages it once per chunk."""
     if (lo, n) not in cache:
-        s_ids = _stage(flat, lo, n, num_experts)
-        cache[lo, n] = s_ids, _count_warp_slices(s_ids, n, num_experts)
-    s_ids, table = cache[lo, n]
-    return s_ids, table.clone()
+        cache[lo, n] = _stage(flat, lo, n, num_experts)
+    return cache[lo, n]
 
 
 def model_align(topk_ids, num_experts, tile, topk_weights=None, gemm_tiles=None, ctas=None):
@@ -187,7 +201,7 @@ def model_align(topk_ids, num_experts, tile, topk_weights=None, gemm_tiles=None,
     bits, cache, scans = 0, {}, {}
     for c in range(chunks if chunks > 1 else 0):  # launch 1 (skipped for a single chunk)
         lo, n = c * CHUNK, min(CHUNK, num_pairs - c * CHUNK)
-        counts[c] = _count_warp_slices(_stage(flat, lo, n, num_experts), n, num_experts).sum(0)
+        counts[c] = _count_warp_slices(_stage(flat, lo, n, num_experts), 0, n, num_experts).sum(0)
     top = 1 << (num_experts - 1).bit_length()
 
     def pad(r):
@@ -199,13 +213,15 @@ def model_align(topk_ids, num_experts, tile, topk_weights=None, gemm_tiles=None,
     for c in range(grid):  # launch 2
         lo = 0 if chunks == 1 else c * CHUNK  # one chunk: staged by every CTA
         n = min(CHUNK, num_pairs - lo)
-        s_ids = table = None
+        start, stop = place_slice(c, grid, n) if chunks == 1 else (0, n if c < chunks else 0)  # this CTA's pairs
+        s_ids = None
         if chunks == 1 or c < chunks:
-            s_ids, table = _chunk_totals(flat, lo, n, num_experts, cache)
+            s_ids = _staged(flat, lo, n, num_experts, cache)
         if chunks > 1:
             before, total = counts[:min(c, chunks)].sum(0), counts.sum(0)
-        else:  # the CTA's own table holds the totals
-            before, total = torch.zeros(num_experts, dtype=torch.int64), table.sum(0)
+        else:  # the CTA counts the whole chunk itself
+            total, before = _count_totals(s_ids, n, start, num_experts)
+        table = _count_warp_slices(s_ids, start, stop, num_experts) if stop > start else None
         key = tuple(total.tolist())
         if key not in scans:  # the same totals give the same scan in every CTA
             scans[key] = _scan_runs(total, tile)
@@ -215,14 +231,14 @@ def model_align(topk_ids, num_experts, tile, topk_weights=None, gemm_tiles=None,
         if c == 0:
             out["expert_end"].store(torch.arange(num_experts), end)
             out["block_counts"].store(torch.arange(2), torch.tensor([used // tiles[0], used // tiles[1]]))
-        if c < chunks:
+        if stop > start:
             row = end - _padded(total, tile) + before
             for w in range(WARPS):
                 row, table[w] = row + table[w], row
             bad = _stage_bad(flat, lo, n, num_experts)
-            bits |= _check(flat, weights, s_ids, lo, n, num_experts, top_k)
+            bits |= _check(flat, weights, s_ids, lo, start, stop, num_experts, top_k)
             for w in range(WARPS):  # placement: the pair's row in every map
-                for pos, x, rank, size in _rounds(s_ids, n, w):
+                for pos, x, rank, size in _rounds(s_ids, start, stop, w):
                     live = x >= 0
                     r, p = table[w, x[live]] + rank[live], lo + pos[live]
                     out["sorted_ids"].store(r, p)
@@ -478,9 +494,11 @@ def test_kernels_compile_to_ptx_with_the_scheme_s_instructions(ptx, dtype):
         assert "match.any.sync.b32" in text and "%lanemask_lt" in text and "popc.b32" in text
         # the ids are read in their own width: no conversion launch on the host
         assert re.search(rf"ld\.global(\.\w+)*\.b{dtype.itemsize * 8}\b", text)
-    # the sort uses no atomics; the one atomic is the error word's OR
+    # the stable order uses no atomics: the count launch none, the place launch the error word's OR
+    # and the shared-memory sums of a single chunk's totals (the same in any order)
     assert not re.search(r"\b(atom|red)\.", count)
-    assert re.findall(r"\b(?:atom|red)\.[\w.]+", place) == ["atom.global.or.b32"]
+    atomics = re.findall(r"\b(?:atom|red)\.[\w.]+", place)
+    assert atomics.count("atom.global.or.b32") == 1 and set(atomics) == {"atom.global.or.b32", "atom.shared.add.u32"}
     assert "shfl.sync.up.b32" in place  # the block scan over the experts
     assert "%nctaid.x" in place and "%nctaid.x" not in count  # the fill slices and scratch go round the grid
     assert "shfl.sync.up" not in count
