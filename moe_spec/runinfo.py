@@ -1,8 +1,8 @@
 """What every result file names about the run that produced it: date, device, commit, command.
 
 A number without its date, device, commit and command cannot be checked or reproduced, so the
-compare suite (``python -m compare``) and both benchmarks (``python -m cute_moe.bench``,
-``python -m triton_moe.bench``) take these fields from :func:`run_info`, spelled the same way:
+compare suite (``python -m compare``) and both benchmarks (``python -m cute_moe.lab.bench``,
+``python -m triton_moe.lab.bench``) take these fields from :func:`run_info`, spelled the same way:
 
 =========  ==================================================================================
 date       UTC, ``YYYY-MM-DD HH:MM UTC``

@@ -1,7 +1,7 @@
 """Where a study command puts its results: ``--out``, a new or empty directory, files written whole.
 
-The commands that measure on a GPU and leave a report (``python -m cute_moe.crossover``,
-``cute_moe.bench_align``, ``triton_moe.promotion``, ``triton_moe.bench_align``, ``triton_moe.bench_tma``)
+The commands that measure on a GPU and leave a report (``python -m cute_moe.lab.crossover``,
+``cute_moe.lab.bench_align``, ``triton_moe.lab.promotion``, ``triton_moe.lab.bench_align``, ``triton_moe.lab.bench_tma``)
 share three rules, kept here:
 
 :func:`check_out`

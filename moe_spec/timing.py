@@ -23,8 +23,8 @@ Roofline (:func:`roofline`)
 Wall clock (:func:`wall_us`, :func:`host_us`)
     ``time.perf_counter`` around ``calls`` back-to-back calls, ``repeats`` times; the median µs per
     call. With a ``sync`` (``torch.cuda.synchronize``) ending each repeat it is an eager call's
-    cost, host and GPU together (``compare.eager``); without one, and with launches that do not
-    reach a GPU, it is the host's time alone (:func:`host_us`, ``triton_moe.hostcost``).
+    cost, host and GPU together (``compare.timed.eager_sets_us``); without one, and with launches that do not
+    reach a GPU, it is the host's time alone (:func:`host_us`, ``triton_moe.lab.hostcost``).
 """
 
 from __future__ import annotations

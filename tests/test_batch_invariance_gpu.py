@@ -2,7 +2,7 @@
 whether the token is alone (T = 1) or one of T = 4096, on Mixtral-8x7B's catalog shape (every
 format: fp8_tensor with static scales) and on DeepSeek-V3 TP8 (fp8_tensor, static scales).
 
-The big batch is :class:`triton_moe.workload.Problem`'s input set; the single-token call takes row j
+The big batch is :class:`triton_moe.lab.workload.Problem`'s input set; the single-token call takes row j
 of it — the same x row, routing weights and expert ids — so only the batch around the token changes
 (its size, the other tokens, the alignment, and with them the plan's tile: at T = 1 the plan takes a
 swap-AB 16-token tile, at T = 4096 a 128 × 128 one; bf16's tuned table also changes BLOCK_K from 128
@@ -44,7 +44,7 @@ def _inputs(spec, quant, static):
     """The T = 4096 input set of ``quant`` (one weight set on the card at a time), with the static
     scales calibrated on it (``moe_spec.oracle.calibrate_static_scales``) when ``static``."""
     from moe_spec.oracle import calibrate_static_scales
-    from triton_moe.workload import Problem, drop_weights
+    from triton_moe.lab.workload import Problem, drop_weights
 
     if (spec, quant) not in _problems:
         _problems.clear()

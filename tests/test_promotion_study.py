@@ -1,4 +1,4 @@
-"""``python -m triton_moe.promotion`` on the CPU: the study kernel in every promotion mode through the
+"""``python -m triton_moe.lab.promotion`` on the CPU: the study kernel in every promotion mode through the
 interpreter (exact there: it checks what is computed, not the tensor core's rounding), what Triton
 compiles each mode to for sm_90a, the verdict, a whole run with a stand-in clock (the layer through
 the real backend), the reports, and the one-line refusals of bad options and of a used ``--out``."""
@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-import triton_moe.promotion as pr
+import triton_moe.lab.promotion as pr
 from moe_spec.problem import MoEShape
 from moe_spec.timing import Timing
 
@@ -81,7 +81,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from moe_spec.quant import get_format
-from triton_moe.promotion import BLOCK_K, FORMATS, INTERVALS, applies, label, mode_of, promotion_gemm_kernel as k
+from triton_moe.lab.promotion import BLOCK_K, FORMATS, INTERVALS, applies, label, mode_of, promotion_gemm_kernel as k
 
 sig = {"a_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "a_scale_ptr": "*fp32", "w_scale_ptr": "*fp32", "out_ptr": "*fp32",
        "M": "i32", "N": "i32", "K": "i32"}
@@ -161,7 +161,7 @@ def result():
     log = []
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(pr, "sets_for_cold_l2", lambda nbytes: 2)  # a tiny layer would get 64 sets
-        return pr.run(pr.FORMATS, (512, 1024), env=_env(log), command="python -m triton_moe.promotion --out x",
+        return pr.run(pr.FORMATS, (512, 1024), env=_env(log), command="python -m triton_moe.lab.promotion --out x",
                       commit="abc1234"), log
 
 
@@ -197,7 +197,7 @@ def test_markdown_names_the_run_and_has_the_table(result):
     result, _ = result
     md = pr.to_markdown(result)
     assert "- device: stand-in (CPU)" in md and "- commit: `abc1234`" in md and "- date: " in md
-    assert "- command: `python -m triton_moe.promotion --out x`" in md
+    assert "- command: `python -m triton_moe.lab.promotion --out x`" in md
     assert "- layer (fp8_tensor): tiny, T = 8, " in md
     assert "| format | n | promoted every | rel L2 K=512 | rel L2 K=1024 | GEMM µs | layer µs | layer rel L2 |" in md
     assert "| fp8_block | never | never | n/a | n/a | n/a | — | — |" in md
@@ -223,7 +223,7 @@ def test_main_runs_and_prints_the_verdict(tmp_path, monkeypatch, capsys):
     out = tmp_path / "out"
     assert pr.main(["--ks", "512", "--formats", "fp8_block", "--no-layer", "--out", str(out)]) == 0
     result = json.loads((out / "promotion.json").read_text())
-    assert result["meta"]["command"] == f"python -m triton_moe.promotion --ks 512 --formats fp8_block --no-layer " \
+    assert result["meta"]["command"] == f"python -m triton_moe.lab.promotion --ks 512 --formats fp8_block --no-layer " \
                                         f"--out {out}"
     assert {r["quant"] for r in result["rows"]} == {"fp8_block"} and result["layer"] == {}
     captured = capsys.readouterr()
@@ -249,7 +249,7 @@ def test_bad_options_are_one_line_naming_the_option(args, message, tmp_path, cap
     assert time.monotonic() - start < 5
     captured = capsys.readouterr()
     assert captured.out == "" and len(captured.err.strip().splitlines()) == 1 and message in captured.err
-    assert captured.err.startswith("python -m triton_moe.promotion: error: ")
+    assert captured.err.startswith("python -m triton_moe.lab.promotion: error: ")
     assert not (tmp_path / "new").exists()
 
 

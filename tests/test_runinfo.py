@@ -43,12 +43,12 @@ def test_suite_and_benches_take_their_metadata_from_runinfo():
     meta = _meta(SuiteSpec(device="cpu", command="c", commit="abc"), None)
     assert {k: meta[k] for k in ("commit", "command")} == {"commit": "abc", "command": "c"}
     assert set(runinfo.run_info("c", cuda=False)) <= set(meta)
-    for bench in ("cute_moe/bench.py", "triton_moe/bench.py"):
+    for bench in ("cute_moe/lab/bench.py", "triton_moe/lab/bench.py"):
         source = (ROOT / bench).read_text()
         assert "run_info(command_line(" in source and "rev-parse" not in source, bench
 
 
-@pytest.mark.parametrize("module", ["triton_moe.bench", "cute_moe.bench"])
+@pytest.mark.parametrize("module", ["triton_moe.lab.bench", "cute_moe.lab.bench"])
 def test_benches_without_a_gpu_say_so_in_one_line(module):
     env = dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
     r = subprocess.run([sys.executable, "-m", module], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)

@@ -11,9 +11,9 @@ from moe_spec import runinfo, studyout
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = ("a.md", "a.json")
-COMMANDS = ("cute_moe/crossover.py", "cute_moe/bench_align.py", "triton_moe/promotion.py", "triton_moe/bench_align.py",
-            "triton_moe/bench_tma.py", "triton_moe/bench_splitk.py", "triton_moe/bench_static.py", "cute_moe/bench_pingpong.py",
-            "triton_moe/bench_gemm2.py")
+COMMANDS = ("cute_moe/lab/crossover.py", "cute_moe/lab/bench_align.py", "cute_moe/lab/bench_pingpong.py",
+            "triton_moe/lab/promotion.py", "triton_moe/lab/bench_align.py", "triton_moe/lab/bench_tma.py",
+            "triton_moe/lab/bench_splitk.py", "triton_moe/lab/bench_static.py", "triton_moe/lab/bench_gemm2.py")
 
 
 def _refusal(text) -> str:
@@ -143,9 +143,10 @@ def _stderr_of(module, argv, capsys) -> str:
     return err
 
 
-@pytest.mark.parametrize("name", ["cute_moe.crossover", "cute_moe.bench_align", "triton_moe.promotion",
-                                  "triton_moe.bench_align", "triton_moe.bench_tma", "triton_moe.bench_splitk", "triton_moe.bench_static",
-                                  "cute_moe.bench_pingpong", "triton_moe.bench_gemm2"])
+@pytest.mark.parametrize("name", ["cute_moe.lab.crossover", "cute_moe.lab.bench_align", "cute_moe.lab.bench_pingpong",
+                                  "triton_moe.lab.promotion", "triton_moe.lab.bench_align", "triton_moe.lab.bench_tma",
+                                  "triton_moe.lab.bench_splitk", "triton_moe.lab.bench_static",
+                                  "triton_moe.lab.bench_gemm2"])
 def test_every_command_refuses_a_used_out_in_one_line_before_any_work(name, tmp_path, capsys):
     import importlib
 

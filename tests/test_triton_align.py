@@ -227,7 +227,7 @@ def test_a_repeat_found_in_a_later_rank_step(word):
 
 
 def test_bench_align_refuses_a_non_empty_out(tmp_path):
-    from triton_moe import bench_align
+    from triton_moe.lab import bench_align
 
     (tmp_path / "old.md").write_text("an earlier run")
     with pytest.raises(SystemExit, match="is not empty"):
@@ -238,7 +238,7 @@ def test_bench_align_refuses_a_non_empty_out(tmp_path):
 
 def test_bench_align_variants_restore_the_constants():
     from triton_moe import align as align_mod
-    from triton_moe import bench_align
+    from triton_moe.lab import bench_align
 
     before = align_mod.PLACE_WARPS, align_mod.SMALL_CHUNK
     with bench_align._variant("256-pair chunks"):
@@ -254,7 +254,7 @@ def test_bench_align_variants_restore_the_constants():
 def test_bench_align_on_the_gpu(tmp_path):
     import json
 
-    from triton_moe import bench_align
+    from triton_moe.lab import bench_align
 
     bench_align.main(["--out", str(tmp_path), "--shapes", "qwen3-30b-a3b", "--tokens", "1", "200"])
     rows = json.loads((tmp_path / "bench_align.json").read_text())["rows"]
@@ -264,11 +264,11 @@ def test_bench_align_on_the_gpu(tmp_path):
 
 
 def test_bench_align_table_names_every_variant_and_flags_a_mismatch():
-    from triton_moe import bench_align
+    from triton_moe.lab import bench_align
 
     cell = lambda us, ok=True: {"us": us, "p10_us": us - 0.5, "p90_us": us + 0.5, "chunk": 64, "reference": ok}  # noqa: E731
     row = {"shape": "qwen3-30b-a3b", "T": 1, "pairs": 8, "block_m": 16}
-    result = {"device": "H200", "date": "d", "commit": "c", "command": "python -m triton_moe.bench_align",
+    result = {"device": "H200", "date": "d", "commit": "c", "command": "python -m triton_moe.lab.bench_align",
               "rows": [row | {v: cell(5.0 + i) for i, v in enumerate(bench_align.VARIANTS)},
                        row | {"T": 8, "pairs": 64} | {v: cell(5.0, v != "4 warps") for v in bench_align.VARIANTS}]}
     md = bench_align.to_markdown(result)

@@ -1,11 +1,11 @@
-"""triton_moe.workload helpers that do not need a GPU: the weights it times are compare's weights."""
+"""triton_moe.lab.workload helpers that do not need a GPU: the weights it times are compare's weights."""
 
 import pytest
 import torch
 
 from moe_spec.problem import MoEShape, draw_weights, get_shape
 from moe_spec.quant import quantize_weight
-from triton_moe import workload as bench
+from triton_moe.lab import workload as bench
 
 SHAPE = MoEShape("bench-tiny", 4, 2, 64, 48, "test shape")
 

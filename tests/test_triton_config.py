@@ -60,8 +60,8 @@ def test_shipped_h200_table_exists_loads_and_is_used(spec, quant):
     assert sorted(table) == [1, 8, 32, 128, 1024, 4096], path.name
     body = json.loads(path.read_text())
     assert (body["shape"], body["dtype"]) == (spec, quant or "bf16")  # the layer, hence the top_k, it was tuned for
-    if "command" in body:  # written by triton_moe.autotune: rerunnable, with every candidate measured
-        assert body["command"].startswith("python -m triton_moe.autotune ") and body["commit"], path.name
+    if "command" in body:  # written by triton_moe.lab.autotune: rerunnable, with every candidate measured
+        assert body["command"].startswith("python -m triton_moe.lab.autotune ") and body["commit"], path.name
         assert all(str(T) in body["candidates_us"] for T in table), path.name
     for T, cfg in table.items():
         cfg.resolved().check(quant)
@@ -81,7 +81,7 @@ def test_no_stray_tables():
 @pytest.mark.parametrize("quant", [None, "fp8_tensor"], ids=lambda q: q or "bf16")
 def test_autotune_candidates_leave_swap_to_the_rule(spec, quant, T):
     from moe_spec.problem import get_shape
-    from triton_moe.autotune import candidates
+    from triton_moe.lab.autotune import candidates
 
     s = get_shape(spec)
     cands = candidates(T, s.num_experts, s.top_k, quant)

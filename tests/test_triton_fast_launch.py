@@ -1,7 +1,7 @@
 """The direct launch path of ``triton_moe.jit`` (a seen specialization skips ``JITFunction.run``).
 
 On the CPU the kernels are real ``JITFunction``\\ s run against the stand-in sm_90 driver of
-:mod:`triton_moe.hostcost`: Triton's own ``run`` binds, keys, "compiles" (a counted stand-in) and
+:mod:`triton_moe.lab.hostcost`: Triton's own ``run`` binds, keys, "compiles" (a counted stand-in) and
 launches into a launcher that records its arguments. The checks: a repeated specialization
 launches the kernel ``run`` compiled, with the arguments ``run`` would pass, on the current
 stream; a changed dtype, pointer alignment, integer class or constexpr goes through ``run`` and
@@ -21,7 +21,7 @@ from triton import knobs
 from triton.runtime.jit import JITFunction
 
 from triton_moe import jit
-from triton_moe.hostcost import stand_in_driver
+from triton_moe.lab.hostcost import stand_in_driver
 from triton_moe.jit import count_compilations, fast_key, launch, specialization_key
 
 GLOBAL_SCALE = tl.constexpr(3)
@@ -209,7 +209,7 @@ SCRIPT = r"""
 import json, sys, torch
 from moe_spec.problem import MoEShape, make_inputs
 from triton_moe import jit
-from triton_moe.hostcost import stand_in_driver
+from triton_moe.lab.hostcost import stand_in_driver
 from triton_moe.config import TritonConfig
 from triton_moe.moe import fused_moe
 

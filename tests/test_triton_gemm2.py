@@ -112,7 +112,7 @@ def test_only_the_persistent_gemms_weight_is_checked_for_tma():
 
 
 def test_gemm2_alone_is_the_layers_gemm2():
-    """``triton_moe.moe.gemm2`` (what ``python -m triton_moe.bench_gemm2`` times) writes the y the
+    """``triton_moe.moe.gemm2`` (what ``python -m triton_moe.lab.bench_gemm2`` times) writes the y the
     layer's own GEMM2 launch wrote, for the layer's routing and intermediate."""
     from moe_spec.quant import get_format
     from triton_moe import moe
@@ -195,7 +195,7 @@ def test_a_gemm2_tile_compiles_for_sm90_as_planned(quant, g2):
 
 def test_the_study_candidates_fit_and_differ_from_the_shared_tile():
     from moe_spec.problem import get_shape
-    from triton_moe.bench_gemm2 import CELLS, candidates
+    from triton_moe.lab.bench_gemm2 import CELLS, candidates
     from triton_moe.config import get_config
 
     assert CELLS[:2] == (("deepseek-v3:tp8", None, 4096), ("deepseek-v3:tp8", "fp8_tensor", 4096))
@@ -210,7 +210,7 @@ def test_the_study_candidates_fit_and_differ_from_the_shared_tile():
 
 
 def test_the_study_report_and_tables_render(tmp_path, monkeypatch):
-    from triton_moe import bench_gemm2
+    from triton_moe.lab import bench_gemm2
     from triton_moe import config as C
 
     monkeypatch.setattr(C, "current_device_name", lambda: "NVIDIA H200")
@@ -219,7 +219,7 @@ def test_the_study_report_and_tables_render(tmp_path, monkeypatch):
     def row(tile, us, **kw):
         return dict(shape="deepseek-v3:tp8", dtype="bf16", T=4096, tile=tile, us=us, tflops=1.0, vs_shared=us / 600, **kw)
 
-    results = dict(date="d", device="dev", commit="c", command="python -m triton_moe.bench_gemm2 --out x",
+    results = dict(date="d", device="dev", commit="c", command="python -m triton_moe.lab.bench_gemm2 --out x",
                    cut=["mixtral-8x7b fp8_block T=4096"],
                    rows=[row("shared 128x128x64/g8w8s3", 600.0), row(g2.label(), 400.0, rel_l2=1e-3, equal=True, best=True),
                          dict(shape="deepseek-v3:tp8", dtype="bf16", T=4096, tile="256x128/g8w8s3", error="E('x')")],
@@ -246,7 +246,7 @@ def test_the_study_report_and_tables_render(tmp_path, monkeypatch):
 
 
 def test_the_study_refuses_a_non_empty_output_directory(tmp_path, capsys):
-    from triton_moe import bench_gemm2
+    from triton_moe.lab import bench_gemm2
 
     (tmp_path / "x").write_text("")
     with pytest.raises(SystemExit) as e:
@@ -260,9 +260,9 @@ def test_the_study_runs_a_cell_end_to_end_on_a_stand_in(tmp_path, monkeypatch):
     shape and one interpreted call for the CUDA-graph timing."""
     import moe_spec.problem
     import moe_spec.timing
-    import triton_moe.workload
+    import triton_moe.lab.workload
     from moe_spec.timing import Timing
-    from triton_moe import bench_gemm2
+    from triton_moe.lab import bench_gemm2
 
     shape = MoEShape("stand-in", 8, 2, 160, 80, "test")
     calls = []
@@ -290,7 +290,7 @@ def test_the_study_runs_a_cell_end_to_end_on_a_stand_in(tmp_path, monkeypatch):
         return Timing(us, 0, 0, 0, 1, 1)
 
     monkeypatch.setattr(moe_spec.problem, "get_shape", lambda spec: shape)
-    monkeypatch.setattr(triton_moe.workload, "Problem", Stand)
+    monkeypatch.setattr(triton_moe.lab.workload, "Problem", Stand)
     monkeypatch.setattr(moe_spec.timing, "time_cuda_graph", timed)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     results = dict(date="d", device="cpu", commit="c", command="cmd", rows=[], cells=[], cut=[])

@@ -21,7 +21,7 @@ _current = [None]
 
 
 def _problem(spec, quant, T):
-    from triton_moe.workload import Problem, drop_weights
+    from triton_moe.lab.workload import Problem, drop_weights
 
     if _current[0] != (spec, quant):  # one weight set on the card at a time
         drop_weights()

@@ -136,7 +136,7 @@ def test_the_split_k_gemm1_compiles_for_sm90_with_its_exchange(fp8):
 def test_the_split_k_study_report_renders(tmp_path):
     import json
 
-    from triton_moe import bench_splitk
+    from triton_moe.lab import bench_splitk
 
     def row(s, us):
         return dict(shape="deepseek-v3:tp8", dtype="bf16", T=1, tile="16x64x64/g1w4s5", split_k=s, us=us,

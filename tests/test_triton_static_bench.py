@@ -1,11 +1,11 @@
-"""``python -m triton_moe.bench_static`` on the CPU: its report renders every row kind, and it refuses
+"""``python -m triton_moe.lab.bench_static`` on the CPU: its report renders every row kind, and it refuses
 a bad ``--deadline-s`` or a machine without CUDA in one line, before any work."""
 
 import json
 
 import pytest
 
-from triton_moe import bench_static
+from triton_moe.lab import bench_static
 
 
 def test_the_static_scale_report_renders(tmp_path):

@@ -196,7 +196,7 @@ def test_sm90_binary_reads_weights_by_tma_and_rows_by_async_copy(fuse_silu, quan
 
 
 def test_bench_refuses_a_non_empty_output_directory(tmp_path, capsys):
-    from triton_moe import bench_tma
+    from triton_moe.lab import bench_tma
 
     (tmp_path / "old.md").write_text("an earlier run\n")
     with pytest.raises(SystemExit) as e:
@@ -206,7 +206,7 @@ def test_bench_refuses_a_non_empty_output_directory(tmp_path, capsys):
 
 
 def test_bench_report_renders(tmp_path):
-    from triton_moe import bench_tma
+    from triton_moe.lab import bench_tma
 
     row = dict(shape="mixtral-8x7b", dtype="bf16", T=4096, tile="128x128x64/g8w8s3", grouped_us=5357.0,
                persistent_us=5000.0, speedup=1.0714, grouped_tflops=478.0, persistent_tflops=512.0, rel_l2=0.0,

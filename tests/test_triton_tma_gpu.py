@@ -28,7 +28,7 @@ def _small(quant):
 
 
 def _catalog(quant):
-    from triton_moe.workload import Problem, drop_weights
+    from triton_moe.lab.workload import Problem, drop_weights
 
     drop_weights()
     p = Problem(get_shape(CATALOG[0]), CATALOG[1], quant, n_sets=1)
@@ -65,7 +65,7 @@ def test_bit_identical_to_grouped_kernel(quant, where):
 @pytest.mark.parametrize("flatten", [False, True], ids=["loop", "flatten"])
 @pytest.mark.parametrize("quant", [None, "fp8_tensor"], ids=lambda q: q or "bf16")
 def test_rerun_and_graph_replay(quant, flatten):
-    from triton_moe.workload import Problem, drop_weights
+    from triton_moe.lab.workload import Problem, drop_weights
 
     drop_weights()
     p = Problem(get_shape(CATALOG[0]), CATALOG[1], quant, n_sets=1)
@@ -80,7 +80,7 @@ def test_rerun_and_graph_replay(quant, flatten):
 def test_batch_sweep_does_not_recompile():
     from triton_moe import TritonConfig, fused_moe
     from triton_moe.jit import count_compilations
-    from triton_moe.workload import Problem
+    from triton_moe.lab.workload import Problem
 
     cfg = TritonConfig(128, 128, 64, 8, 8, 3, False, persistent_tma=True)
     problem = lambda T: Problem(get_shape("qwen3-30b-a3b"), T, None, n_sets=1).sets[0]  # noqa: E731

@@ -12,8 +12,8 @@ config=None, swap_ab=None)`` implements the backend contract of :mod:`moe_spec.c
 Read in this order: :mod:`~triton_moe.align` (sorting pairs by expert), :mod:`~triton_moe.kernels`
 (the grouped GEMM with swap-AB and in-register FP8), :mod:`~triton_moe.moe` (the pipeline),
 :mod:`~triton_moe.config` (tiles, GEMM2's own tile, the swap-AB rule, tuned tables), :mod:`~triton_moe.plan` (the
-decisions of one call), :mod:`~triton_moe.jit` (the compile counter), :mod:`~triton_moe.autotune`
-and :mod:`~triton_moe.bench` (GPU tools).
+decisions of one call), :mod:`~triton_moe.jit` (the compile counter), :mod:`~triton_moe.lab.autotune`
+and :mod:`~triton_moe.lab.bench` (GPU tools).
 """
 
 from moe_spec.contract import make_fused_experts

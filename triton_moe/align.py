@@ -40,7 +40,7 @@ instead of once, in exchange for a launch — for the catalog shapes at T = 4096
 would read, and four times more chunks would read sixteen times more in all. Both kernels run at
 every T, so a warm-up at any batch size compiles all there is: a single-program path for one
 chunk would save a launch at decode but compile new binaries the first time a batch needs two
-chunks. ``python -m triton_moe.bench_align`` times the alignment on a GPU (with and without the
+chunks. ``python -m triton_moe.lab.bench_align`` times the alignment on a GPU (with and without the
 small chunks, and with 4 warps per place program).
 
 The checks of ``topk_ids`` (``moe_spec.validate``): the place kernel reads every id, so it also

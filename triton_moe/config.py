@@ -17,7 +17,7 @@ The swap-AB rule (:func:`choose_swap_ab`)
     THE rule: swap exactly when ``BLOCK_M < 64`` — the token tile is too short to fill one WGMMA
     — and ``BLOCK_N ≥ 64``. It is a property of the tile, not of the dtype: bf16 and FP8 both use
     it. ``swap_ab=True/False`` in a config or in ``fused_moe(..., swap_ab=...)`` overrides it for
-    comparisons; ``triton_moe.bench --swap-sweep`` measures where it pays off.
+    comparisons; ``triton_moe.lab.bench --swap-sweep`` measures where it pays off.
 
 Default heuristic (:func:`default_config`, its buckets in :func:`default_tiles`)
     Deterministic in (T, E, top_k, quant): the expected tokens per expert, T·top_k / E,
@@ -29,7 +29,7 @@ Tuned tables
     ``configs/E=<E>,N=<I>,K=<K>,dtype=<bf16|fp8_tensor|…>,device=<name>.json`` map a token count
     to a config; :func:`get_config` takes the entry with the nearest token count (absolute
     distance, as vLLM does) and falls back to the heuristic when no table exists. ``python -m
-    triton_moe.autotune`` writes them, ``python -m triton_moe.bench_gemm2 --tables`` an entry's
+    triton_moe.lab.autotune`` writes them, ``python -m triton_moe.lab.bench_gemm2 --tables`` an entry's
     ``gemm2`` (:meth:`TritonConfig.from_dict` reads it). The key has no top_k, although the
     tile really depends on the tokens per expert T·top_k / E: a table is tuned for one model's
     layer, which (E, N, K) identify and whose top_k is fixed (the table's ``"shape"`` names it;
@@ -167,7 +167,7 @@ class TritonConfig:
     ``tma_flatten`` (only with ``persistent_tma``) asks Triton to flatten its tile and K loops into
     one software pipeline (``tl.range(..., flatten=True)``). Neither is chosen by the heuristic
     (a shipped table turns ``persistent_tma`` on where it measured faster):
-    ``python -m triton_moe.bench_tma`` measures them.
+    ``python -m triton_moe.lab.bench_tma`` measures them.
     ``split_k`` > 1 splits GEMM1's K (the hidden size) over that many programs per tile, summed in a
     fixed order by the last of them (:mod:`triton_moe.kernels`): for decode layers whose GEMM1
     has too few tiles to fill the GPU; not with ``persistent_tma``.

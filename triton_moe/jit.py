@@ -20,7 +20,7 @@ count of a call.
 On a GPU, :func:`launch` also skips most of Triton's per-launch Python: the first launch of a
 specialization goes through ``JITFunction.run`` (which compiles it, once), and later launches
 with the same :func:`fast_key` call the CompiledKernel it returned directly, on the current
-stream. ``TRITON_MOE_FAST_LAUNCH=0`` turns that off; ``python -m triton_moe.hostcost`` measures
+stream. ``TRITON_MOE_FAST_LAUNCH=0`` turns that off; ``python -m triton_moe.lab.hostcost`` measures
 both on any machine.
 """
 

@@ -40,7 +40,7 @@ Warp specialization and loop flattening (Triton 3.6 on sm_90)
     ``tl.range(..., flatten=True)`` does compile on sm_90 (the nested-loop fusion pass runs there):
     the tile loop and the K loop become one software pipeline, so the next tile's loads may start
     under this tile's epilogue, at a cost in shared memory and registers (``FLATTEN``; the
-    config's ``tma_flatten``). Whether it pays is what ``python -m triton_moe.bench_tma --flatten``
+    config's ``tma_flatten``). Whether it pays is what ``python -m triton_moe.lab.bench_tma --flatten``
     measures.
 
 The K loop is the one of ``moe_gemm_kernel`` (same order, same ``_mma`` / ``_mma_scaled`` steps),

@@ -289,7 +289,7 @@ def gemm2(a2, s2, w2, w2_scale, y, topk_weights, topk_ids, routing, config: Trit
 
     ``a2``: the intermediate — bf16, or under FP8 its E4M3 copy with the scales ``s2``;
     ``routing``: the alignment of ``topk_ids`` for ``config.BLOCK_M``; ``config`` resolved and
-    checked (a plan's). ``python -m triton_moe.bench_gemm2`` times this launch alone."""
+    checked (a plan's). ``python -m triton_moe.lab.bench_gemm2`` times this launch alone."""
     top_k = topk_ids.shape[1]
     P, I = a2.shape  # noqa: E741
     K = w2.shape[1]

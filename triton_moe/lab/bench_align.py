@@ -1,6 +1,6 @@
 """Device time of the Triton alignment (``align_block_size``: count + place) on the GPU.
 
-    python -m triton_moe.bench_align --out DIR [--shapes ...] [--tokens 1 8 32 128 4096]
+    python -m triton_moe.lab.bench_align --out DIR [--shapes ...] [--tokens 1 8 32 128 4096]
 
 For each catalog shape and T: µs per ``align_block_size`` call, CUDA-graph replayed over rotated
 routings (:func:`moe_spec.timing.time_cuda_graph`: both launches and the gap between them, no host
@@ -118,7 +118,7 @@ def main(argv=None) -> None:
     if any(t < 1 for t in a.tokens):
         raise SystemExit("bench_align: error: --tokens: every T must be at least 1")
     require_cuda("bench_align")
-    result = run_info(command_line("python -m triton_moe.bench_align", argv), cuda=True, commit=a.commit)
+    result = run_info(command_line("python -m triton_moe.lab.bench_align", argv), cuda=True, commit=a.commit)
     result["rows"] = measure(a.shapes, a.tokens)
     studyout.write_files(out, dict(zip(FILES, (to_markdown(result), json.dumps(result, indent=1) + "\n"))))
     print(to_markdown(result))

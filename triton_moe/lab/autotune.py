@@ -1,6 +1,6 @@
 """Autotune: measure candidate configs on the GPU and write a tuned table for a shape.
 
-    python -m triton_moe.autotune --shape mixtral-8x7b --quant bf16 --tokens 1 8 32 128 1024 4096
+    python -m triton_moe.lab.autotune --shape mixtral-8x7b --quant bf16 --tokens 1 8 32 128 1024 4096
 
 For every token count the candidates of its regime (decode: tokens per expert ≤ 32, 16/32-row
 tiles; prefill: 64/128-row tiles) are timed with :func:`moe_spec.timing.time_cuda_graph` over the
@@ -11,7 +11,7 @@ progress; ``--budget-s`` stops early and keeps what was measured (the heuristic 
 The candidates vary the tile, the pipeline depth and the warps, never the swap-AB path: each
 carries ``swap_ab=None``, so the rule (:func:`~triton_moe.config.choose_swap_ab`) decides it from
 the tile, and the table stores ``null`` for it. Forcing the path is a comparison, not a tuning
-choice: ``python -m triton_moe.bench`` (its swap-AB sweep) times the same tile both ways.
+choice: ``python -m triton_moe.lab.bench`` (its swap-AB sweep) times the same tile both ways.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def tune(spec: str, quant, tokens, *, budget_s: float = 1e9, progress=True, log=
     from tqdm import tqdm
 
     from moe_spec.problem import get_shape
-    from triton_moe.workload import Problem
+    from triton_moe.lab.workload import Problem
 
     shape = get_shape(spec)
     jobs = [(T, c) for T in tokens for c in candidates(T, shape.num_experts, shape.top_k, quant)]
@@ -133,7 +133,7 @@ def main(argv=None):
     a = p.parse_args(argv)
     quant = next(f.name for f in FORMATS.values() if f.label == a.quant)
     results = tune(a.shape, quant, a.tokens, budget_s=a.budget_s)
-    command = command_line("python -m triton_moe.autotune", sys.argv[1:] if argv is None else argv)
+    command = command_line("python -m triton_moe.lab.autotune", sys.argv[1:] if argv is None else argv)
     print(f"wrote {write_table(a.shape, quant, results, a.out_dir, command=command, commit=a.commit)}")
 
 

@@ -1,6 +1,6 @@
 """GEMM2's own tile on the GPU: the down projection timed alone, the shared tile against candidates.
 
-    python -m triton_moe.bench_gemm2 --out DIR [--deadline-s 120] [--tables] [--shapes S ...] [--dtypes D ...]
+    python -m triton_moe.lab.bench_gemm2 --out DIR [--deadline-s 120] [--tables] [--shapes S ...] [--dtypes D ...]
                                      [--margin 0.03] [--commit C]
 
 GEMM2 multiplies the intermediate [P, I] by W2ᵀ (W2 [E, K, I]): half of GEMM1's FLOPs, but its
@@ -9,7 +9,7 @@ keeps one accumulator where GEMM1 keeps two, so the tile the shipped table chose
 (BLOCK_M is the alignment tile and stays shared) need not be GEMM2's best. For each cell below the
 study takes the shipped config (:func:`triton_moe.config.get_config` on this device), runs the
 layer once per input set to get GEMM2's real operand (the intermediate, quantized under FP8, for
-the layer's routing: :class:`triton_moe.workload.Problem`), and times
+the layer's routing: :class:`triton_moe.lab.workload.Problem`), and times
 :func:`triton_moe.moe.gemm2` alone — CUDA-graph replay over the rotated input sets (cold L2),
 median µs — for the shared tile and for each candidate :class:`~triton_moe.config.Gemm2Tile`
 (:func:`candidates`: wider BLOCK_N, BLOCK_K covering more of the short K, stages, warps, GROUP_M,
@@ -18,9 +18,9 @@ the persistent TMA kernel; only tiles that :meth:`~triton_moe.config.TritonConfi
 Each candidate's output y [P, K] is compared with the shared tile's: rel L2, and ``torch.equal``
 (expected where the K order is the same, i.e. the same BLOCK_K, and for bf16 then bit-identical).
 The fastest candidate of a cell that is at least ``--margin`` faster than the shared tile is then
-checked as a whole layer (:meth:`~triton_moe.workload.Problem.check`: rel L2 against the fp64
+checked as a whole layer (:meth:`~triton_moe.lab.workload.Problem.check`: rel L2 against the fp64
 oracle, a rerun bit-identical, a CUDA-graph replay equal to the eager call) and the layer timed with
-and without it (:meth:`~triton_moe.workload.Problem.time`).
+and without it (:meth:`~triton_moe.lab.workload.Problem.time`).
 
 Cells, in this order (the deadline cuts the tail; ``--shapes`` / ``--dtypes`` select): DeepSeek-V3
 TP8 at T = 4096, Qwen3-30B-A3B at T = 4096, DeepSeek-V3 TP8 at T = 1024, Mixtral-8x7B at T = 4096,
@@ -133,7 +133,7 @@ def _cell(spec, quant, T, results, out, deadline, margin) -> None:
     from moe_spec.timing import time_cuda_graph
     from triton_moe import moe
     from triton_moe.align import align_block_size
-    from triton_moe.workload import Problem
+    from triton_moe.lab.workload import Problem
 
     shape = get_shape(spec)
     label = get_format(quant).label
@@ -248,7 +248,7 @@ def write_tables(results: dict, out: Path) -> dict:
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    prog = "python -m triton_moe.bench_gemm2"
+    prog = "python -m triton_moe.lab.bench_gemm2"
     p = studyout.gpu_study_parser(prog, __doc__, FILES, 120.0, "no cell or candidate starts after this many seconds")
     p.add_argument("--margin", type=float, default=0.03,
                    help="a winner must be this fraction faster than the shared tile to be checked and written")
@@ -260,7 +260,7 @@ def main(argv=None):
     import torch
 
     from moe_spec.quant import get_format
-    from triton_moe.workload import drop_weights
+    from triton_moe.lab.workload import drop_weights
 
     start = time.time()
     deadline = start + a.deadline_s

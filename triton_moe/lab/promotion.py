@@ -1,4 +1,4 @@
-"""FP8 accumulation promotion, accuracy against cost: ``python -m triton_moe.promotion --out DIR`` (GPU).
+"""FP8 accumulation promotion, accuracy against cost: ``python -m triton_moe.lab.promotion --out DIR`` (GPU).
 
 Hopper's FP8 WGMMA sums its products in fewer bits than fp32 (``triton_moe.kernels``, "FP8
 accumulation"). The *promotion interval* n is how many elements of K the tensor core sums before
@@ -48,7 +48,7 @@ from moe_spec.timing import sets_for_cold_l2, time_cuda_graph
 from moe_spec.validate import MoEDims
 from triton_moe.jit import INTERPRET, launch
 
-PROG = "python -m triton_moe.promotion"
+PROG = "python -m triton_moe.lab.promotion"
 NEVER = 2**30
 INTERVALS = (0, 32, 64, 128, 256, 512, NEVER)
 KS = (1024, 2048, 4096, 8192, 16384)

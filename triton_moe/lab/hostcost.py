@@ -11,7 +11,7 @@ global-value check, the direct path's key and lookup — is Triton's and this pa
 What it leaves out: the launcher's C call (``cuLaunchKernel``, a few µs per launch on a GPU
 host) and the real driver's device and stream queries (torch calls, well under a µs).
 
-    python -m triton_moe.hostcost --shape qwen3-30b-a3b --tokens 1 64 --quant bf16
+    python -m triton_moe.lab.hostcost --shape qwen3-30b-a3b --tokens 1 64 --quant bf16
 
 prints µs per call with every launch through ``JITFunction.run`` (``run``) and with the direct
 path (``direct``), alternating, on the shape's E and top_k with K = 256, I = 128 (the host work
@@ -128,7 +128,7 @@ def main(argv=None) -> None:
     p.add_argument("--rounds", type=int, default=3, help="alternating run/direct rounds")
     a = p.parse_args(argv)
     if jit.INTERPRET:
-        raise SystemExit("triton_moe.hostcost: run it without TRITON_INTERPRET=1")
+        raise SystemExit("triton_moe.lab.hostcost: run it without TRITON_INTERPRET=1")
     shape = get_shape(a.shape)
     quant = next(f.name for f in FORMATS.values() if f.label == a.quant)
     stand_in = MoEShape(shape.label, shape.num_experts, shape.top_k, 256, 128, "host-cost stand-in")

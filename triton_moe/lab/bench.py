@@ -1,7 +1,7 @@
 """Benchmark of the Triton backend on the GPU: target table, swap-AB sweep, alignment, tuning.
 
-    python -m triton_moe.bench --out notes/results [--deadline-s 240] [--tune] [--no-swap]
-    python -m triton_moe.bench --out notes/results --fp8-acc     # only the FP8 accumulation study
+    python -m triton_moe.lab.bench --out notes/results [--deadline-s 240] [--tune] [--no-swap]
+    python -m triton_moe.lab.bench --out notes/results --fp8-acc     # only the FP8 accumulation study
 
 What is timed is the full expert computation — amax, GEMM1 + SiLU·up, GEMM2 × routing weight,
 combine — with the alignment excluded (timed on its own), CUDA-graph replayed over rotated input
@@ -25,7 +25,7 @@ from moe_spec.runinfo import command_line, require_cuda, run_info
 from moe_spec.quant import get_format
 from moe_spec.timing import measure_ceilings
 from triton_moe.config import tokens_per_expert
-from triton_moe.workload import Problem, drop_weights
+from triton_moe.lab.workload import Problem, drop_weights
 
 #: (shape, quant, T, target µs) — the project's performance targets (the README's results table).
 TARGETS = [
@@ -83,7 +83,7 @@ def _tile(cfg) -> str:
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    prog = "python -m triton_moe.bench"
+    prog = "python -m triton_moe.lab.bench"
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="notes/results")
     p.add_argument("--deadline-s", type=float, default=1e9)
@@ -147,7 +147,7 @@ def main(argv=None):
         drop_weights()
 
     if a.tune:
-        from triton_moe.autotune import tune, write_table
+        from triton_moe.lab.autotune import tune, write_table
 
         for spec, quant in dict.fromkeys((s, q) for s, q, _, _ in TARGETS):
             if left() < 20:

@@ -1,7 +1,7 @@
 """What static activation scales cost or save: fp8_tensor with the batch's own (dynamic) scales
 against calibrated static ones, the whole layer timed on the GPU.
 
-    python -m triton_moe.bench_static --out DIR [--deadline-s 120] [--commit C]
+    python -m triton_moe.lab.bench_static --out DIR [--deadline-s 120] [--commit C]
 
 ``fused_moe(..., quant="fp8_tensor")`` finds each activation's scale on the device: an
 ``amax_kernel`` pass over x, a ``tl.atomic_max`` per GEMM1 program into the intermediate's amax,
@@ -62,7 +62,7 @@ def _cell(spec: str, T: int) -> dict:
     from moe_spec.problem import get_shape
     from moe_spec.timing import time_cuda_graph
     from triton_moe.moe import fused_moe
-    from triton_moe.workload import Problem
+    from triton_moe.lab.workload import Problem
 
     prob = Problem(get_shape(spec), T, "fp8_tensor")
     scales = [calibrate_static_scales(**st) for st in prob.sets]
@@ -91,11 +91,11 @@ def _cell(spec: str, T: int) -> dict:
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    prog = "python -m triton_moe.bench_static"
+    prog = "python -m triton_moe.lab.bench_static"
     a, out, run = studyout.start_gpu_study(prog, studyout.gpu_study_parser(prog, __doc__, FILES, 120.0), argv, FILES)
     import torch
 
-    from triton_moe.workload import drop_weights
+    from triton_moe.lab.workload import drop_weights
 
     start = time.time()
     results = {**run, "rows": [], "cut": []}

@@ -1,6 +1,6 @@
 """Split-K for GEMM1 on the GPU: the shipped tile at split_k 1, 2, 4, 8, the expert computation timed.
 
-    python -m triton_moe.bench_splitk --out DIR [--deadline-s 150] [--commit C]
+    python -m triton_moe.lab.bench_splitk --out DIR [--deadline-s 150] [--commit C]
 
 A decode layer of few tokens and a narrow intermediate (DeepSeek-V3 under TP8: I = 256) gives
 GEMM1 too few programs to keep 132 SMs streaming weights: at T = 1 the top_k = 8 pairs land in
@@ -10,9 +10,9 @@ fp32 partial tile, the last one to finish sums them in a fixed order and runs th
 (:func:`triton_moe.kernels._split_k_sum`), so the output does not depend on which finished first.
 
 For each cell below, the tile the shipped table (or the heuristic) gives, with ``split_k``
-replaced: :meth:`triton_moe.workload.Problem.time` (expert computation, alignment excluded,
+replaced: :meth:`triton_moe.lab.workload.Problem.time` (expert computation, alignment excluded,
 CUDA-graph replay over rotated input sets — cold L2 —, median µs) and
-:meth:`~triton_moe.workload.Problem.check` (rel L2 against the fp64 oracle, a rerun bit-identical,
+:meth:`~triton_moe.lab.workload.Problem.check` (rel L2 against the fp64 oracle, a rerun bit-identical,
 a CUDA-graph replay equal to the eager call). The cells are the decode cells where the question is
 open (DeepSeek-V3 TP8 at T = 1 in all four formats and at T = 8, Qwen3-30B-A3B at T = 1) and three
 cells at split_k = 1 that show the kernel's other paths did not move.
@@ -72,14 +72,14 @@ def _write(out: Path, results: dict) -> None:
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    prog = "python -m triton_moe.bench_splitk"
+    prog = "python -m triton_moe.lab.bench_splitk"
     parser = studyout.gpu_study_parser(prog, __doc__, FILES, 150.0)
     a, out, run = studyout.start_gpu_study(prog, parser, argv, FILES)
     import torch
 
     from moe_spec.problem import get_shape
     from moe_spec.quant import get_format
-    from triton_moe.workload import Problem, drop_weights
+    from triton_moe.lab.workload import Problem, drop_weights
 
     start = time.time()
     results = {**run, "rows": [], "cut": []}

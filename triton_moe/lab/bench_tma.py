@@ -1,6 +1,6 @@
 """Persistent TMA GEMM vs the grouped GEMM, on the GPU: the same tile, the whole layer timed.
 
-    python -m triton_moe.bench_tma --out DIR [--fp8-block] [--flatten] [--deadline-s 130] [--commit C]
+    python -m triton_moe.lab.bench_tma --out DIR [--fp8-block] [--flatten] [--deadline-s 130] [--commit C]
 
 For the three catalog prefill shapes (mixtral-8x7b, qwen3-30b-a3b, deepseek-v3:tp8) at T = 4096
 and 1024, in bf16 and fp8_tensor (``--fp8-block`` adds fp8_block): the config the shipped table
@@ -8,9 +8,9 @@ and 1024, in bf16 and fp8_tensor (``--fp8-block`` adds fp8_block): the config th
 (``triton_moe.kernels_tma``; ``--flatten`` adds a third column with ``tma_flatten=True``). A tile
 that resolves to swap-AB is listed and skipped: the persistent kernel is the non-swap path.
 
-What is timed is :meth:`triton_moe.workload.Problem.time` — the expert computation (alignment
+What is timed is :meth:`triton_moe.lab.workload.Problem.time` — the expert computation (alignment
 excluded), CUDA-graph replayed over rotated input sets (cold L2), median µs — as in
-``python -m triton_moe.bench``. Each row also checks the persistent output against the grouped one
+``python -m triton_moe.lab.bench``. Each row also checks the persistent output against the grouped one
 on the same inputs (relative L2, bit-identical or not), and a small shape is checked against the
 fp64 oracle in every format first. TFLOP/s counts the two GEMMs' multiply-adds over the pairs
 (:func:`moe_spec.timing.moe_traffic`).
@@ -100,7 +100,7 @@ def _oracle_rows(quants) -> list:
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    prog = "python -m triton_moe.bench_tma"
+    prog = "python -m triton_moe.lab.bench_tma"
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="a new or empty directory for tma_bench.{md,json}")
     p.add_argument("--fp8-block", action="store_true", help="also time fp8_block")
@@ -120,7 +120,7 @@ def main(argv=None):
     from moe_spec.quant import get_format
     from moe_spec.timing import moe_traffic
     from triton_moe import fused_moe
-    from triton_moe.workload import Problem, drop_weights
+    from triton_moe.lab.workload import Problem, drop_weights
 
     start = time.time()
     quants = [None, "fp8_tensor"] + (["fp8_block"] if a.fp8_block else [])
