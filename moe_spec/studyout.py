@@ -1,8 +1,8 @@
 """Where a study command puts its results: ``--out``, a new or empty directory, files written whole.
 
 The commands that measure on a GPU and leave a report (``python -m cute_moe.lab.crossover``,
-``cute_moe.lab.bench_align``, ``triton_moe.lab.promotion``, ``triton_moe.lab.bench_align``, ``triton_moe.lab.bench_tma``)
-share three rules, kept here:
+``cute_moe.lab.bench_align``, ``triton_moe.lab.promotion``, ``triton_moe.lab.bench_align``,
+``triton_moe.lab.bench_tma``) share three rules, kept here:
 
 :func:`check_out`
     ``--out`` must be a new directory or an empty one, so that no directory mixes two runs. It
