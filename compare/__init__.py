@@ -12,6 +12,12 @@ then the output: :mod:`~compare.results` (the JSON record, merging) → :mod:`~c
 (banner, columns) → :mod:`~compare.report`, :mod:`~compare.markdown`, :mod:`~compare.plots` →
 :mod:`~compare.outputs` (where and how files are written).
 
+The sharded layer a user runs on several GPUs: :mod:`compare.distributed` (tensor- and
+expert-parallel) and :mod:`compare.launch` (starting the ranks). The JIT section of the report is
+product too: :mod:`compare.warm_study` (nothing compiles after a backend's warm-up) and
+:mod:`compare.jitdemo` (``do_not_specialize`` on one small kernel). The studies, which the
+product never imports, are in :mod:`compare.studies`.
+
 This is the top layer: it imports the specification (``moe_spec``) and both backends; nothing
 imports it.
 """

@@ -45,7 +45,7 @@ Numerics: what is the same function, what is not
     same values as in one process; ``fp8_tensor`` takes its scale from the rows an owner receives.
     :func:`simulate_tp` and :func:`simulate_ep` evaluate the exact function of each layer in one
     process (with the fp64 oracle, say), which is what the tests hold the layers to; how far that
-    is from the single-process function, :mod:`compare.dist_numerics` measures (``notes/distributed.md``).
+    is from the single-process function, :mod:`compare.studies.dist_numerics` measures (``notes/distributed.md``).
 """
 
 from __future__ import annotations

@@ -20,10 +20,10 @@ import torch
 
 from compare.backends import BASELINE, FALLBACK_BASELINE, Backend
 from compare.cases import Budget, Case
-from compare.eager import eager_sets_us
 from moe_spec.problem import MoEInputs
 from moe_spec.quant import weight_scale_shape
-from moe_spec.timing import Ceilings, measure_ceilings, moe_traffic, roofline, sets_for_cold_l2, time_cuda_graph
+from moe_spec.timing import (Ceilings, measure_ceilings, moe_traffic, roofline, sets_for_cold_l2, time_cuda_graph,
+                              wall_us)
 from moe_spec.validate import MoEDims
 
 
@@ -37,8 +37,23 @@ class Clock:
     ceilings: Callable[[], Ceilings]
     sync: Callable[[], None]
     device: Callable[[], str]
-    # ``eager(make_call, n_sets, quick=...) -> µs per call`` of plain calls (see compare.eager); None: no eager column
+    # ``eager(make_call, n_sets, quick=...) -> µs per call`` of plain calls (:func:`eager_sets_us`);
+    # None: no eager column
     eager: Optional[Callable] = None
+
+
+def eager_sets_us(make_call, n_sets: int, *, quick: bool = False, calls: int = 50, repeats: int = 5) -> float:
+    """The eager column: what a call costs when it is simply called, not replayed from a CUDA graph (the
+    argument checks, the planning, every launch, any read that makes the host wait). ``make_call(i)``
+    is set ``i``'s call; ``calls`` back-to-back calls go round the sets, one ``torch.cuda.synchronize()``
+    ending each of ``repeats`` repeats; the median per call (:func:`moe_spec.timing.wall_us`).
+    ``quick``: 20 calls, 3 repeats. When it costs as much as the graph replay, the host keeps up."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("eager_sets_us: needs a CUDA device (moe_spec.timing.host_us measures the host side "
+                           "on a CPU)")
+    if quick:
+        calls, repeats = 20, 3
+    return wall_us([make_call(i) for i in range(n_sets)], calls=calls, repeats=repeats, sync=torch.cuda.synchronize)
 
 
 GPU_CLOCK = Clock(time=time_cuda_graph, ceilings=measure_ceilings, sync=torch.cuda.synchronize,

@@ -1,4 +1,4 @@
-"""``python -m compare.profile`` on the CPU: the kernel-name rule, the aggregation of profiler events, the
+"""``python -m compare.studies.profile`` on the CPU: the kernel-name rule, the aggregation of profiler events, the
 two phases with a stand-in clock and profiler (a real Triton backend through the interpreter, and
 failing cells), the reports, and the one-line refusals of bad options and of a used ``--out``."""
 
@@ -10,7 +10,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEvent
 
-import compare.profile as prof
+import compare.studies.profile as prof
 from compare.backends import Backend, load_backend
 from compare.timed import Clock
 from moe_spec.problem import MoEShape, get_shape
@@ -164,7 +164,7 @@ def test_out_must_be_a_new_or_empty_directory(tmp_path, capsys):
     (used / "profile.md").write_text("an earlier run")
     assert prof.main(["--out", str(used)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("python -m compare.profile: error: --out: ") and "is not empty" in err
+    assert err.startswith("python -m compare.studies.profile: error: --out: ") and "is not empty" in err
     assert (used / "profile.md").read_text() == "an earlier run"
     with pytest.raises(prof.UsageError, match="--out: .* is not empty"):
         prof.check_out(str(used))
@@ -299,7 +299,7 @@ def test_a_real_backend_runs_on_the_problem_the_cells_build():
 
 def _result():
     meta = {"date": "2026-12-01 22:00 UTC", "device": "NVIDIA H200", "commit": "abc1234",
-            "command": "python -m compare.profile --out x", "calls": 20, "warmup_calls": 3,
+            "command": "python -m compare.studies.profile --out x", "calls": 20, "warmup_calls": 3,
             "stage_rules": {s: list(w) for s, w in prof.STAGE_RULES}}
     gemm = CUTE.format("gemmGroupedGemm")
     profile = prof.aggregate([(gemm, 40.0), (CUTE.format("alignopsCountExperts"), 4.0), (NAMES[17][0], 1.5),
@@ -315,7 +315,7 @@ def _result():
 def test_markdown_has_the_header_the_summary_and_a_kernel_table_per_profiled_cell():
     md = prof.to_markdown(_result())
     assert "- device: NVIDIA H200" in md and "- commit: `abc1234`" in md
-    assert "- command: `python -m compare.profile --out x`" in md
+    assert "- command: `python -m compare.studies.profile --out x`" in md
     assert ("| cute_moe qwen3-30b-a3b bf16 T=1 | 45.0 | 52.2 | **no** | 80.0 | 5 | 55.5 | 1.5 | 4.0 | 50.0 | ok |"
             in md)
     assert ("| cute_moe mixtral-8x7b fp8_channel T=4096 | 3000.0 | — | — | — | — | — | — | — | — | "
@@ -344,7 +344,8 @@ def test_main_runs_both_phases_and_writes_the_reports_even_when_every_cell_fails
     out = tmp_path / "out"
     assert prof.main(["--quick", "--calls", "2", "--out", str(out), "--commit", "abc1234"]) == 0
     result = json.loads((out / "profile.json").read_text())
-    assert result["meta"]["command"] == f"python -m compare.profile --quick --calls 2 --out {out} --commit abc1234"
+    expected = f"python -m compare.studies.profile --quick --calls 2 --out {out} --commit abc1234"
+    assert result["meta"]["command"] == expected
     assert [r["cell"] for r in result["cells"]] == [c.title for c in prof.TARGET_CELLS[:prof.QUICK_CELLS]]
     assert all(r["status"].startswith("error: ") and r["profile_status"].startswith("not profiled")
                for r in result["cells"])

@@ -207,7 +207,7 @@ def test_shards_hold_the_weights_and_scales_of_their_rows(quant):
 def test_which_splits_change_the_function(parallel, quant):
     """In fp64, split and whole layer agree to rounding exactly where compare.distributed says so;
     per-tensor / per-token FP8 scales taken over a rank's part move the result by a fraction of the
-    FP8 quantization error (compare.dist_numerics measures it; notes/distributed.md)."""
+    FP8 quantization error (compare.studies.dist_numerics measures it; notes/distributed.md)."""
     inp = make_inputs(SHAPE, 6, quant, seed=2)
     gap = rel_l2(SIMULATORS[parallel](inp, WORLD, oracle), oracle(**inp.kwargs()))
     same = quant in (None, "fp8_block") or (parallel == "ep" and quant == "fp8_channel")

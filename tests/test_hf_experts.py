@@ -385,7 +385,7 @@ def test_gpu_fp8_block_real_layer_shape():
 def test_hf_bench_writes_its_rows_with_run_info(tmp_path):
     import json
 
-    from compare import hf_bench
+    from compare.studies import hf_bench
 
     tiny = dict(vocab_size=256, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                 moe_intermediate_size=128, num_experts=8, num_experts_per_tok=2)

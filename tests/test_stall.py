@@ -1,5 +1,6 @@
-"""The recompile-stall model (compare.stall_model) by hand and by simulation; the stall and scaling
-scripts (compare.stall, compare.scaling) on two CPU ranks with tiny sizes (gloo, Triton interpreter)."""
+"""The recompile-stall model (compare.studies.stall_model) by hand and by simulation; the stall and scaling
+scripts (compare.studies.stall, compare.studies.scaling) on two CPU ranks with tiny sizes (gloo, Triton
+interpreter)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import random
 import pytest
 
 from compare.metrics import cross_backend_tolerance
-from compare.stall_model import class_probabilities, p_rank_compiles, p_some_rank_compiles, predict, uniform_tokens
+from compare.studies.stall_model import (class_probabilities, p_rank_compiles, p_some_rank_compiles, predict,
+                                         uniform_tokens)
 from moe_spec.problem import MoEShape
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array:DeprecationWarning")
@@ -89,7 +91,7 @@ def test_demo_kernel_classes_are_tritons():
     """The scripts take κ(T) from Triton's binder: the jit demo's kernel splits 1…64 into {1},
     {16, 32, 48, 64} and the rest; with do_not_specialize it is one class."""
     from compare.jitdemo import VARIANTS
-    from compare.stall import demo_key
+    from compare.studies.stall import demo_key
 
     specialized, plain = (demo_key(v) for v in VARIANTS)
     groups: dict = {}
@@ -107,7 +109,7 @@ TINY = MoEShape("tiny", 4, 2, 64, 64, "test: tiny")
 
 def test_stall_script_on_two_cpu_ranks(tmp_path):
     from compare.jitdemo import VARIANTS
-    from compare.stall import StallSpec, demo_key, markdown, run_stall, write
+    from compare.studies.stall import StallSpec, demo_key, markdown, run_stall, write
 
     spec = StallSpec(TINY, steps=3, tokens=(1, 32), command="pytest")
     result = run_stall(spec)
@@ -136,7 +138,7 @@ def test_stall_script_on_two_cpu_ranks(tmp_path):
 
 
 def test_stall_model_only_cli(capsys, tmp_path):
-    from compare.stall import main
+    from compare.studies.stall import main
 
     assert main(["--model-only", "--compile-ms", "100,250", "--tokens", "1-32", "--steps", "2",
                  "--out", str(tmp_path)]) == 0
@@ -145,7 +147,7 @@ def test_stall_model_only_cli(capsys, tmp_path):
     assert f"| {250 * (183 / 1024 + 178087 / 1048576):.0f} |" in text  # E[added ms] at c = 250, 2 ranks
     assert (tmp_path / "stall_model.md").read_text() == text
     saved = json.loads((tmp_path / "stall_model.json").read_text())
-    assert saved["meta"]["command"].startswith("python -m compare.stall --model-only")
+    assert saved["meta"]["command"].startswith("python -m compare.studies.stall --model-only")
     for bad in (["--tokens", "8-2"], ["--compile-ms", "-3"]):
         with pytest.raises(SystemExit) as exc:
             main(["--model-only", "--out", str(tmp_path), *bad])
@@ -153,7 +155,7 @@ def test_stall_model_only_cli(capsys, tmp_path):
 
 
 def test_scaling_script_on_two_cpu_ranks(tmp_path):
-    from compare.scaling import ScalingSpec, run_scaling
+    from compare.studies.scaling import ScalingSpec, run_scaling
 
     spec = ScalingSpec(shapes=(TINY,), tokens=(3,), quants=("bf16", "fp8_block"), iters=1, warmup=0,
                        out=str(tmp_path), command="pytest")

@@ -1,4 +1,4 @@
-"""``python -m compare.dist_numerics``: which splits of the layer still compute the single-process function.
+"""``python -m compare.studies.dist_numerics``: which splits of the layer still compute the single-process function.
 
 For tensor and expert parallelism, every format and a few ranks counts, the fp64 oracle of the
 split layer (:func:`compare.distributed.simulate_tp` / :func:`~compare.distributed.simulate_ep` with
@@ -70,12 +70,12 @@ def markdown(meta: dict, rows: list, worlds=WORLDS) -> str:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(prog="python -m compare.dist_numerics", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m compare.studies.dist_numerics", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="notes/results", help="directory for dist_numerics.json / .md [%(default)s]")
     a = p.parse_args(argv)
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "device": f"CPU ({platform.processor() or platform.machine()})", "commit": _git_commit(),
-            "command": "python -m compare.dist_numerics " + " ".join(argv), "torch": torch.__version__}
+            "command": "python -m compare.studies.dist_numerics " + " ".join(argv), "torch": torch.__version__}
     rows = measure()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

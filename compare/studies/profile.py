@@ -1,4 +1,4 @@
-"""Where a layer's time goes, per kernel: ``python -m compare.profile --out DIR``.
+"""Where a layer's time goes, per kernel: ``python -m compare.studies.profile --out DIR``.
 
 A **cell** is (backend, catalog shape, T, format); by default the speed targets (:data:`TARGETS`),
 ``--backends/--shapes/--quants/--tokens`` keep some, ``--grid`` runs every combination of those
@@ -47,7 +47,7 @@ from moe_spec.problem import draw_weights, get_shape, make_inputs
 from moe_spec.quant import FORMATS
 from moe_spec.timing import sets_for_cold_l2
 
-PROG = "python -m compare.profile"
+PROG = "python -m compare.studies.profile"
 BACKENDS = ("cute_moe", "triton_moe")
 QUANT_NAMES = {f.label: f.name for f in FORMATS.values()}  # label ("bf16", "fp8_tensor", ...) -> contract value
 PROFILE_CALLS = 20  # eager calls timed and profiled per cell

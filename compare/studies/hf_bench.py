@@ -1,6 +1,6 @@
-"""Whole-model timing of transformers' experts implementations and ours: ``python -m compare.hf_bench``.
+"""Whole-model timing of transformers' experts implementations and ours: ``python -m compare.studies.hf_bench``.
 
-    source .device/on-device.sh && python3 -m compare.hf_bench --out notes/results --commit SHA
+    source .device/on-device.sh && python3 -m compare.studies.hf_bench --out notes/results --commit SHA
 
 A random model with a real MoE's layer shapes (default: Qwen3-30B-A3B — hidden 2048, 128 experts of
 768, top-8, its attention and vocabulary — cut to ``--layers`` decoder layers), bf16 on one GPU. For
@@ -58,7 +58,7 @@ MODELS = {  # real layer shapes; --layers decides the depth
 
 def run_info(commit: str | None) -> dict:
     """Date, device, commit and command of this run (:func:`moe_spec.runinfo.run_info`), plus transformers' version."""
-    info = runinfo.run_info(runinfo.command_line("python -m compare.hf_bench", sys.argv[1:]),
+    info = runinfo.run_info(runinfo.command_line("python -m compare.studies.hf_bench", sys.argv[1:]),
                             cuda=torch.cuda.is_available(), commit=commit)
     info["transformers"] = transformers.__version__
     return info
@@ -179,7 +179,7 @@ def write(out: Path, stem: str, results: dict) -> None:
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m compare.hf_bench", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m compare.studies.hf_bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", choices=sorted(MODELS), default="qwen3_30b_a3b")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--prefill", type=lambda s: tuple(int(v) for v in s.split("x")), default=(1, 1024),

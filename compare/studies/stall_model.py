@@ -1,6 +1,6 @@
 """The recompile stall, modelled: how often some rank of R compiles in a step, and what that costs.
 
-The setting of :mod:`compare.stall`: R ranks run the same loop and meet at a collective after every
+The setting of :mod:`compare.studies.stall`: R ranks run the same loop and meet at a collective after every
 step; rank r's step has T_{r,s} tokens. A kernel that is compiled once per *specialization class*
 κ(T) — Triton's default: T = 1, T divisible by 16, any other T; one class under
 ``do_not_specialize`` — stops a rank for c ms the first time that rank meets a class, and every

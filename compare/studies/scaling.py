@@ -1,4 +1,4 @@
-"""``python -m compare.scaling``: the MoE layer on two GPUs, tensor- and expert-parallel, against one.
+"""``python -m compare.studies.scaling``: the MoE layer on two GPUs, tensor- and expert-parallel, against one.
 
 For each catalog shape of the compare suite (``compare.cases.DEFAULT_SHAPES``), format and token
 count T, the same layer on the same T tokens, three ways:
@@ -21,8 +21,8 @@ checks TP's and EP's output against the one-GPU output (relative L2) and counts 
 to the other GPU. Writes ``scaling.json`` and ``scaling.md`` after every row (``--deadline-s`` cuts
 the tail, never the whole run).
 
-    python -m compare.scaling --out notes/results                  # 2 GPUs: the measurement
-    python -m compare.scaling --out /tmp/s --tokens 4 --iters 1    # no GPUs: gloo + interpreter, reduced shapes
+    python -m compare.studies.scaling --out notes/results                  # 2 GPUs: the measurement
+    python -m compare.studies.scaling --out /tmp/s --tokens 4 --iters 1    # no GPUs: gloo + interpreter, reduced shapes
 """
 
 from __future__ import annotations
@@ -215,7 +215,7 @@ def write(spec: ScalingSpec, rows: list) -> None:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(prog="python -m compare.scaling", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m compare.studies.scaling", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="notes/results", help="directory for scaling.json / scaling.md [%(default)s]")
     p.add_argument("--shapes", default=",".join(DEFAULT_SHAPES), help="catalog shapes [%(default)s]")
     p.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="token counts T [%(default)s]")
@@ -231,7 +231,7 @@ def main(argv=None) -> int:
                        quants=tuple(q for q in a.quant.split(",") if q), backend=a.backend,
                        iters=a.iters or (20 if on_gpu else 2), warmup=a.warmup if a.warmup is not None else (3 if on_gpu else 1),
                        deadline_s=a.deadline_s, out=a.out,
-                       command="python -m compare.scaling " + " ".join(argv))
+                       command="python -m compare.studies.scaling " + " ".join(argv))
     for s in spec.shapes:
         get_shape(s)  # an unknown shape is named now, not in a rank
     run_scaling(spec)

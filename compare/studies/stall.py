@@ -1,4 +1,4 @@
-"""``python -m compare.stall``: what one rank's JIT compilation costs the others — measured, then modelled.
+"""``python -m compare.studies.stall``: what one rank's JIT compilation costs the others — measured, then modelled.
 
 Every rank runs, step after step, the expert-parallel layer (:class:`compare.distributed.EPMoE`,
 ``triton_moe``: its kernels do not specialize on token counts) on its own T_r tokens, then the
@@ -11,11 +11,11 @@ demo kernel specialized (Triton's default) and with ``do_not_specialize=["T"]``.
 Recorded per step and rank: T, the compute time (layer + demo kernel, device synchronized), the
 time spent inside the all_reduce (= waiting for the slowest rank, plus the collective itself), and
 the kernels that met a new specialization key — on a GPU also the compilations Triton reported.
-Then :mod:`compare.stall_model` extrapolates to 1–8 ranks from the measured compile time.
+Then :mod:`compare.studies.stall_model` extrapolates to 1–8 ranks from the measured compile time.
 
-    python -m compare.stall --out notes/results                 # 2 GPUs, NCCL: the numbers that matter
-    python -m compare.stall --out /tmp/stall                    # no GPUs: gloo + interpreter, reduced
-    python -m compare.stall --model-only --compile-ms 318       # the model alone, no ranks started
+    python -m compare.studies.stall --out notes/results                 # 2 GPUs, NCCL: the numbers that matter
+    python -m compare.studies.stall --out /tmp/stall                    # no GPUs: gloo + interpreter, reduced
+    python -m compare.studies.stall --model-only --compile-ms 318       # the model alone, no ranks started
 
 On the CPU nothing is compiled (the interpreter runs the Python source): "compiled" there means a
 new specialization key, i.e. what a GPU would compile, and the times are interpreter times that
@@ -44,7 +44,7 @@ import triton
 from compare.distributed import EPMoE
 from compare.jitdemo import BLOCK_T, ROW_WIDTH, VARIANTS
 from compare.launch import default_backend, rank_device, run_ranks
-from compare.stall_model import Prediction, class_probabilities, predict, table, uniform_tokens
+from compare.studies.stall_model import Prediction, class_probabilities, predict, table, uniform_tokens
 from compare.cases import reduce_shape
 from moe_spec.runinfo import git_commit as _git_commit
 from moe_spec.problem import MoEShape, draw_weights, get_shape, route
@@ -244,7 +244,7 @@ def markdown(result: dict) -> str:
                       f"| {r['demo_compiled'] or '–'} | {_layer_keys(r) or '–'} |" for r in events] or ["| – | | | | | |"]
     for model in result["models"]:
         c = model["compile_ms"]
-        lines += [""] * (lines[-1] != "") + ["## The model (compare.stall_model)" + ("" if c is None else f": c = {c:g} ms"), "",
+        lines += [""] * (lines[-1] != "") + ["## The model (compare.studies.stall_model)" + ("" if c is None else f": c = {c:g} ms"), "",
                   f"T uniform on {model['tokens'][0]}…{model['tokens'][1]}, warm-up T = {model['warmup_tokens']}, "
                   f"{model['steps']} steps, compile time c = "
                   + ("n/a (no compilation measured)" if c is None else f"{c:g} ms")
@@ -281,7 +281,7 @@ def _floats(text: str) -> list:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(prog="python -m compare.stall", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m compare.studies.stall", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="notes/results", help="directory for stall.json / stall.md [%(default)s]")
     p.add_argument("--world", type=int, default=2, help="ranks [%(default)s]")
     p.add_argument("--steps", type=int, help="steps per variant [GPU 48, CPU 4]")
@@ -299,10 +299,10 @@ def main(argv=None) -> int:
         shape = replace(reduce_shape(shape), name=f"{shape.name} (reduced)")
     spec = StallSpec(shape=shape, steps=a.steps or (48 if on_gpu or a.model_only else 4), tokens=a.tokens,
                      warmup_tokens=a.warmup_tokens, world=a.world, seed=a.seed, timeout_s=a.timeout_s,
-                     command="python -m compare.stall " + " ".join(argv))
+                     command="python -m compare.studies.stall " + " ".join(argv))
     if a.model_only:
         meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                "device": "none: arithmetic (compare.stall_model)", "commit": _git_commit(), "command": spec.command}
+                "device": "none: arithmetic (compare.studies.stall_model)", "commit": _git_commit(), "command": spec.command}
         result = {"meta": meta, "models": [model_section(spec, c) for c in a.compile_ms or [None]]}
         write(result, Path(a.out), "stall_model")
         print(markdown(result), end="")

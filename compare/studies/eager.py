@@ -1,11 +1,12 @@
-"""Eager timing: what a call costs when it is simply called, not replayed from a CUDA graph.
+"""Eager against graph timing, and the host's cost alone: ``python -m compare.studies.eager``.
 
 :func:`moe_spec.timing.time_cuda_graph` measures the kernels alone: a graph replay launches them
 with no Python in between. A serving stack that does not capture calls pays the host too — the
 argument checks, the planning, every launch, and any read of device data that makes the host
 wait. :func:`eager_us` measures that: ``calls`` back-to-back calls with one synchronization at
 the end, so the host runs ahead of the GPU unless something in the call waits for it; the median
-of a few repeats. When an eager call costs as much as its graph replay, the host keeps up.
+of a few repeats (:func:`compare.timed.eager_sets_us`, the main job's eager column, on one input set).
+When an eager call costs as much as its graph replay, the host keeps up.
 
 :func:`host_us` (:func:`moe_spec.timing.host_us`: the loop of :func:`eager_us`,
 :func:`moe_spec.timing.wall_us`, without the synchronization) is the host side alone (no GPU
@@ -13,12 +14,12 @@ needed): µs per call of the Python that runs, with the launches made by the cal
 (for triton_moe, run it inside ``triton_moe.jit.count_compilations(dry_run=True)``, which binds
 every launch's arguments as Triton does but launches nothing).
 
-    python -m compare.eager --shape qwen3-30b-a3b --tokens 1 8 --quant bf16     # on a GPU
+    python -m compare.studies.eager --shape qwen3-30b-a3b --tokens 1 8 --quant bf16     # on a GPU
 
 prints eager and graph µs per call side by side, both on one input set (warm L2: the comparison
 is of host cost, not of the cold-L2 kernel times the compare report states).
 
-    python -m compare.eager --host --shape qwen3-30b-a3b --tokens 1 64 --quant bf16   # any machine
+    python -m compare.studies.eager --host --shape qwen3-30b-a3b --tokens 1 64 --quant bf16   # any machine
 
 prints triton_moe's host µs per call and its launches (the shape's E and top_k with K = 256,
 I = 128: the host work does not depend on K and I), launches bound but not run.
@@ -28,9 +29,8 @@ from __future__ import annotations
 
 import argparse
 
-import torch
-
-from moe_spec.timing import host_us, wall_us
+from compare.timed import eager_sets_us
+from moe_spec.timing import host_us
 
 
 def eager_us(fn, kwargs: dict, calls: int = 50, repeats: int = 5) -> float:
@@ -39,24 +39,13 @@ def eager_us(fn, kwargs: dict, calls: int = 50, repeats: int = 5) -> float:
     return eager_sets_us(lambda i: (lambda: fn(**kwargs)), 1, calls=calls, repeats=repeats)
 
 
-def eager_sets_us(make_call, n_sets: int, *, quick: bool = False, calls: int = 50, repeats: int = 5) -> float:
-    """:func:`eager_us` in the suite's clock signature: ``make_call(i)`` is set ``i``'s call; the
-    calls go round the sets (as the graph replays do), after one warm-up call per set; ``quick``:
-    20 calls, 3 repeats."""
-    if not torch.cuda.is_available():
-        raise RuntimeError("eager_us: needs a CUDA device (host_us measures the host side on a CPU)")
-    if quick:
-        calls, repeats = 20, 3
-    return wall_us([make_call(i) for i in range(n_sets)], calls=calls, repeats=repeats, sync=torch.cuda.synchronize)
-
-
 def main(argv=None) -> None:
     from compare.backends import load_backend
     from moe_spec.problem import draw_weights, get_shape, make_inputs
     from moe_spec.quant import FORMATS
     from moe_spec.timing import time_cuda_graph
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m compare.studies.eager", description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", default="qwen3-30b-a3b")
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 8])
     p.add_argument("--quant", default="bf16", choices=[f.label for f in FORMATS.values()])
