@@ -22,7 +22,7 @@ from compare.backends import BASELINE, FALLBACK_BASELINE, KERNELS
 
 EMPTY = ("-", "")
 PTX_SECTION = "CuTe configs and their PTX"
-FULL_PTX_COMMAND = "python -m cute_moe.explore --tokens-per-expert 2 --ptx"
+FULL_PTX_COMMAND = "python -m cute_moe.lab.explore --tokens-per-expert 2 --ptx"
 
 
 def num(v, spec: str, missing: str = "-") -> str:

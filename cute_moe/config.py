@@ -101,14 +101,14 @@ expert most of every normal tile multiplies padding, while swap-AB's token tile 
 8 (N of WGMMA) and every weight byte still feeds a full 64-row M.
 
 What was measured (GEMM1 alone of Mixtral-8x7B and DeepSeek-V3 TP8, every expert the same token
-count, H200, 2026-11-30, commit 6423a93, ``python -m cute_moe.bench``; notes/results/cute_bench_2026-11-30.md):
+count, H200, 2026-11-30, commit 6423a93, ``python -m cute_moe.lab.bench``; notes/results/cute_bench_2026-11-30.md):
 swap-AB's 128-weight tiles ran 1.04–1.19× as fast as the normal 64×256 tile at 1–32 tokens per
 expert, 0.98–1.03× at 64, and 0.62–0.76× at 128 and 256 (there a 128 × 64 swap-AB tile against the
 normal 128 × 256: two tile sizes compared, not the two paths at their best)."""
 
 SWAP_AB_MAX_BY_LAYER: dict[tuple[int, int], float] = {}
 """Per layer (hidden K, intermediate I): its own limit in place of the 64 above, the largest mean tokens
-per expert on swap-AB (``python -m cute_moe.crossover`` prints the entries it measured)."""
+per expert on swap-AB (``python -m cute_moe.lab.crossover`` prints the entries it measured)."""
 
 SWAP_TOKEN_TILES = tuple(WGMMA_N_STEP << i for i in range((WGMMA_M // WGMMA_N_STEP).bit_length()))
 """The swap-AB token tiles the path rule picks from — the powers of two from WGMMA's smallest N (8)

@@ -29,7 +29,7 @@ threads of one tile's warpgroup, 0 … 127, each consumer warpgroup owning its t
   ``addr ^= ((addr >> (M+S)) & (2^B − 1)) << M`` (for 128 B: bits 4‥6 ^= bits 7‥9).
 * ``tma``: the box each TMA copy moves (rows × tile_k for loads, the epilogue tile for stores).
 
-For the pictures (:mod:`cute_moe.figures`) three lighter readers of the same plan:
+For the pictures (:mod:`cute_moe.lab.figures`) three lighter readers of the same plan:
 :func:`plan_layouts` (the static layouts, for bf16 or FP8 operands, without the per-thread loop),
 :func:`accumulator_owners` (``(m, n) → (thread, register)`` from the tiled MMA's TV layout; a test
 holds it equal to ``partition_C``) and :func:`tma_layouts` (the kernel's TMA coordinate tensors,

@@ -138,7 +138,7 @@ def cute_scale(t: torch.Tensor):
 def on_gpu(t: torch.Tensor) -> bool:
     """``t`` lives where the CuTe kernels launch (a CUDA device); elsewhere the host wrappers run
     their torch reference (the one place that decides, so a host-cost measurement on a CPU can
-    stand in for it: ``cute_moe.bench_align``)."""
+    stand in for it: ``cute_moe.lab.bench_align``)."""
     return t.device.type == "cuda"
 
 

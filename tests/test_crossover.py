@@ -1,4 +1,4 @@
-"""``python -m cute_moe.crossover`` on the CPU: the balanced routing, the path rule's per-layer limit,
+"""``python -m cute_moe.lab.crossover`` on the CPU: the balanced routing, the path rule's per-layer limit,
 the rows and the limit the measurement supports (a stand-in clock and layer), the reports, and the
 one-line refusals of bad options and of a used ``--out``."""
 
@@ -13,7 +13,7 @@ import torch
 
 import cute_moe
 import cute_moe.config as config
-import cute_moe.crossover as cx
+import cute_moe.lab.crossover as cx
 from moe_spec.problem import MoEShape, get_shape
 from moe_spec.timing import Timing
 from moe_spec.validate import MoEDims
@@ -173,14 +173,14 @@ def test_a_failing_cell_is_a_row_and_the_budget_skips_the_rest():
 
 
 def _result():
-    return cx.run(["tiny", "tiny2"], cx.TOKENS, env=_env(_Layer(SWAP_WINS_TO_24)), command="python -m cute_moe.crossover",
+    return cx.run(["tiny", "tiny2"], cx.TOKENS, env=_env(_Layer(SWAP_WINS_TO_24)), command="python -m cute_moe.lab.crossover",
                   commit="abc1234")
 
 
 def test_markdown_names_the_run_and_has_the_tables():
     md = cx.to_markdown(_result())
     assert "- device: stand-in (CPU)" in md and "- commit: `abc1234`" in md
-    assert "- command: `python -m cute_moe.crossover`" in md and "- date: " in md
+    assert "- command: `python -m cute_moe.lab.crossover`" in md and "- date: " in md
     assert "| tiny | 8 | 16 | 26.0 | 48.0 | 1.846 | swap-AB | yes | ok |" in md
     assert "| tiny | 48 | 96 | 106.0 | 88.0 | 0.830 | swap-AB | **no** | ok |" in md
     assert "| tiny | (64, 32) | 64 | 24 | 4.7 % | 0.0 % | 10/12 |" in md
@@ -219,7 +219,7 @@ def test_main_runs_and_writes_the_reports(tmp_path, monkeypatch, capsys):
     out = tmp_path / "out"
     assert cx.main(["--quick", "--shapes", "mixtral-8x7b", "--out", str(out), "--commit", "abc1234"]) == 0
     result = json.loads((out / "crossover.json").read_text())
-    assert result["meta"]["command"] == f"python -m cute_moe.crossover --quick --shapes mixtral-8x7b --out {out} " \
+    assert result["meta"]["command"] == f"python -m cute_moe.lab.crossover --quick --shapes mixtral-8x7b --out {out} " \
                                         "--commit abc1234"
     assert [r["tokens_per_expert"] for r in result["rows"]] == list(cx.QUICK_TOKENS)
     assert result["meta"]["timing"] == cx.TIMING["quick"]
@@ -252,7 +252,7 @@ def test_bad_options_are_one_line_naming_the_option(args, message, tmp_path, cap
     assert cx.main(args + ["--out", str(tmp_path / "new")]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and len(captured.err.strip().splitlines()) == 1 and message in captured.err
-    assert captured.err.startswith("python -m cute_moe.crossover: error: ")
+    assert captured.err.startswith("python -m cute_moe.lab.crossover: error: ")
     assert not (tmp_path / "new").exists()
 
 

@@ -554,7 +554,7 @@ def test_row_buffers_size_every_map():
 
 # ---- the benchmark times what the layer launches ----------------------------------------------------
 def test_bench_align_takes_the_bf16_layer_s_tiles_at_each_T():
-    from cute_moe import bench_align
+    from cute_moe.lab import bench_align
     from cute_moe.plan import plan
     from moe_spec.problem import get_shape
     from moe_spec.validate import MoEDims
@@ -569,7 +569,7 @@ def test_bench_align_takes_the_bf16_layer_s_tiles_at_each_T():
 
 
 def test_bench_align_table_and_its_refusals_before_any_gpu_work(tmp_path, capsys):
-    from cute_moe import bench_align
+    from cute_moe.lab import bench_align
 
     row = {"shape": "qwen3-30b-a3b", "E": 128, "T": 1, "tile": 8, "gemm_tiles": [8, 8], "place_ctas": 1,
            "device_us": 3.0, "PlacePairs_cold_us": 4.0, "CountExperts_cold_us": 0.0, "PlacePairs_warm_us": 2.5,
@@ -583,4 +583,4 @@ def test_bench_align_table_and_its_refusals_before_any_gpu_work(tmp_path, capsys
     (tmp_path / "old.md").write_text("x")
     with pytest.raises(SystemExit) as stop:
         bench_align.main(["--out", str(tmp_path)])
-    assert stop.value.code == 2 and "python -m cute_moe.bench_align: error: --out: " in capsys.readouterr().err
+    assert stop.value.code == 2 and "python -m cute_moe.lab.bench_align: error: --out: " in capsys.readouterr().err

@@ -426,7 +426,7 @@ def test_fused_moe_empty_batch_and_cpu_tensors():
 def test_bench_draws_the_shared_weights():
     """bench rotates weight sets drawn by moe_spec.problem.draw_weights (one generator, n sets)."""
     from moe_spec.problem import MoEShape, draw_weights
-    from cute_moe.bench import _weights
+    from cute_moe.lab.bench import _weights
 
     shape = MoEShape("tiny", 4, 2, 64, 32, "test")
     g = torch.Generator().manual_seed(3)

@@ -1,11 +1,11 @@
-"""The layout explorer (python -m cute_moe.explore) reads the kernel's own layout data faithfully,
+"""The layout explorer (python -m cute_moe.lab.explore) reads the kernel's own layout data faithfully,
 explains it, draws it, and refuses what the kernel refuses."""
 
 import xml.etree.ElementTree as ET
 
 import pytest
 
-from cute_moe import explore
+from cute_moe.lab import explore
 from cute_moe.config import choose_config
 from cute_moe.layouts import describe
 

@@ -267,7 +267,7 @@ def test_the_epilogue_sub_tiles_are_runs_of_registers(name):
 
 # ---- the study command (its GPU run is the lead's; here what it times and its refusals) -------------
 def test_bench_times_the_layers_gemms_and_their_twins():
-    from cute_moe.bench_pingpong import variants
+    from cute_moe.lab.bench_pingpong import variants
 
     g1 = variants(PREFILL_GEMM1, alt=True)
     assert g1["cooperative"] == PREFILL_GEMM1 and g1["pingpong"] == PINGPONG["gemm1-gated-gather"]
@@ -281,10 +281,10 @@ def test_bench_times_the_layers_gemms_and_their_twins():
 
 
 def test_bench_report_lists_every_cell():
-    from cute_moe.bench_pingpong import markdown
+    from cute_moe.lab.bench_pingpong import markdown
 
     cell = dict(shape="qwen3-30b-a3b", gemm="gemm1", tile="T64xW128 s5", us=1.0, tflops=2.0, equal=True)
-    result = dict(date="d", device="H200", commit="c", command="python -m cute_moe.bench_pingpong --out x",
+    result = dict(date="d", device="H200", commit="c", command="python -m cute_moe.lab.bench_pingpong --out x",
                   wall_s=1.0, cells=[dict(cell, variant="cooperative"), dict(cell, variant="pingpong", speedup=1.1)])
     text = markdown(result)
     assert "| qwen3-30b-a3b | gemm1 | pingpong | T64xW128 s5 | 1.0 | 2.0 | 1.1 | True |" in text
@@ -293,7 +293,7 @@ def test_bench_report_lists_every_cell():
 
 
 def test_bench_refuses_a_used_out_and_a_cpu(tmp_path, capsys):
-    from cute_moe.bench_pingpong import main
+    from cute_moe.lab.bench_pingpong import main
 
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "x").write_text("")

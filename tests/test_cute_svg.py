@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from cute_moe.config import GemmConfig
-from cute_moe.figures import notes_configs, notes_figures
+from cute_moe.lab.figures import notes_configs, notes_figures
 from cute_moe.layouts import (accumulator_owners, describe, format_config, plan_layouts, thread_value_map,
                                tma_layouts)
 from moe_spec.quant import FP8_BLOCK
@@ -224,10 +224,10 @@ def test_tma_boxes(figs, cfgs, name):
 # ---- the committed set ---------------------------------------------------------------------------
 def test_committed_figures_are_what_the_generator_draws(figs):
     committed = sorted(f for f in os.listdir(FIGURES) if f.endswith(".svg"))
-    assert committed == sorted(figs), "regenerate: python -m cute_moe.explore --notes-figures notes/figures"
+    assert committed == sorted(figs), "regenerate: python -m cute_moe.lab.explore --notes-figures notes/figures"
     for name in committed:
         with open(os.path.join(FIGURES, name), encoding="utf-8") as f:
-            assert f.read() == figs[name], f"{name} is stale: python -m cute_moe.explore --notes-figures notes/figures"
+            assert f.read() == figs[name], f"{name} is stale: python -m cute_moe.lab.explore --notes-figures notes/figures"
     sizes = [len(t.encode()) for t in figs.values()]
     assert max(sizes) < 150_000 and sum(sizes) < 600_000
 
@@ -241,7 +241,7 @@ def test_notes_chapter_embeds_every_figure(figs):
 def test_notes_config_table_is_the_path_rule(cfgs):
     """The chapter's table of the four configurations says what the path rule builds."""
     from cute_moe.config import choose_config
-    from cute_moe.figures import DEFAULT_K, DEFAULT_N_OUT
+    from cute_moe.lab.figures import DEFAULT_K, DEFAULT_N_OUT
 
     with open(os.path.join(FIGURES, "..", "wgmma_layouts.md"), encoding="utf-8") as f:
         rows = re.findall(r"^\| `(\w+)` \| ([\d.]+) \| ([^|]+) \| (\d+) × (\d+) \| (\d+) \| (\d+) \|$", f.read(), re.M)

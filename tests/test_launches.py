@@ -14,7 +14,7 @@ Targets (notes/triton_moe.md, "Launches and host cost per call"): triton_moe bf1
 FP8 ≤ 8. The exact counts are asserted, so a change that adds one shows up here.
 
 cute_moe runs its GPU path on CPU tensors with every CuTe launch and compilation stubbed
-(``cute_moe.bench_align.gpu_stand_in``): the stubs record the CuTe launches, the dispatch mode the
+(``cute_moe.lab.bench_align.gpu_stand_in``): the stubs record the CuTe launches, the dispatch mode the
 torch ones (notes/cute_moe.md, "Launches and host cost per call").
 
 """
@@ -120,7 +120,7 @@ CUTE_CASES = [(q, T) for q in (None, "fp8_tensor", "fp8_channel", "fp8_block") f
 
 @pytest.mark.parametrize("quant, T", CUTE_CASES, ids=[f"{q or 'bf16'}-T{T}" for q, T in CUTE_CASES])
 def test_cute_launches_per_call(quant, T):
-    from cute_moe.bench_align import gpu_stand_in, launches_per_call
+    from cute_moe.lab.bench_align import gpu_stand_in, launches_per_call
 
     kw = make_inputs(SHAPE, T, quant, seed=0).kwargs()
     with gpu_stand_in() as (fused_moe, launches):
@@ -134,7 +134,7 @@ def test_cute_launches_per_call(quant, T):
 
 
 def test_cute_separate_pipeline_launches():
-    from cute_moe.bench_align import gpu_stand_in, launches_per_call
+    from cute_moe.lab.bench_align import gpu_stand_in, launches_per_call
 
     kw = make_inputs(SHAPE, DECODE, None, seed=0).kwargs()
     with gpu_stand_in() as (fused_moe, launches):
@@ -144,9 +144,9 @@ def test_cute_separate_pipeline_launches():
 
 
 def test_cute_host_cost_counts_the_launches_of_a_timed_call():
-    """``cute_moe.bench_align.host_cost`` (the CPU host-cost study): a positive host time from
+    """``cute_moe.lab.bench_align.host_cost`` (the CPU host-cost study): a positive host time from
     ``moe_spec.timing.host_us`` and the launch count of a bf16 decode call."""
-    from cute_moe.bench_align import host_cost
+    from cute_moe.lab.bench_align import host_cost
 
     r = host_cost(1, calls=2, repeats=1)
     assert r["host_us"] > 0 and r["cute_launches"] == 4 and r["torch_launches"] == 0, r

@@ -30,7 +30,7 @@ def test_expected_hits_and_all_hit_probability():
 
 
 def test_the_timed_routings_hit_every_expert():
-    # compare and cute_moe.bench pass their own weights, so make_inputs draws x then the logits
+    # compare and cute_moe.lab.bench pass their own weights, so make_inputs draws x then the logits
     none = (torch.empty(0), torch.empty(0))
     for seed in (0, 1):
         ids = make_inputs(MIXTRAL, T, seed=seed, weights_bf16=none).topk_ids

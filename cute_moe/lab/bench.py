@@ -1,6 +1,6 @@
 """Benchmark the CuTe MoE kernel on the GPU: layer cells, GEMM-level swap-AB vs normal, compile time.
 
-    python -m cute_moe.bench [--quick | --breakdown | --sweep] [--json FILE] [--commit SHA]
+    python -m cute_moe.lab.bench [--quick | --breakdown | --sweep] [--json FILE] [--commit SHA]
 
 Every time is a CUDA-graph replay over rotated weight sets (cold L2) through
 ``moe_spec.timing.time_cuda_graph``; the median is reported.  Three tables:
@@ -27,9 +27,9 @@ from moe_spec.problem import draw_weights, get_shape, make_inputs  # noqa: E402
 from moe_spec.runinfo import command_line, require_cuda, run_info  # noqa: E402
 from moe_spec.timing import time_cuda_graph  # noqa: E402
 
-from .config import GemmConfig, choose_config  # noqa: E402
-from .moe import fused_moe, gather_rows, grouped_gemm, sort_rows  # noqa: E402
-from .ptx import compile_count  # noqa: E402
+from ..config import GemmConfig, choose_config  # noqa: E402
+from ..moe import fused_moe, gather_rows, grouped_gemm, sort_rows  # noqa: E402
+from ..ptx import compile_count  # noqa: E402
 
 
 def _weights(shape, n_sets, seed=0, device="cuda"):
@@ -91,8 +91,8 @@ def bench_gemm1(spec: str, tokens_per_expert_list, n_sets=2) -> list[dict]:
 
 def bench_breakdown(spec: str, T: int, n_sets: int = 2) -> dict:
     """Median µs of every stage of fused_moe (each timed alone, weights rotated) at one cell."""
-    from .moe import combine, silu_mul
-    from .plan import layer_configs
+    from ..moe import combine, silu_mul
+    from ..plan import layer_configs
 
     shape = get_shape(spec)
     E, K, I, k = shape.num_experts, shape.hidden, shape.intermediate, shape.top_k
@@ -148,7 +148,7 @@ def bench_gemm_configs(spec: str, T: int, configs: list[GemmConfig], n_sets: int
 
 def bench_compile() -> dict:
     """Seconds for a first compile of a config not compiled yet in this process."""
-    from .ptx import compile_gemm
+    from ..ptx import compile_gemm
 
     cfg = GemmConfig(swap_ab=True, tokens_tile=32, weights_tile=64, consumer_warpgroups=1, stages=5, epi_stages=3)
     start, n0 = time.perf_counter(), compile_count()
@@ -159,7 +159,7 @@ def bench_compile() -> dict:
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    prog = "python -m cute_moe.bench"
+    prog = "python -m cute_moe.lab.bench"
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer cells")
     ap.add_argument("--json", default=None, help="write the raw results here")

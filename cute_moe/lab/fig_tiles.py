@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 
-from .config import GemmConfig
-from .layouts import accumulator_owners, format_config, plan_layouts
+from ..config import GemmConfig
+from ..layouts import accumulator_owners, format_config, plan_layouts
 from .svg import Svg, num, rect_runs, warp_legend
 
 FRAGMENT_CSS = ".frag path{fill:none;stroke-width:1}.frag .a{stroke-opacity:.55}"

@@ -12,8 +12,8 @@ Layouts come from :func:`cute_moe.layouts.plan_layouts` and :func:`cute_moe.layo
 
 from __future__ import annotations
 
-from .config import GemmConfig
-from .layouts import evaluate, plan_layouts, size, swizzle_bytes, tma_coordinate, tma_layouts
+from ..config import GemmConfig
+from ..layouts import evaluate, plan_layouts, size, swizzle_bytes, tma_coordinate, tma_layouts
 from .svg import Svg, num
 
 BANKS, BANK_BYTES = 32, 4  # shared memory: 32 banks of 4 bytes

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from moe_spec.quant import FP8_BLOCK
 
-from .config import GemmConfig
-from .layouts import format_config, plan_layouts, tma_layouts
+from ..config import GemmConfig
+from ..layouts import format_config, plan_layouts, tma_layouts
 from .svg import Svg, num
 
 PIPELINE_CSS = (".ld{fill:#c6dbef}.rd{fill:#9ecae1}.mma{fill:#fdae6b}.pr{fill:#d62728}.ep{fill:#c7e9c0}"

@@ -1,19 +1,19 @@
 """The layout explorer: what one kernel configuration does with every byte and register, on a laptop.
 
-    python -m cute_moe.explore --tokens-per-expert 2            # the decode kernel the rule picks
-    python -m cute_moe.explore --tokens-per-expert 512          # the prefill kernel
-    python -m cute_moe.explore --normal --tokens-per-expert 2   # the same GEMM without swap-AB
-    python -m cute_moe.explore --tokens-per-expert 2 --ptx      # ... and the instructions it compiles to
-    python -m cute_moe.explore --tokens-per-expert 2 --json     # everything, as data
-    python -m cute_moe.explore --tokens-per-expert 2 --svg DIR  # the pictures of this kernel (SVG)
-    python -m cute_moe.explore --notes-figures notes/figures    # the pictures notes/wgmma_layouts.md embeds
+    python -m cute_moe.lab.explore --tokens-per-expert 2            # the decode kernel the rule picks
+    python -m cute_moe.lab.explore --tokens-per-expert 512          # the prefill kernel
+    python -m cute_moe.lab.explore --normal --tokens-per-expert 2   # the same GEMM without swap-AB
+    python -m cute_moe.lab.explore --tokens-per-expert 2 --ptx      # ... and the instructions it compiles to
+    python -m cute_moe.lab.explore --tokens-per-expert 2 --json     # everything, as data
+    python -m cute_moe.lab.explore --tokens-per-expert 2 --svg DIR  # the pictures of this kernel (SVG)
+    python -m cute_moe.lab.explore --notes-figures notes/figures    # the pictures notes/wgmma_layouts.md embeds
 
 Nothing here computes a layout of its own: the configuration comes from
 :func:`cute_moe.config.choose_config` (the path rule) or from explicit tile flags checked by
 :meth:`GemmConfig.validate`; every number printed is read from :func:`cute_moe.layouts.describe`,
 which evaluates the very tiled MMA and shared-memory layouts the kernel is compiled from, and
 ``--ptx`` from :func:`cute_moe.ptx.compile_ptx`; ``--svg`` draws the same objects
-(:mod:`cute_moe.figures`). The grid of accumulator owners is printed in MoE
+(:mod:`cute_moe.lab.figures`). The grid of accumulator owners is printed in MoE
 terms (rows = tokens, columns = weight rows) for both paths, so the normal and the swap-AB kernel
 can be compared cell by cell: the same (token, weight) output lands in another thread's register.
 
@@ -29,10 +29,10 @@ import math
 import re
 import sys
 
-from .config import GemmConfig, choose_config
+from ..config import GemmConfig, choose_config
 from .figures import DEFAULT_EXPERTS, DEFAULT_K, DEFAULT_N_OUT, config_figures, notes_figures, write_figures
 from .fig_memory import chunk_banks, conflict_ways
-from .moe import check_gemm_shape
+from ..moe import check_gemm_shape
 
 GRID_EDGE = 16  # rows/columns of the accumulator-owner grid shown
 
@@ -150,7 +150,7 @@ def render(cfg: GemmConfig, desc: dict, ptx: str | None = None) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m cute_moe.explore", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m cute_moe.lab.explore", description=__doc__.split("\n")[0])
     ap.add_argument("--tokens-per-expert", type=float, default=2.0,
                     help="mean routed tokens per expert (T·top_k/E); the path rule picks the kernel [2]")
     ap.add_argument("--n-out", type=int, default=DEFAULT_N_OUT,
@@ -181,14 +181,14 @@ def main(argv=None) -> int:
     except (TypeError, ValueError) as exc:  # what the kernel would refuse: its own check names the limit
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from .layouts import describe, describe_json
+    from ..layouts import describe, describe_json
 
     if args.json:
         print(json.dumps({"config": cfg.as_dict(), **describe_json(cfg)}))
         return 0
     ptx = None
     if args.ptx:
-        from .ptx import compile_ptx
+        from ..ptx import compile_ptx
 
         ptx = compile_ptx(cfg)
     print(render(cfg, describe(cfg), ptx))

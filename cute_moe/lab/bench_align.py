@@ -2,7 +2,7 @@
 (routing checks, alignment, row and block maps) against the torch ops that do the same — and, on a
 CPU, fused_moe's host cost.
 
-    python -m cute_moe.bench_align [--out DIR] [--shapes ...] [--tokens ...] [--commit SHA]
+    python -m cute_moe.lab.bench_align [--out DIR] [--shapes ...] [--tokens ...] [--commit SHA]
 
 For each shape (default: Mixtral-8x7B, Qwen3-30B-A3B, DeepSeek-V3 TP8 — their ``E`` and ``top_k``
 and, through the plan, their tiles are all the alignment sees) and T (default 1, 8, 32, 128, 1024,
@@ -26,7 +26,7 @@ Prints each cell as it goes and the table at the end; ``--out`` (a new or empty 
 
 Host cost (no GPU needed)::
 
-    python -m cute_moe.bench_align --host [--tokens 1 64] [--quant bf16 fp8_tensor ...]
+    python -m cute_moe.lab.bench_align --host [--tokens 1 64] [--quant bf16 fp8_tensor ...]
 
 runs ``fused_moe``'s GPU path on CPU tensors with every CuTe launch and compilation stubbed
 (:func:`gpu_stand_in`): the time per call is the Python of the call — checks, plan, workspaces,
@@ -55,8 +55,8 @@ from moe_spec.problem import get_shape, route  # noqa: E402
 from moe_spec.timing import L2_BYTES, time_cuda_graph  # noqa: E402
 from moe_spec.validate import MoEDims  # noqa: E402
 
-from .rowmaps import RowBuffers, reference_rows, sort_rows_on_device  # noqa: E402
-from .plan import plan  # noqa: E402
+from ..rowmaps import RowBuffers, reference_rows, sort_rows_on_device  # noqa: E402
+from ..plan import plan  # noqa: E402
 
 SPECS = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8")
 TOKENS = (1, 8, 32, 128, 1024, 4096)
@@ -193,7 +193,7 @@ def gpu_stand_in():
     """``fused_moe``'s GPU path on CPU tensors: every compile returns stubs that record their launches
     (the DSL still wraps every argument), the stream is a stand-in and the host wrappers take CPU
     tensors for device ones.  Yields ``(fused_moe, launches)``; the patches are undone on exit."""
-    from . import moe, moe_fp8, unfused
+    from .. import moe, moe_fp8, unfused
 
     launches: list = []
     stubs = lambda *a, **k: _Stubs(launches)  # noqa: E731
@@ -205,7 +205,7 @@ def gpu_stand_in():
                (moe_fp8, "compile_quant_kernels", stubs), (moe_fp8, "current_stream", lambda t: None),
                (unfused, "compile_unfused_kernels", stubs), (unfused, "current_stream", lambda t: None)]
     try:
-        from . import rowmaps
+        from .. import rowmaps
         class RowBuffers(rowmaps.RowBuffers):  # maps a later torch op may index: valid values (0)
             def __init__(self, *args, **kwargs):
                 super().__init__(*args, **kwargs)
@@ -233,7 +233,7 @@ def _older_align_stand_in(launches: list):
     reference alignment of the ids (computed once per routing), so later torch ops index validly."""
     from moe_spec.align import align, max_rows
 
-    from .runtime import cute_vector
+    from ..runtime import cute_vector
 
     done: dict = {}
 
@@ -297,7 +297,7 @@ def host_cost(T: int, quant=None, calls: int = 200, repeats: int = 5) -> dict:
 
 
 def main(argv=None) -> dict:
-    prog = "python -m cute_moe.bench_align"
+    prog = "python -m cute_moe.lab.bench_align"
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=None, help="a new or empty directory for bench_align.md and .json")
     ap.add_argument("--shapes", nargs="+", default=list(SPECS), help="catalog shapes (default: %(default)s)")

@@ -1,4 +1,4 @@
-"""Ping-pong and cluster multicast against cooperative: ``python -m cute_moe.bench_pingpong --out DIR``
+"""Ping-pong and cluster multicast against cooperative: ``python -m cute_moe.lab.bench_pingpong --out DIR``
 (GPU, well under 90 s).
 
 For each catalog shape (Mixtral-8x7B, Qwen3-30B-A3B, DeepSeek-V3 TP8) at T = 4096 tokens — the
@@ -48,10 +48,10 @@ from moe_spec.problem import draw_weights, get_shape, make_inputs  # noqa: E402
 from moe_spec.timing import time_cuda_graph  # noqa: E402
 from moe_spec.validate import MoEDims  # noqa: E402
 
-from .config import GemmConfig, max_stages  # noqa: E402
-from .schedule import pingpong_config  # noqa: E402
+from ..config import GemmConfig, max_stages  # noqa: E402
+from ..schedule import pingpong_config  # noqa: E402
 
-PROG = "python -m cute_moe.bench_pingpong"
+PROG = "python -m cute_moe.lab.bench_pingpong"
 SHAPES = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8")
 TOKENS = 4096
 FILES = ("bench_pingpong.md", "bench_pingpong.json")
@@ -80,9 +80,9 @@ def tile_text(cfg: GemmConfig) -> str:
 def bench_shape(spec: str, alt: bool, cluster: bool = False) -> list[dict]:
     from moe_spec.plan import tokens_per_expert
 
-    from .config import choose_config
-    from .moe import grouped_gemm, sort_rows
-    from .plan import plan
+    from ..config import choose_config
+    from ..moe import grouped_gemm, sort_rows
+    from ..plan import plan
 
     shape = get_shape(spec)
     E, K, I, top_k = shape.num_experts, shape.hidden, shape.intermediate, shape.top_k  # noqa: E741

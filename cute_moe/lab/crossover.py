@@ -1,4 +1,4 @@
-"""Where swap-AB stops paying: ``python -m cute_moe.crossover --out DIR`` (GPU).
+"""Where swap-AB stops paying: ``python -m cute_moe.lab.crossover --out DIR`` (GPU).
 
 For each catalog shape and each count m of tokens per expert (1 … 128), the whole bf16 layer
 (``fused_moe``: alignment, gather, GEMM1, SiLU·mul, GEMM2, combine) is timed twice — with the path
@@ -40,7 +40,7 @@ from moe_spec.validate import MoEDims
 
 from .svg import Svg, num
 
-PROG = "python -m cute_moe.crossover"
+PROG = "python -m cute_moe.lab.crossover"
 SHAPES = ("qwen3-30b-a3b", "deepseek-v3:tp8", "mixtral-8x7b")
 TOKENS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 QUICK_TOKENS = (1, 4, 16, 32, 64, 128)
@@ -79,13 +79,13 @@ def _gpu_time(make_call, n_sets, **options):
 
 
 def _gpu_fused_moe(**kwargs):
-    from .moe import fused_moe
+    from ..moe import fused_moe
     return fused_moe(**kwargs)
 
 
 def rule_swaps(shape: MoEShape, T: int) -> bool:
     """Whether the current rule runs swap-AB on this layer at T (both GEMMs share the mean)."""
-    from .plan import plan
+    from ..plan import plan
     dims = MoEDims(T=T, E=shape.num_experts, K=shape.hidden, I=shape.intermediate, top_k=shape.top_k)
     return plan(dims).swap_ab[0]
 
@@ -178,7 +178,7 @@ def best_limit(rows: list, current: float) -> Optional[float]:
 
 def summarize(rows: list, shapes, env: Env) -> list[dict]:
     """Per shape: the rule's current limit, the measured one, their losses and the table entry."""
-    from .config import SWAP_AB_MAX_BY_LAYER, SWAP_AB_MAX_TOKENS_PER_EXPERT
+    from ..config import SWAP_AB_MAX_BY_LAYER, SWAP_AB_MAX_TOKENS_PER_EXPERT
     out = []
     for label in shapes:
         s = env.shape_of(label)

@@ -1,0 +1,21 @@
+"""The CuTe backend's lab: the benchmarks, studies, the layout explorer and its figures.
+
+Nothing here is part of a ``fused_moe`` call: the product (``cute_moe``'s top level: the kernels, the
+layer, its plan and config, the alignment, the compile cache, the warm-up) never imports this package.
+Each module is a command that measures or draws something (``python -m cute_moe.lab.X``):
+
+==================  ==================================================================================
+``bench``           layer cells, GEMM-level swap-AB against normal, compile time (GPU)
+``bench_align``     the token alignment's launches against torch's ops (GPU), and the layer's host cost
+``bench_pingpong``  ping-pong and cluster multicast against cooperative consumers (GPU)
+``crossover``       where swap-AB stops paying, per catalog shape (GPU)
+``explore``         the layout explorer: one config's layouts, PTX and pictures (CPU)
+``figures``         which pictures are drawn for which config (``notes/figures/``)
+``fig_memory``      shared-memory banks and TMA boxes
+``fig_pipeline``    the pipeline of one config as a timeline
+``fig_tiles``       accumulator fragments and swap-AB's two tilings
+``svg``             the small SVG writer the pictures use
+==================  ==================================================================================
+
+Their results are in ``notes/results/`` (each report names its command).
+"""
