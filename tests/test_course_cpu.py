@@ -1,0 +1,103 @@
+"""The course's steps compile on the CPU (CUTE_DSL_ARCH=sm_90a, fake tensors), and each step's PTX
+has the instructions that step introduces — and not yet those of the steps after it.
+
+The numbered files in course/ are scripts, not a package: they are loaded by file location.
+"""
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+COURSE = Path(__file__).resolve().parents[1] / "course"
+
+
+def step(name: str):
+    """A course file as a module (``_common.load`` caches it per process)."""
+    if str(COURSE) not in sys.path:
+        sys.path.insert(0, str(COURSE))
+    spec = importlib.util.spec_from_file_location("course_common", COURSE / "_common.py")
+    common = sys.modules.get("_common")
+    if common is None:
+        common = importlib.util.module_from_spec(spec)
+        sys.modules["_common"] = common
+        spec.loader.exec_module(common)
+    return common.load(name)
+
+
+def opcodes(ptx: str) -> list[str]:
+    """Every instruction of the PTX text, with its modifiers, in order (predicates dropped)."""
+    return re.findall(r"^\s*(?:@!?%?\w+\s+)?([a-z][\w.:]*)", ptx, re.M)
+
+
+def has(ptx: str, prefix: str) -> int:
+    return sum(op.startswith(prefix) for op in opcodes(ptx))
+
+
+# ---- step 1: one WGMMA ------------------------------------------------------------------------
+@pytest.mark.parametrize("n", [8, 256])
+def test_01_one_wgmma_instruction(n):
+    s1 = step("01_wgmma")
+    ptx = s1.ptx(n)
+    assert has(ptx, f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16") == 1  # K = 16: one instruction
+    for op in ("wgmma.fence.sync.aligned", "wgmma.commit_group.sync.aligned", "wgmma.wait_group.sync.aligned",
+               "fence.proxy.async.shared::cta"):
+        assert has(ptx, op) >= 1, op
+    # not yet: TMA, mbarriers (step 2), setmaxnreg (step 4)
+    assert has(ptx, "cp.async.bulk") == 0 and has(ptx, "mbarrier") == 0 and has(ptx, "setmaxnreg") == 0
+
+
+@pytest.mark.parametrize("n", [8, 64, 256])
+def test_01_owner_map_is_the_ptx_fragment_layout(n):
+    s1 = step("01_wgmma")
+    owners = s1.owner_map(n)
+    assert len(owners) == 64 * n  # every (m, n) of the tile has exactly one (thread, register)
+    assert len(set(owners.values())) == 64 * n
+    for (m, col), (t, r) in owners.items():
+        assert s1.ptx_owner(t, r) == (m, col), (m, col, t, r)
+
+
+def test_01_partition_c_agrees_with_tv_layout():
+    """The kernel stores through ``partition_C`` of an identity tensor; owner_map reads
+    ``tv_layout_C``: both name the same (m, n) for every thread and register (N = 16)."""
+    import cutlass
+    import cutlass.cute as cute
+
+    s1 = step("01_wgmma")
+    got = {}
+
+    @cute.jit
+    def probe():
+        mma = s1.make_tiled_mma(16)
+        for t in cutlass.range_constexpr(128):
+            cc = mma.get_slice(t).partition_C(cute.make_identity_tensor((64, 16)))
+            for r in cutlass.range_constexpr(8):
+                got[(int(cc[r][0]), int(cc[r][1]))] = (t, r)
+
+    probe()
+    assert got == s1.owner_map(16)
+
+
+def test_01_bad_n_is_refused():
+    with pytest.raises(ValueError, match="n=12"):
+        step("01_wgmma").OneWgmma(12)
+
+
+# ---- step 2: TMA under an mbarrier --------------------------------------------------------------
+def test_02_tma_and_mbarrier():
+    s2 = step("02_tma")
+    ptx = s2.ptx(128)
+    assert has(ptx, "cp.async.bulk.tensor.2d.shared::cta.global.tile.mbarrier::complete_tx::bytes") == 2  # A and B
+    assert has(ptx, "mbarrier.init.shared.b64") == 1
+    assert has(ptx, "fence.mbarrier_init") == 1
+    assert has(ptx, "mbarrier.arrive.expect_tx.shared.b64") == 1
+    assert has(ptx, "mbarrier.try_wait.parity.shared.b64") >= 1
+    # the transaction count is the stage's bytes: (64 + n) rows × 64 bf16
+    expect = re.search(r"mov\.b32\s+(%r\d+), (\d+);(?:(?!mov\.b32\s+\1,).)*?mbarrier\.arrive\.expect_tx\.shared\.b64 "
+                       r"%rd\d+, \[%r\d+\], \1;", ptx, re.S)
+    assert expect and int(expect.group(2)) == (64 + 128) * 64 * 2
+    assert has(ptx, "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16") == 4  # 64 of K per load
+    # not yet: the producer / consumer split with register moves (step 4)
+    assert has(ptx, "setmaxnreg") == 0

@@ -1,0 +1,56 @@
+"""The course's steps against torch on a GPU (the H200 lane: python3 -m pytest -m gpu -q tests/test_course_gpu.py)."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+COURSE = Path(__file__).resolve().parents[1] / "course"
+pytestmark = pytest.mark.gpu
+
+
+def step(name: str):
+    if str(COURSE) not in sys.path:
+        sys.path.insert(0, str(COURSE))
+    if "_common" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("_common", COURSE / "_common.py")
+        sys.modules["_common"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["_common"])
+    return sys.modules["_common"].load(name)
+
+
+def bf16(*shape, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(*shape, device="cuda", generator=g).to(torch.bfloat16)
+
+
+def reference(a, b):
+    return a.float() @ b.float().T
+
+
+@pytest.mark.parametrize("n", [8, 24, 64, 256])
+def test_01_one_wgmma(n):
+    s1 = step("01_wgmma")
+    a, b = bf16(64, 16), bf16(n, 16, seed=1)
+    c, owner = s1.wgmma(a, b)
+    torch.testing.assert_close(c, reference(a, b), atol=1e-3, rtol=1e-3)
+    # the kernel wrote owner[m, n] = 256·thread + register from its partition_C: the PTX ISA's figure
+    owner = owner.cpu()
+    for m in range(64):
+        for col in range(n):
+            t, r = divmod(int(owner[m, col]), 256)
+            assert s1.ptx_owner(t, r) == (m, col)
+
+
+@pytest.mark.parametrize("n", [64, 128, 256])
+def test_02_tma_gemm(n):
+    s2 = step("02_tma")
+    a, b = bf16(256, 512), bf16(2 * n, 512, seed=1)
+    torch.testing.assert_close(s2.gemm(a, b, n), reference(a, b), atol=2e-2, rtol=1e-3)
+
+
+def test_02_bad_k_is_refused():
+    with pytest.raises(ValueError, match="K"):
+        step("02_tma").gemm(bf16(64, 48), bf16(128, 48))
