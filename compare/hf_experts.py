@@ -43,6 +43,7 @@ implementation) as a callable with the contract's signature, for the harness's t
 from __future__ import annotations
 
 import collections
+import importlib
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -62,7 +63,6 @@ except ImportError as exc:  # the module is optional; the rest of the project ne
     raise ImportError(f"compare.hf_experts needs transformers 5.x (the project's `hf` extra: "
                       f"pip install -e '.[hf]'): {exc}") from exc
 
-from compare.backends import load_backend
 from moe_spec.quant import FP8_BLOCK, FP8_DTYPE
 from moe_spec.validate import validate_moe_args
 
@@ -194,6 +194,16 @@ def contract_arguments(module, implementation: str) -> ContractArguments:
 # --- the registered forwards ----------------------------------------------------------------------
 
 
+def _backend_fused_moe(implementation: str) -> Callable:
+    """``fused_moe`` of the backend package itself (``triton_moe`` or ``cute_moe``), not through the
+    harness's backend table: the table loads this module, so this module does not load the table."""
+    try:
+        return importlib.import_module(implementation).fused_moe
+    except Exception as exc:  # noqa: BLE001 - any import failure is this call's error, said plainly
+        raise RuntimeError(f"experts_implementation: {implementation!r} is not available here: "
+                           f"import {implementation} failed: {type(exc).__name__}: {exc}") from exc
+
+
 def _make_forward(implementation: str) -> Callable:
     def forward(self, hidden_states, top_k_index, top_k_weights):
         args = contract_arguments(self, implementation)
@@ -203,15 +213,13 @@ def _make_forward(implementation: str) -> Callable:
         if torch.is_grad_enabled() and (hidden_states.requires_grad or self.gate_up_proj.requires_grad):
             raise ValueError("hidden_states: autograd is recording, but the kernels have no backward; run "
                              "inference under torch.no_grad() or torch.inference_mode() (generate() does)")
-        backend = load_backend(implementation)
-        if backend.missing:
-            raise RuntimeError(f"experts_implementation: {implementation!r} is not available here: {backend.missing}")
+        fused_moe = _backend_fused_moe(implementation)
         x = hidden_states.reshape(-1, hidden_states.shape[-1])
         T = x.shape[0]
-        out = backend.fused_moe(x.contiguous(), args.w1, args.w2,
-                                top_k_weights.reshape(T, -1).to(torch.float32).contiguous(),
-                                top_k_index.reshape(T, -1).contiguous(),
-                                quant=args.quant, w1_scale=args.w1_scale, w2_scale=args.w2_scale)
+        out = fused_moe(x.contiguous(), args.w1, args.w2,
+                        top_k_weights.reshape(T, -1).to(torch.float32).contiguous(),
+                        top_k_index.reshape(T, -1).contiguous(),
+                        quant=args.quant, w1_scale=args.w1_scale, w2_scale=args.w2_scale)
         CALLS[implementation] += 1
         return out.view(hidden_states.shape)
 
