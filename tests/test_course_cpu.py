@@ -101,3 +101,49 @@ def test_02_tma_and_mbarrier():
     assert has(ptx, "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16") == 4  # 64 of K per load
     # not yet: the producer / consumer split with register moves (step 4)
     assert has(ptx, "setmaxnreg") == 0
+
+
+def init_counts(ptx: str) -> list[int]:
+    """The arrival count of every ``mbarrier.init`` (the register it reads, traced to its ``mov``)."""
+    movs = dict(re.findall(r"mov\.b32\s+(%r\d+), (\d+);", ptx))
+    return [int(movs[r]) for r in re.findall(r"mbarrier\.init\.shared\.b64\s+\[[^\]]+\], (%r\d+);", ptx)]
+
+
+# ---- step 3: the ring ---------------------------------------------------------------------------
+@pytest.mark.parametrize("stages", [2, 4])
+def test_03_ring_of_full_and_empty_barriers(stages):
+    s3 = step("03_ring")
+    ptx = s3.ptx(128, stages)
+    # full[s]: 1 arrival (the producer's expect_tx); empty[s]: the 128 consumer threads
+    assert sorted(init_counts(ptx)) == [1] * stages + [128] * stages
+    assert has(ptx, "mbarrier.arrive.shared.b64") >= 1  # the consumers' release of a slot
+    assert has(ptx, "mbarrier.arrive.expect_tx.shared.b64") >= 1
+    assert re.search(r"wgmma\.wait_group\.sync\.aligned\s+1;", ptx)  # one batch kept in flight
+    assert ".reqntid 256" in ptx  # a producer and a consumer warpgroup
+    assert has(ptx, "setmaxnreg") == 0  # not yet (step 4)
+
+
+def test_03_ring_position_is_what_the_kernel_waits_on():
+    s3 = step("03_ring")
+    # first lap: consumers wait for phase 0 of full[s]; producers on "the phase before" of empty[s]
+    assert [s3.ring_position(k, 4) for k in range(9)] == [(0, 0), (1, 0), (2, 0), (3, 0), (0, 1), (1, 1), (2, 1),
+                                                           (3, 1), (0, 0)]
+
+
+# ---- step 4: setmaxnreg -------------------------------------------------------------------------
+def test_04_setmaxnreg_moves_registers():
+    s4 = step("04_setmaxnreg")
+    ptx = s4.ptx(256, 4)
+    dec = re.findall(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+);", ptx)
+    inc = re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+);", ptx)
+    assert dec == [str(s4.PRODUCER_REGISTERS)] and inc == [str(s4.CONSUMER_REGISTERS)]
+    assert ".reqntid 384" in ptx  # producer + two consumer warpgroups
+    assert sorted(init_counts(ptx)) == [1] * 4 + [256] * 4  # both consumer warpgroups release a slot
+    assert has(ptx, "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16") >= 4
+    budget = s4.register_budget(s4.PRODUCER_REGISTERS, s4.CONSUMER_REGISTERS, 2)
+    assert budget["fits"] and budget["after"] == 40 * 128 + 232 * 256 <= budget["pool"] <= 65536
+
+
+def test_04_register_budget_refuses_a_bad_count():
+    with pytest.raises(ValueError, match="consumer=236"):
+        step("04_setmaxnreg").register_budget(40, 236, 2)

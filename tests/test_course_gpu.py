@@ -54,3 +54,17 @@ def test_02_tma_gemm(n):
 def test_02_bad_k_is_refused():
     with pytest.raises(ValueError, match="K"):
         step("02_tma").gemm(bf16(64, 48), bf16(128, 48))
+
+
+@pytest.mark.parametrize("n,stages", [(64, 2), (128, 4), (256, 3)])
+def test_03_ring_gemm(n, stages):
+    s3 = step("03_ring")
+    a, b = bf16(256, 1024), bf16(2 * n, 1024, seed=1)  # 16 K steps: several laps of the ring
+    torch.testing.assert_close(s3.gemm(a, b, n, stages), reference(a, b), atol=2e-2, rtol=1e-3)
+
+
+@pytest.mark.parametrize("n", [128, 256])
+def test_04_setmaxnreg_gemm(n):
+    s4 = step("04_setmaxnreg")
+    a, b = bf16(384, 1024), bf16(2 * n, 1024, seed=1)
+    torch.testing.assert_close(s4.gemm(a, b, n), reference(a, b), atol=2e-2, rtol=1e-3)
