@@ -147,3 +147,59 @@ def test_04_setmaxnreg_moves_registers():
 def test_04_register_budget_refuses_a_bad_count():
     with pytest.raises(ValueError, match="consumer=236"):
         step("04_setmaxnreg").register_budget(40, 236, 2)
+
+
+# ---- step 5: persistent, rasterized -------------------------------------------------------------
+@pytest.mark.parametrize("ctas", [7, 132])
+def test_05_persistent_walk_steps_by_the_grid(ctas):
+    """No new instruction: the producer's and the consumers' tile loops both step by the grid size."""
+    ptx = step("05_persistent").ptx(256, 4, ctas)
+    assert len(re.findall(rf"add\.s32\s+(%r\d+), \1, {ctas};", ptx)) == 2
+    assert has(ptx, "setmaxnreg.dec") == 1 and has(ptx, "setmaxnreg.inc") == 1  # still step 4's roles
+
+
+@pytest.mark.parametrize("m_blocks,n_blocks,group", [(5, 3, 2), (16, 7, 8), (3, 4, 8)])
+def test_05_rasterization_visits_every_tile_once_in_groups(m_blocks, n_blocks, group):
+    s5 = step("05_persistent")
+    order = [s5.tile_coordinates(t, m_blocks, n_blocks, group) for t in range(m_blocks * n_blocks)]
+    assert sorted(order) == [(m, n) for m in range(m_blocks) for n in range(n_blocks)]
+    for t, (m, n) in enumerate(order):  # ids of one group cover only that group's M blocks
+        first = (t // (group * n_blocks)) * group
+        assert first <= m < first + group
+    tiles = [tile for cta in range(4) for tile in s5.cta_tiles(cta, 4, m_blocks, n_blocks, group)]
+    assert sorted(tiles) == sorted(order)
+
+
+# ---- step 6: swap-AB ----------------------------------------------------------------------------
+@pytest.mark.parametrize("tokens", [2, 20])
+def test_06_swap_ab_puts_the_tokens_in_n(tokens):
+    s6 = step("06_swap_ab")
+    n = s6.token_tile(tokens)
+    ptx = s6.ptx(tokens)
+    assert has(ptx, f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16") >= 4  # tokens are N: 8, 24
+    assert has(ptx, "wgmma.mma_async.sync.aligned.m64n256k16") == 0
+    # the epilogue checks bounds: every store of an accumulator register (128·n fp32 over 256 consumer
+    # threads) is jumped over when its (m, n) lies outside C — a branch right before each store
+    regs = 128 * n // 256
+    assert len(re.findall(r"st\.global\.b32", ptx)) == regs
+    assert guarded_stores(ptx) == regs
+
+
+def guarded_stores(ptx: str) -> int:
+    """Stores skipped by a conditional branch whose target is right after them (an ``if`` around one store)."""
+    lines, count = ptx.splitlines(), 0
+    for i, line in enumerate(lines):
+        if "st.global" not in line:
+            continue
+        branch = next(x for x in reversed(lines[:i]) if re.search(r"\bbra\b", x))
+        target = re.search(r"@%p\d+ bra\s+(\$L__BB\d+_\d+);", branch)
+        after = lines[i + 1:i + 3]
+        count += bool(target) and any(x.strip() == target.group(1) + ":" for x in after)
+    return count
+
+
+def test_06_swap_ab_choice():
+    s6 = step("06_swap_ab")
+    two, big = s6.swap_ab_choice(2), s6.swap_ab_choice(500)
+    assert two["swap"] and two["swapped_token_cols"] == 8 and two["normal_padding"] == 62
+    assert not big["swap"] and big["normal_token_rows"] == 512

@@ -68,3 +68,17 @@ def test_04_setmaxnreg_gemm(n):
     s4 = step("04_setmaxnreg")
     a, b = bf16(384, 1024), bf16(2 * n, 1024, seed=1)
     torch.testing.assert_close(s4.gemm(a, b, n), reference(a, b), atol=2e-2, rtol=1e-3)
+
+
+@pytest.mark.parametrize("ctas,group", [(132, 8), (5, 2), (1, 3)])
+def test_05_persistent_gemm(ctas, group):
+    s5 = step("05_persistent")
+    a, b = bf16(128 * 9, 512), bf16(256 * 5, 512, seed=1)  # 45 tiles: several per CTA, a short last group
+    torch.testing.assert_close(s5.gemm(a, b, 256, 4, ctas, group), reference(a, b), atol=2e-2, rtol=1e-3)
+
+
+@pytest.mark.parametrize("tokens", [1, 2, 7, 20, 64])
+def test_06_swap_ab_linear(tokens):
+    s6 = step("06_swap_ab")
+    x, w = bf16(tokens, 1024), bf16(128 * 3, 1024, seed=1)
+    torch.testing.assert_close(s6.linear_swap_ab(x, w), reference(x, w), atol=2e-2, rtol=1e-3)
