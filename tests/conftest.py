@@ -6,6 +6,8 @@
   before triton is first imported, so it is set here, before any test module imports a backend.
 * The CuTe DSL compiles for Hopper on any machine once ``CUTE_DSL_ARCH=sm_90a`` is set before
   ``import cutlass``.
+* ``word``: the CPU error word of the device-side data checks (``moe_spec.validate``), cleared
+  before and after the test.
 """
 
 import os
@@ -31,3 +33,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def word():
+    """The CPU error word, cleared before and after."""
+    from moe_spec.validate import error_word
+
+    w = error_word("cpu")
+    w.zero_()
+    yield w
+    w.zero_()

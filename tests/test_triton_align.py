@@ -66,16 +66,8 @@ def test_more_experts_than_supported_is_named_before_any_launch():
 
 # --- chunks of whole rows, launches, and the checks of topk_ids ---------------------------------------
 
-from moe_spec.validate import BAD_ID, REPEATED_ID, check, error_word  # noqa: E402
+from moe_spec.validate import BAD_ID, REPEATED_ID, check  # noqa: E402
 from triton_moe.jit import count_compilations  # noqa: E402
-
-
-@pytest.fixture
-def word():
-    w = error_word("cpu")
-    w.zero_()
-    yield w
-    w.zero_()
 
 
 @pytest.mark.parametrize("T, top_k, E", [

@@ -257,17 +257,9 @@ def test_bf16_overflow_is_non_finite_where_the_oracle_leaves_the_bf16_range():
 
 # --- the data checks on the device (moe_spec.contract): no sync, the error word, nothing plausible ----
 
-from moe_spec.validate import BAD_ID, BAD_W1_SCALE, BAD_W2_SCALE, BAD_WEIGHT, REPEATED_ID, check, error_word  # noqa: E402
+from moe_spec.validate import BAD_ID, BAD_W1_SCALE, BAD_W2_SCALE, BAD_WEIGHT, REPEATED_ID, check  # noqa: E402
 
 CHECK_SHAPE = MoEShape("check", 4, 2, 64, 48, "test: 6 tokens over 4 experts")
-
-
-@pytest.fixture
-def word():
-    w = error_word("cpu")
-    w.zero_()
-    yield w
-    w.zero_()
 
 
 @nan_arithmetic

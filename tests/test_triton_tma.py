@@ -21,7 +21,7 @@ import torch
 
 from moe_spec.oracle import oracle, rel_l2
 from moe_spec.problem import MoEShape, make_inputs
-from moe_spec.validate import BAD_ID, BAD_W2_SCALE, error_word
+from moe_spec.validate import BAD_ID, BAD_W2_SCALE
 from triton_moe import TritonConfig, fused_moe
 from triton_moe.config import CONFIG_DIR, default_tiles, load_table
 from triton_moe.jit import count_compilations
@@ -39,14 +39,6 @@ def few_programs(monkeypatch):
     import triton_moe.kernels_tma as kt
 
     monkeypatch.setattr(kt, "sm_count", lambda device=None: 3)
-
-
-@pytest.fixture
-def word():
-    w = error_word("cpu")
-    w.zero_()
-    yield w
-    w.zero_()
 
 
 @pytest.mark.parametrize("quant, flatten", [(None, False), ("fp8_block", False), ("fp8_tensor", False),

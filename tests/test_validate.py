@@ -16,7 +16,7 @@ import torch
 from moe_spec.contract import make_fused_experts, quant_from_vllm
 from moe_spec.problem import MoEShape, get_shape, make_inputs
 from moe_spec.validate import (BAD_ID, BAD_WEIGHT, DATA_CHECKS, INT32_MAX, REPEATED_ID, check, check_mode, checks,
-                               error_word, guard_routing, validate_moe_args)
+                               guard_routing, validate_moe_args)
 
 SHAPE = MoEShape("small", 4, 2, 64, 48, "test")
 
@@ -143,15 +143,6 @@ def test_the_verdict_cache_keys_on_strides_and_options():
 
 
 # --- the device's error word, and the data checks in torch ops ---------------------------------------
-
-
-@pytest.fixture
-def word():
-    """The CPU error word, cleared before and after."""
-    w = error_word("cpu")
-    w.zero_()
-    yield w
-    w.zero_()
 
 
 ROUTING_FAULTS = {  # name: (mutation of (ids, weights), bit, argument named by check())
