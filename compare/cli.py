@@ -30,10 +30,11 @@ import math
 import os
 import sys
 
-from compare import report, results
+from compare import report, results, userkernel
 from compare.backends import BACKEND_NAMES, HF_BACKENDS
 from compare.cases import CPU_MAX_TOKENS, DEFAULT_BACKENDS, DEFAULT_SHAPES, DEFAULT_TOKENS_CPU, DEFAULT_TOKENS_GPU, SuiteSpec
 from compare.outputs import OutputError, Outputs
+from compare.peers import PEERS
 from compare.report import OUTPUT_FILES
 from compare.results import ResultsError
 from compare.suite import run_suite
@@ -93,10 +94,23 @@ def parse_quants(text: str) -> tuple:
 
 
 def parse_backends(text: str) -> tuple:
-    names = list(BACKEND_NAMES) if text.strip().lower() == "all" else [b.lower() for b in _split("--backends", text)]
-    for b in names:
-        if b not in BACKEND_NAMES:
-            raise UsageError(f"--backends: unknown backend {b!r}; known: {', '.join(BACKEND_NAMES)} (or 'all')")
+    """Backend and peer names (case-insensitive), and kernel specs (``target:function[@sig]``, kept as
+    typed and checked for their form here; imported by :func:`compare.userkernel.check_all` in ``_run``)."""
+    if text.strip().lower() == "all":
+        return BACKEND_NAMES
+    names = []
+    for b in _split("--backends", text):
+        if userkernel.known_name(b):
+            names.append(b.lower())
+        elif userkernel.looks_like_kernel(b):
+            try:
+                names.append(userkernel.parse_spec(b).text)
+            except userkernel.SpecError as exc:
+                raise UsageError(str(exc)) from None
+        else:
+            raise UsageError(f"--backends: unknown backend {b.lower()!r}; known: {', '.join(BACKEND_NAMES)}, the peers "
+                             f"{', '.join(PEERS)} (or 'all'), or a kernel of yours as module.path:function or "
+                             "path/to/file.py:function")
     return tuple(dict.fromkeys(names))
 
 
@@ -131,7 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma list of formats from {', '.join(QUANT_CHOICES)}, or 'all' [%(default)s]")
     p.add_argument("--backends", default=",".join(DEFAULT_BACKENDS),
                    help=f"comma list from {', '.join(BACKEND_NAMES)}, or 'all' (the {', '.join(HF_BACKENDS)} rows "
-                        "run transformers' experts module and need transformers) [%(default)s]")
+                        f"run transformers' experts module and need transformers); the peers {', '.join(PEERS)} "
+                        "(a row 'not installed' where they are not); your own kernel as module.path:function or "
+                        "path/to/file.py:function, with the contract's signature or vLLM's fused_experts one "
+                        "(read from its parameters; force with @ours / @vllm; notes/check_your_kernel.md) "
+                        "[%(default)s]")
     p.add_argument("--out", default="compare-out",
                    help="output directory; its earlier report files are replaced, others kept [%(default)s]")
     p.add_argument("--quick", action="store_true",
@@ -201,10 +219,14 @@ def _run(args, argv: list, outputs: Outputs) -> int:
         if not on_gpu and too_many:
             raise UsageError(f"--tokens: {too_many[0]} is more than the CPU path can finish: without a GPU a case "
                              f"takes at most T = {CPU_MAX_TOKENS} (the Triton interpreter on reduced shapes)")
-        outputs.stage()
         if not on_gpu:  # before any backend imports triton: Triton runs through its interpreter
             os.environ.setdefault("TRITON_INTERPRET", "1")
         os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")  # before any backend imports cutlass
+        try:  # your kernels imported and checked before any work
+            userkernel.check_all(args.backends)
+        except userkernel.SpecError as exc:
+            raise UsageError(str(exc)) from None
+        outputs.stage()
         tokens = args.tokens or (DEFAULT_TOKENS_GPU if on_gpu else DEFAULT_TOKENS_CPU)
         spec = SuiteSpec(shapes=args.shapes, tokens=tokens, quants=args.quant, backends=args.backends,
                          device="cuda" if on_gpu else "cpu", seed=args.seed, quick=args.quick, jit=args.jit, ptx=args.ptx,

@@ -20,8 +20,10 @@ from pathlib import Path
 
 from compare.backends import KERNELS, OUR_KERNELS
 from compare.markdown import markdown
+from compare.peers import PEERS
 from compare.plots import FIGURES
 from compare.tables import COLUMNS, STATUS_MEANING, legend, shown, status_parts
+from compare.userkernel import is_user_kernel
 
 #: Every file a report directory may hold (what a rerun into the same directory replaces).
 OUTPUT_FILES = ("results.json", "results.csv", "report.md") + tuple(f"{name}.png" for name in FIGURES)
@@ -29,7 +31,8 @@ ROW_FIELDS = ("shape", "shape_note", "E", "K", "I", "top_k", "T", "quant", "back
               "rel_l2", "max_abs", "max_ulp", "cosine", "deterministic", "batch_invariant", "xdiff", "xdiff_ok",
               "quant_error", "err_vs_bf16", "flagged_experts", "timing", "us", "p10_us", "p90_us", "prep_us",
               "eager_us", "eager_ratio", "separate_us", "fusion_speedup", "fused_bytes", "separate_bytes",
-              "weight_tbps", "tflops", "pct_floor", "floor_us", "bound", "speedup")
+              "weight_tbps", "tflops", "pct_floor", "floor_us", "bound", "speedup", "vs_ours", "vs_ours_of",
+              "vs_ours_ok", "converted")
 
 
 # --- terminal table -----------------------------------------------------------------------------
@@ -114,12 +117,15 @@ def problems(result: dict) -> list:
     recompilations, cases the time budget stopped or skipped. A torch baseline (or transformers' own
     hf_grouped_mm) outside the tolerance is not a problem of this project (``_scaled_grouped_mm``
     re-quantizes a bf16 intermediate by design, notes/numerics.md): the table shows it, ``--strict``
-    does not fail on it. Batch invariance is reported, not required (FP8 per tensor cannot have it)."""
+    does not fail on it. A kernel of yours (``--backends file.py:fn``) is held to the same policy as this
+    project's kernels (a FAIL, or an output farther from ours than the kernels are allowed to be from each
+    other); a peer's numerics and reruns are shown, not required (FlashInfer's fused finalize is not
+    deterministic by design). Batch invariance is reported, not required (FP8 per tensor cannot have it)."""
     found = []
     for r in result["rows"]:
         case = f"{r['shape']} {r['quant']} T={r['T']} {r['backend']}"
         status = str(r.get("status", ""))
-        if status == "FAIL" and r["backend"] in OUR_KERNELS:
+        if status == "FAIL" and (r["backend"] in OUR_KERNELS or is_user_kernel(r["backend"])):
             found.append(f"{case}: numerics {r.get('check')}")
         if status.startswith(("error", "stopped")):
             found.append(f"{case}: {status}")
@@ -127,7 +133,9 @@ def problems(result: dict) -> list:
             found.append(f"{case}: timing {r['timing']}")
         if r["backend"] in KERNELS and r.get("xdiff_ok") is False:
             found.append(f"{case}: CuTe vs Triton differ by {r['xdiff']:.2e}")
-        if r.get("deterministic") is False:
+        if is_user_kernel(r["backend"]) and r.get("vs_ours_ok") is False:
+            found.append(f"{case}: differs from {r.get('vs_ours_of')} by {r['vs_ours']:.2e}")
+        if r.get("deterministic") is False and r["backend"] not in PEERS:
             found.append(f"{case}: not bitwise deterministic on rerun")
     skipped = {(r["shape"], r["quant"], r["T"]) for r in result["rows"]
                if str(r.get("status", "")).startswith("skipped: time budget")}

@@ -31,7 +31,8 @@ from typing import Callable, Optional
 
 import torch
 
-from compare.backends import KERNELS, load_backend
+from compare import userkernel
+from compare.backends import KERNELS
 from compare.cases import (DEFAULT_TOKENS_GPU, REDUCED_LABEL, Budget, Case, OutOfTime, SuiteSpec, draw_weights,
                            reduce_shape)
 from compare.compilation import cute_ptx_summary
@@ -114,13 +115,15 @@ class _Runner:
                     if declined:
                         row["status"] = declined
                     else:
-                        fields, out = measure(backend, case)
+                        external = userkernel.is_external(backend)  # checked for writes into its inputs
+                        fields, out = (userkernel.measure if external else measure)(backend, case)
                         row.update(fields)
-                        if out is not None and name in KERNELS:
+                        if out is not None and (name in KERNELS or external):
                             outputs[name] = out
                     rows[name] = row
                 current = None
                 cross_check(rows, outputs, case.quant)
+                userkernel.compare_with_ours(rows, outputs, case.quant, self.backends)
                 record = case_record(case, rows)
         except OutOfTime:
             return self.stopped(case, rows, current), None
@@ -183,7 +186,7 @@ def run_suite(spec: SuiteSpec, progress: bool = True, clock: Optional[Clock] = N
                     "jit_demo": None, "cute_ptx": None}
     ceilings = clock.ceilings() if clock else None
     result["ceilings"] = ceilings.as_dict() if ceilings else None
-    backends = {name: load_backend(name) for name in spec.backends}
+    backends = {name: userkernel.load(name) for name in spec.backends}
     bar = _progress(len(spec.shapes) * len(spec.tokens) * len(spec.quants) * len(backends), progress)
     runner = _Runner(spec, backends, budget, clock, ceilings, bar.set_description_str)
     try:

@@ -97,6 +97,9 @@ COLUMNS = (
     Column("xdiff", "CuTe vs Triton", lambda r: num(r.get("xdiff"), ".1e"),
            f"relative L2 difference between the {KERNELS[0]} and {KERNELS[1]} outputs (bound: twice the "
            "format's tolerance)"),
+    Column("vs ours", "vs ours", lambda r: num(r.get("vs_ours"), ".1e"),
+           "a kernel from outside this project (yours, a peer's): relative L2 difference from cute_moe's output "
+           "(triton_moe's where cute_moe did not run) on the same inputs (bound: twice the format's tolerance)"),
     Column("vs_bf16", "err vs bf16", lambda r: num(r.get("err_vs_bf16"), ".3f"),
            "the output against the unquantized bf16 problem: quantization and kernel error together",
            terminal=False),
@@ -125,7 +128,11 @@ COLUMNS = (
            "the roofline floor (max of bytes / bandwidth and FLOPs / rate, this run's ceilings) as a % of µs"),
     Column(f"×{BASELINE}", f"× {BASELINE}", lambda r: num(r.get("speedup"), ".2f"),
            f"speedup over {BASELINE} (over {FALLBACK_BASELINE} where {BASELINE} was not timed)"),
-    Column("config", "config", lambda r: str(r.get("config") or ""), "the tile configuration the backend chose"),
+    Column("config", "config", lambda r: str(r.get("config") or ""),
+           "the tile configuration the backend chose ('-': a kernel from outside this project exposes none)"),
+    Column("converted", "converted", lambda r: str(r.get("converted") or ""),
+           "what the adapter converted from the contract's inputs before calling a kernel from outside this project "
+           "(done once per input set, outside the timed region, unless it says otherwise)", terminal=False),
 )
 
 STATUS_MEANING = ("ok / FAIL (outside the tolerance policy of notes/numerics.md) / not implemented (the backend "

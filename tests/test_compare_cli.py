@@ -46,7 +46,7 @@ def _refused(args, capsys) -> str:
     (["--tokens", "1,x,8"], "--tokens: bad token count 'x'"),
     (["--tokens", "0"], "bad token count '0'"),
     (["--tokens", "1,,8"], "--tokens: empty item"),
-    (["--backends", "cute_moe,vllm"], "--backends: unknown backend 'vllm'"),
+    (["--backends", "cute_moe,vlm"], "--backends: unknown backend 'vlm'"),
     (["--quant", "int4"], "--quant: unknown quant format 'int4'"),
     (["--frobnicate"], "unrecognized arguments"),
     (["--merge", "/nonexistent/results.json"], "cannot read results file"),
