@@ -17,17 +17,30 @@ The commands that measure on a GPU and leave a report (``python -m cute_moe.lab.
 :func:`header_lines`
     The markdown lines that name the run — date, device, commit, command and, where the dict has
     them, the versions — from :func:`moe_spec.runinfo.run_info`'s fields.
+
+The command line itself, shared by those studies, ``python -m compare`` and
+``python -m compare.studies.profile``: a bad option is a :class:`UsageError`, one line naming it
+(:class:`Parser`, argparse's own errors included; :func:`split_list`, :func:`positive_ints`,
+:func:`number`, :func:`shape_labels` for the values), and :func:`run_command` is the ``main``
+around the work: a usage error is one line and exit status 2, Ctrl-C one line saying what was
+written and 130, a closed stdout (``| head``) a quiet 1.
 """
 
 from __future__ import annotations
 
+import argparse
+import math
 import os
 import sys
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 
-class OutError(ValueError):
+class UsageError(ValueError):
+    """A bad option: one line naming it; the command exits with status 2 (:func:`run_command`)."""
+
+
+class OutError(UsageError):
     """``--out`` refused: one line naming it and saying why."""
 
 
@@ -85,8 +98,6 @@ def gpu_study_parser(prog: str, doc: str, files: Sequence[str], deadline_s: floa
                      deadline_help: str = "no cell starts after this many seconds"):
     """The options every timed GPU study shares: ``--out`` (a new or empty directory for ``files``),
     ``--deadline-s`` and ``--commit``; a study adds its own before :func:`start_gpu_study`."""
-    import argparse
-
     p = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
     p.add_argument("--out", required=True, help=f"a new or empty directory for {_names(files)}")
     p.add_argument("--deadline-s", type=float, default=deadline_s, help=deadline_help)
@@ -107,3 +118,81 @@ def start_gpu_study(prog: str, parser, argv: Sequence[str], files: Sequence[str]
 
     require_cuda(prog)
     return a, out, run_info(command_line(prog, argv), cuda=True, commit=a.commit)
+
+
+# --- the command line -----------------------------------------------------------------------------------------
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors are a :class:`UsageError` (one line, no usage block, no exit)."""
+
+    def error(self, message):
+        raise UsageError(message)
+
+
+def split_list(option: str, text: str) -> list[str]:
+    """The items of a comma list, stripped; an empty list or item is a :class:`UsageError` naming ``option``."""
+    items = [s.strip() for s in text.split(",")]
+    if not text.strip() or any(not s for s in items):
+        raise UsageError(f"{option}: empty item in list {text!r}")
+    return items
+
+
+def positive_ints(option: str, text: str, *, noun: str = "token count", example: str = "1,8,32") -> tuple:
+    """A comma list of positive integers ("08" is 8), in the order given, repeats dropped."""
+    values = []
+    for s in split_list(option, text):
+        if not s.isdigit() or int(s) < 1:
+            raise UsageError(f"{option}: bad {noun} {s!r} in {text!r}: expected positive integers, e.g. {example}")
+        values.append(int(s))
+    return tuple(dict.fromkeys(values))
+
+
+def number(option: str, text, *, lowest: float, allow_lowest: bool, what: str) -> float:
+    """``text`` (or a float) as a finite number above ``lowest`` (or equal, with ``allow_lowest``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < lowest or (value == lowest and not allow_lowest):
+        raise UsageError(f"{option}: expected {what}, got {text!r}")
+    return value
+
+
+def shape_labels(option: str, text: str) -> tuple:
+    """Catalog labels of a comma list, canonical ("QWEN3-30B-A3B" and "qwen3-30b-a3b:tp1" are
+    "qwen3-30b-a3b"), repeats dropped."""
+    from moe_spec.problem import get_shape
+
+    labels = []
+    for s in split_list(option, text):
+        try:
+            labels.append(get_shape(s).label)
+        except ValueError as exc:
+            raise UsageError(f"{option}: " + str(exc).removeprefix("shape: ")) from None
+    return tuple(dict.fromkeys(labels))
+
+
+def run_command(prog: str, argv: Optional[Sequence[str]], parse: Callable, run: Callable, *,
+                interrupted: Callable = lambda options: "nothing written", errors: tuple = ()) -> int:
+    """A command's ``main``: ``run(parse(argv), argv)``, ``argv`` being ``sys.argv[1:]`` when None.
+
+    A :class:`UsageError` (or one of ``errors``) is one line ``<prog>: error: …`` on stderr and exit
+    status 2; Ctrl-C is one line ``<prog>: interrupted (Ctrl-C); <interrupted(options)>`` ("nothing
+    written" before the options are parsed) and 130; a closed stdout (``| head``) ends with 1, no traceback.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    options = None
+    try:
+        options = parse(argv)
+        return run(options, argv)
+    except (UsageError, *errors) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except KeyboardInterrupt:
+        where = "nothing written" if options is None else interrupted(options)
+        print(f"{prog}: interrupted (Ctrl-C); {where}", file=sys.stderr)
+        return 130

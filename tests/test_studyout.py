@@ -170,3 +170,91 @@ def test_out_or_exit_prints_one_line_and_exits_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.startswith("python -m some.study: error: --out: ") and err.count("\n") == 1
     assert studyout.out_or_exit("p", str(tmp_path / "new"), FILES) == tmp_path / "new" and not (tmp_path / "new").exists()
+
+
+# --- the command line: one parser, list and number rules, one main ---------------------------------------------
+
+
+def test_the_parser_turns_argparse_errors_into_one_usage_error():
+    p = studyout.Parser(prog="p")
+    p.add_argument("--n", type=int)
+    with pytest.raises(studyout.UsageError, match=r"^argument --n: invalid int value: 'x'$"):
+        p.parse_args(["--n", "x"])
+    with pytest.raises(studyout.UsageError, match="unrecognized arguments: --m"):
+        p.parse_args(["--m"])
+    assert issubclass(studyout.OutError, studyout.UsageError)
+
+
+def test_lists_and_numbers():
+    assert studyout.split_list("--a", " x, y ,x") == ["x", "y", "x"]
+    for text in ("", " ", "x,,y", "x,"):
+        with pytest.raises(studyout.UsageError, match=f"^--a: empty item in list {re.escape(repr(text))}$"):
+            studyout.split_list("--a", text)
+    assert studyout.positive_ints("--tokens", "8,08,1,8") == (8, 1)
+    with pytest.raises(studyout.UsageError, match=r"^--tokens: bad token count '0' in '1,0': expected positive "
+                                                  r"integers, e.g. 1,8,32$"):
+        studyout.positive_ints("--tokens", "1,0")
+    with pytest.raises(studyout.UsageError, match=r"^--m: bad count '-2' in '-2': expected positive integers, e.g. 4$"):
+        studyout.positive_ints("--m", "-2", noun="count", example="4")
+    seconds = dict(lowest=0.0, allow_lowest=False, what="seconds > 0")
+    assert studyout.number("--s", " 2.5", **seconds) == 2.5 and studyout.number("--s", 3.0, **seconds) == 3.0
+    assert studyout.number("--f", "0", lowest=0.0, allow_lowest=True, what="f >= 0") == 0.0
+    for bad in ("0", "-1", "nan", "inf", "x", 0.0):
+        with pytest.raises(studyout.UsageError, match=rf"^--s: expected seconds > 0, got {re.escape(repr(bad))}$"):
+            studyout.number("--s", bad, **seconds)
+
+
+def test_shape_labels_are_canonical_and_unknown_ones_named():
+    assert studyout.shape_labels("--shapes", "QWEN3-30B-A3B,qwen3-30b-a3b:tp1,mixtral-8x7b") == (
+        "qwen3-30b-a3b", "mixtral-8x7b")
+    with pytest.raises(studyout.UsageError, match=r"^--shapes: unknown shape 'gpt5'"):
+        studyout.shape_labels("--shapes", "mixtral-8x7b,gpt5")
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_run_command_exit_statuses_and_one_line_messages(capsys):
+    def parse(argv):
+        if argv == ["bad"]:
+            raise studyout.UsageError("--x: bad")
+        if argv == ["ctrl-c"]:
+            raise KeyboardInterrupt
+        return {"out": "DIR", "argv": argv}
+
+    def run(options, argv):
+        what = argv[0] if argv else ""
+        if what == "stop":
+            raise _Stop("--y: refused by a command's own error")
+        if what == "interrupt":
+            raise KeyboardInterrupt
+        print(f"ran {options['argv']}")
+        return 0
+
+    def main(argv):
+        return studyout.run_command("p", argv, parse, run, errors=(_Stop,),
+                                    interrupted=lambda o: f"the rest is in {o['out']}")
+
+    assert main(["go"]) == 0 and capsys.readouterr().out == "ran ['go']\n"
+    expected = {("bad",): (2, "p: error: --x: bad\n"),
+                ("stop",): (2, "p: error: --y: refused by a command's own error\n"),
+                ("interrupt",): (130, "p: interrupted (Ctrl-C); the rest is in DIR\n"),
+                ("ctrl-c",): (130, "p: interrupted (Ctrl-C); nothing written\n")}
+    for argv, (status, err) in expected.items():
+        assert main(list(argv)) == status
+        assert capsys.readouterr().err == err
+    with pytest.raises(ValueError, match="not a usage error"):  # any other error is the command's bug: a traceback
+        studyout.run_command("p", [], parse, lambda o, a: (_ for _ in ()).throw(ValueError("not a usage error")))
+
+
+def test_run_command_ends_quietly_when_stdout_is_closed():
+    import subprocess
+    import sys
+
+    code = ("from moe_spec import studyout\n"
+            "def run(options, argv):\n"
+            "    raise BrokenPipeError\n"
+            "raise SystemExit(studyout.run_command('p', [], lambda argv: None, run))\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert (r.returncode, r.stderr) == (1, "")
