@@ -203,3 +203,48 @@ def test_06_swap_ab_choice():
     two, big = s6.swap_ab_choice(2), s6.swap_ab_choice(500)
     assert two["swap"] and two["swapped_token_cols"] == 8 and two["normal_padding"] == 62
     assert not big["swap"] and big["normal_token_rows"] == 512
+
+
+# ---- step 7: FP8 and two-level promotion -------------------------------------------------------
+def test_07_fp8_wgmma_and_the_promotion_adds():
+    s7 = step("07_fp8")
+    ptx = s7.ptx(128, 4)
+    mmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n128k32\.f32\.e4m3\.e4m3 \{([^}]*)\}", ptx)
+    assert len(mmas) == 4  # tile_k 128 = 4 × K32 per stage
+    assert has(ptx, "wgmma.mma_async.sync.aligned.m64n128k16") == 0
+    block = {r.strip() for r in mmas[0].split(",")}  # the block accumulator's registers (level 1)
+    assert len(block) == 128 * 128 // 256
+    # level 2: right after wait_group 0, one fp32 add per block register into the tile accumulator
+    after_wait = ptx.split("wgmma.wait_group.sync.aligned \t0;", 1)[1]
+    adds = re.findall(r"add\.f32\s+(%r\d+), (%r\d+), (%r\d+);", after_wait)[:len(block)]
+    assert len(adds) == len(block) and {a[2] for a in adds} == block
+    assert all(a[0] == a[1] and a[0] not in block for a in adds)  # acc += blk, acc distinct from blk
+    assert not re.search(r"wgmma\.wait_group\.sync\.aligned\s+1;", ptx)  # no batch in flight over a promotion
+
+
+def test_07_fp8_refuses_a_wide_tile():
+    with pytest.raises(ValueError, match="n=256"):
+        step("07_fp8").Fp8Gemm(256)
+
+
+# ---- step 8: grouped by expert ------------------------------------------------------------------
+def test_08_grouped_expert_is_a_tma_coordinate():
+    ptx = step("08_grouped_moe").ptx(256, 4)
+    # tokens: a 2-D box; weights: a 3-D box (N, K, expert) — the expert read from block_expert at run time
+    # (the compiler unrolls the producer's K loop: count pairs)
+    boxes_2d = has(ptx, "cp.async.bulk.tensor.2d.shared::cta.global.tile")
+    assert boxes_2d >= 1 and has(ptx, "cp.async.bulk.tensor.3d.shared::cta.global.tile") == boxes_2d
+    assert len(re.findall(r"ld\.global\.b32", ptx)) == 2  # num_blocks[0] and block_expert[b]: device data
+
+
+def test_08_sort_by_expert_pads_every_run():
+    import torch
+
+    s8 = step("08_grouped_moe")
+    experts = torch.tensor([2, 0, 2, 2, 1, 0, 2])
+    rows, block_expert, blocks = s8.sort_by_expert(experts, 4)
+    tile = s8.TILE_M
+    assert blocks == 3 and block_expert.tolist() == [0, 1, 2]  # expert 3 has no tokens: no block
+    assert len(set(rows.tolist())) == len(experts)
+    for t, e in enumerate(experts.tolist()):  # every token lands in a block of its own expert
+        assert block_expert[rows[t] // tile] == e

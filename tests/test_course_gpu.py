@@ -82,3 +82,24 @@ def test_06_swap_ab_linear(tokens):
     s6 = step("06_swap_ab")
     x, w = bf16(tokens, 1024), bf16(128 * 3, 1024, seed=1)
     torch.testing.assert_close(s6.linear_swap_ab(x, w), reference(x, w), atol=2e-2, rtol=1e-3)
+
+
+def test_07_fp8_two_level():
+    s7 = step("07_fp8")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn(256, 4096, device="cuda", generator=g).to(torch.float8_e4m3fn)
+    b = torch.randn(256, 4096, device="cuda", generator=g).to(torch.float8_e4m3fn)
+    ref = (a.float() @ b.float().T) * 0.5 * 0.25
+    # two-level: the fp32 sum of exact fp8 products, near the fp32 reference even over K = 4096
+    torch.testing.assert_close(s7.gemm(a, b, 0.5, 0.25), ref, atol=1e-2, rtol=1e-4)
+
+
+@pytest.mark.parametrize("ctas", [132, 3])
+def test_08_grouped_moe(ctas):
+    s8 = step("08_grouped_moe")
+    experts, tokens = 5, 700
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x, w = bf16(tokens, 512), bf16(experts, 512, 512, seed=1)
+    expert_of_token = torch.randint(0, experts - 1, (tokens,), device="cuda", generator=g)  # expert 4 idle
+    ref = torch.stack([x[t].float() @ w[int(e)].float().T for t, e in enumerate(expert_of_token.tolist())])
+    torch.testing.assert_close(s8.moe_gemm(x, w, expert_of_token, ctas=ctas), ref, atol=2e-2, rtol=1e-3)
