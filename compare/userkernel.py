@@ -181,7 +181,7 @@ def resolve(text: str) -> tuple:
                               + (f"; its functions: {', '.join(public[:8])}" if public else ""))
     fn = getattr(module, spec.function)
     if not callable(fn):
-        raise SpecError(text, f"{spec.target}:{spec.function} is a {type(fn).__name__}, not a function")
+        raise SpecError(text, f"{spec.target}:{spec.function} is not callable ({type(fn).__name__})")
     signature = spec.signature or detect_signature(fn)
     if signature is None:
         raise SpecError(text, f"cannot tell the signature of {spec.function} from its parameters "
