@@ -162,20 +162,16 @@ def test_out_must_be_a_new_or_empty_directory(tmp_path, capsys):
     used = tmp_path / "used"
     used.mkdir()
     (used / "profile.md").write_text("an earlier run")
-    assert prof.main(["--out", str(used)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("python -m compare.studies.profile: error: --out: ") and "is not empty" in err
-    assert (used / "profile.md").read_text() == "an earlier run"
-    with pytest.raises(prof.UsageError, match="--out: .* is not empty"):
-        prof.check_out(str(used))
     (tmp_path / "file").write_text("x")
-    with pytest.raises(prof.UsageError, match="--out: .* exists and is not a directory"):
-        prof.check_out(str(tmp_path / "file"))
-    with pytest.raises(prof.UsageError, match="--out: required"):
-        prof.check_out(None)
-    (tmp_path / "empty").mkdir()
-    assert prof.check_out(str(tmp_path / "empty")) == tmp_path / "empty"
-    assert prof.check_out(str(tmp_path / "a" / "b")) == tmp_path / "a" / "b"
+    for argv, why in ((["--out", str(used)], "is not empty"),
+                      (["--out", str(tmp_path / "file")], "exists and is not a directory"),
+                      ([], "required: a new or empty directory for profile.json and profile.md")):
+        assert prof.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("python -m compare.studies.profile: error: --out: ") and why in err, err
+        assert len(err.strip().splitlines()) == 1
+    assert (used / "profile.md").read_text() == "an earlier run"
+    assert prof.parse_args(["--out", str(tmp_path / "a" / "b")]).out == tmp_path / "a" / "b"
     assert not (tmp_path / "a").exists()  # checked, not created
 
 

@@ -40,14 +40,14 @@ import torch
 from compare import timed
 from compare.backends import load_backend
 from compare.cases import Budget
-from compare.cli import UsageError, _number, _Parser, _split, parse_shapes, parse_tokens
-from compare.outputs import OutputError, Outputs
-from moe_spec import runinfo
+from moe_spec import runinfo, studyout
 from moe_spec.problem import draw_weights, get_shape, make_inputs
 from moe_spec.quant import FORMATS
+from moe_spec.studyout import UsageError
 from moe_spec.timing import sets_for_cold_l2
 
 PROG = "python -m compare.studies.profile"
+FILES = ("profile.json", "profile.md")
 BACKENDS = ("cute_moe", "triton_moe")
 QUANT_NAMES = {f.label: f.name for f in FORMATS.values()}  # label ("bf16", "fp8_tensor", ...) -> contract value
 PROFILE_CALLS = 20  # eager calls timed and profiled per cell
@@ -181,7 +181,7 @@ TARGET_CELLS = tuple(Cell(backend, shape, T, quant, float(us)) for (quant, backe
 
 
 def parse_names(option: str, text: str, known) -> tuple:
-    names = list(known) if text.strip().lower() == "all" else [n.lower() for n in _split(option, text)]
+    names = list(known) if text.strip().lower() == "all" else [n.lower() for n in studyout.split_list(option, text)]
     for n in names:
         if n not in known:
             raise UsageError(f"{option}: unknown name {n!r}; known: {', '.join(known)} (or 'all')")
@@ -363,29 +363,14 @@ def to_markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def check_out(text: Optional[str]) -> Path:
-    """``--out``: a new directory, or an empty one (no directory mixes two runs). Creates nothing."""
-    if not text:
-        raise UsageError("--out: required: a new or empty directory for profile.json and profile.md")
-    try:
-        out = Outputs(text, ()).check().out  # a file, an unwritable or uncreatable path: refused
-    except OutputError as exc:
-        raise UsageError(str(exc)) from None
-    if out.is_dir() and any(out.iterdir()):
-        raise UsageError(f"--out: {text!r} is not empty; give a new or empty directory (no directory mixes two runs)")
-    return out
-
-
 def write_outputs(result: dict, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    for name, text in (("profile.json", json.dumps(result, indent=1) + "\n"), ("profile.md", to_markdown(result))):
-        (out / f".{name}.partial").write_text(text)
-        os.replace(out / f".{name}.partial", out / name)  # a crash mid-write leaves the previous cell's file
+    """profile.json and profile.md, each written whole (rewritten after every cell)."""
+    studyout.write_files(out, dict(zip(FILES, (json.dumps(result, indent=1) + "\n", to_markdown(result)))))
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description=__doc__.split("\n\n")[0].replace("``", ""),
-                epilog="Cells: the speed targets (--list prints them), or with --grid any combination.")
+    p = studyout.Parser(prog=PROG, description=__doc__.split("\n\n")[0].replace("``", ""),
+                        epilog="Cells: the speed targets (--list prints them), or with --grid any combination.")
     p.add_argument("--out", help="a new or empty directory for profile.json and profile.md (required to run)")
     p.add_argument("--backends", help=f"keep cells of these backends: {', '.join(BACKENDS)} or 'all'")
     p.add_argument("--shapes", help="keep cells of these catalog shapes, e.g. qwen3-30b-a3b,deepseek-v3:tp8")
@@ -408,42 +393,41 @@ def parse_args(argv: list) -> argparse.Namespace:
     """Every option checked (UsageError naming it otherwise) and the cells selected; nothing run."""
     args = build_parser().parse_args(argv)
     lists = dict(backends=parse_names("--backends", args.backends, BACKENDS) if args.backends else None,
-                 shapes=parse_shapes(args.shapes) if args.shapes else None,
+                 shapes=studyout.shape_labels("--shapes", args.shapes) if args.shapes else None,
                  quants=parse_names("--quants", args.quants, QUANT_NAMES) if args.quants else None,
-                 tokens=parse_tokens(args.tokens) if args.tokens else None)
+                 tokens=studyout.positive_ints("--tokens", args.tokens) if args.tokens else None)
     if args.calls < 1:
         raise UsageError(f"--calls: expected a positive integer, got {args.calls}")
-    args.time_budget = _number("--time-budget", args.time_budget, lowest=0.0, allow_lowest=False,
-                               what="a finite number of seconds > 0")
+    args.time_budget = studyout.number("--time-budget", args.time_budget, lowest=0.0, allow_lowest=False,
+                                       what="a finite number of seconds > 0")
     args.cells = select_cells(**lists, grid=args.grid, quick=args.quick)
     if not args.list:
-        args.out = check_out(args.out)
+        args.out = studyout.check_out(args.out, FILES)
     return args
 
 
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    try:
-        args = parse_args(argv)
-    except UsageError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
+def _run(args: argparse.Namespace, argv: list) -> int:
     if args.list:
         print("\n".join(c.title + (f"  target {c.target_us:g} µs" if c.target_us else "  no target") for c in args.cells))
         return 0
     runinfo.require_cuda(PROG)
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")  # before any backend imports cutlass, as the suite does
-    say = lambda text: print(f"{PROG}: {text}", file=sys.stderr, flush=True)  # noqa: E731
-    try:
-        result = run_profile(args.cells, calls=args.calls, time_budget_s=args.time_budget,
-                             command=runinfo.command_line(PROG, argv), commit=args.commit,
-                             write=lambda r: write_outputs(r, args.out), say=say)
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted (Ctrl-C); the cells finished so far are in {args.out}", file=sys.stderr)
-        return 130
+
+    def say(text):
+        print(f"{PROG}: {text}", file=sys.stderr, flush=True)
+
+    result = run_profile(args.cells, calls=args.calls, time_budget_s=args.time_budget,
+                         command=runinfo.command_line(PROG, argv), commit=args.commit,
+                         write=lambda r: write_outputs(r, args.out), say=say)
     print("\n".join(summary_table(result)))
     print(f"wrote {args.out / 'profile.md'} and {args.out / 'profile.json'}")
     return 0
+
+
+def main(argv=None) -> int:
+    return studyout.run_command(PROG, argv, parse_args, _run,
+                                interrupted=lambda a: f"the cells finished so far are in {a.out}" if a.out
+                                else "nothing written")
 
 
 if __name__ == "__main__":
