@@ -40,8 +40,9 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
             out[t] += topk_weights[t, j] * (a @ w2[e].float().T)
     return out.to(torch.bfloat16)
 '''
-VLLM_SIGNATURE = ("def fused_experts(hidden_states, w1, w2, topk_weights, topk_ids, inplace=False, use_fp8_w8a8=False,\n"
-                  "                  per_channel_quant=False, w1_scale=None, w2_scale=None, block_shape=None):\n"
+VLLM_SIGNATURE = ("def fused_experts(hidden_states, w1, w2, topk_weights, topk_ids, inplace=False,\n"
+                  "                  use_fp8_w8a8=False, per_channel_quant=False, w1_scale=None, w2_scale=None,\n"
+                  "                  block_shape=None):\n"
                   "    x = hidden_states\n    if use_fp8_w8a8:")
 KERNELS = {
     "good": GOOD,
@@ -159,11 +160,9 @@ def test_a_bad_spec_is_one_line_naming_backends_before_any_work(spec, message, k
 
 
 def test_an_explicit_suffix_settles_a_signature_it_cannot_read(tmp_path):
-    (tmp_path / "ambiguous.py").write_text(GOOD.replace("def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, "
-                                                        "w1_scale=None, w2_scale=None):",
-                                                        "def kernel(*args, **kwargs):\n    return _k(*args, **kwargs)\n\n\n"
-                                                        "def _k(x, w1, w2, topk_weights, topk_ids, *, quant=None, "
-                                                        "w1_scale=None, w2_scale=None):"))
+    header = "def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None):"
+    wrapper = "def kernel(*args, **kwargs):\n    return fused_moe(*args, **kwargs)\n\n\n"
+    (tmp_path / "ambiguous.py").write_text(GOOD.replace(header, wrapper + header))
     with pytest.raises(userkernel.SpecError, match="append @ours"):
         userkernel.resolve(f"{tmp_path}/ambiguous.py:kernel")
     assert userkernel.resolve(f"{tmp_path}/ambiguous.py:kernel@ours")[2] == "ours"
@@ -211,15 +210,15 @@ def test_conversions_are_made_once_per_tensor_and_go_with_it():
     cache, made = Converted(), []
     w = torch.ones(4, 4)
 
-    def convert():
+    def double(t):
         made.append(1)
-        return w * 2
+        return t * 2
 
-    first = cache.get("double", (w,), convert)
-    assert cache.get("double", (w,), convert) is first and len(made) == 1
+    first = cache.get("double", (w,), lambda w=w: double(w))
+    assert cache.get("double", (w,), lambda w=w: double(w)) is first and len(made) == 1
     w.add_(1)  # an in-place write: converted again
-    assert torch.equal(cache.get("double", (w,), convert), torch.full((4, 4), 4.0)) and len(made) == 2
-    view = cache.get("view", (w,), lambda: w.t())  # shares w's storage: not kept, it would keep w alive
+    assert torch.equal(cache.get("double", (w,), lambda w=w: double(w)), torch.full((4, 4), 4.0)) and len(made) == 2
+    view = cache.get("view", (w,), w.t)  # shares w's storage: not kept, it would keep w alive
     assert view.data_ptr() == w.data_ptr() and len(cache) == 1
     del w, first, view
     assert len(cache) == 0
