@@ -16,7 +16,7 @@ After a warm-up the sweep must compile nothing: a case whose sweep compiles is m
 On a GPU that is the measurement. On a CPU the same study runs in reduced form: Triton through
 its interpreter as a dry run (the specialization keys a GPU would compile, no latency), CuTe
 compiling to PTX for real, its sweep checking that every plan of the sweep finds its kernels in
-the compile cache (:func:`cute_moe.ptx.compile_plan` compiles nothing).
+the compile cache (:func:`cute_moe.warmup.compile_plan` compiles nothing).
 
 ``python -m compare.warm_study --out DIR`` writes ``warm_study.md`` and ``warm_study.json`` (with
 date, device, commit and command); ``--count`` only prints how many kernels each layer needs,

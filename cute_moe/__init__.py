@@ -21,9 +21,11 @@ from .config import GemmConfig, choose_config  # noqa: E402
 from .layouts import describe, describe_json  # noqa: E402
 from .moe import combine, fused_moe, gather_rows, grouped_gemm, silu_mul, sort_rows  # noqa: E402
 from .plan import LayerPlan, layer_configs, plan, plans_for  # noqa: E402
-from .ptx import (compile_count, compile_gemm, compile_plan, compile_ptx, compile_quant_kernels,  # noqa: E402
-                  compile_row_kernels, mma_instruction)
-from .warmup import warmup  # noqa: E402
+from .ptx import compile_gemm, compile_ptx, mma_instruction  # noqa: E402
+from .quantops import compile_quant_kernels  # noqa: E402
+from .rowops import compile_row_kernels  # noqa: E402
+from .warmup import compile_plan, warmup  # noqa: E402
+from .cache import compile_count  # noqa: E402
 
 fused_experts = make_fused_experts(fused_moe)
 

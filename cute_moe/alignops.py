@@ -53,7 +53,7 @@ from cutlass.memory import SmemAllocator  # noqa: E402
 from .alignsteps import (BIG, CHUNK, FILL_CTAS, FILL_ROWS, GEMM_TILES, ID_DTYPES, MAX_EXPERTS,  # noqa: E402,F401
                          THREADS, WARP, WARPS, _check_chunk, _count_totals, _count_warp_slice, _fill, _padded,
                          _place_warp_slice, _scan_runs, _stage_chunk, _stage_pairs, place_slice)
-from .ptx import compile_once  # noqa: E402
+from .cache import compile_once  # noqa: E402
 
 
 def place_ctas(num_pairs: int, rows: int) -> int:
@@ -238,7 +238,7 @@ class PlacePairs:
 def compile_align_kernels(ids_dtype: torch.dtype = torch.int32, *, keep_ptx: bool = False) -> dict:
     """The two compiled launches (``"count"``, ``"place"``) for ids of ``ids_dtype``; every extent
     is symbolic, so one compile serves every T, top_k, E ≤ MAX_EXPERTS and tile (cached in
-    ``ptx.py``; ``keep_ptx``: each one's ``.__ptx__`` holds its PTX)."""
+    :mod:`cute_moe.cache`; ``keep_ptx``: each one's ``.__ptx__`` holds its PTX)."""
     if ids_dtype not in ID_DTYPES:
         raise TypeError(f"ids_dtype: expected torch.int32 or torch.int64, got {ids_dtype}")
 

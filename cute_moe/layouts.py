@@ -1,6 +1,6 @@
 """The kernel's layouts as plain data (JSON-serialisable), computed on the CPU.
 
-``describe(cfg)`` builds the :class:`~cute_moe.kernel_plan.KernelPlan` — the *same* tiled MMA and
+``describe(cfg)`` builds the :class:`~cute_moe.gemm_plan.KernelPlan` — the *same* tiled MMA and
 shared-memory layouts the kernel is compiled from — inside a jit context, reads their (static)
 shapes and strides back as Python tuples, and evaluates them here.  Tests, notes and a layout
 explorer all read this one dict.
@@ -51,7 +51,7 @@ from cutlass.base_dsl.ast_helpers import DSLOptimizationWarning  # noqa: E402
 from cutlass.cute.nvgpu import cpasync  # noqa: E402
 
 from .config import SMEM_BUDGET_BYTES, GemmConfig, choose_config  # noqa: E402
-from .kernel_plan import KernelPlan  # noqa: E402
+from .gemm_plan import KernelPlan  # noqa: E402
 from .moe_fp8 import gemm1_out_dtype  # noqa: E402
 from .ptx import PTX_TYPES as _PTX_TYPE  # noqa: E402
 from .ptx import fake_arguments  # noqa: E402

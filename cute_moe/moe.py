@@ -56,7 +56,8 @@ from .rowmaps import RowBuffers, SortedRows, sort_rows_on_device, split_blocks  
 from .config import ALIGN_ELEMS, GemmConfig  # noqa: E402
 from .moe_fp8 import amax_sizes, quantize_intermediate, quantize_tokens, sorted_token_scales  # noqa: E402
 from .plan import LayerPlan, plan  # noqa: E402
-from .ptx import compile_gemm, compile_row_kernels  # noqa: E402
+from .ptx import compile_gemm  # noqa: E402
+from .rowops import compile_row_kernels  # noqa: E402
 from .runtime import cute_scale, keep, release  # noqa: E402
 from .runtime import cute_tensor as _cute_tensor  # noqa: E402
 from .runtime import cute_weight as _cute_weight  # noqa: E402

@@ -33,7 +33,7 @@ from moe_spec.quant import FP8_DTYPE, activation_scale_shape
 
 from .rowmaps import SortedRows
 from .config import FP8_ALIGN_ELEMS
-from .ptx import compile_quant_kernels
+from .quantops import compile_quant_kernels
 from .runtime import cute_tensor, cute_vector, current_stream, keep
 
 

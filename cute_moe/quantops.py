@@ -53,9 +53,15 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
 
+from cutlass.cute.runtime import make_fake_stream  # noqa: E402
+
+from moe_spec.hopper import sm_count  # noqa: E402
 from moe_spec.quant import AMAX_FLOOR, FP8_BLOCK, FP8_MAX  # noqa: E402
 
+from .cache import compile_once  # noqa: E402
+from .config import FP8_ALIGN_ELEMS  # noqa: E402
 from .rowops import CTAS_PER_SM, THREADS, silu_mul  # noqa: E402
+from .runtime import fake_rows, fake_vector  # noqa: E402
 
 LANE_VALUES = FP8_BLOCK // 32
 """Values per lane: a warp of 32 lanes holds one 128-column group."""
@@ -199,3 +205,33 @@ class QuantizeRows(_GroupKernel):
                 v = vs[(0, None, row, chunk)].load().to(cutlass.Float32)
                 vq[(0, None, row, chunk)].store((v / s).to(q.element_type))  # div.rn, cvt.rn.satfinite
             item += step
+
+
+# ---- compile ---------------------------------------------------------------------------------------
+def compile_quant_kernels(quant: str, num_sms: int | None = None, *, keep_ptx: bool = False) -> dict:
+    """The compiled kernels of one FP8 format, one set per SM count (default: this GPU's).
+
+    ``x_amax`` / ``x_quantize``: bf16 token rows; ``silu_amax``: GEMM1's fp32 output → the fp32
+    SiLU·up intermediate and its amax; ``a_quantize``: fp32 rows.  Row widths are multiples of
+    ``FP8_ALIGN_ELEMS`` (16: whole 16-byte rows of E4M3).  ``keep_ptx``: each has ``.__ptx__``.
+    """
+    num_sms = sm_count() if num_sms is None else num_sms
+    width = FP8_ALIGN_ELEMS
+
+    def build(options):
+        bf16, f32, fp8, i32 = cutlass.BFloat16, cutlass.Float32, cutlass.Float8E4M3FN, cutlass.Int32
+
+        def amax(src, a, silu: bool):  # src, a, amax, row_mask, used_rows
+            return cute.compile(RowAmax(quant, num_sms, silu=silu), src, a, fake_vector(f32), fake_vector(i32),
+                                fake_vector(i32), make_fake_stream(), options=options)
+
+        def quantize(src):  # src, amax, q, scale, used_rows
+            return cute.compile(QuantizeRows(quant, num_sms), src, fake_vector(f32), fake_rows(fp8, width),
+                                fake_vector(f32), fake_vector(i32), make_fake_stream(), options=options)
+
+        return {"x_amax": amax(fake_rows(bf16, width), fake_rows(bf16, width), silu=False),
+                "x_quantize": quantize(fake_rows(bf16, width)),
+                "silu_amax": amax(fake_rows(f32, 2 * width), fake_rows(f32, width), silu=True),
+                "a_quantize": quantize(fake_rows(f32, width))}
+
+    return compile_once(("quantops", quant, num_sms), build, keep_ptx=keep_ptx)

@@ -19,7 +19,7 @@ the fused layer does in the GEMM epilogue instead:
 A row is walked as ``cols // VEC`` whole vectors, so a width that is not a multiple of ``VEC``
 would lose its tail without a word: the host wrappers in ``moe.py`` (``gather_rows``,
 ``silu_mul``, ``combine``) refuse such widths before they launch anything, and the compiled
-functions are built for column counts divisible by ``VEC`` (``ptx.compile_row_kernels``).
+functions are built for column counts divisible by ``VEC`` (:func:`compile_row_kernels`).
 """
 
 from __future__ import annotations
@@ -30,8 +30,13 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
+from cutlass.cute.runtime import make_fake_stream  # noqa: E402
 
+from moe_spec.hopper import sm_count  # noqa: E402
+
+from .cache import compile_once  # noqa: E402
 from .config import ALIGN_ELEMS  # noqa: E402
+from .runtime import fake_rows, fake_scales, fake_vector  # noqa: E402
 
 VEC = ALIGN_ELEMS  # bf16 per thread step: one 16-byte vector
 THREADS = 256
@@ -199,3 +204,43 @@ class WeightedCombineRows(_RowKernel):
             vo[(0, None, t, c)].store(acc.load().to(out.element_type))
             i += step
 
+
+# ---- compile ---------------------------------------------------------------------------------------
+def compile_row_kernels(num_sms: int | None = None, *, keep_ptx: bool = False) -> dict:
+    """The compiled ``gather`` / ``silu_mul`` / ``combine`` kernels, one set per SM count (default: this
+    GPU's, :func:`moe_spec.hopper.sm_count`); ``keep_ptx``: each has ``.__ptx__``."""
+    num_sms = sm_count() if num_sms is None else num_sms
+
+    def build(options):
+        bf16, i32, i64 = cutlass.BFloat16, cutlass.Int32, cutlass.Int64
+        return {"gather": cute.compile(GatherRows(num_sms), fake_rows(bf16, VEC), fake_rows(bf16, VEC),
+                                       fake_vector(i64), fake_vector(i32), make_fake_stream(), options=options),
+                "silu_mul": cute.compile(SiluMul(num_sms), fake_rows(bf16, 2 * VEC), fake_rows(bf16, VEC),
+                                         fake_vector(i32), make_fake_stream(), options=options),
+                "combine": cute.compile(CombineRows(num_sms), fake_rows(bf16, VEC), fake_rows(bf16, VEC),
+                                        fake_vector(i64), make_fake_stream(), options=options)}
+
+    return compile_once(("rowops", num_sms), build, keep_ptx=keep_ptx)
+
+
+def compile_unfused_kernels(quant, num_sms: int | None = None) -> dict:
+    """The passes of the unfused pipeline (``fusion="separate"``, ``unfused.py``), one set per format.
+
+    ``weighted_combine`` always; for fp8_tensor / fp8_channel also ``scale_f32`` (GEMM1's fp32
+    output) and ``scale_bf16`` (GEMM2's bf16 output), the scaling passes.
+    """
+    num_sms = sm_count() if num_sms is None else num_sms
+
+    def build(options):
+        bf16, f32, i32 = cutlass.BFloat16, cutlass.Float32, cutlass.Int32
+        kernels = {"weighted_combine": cute.compile(WeightedCombineRows(num_sms), fake_rows(bf16, VEC),
+                                                    fake_rows(bf16, VEC), fake_vector(cutlass.Int64),
+                                                    fake_vector(f32), make_fake_stream(), options=options)}
+        if quant in ("fp8_tensor", "fp8_channel"):
+            for name, dtype in (("scale_f32", f32), ("scale_bf16", bf16)):
+                vec = 16 // (dtype.width // 8)  # one 16-byte vector per thread step
+                kernels[name] = cute.compile(ScaleRows(num_sms, quant, vec), fake_rows(dtype, vec), fake_vector(i32),
+                                             *fake_scales(quant), fake_vector(i32), make_fake_stream(), options=options)
+        return kernels
+
+    return compile_once(("unfused", quant, num_sms), build)

@@ -11,6 +11,9 @@ tensors here, so the conversion rules live in one place:
   top_k from it);
 * the current CUDA stream (the persistent grids' size, the SM count, is :func:`moe_spec.hopper.sm_count`).
 
+The ``fake_*`` functions are the symbolic twins of these wrappers, what the kernels compile against
+(:mod:`cute_moe.cache`): every extent and stride a symbolic integer, so one compile serves every batch.
+
 Host cost.  A conversion (``from_dlpack(...).mark_layout_dynamic``) costs tens of µs of Python
 on a busy host, and a wrapper holds a reference to its tensor, so wrappers are kept only for
 tensors that live anyway:
@@ -29,7 +32,11 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
 import torch
+from cutlass.cute.runtime import from_dlpack, make_fake_compact_tensor, make_fake_tensor, make_ptr
 
 #: Weight wrappers kept (least recently used dropped first).
 WEIGHT_WRAPPERS = 64
@@ -71,14 +78,10 @@ def _wrap(t: torch.Tensor, kind: tuple, make):
 
 
 def _tensor(t, leading_dim):
-    from cutlass.cute.runtime import from_dlpack
-
     return from_dlpack(t, assumed_align=16).mark_layout_dynamic(leading_dim=leading_dim)
 
 
 def _vector(t):
-    from cutlass.cute.runtime import from_dlpack
-
     return from_dlpack(t).mark_layout_dynamic()
 
 
@@ -109,10 +112,6 @@ def cute_pointer(t: torch.Tensor):
     """The address of a contiguous tensor as a CuTe global-memory pointer (its element type, aligned
     to one element), for kernels that take a pointer and an extent: a few µs, where a wrapped
     tensor costs tens (the alignment's launches take the routing tensors so)."""
-    import cutlass
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_ptr
-
     dtype = _POINTER_TYPES.get(t.dtype)
     if dtype is None:
         dtype = _POINTER_TYPES[t.dtype] = {torch.int32: cutlass.Int32, torch.int64: cutlass.Int64,
@@ -129,8 +128,6 @@ def cute_scale(t: torch.Tensor):
     The leading dimension is named: left to inference, a [rows, 1] array would be read as unit
     stride along rows, a different layout from the one the kernel was compiled for.
     """
-    from cutlass.cute.runtime import from_dlpack
-
     return _wrap(t, ("scale",),
                  lambda t: from_dlpack(t, assumed_align=4).mark_layout_dynamic(leading_dim=t.dim() - 1))
 
@@ -144,6 +141,31 @@ def on_gpu(t: torch.Tensor) -> bool:
 
 def current_stream(t: torch.Tensor):
     """The current CUDA stream of ``t``'s device, as the DSL's ``CUstream``."""
-    import cuda.bindings.driver as cuda
-
     return cuda.CUstream(torch.cuda.current_stream(t.device).cuda_stream)
+
+
+# ---- symbolic stand-ins, for compiling ------------------------------------------------------------
+
+
+def fake_rows(dtype, cols_divisibility: int):
+    """What :func:`cute_tensor` makes of a row-major [rows, cols] tensor (``leading_dim=1``), symbolic:
+    16-B aligned, ``cols`` and the row stride multiples of ``cols_divisibility``."""
+    return make_fake_tensor(dtype, (cute.sym_int(), cute.sym_int(divisibility=cols_divisibility)),
+                            stride=(cute.sym_int64(divisibility=cols_divisibility), 1), assumed_align=16)
+
+
+def fake_vector(dtype):
+    """What :func:`cute_vector` makes of a 1-D array, symbolic, aligned to one element."""
+    return make_fake_compact_tensor(dtype, (cute.sym_int(),), assumed_align=dtype.width // 8)
+
+
+def fake_scales(quant: str):
+    """(x_scale, w_scale) of an FP8 format as :func:`cute_scale` makes them of contiguous tensors:
+    fp32, unit stride last, symbolic extents and strides."""
+    def f32(n_dims: int):
+        shape = tuple(cute.sym_int() for _ in range(n_dims))
+        stride = tuple(cute.sym_int64() for _ in range(n_dims - 1)) + (1,)
+        return make_fake_tensor(cutlass.Float32, shape, stride=stride, assumed_align=4)
+
+    dims = {"fp8_tensor": (1, 1), "fp8_channel": (1, 2), "fp8_block": (2, 3)}[quant]
+    return f32(dims[0]), f32(dims[1])

@@ -26,7 +26,7 @@ from moe_spec.hopper import sm_count
 
 from .fusion import GATED_GEMM1, GATHER_IN_PRODUCER
 from .config import GemmConfig
-from .ptx import compile_unfused_kernels
+from .rowops import compile_unfused_kernels
 from .runtime import cute_scale, cute_tensor, cute_vector, current_stream
 
 FUSIONS = ("fused", "separate")

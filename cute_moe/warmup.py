@@ -1,19 +1,19 @@
 """Warm up one layer: compile every CuTe kernel it can use for T = 1 … max_tokens, in one call.
 
 A CuTe kernel here is compiled once per :class:`~cute_moe.config.GemmConfig` (and SM count):
-every batch-dependent extent is a symbolic integer (:mod:`cute_moe.ptx`), so T, the routing and
+every batch-dependent extent is a symbolic integer (:mod:`cute_moe.cache`), so T, the routing and
 the expert loads never recompile anything. What changes with T is the config the path rule picks
 (:func:`~cute_moe.config.path_rule`: the swap-AB token tile 8, 16, 32, 64, then the normal path),
 each GEMM's config of its own (GEMM2 applies the routing weights in its epilogue). So the warm-up
 compiles the distinct GEMM configs of the plans :func:`~cute_moe.plan.plans_for` lists, then the
 row kernels (gather, SiLU·mul, combine), then passes every plan through
-:func:`~cute_moe.ptx.compile_plan` — the owner of the list of what a plan runs — so that a kernel
+:func:`compile_plan` — the owner of the list of what a plan runs — so that a kernel
 a plan needs and the steps above did not name is compiled too (and reported). The alignment is
 torch code (:func:`moe_spec.align.align`): nothing to compile. On a GPU it finally runs every plan
 once on a one-token placeholder call: the DSL binds a compiled kernel to the device at its first
 call and CUDA loads modules lazily, at their first launch — work a serving call should not do.
 
-It compiles into the process's compile cache (:func:`~cute_moe.ptx.compile_gemm`) for the SM
+It compiles into the process's compile cache (:mod:`cute_moe.cache`) for the SM
 count of ``device`` (:func:`moe_spec.hopper.sm_count`; on a CPU, ``device="cpu"`` compiles for
 the H200's), which is where ``fused_moe`` looks its kernels up.
 """
@@ -27,15 +27,35 @@ import torch
 
 from moe_spec.hopper import sm_count
 from moe_spec.quant import FORMATS, check_quant
-from moe_spec.warmup import WarmupReport, WarmupStep, check_layer, layer_plans, placeholder_inputs
+from moe_spec.warmup import (WarmupReport, WarmupStep, check_layer, check_options, layer_plans,
+                             placeholder_inputs, warmup_device)
 
 from .config import QUANT_FORMATS, GemmConfig
-from .moe import fused_moe
+from .moe import LIMITS, fused_moe
 from .plan import MAX_TOKENS, _tile_text, plans_for
-from .ptx import compile_count, compile_gemm, compile_plan, compile_row_kernels
+from .cache import compile_count
+from .ptx import compile_gemm
+from .quantops import compile_quant_kernels
+from .rowops import compile_row_kernels, compile_unfused_kernels
 
-#: The row kernels :func:`~cute_moe.ptx.compile_row_kernels` builds, by name.
+#: The row kernels :func:`~cute_moe.rowops.compile_row_kernels` builds, by name.
 ROW_KERNELS = ("gather", "silu_mul", "combine")
+
+
+def compile_plan(plan, num_ctas: int | None = None) -> int:
+    """Compile everything a layer plan (:class:`cute_moe.plan.LayerPlan`) runs — its two GEMMs, the
+    row kernels, an FP8 format's quantization kernels and the unfused pipeline's passes — ahead of
+    the first call: a warm-up compiles every plan of ``plans_for``.
+    Returns how many kernels this call compiled (0 when all were cached)."""
+    before = compile_count()
+    for cfg in (plan.gemm1, plan.gemm2):
+        compile_gemm(cfg, num_ctas)
+    compile_row_kernels(num_ctas)
+    if plan.quant is not None:
+        compile_quant_kernels(plan.quant, num_ctas)
+    if plan.fusion == "separate":
+        compile_unfused_kernels(plan.quant, num_ctas)
+    return compile_count() - before
 
 
 def check_format(quant) -> Optional[str]:
@@ -53,10 +73,12 @@ def gemm_name(cfg: GemmConfig) -> str:
 
 
 def _num_ctas(device) -> int:
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device: {device!r} asked for, but no CUDA device is visible "
-                         f"(device='cpu' compiles on the CPU for an H200's SM count)")
+    try:
+        dev = warmup_device(device)
+    except ValueError as exc:
+        raise ValueError(f"{exc} (device='cpu' compiles on the CPU for an H200's SM count)") from None
+    if dev.type not in ("cuda", "cpu"):
+        raise ValueError(f"device: expected a CUDA device, or 'cpu' to compile for an H200's SM count, got {device!r}")
     return sm_count(dev)
 
 
@@ -93,8 +115,9 @@ def warmup(E: int, K: int, I: int, top_k: int, quant: Optional[str] = None,  # n
     TypeError / ValueError naming a bad argument, NotImplementedError for a format this backend
     does not build, before anything is compiled.
     """
-    check_layer(E, K, I, top_k, max_tokens)
+    check_layer(E, K, I, top_k, max_tokens, LIMITS)  # fused_moe's limits, before anything is compiled
     check_format(quant)
+    check_options(options, fused_moe, "cute_moe.warmup")
     num_ctas = _num_ctas(device)
     plans = layer_plans(plans_for, E, K, I, top_k, quant, max_tokens, **options)
     configs = tuple(dict.fromkeys(cfg for p in plans for cfg in (p.gemm1, p.gemm2)))

@@ -2,7 +2,8 @@
 
 Each number here is a property of the hardware or of PTX's ``wgmma`` instruction, not a tuning
 choice; the backends' configs (``cute_moe/config.py``, ``triton_moe/config.py``) and the CuTe
-compile cache (``cute_moe/ptx.py``) read them from this module and spell none of them again.
+kernels' compile functions (their grids: :func:`sm_count`) read them from this module and spell none
+of them again.
 """
 
 from __future__ import annotations

@@ -314,7 +314,7 @@ def test_a_config_over_budget_cannot_be_built():
 def test_tile_coordinates_visit_every_tile_exactly_once():
     """raster.tile_coordinates in plain Python: a bijection of tile ids onto (token block, weight
     block) for every grid shape and group size — a partial last group of token blocks included."""
-    from cute_moe.raster import tile_coordinates
+    from cute_moe.gemm_parts import tile_coordinates
 
     for n_tokens in range(1, 14):
         for n_weights in range(1, 6):
@@ -524,21 +524,13 @@ def test_gated_epilogue_is_the_row_kernels_formula():
     """The SiLU·up of the epilogue and of the row kernel compile to the same instructions per element
     (negate, × log2 e, ex2.approx.ftz, + 1, div.rn, × up, then cvt.rn to bf16): one formula, one
     rounding (the row kernel's inputs are GEMM1's bf16 H, the epilogue's its fp32 accumulators)."""
-    from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
-    import cutlass
-    import cutlass.cute as cute
-    from cute_moe.ptx import _ptx_dir, _rows_tensor
-    from cute_moe.rowops import SiluMul
-
     def chain(ptx):  # the float ops from the first negate to the bf16 conversion, as a sequence
         start, end = ptx.index("neg.f32"), ptx.index("cvt.rn.bf16x2.f32")
         ops = re.findall(r"^\s*(neg\.f32|mul\.f32|ex2\.approx\.ftz\.f32|add\.f32|div\.rn\.f32)\s+[^;]*?(0f[0-9A-F]{8})?;",
                          ptx[start:end + 1], flags=re.M)
         return [(op, const) for op, const in ops]
 
-    scalar = make_fake_compact_tensor(cutlass.Int32, (cute.sym_int(),), assumed_align=4)
-    row = cute.compile(SiluMul(132), _rows_tensor(cutlass.BFloat16, 16), _rows_tensor(cutlass.BFloat16), scalar,
-                       make_fake_stream(), options=f"--keep-ptx --dump-dir {_ptx_dir()}").__ptx__
+    row = cute_moe.compile_row_kernels(132, keep_ptx=True)["silu_mul"].__ptx__
     gated = cute_moe.compile_ptx(_cfg(swap_ab=True, tokens_tile=8, weights_tile=128, gated=True))
     one_element = [("neg.f32", ""), ("mul.f32", "0f3FB8AA3B"), ("ex2.approx.ftz.f32", ""), ("add.f32", "0f3F800000"),
                    ("div.rn.f32", ""), ("mul.f32", "")]  # −g, ·log2 e, 2^x, +1, g / (…), · up
@@ -627,7 +619,7 @@ def test_gathering_ptx_copies_rows_by_cp_async_and_keeps_the_wgmma_chain(cfg):
     boxes), copies 16-byte vectors by cp.async, from every producer warp, each arriving on the full
     barrier through cp.async.mbarrier.arrive.noinc; the barriers count 1 + 128 arrivals and the
     weight bytes only; the consumers fence the proxies after each wait; the WGMMAs are the TMA twin's."""
-    from cute_moe.gather import gather_geometry
+    from cute_moe.gemm_parts import gather_geometry
 
     twin = cfg.replace(gather_rows=False)
     ptx, tma = cute_moe.compile_ptx(cfg), cute_moe.compile_ptx(twin)

@@ -153,7 +153,7 @@ def _r2s_map(cfg):
     from cutlass.cute.nvgpu import warp
     from cutlass.tensor_utils import LayoutEnum
 
-    from cute_moe.gemm import KernelPlan
+    from cute_moe.gemm_plan import KernelPlan
 
     pairs = []
 
@@ -335,7 +335,7 @@ def test_unscaled_gemm_reads_no_epilogue_scale(quant, loads):
 
 @pytest.mark.parametrize("quant", [None, *FORMATS])
 def test_unfused_passes_compile_once(quant):
-    from cute_moe.ptx import compile_unfused_kernels
+    from cute_moe.rowops import compile_unfused_kernels
 
     kernels = compile_unfused_kernels(quant)
     n = cute_moe.compile_count()
@@ -356,7 +356,7 @@ def test_fusion_option_is_checked_before_any_launch(quant):
 def test_warm_up_of_an_fp8_plan_compiles_what_the_layer_runs():
     """compile_plan of an FP8 plan of the unfused pipeline: its GEMMs, the row kernels, the format's
     quantization kernels and the scale / weighted-combine passes — nothing left for the first call."""
-    from cute_moe.ptx import compile_unfused_kernels
+    from cute_moe.rowops import compile_unfused_kernels
 
     (p,) = cute_moe.plans_for(8, 4096, 14336, 2, "fp8_channel", max_tokens=8, fusion="separate")
     assert (p.quant, p.fusion, p.gemm1.epilogue_scales) == ("fp8_channel", "separate", False)

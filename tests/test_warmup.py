@@ -25,7 +25,7 @@ import cute_moe
 import triton_moe
 from compare import warm_study
 from compare.warm_study import CPU_SHAPE, run_warm_study, sweep_tokens
-from cute_moe import ptx
+from cute_moe import cache
 from moe_spec.quant import QUANT_FORMATS
 from moe_spec.validate import MoEDims
 from moe_spec.warmup import WarmupReport, placeholder_inputs
@@ -159,22 +159,22 @@ def test_triton_warmup_with_one_ids_dtype_misses_the_other():
 def cute_warm():
     """A warm-up from an empty compile cache (the module's own), for the reduced layer up to MAX_T."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ptx, "_cache", {})
-        before = ptx.compile_count()
+        mp.setattr(cache, "_cache", {})
+        before = cache.compile_count()
         report = cute_moe.warmup(8, 64, 32, 2, max_tokens=MAX_T, device="cpu")
-        yield report, ptx.compile_count() - before
+        yield report, cache.compile_count() - before
 
 
 def _cute_sweep(report, tokens):
     """Per T: the plan's GEMMs are in the warm-up's set; compiling the plan compiles nothing.
     Returns (GEMM configs missing from the report, kernels the sweep compiled, plans met)."""
-    missing, met, before = set(), set(), ptx.compile_count()
+    missing, met, before = set(), set(), cache.compile_count()
     for T in tokens:
         p = cute_moe.plan(MoEDims(T=T, E=8, K=64, I=32, top_k=2))
         missing |= {cfg for cfg in (p.gemm1, p.gemm2) if ("grouped_gemm", cfg) not in report.covered}
-        ptx.compile_plan(p)
+        cute_moe.compile_plan(p)
         met.add(p)
-    return missing, ptx.compile_count() - before, met
+    return missing, cache.compile_count() - before, met
 
 
 def test_cute_sweep_after_warmup_compiles_nothing(cute_warm):
@@ -196,16 +196,16 @@ def test_cute_sweep_catches_a_plan_the_warmup_skipped(monkeypatch):
     full = cute_moe.plans_for(8, 64, 32, 2, None, 40)  # T ≤ 40: token tiles 8 and 16
     assert len(full) == 2
     monkeypatch.setattr(CUTE_WARMUP, "plans_for", lambda *a, **k: full[:1])
-    monkeypatch.setattr(ptx, "_cache", {})
+    monkeypatch.setattr(cache, "_cache", {})
     report = cute_moe.warmup(8, 64, 32, 2, max_tokens=40, device="cpu")
     missing, swept_compiles, _ = _cute_sweep(report, range(1, 41))
     assert missing == {full[1].gemm1, full[1].gemm2} and swept_compiles == 2
 
 
 def test_cute_dry_run_lists_without_compiling():
-    before = ptx.compile_count()
+    before = cache.compile_count()
     report = cute_moe.warmup(128, 2048, 768, 8, max_tokens=16384, device="cpu", dry_run=True)
-    assert ptx.compile_count() == before and report.mode.startswith("dry run")
+    assert cache.compile_count() == before and report.mode.startswith("dry run")
     assert len(report.plans) == 5 and report.count == 10 + 3  # two GEMMs per plan, the row kernels
 
 

@@ -29,7 +29,7 @@ from moe_spec.timing import time_cuda_graph  # noqa: E402
 
 from ..config import GemmConfig, choose_config  # noqa: E402
 from ..moe import fused_moe, gather_rows, grouped_gemm, sort_rows  # noqa: E402
-from ..ptx import compile_count  # noqa: E402
+from ..cache import compile_count  # noqa: E402
 
 
 def _weights(shape, n_sets, seed=0, device="cuda"):
