@@ -35,7 +35,7 @@ def _table_rows(block, first_header):
     lines = block.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_header} |"))
     rows = []
-    for line in lines[start + 2:]:
+    for line in lines[start + 2 :]:
         if not line.startswith("|"):
             break
         rows.append([c.strip() for c in line.strip().strip("|").split("|")])
@@ -88,8 +88,14 @@ def test_copy_floor_and_alignment_tables_are_the_reports():
     shapes = [h.strip() for h in block.split("| backend | bound |")[1].splitlines()[0].split("|")[:-3]]
     for backend, bounds, *values, target, met in _table_rows(block, "backend | bound"):
         low, high = (int(n) for n in re.findall(r"\d+", bounds))
-        worst = [max(r["prep_us"] for (b, s, q, T), r in cells.items()
-                     if (b, s, q) == (backend, shape_, "bf16") and low <= T <= high) for shape_ in shapes]
+        worst = [
+            max(
+                r["prep_us"]
+                for (b, s, q, T), r in cells.items()
+                if (b, s, q) == (backend, shape_, "bf16") and low <= T <= high
+            )
+            for shape_ in shapes
+        ]
         assert [_num(v) for v in values] == [round(w, 1) for w in worst], (backend, bounds)
         assert (met == "yes") == (max(worst) <= float(target))
 
@@ -124,8 +130,11 @@ def test_a_planted_mismatch_is_found(tmp_path):
         (tmp_path / file).write_text((ROOT / file).read_text())
     assert status.stale_blocks(report, root=tmp_path) == []
     planted = copy.deepcopy(report)
-    row = next(r for r in planted["rows"]  # a target cell, in both tables
-               if (r["backend"], r["shape"], r["quant"], r["T"]) == ("cute_moe", "qwen3-30b-a3b", "bf16", 1))
+    row = next(
+        r
+        for r in planted["rows"]  # a target cell, in both tables
+        if (r["backend"], r["shape"], r["quant"], r["T"]) == ("cute_moe", "qwen3-30b-a3b", "bf16", 1)
+    )
     row["us"] += 0.5
     stale = status.stale_blocks(planted, root=tmp_path)
     assert len(stale) == 2 and "targets" in stale[0] and "glance" in stale[1]
@@ -148,7 +157,9 @@ def test_check_passes_on_the_committed_files():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-@pytest.mark.parametrize("args", [(), ("--check", "--write"), ("--bogus",), ("--check", "--report", "/nonexistent.json")])
+@pytest.mark.parametrize(
+    "args", [(), ("--check", "--write"), ("--bogus",), ("--check", "--report", "/nonexistent.json")]
+)
 def test_bad_options_are_one_line_and_exit_2(args):
     r = _cli(*args)
     assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout)
