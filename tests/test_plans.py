@@ -8,7 +8,7 @@ import torch
 
 import cute_moe
 import triton_moe
-from triton_moe import config as triton_config
+from triton_moe import heuristic as triton_config
 from moe_spec.plan import LayerPlan
 from moe_spec.problem import MoEShape, get_shape, make_inputs
 from moe_spec.validate import MoEDims

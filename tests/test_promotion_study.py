@@ -176,10 +176,12 @@ def test_a_run_fills_accuracy_gemm_and_layer_columns(result):
         else:
             assert r["rel_l2"] == {"512": None, "1024": None} and "gemm_us" not in r
     layer = [k for k, r in rows.items() if "layer_us" in r]
-    assert layer == [("fp8_tensor", 0), ("fp8_tensor", 32), ("fp8_tensor", 64), ("fp8_tensor", 128), ("fp8_block", 0)]
+    # the layer as it runs, in the row of its kernels' interval (K steps of at most 128: n = 0)
+    assert layer == [("fp8_tensor", 0), ("fp8_block", 0)]
     assert all(rows[k]["layer_rel_l2"] < 1e-2 for k in layer)  # the real layer, through the interpreter
     assert result["layer"]["fp8_tensor"]["shape"] == "tiny" and result["layer"]["fp8_block"]["T"] == 8
-    assert len(log) == 7 + 4 + 4 + 1  # GEMM: 7 + 4 intervals; layer: 4 + 1
+    assert [result["layer"][q]["n"] for q in pr.FORMATS] == [0, 0]
+    assert len(log) == 7 + 4 + 1 + 1  # GEMM: 7 + 4 intervals; layer: one per format
     assert [v["largest"] for v in result["verdicts"]] == [2**30, 128]  # exact on the CPU: every interval passes
     assert [v["covers_catalog"] for v in result["verdicts"]] == [False, False]
 
@@ -204,7 +206,7 @@ def test_markdown_names_the_run_and_has_the_table(result):
     row = next(line for line in md.splitlines() if line.startswith("| fp8_tensor | 32 | 32 of K |"))
     assert row.count("|") == 9 and "e-" in row
     assert ("- fp8_block: the largest interval with rel L2 ≤ 0.01 at K = 512, 1024: 128 of K (n = 0 or 128); the "
-            "largest a TritonConfig takes: 128 (n = 0 or 128) (the K measured stop below the catalog's largest, 14336") \
+            "largest within one K step: 128 (n = 0 or 128) (the K measured stop below the catalog's largest, 14336") \
         in md
 
 

@@ -196,7 +196,7 @@ def test_a_gemm2_tile_compiles_for_sm90_as_planned(quant, g2):
 def test_the_study_candidates_fit_and_differ_from_the_shared_tile():
     from moe_spec.problem import get_shape
     from triton_moe.lab.bench_gemm2 import CELLS, candidates
-    from triton_moe.config import get_config
+    from triton_moe.heuristic import get_config
 
     assert CELLS[:2] == (("deepseek-v3:tp8", None, 4096), ("deepseek-v3:tp8", "fp8_tensor", 4096))
     for spec, quant, T in CELLS:
@@ -211,7 +211,7 @@ def test_the_study_candidates_fit_and_differ_from_the_shared_tile():
 
 def test_the_study_report_and_tables_render(tmp_path, monkeypatch):
     from triton_moe.lab import bench_gemm2
-    from triton_moe import config as C
+    from triton_moe import heuristic as C
 
     monkeypatch.setattr(C, "current_device_name", lambda: "NVIDIA H200")
     g2 = Gemm2Tile(256, 64, 8, 8, 4)
@@ -316,7 +316,7 @@ def test_shipped_fp8_gemm2_tiles_keep_the_entrys_block_k():
     tests/test_batch_invariance_gpu.py), so no shipped FP8 table has one; bf16 tables may."""
     import glob
 
-    from triton_moe import config as C
+    from triton_moe import heuristic as C
 
     seen = 0
     for path in glob.glob(str(C.CONFIG_DIR / "*.json")):

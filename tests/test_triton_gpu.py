@@ -37,14 +37,17 @@ def test_catalog_against_oracle(spec, quant, T):
 
 
 @pytest.mark.parametrize("spec, T", [("mixtral-8x7b", 8), ("mixtral-8x7b", 1024), ("deepseek-v3:tp8", 4096)])
-def test_fp8_imprecise_acc_variant(spec, T):
-    """The other FP8 promotion variant — Triton's WGMMA lowering promotes every BLOCK_K of K
-    (``fp8_imprecise_acc``) — against the same oracle, on the longest reductions (K = 4096…14336)."""
+def test_deep_fp8_k_step_promotes_every_128(spec, T):
+    """A 256-deep FP8 K step — Triton's WGMMA lowering promotes every 128 of K inside the dot
+    (``triton_moe.kernels.fp8_imprecise_acc``) — against the same oracle, on the longest
+    reductions (K = 4096…14336)."""
     from dataclasses import replace
 
     p = _problem(spec, "fp8_tensor", T)
-    cfg = p.config()
-    r = p.check(replace(cfg, fp8_imprecise_acc=cfg.BLOCK_K))
+    cfg = replace(p.config(), BLOCK_K=256, gemm2=None, persistent_tma=False, tma_flatten=False)
+    while not cfg.fits("fp8_tensor"):
+        cfg = replace(cfg, num_stages=cfg.num_stages - 1)
+    r = p.check(cfg)
     assert r["rel_l2"] <= TOL["fp8_tensor"], r
     assert r["bit_identical"] and r["graph_equal"], r
 

@@ -25,11 +25,11 @@ SWEEP = [1, 2, 3, 7, 8, 15, 16, 17, 31, 32, 33, 48, 63, 64, 65, 100, 127, 128, 1
          500, 511, 512, 1000, 1023, 1024, 1025, 2047, 2048, 3001, 4095, 4096, 4097, 8191, 8192]
 VARIANTS = ([(q, cfg) for q in (None, "fp8_tensor", "fp8_channel", "fp8_block")
              for cfg in (TritonConfig(16, 64, 64, swap_ab=True), TritonConfig(64, 64, 64, 8, swap_ab=False))]
-            + [("fp8_tensor", TritonConfig(64, 64, 64, 8, swap_ab=False, fp8_imprecise_acc=64))])
+            + [("fp8_tensor", TritonConfig(64, 64, 256, 8, swap_ab=False))])  # promoted inside the dot
 
 
 @pytest.mark.parametrize("quant, config", VARIANTS, ids=lambda v: str(v) if not isinstance(v, TritonConfig)
-                         else f"M{v.BLOCK_M}{'swap' if v.swap_ab else ''}{'imp' if v.fp8_imprecise_acc else ''}")
+                         else f"M{v.BLOCK_M}K{v.BLOCK_K}{'swap' if v.swap_ab else ''}")
 def test_sweep_does_not_recompile(quant, config):
     with count_compilations(dry_run=True) as counter:
         fused_moe(**make_inputs(SHAPE, 5, quant, seed=0).kwargs(), config=config)  # warm-up

@@ -61,11 +61,15 @@ def test_all_tokens_on_one_expert_top1(quant):
 
 
 @pytest.mark.parametrize("quant", ["fp8_tensor", "fp8_channel"])
-def test_imprecise_accumulation_variant(quant):
-    # the promotion choice of tl.dot (max_num_imprecise_acc); the interpreter sums in fp32 either
-    # way, so this checks the code path, not the GPU's accuracy (tests/test_triton_gpu.py does)
-    inp = make_inputs(SMALL, 11, quant, seed=1)
-    _check(inp, config=TritonConfig(16, 32, 64, 1, 4, 2, False, fp8_imprecise_acc=32))
+def test_deep_fp8_k_step_promotes_inside_the_dot(quant):
+    # a K step deeper than 128 promotes every 128 of K inside tl.dot (max_num_imprecise_acc); the
+    # interpreter sums in fp32 either way, so this checks the code path, not the GPU's accuracy
+    # (tests/test_triton_gpu.py does)
+    from triton_moe import moe
+
+    cfg = TritonConfig(16, 32, 256, 1, 4, 2, False)
+    assert moe._gemm_constants(cfg, quant, True, SMALL.top_k, SMALL.hidden)["FP8_IMPRECISE_ACC"] == 128
+    _check(make_inputs(SMALL, 11, quant, seed=1), config=cfg)
 
 
 def test_default_config_and_determinism():

@@ -158,7 +158,7 @@ def test_the_deepseek_tp8_tables_split_gemm1_at_decode_only():
     """The shipped DeepSeek-V3 TP8 tables give split_k 4 to the T = 1 entry (which serves T ≤ 4) and
     1 elsewhere, in every format, and each entry passes the config's own checks."""
     from moe_spec.problem import get_shape
-    from triton_moe.config import get_config
+    from triton_moe.heuristic import get_config
 
     s = get_shape("deepseek-v3:tp8")
     for quant in (None, "fp8_tensor", "fp8_channel", "fp8_block"):

@@ -23,7 +23,7 @@ from moe_spec.oracle import oracle, rel_l2
 from moe_spec.problem import MoEShape, make_inputs
 from moe_spec.validate import BAD_ID, BAD_W2_SCALE
 from triton_moe import TritonConfig, fused_moe
-from triton_moe.config import CONFIG_DIR, default_tiles, load_table
+from triton_moe.heuristic import CONFIG_DIR, default_tiles, load_table
 from triton_moe.jit import count_compilations
 
 TOL = {None: 5e-3, "fp8_tensor": 1e-2, "fp8_channel": 1e-2, "fp8_block": 1e-2}

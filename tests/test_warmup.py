@@ -29,7 +29,7 @@ from cute_moe import cache
 from moe_spec.quant import QUANT_FORMATS
 from moe_spec.validate import MoEDims
 from moe_spec.warmup import WarmupReport, placeholder_inputs
-from triton_moe import config as triton_config
+from triton_moe import heuristic as triton_config
 from triton_moe.jit import count_compilations
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array:DeprecationWarning")

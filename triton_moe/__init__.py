@@ -10,14 +10,17 @@ config=None, swap_ab=None)`` implements the backend contract of :mod:`moe_spec.c
 (:mod:`moe_spec.warmup`).
 
 Read in this order: :mod:`~triton_moe.align` (sorting pairs by expert), :mod:`~triton_moe.kernels`
-(the grouped GEMM with swap-AB and in-register FP8), :mod:`~triton_moe.moe` (the pipeline),
-:mod:`~triton_moe.config` (tiles, GEMM2's own tile, the swap-AB rule, tuned tables), :mod:`~triton_moe.plan` (the
-decisions of one call), :mod:`~triton_moe.jit` (the compile counter), :mod:`~triton_moe.lab.autotune`
-and :mod:`~triton_moe.lab.bench` (GPU tools).
+(the grouped GEMM with swap-AB and in-register FP8; :mod:`~triton_moe.kernels_tma` its persistent
+TMA variant, :mod:`~triton_moe.kernels_rows` quantization and the combine), :mod:`~triton_moe.moe`
+(the pipeline), :mod:`~triton_moe.config` (the tile, GEMM2's own tile, the swap-AB rule),
+:mod:`~triton_moe.heuristic` (tuned tables, the default rule), :mod:`~triton_moe.plan` (the
+decisions of one call), :mod:`~triton_moe.jit` (launches and the compile counter),
+:mod:`~triton_moe.warmup`. The benchmarks, studies and the autotuner are in :mod:`triton_moe.lab`.
 """
 
 from moe_spec.contract import make_fused_experts
-from triton_moe.config import Gemm2Tile, TritonConfig, choose_swap_ab, get_config
+from triton_moe.config import Gemm2Tile, TritonConfig, choose_swap_ab
+from triton_moe.heuristic import get_config
 from triton_moe.moe import fused_moe
 from triton_moe.plan import LayerPlan, plan, plans_for
 from triton_moe.warmup import warmup

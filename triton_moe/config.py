@@ -1,10 +1,11 @@
-"""Launch configurations: the tile of each GEMM, the swap-AB rule, tuned tables.
+"""Launch configurations: the tile of each GEMM, checked, and what the tile implies.
 
 A :class:`TritonConfig` fixes the tile every program of the grouped GEMM works on. ``BLOCK_M``
 is also the granularity of the token alignment (each expert's run of (token, slot) pairs is padded
-to a multiple of it), so GEMM1 and GEMM2 of one call share it. Everything else of the tile GEMM2
-may set for itself (:class:`Gemm2Tile`, the config's ``gemm2``): GEMM2 multiplies [P, I] by W2ᵀ, so
-its reduction is only I long (256 at DeepSeek-V3 under TP8: 2–4 K steps per tile) and it keeps one
+to a multiple of it), so GEMM1 and GEMM2 of one call share it. The rest of the tile
+(:class:`GemmTile`: BLOCK_N, BLOCK_K, GROUP_M, warps, stages, swap-AB, kernel) GEMM2 may set for
+itself (:class:`Gemm2Tile`, the config's ``gemm2``): GEMM2 multiplies [P, I] by W2ᵀ, so its
+reduction is only I long (256 at DeepSeek-V3 under TP8: 2–4 K steps per tile) and it keeps one
 accumulator where GEMM1 keeps two (gate and up) — a wider or deeper tile fits its registers and
 shared memory where GEMM1's would not. Without ``gemm2`` GEMM2 runs GEMM1's tile.
 
@@ -17,46 +18,21 @@ The swap-AB rule (:func:`choose_swap_ab`)
     THE rule: swap exactly when ``BLOCK_M < 64`` — the token tile is too short to fill one WGMMA
     — and ``BLOCK_N ≥ 64``. It is a property of the tile, not of the dtype: bf16 and FP8 both use
     it. ``swap_ab=True/False`` in a config or in ``fused_moe(..., swap_ab=...)`` overrides it for
-    comparisons; ``triton_moe.lab.bench --swap-sweep`` measures where it pays off.
+    comparisons; ``python -m triton_moe.lab.bench`` (its swap-AB sweep) measures where it pays off.
 
-Default heuristic (:func:`default_config`, its buckets in :func:`default_tiles`)
-    Deterministic in (T, E, top_k, quant): the expected tokens per expert, T·top_k / E,
-    picks BLOCK_M (16, 32, 64, 128); decode tiles keep BLOCK_N = 64 so that enough programs stream
-    the weights in parallel, prefill tiles grow to 128×128 with 8 warps and GROUP_M = 8 so that
-    programs sharing weight tiles run close together in time (L2 reuse).
-
-Tuned tables
-    ``configs/E=<E>,N=<I>,K=<K>,dtype=<bf16|fp8_tensor|…>,device=<name>.json`` map a token count
-    to a config; :func:`get_config` takes the entry with the nearest token count (absolute
-    distance, as vLLM does) and falls back to the heuristic when no table exists. ``python -m
-    triton_moe.lab.autotune`` writes them, ``python -m triton_moe.lab.bench_gemm2 --tables`` an entry's
-    ``gemm2`` (:meth:`TritonConfig.from_dict` reads it). The key has no top_k, although the
-    tile really depends on the tokens per expert T·top_k / E: a table is tuned for one model's
-    layer, which (E, N, K) identify and whose top_k is fixed (the table's ``"shape"`` names it;
-    no two catalog shapes share E, N, K), so its T is the layer's batch size at that top_k and
-    looking up T is looking up T·top_k / E. A model with the same E, N, K but another top_k would
-    need its own table; it would get this one's entry for the same T.
-
-Where each bucket of the rule (heuristic or table) starts in T is :func:`rule_starts`; the
-instruction a tile compiles to is :func:`mma_instruction`; :mod:`triton_moe.plan` puts them together
-for one call.
+Which config a call gets (a tuned table, else the heuristic) is :mod:`triton_moe.heuristic`; the
+instruction a tile compiles to is :func:`mma_instruction`; :mod:`triton_moe.plan` puts them
+together for one call.
 """
 
 from __future__ import annotations
 
 import functools
-import json
-import math
-import os
-from dataclasses import asdict, dataclass, replace
-from pathlib import Path
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Optional
 
 from moe_spec.hopper import SMEM_PER_CTA_BYTES, WARPGROUP_THREADS, WGMMA_M, WGMMA_N_MAX, WGMMA_N_STEP, wgmma_k
-from moe_spec.plan import bucket_starts, tokens_per_expert
 from moe_spec.quant import FP8_BLOCK, get_format
-
-CONFIG_DIR = Path(__file__).parent / "configs"
 
 #: Shared memory one program may use: Hopper's opt-in limit per CTA (:mod:`moe_spec.hopper`).
 SMEM_LIMIT = SMEM_PER_CTA_BYTES
@@ -67,9 +43,10 @@ MIN_DOT = 16
 #: The largest extent of a TMA box along any dimension (the weight tile of ``persistent_tma``).
 TMA_BOX_MAX = 256
 
-#: A GEMM2 of at most this many ``BLOCK_K`` steps reads its rows' ids and routing weights before its K loop
-#: (``EARLY_ROUTING``). H200, T = 4096, against 102448a (before the checks): early in every GEMM2 took DeepSeek-V3
-#: TP8 (I = 256) from 1.032x to 1.019x, Qwen3-30B-A3B (I = 768) from 1.037x to 1.049x (notes/triton_moe.md).
+#: A GEMM2 of at most this many ``BLOCK_K`` steps reads its rows' ids and routing weights before its
+#: K loop (``EARLY_ROUTING``): a short loop cannot hide the epilogue's dependent gathers, a long one
+#: hides them anyway and would only hold them in registers (notes/triton_moe.md, "The routing checks
+#: in the GEMM epilogue", measured in results/triton_drift_h200_2026-12-03.md).
 EARLY_ROUTING_MAX_K_STEPS = 4
 
 #: num_warps values a config may ask for (Triton: a power of two; 16 warps = 512 threads).
@@ -85,50 +62,18 @@ def _int(name: str, v) -> None:
         raise TypeError(f"{name}: expected an int, got {v!r} ({type(v).__name__})")
 
 
-def _check_tile(t, prefix: str = "") -> None:
-    """The checks of the fields :class:`TritonConfig` and :class:`Gemm2Tile` share, type first, then
-    value; each message starts with ``prefix`` + the field's name."""
-    for name in ("BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "fp8_imprecise_acc"):
-        _int(prefix + name, getattr(t, name))
-    if t.swap_ab is not None and not isinstance(t.swap_ab, bool):
-        raise TypeError(f"{prefix}swap_ab: expected True, False or None, got {t.swap_ab!r}")
-    for name in ("persistent_tma", "tma_flatten"):
-        if not isinstance(getattr(t, name), bool):
-            raise TypeError(f"{prefix}{name}: expected True or False, got {getattr(t, name)!r}")
-    for name in ("BLOCK_N", "BLOCK_K"):
-        v = getattr(t, name)
-        if not _pow2(v) or v < MIN_DOT:
-            raise ValueError(f"{prefix}{name}={v}: must be a power of two >= {MIN_DOT} (16, 32, 64, 128, …)")
-    if t.GROUP_M < 1:
-        raise ValueError(f"{prefix}GROUP_M={t.GROUP_M}: must be >= 1 (M-blocks per rasterization group)")
-    if t.num_warps not in NUM_WARPS:
-        raise ValueError(f"{prefix}num_warps={t.num_warps}: must be one of {', '.join(map(str, NUM_WARPS))}")
-    if t.num_stages < 1:
-        raise ValueError(f"{prefix}num_stages={t.num_stages}: must be >= 1")
-    n = t.fp8_imprecise_acc
-    if n < 0 or n % 32 or n > t.BLOCK_K:
-        raise ValueError(f"{prefix}fp8_imprecise_acc={n}: must be 0 or a multiple of 32 up to BLOCK_K={t.BLOCK_K} "
-                         f"(allowed: {', '.join(map(str, range(0, t.BLOCK_K + 1, 32)))})")
-    if t.persistent_tma and t.swap_ab:
-        raise ValueError(f"{prefix}persistent_tma=True: the persistent TMA kernel is the non-swap-AB path; "
-                         "it cannot run with swap_ab=True")
-    if t.persistent_tma and max(t.BLOCK_N, t.BLOCK_K) > TMA_BOX_MAX:
-        raise ValueError(f"{prefix}persistent_tma=True: a TMA box spans at most {TMA_BOX_MAX} rows and columns; "
-                         f"got the weight tile BLOCK_N={t.BLOCK_N} × BLOCK_K={t.BLOCK_K}")
-    if t.tma_flatten and not t.persistent_tma:
-        raise ValueError(f"{prefix}tma_flatten=True: flattens the persistent kernel's loops; "
-                         "it needs persistent_tma=True")
-
-
 @dataclass(frozen=True)
-class Gemm2Tile:
-    """GEMM2's own tile: every field of :class:`TritonConfig` but ``BLOCK_M`` (the alignment tile,
-    which both GEMMs read, so the config owns it) and ``split_k`` (GEMM2 never splits K: its K is
-    the intermediate size I, and even at T = 1 it has hidden / BLOCK_N programs per expert).
+class GemmTile:
+    """The fields of one GEMM's tile that GEMM1 and GEMM2 each set for themselves — GEMM1 in
+    :class:`TritonConfig`, GEMM2 in its :class:`Gemm2Tile` — declared once, for both.
 
-    A whole tile, not a difference: a field left out takes its default here, not GEMM1's value
-    (``swap_ab=None``: the swap-AB rule on (BLOCK_M, this BLOCK_N)). The fields are checked as
-    :class:`TritonConfig` checks them; each message starts with ``gemm2.`` and the field's name.
+    ``swap_ab=None`` means "apply :func:`choose_swap_ab`". ``persistent_tma`` runs the GEMM with
+    :func:`triton_moe.kernels_tma.moe_gemm_tma_kernel` (one program per SM looping over the tiles,
+    expert weights through TMA descriptors) instead of ``moe_gemm_kernel``; it is the non-swap-AB
+    path, so the resolved tile must not swap. ``tma_flatten`` (only with ``persistent_tma``) asks
+    Triton to flatten its tile and K loops into one software pipeline (``tl.range(...,
+    flatten=True)``). Neither is chosen by the heuristic (a shipped table turns ``persistent_tma``
+    on where it measured faster): ``python -m triton_moe.lab.bench_tma`` measures them.
     """
 
     BLOCK_N: int
@@ -137,12 +82,58 @@ class Gemm2Tile:
     num_warps: int = 4
     num_stages: int = 3
     swap_ab: Optional[bool] = None
-    fp8_imprecise_acc: int = 0
     persistent_tma: bool = False
     tma_flatten: bool = False
 
+    def _check_tile(self, prefix: str = "") -> None:
+        """The checks of these fields, type first, then value; each message starts with ``prefix`` +
+        the field's name."""
+        for name in ("BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"):
+            _int(prefix + name, getattr(self, name))
+        if self.swap_ab is not None and not isinstance(self.swap_ab, bool):
+            raise TypeError(f"{prefix}swap_ab: expected True, False or None, got {self.swap_ab!r}")
+        for name in ("persistent_tma", "tma_flatten"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{prefix}{name}: expected True or False, got {getattr(self, name)!r}")
+        for name in ("BLOCK_N", "BLOCK_K"):
+            v = getattr(self, name)
+            if not _pow2(v) or v < MIN_DOT:
+                raise ValueError(f"{prefix}{name}={v}: must be a power of two >= {MIN_DOT} (16, 32, 64, 128, …)")
+        if self.GROUP_M < 1:
+            raise ValueError(f"{prefix}GROUP_M={self.GROUP_M}: must be >= 1 (M-blocks per rasterization group)")
+        if self.num_warps not in NUM_WARPS:
+            raise ValueError(f"{prefix}num_warps={self.num_warps}: must be one of {', '.join(map(str, NUM_WARPS))}")
+        if self.num_stages < 1:
+            raise ValueError(f"{prefix}num_stages={self.num_stages}: must be >= 1")
+        if self.persistent_tma and self.swap_ab:
+            raise ValueError(f"{prefix}persistent_tma=True: the persistent TMA kernel is the non-swap-AB path; "
+                             "it cannot run with swap_ab=True")
+        if self.persistent_tma and max(self.BLOCK_N, self.BLOCK_K) > TMA_BOX_MAX:
+            raise ValueError(f"{prefix}persistent_tma=True: a TMA box spans at most {TMA_BOX_MAX} rows and columns; "
+                             f"got the weight tile BLOCK_N={self.BLOCK_N} × BLOCK_K={self.BLOCK_K}")
+        if self.tma_flatten and not self.persistent_tma:
+            raise ValueError(f"{prefix}tma_flatten=True: flattens the persistent kernel's loops; "
+                             "it needs persistent_tma=True")
+
+
+#: The names of :class:`GemmTile`'s fields: what GEMM2's own tile may set.
+TILE_FIELDS = tuple(f.name for f in fields(GemmTile))
+
+
+@dataclass(frozen=True)
+class Gemm2Tile(GemmTile):
+    """GEMM2's own tile: exactly the fields of :class:`GemmTile` — every field of
+    :class:`TritonConfig` but ``BLOCK_M`` (the alignment tile, which both GEMMs read, so the config
+    owns it) and ``split_k`` (GEMM2 never splits K: its K is the intermediate size I, and even at
+    T = 1 it has hidden / BLOCK_N programs per expert).
+
+    A whole tile, not a difference: a field left out takes its default here, not GEMM1's value
+    (``swap_ab=None``: the swap-AB rule on (BLOCK_M, this BLOCK_N)). The fields are checked as
+    :class:`TritonConfig` checks them; each message starts with ``gemm2.`` and the field's name.
+    """
+
     def __post_init__(self):
-        _check_tile(self, "gemm2.")
+        self._check_tile("gemm2.")
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -154,48 +145,33 @@ class Gemm2Tile:
 
 
 @dataclass(frozen=True)
-class TritonConfig:
-    """The tile of one grouped-GEMM program, and how it is scheduled.
+class _AlignmentTile:
+    BLOCK_M: int  # TritonConfig's first field: a dataclass takes its bases' fields last base first
 
-    ``swap_ab=None`` means "apply :func:`choose_swap_ab`"; :meth:`resolved` fixes it.
-    ``fp8_imprecise_acc`` picks how the FP8 WGMMA accumulator is promoted to fp32 (see
-    :mod:`triton_moe.kernels`): 0 adds each K step's product into the fp32 accumulator; n > 0 (a
-    multiple of 32, at most BLOCK_K) lets Triton's WGMMA lowering promote every n elements of K.
-    ``persistent_tma`` runs the GEMM with :func:`triton_moe.kernels_tma.moe_gemm_tma_kernel`
-    (one program per SM looping over the tiles, expert weights through TMA descriptors) instead of
-    ``moe_gemm_kernel``; it is the non-swap-AB path, so the resolved tile must not swap.
-    ``tma_flatten`` (only with ``persistent_tma``) asks Triton to flatten its tile and K loops into
-    one software pipeline (``tl.range(..., flatten=True)``). Neither is chosen by the heuristic
-    (a shipped table turns ``persistent_tma`` on where it measured faster):
-    ``python -m triton_moe.lab.bench_tma`` measures them.
+
+@dataclass(frozen=True)
+class TritonConfig(GemmTile, _AlignmentTile):
+    """The tile of one grouped-GEMM program, and how it is scheduled: ``BLOCK_M``, the fields of
+    :class:`GemmTile` (in that order: ``TritonConfig(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps,
+    num_stages, swap_ab, ...)``), ``split_k`` and ``gemm2``.
+
+    :meth:`resolved` fixes a ``swap_ab`` of None by the rule.
     ``split_k`` > 1 splits GEMM1's K (the hidden size) over that many programs per tile, summed in a
     fixed order by the last of them (:mod:`triton_moe.kernels`): for decode layers whose GEMM1
     has too few tiles to fill the GPU; not with ``persistent_tma``.
-    ``gemm2`` (a :class:`Gemm2Tile`, or None) is GEMM2's own tile: its BLOCK_N, BLOCK_K, GROUP_M,
-    warps, stages, swap-AB, FP8 promotion and kernel; BLOCK_M stays this config's. None: GEMM2
-    runs this tile (without the split). :meth:`gemm1_config` / :meth:`gemm2_config` give the
-    config each GEMM launches with.
+    ``gemm2`` (a :class:`Gemm2Tile`, or None) is GEMM2's own tile; BLOCK_M stays this config's.
+    None: GEMM2 runs this tile (without the split). :meth:`gemm1_config` / :meth:`gemm2_config`
+    give the config each GEMM launches with.
 
     Every field is checked when the config is built (type first, then value; the message starts
     with the field's name): BLOCK_M, BLOCK_N, BLOCK_K powers of two ≥ 16; GROUP_M ≥ 1; num_warps
-    in :data:`NUM_WARPS`; num_stages ≥ 1; swap_ab None or a bool; fp8_imprecise_acc 0 or a
-    multiple of 32 up to BLOCK_K; persistent_tma a bool, not with swap_ab=True nor a
-    weight tile beyond a TMA box (BLOCK_N, BLOCK_K ≤ 256); tma_flatten a
-    bool, only with persistent_tma; split_k an int ≥ 1, 1 with persistent_tma; gemm2 None or a
+    in :data:`NUM_WARPS`; num_stages ≥ 1; swap_ab None or a bool; persistent_tma a bool, not with
+    swap_ab=True nor a weight tile beyond a TMA box (BLOCK_N, BLOCK_K ≤ 256); tma_flatten a bool,
+    only with persistent_tma; split_k an int ≥ 1, 1 with persistent_tma; gemm2 None or a
     :class:`Gemm2Tile` (whose own fields are checked the same way, named ``gemm2.<field>``).
     What depends on the quant format too (FP8's BLOCK_K, shared memory) is :meth:`check`.
     """
 
-    BLOCK_M: int
-    BLOCK_N: int
-    BLOCK_K: int
-    GROUP_M: int = 1
-    num_warps: int = 4
-    num_stages: int = 3
-    swap_ab: Optional[bool] = None
-    fp8_imprecise_acc: int = 0
-    persistent_tma: bool = False
-    tma_flatten: bool = False
     split_k: int = 1
     gemm2: Optional[Gemm2Tile] = None
 
@@ -204,7 +180,7 @@ class TritonConfig:
             _int(name, getattr(self, name))
         if not _pow2(self.BLOCK_M) or self.BLOCK_M < MIN_DOT:
             raise ValueError(f"BLOCK_M={self.BLOCK_M}: must be a power of two >= {MIN_DOT} (16, 32, 64, 128, …)")
-        _check_tile(self)
+        self._check_tile()
         if self.split_k < 1:
             raise ValueError(f"split_k={self.split_k}: must be >= 1 (programs sharing one tile's K steps)")
         if self.split_k > 1 and self.persistent_tma:
@@ -216,9 +192,16 @@ class TritonConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "TritonConfig":
-        """The inverse of :meth:`as_dict` (a tuned table's entry): ``gemm2`` as a dict or null."""
+        """The inverse of :meth:`as_dict` (a tuned table's entry): ``gemm2`` as a dict or null.
+        Raises ValueError naming a key that is not a field."""
         d = dict(d)
         g = d.get("gemm2")
+        for prefix, keys, known in (("", d, cls), ("gemm2.", g if isinstance(g, dict) else {}, Gemm2Tile)):
+            names = [f.name for f in fields(known)]
+            unknown = [k for k in keys if k not in names]
+            if unknown:
+                raise ValueError(f"{prefix}{unknown[0]}: not a field of {known.__name__} (its fields: "
+                                 f"{', '.join(names)})")
         if isinstance(g, dict):
             d["gemm2"] = Gemm2Tile(**g)
         return cls(**d)
@@ -259,7 +242,7 @@ class TritonConfig:
         of it (those it has): what a per-call option such as ``swap_ab`` forces for both GEMMs."""
         g = self.gemm2
         if g is not None:
-            own = {k: v for k, v in changes.items() if k in Gemm2Tile.__dataclass_fields__}
+            own = {k: v for k, v in changes.items() if k in TILE_FIELDS}
             if own:
                 changes = {**changes, "gemm2": replace(g, **own)}
         return replace(self, **changes)
@@ -360,91 +343,3 @@ def mma_instruction(cfg: TritonConfig, quant: Optional[str]) -> str:
     per_warpgroup = max(n // max(warpgroups // along_m, 1), WGMMA_N_STEP)
     inst_n = next(v for v in range(WGMMA_N_MAX, 0, -WGMMA_N_STEP) if n % v == 0 and v <= per_warpgroup)
     return f"wgmma.mma_async.sync.aligned.m{WGMMA_M}n{inst_n}k{k}.f32.{types}"
-
-
-@functools.lru_cache(maxsize=None)
-def default_tiles(quant: Optional[str]) -> tuple[tuple[float, TritonConfig], ...]:
-    """The deterministic heuristic as buckets of the tokens per expert: ``(upper bound, inclusive;
-    config)``. BLOCK_K is 64 for bf16, 128 for FP8 (one 128-byte row of operand either way)."""
-    bk = 128 // get_format(quant).weight_dtype.itemsize
-    return ((16, TritonConfig(16, 64, bk, 1, 4, 4)),
-            (32, TritonConfig(32, 64, bk, 1, 4, 4)),
-            (96, TritonConfig(64, 64, bk, 8, 4, 4)),
-            (math.inf, TritonConfig(128, 128, bk, 8, 8, 3)))
-
-
-def default_config(T: int, E: int, top_k: int, quant: Optional[str]) -> TritonConfig:
-    """The deterministic fallback config (see the module docstring): a function of the tokens per
-    expert and the format only — the layer's N and K do not change the tile (partial tiles are
-    masked), they only select a tuned table."""
-    m = tokens_per_expert(T, E, top_k)
-    return next(cfg for bound, cfg in default_tiles(quant) if m <= bound).resolved()
-
-
-def device_tag(name: str) -> str:
-    """A device name as it appears in table file names ('NVIDIA H200' → 'NVIDIA_H200')."""
-    return name.replace(" ", "_").replace("/", "_")
-
-
-def table_path(E: int, N: int, K: int, quant: Optional[str], device_name: str) -> Path:
-    dtype = get_format(quant).label
-    return CONFIG_DIR / f"E={E},N={N},K={K},dtype={dtype},device={device_tag(device_name)}.json"
-
-
-@functools.lru_cache(maxsize=None)
-def load_table(path: str) -> Optional[dict]:
-    """{token count: TritonConfig} from a JSON table, or None when the file does not exist."""
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        raw = json.load(f)
-    table = {}
-    for t, d in raw.get("configs", raw).items():
-        table[int(t)] = TritonConfig.from_dict(d)
-    return table
-
-
-def lookup(table: dict, T: int) -> TritonConfig:
-    """The entry whose token count is nearest to ``T`` (ties go to the smaller count)."""
-    best = min(table, key=lambda t: (abs(t - T), t))
-    return table[best]
-
-
-def current_device_name() -> Optional[str]:
-    import torch
-
-    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
-
-
-def tuned_table(E: int, I: int, K: int, quant: Optional[str],  # noqa: E741
-                device_name: Optional[str] = None) -> Optional[dict]:
-    """The tuned table of this layer on ``device_name`` (default: the current GPU), or None."""
-    device_name = device_name or current_device_name()
-    if device_name is None:
-        return None
-    return load_table(str(table_path(E, I, K, quant, device_name))) or None
-
-
-def get_config(T: int, E: int, top_k: int, I: int, K: int, quant: Optional[str],  # noqa: E741
-               device_name: Optional[str] = None) -> TritonConfig:
-    """The tuned config for this shape on this device when a table exists, else the heuristic."""
-    table = tuned_table(E, I, K, quant, device_name)
-    if table:
-        return lookup(table, T).resolved()
-    return default_config(T, E, top_k, quant)
-
-
-def rule_starts(E: int, top_k: int, I: int, K: int, quant: Optional[str],  # noqa: E741
-                device_name: Optional[str] = None) -> list[int]:
-    """The first T ≥ 1 of every bucket of :func:`get_config`'s rule for this layer.
-
-    With a tuned table, entry i (token counts k_0 < k_1 < …) is the nearest from the midpoint
-    ``(k_{i-1} + k_i) / 2`` (a tie goes to the smaller count) up to the next midpoint, so it
-    starts at ``⌊(k_{i-1} + k_i) / 2⌋ + 1``; without one, the heuristic's buckets of tokens per
-    expert (:func:`default_tiles`) start where :func:`moe_spec.plan.bucket_starts` says.
-    """
-    table = tuned_table(E, I, K, quant, device_name)
-    if not table:
-        return bucket_starts([bound for bound, _ in default_tiles(quant)], E, top_k)
-    keys = sorted(table)
-    return [1] + [(lo + hi) // 2 + 1 for lo, hi in zip(keys, keys[1:])]

@@ -44,11 +44,14 @@ FP8 W8A8 (``QUANT``: 0 bf16, 1 per-tensor, 2 per-channel, 3 128×128 block)
                    (BLOCK_K divides 128, so one K step never straddles a scale block)
 
 FP8 accumulation (``FP8_IMPRECISE_ACC``)
-    Hopper's FP8 WGMMA accumulates in fewer bits than fp32 and Triton (sm_90) does not promote by
-    default: 1.2–2.2 % relative L2 over K = 4096…14336 on the H200. Per config
-    (:class:`~triton_moe.config.TritonConfig` ``fp8_imprecise_acc``): 0 sums each K step's
-    ``tl.dot`` into the fp32 ``acc``; n > 0 passes ``max_num_imprecise_acc = n`` to the dot, and
-    Triton's WGMMA lowering promotes the partial sum to fp32 every n elements of K.
+    Hopper's FP8 WGMMA accumulates in fewer bits than fp32, and Triton (sm_90) does not promote the
+    partial sum to fp32 by default (notes/triton_moe.md, "FP8 promotion"). These kernels promote at
+    least every 128 of K, DeepSeek-V3's interval; :func:`fp8_imprecise_acc` sets the constexpr from
+    the tile. A K step of at most 128 adds its ``tl.dot`` into the fp32 ``acc`` (0); a deeper step
+    passes ``max_num_imprecise_acc = 128`` to the dot, and Triton's WGMMA lowering promotes every 128
+    of K inside it (one fp32 add per 256-deep step measured above the FP8 error bound:
+    notes/results/gpu_lane_h200_2026-12-02.md). Other intervals are a study
+    (``python -m triton_moe.lab.promotion``, on its own GEMM kernel).
 
 NaN and inf (see ``notes/numerics.md``)
     Three places in an FP8 pipeline drop a NaN silently and are written not to: an amax (IEEE
@@ -101,7 +104,7 @@ import triton.language as tl
 
 import moe_spec.quant
 import moe_spec.validate
-from moe_spec.quant import FORMATS
+from moe_spec.quant import FORMATS, get_format
 
 #: The ``QUANT`` constexpr of each contract format: its mode number in the registry.
 QUANT_MODE = {name: fmt.mode for name, fmt in FORMATS.items()}
@@ -116,6 +119,13 @@ FP8_BLOCK = tl.constexpr(moe_spec.quant.FP8_BLOCK)  # weight block / activation 
 #: The error-word bits the GEMMs set (moe_spec.validate.DATA_CHECKS).
 BAD_WEIGHT, BAD_W1_SCALE, BAD_W2_SCALE = (tl.constexpr(b) for b in (
     moe_spec.validate.BAD_WEIGHT, moe_spec.validate.BAD_W1_SCALE, moe_spec.validate.BAD_W2_SCALE))
+
+
+def fp8_imprecise_acc(block_k: int, quant) -> int:
+    """The ``FP8_IMPRECISE_ACC`` of a GEMM whose K steps are ``block_k`` deep under ``quant`` (the
+    module docstring, "FP8 accumulation"): 128 for an FP8 step deeper than 128, else 0."""
+    return moe_spec.quant.FP8_BLOCK if get_format(quant).quantized and block_k > moe_spec.quant.FP8_BLOCK else 0
+
 
 @triton.jit
 def _abs_bits(v):
@@ -163,7 +173,8 @@ def _mma(acc, a, w, SWAP_AB: tl.constexpr, INTERPRETER: tl.constexpr, FP8_IMPREC
 
     bf16 accumulates in the MMA itself. FP8 is promoted to fp32 as ``FP8_IMPRECISE_ACC`` says (see
     the module docstring): 0 adds each K step's product into ``acc``; n > 0 lets the WGMMA
-    accumulate into ``acc`` and Triton promote every n elements of K.
+    accumulate into ``acc`` and Triton promote every n elements of K (the kernels pass 128, for
+    steps deeper than that).
     """
     FP8: tl.constexpr = a.dtype == tl.float8e4nv
     if INTERPRETER:
@@ -347,7 +358,7 @@ def moe_gemm_kernel(
     FUSE_SILU: tl.constexpr,  # GEMM1: gate and up accumulators, SiLU(gate)·up epilogue
     MUL_ROUTED_WEIGHT: tl.constexpr,  # GEMM2: multiply by the routing weight before the down-cast
     QUANT: tl.constexpr,
-    FP8_IMPRECISE_ACC: tl.constexpr,  # FP8 promotion: 0 = fp32 add per K step, n = every n of K
+    FP8_IMPRECISE_ACC: tl.constexpr,  # FP8 promotion (fp8_imprecise_acc): 0 = fp32 add per K step, n = every n of K
     SWAP_AB: tl.constexpr,
     INTERPRETER: tl.constexpr,  # True only under TRITON_INTERPRET=1 (see the module docstring)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,

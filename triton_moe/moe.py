@@ -51,7 +51,7 @@ from moe_spec.validate import BAD_A1_SCALE, BAD_A2_SCALE, error_word, validate_m
 from triton_moe.align import MAX_EXPERTS, align_into, buffer_sizes
 from triton_moe.config import EARLY_ROUTING_MAX_K_STEPS, TritonConfig
 from triton_moe.jit import INTERPRET, launch
-from triton_moe.kernels import QUANT_MODE, moe_gemm_kernel
+from triton_moe.kernels import QUANT_MODE, fp8_imprecise_acc, moe_gemm_kernel
 from triton_moe.kernels_rows import AMAX_PARTS, amax_kernel, combine_kernel, quantize_kernel
 from triton_moe.kernels_tma import check_tma_operand, gemm_tma
 from triton_moe.plan import plan
@@ -103,8 +103,8 @@ def _gemm_constants(cfg: TritonConfig, quant, fuse_silu: bool, a_row_div: int, k
     Only GEMM1 splits K (``cfg.split_k``); only a short GEMM2 reads its routing early."""
     early = not fuse_silu and _cdiv(k, cfg.BLOCK_K) <= EARLY_ROUTING_MAX_K_STEPS
     return dict(A_ROW_DIV=a_row_div, FUSE_SILU=fuse_silu, MUL_ROUTED_WEIGHT=not fuse_silu, QUANT=QUANT_MODE[quant],
-                EARLY_ROUTING=early,
-                FP8_IMPRECISE_ACC=cfg.fp8_imprecise_acc, SWAP_AB=bool(cfg.swap_ab), INTERPRETER=INTERPRET,
+                EARLY_ROUTING=early, FP8_IMPRECISE_ACC=fp8_imprecise_acc(cfg.BLOCK_K, quant),
+                SWAP_AB=bool(cfg.swap_ab), INTERPRETER=INTERPRET,
                 BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
                 SPLIT_K=cfg.split_k if fuse_silu else 1, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
@@ -203,7 +203,7 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
 
     Backend options:
       ``config``   a :class:`~triton_moe.config.TritonConfig`; default: the tuned table for this
-                   shape and device, else the heuristic (:func:`~triton_moe.config.get_config`).
+                   shape and device, else the heuristic (:func:`~triton_moe.heuristic.get_config`).
       ``swap_ab``  force swap-AB on (True) or off (False); default: the config's rule.
 
     The arguments, then the options and this backend's limits (:func:`~triton_moe.plan.plan`), are

@@ -2,7 +2,7 @@
 
 :func:`plan` makes every decision of a ``fused_moe`` call on the host, before anything runs: the
 :class:`~triton_moe.config.TritonConfig` (given, or the tuned table / heuristic of
-:func:`~triton_moe.config.get_config`, with swap-AB forced or by the rule), checked against the
+:func:`~triton_moe.heuristic.get_config`, with swap-AB forced or by the rule), checked against the
 quant format and this backend's limits — so a call it refuses is refused whatever T (the
 empty-batch rule of :mod:`moe_spec.plan`). :func:`plans_for` lists every plan a layer can get.
 """
@@ -17,7 +17,8 @@ from typing import Optional
 from moe_spec.quant import check_quant
 from moe_spec.validate import MoEDims
 from triton_moe.align import check_num_experts
-from triton_moe.config import TritonConfig, get_config, mma_instruction, rule_starts
+from triton_moe.config import TritonConfig, mma_instruction
+from triton_moe.heuristic import get_config, rule_starts
 
 #: How far :func:`plans_for` looks by default (the largest batch the harness runs, doubled).
 MAX_TOKENS = 8192
@@ -106,7 +107,7 @@ def plans_for(E: int, K: int, I: int, top_k: int, quant: Optional[str] = None,  
               max_tokens: int = MAX_TOKENS, **options) -> tuple[LayerPlan, ...]:
     """Every distinct plan this layer gets for T = 1 … ``max_tokens`` on this device (with the same
     ``options``), in order of T: the plan at the first T of each bucket of the config rule
-    (:func:`~triton_moe.config.rule_starts`)."""
+    (:func:`~triton_moe.heuristic.rule_starts`)."""
     starts = [1] if options.get("config") is not None else rule_starts(E, top_k, I, K, quant)
     plans = [plan(MoEDims(T=T, E=E, K=K, I=I, top_k=top_k), quant, **options) for T in starts if T <= max_tokens]
     return tuple(dict.fromkeys(plans))

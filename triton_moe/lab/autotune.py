@@ -5,7 +5,7 @@
 For every token count the candidates of its regime (decode: tokens per expert ≤ 32, 16/32-row
 tiles; prefill: 64/128-row tiles) are timed with :func:`moe_spec.timing.time_cuda_graph` over the
 expert computation (alignment excluded, cold L2), the fastest kept, and the table written as
-``configs/E=…,N=…,K=…,dtype=…,device=….json`` (see :mod:`triton_moe.config`). A tqdm bar shows
+``configs/E=…,N=…,K=…,dtype=…,device=….json`` (see :mod:`triton_moe.heuristic`). A tqdm bar shows
 progress; ``--budget-s`` stops early and keeps what was measured (the heuristic covers the rest).
 
 The candidates vary the tile, the pipeline depth and the warps, never the swap-AB path: each
@@ -26,7 +26,8 @@ from pathlib import Path
 from moe_spec.plan import tokens_per_expert
 from moe_spec.quant import FORMATS, get_format
 from moe_spec.runinfo import command_line
-from triton_moe.config import TritonConfig, current_device_name, default_config, table_path
+from triton_moe.config import TritonConfig
+from triton_moe.heuristic import current_device_name, default_config, table_path
 
 
 def candidates(T: int, E: int, top_k: int, quant) -> list[TritonConfig]:

@@ -1,14 +1,14 @@
 """Benchmark of the Triton backend on the GPU: target table, swap-AB sweep, alignment, tuning.
 
     python -m triton_moe.lab.bench --out notes/results [--deadline-s 240] [--tune] [--no-swap]
-    python -m triton_moe.lab.bench --out notes/results --fp8-acc     # only the FP8 accumulation study
 
 What is timed is the full expert computation — amax, GEMM1 + SiLU·up, GEMM2 × routing weight,
 combine — with the alignment excluded (timed on its own), CUDA-graph replayed over rotated input
 sets so that every call starts with its weights out of L2 (:func:`moe_spec.timing.time_cuda_graph`).
 Each row also gives the roofline floor of :func:`moe_spec.timing.roofline` for the same bytes and
 FLOPs, measured against this run's ceilings. Sections run in priority order and the JSON and
-Markdown files are rewritten after each, so a deadline cuts the tail, never the whole run.
+Markdown files are rewritten after each, so a deadline cuts the tail, never the whole run. The FP8
+accumulation study is ``python -m triton_moe.lab.promotion``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from moe_spec.problem import get_shape
 from moe_spec.runinfo import command_line, require_cuda, run_info
 from moe_spec.quant import get_format
 from moe_spec.timing import measure_ceilings
-from triton_moe.config import tokens_per_expert
+from moe_spec.plan import tokens_per_expert
 from triton_moe.lab.workload import Problem, drop_weights
 
 #: (shape, quant, T, target µs) — the project's performance targets (the README's results table).
@@ -38,11 +38,6 @@ TARGETS = [
 #: swap-AB sweep: tokens per expert 1 … 32 (and 64, past the rule's edge) on three (shape, dtype)s.
 SWAP_SWEEP = [("mixtral-8x7b", None), ("mixtral-8x7b", "fp8_tensor"), ("deepseek-v3:tp8", None)]
 SWAP_TPE = [1, 2, 4, 8, 16, 32, 64]
-#: FP8 accumulation study (--fp8-acc): fp8_tensor decode and prefill rows, each with its table config
-#: (and, in prefill, one more pipeline stage, which E4M3 A tiles leave room for) under both promotion
-#: variants — fp32 add per K step (fp8_imprecise_acc = 0) and Triton's (= BLOCK_K) — timed and checked.
-FP8_ACC_ROWS = [("mixtral-8x7b", 8, 330), ("mixtral-8x7b", 4096, 2800),
-                ("deepseek-v3:tp8", 8, None), ("deepseek-v3:tp8", 4096, 800)]
 
 
 def _write(out: Path, results: dict):
@@ -62,13 +57,6 @@ def _write(out: Path, results: dict):
         for r in results["swap"]:
             lines.append(f"| {r['shape']} | {r['dtype']} | {r['T']} | {r['tokens_per_expert']:g} | {r['tile']} "
                          f"| {r['swap_us']:.1f} | {r['noswap_us']:.1f} | {r['speedup']:.2f} |")
-    if results.get("fp8_acc"):
-        lines += ["", "FP8 accumulation (fp8_tensor): promotion every K step in fp32 (imprecise 0) or by "
-                  "Triton's WGMMA lowering every n of K (imprecise n).", "",
-                  "| shape | T | config | imprecise | µs | target µs | rel L2 | bit-identical |", "|---|---|---|---|---|---|---|---|"]
-        for r in results["fp8_acc"]:
-            lines.append(f"| {r['shape']} | {r['T']} | {r['config']} | {r['fp8_imprecise_acc']} | {r['us']:.1f} "
-                         f"| {r['target_us'] or '–'} | {r['rel_l2']:.2e} | {r['bit_identical']} |")
     if results["tuned"]:
         lines += ["", "Tuning (best candidate per token count):", "",
                   "| shape | dtype | T | best config | µs | heuristic µs |", "|---|---|---|---|---|---|"]
@@ -89,7 +77,6 @@ def main(argv=None):
     p.add_argument("--deadline-s", type=float, default=1e9)
     p.add_argument("--tune", action="store_true", help="also tune the target shapes (tables to --out)")
     p.add_argument("--no-swap", action="store_true", help="skip the swap-AB sweep")
-    p.add_argument("--fp8-acc", action="store_true", help="run only the FP8 accumulation study (FP8_ACC_ROWS)")
     p.add_argument("--commit", default=None, help="git commit to record (when the checkout has no .git)")
     a = p.parse_args(argv)
     require_cuda(prog)
@@ -98,25 +85,9 @@ def main(argv=None):
     out = Path(a.out)
     ceilings = measure_ceilings()
     results = {**run_info(command_line(prog, argv), cuda=True, commit=a.commit), "ceilings": ceilings.as_dict(),
-               "targets": [], "swap": [], "tuned": [], "fp8_acc": []}
+               "targets": [], "swap": [], "tuned": []}
 
-    for spec, T, target in FP8_ACC_ROWS if a.fp8_acc else []:
-        prob = Problem(get_shape(spec), T, "fp8_tensor")
-        table = prob.config()
-        tiles = [table] + ([replace(table, num_stages=table.num_stages + 1)] if table.BLOCK_M >= 64 else [])
-        for cfg in [replace(c, fp8_imprecise_acc=n) for c in tiles for n in (0, c.BLOCK_K)]:
-            if left() < 0 or not cfg.fits("fp8_tensor"):
-                continue
-            check = prob.check(cfg)
-            us = prob.time(cfg)
-            results["fp8_acc"].append({"shape": spec, "T": T, "config": _tile(cfg), "target_us": target,
-                                       "fp8_imprecise_acc": cfg.fp8_imprecise_acc, "us": us, **check})
-            print(f"fp8acc {spec:16s} T={T:5d} {_tile(cfg):24s} imprecise={cfg.fp8_imprecise_acc:3d} {us:9.1f} µs "
-                  f"rel L2 {check['rel_l2']:.2e}", flush=True)
-            _write(out, results)
-        drop_weights()
-
-    for spec, quant, T, target in [] if a.fp8_acc else TARGETS:
+    for spec, quant, T, target in TARGETS:
         if left() < 0:
             break
         prob = Problem(get_shape(spec), T, quant)
@@ -129,7 +100,7 @@ def main(argv=None):
         _write(out, results)
     drop_weights()
 
-    for spec, quant in [] if a.no_swap or a.fp8_acc else SWAP_SWEEP:
+    for spec, quant in [] if a.no_swap else SWAP_SWEEP:
         shape = get_shape(spec)
         for tpe in SWAP_TPE:
             if left() < 0:

@@ -7,7 +7,7 @@ GEMM2 multiplies the intermediate [P, I] by W2ᵀ (W2 [E, K, I]): half of GEMM1'
 reduction is only I long (256 at DeepSeek-V3 under TP8: 2–4 K steps per 64/128-deep tile) and it
 keeps one accumulator where GEMM1 keeps two, so the tile the shipped table chose for both GEMMs
 (BLOCK_M is the alignment tile and stays shared) need not be GEMM2's best. For each cell below the
-study takes the shipped config (:func:`triton_moe.config.get_config` on this device), runs the
+study takes the shipped config (:func:`triton_moe.heuristic.get_config` on this device), runs the
 layer once per input set to get GEMM2's real operand (the intermediate, quantized under FP8, for
 the layer's routing: :class:`triton_moe.lab.workload.Problem`), and times
 :func:`triton_moe.moe.gemm2` alone — CUDA-graph replay over the rotated input sets (cold L2),
@@ -224,7 +224,7 @@ def write_tables(results: dict, out: Path) -> dict:
     ``out/tables/`` ({file name: JSON body}); the measurement and command beside them."""
     from moe_spec.problem import get_shape
     from moe_spec.quant import FORMATS
-    from triton_moe.config import current_device_name, table_path
+    from triton_moe.heuristic import current_device_name, table_path
 
     bodies = {}
     for c in results["cells"]:

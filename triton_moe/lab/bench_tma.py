@@ -78,7 +78,7 @@ def _oracle_rows(quants) -> list:
     from moe_spec.problem import MoEShape, get_shape, make_inputs
     from moe_spec.quant import get_format
     from triton_moe import fused_moe
-    from triton_moe.config import get_config
+    from triton_moe.heuristic import get_config
 
     # Mixtral-8x7B's E and top_k, and its T = 4096 config: the binaries compiled here are the ones
     # its rows run (N, K and E only specialize on divisibility by 16, equal here)

@@ -6,21 +6,23 @@ the partial sum is added into an fp32 register. Measured for n in :data:`INTERVA
 2**30, Triton's FP8 default on sm_90) under fp8_tensor and fp8_block:
 
 * accuracy — one FP8 GEMM [M, K] × [N, K]ᵀ, M = N = 256, K = 1024 … 16384, fp32 out, run by
-  :func:`promotion_gemm_kernel` (the layer's ``moe_gemm_kernel`` takes n ≤ BLOCK_K only), against
+  :func:`promotion_gemm_kernel` (the layer's kernels promote by a fixed rule), against
   the fp64 product of the *dequantized* E4M3 operands — the W8A8 model exactly, so the rel L2 is
   the accumulation's error alone. A GEMM, not the layer: the layer's error also holds the
   re-quantization of its intermediate (a ~4e-3 floor, ``notes/triton_moe.md``) and two K at once.
-* cost — the same kernel at M = N = 4096, K = 8192 (GEMM µs), and the whole layer
-  (``triton_moe.fused_moe``, Mixtral-8x7B at T = 4096: GEMM1's K = 4096, GEMM2's K = 14336) with its
-  config's ``fp8_imprecise_acc = n`` for each n a TritonConfig takes (≤ BLOCK_K), CUDA-graph replays
-  over rotated input sets (:func:`moe_spec.timing.time_cuda_graph`), and its rel L2 against the oracle.
+* cost — the same kernel at M = N = 4096, K = 8192 (GEMM µs), and the whole layer as it runs
+  (``triton_moe.fused_moe``, Mixtral-8x7B at T = 4096: GEMM1's K = 4096, GEMM2's K = 14336), in the
+  row of the interval its kernels use (:func:`triton_moe.kernels.fp8_imprecise_acc`: each K step of
+  at most 128, n = 0, else every 128 of K), CUDA-graph replays over rotated input sets
+  (:func:`moe_spec.timing.time_cuda_graph`), and its rel L2 against the oracle. The layer has no
+  other interval; the others are this GEMM's.
 
-Each n (BLOCK_K = 128): 0 — ``acc += tl.dot(a, w)`` per K step (the layer's default); ≤ 128 —
+Each n (BLOCK_K = 128): 0 — ``acc += tl.dot(a, w)`` per K step (the layer's); ≤ 128 —
 ``tl.dot(a, w, acc, max_num_imprecise_acc=n)``; 256, 512 — a partial accumulator through n/128
 dots, then one fp32 add; never — ``tl.dot(a, w, acc)``. 0 and 128 are one program after ptxas
 (``notes/triton_moe.md``, "FP8 promotion"); fp8_block's scales change every 128 of K, so n > 128 is
 "n/a" for it. The command prints, per format, the largest interval with rel L2 ≤ 1e-2 at every K
-measured up to the catalog's largest GEMM K, and the largest a TritonConfig takes. Writes
+measured up to the catalog's largest GEMM K, and the largest within one K step (n ≤ 128). Writes
 ``promotion.md`` and ``.json`` to ``--out`` (new or empty) after every part; bad options and a used
 ``--out`` are refused in one line before any GPU work."""
 
@@ -31,7 +33,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -241,8 +243,9 @@ def gemm_cost(rows: list, quant: str, env: Env, deadline: float) -> None:
 
 
 def layer_cost(rows: list, quant: str, env: Env, deadline: float) -> dict:
-    """``layer_us`` and ``layer_rel_l2`` of each row whose n the layer's config takes (n ≤ BLOCK_K);
-    fp8_block's layer promotes every K step whatever n, so it is timed once (n = 0)."""
+    """``layer_us`` and ``layer_rel_l2`` of the layer as it runs, in the row of the interval its
+    kernels use for its config's BLOCK_K (:func:`triton_moe.kernels.fp8_imprecise_acc`)."""
+    from triton_moe.kernels import fp8_imprecise_acc
     from triton_moe.moe import fused_moe
     from triton_moe.plan import plan
     shape, T = env.layer_shape(), env.layer_T
@@ -250,32 +253,28 @@ def layer_cost(rows: list, quant: str, env: Env, deadline: float) -> dict:
     n_sets = sets_for_cold_l2(per_set)
     sets = [make_inputs(shape, T, quant, seed=i, device=env.device, weights_bf16=draw_weights(shape, i, env.device))
             for i in range(n_sets)]
-    base = plan(MoEDims(T=T, E=shape.num_experts, K=shape.hidden, I=shape.intermediate, top_k=shape.top_k),
-                quant).config
+    cfg = plan(MoEDims(T=T, E=shape.num_experts, K=shape.hidden, I=shape.intermediate, top_k=shape.top_k),
+               quant).config
     ref = oracle(**sets[0].kwargs())
-    info = {"shape": shape.label, "T": T, "config": {k: v for k, v in base.as_dict().items() if k != "fp8_imprecise_acc"},
-            "input_sets": n_sets}
-    for row in rows:
-        n = row["n"]
-        if n > base.BLOCK_K or (get_format(quant).scales_along_k and n != 0):
-            continue
-        if time.monotonic() >= deadline:
-            row["layer_us"] = "skipped: time budget spent"
-            continue
-        cfg = replace(base, fp8_imprecise_acc=n)
-        try:
-            row["layer_rel_l2"] = rel_l2(fused_moe(**sets[0].kwargs(), config=cfg), ref)
-            call = lambda i, cfg=cfg: (lambda: fused_moe(**sets[i].kwargs(), config=cfg))  # noqa: E731
-            row["layer_us"] = env.time(call, n_sets, **TIMING).median_us
-        except Exception as exc:  # noqa: BLE001
-            row["layer_us"] = _status(exc)
-            env.sync()
+    n = fp8_imprecise_acc(cfg.BLOCK_K, quant)
+    info = {"shape": shape.label, "T": T, "config": cfg.as_dict(), "n": n, "input_sets": n_sets}
+    row = next(r for r in rows if r["n"] == n)
+    if time.monotonic() >= deadline:
+        row["layer_us"] = "skipped: time budget spent"
+        return info
+    try:
+        row["layer_rel_l2"] = rel_l2(fused_moe(**sets[0].kwargs(), config=cfg), ref)
+        call = lambda i: (lambda: fused_moe(**sets[i].kwargs(), config=cfg))  # noqa: E731
+        row["layer_us"] = env.time(call, n_sets, **TIMING).median_us
+    except Exception as exc:  # noqa: BLE001
+        row["layer_us"] = _status(exc)
+        env.sync()
     return info
 
 
 def verdict(rows: list, quant: str, ks, tol: float, max_k: int) -> dict:
     """The largest interval with rel L2 ≤ ``tol`` at every K measured up to the first K ≥ ``max_k``,
-    and the largest a TritonConfig takes (≤ BLOCK_K)."""
+    and the largest within one K step (n ≤ BLOCK_K: what the layer's K step promotes within)."""
     ks = sorted(ks)
     judged = [k for k in ks if k <= max_k] + [k for k in ks if k >= max_k][:1]
     passing = [r for r in rows if r["quant"] == quant and judged
@@ -342,7 +341,7 @@ def verdict_lines(result: dict) -> list[str]:
         largest = "none" if v["largest"] is None else f"{v['largest']} of K (n = {' or '.join(v['largest_ns'])})"
         config = "none" if v["config_largest"] is None else f"{v['config_largest']} (n = {' or '.join(v['config_ns'])})"
         out.append(f"- {v['quant']}: the largest interval with rel L2 ≤ {v['tolerance']:g} at K = {ks}: {largest}; "
-                   f"the largest a TritonConfig takes: {config}{gap}")
+                   f"the largest within one K step: {config}{gap}")
     return out
 
 
@@ -354,7 +353,7 @@ def to_markdown(result: dict) -> str:
              f"fp32 out, tile {m['block'][0]}×{m['block'][1]}×{m['block'][2]}) against the fp64 product of the "
              "dequantized E4M3 operands: the accumulation's error alone; n/a: fp8_block promotes every 128 of K",
              f"- GEMM µs: the same kernel at M, N, K = {', '.join(map(str, m['time_gemm']))}; layer µs: "
-             "`triton_moe.fused_moe` with its config and `fp8_imprecise_acc = n` (n a TritonConfig takes), layer rel "
+             "`triton_moe.fused_moe` as it runs, in the row of the interval its kernels use; layer rel "
              "L2 against `moe_spec.oracle`; both CUDA-graph replays over rotated input sets (cold L2), median", ""]
     for quant, info in result["layer"].items():
         lines.insert(-1, f"- layer ({quant}): " + (info["status"] if "status" in info else

@@ -10,7 +10,7 @@ from moe_spec.problem import draw_weights, route
 from moe_spec.quant import get_format, quantize_weight
 from moe_spec.timing import moe_traffic, roofline, sets_for_cold_l2, time_cuda_graph
 from triton_moe.align import align_block_size
-from triton_moe.config import get_config
+from triton_moe.heuristic import get_config
 from triton_moe.moe import expert_computation, fused_moe
 
 
