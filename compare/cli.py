@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import sys
 
 from compare import report, results, userkernel
 from compare.backends import BACKEND_NAMES, HF_BACKENDS
@@ -39,54 +37,18 @@ from compare.report import OUTPUT_FILES
 from compare.results import ResultsError
 from compare.suite import run_suite
 from compare.tables import banner
-from moe_spec.problem import CATALOG, get_shape
+from moe_spec.problem import CATALOG
 from moe_spec.quant import QUANT_FORMATS
 from moe_spec.runinfo import command_line
+from moe_spec.studyout import Parser, UsageError, number, positive_ints, run_command, shape_labels, split_list
 
 PROG = "python -m compare"
 QUANT_CHOICES = ("bf16",) + tuple(q for q in QUANT_FORMATS if q is not None)
 SEED_LIMIT = 2**32
 
 
-class UsageError(Exception):
-    """Bad command-line input: reported as one line, exit status 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # argparse prints usage + error; we want one line, no traceback
-        raise UsageError(message)
-
-
-def _split(option: str, text: str) -> list[str]:
-    items = [s.strip() for s in text.split(",")]
-    if not text.strip() or any(not s for s in items):
-        raise UsageError(f"{option}: empty item in list {text!r}")
-    return items
-
-
-def parse_shapes(text: str) -> tuple:
-    """Catalog labels, canonical ("QWEN3-30B-A3B" and "qwen3-30b-a3b:tp1" are "qwen3-30b-a3b"), no repeats."""
-    labels = []
-    for s in _split("--shapes", text):
-        try:
-            labels.append(get_shape(s).label)
-        except ValueError as exc:
-            raise UsageError("--shapes: " + str(exc).removeprefix("shape: ")) from None
-    return tuple(dict.fromkeys(labels))
-
-
-def parse_tokens(text: str) -> tuple:
-    """Positive integers ("08" is 8), no repeats, in the order given."""
-    tokens = []
-    for s in _split("--tokens", text):
-        if not s.isdigit() or int(s) < 1:
-            raise UsageError(f"--tokens: bad token count {s!r} in {text!r}: expected positive integers, e.g. 1,8,32")
-        tokens.append(int(s))
-    return tuple(dict.fromkeys(tokens))
-
-
 def parse_quants(text: str) -> tuple:
-    names = list(QUANT_CHOICES) if text.strip().lower() == "all" else [q.lower() for q in _split("--quant", text)]
+    names = list(QUANT_CHOICES) if text.strip().lower() == "all" else [q.lower() for q in split_list("--quant", text)]
     for q in names:
         if q not in QUANT_CHOICES:
             raise UsageError(f"--quant: unknown quant format {q!r}; known: {', '.join(QUANT_CHOICES)} (or 'all')")
@@ -99,7 +61,7 @@ def parse_backends(text: str) -> tuple:
     if text.strip().lower() == "all":
         return BACKEND_NAMES
     names = []
-    for b in _split("--backends", text):
+    for b in split_list("--backends", text):
         if userkernel.known_name(b):
             names.append(b.lower())
         elif userkernel.looks_like_kernel(b):
@@ -114,16 +76,6 @@ def parse_backends(text: str) -> tuple:
     return tuple(dict.fromkeys(names))
 
 
-def _number(option: str, text: str, *, lowest: float, allow_lowest: bool, what: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < lowest or (value == lowest and not allow_lowest):
-        raise UsageError(f"{option}: expected {what}, got {text!r}")
-    return value
-
-
 def parse_seed(text: str) -> int:
     s = text.strip()
     if not s.isdigit() or int(s) >= SEED_LIMIT:
@@ -132,7 +84,7 @@ def parse_seed(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description=__doc__.split("\n\n")[0].replace("``", ""),
+    p = Parser(prog=PROG, description=__doc__.split("\n\n")[0].replace("``", ""),
                 formatter_class=argparse.RawDescriptionHelpFormatter,
                 epilog="Shapes: " + ", ".join(CATALOG)
                 + " (append :tpN for a tensor-parallel shard). Numerics tolerance policy: notes/numerics.md.")
@@ -180,15 +132,15 @@ def build_parser() -> argparse.ArgumentParser:
 def _parse(argv: list) -> argparse.Namespace:
     """Every option checked and normalized (UsageError otherwise); nothing imported or run yet."""
     args = build_parser().parse_args(argv)
-    args.shapes = parse_shapes(args.shapes)
+    args.shapes = shape_labels("--shapes", args.shapes)
     args.quant = parse_quants(args.quant)
     args.backends = parse_backends(args.backends)
-    args.tokens = parse_tokens(args.tokens) if args.tokens is not None else None
+    args.tokens = positive_ints("--tokens", args.tokens) if args.tokens is not None else None
     args.seed = parse_seed(args.seed)
-    args.outlier_expert = _number("--outlier-expert", args.outlier_expert, lowest=0.0, allow_lowest=True,
+    args.outlier_expert = number("--outlier-expert", args.outlier_expert, lowest=0.0, allow_lowest=True,
                                   what="a finite factor > 0 (or 0: no outlier)")
     if args.time_budget is not None:
-        args.time_budget = _number("--time-budget", args.time_budget, lowest=0.0, allow_lowest=False,
+        args.time_budget = number("--time-budget", args.time_budget, lowest=0.0, allow_lowest=False,
                                    what="a finite number of seconds > 0 (leave it out for no budget)")
     return args
 
@@ -209,7 +161,16 @@ def _router_table(result: dict, path: str) -> tuple:
     return json.dumps(table, indent=1) + "\n", f"router table ({len(table['entries'])} cases) written to {path}"
 
 
-def _run(args, argv: list, outputs: Outputs) -> int:
+def _run(args, argv: list) -> int:
+    """The run or the merge, staged beside ``--out`` and moved into place; a run stopped early leaves no
+    staging directory behind."""
+    try:
+        return _run_staged(args, argv, args.outputs)
+    finally:
+        args.outputs.discard()
+
+
+def _run_staged(args, argv: list, outputs: Outputs) -> int:
     if args.merge:
         result = results.merge([results.load(path) for path in args.merge])
         outputs.stage()
@@ -249,24 +210,18 @@ def _run(args, argv: list, outputs: Outputs) -> int:
     return 1 if (found and args.strict) else 0
 
 
+def _start(argv: list) -> argparse.Namespace:
+    """The options (:func:`_parse`) and the output targets checked (``args.outputs``), before any work."""
+    args = _parse(argv)
+    args.outputs = Outputs(args.out, OUTPUT_FILES, args.write_router).check()
+    return args
+
+
+def _interrupted(args: argparse.Namespace) -> str:
+    if args.outputs.committed:
+        return f"the report was already written to {args.outputs.out}"
+    return "nothing written, the output directory is as it was"
+
+
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    outputs = None
-    try:
-        args = _parse(argv)
-        outputs = Outputs(args.out, OUTPUT_FILES, args.write_router).check()
-        return _run(args, argv, outputs)
-    except (UsageError, OutputError, ResultsError) as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:  # stdout closed early (`| head`): the report is written; no traceback
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
-    except KeyboardInterrupt:
-        done = outputs is not None and outputs.committed
-        print(f"{PROG}: interrupted (Ctrl-C); " + (f"the report was already written to {outputs.out}" if done
-              else "nothing written, the output directory is as it was"), file=sys.stderr)
-        return 130
-    finally:
-        if outputs is not None:
-            outputs.discard()
+    return run_command(PROG, argv, _start, _run, interrupted=_interrupted, errors=(OutputError, ResultsError))
