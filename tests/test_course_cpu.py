@@ -248,3 +248,59 @@ def test_08_sort_by_expert_pads_every_run():
     assert len(set(rows.tolist())) == len(experts)
     for t, e in enumerate(experts.tolist()):  # every token lands in a block of its own expert
         assert block_expert[rows[t] // tile] == e
+
+
+# ---- the figures: drawn from the steps, held to them --------------------------------------------
+FIGURES = COURSE.parent / "notes" / "figures" / "course"
+
+
+@pytest.fixture(scope="module")
+def figures():
+    return step("figures").generate()
+
+
+def test_figures_are_current(figures):
+    for name, text in figures.items():
+        assert (FIGURES / name).read_text() == text, f"{name} is stale: run python course/figures.py"
+
+
+def marks(svg: str, attr: str) -> list[dict]:
+    """Every element carrying ``data-<attr>``, as a dict of its data attributes (ints where numeric)."""
+    out = []
+    for tag in re.findall(rf"<rect[^>]*data-{attr}=[^>]*>", svg):
+        d = dict(re.findall(r'data-([\w-]+)="([^"]*)"', tag))
+        out.append({k: int(v) if re.fullmatch(r"-?\d+", v) else v for k, v in d.items()})
+    return out
+
+
+def test_ring_parity_figure_reads_back(figures):
+    cells = marks(figures["ring_parity.svg"], "k")
+    assert len(cells) == 12
+    for c in cells:  # independent of ring_position: the k-th use of a slot, counted
+        uses = sum(1 for j in range(c["k"]) if j % 4 == c["slot"])
+        assert c["slot"] == c["k"] % 4 and c["consumer"] == uses % 2 and c["producer"] == 1 - uses % 2
+
+
+def test_descriptor_figure_reads_back(figures):
+    svg = figures["descriptor.svg"]
+    value = int(re.search(r'data-value="(\d+)"', svg).group(1))
+    bits = marks(svg, "bit")
+    assert sum(b["on"] << b["bit"] for b in bits) == value
+    assert {f["field"]: (f["lo"], f["width"]) for f in marks(svg, "field")} == {
+        "start address": (0, 14), "leading dimension byte offset": (16, 14), "stride dimension byte offset": (32, 14),
+        "base offset": (49, 3), "swizzle mode": (62, 2)}
+
+
+def test_register_pool_figure_reads_back(figures):
+    parts = marks(figures["register_pool.svg"], "part")
+    launch = sum(p["registers"] for p in parts if p["row"] == "at launch")
+    after = sum(p["registers"] for p in parts if p["row"] == "after setmaxnreg")
+    assert after == 40 * 128 + 232 * 256 <= launch <= 65536
+
+
+def test_tile_walk_figure_reads_back(figures):
+    tiles = marks(figures["tile_walk.svg"], "tile")
+    assert sorted((t["m"], t["n"]) for t in tiles) == [(m, n) for m in range(10) for n in range(6)]
+    for t in tiles:
+        assert t["cta"] == t["tile"] % 7
+        assert (t["tile"] // (4 * 6)) * 4 <= t["m"] < (t["tile"] // (4 * 6)) * 4 + 4  # inside its group
