@@ -40,6 +40,7 @@ import torch
 from compare import timed
 from compare.backends import load_backend
 from compare.cases import Budget
+from compare.status import TARGETS  # the speed targets (one table: the status tables read it too)
 from moe_spec import runinfo, studyout
 from moe_spec.problem import draw_weights, get_shape, make_inputs
 from moe_spec.quant import FORMATS
@@ -55,24 +56,6 @@ WARMUP_CALLS = 3
 QUICK_CELLS = 4
 PROFILE_RESERVE_S = 3.0  # of --time-budget, per cell, kept for phase 2 (rebuild, warm-up, profile)
 NAME_WIDTH = 60
-
-#: The speed targets, CUDA-graph µs of one layer call on an H200: (format, backend, shape) -> {T: µs}.
-TARGETS = {
-    ("bf16", "cute_moe", "qwen3-30b-a3b"): {1: 45, 8: 140, 128: 300, 4096: 750},
-    ("bf16", "cute_moe", "deepseek-v3:tp8"): {1: 55, 32: 450, 1024: 850, 4096: 1250},
-    ("bf16", "cute_moe", "mixtral-8x7b"): {128: 700, 4096: 4500},
-    ("bf16", "triton_moe", "mixtral-8x7b"): {128: 700, 4096: 4800},
-    ("bf16", "triton_moe", "qwen3-30b-a3b"): {1: 38, 4096: 700},
-    ("bf16", "triton_moe", "deepseek-v3:tp8"): {1: 48, 4096: 1100},
-    ("fp8_tensor", "triton_moe", "mixtral-8x7b"): {128: 420, 4096: 2900},
-    ("fp8_tensor", "triton_moe", "qwen3-30b-a3b"): {4096: 520},
-    ("fp8_tensor", "triton_moe", "deepseek-v3:tp8"): {1: 50, 4096: 950},
-    ("fp8_tensor", "cute_moe", "mixtral-8x7b"): {4096: 2900},
-    ("fp8_tensor", "cute_moe", "qwen3-30b-a3b"): {4096: 560},
-    ("fp8_tensor", "cute_moe", "deepseek-v3:tp8"): {4096: 1000},
-    ("fp8_block", "cute_moe", "deepseek-v3:tp8"): {4096: 1100},
-    ("fp8_channel", "cute_moe", "mixtral-8x7b"): {4096: 3000},
-}
 
 #: Kernel name -> stage: the first rule with a word in the name's core (:func:`stage_of`, lower
 #: case) wins, else "other". The core drops the mangled arguments of a CuTe DSL name and a C++
