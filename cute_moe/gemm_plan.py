@@ -1,32 +1,29 @@
-"""What a :class:`~cute_moe.config.GemmConfig` becomes at compile time: the tiled MMA, the
-shared-memory layouts of the rings and of the epilogue, and the bytes of one ring stage.
+"""What a :class:`~cute_moe.config.GemmConfig` becomes at compile time: the host side of the grouped
+GEMM's launch (:mod:`cute_moe.gemm`).
 
-:class:`KernelPlan` is built inside a jit context (``GroupedGemm.__call__`` in ``gemm.py`` compiles
-the kernel from it; ``layouts.describe`` reads the same objects back as plain data).
+:class:`KernelPlan` holds the tiled MMA, the shared-memory layouts of the operand ring and of the
+epilogue's staging buffers, the bytes of one ring stage and the TMA atoms.  It is built inside a jit
+context: ``GroupedGemm.__call__`` launches the kernel from it, and ``layouts.describe`` reads the very
+same objects back as plain data (the notes and tests print those).  (No ``from __future__ import
+annotations`` here: ``cute.struct`` reads its field annotations as objects.)
 """
 
-import os
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90
+from cutlass.cute.nvgpu import cpasync
+from cutlass.tensor_utils import LayoutEnum
 
-os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-
-import cutlass  # noqa: E402
-import cutlass.cute as cute  # noqa: E402
-import cutlass.utils.hopper_helpers as sm90  # noqa: E402
-from cutlass.tensor_utils import LayoutEnum  # noqa: E402
-
-from .config import GemmConfig  # noqa: E402
+from .config import GemmConfig
+from .gemm import GroupedGemm
 
 DSL_DTYPES = {"bfloat16": cutlass.BFloat16, "float8_e4m3fn": cutlass.Float8E4M3FN, "float32": cutlass.Float32}
 """GemmConfig's dtype names → the DSL's element types."""
 
 
 class KernelPlan:
-    """Compile-time objects derived from a config (built inside a jit context).
-
-    ``GroupedGemm.__call__`` and ``layouts.describe`` both construct a ``KernelPlan``, so the
-    layout data the notes print is made from the very objects the kernel uses — including
-    ``stage_bytes``, the transaction count of the ring's *full* barriers.
-    """
+    """Compile-time objects derived from a config (built inside a jit context), including
+    ``stage_bytes``, the transaction count of the ring's *full* barriers."""
 
     def __init__(self, cfg: GemmConfig):
         self.cfg = cfg
@@ -63,6 +60,21 @@ class KernelPlan:
         self.stage_bytes = ((0 if cfg.gather_rows else cute.size_in_bytes(dtype, self.x_smem_one))
                             + cute.size_in_bytes(dtype, self.w_smem_one) * (2 if cfg.gated else 1))
 
+    def tma_atoms(self, x: cute.Tensor, w: cute.Tensor, c: cute.Tensor) -> tuple:
+        """(atom, coordinate tensor) of each TMA copy, flattened: the token load (box: one ring slot
+        of x), the weight load, its multicast twin (``cluster = 2``: half the box into both CTAs of a
+        cluster; else the weight load again) and the store of C (box: one epilogue sub-tile)."""
+        cfg = self.cfg
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        tma_x = cpasync.make_tiled_tma_atom(g2s, x, self.x_smem_one, (cfg.tokens_tile, cfg.tile_k))
+        tma_w = cpasync.make_tiled_tma_atom(g2s, w, self.w_smem_one, (cfg.weights_tile, cfg.tile_k))
+        tma_c = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), c, self.epi_smem_one, cfg.epi_tile)
+        tma_wm = tma_w
+        if cfg.cluster > 1:
+            tma_wm = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SMulticastOp(), w, self.w_smem_one,
+                                                 (cfg.weights_tile, cfg.tile_k), num_multicast=cfg.cluster)
+        return (*tma_x, *tma_w, *tma_wm, *tma_c)
+
     def shared_storage(self):
         """The kernel's shared memory as a struct: the ring's full and empty mbarriers, the A and B
         rings, the epilogue's staging buffers and — gated — the up ring beside the weight ring (the
@@ -85,3 +97,49 @@ class KernelPlan:
             sU: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(self.w_smem_staged)], 1024]
 
         return GatedSharedStorage if cfg.gated else SharedStorage
+
+
+class GemmLaunch:
+    """The compiled function of one configuration (``cute.compile(GemmLaunch(cfg, num_ctas), ...)``): its
+    ``__call__`` builds the :class:`KernelPlan` and the TMA atoms and launches the kernel
+    (:class:`cute_moe.gemm.GroupedGemm`) on a persistent grid of ``num_ctas`` CTAs, whole clusters.
+
+    Arguments of the compiled function (all device tensors; shapes are dynamic):
+        x            bf16 / E4M3 [M_pad, K]     sorted, padded tokens (K-major)
+        w            bf16 / E4M3 (N_out, K, E)  the expert weights [E, N_out, K] viewed N, K, E
+                     gated: bf16 (I, K, 2, E), W1 [E, 2I, K] viewed as its gate (0) and up (1) halves
+        c            out_dtype [M_pad, N_out] (normal) or its transpose view (N_out, M_pad) (swap-AB)
+        block_expert int32 [max_blocks]        expert of every token block
+        num_blocks   int32 [1]                 number of valid token blocks (device scalar)
+        row_scale    fp32 [M_pad]              per-row factor (read only when cfg.row_scale)
+        stream       CUstream
+        x_scale      fp32, FP8 only: [1] / [M_pad] / [M_pad, ⌈K/128⌉]  (tensor / channel / block)
+        w_scale      fp32, FP8 only: [E] / [E, N_out] / [E, ⌈N_out/128⌉, ⌈K/128⌉]
+        token_of_row int [M_pad], gather_rows only: x is then the unsorted bf16 [T, K]
+    """
+
+    def __init__(self, cfg: GemmConfig, num_ctas: int):
+        self.cfg = cfg.validate()
+        self.num_ctas = num_ctas
+
+    @cute.jit
+    def __call__(self, x: cute.Tensor, w: cute.Tensor, c: cute.Tensor, block_expert: cute.Tensor,
+                 num_blocks: cute.Tensor, row_scale: cute.Tensor, stream,
+                 x_scale: cute.Tensor = None, w_scale: cute.Tensor = None, token_of_row: cute.Tensor = None):
+        cfg = self.cfg
+        plan = KernelPlan(cfg)
+        tma_x, mX, tma_w, mW, tma_wm, mWm, tma_c, mC = plan.tma_atoms(x, w, c)
+        gemm = GroupedGemm(cfg, plan)
+        ctas = max(cfg.cluster, self.num_ctas - self.num_ctas % cfg.cluster)  # whole clusters, at least one
+        launch = dict(grid=[ctas, 1, 1], block=[cfg.threads, 1, 1], cluster=[cfg.cluster, 1, 1],
+                      min_blocks_per_mp=1, stream=stream)
+        layouts = (plan.tiled_mma, plan.a_smem_staged, plan.b_smem_staged, plan.epi_smem_staged)
+        if cutlass.const_expr(cfg.gather_rows):  # no TMA over x: the producer gathers its rows
+            gemm.kernel_gather(x, tma_w, mW, tma_wm, mWm, tma_c, mC, block_expert, num_blocks, row_scale,
+                               token_of_row, *layouts).launch(**launch)
+        elif cutlass.const_expr(cfg.quant is None):
+            gemm.kernel(tma_x, mX, tma_w, mW, tma_wm, mWm, tma_c, mC, block_expert, num_blocks, row_scale,
+                        *layouts).launch(**launch)
+        else:
+            gemm.kernel_fp8(tma_x, mX, tma_w, mW, tma_wm, mWm, tma_c, mC, block_expert, num_blocks, row_scale,
+                            x_scale, w_scale, *layouts).launch(**launch)

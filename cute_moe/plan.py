@@ -19,12 +19,11 @@ from moe_spec.plan import bucket_starts, tokens_per_expert
 from moe_spec.quant import check_quant
 from moe_spec.validate import MoEDims
 
-from .cluster import clustered
 from .config import ALIGN_ELEMS, GemmConfig, choose_config, path_rule
 from .fusion import GATED_GEMM1, GATHER_IN_PRODUCER
+from .gemm_rules import clustered, short_k_gemm2
 from .moe_fp8 import check_quant_layer, gemm1_out_dtype
 from .ptx import mma_instruction
-from .schedule import short_k_gemm2
 from .unfused import check_fusion, separate_configs
 
 #: How far :func:`plans_for` looks by default (the largest batch the harness runs, doubled).

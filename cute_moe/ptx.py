@@ -29,8 +29,7 @@ from moe_spec.hopper import sm_count  # noqa: E402
 
 from .cache import compile_once  # noqa: E402
 from .config import GemmConfig  # noqa: E402
-from .gemm import GroupedGemm  # noqa: E402
-from .gemm_plan import DSL_DTYPES, KernelPlan  # noqa: E402
+from .gemm_plan import DSL_DTYPES, GemmLaunch, KernelPlan  # noqa: E402
 from .runtime import fake_scales  # noqa: E402
 
 PTX_TYPES = {"Float32": "f32", "BFloat16": "bf16", "Float16": "f16", "Float8E4M3FN": "e4m3"}
@@ -96,7 +95,7 @@ def compile_gemm(cfg: GemmConfig, num_ctas: int | None = None, *, keep_ptx: bool
     index_dtype = index_dtype if cfg.gather_rows else INDEX_DTYPE  # only a gathering kernel reads indices
 
     def build(options):
-        return cute.compile(GroupedGemm(cfg, num_ctas), *fake_arguments(cfg, index_dtype), options=options)
+        return cute.compile(GemmLaunch(cfg, num_ctas), *fake_arguments(cfg, index_dtype), options=options)
 
     return compile_once(("gemm", cfg.key(), num_ctas, index_dtype), build, keep_ptx=keep_ptx)
 

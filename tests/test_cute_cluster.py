@@ -78,8 +78,7 @@ def test_the_cluster_walk_stores_every_tile_exactly_once():
     raster.tile_coordinates, as the kernel walks them): every (token block, weight block) is stored
     by exactly one CTA; the only tile computed without a store is rank 1's copy of an odd last block,
     which has its partner's expert (so a multicast half it sends is still wanted)."""
-    from cute_moe.cluster import pair_blocks
-    from cute_moe.raster import tile_coordinates
+    from cute_moe.gemm_parts import pair_blocks, tile_coordinates
 
     for n_tokens in range(1, 12):
         for n_weights in range(1, 5):
@@ -100,8 +99,7 @@ def test_the_cluster_walk_stores_every_tile_exactly_once():
 def test_the_plan_clusters_what_was_measured_faster():
     """cluster.clustered: the cooperative 128-token bf16 tile of the normal path — GEMM1 always, GEMM2
     from CLUSTER_GEMM2_MIN_K_STEPS steps of K; FP8, swap-AB, ping-pong and smaller tiles never."""
-    from cute_moe.cluster import CLUSTER_GEMM2_MIN_K_STEPS, clustered
-    from cute_moe.schedule import short_k_gemm2
+    from cute_moe.gemm_rules import CLUSTER_GEMM2_MIN_K_STEPS, clustered, short_k_gemm2
 
     gemm1, gemm2 = _configs()["gemm1-gated-gather"], _configs()["gemm2-row-scale"]
     deep = CLUSTER_GEMM2_MIN_K_STEPS * gemm2.tile_k
@@ -125,7 +123,7 @@ def test_the_plan_names_the_cluster():
 def test_the_pingpong_twin_of_a_clustered_gemm_runs_on_single_ctas():
     """schedule.pingpong_config of the plan's clustered prefill GEMM1 is a buildable single-CTA twin
     (ping-pong is refused on clusters): the GPU lane compares the layers built from both."""
-    from cute_moe.schedule import pingpong_config
+    from cute_moe.gemm_rules import pingpong_config
 
     twin = pingpong_config(_configs()["gemm1-gated-gather"].replace(cluster=2))
     assert twin.pingpong and twin.cluster == 1

@@ -1,4 +1,4 @@
-"""GPU lane: cluster multicast of the weight tile (``GemmConfig.cluster = 2``, :mod:`cute_moe.cluster`).
+"""GPU lane: cluster multicast of the weight tile (``GemmConfig.cluster = 2``, :mod:`cute_moe.gemm_parts`).
 
 A cluster of two CTAs loads a shared weight tile once (half each, multicast into both) when its two
 token blocks are one expert's, and each its own box otherwise; the odd last block is computed twice

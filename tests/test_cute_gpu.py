@@ -356,7 +356,7 @@ def _pingpong_pairs():
     (one warpgroup's 64 rows), a 128-row ping-pong tile (two WGMMAs along M in one warpgroup)
     against the cooperative 128-row tile of two warpgroups, and swap-AB twins."""
     from cute_moe.config import GemmConfig, choose_config, max_stages
-    from cute_moe.schedule import pingpong_config
+    from cute_moe.gemm_rules import pingpong_config
 
     def cfg(**kw):
         c = GemmConfig(stages=2, **kw)
@@ -433,7 +433,7 @@ def test_pingpong_layer_is_the_cooperative_layer_bit_for_bit(shapes, spec, T):
     """The bf16 layer with both GEMMs' ping-pong twins (``configs=``) gives the very bytes of the plan's
     cooperative layer, and meets the oracle."""
     import cute_moe
-    from cute_moe.schedule import pingpong_config
+    from cute_moe.gemm_rules import pingpong_config
 
     inp = _inputs(shapes, spec, T, seed=29)
     p = cute_moe.plan(_dims(inp))

@@ -18,8 +18,8 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 cute_moe = pytest.importorskip("cute_moe")
 
 from cute_moe.config import GemmConfig, PINGPONG_ACCUMULATOR_REGISTERS, choose_config, max_stages  # noqa: E402
-from cute_moe.schedule import (EPI_ORDER_BARRIER_ID, EPILOGUE_BARRIER_ID, MMA_ORDER_BARRIER_ID,  # noqa: E402
-                               pingpong_config, PINGPONG_MAX_K_STEPS, short_k_gemm2)
+from cute_moe.gemm_parts import EPI_ORDER_BARRIER_ID, EPILOGUE_BARRIER_ID, MMA_ORDER_BARRIER_ID  # noqa: E402
+from cute_moe.gemm_rules import PINGPONG_MAX_K_STEPS, pingpong_config, short_k_gemm2  # noqa: E402
 from cute_moe.ptx import mma_instruction  # noqa: E402
 
 from test_cute_store import COMMIT, LOAD, STORE, WAIT, Ptx, _threads_reaching  # noqa: E402
@@ -207,12 +207,13 @@ def test_ptxas_reports_no_spills(name, capfd):
     """ptxas (the DSL's, ``remarks{ptx}``) on the ping-pong kernel: no stack frame, no spill stores or
     loads, at most the 232 registers the consumers ask for."""
     import cutlass.cute as cute
-    from cute_moe.gemm import CONSUMER_REGISTERS, GroupedGemm
+    from cute_moe.gemm import CONSUMER_REGISTERS
+    from cute_moe.gemm_plan import GemmLaunch
     from cute_moe.ptx import fake_arguments
 
     cfg = PINGPONG[name]
     capfd.readouterr()
-    cute.compile(GroupedGemm(cfg, 132), *fake_arguments(cfg), options="remarks{ptx}")
+    cute.compile(GemmLaunch(cfg, 132), *fake_arguments(cfg), options="remarks{ptx}")
     text = "".join(capfd.readouterr())
     frame = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", text)
     used = re.search(r"Used (\d+) registers", text)
@@ -230,7 +231,7 @@ def test_the_epilogue_sub_tiles_are_runs_of_registers(name):
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.nvgpu import warp
-    from cute_moe.kernel_plan import KernelPlan
+    from cute_moe.gemm_plan import KernelPlan
     from cute_moe.layouts import _quietly  # the loops over threads and registers are unrolled on purpose
 
     cfg = PINGPONG[name]

@@ -12,13 +12,13 @@ is run as the layer runs it:
 
 with these configurations: ``cooperative`` — the plan's cooperative tile (:func:`cute_moe.config.choose_config`
 as the plan calls it: 128 tokens per tile over two consumer warpgroups; the plan then runs DeepSeek-V3
-TP8's short GEMM2 ping-pong, :func:`cute_moe.schedule.short_k_gemm2`), ``pingpong`` — its ping-pong twin
-(:func:`cute_moe.schedule.pingpong_config`: each warpgroup a whole 64-token tile of its own, the same
+TP8's short GEMM2 ping-pong, :func:`cute_moe.gemm_rules.short_k_gemm2`), ``pingpong`` — its ping-pong twin
+(:func:`cute_moe.gemm_rules.pingpong_config`: each warpgroup a whole 64-token tile of its own, the same
 WGMMA sequence per output element, so its output must be the cooperative one bit for bit), and
 with ``--alt`` also ``pingpong-128`` — a ping-pong tile of 128 tokens per warpgroup (GEMM1
 128×64 gated, GEMM2 128×128; two WGMMAs along M per K slice), and with ``--cluster`` also
 ``cluster-2`` — the cooperative tile on clusters of two CTAs that multicast a shared weight tile
-(:mod:`cute_moe.cluster`; the same output bit for bit).  The routing is the softmax top-k of
+(:mod:`cute_moe.gemm_parts`; the same output bit for bit).  The routing is the softmax top-k of
 random logits (``moe_spec.problem.make_inputs``), sorted once for every token tile
 (``cute_moe.moe.sort_rows``).
 
@@ -49,7 +49,7 @@ from moe_spec.timing import time_cuda_graph  # noqa: E402
 from moe_spec.validate import MoEDims  # noqa: E402
 
 from ..config import GemmConfig, max_stages  # noqa: E402
-from ..schedule import pingpong_config  # noqa: E402
+from ..gemm_rules import pingpong_config  # noqa: E402
 
 PROG = "python -m cute_moe.lab.bench_pingpong"
 SHAPES = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8")
