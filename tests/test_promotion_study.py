@@ -259,18 +259,18 @@ def test_out_must_be_a_new_or_empty_directory(tmp_path, capsys):
     used = tmp_path / "used"
     used.mkdir()
     (used / "promotion.md").write_text("an earlier run")
-    assert pr.main(["--out", str(used)]) == 2
-    assert "is not empty" in capsys.readouterr().err and (used / "promotion.md").read_text() == "an earlier run"
     (tmp_path / "file").write_text("x")
-    with pytest.raises(pr.UsageError, match="--out: .* exists and is not a directory"):
-        pr.check_out(str(tmp_path / "file"))
-    with pytest.raises(pr.UsageError, match="--out: cannot create"):
-        pr.check_out(str(tmp_path / "file" / "sub"))
-    with pytest.raises(pr.UsageError, match="--out: required"):
-        pr.check_out("")
-    (tmp_path / "empty").mkdir()
-    assert pr.check_out(str(tmp_path / "empty")) == tmp_path / "empty"
-    assert pr.check_out(str(tmp_path / "a" / "b")) == tmp_path / "a" / "b" and not (tmp_path / "a").exists()
+    for argv, why in ((["--out", str(used)], "is not empty"),
+                      (["--out", str(tmp_path / "file")], "exists and is not a directory"),
+                      (["--out", str(tmp_path / "file" / "sub")], "cannot create"),
+                      ([], "required: a new or empty directory for promotion.md and promotion.json")):
+        assert pr.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("python -m triton_moe.lab.promotion: error: --out: ") and why in err, err
+        assert len(err.strip().splitlines()) == 1
+    assert (used / "promotion.md").read_text() == "an earlier run"
+    assert pr.parse_args(["--out", str(tmp_path / "a" / "b")]).out == tmp_path / "a" / "b"
+    assert not (tmp_path / "a").exists()  # checked, not created
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a machine without a GPU")

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -46,6 +45,7 @@ from moe_spec.oracle import oracle, rel_l2
 from moe_spec.problem import CATALOG, draw_weights, get_shape, make_inputs
 from moe_spec.quant import FP8_BLOCK, dequantize_activation, dequantize_weight, get_format, quantize_activation
 from moe_spec.quant import quantize_weight
+from moe_spec.studyout import UsageError
 from moe_spec.timing import sets_for_cold_l2, time_cuda_graph
 from moe_spec.validate import MoEDims
 from triton_moe.jit import INTERPRET, launch
@@ -65,10 +65,6 @@ FILES = ("promotion.md", "promotion.json")
 STEP, WITHIN, GROUPED, ALL_K = 0, 1, 2, 3  # how the kernel promotes (MODE)
 label = lambda n: "never" if n >= NEVER else str(n)  # noqa: E731
 _status = lambda exc: f"error: {type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"  # noqa: E731
-
-
-class UsageError(ValueError):
-    """A bad option: one line naming it, exit status 2."""
 
 
 def catalog_max_k() -> int:
@@ -367,28 +363,13 @@ def write_outputs(result: dict, out: Path) -> None:
     studyout.write_files(out, dict(zip(FILES, (to_markdown(result), json.dumps(result, indent=1) + "\n"))))
 
 
-def check_out(text: Optional[str]) -> Path:
-    """``--out``: a new or empty directory (:func:`moe_spec.studyout.check_out`). Creates nothing."""
-    try:
-        return studyout.check_out(text, FILES)
-    except studyout.OutError as exc:
-        raise UsageError(str(exc)) from None
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise UsageError(message)
-
-
-def _list(option: str, text: str) -> list[str]:
-    items = [s.strip().lower() for s in text.split(",")]
-    if not text.strip() or any(not s for s in items):
-        raise UsageError(f"{option}: empty item in list {text!r}")
-    return list(dict.fromkeys(items))
+def _names(option: str, text: str) -> list[str]:
+    """A comma list, lower-cased, repeats dropped."""
+    return list(dict.fromkeys(s.lower() for s in studyout.split_list(option, text)))
 
 
 def parse_args(argv: list) -> argparse.Namespace:
-    p = _Parser(prog=PROG, description=__doc__.split("\n\n")[0].replace("``", ""))
+    p = studyout.Parser(prog=PROG, description=__doc__.split("\n\n")[0].replace("``", ""))
     p.add_argument("--out", help="a new or empty directory for promotion.md and promotion.json (required)")
     p.add_argument("--ks", default=",".join(map(str, KS)), help="K of the accuracy GEMM, multiples of 512 [%(default)s]")
     p.add_argument("--formats", default=",".join(FORMATS), help=f"of {', '.join(FORMATS)} [%(default)s]")
@@ -397,41 +378,39 @@ def parse_args(argv: list) -> argparse.Namespace:
                    help="stop after S seconds; cells not reached say 'skipped' [%(default)s]")
     p.add_argument("--commit", default=None, help="commit to record [git rev-parse of this checkout]")
     args = p.parse_args(argv)
-    args.formats = _list("--formats", args.formats)
+    args.formats = _names("--formats", args.formats)
     if set(args.formats) - set(FORMATS):
         raise UsageError(f"--formats: unknown format {sorted(set(args.formats) - set(FORMATS))[0]!r}; known: "
                          f"{', '.join(FORMATS)}")
     step = max(n for n in INTERVALS if n < NEVER)
-    ks = _list("--ks", args.ks)
+    ks = _names("--ks", args.ks)
     if bad := [k for k in ks if not k.isdigit() or int(k) < 1 or int(k) % step]:
         raise UsageError(f"--ks: bad K {bad[0]!r}: expected positive multiples of {step} (the largest finite interval)")
     args.ks = tuple(sorted({int(k) for k in ks}))
-    if not math.isfinite(args.time_budget) or args.time_budget <= 0:
-        raise UsageError(f"--time-budget: expected a finite number of seconds > 0, got {args.time_budget!r}")
-    args.out = check_out(args.out)
+    args.time_budget = studyout.number("--time-budget", args.time_budget, lowest=0.0, allow_lowest=False,
+                                       what="a finite number of seconds > 0")
+    args.out = studyout.check_out(args.out, FILES)
     return args
 
 
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    try:
-        args = parse_args(argv)
-    except UsageError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
+def _run(args: argparse.Namespace, argv: list) -> int:
     runinfo.require_cuda(PROG)
-    say = lambda text: print(f"{PROG}: {text}", file=sys.stderr, flush=True)  # noqa: E731
+
+    def say(text):
+        print(f"{PROG}: {text}", file=sys.stderr, flush=True)
+
     start = time.monotonic()
-    try:
-        result = run(args.formats, args.ks, layer=args.layer, time_budget_s=args.time_budget,
-                     command=runinfo.command_line(PROG, argv), commit=args.commit,
-                     write=lambda r: write_outputs(r, args.out), say=say)
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted (Ctrl-C); what was measured is in {args.out}", file=sys.stderr)
-        return 130
+    result = run(args.formats, args.ks, layer=args.layer, time_budget_s=args.time_budget,
+                 command=runinfo.command_line(PROG, argv), commit=args.commit,
+                 write=lambda r: write_outputs(r, args.out), say=say)
     print("\n".join(table(result) + [""] + verdict_lines(result)))
     print(f"wrote {', '.join(str(args.out / f) for f in FILES)} in {time.monotonic() - start:.0f} s")
     return 0
+
+
+def main(argv=None) -> int:
+    return studyout.run_command(PROG, argv, parse_args, _run,
+                                interrupted=lambda a: f"what was measured is in {a.out}")
 
 
 if __name__ == "__main__":
