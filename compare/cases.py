@@ -46,9 +46,9 @@ REDUCED_INTERMEDIATE = 128
 REDUCED_MAX_EXPERTS = 8
 REDUCED_MAX_TOP_K = 4
 REDUCED_LABEL = "reduced (CPU interpreter)"
-# The largest T the CPU path accepts. One interpreted triton_moe FP8 call on a reduced shape took
-# 13-17 s at T = 256 (2-core Intel Xeon @ 2.80GHz, 2026-12-01), growing about linearly with T; a
-# case makes several calls (run, rerun, the T = 1 probes), so a few hundred tokens is the limit.
+# The largest T the CPU path accepts. One interpreted triton_moe FP8 call on a reduced shape takes
+# over ten seconds at T = 256 on a two-core machine, growing about linearly with T; a case makes
+# several calls (run, rerun, the T = 1 probes), so a few hundred tokens is the limit.
 CPU_MAX_TOKENS = 256
 
 
