@@ -80,7 +80,7 @@ def stand_in_driver(stream: int = 7):
 
     if torch.cuda.is_available():
         raise RuntimeError("stand_in_driver: for a machine without a GPU (on a GPU, time real launches: "
-                           "python -m compare.eager)")
+                           "python -m compare.studies.eager)")
     compiled = _Compiled()
     compiled.driver = _Driver(stream)
     kernels = []
