@@ -28,14 +28,13 @@ MMA (its thread-value layout ``tv_layout_C``); the tests hold the two equal, and
 
 from __future__ import annotations
 
+import _common as course
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90
 from cutlass.cute.nvgpu import warpgroup
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
-
-import _common as course
 
 BF16, F32, I32 = cutlass.BFloat16, cutlass.Float32, cutlass.Int32
 K_MAJOR = LayoutEnum.ROW_MAJOR  # unit stride along K: the natural layout of X [T, K] and W [N, K]

@@ -24,13 +24,12 @@ before the buffer is refilled, so memory and tensor cores take turns. Step 3 rem
 
 from __future__ import annotations
 
+import _common as course
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.memory import SmemAllocator
-
-import _common as course
 
 BF16, F32 = cutlass.BFloat16, cutlass.Float32
 STEP1 = course.load("01_wgmma")

@@ -27,13 +27,12 @@ The consumer keeps one batch of WGMMAs in flight: after committing step k it wai
 
 from __future__ import annotations
 
+import _common as course
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.memory import SmemAllocator
-
-import _common as course
 
 BF16, F32 = cutlass.BFloat16, cutlass.Float32
 STEP1 = course.load("01_wgmma")

@@ -25,13 +25,12 @@ The tile also doubles: two consumer warpgroups stack along M (the tiled MMA's at
 
 from __future__ import annotations
 
+import _common as course
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.memory import SmemAllocator
-
-import _common as course
 
 BF16, F32 = cutlass.BFloat16, cutlass.Float32
 STEP3 = course.load("03_ring")
@@ -144,8 +143,8 @@ def gemm(a, b, n: int = 256, stages: int = 4):
 
 
 def ptx(n: int = 256, stages: int = 4) -> str:
-    fakes = (course.fake_matrix(BF16, 128, TILE_K), course.fake_matrix(BF16, n, TILE_K), course.fake_matrix(F32, 128, n),
-             course.fake_stream())
+    fakes = (course.fake_matrix(BF16, 128, TILE_K), course.fake_matrix(BF16, n, TILE_K),
+             course.fake_matrix(F32, 128, n), course.fake_stream())
     return course.compile_ptx(SpecializedGemm(n, stages), *fakes)
 
 

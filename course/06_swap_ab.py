@@ -19,21 +19,22 @@ one TMA store per box (cute_moe/gemm.py's epilogue). TMA loads of the token box 
 zeros (out-of-bounds box elements are filled with zeros), so the padding columns are exact zeros.
 
 When to swap: :func:`swap_ab_choice` compares the padding of the two token tiles and applies the
-production rule (``cute_moe.config.SWAP_AB_MAX_TOKENS_PER_EXPERT``): up to 64 tokens the swapped
-tile loads ≤ 8× less padding per stage and keeps M full; above it both token tiles are full, and
-the normal path's 128-token tile re-uses each weight stage for more tokens.
+production rule (cute_moe's ``SWAP_AB_MAX_TOKENS_PER_EXPERT``, WGMMA's M = 64): up to 64 tokens the
+normal path's token tile (at least 64 rows) is mostly padding and the swapped one is not; above
+it both token tiles are full, and the normal path's 128-token tile re-uses each weight stage for
+more tokens and stores without a transpose.
 """
 
 from __future__ import annotations
 
+import _common as course
 import cutlass
 import cutlass.cute as cute
-
-import _common as course
 
 BF16, F32 = cutlass.BFloat16, cutlass.Float32
 STEP5 = course.load("05_persistent")
 TILE_K = STEP5.TILE_K
+SWAP_AB_MAX_TOKENS_PER_EXPERT = 64  # WGMMA's M: below it the normal path's token tile is part padding
 
 
 def token_tile(tokens: int) -> int:
@@ -43,8 +44,6 @@ def token_tile(tokens: int) -> int:
 
 def swap_ab_choice(tokens: int) -> dict:
     """Swap or not for ``tokens`` tokens per expert, with the numbers that decide it."""
-    from cute_moe.config import SWAP_AB_MAX_TOKENS_PER_EXPERT
-
     course.require(tokens >= 1, f"tokens={tokens}: at least 1")
     normal_rows = max(64, -(-tokens // 64) * 64) if tokens <= 64 else -(-tokens // 128) * 128
     swapped_cols = token_tile(min(tokens, 256))

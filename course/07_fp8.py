@@ -22,13 +22,12 @@ The epilogue multiplies by the product of the two per-tensor scales (a device sc
 
 from __future__ import annotations
 
+import _common as course
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.memory import SmemAllocator
-
-import _common as course
 
 E4M3, F32 = cutlass.Float8E4M3FN, cutlass.Float32
 STEP3 = course.load("03_ring")

@@ -26,13 +26,12 @@ sorting and padding run on the GPU (``moe_spec/align.py``, ``cute_moe/alignops.p
 
 from __future__ import annotations
 
+import _common as course
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.memory import SmemAllocator
-
-import _common as course
 
 BF16, F32 = cutlass.BFloat16, cutlass.Float32
 STEP3 = course.load("03_ring")

@@ -53,7 +53,8 @@ def answers() -> dict:
     return {
         "descriptor": {"value": desc, "fields": decode_descriptor(desc), "k_steps": k_steps},
         "owner": {"m": m, "n": n, "N": 64, "thread": owner[0], "register": owner[1], "derived_lane": lane,
-                  "derived_thread": 32 * (m // 16) + lane, "derived_register": 4 * (n // 8) + 2 * (m % 16 // 8) + n % 2},
+                  "derived_thread": 32 * (m // 16) + lane,
+                  "derived_register": 4 * (n // 8) + 2 * (m % 16 // 8) + n % 2},
         "stages": {"capacity": capacity, "stage_bytes": stage, "stages": (capacity - barriers) // stage},
         "parity": {"k": 9, "stages": 4, "slot": s3.ring_position(9, 4)[0], "consumer": consumer_k9,
                    "producer": producer_k9},
@@ -95,7 +96,8 @@ def render(a: dict | None = None) -> str:
         f"For N = {o['N']}, which thread of the warpgroup and which of its registers hold C[{o['m']}, {o['n']}]?",
         "",
         f"**Answer.** Thread {o['thread']}, register d[{o['register']}]. Rows: warp = m / 16 = {o['m'] // 16};",
-        f"inside the warp's 16 rows, m mod 16 = {o['m'] % 16}, so lane / 4 = {o['m'] % 16 % 8} and the register is in the",
+        f"inside the warp's 16 rows, m mod 16 = {o['m'] % 16}, so lane / 4 = {o['m'] % 16 % 8}"
+        " and the register is in the",
         f"{'second' if o['m'] % 16 >= 8 else 'first'} pair of its group ((r / 2) mod 2 = {o['m'] % 16 // 8}). Columns:",
         f"n / 8 = {o['n'] // 8} is the register group (r / 4), n mod 8 = {o['n'] % 8} = 2·(lane mod 4) + (r mod 2),",
         f"so lane mod 4 = {o['n'] % 8 // 2} and r mod 2 = {o['n'] % 2}. Lane = 4·{o['m'] % 16 % 8} + {o['n'] % 8 // 2}"
@@ -108,17 +110,21 @@ def render(a: dict | None = None) -> str:
         "(`cutlass.utils.get_smem_capacity_in_bytes(\"sm_90\")`), with 1 KB for the barriers?",
         "",
         f"**Answer.** One stage is (128 + 256) · 64 · 2 = {st['stage_bytes']:,} bytes;",
-        f"({st['capacity']:,} − 1,024) / {st['stage_bytes']:,} → **{st['stages']} stages**. (The production kernel also",
+        f"({st['capacity']:,} − 1,024) / {st['stage_bytes']:,} → **{st['stages']} stages**."
+        " (The production kernel also",
         "keeps its epilogue's staging buffers in shared memory and budgets them first.)",
         "",
         "## 4. Which parity does each side wait on? (step 3)",
         "",
-        f"With {p['stages']} stages, K step k = {p['k']}: which slot, and which parity do the consumer (on full[s]) and the",
+        f"With {p['stages']} stages, K step k = {p['k']}: which slot, and which parity do the consumer"
+        " (on full[s]) and the",
         "producer (on empty[s]) wait for?",
         "",
-        f"**Answer.** Slot {p['k']} mod {p['stages']} = {p['slot']}, lap {p['k']} / {p['stages']} = {p['k'] // p['stages']}. "
+        f"**Answer.** Slot {p['k']} mod {p['stages']} = {p['slot']}, "
+        f"lap {p['k']} / {p['stages']} = {p['k'] // p['stages']}. "
         f"The consumer waits full[{p['slot']}] with parity {p['consumer']}:",
-        f"the barrier completed phase 0 (k = {p['slot']}) and phase 1 (k = {p['slot'] + p['stages']}); k = {p['k']}'s load",
+        f"the barrier completed phase 0 (k = {p['slot']}) and phase 1 (k = {p['slot'] + p['stages']});"
+        f" k = {p['k']}'s load",
         f"completes phase 2, parity 0. The producer waits empty[{p['slot']}] with parity {p['producer']}: it needs",
         f"the release of k = {p['k'] - p['stages']}, the consumers' second release of that slot, which completes",
         "empty's phase 1.",
@@ -147,7 +153,8 @@ def render(a: dict | None = None) -> str:
                      f"{c['swapped_padding']} padding columns.")
     lines += [
         "",
-        f"The rule swaps up to {sw[4]['threshold']} tokens per expert (`cute_moe.config.SWAP_AB_MAX_TOKENS_PER_EXPERT`).",
+        f"The rule swaps up to {sw[4]['threshold']} tokens per expert (step 6's `SWAP_AB_MAX_TOKENS_PER_EXPERT`,",
+        "cute_moe's rule: WGMMA's M).",
         "Below it the swapped tile wastes at most 7 token columns per stage where the normal one wastes up to 63",
         "rows of a 64-row tile, and decode is bound by the weight bytes, which both paths load once. Above it",
         "both token tiles are full, and the normal path's 128-token tile uses each weight stage for 128 tokens",

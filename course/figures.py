@@ -12,9 +12,8 @@ Every mark carries its value in ``data-*`` attributes so the test can read the p
 
 from __future__ import annotations
 
-from cute_moe.lab.svg import WARP_COLOURS, Svg  # the project's SVG writer (an installed package)
-
 import _common as course
+from _svg import COLOURS, Svg
 
 OUT = course.COURSE.parent / "notes" / "figures" / "course"
 
@@ -74,7 +73,8 @@ def register_pool() -> str:
     scale, x0 = 0.012, 170
     svg = Svg(x0 + 65536 * scale + 40, 190, "register pool under setmaxnreg", data_pool=b["pool"],
               data_after=b["after"])
-    svg.text(10, 20, f"Step 4: {b['threads']} threads, the register file of one SM (65,536) and the CTA's pool", cls="t")
+    svg.text(10, 20, f"Step 4: {b['threads']} threads, one SM's register file (65,536) and the CTA's pool",
+             cls="t")
     rows = [("at launch", [(f"warpgroup {w}", b["launch"] * 128, w) for w in range(3)]),
             ("after setmaxnreg", [("producer", s4.PRODUCER_REGISTERS * 128, 0),
                                   ("consumer 1", s4.CONSUMER_REGISTERS * 128, 1),
@@ -103,7 +103,7 @@ def tile_walk(m_blocks: int = 10, n_blocks: int = 6, group: int = 4, grid: int =
     for t in range(m_blocks * n_blocks):
         bm, bn = s5.tile_coordinates(t, m_blocks, n_blocks, group)
         x, y = x0 + cw * bn, y0 + ch * bm
-        svg.rect(x + 1, y + 1, cw - 2, ch - 2, cls=f"w{t % grid % len(WARP_COLOURS)}", data_tile=t, data_m=bm,
+        svg.rect(x + 1, y + 1, cw - 2, ch - 2, cls=f"w{t % grid % len(COLOURS)}", data_tile=t, data_m=bm,
                  data_n=bn, data_cta=t % grid)
         svg.text(x + cw / 2, y + 17, str(t), cls="c l")
     for g in range(0, m_blocks, group):

@@ -163,7 +163,7 @@ def test_05_rasterization_visits_every_tile_once_in_groups(m_blocks, n_blocks, g
     s5 = step("05_persistent")
     order = [s5.tile_coordinates(t, m_blocks, n_blocks, group) for t in range(m_blocks * n_blocks)]
     assert sorted(order) == [(m, n) for m in range(m_blocks) for n in range(n_blocks)]
-    for t, (m, n) in enumerate(order):  # ids of one group cover only that group's M blocks
+    for t, (m, _) in enumerate(order):  # ids of one group cover only that group's M blocks
         first = (t // (group * n_blocks)) * group
         assert first <= m < first + group
     tiles = [tile for cta in range(4) for tile in s5.cta_tiles(cta, 4, m_blocks, n_blocks, group)]

@@ -79,8 +79,9 @@ def test_registers(answers):
 
 
 def test_swap(answers):
-    from cute_moe.config import SWAP_AB_MAX_TOKENS_PER_EXPERT
-
     sw = answers["swap"]
-    assert [sw[t]["swap"] for t in (4, 64, 96)] == [t <= SWAP_AB_MAX_TOKENS_PER_EXPERT for t in (4, 64, 96)]
+    # swap exactly while the normal path's token tile (at least WGMMA's 64 rows) would carry padding rows
+    # that the swapped tile (N a multiple of 8) does not: 4 and 64 swap, 96 (a 128-row tile) does not
+    assert [sw[t]["swap"] for t in (4, 64, 96)] == [True, True, False]
+    assert sw[64]["normal_padding"] == 0 and sw[96]["swapped_padding"] == 0
     assert sw[4]["swapped_token_cols"] == 8 and sw[4]["normal_padding"] == 60
