@@ -14,14 +14,15 @@ is step 5's persistent GEMM with one change in the producer:
 
 The consumers do not know about experts at all: they multiply whatever the ring holds.
 
-From here to the production kernel (``cute_moe/gemm.py`` and its parts): swap-AB for small
-groups (step 6, chosen per GEMM by ``cute_moe.config.choose_config``), FP8 formats with
-per-tensor, per-channel and 128 × 128 block scales promoted as in step 7 (``cute_moe/fp8_gemm.py``),
-an epilogue through ``stmatrix`` and a ring of TMA stores instead of register stores, the routing
-weight and SiLU·up fused into the epilogue, token rows gathered by index instead of pre-sorted,
-ping-pong consumers (one warpgroup's epilogue under the other's MMAs, ``cute_moe/schedule.py``)
-and clusters of two CTAs sharing a weight tile by TMA multicast (``cute_moe/cluster.py``). The
-sorting and padding run on the GPU (``moe_spec/align.py``, ``cute_moe/alignops.py``).
+From here to the production kernel (``cute_moe/gemm.py``: one tile's life in ``GroupedGemm._body``;
+``cute_moe/gemm_parts.py`` the functions it calls; ``cute_moe/gemm_plan.py`` the compile-time
+layouts): swap-AB for small groups (step 6, chosen per GEMM by the layer's plan, ``cute_moe/plan.py``),
+FP8 formats with per-tensor, per-channel and 128 × 128 block scales promoted as in step 7
+(``cute_moe/fp8_gemm.py``), an epilogue through ``stmatrix`` and a ring of TMA stores instead of
+register stores, the routing weight and SiLU·up fused into the epilogue, token rows gathered by
+index instead of pre-sorted, ping-pong consumers (one warpgroup's epilogue under the other's MMAs)
+and clusters of two CTAs sharing a weight tile by TMA multicast. The sorting and padding run on
+the GPU (``moe_spec/align.py``, ``cute_moe/alignops.py``).
 """
 
 from __future__ import annotations
