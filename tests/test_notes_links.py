@@ -100,3 +100,44 @@ def test_the_index_lists_every_page_and_every_result():
             assert f"]({page.name})" in index, page.name
     for result in (ROOT / "notes" / "results").glob("*.md"):
         assert f"](results/{result.name})" in index, result.name
+
+
+OWN = ("cute_moe", "triton_moe", "compare", "moe_spec", "tests", "notes", "course", ".ci")
+
+
+def missing_names(page: pathlib.Path) -> list:
+    """The repository files and ``python -m`` modules a page names in code spans that do not exist:
+    a path under one of the project's folders, a bare ``name.py`` (some file of that name), a module."""
+    text = page.read_text()
+    files = {p.name for top in OWN for p in (ROOT / top).rglob("*.py")}
+    bad = []
+    for span in re.findall(r"`([^`\n]+)`", text):
+        for path in re.findall(r"(?<![\w./])((?:%s)/[\w./=,-]*\w)" % "|".join(map(re.escape, OWN)), span):
+            if "*" not in path and "<" not in span and not (ROOT / path).exists():  # not a pattern
+                bad.append(path)
+        if re.fullmatch(r"\w+\.py", span) and span not in files:
+            bad.append(span)
+        for module in re.findall(r"python3? -m ((?:cute_moe|triton_moe|compare|moe_spec)[\w.]*)", span):
+            base = ROOT.joinpath(*module.split("."))
+            if not (base.with_suffix(".py").exists() or (base / "__main__.py").exists()):
+                bad.append(f"python -m {module}")
+    return bad
+
+
+#: The pages that teach today's code (the log is history, and the results index keeps each command
+#: as it was run).
+CURRENT = [p for p in PAGES if p.name != "log.md" and p != ROOT / "notes" / "README.md"]
+
+
+@pytest.mark.parametrize("page", CURRENT, ids=lambda p: str(p.relative_to(ROOT)))
+def test_named_files_and_modules_exist(page):
+    assert missing_names(page) == []
+
+
+def test_the_name_checker_finds_a_moved_file(tmp_path):
+    page = tmp_path / "p.md"
+    page.write_text(
+        "`cute_moe/gemm.py` `cute_moe/nowhere.py` `gemm.py` `nowhere.py` "
+        "`python -m compare` `python -m cute_moe.nowhere --x` `examples/elsewhere.py`\n"
+    )
+    assert missing_names(page) == ["cute_moe/nowhere.py", "nowhere.py", "python -m cute_moe.nowhere"]
