@@ -110,9 +110,9 @@ def missing_names(page: pathlib.Path) -> list:
     a path under one of the project's folders, a bare ``name.py`` (some file of that name), a module."""
     text = page.read_text()
     files = {p.name for top in OWN for p in (ROOT / top).rglob("*.py")}
-    bad = []
+    bad, own_path = [], re.compile(r"(?<![\w./])((?:" + "|".join(map(re.escape, OWN)) + r")/[\w./=,-]*\w)")
     for span in re.findall(r"`([^`\n]+)`", text):
-        for path in re.findall(r"(?<![\w./])((?:%s)/[\w./=,-]*\w)" % "|".join(map(re.escape, OWN)), span):
+        for path in own_path.findall(span):
             if "*" not in path and "<" not in span and not (ROOT / path).exists():  # not a pattern
                 bad.append(path)
         if re.fullmatch(r"\w+\.py", span) and span not in files:
