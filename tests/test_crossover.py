@@ -260,20 +260,18 @@ def test_out_must_be_a_new_or_empty_directory(tmp_path, capsys):
     used = tmp_path / "used"
     used.mkdir()
     (used / "crossover.md").write_text("an earlier run")
-    assert cx.main(["--out", str(used)]) == 2
-    assert "--out: " in capsys.readouterr().err and (used / "crossover.md").read_text() == "an earlier run"
-    with pytest.raises(cx.UsageError, match="--out: .* is not empty"):
-        cx.check_out(str(used))
     (tmp_path / "file").write_text("x")
-    with pytest.raises(cx.UsageError, match="--out: .* exists and is not a directory"):
-        cx.check_out(str(tmp_path / "file"))
-    with pytest.raises(cx.UsageError, match="--out: required"):
-        cx.check_out(None)
-    with pytest.raises(cx.UsageError, match="--out: cannot create"):
-        cx.check_out(str(tmp_path / "file" / "sub"))
-    (tmp_path / "empty").mkdir()
-    assert cx.check_out(str(tmp_path / "empty")) == tmp_path / "empty"
-    assert cx.check_out(str(tmp_path / "a" / "b")) == tmp_path / "a" / "b" and not (tmp_path / "a").exists()
+    for argv, why in ((["--out", str(used)], "is not empty"),
+                      (["--out", str(tmp_path / "file")], "exists and is not a directory"),
+                      (["--out", str(tmp_path / "file" / "sub")], "cannot create"),
+                      ([], "required: a new or empty directory for crossover.md, crossover.json and crossover.svg")):
+        assert cx.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("python -m cute_moe.lab.crossover: error: --out: ") and why in err, err
+        assert len(err.strip().splitlines()) == 1
+    assert (used / "crossover.md").read_text() == "an earlier run"
+    assert cx.parse_args(["--out", str(tmp_path / "a" / "b")]).out == tmp_path / "a" / "b"
+    assert not (tmp_path / "a").exists()  # checked, not created
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a machine without a GPU")

@@ -35,6 +35,7 @@ import torch
 
 from moe_spec import runinfo, studyout
 from moe_spec.problem import MoEShape, draw_weights, get_shape
+from moe_spec.studyout import UsageError
 from moe_spec.timing import sets_for_cold_l2
 from moe_spec.validate import MoEDims
 
@@ -48,10 +49,6 @@ WITHIN = 0.03  # the rule's path counts as right when within 3 % of the faster o
 TIME_BUDGET_S = 150.0
 TIMING = {"full": dict(replays=20, min_calls=10, warmup=2), "quick": dict(replays=6, min_calls=4, warmup=1)}
 FILES = ("crossover.md", "crossover.json", "crossover.svg")
-
-
-class UsageError(ValueError):
-    """A bad option: one line naming it, exit status 2."""
 
 
 def tokens_for(shape: MoEShape, m: int) -> int:
@@ -305,29 +302,9 @@ def write_outputs(result: dict, out: Path) -> None:
     studyout.write_files(out, dict(zip(FILES, texts)))
 
 
-def check_out(text: Optional[str]) -> Path:
-    """``--out``: a new or empty directory (:func:`moe_spec.studyout.check_out`). Creates nothing."""
-    try:
-        return studyout.check_out(text, FILES)
-    except studyout.OutError as exc:
-        raise UsageError(str(exc)) from None
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise UsageError(message)
-
-
-def parse_list(option: str, text: str) -> list[str]:
-    items = [s.strip() for s in text.split(",")]
-    if not text.strip() or any(not s for s in items):
-        raise UsageError(f"{option}: empty item in list {text!r}")
-    return items
-
-
 def parse_args(argv: list) -> argparse.Namespace:
     """Every option checked (UsageError naming it otherwise); nothing run."""
-    p = _Parser(prog=PROG, description=__doc__.split("\n\n")[0].replace("``", ""))
+    p = studyout.Parser(prog=PROG, description=__doc__.split("\n\n")[0].replace("``", ""))
     p.add_argument("--out", help="a new or empty directory for crossover.md, .json and .svg (required to run)")
     p.add_argument("--shapes", default=",".join(SHAPES), help="comma list of catalog shapes [%(default)s]")
     p.add_argument("--tokens", default=None, help=f"tokens per expert, comma list [{','.join(map(str, TOKENS))}; "
@@ -338,62 +315,48 @@ def parse_args(argv: list) -> argparse.Namespace:
     p.add_argument("--commit", default=None, help="commit to record [git rev-parse of this checkout]")
     p.add_argument("--list", action="store_true", help="print the cells (shape, tokens per expert, T) and exit")
     args = p.parse_args(argv)
-    shapes = []
-    for s in parse_list("--shapes", args.shapes):
-        try:
-            shapes.append(get_shape(s).label)
-        except ValueError as exc:
-            raise UsageError("--shapes: " + str(exc).removeprefix("shape: ")) from None
-    args.shapes = tuple(dict.fromkeys(shapes))
+    args.shapes = studyout.shape_labels("--shapes", args.shapes)
     if args.tokens is None:
         args.tokens = QUICK_TOKENS if args.quick else TOKENS
     else:
-        bad = [s for s in parse_list("--tokens", args.tokens) if not s.isdigit() or int(s) < 1]
-        if bad:
-            raise UsageError(f"--tokens: bad count {bad[0]!r} in {args.tokens!r}: expected positive integers, e.g. 1,8,64")
-        args.tokens = tuple(sorted({int(s) for s in parse_list("--tokens", args.tokens)}))
+        args.tokens = tuple(sorted(studyout.positive_ints("--tokens", args.tokens, noun="count", example="1,8,64")))
     for label in args.shapes:
         for m in args.tokens:
             try:
                 tokens_for(get_shape(label), m)
             except ValueError as exc:
                 raise UsageError(str(exc)) from None
-    try:
-        args.time_budget = float(args.time_budget)
-    except ValueError:
-        args.time_budget = math.nan
-    if not math.isfinite(args.time_budget) or args.time_budget <= 0:
-        raise UsageError(f"--time-budget: expected a finite number of seconds > 0, got {args.time_budget!r}")
+    args.time_budget = studyout.number("--time-budget", args.time_budget, lowest=0.0, allow_lowest=False,
+                                       what="a finite number of seconds > 0")
     if not args.list:
-        args.out = check_out(args.out)
+        args.out = studyout.check_out(args.out, FILES)
     return args
 
 
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    try:
-        args = parse_args(argv)
-    except UsageError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
+def _run(args: argparse.Namespace, argv: list) -> int:
     if args.list:
         print("\n".join(f"{s} m={m} T={tokens_for(get_shape(s), m)}" for s in args.shapes for m in args.tokens))
         return 0
     runinfo.require_cuda(PROG)
-    say = lambda text: print(f"{PROG}: {text}", file=sys.stderr, flush=True)  # noqa: E731
+
+    def say(text):
+        print(f"{PROG}: {text}", file=sys.stderr, flush=True)
+
     start = time.monotonic()
-    try:
-        result = run(args.shapes, args.tokens, quick=args.quick, time_budget_s=args.time_budget,
-                     command=runinfo.command_line(PROG, argv), commit=args.commit,
-                     write=lambda r: write_outputs(r, args.out), say=say)
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted (Ctrl-C); the shapes finished so far are in {args.out}", file=sys.stderr)
-        return 130
+    result = run(args.shapes, args.tokens, quick=args.quick, time_budget_s=args.time_budget,
+                 command=runinfo.command_line(PROG, argv), commit=args.commit,
+                 write=lambda r: write_outputs(r, args.out), say=say)
     print("\n".join(table(result) + [""] + summary_lines(result)))
     print("\nSWAP_AB_MAX_BY_LAYER entries (cute_moe/config.py) the measurement supports:")
     print("\n".join(f"    {s['entry']}" for s in result["shapes"] if s["entry"]))
     print(f"wrote {', '.join(str(args.out / f) for f in FILES)} in {time.monotonic() - start:.0f} s")
     return 0
+
+
+def main(argv=None) -> int:
+    return studyout.run_command(PROG, argv, parse_args, _run,
+                                interrupted=lambda a: f"the shapes finished so far are in {a.out}" if a.out
+                                else "nothing written")
 
 
 if __name__ == "__main__":
