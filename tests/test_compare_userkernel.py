@@ -222,3 +222,12 @@ def test_conversions_are_made_once_per_tensor_and_go_with_it():
     assert view.data_ptr() == w.data_ptr() and len(cache) == 1
     del w, first, view
     assert len(cache) == 0
+
+
+def test_the_router_table_routes_only_to_backends_it_can_load():
+    from compare.router import build_table
+
+    case = dict(shape="s", quant="bf16", T=8, E=4, K=64, I=32, top_k=2, status="ok")
+    rows = [dict(case, backend="triton_moe", us=10.0), dict(case, backend="k.py:fn", us=5.0),
+            dict(case, backend="vllm", us=4.0)]
+    assert [e["backend"] for e in build_table(rows, {})["entries"]] == ["triton_moe"]
