@@ -132,9 +132,11 @@ def launch(kernel, grid, *args, **kwargs):
 
 # ---- the direct launch path --------------------------------------------------------------------
 #
-# Triton's JITFunction.run costs ~18 µs of Python per launch: it binds every argument
-# (``specialize_impl`` per argument), turns the specialization and the options into a string
-# cache key, looks the compiled kernel up, checks the globals the kernel read and builds the
+# Triton's JITFunction.run spends a launch's host time in Python and in its binder
+# (notes/results/host_cost_triton_cpu_2026-12-02.md): it classifies every argument (Triton 3.6.0:
+# the binder ``create_function_from_signature`` writes calls ``native_specialize_impl``, C++ in
+# python/src/specialize.cc, once per argument), turns the specialization and the options into a
+# string cache key, looks the compiled kernel up, checks the globals the kernel read and builds the
 # launch metadata. The compiled kernel depends only on what the binder puts in the key, so after
 # one launch through ``run`` this module keeps the CompiledKernel under a cheaper key of the same
 # classes and launches it directly — the launcher ``run`` calls, with the same arguments, on the
@@ -206,11 +208,13 @@ def fast_key(kernel, args, kwargs, device=None):
     """A cheap key that fixes Triton's specialization of ``kernel(*args, **kwargs)`` on the current
     device, or None when an argument is of a kind it does not classify (then ``run`` decides).
 
-    It holds what ``JITFunction.run``'s key is made of (``create_function_from_signature`` and
-    ``specialize_impl`` in ``triton/runtime/jit.py``, Triton 3.6): each tensor's dtype and whether
-    its address is 16-byte aligned; each integer's type (i32 below 2³¹, i64 below 2⁶³, else u64)
-    and, unless it is in ``do_not_specialize``, whether it equals 1 and whether 16 divides it;
-    the type of a bool, float or None; the value of a positional constexpr; the keyword arguments
+    It holds what ``JITFunction.run``'s key is made of. In Triton 3.6.0 the binder is written by
+    ``create_function_from_signature`` (``triton/runtime/jit.py``), whose ``specialize_impl`` is
+    ``native_specialize_impl`` (C++, ``python/src/specialize.cc``; no Python implementation is left):
+    each tensor's dtype and whether its address is 16-byte aligned; each integer's type (i32 within
+    int32, i64 within int64, else u64) and, unless it is in ``do_not_specialize``, whether it equals
+    1 (then the key holds the constexpr 1) and whether 16 divides it; u1 for a bool, fp32 for a
+    float, a constexpr for None; the value of a positional constexpr; the keyword arguments
     (constexprs and launch options) with their values; the debug and instrumentation knobs, which
     ``run`` adds to the options; the device. Two calls with one fast key have one Triton key, so
     they run the same binary. It may split one Triton key in two (e.g. an alignment class of an

@@ -211,6 +211,33 @@ def _mma_scaled(acc, a, w, a_s, w_s, SWAP_AB: tl.constexpr, INTERPRETER: tl.cons
 
 
 @triton.jit
+def _k_step(acc, acc_up, scale_bad, a, w, w_up, k0, a_row, row_ok, expert, offs_n, col_ok, a_scale_ptr, w_scale_ptr,
+            N, K_GROUPS, N_GROUPS, FUSE_SILU: tl.constexpr, QUANT: tl.constexpr, SWAP_AB: tl.constexpr,
+            INTERPRETER: tl.constexpr, FP8_IMPRECISE_ACC: tl.constexpr):
+    """One K step of a grouped GEMM on its loaded tiles — A, the weight (GEMM1: gate) tile ``w`` and,
+    under ``FUSE_SILU``, the up tile ``w_up`` — into (acc, acc_up, scale_bad). fp8_block loads the
+    step's scales, checks the weight's and scales the product; every other format adds the raw
+    product. Both kernels' K loops call it, so on one tile they add the same products in one order."""
+    if QUANT == PER_BLOCK:
+        kg = k0 // FP8_BLOCK
+        s_a = tl.load(a_scale_ptr + a_row * K_GROUPS + kg, mask=row_ok, other=1.0)
+        s_w = tl.load(w_scale_ptr + (expert * N_GROUPS + offs_n // FP8_BLOCK) * K_GROUPS + kg,
+                      mask=col_ok, other=1.0)
+        scale_bad |= _scale_bad(s_w)
+        acc = _mma_scaled(acc, a, w, s_a, s_w, SWAP_AB, INTERPRETER)
+        if FUSE_SILU:
+            s_w_up = tl.load(w_scale_ptr + (expert * N_GROUPS + (N + offs_n) // FP8_BLOCK) * K_GROUPS + kg,
+                             mask=col_ok, other=1.0)
+            scale_bad |= _scale_bad(s_w_up)
+            acc_up = _mma_scaled(acc_up, a, w_up, s_a, s_w_up, SWAP_AB, INTERPRETER)
+    else:  # bf16, or FP8 with scales applied after the loop
+        acc = _mma(acc, a, w, SWAP_AB, INTERPRETER, FP8_IMPRECISE_ACC)
+        if FUSE_SILU:
+            acc_up = _mma(acc_up, a, w_up, SWAP_AB, INTERPRETER, FP8_IMPRECISE_ACC)
+    return acc, acc_up, scale_bad
+
+
+@triton.jit
 def _acc_tile(SWAP_AB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     if SWAP_AB:
         return tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
@@ -409,24 +436,12 @@ def moe_gemm_kernel(
         k_ok = offs_k < K - k0
         a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        w_up = w  # GEMM2: no up tile
         if FUSE_SILU:
             w_up = tl.load(w_ptrs + N * K, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        if QUANT == PER_BLOCK:
-            kg = k0 // FP8_BLOCK
-            s_a = tl.load(a_scale_ptr + a_row * K_GROUPS + kg, mask=row_ok, other=1.0)
-            s_w = tl.load(w_scale_ptr + (expert * N_GROUPS + offs_n // FP8_BLOCK) * K_GROUPS + kg,
-                          mask=col_ok, other=1.0)
-            scale_bad |= _scale_bad(s_w)
-            acc = _mma_scaled(acc, a, w, s_a, s_w, SWAP_AB, INTERPRETER)
-            if FUSE_SILU:
-                s_w_up = tl.load(w_scale_ptr + (expert * N_GROUPS + (N + offs_n) // FP8_BLOCK) * K_GROUPS + kg,
-                                 mask=col_ok, other=1.0)
-                scale_bad |= _scale_bad(s_w_up)
-                acc_up = _mma_scaled(acc_up, a, w_up, s_a, s_w_up, SWAP_AB, INTERPRETER)
-        else:  # bf16, or FP8 with scales applied after the loop
-            acc = _mma(acc, a, w, SWAP_AB, INTERPRETER, FP8_IMPRECISE_ACC)
-            if FUSE_SILU:
-                acc_up = _mma(acc_up, a, w_up, SWAP_AB, INTERPRETER, FP8_IMPRECISE_ACC)
+        acc, acc_up, scale_bad = _k_step(acc, acc_up, scale_bad, a, w, w_up, k0, a_row, row_ok, expert, offs_n,
+                                         col_ok, a_scale_ptr, w_scale_ptr, N, K_GROUPS, N_GROUPS, FUSE_SILU, QUANT,
+                                         SWAP_AB, INTERPRETER, FP8_IMPRECISE_ACC)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     acc = _unswap(acc, SWAP_AB)

@@ -43,9 +43,9 @@ Warp specialization and loop flattening (Triton 3.6 on sm_90)
     config's ``tma_flatten``). Whether it pays is what ``python -m triton_moe.lab.bench_tma --flatten``
     measures.
 
-The K loop is the one of ``moe_gemm_kernel`` (same order, same ``_mma`` / ``_mma_scaled`` steps),
-so on the same tile the two kernels add the same products in the same order, and the epilogue is
-the same function (:mod:`triton_moe.kernels` ``_epilogue``).
+The K step and the epilogue are ``moe_gemm_kernel``'s functions (:mod:`triton_moe.kernels`
+``_k_step``, ``_epilogue``), so on the same tile the two kernels add the same products in the same
+order and finish it alike.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from triton.runtime import _allocation
 
 from moe_spec.hopper import TMA_ALIGN_BYTES as TMA_ALIGN, sm_count
 from triton_moe.jit import launch
-from triton_moe.kernels import FP8_BLOCK, PER_BLOCK, _epilogue, _mma, _mma_scaled, _row_routing, _scale_bad
+from triton_moe.kernels import FP8_BLOCK, _epilogue, _k_step, _row_routing
 
 
 def _torch_scratch(size: int, alignment: int, stream):
@@ -168,24 +168,12 @@ def moe_gemm_tma_kernel(
             k_ok = offs_k < K - k0
             a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             w = w_desc.load([w_row, k0])
+            w_up = w  # GEMM2: no up tile
             if FUSE_SILU:
                 w_up = w_desc.load([w_row + N, k0])
-            if QUANT == PER_BLOCK:
-                kg = k0 // FP8_BLOCK
-                s_a = tl.load(a_scale_ptr + a_row * K_GROUPS + kg, mask=row_ok, other=1.0)
-                s_w = tl.load(w_scale_ptr + (expert * N_GROUPS + offs_n // FP8_BLOCK) * K_GROUPS + kg,
-                              mask=col_ok, other=1.0)
-                scale_bad |= _scale_bad(s_w)
-                acc = _mma_scaled(acc, a, w, s_a, s_w, False, INTERPRETER)
-                if FUSE_SILU:
-                    s_w_up = tl.load(w_scale_ptr + (expert * N_GROUPS + (N + offs_n) // FP8_BLOCK) * K_GROUPS + kg,
-                                     mask=col_ok, other=1.0)
-                    scale_bad |= _scale_bad(s_w_up)
-                    acc_up = _mma_scaled(acc_up, a, w_up, s_a, s_w_up, False, INTERPRETER)
-            else:  # bf16, or FP8 with scales applied after the loop
-                acc = _mma(acc, a, w, False, INTERPRETER, FP8_IMPRECISE_ACC)
-                if FUSE_SILU:
-                    acc_up = _mma(acc_up, a, w_up, False, INTERPRETER, FP8_IMPRECISE_ACC)
+            acc, acc_up, scale_bad = _k_step(acc, acc_up, scale_bad, a, w, w_up, k0, a_row, row_ok, expert, offs_n,
+                                             col_ok, a_scale_ptr, w_scale_ptr, N, K_GROUPS, N_GROUPS, FUSE_SILU,
+                                             QUANT, False, INTERPRETER, FP8_IMPRECISE_ACC)
             a_ptrs += BLOCK_K
 
         _epilogue(acc, acc_up, scale_bad, pair, row_ok, a_row, expert, offs_n, col_ok, pid_n,
