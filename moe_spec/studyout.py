@@ -173,13 +173,33 @@ def shape_labels(option: str, text: str) -> tuple:
     return tuple(dict.fromkeys(labels))
 
 
+def progress(prog: str) -> Callable[[str], None]:
+    """``say(text)``: one line ``<prog>: <text>`` on stderr, flushed (a study's progress)."""
+
+    def say(text: str) -> None:
+        print(f"{prog}: {text}", file=sys.stderr, flush=True)
+
+    return say
+
+
+def _where(interrupted, options) -> str:
+    if options is None:
+        return "nothing written"
+    if callable(interrupted):
+        return interrupted(options)
+    out = getattr(options, "out", None)
+    return "nothing written" if out is None else interrupted.format(out=out)
+
+
 def run_command(prog: str, argv: Optional[Sequence[str]], parse: Callable, run: Callable, *,
-                interrupted: Callable = lambda options: "nothing written", errors: tuple = ()) -> int:
+                interrupted="nothing written", errors: tuple = ()) -> int:
     """A command's ``main``: ``run(parse(argv), argv)``, ``argv`` being ``sys.argv[1:]`` when None.
 
     A :class:`UsageError` (or one of ``errors``) is one line ``<prog>: error: …`` on stderr and exit
-    status 2; Ctrl-C is one line ``<prog>: interrupted (Ctrl-C); <interrupted(options)>`` ("nothing
-    written" before the options are parsed) and 130; a closed stdout (``| head``) ends with 1, no traceback.
+    status 2; a closed stdout (``| head``) ends with 1, no traceback; Ctrl-C is one line
+    ``<prog>: interrupted (Ctrl-C); <where>`` and 130. ``where`` is ``interrupted(options)`` when it is
+    a callable, else ``interrupted`` with ``{out}`` filled from ``options.out``; "nothing written"
+    before the options are parsed or when they name no ``out``.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     options = None
@@ -193,6 +213,5 @@ def run_command(prog: str, argv: Optional[Sequence[str]], parse: Callable, run: 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except KeyboardInterrupt:
-        where = "nothing written" if options is None else interrupted(options)
-        print(f"{prog}: interrupted (Ctrl-C); {where}", file=sys.stderr)
+        print(f"{prog}: interrupted (Ctrl-C); {_where(interrupted, options)}", file=sys.stderr)
         return 130

@@ -185,6 +185,11 @@ def test_the_parser_turns_argparse_errors_into_one_usage_error():
     assert issubclass(studyout.OutError, studyout.UsageError)
 
 
+def test_progress_is_one_line_on_stderr(capsys):
+    studyout.progress("python -m x")("cell 1 of 2")
+    assert capsys.readouterr() == ("", "python -m x: cell 1 of 2\n")
+
+
 def test_lists_and_numbers():
     assert studyout.split_list("--a", " x, y ,x") == ["x", "y", "x"]
     for text in ("", " ", "x,,y", "x,"):
@@ -243,6 +248,16 @@ def test_run_command_exit_statuses_and_one_line_messages(capsys):
                 ("ctrl-c",): (130, "p: interrupted (Ctrl-C); nothing written\n")}
     for argv, (status, err) in expected.items():
         assert main(list(argv)) == status
+        assert capsys.readouterr().err == err
+    import argparse
+
+    def interrupt(options, argv):
+        raise KeyboardInterrupt
+
+    for options, err in ((argparse.Namespace(out=Path("d")), "p: interrupted (Ctrl-C); the rest is in d\n"),
+                         (argparse.Namespace(out=None), "p: interrupted (Ctrl-C); nothing written\n")):
+        assert studyout.run_command("p", [], lambda argv: options, interrupt,
+                                    interrupted="the rest is in {out}") == 130
         assert capsys.readouterr().err == err
     with pytest.raises(ValueError, match="not a usage error"):  # any other error is the command's bug: a traceback
         studyout.run_command("p", [], parse, lambda o, a: (_ for _ in ()).throw(ValueError("not a usage error")))

@@ -395,22 +395,16 @@ def _run(args: argparse.Namespace, argv: list) -> int:
         return 0
     runinfo.require_cuda(PROG)
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")  # before any backend imports cutlass, as the suite does
-
-    def say(text):
-        print(f"{PROG}: {text}", file=sys.stderr, flush=True)
-
     result = run_profile(args.cells, calls=args.calls, time_budget_s=args.time_budget,
                          command=runinfo.command_line(PROG, argv), commit=args.commit,
-                         write=lambda r: write_outputs(r, args.out), say=say)
+                         write=lambda r: write_outputs(r, args.out), say=studyout.progress(PROG))
     print("\n".join(summary_table(result)))
     print(f"wrote {args.out / 'profile.md'} and {args.out / 'profile.json'}")
     return 0
 
 
 def main(argv=None) -> int:
-    return studyout.run_command(PROG, argv, parse_args, _run,
-                                interrupted=lambda a: f"the cells finished so far are in {a.out}" if a.out
-                                else "nothing written")
+    return studyout.run_command(PROG, argv, parse_args, _run, interrupted="the cells finished so far are in {out}")
 
 
 if __name__ == "__main__":

@@ -338,14 +338,10 @@ def _run(args: argparse.Namespace, argv: list) -> int:
         print("\n".join(f"{s} m={m} T={tokens_for(get_shape(s), m)}" for s in args.shapes for m in args.tokens))
         return 0
     runinfo.require_cuda(PROG)
-
-    def say(text):
-        print(f"{PROG}: {text}", file=sys.stderr, flush=True)
-
     start = time.monotonic()
     result = run(args.shapes, args.tokens, quick=args.quick, time_budget_s=args.time_budget,
                  command=runinfo.command_line(PROG, argv), commit=args.commit,
-                 write=lambda r: write_outputs(r, args.out), say=say)
+                 write=lambda r: write_outputs(r, args.out), say=studyout.progress(PROG))
     print("\n".join(table(result) + [""] + summary_lines(result)))
     print("\nSWAP_AB_MAX_BY_LAYER entries (cute_moe/config.py) the measurement supports:")
     print("\n".join(f"    {s['entry']}" for s in result["shapes"] if s["entry"]))
@@ -354,9 +350,7 @@ def _run(args: argparse.Namespace, argv: list) -> int:
 
 
 def main(argv=None) -> int:
-    return studyout.run_command(PROG, argv, parse_args, _run,
-                                interrupted=lambda a: f"the shapes finished so far are in {a.out}" if a.out
-                                else "nothing written")
+    return studyout.run_command(PROG, argv, parse_args, _run, interrupted="the shapes finished so far are in {out}")
 
 
 if __name__ == "__main__":

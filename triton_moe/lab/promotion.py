@@ -395,22 +395,17 @@ def parse_args(argv: list) -> argparse.Namespace:
 
 def _run(args: argparse.Namespace, argv: list) -> int:
     runinfo.require_cuda(PROG)
-
-    def say(text):
-        print(f"{PROG}: {text}", file=sys.stderr, flush=True)
-
     start = time.monotonic()
     result = run(args.formats, args.ks, layer=args.layer, time_budget_s=args.time_budget,
                  command=runinfo.command_line(PROG, argv), commit=args.commit,
-                 write=lambda r: write_outputs(r, args.out), say=say)
+                 write=lambda r: write_outputs(r, args.out), say=studyout.progress(PROG))
     print("\n".join(table(result) + [""] + verdict_lines(result)))
     print(f"wrote {', '.join(str(args.out / f) for f in FILES)} in {time.monotonic() - start:.0f} s")
     return 0
 
 
 def main(argv=None) -> int:
-    return studyout.run_command(PROG, argv, parse_args, _run,
-                                interrupted=lambda a: f"what was measured is in {a.out}")
+    return studyout.run_command(PROG, argv, parse_args, _run, interrupted="what was measured is in {out}")
 
 
 if __name__ == "__main__":
