@@ -94,8 +94,9 @@ for quant in FORMATS:
         src = ASTSource(k, signature={a: sig.get(a, "constexpr") for a in k.arg_names}, constexprs=cex, attrs=attrs)
         c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8, num_stages=3))
         ttgir = c.asm["ttgir"]
-        out[f"{quant} {label(n)}"] = [sorted({int(v) for v in re.findall(r"maxNumImpreciseAcc = (\d+)", ttgir)}),
-                                      len(re.findall(r"= arith.addf", ttgir)), "e4m3" in c.asm["ptx"], bool(c.asm["cubin"])]
+        intervals = sorted({int(v) for v in re.findall(r"maxNumImpreciseAcc = (\d+)", ttgir)})
+        out[f"{quant} {label(n)}"] = [intervals, len(re.findall(r"= arith.addf", ttgir)), "e4m3" in c.asm["ptx"],
+                                      bool(c.asm["cubin"])]
 print(json.dumps(out))
 """
 

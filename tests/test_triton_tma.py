@@ -164,8 +164,8 @@ cex = dict(A_ROW_DIV=2 if fuse_silu else 1, FUSE_SILU=fuse_silu, MUL_ROUTED_WEIG
            FLATTEN=False)
 r = compile_sm90(k, sig, cex, num_warps=8, num_stages=3, divisible_by_16=[n for n in sig if n != "num_pairs"])
 t = r.pop("ttgir")
-r.update(tma_loads=t.count("ttng.async_tma_copy_global_to_local"), async_copies=t.count("ttg.async_copy_global_to_local"),
-         wgmma=t.count("ttng.warp_group_dot "))
+r.update(tma_loads=t.count("ttng.async_tma_copy_global_to_local"),
+         async_copies=t.count("ttg.async_copy_global_to_local"), wgmma=t.count("ttng.warp_group_dot "))
 print(json.dumps(r))
 """
 

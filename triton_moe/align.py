@@ -80,8 +80,7 @@ MAX_EXPERTS = 1024
 #: Warps of a place program. Compiled for sm_90a on the CPU, neither 4 nor 8 spill since the rank
 #: is taken RANK_ROWS pairs per step (the whole CHUNK × CHUNK comparison spilled 192–480 bytes
 #: at E = 8…1024 with 4 warps, 96–328 with 8). 4 measured faster on the H200 at every catalog
-#: shape and T (e.g. Qwen3 T = 1: 5.2 against 6.8 µs; T = 4096: 24.4 against 42.7;
-#: notes/results/triton_align_h200_2026-12-02.md, commit 78dec50).
+#: shape and T (notes/results/triton_align_h200_2026-12-02.md).
 PLACE_WARPS = 4
 
 _BAD_ID = tl.constexpr(BAD_ID)

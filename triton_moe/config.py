@@ -46,7 +46,7 @@ TMA_BOX_MAX = 256
 #: A GEMM2 of at most this many ``BLOCK_K`` steps reads its rows' ids and routing weights before its
 #: K loop (``EARLY_ROUTING``): a short loop cannot hide the epilogue's dependent gathers, a long one
 #: hides them anyway and would only hold them in registers (notes/triton_moe.md, "The routing checks
-#: in the GEMM epilogue", measured in results/triton_drift_h200_2026-12-03.md).
+#: in the GEMM epilogue"; measured in notes/results/triton_drift_h200_2026-12-03.md).
 EARLY_ROUTING_MAX_K_STEPS = 4
 
 #: num_warps values a config may ask for (Triton: a power of two; 16 warps = 512 threads).

@@ -92,7 +92,7 @@ def current_device_name() -> Optional[str]:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else None
 
 
-def tuned_table(E: int, I: int, K: int, quant: Optional[str],  # noqa: E741
+def tuned_table(E: int, I: int, K: int, quant: Optional[str],
                 device_name: Optional[str] = None) -> Optional[dict]:
     """The tuned table of this layer on ``device_name`` (default: the current GPU), or None."""
     device_name = device_name or current_device_name()
@@ -101,7 +101,7 @@ def tuned_table(E: int, I: int, K: int, quant: Optional[str],  # noqa: E741
     return load_table(str(table_path(E, I, K, quant, device_name))) or None
 
 
-def get_config(T: int, E: int, top_k: int, I: int, K: int, quant: Optional[str],  # noqa: E741
+def get_config(T: int, E: int, top_k: int, I: int, K: int, quant: Optional[str],
                device_name: Optional[str] = None) -> TritonConfig:
     """The tuned config for this shape on this device when a table exists, else the heuristic."""
     table = tuned_table(E, I, K, quant, device_name)
@@ -110,7 +110,7 @@ def get_config(T: int, E: int, top_k: int, I: int, K: int, quant: Optional[str],
     return default_config(T, E, top_k, quant)
 
 
-def rule_starts(E: int, top_k: int, I: int, K: int, quant: Optional[str],  # noqa: E741
+def rule_starts(E: int, top_k: int, I: int, K: int, quant: Optional[str],
                 device_name: Optional[str] = None) -> list[int]:
     """The first T ≥ 1 of every bucket of :func:`get_config`'s rule for this layer.
 

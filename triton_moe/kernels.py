@@ -33,8 +33,9 @@ FP8 W8A8 (``QUANT``: 0 bf16, 1 per-tensor, 2 per-channel, 3 128×128 block)
     * the intermediate: GEMM1's epilogue writes SiLU·up in fp32 and its amax (``tl.atomic_max`` —
       order-independent, hence deterministic; zeroed by x's quantization; skipped under a static
       scale) per tensor / row / group; one ``quantize_kernel`` pass makes E4M3 + scales for GEMM2.
-      It stays fp32 (a bf16-rounded copy moves ~2 % of its values across an E4M3 rounding boundary,
-      a ~1 % error); under a dynamic scale GEMM1 cannot quantize it (a tile sees part of a row).
+      It stays fp32 (a bf16-rounded copy would move some values across an E4M3 rounding boundary:
+      notes/triton_moe.md, "Pipeline"); under a dynamic scale GEMM1 cannot quantize it (a tile sees
+      part of a row).
 
     Dequantization happens in registers, with the scales loaded next to the tiles:
 

@@ -10,8 +10,8 @@ Persistent schedule
     as in ``moe_gemm_kernel``) over the ``cdiv(num_padded, BLOCK_M)`` M-blocks that hold pairs
     (the padded total the alignment wrote on the device; ``moe_gemm_kernel`` groups over the
     worst-case count and skips the programs past it, so only its last group's order differs):
-    tiles past it are never visited, nothing is read back on the host, and the launch is CUDA-graph capturable (the grid is min(SMs, the call's worst-case tile
-    count), both known on the host).
+    tiles past it are never visited, nothing is read back on the host, and the launch is CUDA-graph
+    capturable (the grid is min(SMs, the call's worst-case tile count), both known on the host).
 
 Weights through TMA
     W [E, N_TOTAL, K] is viewed as one 2-D tensor [E·N_TOTAL, K] and read through a device-side
@@ -31,7 +31,7 @@ Weights through TMA
 
 Warp specialization and loop flattening (Triton 3.6 on sm_90)
     Triton 3.6 runs its Hopper warp-specialization pass on a ``tl.range(..., warp_specialize=True)``
-    loop only with num_warps = 4, and (compiled for sm_90a on the CPU, 2026-12-02,
+    loop only with num_warps = 4, and (compiled for sm_90a on the CPU with
     ``triton_moe.jit.compile_sm90``) it specializes a persistent matmul whose operands both come
     through TMA descriptors, but fails to compile one whose A tile is a pointer gather, as here
     (``NVGPUWarpSpecialization`` pass failure; the same with the attribute on the K loop).

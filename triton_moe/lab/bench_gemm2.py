@@ -24,8 +24,9 @@ and without it (:meth:`~triton_moe.lab.workload.Problem.time`).
 
 Cells, in this order (the deadline cuts the tail; ``--shapes`` / ``--dtypes`` select): DeepSeek-V3
 TP8 at T = 4096, Qwen3-30B-A3B at T = 4096, DeepSeek-V3 TP8 at T = 1024, Mixtral-8x7B at T = 4096,
-each in bf16 then fp8_tensor; then the same four in fp8_channel then fp8_block. Writes ``gemm2.json`` and ``gemm2.md`` (date, device, commit, command) into ``--out``, which must
-be new or empty, after every row; with ``--tables`` also ``tables/<table>.json``: each shipped
+each in bf16 then fp8_tensor; then the same four in fp8_channel then fp8_block. Writes
+``gemm2.json`` and ``gemm2.md`` (date, device, commit, command) into ``--out``, which must be new
+or empty, after every row; with ``--tables`` also ``tables/<table>.json``: each shipped
 table with the winners that passed the layer check written into its entries' ``gemm2`` (to be
 copied over ``triton_moe/configs/``), and the JSON snippet printed.
 """

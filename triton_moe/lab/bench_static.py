@@ -42,7 +42,8 @@ def _write(out: Path, results: dict) -> None:
              "Whole layer (`fused_moe`, alignment included), CUDA-graph replay, cold L2, median µs. Static: "
              "`a1_scale`, `a2_scale` calibrated on the same batch. rel L2 against the fp64 oracle with the same "
              "scales; static vs dynamic: rel L2 between the two outputs.", "",
-             "| shape | T | dynamic µs | static µs | static / dynamic | rel L2 dynamic | rel L2 static | static vs dynamic |",
+             "| shape | T | dynamic µs | static µs | static / dynamic | rel L2 dynamic | rel L2 static "
+             "| static vs dynamic |",
              "|---|---|---|---|---|---|---|---|"]
     for r in results["rows"]:
         if "error" in r:

@@ -122,9 +122,9 @@ def promotion_gemm_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, out_ptr, M, N,
     w_ptrs = w_ptr + offs_n[:, None] * K + offs_k[None, :]
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if MODE == 2:  # a partial accumulator through INTERVAL // BLOCK_K dots, then one fp32 add
-        for k0 in range(0, K, INTERVAL):
+        for _k0 in range(0, K, INTERVAL):
             part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            for j in range(INTERVAL // BLOCK_K):
+            for _j in range(INTERVAL // BLOCK_K):
                 part = _dot(tl.load(a_ptrs), tl.load(w_ptrs), part, MODE, INTERVAL, INTERPRETER)
                 a_ptrs += BLOCK_K
                 w_ptrs += BLOCK_K
@@ -229,8 +229,11 @@ def gemm_cost(rows: list, quant: str, env: Env, deadline: float) -> None:
         if time.monotonic() >= deadline:
             row["gemm_us"] = "skipped: time budget spent"
             continue
-        call = lambda i, n=row["n"]: (lambda: fp8_gemm(sets[i]["a"], sets[i]["a_scale"], sets[i]["w"],  # noqa: E731
-                                                     sets[i]["w_scale"], quant, n, block_mn=env.block_mn, out=outs[i]))
+
+        def call(i, n=row["n"]):
+            return lambda: fp8_gemm(sets[i]["a"], sets[i]["a_scale"], sets[i]["w"], sets[i]["w_scale"], quant, n,
+                                    block_mn=env.block_mn, out=outs[i])
+
         try:
             row["gemm_us"] = env.time(call, n_sets, **TIMING).median_us
         except Exception as exc:  # noqa: BLE001
