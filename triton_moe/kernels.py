@@ -1,4 +1,4 @@
-"""The Triton kernels of the MoE layer: one grouped GEMM (used twice), FP8 quantization, the combine.
+"""The grouped GEMM of the MoE layer (launched twice: GEMM1 and GEMM2) and the helpers all its kernels share.
 
 The layer, for P = T·top_k (token, slot) pairs sorted by expert (:mod:`triton_moe.align`)::
 
@@ -21,23 +21,12 @@ Swap-AB (``SWAP_AB``)
     (``tl.trans``) before the epilogue, so everything after the K loop is shared.
 
 FP8 W8A8 (``QUANT``: 0 bf16, 1 per-tensor, 2 per-channel, 3 128×128 block)
-    Both GEMMs read E4M3 operands straight from memory, so ``tl.dot`` gets them on Triton's
-    async-copy → WGMMA path with nothing in between. The activations are quantized *before* each
-    GEMM, once, by ``quantize_kernel``: ``q = e4m3(clamp(a / s, ±448))``, ``s = max(amax, 1e−12) /
-    448`` — bit for bit the reference quantization of :mod:`moe_spec.quant` (IEEE division, round to
-    nearest even), with the scales in its shapes ([1], [rows, 1], [rows, ⌈cols/128⌉]):
-
-    * x: per-tensor needs the global amax first (``amax_kernel``: ≤ 128 partial amaxes, one read of
-      x, nothing to zero) unless the scale is static; per-channel and block scales depend only on
-      the row / the 1×128 group, so ``quantize_kernel`` finds the amax and quantizes in one program.
-    * the intermediate: GEMM1's epilogue writes SiLU·up in fp32 and its amax (``tl.atomic_max`` —
-      order-independent, hence deterministic; zeroed by x's quantization; skipped under a static
-      scale) per tensor / row / group; one ``quantize_kernel`` pass makes E4M3 + scales for GEMM2.
-      It stays fp32 (a bf16-rounded copy would move some values across an E4M3 rounding boundary:
-      notes/triton_moe.md, "Pipeline"); under a dynamic scale GEMM1 cannot quantize it (a tile sees
-      part of a row).
-
-    Dequantization happens in registers, with the scales loaded next to the tiles:
+    Both GEMMs read E4M3 operands straight from memory — the activations are quantized before each
+    GEMM (:mod:`triton_moe.kernels_rows`) — so ``tl.dot`` gets them on Triton's async-copy → WGMMA
+    path with nothing in between. GEMM1's epilogue writes SiLU·up in fp32 and, under a dynamic scale,
+    its amax per tensor / row / 1×128 group (``tl.atomic_max``: order-independent, hence
+    deterministic), which the intermediate's quantization reads. Dequantization happens in
+    registers, with the scales loaded next to the tiles:
 
     * per-tensor:  acc · s_a · s_w[e]                         after the K loop
     * per-channel: acc · s_a[row] · s_w[e, col]               after the K loop
@@ -55,12 +44,11 @@ FP8 accumulation (``FP8_IMPRECISE_ACC``)
     (``python -m triton_moe.lab.promotion``, on its own GEMM kernel).
 
 NaN and inf (see ``notes/numerics.md``)
-    Three places in an FP8 pipeline drop a NaN silently and are written not to: an amax (IEEE
-    maxNum ``tl.max`` drops it — the amaxes here are integer maxima of the bits, :func:`_abs_bits`),
-    the scale's floor and the saturating clamp (both ``propagate_nan=ALL``). So a NaN in x, in a
-    weight (the byte 0x7F) or in the intermediate spreads through its scale group exactly as in
-    :mod:`moe_spec.quant`. An intermediate beyond fp32 is ±inf after SiLU·up; GEMM2 meets inf − inf
-    and the token's row is NaN, where the fp64 oracle leaves the bf16 range.
+    An amax taken with IEEE maxNum (``tl.max``) drops a NaN; the amaxes here are integer maxima of
+    the bits (:func:`_abs_bits`), and the quantization keeps NaN too (:mod:`triton_moe.kernels_rows`),
+    so a NaN in x, in a weight (the byte 0x7F) or in the intermediate spreads through its scale group
+    exactly as in :mod:`moe_spec.quant`. An intermediate beyond fp32 is ±inf after SiLU·up; GEMM2
+    meets inf − inf and the token's row is NaN, where the fp64 oracle leaves the bf16 range.
 
 Data checks (:mod:`moe_spec.contract`), in the GEMM that reads the data anyway: a weight scale
     that is not finite and positive, a routing weight that is not finite, set their bits in the

@@ -1,10 +1,21 @@
 """The row-wise kernels of the MoE layer: FP8 quantization of activations, and the combine.
 
 ``amax_kernel``      partial amaxes of x [rows, K] (per-tensor FP8 with a dynamic scale)
-``quantize_kernel``  a [rows, K] (bf16 or fp32) → E4M3 [rows, K] + scales in :mod:`moe_spec.quant`'s
-                     shapes, bit for bit its reference quantization (see :mod:`triton_moe.kernels`
-                     for where each format's scale comes from and for the NaN rules)
+``quantize_kernel``  a [rows, K] (bf16 or fp32) → E4M3 [rows, K] + scales
 ``combine_kernel``   out[t] = Σ_j y[t·top_k + j] in a fixed order (deterministic)
+
+Quantization, before each GEMM, once
+    ``q = e4m3(clamp(a / s, ±448))``, ``s = max(amax, 1e−12) / 448`` — bit for bit the reference
+    quantization of :mod:`moe_spec.quant` (IEEE division, round to nearest even), with the scales in
+    its shapes ([1], [rows, 1], [rows, ⌈cols/128⌉]). x under per-tensor needs the global amax first
+    (``amax_kernel``: ≤ 128 partial amaxes, one read of x, nothing to zero) unless the scale is
+    static; per-channel and block scales depend only on the row / the 1×128 group, so
+    ``quantize_kernel`` finds the amax and quantizes in one program. The intermediate's amax comes
+    from GEMM1's epilogue (its buffer zeroed by x's quantization; none under a static scale); the
+    intermediate stays fp32 until this pass (a bf16-rounded copy would move some values across an
+    E4M3 rounding boundary: notes/triton_moe.md, "Pipeline"), and GEMM1 cannot quantize it under a
+    dynamic scale (a tile sees part of a row). The scale's floor and the saturating clamp keep NaN
+    (``propagate_nan=ALL``), as the amaxes do (:mod:`triton_moe.kernels`, "NaN and inf").
 
 One program per row (or per partial amax); they share the helpers and constants of
 :mod:`triton_moe.kernels`, whose grouped GEMM reads what the quantization writes.
