@@ -13,8 +13,8 @@ alignment/permutation step timed alone, and its speedup against the torch baseli
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 import torch
 
@@ -22,8 +22,15 @@ from compare.backends import BASELINE, FALLBACK_BASELINE, Backend
 from compare.cases import Budget, Case
 from moe_spec.problem import MoEInputs
 from moe_spec.quant import weight_scale_shape
-from moe_spec.timing import (Ceilings, measure_ceilings, moe_traffic, roofline, sets_for_cold_l2, time_cuda_graph,
-                              wall_us)
+from moe_spec.timing import (
+    Ceilings,
+    measure_ceilings,
+    moe_traffic,
+    roofline,
+    sets_for_cold_l2,
+    time_cuda_graph,
+    wall_us,
+)
 from moe_spec.validate import MoEDims
 
 
@@ -39,7 +46,7 @@ class Clock:
     device: Callable[[], str]
     # ``eager(make_call, n_sets, quick=...) -> µs per call`` of plain calls (:func:`eager_sets_us`);
     # None: no eager column
-    eager: Optional[Callable] = None
+    eager: Callable | None = None
 
 
 def eager_sets_us(make_call, n_sets: int, *, quick: bool = False, calls: int = 50, repeats: int = 5) -> float:
@@ -49,21 +56,35 @@ def eager_sets_us(make_call, n_sets: int, *, quick: bool = False, calls: int = 5
     ending each of ``repeats`` repeats; the median per call (:func:`moe_spec.timing.wall_us`).
     ``quick``: 20 calls, 3 repeats. When it costs as much as the graph replay, the host keeps up."""
     if not torch.cuda.is_available():
-        raise RuntimeError("eager_sets_us: needs a CUDA device (moe_spec.timing.host_us measures the host side "
-                           "on a CPU)")
+        raise RuntimeError(
+            "eager_sets_us: needs a CUDA device (moe_spec.timing.host_us measures the host side on a CPU)"
+        )
     if quick:
         calls, repeats = 20, 3
     return wall_us([make_call(i) for i in range(n_sets)], calls=calls, repeats=repeats, sync=torch.cuda.synchronize)
 
 
-GPU_CLOCK = Clock(time=time_cuda_graph, ceilings=measure_ceilings, sync=torch.cuda.synchronize,
-                  device=torch.cuda.get_device_name, eager=eager_sets_us)
+GPU_CLOCK = Clock(
+    time=time_cuda_graph,
+    ceilings=measure_ceilings,
+    sync=torch.cuda.synchronize,
+    device=torch.cuda.get_device_name,
+    eager=eager_sets_us,
+)
 
 
 def clone_inputs(inputs: MoEInputs) -> MoEInputs:
     c = lambda t: None if t is None else t.clone()  # noqa: E731
-    return MoEInputs(c(inputs.x), c(inputs.w1), c(inputs.w2), c(inputs.topk_weights), c(inputs.topk_ids),
-                     inputs.quant, c(inputs.w1_scale), c(inputs.w2_scale))
+    return MoEInputs(
+        c(inputs.x),
+        c(inputs.w1),
+        c(inputs.w2),
+        c(inputs.topk_weights),
+        c(inputs.topk_ids),
+        inputs.quant,
+        c(inputs.w1_scale),
+        c(inputs.w2_scale),
+    )
 
 
 def _options(quick: bool) -> dict:
@@ -92,19 +113,28 @@ def _scale_bytes(quant, dims: MoEDims) -> int:
     return 4 * (w1 + w2)
 
 
-def time_backend(clock: Clock, backend: Backend, sets: list, dims: MoEDims, quant, ceilings: Ceilings,
-                 quick: bool) -> dict:
+def time_backend(
+    clock: Clock, backend: Backend, sets: list, dims: MoEDims, quant, ceilings: Ceilings, quick: bool
+) -> dict:
     """The timing columns of one backend's row."""
-    make_call = lambda i: (lambda: backend.fused_moe(**sets[i].kwargs()))  # noqa: E731
+    make_call = lambda i: lambda: backend.fused_moe(**sets[i].kwargs())  # noqa: E731
     t, note = time_calls(clock, make_call, len(sets), backend.capturable, quick)
     hit = int(torch.unique(sets[0].topk_ids).numel())
     weight_bytes = 1 if quant else 2
     nbytes, flops = moe_traffic(dims.T, dims.K, dims.I, dims.top_k, hit, weight_bytes, _scale_bytes(quant, dims))
     roof = roofline(nbytes, flops, ceilings, "fp8" if quant else "bf16", t.median_us)
-    row = {"us": t.median_us, "p10_us": t.p10_us, "p90_us": t.p90_us, "timing": note,
-           "weight_tbps": hit * 3 * dims.I * dims.K * weight_bytes / (t.median_us * 1e-6) / 1e12,
-           "tflops": roof["tflops"], "pct_floor": roof["pct_of_floor"], "floor_us": roof["floor_us"],
-           "bound": roof["bound"], "experts_hit": hit}
+    row = {
+        "us": t.median_us,
+        "p10_us": t.p10_us,
+        "p90_us": t.p90_us,
+        "timing": note,
+        "weight_tbps": hit * 3 * dims.I * dims.K * weight_bytes / (t.median_us * 1e-6) / 1e12,
+        "tflops": roof["tflops"],
+        "pct_floor": roof["pct_of_floor"],
+        "floor_us": roof["floor_us"],
+        "bound": roof["bound"],
+        "experts_hit": hit,
+    }
     if backend.prepare is not None:
         try:
             prep, _ = time_calls(clock, lambda i: backend.prepare(sets[i], dims), len(sets), True, quick)
@@ -120,19 +150,35 @@ def time_backend(clock: Clock, backend: Backend, sets: list, dims: MoEDims, quan
     return row
 
 
-def _separate(clock: Clock, backend: Backend, sets: list, dims: MoEDims, quant, hit: int, fused_us: float,
-              quick: bool) -> dict:
+def _separate(
+    clock: Clock, backend: Backend, sets: list, dims: MoEDims, quant, hit: int, fused_us: float, quick: bool
+) -> dict:
     """The unfused pipeline on the same inputs: µs, the bytes both pipelines move, fused's speedup."""
-    t, _ = time_calls(clock, lambda i: (lambda: backend.separate(**sets[i].kwargs())), len(sets), backend.capturable,
-                 quick)
-    fused, separate = (sum(backend.pass_bytes(dims.T, dims.K, dims.I, dims.top_k, hit, quant, f).values())
-                       for f in ("fused", "separate"))
-    return {"separate_us": t.median_us, "fusion_speedup": t.median_us / fused_us,
-            "fused_bytes": fused, "separate_bytes": separate}
+    t, _ = time_calls(
+        clock, lambda i: lambda: backend.separate(**sets[i].kwargs()), len(sets), backend.capturable, quick
+    )
+    fused, separate = (
+        sum(backend.pass_bytes(dims.T, dims.K, dims.I, dims.top_k, hit, quant, f).values())
+        for f in ("fused", "separate")
+    )
+    return {
+        "separate_us": t.median_us,
+        "fusion_speedup": t.median_us / fused_us,
+        "fused_bytes": fused,
+        "separate_bytes": separate,
+    }
 
 
-def time_case(clock: Clock, case: Case, rows: dict, backends: dict, ceilings: Ceilings, quick: bool,
-              budget: Budget, progress=lambda text: None) -> None:
+def time_case(
+    clock: Clock,
+    case: Case,
+    rows: dict,
+    backends: dict,
+    ceilings: Ceilings,
+    quick: bool,
+    budget: Budget,
+    progress=lambda text: None,
+) -> None:
     """Time every backend of the case that ran; fill its row. The budget is checked between backends
     (a CUDA graph capture is not interrupted halfway)."""
     set_bytes = sum(t.numel() * t.element_size() for t in (case.inputs.w1, case.inputs.w2))

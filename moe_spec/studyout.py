@@ -32,8 +32,8 @@ import argparse
 import math
 import os
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Callable, Mapping, Optional, Sequence
 
 
 class UsageError(ValueError):
@@ -50,7 +50,7 @@ def _names(files: Sequence[str]) -> str:
     return f"{', '.join(rest)} and {last}" if rest else last
 
 
-def check_out(text: Optional[str], files: Sequence[str] = ()) -> Path:
+def check_out(text: str | None, files: Sequence[str] = ()) -> Path:
     """``text`` as a Path when it names a new or empty directory (created by :func:`write_files`);
     :class:`OutError` otherwise. ``files`` names what the command writes there (for the message)."""
     if not text:
@@ -66,7 +66,7 @@ def check_out(text: Optional[str], files: Sequence[str] = ()) -> Path:
     return out
 
 
-def out_or_exit(prog: str, text: Optional[str], files: Sequence[str] = ()) -> Path:
+def out_or_exit(prog: str, text: str | None, files: Sequence[str] = ()) -> Path:
     """:func:`check_out`, or one line ``<prog>: error: --out: …`` on stderr and exit status 2."""
     try:
         return check_out(text, files)
@@ -88,14 +88,23 @@ def write_files(out: Path, texts: Mapping[str, str]) -> None:
 def header_lines(info: Mapping) -> list[str]:
     """``- date: …``, ``- device: …``, ``- commit: `…```, ``- command: `…``` and, when ``info`` has
     python, torch and triton, ``- versions: python …, torch …, triton …``."""
-    lines = [f"- date: {info['date']}", f"- device: {info['device']}", f"- commit: `{info['commit']}`",
-             f"- command: `{info['command']}`"]
+    lines = [
+        f"- date: {info['date']}",
+        f"- device: {info['device']}",
+        f"- commit: `{info['commit']}`",
+        f"- command: `{info['command']}`",
+    ]
     versions = [f"{k} {info[k]}" for k in ("python", "torch", "triton") if k in info]
     return lines + ([f"- versions: {', '.join(versions)}"] if versions else [])
 
 
-def gpu_study_parser(prog: str, doc: str, files: Sequence[str], deadline_s: float,
-                     deadline_help: str = "no cell starts after this many seconds"):
+def gpu_study_parser(
+    prog: str,
+    doc: str,
+    files: Sequence[str],
+    deadline_s: float,
+    deadline_help: str = "no cell starts after this many seconds",
+):
     """The options every timed GPU study shares: ``--out`` (a new or empty directory for ``files``),
     ``--deadline-s`` and ``--commit``; a study adds its own before :func:`start_gpu_study`."""
     p = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
@@ -191,8 +200,15 @@ def _where(interrupted, options) -> str:
     return "nothing written" if out is None else interrupted.format(out=out)
 
 
-def run_command(prog: str, argv: Optional[Sequence[str]], parse: Callable, run: Callable, *,
-                interrupted="nothing written", errors: tuple = ()) -> int:
+def run_command(
+    prog: str,
+    argv: Sequence[str] | None,
+    parse: Callable,
+    run: Callable,
+    *,
+    interrupted="nothing written",
+    errors: tuple = (),
+) -> int:
     """A command's ``main``: ``run(parse(argv), argv)``, ``argv`` being ``sys.argv[1:]`` when None.
 
     A :class:`UsageError` (or one of ``errors``) is one line ``<prog>: error: …`` on stderr and exit

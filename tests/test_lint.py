@@ -10,8 +10,9 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("command", [["check", "--no-cache", "."], ["format", "--check", "--no-cache", "."]],
-                         ids=["check", "format"])
+@pytest.mark.parametrize(
+    "command", [["check", "--no-cache", "."], ["format", "--check", "--no-cache", "."]], ids=["check", "format"]
+)
 def test_ruff_passes(command):
     run = subprocess.run([sys.executable, "-m", "ruff", *command], cwd=ROOT, capture_output=True, text=True)
     assert "No module named ruff" not in run.stderr, "ruff is a test dependency: pip install -e '.[test]'"

@@ -74,8 +74,10 @@ def _graph_of(sources: dict) -> dict:
             name = name.rpartition(".")[0]
         return name
 
-    return {mod: {owner(n) for n in _imported_names(mod, is_pkg, text, sources)} - {"", mod}
-            for mod, (is_pkg, text) in sources.items()}
+    return {
+        mod: {owner(n) for n in _imported_names(mod, is_pkg, text, sources)} - {"", mod}
+        for mod, (is_pkg, text) in sources.items()
+    }
 
 
 def _import_graph():
@@ -157,15 +159,22 @@ def _longest_chain(graph, among) -> list:
 
 def _product_of(graph, backend: str) -> set:
     """A backend's product modules: all but its lab, its package facade (``__init__``) and ``__main__``."""
-    return {m for m in graph if m.split(".")[0] == backend and m != backend and not _is_lab(m)
-            and not m.endswith(".__main__")}
+    return {
+        m
+        for m in graph
+        if m.split(".")[0] == backend and m != backend and not _is_lab(m) and not m.endswith(".__main__")
+    }
 
 
 def test_no_import_points_up_a_layer_and_backends_never_import_each_other():
     graph = _import_graph()
     assert {m.split(".")[0] for m in graph} == set().union(*LAYERS)
-    bad = [f"{m} -> {d}" for m, deps in graph.items() for d in deps
-           if _layer(d) > _layer(m) or (_layer(d) == _layer(m) == 1 and d.split(".")[0] != m.split(".")[0])]
+    bad = [
+        f"{m} -> {d}"
+        for m, deps in graph.items()
+        for d in deps
+        if _layer(d) > _layer(m) or (_layer(d) == _layer(m) == 1 and d.split(".")[0] != m.split(".")[0])
+    ]
     assert not bad, bad
 
 
@@ -175,10 +184,20 @@ def test_the_product_never_imports_the_lab():
 
 
 def test_the_lab_rule_finds_a_product_module_importing_the_lab():
-    graph = {"p.kernel": {"p.lab.bench"}, "p.lab.bench": {"p.kernel"}, "q.studies.profile": {"q.suite"},
-             "q.suite": {"q.studies.stall"}, "q.studies.stall": set(), "q.lab": set(), "q.cli": {"q.lab"}}
-    assert _product_imports_of_the_lab(graph) == ["p.kernel -> p.lab.bench", "q.cli -> q.lab",
-                                                  "q.suite -> q.studies.stall"]
+    graph = {
+        "p.kernel": {"p.lab.bench"},
+        "p.lab.bench": {"p.kernel"},
+        "q.studies.profile": {"q.suite"},
+        "q.suite": {"q.studies.stall"},
+        "q.studies.stall": set(),
+        "q.lab": set(),
+        "q.cli": {"q.lab"},
+    }
+    assert _product_imports_of_the_lab(graph) == [
+        "p.kernel -> p.lab.bench",
+        "q.cli -> q.lab",
+        "q.suite -> q.studies.stall",
+    ]
 
 
 def test_the_import_graph_has_no_cycle():
@@ -190,19 +209,25 @@ def test_the_cycle_finder_finds_a_cycle():
 
 
 def test_the_import_reader_reads_importlib_and_dunder_import_literals():
-    sources = {"p": (True, ""),
-               "p.a": (False, "import importlib\ndef f():\n    return importlib.import_module('p.b').g\n"),
-               "p.b": (False, "def g():\n    return __import__('p.c')\n"),
-               "p.c": (False, "from importlib import import_module\nimport_module('p.a')\n"),
-               "p.d": (False, "import importlib\nname = 'p.a'\nimportlib.import_module(name)\n")}
+    sources = {
+        "p": (True, ""),
+        "p.a": (False, "import importlib\ndef f():\n    return importlib.import_module('p.b').g\n"),
+        "p.b": (False, "def g():\n    return __import__('p.c')\n"),
+        "p.c": (False, "from importlib import import_module\nimport_module('p.a')\n"),
+        "p.d": (False, "import importlib\nname = 'p.a'\nimportlib.import_module(name)\n"),
+    }
     graph = _graph_of(sources)
     assert graph == {"p": set(), "p.a": {"p.b"}, "p.b": {"p.c"}, "p.c": {"p.a"}, "p.d": set()}
     assert _cycles(graph) == [["p.a", "p.b", "p.c"]]
 
 
 def test_the_import_reader_resolves_relative_imports():
-    sources = {"p": (True, "from .x import y\n"), "p.x": (True, "from . import y\nfrom .y import Thing\n"),
-               "p.x.y": (False, "from ..z import *\n"), "p.z": (False, "")}
+    sources = {
+        "p": (True, "from .x import y\n"),
+        "p.x": (True, "from . import y\nfrom .y import Thing\n"),
+        "p.x.y": (False, "from ..z import *\n"),
+        "p.z": (False, ""),
+    }
     assert _graph_of(sources) == {"p": {"p.x.y"}, "p.x": {"p.x.y"}, "p.x.y": {"p.z"}, "p.z": set()}
 
 
@@ -210,8 +235,9 @@ def test_the_import_reader_resolves_relative_imports():
 def test_the_longest_import_chain_in_a_backends_product_is_short(backend):
     graph = _import_graph()
     chain = _longest_chain(graph, _product_of(graph, backend))
-    assert len(chain) <= MAX_CHAIN, (f"{backend}'s product imports {len(chain)} modules deep (at most {MAX_CHAIN}): "
-                                     + " -> ".join(chain))
+    assert len(chain) <= MAX_CHAIN, (
+        f"{backend}'s product imports {len(chain)} modules deep (at most {MAX_CHAIN}): " + " -> ".join(chain)
+    )
 
 
 def test_the_chain_finder_finds_the_longest_chain():

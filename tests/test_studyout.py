@@ -11,9 +11,17 @@ from moe_spec import runinfo, studyout
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = ("a.md", "a.json")
-COMMANDS = ("cute_moe/lab/crossover.py", "cute_moe/lab/bench_align.py", "cute_moe/lab/bench_pingpong.py",
-            "triton_moe/lab/promotion.py", "triton_moe/lab/bench_align.py", "triton_moe/lab/bench_tma.py",
-            "triton_moe/lab/bench_splitk.py", "triton_moe/lab/bench_static.py", "triton_moe/lab/bench_gemm2.py")
+COMMANDS = (
+    "cute_moe/lab/crossover.py",
+    "cute_moe/lab/bench_align.py",
+    "cute_moe/lab/bench_pingpong.py",
+    "triton_moe/lab/promotion.py",
+    "triton_moe/lab/bench_align.py",
+    "triton_moe/lab/bench_tma.py",
+    "triton_moe/lab/bench_splitk.py",
+    "triton_moe/lab/bench_static.py",
+    "triton_moe/lab/bench_gemm2.py",
+)
 
 
 def _refusal(text) -> str:
@@ -36,7 +44,9 @@ def test_a_file_is_refused(tmp_path):
 def test_a_non_empty_directory_is_refused_and_left_alone(tmp_path):
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "a.md").write_text("an earlier run")
-    assert "is not empty; give a new or empty directory (no directory mixes two runs)" in _refusal(str(tmp_path / "used"))
+    assert "is not empty; give a new or empty directory (no directory mixes two runs)" in _refusal(
+        str(tmp_path / "used")
+    )
     (tmp_path / "hidden").mkdir()
     (tmp_path / "hidden" / ".a.md.partial").write_text("")  # a leftover counts too
     assert "is not empty" in _refusal(str(tmp_path / "hidden"))
@@ -46,8 +56,10 @@ def test_a_non_empty_directory_is_refused_and_left_alone(tmp_path):
 def test_a_path_that_cannot_be_created_is_refused(tmp_path):
     (tmp_path / "file").write_text("x")
     message = _refusal(str(tmp_path / "file" / "sub" / "out"))
-    assert message == (f"--out: cannot create {str(tmp_path / 'file' / 'sub' / 'out')!r}: "
-                       f"{str(tmp_path / 'file')!r} is not a writable directory")
+    assert message == (
+        f"--out: cannot create {str(tmp_path / 'file' / 'sub' / 'out')!r}: "
+        f"{str(tmp_path / 'file')!r} is not a writable directory"
+    )
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root may write into any directory")
@@ -143,10 +155,20 @@ def _stderr_of(module, argv, capsys) -> str:
     return err
 
 
-@pytest.mark.parametrize("name", ["cute_moe.lab.crossover", "cute_moe.lab.bench_align", "cute_moe.lab.bench_pingpong",
-                                  "triton_moe.lab.promotion", "triton_moe.lab.bench_align", "triton_moe.lab.bench_tma",
-                                  "triton_moe.lab.bench_splitk", "triton_moe.lab.bench_static",
-                                  "triton_moe.lab.bench_gemm2"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "cute_moe.lab.crossover",
+        "cute_moe.lab.bench_align",
+        "cute_moe.lab.bench_pingpong",
+        "triton_moe.lab.promotion",
+        "triton_moe.lab.bench_align",
+        "triton_moe.lab.bench_tma",
+        "triton_moe.lab.bench_splitk",
+        "triton_moe.lab.bench_static",
+        "triton_moe.lab.bench_gemm2",
+    ],
+)
 def test_every_command_refuses_a_used_out_in_one_line_before_any_work(name, tmp_path, capsys):
     import importlib
 
@@ -154,8 +176,11 @@ def test_every_command_refuses_a_used_out_in_one_line_before_any_work(name, tmp_
     (tmp_path / "file").write_text("x")
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "old.md").write_text("an earlier run")
-    for out, why in ((tmp_path / "file", "exists and is not a directory"), (tmp_path / "used", "is not empty"),
-                     (tmp_path / "file" / "sub", "cannot create")):
+    for out, why in (
+        (tmp_path / "file", "exists and is not a directory"),
+        (tmp_path / "used", "is not empty"),
+        (tmp_path / "file" / "sub", "cannot create"),
+    ):
         err = _stderr_of(module, ["--out", str(out)], capsys)
         assert len(err.strip().splitlines()) == 1 and "error: --out: " in err, err
         assert repr(str(out)) in err and why in err, err
@@ -169,7 +194,9 @@ def test_out_or_exit_prints_one_line_and_exits_2(tmp_path, capsys):
         studyout.out_or_exit("python -m some.study", str(tmp_path / "used"), FILES)
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.startswith("python -m some.study: error: --out: ") and err.count("\n") == 1
-    assert studyout.out_or_exit("p", str(tmp_path / "new"), FILES) == tmp_path / "new" and not (tmp_path / "new").exists()
+    assert (
+        studyout.out_or_exit("p", str(tmp_path / "new"), FILES) == tmp_path / "new" and not (tmp_path / "new").exists()
+    )
 
 
 # --- the command line: one parser, list and number rules, one main ---------------------------------------------
@@ -196,8 +223,11 @@ def test_lists_and_numbers():
         with pytest.raises(studyout.UsageError, match=f"^--a: empty item in list {re.escape(repr(text))}$"):
             studyout.split_list("--a", text)
     assert studyout.positive_ints("--tokens", "8,08,1,8") == (8, 1)
-    with pytest.raises(studyout.UsageError, match=r"^--tokens: bad token count '0' in '1,0': expected positive "
-                                                  r"integers, e.g. 1,8,32$"):
+    with pytest.raises(
+        studyout.UsageError,
+        match=r"^--tokens: bad token count '0' in '1,0': expected positive "
+        r"integers, e.g. 1,8,32$",
+    ):
         studyout.positive_ints("--tokens", "1,0")
     with pytest.raises(studyout.UsageError, match=r"^--m: bad count '-2' in '-2': expected positive integers, e.g. 4$"):
         studyout.positive_ints("--m", "-2", noun="count", example="4")
@@ -211,7 +241,9 @@ def test_lists_and_numbers():
 
 def test_shape_labels_are_canonical_and_unknown_ones_named():
     assert studyout.shape_labels("--shapes", "QWEN3-30B-A3B,qwen3-30b-a3b:tp1,mixtral-8x7b") == (
-        "qwen3-30b-a3b", "mixtral-8x7b")
+        "qwen3-30b-a3b",
+        "mixtral-8x7b",
+    )
     with pytest.raises(studyout.UsageError, match=r"^--shapes: unknown shape 'gpt5'"):
         studyout.shape_labels("--shapes", "mixtral-8x7b,gpt5")
 
@@ -238,14 +270,17 @@ def test_run_command_exit_statuses_and_one_line_messages(capsys):
         return 0
 
     def main(argv):
-        return studyout.run_command("p", argv, parse, run, errors=(_Stop,),
-                                    interrupted=lambda o: f"the rest is in {o['out']}")
+        return studyout.run_command(
+            "p", argv, parse, run, errors=(_Stop,), interrupted=lambda o: f"the rest is in {o['out']}"
+        )
 
     assert main(["go"]) == 0 and capsys.readouterr().out == "ran ['go']\n"
-    expected = {("bad",): (2, "p: error: --x: bad\n"),
-                ("stop",): (2, "p: error: --y: refused by a command's own error\n"),
-                ("interrupt",): (130, "p: interrupted (Ctrl-C); the rest is in DIR\n"),
-                ("ctrl-c",): (130, "p: interrupted (Ctrl-C); nothing written\n")}
+    expected = {
+        ("bad",): (2, "p: error: --x: bad\n"),
+        ("stop",): (2, "p: error: --y: refused by a command's own error\n"),
+        ("interrupt",): (130, "p: interrupted (Ctrl-C); the rest is in DIR\n"),
+        ("ctrl-c",): (130, "p: interrupted (Ctrl-C); nothing written\n"),
+    }
     for argv, (status, err) in expected.items():
         assert main(list(argv)) == status
         assert capsys.readouterr().err == err
@@ -254,10 +289,11 @@ def test_run_command_exit_statuses_and_one_line_messages(capsys):
     def interrupt(options, argv):
         raise KeyboardInterrupt
 
-    for options, err in ((argparse.Namespace(out=Path("d")), "p: interrupted (Ctrl-C); the rest is in d\n"),
-                         (argparse.Namespace(out=None), "p: interrupted (Ctrl-C); nothing written\n")):
-        assert studyout.run_command("p", [], lambda argv: options, interrupt,
-                                    interrupted="the rest is in {out}") == 130
+    for options, err in (
+        (argparse.Namespace(out=Path("d")), "p: interrupted (Ctrl-C); the rest is in d\n"),
+        (argparse.Namespace(out=None), "p: interrupted (Ctrl-C); nothing written\n"),
+    ):
+        assert studyout.run_command("p", [], lambda argv: options, interrupt, interrupted="the rest is in {out}") == 130
         assert capsys.readouterr().err == err
     with pytest.raises(ValueError, match="not a usage error"):  # any other error is the command's bug: a traceback
         studyout.run_command("p", [], parse, lambda o, a: (_ for _ in ()).throw(ValueError("not a usage error")))
@@ -267,9 +303,11 @@ def test_run_command_ends_quietly_when_stdout_is_closed():
     import subprocess
     import sys
 
-    code = ("from moe_spec import studyout\n"
-            "def run(options, argv):\n"
-            "    raise BrokenPipeError\n"
-            "raise SystemExit(studyout.run_command('p', [], lambda argv: None, run))\n")
+    code = (
+        "from moe_spec import studyout\n"
+        "def run(options, argv):\n"
+        "    raise BrokenPipeError\n"
+        "raise SystemExit(studyout.run_command('p', [], lambda argv: None, run))\n"
+    )
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert (r.returncode, r.stderr) == (1, "")

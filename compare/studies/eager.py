@@ -36,7 +36,7 @@ from moe_spec.timing import host_us
 def eager_us(fn, kwargs: dict, calls: int = 50, repeats: int = 5) -> float:
     """Median over ``repeats`` of the wall time of ``calls`` back-to-back ``fn(**kwargs)``, one
     ``torch.cuda.synchronize()`` at the end of each repeat, in µs per call (after a warm-up call)."""
-    return eager_sets_us(lambda i: (lambda: fn(**kwargs)), 1, calls=calls, repeats=repeats)
+    return eager_sets_us(lambda i: lambda: fn(**kwargs), 1, calls=calls, repeats=repeats)
 
 
 def main(argv=None) -> None:
@@ -66,7 +66,7 @@ def main(argv=None) -> None:
                 continue
             try:
                 eager = eager_us(fn, kw)
-                graph = time_cuda_graph(lambda i: (lambda: fn(**kw)), 1).median_us
+                graph = time_cuda_graph(lambda i: lambda: fn(**kw), 1).median_us
             except NotImplementedError:
                 continue
             print(f"| {name} | {shape.label} | {a.quant} | {T} | {eager:.1f} | {graph:.1f} |", flush=True)

@@ -46,20 +46,43 @@ IMPLEMENTATIONS = ("eager", "grouped_mm", "triton_moe", "cute_moe", "batched_mm"
 FORMATS = ("bf16", "fp8_block")
 
 MODELS = {  # real layer shapes; --layers decides the depth
-    "qwen3_30b_a3b": ("Qwen3MoeConfig", dict(vocab_size=151936, hidden_size=2048, num_attention_heads=32,
-                                             num_key_value_heads=4, head_dim=128, moe_intermediate_size=768,
-                                             num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
-                                             decoder_sparse_step=1)),
-    "mixtral_8x7b": ("MixtralConfig", dict(vocab_size=32000, hidden_size=4096, num_attention_heads=32,
-                                           num_key_value_heads=8, intermediate_size=14336, num_local_experts=8,
-                                           num_experts_per_tok=2)),
+    "qwen3_30b_a3b": (
+        "Qwen3MoeConfig",
+        dict(
+            vocab_size=151936,
+            hidden_size=2048,
+            num_attention_heads=32,
+            num_key_value_heads=4,
+            head_dim=128,
+            moe_intermediate_size=768,
+            num_experts=128,
+            num_experts_per_tok=8,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+        ),
+    ),
+    "mixtral_8x7b": (
+        "MixtralConfig",
+        dict(
+            vocab_size=32000,
+            hidden_size=4096,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            intermediate_size=14336,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+        ),
+    ),
 }
 
 
 def run_info(commit: str | None) -> dict:
     """Date, device, commit and command of this run (:func:`moe_spec.runinfo.run_info`), plus transformers' version."""
-    info = runinfo.run_info(runinfo.command_line("python -m compare.studies.hf_bench", sys.argv[1:]),
-                            cuda=torch.cuda.is_available(), commit=commit)
+    info = runinfo.run_info(
+        runinfo.command_line("python -m compare.studies.hf_bench", sys.argv[1:]),
+        cuda=torch.cuda.is_available(),
+        commit=commit,
+    )
     info["transformers"] = transformers.__version__
     return info
 
@@ -158,23 +181,32 @@ def write(out: Path, stem: str, results: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
     s = results["setup"]
-    lines = [f"# transformers experts implementations, whole model — {results['device']}", "",
-             f"- date: {results['date']}", f"- commit: `{results['commit']}`", f"- command: `{results['command']}`",
-             f"- versions: python {results['python']}, torch {results['torch']}, triton {results['triton']}, "
-             f"transformers {results['transformers']}",
-             f"- model: {s['model']} layer shapes, {s['layers']} decoder layers, random weights, bf16 "
-             f"(FP8 rows: experts only, 128×128 blocks); prefill {s['prefill'][0]}×{s['prefill'][1]} tokens "
-             f"(median of {s['reps']}); decode batch {s['decode_batch']}, {s['decode_steps']} steps after a "
-             f"{s['decode_prompt']}-token prompt",
-             "- whole-model times: attention, norms, router and lm_head are in every row; only the experts differ", "",
-             "| format | implementation | prefill ms | prefill tok/s | decode tok/s | first call s "
-             "| rel L2 vs eager bf16 | status |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# transformers experts implementations, whole model — {results['device']}",
+        "",
+        f"- date: {results['date']}",
+        f"- commit: `{results['commit']}`",
+        f"- command: `{results['command']}`",
+        f"- versions: python {results['python']}, torch {results['torch']}, triton {results['triton']}, "
+        f"transformers {results['transformers']}",
+        f"- model: {s['model']} layer shapes, {s['layers']} decoder layers, random weights, bf16 "
+        f"(FP8 rows: experts only, 128×128 blocks); prefill {s['prefill'][0]}×{s['prefill'][1]} tokens "
+        f"(median of {s['reps']}); decode batch {s['decode_batch']}, {s['decode_steps']} steps after a "
+        f"{s['decode_prompt']}-token prompt",
+        "- whole-model times: attention, norms, router and lm_head are in every row; only the experts differ",
+        "",
+        "| format | implementation | prefill ms | prefill tok/s | decode tok/s | first call s "
+        "| rel L2 vs eager bf16 | status |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     fmt = lambda v, f: "" if v is None else format(v, f)  # noqa: E731
     for r in results["rows"]:
-        lines.append(f"| {r['format']} | {r['implementation']} | {fmt(r.get('prefill_ms'), '.2f')} | "
-                     f"{fmt(r.get('prefill_tokens_per_s'), '.0f')} | {fmt(r.get('decode_tokens_per_s'), '.0f')} | "
-                     f"{fmt(r.get('first_call_s'), '.1f')} | {fmt(r.get('rel_l2_vs_eager_bf16'), '.2e')} | "
-                     f"{r['status']} |")
+        lines.append(
+            f"| {r['format']} | {r['implementation']} | {fmt(r.get('prefill_ms'), '.2f')} | "
+            f"{fmt(r.get('prefill_tokens_per_s'), '.0f')} | {fmt(r.get('decode_tokens_per_s'), '.0f')} | "
+            f"{fmt(r.get('first_call_s'), '.1f')} | {fmt(r.get('rel_l2_vs_eager_bf16'), '.2e')} | "
+            f"{r['status']} |"
+        )
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
 
 
@@ -182,8 +214,12 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(prog="python -m compare.studies.hf_bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", choices=sorted(MODELS), default="qwen3_30b_a3b")
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--prefill", type=lambda s: tuple(int(v) for v in s.split("x")), default=(1, 1024),
-                    help="BATCHxLENGTH of the prefill (default 1x1024)")
+    ap.add_argument(
+        "--prefill",
+        type=lambda s: tuple(int(v) for v in s.split("x")),
+        default=(1, 1024),
+        help="BATCHxLENGTH of the prefill (default 1x1024)",
+    )
     ap.add_argument("--decode-batch", type=int, default=8)
     ap.add_argument("--decode-steps", type=int, default=32)
     ap.add_argument("--decode-prompt", type=int, default=128, help="prompt length before the decode steps")
@@ -206,10 +242,19 @@ def main(argv=None) -> dict:
     for option, given, allowed in (("--implementations", impls, IMPLEMENTATIONS), ("--formats", formats, FORMATS)):
         if not set(given) <= set(allowed):
             raise SystemExit(f"{option}: unknown {sorted(set(given) - set(allowed))}; expected some of {allowed}")
-    results = {**run_info(args.commit), "rows": [],
-               "setup": {"model": args.model, "layers": args.layers, "prefill": list(args.prefill), "reps": args.reps,
-                         "decode_batch": args.decode_batch, "decode_steps": args.decode_steps,
-                         "decode_prompt": args.decode_prompt}}
+    results = {
+        **run_info(args.commit),
+        "rows": [],
+        "setup": {
+            "model": args.model,
+            "layers": args.layers,
+            "prefill": list(args.prefill),
+            "reps": args.reps,
+            "decode_batch": args.decode_batch,
+            "decode_steps": args.decode_steps,
+            "decode_prompt": args.decode_prompt,
+        },
+    }
     stem = f"hf_bench_{args.model}_{results['date'][:10]}"
     model = build_model(args.model, args.layers, args.device, json.loads(args.config))
     with torch.no_grad():
@@ -220,7 +265,11 @@ def main(argv=None) -> dict:
             hx.quantize_experts(model, "block")
         for impl in impls:
             if time.monotonic() - start > args.deadline_s:
-                row = {"format": fmt, "implementation": impl, "status": f"skipped: past --deadline-s {args.deadline_s:g}"}
+                row = {
+                    "format": fmt,
+                    "implementation": impl,
+                    "status": f"skipped: past --deadline-s {args.deadline_s:g}",
+                }
             else:
                 row = measure(model, impl, fmt, args, reference)
             results["rows"].append(row)

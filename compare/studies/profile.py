@@ -31,9 +31,9 @@ import os
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Optional
 
 import torch
 
@@ -86,7 +86,7 @@ def short(name: str, width: int = NAME_WIDTH) -> str:  # the markdown's kernel c
 
 
 def stage_of(name: str) -> str:
-    """"memcpy"/"memset" (the profiler's names for copies and fills), else the stage of
+    """ "memcpy"/"memset" (the profiler's names for copies and fills), else the stage of
     :data:`STAGE_RULES` read from the name's core: :func:`display_name` without C++ templates and arguments."""
     low = name.strip().lower()
     if low.startswith(("memcpy", "memset")):
@@ -108,19 +108,34 @@ def aggregate(records: Iterable[tuple[str, float]], calls: int) -> dict:
         count[name] += 1
         total[name] += us
     n = len(records) // calls
-    seqs = [records[i * n:(i + 1) * n] for i in range(calls)]
+    seqs = [records[i * n : (i + 1) * n] for i in range(calls)]
     regular = n * calls == len(records) and all([r[0] for r in q] == [r[0] for r in seqs[0]] for q in seqs)
     busy = sum(total.values())
-    kernels = [{"name": k, "display": display_name(k), "stage": stage_of(k), "count": count[k],
-                "calls_per_call": count[k] / calls, "us_per_call": total[k] / calls,
-                "share": total[k] / busy if busy else 0.0,
-                "launch_us": [sum(q[j][1] for q in seqs) / calls for j in range(n) if seqs[0][j][0] == k]
-                if regular else None} for k in sorted(total, key=lambda k: (-total[k], k))]
+    kernels = [
+        {
+            "name": k,
+            "display": display_name(k),
+            "stage": stage_of(k),
+            "count": count[k],
+            "calls_per_call": count[k] / calls,
+            "us_per_call": total[k] / calls,
+            "share": total[k] / busy if busy else 0.0,
+            "launch_us": [sum(q[j][1] for q in seqs) / calls for j in range(n) if seqs[0][j][0] == k]
+            if regular
+            else None,
+        }
+        for k in sorted(total, key=lambda k: (-total[k], k))
+    ]
     of = lambda stages, key: sum(k[key] for k in kernels if k["stage"] in stages)  # noqa: E731
-    return {"calls": calls, "launches_per_call": of(STAGES[:-2], "calls_per_call"),
-            "memcpy_per_call": of(("memcpy",), "calls_per_call"), "memset_per_call": of(("memset",), "calls_per_call"),
-            "busy_us": busy / calls, "kernels": kernels,
-            "stages": {s: of((s,), "us_per_call") for s in STAGES if any(k["stage"] == s for k in kernels)}}
+    return {
+        "calls": calls,
+        "launches_per_call": of(STAGES[:-2], "calls_per_call"),
+        "memcpy_per_call": of(("memcpy",), "calls_per_call"),
+        "memset_per_call": of(("memset",), "calls_per_call"),
+        "busy_us": busy / calls,
+        "kernels": kernels,
+        "stages": {s: of((s,), "us_per_call") for s in STAGES if any(k["stage"] == s for k in kernels)},
+    }
 
 
 def _device_us(event) -> float:
@@ -138,6 +153,7 @@ def device_records(events) -> list[tuple[str, float]]:
 def torch_profile(run: Callable[[], None]) -> list[tuple[str, float]]:
     """Run ``run`` (which synchronizes at its end) under ``torch.profiler`` with the CUDA activity."""
     from torch.profiler import ProfilerActivity, profile
+
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         run()
     return device_records(prof.events())
@@ -149,7 +165,7 @@ class Cell:
     shape: str  # catalog label, e.g. "deepseek-v3:tp8"
     T: int
     quant: str  # format label: "bf16", "fp8_tensor", ...
-    target_us: Optional[float] = None
+    target_us: float | None = None
 
     @property
     def title(self) -> str:
@@ -159,8 +175,11 @@ class Cell:
         return {"cell": self.title, **asdict(self), "status": "not run"}
 
 
-TARGET_CELLS = tuple(Cell(backend, shape, T, quant, float(us)) for (quant, backend, shape), by_T in TARGETS.items()
-                     for T, us in by_T.items())
+TARGET_CELLS = tuple(
+    Cell(backend, shape, T, quant, float(us))
+    for (quant, backend, shape), by_T in TARGETS.items()
+    for T, us in by_T.items()
+)
 
 
 def parse_names(option: str, text: str, known) -> tuple:
@@ -179,16 +198,24 @@ def select_cells(backends=None, shapes=None, quants=None, tokens=None, *, grid=F
         if not tokens:
             raise UsageError("--grid: needs --tokens (the token counts of the combinations)")
         known = {(c.backend, c.shape, c.T, c.quant): c for c in targets}
-        lists = (backends or BACKENDS, shapes or tuple(dict.fromkeys(c.shape for c in targets)), tokens,
-                 quants or ("bf16",))
+        lists = (
+            backends or BACKENDS,
+            shapes or tuple(dict.fromkeys(c.shape for c in targets)),
+            tokens,
+            quants or ("bf16",),
+        )
         cells = [known.get(key, Cell(*key)) for key in itertools.product(*lists)]
     else:
         keep = lambda value, allowed: allowed is None or value in allowed  # noqa: E731
-        cells = [c for c in targets if keep(c.backend, backends) and keep(c.shape, shapes) and keep(c.T, tokens)
-                 and keep(c.quant, quants)]
+        cells = [
+            c
+            for c in targets
+            if keep(c.backend, backends) and keep(c.shape, shapes) and keep(c.T, tokens) and keep(c.quant, quants)
+        ]
         if not cells:
-            raise UsageError("no target cell matches --backends/--shapes/--quants/--tokens "
-                             "(--grid runs any combination of them)")
+            raise UsageError(
+                "no target cell matches --backends/--shapes/--quants/--tokens (--grid runs any combination of them)"
+            )
     return cells[:QUICK_CELLS] if quick else cells
 
 
@@ -205,16 +232,27 @@ class Env:
 
 def status_of(exc: BaseException) -> str:
     first = (str(exc).strip().splitlines() or [""])[0][:300]
-    kind = ("not implemented" if isinstance(exc, NotImplementedError) else
-            "out of memory" if isinstance(exc, torch.OutOfMemoryError) else "error")
+    kind = (
+        "not implemented"
+        if isinstance(exc, NotImplementedError)
+        else "out of memory"
+        if isinstance(exc, torch.OutOfMemoryError)
+        else "error"
+    )
     return f"{kind}: {type(exc).__name__}: {first}"
 
 
 def build_sets(cell: Cell, env: Env, seed: int) -> list:
     """The cell's problem as the suite builds it, plus copies: enough sets for a cold L2."""
     shape = env.shape_of(cell.shape)
-    inputs = make_inputs(shape, cell.T, QUANT_NAMES[cell.quant], seed=seed, device=env.device,
-                         weights_bf16=draw_weights(shape, seed, env.device))
+    inputs = make_inputs(
+        shape,
+        cell.T,
+        QUANT_NAMES[cell.quant],
+        seed=seed,
+        device=env.device,
+        weights_bf16=draw_weights(shape, seed, env.device),
+    )
     n = sets_for_cold_l2(sum(t.numel() * t.element_size() for t in (inputs.w1, inputs.w2)))
     return [inputs] + [timed.clone_inputs(inputs) for _ in range(n - 1)]
 
@@ -243,39 +281,63 @@ def _on_cell(cell: Cell, env: Env, seed: int, key: str, measure: Callable) -> di
 
 def time_cell(cell: Cell, env: Env, calls: int, seed: int) -> dict:
     """Phase 1 of one cell: status, graph µs (median, p10, p90, how it was timed), eager µs, met."""
+
     def measure(backend, sets, run):
-        make_call = lambda i: (lambda: backend.fused_moe(**sets[i].kwargs()))  # noqa: E731
+        make_call = lambda i: lambda: backend.fused_moe(**sets[i].kwargs())  # noqa: E731
         t, note = timed.time_calls(env.clock, make_call, len(sets), backend.capturable, False)
         env.clock.sync()
         start = time.perf_counter()
         run(calls)
         met = None if cell.target_us is None else t.median_us <= cell.target_us
-        return {"graph_us": t.median_us, "graph_p10_us": t.p10_us, "graph_p90_us": t.p90_us, "timing": note,
-                "input_sets": len(sets), "eager_us": (time.perf_counter() - start) / calls * 1e6, "met": met}
+        return {
+            "graph_us": t.median_us,
+            "graph_p10_us": t.p10_us,
+            "graph_p90_us": t.p90_us,
+            "timing": note,
+            "input_sets": len(sets),
+            "eager_us": (time.perf_counter() - start) / calls * 1e6,
+            "met": met,
+        }
+
     return _on_cell(cell, env, seed, "status", measure)
 
 
 def profile_cell(cell: Cell, env: Env, calls: int, seed: int) -> dict:
     """Phase 2 of one cell: the aggregated device events of ``calls`` eager calls."""
+
     def measure(backend, sets, run):
         return {"profile": aggregate(env.profile(lambda: run(calls)), calls)}
+
     row = _on_cell(cell, env, seed, "profile_status", measure)
     if row.get("profile") is not None and not row["profile"]["kernels"]:
         row["profile_status"] = "no device events recorded (is CUPTI available here?)"
     return row
 
 
-def run_profile(cells: list, *, env: Optional[Env] = None, calls: int = PROFILE_CALLS,
-                time_budget_s: Optional[float] = None, seed: int = 0, command: str = "run_profile(...)",
-                commit: Optional[str] = None, write: Callable = lambda result: None,
-                say: Callable = lambda text: None) -> dict:
+def run_profile(
+    cells: list,
+    *,
+    env: Env | None = None,
+    calls: int = PROFILE_CALLS,
+    time_budget_s: float | None = None,
+    seed: int = 0,
+    command: str = "run_profile(...)",
+    commit: str | None = None,
+    write: Callable = lambda result: None,
+    say: Callable = lambda text: None,
+) -> dict:
     """Both phases over ``cells``; ``write(result)`` after every cell. Returns {"meta", "cells"}."""
     env = env or Env()
     budget = Budget(time_budget_s)
     reserve = PROFILE_RESERVE_S * len(cells) if time_budget_s is not None else 0.0
     meta = runinfo.run_info(command, cuda=env.device == "cuda", commit=commit, device=env.clock.device())
-    meta.update(calls=calls, warmup_calls=WARMUP_CALLS, seed=seed, time_budget_s=time_budget_s,
-                stage_rules={s: list(words) for s, words in STAGE_RULES})
+    meta.update(
+        calls=calls,
+        warmup_calls=WARMUP_CALLS,
+        seed=seed,
+        time_budget_s=time_budget_s,
+        stage_rules={s: list(words) for s, words in STAGE_RULES},
+    )
     result = {"meta": meta, "cells": [c.record() for c in cells]}
     for phase, step in (("time", time_cell), ("profile", profile_cell)):
         if phase == "profile" and any(r["status"] == "ok" for r in result["cells"]):
@@ -307,42 +369,72 @@ def _us(v, fmt="{:.1f}") -> str:
 
 def summary_table(result: dict) -> list[str]:
     stages = [s for s in STAGES if any(s in (r.get("profile") or {}).get("stages", {}) for r in result["cells"])]
-    lines = ["| cell | target µs | graph µs | met | eager µs | launches/call | busy µs | "
-             + "".join(f"{s} µs | " for s in stages) + "status |", "|---" * (8 + len(stages)) + "|"]
+    lines = [
+        "| cell | target µs | graph µs | met | eager µs | launches/call | busy µs | "
+        + "".join(f"{s} µs | " for s in stages)
+        + "status |",
+        "|---" * (8 + len(stages)) + "|",
+    ]
     for r in result["cells"]:
         p = r.get("profile") or {}
-        status = r["status"] if r["status"] != "ok" else r.get("profile_status", "ok") + (
-            "" if r.get("timing", "graph") == "graph" else f"; graph µs timed {r['timing']}")
-        lines.append(f"| {r['cell']} | {_us(r['target_us'])} | {_us(r.get('graph_us'))} | {MET[r.get('met')]} "
-                     f"| {_us(r.get('eager_us'))} | {_us(p.get('launches_per_call'), '{:.3g}')} | {_us(p.get('busy_us'))} | "
-                     + "".join(f"{_us(p['stages'].get(s)) if p else '—'} | " for s in stages)
-                     + f"{status.replace('|', '/')} |")
+        status = (
+            r["status"]
+            if r["status"] != "ok"
+            else r.get("profile_status", "ok")
+            + ("" if r.get("timing", "graph") == "graph" else f"; graph µs timed {r['timing']}")
+        )
+        lines.append(
+            f"| {r['cell']} | {_us(r['target_us'])} | {_us(r.get('graph_us'))} | {MET[r.get('met')]} "
+            f"| {_us(r.get('eager_us'))} | {_us(p.get('launches_per_call'), '{:.3g}')} | {_us(p.get('busy_us'))} | "
+            + "".join(f"{_us(p['stages'].get(s)) if p else '—'} | " for s in stages)
+            + f"{status.replace('|', '/')} |"
+        )
     return lines
+
+
+def _launch_split(kernel: dict) -> str:
+    """`` (a + b)``: the µs of each launch of a kernel launched more than once per call; else empty."""
+    launches = kernel.get("launch_us") or ()
+    return " (" + " + ".join(f"{us:.1f}" for us in launches) + ")" if len(launches) > 1 else ""
 
 
 def to_markdown(result: dict) -> str:
     m = result["meta"]
-    lines = ["# Where the layer's time goes, per kernel", "",
-             f"- date: {m['date']}", f"- device: {m['device']}", f"- commit: `{m['commit']}`", f"- command: `{m['command']}`",
-             f"- graph µs: the suite's CUDA-graph clock (median, rotated input sets, cold L2); eager µs: wall time of "
-             f"{m['calls']} back-to-back calls / {m['calls']}; kernels: torch.profiler (CUDA activity) over "
-             f"{m['calls']} eager calls after {m['warmup_calls']} warm-up calls, per layer call; busy µs: the sum of "
-             f"all device events per call",
-             "- stages: the first of " + "; ".join(f"{s} ({', '.join(w)})" for s, w in m["stage_rules"].items())
-             + " found in the kernel name, else other", ""]
+    lines = [
+        "# Where the layer's time goes, per kernel",
+        "",
+        f"- date: {m['date']}",
+        f"- device: {m['device']}",
+        f"- commit: `{m['commit']}`",
+        f"- command: `{m['command']}`",
+        f"- graph µs: the suite's CUDA-graph clock (median, rotated input sets, cold L2); eager µs: wall time of "
+        f"{m['calls']} back-to-back calls / {m['calls']}; kernels: torch.profiler (CUDA activity) over "
+        f"{m['calls']} eager calls after {m['warmup_calls']} warm-up calls, per layer call; busy µs: the sum of "
+        f"all device events per call",
+        "- stages: the first of "
+        + "; ".join(f"{s} ({', '.join(w)})" for s, w in m["stage_rules"].items())
+        + " found in the kernel name, else other",
+        "",
+    ]
     lines += summary_table(result)
     for r in result["cells"]:
         p = r.get("profile")
         if not p:
             continue
         target = f"target {_us(r['target_us'])} µs, met: {MET[r.get('met')]}; " if r["target_us"] is not None else ""
-        lines += ["", f"## {r['cell']}: graph {_us(r.get('graph_us'))} µs ({target}busy {_us(p['busy_us'])} µs, "
-                      f"{_us(p['launches_per_call'], '{:.3g}')} launches/call)", "",
-                  "| kernel | stage | calls/call | µs/call | share |", "|---|---|---|---|---|"]
-        split = lambda k: " (" + " + ".join(f"{us:.1f}" for us in k["launch_us"]) + ")" \
-            if len(k.get("launch_us") or ()) > 1 else ""  # noqa: E731
-        lines += [f"| `{short(k['name']).replace('|', '/')}` | {k['stage']} | {_us(k['calls_per_call'], '{:.3g}')} "
-                  f"| {_us(k['us_per_call'])}{split(k)} | {k['share'] * 100:.0f} % |" for k in p["kernels"]]
+        lines += [
+            "",
+            f"## {r['cell']}: graph {_us(r.get('graph_us'))} µs ({target}busy {_us(p['busy_us'])} µs, "
+            f"{_us(p['launches_per_call'], '{:.3g}')} launches/call)",
+            "",
+            "| kernel | stage | calls/call | µs/call | share |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| `{short(k['name']).replace('|', '/')}` | {k['stage']} | {_us(k['calls_per_call'], '{:.3g}')} "
+            f"| {_us(k['us_per_call'])}{_launch_split(k)} | {k['share'] * 100:.0f} % |"
+            for k in p["kernels"]
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -352,21 +444,33 @@ def write_outputs(result: dict, out: Path) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = studyout.Parser(prog=PROG, description=__doc__.split("\n\n")[0].replace("``", ""),
-                        epilog="Cells: the speed targets (--list prints them), or with --grid any combination.")
+    p = studyout.Parser(
+        prog=PROG,
+        description=__doc__.split("\n\n")[0].replace("``", ""),
+        epilog="Cells: the speed targets (--list prints them), or with --grid any combination.",
+    )
     p.add_argument("--out", help="a new or empty directory for profile.json and profile.md (required to run)")
     p.add_argument("--backends", help=f"keep cells of these backends: {', '.join(BACKENDS)} or 'all'")
     p.add_argument("--shapes", help="keep cells of these catalog shapes, e.g. qwen3-30b-a3b,deepseek-v3:tp8")
     p.add_argument("--quants", help=f"keep cells of these formats: {', '.join(QUANT_NAMES)} or 'all'")
     p.add_argument("--tokens", help="keep cells of these token counts T, e.g. 1,4096")
-    p.add_argument("--grid", action="store_true", help="every combination of the lists instead of the target "
-                                                       "cells (--tokens required; quants default bf16)")
+    p.add_argument(
+        "--grid",
+        action="store_true",
+        help="every combination of the lists instead of the target cells (--tokens required; quants default bf16)",
+    )
     which = p.add_mutually_exclusive_group()
     which.add_argument("--cells-all", dest="quick", action="store_false", default=False, help="all selected cells")
     which.add_argument("--quick", action="store_true", help=f"only the first {QUICK_CELLS} selected cells")
-    p.add_argument("--calls", type=int, default=PROFILE_CALLS, help="eager calls timed and profiled per cell [%(default)s]")
-    p.add_argument("--time-budget", default="450", metavar="S",
-                   help="stop after S seconds; cells not reached are 'skipped' rows [%(default)s]")
+    p.add_argument(
+        "--calls", type=int, default=PROFILE_CALLS, help="eager calls timed and profiled per cell [%(default)s]"
+    )
+    p.add_argument(
+        "--time-budget",
+        default="450",
+        metavar="S",
+        help="stop after S seconds; cells not reached are 'skipped' rows [%(default)s]",
+    )
     p.add_argument("--commit", default=None, help="commit to record [git rev-parse of this checkout]")
     p.add_argument("--list", action="store_true", help="print the selected cells and exit (no GPU needed)")
     return p
@@ -375,14 +479,17 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list) -> argparse.Namespace:
     """Every option checked (UsageError naming it otherwise) and the cells selected; nothing run."""
     args = build_parser().parse_args(argv)
-    lists = dict(backends=parse_names("--backends", args.backends, BACKENDS) if args.backends else None,
-                 shapes=studyout.shape_labels("--shapes", args.shapes) if args.shapes else None,
-                 quants=parse_names("--quants", args.quants, QUANT_NAMES) if args.quants else None,
-                 tokens=studyout.positive_ints("--tokens", args.tokens) if args.tokens else None)
+    lists = dict(
+        backends=parse_names("--backends", args.backends, BACKENDS) if args.backends else None,
+        shapes=studyout.shape_labels("--shapes", args.shapes) if args.shapes else None,
+        quants=parse_names("--quants", args.quants, QUANT_NAMES) if args.quants else None,
+        tokens=studyout.positive_ints("--tokens", args.tokens) if args.tokens else None,
+    )
     if args.calls < 1:
         raise UsageError(f"--calls: expected a positive integer, got {args.calls}")
-    args.time_budget = studyout.number("--time-budget", args.time_budget, lowest=0.0, allow_lowest=False,
-                                       what="a finite number of seconds > 0")
+    args.time_budget = studyout.number(
+        "--time-budget", args.time_budget, lowest=0.0, allow_lowest=False, what="a finite number of seconds > 0"
+    )
     args.cells = select_cells(**lists, grid=args.grid, quick=args.quick)
     if not args.list:
         args.out = studyout.check_out(args.out, FILES)
@@ -391,13 +498,21 @@ def parse_args(argv: list) -> argparse.Namespace:
 
 def _run(args: argparse.Namespace, argv: list) -> int:
     if args.list:
-        print("\n".join(c.title + (f"  target {c.target_us:g} µs" if c.target_us else "  no target") for c in args.cells))
+        print(
+            "\n".join(c.title + (f"  target {c.target_us:g} µs" if c.target_us else "  no target") for c in args.cells)
+        )
         return 0
     runinfo.require_cuda(PROG)
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")  # before any backend imports cutlass, as the suite does
-    result = run_profile(args.cells, calls=args.calls, time_budget_s=args.time_budget,
-                         command=runinfo.command_line(PROG, argv), commit=args.commit,
-                         write=lambda r: write_outputs(r, args.out), say=studyout.progress(PROG))
+    result = run_profile(
+        args.cells,
+        calls=args.calls,
+        time_budget_s=args.time_budget,
+        command=runinfo.command_line(PROG, argv),
+        commit=args.commit,
+        write=lambda r: write_outputs(r, args.out),
+        say=studyout.progress(PROG),
+    )
     print("\n".join(summary_table(result)))
     print(f"wrote {args.out / 'profile.md'} and {args.out / 'profile.json'}")
     return 0

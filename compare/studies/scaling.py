@@ -41,13 +41,13 @@ import torch
 import torch.distributed as dist
 
 from compare.backends import load_backend
+from compare.cases import DEFAULT_SHAPES, reduce_shape
 from compare.distributed import EPMoE, TPMoE, plan_dispatch, shard_ep, shard_tp, token_range
 from compare.launch import default_backend, rank_device, run_ranks
-from compare.cases import DEFAULT_SHAPES, reduce_shape
-from moe_spec.runinfo import git_commit as _git_commit
 from moe_spec.oracle import rel_l2
 from moe_spec.problem import MoEInputs, MoEShape, draw_weights, get_shape, route
 from moe_spec.quant import quantize_weight
+from moe_spec.runinfo import git_commit as _git_commit
 
 WORLD = 2
 TOKENS = (1, 8, 128, 1024, 4096)
@@ -185,21 +185,29 @@ def spec_shape(name, device) -> MoEShape:
 
 def markdown(spec: ScalingSpec, rows: list) -> str:
     m = dict(spec.meta)
-    lines = ["# The MoE layer on two GPUs: tensor parallel and expert parallel against one", "",
-             f"date {m.get('date')}, device {m.get('device')}, commit `{m.get('commit')}`, command `{spec.command}`", "",
-             f"Mode: {m.get('mode')}. Backend {spec.backend}; eager timing, median of {spec.iters} iterations after "
-             f"{spec.warmup} warm-up calls, slowest rank per iteration (launch gaps and host syncs included).", "",
-             "| shape | quant | T | 1 GPU µs | TP=2 µs | TP speedup | EP=2 µs | EP speedup | EP pairs sent across | "
-             "TP rel L2 vs 1 GPU | EP rel L2 vs 1 GPU |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# The MoE layer on two GPUs: tensor parallel and expert parallel against one",
+        "",
+        f"date {m.get('date')}, device {m.get('device')}, commit `{m.get('commit')}`, command `{spec.command}`",
+        "",
+        f"Mode: {m.get('mode')}. Backend {spec.backend}; eager timing, median of {spec.iters} iterations after "
+        f"{spec.warmup} warm-up calls, slowest rank per iteration (launch gaps and host syncs included).",
+        "",
+        "| shape | quant | T | 1 GPU µs | TP=2 µs | TP speedup | EP=2 µs | EP speedup | EP pairs sent across | "
+        "TP rel L2 vs 1 GPU | EP rel L2 vs 1 GPU |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     f = lambda r, k, fmt: format(r[k], fmt) if k in r else ("refused" if k.split("_")[0] + "_refused" in r else "–")  # noqa: E731
     for r in rows:
         if "refused" in r:
             lines.append(f"| {r['shape']} | {r['quant']} | {r['T']} | refused by {spec.backend} |" + " |" * 7)
             continue
-        lines.append(f"| {r['shape']} | {r['quant']} | {r['T']} | {r['one_gpu_us']:.1f} | {f(r, 'tp_us', '.1f')} "
-                     f"| {f(r, 'tp_speedup', '.2f')} | {f(r, 'ep_us', '.1f')} | {f(r, 'ep_speedup', '.2f')} "
-                     f"| {r.get('ep_pairs_sent_remote', '–')} | {f(r, 'tp_rel_l2_vs_one_gpu', '.1e')} "
-                     f"| {f(r, 'ep_rel_l2_vs_one_gpu', '.1e')} |")
+        lines.append(
+            f"| {r['shape']} | {r['quant']} | {r['T']} | {r['one_gpu_us']:.1f} | {f(r, 'tp_us', '.1f')} "
+            f"| {f(r, 'tp_speedup', '.2f')} | {f(r, 'ep_us', '.1f')} | {f(r, 'ep_speedup', '.2f')} "
+            f"| {r.get('ep_pairs_sent_remote', '–')} | {f(r, 'tp_rel_l2_vs_one_gpu', '.1e')} "
+            f"| {f(r, 'ep_rel_l2_vs_one_gpu', '.1e')} |"
+        )
     refusals = sorted({r[k] for r in rows for k in ("refused", "tp_refused", "ep_refused") if k in r})
     lines += [""] + [f"- refused: {msg}" for msg in refusals]
     return "\n".join(lines) + "\n"
@@ -208,8 +216,9 @@ def markdown(spec: ScalingSpec, rows: list) -> str:
 def write(spec: ScalingSpec, rows: list) -> None:
     out = Path(spec.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "scaling.json").write_text(json.dumps({"meta": dict(spec.meta), "spec": asdict(spec), "rows": rows},
-                                                 indent=1) + "\n")
+    (out / "scaling.json").write_text(
+        json.dumps({"meta": dict(spec.meta), "spec": asdict(spec), "rows": rows}, indent=1) + "\n"
+    )
     (out / "scaling.md").write_text(markdown(spec, rows))
 
 
@@ -226,12 +235,17 @@ def main(argv=None) -> int:
     p.add_argument("--deadline-s", type=float, default=420.0, help="start no new row after this [%(default)s]")
     a = p.parse_args(argv)
     on_gpu = default_backend(WORLD) == "nccl"
-    spec = ScalingSpec(shapes=tuple(s for s in a.shapes.split(",") if s),
-                       tokens=tuple(int(t) for t in a.tokens.split(",") if t),
-                       quants=tuple(q for q in a.quant.split(",") if q), backend=a.backend,
-                       iters=a.iters or (20 if on_gpu else 2), warmup=a.warmup if a.warmup is not None else (3 if on_gpu else 1),
-                       deadline_s=a.deadline_s, out=a.out,
-                       command="python -m compare.studies.scaling " + " ".join(argv))
+    spec = ScalingSpec(
+        shapes=tuple(s for s in a.shapes.split(",") if s),
+        tokens=tuple(int(t) for t in a.tokens.split(",") if t),
+        quants=tuple(q for q in a.quant.split(",") if q),
+        backend=a.backend,
+        iters=a.iters or (20 if on_gpu else 2),
+        warmup=a.warmup if a.warmup is not None else (3 if on_gpu else 1),
+        deadline_s=a.deadline_s,
+        out=a.out,
+        command="python -m compare.studies.scaling " + " ".join(argv),
+    )
     for s in spec.shapes:
         get_shape(s)  # an unknown shape is named now, not in a rank
     run_scaling(spec)
@@ -249,12 +263,17 @@ def run_scaling(spec: ScalingSpec) -> list:
 
 def _meta() -> dict:
     on_gpu = default_backend(WORLD) == "nccl"
-    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "device": f"{WORLD} × {torch.cuda.get_device_name()}" if on_gpu
-            else f"CPU ({platform.processor() or platform.machine()}), {WORLD} processes",
-            "commit": _git_commit(), "torch": torch.__version__,
-            "mode": "gpu (NCCL)" if on_gpu else "cpu: gloo + Triton interpreter on reduced shapes; checks the "
-                                                "script, times say nothing about GPUs"}
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "device": f"{WORLD} × {torch.cuda.get_device_name()}"
+        if on_gpu
+        else f"CPU ({platform.processor() or platform.machine()}), {WORLD} processes",
+        "commit": _git_commit(),
+        "torch": torch.__version__,
+        "mode": "gpu (NCCL)"
+        if on_gpu
+        else "cpu: gloo + Triton interpreter on reduced shapes; checks the script, times say nothing about GPUs",
+    }
 
 
 if __name__ == "__main__":

@@ -41,13 +41,13 @@ import torch
 import torch.distributed as dist
 import triton
 
+from compare.cases import reduce_shape
 from compare.distributed import EPMoE
 from compare.jitdemo import BLOCK_T, ROW_WIDTH, VARIANTS
 from compare.launch import default_backend, rank_device, run_ranks
 from compare.studies.stall_model import Prediction, class_probabilities, predict, table, uniform_tokens
-from compare.cases import reduce_shape
-from moe_spec.runinfo import git_commit as _git_commit
 from moe_spec.problem import MoEShape, draw_weights, get_shape, route
+from moe_spec.runinfo import git_commit as _git_commit
 from triton_moe.jit import count_compilations, launch, specialization_key
 
 DEMO_KERNEL = "_scale_rows"  # compare.jitdemo's kernel, as the compile counter names it
@@ -76,8 +76,9 @@ def demo_key(variant: str):
     """κ(T) of the demo kernel ``variant``: the key Triton's binder gives (triton_moe.jit)."""
     kernel = VARIANTS[variant]
     buf = torch.empty(16, ROW_WIDTH)
-    return lambda T: specialization_key(kernel, (buf, buf[:, 0].contiguous(), buf, T),
-                                        {"D": ROW_WIDTH, "BLOCK_T": BLOCK_T})
+    return lambda T: specialization_key(
+        kernel, (buf, buf[:, 0].contiguous(), buf, T), {"D": ROW_WIDTH, "BLOCK_T": BLOCK_T}
+    )
 
 
 # --- one rank's loop ----------------------------------------------------------------------------
@@ -94,7 +95,7 @@ def _rank_loop(rank: int, world: int, spec: StallSpec, variant: str, table_: lis
     device = rank_device(dist.get_backend(), rank)
     shape, kernel = spec.shape, VARIANTS[variant]
     per = shape.num_experts // world
-    w1, w2 = (w[rank * per:(rank + 1) * per].contiguous() for w in draw_weights(shape, spec.seed, device))
+    w1, w2 = (w[rank * per : (rank + 1) * per].contiguous() for w in draw_weights(shape, spec.seed, device))
     layer = EPMoE("triton_moe", check_peers=False)
     meet = torch.zeros(1, device=device)
 
@@ -121,8 +122,15 @@ def _rank_loop(rank: int, world: int, spec: StallSpec, variant: str, table_: lis
             for s, row in enumerate(table_):
                 counter.mark()
                 compute_ms, wait_ms = step(row[rank], s)
-                records.append({"T": row[rank], "compute_ms": compute_ms, "wait_ms": wait_ms,
-                                "new_keys": dict(counter.new_keys), "compilations": list(counter.compilations)})
+                records.append(
+                    {
+                        "T": row[rank],
+                        "compute_ms": compute_ms,
+                        "wait_ms": wait_ms,
+                        "new_keys": dict(counter.new_keys),
+                        "compilations": list(counter.compilations),
+                    }
+                )
     finally:
         shutil.rmtree(cache, ignore_errors=True)
     return records
@@ -141,47 +149,78 @@ def summarize(per_rank: list[list[dict]]) -> dict:
         demo = [r for r in range(world) if DEMO_KERNEL in at[r]["new_keys"]]
         layer = [r for r in range(world) if set(at[r]["new_keys"]) - {DEMO_KERNEL}]
         excess += [at[r]["compute_ms"] - plain[r] for r in demo if r not in layer]
-        rows.append({"step": s, "T": [a["T"] for a in at], "compute_ms": [a["compute_ms"] for a in at],
-                     "wait_ms": [a["wait_ms"] for a in at], "demo_compiled": demo, "layer_compiled": layer,
-                     "new_keys": [a["new_keys"] for a in at], "compilations": [a["compilations"] for a in at],
-                     "step_ms": max(a["compute_ms"] + a["wait_ms"] for a in at)})
+        rows.append(
+            {
+                "step": s,
+                "T": [a["T"] for a in at],
+                "compute_ms": [a["compute_ms"] for a in at],
+                "wait_ms": [a["wait_ms"] for a in at],
+                "demo_compiled": demo,
+                "layer_compiled": layer,
+                "new_keys": [a["new_keys"] for a in at],
+                "compilations": [a["compilations"] for a in at],
+                "step_ms": max(a["compute_ms"] + a["wait_ms"] for a in at),
+            }
+        )
     stalled = [r for r in rows if r["demo_compiled"]]
     return {
-        "steps": rows, "total_ms": sum(r["step_ms"] for r in rows),
+        "steps": rows,
+        "total_ms": sum(r["step_ms"] for r in rows),
         "median_step_ms": statistics.median(r["step_ms"] for r in rows),
-        "steps_demo_compiled": len(stalled), "steps_layer_compiled": sum(bool(r["layer_compiled"]) for r in rows),
+        "steps_demo_compiled": len(stalled),
+        "steps_layer_compiled": sum(bool(r["layer_compiled"]) for r in rows),
         "demo_compiles": sum(len(r["demo_compiled"]) for r in rows),
         # what the ranks that did not compile spent at the collective in the steps where one did
-        "wait_ms_for_compiling_peer": sum(r["wait_ms"][i] for r in stalled for i in range(world)
-                                          if i not in r["demo_compiled"]),
+        "wait_ms_for_compiling_peer": sum(
+            r["wait_ms"][i] for r in stalled for i in range(world) if i not in r["demo_compiled"]
+        ),
         "compile_excess_ms": excess,
     }
 
 
 def model_section(spec: StallSpec, compile_ms, step_ms=None) -> dict:
     """The model's predictions for both variants at MODEL_RANKS, from this spec's token distribution."""
-    out = {"compile_ms": compile_ms, "step_ms": step_ms, "tokens": list(spec.tokens),
-           "warmup_tokens": spec.warmup_tokens, "steps": spec.steps, "variants": {}}
+    out = {
+        "compile_ms": compile_ms,
+        "step_ms": step_ms,
+        "tokens": list(spec.tokens),
+        "warmup_tokens": spec.warmup_tokens,
+        "steps": spec.steps,
+        "variants": {},
+    }
     for variant in VARIANTS:
         key = demo_key(variant)
         q = class_probabilities(uniform_tokens(*spec.tokens), key)
         compiled = {key(spec.warmup_tokens)}
         out["variants"][variant] = {
-            "classes": len(q), "p_new_class": 1.0 - sum(v for k, v in q.items() if k in compiled),
-            "predictions": [predict(q, compiled, R, spec.steps, compile_ms).as_dict() for R in MODEL_RANKS]}
+            "classes": len(q),
+            "p_new_class": 1.0 - sum(v for k, v in q.items() if k in compiled),
+            "predictions": [predict(q, compiled, R, spec.steps, compile_ms).as_dict() for R in MODEL_RANKS],
+        }
     return out
 
 
 def _meta(spec: StallSpec, backend: str) -> dict:
     on_gpu = backend == "nccl"
-    device = f"{spec.world} × {torch.cuda.get_device_name()}" if on_gpu else \
-        f"CPU ({platform.processor() or platform.machine()}), {spec.world} processes"
-    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "device": device, "commit": _git_commit(), "command": spec.command, "backend": backend,
-            "mode": "gpu" if on_gpu else "cpu: gloo + Triton interpreter; 'compiled' = a new specialization key "
-                                         "(nothing compiles); times are interpreter times, not GPU times",
-            "torch": torch.__version__, "triton": triton.__version__,
-            "spec": {**asdict(spec), "shape": asdict(spec.shape)}}
+    device = (
+        f"{spec.world} × {torch.cuda.get_device_name()}"
+        if on_gpu
+        else f"CPU ({platform.processor() or platform.machine()}), {spec.world} processes"
+    )
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "device": device,
+        "commit": _git_commit(),
+        "command": spec.command,
+        "backend": backend,
+        "mode": "gpu"
+        if on_gpu
+        else "cpu: gloo + Triton interpreter; 'compiled' = a new specialization key "
+        "(nothing compiles); times are interpreter times, not GPU times",
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "spec": {**asdict(spec), "shape": asdict(spec.shape)},
+    }
 
 
 def run_stall(spec: StallSpec) -> dict:
@@ -193,8 +232,11 @@ def run_stall(spec: StallSpec) -> dict:
         per_rank = run_ranks(_rank_loop, spec.world, (spec, variant, token_table), timeout_s=spec.timeout_s)
         result["variants"][variant] = summarize(per_rank)
     specialized = next(iter(result["variants"].values()))
-    compile_ms = statistics.median(specialized["compile_excess_ms"]) \
-        if backend == "nccl" and specialized["compile_excess_ms"] else None
+    compile_ms = (
+        statistics.median(specialized["compile_excess_ms"])
+        if backend == "nccl" and specialized["compile_excess_ms"]
+        else None
+    )
     plain = result["variants"][list(result["variants"])[-1]]
     result["models"] = [model_section(spec, compile_ms, plain["median_step_ms"] if backend == "nccl" else None)]
     return result
@@ -208,9 +250,11 @@ def _fmt_ms(values) -> str:
 
 
 def _layer_keys(row: dict) -> str:
-    """"rank: kernel ×n, …" for the layer's kernels that met a new key in this step."""
-    return "; ".join(f"{r}: " + ", ".join(f"{k} ×{n}" for k, n in row["new_keys"][r].items() if k != DEMO_KERNEL)
-                     for r in row["layer_compiled"])
+    """ "rank: kernel ×n, …" for the layer's kernels that met a new key in this step."""
+    return "; ".join(
+        f"{r}: " + ", ".join(f"{k} ×{n}" for k, n in row["new_keys"][r].items() if k != DEMO_KERNEL)
+        for r in row["layer_compiled"]
+    )
 
 
 def markdown(result: dict) -> str:
@@ -220,38 +264,62 @@ def markdown(result: dict) -> str:
         lines += [f"date {m['date']}, device {m['device']}, commit `{m['commit']}`, command `{m['command']}`", ""]
     if "spec" in m:
         spec = m["spec"]
-        lines += [f"Mode: {m['mode']}.", "",
-                  f"{spec['world']} ranks, expert-parallel layer `{spec['shape']['name']}` (E {spec['shape']['num_experts']}, "
-                  f"top-k {spec['shape']['top_k']}, K {spec['shape']['hidden']}, I {spec['shape']['intermediate']}), "
-                  f"{spec['steps']} steps, T per rank uniform on {spec['tokens'][0]}…{spec['tokens'][1]} "
-                  f"(seed {spec['seed']}), warm-up T = {spec['warmup_tokens']}.", ""]
+        lines += [
+            f"Mode: {m['mode']}.",
+            "",
+            f"{spec['world']} ranks, expert-parallel layer `{spec['shape']['name']}` "
+            f"(E {spec['shape']['num_experts']}, top-k {spec['shape']['top_k']}, K {spec['shape']['hidden']}, "
+            f"I {spec['shape']['intermediate']}), "
+            f"{spec['steps']} steps, T per rank uniform on {spec['tokens'][0]}…{spec['tokens'][1]} "
+            f"(seed {spec['seed']}), warm-up T = {spec['warmup_tokens']}.",
+            "",
+        ]
     if result.get("variants"):
-        lines += ["| demo kernel | steps where it compiled | its compilations | steps where a layer kernel compiled "
-                  "| Σ step ms | median step ms | ms the other ranks waited for a compiling one | compile excess ms |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "| demo kernel | steps where it compiled | its compilations | steps where a layer kernel compiled "
+            "| Σ step ms | median step ms | ms the other ranks waited for a compiling one | compile excess ms |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         on_gpu = m.get("backend") == "nccl"
         for name, v in result["variants"].items():
             excess = (_fmt_ms(v["compile_excess_ms"]) or "–") if on_gpu else "n/a (CPU)"
-            lines.append(f"| {name} | {v['steps_demo_compiled']} | {v['demo_compiles']} | {v['steps_layer_compiled']} "
-                         f"| {v['total_ms']:.1f} | {v['median_step_ms']:.2f} | {v['wait_ms_for_compiling_peer']:.1f} "
-                         f"| {excess} |")
+            lines.append(
+                f"| {name} | {v['steps_demo_compiled']} | {v['demo_compiles']} | {v['steps_layer_compiled']} "
+                f"| {v['total_ms']:.1f} | {v['median_step_ms']:.2f} | {v['wait_ms_for_compiling_peer']:.1f} "
+                f"| {excess} |"
+            )
         for name, v in result["variants"].items():
             events = [r for r in v["steps"] if r["demo_compiled"] or r["layer_compiled"]]
-            lines += ["", f"Steps with a new specialization key, {name} (ms per rank, rank 0 / rank 1 / …):", "",
-                      "| step | T | compute ms | wait ms | demo compiled on | layer kernels compiled on |",
-                      "|---|---|---|---|---|---|"]
-            lines += [f"| {r['step']} | {r['T']} | {_fmt_ms(r['compute_ms'])} | {_fmt_ms(r['wait_ms'])} "
-                      f"| {r['demo_compiled'] or '–'} | {_layer_keys(r) or '–'} |" for r in events] or ["| – | | | | | |"]
+            lines += [
+                "",
+                f"Steps with a new specialization key, {name} (ms per rank, rank 0 / rank 1 / …):",
+                "",
+                "| step | T | compute ms | wait ms | demo compiled on | layer kernels compiled on |",
+                "|---|---|---|---|---|---|",
+            ]
+            lines += [
+                f"| {r['step']} | {r['T']} | {_fmt_ms(r['compute_ms'])} | {_fmt_ms(r['wait_ms'])} "
+                f"| {r['demo_compiled'] or '–'} | {_layer_keys(r) or '–'} |"
+                for r in events
+            ] or ["| – | | | | | |"]
     for model in result["models"]:
         c = model["compile_ms"]
-        lines += [""] * (lines[-1] != "") + ["## The model (compare.studies.stall_model)" + ("" if c is None else f": c = {c:g} ms"), "",
-                  f"T uniform on {model['tokens'][0]}…{model['tokens'][1]}, warm-up T = {model['warmup_tokens']}, "
-                  f"{model['steps']} steps, compile time c = "
-                  + ("n/a (no compilation measured)" if c is None else f"{c:g} ms")
-                  + (f", stall-free step {model['step_ms']:.2f} ms" if model.get("step_ms") else "") + ".", ""]
+        lines += [""] * (lines[-1] != "") + [
+            "## The model (compare.studies.stall_model)" + ("" if c is None else f": c = {c:g} ms"),
+            "",
+            f"T uniform on {model['tokens'][0]}…{model['tokens'][1]}, warm-up T = {model['warmup_tokens']}, "
+            f"{model['steps']} steps, compile time c = "
+            + ("n/a (no compilation measured)" if c is None else f"{c:g} ms")
+            + (f", stall-free step {model['step_ms']:.2f} ms" if model.get("step_ms") else "")
+            + ".",
+            "",
+        ]
         for name, v in model["variants"].items():
-            lines += [f"**{name}**: {v['classes']} specialization class(es); a step's T falls outside the warm-up's "
-                      f"with probability {v['p_new_class']:.3f}.", ""]
+            lines += [
+                f"**{name}**: {v['classes']} specialization class(es); a step's T falls outside the warm-up's "
+                f"with probability {v['p_new_class']:.3f}.",
+                "",
+            ]
             lines += table([Prediction(**p) for p in v["predictions"]], model.get("step_ms")) + [""]
     return "\n".join(lines) + "\n"
 
@@ -297,12 +365,23 @@ def main(argv=None) -> int:
     shape = get_shape(a.shape or "qwen3-30b-a3b")
     if not on_gpu and not a.shape:
         shape = replace(reduce_shape(shape), name=f"{shape.name} (reduced)")
-    spec = StallSpec(shape=shape, steps=a.steps or (48 if on_gpu or a.model_only else 4), tokens=a.tokens,
-                     warmup_tokens=a.warmup_tokens, world=a.world, seed=a.seed, timeout_s=a.timeout_s,
-                     command="python -m compare.studies.stall " + " ".join(argv))
+    spec = StallSpec(
+        shape=shape,
+        steps=a.steps or (48 if on_gpu or a.model_only else 4),
+        tokens=a.tokens,
+        warmup_tokens=a.warmup_tokens,
+        world=a.world,
+        seed=a.seed,
+        timeout_s=a.timeout_s,
+        command="python -m compare.studies.stall " + " ".join(argv),
+    )
     if a.model_only:
-        meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                "device": "none: arithmetic (compare.studies.stall_model)", "commit": _git_commit(), "command": spec.command}
+        meta = {
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "device": "none: arithmetic (compare.studies.stall_model)",
+            "commit": _git_commit(),
+            "command": spec.command,
+        }
         result = {"meta": meta, "models": [model_section(spec, c) for c in a.compile_ms or [None]]}
         write(result, Path(a.out), "stall_model")
         print(markdown(result), end="")

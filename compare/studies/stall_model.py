@@ -36,7 +36,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Optional
 
 
 def uniform_tokens(lo: int, hi: int) -> dict[int, float]:
@@ -86,15 +85,14 @@ class Prediction:
     p_stall_first_step: float  # P(some rank compiles) in the first step after the warm-up
     stalled_steps: float  # E[number of steps in which some rank compiles]
     compiles_per_rank: float  # E[compilations of one rank]
-    added_ms: Optional[float]  # E[ms added to the run] = c · stalled_steps
-    wait_rank_ms: Optional[float]  # E[rank-ms spent waiting for a compiling peer]
+    added_ms: float | None  # E[ms added to the run] = c · stalled_steps
+    wait_rank_ms: float | None  # E[rank-ms spent waiting for a compiling peer]
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def predict(q: Mapping, compiled: Iterable, ranks: int, steps: int,
-            compile_ms: Optional[float] = None) -> Prediction:
+def predict(q: Mapping, compiled: Iterable, ranks: int, steps: int, compile_ms: float | None = None) -> Prediction:
     """The model's expectations (see the module docstring) for one (ranks, steps, compile time)."""
     _check(q, ranks)
     if not isinstance(steps, int) or steps < 0:
@@ -106,21 +104,26 @@ def predict(q: Mapping, compiled: Iterable, ranks: int, steps: int,
     stalled = sum(1.0 - (1.0 - p) ** ranks for p in per_step)
     waiting = sum(ranks * (1.0 - p) * (1.0 - (1.0 - p) ** (ranks - 1)) for p in per_step)
     return Prediction(
-        ranks=ranks, steps=steps,
+        ranks=ranks,
+        steps=steps,
         p_stall_first_step=1.0 - (1.0 - per_step[0]) ** ranks if steps else 0.0,
-        stalled_steps=stalled, compiles_per_rank=sum(per_step),
+        stalled_steps=stalled,
+        compiles_per_rank=sum(per_step),
         added_ms=None if compile_ms is None else compile_ms * stalled,
-        wait_rank_ms=None if compile_ms is None else compile_ms * waiting)
+        wait_rank_ms=None if compile_ms is None else compile_ms * waiting,
+    )
 
 
-def table(predictions: list[Prediction], step_ms: Optional[float] = None) -> list[str]:
+def table(predictions: list[Prediction], step_ms: float | None = None) -> list[str]:
     """Markdown rows of predictions; with ``step_ms`` (a stall-free step) also the share of the run."""
     head = "| ranks | P(stall) first step | E[stalled steps] | E[compiles / rank] | E[added ms] | E[rank-ms waiting] |"
     rows = [head + (" added / run |" if step_ms else ""), "|---" * (6 + bool(step_ms)) + "|"]
     for p in predictions:
         ms = lambda v: "–" if v is None else f"{v:.0f}"  # noqa: E731
-        row = (f"| {p.ranks} | {p.p_stall_first_step:.3f} | {p.stalled_steps:.2f} | {p.compiles_per_rank:.2f} "
-               f"| {ms(p.added_ms)} | {ms(p.wait_rank_ms)} |")
+        row = (
+            f"| {p.ranks} | {p.p_stall_first_step:.3f} | {p.stalled_steps:.2f} | {p.compiles_per_rank:.2f} "
+            f"| {ms(p.added_ms)} | {ms(p.wait_rank_ms)} |"
+        )
         if step_ms:
             share = "–" if p.added_ms is None else f"{100 * p.added_ms / (p.steps * step_ms + p.added_ms):.1f} %"
             row += f" {share} |"
