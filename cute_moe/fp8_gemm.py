@@ -33,15 +33,12 @@ same registers, before the down-cast.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
-os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+import cutlass
+import cutlass.cute as cute
 
-import cutlass  # noqa: E402
-import cutlass.cute as cute  # noqa: E402
-
-from moe_spec.quant import FP8_BLOCK  # noqa: E402
+from moe_spec.quant import FP8_BLOCK
 
 
 @dataclass(frozen=True)
@@ -62,15 +59,32 @@ class TileScales:
     last_col: object  # n_out − 1
 
     @classmethod
-    def at(cls, cfg, tCcC, x_scale: cute.Tensor, w_scale: cute.Tensor, block_expert: cute.Tensor,
-           token_block, weight_block, n_out) -> "TileScales":
+    def at(
+        cls,
+        cfg,
+        tCcC,
+        x_scale: cute.Tensor,
+        w_scale: cute.Tensor,
+        block_expert: cute.Tensor,
+        token_block,
+        weight_block,
+        n_out,
+    ) -> TileScales:
         """The scales of tile (token_block, weight_block) (shapes in ``gemm.GroupedGemm``).
 
         Registers of the last, partial weight tile that lie past ``n_out`` read the last row's
         scale — never memory past the array — and TMA drops their results.
         """
-        return cls(cfg, tCcC, x_scale, w_scale, block_expert[token_block], token_block * cfg.tokens_tile,
-                   weight_block * cfg.weights_tile, n_out - 1)
+        return cls(
+            cfg,
+            tCcC,
+            x_scale,
+            w_scale,
+            block_expert[token_block],
+            token_block * cfg.tokens_tile,
+            weight_block * cfg.weights_tile,
+            n_out - 1,
+        )
 
     def _token_weight(self, i):
         """(token, weight) coordinate of accumulator register ``i`` within the tile."""

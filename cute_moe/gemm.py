@@ -38,11 +38,9 @@ from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
+from . import gemm_parts as parts
 from .config import GATHER_THREADS, GemmConfig
 from .fp8_gemm import TileScales
-from .gemm_parts import (EPI_ORDER_BARRIER_ID, EPILOGUE_BARRIER_ID, MMA_ORDER_BARRIER_ID, VEC_BYTES, first_tile,
-                         gather_geometry, issue_k_step, load_weights, multicast_halves, multicasts, order_arrive,
-                         order_wait, tile_blocks, tile_count)
 from .rowops import silu_mul
 
 PRODUCER_REGISTERS = 40
@@ -63,39 +61,86 @@ class GroupedGemm:
         self.stage_bytes = plan.stage_bytes  # the ring's tx_count
 
     @cute.kernel
-    def kernel(self, tma_x: cute.CopyAtom, mX: cute.Tensor, tma_w: cute.CopyAtom, mW: cute.Tensor,
-               tma_wm: cute.CopyAtom, mWm: cute.Tensor, tma_c: cute.CopyAtom, mC: cute.Tensor,
-               block_expert: cute.Tensor, num_blocks: cute.Tensor, row_scale: cute.Tensor, tiled_mma: cute.TiledMma,
-               a_smem_staged: cute.ComposedLayout, b_smem_staged: cute.ComposedLayout,
-               epi_smem_staged: cute.ComposedLayout):
+    def kernel(
+        self,
+        tma_x: cute.CopyAtom,
+        mX: cute.Tensor,
+        tma_w: cute.CopyAtom,
+        mW: cute.Tensor,
+        tma_wm: cute.CopyAtom,
+        mWm: cute.Tensor,
+        tma_c: cute.CopyAtom,
+        mC: cute.Tensor,
+        block_expert: cute.Tensor,
+        num_blocks: cute.Tensor,
+        row_scale: cute.Tensor,
+        tiled_mma: cute.TiledMma,
+        a_smem_staged: cute.ComposedLayout,
+        b_smem_staged: cute.ComposedLayout,
+        epi_smem_staged: cute.ComposedLayout,
+    ):
         """The bf16 entry point."""
-        self._body(tma_x, mX, tma_w, mW, tma_wm, mWm, tma_c, mC, block_expert, num_blocks, row_scale, None, None,
-                   tiled_mma, a_smem_staged, b_smem_staged, epi_smem_staged)
+        tma = (tma_x, mX, tma_w, mW, tma_wm, mWm, tma_c, mC)
+        layouts = (tiled_mma, a_smem_staged, b_smem_staged, epi_smem_staged)
+        self._body(tma, block_expert, num_blocks, row_scale, None, None, None, layouts)
 
     @cute.kernel
-    def kernel_fp8(self, tma_x: cute.CopyAtom, mX: cute.Tensor, tma_w: cute.CopyAtom, mW: cute.Tensor,
-                   tma_wm: cute.CopyAtom, mWm: cute.Tensor, tma_c: cute.CopyAtom, mC: cute.Tensor,
-                   block_expert: cute.Tensor, num_blocks: cute.Tensor, row_scale: cute.Tensor, x_scale: cute.Tensor,
-                   w_scale: cute.Tensor, tiled_mma: cute.TiledMma, a_smem_staged: cute.ComposedLayout,
-                   b_smem_staged: cute.ComposedLayout, epi_smem_staged: cute.ComposedLayout):
+    def kernel_fp8(
+        self,
+        tma_x: cute.CopyAtom,
+        mX: cute.Tensor,
+        tma_w: cute.CopyAtom,
+        mW: cute.Tensor,
+        tma_wm: cute.CopyAtom,
+        mWm: cute.Tensor,
+        tma_c: cute.CopyAtom,
+        mC: cute.Tensor,
+        block_expert: cute.Tensor,
+        num_blocks: cute.Tensor,
+        row_scale: cute.Tensor,
+        x_scale: cute.Tensor,
+        w_scale: cute.Tensor,
+        tiled_mma: cute.TiledMma,
+        a_smem_staged: cute.ComposedLayout,
+        b_smem_staged: cute.ComposedLayout,
+        epi_smem_staged: cute.ComposedLayout,
+    ):
         """The FP8 entry point: the bf16 arguments plus the activation and weight scales."""
-        self._body(tma_x, mX, tma_w, mW, tma_wm, mWm, tma_c, mC, block_expert, num_blocks, row_scale, x_scale,
-                   w_scale, tiled_mma, a_smem_staged, b_smem_staged, epi_smem_staged)
+        tma = (tma_x, mX, tma_w, mW, tma_wm, mWm, tma_c, mC)
+        layouts = (tiled_mma, a_smem_staged, b_smem_staged, epi_smem_staged)
+        self._body(tma, block_expert, num_blocks, row_scale, x_scale, w_scale, None, layouts)
 
     @cute.kernel
-    def kernel_gather(self, mX: cute.Tensor, tma_w: cute.CopyAtom, mW: cute.Tensor, tma_wm: cute.CopyAtom,
-                      mWm: cute.Tensor, tma_c: cute.CopyAtom, mC: cute.Tensor, block_expert: cute.Tensor,
-                      num_blocks: cute.Tensor, row_scale: cute.Tensor, token_of_row: cute.Tensor,
-                      tiled_mma: cute.TiledMma, a_smem_staged: cute.ComposedLayout,
-                      b_smem_staged: cute.ComposedLayout, epi_smem_staged: cute.ComposedLayout):
+    def kernel_gather(
+        self,
+        mX: cute.Tensor,
+        tma_w: cute.CopyAtom,
+        mW: cute.Tensor,
+        tma_wm: cute.CopyAtom,
+        mWm: cute.Tensor,
+        tma_c: cute.CopyAtom,
+        mC: cute.Tensor,
+        block_expert: cute.Tensor,
+        num_blocks: cute.Tensor,
+        row_scale: cute.Tensor,
+        token_of_row: cute.Tensor,
+        tiled_mma: cute.TiledMma,
+        a_smem_staged: cute.ComposedLayout,
+        b_smem_staged: cute.ComposedLayout,
+        epi_smem_staged: cute.ComposedLayout,
+    ):
         """The gathering bf16 entry point: x [T, K] read by ``token_of_row`` (no TMA descriptor for it)."""
-        self._body(None, mX, tma_w, mW, tma_wm, mWm, tma_c, mC, block_expert, num_blocks, row_scale, None, None,
-                   tiled_mma, a_smem_staged, b_smem_staged, epi_smem_staged, token_of_row)
+        tma = (None, mX, tma_w, mW, tma_wm, mWm, tma_c, mC)
+        layouts = (tiled_mma, a_smem_staged, b_smem_staged, epi_smem_staged)
+        self._body(tma, block_expert, num_blocks, row_scale, None, None, token_of_row, layouts)
 
     @cute.jit
-    def _body(self, tma_x, mX, tma_w, mW, tma_wm, mWm, tma_c, mC, block_expert, num_blocks, row_scale, x_scale,
-              w_scale, tiled_mma, a_smem_staged, b_smem_staged, epi_smem_staged, token_of_row=None):
-        """The kernel, one CTA: setup, the producer warpgroup, the consumer warpgroups and their epilogue."""
+    def _body(self, tma, block_expert, num_blocks, row_scale, x_scale, w_scale, token_of_row, layouts):
+        """The kernel, one CTA: setup, the producer warpgroup, the consumer warpgroups and their epilogue.
+        ``tma``: the TMA atoms with their coordinate tensors (x's, W's, W's multicast twin, C's);
+        ``layouts``: the tiled MMA and the staged shared-memory layouts of A, B and C (KernelPlan)."""
+        tma_x, mX, tma_w, mW, tma_wm, mWm, tma_c, mC = tma
+        tiled_mma, a_smem_staged, b_smem_staged, epi_smem_staged = layouts
         cfg = self.cfg
         swap = cfg.swap_ab
         tidx, _, _ = cute.arch.thread_idx()
@@ -116,8 +161,7 @@ class GroupedGemm:
             barrier_storage=storage.ring_barriers.data_ptr(),
             num_stages=cfg.stages,
             # the TMA lane's arrive (+ gather_rows: one cp.async arrive per producer thread)
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
-                                                     1 + (GATHER_THREADS if cfg.gather_rows else 0)),
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1 + GATHER_THREADS * cfg.gather_rows),
             # every consumer warp of a tile arrives once on a slot's empty barrier (ping-pong: 4, one
             # warpgroup's); in a cluster on both CTAs' (lanes 0 and 1 of each warp signal ranks 0 and 1)
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * cfg.tile_warpgroups * cfg.cluster),
@@ -143,25 +187,23 @@ class GroupedGemm:
         gC = cute.local_tile(mC, (cfg.tile_m, cfg.tile_n), (None, None))
         k_tiles = cute.size(gX, mode=[3])
         n_weight_blocks = cute.size(gW, mode=[2])
+        one = cute.make_layout(1)  # TMA partitions of one CTA (the multicast's over the cluster: gemm_parts)
         if cutlass.const_expr(not cfg.gather_rows):
-            tXsX, tXgX = cpasync.tma_partition(tma_x, 0, cute.make_layout(1),
-                                               cute.group_modes(sX, 0, 2), cute.group_modes(gX, 0, 2))
-        tWsW, tWgW = cpasync.tma_partition(tma_w, 0, cute.make_layout(1),
-                                           cute.group_modes(sW, 0, 2), cute.group_modes(gW, 0, 2))
+            tXsX, tXgX = cpasync.tma_partition(tma_x, 0, one, cute.group_modes(sX, 0, 2), cute.group_modes(gX, 0, 2))
+        tWsW, tWgW = cpasync.tma_partition(tma_w, 0, one, cute.group_modes(sW, 0, 2), cute.group_modes(gW, 0, 2))
         tUsU = None
         if cutlass.const_expr(cfg.gated):  # the up ring, same descriptor and boxes
-            tUsU, _ = cpasync.tma_partition(tma_w, 0, cute.make_layout(1), cute.group_modes(sU, 0, 2),
-                                            cute.group_modes(gW, 0, 2))
+            tUsU, _ = cpasync.tma_partition(tma_w, 0, one, cute.group_modes(sU, 0, 2), cute.group_modes(gW, 0, 2))
         own = (tma_w, tWgW, tWsW, tUsU)  # the whole weight box into this CTA alone
         multicast = None  # cluster = 2: this CTA's half of a weight box shared by the cluster
         if cutlass.const_expr(cfg.cluster > 1):
-            multicast = multicast_halves(cfg, tma_wm, mWm, sW, sU if cfg.gated else None)
+            multicast = parts.multicast_halves(cfg, tma_wm, mWm, sW, sU if cfg.gated else None)
 
         pipeline.pipeline_init_wait(cluster_mn)
 
         # The tile sequence, identical in producer and consumers (gemm_parts: the tile walk).
-        n_token_blocks = num_blocks[0]
-        num_tiles = tile_count(cfg, n_token_blocks, n_weight_blocks)
+        walk = parts.TileWalk(cfg, num_blocks[0], n_weight_blocks)
+        num_tiles = walk.count()
 
         # ================================ producer ==========================================
         if warpgroup_idx == 0:
@@ -169,39 +211,23 @@ class GroupedGemm:
             if cutlass.const_expr(cfg.gather_rows):
                 # All four warps copy the token rows by cp.async, 16 bytes a copy, into the same swizzled
                 # layout TMA writes; warp 0 also issues the weight TMA (gemm_parts: the gathering producer).
-                vecs, rows, passes = gather_geometry(cfg)
-                elems = VEC_BYTES // cfg.element_bytes
-                copy_atom = cute.make_copy_atom(cpasync.CopyG2SOp(cpasync.LoadCacheMode.GLOBAL), self.dtype,
-                                                num_bits_per_copy=VEC_BYTES * 8)
-                tiled_copy = cute.make_tiled_copy_tv(copy_atom, cute.make_layout((rows, vecs), stride=(vecs, 1)),
-                                                     cute.make_layout((1, elems)))
-                copies = tidx < rows * vecs  # threads with a vector (all 128 unless the token tile is small)
-                lane = tidx % (rows * vecs)
-                tRsX = tiled_copy.get_slice(lane).partition_D(sX)  # (vector, pass, 1, stage)
-                my_row, my_vec = lane // vecs, lane % vecs
-                gXv = cute.local_tile(mX, (1, elems), (None, None))  # (1, elems, token, vector along K)
-                tokens = cute.make_rmem_tensor((passes,), cutlass.Int32)
-
+                gather = parts.RowGather.make(cfg, self.dtype, mX, sX, tidx)
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.stages)
-                tile, tile_step = first_tile(cfg)
+                tile, tile_step = walk.first()
                 while tile < num_tiles:
-                    token_block, weight_block, _, first, last = tile_blocks(cfg, tile, n_token_blocks,
-                                                                            n_weight_blocks)
-                    shared = multicasts(cfg, block_expert, first, last)
+                    token_block, weight_block, _, first, last = walk.blocks(tile)
+                    shared = walk.multicasts(block_expert, first, last)
                     expert = block_expert[token_block]
-                    for p in cutlass.range_constexpr(passes):  # the token of each row this thread copies
-                        tokens[p] = cutlass.Int32(token_of_row[token_block * cfg.tokens_tile + p * rows + my_row])
+                    gather.read_tokens(token_of_row, token_block)  # the token of each row this thread copies
                     for k in range(k_tiles):
                         if warp_idx == 0:  # one elected lane: wait for the slot, arrive with the weight bytes
                             ring.producer_acquire(state)
                             full = ring.producer_get_barrier(state)
-                            load_weights(cfg, shared, k, state.index, full, own, multicast, weight_block, expert)
+                            parts.load_weights(cfg, shared, k, state.index, full, own, multicast, weight_block, expert)
                         else:  # the other warps only wait until the consumers have freed the slot
                             ring.sync_object_empty.wait(state.index, state.phase)
-                        if copies:
-                            for p in cutlass.range_constexpr(passes):
-                                cute.copy(copy_atom, gXv[(0, None, tokens[p], k * vecs + my_vec)],
-                                          tRsX[(None, p, 0, state.index)])
+                        if gather.copies:  # threads with a vector (all 128 unless the token tile is small)
+                            gather.copy(k, state.index)
                         # fires once this thread's copies above have landed (noinc: counted in the 1 + 128)
                         cute.arch.cp_async_mbarrier_arrive_noinc(ring.producer_get_barrier(state))
                         state.advance()
@@ -213,11 +239,10 @@ class GroupedGemm:
                     ring.producer_tail(state)
             elif warp_idx == 0:  # one warp issues the TMA loads (one elected lane)
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.stages)
-                tile, tile_step = first_tile(cfg)
+                tile, tile_step = walk.first()
                 while tile < num_tiles:
-                    token_block, weight_block, _, first, last = tile_blocks(cfg, tile, n_token_blocks,
-                                                                            n_weight_blocks)
-                    shared = multicasts(cfg, block_expert, first, last)
+                    token_block, weight_block, _, first, last = walk.blocks(tile)
+                    shared = walk.multicasts(block_expert, first, last)
                     expert = block_expert[token_block]
                     tXgX_tile = tXgX[(None, token_block, None)]
                     for k in range(k_tiles):
@@ -225,7 +250,7 @@ class GroupedGemm:
                         full = ring.producer_get_barrier(state)
                         cute.copy(tma_x, tXgX_tile[(None, k)], tXsX[(None, state.index)], tma_bar_ptr=full)
                         # the weight box (gated: gate rows n …, up rows I + n …), multicast when shared
-                        load_weights(cfg, shared, k, state.index, full, own, multicast, weight_block, expert)
+                        parts.load_weights(cfg, shared, k, state.index, full, own, multicast, weight_block, expert)
                         ring.producer_commit(state)
                         state.advance()
                     tile += tile_step
@@ -259,11 +284,11 @@ class GroupedGemm:
             k_blocks = cute.size(tCrA, mode=[2])
 
             # Epilogue plumbing: registers → (stmatrix) → swizzled smem → (TMA) → global.
-            stmatrix = cute.make_copy_atom(warp.StMatrix8x8x16bOp(swap, 4 if cfg.tile_n >= 16 else 2),
-                                           self.out_dtype)
-            # stmatrix moves 16-bit values; an fp32 C is stored to smem value by value (same partition)
-            r2s_atom = stmatrix if cfg.out_bytes == 2 else sm90.get_smem_store_op(
-                LayoutEnum.COL_MAJOR if swap else LayoutEnum.ROW_MAJOR, self.out_dtype, cutlass.Float32)
+            stmatrix = cute.make_copy_atom(warp.StMatrix8x8x16bOp(swap, 4 if cfg.tile_n >= 16 else 2), self.out_dtype)
+            r2s_atom = stmatrix  # stmatrix moves 16-bit values; an fp32 C goes value by value (same partition)
+            if cutlass.const_expr(cfg.out_bytes == 4):
+                c_layout = LayoutEnum.COL_MAJOR if swap else LayoutEnum.ROW_MAJOR
+                r2s_atom = sm90.get_smem_store_op(c_layout, self.out_dtype, cutlass.Float32)
             r2s = cute.make_tiled_copy_S(r2s_atom, cute.make_tiled_copy_C_atom(stmatrix, tiled_mma))
             thr_r2s = r2s.get_slice(mma_tidx)
             tRS_sC = thr_r2s.partition_D(sC)
@@ -275,11 +300,12 @@ class GroupedGemm:
             # The epilogue's barrier, TMA-store ring and first staging buffer: the tile's warpgroups'
             # (ping-pong: this warpgroup's own barrier and epi_stages buffers).
             epi_threads = 128 * cfg.tile_warpgroups
-            epi_barrier_id, first_buffer = EPILOGUE_BARRIER_ID, 0
+            epi_barrier_id, first_buffer = parts.EPILOGUE_BARRIER_ID, 0
             if cutlass.const_expr(cfg.pingpong):
-                epi_barrier_id, first_buffer = EPILOGUE_BARRIER_ID + wg, wg * cfg.epi_stages
+                epi_barrier_id, first_buffer = parts.EPILOGUE_BARRIER_ID + wg, wg * cfg.epi_stages
             store_ring = pipeline.PipelineTmaStore.create(
-                num_stages=cfg.epi_stages, producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, epi_threads))
+                num_stages=cfg.epi_stages, producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, epi_threads)
+            )
             epi_barrier = pipeline.NamedBarrier(barrier_id=epi_barrier_id, num_threads=epi_threads)
             # ONE thread issues every TMA store of a tile and owns their bulk async-groups: each
             # thread that executes cp.async.bulk.tensor starts its own copy, and commit_group /
@@ -291,28 +317,29 @@ class GroupedGemm:
             read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
             release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
             tiles_done = cutlass.Int32(0)
-            tile, tile_step = first_tile(cfg)
+            tile, tile_step = walk.first()
             if cutlass.const_expr(cfg.pingpong):
                 # warpgroup wg takes every other tile of the CTA; its ring states skip the other's first tile
                 tile, tile_step = tile + wg * tile_step, 2 * tile_step
                 read.advance(wg * k_tiles)
                 release.advance(wg * k_tiles)
                 if wg == 1:  # warpgroup 0 goes first: grant it its first main loop and its first epilogue
-                    order_arrive(MMA_ORDER_BARRIER_ID, 0)
-                    order_arrive(EPI_ORDER_BARRIER_ID, 0)
+                    parts.order_arrive(parts.MMA_ORDER_BARRIER_ID, 0)
+                    parts.order_arrive(parts.EPI_ORDER_BARRIER_ID, 0)
             while tile < num_tiles:
                 # stores: False only for a cluster's rank 1 past an odd last token block
-                token_block, weight_block, stores, _, _ = tile_blocks(cfg, tile, n_token_blocks, n_weight_blocks)
+                token_block, weight_block, stores, _, _ = walk.blocks(tile)
 
                 # ---- main loop: K steps through the ring --------------------------------
                 acc.fill(0.0)
                 if cutlass.const_expr(cfg.gated):
                     up.fill(0.0)
                 if cutlass.const_expr(cfg.quant is not None):
-                    scales = TileScales.at(cfg, tCcC, x_scale, w_scale, block_expert, token_block,
-                                           weight_block, cute.size(mW, mode=[0]))
+                    scales = TileScales.at(
+                        cfg, tCcC, x_scale, w_scale, block_expert, token_block, weight_block, cute.size(mW, mode=[0])
+                    )
                 if cutlass.const_expr(cfg.pingpong):  # this warpgroup's turn on the tensor cores
-                    order_wait(MMA_ORDER_BARRIER_ID, wg)
+                    parts.order_wait(parts.MMA_ORDER_BARRIER_ID, wg)
                 if cutlass.const_expr(not cfg.two_level):  # bf16: one accumulator (two gated) over all of K
                     tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
                     warpgroup.fence()
@@ -320,14 +347,14 @@ class GroupedGemm:
                     ring.consumer_wait(read)
                     if cutlass.const_expr(cfg.gather_rows):  # cp.async wrote the rows via the generic proxy
                         cute.arch.fence_proxy("async.shared", space="cta")
-                    issue_k_step(cfg, tiled_mma, acc, up, tCrA, tCrB, tCrA_up, tCrB_up, read.index)
+                    parts.issue_k_step(cfg, tiled_mma, acc, up, tCrA, tCrB, tCrA_up, tCrB_up, read.index)
                     warpgroup.commit_group()
                     read.advance()
-                    for k in range(1, k_tiles):
+                    for _k in range(1, k_tiles):
                         ring.consumer_wait(read)
                         if cutlass.const_expr(cfg.gather_rows):
                             cute.arch.fence_proxy("async.shared", space="cta")
-                        issue_k_step(cfg, tiled_mma, acc, up, tCrA, tCrB, tCrA_up, tCrB_up, read.index)
+                        parts.issue_k_step(cfg, tiled_mma, acc, up, tCrA, tCrB, tCrA_up, tCrB_up, read.index)
                         warpgroup.commit_group()
                         # keep this step's WGMMAs in flight; the previous step's are done → free its slot
                         warpgroup.wait_group(1)
@@ -335,7 +362,7 @@ class GroupedGemm:
                         release.advance()
                         read.advance()
                     if cutlass.const_expr(cfg.pingpong):  # all issued: the other warpgroup may issue its tile
-                        order_arrive(MMA_ORDER_BARRIER_ID, 1 - wg)
+                        parts.order_arrive(parts.MMA_ORDER_BARRIER_ID, 1 - wg)
                     warpgroup.wait_group(0)
                     ring.consumer_release(release)
                     release.advance()
@@ -348,9 +375,9 @@ class GroupedGemm:
                         ring.consumer_wait(read)
                         warpgroup.fence()  # blk was last read by the previous promotion
                         tiled_mma.set(warpgroup.Field.ACCUMULATE, False)  # the first WGMMA zeroes blk
+                        slot = read.index
                         for kb in cutlass.range_constexpr(k_blocks):
-                            cute.gemm(tiled_mma, blk, tCrA[(None, None, kb, read.index)],
-                                      tCrB[(None, None, kb, read.index)], blk)
+                            cute.gemm(tiled_mma, blk, tCrA[(None, None, kb, slot)], tCrB[(None, None, kb, slot)], blk)
                             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
                         warpgroup.commit_group()
                         warpgroup.wait_group(0)  # blk complete: the slot is free, the sum can be read
@@ -373,11 +400,10 @@ class GroupedGemm:
                         acc[i] = acc[i] * row_scale[row0 + token]
 
                 if cutlass.const_expr(cfg.pingpong):  # this warpgroup's turn to store
-                    order_wait(EPI_ORDER_BARRIER_ID, wg)
+                    parts.order_wait(parts.EPI_ORDER_BARRIER_ID, wg)
                 m_block, n_block = (weight_block, token_block) if swap else (token_block, weight_block)
                 gC_epi = cute.zipped_divide(gC[(None, None, m_block, n_block)], cfg.epi_tile)
-                bSG_sC, bSG_gC = cpasync.tma_partition(tma_c, 0, cute.make_layout(1),
-                                                       cute.group_modes(sC, 0, 2), gC_epi)
+                bSG_sC, bSG_gC = cpasync.tma_partition(tma_c, 0, one, cute.group_modes(sC, 0, 2), gC_epi)
                 epi_grid = gC_epi.shape[1]
                 epi_count = cute.size(gC_epi, mode=[1])
                 epi_order = cute.make_layout(epi_grid, stride=(epi_grid[1], 1))
@@ -398,7 +424,7 @@ class GroupedGemm:
                     # nobody rewrites a staging buffer before the store thread has seen it read out
                     epi_barrier.arrive_and_wait()
                 if cutlass.const_expr(cfg.pingpong):  # the other warpgroup may store its tile
-                    order_arrive(EPI_ORDER_BARRIER_ID, 1 - wg)
+                    parts.order_arrive(parts.EPI_ORDER_BARRIER_ID, 1 - wg)
                 tiles_done += 1
                 tile += tile_step
             if is_store_thread:

@@ -61,6 +61,8 @@ K must be a multiple of ``tile_k`` (the copies do not zero-fill): ``moe.grouped_
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync
@@ -100,38 +102,46 @@ def pair_blocks(pair, rank, n_token_blocks):
     return first, last, cutlass.min(mine, last), mine < n_token_blocks
 
 
-def first_tile(cfg: GemmConfig):
-    """(first tile id, step) of this CTA's cluster: its cluster index and the number of clusters."""
-    c = cfg.cluster
-    return cute.arch.block_idx()[0] // c, cute.arch.grid_dim()[0] // c
+@dataclass(frozen=True)
+class TileWalk:
+    """The persistent tile sequence of one launch, walked alike by the producer and the consumers:
+    ``n_token_blocks`` (device data) × ``n_weight_blocks`` tiles, pairs of token blocks in a cluster."""
 
+    cfg: GemmConfig
+    n_token_blocks: object
+    n_weight_blocks: object
 
-def tile_count(cfg: GemmConfig, n_token_blocks, n_weight_blocks):
-    """Tile ids of the launch: token blocks (pairs of them in a cluster) × weight blocks."""
-    c = cfg.cluster
-    return (n_token_blocks + c - 1) // c * n_weight_blocks
+    def first(self):
+        """(first tile id, step) of this CTA's cluster: its cluster index and the number of clusters."""
+        c = self.cfg.cluster
+        return cute.arch.block_idx()[0] // c, cute.arch.grid_dim()[0] // c
 
+    def count(self):
+        """Tile ids of the launch: token blocks (pairs of them in a cluster) × weight blocks."""
+        c = self.cfg.cluster
+        return (self.n_token_blocks + c - 1) // c * self.n_weight_blocks
 
-def tile_blocks(cfg: GemmConfig, tile, n_token_blocks, n_weight_blocks):
-    """(token block, weight block, stores, first, last) of tile id ``tile`` for this CTA.
+    def blocks(self, tile):
+        """(token block, weight block, stores, first, last) of tile id ``tile`` for this CTA.
 
-    ``stores``: the CTA owns the token block (False only for rank 1 past an odd last block);
-    ``first``, ``last``: the pair's blocks (the token block itself without a cluster), whose experts
-    decide the multicast (:func:`multicasts`, read by the producers only)."""
-    if cutlass.const_expr(cfg.cluster == 1):
-        token_block, weight_block = tile_coordinates(tile, n_token_blocks, n_weight_blocks, cfg.group_tokens)
-        return token_block, weight_block, cutlass.Boolean(True), token_block, token_block
-    pairs = (n_token_blocks + 1) // 2
-    pair, weight_block = tile_coordinates(tile, pairs, n_weight_blocks, max(1, cfg.group_tokens // 2))
-    first, last, token_block, stores = pair_blocks(pair, cute.arch.block_idx_in_cluster(), n_token_blocks)
-    return token_block, weight_block, stores, first, last
+        ``stores``: the CTA owns the token block (False only for rank 1 past an odd last block);
+        ``first``, ``last``: the pair's blocks (the token block itself without a cluster), whose experts
+        decide the multicast (:meth:`multicasts`, asked by the producers only)."""
+        cfg, n_token_blocks = self.cfg, self.n_token_blocks
+        if cutlass.const_expr(cfg.cluster == 1):
+            token_block, weight_block = tile_coordinates(tile, n_token_blocks, self.n_weight_blocks, cfg.group_tokens)
+            return token_block, weight_block, cutlass.Boolean(True), token_block, token_block
+        pairs = (n_token_blocks + 1) // 2
+        pair, weight_block = tile_coordinates(tile, pairs, self.n_weight_blocks, max(1, cfg.group_tokens // 2))
+        first, last, token_block, stores = pair_blocks(pair, cute.arch.block_idx_in_cluster(), n_token_blocks)
+        return token_block, weight_block, stores, first, last
 
-
-def multicasts(cfg: GemmConfig, block_expert: cute.Tensor, first, last):
-    """Whether the pair's blocks are one expert's, so its weight tile is multicast (never without a cluster)."""
-    if cutlass.const_expr(cfg.cluster == 1):
-        return cutlass.Boolean(False)
-    return block_expert[first] == block_expert[last]
+    def multicasts(self, block_expert: cute.Tensor, first, last):
+        """Whether the pair's blocks are one expert's, so its weight tile is multicast (never without a
+        cluster)."""
+        if cutlass.const_expr(self.cfg.cluster == 1):
+            return cutlass.Boolean(False)
+        return block_expert[first] == block_expert[last]
 
 
 # ---- the weight copy -----------------------------------------------------------------------------
@@ -214,3 +224,55 @@ def gather_geometry(cfg: GemmConfig) -> tuple[int, int, int]:
     vecs = cfg.tile_k * cfg.element_bytes // VEC_BYTES
     rows = min(cfg.tokens_tile, GATHER_THREADS // vecs)
     return vecs, rows, cfg.tokens_tile // rows
+
+
+@dataclass(frozen=True)
+class RowGather:
+    """One producer thread's share of the gathering copy, built once per CTA (:meth:`make`) and read in
+    the tile loop: its vectors of x and of the ring's token slots, and the token of its row in each
+    pass.  The tiled copy is partitioned over the staged operand tensor, so the 128-B swizzle is the
+    one the WGMMA descriptors read."""
+
+    copy_atom: object  # one 16-byte cp.async (cp.async.cg: cached in L2 only)
+    copies: object  # whether this thread has a vector (all 128 threads unless the token tile is small)
+    tRsX: object  # this thread's vectors of the token slots: (vector, pass, 1, stage)
+    my_row: object
+    my_vec: object
+    gXv: object  # x in 16-byte vectors: (1, elems, token, vector along K)
+    tokens: object  # registers: the token of this thread's row in each pass of the current tile
+    vecs: int
+    rows: int
+    passes: int
+    tokens_tile: int
+
+    @classmethod
+    def make(cls, cfg: GemmConfig, dtype, mX: cute.Tensor, sX: cute.Tensor, tidx) -> RowGather:
+        vecs, rows, passes = gather_geometry(cfg)
+        elems = VEC_BYTES // cfg.element_bytes
+        copy_atom = cute.make_copy_atom(
+            cpasync.CopyG2SOp(cpasync.LoadCacheMode.GLOBAL), dtype, num_bits_per_copy=VEC_BYTES * 8
+        )
+        tiled_copy = cute.make_tiled_copy_tv(
+            copy_atom, cute.make_layout((rows, vecs), stride=(vecs, 1)), cute.make_layout((1, elems))
+        )
+        copies = tidx < rows * vecs
+        lane = tidx % (rows * vecs)
+        tRsX = tiled_copy.get_slice(lane).partition_D(sX)
+        my_row, my_vec = lane // vecs, lane % vecs
+        gXv = cute.local_tile(mX, (1, elems), (None, None))
+        tokens = cute.make_rmem_tensor((passes,), cutlass.Int32)
+        return cls(copy_atom, copies, tRsX, my_row, my_vec, gXv, tokens, vecs, rows, passes, cfg.tokens_tile)
+
+    def read_tokens(self, token_of_row: cute.Tensor, token_block) -> None:
+        """The token of each row this thread copies in token block ``token_block`` (once per tile)."""
+        for p in range(self.passes):
+            self.tokens[p] = cutlass.Int32(token_of_row[token_block * self.tokens_tile + p * self.rows + self.my_row])
+
+    def copy(self, k, slot) -> None:
+        """This thread's cp.async copies of K step ``k`` into ring slot ``slot``."""
+        for p in range(self.passes):
+            cute.copy(
+                self.copy_atom,
+                self.gXv[(0, None, self.tokens[p], k * self.vecs + self.my_vec)],
+                self.tRsX[(None, p, 0, slot)],
+            )

@@ -39,8 +39,14 @@ class KernelPlan:
         # Cooperative: the consumer warpgroups stack along M, each warpgroup's WGMMA covers 64 rows ×
         # tile_n.  Ping-pong: one warpgroup per tile (tile_warpgroups = 1), tile_m/64 WGMMAs along M.
         self.tiled_mma = sm90.make_trivial_tiled_mma(
-            dtype, dtype, k_major.sm90_mma_major_mode(), k_major.sm90_mma_major_mode(),
-            cutlass.Float32, (cfg.tile_warpgroups, 1, 1), tiler_mn=(64, cfg.tile_n))
+            dtype,
+            dtype,
+            k_major.sm90_mma_major_mode(),
+            k_major.sm90_mma_major_mode(),
+            cutlass.Float32,
+            (cfg.tile_warpgroups, 1, 1),
+            tiler_mn=(64, cfg.tile_n),
+        )
         # Shared memory rings: (rows, tile_k, stages), swizzled atoms tiled to the tile shape.
         self.a_smem_staged = sm90.make_smem_layout_a(k_major, tile_mnk, dtype, cfg.stages)
         self.b_smem_staged = sm90.make_smem_layout_b(k_major, tile_mnk, dtype, cfg.stages)
@@ -57,8 +63,9 @@ class KernelPlan:
         # Bytes the TMA engine deposits per ring stage: the full barrier's transaction count
         # (gated: the gate and the up tile, two weight boxes of one layout; gather_rows: the weight
         # boxes only — the token rows arrive by cp.async, counted as thread arrivals instead).
-        self.stage_bytes = ((0 if cfg.gather_rows else cute.size_in_bytes(dtype, self.x_smem_one))
-                            + cute.size_in_bytes(dtype, self.w_smem_one) * (2 if cfg.gated else 1))
+        self.stage_bytes = (0 if cfg.gather_rows else cute.size_in_bytes(dtype, self.x_smem_one)) + cute.size_in_bytes(
+            dtype, self.w_smem_one
+        ) * (2 if cfg.gated else 1)
 
     def tma_atoms(self, x: cute.Tensor, w: cute.Tensor, c: cute.Tensor) -> tuple:
         """(atom, coordinate tensor) of each TMA copy, flattened: the token load (box: one ring slot
@@ -71,8 +78,13 @@ class KernelPlan:
         tma_c = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), c, self.epi_smem_one, cfg.epi_tile)
         tma_wm = tma_w
         if cfg.cluster > 1:
-            tma_wm = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SMulticastOp(), w, self.w_smem_one,
-                                                 (cfg.weights_tile, cfg.tile_k), num_multicast=cfg.cluster)
+            tma_wm = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileG2SMulticastOp(),
+                w,
+                self.w_smem_one,
+                (cfg.weights_tile, cfg.tile_k),
+                num_multicast=cfg.cluster,
+            )
         return (*tma_x, *tma_w, *tma_wm, *tma_c)
 
     def shared_storage(self):
@@ -123,23 +135,54 @@ class GemmLaunch:
         self.num_ctas = num_ctas
 
     @cute.jit
-    def __call__(self, x: cute.Tensor, w: cute.Tensor, c: cute.Tensor, block_expert: cute.Tensor,
-                 num_blocks: cute.Tensor, row_scale: cute.Tensor, stream,
-                 x_scale: cute.Tensor = None, w_scale: cute.Tensor = None, token_of_row: cute.Tensor = None):
+    def __call__(
+        self,
+        x: cute.Tensor,
+        w: cute.Tensor,
+        c: cute.Tensor,
+        block_expert: cute.Tensor,
+        num_blocks: cute.Tensor,
+        row_scale: cute.Tensor,
+        stream,
+        x_scale: cute.Tensor = None,
+        w_scale: cute.Tensor = None,
+        token_of_row: cute.Tensor = None,
+    ):
         cfg = self.cfg
         plan = KernelPlan(cfg)
         tma_x, mX, tma_w, mW, tma_wm, mWm, tma_c, mC = plan.tma_atoms(x, w, c)
         gemm = GroupedGemm(cfg, plan)
         ctas = max(cfg.cluster, self.num_ctas - self.num_ctas % cfg.cluster)  # whole clusters, at least one
-        launch = dict(grid=[ctas, 1, 1], block=[cfg.threads, 1, 1], cluster=[cfg.cluster, 1, 1],
-                      min_blocks_per_mp=1, stream=stream)
+        launch = dict(
+            grid=[ctas, 1, 1],
+            block=[cfg.threads, 1, 1],
+            cluster=[cfg.cluster, 1, 1],
+            min_blocks_per_mp=1,
+            stream=stream,
+        )
         layouts = (plan.tiled_mma, plan.a_smem_staged, plan.b_smem_staged, plan.epi_smem_staged)
         if cutlass.const_expr(cfg.gather_rows):  # no TMA over x: the producer gathers its rows
-            gemm.kernel_gather(x, tma_w, mW, tma_wm, mWm, tma_c, mC, block_expert, num_blocks, row_scale,
-                               token_of_row, *layouts).launch(**launch)
+            gemm.kernel_gather(
+                x, tma_w, mW, tma_wm, mWm, tma_c, mC, block_expert, num_blocks, row_scale, token_of_row, *layouts
+            ).launch(**launch)
         elif cutlass.const_expr(cfg.quant is None):
-            gemm.kernel(tma_x, mX, tma_w, mW, tma_wm, mWm, tma_c, mC, block_expert, num_blocks, row_scale,
-                        *layouts).launch(**launch)
+            gemm.kernel(
+                tma_x, mX, tma_w, mW, tma_wm, mWm, tma_c, mC, block_expert, num_blocks, row_scale, *layouts
+            ).launch(**launch)
         else:
-            gemm.kernel_fp8(tma_x, mX, tma_w, mW, tma_wm, mWm, tma_c, mC, block_expert, num_blocks, row_scale,
-                            x_scale, w_scale, *layouts).launch(**launch)
+            gemm.kernel_fp8(
+                tma_x,
+                mX,
+                tma_w,
+                mW,
+                tma_wm,
+                mWm,
+                tma_c,
+                mC,
+                block_expert,
+                num_blocks,
+                row_scale,
+                x_scale,
+                w_scale,
+                *layouts,
+            ).launch(**launch)
