@@ -38,9 +38,20 @@ from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
-from . import gemm_parts as parts
 from .config import GATHER_THREADS, GemmConfig
 from .fp8_gemm import TileScales
+from .gemm_parts import (
+    EPI_ORDER_BARRIER_ID,
+    EPILOGUE_BARRIER_ID,
+    MMA_ORDER_BARRIER_ID,
+    RowGather,
+    TileWalk,
+    issue_k_step,
+    load_weights,
+    multicast_halves,
+    order_arrive,
+    order_wait,
+)
 from .rowops import silu_mul
 
 PRODUCER_REGISTERS = 40
@@ -197,12 +208,12 @@ class GroupedGemm:
         own = (tma_w, tWgW, tWsW, tUsU)  # the whole weight box into this CTA alone
         multicast = None  # cluster = 2: this CTA's half of a weight box shared by the cluster
         if cutlass.const_expr(cfg.cluster > 1):
-            multicast = parts.multicast_halves(cfg, tma_wm, mWm, sW, sU if cfg.gated else None)
+            multicast = multicast_halves(cfg, tma_wm, mWm, sW, sU if cfg.gated else None)
 
         pipeline.pipeline_init_wait(cluster_mn)
 
         # The tile sequence, identical in producer and consumers (gemm_parts: the tile walk).
-        walk = parts.TileWalk(cfg, num_blocks[0], n_weight_blocks)
+        walk = TileWalk(cfg, num_blocks[0], n_weight_blocks)
         num_tiles = walk.count()
 
         # ================================ producer ==========================================
@@ -211,7 +222,7 @@ class GroupedGemm:
             if cutlass.const_expr(cfg.gather_rows):
                 # All four warps copy the token rows by cp.async, 16 bytes a copy, into the same swizzled
                 # layout TMA writes; warp 0 also issues the weight TMA (gemm_parts: the gathering producer).
-                gather = parts.RowGather.make(cfg, self.dtype, mX, sX, tidx)
+                gather = RowGather.make(cfg, self.dtype, mX, sX, tidx)
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.stages)
                 tile, tile_step = walk.first()
                 while tile < num_tiles:
@@ -223,7 +234,7 @@ class GroupedGemm:
                         if warp_idx == 0:  # one elected lane: wait for the slot, arrive with the weight bytes
                             ring.producer_acquire(state)
                             full = ring.producer_get_barrier(state)
-                            parts.load_weights(cfg, shared, k, state.index, full, own, multicast, weight_block, expert)
+                            load_weights(cfg, shared, k, state.index, full, own, multicast, weight_block, expert)
                         else:  # the other warps only wait until the consumers have freed the slot
                             ring.sync_object_empty.wait(state.index, state.phase)
                         if gather.copies:  # threads with a vector (all 128 unless the token tile is small)
@@ -250,7 +261,7 @@ class GroupedGemm:
                         full = ring.producer_get_barrier(state)
                         cute.copy(tma_x, tXgX_tile[(None, k)], tXsX[(None, state.index)], tma_bar_ptr=full)
                         # the weight box (gated: gate rows n …, up rows I + n …), multicast when shared
-                        parts.load_weights(cfg, shared, k, state.index, full, own, multicast, weight_block, expert)
+                        load_weights(cfg, shared, k, state.index, full, own, multicast, weight_block, expert)
                         ring.producer_commit(state)
                         state.advance()
                     tile += tile_step
@@ -300,9 +311,9 @@ class GroupedGemm:
             # The epilogue's barrier, TMA-store ring and first staging buffer: the tile's warpgroups'
             # (ping-pong: this warpgroup's own barrier and epi_stages buffers).
             epi_threads = 128 * cfg.tile_warpgroups
-            epi_barrier_id, first_buffer = parts.EPILOGUE_BARRIER_ID, 0
+            epi_barrier_id, first_buffer = EPILOGUE_BARRIER_ID, 0
             if cutlass.const_expr(cfg.pingpong):
-                epi_barrier_id, first_buffer = parts.EPILOGUE_BARRIER_ID + wg, wg * cfg.epi_stages
+                epi_barrier_id, first_buffer = EPILOGUE_BARRIER_ID + wg, wg * cfg.epi_stages
             store_ring = pipeline.PipelineTmaStore.create(
                 num_stages=cfg.epi_stages, producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, epi_threads)
             )
@@ -324,8 +335,8 @@ class GroupedGemm:
                 read.advance(wg * k_tiles)
                 release.advance(wg * k_tiles)
                 if wg == 1:  # warpgroup 0 goes first: grant it its first main loop and its first epilogue
-                    parts.order_arrive(parts.MMA_ORDER_BARRIER_ID, 0)
-                    parts.order_arrive(parts.EPI_ORDER_BARRIER_ID, 0)
+                    order_arrive(MMA_ORDER_BARRIER_ID, 0)
+                    order_arrive(EPI_ORDER_BARRIER_ID, 0)
             while tile < num_tiles:
                 # stores: False only for a cluster's rank 1 past an odd last token block
                 token_block, weight_block, stores, _, _ = walk.blocks(tile)
@@ -339,7 +350,7 @@ class GroupedGemm:
                         cfg, tCcC, x_scale, w_scale, block_expert, token_block, weight_block, cute.size(mW, mode=[0])
                     )
                 if cutlass.const_expr(cfg.pingpong):  # this warpgroup's turn on the tensor cores
-                    parts.order_wait(parts.MMA_ORDER_BARRIER_ID, wg)
+                    order_wait(MMA_ORDER_BARRIER_ID, wg)
                 if cutlass.const_expr(not cfg.two_level):  # bf16: one accumulator (two gated) over all of K
                     tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
                     warpgroup.fence()
@@ -347,14 +358,14 @@ class GroupedGemm:
                     ring.consumer_wait(read)
                     if cutlass.const_expr(cfg.gather_rows):  # cp.async wrote the rows via the generic proxy
                         cute.arch.fence_proxy("async.shared", space="cta")
-                    parts.issue_k_step(cfg, tiled_mma, acc, up, tCrA, tCrB, tCrA_up, tCrB_up, read.index)
+                    issue_k_step(cfg, tiled_mma, acc, up, tCrA, tCrB, tCrA_up, tCrB_up, read.index)
                     warpgroup.commit_group()
                     read.advance()
                     for _k in range(1, k_tiles):
                         ring.consumer_wait(read)
                         if cutlass.const_expr(cfg.gather_rows):
                             cute.arch.fence_proxy("async.shared", space="cta")
-                        parts.issue_k_step(cfg, tiled_mma, acc, up, tCrA, tCrB, tCrA_up, tCrB_up, read.index)
+                        issue_k_step(cfg, tiled_mma, acc, up, tCrA, tCrB, tCrA_up, tCrB_up, read.index)
                         warpgroup.commit_group()
                         # keep this step's WGMMAs in flight; the previous step's are done → free its slot
                         warpgroup.wait_group(1)
@@ -362,7 +373,7 @@ class GroupedGemm:
                         release.advance()
                         read.advance()
                     if cutlass.const_expr(cfg.pingpong):  # all issued: the other warpgroup may issue its tile
-                        parts.order_arrive(parts.MMA_ORDER_BARRIER_ID, 1 - wg)
+                        order_arrive(MMA_ORDER_BARRIER_ID, 1 - wg)
                     warpgroup.wait_group(0)
                     ring.consumer_release(release)
                     release.advance()
@@ -400,7 +411,7 @@ class GroupedGemm:
                         acc[i] = acc[i] * row_scale[row0 + token]
 
                 if cutlass.const_expr(cfg.pingpong):  # this warpgroup's turn to store
-                    parts.order_wait(parts.EPI_ORDER_BARRIER_ID, wg)
+                    order_wait(EPI_ORDER_BARRIER_ID, wg)
                 m_block, n_block = (weight_block, token_block) if swap else (token_block, weight_block)
                 gC_epi = cute.zipped_divide(gC[(None, None, m_block, n_block)], cfg.epi_tile)
                 bSG_sC, bSG_gC = cpasync.tma_partition(tma_c, 0, one, cute.group_modes(sC, 0, 2), gC_epi)
@@ -424,7 +435,7 @@ class GroupedGemm:
                     # nobody rewrites a staging buffer before the store thread has seen it read out
                     epi_barrier.arrive_and_wait()
                 if cutlass.const_expr(cfg.pingpong):  # the other warpgroup may store its tile
-                    parts.order_arrive(parts.EPI_ORDER_BARRIER_ID, 1 - wg)
+                    order_arrive(EPI_ORDER_BARRIER_ID, 1 - wg)
                 tiles_done += 1
                 tile += tile_step
             if is_store_thread:
