@@ -1,9 +1,10 @@
 """The pieces the grouped GEMM's kernel body (:mod:`cute_moe.gemm`) calls by name: the tile walk, the
 weight copy with its cluster multicast, ping-pong's named barriers and the gathering copy's geometry.
 
-Each is a plain function traced inline where the kernel calls it; none overrides anything.  The
-kernel body is the place to read a tile's life; this module explains the designs behind four of its
-steps.
+Each is a plain function or a small frozen object, traced inline where the kernel calls it; none
+overrides anything.  The kernel body is the place to read a tile's life; this module explains the
+designs behind four of its steps.  Every ``cfg`` is the kernel's :class:`~cute_moe.config.GemmConfig`
+(read, not imported: this module imports nothing of the package).
 
 The tile walk
 -------------
@@ -67,7 +68,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync
 
-from .config import GATHER_THREADS, GemmConfig
+from moe_spec.hopper import WARPGROUP_THREADS
 
 # Named barriers (0 is __syncthreads).  Cooperative: EPILOGUE_BARRIER_ID over all consumer threads.
 # Ping-pong: EPILOGUE_BARRIER_ID + w (warpgroup w's own epilogue), MMA_ORDER_BARRIER_ID + w and
@@ -107,7 +108,7 @@ class TileWalk:
     """The persistent tile sequence of one launch, walked alike by the producer and the consumers:
     ``n_token_blocks`` (device data) × ``n_weight_blocks`` tiles, pairs of token blocks in a cluster."""
 
-    cfg: GemmConfig
+    cfg: object  # the kernel's GemmConfig
     n_token_blocks: object
     n_weight_blocks: object
 
@@ -145,7 +146,7 @@ class TileWalk:
 
 
 # ---- the weight copy -----------------------------------------------------------------------------
-def multicast_halves(cfg: GemmConfig, tma_wm, mWm: cute.Tensor, sW: cute.Tensor, sU):
+def multicast_halves(cfg, tma_wm, mWm: cute.Tensor, sW: cute.Tensor, sU):
     """This CTA's share of a weight box multicast over the cluster: ``tma_partition`` over its ranks
     gives rank r the rows ``r·tW/2 …`` of W's boxes and of the ring's weight (and up) slots.
     Returns (atom, W's boxes, weight slots, up slots or None), as :func:`load_weights` takes it."""
@@ -160,7 +161,7 @@ def multicast_halves(cfg: GemmConfig, tma_wm, mWm: cute.Tensor, sW: cute.Tensor,
 
 
 @cute.jit
-def load_weights(cfg: GemmConfig, shared, k, slot, full, own, multicast, weight_block, expert):
+def load_weights(cfg, shared, k, slot, full, own, multicast, weight_block, expert):
     """Stage ``slot``'s weight box(es) at K step ``k`` on the full barrier ``full``: this CTA's half of
     the box multicast into both CTAs when ``shared``, else the whole box into this CTA alone.  ``own``
     and ``multicast`` = (TMA atom, W's boxes, the ring's weight slots, its up slots or None)."""
@@ -173,14 +174,14 @@ def load_weights(cfg: GemmConfig, shared, k, slot, full, own, multicast, weight_
             _copy_box(cfg, *own, weight_block, expert, k, slot, full, 0)
 
 
-def _weight_box(cfg: GemmConfig, tWgW, weight_block, expert, half):
+def _weight_box(cfg, tWgW, weight_block, expert, half):
     """The K steps of one weight box: gated W1's gate (half 0) or up (half 1) rows, or W's."""
     if cutlass.const_expr(cfg.gated):
         return tWgW[(None, weight_block, None, half, expert)]
     return tWgW[(None, weight_block, None, expert)]
 
 
-def _copy_box(cfg: GemmConfig, atom, tWgW, tWsW, tUsU, weight_block, expert, k, slot, full, mask):
+def _copy_box(cfg, atom, tWgW, tWsW, tUsU, weight_block, expert, k, slot, full, mask):
     """The TMA copy of the weight box (gated: then of the up box, on the same barrier)."""
     gate = _weight_box(cfg, tWgW, weight_block, expert, 0)
     if cutlass.const_expr(mask == 0):
@@ -197,7 +198,7 @@ def _copy_box(cfg: GemmConfig, atom, tWgW, tWsW, tUsU, weight_block, expert, k, 
 
 # ---- the consumers' K step -----------------------------------------------------------------------
 @cute.jit
-def issue_k_step(cfg: GemmConfig, tiled_mma, acc, up, tCrA, tCrB, tCrA_up, tCrB_up, slot):
+def issue_k_step(cfg, tiled_mma, acc, up, tCrA, tCrB, tCrA_up, tCrB_up, slot):
     """Issue the WGMMAs of one K step from ring slot ``slot`` into ``acc``, ``tile_k / WGMMA K`` of them
     (gated: each followed by its twin on the up tile into ``up``, same tiled MMA and registers)."""
     for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
@@ -218,11 +219,11 @@ def order_arrive(base: int, wg):
 
 
 # ---- the gathering copy --------------------------------------------------------------------------
-def gather_geometry(cfg: GemmConfig) -> tuple[int, int, int]:
+def gather_geometry(cfg) -> tuple[int, int, int]:
     """(vectors per token row of a stage, rows per pass, passes per stage) of the gathering copy: a
     pass is ``128 / (tile_k/8)`` rows (fewer threads when the tile is smaller: swap-AB's 8 rows use 64)."""
     vecs = cfg.tile_k * cfg.element_bytes // VEC_BYTES
-    rows = min(cfg.tokens_tile, GATHER_THREADS // vecs)
+    rows = min(cfg.tokens_tile, WARPGROUP_THREADS // vecs)  # the producer warpgroup (config.GATHER_THREADS)
     return vecs, rows, cfg.tokens_tile // rows
 
 
@@ -246,7 +247,7 @@ class RowGather:
     tokens_tile: int
 
     @classmethod
-    def make(cls, cfg: GemmConfig, dtype, mX: cute.Tensor, sX: cute.Tensor, tidx) -> RowGather:
+    def make(cls, cfg, dtype, mX: cute.Tensor, sX: cute.Tensor, tidx) -> RowGather:
         vecs, rows, passes = gather_geometry(cfg)
         elems = VEC_BYTES // cfg.element_bytes
         copy_atom = cute.make_copy_atom(
