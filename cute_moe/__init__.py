@@ -17,10 +17,10 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")  # before cutlass is imported a
 
 from moe_spec.contract import make_fused_experts  # noqa: E402
 
-from .config import GemmConfig, choose_config  # noqa: E402
+from .config import GemmConfig  # noqa: E402
 from .layouts import describe, describe_json  # noqa: E402
 from .moe import combine, fused_moe, gather_rows, grouped_gemm, silu_mul, sort_rows  # noqa: E402
-from .plan import LayerPlan, layer_configs, plan, plans_for  # noqa: E402
+from .plan import LayerPlan, choose_config, layer_configs, plan, plans_for  # noqa: E402
 from .ptx import compile_gemm, compile_ptx, mma_instruction  # noqa: E402
 from .quantops import compile_quant_kernels  # noqa: E402
 from .rowops import compile_row_kernels  # noqa: E402

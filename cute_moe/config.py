@@ -1,11 +1,11 @@
-"""One frozen object that says which grouped-GEMM kernel to build, and the rule that picks it.
+"""One frozen object that says which grouped-GEMM kernel to build: :class:`GemmConfig`.
 
-Every other module reads :class:`GemmConfig`: the kernel (``gemm.py``) builds its tiled MMA,
-shared-memory plan and epilogue from it, ``layouts.py`` turns it into plain data, ``ptx.py``
-compiles it on the CPU, ``plan.py`` picks one per GEMM with :func:`choose_config`, and the tests
-and notes quote it.  There is no second place where a tile size lives; the Hopper facts it
-rests on (WGMMA's M = 64, N ≤ 256, 227 KiB of shared memory per CTA) come from
-:mod:`moe_spec.hopper`.
+Every other module reads it: the kernel (``gemm.py``) builds its tiled MMA, shared-memory plan and
+epilogue from it, ``layouts.py`` turns it into plain data, ``ptx.py`` compiles it on the CPU, the
+plan (``plan.py``) picks one per GEMM by its path rule, and the tests and notes quote it.  There is
+no second place where a tile size lives; the Hopper facts it rests on (WGMMA's M = 64, N ≤ 256,
+227 KiB of shared memory per CTA) come from :mod:`moe_spec.hopper`, the tiles and register bounds
+each path accepts from :mod:`cute_moe.limits`.
 
 Two vocabularies
 ----------------
@@ -22,7 +22,7 @@ with M = 64 rows per warpgroup and N a multiple of 8 up to 256.
 
 The MoE vocabulary (``tokens_tile``/``weights_tile``) is what the user sets; the GEMM vocabulary
 (``tile_m``/``tile_n``) is derived, so the two can never disagree.  The tiles a config accepts
-are listed by :func:`tokens_tiles` and :func:`weights_tiles`, the one statement of them.
+are listed by :func:`~cute_moe.limits.tokens_tiles` and :func:`~cute_moe.limits.weights_tiles`.
 
 Shared-memory budget (bytes; an operand element is 2 B of bf16 or 1 B of FP8, an output
 element 2 B of bf16 or 4 B of fp32)::
@@ -34,35 +34,32 @@ element 2 B of bf16 or 4 B of fp32)::
   + 1024                                                     mbarriers, padding to 1024-B alignment
   ≤ 227 KiB = 232 448 B                                      (Hopper's opt-in limit per CTA)
 
+:func:`max_stages` is the deepest ring a config's tiles fit.
+
 FP8 (``quant`` one of moe_spec's FP8 formats, ``dtype="float8_e4m3fn"``): E4M3 operands, WGMMA
-``m64nNk32`` with fp32 accumulation, ``tile_k`` = 128 (:data:`FP8_TILE_K`), and two accumulators
-per tile (:data:`FP8_ACCUMULATOR_REGISTERS`): each K step's block sum is promoted (scaled, for
-``fp8_block``) into the fp32 one — ``cute_moe.fp8_gemm`` holds that loop and the dequantizing epilogue.
+``m64nNk32`` with fp32 accumulation, ``tile_k`` = 128 (:data:`~cute_moe.limits.FP8_TILE_K`), and two
+accumulators per tile: each K step's block sum is promoted (scaled, for ``fp8_block``) into the fp32
+one — ``cute_moe.fp8_gemm`` holds that loop and the dequantizing epilogue.
 
 Gated (``gated=True``, the bf16 layer's GEMM1): each stage loads the gate and the up tile of W1
 ``[E, 2I, K]`` for the same output features, two accumulators sum them and the epilogue writes
-``silu(gate)·up`` ``[M_pad, I]``.  The FP8 and gated limits (two accumulators each) are in
-:mod:`cute_moe.limits`.
+``silu(gate)·up`` ``[M_pad, I]``.
 
-Schedules (``schedule``, :mod:`cute_moe.schedule`): ``"cooperative"`` — the consumer warpgroups share
-one tile along M; ``"pingpong"`` — each owns whole tiles (the tile fields are then ONE warpgroup's)
-and the two take turns on the tensor cores; limits in :func:`cute_moe.limits.check_pingpong`.
+Schedules (``schedule``): ``"cooperative"`` — the consumer warpgroups share one tile along M;
+``"pingpong"`` — each owns whole tiles (the tile fields are then ONE warpgroup's) and the two take
+turns on the tensor cores.  The FP8, gated, ping-pong and cluster limits are in :mod:`cute_moe.limits`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
 from dataclasses import dataclass
 
-from moe_spec.hopper import (SMEM_PER_CTA_BYTES, TMA_ALIGN_BYTES, WARPGROUP_THREADS, WGMMA_M, WGMMA_N_MAX,
-                             WGMMA_N_STEP, wgmma_k)
+from moe_spec.hopper import SMEM_PER_CTA_BYTES, TMA_ALIGN_BYTES, WARPGROUP_THREADS, WGMMA_M, wgmma_k
 from moe_spec.quant import QUANT_FORMATS
 
-from .limits import (FP8_ACCUMULATOR_REGISTERS, FP8_TILE_K, MAX_CONSUMER_WARPGROUPS, MAX_TILE_M,  # noqa: F401
-                     PINGPONG_ACCUMULATOR_REGISTERS, SCHEDULES, TWO_ACCUMULATOR_REGISTERS, check_cluster,
-                     check_fp8, check_gated, check_pingpong, tokens_tiles, weights_tiles)  # (re-exported)
+from .limits import (MAX_CONSUMER_WARPGROUPS, MAX_TILE_M, SCHEDULES, check_cluster, check_fp8, check_gated,
+                     check_pingpong, tokens_tiles, weights_tiles)
 
 SMEM_BUDGET_BYTES = SMEM_PER_CTA_BYTES
 """The shared memory one CTA may use: Hopper's opt-in limit (:mod:`moe_spec.hopper`)."""
@@ -80,40 +77,10 @@ OUT_DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
 again: its SiLU·up must be quantized from unrounded values, as the reference does."""
 OUT_DTYPES = tuple(OUT_DTYPE_BYTES)
 
-ALIGN_ELEMS = TMA_ALIGN_BYTES // DTYPE_BYTES["bfloat16"]
-"""Row alignment in elements: 16 bytes of bf16.  TMA needs every row stride (K of the operands,
-N_out of the output) to be a multiple of 16 bytes, and the row kernels move one 16-byte vector per
-thread step, so every row width the layer touches (K, I, 2I) must be a multiple of this."""
-
-FP8_ALIGN_ELEMS = TMA_ALIGN_BYTES // DTYPE_BYTES["float8_e4m3fn"]
-"""Row alignment of FP8 operands: 16-byte TMA rows are 16 E4M3 values (an FP8 layer's K and I)."""
-
 GATHER_THREADS = WARPGROUP_THREADS  # producer threads copying gathered token rows (gather_rows)
 
 EPI_TILE_N = 32
 """Columns of one epilogue sub-tile (at most; fewer when the tile is narrower)."""
-
-SWAP_AB_MAX_TOKENS_PER_EXPERT = WGMMA_M
-"""The path rule: swap-AB while the mean tokens per expert is at most this (64).
-
-Why 64: the normal path's smallest token tile is WGMMA's M = 64 rows, so below 64 tokens per
-expert most of every normal tile multiplies padding, while swap-AB's token tile can shrink to
-8 (N of WGMMA) and every weight byte still feeds a full 64-row M.
-
-What was measured (GEMM1 alone of Mixtral-8x7B and DeepSeek-V3 TP8, every expert the same token
-count, H200, 2026-11-30, commit 6423a93, ``python -m cute_moe.lab.bench``; notes/results/cute_bench_2026-11-30.md):
-swap-AB's 128-weight tiles ran 1.04–1.19× as fast as the normal 64×256 tile at 1–32 tokens per
-expert, 0.98–1.03× at 64, and 0.62–0.76× at 128 and 256 (there a 128 × 64 swap-AB tile against the
-normal 128 × 256: two tile sizes compared, not the two paths at their best)."""
-
-SWAP_AB_MAX_BY_LAYER: dict[tuple[int, int], float] = {}
-"""Per layer (hidden K, intermediate I): its own limit in place of the 64 above, the largest mean tokens
-per expert on swap-AB (``python -m cute_moe.lab.crossover`` prints the entries it measured)."""
-
-SWAP_TOKEN_TILES = tuple(WGMMA_N_STEP << i for i in range((WGMMA_M // WGMMA_N_STEP).bit_length()))
-"""The swap-AB token tiles the path rule picks from — the powers of two from WGMMA's smallest N (8)
-to its M (64): 8, 16, 32, 64; the smallest one that covers the mean tokens per expert."""
-
 
 @dataclass(frozen=True)
 class GemmConfig:
@@ -132,7 +99,7 @@ class GemmConfig:
             [16, 256].  swap-AB: 64 or 128 with one consumer warpgroup, 128 with two
             (:func:`weights_tiles`).
         tile_k: K extent of one pipeline stage in elements, a multiple of WGMMA's K (16 bf16);
-            64 bf16 fill one 128-B swizzle row.  FP8: 128 E4M3 (:data:`FP8_TILE_K`).
+            64 bf16 fill one 128-B swizzle row.  FP8: 128 E4M3 (:data:`~cute_moe.limits.FP8_TILE_K`).
         stages: depth of the TMA → WGMMA shared-memory ring (≥ 2; 3+ to hide latency), within
             the shared-memory budget.
         consumer_warpgroups: MMA warpgroups (1 or 2), stacked along GEMM M (ping-pong: a tile each).
@@ -156,15 +123,15 @@ class GemmConfig:
         gated: SiLU·up in the epilogue (the bf16 layer's GEMM1, no row scale): weights ``[E, 2I, K]``
             (gate rows, then up rows), output ``silu(gate)·up`` ``[M_pad, I]``; ``weights_tile``
             counts output features, a stage carries the gate and the up tile (2·weights_tile rows).
-        gather_rows: bf16 tokens read by row index from the unsorted ``x [T, K]`` (:mod:`cute_moe.gather`).
+        gather_rows: bf16 tokens read by row index from the unsorted ``x [T, K]`` (the producer of ``gemm.py``).
         schedule: "cooperative" (the default: the consumer warpgroups split one tile along M and run
             its epilogue together) or "pingpong" (``consumer_warpgroups=2``, bf16): each consumer
             warpgroup owns whole tiles — ``tile_m`` (64 or 128) rows handled by it alone, tile_m/64
             WGMMAs per K slice, all accumulators in its registers — and its own ``epi_stages``
             staging buffers; one issues its main loop while the other runs its epilogue.  The twin
-            of a cooperative 128-row tile is the 64-row one (``schedule.pingpong_config``).
+            of a cooperative 128-row tile is the 64-row one (``pingpong_config``).
         cluster: CTAs per cluster, 1 or 2: two take consecutive token blocks of a weight block and, when
-            both are one expert's, load half its weight tile each for both (:mod:`cute_moe.cluster`).
+            both are one expert's, load half its weight tile each for both (multicast, ``gemm.py``).
     """
 
     swap_ab: bool = False
@@ -269,6 +236,15 @@ class GemmConfig:
         return (WGMMA_M * self.tile_warpgroups, min(EPI_TILE_N, self.tile_n))
 
     @property
+    def wgmma(self) -> str:
+        """The ``wgmma.mma_async`` instruction the kernel issues, as PTX spells it: M = 64 rows of one
+        warpgroup, N = ``tile_n``, K = 32 bytes of operands (16 bf16, 32 E4M3), fp32 accumulators.
+        :func:`cute_moe.ptx.mma_instruction` reads the same from the kernel's own tiled MMA; the tests
+        hold the two equal for every config a plan picks."""
+        ab = "bf16" if self.dtype == "bfloat16" else "e4m3"
+        return f"wgmma.mma_async.sync.aligned.m{WGMMA_M}n{self.tile_n}k{wgmma_k(self.element_bytes)}.f32.{ab}.{ab}"
+
+    @property
     def threads(self) -> int:
         return WARPGROUP_THREADS * (1 + self.consumer_warpgroups)
 
@@ -354,7 +330,7 @@ class GemmConfig:
                 with_ = ("schedule='pingpong' (one consumer warpgroup per tile)" if self.pingpong
                          else f"consumer_warpgroups={self.consumer_warpgroups}")
                 raise ValueError(f"{name}={v}: on the {path} path it is {role}; allowed with "
-                                 f"{with_}: {', '.join(map(str, allowed))} (cute_moe.config.{name}s)")
+                                 f"{with_}: {', '.join(map(str, allowed))} (cute_moe.limits.{name}s)")
         k_step = wgmma_k(self.element_bytes)
         if self.tile_k < k_step or self.tile_k % k_step:
             raise ValueError(f"tile_k={self.tile_k}: must be a positive multiple of {k_step}, WGMMA's K for "
@@ -387,64 +363,3 @@ class GemmConfig:
 def max_stages(cfg: GemmConfig, cap: int = 8) -> int:
     """The deepest operand ring that fits the shared-memory budget (at most ``cap``)."""
     return max([s for s in range(2, cap + 1) if cfg.smem_bytes(s) <= SMEM_BUDGET_BYTES], default=2)
-
-
-def path_rule(swap_ab: bool | None = None, layer: tuple[int, int] | None = None) -> tuple[tuple[float, bool, int], ...]:
-    """THE path rule: buckets ``(upper bound on the mean tokens per expert, inclusive; swap_ab;
-    tokens_tile)``; :func:`choose_config` takes the first covering the mean, ``plans_for`` lists them.
-    Forced swap-AB (``swap_ab=True``): the smallest of :data:`SWAP_TOKEN_TILES` covering the mean (64
-    above).  Forced normal: 64-token tiles (one warpgroup's M) up to 64 per expert, 128 above.  The rule
-    (None): forced swap-AB up to the limit of ``layer`` = (K, I) in :data:`SWAP_AB_MAX_BY_LAYER` (else
-    :data:`SWAP_AB_MAX_TOKENS_PER_EXPERT`), forced normal above it."""
-    swap = tuple((float(t), True, t) for t in SWAP_TOKEN_TILES[:-1]) + ((math.inf, True, SWAP_TOKEN_TILES[-1]),)
-    normal = ((float(SWAP_AB_MAX_TOKENS_PER_EXPERT), False, WGMMA_M), (math.inf, False, MAX_TILE_M))
-    if swap_ab is not None:
-        return swap if swap_ab else normal
-    limit = float(SWAP_AB_MAX_BY_LAYER.get(layer, SWAP_AB_MAX_TOKENS_PER_EXPERT))
-    last = (limit, True, next(b for b in swap if limit <= b[0])[2])
-    below = tuple(b for b in swap if b[0] < limit and b[2] != last[2])
-    return below + ((last,) if limit > 0 else ()) + tuple(b for b in normal if b[0] > limit)
-
-
-@functools.lru_cache(maxsize=None)
-def _rule_config(swap_ab: bool, tokens_tile: int, wide: bool, row_scale: bool, quant: str | None,
-                 out_dtype: str, gated: bool) -> GemmConfig:
-    operands = dict(dtype="bfloat16") if quant is None else dict(dtype="float8_e4m3fn", tile_k=FP8_TILE_K)
-    common = dict(quant=quant, out_dtype=out_dtype, row_scale=row_scale, gated=gated, **operands)
-    if swap_ab:  # weights fill M: 128 rows = two consumer warpgroups (gated: 64 features, gate + up = 128 rows)
-        rows = WGMMA_M if gated else MAX_TILE_M
-        cfg = GemmConfig(swap_ab=True, tokens_tile=tokens_tile, weights_tile=rows,
-                         consumer_warpgroups=rows // WGMMA_M, **common)
-    else:  # one consumer warpgroup per 64 token rows; the widest WGMMA N when the layer is that wide (bf16)
-        cfg = GemmConfig(swap_ab=False, tokens_tile=tokens_tile,
-                         weights_tile=WGMMA_N_MAX if wide and quant is None and not gated else 128,
-                         consumer_warpgroups=tokens_tile // WGMMA_M, **common)
-    return cfg.replace(stages=max_stages(cfg))
-
-
-def choose_config(tokens_per_expert: float, n_out: int, k: int, *, swap_ab: bool | None = None,
-                  row_scale: bool = False, quant: str | None = None, out_dtype: str = "bfloat16",
-                  gated: bool = False, layer: tuple | None = None) -> GemmConfig:
-    """Pick the kernel for one expert GEMM ``[T_e, k] × [n_out, k]ᵀ`` by :func:`path_rule`.
-
-    ``tokens_per_expert`` is the mean routed tokens per expert (``T · top_k / E``), known on the
-    host without reading the routing.  ``swap_ab`` forces a path (None: the rule for ``layer`` = (K, I)).
-
-    * swap-AB: weights fill M (128 rows = two consumer warpgroups), and the token tile is the
-      rule's bucket, so decode (a handful of tokens per expert) multiplies almost no padding and
-      streams every weight byte once per token tile.
-    * normal: 128 tokens × 256 weights per tile with two consumer warpgroups (the compute-bound
-      shape: 128·256 accumulators per 64-deep K step; 128 weights when ``n_out < 256``), or 64
-      tokens with one warpgroup when the normal path is forced at ≤ 64 tokens per expert.
-    * FP8 (``quant``): the same buckets, ``tile_k`` = :data:`FP8_TILE_K` and 128-weight tiles (two
-      accumulators: :data:`FP8_ACCUMULATOR_REGISTERS`); ``out_dtype``: fp32 for an FP8 GEMM1.
-    * ``gated`` (the bf16 GEMM1 with SiLU·up in its epilogue; ``n_out`` is then I, the output
-      width): the same buckets; each stage carries the gate and the up tile, so the weights tile
-      is half the plain one — 64 features with one warpgroup on swap-AB, 128 on the normal path
-      (two accumulators: :data:`TWO_ACCUMULATOR_REGISTERS`) — and the stage bytes and the number
-      of tiles are the plain GEMM1's.
-
-    The deepest ring that fits the shared memory is taken; ``k`` does not change the tile.
-    """
-    _, swap, tokens_tile = next(b for b in path_rule(swap_ab, layer) if tokens_per_expert <= b[0])
-    return _rule_config(swap, tokens_tile, n_out >= WGMMA_N_MAX, row_scale, quant, out_dtype, gated)

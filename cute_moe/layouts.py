@@ -50,11 +50,11 @@ import cutlass.cute as cute  # noqa: E402
 from cutlass.base_dsl.ast_helpers import DSLOptimizationWarning  # noqa: E402
 from cutlass.cute.nvgpu import cpasync  # noqa: E402
 
-from .config import SMEM_BUDGET_BYTES, GemmConfig, choose_config  # noqa: E402
+from .config import SMEM_BUDGET_BYTES, GemmConfig  # noqa: E402
 from .gemm_plan import KernelPlan  # noqa: E402
-from .moe_fp8 import gemm1_out_dtype  # noqa: E402
-from .ptx import PTX_TYPES as _PTX_TYPE  # noqa: E402
-from .ptx import fake_arguments  # noqa: E402
+from .limits import gemm1_out_dtype  # noqa: E402
+from .plan import choose_config  # noqa: E402
+from .ptx import PTX_TYPES, fake_arguments  # noqa: E402
 
 
 # ---- a layout is a function: the pure-Python definition ----------------------------------------
@@ -108,7 +108,7 @@ def format_config(cfg: GemmConfig, fmt: str) -> GemmConfig:
     """The config the kernel builds for ``cfg``'s GEMM in operand format ``fmt``.
 
     ``cfg`` itself in its own format; otherwise the path rule's config
-    (:func:`~cute_moe.config.choose_config`) for the same path, token tile (the rule's bucket) and
+    (:func:`~cute_moe.plan.choose_config`) for the same path, token tile (the rule's bucket) and
     row scale under ``fmt``'s quant, with the layer's output dtype (an FP8 GEMM1 writes fp32).  One
     stage keeps its 128-byte swizzled rows (64 bf16 or 128 FP8 elements of K); an FP8 tile is at
     most 128 weights wide (two accumulators), and the ring as deep as the shared memory allows.
@@ -132,7 +132,7 @@ def _read_plan(plan: KernelPlan, raw: dict) -> None:
     raw["tv_C_tiled"] = _layout(mma.tv_layout_C_tiled)
     # the WGMMA atom the tiled MMA repeats: instruction shape and operand types, from the op itself
     raw["atom_mnk"] = tuple(int(v) for v in mma.op.shape_mnk)
-    raw["atom_types"] = tuple(_PTX_TYPE[str(t)] for t in (mma.op.acc_dtype, mma.op.a_dtype, mma.op.b_dtype))
+    raw["atom_types"] = tuple(PTX_TYPES[str(t)] for t in (mma.op.acc_dtype, mma.op.a_dtype, mma.op.b_dtype))
     for name, staged, one in (("A", plan.a_smem_staged, cute.slice_(plan.a_smem_staged, (None, None, 0))),
                               ("B", plan.b_smem_staged, cute.slice_(plan.b_smem_staged, (None, None, 0))),
                               ("C", plan.epi_smem_staged, plan.epi_smem_one)):

@@ -1,19 +1,27 @@
-"""The limits of a :class:`~cute_moe.config.GemmConfig`: the tiles each path accepts, those that keep
-two accumulators — FP8 and gated — those of the ping-pong schedule, whose one warpgroup holds a
-whole tile's accumulators, and those of cluster multicast.
+"""The limits of this backend: the row alignment every layer width obeys, the tiles a
+:class:`~cute_moe.config.GemmConfig` accepts, and the FP8 layer's checks.
 
-Both kernels hold two fp32 accumulators per tile in the consumer's registers — FP8 a block
-accumulator beside the promoted one (``cute_moe.fp8_gemm``), a gated GEMM1 the gate and the up
-sums (``cute_moe.gemm``, SiLU·up in the epilogue) — so both are bound by
-:data:`TWO_ACCUMULATOR_REGISTERS`.  ``GemmConfig`` calls :func:`check_pingpong`, :func:`check_fp8`,
-:func:`check_gated` and :func:`check_cluster` from its validation; this module reads the config's fields only (it imports
-nothing of ``config``), and ``config`` re-exports its constants and tile lists.
+Both two-accumulator kernels hold two fp32 accumulators per tile in the consumer's registers — FP8 a
+block accumulator beside the promoted one (``cute_moe.fp8_gemm``), a gated GEMM1 the gate and the up
+sums (SiLU·up in the epilogue) — so both are bound by :data:`TWO_ACCUMULATOR_REGISTERS`; the
+ping-pong schedule holds a whole tile in one warpgroup, cluster multicast shares a weight tile.
+``GemmConfig`` calls :func:`check_pingpong`, :func:`check_fp8`, :func:`check_gated` and
+:func:`check_cluster` from its validation, and the plan :func:`check_quant_layer`.  This module
+reads a config's fields only and imports nothing of the package, so every module can read it.
 """
 
 from __future__ import annotations
 
-from moe_spec.hopper import WGMMA_M, WGMMA_N_MAX, WGMMA_N_STEP
+from moe_spec.hopper import TMA_ALIGN_BYTES, WGMMA_M, WGMMA_N_MAX, WGMMA_N_STEP
 from moe_spec.quant import FP8_BLOCK
+
+ALIGN_ELEMS = TMA_ALIGN_BYTES // 2
+"""Row alignment in elements: 16 bytes of bf16.  TMA needs every row stride (K of the operands,
+N_out of the output) to be a multiple of 16 bytes, and the row kernels move one 16-byte vector per
+thread step, so every row width the layer touches (K, I, 2I) must be a multiple of this."""
+
+FP8_ALIGN_ELEMS = TMA_ALIGN_BYTES // 1
+"""Row alignment of FP8 operands: 16-byte TMA rows are 16 E4M3 values (an FP8 layer's K and I)."""
 
 MAX_CONSUMER_WARPGROUPS = 2
 """MMA warpgroups per CTA (plus one producer warpgroup): stacked along GEMM M on one tile (cooperative),
@@ -152,3 +160,38 @@ def check_fp8(cfg) -> None:
         raise ValueError(f"weights_tile={cfg.weights_tile}: fp8_block needs a weights tile that divides the "
                          f"{FP8_BLOCK}-row scale block (one weight scale per tile and K step)")
     _check_registers(cfg, "block + promoted", "FP8")
+
+
+# ---- the FP8 layer ----------------------------------------------------------------------------------
+def gemm1_out_dtype(quant) -> str:
+    """GEMM1's output dtype: fp32 under FP8 (SiLU·up is quantized from unrounded values, as the
+    reference does — a bf16-rounded copy would move values across E4M3 rounding boundaries), bf16
+    otherwise."""
+    return "bfloat16" if quant is None else "float32"
+
+
+def check_quant_layer(K: int, I: int, quant, configs) -> None:  # noqa: E741
+    """This backend's limits for ``quant`` beyond ``plan.check_options``'s (host only, before any launch).
+
+    * FP8: ``K`` and ``I`` multiples of :data:`FP8_ALIGN_ELEMS` = 16 — an E4M3 row (x, the
+      intermediate, a weight row) must be whole 16-byte TMA rows.
+    * ``configs`` (already a checked pair): both of the call's format, GEMM1 writing
+      :func:`gemm1_out_dtype` and GEMM2 bf16, with their scales applied (``epilogue_scales``: the
+      configs are the fused pipeline's; ``fusion="separate"`` leaves the scales out itself).
+    """
+    if quant is not None:
+        for name, v in (("x: hidden size K = x.shape[1]", K), ("w2: intermediate size I = w2.shape[2]", I)):
+            if v % FP8_ALIGN_ELEMS:
+                raise ValueError(f"{name} = {v} must be a multiple of {FP8_ALIGN_ELEMS} for cute_moe with "
+                                 f"quant={quant!r} (TMA needs 16-byte rows: {FP8_ALIGN_ELEMS} E4M3 values)")
+    if configs is None:
+        return
+    for i, (cfg, out_dtype) in enumerate(zip(configs, (gemm1_out_dtype(quant), "bfloat16"))):
+        if cfg.quant != quant:
+            raise ValueError(f"configs[{i}]: quant={cfg.quant!r}, but the call's quant={quant!r}")
+        if cfg.out_dtype != out_dtype:
+            raise ValueError(f"configs[{i}]: out_dtype must be {out_dtype!r} with quant={quant!r} "
+                             f"(GEMM{i + 1} {'feeds the quantized intermediate' if i == 0 else 'writes the output'})")
+        if not cfg.epilogue_scales:
+            raise ValueError(f"configs[{i}]: epilogue_scales must be True (the configs are the fused pipeline's: "
+                             f"unscaled sums would be the output; fusion='separate' leaves the scales out itself)")

@@ -53,7 +53,8 @@ from moe_spec.validate import MoEDims, error_word, validate_moe_args  # noqa: E4
 
 from .alignops import MAX_EXPERTS  # noqa: E402
 from .rowmaps import RowBuffers, SortedRows, sort_rows_on_device, split_blocks  # noqa: E402
-from .config import ALIGN_ELEMS, GemmConfig  # noqa: E402
+from .config import GemmConfig  # noqa: E402
+from .limits import ALIGN_ELEMS  # noqa: E402
 from .moe_fp8 import amax_sizes, quantize_intermediate, quantize_tokens, sorted_token_scales  # noqa: E402
 from .plan import LayerPlan, plan  # noqa: E402
 from .ptx import compile_gemm  # noqa: E402
@@ -164,7 +165,7 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
     """The backend contract: bf16 ``[T, K]`` output of the MoE layer.
 
     Backend options: ``swap_ab`` forces the path (None: the rule in
-    :func:`~cute_moe.config.path_rule`); ``configs`` gives the (GEMM1, GEMM2) configs outright
+    :func:`~cute_moe.plan.path_rule`); ``configs`` gives the (GEMM1, GEMM2) configs outright
     (then ``swap_ab`` must be None); ``fusion="separate"`` runs the unfused pipeline of
     :mod:`cute_moe.unfused` (scales and routing weight in passes of their own) instead of the fused
     one.  ``quant`` (an FP8 format) runs the W8A8 layer of :mod:`cute_moe.moe_fp8`.  The

@@ -1,4 +1,4 @@
-"""The FP8 (W8A8) layer's host side: its limits, the activation quantization, the scales' order.
+"""The FP8 (W8A8) layer's host side: the activation quantization and the scales' order.
 
 ``cute_moe.fused_moe`` with ``quant`` one of ``"fp8_tensor"``, ``"fp8_channel"``, ``"fp8_block"``
 (weights already E4M3 with their scales, ``moe_spec.quant``) runs::
@@ -32,43 +32,8 @@ from moe_spec.hopper import sm_count
 from moe_spec.quant import FP8_DTYPE, activation_scale_shape
 
 from .rowmaps import SortedRows
-from .config import FP8_ALIGN_ELEMS
 from .quantops import compile_quant_kernels
 from .runtime import cute_tensor, cute_vector, current_stream, keep
-
-
-def gemm1_out_dtype(quant) -> str:
-    """GEMM1's output dtype: fp32 under FP8 (SiLU·up is quantized from unrounded values, as the
-    reference does — a bf16-rounded copy would move values across E4M3 rounding boundaries), bf16
-    otherwise."""
-    return "bfloat16" if quant is None else "float32"
-
-
-def check_quant_layer(K: int, I: int, quant, configs) -> None:  # noqa: E741
-    """This backend's limits for ``quant`` beyond ``plan.check_options``'s (host only, before any launch).
-
-    * FP8: ``K`` and ``I`` multiples of ``FP8_ALIGN_ELEMS`` = 16 — an E4M3 row (x, the
-      intermediate, a weight row) must be whole 16-byte TMA rows.
-    * ``configs`` (already a checked pair): both of the call's format, GEMM1 writing
-      :func:`gemm1_out_dtype` and GEMM2 bf16, with their scales applied (``epilogue_scales``: the
-      configs are the fused pipeline's; ``fusion="separate"`` leaves the scales out itself).
-    """
-    if quant is not None:
-        for name, v in (("x: hidden size K = x.shape[1]", K), ("w2: intermediate size I = w2.shape[2]", I)):
-            if v % FP8_ALIGN_ELEMS:
-                raise ValueError(f"{name} = {v} must be a multiple of {FP8_ALIGN_ELEMS} for cute_moe with "
-                                 f"quant={quant!r} (TMA needs 16-byte rows: {FP8_ALIGN_ELEMS} E4M3 values)")
-    if configs is None:
-        return
-    for i, (cfg, out_dtype) in enumerate(zip(configs, (gemm1_out_dtype(quant), "bfloat16"))):
-        if cfg.quant != quant:
-            raise ValueError(f"configs[{i}]: quant={cfg.quant!r}, but the call's quant={quant!r}")
-        if cfg.out_dtype != out_dtype:
-            raise ValueError(f"configs[{i}]: out_dtype must be {out_dtype!r} with quant={quant!r} "
-                             f"(GEMM{i + 1} {'feeds the quantized intermediate' if i == 0 else 'writes the output'})")
-        if not cfg.epilogue_scales:
-            raise ValueError(f"configs[{i}]: epilogue_scales must be True (the configs are the fused pipeline's: "
-                             f"unscaled sums would be the output; fusion='separate' leaves the scales out itself)")
 
 
 def _launch_quantize(kernels: dict, prefix: str, src: torch.Tensor, amax: torch.Tensor, quant: str,

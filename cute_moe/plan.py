@@ -1,40 +1,123 @@
-"""The CuTe backend's plan for one layer call: the two GEMM configs and what follows from them.
+"""The CuTe backend's plan for one layer call: the path rule, the two GEMM configs and what follows.
 
-:func:`plan` is where ``cute_moe`` makes every decision of a ``fused_moe`` call on the host,
-before anything runs: the (GEMM1, GEMM2) :class:`~cute_moe.config.GemmConfig` pair (by the path
-rule of :func:`~cute_moe.config.choose_config` for the call's format — bf16 or FP8 — or given), the
-pipeline (fused, or the unfused passes of :mod:`cute_moe.unfused`), the alignment tile, the path and
-the WGMMA instruction of each GEMM.  It also checks every option and limit of this backend, so a
-call it refuses is refused whatever T (the empty-batch rule of :mod:`moe_spec.plan`).
-:func:`plans_for` lists every plan a layer can get, for a warm-up.
+:func:`plan` is where ``cute_moe`` makes every decision of a ``fused_moe`` call on the host, before
+anything runs: the (GEMM1, GEMM2) :class:`~cute_moe.config.GemmConfig` pair — by the path rule
+(:func:`path_rule`, :func:`choose_config`) for the call's format, bf16 or FP8, or given — the
+pipeline (fused, or the unfused passes of :mod:`cute_moe.unfused`), the alignment tile, and the
+WGMMA instruction of each GEMM.  It checks every option and limit of this backend, so a call it refuses is refused whatever T (the
+empty-batch rule of :mod:`moe_spec.plan`).  :func:`plans_for` lists every plan a layer can get.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
 
+from moe_spec.hopper import WGMMA_M, WGMMA_N_MAX, WGMMA_N_STEP
 from moe_spec.plan import bucket_starts, tokens_per_expert
 from moe_spec.quant import check_quant
 from moe_spec.validate import MoEDims
 
-from .config import ALIGN_ELEMS, GemmConfig, choose_config, path_rule
-from .fusion import GATED_GEMM1, GATHER_IN_PRODUCER
+from .config import GemmConfig, max_stages
 from .gemm_rules import clustered, short_k_gemm2
-from .moe_fp8 import check_quant_layer, gemm1_out_dtype
-from .ptx import mma_instruction
-from .unfused import check_fusion, separate_configs
+from .limits import ALIGN_ELEMS, FP8_TILE_K, MAX_TILE_M, check_quant_layer, gemm1_out_dtype
+from .unfused import GATED_GEMM1, GATHER_IN_PRODUCER, check_fusion, separate_configs
 
+# ---- the path rule: which path and token tile a GEMM takes -----------------------------------------
+SWAP_AB_MAX_TOKENS_PER_EXPERT = WGMMA_M
+"""The path rule: swap-AB while the mean tokens per expert is at most this (64).
+
+Why 64: the normal path's smallest token tile is WGMMA's M = 64 rows, so below 64 tokens per
+expert most of every normal tile multiplies padding, while swap-AB's token tile can shrink to
+8 (N of WGMMA) and every weight byte still feeds a full 64-row M.
+
+Measured on GEMM1 alone, every expert the same token count (``python -m cute_moe.lab.bench``,
+notes/results/cute_bench_2026-11-30.md): swap-AB's 128-weight tiles were faster than the normal
+64×256 tile at 1–32 tokens per expert, even at 64, and slower at 128 and 256."""
+
+SWAP_AB_MAX_BY_LAYER: dict[tuple[int, int], float] = {}
+"""Per layer (hidden K, intermediate I): its own limit in place of the 64 above, the largest mean tokens
+per expert on swap-AB (``python -m cute_moe.lab.crossover`` prints the entries it measured)."""
+
+SWAP_TOKEN_TILES = tuple(WGMMA_N_STEP << i for i in range((WGMMA_M // WGMMA_N_STEP).bit_length()))
+"""The swap-AB token tiles the path rule picks from — the powers of two from WGMMA's smallest N (8)
+to its M (64): 8, 16, 32, 64; the smallest one that covers the mean tokens per expert."""
+
+
+def path_rule(swap_ab: bool | None = None, layer: tuple[int, int] | None = None) -> tuple[tuple[float, bool, int], ...]:
+    """THE path rule: buckets ``(upper bound on the mean tokens per expert, inclusive; swap_ab;
+    tokens_tile)``; :func:`choose_config` takes the first covering the mean, ``plans_for`` lists them.
+    Forced swap-AB (``swap_ab=True``): the smallest of :data:`SWAP_TOKEN_TILES` covering the mean (64
+    above).  Forced normal: 64-token tiles (one warpgroup's M) up to 64 per expert, 128 above.  The rule
+    (None): forced swap-AB up to the limit of ``layer`` = (K, I) in :data:`SWAP_AB_MAX_BY_LAYER` (else
+    :data:`SWAP_AB_MAX_TOKENS_PER_EXPERT`), forced normal above it."""
+    swap = tuple((float(t), True, t) for t in SWAP_TOKEN_TILES[:-1]) + ((math.inf, True, SWAP_TOKEN_TILES[-1]),)
+    normal = ((float(SWAP_AB_MAX_TOKENS_PER_EXPERT), False, WGMMA_M), (math.inf, False, MAX_TILE_M))
+    if swap_ab is not None:
+        return swap if swap_ab else normal
+    limit = float(SWAP_AB_MAX_BY_LAYER.get(layer, SWAP_AB_MAX_TOKENS_PER_EXPERT))
+    last = (limit, True, next(b for b in swap if limit <= b[0])[2])
+    below = tuple(b for b in swap if b[0] < limit and b[2] != last[2])
+    return below + ((last,) if limit > 0 else ()) + tuple(b for b in normal if b[0] > limit)
+
+
+@functools.lru_cache(maxsize=None)
+def _rule_config(swap_ab: bool, tokens_tile: int, wide: bool, row_scale: bool, quant: str | None,
+                 out_dtype: str, gated: bool) -> GemmConfig:
+    operands = dict(dtype="bfloat16") if quant is None else dict(dtype="float8_e4m3fn", tile_k=FP8_TILE_K)
+    common = dict(quant=quant, out_dtype=out_dtype, row_scale=row_scale, gated=gated, **operands)
+    if swap_ab:  # weights fill M: 128 rows = two consumer warpgroups (gated: 64 features, gate + up = 128 rows)
+        rows = WGMMA_M if gated else MAX_TILE_M
+        cfg = GemmConfig(swap_ab=True, tokens_tile=tokens_tile, weights_tile=rows,
+                         consumer_warpgroups=rows // WGMMA_M, **common)
+    else:  # one consumer warpgroup per 64 token rows; the widest WGMMA N when the layer is that wide (bf16)
+        cfg = GemmConfig(swap_ab=False, tokens_tile=tokens_tile,
+                         weights_tile=WGMMA_N_MAX if wide and quant is None and not gated else 128,
+                         consumer_warpgroups=tokens_tile // WGMMA_M, **common)
+    return cfg.replace(stages=max_stages(cfg))
+
+
+def choose_config(tokens_per_expert: float, n_out: int, k: int, *, swap_ab: bool | None = None,
+                  row_scale: bool = False, quant: str | None = None, out_dtype: str = "bfloat16",
+                  gated: bool = False, layer: tuple | None = None) -> GemmConfig:
+    """Pick the kernel for one expert GEMM ``[T_e, k] × [n_out, k]ᵀ`` by :func:`path_rule`.
+
+    ``tokens_per_expert`` is the mean routed tokens per expert (``T · top_k / E``), known on the
+    host without reading the routing.  ``swap_ab`` forces a path (None: the rule for ``layer`` = (K, I)).
+
+    * swap-AB: weights fill M (128 rows = two consumer warpgroups), and the token tile is the
+      rule's bucket, so decode (a handful of tokens per expert) multiplies almost no padding and
+      streams every weight byte once per token tile.
+    * normal: 128 tokens × 256 weights per tile with two consumer warpgroups (the compute-bound
+      shape: 128·256 accumulators per 64-deep K step; 128 weights when ``n_out < 256``), or 64
+      tokens with one warpgroup when the normal path is forced at ≤ 64 tokens per expert.
+    * FP8 (``quant``): the same buckets, ``tile_k`` = :data:`FP8_TILE_K` and 128-weight tiles (two
+      accumulators: :data:`FP8_ACCUMULATOR_REGISTERS`); ``out_dtype``: fp32 for an FP8 GEMM1.
+    * ``gated`` (the bf16 GEMM1 with SiLU·up in its epilogue; ``n_out`` is then I, the output
+      width): the same buckets; each stage carries the gate and the up tile, so the weights tile
+      is half the plain one — 64 features with one warpgroup on swap-AB, 128 on the normal path
+      (two accumulators: :data:`TWO_ACCUMULATOR_REGISTERS`) — and the stage bytes and the number
+      of tiles are the plain GEMM1's.
+
+    The deepest ring that fits the shared memory is taken; ``k`` does not change the tile.
+    """
+    _, swap, tokens_tile = next(b for b in path_rule(swap_ab, layer) if tokens_per_expert <= b[0])
+    return _rule_config(swap, tokens_tile, n_out >= WGMMA_N_MAX, row_scale, quant, out_dtype, gated)
+
+
+# ---- the plan of one call ---------------------------------------------------------------------------
 #: How far :func:`plans_for` looks by default (the largest batch the harness runs, doubled).
 MAX_TOKENS = 8192
+
 
 def _tile_text(cfg: GemmConfig) -> str:
     w, t = cfg.weights_tile, cfg.tokens_tile
     gated = " silu" if cfg.gated else ""  # SiLU·up in the epilogue: W counts output features (I)
     gather = " gather" if cfg.gather_rows else ""  # token rows read by index from x
     pingpong = " pingpong" if cfg.pingpong else ""  # each consumer warpgroup owns a whole tile (gemm.py)
-    cluster = f" cluster{cfg.cluster}" if cfg.cluster > 1 else ""  # weight tiles multicast (cluster.py)
+    cluster = f" cluster{cfg.cluster}" if cfg.cluster > 1 else ""  # weight tiles multicast (gemm.py)
     return (f"{f'swap-AB W{w}xT{t}' if cfg.swap_ab else f'T{t}xW{w}'} k{cfg.tile_k} s{cfg.stages}"
             f"{gated}{gather}{pingpong}{cluster}")
 
@@ -44,7 +127,7 @@ class LayerPlan:
     """What ``fused_moe`` runs for one layer call (see :mod:`moe_spec.plan` for the interface).
 
     ``gemm1`` (no row scale; in the bf16 fused pipeline gated — SiLU·up in its epilogue, see
-    :data:`~cute_moe.fusion.GATED_GEMM1`) and ``gemm2`` (applies the routing weights in its epilogue — unless
+    :data:`~cute_moe.unfused.GATED_GEMM1`) and ``gemm2`` (applies the routing weights in its epilogue — unless
     ``fusion`` is ``"separate"``, whose passes apply them) are the decisions; everything else is
     read from them.  Under an FP8 ``quant`` both GEMMs are E4M3 configs of that format, GEMM1
     writing fp32.
@@ -66,8 +149,8 @@ class LayerPlan:
 
     @property
     def mma(self) -> tuple[str, str]:
-        """The WGMMA each GEMM compiles to, read from its kernel's tiled MMA (:func:`~cute_moe.ptx.mma_instruction`)."""
-        return mma_instruction(self.gemm1), mma_instruction(self.gemm2)
+        """The WGMMA each GEMM issues (:attr:`GemmConfig.wgmma <cute_moe.config.GemmConfig.wgmma>`)."""
+        return self.gemm1.wgmma, self.gemm2.wgmma
 
     def describe(self) -> str:
         """``G1 swap-AB W128xT8 k64 s6 silu m64n8k16 | G2 …``: each GEMM's tile, K step, stages, ``silu``
@@ -90,7 +173,7 @@ def check_options(K: int, I: int, quant=None, *, swap_ab=None, configs=None, fus
     * ``configs``: None or a ``(GEMM1, GEMM2)`` pair of :class:`GemmConfig` (valid by
       construction) — GEMM1 without and GEMM2 with ``row_scale``, GEMM2 not gated (GEMM1 may be:
       SiLU·up in its epilogue); then ``swap_ab`` must be None.
-    * FP8 ``quant``: the limits of :func:`~cute_moe.moe_fp8.check_quant_layer` (K and I multiples
+    * FP8 ``quant``: the limits of :func:`~cute_moe.limits.check_quant_layer` (K and I multiples
       of 16, ``configs`` of the call's format).
     * ``fusion``: ``"fused"`` or ``"separate"`` (:func:`~cute_moe.unfused.check_fusion`).
 
@@ -132,12 +215,12 @@ def plan(dims: MoEDims, quant: str | None = None, *, swap_ab: bool | None = None
     ``quant``: any format of :data:`moe_spec.quant.FORMATS` — bf16, or an FP8 one (E4M3 GEMMs
     with that format's scales, GEMM1 writing fp32 for the intermediate's quantization).
     Options (those of ``fused_moe``): ``swap_ab`` forces the path (None: the rule in
-    :func:`~cute_moe.config.path_rule`); ``configs`` gives the (GEMM1, GEMM2) configs of the fused
+    :func:`path_rule`); ``configs`` gives the (GEMM1, GEMM2) configs of the fused
     pipeline outright; ``fusion="separate"`` turns them into the unfused pipeline's
     (:func:`~cute_moe.unfused.separate_configs`, GEMM1 plain: SiLU·mul runs as its own kernel).
     The bf16 fused pipeline's GEMM1 is gated (SiLU·up in its epilogue) while
-    :data:`~cute_moe.fusion.GATED_GEMM1`, and gathers its token rows from x (no sorted copy) while
-    :data:`~cute_moe.fusion.GATHER_IN_PRODUCER`.
+    :data:`~cute_moe.unfused.GATED_GEMM1`, and gathers its token rows from x (no sorted copy) while
+    :data:`~cute_moe.unfused.GATHER_IN_PRODUCER`.
     Raises TypeError / ValueError naming a bad option or an unsupported size.
     """
     if not isinstance(dims, MoEDims):
@@ -153,7 +236,7 @@ def plan(dims: MoEDims, quant: str | None = None, *, swap_ab: bool | None = None
             gemm1 = gemm1.replace(gather_rows=True)  # no X_sorted: GEMM1's producer reads x by token index
         gemm2 = choose_config(per_expert, dims.K, dims.I, swap_ab=swap_ab, row_scale=True, quant=quant,
                               layer=(dims.K, dims.I))
-        if fusion == "fused":  # ping-pong for a short GEMM2 (schedule.py), clusters of two (cluster.py)
+        if fusion == "fused":  # ping-pong for a short GEMM2, clusters of two (gemm_rules.py)
             gemm2 = short_k_gemm2(gemm2, dims.I)
             gemm1, gemm2 = clustered(gemm1, dims.K, gemm2=False), clustered(gemm2, dims.I, gemm2=True)
         given = (gemm1, gemm2)
@@ -165,7 +248,7 @@ def plan(dims: MoEDims, quant: str | None = None, *, swap_ab: bool | None = None
 def plans_for(E: int, K: int, I: int, top_k: int, quant: str | None = None,  # noqa: E741
               max_tokens: int = MAX_TOKENS, **options) -> tuple[LayerPlan, ...]:
     """Every distinct plan this layer gets for T = 1 … ``max_tokens`` (with the same ``options``),
-    in order of T: the plan at the first T of each bucket of :func:`~cute_moe.config.path_rule`."""
+    in order of T: the plan at the first T of each bucket of :func:`path_rule`."""
     starts = [1] if options.get("configs") is not None else \
         bucket_starts([b[0] for b in path_rule(options.get("swap_ab"), (K, I))], E, top_k)
     plans = [plan(MoEDims(T=T, E=E, K=K, I=I, top_k=top_k), quant, **options) for T in starts if T <= max_tokens]

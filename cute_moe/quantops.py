@@ -59,7 +59,7 @@ from moe_spec.hopper import sm_count  # noqa: E402
 from moe_spec.quant import AMAX_FLOOR, FP8_BLOCK, FP8_MAX  # noqa: E402
 
 from .cache import compile_once  # noqa: E402
-from .config import FP8_ALIGN_ELEMS  # noqa: E402
+from .limits import FP8_ALIGN_ELEMS  # noqa: E402
 from .rowops import CTAS_PER_SM, THREADS, silu_mul  # noqa: E402
 from .runtime import fake_rows, fake_vector  # noqa: E402
 

@@ -35,7 +35,7 @@ from cutlass.cute.runtime import make_fake_stream  # noqa: E402
 from moe_spec.hopper import sm_count  # noqa: E402
 
 from .cache import compile_once  # noqa: E402
-from .config import ALIGN_ELEMS  # noqa: E402
+from .limits import ALIGN_ELEMS  # noqa: E402
 from .runtime import fake_rows, fake_scales, fake_vector  # noqa: E402
 
 VEC = ALIGN_ELEMS  # bf16 per thread step: one 16-byte vector

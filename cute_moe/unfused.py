@@ -1,4 +1,9 @@
-"""The unfused pipeline, an explicit option for the comparison: ``fused_moe(..., fusion="separate")``.
+"""What the layer fuses, and the unfused pipeline: ``fused_moe(..., fusion="separate")``.
+
+The bf16 fused pipeline folds two passes into its GEMM1 (:data:`GATED_GEMM1`,
+:data:`GATHER_IN_PRODUCER`: switches the plan reads); each has its unfused twin, which
+``fusion="separate"`` always runs and which a switch falls back to.  Explicit ``configs`` are taken
+as given.
 
 A CUTLASS-style FP8 MoE runs scaling, the GEMM and the expert aggregation as separate passes over
 HBM; the fused layer (the default, ``fusion="fused"``) does all three in the GEMM's registers.
@@ -24,12 +29,21 @@ import torch
 from moe_spec.align import Alignment
 from moe_spec.hopper import sm_count
 
-from .fusion import GATED_GEMM1, GATHER_IN_PRODUCER
 from .config import GemmConfig
 from .rowops import compile_unfused_kernels
 from .runtime import cute_scale, cute_tensor, cute_vector, current_stream
 
 FUSIONS = ("fused", "separate")
+
+GATED_GEMM1 = True
+"""SiLU·up in GEMM1's epilogue (``GemmConfig.gated``): the ``[M_pad, 2I]`` pre-activation never
+reaches memory and the SiLU·mul row kernel does not run.  False: a plain GEMM1, then the row kernel."""
+
+GATHER_IN_PRODUCER = True
+"""GEMM1's producer reads its token rows by index straight from x (``GemmConfig.gather_rows``): the
+sorted copy ``X_sorted [M_pad, K]`` is never written and the gather row kernel does not run; taken
+when K is a multiple of the config's ``tile_k``.  False: the gather row kernel writes ``X_sorted``
+and GEMM1 loads it by TMA."""
 
 _EPILOGUE_SCALED = ("fp8_tensor", "fp8_channel")
 
@@ -76,7 +90,7 @@ def weighted_combine(y: torch.Tensor, row_of_pair: torch.Tensor, topk_weights: t
 
 
 def gated_gemm1() -> bool:
-    """Whether the fused bf16 plan's GEMM1 carries SiLU·up in its epilogue (:data:`cute_moe.fusion.GATED_GEMM1`)."""
+    """Whether the fused bf16 plan's GEMM1 carries SiLU·up in its epilogue (:data:`GATED_GEMM1`)."""
     return GATED_GEMM1
 
 
@@ -88,7 +102,7 @@ def hbm_bytes(T: int, K: int, I: int, top_k: int, experts_hit: int, quant, fusio
     the scale passes (per-tensor / per-channel FP8: read and write GEMM1's fp32 [M, 2I] and GEMM2's
     bf16 [M, K] once more) and the routing weights read by the weighted combine. The fused bf16
     layer's gated GEMM1 writes [M, I] and has no SiLU·up pass; gathering in its producer, it has no
-    gather pass (:mod:`cute_moe.fusion`). Returns
+    gather pass (:data:`GATHER_IN_PRODUCER`). Returns
     {pass: bytes}; ``sum(...values())`` is the layer's total."""
     check_fusion(fusion)
     M, wb = T * top_k, 1 if quant else 2  # token rows; bytes per weight / activation element

@@ -3,7 +3,7 @@
 A CuTe kernel here is compiled once per :class:`~cute_moe.config.GemmConfig` (and SM count):
 every batch-dependent extent is a symbolic integer (:mod:`cute_moe.cache`), so T, the routing and
 the expert loads never recompile anything. What changes with T is the config the path rule picks
-(:func:`~cute_moe.config.path_rule`: the swap-AB token tile 8, 16, 32, 64, then the normal path),
+(:func:`~cute_moe.plan.path_rule`: the swap-AB token tile 8, 16, 32, 64, then the normal path),
 each GEMM's config of its own (GEMM2 applies the routing weights in its epilogue). So the warm-up
 compiles the distinct GEMM configs of the plans :func:`~cute_moe.plan.plans_for` lists, then the
 row kernels (gather, SiLU·mul, combine), then passes every plan through

@@ -3,6 +3,7 @@ the rows and the limit the measurement supports (a stand-in clock and layer), th
 one-line refusals of bad options and of a used ``--out``."""
 
 import dataclasses
+import importlib
 import json
 import math
 import time
@@ -12,11 +13,12 @@ import pytest
 import torch
 
 import cute_moe
-import cute_moe.config as config
 import cute_moe.lab.crossover as cx
 from moe_spec.problem import MoEShape, get_shape
 from moe_spec.timing import Timing
 from moe_spec.validate import MoEDims
+
+cute_plan = importlib.import_module("cute_moe.plan")  # the attribute cute_moe.plan is the function
 
 TINY = MoEShape("tiny", 4, 2, 64, 32, "a layer small enough for a CPU test")
 
@@ -49,30 +51,30 @@ def test_a_count_that_needs_a_fractional_T_is_refused():
 
 @pytest.mark.parametrize("limit", [0, 12, 24, 32, 64, 96, math.inf])
 def test_the_rule_with_a_layer_limit_runs_a_forced_path_config_on_each_side(limit, monkeypatch):
-    monkeypatch.setattr(config, "SWAP_AB_MAX_BY_LAYER", {(4096, 14336): limit})
-    buckets = config.path_rule(None, (4096, 14336))
+    monkeypatch.setattr(cute_plan, "SWAP_AB_MAX_BY_LAYER", {(4096, 14336): limit})
+    buckets = cute_plan.path_rule(None, (4096, 14336))
     assert [b[0] for b in buckets] == sorted(b[0] for b in buckets) and buckets[-1][0] == math.inf
     assert len({b[1:] for b in buckets}) == len(buckets)  # one bucket per config
     for m in [0.5, 1, 7, 8, 9, 12, 13, 16, 24, 25, 32, 33, 63, 64, 65, 96, 97, 128, 500]:
-        rule = config.choose_config(m, 28672, 4096, layer=(4096, 14336))
-        forced = config.choose_config(m, 28672, 4096, swap_ab=m <= limit)
+        rule = cute_plan.choose_config(m, 28672, 4096, layer=(4096, 14336))
+        forced = cute_plan.choose_config(m, 28672, 4096, swap_ab=m <= limit)
         assert rule == forced, (limit, m)
     # another layer, and no layer, keep the one limit of 64
-    assert config.path_rule(None, (2048, 768)) == config.path_rule() == config.path_rule(None, None)
-    assert config.choose_config(64, 1536, 2048, layer=(2048, 768)).swap_ab
+    assert cute_plan.path_rule(None, (2048, 768)) == cute_plan.path_rule() == cute_plan.path_rule(None, None)
+    assert cute_plan.choose_config(64, 1536, 2048, layer=(2048, 768)).swap_ab
 
 
 def test_without_an_entry_the_rule_is_the_64_token_rule():
-    assert config.SWAP_AB_MAX_BY_LAYER == {} and config.SWAP_AB_MAX_TOKENS_PER_EXPERT == 64
-    assert config.path_rule() == ((8.0, True, 8), (16.0, True, 16), (32.0, True, 32), (64.0, True, 64),
+    assert cute_plan.SWAP_AB_MAX_BY_LAYER == {} and cute_plan.SWAP_AB_MAX_TOKENS_PER_EXPERT == 64
+    assert cute_plan.path_rule() == ((8.0, True, 8), (16.0, True, 16), (32.0, True, 32), (64.0, True, 64),
                                   (math.inf, False, 128))
-    assert config.path_rule(True)[-1] == (math.inf, True, 64)
-    assert config.path_rule(False) == ((64.0, False, 64), (math.inf, False, 128))
+    assert cute_plan.path_rule(True)[-1] == (math.inf, True, 64)
+    assert cute_plan.path_rule(False) == ((64.0, False, 64), (math.inf, False, 128))
 
 
 def test_plans_for_follows_a_layer_limit(monkeypatch):
     s = get_shape("qwen3-30b-a3b")
-    monkeypatch.setattr(config, "SWAP_AB_MAX_BY_LAYER", {(s.hidden, s.intermediate): 24})
+    monkeypatch.setattr(cute_plan, "SWAP_AB_MAX_BY_LAYER", {(s.hidden, s.intermediate): 24})
     d = MoEDims(T=1, E=s.num_experts, K=s.hidden, I=s.intermediate, top_k=s.top_k)
     listed = cute_moe.plans_for(d.E, d.K, d.I, d.top_k, max_tokens=1200)
     seen = {}
@@ -136,7 +138,7 @@ def test_rows_ratio_rule_and_the_measured_limit():
 
 
 def test_an_entry_in_the_table_is_what_the_rule_runs(monkeypatch):
-    monkeypatch.setattr(config, "SWAP_AB_MAX_BY_LAYER", {(64, 32): 24})
+    monkeypatch.setattr(cute_plan, "SWAP_AB_MAX_BY_LAYER", {(64, 32): 24})
     result = cx.run(["tiny"], cx.TOKENS, env=_env(_Layer(SWAP_WINS_TO_24)))
     assert all(r["rule_within"] and r["rule_swap"] == (r["tokens_per_expert"] <= 24) for r in result["rows"])
     (s,) = result["shapes"]

@@ -13,7 +13,8 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 cute_moe = pytest.importorskip("cute_moe")
 
-from cute_moe.config import GemmConfig, choose_config  # noqa: E402
+from cute_moe.config import GemmConfig  # noqa: E402
+from cute_moe.plan import choose_config  # noqa: E402
 
 LOAD = re.compile(r"cp\.async\.bulk\.tensor\.(\d)d\.shared::(?:cta|cluster)\.global\S*")  # TMA loads
 

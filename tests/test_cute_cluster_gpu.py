@@ -22,7 +22,7 @@ pytestmark = pytest.mark.gpu
 
 
 def _configs():
-    from cute_moe.config import choose_config
+    from cute_moe.plan import choose_config
 
     gemm1 = choose_config(1024, 768, 2048, gated=True).replace(gather_rows=True)  # the prefill GEMM1
     gemm2 = choose_config(1024, 2048, 768, row_scale=True)  # the prefill GEMM2: 128 × 256

@@ -18,7 +18,9 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 torch = pytest.importorskip("torch")
 cute_moe = pytest.importorskip("cute_moe")
 
-from cute_moe.config import SMEM_BUDGET_BYTES, GemmConfig, choose_config, max_stages, tokens_tiles  # noqa: E402
+from cute_moe.config import SMEM_BUDGET_BYTES, GemmConfig, max_stages  # noqa: E402
+from cute_moe.limits import tokens_tiles  # noqa: E402
+from cute_moe.plan import choose_config  # noqa: E402
 from cute_moe.layouts import describe, evaluate, plan_layouts, swizzle_bytes  # noqa: E402
 from cute_moe.moe import gemm_blocks, sort_rows  # noqa: E402
 from cute_moe.ptx import mma_instruction  # noqa: E402
@@ -76,6 +78,27 @@ def test_compile_cache_and_counter():
     assert cute_moe.compile_count() == n
     cute_moe.compile_gemm(cfg.replace(group_tokens=cfg.group_tokens + 1))
     assert cute_moe.compile_count() == n + 1
+
+
+def test_the_plans_wgmma_is_the_one_the_kernel_issues():
+    """A plan's ``mma`` is each config's ``GemmConfig.wgmma`` (from its tiles and dtype); the kernel's own
+    tiled MMA (``ptx.mma_instruction``) is the same instruction, for every config the plans of the
+    catalog's layers pick in every format, path and pipeline (ping-pong and clustered ones included)."""
+    from moe_spec.problem import get_shape
+    from moe_spec.quant import QUANT_FORMATS
+
+    configs, plans = {}, 0
+    for spec in ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8"):
+        s = get_shape(spec)
+        for quant in QUANT_FORMATS:
+            for options in ({}, {"swap_ab": True}, {"swap_ab": False}, {"fusion": "separate"}):
+                for p in cute_moe.plans_for(s.num_experts, s.hidden, s.intermediate, s.top_k, quant, **options):
+                    assert p.mma == (p.gemm1.wgmma, p.gemm2.wgmma)
+                    configs.update(dict.fromkeys((p.gemm1, p.gemm2)))
+                    plans += 1
+    assert plans > len(configs) > 40 and {c.schedule for c in configs} == {"cooperative", "pingpong"}
+    assert {c.cluster for c in configs} == {1, 2} and {c.swap_ab for c in configs} == {True, False}
+    assert [c for c in configs if c.wgmma != mma_instruction(c)] == []
 
 
 def test_warm_up_compiles_every_plan_once():
@@ -474,7 +497,7 @@ def test_the_bf16_plans_gate_gemm1_when_switched_on_and_separate_does_not():
     for quant, fusion in ((None, "separate"), ("fp8_tensor", "fused"), ("fp8_block", "separate")):
         for p in cute_moe.plans_for(8, 4096, 14336, 2, quant, fusion=fusion):
             assert not p.gemm1.gated and not p.gemm2.gated
-    from cute_moe.fusion import GATED_GEMM1
+    from cute_moe.unfused import GATED_GEMM1
 
     p = cute_moe.plan(__import__("moe_spec.validate").validate.MoEDims(T=8, E=8, K=4096, I=14336, top_k=2))
     assert (" silu " in p.describe().split("|")[0]) == GATED_GEMM1 and " silu " not in p.describe().split("|")[1]
@@ -572,7 +595,7 @@ def test_gated_grouped_gemm_checks_w1_before_any_launch():
 
 # ---- the gathering GEMM1: token rows by index from x, cp.async in the producer ----------------------
 def test_the_bf16_plans_gather_in_gemm1_only(monkeypatch):
-    """With both switches on (cute_moe.fusion), every bf16 fused plan's GEMM1 (gated) reads x by token
+    """With both switches on (cute_moe.unfused), every bf16 fused plan's GEMM1 (gated) reads x by token
     index; GEMM2, FP8 and the unfused pipeline keep their TMA loads; a K that is no multiple of tile_k
     is not gathered."""
     import importlib

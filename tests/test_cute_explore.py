@@ -6,7 +6,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from cute_moe.lab import explore
-from cute_moe.config import choose_config
+from cute_moe.plan import choose_config
 from cute_moe.layouts import describe
 
 

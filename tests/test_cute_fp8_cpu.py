@@ -15,7 +15,9 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 torch = pytest.importorskip("torch")
 cute_moe = pytest.importorskip("cute_moe")
 
-from cute_moe.config import FP8_TILE_K, SMEM_BUDGET_BYTES, GemmConfig, choose_config, max_stages  # noqa: E402
+from cute_moe.config import SMEM_BUDGET_BYTES, GemmConfig, max_stages  # noqa: E402
+from cute_moe.limits import FP8_TILE_K  # noqa: E402
+from cute_moe.plan import choose_config  # noqa: E402
 from cute_moe.layouts import describe  # noqa: E402
 
 FORMATS = ("fp8_tensor", "fp8_channel", "fp8_block")
@@ -242,7 +244,7 @@ def _inputs(quant, hidden=64, intermediate=32, T=3):
 
 
 def _pair(quant, **kw):
-    from cute_moe.moe_fp8 import gemm1_out_dtype
+    from cute_moe.limits import gemm1_out_dtype
 
     g1 = choose_config(1, 64, 64, quant=quant, out_dtype=gemm1_out_dtype(quant))
     g2 = choose_config(1, 64, 32, quant=quant, row_scale=True)
@@ -376,8 +378,7 @@ def test_hbm_bytes_of_the_two_pipelines(quant):
     fp32 H and GEMM2's bf16 Y once more through a scale pass where the scales can leave the GEMM
     (per-tensor, per-channel), and reads the routing weights in its combine; the weights of the
     hit experts dominate at decode."""
-    from cute_moe.fusion import GATHER_IN_PRODUCER
-    from cute_moe.unfused import gated_gemm1, hbm_bytes
+    from cute_moe.unfused import GATHER_IN_PRODUCER, gated_gemm1, hbm_bytes
 
     T, K, I, top_k, hit = 4, 2048, 768, 8, 30
     fused, separate = (hbm_bytes(T, K, I, top_k, hit, quant, f) for f in ("fused", "separate"))

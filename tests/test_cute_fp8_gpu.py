@@ -165,7 +165,8 @@ GEMM_SHAPES = [
     kw.get("swap_ab", False), kw["tokens_tile"], kw["weights_tile"]))
 @pytest.mark.parametrize("quant", FORMATS)
 def test_fp8_grouped_gemm(quant, kw, out_dtype, row_scale):
-    from cute_moe.config import FP8_TILE_K, GemmConfig, max_stages
+    from cute_moe.config import GemmConfig, max_stages
+    from cute_moe.limits import FP8_TILE_K
 
     cfg = GemmConfig(dtype="float8_e4m3fn", quant=quant, tile_k=FP8_TILE_K, out_dtype=out_dtype,
                      row_scale=row_scale, **kw)
@@ -241,7 +242,8 @@ def test_fp8_t_sweep_does_not_compile():
 def test_scale_pass_reproduces_the_fused_epilogue(quant, out_dtype):
     """Unscaled GEMM + the scale pass vs the GEMM with the scales in its epilogue: bit for bit in
     fp32 (the same product in the same order); in bf16 the unscaled output is rounded once more."""
-    from cute_moe.config import FP8_TILE_K, GemmConfig, max_stages
+    from cute_moe.config import GemmConfig, max_stages
+    from cute_moe.limits import FP8_TILE_K
     from cute_moe.moe import grouped_gemm, sort_rows
     from cute_moe.moe_fp8 import sorted_token_scales
     from cute_moe.unfused import scale_rows
@@ -299,7 +301,8 @@ def test_promotion_study(capsys):
     scales only).  fp8_block promotes by necessity — its scales change every 128 of K — and is
     listed for comparison.  Expected: the promoted error stays flat in K, the unpromoted one grows.
     """
-    from cute_moe.config import FP8_TILE_K, GemmConfig, max_stages
+    from cute_moe.config import GemmConfig, max_stages
+    from cute_moe.limits import FP8_TILE_K
 
     rows = []
     for k in (512, 2048, 8192, 16384):

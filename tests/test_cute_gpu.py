@@ -355,7 +355,8 @@ def _pingpong_pairs():
     layer's prefill GEMM1 (gated, gathering) and GEMM2 (row scale) against their ping-pong twins
     (one warpgroup's 64 rows), a 128-row ping-pong tile (two WGMMAs along M in one warpgroup)
     against the cooperative 128-row tile of two warpgroups, and swap-AB twins."""
-    from cute_moe.config import GemmConfig, choose_config, max_stages
+    from cute_moe.config import GemmConfig, max_stages
+    from cute_moe.plan import choose_config
     from cute_moe.gemm_rules import pingpong_config
 
     def cfg(**kw):

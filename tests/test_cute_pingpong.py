@@ -17,7 +17,9 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 cute_moe = pytest.importorskip("cute_moe")
 
-from cute_moe.config import GemmConfig, PINGPONG_ACCUMULATOR_REGISTERS, choose_config, max_stages  # noqa: E402
+from cute_moe.config import GemmConfig, max_stages  # noqa: E402
+from cute_moe.limits import PINGPONG_ACCUMULATOR_REGISTERS  # noqa: E402
+from cute_moe.plan import choose_config  # noqa: E402
 from cute_moe.gemm_parts import EPI_ORDER_BARRIER_ID, EPILOGUE_BARRIER_ID, MMA_ORDER_BARRIER_ID  # noqa: E402
 from cute_moe.gemm_rules import PINGPONG_MAX_K_STEPS, pingpong_config, short_k_gemm2  # noqa: E402
 from cute_moe.ptx import mma_instruction  # noqa: E402

@@ -23,7 +23,7 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 cute_moe = pytest.importorskip("cute_moe")
 
-from cute_moe.config import choose_config  # noqa: E402
+from cute_moe.plan import choose_config  # noqa: E402
 
 # Mixtral GEMM1 (N_out = 2·14336, K = 4096): the configs the path rule picks at 2 and 500 tokens
 # per expert — swap-AB 128 weights × 8 tokens, and the normal 128 × 256 tile.

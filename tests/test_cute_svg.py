@@ -240,7 +240,7 @@ def test_notes_chapter_embeds_every_figure(figs):
 
 def test_notes_config_table_is_the_path_rule(cfgs):
     """The chapter's table of the four configurations says what the path rule builds."""
-    from cute_moe.config import choose_config
+    from cute_moe.plan import choose_config
     from cute_moe.lab.figures import DEFAULT_K, DEFAULT_N_OUT
 
     with open(os.path.join(FIGURES, "..", "wgmma_layouts.md"), encoding="utf-8") as f:

@@ -15,7 +15,8 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 cute_moe = pytest.importorskip("cute_moe")
 
 from cute_moe import gemm  # noqa: E402
-from cute_moe.config import GemmConfig, choose_config, max_stages  # noqa: E402
+from cute_moe.config import GemmConfig, max_stages  # noqa: E402
+from cute_moe.plan import choose_config  # noqa: E402
 from cute_moe.layouts import describe as _describe  # noqa: E402
 
 describe = functools.lru_cache(maxsize=None)(_describe)  # one layout build per config per session

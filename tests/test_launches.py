@@ -107,8 +107,8 @@ def test_triton_empty_batch_launches_nothing():
 CUTE_PREFILL = 1100
 CUTE_ALIGN = {DECODE: ["place"], CUTE_PREFILL: ["count", "place"]}
 def _cute_layer():
-    """The bf16 fused layer's launches after the alignment, as the two switches of cute_moe.fusion stand."""
-    from cute_moe.fusion import GATED_GEMM1, GATHER_IN_PRODUCER
+    """The bf16 fused layer's launches after the alignment, as the two switches of cute_moe.unfused stand."""
+    from cute_moe.unfused import GATED_GEMM1, GATHER_IN_PRODUCER
 
     return ([] if GATHER_IN_PRODUCER else ["gather"]) + ["GroupedGemm"] + ([] if GATED_GEMM1 else ["silu_mul"]) + [
         "GroupedGemm", "combine"]

@@ -59,8 +59,8 @@ CUTE_FORMATS = [None, "fp8_tensor", "fp8_channel", "fp8_block"]
 @pytest.mark.parametrize("quant", CUTE_FORMATS, ids=lambda q: q or "bf16")
 @pytest.mark.parametrize("spec", ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8"])
 def test_cute_plans_for_lists_every_plan_of_a_dense_sweep(spec, quant, options):
-    from cute_moe.config import path_rule
-    from cute_moe.fusion import GATED_GEMM1
+    from cute_moe.plan import path_rule
+    from cute_moe.unfused import GATED_GEMM1
 
     listed = _sweep(cute_moe, spec, quant, options)
     assert len(listed) == len(path_rule(options.get("swap_ab")))  # these layers reach every bucket by T = 4096

@@ -27,8 +27,9 @@ from moe_spec.problem import draw_weights, get_shape, make_inputs  # noqa: E402
 from moe_spec.runinfo import command_line, require_cuda, run_info  # noqa: E402
 from moe_spec.timing import time_cuda_graph  # noqa: E402
 
-from ..config import GemmConfig, choose_config  # noqa: E402
+from ..config import GemmConfig  # noqa: E402
 from ..moe import fused_moe, gather_rows, grouped_gemm, sort_rows  # noqa: E402
+from ..plan import choose_config  # noqa: E402
 from ..cache import compile_count  # noqa: E402
 
 

@@ -10,7 +10,7 @@ is run as the layer runs it:
 * GEMM2: ``[M_pad, I]`` (GEMM1's output) by ``W2 [E, K, I]`` → ``[M_pad, K]``, the routing weight
   of every row applied in the epilogue;
 
-with these configurations: ``cooperative`` — the plan's cooperative tile (:func:`cute_moe.config.choose_config`
+with these configurations: ``cooperative`` — the plan's cooperative tile (:func:`cute_moe.plan.choose_config`
 as the plan calls it: 128 tokens per tile over two consumer warpgroups; the plan then runs DeepSeek-V3
 TP8's short GEMM2 ping-pong, :func:`cute_moe.gemm_rules.short_k_gemm2`), ``pingpong`` — its ping-pong twin
 (:func:`cute_moe.gemm_rules.pingpong_config`: each warpgroup a whole 64-token tile of its own, the same
@@ -80,7 +80,7 @@ def tile_text(cfg: GemmConfig) -> str:
 def bench_shape(spec: str, alt: bool, cluster: bool = False) -> list[dict]:
     from moe_spec.plan import tokens_per_expert
 
-    from ..config import choose_config
+    from ..plan import choose_config
     from ..moe import grouped_gemm, sort_rows
     from ..plan import plan
 

@@ -8,11 +8,11 @@ compare suite uses). The routing gives every expert exactly m tokens (:func:`bal
 so T = m·E/top_k and the mean the path rule keys on is m itself.
 
 Each row: µs of both paths, their ratio (normal / swap: above 1, swap-AB is faster), the path the
-current rule picks (:func:`cute_moe.plan.plan`, i.e. :func:`cute_moe.config.path_rule` with the
+current rule picks (:func:`cute_moe.plan.plan`, i.e. :func:`cute_moe.plan.path_rule` with the
 layer's entry of ``SWAP_AB_MAX_BY_LAYER`` if it has one), and whether the rule's path is within
 3 % of the faster one. Per shape, :func:`best_limit` reads the limit the measurement supports (the
 largest m kept on swap-AB that loses the least over the measured counts); the command prints it as
-an entry of ``cute_moe.config.SWAP_AB_MAX_BY_LAYER``, the one table the rule reads.
+an entry of ``cute_moe.plan.SWAP_AB_MAX_BY_LAYER``, the one table the rule reads.
 
 Writes ``crossover.md``, ``crossover.json`` and ``crossover.svg`` (ratio against m, one line per
 shape) to ``--out``, a new or empty directory, after every shape. Bad options and a used ``--out``
@@ -175,7 +175,7 @@ def best_limit(rows: list, current: float) -> Optional[float]:
 
 def summarize(rows: list, shapes, env: Env) -> list[dict]:
     """Per shape: the rule's current limit, the measured one, their losses and the table entry."""
-    from ..config import SWAP_AB_MAX_BY_LAYER, SWAP_AB_MAX_TOKENS_PER_EXPERT
+    from ..plan import SWAP_AB_MAX_BY_LAYER, SWAP_AB_MAX_TOKENS_PER_EXPERT
     out = []
     for label in shapes:
         s = env.shape_of(label)
@@ -250,7 +250,7 @@ def to_markdown(result: dict) -> str:
          "1.03 × the faster path's", "- loss: mean over the measured counts of the extra time a limit costs against the "
          "faster path; measured limit: of 0 and the counts, the least loss (ties: nearest the current limit)", ""]
         + table(result) + ["", "## Per shape", ""] + summary_lines(result)
-        + ["", "Entries for `cute_moe.config.SWAP_AB_MAX_BY_LAYER` (the rule's limit per layer):", ""]
+        + ["", "Entries for `cute_moe.plan.SWAP_AB_MAX_BY_LAYER` (the rule's limit per layer):", ""]
         + [f"    {e}" for e in entries]
         + ["", one_limit(result), "", "![ratio against tokens per expert](crossover.svg)"]) + "\n"
 
@@ -343,7 +343,7 @@ def _run(args: argparse.Namespace, argv: list) -> int:
                  command=runinfo.command_line(PROG, argv), commit=args.commit,
                  write=lambda r: write_outputs(r, args.out), say=studyout.progress(PROG))
     print("\n".join(table(result) + [""] + summary_lines(result)))
-    print("\nSWAP_AB_MAX_BY_LAYER entries (cute_moe/config.py) the measurement supports:")
+    print("\nSWAP_AB_MAX_BY_LAYER entries (cute_moe/plan.py) the measurement supports:")
     print("\n".join(f"    {s['entry']}" for s in result["shapes"] if s["entry"]))
     print(f"wrote {', '.join(str(args.out / f) for f in FILES)} in {time.monotonic() - start:.0f} s")
     return 0

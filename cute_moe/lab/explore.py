@@ -9,7 +9,7 @@
     python -m cute_moe.lab.explore --notes-figures notes/figures    # the pictures notes/wgmma_layouts.md embeds
 
 Nothing here computes a layout of its own: the configuration comes from
-:func:`cute_moe.config.choose_config` (the path rule) or from explicit tile flags checked by
+:func:`cute_moe.plan.choose_config` (the path rule) or from explicit tile flags checked by
 :meth:`GemmConfig.validate`; every number printed is read from :func:`cute_moe.layouts.describe`,
 which evaluates the very tiled MMA and shared-memory layouts the kernel is compiled from, and
 ``--ptx`` from :func:`cute_moe.ptx.compile_ptx`; ``--svg`` draws the same objects
@@ -29,10 +29,11 @@ import math
 import re
 import sys
 
-from ..config import GemmConfig, choose_config
+from ..config import GemmConfig
 from .figures import DEFAULT_EXPERTS, DEFAULT_K, DEFAULT_N_OUT, config_figures, notes_figures, write_figures
 from .fig_memory import chunk_banks, conflict_ways
 from ..moe import check_gemm_shape
+from ..plan import choose_config
 
 GRID_EDGE = 16  # rows/columns of the accumulator-owner grid shown
 
