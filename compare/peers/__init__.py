@@ -22,6 +22,7 @@ the peer.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import weakref
 from collections.abc import Callable
@@ -88,23 +89,30 @@ def parameters(fn) -> tuple:
     return tuple(sig.parameters) if sig is not None else ()
 
 
+@functools.lru_cache(maxsize=256)
+def _accepted(fn) -> frozenset | None:
+    """The keyword names ``fn`` takes; None when it takes any (``**kwargs``) or its signature is unreadable.
+    Read once per function: a signature costs tens of µs, which the eager column would count."""
+    import inspect
+
+    sig = signature(fn)
+    if sig is None or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()):
+        return None
+    return frozenset(sig.parameters)
+
+
 def takes(fn, **kwargs) -> dict:
     """``kwargs`` cut to the parameters ``fn`` has (every one when it takes ``**kwargs``). A value that
     would be dropped although it asks for something (not None, not False) is refused: a kernel without
     ``per_channel_quant`` cannot be handed a per-channel format silently."""
-    import inspect
-
-    sig = signature(fn)
-    if sig is None:
+    accepted = _accepted(fn)
+    if accepted is None:
         return kwargs
-    params = sig.parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return kwargs
-    lost = [k for k, v in kwargs.items() if k not in params and v is not None and v is not False]
+    lost = [k for k, v in kwargs.items() if k not in accepted and v is not None and v is not False]
     if lost:
         raise NotImplementedError(f"{lost[0]}: {getattr(fn, '__name__', 'the kernel')} has no such parameter, "
                                   "so it cannot take this format")
-    return {k: v for k, v in kwargs.items() if k in params}
+    return {k: v for k, v in kwargs.items() if k in accepted}
 
 
 def _storages(value) -> set:
