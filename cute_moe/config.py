@@ -110,9 +110,6 @@ class GemmConfig:
             after the K loop), "fp8_block" (s_x[row, k/128] · s_w[e, col/128, k/128] at every
             promotion of a 128-deep K block).
         out_dtype: "bfloat16", or "float32" (an FP8 GEMM1 whose result is quantized again).
-        fp8_promote: FP8 two-level accumulation (every K step promoted into the fp32 accumulator).
-            False — fp8_tensor / fp8_channel only — lets the WGMMA accumulate all of K, as a
-            kernel without promotion does: kept for the promotion study, never the default.
         epilogue_scales: FP8 per-tensor / per-channel scales applied in the epilogue.  False — the
             unfused pipeline of ``fusion="separate"`` — writes the promoted sums unscaled and leaves
             the scales to a separate pass (``unfused.py``).
@@ -146,7 +143,6 @@ class GemmConfig:
     row_scale: bool = False
     group_tokens: int = 8
     out_dtype: str = "bfloat16"
-    fp8_promote: bool = True
     epilogue_scales: bool = True
     gated: bool = False
     gather_rows: bool = False
@@ -187,8 +183,8 @@ class GemmConfig:
 
     @property
     def two_level(self) -> bool:
-        """FP8 with promotion: a block accumulator per K step beside the fp32 tile accumulator."""
-        return self.quant is not None and self.fp8_promote
+        """FP8: each K step into a block accumulator, promoted into the fp32 tile accumulator."""
+        return self.quant is not None
 
     @property
     def pingpong(self) -> bool:
@@ -283,7 +279,7 @@ class GemmConfig:
         return self
 
     def _check(self) -> None:
-        for name in ("swap_ab", "row_scale", "fp8_promote", "epilogue_scales", "gated", "gather_rows"):
+        for name in ("swap_ab", "row_scale", "epilogue_scales", "gated", "gather_rows"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}: expected a bool, got {getattr(self, name)!r}")
         for name in ("tokens_tile", "weights_tile", "tile_k", "stages", "consumer_warpgroups", "epi_stages",

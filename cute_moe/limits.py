@@ -147,10 +147,9 @@ def check_gated(cfg) -> None:
 
 def check_fp8(cfg) -> None:
     """The FP8 limits: tile_k is one 128-B row, block scales fit the tile, two accumulators fit."""
-    for name, what in (("fp8_promote", "skip the promotion"), ("epilogue_scales", "leave their scales out")):
-        if not getattr(cfg, name) and cfg.quant not in ("fp8_tensor", "fp8_channel"):
-            raise ValueError(f"{name}=False with quant={cfg.quant!r}: only fp8_tensor / fp8_channel can {what} "
-                             f"(bf16 has neither; fp8_block's scales change every K block)")
+    if not cfg.epilogue_scales and cfg.quant not in ("fp8_tensor", "fp8_channel"):
+        raise ValueError(f"epilogue_scales=False with quant={cfg.quant!r}: only fp8_tensor / fp8_channel can leave "
+                         f"their scales out (bf16 has none; fp8_block's scales change every K block)")
     if cfg.quant is None:
         return
     if cfg.tile_k != FP8_TILE_K:

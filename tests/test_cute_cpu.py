@@ -235,7 +235,6 @@ BAD_CONFIGS = [
     (dict(row_scale="yes"), TypeError, r"^row_scale: expected a bool"),
     (dict(group_tokens=8.0), TypeError, r"^group_tokens: expected an int"),
     (dict(out_dtype=None), TypeError, r"^out_dtype: expected a str"),
-    (dict(fp8_promote=0), TypeError, r"^fp8_promote: expected a bool"),
     (dict(epilogue_scales="no"), TypeError, r"^epilogue_scales: expected a bool"),
     (dict(swap_ab=True, tokens_tile=12), ValueError, r"^tokens_tile=12: .*multiple of 8.*allowed .*: 8, 16, 32, 48"),
     (dict(swap_ab=True, tokens_tile=24), ValueError, r"^tokens_tile=24: .*not an odd multiple of 8 above 8"),

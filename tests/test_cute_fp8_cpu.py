@@ -18,6 +18,7 @@ cute_moe = pytest.importorskip("cute_moe")
 from cute_moe.config import SMEM_BUDGET_BYTES, GemmConfig, max_stages  # noqa: E402
 from cute_moe.limits import FP8_TILE_K  # noqa: E402
 from cute_moe.plan import choose_config  # noqa: E402
+from cute_moe.lab.promotion import OneLevelConfig, one_level  # noqa: E402
 from cute_moe.layouts import describe  # noqa: E402
 
 FORMATS = ("fp8_tensor", "fp8_channel", "fp8_block")
@@ -56,7 +57,7 @@ def test_fp8_config_sizes():
     f32 = cfg.replace(out_dtype="float32")
     assert (f32.out_bytes, f32.out_align) == (4, 4)
     assert f32.smem_bytes() - cfg.smem_bytes() == cfg.epi_stages * 128 * 32 * 2
-    assert cfg.replace(fp8_promote=False).accumulator_registers == 64
+    assert one_level(cfg).accumulator_registers == 64  # without promotion (the lab's study variant): one
 
 
 @pytest.mark.parametrize("quant", FORMATS)
@@ -81,8 +82,6 @@ def test_layer_configs_under_fp8():
 
 
 @pytest.mark.parametrize("kw, needle", [
-    (dict(fp8_promote=False), r"fp8_promote=False with quant=None"),
-    (dict(quant="fp8_block", dtype="float8_e4m3fn", tile_k=128, fp8_promote=False), r"fp8_block's scales change"),
     (dict(quant="fp8_channel", dtype="float8_e4m3fn", tile_k=128, swap_ab=True, tokens_tile=256,
           weights_tile=128), r"needs 256 accumulator registers"),
 ])
@@ -116,8 +115,18 @@ def test_fp8_ptx_has_the_intended_instructions(ptx, cfg):
         assert not stmatrix and re.search(r"st\.shared(\.v2)?\.b32", p)
 
 
+@pytest.mark.parametrize("kw", [dict(), dict(quant="fp8_block", dtype="float8_e4m3fn", tile_k=128)], ids=["bf16", "block"])
+def test_only_tensor_and_channel_scales_run_without_promotion(kw):
+    with pytest.raises(ValueError, match=r"a kernel without promotion takes \('fp8_tensor', 'fp8_channel'\)"):
+        OneLevelConfig(**kw)
+
+
 def test_fp8_without_promotion_is_the_single_accumulator_loop():
-    cfg = _fp8("fp8_channel", tokens_tile=128, weights_tile=128).replace(fp8_promote=False)
+    """The promotion study's variant (cute_moe.lab.promotion): the kernel's bf16 main loop on E4M3,
+    cached apart from the promoted kernel (its own compile key)."""
+    promoted = _fp8("fp8_channel", tokens_tile=128, weights_tile=128)
+    cfg = one_level(promoted)
+    assert cfg.key() != promoted.key()
     p = cute_moe.compile_ptx(cfg)
     assert set(re.findall(_WGMMA, p)) == {"wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3"}
     # the bf16 loop: one WGMMA batch kept in flight, no block accumulator to wait for every step

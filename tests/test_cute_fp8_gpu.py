@@ -297,11 +297,12 @@ def test_bf16_layer_separate(T):
 def test_promotion_study(capsys):
     """rel L2 of one FP8 GEMM (fp32 out, 256 tokens × 256 outputs) against fp64 vs K, with the
     block accumulator promoted into fp32 every 128 of K (the kernel's default) and without
-    (``fp8_promote=False``: the WGMMA accumulates all of K, possible for per-tensor and per-channel
-    scales only).  fp8_block promotes by necessity — its scales change every 128 of K — and is
+    (``cute_moe.lab.promotion.one_level``: the WGMMA accumulates all of K, possible for per-tensor and
+    per-channel scales only).  fp8_block promotes by necessity — its scales change every 128 of K — and is
     listed for comparison.  Expected: the promoted error stays flat in K, the unpromoted one grows.
     """
     from cute_moe.config import GemmConfig, max_stages
+    from cute_moe.lab.promotion import one_level
     from cute_moe.limits import FP8_TILE_K
 
     rows = []
@@ -312,9 +313,10 @@ def test_promotion_study(capsys):
                                      ("channel, promoted", "fp8_channel", True),
                                      ("channel, one level", "fp8_channel", False),
                                      ("block, promoted", "fp8_block", True)):
-            cfg = GemmConfig(dtype="float8_e4m3fn", quant=quant, tile_k=FP8_TILE_K, out_dtype="float32",
-                             fp8_promote=promote)
+            cfg = GemmConfig(dtype="float8_e4m3fn", quant=quant, tile_k=FP8_TILE_K, out_dtype="float32")
             cfg = cfg.replace(stages=max_stages(cfg)).validate()
+            if not promote:
+                cfg = one_level(cfg)
             out, ref = _gemm_case(cfg, counts=[256], n_out=256, k=k, seed=k)
             row[name] = rel_l2(out, ref)
         rows.append(row)
