@@ -32,7 +32,7 @@ SCHEDULES = ("cooperative", "pingpong")
 
 CLUSTER_SIZES = (1, 2)
 """CTAs per cluster (``GemmConfig.cluster``): 1, or 2 whose weight tile is loaded once and
-multicast into both (:mod:`cute_moe.cluster`)."""
+multicast into both (:mod:`cute_moe.gemm_parts`)."""
 
 MAX_TILE_M = WGMMA_M * MAX_CONSUMER_WARPGROUPS
 """The largest GEMM tile M accepted: 64 rows × 2 consumer warpgroups = 128.  A larger M (swap-AB's
