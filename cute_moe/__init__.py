@@ -11,21 +11,18 @@ pipeline, ``fusion="separate"``); ``runtime.py`` converts torch tensors into ker
 every host wrapper.
 """
 
-import os
+from moe_spec.contract import make_fused_experts
 
-os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")  # before cutlass is imported anywhere
-
-from moe_spec.contract import make_fused_experts  # noqa: E402
-
-from .config import GemmConfig  # noqa: E402
-from .layouts import describe, describe_json  # noqa: E402
-from .moe import combine, fused_moe, gather_rows, grouped_gemm, silu_mul, sort_rows  # noqa: E402
-from .plan import LayerPlan, choose_config, layer_configs, plan, plans_for  # noqa: E402
-from .ptx import compile_gemm, compile_ptx, mma_instruction  # noqa: E402
-from .quantops import compile_quant_kernels  # noqa: E402
-from .rowops import compile_row_kernels  # noqa: E402
-from .warmup import compile_plan, warmup  # noqa: E402
-from .cache import compile_count  # noqa: E402
+from . import arch  # noqa: F401  (first: sets CUTE_DSL_ARCH before any module below imports cutlass)
+from .config import GemmConfig
+from .layouts import describe, describe_json
+from .moe import combine, fused_moe, gather_rows, grouped_gemm, silu_mul, sort_rows
+from .plan import LayerPlan, choose_config, layer_configs, plan, plans_for
+from .ptx import compile_gemm, compile_ptx, mma_instruction
+from .quantops import compile_quant_kernels
+from .rowops import compile_row_kernels
+from .warmup import compile_plan, warmup
+from .cache import compile_count
 
 fused_experts = make_fused_experts(fused_moe)
 

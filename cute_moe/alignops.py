@@ -40,20 +40,16 @@ Limits (checked in ``rowmaps``): E ≤ :data:`MAX_EXPERTS`; ids int32 or int64 (
 
 from __future__ import annotations
 
-import os
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_ptr
+from cutlass.memory import SmemAllocator
 
-os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-
-import cutlass  # noqa: E402
-import cutlass.cute as cute  # noqa: E402
-import torch  # noqa: E402
-from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_ptr  # noqa: E402
-from cutlass.memory import SmemAllocator  # noqa: E402
-
-from .alignsteps import (BIG, CHUNK, FILL_CTAS, FILL_ROWS, GEMM_TILES, ID_DTYPES, MAX_EXPERTS,  # noqa: E402,F401
+from .alignsteps import (BIG, CHUNK, FILL_CTAS, FILL_ROWS, GEMM_TILES, ID_DTYPES, MAX_EXPERTS,  # noqa: F401
                          THREADS, WARP, WARPS, _check_chunk, _count_totals, _count_warp_slice, _fill, _padded,
                          _place_warp_slice, _scan_runs, _stage_chunk, _stage_pairs, place_slice)
-from .cache import compile_once  # noqa: E402
+from .cache import compile_once
 
 
 def place_ctas(num_pairs: int, rows: int) -> int:

@@ -7,15 +7,11 @@ they share are this module's constants.
 
 from __future__ import annotations
 
-import os
+import cutlass
+import cutlass.cute as cute
+import torch
 
-os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-
-import cutlass  # noqa: E402
-import cutlass.cute as cute  # noqa: E402
-import torch  # noqa: E402
-
-from moe_spec.validate import BAD_ID, BAD_WEIGHT, REPEATED_ID  # noqa: E402
+from moe_spec.validate import BAD_ID, BAD_WEIGHT, REPEATED_ID
 
 THREADS = 256  # threads of a CTA in both launches
 WARP = 32

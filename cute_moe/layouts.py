@@ -38,23 +38,20 @@ whose strides name the TMA coordinate each tile index moves — the expert is th
 
 from __future__ import annotations
 
-import os
 import re
 import warnings
 
-os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+import cutlass
+import cutlass.cute as cute
 
-import cutlass  # noqa: E402
-import cutlass.cute as cute  # noqa: E402
+from cutlass.base_dsl.ast_helpers import DSLOptimizationWarning
+from cutlass.cute.nvgpu import cpasync
 
-from cutlass.base_dsl.ast_helpers import DSLOptimizationWarning  # noqa: E402
-from cutlass.cute.nvgpu import cpasync  # noqa: E402
-
-from .config import SMEM_BUDGET_BYTES, GemmConfig  # noqa: E402
-from .gemm_plan import KernelPlan  # noqa: E402
-from .limits import gemm1_out_dtype  # noqa: E402
-from .plan import choose_config  # noqa: E402
-from .ptx import PTX_TYPES, fake_arguments  # noqa: E402
+from .config import SMEM_BUDGET_BYTES, GemmConfig
+from .gemm_plan import KernelPlan
+from .limits import gemm1_out_dtype
+from .plan import choose_config
+from .ptx import PTX_TYPES, fake_arguments
 
 
 # ---- a layout is a function: the pure-Python definition ----------------------------------------

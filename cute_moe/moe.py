@@ -38,33 +38,30 @@ once, E4M3 GEMMs with their scales in registers, GEMM1 to fp32, SiLU·up quantiz
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import OrderedDict
 
-os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+import torch
 
-import torch  # noqa: E402
+from moe_spec.align import Alignment, max_rows
+from moe_spec.hopper import sm_count
+from moe_spec.quant import FP8_DTYPE, activation_scale_shape
+from moe_spec.validate import MoEDims, error_word, validate_moe_args
 
-from moe_spec.align import Alignment, max_rows  # noqa: E402
-from moe_spec.hopper import sm_count  # noqa: E402
-from moe_spec.quant import FP8_DTYPE, activation_scale_shape  # noqa: E402
-from moe_spec.validate import MoEDims, error_word, validate_moe_args  # noqa: E402
-
-from .alignops import MAX_EXPERTS  # noqa: E402
-from .rowmaps import RowBuffers, SortedRows, sort_rows_on_device, split_blocks  # noqa: E402
-from .config import GemmConfig  # noqa: E402
-from .limits import ALIGN_ELEMS  # noqa: E402
-from .moe_fp8 import amax_sizes, quantize_intermediate, quantize_tokens, sorted_token_scales  # noqa: E402
-from .plan import LayerPlan, plan  # noqa: E402
-from .ptx import compile_gemm  # noqa: E402
-from .rowops import compile_row_kernels  # noqa: E402
-from .runtime import cute_scale, keep, release  # noqa: E402
-from .runtime import cute_tensor as _cute_tensor  # noqa: E402
-from .runtime import cute_weight as _cute_weight  # noqa: E402
-from .runtime import cute_vector as _cute_vector  # noqa: E402
-from .runtime import current_stream as _stream  # noqa: E402
-from .unfused import scale_rows, weighted_combine  # noqa: E402
+from .alignops import MAX_EXPERTS
+from .rowmaps import RowBuffers, SortedRows, sort_rows_on_device, split_blocks
+from .config import GemmConfig
+from .limits import ALIGN_ELEMS
+from .moe_fp8 import amax_sizes, quantize_intermediate, quantize_tokens, sorted_token_scales
+from .plan import LayerPlan, plan
+from .ptx import compile_gemm
+from .rowops import compile_row_kernels
+from .runtime import cute_scale, keep, release
+from .runtime import cute_tensor as _cute_tensor
+from .runtime import cute_weight as _cute_weight
+from .runtime import cute_vector as _cute_vector
+from .runtime import current_stream as _stream
+from .unfused import scale_rows, weighted_combine
 
 
 def sort_rows(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, tile: int, gemm_tiles=(), *,

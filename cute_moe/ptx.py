@@ -17,20 +17,17 @@ where there is one, the H200's 132 when compiling on a CPU.
 from __future__ import annotations
 
 import functools
-import os
 
-os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor
 
-import cutlass  # noqa: E402
-import cutlass.cute as cute  # noqa: E402
-from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor  # noqa: E402
+from moe_spec.hopper import sm_count
 
-from moe_spec.hopper import sm_count  # noqa: E402
-
-from .cache import compile_once  # noqa: E402
-from .config import GemmConfig  # noqa: E402
-from .gemm_plan import DSL_DTYPES, GemmLaunch, KernelPlan  # noqa: E402
-from .runtime import fake_scales  # noqa: E402
+from .cache import compile_once
+from .config import GemmConfig
+from .gemm_plan import DSL_DTYPES, GemmLaunch, KernelPlan
+from .runtime import fake_scales
 
 PTX_TYPES = {"Float32": "f32", "BFloat16": "bf16", "Float16": "f16", "Float8E4M3FN": "e4m3"}
 """DSL element type → the type suffix PTX spells in ``wgmma.mma_async`` (accumulator, A, B)."""

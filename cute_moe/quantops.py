@@ -46,22 +46,18 @@ the last, partial group holds nothing.
 
 from __future__ import annotations
 
-import os
+import cutlass
+import cutlass.cute as cute
 
-os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+from cutlass.cute.runtime import make_fake_stream
 
-import cutlass  # noqa: E402
-import cutlass.cute as cute  # noqa: E402
+from moe_spec.hopper import sm_count
+from moe_spec.quant import AMAX_FLOOR, FP8_BLOCK, FP8_MAX
 
-from cutlass.cute.runtime import make_fake_stream  # noqa: E402
-
-from moe_spec.hopper import sm_count  # noqa: E402
-from moe_spec.quant import AMAX_FLOOR, FP8_BLOCK, FP8_MAX  # noqa: E402
-
-from .cache import compile_once  # noqa: E402
-from .limits import FP8_ALIGN_ELEMS  # noqa: E402
-from .rowops import CTAS_PER_SM, THREADS, silu_mul  # noqa: E402
-from .runtime import fake_rows, fake_vector  # noqa: E402
+from .cache import compile_once
+from .limits import FP8_ALIGN_ELEMS
+from .rowops import CTAS_PER_SM, THREADS, silu_mul
+from .runtime import fake_rows, fake_vector
 
 LANE_VALUES = FP8_BLOCK // 32
 """Values per lane: a warp of 32 lanes holds one 128-column group."""

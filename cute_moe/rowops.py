@@ -24,19 +24,15 @@ functions are built for column counts divisible by ``VEC`` (:func:`compile_row_k
 
 from __future__ import annotations
 
-import os
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.runtime import make_fake_stream
 
-os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+from moe_spec.hopper import sm_count
 
-import cutlass  # noqa: E402
-import cutlass.cute as cute  # noqa: E402
-from cutlass.cute.runtime import make_fake_stream  # noqa: E402
-
-from moe_spec.hopper import sm_count  # noqa: E402
-
-from .cache import compile_once  # noqa: E402
-from .limits import ALIGN_ELEMS  # noqa: E402
-from .runtime import fake_rows, fake_scales, fake_vector  # noqa: E402
+from .cache import compile_once
+from .limits import ALIGN_ELEMS
+from .runtime import fake_rows, fake_scales, fake_vector
 
 VEC = ALIGN_ELEMS  # bf16 per thread step: one 16-byte vector
 THREADS = 256

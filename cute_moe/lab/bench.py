@@ -15,22 +15,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
-os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+import torch
 
-import torch  # noqa: E402
+from moe_spec.problem import draw_weights, get_shape, make_inputs
+from moe_spec.runinfo import command_line, require_cuda, run_info
+from moe_spec.timing import time_cuda_graph
 
-from moe_spec.problem import draw_weights, get_shape, make_inputs  # noqa: E402
-from moe_spec.runinfo import command_line, require_cuda, run_info  # noqa: E402
-from moe_spec.timing import time_cuda_graph  # noqa: E402
-
-from ..config import GemmConfig  # noqa: E402
-from ..moe import fused_moe, gather_rows, grouped_gemm, sort_rows  # noqa: E402
-from ..plan import choose_config  # noqa: E402
-from ..cache import compile_count  # noqa: E402
+from ..config import GemmConfig
+from ..moe import fused_moe, gather_rows, grouped_gemm, sort_rows
+from ..plan import choose_config
+from ..cache import compile_count
 
 
 def _weights(shape, n_sets, seed=0, device="cuda"):
@@ -53,7 +50,7 @@ def bench_layer(spec: str, Ts, n_sets=2, swap_ab=None) -> list[dict]:
                      "tflops": round(shape.flops(T) / t.median_us / 1e6, 1),
                      "weight_tbps": round(weight_bytes / t.median_us / 1e6, 3)})
         print(rows[-1], flush=True)
-    del sets
+    sets.clear()  # the weight sets go before empty_cache (the lambdas above hold the list)
     torch.cuda.empty_cache()
     return rows
 
@@ -85,7 +82,7 @@ def bench_gemm1(spec: str, tokens_per_expert_list, n_sets=2) -> list[dict]:
         row["swap_speedup"] = round(row["normal_us"] / row["swap_us"], 2)
         rows.append(row)
         print(row, flush=True)
-    del sets
+    sets.clear()  # the weight sets go before empty_cache (the lambdas above hold the list)
     torch.cuda.empty_cache()
     return rows
 
@@ -121,7 +118,7 @@ def bench_breakdown(spec: str, T: int, n_sets: int = 2) -> dict:
     row["gemm1_tflops"] = round(2 * pairs * 2 * I * K / row["gemm1_us"] / 1e6, 1)
     row["gemm2_tflops"] = round(2 * pairs * K * I / row["gemm2_us"] / 1e6, 1)
     print(row, flush=True)
-    del sets
+    sets.clear()  # the weight sets go before empty_cache (the lambdas above hold the list)
     torch.cuda.empty_cache()
     return row
 
@@ -142,7 +139,7 @@ def bench_gemm_configs(spec: str, T: int, configs: list[GemmConfig], n_sets: int
                      "group_tokens": cfg.group_tokens, "us": round(t.median_us, 1),
                      "tflops": round(2 * T * shape.top_k * 2 * I * K / t.median_us / 1e6, 1)})
         print(rows[-1], flush=True)
-    del sets
+    sets.clear()  # the weight sets go before empty_cache (the lambdas above hold the list)
     torch.cuda.empty_cache()
     return rows
 

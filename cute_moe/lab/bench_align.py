@@ -40,23 +40,20 @@ import argparse
 import contextlib
 import inspect
 import json
-import os
 import re
 import sys
 import textwrap
 import types
 
-os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+import torch
 
-import torch  # noqa: E402
+from moe_spec import runinfo, studyout
+from moe_spec.problem import get_shape, route
+from moe_spec.timing import L2_BYTES, time_cuda_graph
+from moe_spec.validate import MoEDims
 
-from moe_spec import runinfo, studyout  # noqa: E402
-from moe_spec.problem import get_shape, route  # noqa: E402
-from moe_spec.timing import L2_BYTES, time_cuda_graph  # noqa: E402
-from moe_spec.validate import MoEDims  # noqa: E402
-
-from ..rowmaps import RowBuffers, reference_rows, sort_rows_on_device  # noqa: E402
-from ..plan import plan  # noqa: E402
+from ..rowmaps import RowBuffers, reference_rows, sort_rows_on_device
+from ..plan import plan
 
 SPECS = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8")
 TOKENS = (1, 8, 32, 128, 1024, 4096)
@@ -178,10 +175,13 @@ class _Stubs(dict):
 
 
 def _without_device_guard(fn):
-    """``fn`` (``fused_moe``) recompiled from its source without its refusal of non-CUDA tensors."""
+    """``fn`` (``fused_moe``) recompiled from its source without its refusal of non-CUDA tensors; ``fn``
+    itself where that refusal is ``moe_spec.validate.check_runs_on`` (patched out by the caller)."""
     src = textwrap.dedent(inspect.getsource(fn))
     cut, n = re.subn(r'\n    if x\.device\.type != "cuda":\n(?:        .*\n)+', "\n", src, count=1)
     if n != 1:
+        if "check_runs_on" in fn.__globals__:
+            return fn
         raise RuntimeError("gpu_stand_in: fused_moe's device check was not found in its source")
     scope: dict = {}
     exec(compile(cut, inspect.getsourcefile(fn), "exec"), fn.__globals__, scope)  # noqa: S102
@@ -202,6 +202,7 @@ def gpu_stand_in():
                (torch.cuda, "device", lambda device: contextlib.nullcontext()),
                (moe, "compile_gemm", lambda *a, **k: (lambda *args: launches.append("GroupedGemm"))),
                (moe, "_row_kernels", stubs), (moe, "_stream", lambda t: None),
+               (moe, "check_runs_on", lambda *a: None), (moe, "surface_errors", lambda *a: None),
                (moe_fp8, "compile_quant_kernels", stubs), (moe_fp8, "current_stream", lambda t: None),
                (unfused, "compile_unfused_kernels", stubs), (unfused, "current_stream", lambda t: None)]
     try:

@@ -35,21 +35,18 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 
-os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+import torch
 
-import torch  # noqa: E402
+from moe_spec import runinfo, studyout
+from moe_spec.problem import draw_weights, get_shape, make_inputs
+from moe_spec.timing import time_cuda_graph
+from moe_spec.validate import MoEDims
 
-from moe_spec import runinfo, studyout  # noqa: E402
-from moe_spec.problem import draw_weights, get_shape, make_inputs  # noqa: E402
-from moe_spec.timing import time_cuda_graph  # noqa: E402
-from moe_spec.validate import MoEDims  # noqa: E402
-
-from ..config import GemmConfig, max_stages  # noqa: E402
-from ..gemm_rules import pingpong_config  # noqa: E402
+from ..config import GemmConfig, max_stages
+from ..gemm_rules import pingpong_config
 
 PROG = "python -m cute_moe.lab.bench_pingpong"
 SHAPES = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8")
