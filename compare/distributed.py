@@ -1,7 +1,8 @@
 """The MoE layer split over ranks: tensor parallel (TP) and expert parallel (EP), on torch.distributed.
 
 Both layers call one backend's ``fused_moe`` (the contract of :mod:`moe_spec.contract`) on the
-part of the layer a rank holds, and move data with collectives of the default (or a given)
+part of the layer a rank holds (the shards, the dispatch and the single-process functions are
+:mod:`compare.sharding`'s, re-exported here), and move data with collectives of the default (or a given)
 process group: NCCL on GPUs, gloo on the CPU. :mod:`compare.launch` starts the ranks.
 
 Tensor parallel, ``tp`` ranks (:func:`shard_tp`, :class:`TPMoE`)
@@ -50,164 +51,25 @@ Numerics: what is the same function, what is not
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
 from compare.backends import BACKEND_NAMES, load_backend
-from moe_spec.problem import MoEInputs
-from moe_spec.quant import FP8_BLOCK, QUANT_FORMATS
-from moe_spec.validate import validate_moe_args
-
-# --- sharding (no process group needed) ---------------------------------------------------------
-
-
-def _check_rank(rank, world) -> None:
-    for name, v in (("world", world), ("rank", rank)):
-        if not isinstance(v, int) or isinstance(v, bool):
-            raise TypeError(f"{name}: expected an int, got {type(v).__name__}")
-    if world < 1:
-        raise ValueError(f"world: expected at least 1 rank, got {world}")
-    if not 0 <= rank < world:
-        raise ValueError(f"rank: expected 0 <= rank < world = {world}, got {rank}")
-
-
-def _check_inputs(inputs) -> None:
-    if not isinstance(inputs, MoEInputs):
-        raise TypeError(f"inputs: expected a moe_spec.problem.MoEInputs, got {type(inputs).__name__}")
-    validate_moe_args(**inputs.kwargs())
-
-
-def token_range(T: int, rank: int, world: int) -> tuple[int, int]:
-    """The tokens ``[start, stop)`` of ``rank`` when T tokens are split as evenly as possible
-    (the first T mod world ranks get one more, as ``torch.tensor_split`` does)."""
-    _check_rank(rank, world)
-    base, extra = divmod(T, world)
-    start = rank * base + min(rank, extra)
-    return start, start + base + (rank < extra)
-
-
-def shard_tp(inputs: MoEInputs, rank: int, world: int) -> MoEInputs:
-    """Rank ``rank``'s part of a ``world``-way tensor-parallel layer: a valid contract problem with
-    I/world intermediate channels per expert (tokens and routing unchanged)."""
-    _check_inputs(inputs)
-    _check_rank(rank, world)
-    w1, w2, quant = inputs.w1, inputs.w2, inputs.quant
-    I = w2.shape[2]  # noqa: E741
-    if I % world:
-        raise ValueError(f"world: {world} ranks do not divide the intermediate size I = {I}")
-    part = I // world
-    if quant == "fp8_block" and world > 1 and part % FP8_BLOCK:
-        raise ValueError(f"world: fp8_block needs I/world to be a multiple of {FP8_BLOCK} (a {FP8_BLOCK}×{FP8_BLOCK} "
-                         f"weight-scale block must not straddle two ranks); I = {I}, world = {world} gives {part}")
-    gate = torch.arange(rank * part, (rank + 1) * part, device=w1.device)
-    rows = torch.cat([gate, gate + I])  # this rank's gate rows, then the matching up rows
-    cols = slice(rank * part, (rank + 1) * part)
-    w1_scale, w2_scale = inputs.w1_scale, inputs.w2_scale
-    if quant == "fp8_channel":  # one scale per W1 row follows its row; W2's rows (K) are not split
-        w1_scale = w1_scale[:, rows].contiguous()
-    elif quant == "fp8_block":  # blocks of 128 rows / columns, aligned to the rank boundaries
-        w1_scale = w1_scale[:, rows[::FP8_BLOCK] // FP8_BLOCK].contiguous()
-        w2_scale = w2_scale[:, :, rank * part // FP8_BLOCK:-(-(rank + 1) * part // FP8_BLOCK)].contiguous()
-    return dataclasses.replace(inputs, w1=w1[:, rows].contiguous(), w2=w2[:, :, cols].contiguous(),
-                               w1_scale=w1_scale, w2_scale=w2_scale)
-
-
-def shard_ep(inputs: MoEInputs, rank: int, world: int) -> MoEInputs:
-    """Rank ``rank``'s part of a ``world``-way expert-parallel layer: its E/world experts (weights and
-    scales) and its share of the tokens (:func:`token_range`), whose ``topk_ids`` stay *global*
-    expert ids — the arguments :class:`EPMoE` takes, not a contract problem of their own."""
-    _check_inputs(inputs)
-    _check_rank(rank, world)
-    E = inputs.w1.shape[0]
-    if E % world:
-        raise ValueError(f"world: {world} ranks do not divide the expert count E = {E}")
-    mine = slice(rank * (E // world), (rank + 1) * (E // world))
-    tokens = slice(*token_range(inputs.x.shape[0], rank, world))
-    part = lambda t: None if t is None else t[mine].contiguous()  # noqa: E731
-    return dataclasses.replace(inputs, x=inputs.x[tokens], topk_weights=inputs.topk_weights[tokens],
-                               topk_ids=inputs.topk_ids[tokens], w1=part(inputs.w1), w2=part(inputs.w2),
-                               w1_scale=part(inputs.w1_scale), w2_scale=part(inputs.w2_scale))
-
-
-# --- expert-parallel dispatch plan (pure index arithmetic) --------------------------------------
-
-
-@dataclass
-class Dispatch:
-    """Where a rank's (token, slot) pairs go. Pair ``p = t·top_k + j``.
-
-    ``order``        [P] int64  pairs in send order: by owning rank, then p (a stable sort)
-    ``send_counts``  [world]    how many of them go to each rank
-    ``local_ids``    [P]        each sent pair's expert id on its owner, in send order
-    """
-
-    order: torch.Tensor
-    send_counts: torch.Tensor
-    local_ids: torch.Tensor
-
-
-def plan_dispatch(topk_ids: torch.Tensor, experts_per_rank: int, world: int) -> Dispatch:
-    """The send order of :class:`EPMoE`: expert e lives on rank ``e // experts_per_rank``."""
-    flat = topk_ids.reshape(-1).long()
-    owner = flat // experts_per_rank
-    order = torch.sort(owner, stable=True).indices
-    return Dispatch(order=order, send_counts=torch.bincount(owner, minlength=world),
-                    local_ids=(flat % experts_per_rank)[order])
-
-
-def combine(y_sent: torch.Tensor, plan: Dispatch, topk_weights: torch.Tensor) -> torch.Tensor:
-    """``out[t] = Σ_j w[t, j] · y[t, j]`` from outputs in send order, summed slot by slot in fp32
-    (fp64 stays fp64)."""
-    T, top_k = topk_weights.shape
-    y = torch.empty_like(y_sent)
-    y[plan.order] = y_sent  # back to pair order
-    y = y.view(T, top_k, y.shape[-1])
-    acc = torch.zeros((T, y.shape[2]), dtype=torch.promote_types(y.dtype, torch.float32), device=y.device)
-    for j in range(top_k):
-        acc += topk_weights[:, j, None].to(acc.dtype) * y[:, j].to(acc.dtype)
-    return acc
-
-
-def _expert_call(fused_moe, x_rows, local_ids, w1, w2, quant, w1_scale, w2_scale):
-    """The owner's experts on the rows it received: a top-1 problem with weight 1 per row."""
-    ones = torch.ones((x_rows.shape[0], 1), dtype=torch.float32, device=x_rows.device)
-    return fused_moe(x_rows, w1, w2, ones, local_ids.view(-1, 1), quant=quant, w1_scale=w1_scale, w2_scale=w2_scale)
-
-
-# --- single-process evaluation of each layer's exact function -----------------------------------
-
-
-def simulate_tp(inputs: MoEInputs, world: int, fused_moe: Callable) -> torch.Tensor:
-    """Σ over ranks of ``fused_moe`` on each :func:`shard_tp` — what :class:`TPMoE` computes, in one
-    process (summed in the output's dtype; with the fp64 oracle, exactly)."""
-    parts = [fused_moe(**shard_tp(inputs, r, world).kwargs()) for r in range(world)]
-    return torch.stack([p.to(torch.promote_types(p.dtype, torch.float32)) for p in parts]).sum(0)
-
-
-def simulate_ep(inputs: MoEInputs, world: int, fused_moe: Callable) -> torch.Tensor:
-    """What :class:`EPMoE` computes, in one process: each owner runs ``fused_moe`` on exactly the rows
-    it would receive, in the same order; returns the [T, K] output of all ranks' tokens, unrounded."""
-    shards = [shard_ep(inputs, r, world) for r in range(world)]
-    per = shards[0].w1.shape[0]
-    plans = [plan_dispatch(s.topk_ids, per, world) for s in shards]
-    # pieces[src][dst]: the rows src sends to dst (split of its send order by send_counts)
-    pieces = [list(zip(torch.split(s.x[p.order // s.topk_ids.shape[1]], p.send_counts.tolist()),
-                       torch.split(p.local_ids, p.send_counts.tolist()))) for s, p in zip(shards, plans)]
-    back = [[None] * world for _ in range(world)]
-    for dst, owner in enumerate(shards):
-        rows = torch.cat([pieces[src][dst][0] for src in range(world)])
-        ids = torch.cat([pieces[src][dst][1] for src in range(world)])
-        y = _expert_call(fused_moe, rows, ids, owner.w1, owner.w2, inputs.quant, owner.w1_scale, owner.w2_scale)
-        sizes = [pieces[src][dst][0].shape[0] for src in range(world)]
-        for src, part in enumerate(torch.split(y, sizes)):
-            back[src][dst] = part
-    outs = [combine(torch.cat(back[src]), plans[src], s.topk_weights) for src, s in enumerate(shards)]
-    return torch.cat(outs)
-
+from compare.sharding import (
+    Dispatch,
+    _expert_call,
+    combine,
+    plan_dispatch,
+    shard_ep,
+    shard_tp,
+    simulate_ep,
+    simulate_tp,
+    token_range,
+)
+from moe_spec.quant import QUANT_FORMATS
+from moe_spec.validate import check_runs_on, check_sizes, validate_moe_args
 
 # --- the layers ---------------------------------------------------------------------------------
 
@@ -225,11 +87,12 @@ def _load(backend: str) -> Callable:
 _PEER_FIELDS = {"T": "x", "K": "x", "E": "w1", "I": "w1", "top_k": "topk_ids", "quant": "quant"}
 
 
-def _agree(group, device, fields: dict, refused: BaseException | None = None) -> None:
-    """All ranks gather ``fields`` (ints) and whether this rank ``refused`` its arguments, then raise
-    the same error everywhere if a field differs or a rank refused: a layer whose ranks disagree
-    would otherwise hang in its next collective."""
-    mine = torch.tensor([int(refused is not None), *fields.values()], dtype=torch.int64, device=device)
+def _agree(group, device, fields: dict, refused: BaseException | None = None, extra: tuple = ()) -> list:
+    """All ranks gather ``fields`` (ints), whether this rank ``refused`` its arguments and ``extra``
+    ints, then raise the same error everywhere if a rank refused or a field differs: a layer whose
+    ranks disagree would otherwise hang in its next collective. Returns the gathered rows (every
+    rank's ``extra``, in rank order), for checks that need the other ranks' values."""
+    mine = torch.tensor([int(refused is not None), *fields.values(), *extra], dtype=torch.int64, device=device)
     every = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
     dist.all_gather(every, mine, group=group)
     table = torch.stack(every).cpu()
@@ -243,11 +106,29 @@ def _agree(group, device, fields: dict, refused: BaseException | None = None) ->
         if len(set(column)) > 1:
             shown = [QUANT_FORMATS[v] for v in column] if name == "quant" else column
             raise ValueError(f"{_PEER_FIELDS[name]}: the ranks disagree on {name}: {shown} (rank order); "
-                             "every rank must hold the same layer")
+                             "every rank must hold the same layer" + (
+                                 " (an expert-parallel rank holds E/world experts: shard_ep splits them evenly)"
+                                 if name == "E" else ""))
+    return table[:, 1 + len(fields):].tolist()
+
+
+def _token_shape(x) -> tuple[int, int] | None:
+    """(T, K) of a call whose arguments were refused, when x still says it: what a refusing rank
+    needs to take part in its peers' collectives."""
+    if isinstance(x, torch.Tensor) and x.dim() == 2:
+        return x.shape[0], x.shape[1]
+    return None
 
 
 class _Layer:
-    """What both layers share: the backend, the group, and the options passed to every call."""
+    """What both layers share: the backend, the group, and the options passed to every call.
+
+    ``check_peers`` (default): before any collective of the layer, the ranks gather whether each
+    accepted its arguments and the layer's sizes, and all raise the same error if one refused or
+    they disagree. Without it (one collective fewer per call), a rank that refuses still takes part
+    in the layer's collectives — sending NaN where its share of the output goes, so its peers'
+    rows that needed it come out NaN rather than plausible, and nobody waits for it — then raises its
+    own error; when its x is not even a [T, K] tensor it cannot, and raises at once."""
 
     _FIELDS: tuple = ()  # what the ranks of this layer must agree on (keys of _PEER_FIELDS)
 
@@ -256,22 +137,23 @@ class _Layer:
             raise TypeError(f"check_peers: expected True or False, got {check_peers!r}")
         self.backend = backend
         self.fused_moe = _load(backend)
+        self.limits = getattr(self.fused_moe, "limits", None)  # the backend's (moe_spec.validate.Limits)
         self.group = group
         self.check_peers = check_peers
         self.options = backend_options
 
-    def _agree(self, x, refused, values: dict | None) -> None:
-        """With ``check_peers``, every rank learns whether the others accepted their arguments and
-        hold the same layer; without it, a rank's refusal is raised here and its peers are not told."""
-        if not self.check_peers:
-            if refused is not None:
-                raise refused
-            return
+    def _device(self, x) -> torch.device:
         if isinstance(x, torch.Tensor):
-            device = x.device
-        else:
-            device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(self.group) == "nccl" else "cpu"
-        _agree(self.group, device, {k: (values or {}).get(k, 0) for k in self._FIELDS}, refused)
+            return x.device
+        return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(self.group) == "nccl" else \
+            torch.device("cpu")
+
+    def _agree(self, x, refused, values: dict | None, extra: tuple = ()) -> list:
+        """With ``check_peers``, every rank learns whether the others accepted their arguments and
+        hold the same layer (and their ``extra`` ints); without it, a rank's refusal is raised by the
+        caller (after its share of the collectives, :meth:`_refuse_alone`)."""
+        return _agree(self.group, self._device(x), {k: (values or {}).get(k, 0) for k in self._FIELDS}, refused,
+                      extra)
 
     def _expert(self, x, w1, w2, topk_weights, topk_ids, *, quant, w1_scale, w2_scale):
         return self.fused_moe(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale,
@@ -287,17 +169,29 @@ class TPMoE(_Layer):
 
     def __call__(self, x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None,
                  w2_scale=None) -> torch.Tensor:
-        if self.check_peers:  # without it, the backend's own checks still run before the all_reduce
-            try:
-                d, refused = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale,
-                                               w2_scale=w2_scale), None
-            except (TypeError, ValueError) as exc:
-                d, refused = None, exc
+        try:  # the contract's checks and the backend's limits (the one size check), before any collective
+            d, refused = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale,
+                                           w2_scale=w2_scale, limits=self.limits), None
+            check_runs_on(x.device, self.limits)
+        except (TypeError, ValueError) as exc:
+            d, refused = None, exc
+        if self.check_peers:
             self._agree(x, refused, d and dict(T=d.T, K=d.K, E=d.E, I=d.I, top_k=d.top_k,
                                                quant=QUANT_FORMATS.index(quant)))
+        elif refused is not None:
+            self._refuse_alone(x, refused)
         out = self._expert(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale)
         dist.all_reduce(out, group=self.group)
         return out
+
+    def _refuse_alone(self, x, refused):
+        """No peer check: NaN into the all_reduce the peers are in (their output is NaN, not a
+        partial sum that looks right), then this rank's error."""
+        shape = _token_shape(x)
+        if shape is not None:
+            dist.all_reduce(torch.full(shape, float("nan"), dtype=torch.bfloat16, device=self._device(x)),
+                            group=self.group)
+        raise refused
 
 
 def _check_routing(x, topk_weights, topk_ids) -> None:
@@ -315,24 +209,32 @@ def _check_routing(x, topk_weights, topk_ids) -> None:
                          f"got {tuple(topk_ids.shape)}")
 
 
-def _check_global_ids(topk_weights, topk_ids, num_experts: int) -> None:
-    """EP's ids are global, in [0, E) with E = experts per rank × world: a range the contract's
-    check of one rank's experts cannot know."""
-    top_k = topk_ids.shape[1]
-    if top_k > num_experts:
-        raise ValueError(f"topk_ids: expected top_k <= E = {num_experts}, got top_k = {top_k}")
+def _local_routing(topk_weights, topk_ids) -> tuple[int, int]:
+    """The routing checks one rank can make alone (distinct ids in a row, finite weights); returns
+    the range [lo, hi] of its ids — whether they are global ids of the layer, only the experts of
+    every rank tell (:func:`_check_global_ids`)."""
     if not topk_ids.shape[0]:
-        return
+        return 0, 0
     ids = topk_ids.long()
-    lo, hi = int(ids.min()), int(ids.max())
-    if lo < 0 or hi >= num_experts:
-        raise ValueError(f"topk_ids: expected global expert ids in [0, E={num_experts}) (experts per rank × "
-                         f"world), got values in [{lo}, {hi}]")
     s = ids.sort(dim=1).values
     if bool((s[:, 1:] == s[:, :-1]).any()):
         raise ValueError("topk_ids: an expert appears twice in one token's row; expected distinct ids")
     if not bool(torch.isfinite(topk_weights).all()):
         raise ValueError("topk_weights: expected finite routing weights")
+    return int(ids.min()), int(ids.max())
+
+
+def _check_global_ids(ranges: list, num_experts: int, rank: int) -> None:
+    """EP's ids are global, in [0, E) with E the experts of all ranks: a range the contract's check of
+    one rank's experts cannot know. ``ranges``: every rank's [lo, hi]; every rank raises — the one
+    whose ids are out of range names topk_ids, the others name it."""
+    bad = [r for r, (lo, hi) in enumerate(ranges) if lo < 0 or hi >= num_experts]
+    if rank in bad:
+        lo, hi = ranges[rank]
+        raise ValueError(f"topk_ids: expected global expert ids in [0, E={num_experts}) (the experts of all "
+                         f"ranks), got values in [{lo}, {hi}]")
+    if bad:
+        raise RuntimeError(f"rank(s) {bad} refused their arguments (their own error says which); no collective ran")
 
 
 class EPMoE(_Layer):
@@ -345,17 +247,32 @@ class EPMoE(_Layer):
     def __call__(self, x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None,
                  w2_scale=None) -> torch.Tensor:
         world = dist.get_world_size(self.group)
+        rank = dist.get_rank(self.group)
         try:
             _check_routing(x, topk_weights, topk_ids)
-            # types, dtypes, weights and scales: the contract's checks of this rank's experts, no tokens
+            # types, dtypes, weights and scales, the backend's limits: the contract's checks of this
+            # rank's experts, no tokens
             d = validate_moe_args(x[:0], w1, w2, topk_weights[:0, :1], topk_ids[:0, :1], quant=quant,
-                                  w1_scale=w1_scale, w2_scale=w2_scale)
-            _check_global_ids(topk_weights, topk_ids, d.E * world)
+                                  w1_scale=w1_scale, w2_scale=w2_scale, limits=self.limits)
+            check_runs_on(x.device, self.limits)
+            # the layer's sizes as far as this rank knows them (its own tokens), before it reads its routing
+            check_sizes(d.E * world, d.K, d.I, topk_ids.shape[1], x.shape[0])
+            ids_range = _local_routing(topk_weights, topk_ids)
+            if not self.check_peers:  # alone, a rank takes the others to hold as many experts as it does
+                _check_global_ids([ids_range], d.E * world, 0)
             refused = None
         except (TypeError, ValueError) as exc:
-            d, refused = None, exc
+            d, refused, ids_range = None, exc, (0, 0)
         top_k = topk_ids.shape[1] if refused is None else 0
-        self._agree(x, refused, d and dict(K=d.K, E=d.E, I=d.I, top_k=top_k, quant=QUANT_FORMATS.index(quant)))
+        if self.check_peers:  # every rank's experts (E each, all agreed) say which ids are global ids
+            rows = self._agree(x, refused, d and dict(K=d.K, E=d.E, I=d.I, top_k=top_k,
+                                                     quant=QUANT_FORMATS.index(quant)), (*ids_range, x.shape[0]))
+            # the layer's sizes, the same on every rank: all E·world experts, all ranks' tokens (a rank
+            # receives at most their top_k pairs each: the rows of its own fused_moe call)
+            check_sizes(d.E * world, d.K, d.I, top_k, sum(r[2] for r in rows))
+            _check_global_ids([r[:2] for r in rows], d.E * world, rank)
+        elif refused is not None:
+            self._refuse_alone(x, refused)
 
         plan = plan_dispatch(topk_ids, d.E, world)
         recv_counts = torch.empty_like(plan.send_counts)
@@ -371,6 +288,26 @@ class EPMoE(_Layer):
         y_back = y.new_empty((plan.order.numel(), d.K))
         dist.all_to_all_single(y_back, y, send, recv, group=self.group)
         return combine(y_back, plan, topk_weights).to(torch.bfloat16)
+
+    def _refuse_alone(self, x, refused):
+        """No peer check: this rank sends no pair, takes the pairs its peers send it and returns NaN
+        for each (their tokens that needed its experts come out NaN), then raises its error."""
+        shape = _token_shape(x)
+        if shape is not None:
+            device, world, K = self._device(x), dist.get_world_size(self.group), shape[1]
+            none = [0] * world
+            counts = torch.zeros(world, dtype=torch.int64, device=device)
+            recv_counts = torch.empty_like(counts)
+            dist.all_to_all_single(recv_counts, counts, group=self.group)
+            recv = recv_counts.tolist()
+            bf16 = dict(dtype=torch.bfloat16, device=device)
+            dist.all_to_all_single(torch.empty((sum(recv), K), **bf16), torch.empty((0, K), **bf16), recv, none,
+                                   group=self.group)
+            dist.all_to_all_single(torch.empty(sum(recv), dtype=torch.int64, device=device),
+                                   torch.empty(0, dtype=torch.int64, device=device), recv, none, group=self.group)
+            dist.all_to_all_single(torch.empty((0, K), **bf16), torch.full((sum(recv), K), float("nan"), **bf16),
+                                   none, recv, group=self.group)
+        raise refused
 
 
 def layer_for(parallel: str) -> type:

@@ -28,8 +28,8 @@ FP8Experts, per tensor (no blocks)    ``quant="fp8_channel"``: the one scale of 
                                       up half and of down_proj repeated over their rows (exact)
 ====================================  ===============================================================
 
-Whatever the contract cannot express is refused — :func:`contract_arguments`, before any kernel
-runs — with a ValueError that names the experts class, the model type and every such feature:
+Whatever the contract cannot express is refused — :func:`compare.hf_contract.contract_arguments`,
+before any kernel runs — with a ValueError that names the experts class, the model type and every such feature:
 an activation other than SiLU, biases, no gate, interleaved or transposed weights, a norm after
 each expert, a model-specific gate, expert parallelism, non-bf16 weights, static FP8 activation
 scales, FP4 weights, other block shapes. ``notes/transformers.md`` says why for each.
@@ -44,16 +44,13 @@ from __future__ import annotations
 
 import collections
 import importlib
-from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 
 try:
     from transformers import DeepseekV3Config, MixtralConfig, Qwen3MoeConfig
-    from transformers.activations import SiLUActivation
     from transformers.integrations import finegrained_fp8
-    from transformers.integrations import moe as hf_moe
     from transformers.integrations.finegrained_fp8 import ALL_FP8_EXPERTS_FUNCTIONS, FP8Experts, FP8ExpertsInterface
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface, use_experts_implementation
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Experts
@@ -63,133 +60,15 @@ except ImportError as exc:  # the module is optional; the rest of the project ne
     raise ImportError(f"compare.hf_experts needs transformers 5.x (the project's `hf` extra: "
                       f"pip install -e '.[hf]'): {exc}") from exc
 
-from moe_spec.quant import FP8_BLOCK, FP8_DTYPE
-from moe_spec.validate import validate_moe_args
+from compare.hf_contract import ContractArguments, _refuse, _structure_problems, contract_arguments  # noqa: F401
+from moe_spec.quant import FP8_BLOCK
+from moe_spec.validate import SizeNames, check_runs_on, check_sizes, validate_moe_args
 
 #: The names :func:`register` adds to transformers' experts registries.
 IMPLEMENTATIONS = ("triton_moe", "cute_moe")
 
 #: Completed ``fused_moe`` calls per implementation, counted by the registered forwards.
 CALLS: collections.Counter = collections.Counter()
-
-_UE8M0 = getattr(torch, "float8_e8m0fnu", None)  # DeepSeek-V4-style power-of-two scales
-
-
-@dataclass(frozen=True)
-class ContractArguments:
-    """The weights of one experts module as the contract's arguments (no copy of w1 / w2)."""
-
-    w1: torch.Tensor
-    w2: torch.Tensor
-    quant: Optional[str] = None
-    w1_scale: Optional[torch.Tensor] = None
-    w2_scale: Optional[torch.Tensor] = None
-
-
-# --- what the contract can express ---------------------------------------------------------------
-
-
-def _structure_problems(module) -> list[str]:
-    """Flags of ``@use_experts_implementation`` and module state the contract has no place for."""
-    cls = type(module).__name__
-    flags = {
-        "has_gate": (True, "no gate (has_gate=False: act(up) experts); the kernels compute SiLU(gate)·up"),
-        "has_bias": (False, "biases on gate_up_proj / down_proj (has_bias=True); the contract has none"),
-        "is_concatenated": (True, "interleaved gate/up rows (is_concatenated=False); the contract wants "
-                                  "all gate rows, then all up rows"),
-        "is_transposed": (False, "transposed weights (is_transposed=True: gate_up_proj [E, H, 2I]); "
-                                 "the contract wants [E, 2I, H]"),
-        "has_post_expert_norm": (False, "a norm after each expert (has_post_expert_norm=True)"),
-        "_is_expert_parallel": (False, "expert parallelism (ids >= num_experts mark experts of other "
-                                       "ranks; the contract wants every id in [0, E))"),
-    }
-    problems = [why for attr, (ok, why) in flags.items() if bool(getattr(module, attr, ok)) != ok]
-    # the decorator installs transformers' default gate, act_fn(gate) * up, where a class has none
-    if not isinstance(module, FP8Experts) and type(module)._apply_gate is not hf_moe._default_apply_gate:
-        problems.append(f"its own gate function ({cls}._apply_gate), not SiLU(gate)·up")
-    act = getattr(module, "act_fn", None)
-    if not isinstance(act, (SiLUActivation, torch.nn.SiLU)):
-        name = getattr(module.config, "hidden_act", None)
-        problems.append(f"activation {type(act).__name__} (config.hidden_act={name!r}); the kernels "
-                        "compute SiLU(gate)·up")
-    return problems
-
-
-def _fp8_scale(s: torch.Tensor, name: str, problems: list) -> Optional[torch.Tensor]:
-    """An FP8Experts scale as the contract's fp32 (UE8M0 powers of two widen exactly)."""
-    if s.dtype == torch.float32 or (_UE8M0 is not None and s.dtype == _UE8M0):
-        return s.detach().float().contiguous()
-    problems.append(f"{name} stored as {s.dtype}; the contract takes float32 (or exact UE8M0) scales")
-    return None
-
-
-def _fp8_arguments(module, problems: list) -> Optional[ContractArguments]:
-    """``FP8Experts`` (transformers' finegrained FP8) → fp8_block or fp8_channel arguments."""
-    for attr in ("gate_softcap", "up_softcap", "swiglu_alpha", "limit"):
-        if getattr(module, attr, None) is not None:
-            problems.append(f"a modified gate ({attr}={getattr(module, attr)}); the kernels compute plain "
-                            "SiLU(gate)·up")
-    if getattr(module, "activation_scheme", "dynamic") != "dynamic":
-        problems.append("static activation scales (activation_scheme='static'); the kernels quantize "
-                        "activations dynamically")
-    w1, w2 = module.gate_up_proj.detach(), module.down_proj.detach()
-    if w1.dtype != FP8_DTYPE or w2.dtype != FP8_DTYPE:
-        problems.append(f"expert weights stored as {w1.dtype} (FP4-packed or other); the contract's FP8 "
-                        "formats are float8_e4m3fn")
-        return None
-    s1 = _fp8_scale(module.gate_up_proj_scale_inv, "gate_up_proj_scale_inv", problems)
-    s2 = _fp8_scale(module.down_proj_scale_inv, "down_proj_scale_inv", problems)
-    if s1 is None or s2 is None:
-        return None
-    E, two_i, H = w1.shape
-    block = module.block_size
-    if block is None:  # per tensor: one scale per projection (gate and up were two projections)
-        s1, s2 = s1.reshape(E, -1), s2.reshape(E, -1)
-        if s1.shape[1] not in (1, 2) or s2.shape[1] != 1:
-            problems.append(f"per-tensor scales of shapes {tuple(module.gate_up_proj_scale_inv.shape)} / "
-                            f"{tuple(module.down_proj_scale_inv.shape)}; expected [E, 1 or 2, 1] / [E, 1, 1]")
-            return None
-        return ContractArguments(w1, w2, "fp8_channel", s1.repeat_interleave(two_i // s1.shape[1], dim=1),
-                                 s2.expand(E, H).contiguous())
-    if tuple(block) != (FP8_BLOCK, FP8_BLOCK):
-        problems.append(f"block_size={tuple(block)}; the contract's fp8_block format uses "
-                        f"{FP8_BLOCK}×{FP8_BLOCK} weight blocks")
-        return None
-    if (two_i // 2) % FP8_BLOCK:
-        problems.append(f"intermediate size {two_i // 2}, not a multiple of {FP8_BLOCK}: gate and up are quantized "
-                        "as two projections, whose 128-row blocks do not line up with those of gate_up_proj")
-    for name, s, n_out, k_in in (("gate_up_proj_scale_inv", s1, two_i, H), ("down_proj_scale_inv", s2, H, two_i // 2)):
-        want = (E, -(-n_out // FP8_BLOCK), -(-k_in // FP8_BLOCK))
-        if tuple(s.shape) != want:  # e.g. 2I <= 128: transformers keeps one block row per half
-            problems.append(f"{name} of shape {tuple(s.shape)}; 128×128 blocks of a [{E}, {n_out}, {k_in}] "
-                            f"weight have scales {want}")
-    return ContractArguments(w1, w2, "fp8_block", s1, s2)
-
-
-def _refuse(module, problems: list, who: str) -> None:
-    if problems:
-        model_type = getattr(module.config, "model_type", "?")
-        raise ValueError(f"{who} cannot run {type(module).__name__} (model_type {model_type!r}): " + "; ".join(problems))
-
-
-def contract_arguments(module, implementation: str) -> ContractArguments:
-    """The contract's weight arguments for a transformers experts module, or a ValueError that
-    names the module's class, the model type and every feature the contract cannot express."""
-    who = f"experts_implementation: {implementation!r}"
-    problems = _structure_problems(module)
-    if not getattr(module, "has_gate", True):
-        _refuse(module, problems, who)  # no gate_up_proj to read (its weight is up_proj)
-    if isinstance(module, FP8Experts):
-        args = _fp8_arguments(module, problems)
-    else:
-        w1, w2 = module.gate_up_proj.detach(), module.down_proj.detach()
-        args = ContractArguments(w1, w2)
-        if w1.dtype != torch.bfloat16 or w2.dtype != torch.bfloat16:
-            problems.append(f"{w1.dtype} expert weights; the kernels take bfloat16 (load the model with "
-                            "dtype=torch.bfloat16)")
-    _refuse(module, problems, who)
-    return args
-
 
 # --- the registered forwards ----------------------------------------------------------------------
 
@@ -204,6 +83,33 @@ def _backend_fused_moe(implementation: str) -> Callable:
                            f"import {implementation} failed: {type(exc).__name__}: {exc}") from exc
 
 
+#: How the forward names a size it refuses (moe_spec.validate.check_sizes): its own arguments and
+#: the module's weights, not the contract's names.
+HF_NAMES = SizeNames(E="gate_up_proj", K="hidden_states", I="down_proj", top_k="top_k_index", T="hidden_states",
+                     device="hidden_states", matrix="gate_up_proj")
+#: The contract's argument names → the forward's, for a refusal raised inside ``fused_moe``.
+_HF_ARGUMENT = {"x": "hidden_states", "topk_ids": "top_k_index", "topk_weights": "top_k_weights",
+                "w1": "gate_up_proj", "w2": "down_proj"}
+
+
+def _routing_shape(hidden_states, top_k_index, top_k_weights, H: int) -> tuple[int, int]:
+    """(T, top_k): one routing row of top_k entries per token of ``hidden_states`` [..., H]."""
+    if hidden_states.dim() < 1 or hidden_states.shape[-1] != H:
+        raise ValueError(f"hidden_states: expected [..., H] with the model's hidden size H = {H} "
+                         f"(gate_up_proj.shape[2]), got shape {tuple(hidden_states.shape)}")
+    T = hidden_states.numel() // H if H else 0
+    for name, t in (("top_k_index", top_k_index), ("top_k_weights", top_k_weights)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dim() < 1 or t.numel() != T * t.shape[-1] or (t.dim() == 1 and T != 1):
+            raise ValueError(f"{name}: expected [T={T}, top_k] (a row per token of hidden_states), "
+                             f"got shape {tuple(t.shape)}")
+    if top_k_weights.shape[-1] != top_k_index.shape[-1]:
+        raise ValueError(f"top_k_weights: expected top_k = {top_k_index.shape[-1]} weights a row (as top_k_index), "
+                         f"got shape {tuple(top_k_weights.shape)}")
+    return T, top_k_index.shape[-1]
+
+
 def _make_forward(implementation: str) -> Callable:
     def forward(self, hidden_states, top_k_index, top_k_weights):
         args = contract_arguments(self, implementation)
@@ -214,12 +120,24 @@ def _make_forward(implementation: str) -> Callable:
             raise ValueError("hidden_states: autograd is recording, but the kernels have no backward; run "
                              "inference under torch.no_grad() or torch.inference_mode() (generate() does)")
         fused_moe = _backend_fused_moe(implementation)
-        x = hidden_states.reshape(-1, hidden_states.shape[-1])
-        T = x.shape[0]
-        out = fused_moe(x.contiguous(), args.w1, args.w2,
-                        top_k_weights.reshape(T, -1).to(torch.float32).contiguous(),
-                        top_k_index.reshape(T, -1).contiguous(),
-                        quant=args.quant, w1_scale=args.w1_scale, w2_scale=args.w2_scale)
+        # the one size check of every surface, naming this forward's arguments, before anything is
+        # allocated; then the device the backend runs on — the empty batch included
+        E, two_i, H = args.w1.shape
+        T, top_k = _routing_shape(hidden_states, top_k_index, top_k_weights, H)
+        limits = getattr(fused_moe, "limits", None)
+        check_sizes(E, H, two_i // 2, top_k, T, limits=limits, names=HF_NAMES)
+        check_runs_on(hidden_states.device, limits, "hidden_states")
+        x = hidden_states.reshape(T, H)
+        try:
+            out = fused_moe(x.contiguous(), args.w1, args.w2,
+                            top_k_weights.reshape(T, top_k).to(torch.float32).contiguous(),
+                            top_k_index.reshape(T, top_k).contiguous(),
+                            quant=args.quant, w1_scale=args.w1_scale, w2_scale=args.w2_scale)
+        except (TypeError, ValueError) as exc:  # the contract's names → this forward's
+            name, sep, rest = str(exc).partition(": ")
+            if sep and name in _HF_ARGUMENT:
+                raise type(exc)(f"{_HF_ARGUMENT[name]}: {rest}") from None
+            raise
         CALLS[implementation] += 1
         return out.view(hidden_states.shape)
 
@@ -234,7 +152,13 @@ _FORWARDS = {name: _make_forward(name) for name in IMPLEMENTATIONS}
 def register(implementations=IMPLEMENTATIONS) -> tuple:
     """Add our implementations to transformers' experts registries (bf16 and FP8). Idempotent:
     a second call registers the same functions again."""
-    names = (implementations,) if isinstance(implementations, str) else tuple(implementations)
+    if isinstance(implementations, str):
+        names = (implementations,)
+    elif isinstance(implementations, (tuple, list)):
+        names = tuple(implementations)
+    else:
+        raise TypeError(f"implementations: expected a name or a tuple of names from {IMPLEMENTATIONS}, "
+                        f"got {implementations!r}")
     unknown = [n for n in names if n not in _FORWARDS]
     if unknown:
         raise ValueError(f"implementations: expected names from {IMPLEMENTATIONS}, got {unknown}")

@@ -6,6 +6,8 @@ This is the lowest layer of the project. It imports nothing of ours; ``cute_moe`
 - :mod:`moe_spec.quant`    the registry of FP8 formats and the quantize / dequantize reference
 - :mod:`moe_spec.problem`  the MoE layer's sizes, the catalog of model shapes, routing, random inputs
 - :mod:`moe_spec.validate` the argument checks both backends run before any launch (errors name the argument)
+- :mod:`moe_spec.sizes`    the one check of a layer's sizes and device that every surface runs (backend ``Limits``)
+- :mod:`moe_spec.errorword` the data checks' device error word, and how it reaches the caller without a sync
 - :mod:`moe_spec.oracle`   the float64 oracle with a per-expert breakdown
 - :mod:`moe_spec.contract` the backend contract and its vLLM ``fused_experts`` spelling
 - :mod:`moe_spec.timing`   CUDA-graph timing with a cold L2, host wall-clock loops, ceilings, rooflines

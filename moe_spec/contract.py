@@ -10,7 +10,25 @@ with the tensors of :mod:`moe_spec.problem`, ``quant`` one of the registry
 quantized inside the backend when ``quant`` is an fp8 format, and the output the fp64 oracle
 (:mod:`moe_spec.oracle`) within the format's tolerance. ``T = 0`` returns an empty [0, K] tensor —
 after the same checks as any other T (the empty-batch rule of :mod:`moe_spec.plan`: a call refused
-at T = 1 is refused at T = 0).
+at T = 1 is refused at T = 0 — a device the backend cannot run on included).
+
+How close is close: the error is ``moe_spec.oracle.rel_l2_terms`` — ‖out − oracle‖₂ over the larger
+of ‖oracle‖₂ and the L2 norm of the root-sum-square of the terms that add up to each output (GEMM2's
+products over I, times the routing weights, over the top_k slots) — within the format's tolerance.
+A kernel rounds terms, so its error scales with them; where they cancel (two experts of opposite
+sign, GEMM2's sum at small K) the output is smaller than its terms and the plain relative L2 of
+the output would blame the kernel for the cancellation. On data without cancellation the two
+agree (``notes/numerics.md``, "Under cancellation").
+
+Every surface, one check of the sizes. ``fused_moe``, ``fused_experts``, both ``warmup`` functions,
+the transformers experts forward (``compare.hf_experts``) and the sharded layers
+(``compare.distributed``) run :func:`moe_spec.validate.check_sizes` on the layer's sizes (E, K, I,
+top_k, and T or the warm-up's ``max_tokens``) with the backend's :class:`moe_spec.validate.Limits`
+before they allocate or compile anything: they refuse the same layers with the same words, each
+naming its own argument (``w1`` in ``fused_moe``, ``E`` in a warm-up, ``gate_up_proj`` in the
+transformers forward). Devices likewise (:func:`moe_spec.validate.check_runs_on`): cute_moe runs on a
+CUDA device only, triton_moe on a CPU only under ``TRITON_INTERPRET=1``; anything else is refused
+in one line that says what to do.
 
 Static activation scales. ``a1_scale`` (x's) and ``a2_scale`` (the intermediate SiLU(gate)·up's)
 replace the two dynamic per-tensor activation scales by calibrated ones: ``quant="fp8_tensor"``
@@ -36,9 +54,8 @@ costs the same eager as in a CUDA graph:
   in [0, E) and distinct within a row, routing weights finite, scales (weight and static
   activation scales) finite and positive. A
   failed check ORs its bit into the device's error word
-  (:func:`moe_spec.validate.error_word`); :func:`moe_spec.validate.check` reads it (one sync,
-  when the caller chooses), clears it and raises the ValueError naming the argument. The bad data
-  never makes a kernel read or write out of bounds and never comes out as a plausible number:
+  (:func:`moe_spec.validate.error_word`). The bad data never makes a kernel read or write out of
+  bounds; what it produces:
 
   - an id outside [0, E): the pair is sorted and computed with the id clamped into range (under
     FP8 its intermediate is zeroed, so no shared scale sees it) and its routing weight is
@@ -46,8 +63,27 @@ costs the same eager as in a CUDA graph:
   - a repeated id in a row: the expert is computed once per slot and the slots summed, as the
     formula ``Σ_j w[t, j]·f_{e_j}(x[t])`` reads, and flagged;
   - a NaN or inf routing weight: it multiplies its pair, so its token's row is not finite;
-  - a scale that is NaN, inf, zero or negative: used as given, flagged when a kernel reads it (an
-    expert no token reaches is not read; the ``"sync"`` mode checks every scale).
+  - a scale (weight scale, ``a1_scale``, ``a2_scale``) that is NaN, inf, zero, negative or −0.0:
+    used as given, flagged when a kernel reads it (an expert no token reaches is not read; the
+    ``"sync"`` mode checks every scale). NaN and inf come out non-finite; **zero, −0.0 and a
+    negative scale come out finite** — zeros, or values of flipped sign, numbers that look
+    plausible. Such a call is told only by the error word, which the next call raises (below).
+
+  How the error word reaches the caller, without a sync:
+
+  - **the next call raises it**: each backend's ``fused_moe``, once its arguments pass, calls
+    :func:`moe_spec.validate.surface_errors`, which reads a host copy of the word (pinned memory,
+    refreshed by a non-blocking device→host copy at most every
+    :data:`moe_spec.validate.COPY_INTERVAL_S`, on the call's stream, never during a CUDA graph
+    capture; on a CPU, the word itself) and raises the ValueError naming the argument if a check
+    failed. That is a call after the failing one once the device has finished it and a copy has
+    landed — on a GPU typically the next call or the one after, on a CPU always the next. The call
+    that raises launches nothing;
+  - :func:`moe_spec.validate.poll` raises the same from the host copy, at a point the caller
+    chooses, without a sync (a serving loop may poll once per step);
+  - :func:`moe_spec.validate.check` reads the word itself (one sync, when the caller chooses),
+    clears it and raises — the way to know about the last call, and about calls replayed inside a
+    CUDA graph (no copy is captured).
 
   The ``"sync"`` mode (``MOE_CHECK=sync``, :func:`moe_spec.validate.set_check_mode`,
   ``with moe_spec.validate.checks("sync")``) also reads the data in ``validate_moe_args`` and
@@ -91,6 +127,10 @@ def quant_from_vllm(use_fp8_w8a8=False, per_channel_quant=False, block_shape=Non
             raise ValueError("per_channel_quant/block_shape: only meaningful with use_fp8_w8a8=True")
         return None
     if block_shape is not None:
+        if (not isinstance(block_shape, (list, tuple)) or len(block_shape) != 2
+                or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in block_shape)):
+            raise TypeError(f"block_shape: expected None or [rows, cols] (two positive ints, e.g. [128, 128]), "
+                            f"got {block_shape!r}")
         group, arg = tuple(block_shape), "block_shape"
     else:
         group, arg = ((1, WHOLE) if per_channel_quant else (WHOLE, WHOLE)), "per_channel_quant"
@@ -143,14 +183,25 @@ def make_fused_experts(fused_moe):
         quant = quant_from_vllm(use_fp8_w8a8, per_channel_quant, block_shape)
         if a1_scale is not None or a2_scale is not None:  # static activation scales (fp8_tensor)
             backend_options.update(a1_scale=a1_scale, a2_scale=a2_scale)
-        out = fused_moe(hidden_states, w1, w2, topk_weights, topk_ids, quant=quant,
-                        w1_scale=_vllm_scale(w1_scale, w1, quant), w2_scale=_vllm_scale(w2_scale, w2, quant),
-                        **backend_options)
+        if inplace and isinstance(hidden_states, torch.Tensor) and hidden_states.requires_grad \
+                and torch.is_grad_enabled():
+            raise ValueError("hidden_states: inplace=True writes the output into it, but it requires grad (autograd "
+                             "forbids that, and the kernels have no backward); pass inplace=False or run under "
+                             "torch.no_grad()")
+        try:
+            out = fused_moe(hidden_states, w1, w2, topk_weights, topk_ids, quant=quant,
+                            w1_scale=_vllm_scale(w1_scale, w1, quant), w2_scale=_vllm_scale(w2_scale, w2, quant),
+                            **backend_options)
+        except (TypeError, ValueError) as exc:  # the contract's x is vLLM's hidden_states
+            if str(exc).startswith("x: "):
+                raise type(exc)("hidden_states: " + str(exc)[3:]) from None
+            raise
         if inplace:
             hidden_states.copy_(out)
             return hidden_states
         return out
 
+    fused_experts.limits = getattr(fused_moe, "limits", None)  # the backend's (moe_spec.validate.Limits)
     fused_experts.__name__ = "fused_experts"
     fused_experts.__qualname__ = "fused_experts"
     fused_experts.__doc__ = (

@@ -50,12 +50,17 @@ class OracleResult:
     ``pair_output``  [T, top_k, K]  y[t, j]: the output of expert ``topk_ids[t, j]`` for token t,
                                     before the routing weight
     ``topk_ids``     [T, top_k]     int64 copy of the routing
+    ``term_scale``   [T, K]         with ``term_scales=True``: √(Σ_j Σ_i (w[t, j]·a[t, j, i]·W2[e_j, k, i])²),
+                                    the root-sum-square of the products that GEMM2 and the routing sum
+                                    add up to ``out[t, k]`` (a = the intermediate GEMM2 reads):
+                                    what :func:`rel_l2_terms` judges an error against
     """
 
     out: torch.Tensor
     pair_output: torch.Tensor
     topk_ids: torch.Tensor
     topk_weights: torch.Tensor
+    term_scale: torch.Tensor | None = None  # [T, K]: the root-sum-square of out's terms (``term_scales=True``)
 
     def experts(self) -> list[int]:
         return sorted(int(e) for e in self.topk_ids.unique())
@@ -89,8 +94,9 @@ def _intermediate(x, w1, topk_ids, quant, w1_scale, a1_scale, I):  # noqa: E741
 
 
 def oracle_breakdown(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None,
-                     w2_scale=None, a1_scale=None, a2_scale=None) -> OracleResult:
-    """Evaluate the MoE layer in float64 and keep every (token, slot) output."""
+                     w2_scale=None, a1_scale=None, a2_scale=None, term_scales: bool = False) -> OracleResult:
+    """Evaluate the MoE layer in float64 and keep every (token, slot) output; with ``term_scales``
+    also the root-sum-square of each output's terms (one more GEMM per expert)."""
     d = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale,
                           a1_scale=a1_scale, a2_scale=a2_scale, data_checks="sync")  # it indexes with the ids
     T, K, I, k = d.T, d.K, d.I, d.top_k
@@ -99,11 +105,17 @@ def oracle_breakdown(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=
     inter = fake_quantize_activation(inter, quant, scale=a2_scale)  # identity for bf16
 
     y = torch.zeros(T * k, K, dtype=F64, device=x.device)
+    squares = torch.zeros(T * k, K, dtype=F64, device=x.device) if term_scales else None
     for e, pairs in pairs_of.items():
-        y[pairs] = inter[pairs] @ _expert_weight(w2, w2_scale, quant, e).T
+        w = _expert_weight(w2, w2_scale, quant, e)
+        y[pairs] = inter[pairs] @ w.T
+        if term_scales:  # Σ_i (a_i·W2[k, i])² of each pair
+            squares[pairs] = inter[pairs].square() @ w.square().T
     y = y.view(T, k, K)
     out = (y * topk_weights.to(F64)[..., None]).sum(dim=1)
-    return OracleResult(out=out, pair_output=y, topk_ids=ids, topk_weights=topk_weights)
+    scale = None if squares is None else \
+        (squares.view(T, k, K) * topk_weights.to(F64).square()[..., None]).sum(dim=1).sqrt()
+    return OracleResult(out=out, pair_output=y, topk_ids=ids, topk_weights=topk_weights, term_scale=scale)
 
 
 def oracle(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None, a1_scale=None,
@@ -125,6 +137,34 @@ def calibrate_static_scales(x, w1, w2, topk_weights, topk_ids, *, quant="fp8_ten
     inter, _ = _intermediate(x, w1, topk_ids, quant, w1_scale, None, d.I)
     whole = (None, None)
     return static_scale_of(_group_amax(x.float(), whole)), static_scale_of(_group_amax(inter.float(), whole))
+
+
+def rel_l2_terms(a: torch.Tensor, result: OracleResult) -> float:
+    """‖a − out‖₂ / max(‖out‖₂, ‖term_scale‖₂) in float64: the error judged against the size of the
+    terms that add up to the output (:attr:`OracleResult.term_scale`, ``term_scales=True``), where
+    they are larger than the output — the contract's metric (:mod:`moe_spec.contract`).
+
+    Why: a kernel rounds the terms it adds (the intermediate to bf16 or FP8, each pair's output to
+    bf16), so its error is a fraction of the terms' size, whatever their sum. Where the terms cancel —
+    two experts' contributions of opposite sign, GEMM2's products over I at small K — the output is
+    smaller than its terms and :func:`rel_l2` grows by that factor with no fault of the kernel. The
+    root-sum-square is the size of a sum of terms of random sign, so on data without cancellation
+    ‖term_scale‖ ≈ ‖out‖ and the two metrics agree (a sum of magnitudes would be √I times the
+    output there, and forgive √I times the error); this one is never larger than :func:`rel_l2`.
+    Conventions as :func:`rel_l2`: 0 for empty tensors, inf for a non-finite ``a``.
+    """
+    if result.term_scale is None:
+        raise ValueError("result: expected an OracleResult with term scales (oracle_breakdown(..., term_scales=True))")
+    a = a.to(F64)
+    if result.out.numel() == 0:
+        return 0.0
+    if not bool(torch.isfinite(a).all()):
+        return float("inf")
+    den = max(float(torch.linalg.vector_norm(result.out)), float(torch.linalg.vector_norm(result.term_scale)))
+    num = float(torch.linalg.vector_norm(a - result.out))
+    if den == 0.0:
+        return 0.0 if num == 0.0 else float("inf")
+    return num / den
 
 
 def rel_l2(a: torch.Tensor, ref: torch.Tensor) -> float:

@@ -5,6 +5,10 @@ in :mod:`moe_spec.problem` and returns the problem's sizes. Type problems raise 
 wrong shapes or values raise ``ValueError``. Each message starts with the argument's name and says
 what was expected.
 
+The layer's sizes have one check, :func:`check_sizes`, which every surface of the backends runs
+(``fused_moe`` here, a warm-up on its arguments, the transformers forward, the sharded layers) with
+the backend's :class:`Limits`, each naming its own argument (:class:`SizeNames`).
+
 Two kinds of checks:
 
 * **On the host**, from the tensors' metadata alone, always, before any launch: types, dtypes
@@ -20,9 +24,11 @@ Two kinds of checks:
   device→host copy that waits for the GPU, so by
   default (the ``"device"`` check mode) these checks run *inside the backend's kernels*, which
   read that data anyway: a failed check sets a bit of the device's **error word**
-  (:func:`error_word`, one int32 per device, sticky) and the bad value is made harmless, never
-  silently wrong (:data:`DATA_CHECKS` says what each one produces; :mod:`moe_spec.contract`
-  tells the whole story). :func:`check` reads the word (one sync, when *you* choose), clears it
+  (:func:`error_word`, one int32 per device, sticky) and the bad value is made harmless
+  (:data:`DATA_CHECKS` says what each one produces; :mod:`moe_spec.contract`
+  tells the whole story). Without a sync, the next ``fused_moe`` call raises it
+  (:func:`surface_errors`, from a host copy of the word) and :func:`poll` raises it when you ask;
+  :func:`check` reads the word itself (one sync, when *you* choose), clears it
   and raises ``ValueError`` naming the argument. The ``"sync"`` mode — ``MOE_CHECK=sync`` in
   the environment, :func:`set_check_mode` or ``with checks("sync"):`` — also reads the data in
   :func:`validate_moe_args` and raises before any launch, for debugging (a few syncs a call). It is
@@ -37,184 +43,44 @@ propagates to the output as the oracle says (``notes/numerics.md``).
 
 from __future__ import annotations
 
-import contextlib
-import os
-import threading
-from dataclasses import dataclass
-from typing import Optional
-
 import torch
 
-from moe_spec.quant import get_format
-
-#: Largest element offset a kernel may form in int32 arithmetic (inside one expert's matrix, inside
-#: the sorted activation copies).
-INT32_MAX = 2**31 - 1
-
-
-@dataclass(frozen=True)
-class MoEDims:
-    """Sizes of a validated problem."""
-
-    T: int
-    E: int
-    K: int
-    I: int  # noqa: E741  (the domain's name)
-    top_k: int
-
-
-# --- the data checks, their bits and their effect ------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DataCheck:
-    """One check of the data: its bit in the error word, the argument it names, what it requires,
-    and what a backend computes when the data breaks it (checked on the device)."""
-
-    bit: int
-    argument: str
-    rule: str
-    effect: str
-
-
-#: The data checks, in argument order (the first set bit names the argument :func:`check` raises for).
-DATA_CHECKS = (
-    DataCheck(1, "topk_ids", "expected ids in [0, E)",
-              "the pair was aligned with its id clamped into range and weighted NaN, so its token's output "
-              "row is NaN (under FP8 its intermediate is zeroed: no shared scale sees it)"),
-    DataCheck(2, "topk_ids", "expected distinct ids in each token's row",
-              "the repeated expert was computed for each slot and summed, as the formula reads"),
-    DataCheck(4, "topk_weights", "expected finite routing weights",
-              "the non-finite weight multiplied its pair: the token's output row is not finite"),
-    DataCheck(8, "w1_scale", "expected finite, positive scales",
-              "the scale was used as given (NaN, inf, zero or a sign flip in the output)"),
-    DataCheck(16, "w2_scale", "expected finite, positive scales",
-              "the scale was used as given (NaN, inf, zero or a sign flip in the output)"),
-    DataCheck(32, "a1_scale", "expected a finite, positive static activation scale",
-              "the scale was used as given (NaN, inf, zero or a sign flip in the output)"),
-    DataCheck(64, "a2_scale", "expected a finite, positive static activation scale",
-              "the scale was used as given (NaN, inf, zero or a sign flip in the output)"),
+import moe_spec.errorword as _errorword
+from moe_spec.errorword import (  # noqa: F401  (re-exported: the names the backends and tests import from here)
+    BAD_A1_SCALE,
+    BAD_A2_SCALE,
+    BAD_ID,
+    BAD_W1_SCALE,
+    BAD_W2_SCALE,
+    BAD_WEIGHT,
+    CHECK_MODES,
+    COPY_INTERVAL_S,
+    DATA_CHECKS,
+    REPEATED_ID,
+    DataCheck,
+    _mode_from,
+    check,
+    check_mode,
+    checks,
+    error_word,
+    failed_checks,
+    guard_routing,
+    poll,
+    set_check_mode,
+    surface_errors,
 )
-BAD_ID, REPEATED_ID, BAD_WEIGHT, BAD_W1_SCALE, BAD_W2_SCALE, BAD_A1_SCALE, BAD_A2_SCALE = (c.bit for c in DATA_CHECKS)
-
-CHECK_MODES = ("device", "sync")
-
-
-def _mode_from(value: str, name: str) -> str:
-    if value not in CHECK_MODES:
-        raise ValueError(f"{name}: expected one of {CHECK_MODES}, got {value!r}")
-    return value
-
-
-_mode = _mode_from(os.environ.get("MOE_CHECK", "device"), "MOE_CHECK")
-
-
-def check_mode() -> str:
-    """The current data-check mode: ``"device"`` (default) or ``"sync"`` (``MOE_CHECK``)."""
-    return _mode
-
-
-def set_check_mode(mode: str) -> str:
-    """Set the data-check mode for the process; returns the previous one."""
-    global _mode
-    previous, _mode = _mode, _mode_from(mode, "mode")
-    return previous
-
-
-@contextlib.contextmanager
-def checks(mode: str):
-    """``with checks("sync"): ...`` — the data-check mode inside the block."""
-    previous = set_check_mode(mode)
-    try:
-        yield
-    finally:
-        set_check_mode(previous)
-
-
-# --- the error word --------------------------------------------------------------------------------
-
-_words: dict = {}
-_words_lock = threading.Lock()
-_bits: dict = {}  # per device: int32 [BAD_ID, BAD_WEIGHT, REPEATED_ID] for guard_routing, made with the word
-
-
-def _device_key(device) -> torch.device:
-    if type(device) is not torch.device:
-        device = torch.device(device)
-    if device.index is None and device.type == "cuda":
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
-def error_word(device) -> torch.Tensor:
-    """int32 [1] on ``device``: the OR of the :data:`DATA_CHECKS` bits that failed since the last
-    :func:`check`. Kernels OR bits into it (never clear it); one per device, kept for the
-    process, so a captured CUDA graph may hold its address.
-
-    It is allocated (zeroed, one sync) at the first call on a device, which must not happen during
-    a CUDA graph capture: run one call (the usual warm-up) before capturing."""
-    word = _words.get(device)  # the common case: the device of a tensor, with its index
-    if word is not None:
-        return word
-    key = _device_key(device)
-    word = _words.get(key)
-    if word is None:
-        with _words_lock:
-            word = _words.get(key)
-            if word is None:
-                if key.type == "cuda" and torch.cuda.is_current_stream_capturing():
-                    raise RuntimeError(f"moe_spec.validate.error_word: the error word of {key} is allocated at the "
-                                       "first call outside a CUDA graph capture; run one call before capturing")
-                word = torch.zeros(1, dtype=torch.int32, device=key)
-                _bits[key] = torch.tensor([BAD_ID, BAD_WEIGHT, REPEATED_ID], dtype=torch.int32, device=key)
-                if key.type == "cuda":
-                    torch.cuda.current_stream(key).synchronize()  # zeroed before any stream uses it
-                _words[key] = word
-    return word
-
-
-def failed_checks(bits: int) -> list:
-    """The :data:`DATA_CHECKS` whose bit is set in ``bits``, in order."""
-    return [c for c in DATA_CHECKS if bits & c.bit]
-
-
-def check(device=None) -> None:
-    """Raise ``ValueError`` if a data check failed on ``device`` (default: every device that has an
-    error word) since the last ``check``; the message starts with the argument's name.
-
-    Reads the word (a device→host copy: one sync of the current stream — kernels of ``fused_moe``
-    calls on other streams must be ordered before it) and clears it."""
-    keys = [_device_key(device)] if device is not None else list(_words)
-    for key in keys:
-        word = _words.get(key)
-        bits = int(word.item()) if word is not None else 0
-        if not bits:
-            continue
-        word.zero_()
-        first, *more = failed_checks(bits)
-        also = f" (also failed: {', '.join(c.argument + ' ' + c.rule for c in more)})" if more else ""
-        raise ValueError(f"{first.argument}: {first.rule}; a fused_moe call on {key} since the last check broke "
-                         f"this: {first.effect}{also}")
-
-
-def guard_routing(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, word: torch.Tensor):
-    """The routing data checks in torch ops, without a sync: ORs :data:`BAD_ID`, :data:`REPEATED_ID`
-    and :data:`BAD_WEIGHT` into ``word`` when they fail, and returns ``(ids, weights)`` safe to
-    align and compute with — ids clamped into [0, E), and NaN as the routing weight of a pair whose
-    id was out of range (so its token's output row is NaN, :data:`DATA_CHECKS`). Fourteen small
-    kernels; ``word`` must come from :func:`error_word`."""
-    ids = topk_ids.clamp(0, num_experts - 1)
-    bad_id = ids != topk_ids
-    weights = topk_weights.masked_fill(bad_id, float("nan"))
-    nonfinite = (topk_weights - topk_weights) != 0  # w − w: 0 when finite, NaN for ±inf and NaN
-    faults = [bad_id.any(), nonfinite.any()]
-    if topk_ids.shape[1] > 1:
-        s = topk_ids.sort(dim=1).values
-        faults.append((s[:, 1:] == s[:, :-1]).any())
-    bits = _bits[_device_key(word.device)][: len(faults)]  # BAD_ID, BAD_WEIGHT, REPEATED_ID
-    word.bitwise_or_((torch.stack(faults) * bits).sum(dtype=torch.int32))
-    return ids, weights
-
+from moe_spec.quant import get_format
+from moe_spec.sizes import (  # noqa: F401  (re-exported)
+    CALL_NAMES,
+    INT32_MAX,
+    WARMUP_NAMES,
+    Limits,
+    MoEDims,
+    SizeNames,
+    as_device,
+    check_runs_on,
+    check_sizes,
+)
 
 # --- the host checks ---------------------------------------------------------------------------------
 
@@ -281,7 +147,7 @@ def _static_scales(quant, a1_scale, a2_scale, device) -> None:
             raise ValueError(f"{name}: expected a tensor on {device} (the device of x), got {s.device}")
 
 
-def _host_checks(x, w1, w2, topk_weights, topk_ids, quant, w1_scale, w2_scale, max_experts,
+def _host_checks(x, w1, w2, topk_weights, topk_ids, quant, w1_scale, w2_scale, limits,
                  a1_scale=None, a2_scale=None) -> MoEDims:
     for name, t in (("x", x), ("w1", w1), ("w2", w2), ("topk_weights", topk_weights), ("topk_ids", topk_ids)):
         _tensor(name, t)
@@ -304,32 +170,21 @@ def _host_checks(x, w1, w2, topk_weights, topk_ids, quant, w1_scale, w2_scale, m
     E, two_i, k1 = w1.shape
     if k1 != K:
         raise ValueError(f"w1: expected shape [E, 2I, K={K}] (K from x), got {tuple(w1.shape)}")
-    if two_i == 0 or two_i % 2:
-        raise ValueError(f"w1: expected an even, non-zero 2I (gate rows then up rows), got {two_i}")
-    if E == 0 or K == 0:
-        raise ValueError(f"w1: expected E > 0 and K > 0, got shape {tuple(w1.shape)}")
+    if two_i % 2 or not two_i or (two_i == w2.shape[2] and tuple(w2.shape[:2]) == (E, K)):
+        # an odd row count, or w1 with w2's I rows ([E, I, K]: the gate or the up half alone) — w1 is
+        # the one that is wrong, not the w2 its half would imply
+        raise ValueError(f"w1: expected shape [E, 2I, K] = ({E}, {2 * w2.shape[2]}, {K}) — the gate rows, then "
+                         f"the up rows, I = w2.shape[2] = {w2.shape[2]} — got {tuple(w1.shape)}")
     I = two_i // 2  # noqa: E741
-    _shape("w2", w2, (E, K, I))
+    if tuple(w2.shape) != (E, K, I):
+        raise ValueError(f"w2: expected shape [E, K, I] = {(E, K, I)} (E and 2I from w1, K from x), "
+                         f"got {tuple(w2.shape)}")
     if topk_weights.dim() != 2 or topk_weights.shape[0] != T:
         raise ValueError(f"topk_weights: expected shape [T={T}, top_k], got {tuple(topk_weights.shape)}")
     top_k = topk_weights.shape[1]
-    if not 1 <= top_k <= E:
-        raise ValueError(f"topk_weights: expected 1 <= top_k <= E={E}, got top_k={top_k}")
     _shape("topk_ids", topk_ids, (T, top_k))
-
-    # What 32-bit index arithmetic remains (the weights' expert bases are 64-bit in both backends,
-    # so W1 and W2 as a whole have no limit): offsets inside one expert's matrix (W1[e] is the
-    # larger, 2I·K), and the sorted activation copies (T·top_k rows of up to max(K, 2I) columns)
-    # with their int32 row indexes and work counters.
-    if two_i * K > INT32_MAX:
-        raise ValueError(f"w1: one expert's matrix holds 2I·K = {two_i}·{K} = {two_i * K} elements, more than "
-                         f"the int32 offset limit {INT32_MAX} inside an expert; shard the experts (tensor parallel)")
-    if T * top_k * max(K, two_i) > INT32_MAX:
-        raise ValueError(f"x: the sorted activation copies hold T·top_k·max(K, 2I) = {T}·{top_k}·{max(K, two_i)} = "
-                         f"{T * top_k * max(K, two_i)} elements, more than the int32 limit {INT32_MAX}; "
-                         "pass fewer tokens per call")
-    if max_experts is not None and E > max_experts:
-        raise ValueError(f"w1: at most {max_experts} experts (w1.shape[0]) are supported by this backend, got {E}")
+    # the sizes and their limits: the same check as every other surface's (warm-up, transformers, sharded)
+    dims = check_sizes(E, K, I, top_k, T, limits=limits, names=CALL_NAMES)
 
     tensors = (("x", x), ("w1", w1), ("w2", w2), ("topk_weights", topk_weights), ("topk_ids", topk_ids),
                ("w1_scale", w1_scale), ("w2_scale", w2_scale))
@@ -343,13 +198,13 @@ def _host_checks(x, w1, w2, topk_weights, topk_ids, quant, w1_scale, w2_scale, m
     for name, t in tensors[:5]:
         _contiguous(name, t)
 
-    for name, s, dims in (("w1_scale", w1_scale, (E, two_i, K)), ("w2_scale", w2_scale, (E, K, I))):
+    for name, s, shape in (("w1_scale", w1_scale, (E, two_i, K)), ("w2_scale", w2_scale, (E, K, I))):
         if fmt.quantized:
-            _scale(name, s, fmt.weight_scale_shape(*dims))
+            _scale(name, s, fmt.weight_scale_shape(*shape))
         elif s is not None:
             raise ValueError(f"{name}: must be None when quant={quant!r} (bf16 weights carry no scale)")
     _static_scales(quant, a1_scale, a2_scale, device)
-    return MoEDims(T=T, E=E, K=K, I=I, top_k=top_k)
+    return dims
 
 
 def _data_checks_now(dims: MoEDims, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale=None,
@@ -390,30 +245,34 @@ _VERDICTS_MAX = 4096
 
 
 def validate_moe_args(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None,
-                      w2_scale=None, max_experts=None, data_checks: Optional[str] = None,
-                      a1_scale=None, a2_scale=None) -> MoEDims:
+                      w2_scale=None, max_experts=None, data_checks: str | None = None,
+                      a1_scale=None, a2_scale=None, limits: Limits | None = None) -> MoEDims:
     """Check every argument of ``fused_moe`` and return the problem's sizes.
 
     ``a1_scale`` / ``a2_scale``: static activation scales of x and of the intermediate
     (``quant="fp8_tensor"`` only, both or neither; :mod:`moe_spec.contract`).
-    ``max_experts``: a backend's limit on E (None: no limit), refused naming ``w1``.
+    ``limits``: a backend's :class:`Limits` (its expert limit is refused naming ``w1``; its device
+    rule is the backend's to apply, :func:`check_runs_on`, after its options); ``max_experts``
+    alone is ``Limits("this backend", max_experts)``.
     ``data_checks``: None follows :func:`check_mode`; ``"sync"`` reads the data now and raises
     (for callers that index with the ids on the host, such as the oracle); ``"device"`` leaves
     the data to the backend's kernels (see the module docstring).
     """
-    key = (quant, max_experts) + tuple(map(_signature, (x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale,
+    if limits is None and max_experts is not None:
+        limits = Limits("this backend", max_experts)
+    key = (quant, limits) + tuple(map(_signature, (x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale,
                                                         a1_scale, a2_scale)))
     if None in key[2:] or not (quant is None or type(quant) is str):
         key = None
     dims = _verdicts.get(key) if key is not None else None
     if dims is None:
-        dims = _host_checks(x, w1, w2, topk_weights, topk_ids, quant, w1_scale, w2_scale, max_experts,
+        dims = _host_checks(x, w1, w2, topk_weights, topk_ids, quant, w1_scale, w2_scale, limits,
                             a1_scale, a2_scale)
         if key is not None:
             if len(_verdicts) >= _VERDICTS_MAX:
                 _verdicts.clear()
             _verdicts[key] = dims
-    mode = _mode if data_checks is None else _mode_from(data_checks, "data_checks")
+    mode = (_errorword._mode or check_mode()) if data_checks is None else _mode_from(data_checks, "data_checks")
     if mode == "sync" and not (x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
         _data_checks_now(dims, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, a2_scale)
     return dims

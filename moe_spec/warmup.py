@@ -26,13 +26,14 @@ where nothing is ever compiled).
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
 from moe_spec.problem import MoEInputs
 from moe_spec.quant import get_format
+from moe_spec.validate import WARMUP_NAMES, Limits, as_device, check_sizes
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class WarmupReport:
     K: int
     I: int  # noqa: E741  (the domain's name)
     top_k: int
-    quant: Optional[str]
+    quant: str | None
     max_tokens: int
     mode: str  # "compiled", or "dry run: …" when nothing was compiled
     plans: tuple[str, ...]  # describe() of every plan warmed, in order of T
@@ -94,15 +95,33 @@ class WarmupReport:
                           for s in self.steps]}
 
 
-def check_layer(E, K, I, top_k, max_tokens) -> None:  # noqa: E741
-    """The warm-up's own arguments: positive ints, ``top_k ≤ E``. TypeError / ValueError naming it."""
-    for name, v in (("E", E), ("K", K), ("I", I), ("top_k", top_k), ("max_tokens", max_tokens)):
-        if not isinstance(v, int) or isinstance(v, bool):
-            raise TypeError(f"{name}: expected an int, got {v!r} ({type(v).__name__})")
-        if v < 1:
-            raise ValueError(f"{name}: expected a positive int, got {v}")
-    if top_k > E:
-        raise ValueError(f"top_k: expected at most E = {E} experts per token, got {top_k}")
+def check_layer(E, K, I, top_k, max_tokens, limits: Limits | None = None) -> None:  # noqa: E741
+    """The warm-up's sizes, by the one check every surface runs (:func:`moe_spec.validate.check_sizes`):
+    a warm-up refuses exactly the layers ``fused_moe`` refuses — the int32 limits, the backend's
+    ``limits`` (its expert count) — and a ``max_tokens`` whose call ``fused_moe`` would refuse,
+    before anything is allocated or compiled. TypeError / ValueError naming the argument."""
+    check_sizes(E, K, I, top_k, max_tokens, limits=limits, names=WARMUP_NAMES, min_tokens=1)
+
+
+#: ``fused_moe``'s keyword arguments that are the contract's, not a backend's options.
+CONTRACT_KEYWORDS = ("quant", "w1_scale", "w2_scale", "a1_scale", "a2_scale")
+
+
+def check_options(options: dict, fused_moe, who: str) -> None:
+    """A warm-up's ``**options`` are its backend's ``fused_moe`` options (its keyword-only arguments
+    beyond the contract's): TypeError naming any other, before anything is compiled."""
+    allowed = [p.name for p in inspect.signature(fused_moe).parameters.values()
+               if p.kind is p.KEYWORD_ONLY and p.name not in CONTRACT_KEYWORDS]
+    for name in options:
+        if name not in allowed:
+            raise TypeError(f"{name}: not an option of {who}, which takes fused_moe's backend options "
+                            f"({', '.join(allowed)})")
+
+
+def warmup_device(device) -> torch.device:
+    """The warm-up's ``device`` as a ``torch.device`` (:func:`moe_spec.validate.as_device`): a bad
+    name, None, or a CUDA device this machine lacks is refused naming ``device``."""
+    return as_device(device, "device")
 
 
 #: ``fused_moe``'s arguments that carry a layer size, and the warm-up's name for that size.
@@ -121,7 +140,7 @@ def layer_plans(plans_for, E, K, I, top_k, quant, max_tokens, **options) -> tupl
         raise
 
 
-def placeholder_inputs(E: int, K: int, I: int, top_k: int, quant: Optional[str], T: int,  # noqa: E741
+def placeholder_inputs(E: int, K: int, I: int, top_k: int, quant: str | None, T: int,  # noqa: E741
                        device, ids_dtype=torch.int32) -> MoEInputs:
     """A valid call of the contract whose values do not matter: what a warm-up runs.
 

@@ -437,12 +437,11 @@ def test_row_kernel_wrappers_refuse_a_partial_vector():
         combine(torch.zeros(rows.rows, 16, **bf16), rows, T - 1, k)
 
 
-def test_fused_moe_empty_batch_and_cpu_tensors():
-    inp = _small_inputs(T=0)
-    out = cute_moe.fused_moe(**inp.kwargs())
-    assert out.shape == (0, 64) and out.dtype == torch.bfloat16
-    with pytest.raises(ValueError, match="^x: cute_moe runs on a CUDA device"):
-        cute_moe.fused_moe(**_small_inputs(T=3).kwargs())
+def test_fused_moe_refuses_cpu_tensors_the_empty_batch_too():
+    """What T = 1 refuses, T = 0 refuses (moe_spec.contract): CPU tensors, for every T."""
+    for T in (3, 0):
+        with pytest.raises(ValueError, match="^x: cute_moe runs on a CUDA device"):
+            cute_moe.fused_moe(**_small_inputs(T=T).kwargs())
 
 
 def test_bench_draws_the_shared_weights():

@@ -191,13 +191,33 @@ def test_check_names_the_first_failed_argument_and_lists_the_rest(word):
 
 
 def test_check_mode_comes_from_the_environment():
-    code = "from moe_spec.validate import check_mode; print(check_mode())"
+    """MOE_CHECK in any case; a value that names no mode fails the first call that needs the mode,
+    naming MOE_CHECK, never an import (issue 36, item 12: MOE_CHECK=SYNC made every import fail)."""
+    code = ("from moe_spec.validate import check_mode\n"
+            "try:\n    print(check_mode())\nexcept ValueError as e:\n    print('refused', e)")
     env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
     run = lambda mode: subprocess.run([sys.executable, "-c", code], env={**env, "MOE_CHECK": mode},  # noqa: E731
                                       capture_output=True, text=True)
-    assert run("sync").stdout.strip() == "sync" and run("device").stdout.strip() == "device"
+    assert [run(m).stdout.strip() for m in ("sync", "device", "SYNC", " Device ")] == ["sync", "device"] * 2
     bad = run("eager")
-    assert bad.returncode and "ValueError: MOE_CHECK: expected one of ('device', 'sync'), got 'eager'" in bad.stderr
+    assert bad.returncode == 0 and bad.stderr == "", bad.stderr
+    assert bad.stdout.startswith("refused MOE_CHECK: expected one of ('device', 'sync') (any case), got 'eager'")
+
+
+def test_a_bad_moe_check_fails_the_call_not_the_import():
+    code = ("import torch\nfrom moe_spec.problem import MoEShape, make_inputs\n"
+            "from moe_spec.validate import checks, validate_moe_args\n"
+            "kw = make_inputs(MoEShape('s', 4, 2, 64, 48, ''), 3).kwargs()\n"
+            "with checks('sync'):\n    validate_moe_args(**kw)\n"
+            "validate_moe_args(**kw)\n")
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+           "MOE_CHECK": "synch"}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert run.returncode == 1 and run.stderr.strip().splitlines()[-1].startswith(
+        "ValueError: MOE_CHECK: expected one of ('device', 'sync') (any case), got 'synch'"), run.stderr
+    help_ = subprocess.run([sys.executable, "-m", "compare", "--help"], env=env, capture_output=True, text=True,
+                           cwd=env["PYTHONPATH"])
+    assert help_.returncode == 0 and "Traceback" not in help_.stderr, help_.stderr
 
 
 def test_meta_tensors_are_refused_before_any_value_is_read(monkeypatch):

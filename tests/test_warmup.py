@@ -226,8 +226,9 @@ def test_both_backends_have_the_same_warmup():
 
 @pytest.mark.parametrize("mod", [cute_moe, triton_moe], ids=["cute", "triton"])
 @pytest.mark.parametrize("args, kwargs, error, match", [
-    ((0, 64, 32, 2), {}, ValueError, r"^E: expected a positive int"),
-    ((8, 64, 32, 9), {}, ValueError, r"^top_k: expected at most E = 8"),
+    ((0, 64, 32, 2), {}, ValueError, r"^E: expected at least 1 expert \(E\), got 0"),
+    ((8, 64, 32, 9), {}, ValueError, r"^top_k: expected 1 <= top_k <= E=8"),
+    ((8, 64, 32, 2), {"max_tokens": 0}, ValueError, r"^max_tokens: expected at least 1 tokens"),
     ((8, 64, 32, 2), {"max_tokens": "64"}, TypeError, r"^max_tokens: expected an int"),
     ((8, 64.0, 32, 2), {}, TypeError, r"^K: expected an int"),
     ((8, 64, 32, 2, "fp9"), {}, ValueError, r"^quant: expected one of"),

@@ -47,7 +47,8 @@ import torch
 
 from moe_spec.align import Alignment
 from moe_spec.quant import FP8_DTYPE, WHOLE, get_format
-from moe_spec.validate import BAD_A1_SCALE, BAD_A2_SCALE, error_word, validate_moe_args
+from moe_spec.validate import (BAD_A1_SCALE, BAD_A2_SCALE, Limits, check_runs_on, error_word, surface_errors,
+                               validate_moe_args)
 from triton_moe.align import MAX_EXPERTS, align_into, buffer_sizes
 from triton_moe.config import EARLY_ROUTING_MAX_K_STEPS, TritonConfig
 from triton_moe.jit import INTERPRET, launch
@@ -55,6 +56,11 @@ from triton_moe.kernels import QUANT_MODE, fp8_imprecise_acc, moe_gemm_kernel
 from triton_moe.kernels_rows import AMAX_PARTS, amax_kernel, combine_kernel, quantize_kernel
 from triton_moe.kernels_tma import check_tma_operand, gemm_tma
 from triton_moe.plan import plan
+
+#: What this backend adds to the contract (moe_spec.validate.Limits): every surface checks it. Off
+#: a GPU it runs only under Triton's interpreter, which TRITON_INTERPRET=1 selects at import.
+LIMITS = Limits("triton_moe", MAX_EXPERTS, cpu=None if INTERPRET else
+                "on a CPU, set TRITON_INTERPRET=1 before Python imports triton (Triton's interpreter: slow, exact)")
 
 COMBINE_BLOCK = 1024
 PARTS = AMAX_PARTS.value  # fp8_tensor's partial amaxes of x, at most
@@ -212,11 +218,13 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
     kernels, without a sync (:mod:`moe_spec.contract`).
     """
     d = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale,
-                          w2_scale=w2_scale, max_experts=MAX_EXPERTS, a1_scale=a1_scale, a2_scale=a2_scale)
+                          w2_scale=w2_scale, limits=LIMITS, a1_scale=a1_scale, a2_scale=a2_scale)
     if (config is None or type(config) is TritonConfig) and (swap_ab is None or type(swap_ab) is bool):
         p = _cached_plan(d, quant, config, swap_ab, x.device)
     else:
         p = plan(d, quant, config=config, swap_ab=swap_ab)  # raises, naming the option
+    check_runs_on(x.device, LIMITS)  # T = 0 included: what T = 1 refuses, T = 0 refuses
+    surface_errors(x.device)  # an earlier call's failed data check raises here (moe_spec.contract)
     if d.T == 0:
         return x.new_empty((0, d.K))
     if p.gemm1.persistent_tma:  # TMA reads the weights: 16-byte rows and base, checked before any launch
@@ -229,6 +237,9 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
                          ws["counts"], error)
     return expert_computation(x, w1, w2, topk_weights, topk_ids, routing, quant=quant, w1_scale=w1_scale,
                               w2_scale=w2_scale, config=p.config, workspace=ws, a1_scale=a1_scale, a2_scale=a2_scale)
+
+
+fused_moe.limits = LIMITS
 
 
 def expert_computation(x, w1, w2, topk_weights, topk_ids, routing, *, quant, w1_scale, w2_scale,

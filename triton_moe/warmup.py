@@ -34,9 +34,10 @@ from typing import Optional
 import torch
 
 from moe_spec.quant import check_quant
-from moe_spec.warmup import WarmupReport, WarmupStep, check_layer, layer_plans, placeholder_inputs
+from moe_spec.warmup import (WarmupReport, WarmupStep, check_layer, check_options, layer_plans,
+                             placeholder_inputs, warmup_device)
 from triton_moe.jit import INTERPRET, count_compilations
-from triton_moe.moe import fused_moe
+from triton_moe.moe import LIMITS, fused_moe
 from triton_moe.plan import MAX_TOKENS, plans_for
 
 #: The ``topk_ids`` dtypes of the contract; each is a key of the alignment kernels.
@@ -44,10 +45,12 @@ IDS_DTYPES = (torch.int32, torch.int64)
 
 
 def _device(device, dry_run: bool) -> torch.device:
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device: {device!r} asked for, but no CUDA device is visible "
-                         f"(on a CPU: device='cpu' with dry_run=True, or under TRITON_INTERPRET=1)")
+    try:
+        dev = warmup_device(device)
+    except ValueError as exc:
+        raise ValueError(f"{exc} (on a CPU: device='cpu' with dry_run=True, or under TRITON_INTERPRET=1)") from None
+    if dev.type not in ("cuda", "cpu"):
+        raise ValueError(f"device: expected a CUDA device, or 'cpu' for a dry run, got {device!r}")
     if dev.type != "cuda" and not (dry_run or INTERPRET):
         raise ValueError(f"device: Triton compiles for a CUDA device, got {device!r}; "
                          f"dry_run=True records the keys without compiling")
@@ -66,10 +69,14 @@ def warmup(E: int, K: int, I: int, top_k: int, quant: Optional[str] = None,  # n
     compiled and its seconds, which on a GPU include the one-token call itself (microseconds).
     Raises TypeError / ValueError naming a bad argument before anything is compiled.
     """
-    check_layer(E, K, I, top_k, max_tokens)
+    check_layer(E, K, I, top_k, max_tokens, LIMITS)  # fused_moe's limits, before anything is allocated
     check_quant(quant)
+    check_options(options, fused_moe, "triton_moe.warmup")
     dry_run = INTERPRET if dry_run is None else bool(dry_run)
     dev = _device(device, dry_run)
+    if not isinstance(ids_dtypes, (tuple, list)):
+        raise TypeError(f"ids_dtypes: expected a non-empty tuple of dtypes from {IDS_DTYPES}, e.g. "
+                        f"(torch.int32,), got {ids_dtypes!r}")
     if not ids_dtypes or any(d not in IDS_DTYPES for d in ids_dtypes):
         raise ValueError(f"ids_dtypes: expected a non-empty tuple of {IDS_DTYPES}, got {ids_dtypes!r}")
     plans = layer_plans(plans_for, E, K, I, top_k, quant, max_tokens, **options)
