@@ -46,7 +46,7 @@ import torch
 from moe_spec.align import Alignment, max_rows
 from moe_spec.hopper import sm_count
 from moe_spec.quant import FP8_DTYPE, activation_scale_shape
-from moe_spec.validate import MoEDims, error_word, validate_moe_args
+from moe_spec.validate import Limits, MoEDims, check_runs_on, error_word, surface_errors, validate_moe_args
 
 from .alignops import MAX_EXPERTS
 from .rowmaps import RowBuffers, SortedRows, sort_rows_on_device, split_blocks
@@ -62,6 +62,9 @@ from .runtime import cute_weight as _cute_weight
 from .runtime import cute_vector as _cute_vector
 from .runtime import current_stream as _stream
 from .unfused import scale_rows, weighted_combine
+
+#: What this backend adds to the contract (moe_spec.validate.Limits): every surface checks it.
+LIMITS = Limits("cute_moe", MAX_EXPERTS, cpu="on a CPU, cute_moe.compile_ptx() shows the kernels")
 
 
 def sort_rows(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, tile: int, gemm_tiles=(), *,
@@ -175,13 +178,12 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
         raise ValueError(f"{'a1_scale' if a1_scale is not None else 'a2_scale'}: static activation scales are not "
                          "implemented by cute_moe (dynamic scales only); triton_moe takes them with fp8_tensor")
     dims = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale,
-                             max_experts=MAX_EXPERTS)
+                             limits=LIMITS)
     p = plan(dims, quant, swap_ab=swap_ab, configs=configs, fusion=fusion)
+    check_runs_on(x.device, LIMITS)  # T = 0 included: what T = 1 refuses, T = 0 refuses
+    surface_errors(x.device)  # an earlier call's failed data check raises here (moe_spec.contract)
     if dims.T == 0:
         return x.new_empty((0, dims.K))
-    if x.device.type != "cuda":
-        raise ValueError(f"x: cute_moe runs on a CUDA device (Hopper), got a tensor on {x.device.type}; "
-                         f"on a CPU, compile_ptx() shows the kernels")
     # The routing data is checked on the device, without a sync, by the alignment's place kernel
     # (guard_routing's meaning): an id outside [0, E) is clamped and its pair weighted NaN, and the
     # error word says why.  Its buffers and the layer's are the workspace of this shape and stream.
@@ -199,6 +201,9 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
         return weighted_combine(y, rows.row_of_pair, rows.weight_of_pair.view(dims.T, dims.top_k), quant)
     y = grouped_gemm(a, w2, rows, p.gemm2, row_scale=rows.weight_of_row, out=ws["y"])
     return combine(y, rows, dims.T, dims.top_k)
+
+
+fused_moe.limits = LIMITS
 
 
 def _fp8_layer(x, w1, w2, w1_scale, w2_scale, topk_weights, p: LayerPlan, rows: SortedRows, ws: dict) -> torch.Tensor:
