@@ -14,6 +14,7 @@ Examples::
     python -m compare --shapes mixtral-8x7b --quant bf16,fp8_channel --backends triton_moe,torch_loop
     python -m compare --out out/ --write-router compare/data/router_h200.json
     python -m compare --merge a/results.json b/results.json --out merged/
+    python -m compare --backends cute_moe,triton_moe,path/to/your_kernel.py:fused_moe --strict   # yours beside ours
 
 Lists are normalized: names are case-insensitive, a shape with ``:tp1`` is the shape itself, token
 counts are read as integers (``08`` is 8), and repeats are dropped, first one kept. Bad input (an

@@ -7,7 +7,8 @@ then formats, then token counts). For one case it
 2. asks each backend whether it implements the format and can run here, then measures it against
    the oracle, reruns it (determinism) and reruns a few tokens alone (batch invariance)
    (:mod:`compare.numerics`); compares the two kernels with each other; attributes the error to
-   experts;
+   experts. A kernel from outside this project (yours, a peer's: :mod:`compare.userkernel`) is also
+   checked for writes into its inputs and compared with our kernels' output;
 3. with a clock (a GPU), times each backend that ran, places it on this run's roofline and quotes
    its speedup (:mod:`compare.timed`).
 
