@@ -56,7 +56,7 @@ from moe_spec.quant import AMAX_FLOOR, FP8_BLOCK, FP8_MAX
 
 from .cache import compile_once
 from .limits import FP8_ALIGN_ELEMS
-from .rowops import CTAS_PER_SM, THREADS, silu_mul
+from .rowops import THREADS, _RowKernel, silu_mul
 from .runtime import fake_rows, fake_vector
 
 LANE_VALUES = FP8_BLOCK // 32
@@ -83,15 +83,12 @@ def _chunks(t: cute.Tensor):
     return cute.local_tile(t, (1, LANE_VALUES), (None, None))
 
 
-class _GroupKernel:
-    """Common plumbing: a persistent grid of warps walking (row, group) work items."""
+class _GroupKernel(_RowKernel):
+    """A row kernel whose work item is one (row, group): a warp per 128-column group."""
 
     def __init__(self, quant: str, num_sms: int):
+        super().__init__(num_sms)
         self.quant = quant
-        self.num_ctas = num_sms * CTAS_PER_SM
-
-    def _launch(self, kernel, stream):
-        kernel.launch(grid=[self.num_ctas, 1, 1], block=[THREADS, 1, 1], stream=stream)
 
     def _first_and_step(self):
         """(this warp's first work item, the grid's warp count), warp-uniform."""
@@ -131,11 +128,10 @@ class RowAmax(_GroupKernel):
         groups = (chunks + 31) // 32
         lane = cute.arch.lane_idx()
         per_tensor = cutlass.const_expr(self.quant == "fp8_tensor")
-        running = cutlass.Float32(0.0)  # fp8_tensor: this lane's maximum over every group it walks
-        item, step = self._first_and_step()
-        while item < used_rows[0] * groups:
-            row = item // groups
-            g = item - row * groups
+        running = cute.make_rmem_tensor((1,), cutlass.Float32)  # fp8_tensor: this lane's maximum so far
+        running[0] = cutlass.Float32(0.0)
+
+        def group_amax(row, g, running, va):
             chunk = g * 32 + lane
             lane_max = cutlass.Float32(0.0)
             if chunk < chunks:
@@ -151,16 +147,17 @@ class RowAmax(_GroupKernel):
                 counts = row_mask[row] != 0  # padding rows of the sorted order add nothing
             if cutlass.const_expr(per_tensor):
                 if counts:
-                    running = _max_nan(running, lane_max)
+                    running[0] = _max_nan(running[0], lane_max)
             else:
                 group_max = _warp_max_nan(lane_max)
                 if counts & (lane == 0):
                     cute.arch.atomic_fmax(amax.iterator + self._slot(row, g, groups), group_max, sign_bit=False)
-            item += step
+
+        self._for_each(used_rows[0], groups, group_amax, running, va)
         if cutlass.const_expr(per_tensor):
-            running = _warp_max_nan(running)
+            total = _warp_max_nan(running[0])
             if lane == 0:  # one atomic per warp into the tensor's one slot
-                cute.arch.atomic_fmax(amax.iterator, running, sign_bit=False)
+                cute.arch.atomic_fmax(amax.iterator, total, sign_bit=False)
 
 
 class QuantizeRows(_GroupKernel):
@@ -179,17 +176,15 @@ class QuantizeRows(_GroupKernel):
         chunks = src.shape[1] // LANE_VALUES
         groups = (chunks + 31) // 32
         lane = cute.arch.lane_idx()
-        item, step = self._first_and_step()
-        while item < used_rows[0] * groups:
-            row = item // groups
-            g = item - row * groups
+
+        def quantize(row, g, scale, vq):
             slot = self._slot(row, g, groups)
             # IEEE division by 448, as moe_spec.quant computes the scale
             s = cutlass.max(amax[slot], cutlass.Float32(AMAX_FLOOR)) / cutlass.Float32(FP8_MAX)
             if lane == 0:
-                # one writer per slot: item 0 (tensor), the row's first group (channel), every group (block)
+                # one writer per slot: the first item (tensor), the row's first group (channel), every group (block)
                 if cutlass.const_expr(self.quant == "fp8_tensor"):
-                    if item == 0:
+                    if (row == 0) & (g == 0):
                         scale[slot] = s
                 elif cutlass.const_expr(self.quant == "fp8_channel"):
                     if g == 0:
@@ -200,7 +195,8 @@ class QuantizeRows(_GroupKernel):
             if chunk < chunks:
                 v = vs[(0, None, row, chunk)].load().to(cutlass.Float32)
                 vq[(0, None, row, chunk)].store((v / s).to(q.element_type))  # div.rn, cvt.rn.satfinite
-            item += step
+
+        self._for_each(used_rows[0], groups, quantize, scale, vq)
 
 
 # ---- compile ---------------------------------------------------------------------------------------

@@ -55,6 +55,8 @@ def _vectors(t: cute.Tensor):
 
 
 class _RowKernel:
+    """A persistent grid of ``CTAS_PER_SM`` CTAs of ``THREADS`` threads per SM, walking work items."""
+
     def __init__(self, num_sms: int):
         self.num_ctas = num_sms * CTAS_PER_SM
 
@@ -62,9 +64,22 @@ class _RowKernel:
         kernel.launch(grid=[self.num_ctas, 1, 1], block=[THREADS, 1, 1], stream=stream)
 
     def _first_and_step(self):
+        """(this thread's first work item, the grid's thread count): a work item per thread."""
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         return bidx * THREADS + tidx, self.num_ctas * THREADS
+
+    @cute.jit
+    def _for_each(self, rows, per_row, body, *written):
+        """``body(row, j, *written)`` for every item (row, j) of ``rows`` × ``per_row`` this thread (or
+        warp: ``_first_and_step``) owns: the grid-stride loop every row kernel walks.  ``written``: the
+        tensors the body writes inside its own branches or loops, which the DSL takes as the body's
+        arguments (it does not trace a write to a name of the enclosing kernel there)."""
+        item, step = self._first_and_step()
+        while item < rows * per_row:
+            row = item // per_row
+            body(row, item - row * per_row, *written)
+            item += step
 
 
 class GatherRows(_RowKernel):
@@ -77,14 +92,11 @@ class GatherRows(_RowKernel):
     @cute.kernel
     def kernel(self, src: cute.Tensor, dst: cute.Tensor, index: cute.Tensor, used_rows: cute.Tensor):
         vs, vd = _vectors(src), _vectors(dst)
-        chunks = dst.shape[1] // VEC
-        total = used_rows[0] * chunks
-        i, step = self._first_and_step()
-        while i < total:
-            row = i // chunks
-            c = i - row * chunks
+
+        def copy(row, c):
             vd[(0, None, row, c)].store(vs[(0, None, index[row], c)].load())
-            i += step
+
+        self._for_each(used_rows[0], dst.shape[1] // VEC, copy)
 
 
 class SiluMul(_RowKernel):
@@ -98,15 +110,13 @@ class SiluMul(_RowKernel):
     def kernel(self, h: cute.Tensor, a: cute.Tensor, used_rows: cute.Tensor):
         vh, va = _vectors(h), _vectors(a)
         chunks = a.shape[1] // VEC  # gate chunk c pairs with up chunk c + chunks
-        total = used_rows[0] * chunks
-        i, step = self._first_and_step()
-        while i < total:
-            row = i // chunks
-            c = i - row * chunks
+
+        def activate(row, c):
             g = vh[(0, None, row, c)].load().to(cutlass.Float32)
             u = vh[(0, None, row, c + chunks)].load().to(cutlass.Float32)
             va[(0, None, row, c)].store(silu_mul(g, u).to(a.element_type))
-            i += step
+
+        self._for_each(used_rows[0], chunks, activate)
 
 
 class CombineRows(_RowKernel):
@@ -119,20 +129,16 @@ class CombineRows(_RowKernel):
     @cute.kernel
     def kernel(self, y: cute.Tensor, out: cute.Tensor, pair_row: cute.Tensor):
         vy, vo = _vectors(y), _vectors(out)
-        tokens = out.shape[0]
-        top_k = pair_row.shape[0] // tokens
-        chunks = out.shape[1] // VEC
-        total = tokens * chunks
+        top_k = pair_row.shape[0] // out.shape[0]
         acc = cute.make_rmem_tensor((VEC,), cutlass.Float32)
-        i, step = self._first_and_step()
-        while i < total:
-            t = i // chunks
-            c = i - t * chunks
+
+        def combine(t, c, acc):
             acc.fill(0.0)
             for j in range(top_k):
                 acc.store(acc.load() + vy[(0, None, pair_row[t * top_k + j], c)].load().to(cutlass.Float32))
             vo[(0, None, t, c)].store(acc.load().to(out.element_type))
-            i += step
+
+        self._for_each(out.shape[0], out.shape[1] // VEC, combine, acc)
 
 
 class ScaleRows(_RowKernel):
@@ -155,13 +161,9 @@ class ScaleRows(_RowKernel):
     def kernel(self, y: cute.Tensor, row_expert: cute.Tensor, x_scale: cute.Tensor, w_scale: cute.Tensor,
                used_rows: cute.Tensor):
         vy = cute.local_tile(y, (1, self.vec), (None, None))
-        chunks = y.shape[1] // self.vec
-        total = used_rows[0] * chunks
         scale = cute.make_rmem_tensor((self.vec,), cutlass.Float32)
-        i, step = self._first_and_step()
-        while i < total:
-            row = i // chunks
-            c = i - row * chunks
+
+        def rescale(row, c, scale):
             e = row_expert[row]
             if cutlass.const_expr(self.quant == "fp8_tensor"):
                 scale.fill(x_scale[0] * w_scale[e])
@@ -171,7 +173,8 @@ class ScaleRows(_RowKernel):
                     scale[j] = s_x * w_scale[(e, c * self.vec + j)]
             v = vy[(0, None, row, c)].load().to(cutlass.Float32) * scale.load()
             vy[(0, None, row, c)].store(v.to(y.element_type))
-            i += step
+
+        self._for_each(used_rows[0], y.shape[1] // self.vec, rescale, scale)
 
 
 class WeightedCombineRows(_RowKernel):
@@ -184,21 +187,17 @@ class WeightedCombineRows(_RowKernel):
     @cute.kernel
     def kernel(self, y: cute.Tensor, out: cute.Tensor, pair_row: cute.Tensor, weight: cute.Tensor):
         vy, vo = _vectors(y), _vectors(out)
-        tokens = out.shape[0]
-        top_k = pair_row.shape[0] // tokens
-        chunks = out.shape[1] // VEC
-        total = tokens * chunks
+        top_k = pair_row.shape[0] // out.shape[0]
         acc = cute.make_rmem_tensor((VEC,), cutlass.Float32)
-        i, step = self._first_and_step()
-        while i < total:
-            t = i // chunks
-            c = i - t * chunks
+
+        def combine(t, c, acc):
             acc.fill(0.0)
             for j in range(top_k):
                 p = t * top_k + j
                 acc.store(acc.load() + vy[(0, None, pair_row[p], c)].load().to(cutlass.Float32) * weight[p])
             vo[(0, None, t, c)].store(acc.load().to(out.element_type))
-            i += step
+
+        self._for_each(out.shape[0], out.shape[1] // VEC, combine, acc)
 
 
 # ---- compile ---------------------------------------------------------------------------------------
