@@ -36,6 +36,12 @@ scales, FP4 weights, other block shapes. ``notes/transformers.md`` says why for 
 
 :data:`CALLS` counts completed backend calls per implementation: a test that sees it rise knows the
 model ran our kernel and did not fall back to transformers' own forward.
+
+``torch.compile(model, fullgraph=True)`` traces the forward without a graph break: the backend's
+``fused_moe`` is a torch operator while a tracer is at work (``torch.ops.triton_moe.fused_moe``,
+``torch.ops.cute_moe.fused_moe``: :mod:`moe_spec.ops`), the package is looked up in ``sys.modules``
+(:func:`register` imports it) and the eager-only count is left out of the trace.
+
 :func:`experts_fused_moe` goes the other way: a transformers experts module (with any registered
 implementation) as a callable with the contract's signature, for the harness's tables.
 """
@@ -44,6 +50,7 @@ from __future__ import annotations
 
 import collections
 import importlib
+import sys
 from typing import Callable, Optional
 
 import torch
@@ -67,7 +74,8 @@ from moe_spec.validate import SizeNames, check_runs_on, check_sizes, validate_mo
 #: The names :func:`register` adds to transformers' experts registries.
 IMPLEMENTATIONS = ("triton_moe", "cute_moe")
 
-#: Completed ``fused_moe`` calls per implementation, counted by the registered forwards.
+#: Completed ``fused_moe`` calls per implementation, counted by the registered forwards when they
+#: run eagerly (a torch.compile'd forward is not counted: its graph holds the backend's op instead).
 CALLS: collections.Counter = collections.Counter()
 
 # --- the registered forwards ----------------------------------------------------------------------
@@ -75,7 +83,12 @@ CALLS: collections.Counter = collections.Counter()
 
 def _backend_fused_moe(implementation: str) -> Callable:
     """``fused_moe`` of the backend package itself (``triton_moe`` or ``cute_moe``), not through the
-    harness's backend table: the table loads this module, so this module does not load the table."""
+    harness's backend table: the table loads this module, so this module does not load the table.
+    An imported package is found in ``sys.modules``, which torch.compile traces (an import it cannot:
+    :func:`register` imports the packages it registers)."""
+    module = sys.modules.get(implementation)
+    if module is not None and hasattr(module, "fused_moe"):
+        return module.fused_moe
     try:
         return importlib.import_module(implementation).fused_moe
     except Exception as exc:  # noqa: BLE001 - any import failure is this call's error, said plainly
@@ -138,7 +151,8 @@ def _make_forward(implementation: str) -> Callable:
             if sep and name in _HF_ARGUMENT:
                 raise type(exc)(f"{_HF_ARGUMENT[name]}: {rest}") from None
             raise
-        CALLS[implementation] += 1
+        if not torch.compiler.is_compiling():  # traced, the count would be a guard: a recompile per call
+            CALLS[implementation] += 1
         return out.view(hidden_states.shape)
 
     forward.__name__ = forward.__qualname__ = f"{implementation}_experts_forward"
@@ -150,8 +164,9 @@ _FORWARDS = {name: _make_forward(name) for name in IMPLEMENTATIONS}
 
 
 def register(implementations=IMPLEMENTATIONS) -> tuple:
-    """Add our implementations to transformers' experts registries (bf16 and FP8). Idempotent:
-    a second call registers the same functions again."""
+    """Add our implementations to transformers' experts registries (bf16 and FP8), and import their
+    packages (a package that does not import here is reported by the forward when it runs).
+    Idempotent: a second call registers the same functions again."""
     if isinstance(implementations, str):
         names = (implementations,)
     elif isinstance(implementations, (tuple, list)):
@@ -165,6 +180,10 @@ def register(implementations=IMPLEMENTATIONS) -> tuple:
     for name in names:
         ExpertsInterface.register(name, _FORWARDS[name])
         FP8ExpertsInterface.register(name, _FORWARDS[name])
+        try:  # imported now, so that a torch.compile'd forward finds it (module docstring)
+            _backend_fused_moe(name)
+        except RuntimeError:
+            pass  # not importable here: the forward raises this when it is called
     return names
 
 

@@ -16,7 +16,8 @@ from moe_spec.contract import make_fused_experts
 from . import arch  # noqa: F401  (first: sets CUTE_DSL_ARCH before any module below imports cutlass)
 from .config import GemmConfig
 from .layouts import describe, describe_json
-from .moe import combine, fused_moe, gather_rows, grouped_gemm, silu_mul, sort_rows
+from .moe import combine, gather_rows, grouped_gemm, silu_mul, sort_rows
+from .ops import fused_moe
 from .plan import LayerPlan, choose_config, layer_configs, plan, plans_for
 from .ptx import compile_gemm, compile_ptx, mma_instruction
 from .quantops import compile_quant_kernels

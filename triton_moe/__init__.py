@@ -2,7 +2,9 @@
 
 ``fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None,
 config=None, swap_ab=None)`` implements the backend contract of :mod:`moe_spec.contract`;
-``fused_experts`` is the same function in vLLM's spelling.
+``fused_experts`` is the same function in vLLM's spelling. Both go through the torch operator
+``torch.ops.triton_moe.fused_moe`` (:mod:`~triton_moe.ops`) when torch.compile or another tracer is
+at work; an eager call runs :func:`triton_moe.moe.fused_moe` directly.
 
 ``plan(dims, quant, config=None, swap_ab=None)`` is the call's decisions (tile, path, instruction),
 ``plans_for(...)`` every plan a layer can get (:mod:`moe_spec.plan` describes both);
@@ -21,7 +23,7 @@ decisions of one call), :mod:`~triton_moe.jit` (launches and the compile counter
 from moe_spec.contract import make_fused_experts
 from triton_moe.config import Gemm2Tile, TritonConfig, choose_swap_ab
 from triton_moe.heuristic import get_config
-from triton_moe.moe import fused_moe
+from triton_moe.ops import fused_moe
 from triton_moe.plan import LayerPlan, plan, plans_for
 from triton_moe.warmup import warmup
 

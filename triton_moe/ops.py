@@ -1,0 +1,25 @@
+"""``torch.ops.triton_moe.fused_moe``: this backend's ``fused_moe`` as a torch operator.
+
+The op (:mod:`moe_spec.ops`: the contract's schema, a CPU and a CUDA kernel, a fake
+implementation) lets ``torch.compile(model, fullgraph=True)`` take a model whose MoE layers run
+these kernels without a graph break, and ``mode="reduce-overhead"`` capture them in its CUDA graphs.
+Its fake implementation runs the checks of :func:`triton_moe.moe.fused_moe` that read only
+metadata — the arguments, the plan with the default options (:func:`triton_moe.plan.plan`), the
+device rule — and returns an empty bf16 [T, K].
+
+:func:`fused_moe` is the package's public function (``triton_moe.fused_moe``): the op while a
+tracer is at work, :func:`triton_moe.moe.fused_moe` itself for an eager call (no dispatcher on the
+way; :func:`moe_spec.ops.entry`). The backend options ``config`` and ``swap_ab`` are not in the
+schema: a call that gives one is a direct Python call, which torch.compile traces into.
+"""
+
+from __future__ import annotations
+
+from moe_spec.ops import define_fused_moe_op, entry
+from triton_moe import moe
+from triton_moe.plan import plan
+
+#: ``torch.ops.triton_moe.fused_moe.default``
+OP = define_fused_moe_op("triton_moe", moe.fused_moe, limits=moe.LIMITS, plan=plan)
+
+fused_moe = entry(OP, moe.fused_moe, {"config": None, "swap_ab": None})
