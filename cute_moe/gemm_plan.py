@@ -1,11 +1,12 @@
-"""What a :class:`~cute_moe.config.GemmConfig` becomes at compile time: the host side of the grouped
-GEMM's launch (:mod:`cute_moe.gemm`).
+"""The host side of the grouped GEMM (:mod:`cute_moe.gemm`): what a :class:`~cute_moe.config.GemmConfig`
+becomes at compile time, and the launch.
 
 :class:`KernelPlan` holds the tiled MMA, the shared-memory layouts of the operand ring and of the
 epilogue's staging buffers, the bytes of one ring stage and the TMA atoms.  It is built inside a jit
-context: ``GroupedGemm.__call__`` launches the kernel from it, and ``layouts.describe`` reads the very
-same objects back as plain data (the notes and tests print those).  (No ``from __future__ import
-annotations`` here: ``cute.struct`` reads its field annotations as objects.)
+context: :class:`GemmLaunch` (the function ``ptx.compile_gemm`` compiles) launches the kernel from it,
+and ``layouts.describe`` reads the very same objects back as plain data (the notes and tests print
+those).  (No ``from __future__ import annotations`` here: ``cute.struct`` reads its field annotations
+as objects.)
 """
 
 import cutlass
