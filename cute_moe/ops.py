@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from moe_spec.ops import define_fused_moe_op, entry, metadata_checks
 
-from . import moe
+from .moe import LIMITS
+from .moe import fused_moe as backend_fused_moe
 from .plan import plan
 
 
@@ -32,10 +33,10 @@ def static_scales_refused(a1_scale, a2_scale) -> None:
 def _fake_checks(x, w1, w2, topk_weights, topk_ids, quant=None, w1_scale=None, w2_scale=None, a1_scale=None,
                  a2_scale=None):
     static_scales_refused(a1_scale, a2_scale)
-    metadata_checks(x, w1, w2, topk_weights, topk_ids, quant, w1_scale, w2_scale, limits=moe.LIMITS, plan=plan)
+    metadata_checks(x, w1, w2, topk_weights, topk_ids, quant, w1_scale, w2_scale, limits=LIMITS, plan=plan)
 
 
 #: ``torch.ops.cute_moe.fused_moe.default``
-OP = define_fused_moe_op("cute_moe", moe.fused_moe, check=_fake_checks)
+OP = define_fused_moe_op("cute_moe", backend_fused_moe, check=_fake_checks)
 
-fused_moe = entry(OP, moe.fused_moe, {"swap_ab": None, "configs": None, "fusion": "fused"})
+fused_moe = entry(OP, backend_fused_moe, {"swap_ab": None, "configs": None, "fusion": "fused"})

@@ -16,10 +16,11 @@ schema: a call that gives one is a direct Python call, which torch.compile trace
 from __future__ import annotations
 
 from moe_spec.ops import define_fused_moe_op, entry
-from triton_moe import moe
+from triton_moe.moe import LIMITS
+from triton_moe.moe import fused_moe as backend_fused_moe
 from triton_moe.plan import plan
 
 #: ``torch.ops.triton_moe.fused_moe.default``
-OP = define_fused_moe_op("triton_moe", moe.fused_moe, limits=moe.LIMITS, plan=plan)
+OP = define_fused_moe_op("triton_moe", backend_fused_moe, limits=LIMITS, plan=plan)
 
-fused_moe = entry(OP, moe.fused_moe, {"config": None, "swap_ab": None})
+fused_moe = entry(OP, backend_fused_moe, {"config": None, "swap_ab": None})
