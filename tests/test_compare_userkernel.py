@@ -231,3 +231,18 @@ def test_the_router_table_routes_only_to_backends_it_can_load():
     rows = [dict(case, backend="triton_moe", us=10.0), dict(case, backend="k.py:fn", us=5.0),
             dict(case, backend="vllm", us=4.0)]
     assert [e["backend"] for e in build_table(rows, {})["entries"]] == ["triton_moe"]
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_your_kernel_gets_the_timing_columns(tmp_path):
+    """triton_moe given as your kernel in vLLM's spelling: triton_moe's bits, timed like every row,
+    and what it does not expose reads '-'."""
+    out = tmp_path / "out"
+    assert cli.main(["--backends", "triton_moe,triton_moe:fused_experts", "--shapes", "qwen3-30b-a3b", "--tokens", "8",
+                     "--quant", "bf16,fp8_block", "--quick", "--no-jit", "--no-plots", "--no-progress",
+                     "--out", str(out)]) == 0
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    for r in (r for r in rows if r["backend"] == "triton_moe:fused_experts"):
+        assert r["status"] == "ok" and r["vs_ours"] == 0.0 and r["vs_ours_of"] == "triton_moe"
+        assert r["us"] > 0 and r["eager_us"] > 0 and r["pct_floor"] > 0 and r["timing"] == "graph"
+        assert r["config"] == "-" and "prep_us" not in r and "use_fp8_w8a8" in r["converted"]
