@@ -1,53 +1,19 @@
 """One frozen object that says which grouped-GEMM kernel to build: :class:`GemmConfig`.
 
-Every other module reads it: the kernel (``gemm.py``) builds its tiled MMA, shared-memory plan and
-epilogue from it, ``layouts.py`` turns it into plain data, ``ptx.py`` compiles it on the CPU, the
-plan (``plan.py``) picks one per GEMM by its path rule, and the tests and notes quote it.  There is
-no second place where a tile size lives; the Hopper facts it rests on (WGMMA's M = 64, N ≤ 256,
-227 KiB of shared memory per CTA) come from :mod:`moe_spec.hopper`, the tiles and register bounds
-each path accepts from :mod:`cute_moe.limits`.
+The kernel (``gemm.py``), its layouts as data (``layouts.py``), its PTX listing (``ptx.py``) and the
+plan (``plan.py``, which picks one per GEMM) all read it; no tile size lives anywhere else.  The
+Hopper facts come from :mod:`moe_spec.hopper`, the tiles and register bounds each path accepts
+from :mod:`cute_moe.limits`.
 
-Two vocabularies
-----------------
-A MoE expert GEMM multiplies a block of *tokens* ``X_e [T_e, K]`` by an expert *weight*
-``W_e [N_out, K]`` (the natural ``nn.Linear`` layout, both operands K-major):
-``Y_e = X_e · W_eᵀ`` of shape ``[T_e, N_out]``.  WGMMA speaks of ``C[M, N] = A[M, K] · B[N, K]ᵀ``
-with M = 64 rows per warpgroup and N a multiple of 8 up to 256.
+Two vocabularies: an expert GEMM is ``Y_e = X_e · W_eᵀ`` (tokens ``[T_e, K]`` by weights
+``[N_out, K]``, both K-major); WGMMA computes ``C[M, N] = A[M, K] · B[N, K]ᵀ`` with M = 64 rows
+per warpgroup.  The normal path puts the tokens in M (``tile_m = tokens_tile``); swap-AB puts the
+weights there and computes ``Cᵀ = W_e · X_eᵀ`` (``tile_m = weights_tile``, the epilogue transposes
+with ``stmatrix``).  The MoE names are what a user sets; the GEMM names are derived from them.
 
-* normal path:  A = tokens, B = weights.  ``tile_m = tokens_tile``, ``tile_n = weights_tile``.
-* swap-AB path: A = weights, B = tokens, and the kernel computes ``Cᵀ = W_e · X_eᵀ``.
-  ``tile_m = weights_tile`` (64 per consumer warpgroup), ``tile_n = tokens_tile``.
-  The result tile is (weights × tokens); it lands in the same row-major ``[M_pad, N_out]`` output
-  viewed as an M-major matrix, so the epilogue needs the transposing ``stmatrix``.
-
-The MoE vocabulary (``tokens_tile``/``weights_tile``) is what the user sets; the GEMM vocabulary
-(``tile_m``/``tile_n``) is derived, so the two can never disagree.  The tiles a config accepts
-are listed by :func:`~cute_moe.limits.tokens_tiles` and :func:`~cute_moe.limits.weights_tiles`.
-
-Shared-memory budget (bytes; an operand element is 2 B of bf16 or 1 B of FP8, an output
-element 2 B of bf16 or 4 B of fp32)::
-
-    stages · (tile_m + tile_n) · tile_k · operand bytes      operand ring (A and B per stage)
-  + stages · weights_tile · tile_k · operand bytes           gated only: the up tile beside the gate tile
-  + epi_buffers · epi_tile_m · epi_tile_n · output bytes     epilogue staging for the TMA store
-                                                             (epi_stages; ×2 under ping-pong)
-  + 1024                                                     mbarriers, padding to 1024-B alignment
-  ≤ 227 KiB = 232 448 B                                      (Hopper's opt-in limit per CTA)
-
-:func:`max_stages` is the deepest ring a config's tiles fit.
-
-FP8 (``quant`` one of moe_spec's FP8 formats, ``dtype="float8_e4m3fn"``): E4M3 operands, WGMMA
-``m64nNk32`` with fp32 accumulation, ``tile_k`` = 128 (:data:`~cute_moe.limits.FP8_TILE_K`), and two
-accumulators per tile: each K step's block sum is promoted (scaled, for ``fp8_block``) into the fp32
-one — ``cute_moe.fp8_gemm`` holds that loop and the dequantizing epilogue.
-
-Gated (``gated=True``, the bf16 layer's GEMM1): each stage loads the gate and the up tile of W1
-``[E, 2I, K]`` for the same output features, two accumulators sum them and the epilogue writes
-``silu(gate)·up`` ``[M_pad, I]``.
-
-Schedules (``schedule``): ``"cooperative"`` — the consumer warpgroups share one tile along M;
-``"pingpong"`` — each owns whole tiles (the tile fields are then ONE warpgroup's) and the two take
-turns on the tensor cores.  The FP8, gated, ping-pong and cluster limits are in :mod:`cute_moe.limits`.
+Shared memory (:meth:`GemmConfig.smem_bytes`): ``stages`` ring stages of the token tile and the
+weight rows (gated: gate and up), the epilogue's staging buffers and 1024 B of barriers, within
+Hopper's 227 KiB per CTA; :func:`max_stages` is the deepest ring a config's tiles fit.
 """
 
 from __future__ import annotations

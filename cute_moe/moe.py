@@ -1,39 +1,18 @@
-"""The MoE layer on top of the grouped GEMM: align, GEMM1, SiLU·mul, GEMM2 (+ routing weight), combine.
+"""The MoE layer on the grouped GEMM: ``fused_moe`` and the host wrappers of its steps.
 
 For ``T`` tokens routed to ``top_k`` of ``E`` experts (``topk_ids``, ``topk_weights``)::
 
     out[t] = Σ_j  w[t, j] · ( SiLU(x[t]·W1g[e]ᵀ) ⊙ (x[t]·W1u[e]ᵀ) ) · W2[e]ᵀ ,   e = topk_ids[t, j]
 
-with ``W1 [E, 2I, K]`` (gate rows, then up rows) and ``W2 [E, K, I]``.
-
-Step by step (every step is device work; nothing reads routing data back to the host, so the
-whole layer can be captured in a CUDA graph and a new routing never recompiles anything):
-
-0. ``plan`` (``plan.py``): the two GEMM configs and the alignment tile, on the host.
-1. ``sort_rows``: the ``P = T·top_k`` (token, slot) pairs are sorted by expert and every expert's
-   run is padded to a multiple of the plan's ``align_tile`` — the result of the project's reference
-   routine :func:`moe_spec.align.align` (vLLM's ``moe_align_block_size`` contract), computed by two
-   CuTe launches (``alignops.py``) — and the row maps the kernels read are derived from it: the
-   token and the routing weight of every sorted row, the row of every pair.  The buffers are
-   sized by the host-known worst case (:func:`moe_spec.align.max_rows`), so their sizes depend on
-   T only; the number of *used* rows is a device scalar the GEMM's scheduler reads.
-2. gather ``X_sorted[r] = x[token(r)]`` for the used rows (a CuTe row kernel, ``rowops.py``;
-   padding rows inside a block repeat the last token: finite, and weighted 0 later).
-3. GEMM1 (grouped) with SiLU·up in its epilogue (a gated config, ``GemmConfig.gated``, the
-   plan's choice): a CTA loads the gate rows n … and the up rows I+n … of ``W1[e]`` per stage,
-   accumulates ``X_sorted · W1g[e]ᵀ`` and ``X_sorted · W1u[e]ᵀ`` in two accumulators and writes
-   ``A = SiLU(gate) ⊙ up`` → ``[M_pad, I]`` (fp32 math, one rounding to bf16): the ``[M_pad, 2I]``
-   pre-activation never reaches memory.
-4. Only with a plain GEMM1 (``fusion="separate"``, or a plain config passed in ``configs``): GEMM1
-   writes ``H = X_sorted · W1[e]ᵀ`` → ``[M_pad, 2I]`` and a CuTe row kernel computes
-   ``A = SiLU(H[:, :I]) ⊙ H[:, I:]`` over the used rows (the same fp32 formula, on bf16 H).
-5. GEMM2 (grouped): ``Y = (A · W2[e]ᵀ) · w_row`` — the routing weight of each sorted row is
-   applied in fp32 in the epilogue, before rounding to bf16 (padding rows get weight 0).
-6. combine: ``out[t] = Σ_j Y[row(t, j)]`` (a CuTe row kernel: fp32 sum over top_k, one rounding).
-
-An FP8 ``quant`` runs the same steps as the W8A8 layer of :mod:`cute_moe.moe_fp8` (x quantized
-once, E4M3 GEMMs with their scales in registers, GEMM1 to fp32, SiLU·up quantized); the plan's
-``fusion="separate"`` runs the unfused pipeline of :mod:`cute_moe.unfused`.
+with ``W1 [E, 2I, K]`` (gate rows, then up rows) and ``W2 [E, K, I]``.  A call runs its plan
+(``plan.py``): the alignment sorts the (token, slot) pairs by expert into runs padded to the plan's
+tile and writes the row maps (``rowmaps.py``); GEMM1 writes SiLU·up from its epilogue, reading its
+token rows by index where the plan gathers in the producer (else a gather row kernel runs first);
+GEMM2 applies each row's routing weight in its epilogue; a row kernel sums every token's top_k rows
+(``rowops.py``).  Nothing reads routing data back to the host, so the layer can be captured in a
+CUDA graph and a new routing recompiles nothing; buffers are sized by the host-known worst case
+(:func:`moe_spec.align.max_rows`).  An FP8 ``quant`` adds the W8A8 steps of ``moe_fp8.py``;
+``fusion="separate"`` runs the unfused pipeline of ``unfused.py``.
 """
 
 from __future__ import annotations
@@ -117,7 +96,7 @@ def grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, rows: SortedRows, cfg:
     (rows past the used blocks are left unwritten).  A gated config (``cfg.gated``) takes W1
     ``[E, 2I, K]`` (gate rows, then up rows) and returns ``SiLU(x·W1gᵀ) ⊙ (x·W1uᵀ)`` bf16 [M_pad, I].
     A ``gather_rows`` config takes the unsorted tokens ``x [T, K]`` in place of ``x_sorted`` and reads
-    row r from ``x[rows.token_of_row[r]]`` (``gather.py``; K a multiple of ``cfg.tile_k``).
+    row r from ``x[rows.token_of_row[r]]`` (the gathering producer, ``gemm.py``; K a multiple of ``cfg.tile_k``).
     """
     m_pad, k = (rows.rows, x_sorted.shape[1]) if cfg.gather_rows else x_sorted.shape
     n_experts, n_out, k_w = w.shape

@@ -1,47 +1,25 @@
 """Dynamic FP8 quantization of activations on the device: amax, then quantize (small CuTe kernels).
 
-Both kernels reproduce :func:`moe_spec.quant.quantize_activation` bit for bit:
+Both reproduce :func:`moe_spec.quant.quantize_activation` bit for bit: the amax of the values as
+given (a max is exact in any order), ``s = max(amax, 1e-12) / 448`` and ``q = e4m3(v / s)`` as IEEE
+divisions (``div.rn.f32``, never a reciprocal), then ``cvt.rn.satfinite``: the reference's
+clamp-then-round.  NaN is kept as the reference keeps it: every maximum is ``max.NaN.f32``, and the
+atomic (an integer max on the bits of non-negative values) ranks NaN above +inf.
 
-* amax in fp32 of the values as given (a max is exact in any order, so atomics change nothing);
-* ``s = max(amax, 1e-12) / 448`` — an IEEE division (PTX ``div.rn.f32``), never a multiplication
-  by a reciprocal;
-* ``q = e4m3(v / s)`` — again ``div.rn.f32``, then ``cvt.rn.satfinite.e4m3x2.f32``: round to
-  nearest even, and ±448 for anything beyond — exactly the reference's clamp-then-round (a NaN
-  stays a NaN in both).
+A work item is one *group*, 128 columns of a row held by one warp (4 values per lane); its amax
+slot is ``amax[0]`` (fp8_tensor), ``amax[row]`` (fp8_channel) or ``amax[row · groups + g]``
+(fp8_block), so one kernel serves the three formats and the quantize kernel finds the scale in the
+same slot.  A group's amax is a warp reduction and one atomic into its slot; under fp8_tensor, where
+every atomic would hit one address and serialize (notes/cute_moe.md), each lane keeps a running
+maximum and a warp issues one atomic at the end.
 
-The unit of work is one *group*: 128 columns of one row, held by one warp, 4 consecutive values
-per lane.  The amax buffer's slot of a group depends on the format::
-
-    fp8_tensor   amax[0]                  one scale for the whole tensor
-    fp8_channel  amax[row]                one per row (token / sorted row)
-    fp8_block    amax[row · groups + g]   one per 1×128 group
-
-so the three formats share one kernel, and the quantize kernel finds a group's scale in the same
-slot.  Amax and scale buffers are flat fp32 vectors; the amax buffer must be zero on entry.
-
-How the maxima reach memory differs: under fp8_channel and fp8_block a group's amax is a warp
-reduction (``shfl.bfly``) and one ``atomic max`` into its own slot.  Under fp8_tensor every group
-would aim its atomic at the one slot, and the hardware serializes atomics on one address (about
-1.2 ns each on the H200: 917 504 of them, 8192 rows × 112 groups of Mixtral's intermediate, took
-1.2 ms), so there each lane keeps a running maximum over every group it walks and the warp issues
-a single atomic when its walk is done.
-
-NaN is kept, as the reference's ``amax`` keeps it: every maximum here is PTX's ``max.NaN.f32``
-(a NaN operand gives NaN), not the NaN-dropping ``max.f32`` — one NaN in a group makes that
-group's amax NaN (the whole tensor's under fp8_tensor), and the atomic, an integer max on the
-bits of non-negative values, ranks the positive canonical NaN above +inf.
-
-* ``RowAmax``: the amax of ``x`` [rows, cols] (bf16), or — ``silu=True`` — of the SiLU·up
-  intermediate: it reads GEMM1's fp32 output ``h`` [rows, 2·cols] and writes ``a = SiLU(h[:, :I]) ·
-  h[:, I:]`` in fp32 as it goes, so the intermediate is quantized from unrounded values.  With
-  ``silu=True`` a row whose ``row_mask`` is 0 (padding of the expert-sorted order) adds nothing to
-  the amax, so a per-tensor scale sees exactly the T·top_k rows the reference sees.
+* ``RowAmax``: the amax of ``x`` (bf16), or (``silu=True``) of the SiLU·up intermediate, written in
+  fp32 from GEMM1's fp32 ``h`` as it goes; there a row whose ``row_mask`` is 0 (padding of the
+  sorted order) adds nothing, so a per-tensor scale sees the T·top_k rows the reference sees.
 * ``QuantizeRows``: ``q = e4m3(v / s)`` and the scales, from the amax.
 
-Each grid is persistent and walks the groups of the rows that matter, whose count it reads from
-device memory.  A row is ``cols`` wide with ``cols`` a multiple of 16 (FP8 rows are whole 16-byte
-TMA rows), so a row ends on a whole 4-value chunk; a lane whose chunk lies past the row's end of
-the last, partial group holds nothing.
+Rows are whole 16-byte E4M3 rows (``cols`` a multiple of 16); the grids walk the used rows, whose
+count they read from device memory.
 """
 
 from __future__ import annotations

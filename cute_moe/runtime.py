@@ -14,9 +14,9 @@ tensors here, so the conversion rules live in one place:
 The ``fake_*`` functions are the symbolic twins of these wrappers, what the kernels compile against
 (:mod:`cute_moe.cache`): every extent and stride a symbolic integer, so one compile serves every batch.
 
-Host cost.  A conversion (``from_dlpack(...).mark_layout_dynamic``) costs tens of µs of Python
-on a busy host, and a wrapper holds a reference to its tensor, so wrappers are kept only for
-tensors that live anyway:
+Host cost.  A conversion (``from_dlpack(...).mark_layout_dynamic``) costs host time at every call
+(notes/cute_moe.md, the host cost), and a wrapper holds a reference to its tensor, so wrappers are
+kept only for tensors that live anyway:
 
 * a workspace's buffers, registered with :func:`keep` (and dropped with :func:`release` when the
   workspace goes): any tensor with the same address, shape, strides and dtype as a kept one — a
@@ -110,8 +110,8 @@ def cute_vector(t: torch.Tensor):
 
 def cute_pointer(t: torch.Tensor):
     """The address of a contiguous tensor as a CuTe global-memory pointer (its element type, aligned
-    to one element), for kernels that take a pointer and an extent: a few µs, where a wrapped
-    tensor costs tens (the alignment's launches take the routing tensors so)."""
+    to one element), for kernels that take a pointer and an extent: far cheaper than a wrapped
+    tensor (the alignment's launches take the routing tensors so)."""
     dtype = _POINTER_TYPES.get(t.dtype)
     if dtype is None:
         dtype = _POINTER_TYPES[t.dtype] = {torch.int32: cutlass.Int32, torch.int64: cutlass.Int64,

@@ -87,7 +87,7 @@ def bench_shape(spec: str, alt: bool, cluster: bool = False) -> list[dict]:
     inp = make_inputs(shape, TOKENS, seed=7, device="cuda", weights_bf16=(w1, w2))
     p = plan(MoEDims(T=TOKENS, E=E, K=K, I=I, top_k=top_k))
     gemm2 = choose_config(tokens_per_expert(TOKENS, E, top_k), K, I, row_scale=True, layer=(K, I))  # cooperative
-    gemm1 = p.gemm1.replace(cluster=1)  # the plan's tile on single CTAs (the plan may cluster it: cluster.py)
+    gemm1 = p.gemm1.replace(cluster=1)  # the plan's tile on single CTAs (the plan may cluster it: gemm_rules.py)
     gemms = {"gemm1": variants(gemm1, alt, cluster), "gemm2": variants(gemm2, alt, cluster)}
     tiles = sorted({c.tokens_tile for v in gemms.values() for c in v.values()})
     rows = sort_rows(inp.topk_ids, inp.topk_weights, E, math.lcm(*tiles), tuple(tiles))
