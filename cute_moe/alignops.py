@@ -46,9 +46,28 @@ import torch
 from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_ptr
 from cutlass.memory import SmemAllocator
 
-from .alignsteps import (BIG, CHUNK, FILL_CTAS, FILL_ROWS, GEMM_TILES, ID_DTYPES, MAX_EXPERTS,  # noqa: F401
-                         THREADS, WARP, WARPS, _check_chunk, _count_totals, _count_warp_slice, _fill, _padded,
-                         _place_warp_slice, _scan_runs, _stage_chunk, _stage_pairs, place_slice)
+from .alignsteps import (  # noqa: F401
+    BIG,
+    CHUNK,
+    FILL_CTAS,
+    FILL_ROWS,
+    GEMM_TILES,
+    ID_DTYPES,
+    MAX_EXPERTS,
+    THREADS,
+    WARP,
+    WARPS,
+    _check_chunk,
+    _count_totals,
+    _count_warp_slice,
+    _fill,
+    _padded,
+    _place_warp_slice,
+    _scan_runs,
+    _stage_chunk,
+    _stage_pairs,
+    place_slice,
+)
 from .cache import compile_once
 
 

@@ -24,8 +24,17 @@ from dataclasses import dataclass
 from moe_spec.hopper import SMEM_PER_CTA_BYTES, TMA_ALIGN_BYTES, WARPGROUP_THREADS, WGMMA_M, wgmma_k
 from moe_spec.quant import QUANT_FORMATS
 
-from .limits import (MAX_CONSUMER_WARPGROUPS, MAX_TILE_M, SCHEDULES, check_cluster, check_fp8, check_gated,
-                     check_pingpong, tokens_tiles, weights_tiles)
+from .limits import (
+    MAX_CONSUMER_WARPGROUPS,
+    MAX_TILE_M,
+    SCHEDULES,
+    check_cluster,
+    check_fp8,
+    check_gated,
+    check_pingpong,
+    tokens_tiles,
+    weights_tiles,
+)
 
 SMEM_BUDGET_BYTES = SMEM_PER_CTA_BYTES
 """The shared memory one CTA may use: Hopper's opt-in limit (:mod:`moe_spec.hopper`)."""
@@ -225,7 +234,7 @@ class GemmConfig:
         epi = self.epi_buffers * self.epi_tile[0] * self.epi_tile[1] * self.out_bytes
         return (self.stages if stages is None else stages) * self.stage_bytes + epi + BARRIER_RESERVE_BYTES
 
-    def replace(self, **changes) -> "GemmConfig":
+    def replace(self, **changes) -> GemmConfig:
         return dataclasses.replace(self, **changes)
 
     def key(self) -> tuple:
@@ -239,7 +248,7 @@ class GemmConfig:
         return d
 
     # ---- validation ----------------------------------------------------------------------
-    def validate(self) -> "GemmConfig":
+    def validate(self) -> GemmConfig:
         """Raise TypeError / ValueError naming the field and its allowed values; else return self."""
         self._check()
         return self
@@ -311,14 +320,16 @@ class GemmConfig:
         if self.gather_rows and (self.quant is not None or GATHER_THREADS % vecs
                                  or self.tokens_tile % min(self.tokens_tile, GATHER_THREADS // vecs)):
             raise ValueError(f"gather_rows=True: takes bf16 (quant={self.quant!r}); the {vecs} vectors of a row must "
-                             f"divide {GATHER_THREADS} threads, whose rows per pass divide tokens_tile={self.tokens_tile}")
+                             f"divide {GATHER_THREADS} threads, whose rows per pass divide "
+                             f"tokens_tile={self.tokens_tile}")
         need = self.smem_bytes()
         if need > SMEM_BUDGET_BYTES:
             fit = [s for s in range(2, self.stages) if self.smem_bytes(s) <= SMEM_BUDGET_BYTES]
             hint = f"at most {fit[-1]} stages fit this tile" if fit else "lower tile_k or the tiles"
             raise ValueError(
                 f"stages={self.stages}: shared memory over budget: {need} B needed ({self.stages} × "
-                f"({self.tokens_tile}+{self.weight_rows})×{self.tile_k}×{self.element_bytes} B + epilogue + barriers) > "
+                f"({self.tokens_tile}+{self.weight_rows})×{self.tile_k}×{self.element_bytes} B + epilogue + "
+                f"barriers) > "
                 f"{SMEM_BUDGET_BYTES} B (227 KiB per CTA on sm_90); {hint}")
 
 

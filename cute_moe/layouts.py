@@ -43,7 +43,6 @@ import warnings
 
 import cutlass
 import cutlass.cute as cute
-
 from cutlass.base_dsl.ast_helpers import DSLOptimizationWarning
 from cutlass.cute.nvgpu import cpasync
 

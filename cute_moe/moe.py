@@ -28,18 +28,18 @@ from moe_spec.quant import FP8_DTYPE, activation_scale_shape
 from moe_spec.validate import Limits, MoEDims, check_runs_on, error_word, surface_errors, validate_moe_args
 
 from .alignops import MAX_EXPERTS
-from .rowmaps import RowBuffers, SortedRows, sort_rows_on_device, split_blocks
 from .config import GemmConfig
 from .limits import ALIGN_ELEMS
 from .moe_fp8 import amax_sizes, quantize_intermediate, quantize_tokens, sorted_token_scales
 from .plan import LayerPlan, plan
 from .ptx import compile_gemm
+from .rowmaps import RowBuffers, SortedRows, sort_rows_on_device, split_blocks
 from .rowops import compile_row_kernels
+from .runtime import current_stream as _stream
 from .runtime import cute_scale, keep, release
 from .runtime import cute_tensor as _cute_tensor
-from .runtime import cute_weight as _cute_weight
 from .runtime import cute_vector as _cute_vector
-from .runtime import current_stream as _stream
+from .runtime import cute_weight as _cute_weight
 from .unfused import scale_rows, weighted_combine
 
 #: What this backend adds to the contract (moe_spec.validate.Limits): every surface checks it.

@@ -31,9 +31,9 @@ from moe_spec.align import Alignment
 from moe_spec.hopper import sm_count
 from moe_spec.quant import FP8_DTYPE, activation_scale_shape
 
-from .rowmaps import SortedRows
 from .quantops import compile_quant_kernels
-from .runtime import cute_tensor, cute_vector, current_stream, keep
+from .rowmaps import SortedRows
+from .runtime import current_stream, cute_tensor, cute_vector, keep
 
 
 def _launch_quantize(kernels: dict, prefix: str, src: torch.Tensor, amax: torch.Tensor, quant: str,

@@ -4,8 +4,9 @@
 anything runs: the (GEMM1, GEMM2) :class:`~cute_moe.config.GemmConfig` pair — by the path rule
 (:func:`path_rule`, :func:`choose_config`) for the call's format, bf16 or FP8, or given — the
 pipeline (fused, or the unfused passes of :mod:`cute_moe.unfused`), the alignment tile, and the
-WGMMA instruction of each GEMM.  It checks every option and limit of this backend, so a call it refuses is refused whatever T (the
-empty-batch rule of :mod:`moe_spec.plan`).  :func:`plans_for` lists every plan a layer can get.
+WGMMA instruction of each GEMM.  It checks every option and limit of this backend, so a call it
+refuses is refused whatever T (the empty-batch rule of :mod:`moe_spec.plan`).  :func:`plans_for`
+lists every plan a layer can get.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def path_rule(swap_ab: bool | None = None, layer: tuple[int, int] | None = None)
     return below + ((last,) if limit > 0 else ()) + tuple(b for b in normal if b[0] > limit)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _rule_config(swap_ab: bool, tokens_tile: int, wide: bool, row_scale: bool, quant: str | None,
                  out_dtype: str, gated: bool) -> GemmConfig:
     operands = dict(dtype="bfloat16") if quant is None else dict(dtype="float8_e4m3fn", tile_k=FP8_TILE_K)

@@ -102,7 +102,7 @@ def compile_ptx(cfg: GemmConfig, num_ctas: int | None = None) -> str:
     return compile_gemm(cfg, num_ctas, keep_ptx=True).__ptx__
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def mma_instruction(cfg: GemmConfig) -> str:
     """The ``wgmma.mma_async`` instruction ``cfg`` compiles to, as PTX spells it.
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-
 from cutlass.cute.runtime import make_fake_stream
 
 from moe_spec.hopper import sm_count

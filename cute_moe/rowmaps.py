@@ -44,7 +44,7 @@ from moe_spec.align import Alignment, align, max_rows
 from moe_spec.validate import error_word, guard_routing
 
 from .alignops import CHUNK, GEMM_TILES, ID_DTYPES, MAX_EXPERTS, WARPS, compile_align_kernels, place_ctas
-from .runtime import cute_pointer, cute_vector, current_stream, on_gpu
+from .runtime import current_stream, cute_pointer, cute_vector, on_gpu
 
 
 def check_align_args(topk_ids: torch.Tensor, num_experts: int, tile: int) -> None:

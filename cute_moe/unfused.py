@@ -31,7 +31,7 @@ from moe_spec.hopper import sm_count
 
 from .config import GemmConfig
 from .rowops import compile_unfused_kernels
-from .runtime import cute_scale, cute_tensor, cute_vector, current_stream
+from .runtime import current_stream, cute_scale, cute_tensor, cute_vector
 
 FUSIONS = ("fused", "separate")
 

@@ -21,19 +21,25 @@ the H200's), which is where ``fused_moe`` looks its kernels up.
 from __future__ import annotations
 
 import time
-from typing import Optional
 
 import torch
 
 from moe_spec.hopper import sm_count
 from moe_spec.quant import FORMATS, check_quant
-from moe_spec.warmup import (WarmupReport, WarmupStep, check_layer, check_options, layer_plans,
-                             placeholder_inputs, warmup_device)
+from moe_spec.warmup import (
+    WarmupReport,
+    WarmupStep,
+    check_layer,
+    check_options,
+    layer_plans,
+    placeholder_inputs,
+    warmup_device,
+)
 
+from .cache import compile_count
 from .config import QUANT_FORMATS, GemmConfig
 from .moe import LIMITS, fused_moe
 from .plan import MAX_TOKENS, _tile_text, plans_for
-from .cache import compile_count
 from .ptx import compile_gemm
 from .quantops import compile_quant_kernels
 from .rowops import compile_row_kernels, compile_unfused_kernels
@@ -58,7 +64,7 @@ def compile_plan(plan, num_ctas: int | None = None) -> int:
     return compile_count() - before
 
 
-def check_format(quant) -> Optional[str]:
+def check_format(quant) -> str | None:
     """``quant`` when this backend builds it; ValueError for an unknown format, NotImplementedError
     naming the formats it implements for one it does not build."""
     if check_quant(quant) not in QUANT_FORMATS:
@@ -104,7 +110,7 @@ def _first_launch(p, E, K, I, top_k, quant, device) -> WarmupStep:  # noqa: E741
                       ("kernel compiled at its first launch",) * (compile_count() - before), seconds)
 
 
-def warmup(E: int, K: int, I: int, top_k: int, quant: Optional[str] = None,  # noqa: E741
+def warmup(E: int, K: int, I: int, top_k: int, quant: str | None = None,  # noqa: E741
            max_tokens: int = MAX_TOKENS, device="cuda", *, dry_run: bool = False, **options) -> WarmupReport:
     """Compile every kernel ``fused_moe`` can launch for this layer at T = 1 … ``max_tokens``.
 

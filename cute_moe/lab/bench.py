@@ -24,10 +24,10 @@ from moe_spec.problem import draw_weights, get_shape, make_inputs
 from moe_spec.runinfo import command_line, require_cuda, run_info
 from moe_spec.timing import time_cuda_graph
 
+from ..cache import compile_count
 from ..config import GemmConfig
 from ..moe import fused_moe, gather_rows, grouped_gemm, sort_rows
 from ..plan import choose_config
-from ..cache import compile_count
 
 
 def _weights(shape, n_sets, seed=0, device="cuda"):
@@ -173,7 +173,8 @@ def main(argv=None):
                                for T in (8, 4096)]
     if args.sweep:
         base = GemmConfig(tokens_tile=128, weights_tile=256, stages=4)
-        sweep = [base, base.replace(group_tokens=1), base.replace(group_tokens=16), base.replace(epi_stages=1, stages=4),
+        sweep = [base, base.replace(group_tokens=1), base.replace(group_tokens=16),
+                 base.replace(epi_stages=1, stages=4),
                  GemmConfig(tokens_tile=128, weights_tile=128, stages=6),
                  GemmConfig(tokens_tile=128, weights_tile=192, stages=5),
                  GemmConfig(tokens_tile=64, weights_tile=256, consumer_warpgroups=1, stages=5)]
@@ -185,7 +186,8 @@ def main(argv=None):
                 json.dump(result, f, indent=1)
         return result
     Ts = (8, 4096) if args.quick else (1, 8, 32, 128, 1024, 4096)
-    result["layer"] = [r for spec in ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8") for r in bench_layer(spec, Ts)]
+    shapes = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8")
+    result["layer"] = [r for spec in shapes for r in bench_layer(spec, Ts)]
     tpes = (2, 8, 32, 128) if args.quick else (1, 2, 4, 8, 16, 32, 64, 128, 256)
     result["gemm1"] = [r for spec in ("mixtral-8x7b", "deepseek-v3:tp8") for r in bench_gemm1(spec, tpes)]
     result["compiles_total"] = compile_count()

@@ -52,8 +52,8 @@ from moe_spec.problem import get_shape, route
 from moe_spec.timing import L2_BYTES, time_cuda_graph
 from moe_spec.validate import MoEDims
 
-from ..rowmaps import RowBuffers, reference_rows, sort_rows_on_device
 from ..plan import plan
+from ..rowmaps import RowBuffers, reference_rows, sort_rows_on_device
 
 SPECS = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8")
 TOKENS = (1, 8, 32, 128, 1024, 4096)

@@ -77,9 +77,8 @@ def tile_text(cfg: GemmConfig) -> str:
 def bench_shape(spec: str, alt: bool, cluster: bool = False) -> list[dict]:
     from moe_spec.plan import tokens_per_expert
 
-    from ..plan import choose_config
     from ..moe import grouped_gemm, sort_rows
-    from ..plan import plan
+    from ..plan import choose_config, plan
 
     shape = get_shape(spec)
     E, K, I, top_k = shape.num_experts, shape.hidden, shape.intermediate, shape.top_k  # noqa: E741

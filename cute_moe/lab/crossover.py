@@ -27,9 +27,9 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
 
 import torch
 
@@ -160,7 +160,7 @@ def loss(rows: list, limit: float) -> float:
                / min(r["swap_us"], r["normal_us"]) - 1 for r in ok) / max(len(ok), 1)
 
 
-def best_limit(rows: list, current: float) -> Optional[float]:
+def best_limit(rows: list, current: float) -> float | None:
     """The swap-AB limit the rows support: of 0 and the measured counts, the one with the least
     :func:`loss`; within 0.1 % of the least, the one closest to ``current`` (no change without a
     reason). None when no row was measured."""
@@ -191,8 +191,8 @@ def summarize(rows: list, shapes, env: Env) -> list[dict]:
     return out
 
 
-def run(shapes, tokens, *, env: Optional[Env] = None, quick: bool = False, time_budget_s: float = TIME_BUDGET_S,
-        command: str = "run(...)", commit: Optional[str] = None, write: Callable = lambda result: None,
+def run(shapes, tokens, *, env: Env | None = None, quick: bool = False, time_budget_s: float = TIME_BUDGET_S,
+        command: str = "run(...)", commit: str | None = None, write: Callable = lambda result: None,
         say: Callable = lambda text: None) -> dict:
     env = env or Env()
     deadline = time.monotonic() + time_budget_s
@@ -247,7 +247,8 @@ def to_markdown(result: dict) -> str:
          f"- each count: both paths forced (`fused_moe(..., swap_ab=True/False)`), CUDA-graph replays over rotated "
          f"input sets (cold L2), median µs ({timing}); every expert gets exactly m tokens (T = m·E/top_k)",
          "- ratio = normal µs / swap-AB µs (above 1: swap-AB is faster); the rule is within 3 % when its path's µs ≤ "
-         "1.03 × the faster path's", "- loss: mean over the measured counts of the extra time a limit costs against the "
+         "1.03 × the faster path's",
+         "- loss: mean over the measured counts of the extra time a limit costs against the "
          "faster path; measured limit: of 0 and the counts, the least loss (ties: nearest the current limit)", ""]
         + table(result) + ["", "## Per shape", ""] + summary_lines(result)
         + ["", "Entries for `cute_moe.plan.SWAP_AB_MAX_BY_LAYER` (the rule's limit per layer):", ""]

@@ -30,10 +30,10 @@ import re
 import sys
 
 from ..config import GemmConfig
-from .figures import DEFAULT_EXPERTS, DEFAULT_K, DEFAULT_N_OUT, config_figures, notes_figures, write_figures
-from .fig_memory import chunk_banks, conflict_ways
 from ..moe import check_gemm_shape
 from ..plan import choose_config
+from .fig_memory import chunk_banks, conflict_ways
+from .figures import DEFAULT_EXPERTS, DEFAULT_K, DEFAULT_N_OUT, config_figures, notes_figures, write_figures
 
 GRID_EDGE = 16  # rows/columns of the accumulator-owner grid shown
 
@@ -124,13 +124,16 @@ def render(cfg: GemmConfig, desc: dict, ptx: str | None = None) -> str:
         f"cute_moe layout explorer — {tile['path']} path",
         f"  {cfg}",
         "",
-        f"GEMM tile   M×N×K = {m}×{n}×{k}: A = {tile['A_is']}, B = {tile['B_is']}, C is {tile['C_major']}-major in memory",
-        f"MoE tile    {tile['moe']['tokens']} tokens × {tile['moe']['weights']} weight rows × {tile['moe']['k']} of K per stage",
+        f"GEMM tile   M×N×K = {m}×{n}×{k}: A = {tile['A_is']}, B = {tile['B_is']}, "
+        f"C is {tile['C_major']}-major in memory",
+        f"MoE tile    {tile['moe']['tokens']} tokens × {tile['moe']['weights']} weight rows × "
+        f"{tile['moe']['k']} of K per stage",
         f"WGMMA       {mma['instruction']}, {mma['warpgroups_along_m']} consumer warpgroup(s) along M; "
         f"{tile['threads']} threads (producer warpgroup first)",
         f"Pipeline    {tile['stages']} stages × {tma['stage_bytes']} B (A + B), {tile['epi_stages']} epilogue buffers; "
         f"shared memory {smem['total_bytes']} of {smem['budget_bytes']} B",
-        f"TMA         tokens box {tma['load_tokens_box']}, weights box {tma['load_weights_box']} from {tma['weights_tensor']}; "
+        f"TMA         tokens box {tma['load_tokens_box']}, weights box {tma['load_weights_box']} "
+        f"from {tma['weights_tensor']}; "
         f"store box {tma['store_box']}",
         "",
         f"Who holds each output (thread.register of the consumer warpgroups), first {GRID_EDGE}×{GRID_EDGE}: "

@@ -222,7 +222,8 @@ def tma_svg(cfg: GemmConfig, n_out: int, k: int, experts: int, example=(3, 1, 2,
                  stroke="#333", data_offset=f"{offset[0]},{offset[1]}", data_extent=f"{c_box[0]},{c_box[1]}")
     svg.close()
     svg.lines(ox, wy + c_tile[1] * sy + 24, [
-        f"{c_tile[1]} tokens × {c_tile[0]} features ({'Cᵀ: GEMM M = features' if cfg.swap_ab else 'C: GEMM M = tokens'})",
+        f"{c_tile[1]} tokens × {c_tile[0]} features "
+        f"({'Cᵀ: GEMM M = features' if cfg.swap_ab else 'C: GEMM M = tokens'})",
         f"{n_boxes} store box(es) of {c_box[1]} tokens × {c_box[0]} features",
         f"tile origin at TMA ({', '.join(map(str, c_at))})",
         "Y [M_pad, N_out] row-major: coordinate 0 = feature"], cls="s")

@@ -119,16 +119,17 @@ def pipeline_svg(cfg: GemmConfig, fmt: str, k: int, role: str) -> str:
     svg = Svg(max(width, 900), y0 + len(lanes) * lh + 70, f"pipeline timeline ({fmt}, {role})",
               css=PIPELINE_CSS, data_figure="pipeline", data_format=fmt, data_stages=stages,
               data_epi_stages=tl["epi_stages"])
-    svg.text(12, 22, f"{fmt} pipeline of one CTA ({role}): {fcfg.tokens_tile} tokens × {fcfg.weights_tile} weight rows, "
-             f"{stages} stages of {tl['tile_k']} K", cls="t")
+    svg.text(12, 22, f"{fmt} pipeline of one CTA ({role}): {fcfg.tokens_tile} tokens × {fcfg.weights_tile} "
+             f"weight rows, {stages} stages of {tl['tile_k']} K", cls="t")
     head = [f"each stage: TMA X + W box → slot, full barrier counts the bytes; consumers wait on full, issue "
             f"{tl['per_batch']} × {tl['instruction']}",
             ("wait_group(1): one batch stays in flight while the previous one retires and its slot is released "
              "(empty barrier) for the producer's next load" if not tl["promote"] else
-             f"fp8_block ({FP8_BLOCK}×{FP8_BLOCK} weight blocks, 1×{FP8_BLOCK} token groups): every {FP8_BLOCK} of K the partial sum is "
-             f"retired (wait_group(0)) and promoted: acc += P·s_a·s_w (red)"),
-            f"K = {k} → {k // tl['tile_k']} steps per tile ({steps} drawn); epilogue: {tl['store_boxes']} store box(es) "
-            f"through {tl['epi_stages']} smem buffer(s); then the next tile, whose loads the producer has already issued",
+             f"fp8_block ({FP8_BLOCK}×{FP8_BLOCK} weight blocks, 1×{FP8_BLOCK} token groups): every {FP8_BLOCK} "
+             f"of K the partial sum is retired (wait_group(0)) and promoted: acc += P·s_a·s_w (red)"),
+            f"K = {k} → {k // tl['tile_k']} steps per tile ({steps} drawn); epilogue: {tl['store_boxes']} store "
+            f"box(es) through {tl['epi_stages']} smem buffer(s); then the next tile, whose loads the producer has "
+            f"already issued",
             "schematic time: one unit = one consumer step; a load lands somewhere inside its hatched bar"]
     if tl["promote"]:
         head.append("as cute_moe.fp8_gemm runs it (one promotion per scale block, a second accumulator in "
@@ -168,14 +169,16 @@ def pipeline_svg(cfg: GemmConfig, fmt: str, k: int, role: str) -> str:
             svg.rect(X(e["start"]), ly["wgmma"] + 2, X(e["end"]) - X(e["start"]), lh - 4, cls="pr", **common)
         elif e["kind"] in ("epi", "store"):
             y = ly["epilogue" if e["kind"] == "epi" else "store"]
-            svg.rect(X(e["start"]), y + 2, X(e["end"]) - X(e["start"]), lh - 4, cls="ep" if e["kind"] == "epi" else "st",
-                     data_kind=e["kind"], data_sub=e["sub"], data_buf=e["buf"])
+            svg.rect(X(e["start"]), y + 2, X(e["end"]) - X(e["start"]), lh - 4,
+                     cls="ep" if e["kind"] == "epi" else "st", data_kind=e["kind"], data_sub=e["sub"],
+                     data_buf=e["buf"])
             svg.text(X(e["start"]) + 3, y + 14, f"{e['sub']}→b{e['buf']}", cls="l")
     svg.defs.append('<pattern id="hatch" width="6" height="6" patternUnits="userSpaceOnUse" '
                     'patternTransform="rotate(45)"><rect width="6" height="6" fill="#deebf7"/>'
                     '<path d="M0 0v6" stroke="#9ecae1" stroke-width="2"/></pattern>')
     yl = y0 + len(lanes) * lh + 20
-    svg.lines(12, yl, ["▼s: consumers wait on slot s's full barrier   ▲s: they arrive on its empty barrier (slot free)   "
+    svg.lines(12, yl, ["▼s: consumers wait on slot s's full barrier   "
+                       "▲s: they arrive on its empty barrier (slot free)   "
                        "hatched: TMA of stage k in flight   +k: the next tile's stage k",
                        f"epilogue e→b: registers → {'bf16 → stmatrix' if fcfg.out_bytes == 2 else 'fp32 → st.shared'} "
                        "into buffer b, fence, barrier; warp 4 issues the TMA store of box e from b"], cls="s")

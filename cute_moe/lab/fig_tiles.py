@@ -54,7 +54,7 @@ def fragment_svg(cfg: GemmConfig, fmt: str, role: str) -> str:
     n = fcfg.tile_n
     m_atom, n_atom, k_atom = plan["atom_mnk"]
     regs: dict[int, list[tuple[int, int]]] = {}
-    for (m, c), (t, v) in sorted(owners.items(), key=lambda kv: kv[1]):
+    for (m, c), (t, _) in sorted(owners.items(), key=lambda kv: kv[1]):
         regs.setdefault(t, []).append((m, c))
     per_thread = len(regs[0])
     # facts stated under the picture, each checked here
@@ -75,7 +75,8 @@ def fragment_svg(cfg: GemmConfig, fmt: str, role: str) -> str:
               css=FRAGMENT_CSS, data_figure="fragment", data_format=fmt, data_n=n,
               data_instruction=plan["instruction"])
     svg.text(12, 22, f"{fmt} m{m_atom}n{n_atom}k{k_atom}: who holds each fp32 accumulator ({role})", cls="t")
-    facts = [plan["instruction"] + f"  ({k_atom} {fmt} elements of K = {k_atom * plan['element_bytes']} B per instruction)",
+    facts = [plan["instruction"]
+             + f"  ({k_atom} {fmt} elements of K = {k_atom * plan['element_bytes']} B per instruction)",
              f"rows = M (64 per warpgroup), columns = N ({n}); colour = warp, shade alternates by thread; "
              f"{per_thread} registers per thread",
              "; ".join((["each thread holds pairs of adjacent columns in two rows r and r+8"] if pairs else [])
@@ -111,7 +112,8 @@ def fragment_svg(cfg: GemmConfig, fmt: str, role: str) -> str:
         svg.text(x0, iy - 8, "rows 0–15 × columns 0–7, enlarged (lane.register):", cls="s")
         for (m, c), (t, v) in owners.items():
             if m < 16 and c < 8:
-                svg.rect(x0 + c * 40, iy + m * 13, 40, 13, cls=f"w{t // 32}", fill_opacity=".55" if _shaded(t) else None)
+                svg.rect(x0 + c * 40, iy + m * 13, 40, 13, cls=f"w{t // 32}",
+                         fill_opacity=".55" if _shaded(t) else None)
                 svg.text(x0 + c * 40 + 20, iy + m * 13 + 10, f"{t % 32}.{v}", cls="l c")
     return svg.render()
 

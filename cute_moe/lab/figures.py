@@ -15,11 +15,11 @@ import os
 from moe_spec.problem import CATALOG
 
 from ..config import GemmConfig
+from ..layouts import format_config
+from ..plan import choose_config
 from .fig_memory import smem_svg, tma_svg
 from .fig_pipeline import pipeline_svg
 from .fig_tiles import fragment_svg, swapab_svg
-from ..layouts import format_config
-from ..plan import choose_config
 
 PROBLEM = CATALOG["mixtral-8x7b"]
 """The default problem: Mixtral-8x7B's GEMM1 (N_out = 2·I gate and up rows, K = hidden)."""
