@@ -10,6 +10,7 @@ date, device, commit and command the block names:
   the faster in bold.
 
 ``python -m compare.status --check`` says whether both blocks are what the newest committed report
+(:func:`newest_report`: timed on a GPU, both backends on every shape of the targets)
 renders (exit 1 and one line per stale block if not); ``--write`` rewrites them. ``--report FILE``
 renders another report. A bad option is one line on stderr and exit 2.
 """
@@ -94,16 +95,31 @@ def report_time(report: dict) -> datetime.datetime:
         ) from None
 
 
+def covers_the_suite(report: dict) -> bool:
+    """Whether a report can stand for where the layer stands: timed on a GPU, both backends timed on
+    every shape the targets name (a study's run over one shape or one backend cannot)."""
+    meta = report["meta"]
+    timed = {(r["backend"], r["shape"]) for r in report["rows"] if r.get("us") is not None}
+    shapes = {shape for (_, _, shape) in TARGETS}
+    return (
+        meta.get("mode") == "gpu"
+        and bool(meta.get("timed"))
+        and all((b, s) in timed for b in GLANCE_BACKENDS for s in shapes)
+    )
+
+
 def newest_report(results=RESULTS) -> dict:
-    """The newest committed compare report of ``results``: timed on a GPU, latest by its own date."""
+    """The newest committed compare report of ``results`` that covers the suite
+    (:func:`covers_the_suite`), latest by its own date."""
     found = []
     for path in sorted(pathlib.Path(results).glob("compare_*.json")):
         report = load_report(path)
-        meta = report["meta"]
-        if meta.get("mode") == "gpu" and meta.get("timed") and any(r.get("us") for r in report["rows"]):
+        if covers_the_suite(report):
             found.append((report_time(report), path.name, report))
     if not found:
-        raise StatusError(f"report: no timed GPU compare report in {results}")
+        raise StatusError(
+            f"report: no timed GPU compare report covering both backends and the targets' shapes in {results}"
+        )
     return max(found, key=lambda f: f[:2])[2]
 
 
@@ -310,7 +326,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--report",
         metavar="FILE",
-        help="a compare report JSON (default: the newest timed GPU report in notes/results/)",
+        help="a compare report JSON (default: the newest in notes/results/ timing both backends on every target shape)",
     )
     args = parser.parse_args(argv)
     try:

@@ -164,3 +164,17 @@ def test_bad_options_are_one_line_and_exit_2(args):
     r = _cli(*args)
     assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout)
     assert len(r.stderr.strip().splitlines()) == 1 and "error" in r.stderr, r.stderr
+
+
+def test_a_study_run_does_not_stand_for_the_suite(tmp_path):
+    # a newer report that times one shape (a study, a your-kernel run) is not taken for the status tables
+    suite = status.newest_report()
+    study = copy.deepcopy({k: v for k, v in suite.items() if k != "_path"})
+    study["meta"]["date"] = "2099-01-01 00:00 UTC"
+    study["rows"] = [r for r in study["rows"] if r["shape"] == "qwen3-30b-a3b"]
+    (tmp_path / suite["_path"].name).write_text(suite["_path"].read_text())
+    (tmp_path / "compare_h200_2099-01-01_study.json").write_text(json.dumps(study))
+    assert status.newest_report(tmp_path)["_path"].name == suite["_path"].name
+    whole = dict(study, rows=suite["rows"])
+    (tmp_path / "compare_h200_2099-01-01_study.json").write_text(json.dumps(whole))
+    assert status.newest_report(tmp_path)["_path"].name == "compare_h200_2099-01-01_study.json"
