@@ -143,7 +143,8 @@ class _Layer:
         self.options = backend_options
 
     def _device(self, x) -> torch.device:
-        if isinstance(x, torch.Tensor):
+        """The device of this rank's collectives: x's, or (x refused: not a tensor, on meta) the group's."""
+        if isinstance(x, torch.Tensor) and x.device.type in ("cpu", "cuda"):
             return x.device
         return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(self.group) == "nccl" else \
             torch.device("cpu")
@@ -250,23 +251,25 @@ class EPMoE(_Layer):
         rank = dist.get_rank(self.group)
         try:
             _check_routing(x, topk_weights, topk_ids)
+            if all(isinstance(w, torch.Tensor) and w.dim() == 3 for w in (w1, w2)):
+                # the layer's sizes as far as this rank knows them — all ranks' experts, its own tokens —
+                # by the one check of every surface, in fused_moe's order, before anything is read
+                check_sizes(w1.shape[0] * world, x.shape[1], w1.shape[1] // 2, topk_ids.shape[1], x.shape[0])
             # types, dtypes, weights and scales, the backend's limits: the contract's checks of this
             # rank's experts, no tokens
             d = validate_moe_args(x[:0], w1, w2, topk_weights[:0, :1], topk_ids[:0, :1], quant=quant,
                                   w1_scale=w1_scale, w2_scale=w2_scale, limits=self.limits)
             check_runs_on(x.device, self.limits)
-            # the layer's sizes as far as this rank knows them (its own tokens), before it reads its routing
-            check_sizes(d.E * world, d.K, d.I, topk_ids.shape[1], x.shape[0])
             ids_range = _local_routing(topk_weights, topk_ids)
             if not self.check_peers:  # alone, a rank takes the others to hold as many experts as it does
                 _check_global_ids([ids_range], d.E * world, 0)
             refused = None
         except (TypeError, ValueError) as exc:
             d, refused, ids_range = None, exc, (0, 0)
-        top_k = topk_ids.shape[1] if refused is None else 0
+        top_k, tokens = (topk_ids.shape[1], x.shape[0]) if refused is None else (0, 0)
         if self.check_peers:  # every rank's experts (E each, all agreed) say which ids are global ids
             rows = self._agree(x, refused, d and dict(K=d.K, E=d.E, I=d.I, top_k=top_k,
-                                                     quant=QUANT_FORMATS.index(quant)), (*ids_range, x.shape[0]))
+                                                     quant=QUANT_FORMATS.index(quant)), (*ids_range, tokens))
             # the layer's sizes, the same on every rank: all E·world experts, all ranks' tokens (a rank
             # receives at most their top_k pairs each: the rows of its own fused_moe call)
             check_sizes(d.E * world, d.K, d.I, top_k, sum(r[2] for r in rows))

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import collections
 import importlib
+import math
 import sys
 from typing import Callable, Optional
 
@@ -98,7 +99,7 @@ def _backend_fused_moe(implementation: str) -> Callable:
 
 #: How the forward names a size it refuses (moe_spec.validate.check_sizes): its own arguments and
 #: the module's weights, not the contract's names.
-HF_NAMES = SizeNames(E="gate_up_proj", K="hidden_states", I="down_proj", top_k="top_k_index", T="hidden_states",
+HF_NAMES = SizeNames(E="gate_up_proj", K="hidden_states", I="down_proj", top_k="top_k_weights", T="hidden_states",
                      device="hidden_states", matrix="gate_up_proj")
 #: The contract's argument names → the forward's, for a refusal raised inside ``fused_moe``.
 _HF_ARGUMENT = {"x": "hidden_states", "topk_ids": "top_k_index", "topk_weights": "top_k_weights",
@@ -110,7 +111,7 @@ def _routing_shape(hidden_states, top_k_index, top_k_weights, H: int) -> tuple[i
     if hidden_states.dim() < 1 or hidden_states.shape[-1] != H:
         raise ValueError(f"hidden_states: expected [..., H] with the model's hidden size H = {H} "
                          f"(gate_up_proj.shape[2]), got shape {tuple(hidden_states.shape)}")
-    T = hidden_states.numel() // H if H else 0
+    T = math.prod(hidden_states.shape[:-1])
     for name, t in (("top_k_index", top_k_index), ("top_k_weights", top_k_weights)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
