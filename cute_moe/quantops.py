@@ -92,11 +92,6 @@ class RowAmax(_GroupKernel):
         super().__init__(quant, num_sms)
         self.silu = silu
 
-    @cute.jit
-    def __call__(self, src: cute.Tensor, a: cute.Tensor, amax: cute.Tensor, row_mask: cute.Tensor,
-                 used_rows: cute.Tensor, stream):
-        self._launch(self.kernel(src, a, amax, row_mask, used_rows), stream)
-
     @cute.kernel
     def kernel(self, src: cute.Tensor, a: cute.Tensor, amax: cute.Tensor, row_mask: cute.Tensor,
                used_rows: cute.Tensor):
@@ -140,11 +135,6 @@ class RowAmax(_GroupKernel):
 class QuantizeRows(_GroupKernel):
     """Arguments: src [rows, cols] (bf16 or fp32), amax fp32 (flat), q float8_e4m3fn [rows, cols],
     scale fp32 (flat, the format's shape), used_rows int32 [1], stream."""
-
-    @cute.jit
-    def __call__(self, src: cute.Tensor, amax: cute.Tensor, q: cute.Tensor, scale: cute.Tensor,
-                 used_rows: cute.Tensor, stream):
-        self._launch(self.kernel(src, amax, q, scale, used_rows), stream)
 
     @cute.kernel
     def kernel(self, src: cute.Tensor, amax: cute.Tensor, q: cute.Tensor, scale: cute.Tensor,

@@ -60,8 +60,10 @@ class _RowKernel:
     def __init__(self, num_sms: int):
         self.num_ctas = num_sms * CTAS_PER_SM
 
-    def _launch(self, kernel, stream):
-        kernel.launch(grid=[self.num_ctas, 1, 1], block=[THREADS, 1, 1], stream=stream)
+    @cute.jit
+    def __call__(self, *args):
+        """Launch ``kernel`` on the kernel's arguments: ``args`` are its tensors, then the stream."""
+        self.kernel(*args[:-1]).launch(grid=[self.num_ctas, 1, 1], block=[THREADS, 1, 1], stream=args[-1])
 
     def _first_and_step(self):
         """(this thread's first work item, the grid's thread count): a work item per thread."""
@@ -85,10 +87,6 @@ class _RowKernel:
 class GatherRows(_RowKernel):
     """Arguments: src bf16 [T, K], dst bf16 [M_pad, K], index int64 [M_pad], used_rows int32 [1], stream."""
 
-    @cute.jit
-    def __call__(self, src: cute.Tensor, dst: cute.Tensor, index: cute.Tensor, used_rows: cute.Tensor, stream):
-        self._launch(self.kernel(src, dst, index, used_rows), stream)
-
     @cute.kernel
     def kernel(self, src: cute.Tensor, dst: cute.Tensor, index: cute.Tensor, used_rows: cute.Tensor):
         vs, vd = _vectors(src), _vectors(dst)
@@ -101,10 +99,6 @@ class GatherRows(_RowKernel):
 
 class SiluMul(_RowKernel):
     """Arguments: h bf16 [M_pad, 2I], a bf16 [M_pad, I] (out), used_rows int32 [1], stream."""
-
-    @cute.jit
-    def __call__(self, h: cute.Tensor, a: cute.Tensor, used_rows: cute.Tensor, stream):
-        self._launch(self.kernel(h, a, used_rows), stream)
 
     @cute.kernel
     def kernel(self, h: cute.Tensor, a: cute.Tensor, used_rows: cute.Tensor):
@@ -121,10 +115,6 @@ class SiluMul(_RowKernel):
 
 class CombineRows(_RowKernel):
     """Arguments: y bf16 [M_pad, K], out bf16 [T, K], pair_row int64 [T·k], stream."""
-
-    @cute.jit
-    def __call__(self, y: cute.Tensor, out: cute.Tensor, pair_row: cute.Tensor, stream):
-        self._launch(self.kernel(y, out, pair_row), stream)
 
     @cute.kernel
     def kernel(self, y: cute.Tensor, out: cute.Tensor, pair_row: cute.Tensor):
@@ -152,11 +142,6 @@ class ScaleRows(_RowKernel):
         self.quant = quant
         self.vec = vec  # elements per 16-byte vector of y
 
-    @cute.jit
-    def __call__(self, y: cute.Tensor, row_expert: cute.Tensor, x_scale: cute.Tensor, w_scale: cute.Tensor,
-                 used_rows: cute.Tensor, stream):
-        self._launch(self.kernel(y, row_expert, x_scale, w_scale, used_rows), stream)
-
     @cute.kernel
     def kernel(self, y: cute.Tensor, row_expert: cute.Tensor, x_scale: cute.Tensor, w_scale: cute.Tensor,
                used_rows: cute.Tensor):
@@ -179,10 +164,6 @@ class ScaleRows(_RowKernel):
 
 class WeightedCombineRows(_RowKernel):
     """Arguments: y bf16 [M_pad, K], out bf16 [T, K], pair_row int64 [T·k], weight fp32 [T·k], stream."""
-
-    @cute.jit
-    def __call__(self, y: cute.Tensor, out: cute.Tensor, pair_row: cute.Tensor, weight: cute.Tensor, stream):
-        self._launch(self.kernel(y, out, pair_row, weight), stream)
 
     @cute.kernel
     def kernel(self, y: cute.Tensor, out: cute.Tensor, pair_row: cute.Tensor, weight: cute.Tensor):
