@@ -24,11 +24,12 @@ the kernels OR the bits of failed data checks, and the backend's cached workspac
 which no graph input or output aliases.
 
 :func:`entry` is a backend's public ``fused_moe`` around the op: while torch.compile or another
-tracer (``make_fx``, a ``FakeTensorMode``, any torch dispatch mode) is at work, or a tensor is not a
-plain tensor (a FakeTensor, a subclass), it calls the op; otherwise — an eager call, the common
-case — it calls the backend's function directly, the one the op's kernel would call, so an eager
-call does not pay the dispatcher (``notes/results/host_cost_triton_cpu_2026-12-04.md`` measures
-both). Backend options (a config, swap-AB, the unfused pipeline, …) are not in the schema: a call
+tracer (``make_fx``, a ``FakeTensorMode``, functionalization) is at work, or a tensor is not a plain
+tensor (a FakeTensor, a subclass), it calls the op; otherwise — an eager call, the common case, or
+one under a dispatch mode that only watches the aten ops — it calls the backend's function
+directly, the one the op's kernel would call, so an eager call does not pay the dispatcher
+(``notes/results/host_cost_triton_cpu_2026-12-04.md`` measures both). Backend options (a config,
+swap-AB, the unfused pipeline, …) are not in the schema: a call
 that gives one is always a direct Python call, which torch.compile traces into as before.
 """
 
@@ -138,14 +139,31 @@ def _plain(t) -> bool:
     return t is None or type(t) is torch.Tensor or type(t) is torch.nn.Parameter
 
 
+_TRACING_MODES: tuple = ()
+
+
+def _tracing_mode() -> bool:
+    """Whether a tracing dispatch mode is active: fake tensors, ``make_fx``'s proxies, functionalization."""
+    global _TRACING_MODES
+    if not _TRACING_MODES:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch._subclasses.functional_tensor import FunctionalTensorMode
+        from torch.fx.experimental.proxy_tensor import ProxyTorchDispatchMode
+
+        _TRACING_MODES = (FakeTensorMode, ProxyTorchDispatchMode, FunctionalTensorMode)
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    return any(isinstance(m, _TRACING_MODES) for m in _get_current_dispatch_mode_stack())
+
+
 def tracing(*tensors) -> bool:
     """Whether a call with these arguments must go through the op: torch.compile is tracing, a
-    torch dispatch mode is active (a FakeTensorMode, ``make_fx``'s proxy mode, a debug mode), or an
-    argument is a tensor subclass (a FakeTensor, a functional wrapper) — or not a tensor, for which
-    the op's schema would raise (the backend's own check names it instead; see :func:`entry`)."""
+    tracing dispatch mode is active (a FakeTensorMode, ``make_fx``'s proxy mode, functionalization),
+    or an argument is a tensor subclass (a FakeTensor, a functional wrapper). Another dispatch mode
+    (one that counts or logs the aten ops) sees the backend's own ops, as before the op existed."""
     if torch.compiler.is_compiling():
         return True
-    if torch._C._len_torch_dispatch_stack():
+    if torch._C._len_torch_dispatch_stack() and _tracing_mode():
         return True
     return not all(map(_plain, tensors))
 

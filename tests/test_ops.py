@@ -21,6 +21,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import cute_moe
 import triton_moe
@@ -174,6 +175,14 @@ def test_entry_routes_traced_calls_to_the_op():
         assert seen.pop() == ("impl", ("quant",))
     fn(mode.from_tensor(args[0]), *args[1:])  # a FakeTensor outside its mode
     assert seen.pop() == "op"
+
+    class Watch(TorchDispatchMode):  # a mode that only watches the aten ops (a counter, a logger)
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Watch():
+        fn(*args)
+    assert seen.pop() == ("impl", ())  # it sees the backend's own ops, as before the op existed
 
 
 def test_public_functions_keep_the_backends_signature_and_limits():

@@ -303,14 +303,12 @@ def test_gemm2_reads_its_routing_early_or_late_to_the_same_bytes(quant, word, mo
     outs, words, early = [], [], []
     for steps in (0, 1 << 20):  # no GEMM2 is short enough / every GEMM2 is
         monkeypatch.setattr(moe, "EARLY_ROUTING_MAX_K_STEPS", steps)
-        moe._gemm_constants.cache_clear()
-        moe._geometry.cache_clear()
+        moe.forget_plans()
         outs.append(fused_moe(**inp.kwargs(), config=_config(quant, True)))
         words.append(int(word))
         early.append(moe._gemm_constants(_config(quant, True).gemm2_config(), quant, False, 1, 64)["EARLY_ROUTING"])
         word.zero_()
-    moe._gemm_constants.cache_clear()
-    moe._geometry.cache_clear()
+    moe.forget_plans()
     assert early == [False, True]
     assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
     assert words[0] == words[1] == BAD_ID | BAD_WEIGHT and bool(outs[0][2].isnan().all())

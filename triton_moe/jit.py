@@ -277,11 +277,82 @@ def _entry_point(compiled):
 
 
 def forget_fast(kernel=None) -> None:
-    """Drop the direct path's entries of ``kernel`` (default: of every kernel launched so far)."""
+    """Drop the direct path's entries of ``kernel`` (default: of every kernel launched so far), those
+    of the :class:`Bound` launches included."""
+    global _generation
+    _generation += 1
     for k in [kernel] if kernel is not None else list(_launched):
         state = k.__dict__.get("_moe_fast")
         if state is not None:
             state[1].clear()
+
+
+_generation = 0  # forget_fast() calls so far: a Bound launch's entries are of one generation
+
+
+class Bound:
+    """``launch(kernel, grid, *args, **kwargs)`` with the grid and the keyword arguments bound once.
+
+    A plan's launches have grids and constexprs that depend only on the plan and the sizes, so the
+    caller builds them once (per plan and shape) and calls ``bound(*args)`` with the positional
+    arguments per launch. On a GPU the direct path then keys a launch by the positional arguments'
+    classes alone (:func:`fast_key` without the keyword part, which is fixed here) in a table of its
+    own: no keyword dict, no hash of the constexprs, one lookup. Anything else — the first launch
+    of a specialization, an active :class:`CompileCounter`, ``TRITON_MOE_FAST_LAUNCH=0``, the
+    interpreter, a hook, a changed global — goes through :func:`launch`, as an unbound launch would.
+    """
+
+    __slots__ = ("kernel", "grid", "kwargs", "_dims", "_key", "_hits", "_generation")
+
+    def __init__(self, kernel, grid, **kwargs):
+        self.kernel, self.grid, self.kwargs = kernel, tuple(grid), kwargs
+        n = len(self.grid)
+        self._dims = (self.grid[0], self.grid[1] if n > 1 else 1, self.grid[2] if n > 2 else 1)
+        self._key = None  # the key function, written at the first direct launch (it needs the argument count)
+        self._hits: dict = {}  # key -> the kernel's direct-path entry (CompiledKernel, tail, C entry point)
+        self._generation = _generation
+
+    def __repr__(self) -> str:
+        return f"Bound({getattr(self.kernel, '__name__', self.kernel)}, grid={self.grid})"
+
+    def __call__(self, *args):
+        kernel = self.kernel
+        if _active or not FAST_LAUNCH or type(kernel) is not JITFunction or not self._dims[0]:
+            return launch(kernel, self.grid, *args, **self.kwargs)
+        global _driver
+        if _driver is None:
+            from triton.runtime.driver import driver as _driver
+        drv = _driver.active
+        device = drv.get_current_device()
+        if self._generation != _generation:
+            self._hits.clear()
+            self._generation = _generation
+        key_fn = self._key
+        if key_fn is None:
+            if len(args) > len(kernel.params):
+                return launch(kernel, self.grid, *args, **self.kwargs)
+            key_fn = self._key = _key_function(_param_kinds(kernel), len(args))
+        try:
+            key = key_fn((device, knobs.runtime.debug, knobs.compilation.instrumentation_mode), *args)
+        except _Unclassified:
+            return launch(kernel, self.grid, *args, **self.kwargs)
+        hit = self._hits.get(key)
+        if hit is None or kernel.pre_run_hooks or not _hooks_idle() or not _globals_unchanged(kernel):
+            compiled = _launch_fast(kernel, self.grid, args, self.kwargs)
+            entry = _state(kernel)[1].get(fast_key(kernel, args, self.kwargs, device))
+            if entry is not None and entry[0] is compiled and len(self._hits) < _FAST_MAX:
+                self._hits[key] = entry  # (CompiledKernel, the parameters after the positional ones, C entry)
+            return compiled
+        compiled, tail, entry = hit
+        gx, gy, gz = self._dims
+        if entry is None:
+            compiled.run(gx, gy, gz, drv.get_current_stream(device), compiled.function, compiled.packed_metadata,
+                         None, None, None, *args, *tail)
+        else:
+            launch_c, cooperative, pdl = entry
+            launch_c(gx, gy, gz, drv.get_current_stream(device), compiled.function, cooperative, pdl, None, None,
+                     compiled.packed_metadata, None, None, None, *args, *tail)
+        return compiled
 
 
 _MISSING = object()

@@ -29,7 +29,9 @@ alignment flags bad and repeated ids, the GEMMs bad routing weights and scales, 
 error word; :func:`moe_spec.validate.check` raises).
 
 Host cost per call: the argument checks' verdict is cached per signature
-(:func:`moe_spec.validate.validate_moe_args`), the plan per (sizes, options, device), and the
+(:func:`moe_spec.validate.validate_moe_args`); the plan, with every launch's grid and constexprs
+bound to it (:class:`_Launches` of :class:`triton_moe.jit.Bound` launches, which key the direct
+launch path by the positional arguments alone), per (sizes, options, device); and the
 intermediate buffers per (sizes, device, stream, thread) — a workspace reused by the thread's
 next eager call on the same stream, which the stream orders after this one (never during a CUDA
 graph capture, whose buffers belong to the graph; the returned output is always a new tensor).
@@ -47,11 +49,11 @@ import torch
 
 from moe_spec.align import Alignment
 from moe_spec.quant import FP8_DTYPE, WHOLE, get_format
-from moe_spec.validate import (BAD_A1_SCALE, BAD_A2_SCALE, Limits, check_runs_on, error_word, surface_errors,
-                               validate_moe_args)
+from moe_spec.validate import (BAD_A1_SCALE, BAD_A2_SCALE, Limits, MoEDims, check_runs_on, error_word,
+                               surface_errors, validate_moe_args)
 from triton_moe.align import MAX_EXPERTS, align_into, buffer_sizes
 from triton_moe.config import EARLY_ROUTING_MAX_K_STEPS, TritonConfig
-from triton_moe.jit import INTERPRET, launch
+from triton_moe.jit import INTERPRET, Bound
 from triton_moe.kernels import QUANT_MODE, fp8_imprecise_acc, moe_gemm_kernel
 from triton_moe.kernels_rows import AMAX_PARTS, amax_kernel, combine_kernel, quantize_kernel
 from triton_moe.kernels_tma import check_tma_operand, gemm_tma
@@ -74,30 +76,45 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _quantize(a, quant: str, amax=None, *, q=None, scale=None, parts=None, zero=None, static_bit=0):
+@functools.lru_cache(maxsize=1024)
+def _quantize_launches(rows: int, cols: int, quant: str, amax_given: bool, zero_numel: int, static_bit: int) -> tuple:
+    """(amax launch or None, its program count, quantize launch) of :func:`_quantize` for activations
+    [rows, cols]: grids and constexprs bound once per shape (:class:`~triton_moe.jit.Bound`)."""
+    fmt = get_format(quant)
+    common = dict(QUANT=fmt.mode, GROUPS=QUANT_GROUPS, INTERPRETER=INTERPRET)
+    if static_bit:
+        return None, 1, Bound(quantize_kernel, (rows,), AMAX_GIVEN=False, STATIC_BIT=static_bit, **common)
+    if fmt.activation_group == (WHOLE, WHOLE) and not amax_given:  # one scale for the whole tensor
+        num_amax = min(rows, PARTS)
+        return (Bound(amax_kernel, (num_amax,), BLOCK=AMAX_BLOCK), num_amax,
+                Bound(quantize_kernel, (rows,), AMAX_GIVEN=True, **common))
+    return None, 1, Bound(quantize_kernel, (rows,), AMAX_GIVEN=amax_given, **common)
+
+
+def _quantize(a, quant: str, amax=None, *, q=None, scale=None, parts=None, zero=None, static_bit=0, launches=None):
     """(q E4M3, scale fp32) of activations a [rows, cols] — moe_spec.quant.quantize_activation's
     result. ``amax``: the amax in the format's shape when already known (else found here); ``q``,
     ``scale``, ``parts`` (fp32 [PARTS], fp8_tensor's partial amaxes): buffers to use;
     ``zero``: a buffer the same launch zeroes (GEMM1's amax). ``static_bit`` ≠ 0: ``scale`` is a
     static fp8_tensor scale (read, not written: ``quantize_activation_static``), and a bad one sets
-    this bit of the error word."""
+    this bit of the error word. ``launches``: :func:`_quantize_launches` of these arguments, when
+    the caller holds them."""
     rows, cols = a.shape
-    fmt = get_format(quant)
     q = torch.empty((rows, cols), dtype=FP8_DTYPE, device=a.device) if q is None else q
+    zero_numel = 0 if zero is None else zero.numel()
+    amax_launch, num_amax, quantize = launches or _quantize_launches(rows, cols, quant, amax is not None, zero_numel,
+                                                                     static_bit)
     if static_bit:
-        launch(quantize_kernel, (rows,), a, error_word(a.device), q, scale, scale, rows, cols, 1, 0,
-               QUANT=fmt.mode, AMAX_GIVEN=False, GROUPS=QUANT_GROUPS, INTERPRETER=INTERPRET, STATIC_BIT=static_bit)
+        quantize(a, error_word(a.device), q, scale, scale, rows, cols, 1, 0)
         return q, scale
     if scale is None:
-        scale = torch.empty(fmt.activation_scale_shape(rows, cols), dtype=torch.float32, device=a.device)
-    num_amax = 1
-    if fmt.activation_group == (WHOLE, WHOLE) and amax is None:  # one scale for the whole tensor
-        num_amax = min(rows, PARTS)
+        scale = torch.empty(get_format(quant).activation_scale_shape(rows, cols), dtype=torch.float32,
+                            device=a.device)
+    if amax_launch is not None:
         amax = torch.empty(PARTS, dtype=torch.float32, device=a.device) if parts is None else parts
-        launch(amax_kernel, (num_amax,), a, amax, rows, cols, BLOCK=AMAX_BLOCK)
-    launch(quantize_kernel, (rows,), a, amax if amax is not None else scale, q, scale,
-           zero if zero is not None else scale, rows, cols, num_amax, 0 if zero is None else zero.numel(),
-           QUANT=fmt.mode, AMAX_GIVEN=amax is not None, GROUPS=QUANT_GROUPS, INTERPRETER=INTERPRET)
+        amax_launch(a, amax, rows, cols)
+    quantize(a, amax if amax is not None else scale, q, scale, zero if zero is not None else scale, rows, cols,
+             num_amax, zero_numel)
     return q, scale
 
 
@@ -115,30 +132,66 @@ def _gemm_constants(cfg: TritonConfig, quant, fuse_silu: bool, a_row_div: int, k
                 SPLIT_K=cfg.split_k if fuse_silu else 1, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
+class _Launches:
+    """Every launch of :func:`expert_computation` for one shape, quant format, config and
+    activation-scale mode, bound once (:func:`_launches`): grids and constexprs
+    (:class:`~triton_moe.jit.Bound`), and what the persistent TMA kernel takes instead."""
+
+    __slots__ = ("quantized", "cfg1", "cfg2", "const1", "const2", "gemm1", "gemm2", "combine", "x_quant", "act_quant",
+                 "split")
+
+    def __init__(self, T: int, top_k: int, K: int, I: int, quant, cfg: TritonConfig, num_blocks: int,  # noqa: E741
+                 static: bool):
+        fmt = get_format(quant)
+        P = T * top_k
+        cfg1, cfg2 = cfg.gemm1_config(), cfg.gemm2_config()
+        self.quantized, self.cfg1, self.cfg2 = fmt.quantized, cfg1, cfg2
+        self.const1 = _gemm_constants(cfg1, quant, True, top_k, K)
+        self.const2 = _gemm_constants(cfg2, quant, False, 1, I)
+        self.gemm1 = None if cfg1.persistent_tma else Bound(moe_gemm_kernel, (num_blocks * _cdiv(I, cfg1.BLOCK_N),
+                                                                              cfg1.split_k), **self.const1)
+        self.gemm2 = None if cfg2.persistent_tma else Bound(moe_gemm_kernel, (num_blocks * _cdiv(K, cfg2.BLOCK_N),),
+                                                            **self.const2)
+        self.combine = None if top_k == 1 else Bound(combine_kernel, (T, _cdiv(K, COMBINE_BLOCK)), TOP_K=top_k,
+                                                     BLOCK=COMBINE_BLOCK, INTERPRETER=INTERPRET)
+        self.split = cfg1.split_k > 1
+        self.x_quant = self.act_quant = None
+        if static:
+            self.x_quant = _quantize_launches(T, K, quant, False, 0, BAD_A1_SCALE)
+            self.act_quant = _quantize_launches(P, I, quant, False, 0, BAD_A2_SCALE)
+        elif fmt.quantized:
+            amax_numel = _numel(fmt.activation_scale_shape(P, I))
+            self.x_quant = _quantize_launches(T, K, quant, False, amax_numel, 0)
+            self.act_quant = _quantize_launches(P, I, quant, True, 0, 0)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for v in shape:
+        n *= v
+    return n
+
+
 @functools.lru_cache(maxsize=1024)
-def _geometry(T: int, top_k: int, K: int, I: int, quant, cfg: TritonConfig, num_blocks: int) -> tuple:  # noqa: E741
-    """What the launches of :func:`expert_computation` take from the sizes alone: (quantized,
-    GEMM1 grid, GEMM2 grid, combine grid, GEMM1 constexprs, GEMM2 constexprs, GEMM1's config,
-    GEMM2's config) — once per shape. GEMM2's grid and constexprs are its own tile's
-    (``cfg.gemm2``, else GEMM1's)."""
-    cfg1, cfg2 = cfg.gemm1_config(), cfg.gemm2_config()
-    return (get_format(quant).quantized, (num_blocks * _cdiv(I, cfg1.BLOCK_N), cfg1.split_k),
-            (num_blocks * _cdiv(K, cfg2.BLOCK_N),), (T, _cdiv(K, COMBINE_BLOCK)),
-            _gemm_constants(cfg1, quant, True, top_k, K), _gemm_constants(cfg2, quant, False, 1, I), cfg1, cfg2)
+def _launches(T: int, top_k: int, K: int, I: int, quant, cfg: TritonConfig, num_blocks: int,  # noqa: E741
+              static: bool = False) -> _Launches:
+    """The :class:`_Launches` of one shape, once per shape (``cfg``: a plan's config; GEMM2's grid
+    and constexprs are its own tile's, ``cfg.gemm2``, else GEMM1's)."""
+    return _Launches(T, top_k, K, I, quant, cfg, num_blocks, static)
 
 
-def _gemm(grid, constants, a, a_scale, w, w_scale, out, out_amax, topk_weights, topk_ids, error, routing: Alignment,
-          num_padded, N, K, cfg: TritonConfig, static=False, split=None):
-    """One grouped GEMM; ``cfg`` is that GEMM's config (its kernel: grouped or persistent TMA)."""
+def _gemm(bound, constants, a, a_scale, w, w_scale, out, out_amax, topk_weights, topk_ids, error,
+          routing: Alignment, num_padded, N, K, cfg: TritonConfig, static=False, split=None):
+    """One grouped GEMM; ``cfg`` is that GEMM's config (its kernel: grouped, through the bound launch
+    ``bound``, or persistent TMA, with ``constants``)."""
     if cfg.persistent_tma:  # the persistent TMA kernel (triton_moe.kernels_tma): only when the config asks
         return gemm_tma(a, a_scale, w, w_scale, out, out_amax, topk_weights, topk_ids, error, routing, num_padded,
                         N, K, constants, flatten=cfg.tma_flatten, static=static)
     dummy = out  # stands in for pointers a mode does not read
-    launch(moe_gemm_kernel, grid,
-           a, a_scale if a_scale is not None else dummy, w, w_scale if w_scale is not None else dummy,
-           out, None if static else out_amax if out_amax is not None else dummy, topk_weights, topk_ids,
-           routing.sorted_ids, routing.expert_of_block, num_padded, error,
-           *(split if split is not None else (dummy, dummy)), routing.num_pairs, N, K, w.shape[0], **constants)
+    bound(a, a_scale if a_scale is not None else dummy, w, w_scale if w_scale is not None else dummy,
+          out, None if static else out_amax if out_amax is not None else dummy, topk_weights, topk_ids,
+          routing.sorted_ids, routing.expert_of_block, num_padded, error,
+          *(split if split is not None else (dummy, dummy)), routing.num_pairs, N, K, w.shape[0])
 
 
 def _buffers(T: int, top_k: int, E: int, K: int, I: int, quant, tile: int, device,  # noqa: E741
@@ -179,15 +232,21 @@ def _split(cfg: TritonConfig) -> tuple:
 def _workspace(T, top_k, E, K, I, quant, tile, device, split=(1, 0)) -> dict:  # noqa: E741
     """The buffers of :func:`_buffers`, reused by the eager calls of one stream (see the module
     docstring); fresh while a CUDA graph is being captured."""
+    return _workspace_of((T, top_k, E, K, I, quant, tile, device, split))
+
+
+def _workspace_of(sizes: tuple) -> dict:
+    """:func:`_workspace` of ``sizes`` = its arguments as a tuple (a :class:`_Call` holds them)."""
+    device = sizes[7]
     stream = None
     if device.type == "cuda":
         if torch.cuda.is_current_stream_capturing():
-            return _buffers(T, top_k, E, K, I, quant, tile, device, split)
+            return _buffers(*sizes)
         stream = torch.cuda.current_stream(device).cuda_stream
-    key = (T, top_k, E, K, I, quant, tile, device, split, stream, threading.get_ident())
+    key = (sizes, stream, threading.get_ident())
     b = _workspaces.get(key)
     if b is None:
-        b = _workspaces[key] = _buffers(T, top_k, E, K, I, quant, tile, device, split)
+        b = _workspaces[key] = _buffers(*sizes)
         if len(_workspaces) > WORKSPACES:
             _workspaces.popitem(last=False)
     else:
@@ -195,9 +254,30 @@ def _workspace(T, top_k, E, K, I, quant, tile, device, split=(1, 0)) -> dict:  #
     return b
 
 
+class _Call:
+    """What a ``fused_moe`` call takes from its plan, found once per call signature
+    (:func:`_call_of`): the plan, the workspace's sizes, whether a GEMM reads its weight by TMA,
+    and the launches bound for this shape (:class:`_Launches`; None for T = 0)."""
+
+    __slots__ = ("plan", "sizes", "tma1", "tma2", "launches")
+
+    def __init__(self, p, d: MoEDims, quant, device, static: bool):
+        self.plan, self.tma1, self.tma2 = p, p.gemm1.persistent_tma, p.gemm2.persistent_tma
+        tile = p.align_tile
+        self.sizes = (d.T, d.top_k, d.E, d.K, d.I, quant, tile, device, _split(p.config))
+        self.launches = None if not d.T else _launches(d.T, d.top_k, d.K, d.I, quant, p.config,
+                                                       buffer_sizes(d.T, d.top_k, d.E, tile)["blocks"], static)
+
+
 @functools.lru_cache(maxsize=1024)
-def _cached_plan(dims, quant, config, swap_ab, device):
-    return plan(dims, quant, config=config, swap_ab=swap_ab)
+def _call_of(dims, quant, config, swap_ab, device, static: bool) -> _Call:
+    return _Call(plan(dims, quant, config=config, swap_ab=swap_ab), dims, quant, device, static)
+
+
+def forget_plans() -> None:
+    """Drop the cached plans and bound launches (after a change of a module constant they read)."""
+    for cached in (_call_of, _launches, _quantize_launches, _gemm_constants):
+        cached.cache_clear()
 
 
 def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None, a1_scale=None,
@@ -219,24 +299,26 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
     """
     d = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale,
                           w2_scale=w2_scale, limits=LIMITS, a1_scale=a1_scale, a2_scale=a2_scale)
+    static = a1_scale is not None  # static activation scales (validated: fp8_tensor, both given)
     if (config is None or type(config) is TritonConfig) and (swap_ab is None or type(swap_ab) is bool):
-        p = _cached_plan(d, quant, config, swap_ab, x.device)
-    else:
-        p = plan(d, quant, config=config, swap_ab=swap_ab)  # raises, naming the option
+        c = _call_of(d, quant, config, swap_ab, x.device, static)
+    else:  # raises, naming the option (or a TritonConfig subclass: planned every call)
+        c = _Call(plan(d, quant, config=config, swap_ab=swap_ab), d, quant, x.device, static)
     check_runs_on(x.device, LIMITS)  # T = 0 included: what T = 1 refuses, T = 0 refuses
     surface_errors(x.device)  # an earlier call's failed data check raises here (moe_spec.contract)
     if d.T == 0:
         return x.new_empty((0, d.K))
-    if p.gemm1.persistent_tma:  # TMA reads the weights: 16-byte rows and base, checked before any launch
+    if c.tma1:  # TMA reads the weights: 16-byte rows and base, checked before any launch
         check_tma_operand("w1", w1)
-    if p.gemm2.persistent_tma:
+    if c.tma2:
         check_tma_operand("w2", w2)
-    ws = _workspace(d.T, d.top_k, d.E, d.K, d.I, quant, p.align_tile, x.device, _split(p.config))
+    ws = _workspace_of(c.sizes)
     error = error_word(x.device)
-    routing = align_into(topk_ids, d.E, p.align_tile, ws["sorted_ids"], ws["expert_of_block"], ws["expert_end"],
+    routing = align_into(topk_ids, d.E, c.sizes[6], ws["sorted_ids"], ws["expert_of_block"], ws["expert_end"],
                          ws["counts"], error)
     return expert_computation(x, w1, w2, topk_weights, topk_ids, routing, quant=quant, w1_scale=w1_scale,
-                              w2_scale=w2_scale, config=p.config, workspace=ws, a1_scale=a1_scale, a2_scale=a2_scale)
+                              w2_scale=w2_scale, config=c.plan.config, workspace=ws, a1_scale=a1_scale,
+                              a2_scale=a2_scale, launches=c.launches)
 
 
 fused_moe.limits = LIMITS
@@ -244,16 +326,16 @@ fused_moe.limits = LIMITS
 
 def expert_computation(x, w1, w2, topk_weights, topk_ids, routing, *, quant, w1_scale, w2_scale,
                        config: TritonConfig, workspace: Optional[dict] = None, a1_scale=None,
-                       a2_scale=None) -> torch.Tensor:
+                       a2_scale=None, launches: _Launches | None = None) -> torch.Tensor:
     """Everything after the alignment: quantize x, GEMM1 + SiLU·up, quantize the intermediate,
     GEMM2 × routing weight, combine.
 
     ``routing`` is the :class:`~moe_spec.align.Alignment` of ``topk_ids`` for ``config.BLOCK_M``
     (:func:`~triton_moe.align.align_block_size`); ``config`` must be resolved and checked (a
     plan's); GEMM2 runs its ``gemm2`` tile when it has one; ``workspace``: the buffers of
-    :func:`_buffers` (default: new ones). :func:`fused_moe`
-    is the validated entry point; the benchmark times this part alone (the alignment is timed
-    separately).
+    :func:`_buffers` (default: new ones); ``launches``: :func:`_launches` of this call (default:
+    looked up). :func:`fused_moe` is the validated entry point; the benchmark times this part alone
+    (the alignment is timed separately).
     """
     T, K = x.shape
     E, I = w2.shape[0], w2.shape[2]  # noqa: E741
@@ -261,35 +343,35 @@ def expert_computation(x, w1, w2, topk_weights, topk_ids, routing, *, quant, w1_
     ws = workspace or _buffers(T, top_k, E, K, I, quant, config.BLOCK_M, x.device, _split(config))
     num_padded = ws["num_padded"] if routing.expert_end is ws["expert_end"] else routing.num_padded
     error = error_word(x.device)
-    quantized, grid1, grid2, combine_grid, const1, const2, cfg1, cfg2 = _geometry(
-        T, top_k, K, I, quant, config, routing.expert_of_block.numel())
     static = a1_scale is not None  # static activation scales (validated: fp8_tensor, both given)
+    b = launches or _launches(T, top_k, K, I, quant, config, routing.expert_of_block.numel(), static)
+    cfg1, cfg2 = b.cfg1, b.cfg2
     a1, s1, act_amax = x, None, None
     if static:
-        a1, s1 = _quantize(x, quant, q=ws["xq"], scale=a1_scale, static_bit=BAD_A1_SCALE)
-    elif quantized:
+        a1, s1 = _quantize(x, quant, q=ws["xq"], scale=a1_scale, static_bit=BAD_A1_SCALE, launches=b.x_quant)
+    elif b.quantized:
         act_amax = ws["act_amax"]
-        a1, s1 = _quantize(x, quant, q=ws["xq"], scale=ws["x_scale"], parts=ws["parts"], zero=act_amax)
+        a1, s1 = _quantize(x, quant, q=ws["xq"], scale=ws["x_scale"], parts=ws["parts"], zero=act_amax,
+                           launches=b.x_quant)
 
     # GEMM1 + SiLU(gate)·up: bf16 intermediate, or fp32 (with its amax unless the scale is static),
     # quantized once for GEMM2
     act = ws["act"]
-    _gemm(grid1, const1, a1, s1, w1, w1_scale, act, act_amax, topk_weights, topk_ids, error, routing,
-          num_padded, I, K, cfg1, static=static,
-          split=(ws["partials"], ws["counts_split"]) if cfg1.split_k > 1 else None)
+    _gemm(b.gemm1, b.const1, a1, s1, w1, w1_scale, act, act_amax, topk_weights, topk_ids, error, routing,
+          num_padded, I, K, cfg1, static=static, split=(ws["partials"], ws["counts_split"]) if b.split else None)
     if static:
-        a2, s2 = _quantize(act, quant, q=ws["aq"], scale=a2_scale, static_bit=BAD_A2_SCALE)
+        a2, s2 = _quantize(act, quant, q=ws["aq"], scale=a2_scale, static_bit=BAD_A2_SCALE, launches=b.act_quant)
     else:
         a2, s2 = (act, None) if act_amax is None else _quantize(act, quant, act_amax, q=ws["aq"],
-                                                                scale=ws["act_scale"])
+                                                                scale=ws["act_scale"], launches=b.act_quant)
 
     # GEMM2 × routing weight; with top_k = 1 its rows are already the output
     out = torch.empty((T, K), dtype=torch.bfloat16, device=x.device)
     y = out if top_k == 1 else ws["y"]
-    _gemm(grid2, const2, a2, s2, w2, w2_scale, y, None, topk_weights, topk_ids, error, routing, num_padded, K, I,
-          cfg2)
+    _gemm(b.gemm2, b.const2, a2, s2, w2, w2_scale, y, None, topk_weights, topk_ids, error, routing, num_padded, K,
+          I, cfg2)
     if top_k > 1:
-        launch(combine_kernel, combine_grid, y, out, T, K, TOP_K=top_k, BLOCK=COMBINE_BLOCK, INTERPRETER=INTERPRET)
+        b.combine(y, out, T, K)
     return out
 
 
@@ -304,7 +386,6 @@ def gemm2(a2, s2, w2, w2_scale, y, topk_weights, topk_ids, routing, config: Trit
     top_k = topk_ids.shape[1]
     P, I = a2.shape  # noqa: E741
     K = w2.shape[1]
-    geometry = _geometry(P // top_k, top_k, K, I, quant, config, routing.expert_of_block.numel())
-    grid2, const2, cfg2 = geometry[2], geometry[5], geometry[7]
-    _gemm(grid2, const2, a2, s2, w2, w2_scale, y, None, topk_weights, topk_ids, error_word(a2.device), routing,
-          routing.num_padded, K, I, cfg2)
+    b = _launches(P // top_k, top_k, K, I, quant, config, routing.expert_of_block.numel())
+    _gemm(b.gemm2, b.const2, a2, s2, w2, w2_scale, y, None, topk_weights, topk_ids, error_word(a2.device), routing,
+          routing.num_padded, K, I, b.cfg2)

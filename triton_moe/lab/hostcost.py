@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import CompiledKernel
 
 from moe_spec.timing import host_us
-from triton_moe import jit
+from triton_moe import jit, moe
 
 
 class StandInKernel(CompiledKernel):
@@ -71,7 +72,8 @@ class _Driver:
 def stand_in_driver(stream: int = 7):
     """Inside the block Triton sees a stand-in sm_90 driver and compiles stand-in kernels; yields
     the list of :class:`StandInKernel` compiled (one per Triton compilation, in order), whose
-    ``.driver.stream`` is the current stream. For a machine without a GPU only (raises
+    ``.driver.stream`` is the current stream; ``triton_moe.fused_moe`` takes CPU tensors as the
+    stand-in GPU's (its device rule is lifted). For a machine without a GPU only (raises
     RuntimeError where CUDA is available: real kernels compiled before the block would be launched
     on the stand-in stream). On exit the kernels compiled inside forget their binaries
     (:func:`reset_kernel`), and the direct path forgets every entry."""
@@ -96,9 +98,14 @@ def stand_in_driver(stream: int = 7):
     triton.compiler.compile = fake_compile  # JITFunction.create_binder imports it per device cache
     previous = driver._active
     driver.set_active(compiled.driver)
+    limits = getattr(moe, "LIMITS", None)
+    if limits is not None:
+        moe.LIMITS = dataclasses.replace(limits, cpu=None)  # CPU tensors stand for the stand-in GPU's
     try:
         yield compiled
     finally:
+        if limits is not None:
+            moe.LIMITS = limits
         triton.compiler.compile = original
         driver._active = previous  # reset_active() would look for a real driver
         for fn in kernels:
@@ -116,19 +123,47 @@ def reset_kernel(kernel) -> None:
     jit.forget_fast(kernel)
 
 
+def _op():
+    import triton_moe.ops
+
+    op = triton_moe.ops.OP
+    return lambda x, w1, w2, topk_weights, topk_ids, **kw: op(x, w1, w2, topk_weights, topk_ids, **kw)
+
+
+def _public():
+    import triton_moe
+
+    return triton_moe.fused_moe
+
+
+def _moe():
+    from triton_moe.moe import fused_moe
+
+    return fused_moe
+
+
+#: --entry: what is called (a loader, what it is)
+ENTRIES = {
+    "moe": (_moe, "triton_moe.moe.fused_moe, the backend function"),
+    "public": (_public, "triton_moe.fused_moe, an eager call (the backend function behind moe_spec.ops.entry)"),
+    "op": (_op, "torch.ops.triton_moe.fused_moe, what a compiled graph calls (the dispatcher, then the function)"),
+}
+
+
 def main(argv=None) -> None:
     from moe_spec.problem import MoEShape, get_shape, make_inputs
     from moe_spec.quant import FORMATS
-    from triton_moe.moe import fused_moe
-
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", default="qwen3-30b-a3b")
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 64])
     p.add_argument("--quant", default="bf16", choices=[f.label for f in FORMATS.values()])
     p.add_argument("--rounds", type=int, default=3, help="alternating run/direct rounds")
+    p.add_argument("--entry", default="moe", choices=sorted(ENTRIES), help="the function called: " +
+                   "; ".join(f"{k}: {v[1]}" for k, v in sorted(ENTRIES.items())))
     a = p.parse_args(argv)
     if jit.INTERPRET:
         raise SystemExit("triton_moe.lab.hostcost: run it without TRITON_INTERPRET=1")
+    fused_moe = ENTRIES[a.entry][0]()
     shape = get_shape(a.shape)
     quant = next(f.name for f in FORMATS.values() if f.label == a.quant)
     stand_in = MoEShape(shape.label, shape.num_experts, shape.top_k, 256, 128, "host-cost stand-in")
