@@ -24,11 +24,12 @@ from moe_spec.contract import make_fused_experts
 from . import arch  # noqa: F401  (first: sets CUTE_DSL_ARCH before any module below imports cutlass)
 from .cache import compile_count
 from .config import GemmConfig
+from .gemm_plan import compile_gemm
 from .layouts import describe, describe_json
 from .moe import combine, gather_rows, grouped_gemm, silu_mul, sort_rows
 from .ops import fused_moe
 from .plan import LayerPlan, choose_config, layer_configs, plan, plans_for
-from .ptx import compile_gemm, compile_ptx, mma_instruction
+from .ptx import compile_ptx, mma_instruction
 from .quantops import compile_quant_kernels
 from .rowops import compile_row_kernels
 from .warmup import compile_plan, warmup

@@ -1,6 +1,6 @@
 """When the layer plan runs a grouped GEMM on a cluster of two or on the ping-pong schedule.
 
-:func:`cute_moe.config.choose_config` picks a GEMM's path and tile; the plan (:mod:`cute_moe.plan`) then
+:func:`cute_moe.plan.choose_config` picks a GEMM's path and tile; the plan (:mod:`cute_moe.plan`) then
 passes the cooperative config through :func:`clustered` (both GEMMs) and :func:`short_k_gemm2` (GEMM2),
 each of which swaps in its variant only where the H200 measured it faster, with the same output bit
 for bit.  :func:`pingpong_config` builds the ping-pong twin of any cooperative config (the benches and

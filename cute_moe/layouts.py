@@ -47,10 +47,10 @@ from cutlass.base_dsl.ast_helpers import DSLOptimizationWarning
 from cutlass.cute.nvgpu import cpasync
 
 from .config import SMEM_BUDGET_BYTES, GemmConfig
-from .gemm_plan import KernelPlan
+from .gemm_plan import KernelPlan, fake_arguments
 from .limits import gemm1_out_dtype
 from .plan import choose_config
-from .ptx import PTX_TYPES, fake_arguments
+from .ptx import PTX_TYPES
 
 
 # ---- a layout is a function: the pure-Python definition ----------------------------------------
@@ -206,7 +206,7 @@ def tma_layouts(cfg: GemmConfig) -> dict:
     """The TMA copies of the kernel as data, traced on the CPU with symbolic problem sizes.
 
     The same ``make_tiled_tma_atom`` / ``local_tile`` calls as ``GroupedGemm`` make, on the fake
-    arguments of :func:`cute_moe.ptx.fake_arguments`.  For ``tokens`` and ``weights`` (loads) and
+    arguments of :func:`cute_moe.gemm_plan.fake_arguments`.  For ``tokens`` and ``weights`` (loads) and
     ``output`` (the store), ``tiles`` is the tiled coordinate tensor (box modes first, then the
     block indices; for the weights the last index is the expert), whose strides say which TMA
     coordinate each index moves (``"value@mode"``); ``values`` is the elements one copy moves.

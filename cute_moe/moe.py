@@ -29,10 +29,10 @@ from moe_spec.validate import Limits, MoEDims, check_runs_on, error_word, surfac
 
 from .alignops import MAX_EXPERTS
 from .config import GemmConfig
+from .gemm_plan import compile_gemm
 from .limits import ALIGN_ELEMS
 from .moe_fp8 import amax_sizes, quantize_intermediate, quantize_tokens, sorted_token_scales
 from .plan import LayerPlan, plan
-from .ptx import compile_gemm
 from .rowmaps import RowBuffers, SortedRows, sort_rows_on_device, split_blocks
 from .rowops import compile_row_kernels
 from .runtime import current_stream as _stream

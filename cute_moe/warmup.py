@@ -38,9 +38,9 @@ from moe_spec.warmup import (
 
 from .cache import compile_count
 from .config import QUANT_FORMATS, GemmConfig
+from .gemm_plan import compile_gemm
 from .moe import LIMITS, fused_moe
 from .plan import MAX_TOKENS, _tile_text, plans_for
-from .ptx import compile_gemm
 from .quantops import compile_quant_kernels
 from .rowops import compile_row_kernels, compile_unfused_kernels
 

@@ -211,7 +211,7 @@ def test_ptxas_reports_no_spills(name, capfd):
     import cutlass.cute as cute
     from cute_moe.gemm import CONSUMER_REGISTERS
     from cute_moe.gemm_plan import GemmLaunch
-    from cute_moe.ptx import fake_arguments
+    from cute_moe.gemm_plan import fake_arguments
 
     cfg = PINGPONG[name]
     capfd.readouterr()
