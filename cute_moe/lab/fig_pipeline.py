@@ -16,6 +16,7 @@ own division of the tile (:func:`~cute_moe.layouts.tma_layouts`).
 
 from __future__ import annotations
 
+from moe_spec.hopper import WARPGROUP_THREADS
 from moe_spec.quant import FP8_BLOCK
 
 from ..config import GemmConfig
@@ -34,6 +35,21 @@ def epilogue_boxes(cfg: GemmConfig) -> int:
     for e in (shape if isinstance(shape, list) else [shape]):
         count *= e
     return count
+
+
+def store_threads(cfg: GemmConfig) -> tuple[int, ...]:
+    """The CTA threads that issue the epilogue's TMA stores: ``gemm.py``'s ``is_store_thread``, thread
+    0 of the consumer threads that share a tile (``mma_tidx == 0``) — CTA thread 128, lane 0 of warp
+    4; under ping-pong the first thread of each consumer warpgroup. A TMA store is a per-thread
+    instruction and its bulk async-groups are the issuing thread's, so one thread per tile stores,
+    commits and waits (``tests/test_cute_store.py`` finds these threads in the PTX)."""
+    step = WARPGROUP_THREADS * cfg.tile_warpgroups
+    return tuple(range(WARPGROUP_THREADS, cfg.threads, step))
+
+
+def _store_text(threads: tuple[int, ...]) -> str:
+    """``t128 (lane 0 of warp 4)``; ping-pong: each warpgroup's store thread, joined by "or"."""
+    return " or ".join(f"t{t} (lane {t % 32} of warp {t // 32})" for t in threads)
 
 
 def timeline(cfg: GemmConfig, fmt: str = "bf16", k_steps: int | None = None) -> dict:
@@ -108,9 +124,11 @@ def pipeline_svg(cfg: GemmConfig, fmt: str, k: int, role: str) -> str:
     """The timeline picture of :func:`timeline` for ``cfg`` (K = ``k`` for the step count caption)."""
     tl = timeline(cfg, fmt)
     stages, steps = tl["stages"], tl["steps"]
+    store = store_threads(format_config(cfg, fmt))  # the threads of the kernel this picture draws
     lanes = ["producer"] + [f"slot{s}" for s in range(stages)] + ["consumer", "wgmma", "wgmma2", "epilogue", "store"]
     names = {"producer": "producer warp: TMA", "consumer": "consumers: barriers", "wgmma": "WGMMA batches",
-             "wgmma2": "", "epilogue": "epilogue (consumers)", "store": "TMA store (warp 4)",
+             "wgmma2": "", "epilogue": "epilogue (consumers)",
+             "store": "TMA store (" + ", ".join(f"t{t}" for t in store) + ")",
              **{f"slot{s}": f"ring slot {s}" for s in range(stages)}}
     u, lh, x0 = 50, 20, 150
     y0 = 150
@@ -118,7 +136,7 @@ def pipeline_svg(cfg: GemmConfig, fmt: str, k: int, role: str) -> str:
     fcfg = format_config(cfg, fmt)
     svg = Svg(max(width, 900), y0 + len(lanes) * lh + 70, f"pipeline timeline ({fmt}, {role})",
               css=PIPELINE_CSS, data_figure="pipeline", data_format=fmt, data_stages=stages,
-              data_epi_stages=tl["epi_stages"])
+              data_epi_stages=tl["epi_stages"], data_store_threads=" ".join(map(str, store)))
     svg.text(12, 22, f"{fmt} pipeline of one CTA ({role}): {fcfg.tokens_tile} tokens × {fcfg.weights_tile} "
              f"weight rows, {stages} stages of {tl['tile_k']} K", cls="t")
     head = [f"each stage: TMA X + W box → slot, full barrier counts the bytes; consumers wait on full, issue "
@@ -181,5 +199,7 @@ def pipeline_svg(cfg: GemmConfig, fmt: str, k: int, role: str) -> str:
                        "▲s: they arrive on its empty barrier (slot free)   "
                        "hatched: TMA of stage k in flight   +k: the next tile's stage k",
                        f"epilogue e→b: registers → {'bf16 → stmatrix' if fcfg.out_bytes == 2 else 'fp32 → st.shared'} "
-                       "into buffer b, fence, barrier; warp 4 issues the TMA store of box e from b"], cls="s")
+                       "into buffer b, fence, barrier (every consumer thread);",
+                       f"then one thread per tile, {_store_text(store)}, issues the TMA store of box e from b, "
+                       "commits it and waits for it"], cls="s")
     return svg.render()
