@@ -35,6 +35,9 @@ def test_cli_prints_the_rule_s_kernel_and_explains_the_swizzle(capsys):
         row = next(line for line in lines if line.strip().startswith(f"row {r} "))
         assert row.split()[2:] == [str(j ^ r) for j in range(8)]
     assert "no conflict" in text and "8-way conflict" in text
+    # the conflicts are ldmatrix / stmatrix's; WGMMA's descriptor has no mode for unswizzled 128-byte rows
+    assert "an ldmatrix / stmatrix access (one chunk of each of 8 rows)" in text and "WGMMA core-matrix" not in text
+    assert "WGMMA's descriptor: 128-byte swizzle mode; unswizzled rows 128 B apart: no mode" in text
 
 
 @pytest.mark.parametrize("argv,needle", [

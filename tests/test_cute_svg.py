@@ -7,6 +7,7 @@ configuration's counts — and check that the committed pictures under notes/fig
 what the generator draws now.
 """
 
+import functools
 import os
 import re
 import xml.etree.ElementTree as ET
@@ -14,9 +15,10 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from cute_moe.config import GemmConfig
+from cute_moe.gemm_rules import pingpong_config
+from cute_moe.lab.fig_pipeline import pipeline_svg
 from cute_moe.lab.figures import notes_configs, notes_figures
-from cute_moe.layouts import (accumulator_owners, describe, format_config, plan_layouts, thread_value_map,
-                               tma_layouts)
+from cute_moe.layouts import accumulator_owners, describe, format_config, plan_layouts, thread_value_map, tma_layouts
 from moe_spec.quant import FP8_BLOCK
 
 NS = "{http://www.w3.org/2000/svg}"
@@ -114,7 +116,8 @@ def test_swapab_decode_panels_are_the_accumulators(figs, cfgs):
     assert _cells(_panel(root, "normal")) == {mn: t // 32 for mn, (t, _) in normal_owners.items()}
     # the output in memory: token row, 16-byte chunk of 8 features → the one warp holding all 8 values
     out = _cells(_panel(root, "swap-out"))
-    assert out == {(tok, f // 8): warp_of[(f, tok)] for f in range(swap.weights_tile) for tok in range(swap.tokens_tile)}
+    assert out == {(tok, f // 8): warp_of[(f, tok)]
+                   for f in range(swap.weights_tile) for tok in range(swap.tokens_tile)}
     # the decode story: 2 tokens per expert pad 62 of 64 normal rows, 6 of 8 swap-AB columns
     pads = [r for r in _panel(root, "normal").iter(NS + "rect") if r.get("class") == "pad"]
     assert [(r.get("y"), r.get("height")) for r in pads] == [("2", "62")]
@@ -146,6 +149,31 @@ def test_smem_chunks_land_where_the_byte_swizzle_puts_them(figs, fmt):
     assert ("elements" in drawn) == (fmt == "bf16")
     if fmt == "bf16":
         assert drawn["elements"] != expect_hw
+    # the conflicts are those of ldmatrix / stmatrix (one 16-byte chunk of each of 8 rows), not WGMMA's: a
+    # no-swizzle WGMMA core matrix has its 8 rows 16 B apart, so rows 128 B apart are no WGMMA layout, and
+    # the swizzled tile is the descriptor's 128-byte mode [PTX ISA, "Shared Memory Matrix Layout"]
+    modes = {g.get("data-panel"): g.get("data-wgmma") for g in _all(root, "g") if g.get("data-panel")}
+    assert modes["plain"] == "none" and modes["swizzled"] == "128-byte" and modes.get("elements") is None
+    texts = [t.text or "" for t in _all(root, "text")]
+    assert sum("bank conflict of an ldmatrix / stmatrix access" in t for t in texts) == len(drawn)
+    assert not any("WGMMA core-matrix read" in t for t in texts)
+    assert any("cannot express the plain one" in t and "force the 128-byte mode" in t for t in texts)
+
+
+# the descriptor's swizzle field (bits 62–63) in PTX: 0 no swizzle, 1 128-byte, 2 64-byte, 3 32-byte
+DESCRIPTOR_MODES = {0: "no-swizzle", 1: "128-byte", 2: "64-byte", 3: "32-byte"}
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
+def test_smem_swizzled_panel_is_the_descriptor_mode_the_kernel_asks_for(figs, cfgs, fmt):
+    """The mode the swizzled panel names is the one the compiled kernel ORs into its WGMMA descriptors."""
+    cfg = format_config(cfgs["prefill_normal"], fmt)
+    root = _root(figs[f"smem_{fmt}.svg"])
+    drawn = next(g.get("data-wgmma") for g in _all(root, "g") if g.get("data-panel") == "swizzled")
+    ptx = "\n".join(_ptx(cfg).lines)
+    consts = {int(v) for v in re.findall(r"or\.b64\s+%rd\d+, %rd\d+, (\d+)", ptx)}
+    modes = {DESCRIPTOR_MODES[v >> 62] for v in consts if v >> 62}  # the swizzled descriptors' constants
+    assert modes == {drawn}
 
 
 # ---- the pipeline --------------------------------------------------------------------------------
@@ -157,8 +185,28 @@ def _span(r):
     return float(r.get("x")), float(r.get("x")) + float(r.get("width"))
 
 
-@pytest.mark.parametrize("name,fmt", [("decode_swapab", "bf16"), ("prefill_normal", "bf16"), ("decode_normal", "bf16"),
-                                      ("decode_swapab", "fp8"), ("prefill_normal", "fp8")])
+PIPELINES = [("decode_swapab", "bf16"), ("prefill_normal", "bf16"), ("decode_normal", "bf16"),
+             ("decode_swapab", "fp8"), ("prefill_normal", "fp8")]
+
+
+@functools.cache
+def _ptx(cfg: GemmConfig):
+    """The compiled kernel's PTX (CPU), read by test_cute_store's walk over the CTA's thread ids."""
+    from test_cute_store import Ptx
+
+    import cute_moe
+
+    return Ptx(cute_moe.compile_ptx(cfg))
+
+
+def _store_issuers(cfg: GemmConfig) -> set[int]:
+    """The threads that can execute a TMA store (cp.async.bulk.tensor … global.shared::cta) in the PTX."""
+    from test_cute_store import STORE, _threads_reaching
+
+    return set().union(*_threads_reaching(_ptx(cfg), cfg.threads, STORE).values())
+
+
+@pytest.mark.parametrize("name,fmt", PIPELINES)
 def test_pipeline_follows_the_kernels_protocol(figs, cfgs, name, fmt):
     cfg = format_config(cfgs[name], fmt)  # FP8: the kernel's fp8_block config of the same GEMM
     assert cfg.quant == (None if fmt == "bf16" else "fp8_block")
@@ -195,6 +243,35 @@ def test_pipeline_follows_the_kernels_protocol(figs, cfgs, name, fmt):
     assert [int(s.get("data-buf")) for s in stores] == [e % cfg.epi_stages for e in range(boxes)]
 
 
+def _store_threads_drawn(text: str) -> set[int]:
+    root = _root(text)
+    drawn = {int(t) for t in root.get("data-store-threads").split()}
+    labels = [t.text or "" for t in _all(root, "text")]
+    assert "TMA store (" + ", ".join(f"t{t}" for t in sorted(drawn)) + ")" in labels  # the store row's name
+    caption = next(t for t in labels if t.startswith("then one thread per tile"))
+    assert re.findall(r"t(\d+) \(lane (\d+) of warp (\d+)\)", caption) == [
+        (str(t), str(t % 32), str(t // 32)) for t in sorted(drawn)]
+    return drawn
+
+
+@pytest.mark.parametrize("name,fmt", PIPELINES + [("prefill_swapab", "bf16")])
+def test_pipeline_names_the_thread_the_ptx_stores_from(figs, cfgs, name, fmt):
+    """The store row and the caption name the CTA thread that executes the TMA stores in the compiled
+    kernel (one thread, not a warp: each thread that runs cp.async.bulk.tensor starts its own copy)."""
+    cfg = format_config(cfgs[name], fmt)
+    drawn = _store_threads_drawn(figs[f"pipeline_{'fp8_' if fmt == 'fp8' else ''}{name}.svg"])
+    assert drawn == _store_issuers(cfg) and len(drawn) == 1
+
+
+def test_pipeline_of_a_pingpong_kernel_names_both_store_threads():
+    """Ping-pong: each consumer warpgroup stores its own tiles, so the picture names two threads —
+    the ones the PTX walk finds (the lab draws any config: explore --svg)."""
+    cfg = pingpong_config(GemmConfig(tokens_tile=128, weights_tile=128, stages=4).validate())
+    assert cfg.pingpong and cfg.consumer_warpgroups == 2
+    drawn = _store_threads_drawn(pipeline_svg(cfg, "bf16", 4096, "ping-pong"))
+    assert drawn == _store_issuers(cfg) and len(drawn) == 2
+
+
 # ---- TMA ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["decode_swapab", "decode_normal", "prefill_normal", "prefill_swapab"])
 def test_tma_boxes(figs, cfgs, name):
@@ -217,8 +294,9 @@ def test_tma_boxes(figs, cfgs, name):
     assert covered == {(f, t) for f in range(cfg.weights_tile) for t in range(cfg.tokens_tile)}
     # the two loads of a stage are what the full barrier counts
     tma = tma_layouts(cfg)
-    assert (tma["tokens"]["values"] + tma["weights"]["values"]) * cfg.element_bytes == plan_layouts(cfg)["stage_bytes"] \
-        == (cfg.tokens_tile + cfg.weights_tile) * cfg.tile_k * cfg.element_bytes
+    stage_bytes = (tma["tokens"]["values"] + tma["weights"]["values"]) * cfg.element_bytes
+    assert stage_bytes == plan_layouts(cfg)["stage_bytes"] == (cfg.tokens_tile + cfg.weights_tile) * cfg.tile_k \
+        * cfg.element_bytes
 
 
 # ---- the committed set ---------------------------------------------------------------------------
@@ -227,7 +305,8 @@ def test_committed_figures_are_what_the_generator_draws(figs):
     assert committed == sorted(figs), "regenerate: python -m cute_moe.lab.explore --notes-figures notes/figures"
     for name in committed:
         with open(os.path.join(FIGURES, name), encoding="utf-8") as f:
-            assert f.read() == figs[name], f"{name} is stale: python -m cute_moe.lab.explore --notes-figures notes/figures"
+            assert f.read() == figs[name], \
+                f"{name} is stale: python -m cute_moe.lab.explore --notes-figures notes/figures"
     sizes = [len(t.encode()) for t in figs.values()]
     assert max(sizes) < 150_000 and sum(sizes) < 600_000
 
@@ -240,8 +319,8 @@ def test_notes_chapter_embeds_every_figure(figs):
 
 def test_notes_config_table_is_the_path_rule(cfgs):
     """The chapter's table of the four configurations says what the path rule builds."""
-    from cute_moe.plan import choose_config
     from cute_moe.lab.figures import DEFAULT_K, DEFAULT_N_OUT
+    from cute_moe.plan import choose_config
 
     with open(os.path.join(FIGURES, "..", "wgmma_layouts.md"), encoding="utf-8") as f:
         rows = re.findall(r"^\| `(\w+)` \| ([\d.]+) \| ([^|]+) \| (\d+) × (\d+) \| (\d+) \| (\d+) \|$", f.read(), re.M)

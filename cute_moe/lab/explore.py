@@ -32,7 +32,7 @@ import sys
 from ..config import GemmConfig
 from ..moe import check_gemm_shape
 from ..plan import choose_config
-from .fig_memory import chunk_banks, conflict_ways
+from .fig_memory import ACCESS, chunk_banks, conflict_ways, wgmma_mode
 from .figures import DEFAULT_EXPERTS, DEFAULT_K, DEFAULT_N_OUT, config_figures, notes_figures, write_figures
 
 GRID_EDGE = 16  # rows/columns of the accumulator-owner grid shown
@@ -100,8 +100,11 @@ def swizzle_lines(cfg: GemmConfig, desc: dict) -> list[str]:
         out += [f"  {'row ' + str(r):>41}" + " " * 5 + " ".join(f"{c:2d}" for c in row)
                 for r, row in enumerate(banks["swizzled"])]
         sw, plain = conflict_ways(banks["swizzled"]), conflict_ways(banks["plain"])
-        out += [f"  a WGMMA core-matrix read (8 rows × one chunk): {_ways(max(sw))}; "
-                f"unswizzled (row r, chunk j → chunk j): {_ways(max(plain))}"]
+        modes = [wgmma_mode(16 * chunks, bits) for bits in (b, 0)]
+        out += [f"  an {ACCESS} access (one chunk of each of 8 rows): {_ways(max(sw))}; "
+                f"unswizzled (row r, chunk j → chunk j): {_ways(max(plain))}",
+                f"  WGMMA's descriptor: {modes[0] or 'no'} swizzle mode; unswizzled rows {16 * chunks} B apart: "
+                + (f"the {modes[1]} mode" if modes[1] else "no mode (no-swizzle core-matrix rows are 16 B apart)")]
     return out
 
 

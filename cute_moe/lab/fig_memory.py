@@ -3,7 +3,11 @@
 * :func:`smem_svg` — one K-major operand tile in shared memory at byte level: for each 16-byte
   chunk of each row, the bank group (4 banks = 16 bytes) it lands in, without a swizzle and with
   the kernel's ``S<B,M,S>`` applied to **byte** addresses as the hardware does; for 2-byte
-  elements also the swizzle misread on *element* offsets (how a composed layout prints).
+  elements also the swizzle misread on *element* offsets (how a composed layout prints). The bank
+  conflicts counted are those of a thread-level access of the ``ldmatrix`` / ``stmatrix`` kind
+  (one 16-byte chunk from each of 8 rows); for WGMMA the plain layout is no question of banks: its
+  descriptor cannot express it (:func:`wgmma_mode`), and TMA's 128-byte rows force the 128-byte
+  swizzle mode (``notes/hopper.md`` §5).
 * :func:`tma_svg` — the boxes the producer's TMA copies move: the weights as a 3-D tensor whose
   third coordinate is the expert, the tokens, and the epilogue's store boxes.
 
@@ -20,6 +24,7 @@ BANKS, BANK_BYTES = 32, 4  # shared memory: 32 banks of 4 bytes
 BANK_GROUP_BYTES = 16  # one bank group: 4 banks, the 16 bytes of one row of a core matrix
 BANK_GROUPS = BANKS * BANK_BYTES // BANK_GROUP_BYTES
 CORE_MATRIX_ROWS = 8  # a WGMMA / ldmatrix core matrix: 8 rows × 16 bytes
+ACCESS = "ldmatrix / stmatrix"  # the accesses whose bank conflicts the pictures count
 ROWS_DRAWN = 16  # two 8-row swizzle atoms
 
 
@@ -45,9 +50,23 @@ def chunk_banks(smem: dict, elem_bytes: int, rows: int = ROWS_DRAWN) -> dict[str
     return out
 
 
+def wgmma_mode(row_bytes: int, swizzle_bits: int) -> str | None:
+    """The WGMMA descriptor's swizzle mode that reads a K-major tile whose rows are ``row_bytes`` apart,
+    swizzled by ``S<swizzle_bits,4,3>`` on byte addresses; None when no mode can express it.
+
+    [PTX ISA, "Shared Memory Matrix Layout"]: without a swizzle a core matrix is 128 contiguous
+    bytes, its 8 rows 16 bytes apart; the 32-, 64- and 128-byte modes have rows of 32, 64 and 128
+    bytes, their chunks XORed with the row within 8 rows (``S<1,4,3>``, ``S<2,4,3>``, ``S<3,4,3>``).
+    """
+    mode_row = BANK_GROUP_BYTES << swizzle_bits
+    if row_bytes != mode_row or swizzle_bits > 3:
+        return None
+    return "no-swizzle" if swizzle_bits == 0 else f"{mode_row}-byte"
+
+
 def conflict_ways(groups: list[list[int]]) -> list[int]:
     """Per chunk column: the worst number of rows of one core matrix (8 consecutive rows) that share
-    a bank group (1 = conflict-free; 8 = the 8 rows of a core-matrix read serialize)."""
+    a bank group (1 = conflict-free; 8 = the 8 rows of an ``ldmatrix`` / ``stmatrix`` access serialize)."""
     ways = []
     for j in range(len(groups[0])):
         worst = 1
@@ -56,6 +75,17 @@ def conflict_ways(groups: list[list[int]]) -> list[int]:
             worst = max(worst, max(col.count(g) for g in set(col)))
         ways.append(worst)
     return ways
+
+
+def _wgmma_line(row_bytes: int, modes: dict) -> str:
+    """What WGMMA's descriptor makes of the two layouts (``modes``: :func:`wgmma_mode` of each panel)."""
+    if modes["swizzled"] is None:
+        return "no WGMMA descriptor mode reads the swizzled layout"
+    if modes["plain"] is not None:
+        return f"WGMMA's descriptor reads both: the {modes['swizzled']} and the {modes['plain']} mode"
+    return (f"WGMMA's descriptor reads the swizzled tile in its {modes['swizzled']} mode and cannot express the "
+            f"plain one (no-swizzle rows are 16 B apart): {row_bytes}-byte TMA rows force the "
+            f"{modes['swizzled']} mode")
 
 
 def smem_svg(cfg: GemmConfig, fmt: str) -> str:
@@ -69,7 +99,10 @@ def smem_svg(cfg: GemmConfig, fmt: str) -> str:
     b, m, s = smem["swizzle"]
     cw, ch = 46, 18
     pw = chunks * cw + 50
-    titles = {"plain": "no swizzle: row r at byte r·" + str(chunks * BANK_GROUP_BYTES),
+    row_bytes = chunks * BANK_GROUP_BYTES
+    modes = {"plain": wgmma_mode(row_bytes, 0), "swizzled": wgmma_mode(row_bytes, b)}
+    titles = {"plain": f"no swizzle: row r at byte r·{row_bytes}"
+              + ("" if modes["plain"] else " (no WGMMA layout)"),
               "swizzled": f"S<{b},{m},{s}> on byte addresses (the hardware)",
               "elements": f"S<{b},{m},{s}> on {elem}-byte element offsets (read literally)"}
     svg = Svg(24 + len(panels) * pw, 10, f"{fmt} operand tile in shared memory: 16-byte chunks and bank groups",
@@ -82,13 +115,14 @@ def smem_svg(cfg: GemmConfig, fmt: str) -> str:
         f"one row = {chunks * BANK_GROUP_BYTES} bytes = {chunks * per_chunk} {fmt} elements of K "
         f"(tile_k = {plan['tile_k']}), {chunks} chunks of {per_chunk}; rows are M (or N) of the tile",
         "cell = chunk (its K range on top), number and colour = bank group g (banks 4g … 4g+3) it lands in",
-        "a WGMMA core-matrix read takes one chunk column of 8 rows: rows sharing a bank group serialize",
+        f"{ACCESS} move one chunk from each of 8 rows (a chunk column): rows sharing a bank group serialize",
+        _wgmma_line(row_bytes, modes),
         f"layout of one stage: {smem['text']}"], cls="s")
     y += 8
     for p, panel in enumerate(panels):
         x0 = 40 + p * pw
         svg.text(x0 - 28, y, titles[panel])
-        svg.open("g", data_panel=panel)
+        svg.open("g", data_panel=panel, data_wgmma=(modes[panel] or "none") if panel in modes else None)
         for j in range(chunks):
             svg.text(x0 + j * cw + cw / 2, y + 16, f"k{j * per_chunk}–{j * per_chunk + per_chunk - 1}", cls="l c")
         for r, row in enumerate(banks[panel]):
@@ -103,7 +137,7 @@ def smem_svg(cfg: GemmConfig, fmt: str) -> str:
         svg.close()
         svg.el("path", cls="frame", d=f"M{x0} {num(y + 22 + (1 << b) * ch)}h{chunks * cw}")
         svg.rect(x0, y + 22, chunks * cw, ROWS_DRAWN * ch, cls="frame")
-        svg.text(x0 - 28, yy + 16, "bank conflict of a core-matrix read: "
+        svg.text(x0 - 28, yy + 16, f"bank conflict of an {ACCESS} access: "
                  + ("none" if max(ways) == 1 else f"up to {max(ways)}-way"), cls="s")
     foot = y + 22 + ROWS_DRAWN * ch + 50
     if "elements" not in panels:
