@@ -8,7 +8,8 @@ from html import escape
 COLOURS = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#999999")
 CSS = ("text{font-family:DejaVu Sans Mono,Menlo,monospace;font-size:11px;fill:#222}.c{text-anchor:middle}"
        ".t{font-size:14px;font-weight:bold}.s{font-size:10px;fill:#555}.l{font-size:8px}"
-       ".frame{fill:none;stroke:#333}.hi{fill:none;stroke:#c00;stroke-width:2}"
+       ".frame{fill:none;stroke:#333}.hi{fill:none;stroke:#c00;stroke-width:2}.ln{stroke:#555;stroke-width:1}"
+       ".ev{font-size:9px;text-anchor:middle}.idle{fill:#eee}"
        + "".join(f".w{i}{{fill:{c}}}" for i, c in enumerate(COLOURS)))
 
 
@@ -38,6 +39,9 @@ class Svg:
         self.parts.append(f"<text{_attrs(dict(x=x, y=y, **attrs))}>{escape(s)}</text>")
         if " c" not in f" {attrs.get('cls', '')}":  # left-aligned text widens the picture to fit
             self.width = max(self.width, x + 0.62 * 11 * len(s) + 12)
+
+    def line(self, x1, y1, x2, y2, **attrs) -> None:
+        self.parts.append(f"<line{_attrs(dict(x1=x1, y1=y1, x2=x2, y2=y2, **attrs))}/>")
 
     def lines(self, x, y, texts, step: float = 14, **attrs) -> None:
         for i, t in enumerate(texts):

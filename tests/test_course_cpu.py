@@ -304,3 +304,83 @@ def test_tile_walk_figure_reads_back(figures):
     for t in tiles:
         assert t["cta"] == t["tile"] % 7
         assert (t["tile"] // (4 * 6)) * 4 <= t["m"] < (t["tile"] // (4 * 6)) * 4 + 4  # inside its group
+
+
+def elements(svg: str, kind: str) -> list[dict]:
+    """Every rect, text or line whose ``data-kind`` is ``kind``, as a dict of its data attributes."""
+    out = []
+    for tag in re.findall(rf'<(?:rect|text|line)[^>]*data-kind="{kind}"[^>]*>', svg):
+        d = dict(re.findall(r'data-([\w-]+)="([^"]*)"', tag))
+        out.append({k: (int(v) if re.fullmatch(r"-?\d+", v) else float(v) if re.fullmatch(r"-?\d+\.\d+", v) else v)
+                    for k, v in d.items()})
+    return out
+
+
+def test_store_ring_figure_reads_back(figures):
+    """Drawn from the plan's config and its PTX: no staging buffer is rewritten before its store has read it."""
+    from cute_moe.lab.fig_pipeline import epilogue_boxes
+
+    svg = figures["store_ring.svg"]
+    cfg, _ = step("production").layer_gemm2(step("production").LAYERS["store_ring"])
+    p = step("production").ptx_facts(cfg)
+    stores = elements(svg, "store")
+    assert len(stores) == epilogue_boxes(cfg) == p["tma_stores"]  # one TMA store per box, as the PTX has
+    assert all(s["buf"] == s["e"] % cfg.epi_stages for s in stores)
+    assert p["store_waits"] == [0, cfg.epi_stages - 1]  # producer_tail and producer_acquire
+    for b in range(cfg.epi_stages):  # a buffer's uses, write then read-out, never overlap
+        held = sorted((h["start"], h["end"]) for h in elements(svg, "held") if h["buf"] == b)
+        assert all(nxt[0] >= prev[1] - 1e-9 for prev, nxt in zip(held, held[1:]))
+    assert all(w["waits-for"] == w["e"] - (cfg.epi_stages - 1) for w in elements(svg, "wait"))
+
+
+def test_pingpong_figure_reads_back(figures):
+    from cute_moe.gemm_parts import EPI_ORDER_BARRIER_ID, MMA_ORDER_BARRIER_ID
+
+    svg = figures["pingpong.svg"]
+    prod = step("production")
+    cfg, k_steps = prod.layer_gemm2(prod.LAYERS["pingpong"])
+    assert cfg.pingpong and prod.ptx_facts(cfg)["order_grants"] == [MMA_ORDER_BARRIER_ID, EPI_ORDER_BARRIER_ID]
+    main = {m["tile"]: m for m in elements(svg, "mainloop")}
+    epi = {e["tile"]: e for e in elements(svg, "epilogue")}
+    for i, m in main.items():
+        assert m["wg"] == i % 2 and m["waits"] == MMA_ORDER_BARRIER_ID + m["wg"]
+        assert epi[i]["waits"] == EPI_ORDER_BARRIER_ID + m["wg"]
+        assert abs(m["end"] - m["start"] - k_steps) < 1e-9
+        assert epi[i]["start"] >= m["end"]  # wait_group 0 before the epilogue
+        if i:  # the tensor cores take one warpgroup at a time; epilogues take turns too
+            assert m["start"] >= main[i - 1]["end"] and epi[i]["start"] >= epi[i - 1]["end"]
+        if i > 1:
+            assert m["start"] >= epi[i - 2]["end"]  # a warpgroup's next main loop after its own epilogue
+
+
+def test_cluster_multicast_figure_reads_back(figures):
+    from cute_moe.layouts import plan_layouts
+
+    svg = figures["cluster_multicast.svg"]
+    prod = step("production")
+    cfg, _ = prod.layer_gemm2(prod.LAYERS["multicast"])
+    data = dict(re.findall(r'data-([\w-]+)="(\d+)"', svg.split("<title>")[0]))
+    half, token, half_bytes = int(data["half-rows"]), int(data["token-bytes"]), int(data["half-bytes"])
+    assert cfg.cluster == 2 and half * cfg.cluster == cfg.weights_tile
+    assert token + cfg.cluster * half_bytes == plan_layouts(cfg)["stage_bytes"]  # the full barrier's tx count
+    assert prod.ptx_facts(cfg)["rank_shifts"] == sorted([half.bit_length() - 1, half_bytes.bit_length() - 1])
+    loads = elements(svg, "load")
+    lines = elements(svg, "multicast")
+    for ld in loads:  # every half goes to every CTA of the cluster
+        assert sorted(x["to"] for x in lines if (x["rank"], x["k"]) == (ld["rank"], ld["k"])) == [0, 1]
+    for f in elements(svg, "full"):  # a full barrier completes when both halves have landed
+        assert f["at"] >= max(ld["lands"] for ld in loads if ld["k"] == f["k"]) - 1e-9
+    release = {(x["rank"], x["k"]): x["at"] for x in elements(svg, "release")}
+    for ld in loads:  # a slot is reloaded only after both CTAs released its previous use
+        if ld["k"] >= cfg.stages:
+            assert ld["at"] >= max(release[(q, ld["k"] - cfg.stages)] for q in range(cfg.cluster))
+
+
+def test_production_timelines_follow_the_config(monkeypatch):
+    """Another epi_stages in the plan's config gives another ring (and another PTX wait depth)."""
+    prod = step("production")
+    cfg, k = prod.layer_gemm2(prod.LAYERS["store_ring"])
+    monkeypatch.setattr(prod, "layer_gemm2", lambda layer: (cfg.replace(epi_stages=3, stages=3), k))
+    r = prod.store_ring()
+    assert r["depth"] == 2 and {e["buf"] for e in r["events"]} == {0, 1, 2}
+    assert r["ptx"]["store_waits"] == [0, 2]
