@@ -16,8 +16,8 @@ cute_moe = pytest.importorskip("cute_moe")
 
 from cute_moe import gemm  # noqa: E402
 from cute_moe.config import GemmConfig, max_stages  # noqa: E402
-from cute_moe.plan import choose_config  # noqa: E402
 from cute_moe.layouts import describe as _describe  # noqa: E402
+from cute_moe.plan import choose_config, layer_configs  # noqa: E402
 
 describe = functools.lru_cache(maxsize=None)(_describe)  # one layout build per config per session
 
@@ -89,10 +89,42 @@ def test_staging_swizzles():
     assert describe(SWAP)["smem"]["A"]["swizzle"] == [3, 4, 3]
 
 
-def test_register_budget():
-    # §7: 40 · 128 + 232 · 256 = 64,512 ≤ 65,536 registers per SM; setmaxnreg counts in 24…256, ×8
-    for n in (gemm.PRODUCER_REGISTERS, gemm.CONSUMER_REGISTERS):
+REGISTERS_PER_SM = 65_536  # §1: an H100/H200 SM's 32-bit registers
+DECODE_GEMM1 = layer_configs(8, 8, 4096, 14336, 2)[0]  # §0's table: GEMM1 at decode, gated and gathering
+
+
+def _launch_registers(cfg, capfd) -> int:
+    """Registers per thread the kernel is launched with: ptxas's ``-v`` report for its PTX (the DSL's own
+    toolchain, ``remarks{ptx}``), the count every warp starts at."""
+    import cutlass.cute as cute
+
+    from cute_moe.gemm_plan import GemmLaunch, fake_arguments
+
+    capfd.readouterr()
+    cute.compile(GemmLaunch(cfg, 132), *fake_arguments(cfg), options="remarks{ptx}")
+    used = re.findall(r"Used (\d+) registers", "".join(capfd.readouterr()))
+    assert len(used) == 1, used
+    return int(used[0])
+
+
+@pytest.mark.parametrize("cfg, pool, split", [(SWAP, 64_512, 64_512), (NORMAL, 64_512, 64_512),
+                                              (DECODE_GEMM1, 59_392, 34_816)],
+                         ids=["running-example", "prefill-normal", "decode-gemm1"])
+def test_register_budget(cfg, pool, split, capfd):
+    """§7: the setmaxnreg split must fit the CTA's pool — the launch's registers per thread × the CTA's
+    threads — not the SM's register file: the running example's 40 · 128 + 232 · 256 = 64,512 = 168 · 384
+    uses its pool exactly; the decode GEMM1 (256 threads, 232 per thread at launch) uses 34,816 of 59,392."""
+    for n in (gemm.PRODUCER_REGISTERS, gemm.CONSUMER_REGISTERS):  # immediates in 24 … 256, multiples of 8
         assert 24 <= n <= 256 and n % 8 == 0
-    for cfg in (SWAP, NORMAL):
-        total = 128 * gemm.PRODUCER_REGISTERS + 128 * cfg.consumer_warpgroups * gemm.CONSUMER_REGISTERS
-        assert total == 64_512 <= 65_536
+    ptx = cute_moe.compile_ptx(cfg)
+    assert re.search(rf"\.reqntid {cfg.threads}, 1, 1\b", ptx) and re.search(r"\.minnctapersm 1\b", ptx)
+    per_thread = _launch_registers(cfg, capfd)
+    # .minnctapersm 1: ptxas keeps one CTA's threads within the SM's file, allocating in steps of 8 per thread
+    assert per_thread <= REGISTERS_PER_SM // cfg.threads // 8 * 8
+    used = 128 * gemm.PRODUCER_REGISTERS + 128 * cfg.consumer_warpgroups * gemm.CONSUMER_REGISTERS
+    assert (per_thread * cfg.threads, used) == (pool, split)
+    assert used <= per_thread * cfg.threads  # else a consumer warpgroup's setmaxnreg.inc would wait forever
+    if cfg is SWAP:
+        # the notes' counter-example: 32 / 240 fits the SM's 65,536 but asks 1,024 more than the pool holds
+        other = 128 * 32 + 256 * 240
+        assert other == REGISTERS_PER_SM and other - per_thread * cfg.threads == 1_024
