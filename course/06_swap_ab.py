@@ -15,14 +15,17 @@ The kernel is step 5's, unchanged except for the epilogue: the token tile is wid
 each register's (m, n) is checked against C's extent before it is stored. Here a register goes
 straight to global memory, which for an M-major C writes two tokens of one weight row N elements
 apart; the production kernel instead stores through ``stmatrix … .trans`` into shared memory and
-one TMA store per box (cute_moe/gemm.py's epilogue). TMA loads of the token box past row T read
-zeros (out-of-bounds box elements are filled with zeros), so the padding columns are exact zeros.
+one TMA store per box (cute_moe/gemm.py's epilogue). The token box's rows past T lie outside the
+tensor, and TMA fills them with zeros (PTX ISA, "Out of Boundary Access": the tensor map's zero-fill
+mode, the one CUTLASS encodes), so the padding columns of the accumulator are exact zeros.
 
-When to swap: :func:`swap_ab_choice` compares the padding of the two token tiles and applies the
-production rule (cute_moe's ``SWAP_AB_MAX_TOKENS_PER_EXPERT``, WGMMA's M = 64): up to 64 tokens the
-normal path's token tile (at least 64 rows) is mostly padding and the swapped one is not; above
-it both token tiles are full, and the normal path's 128-token tile re-uses each weight stage for
-more tokens and stores without a transpose.
+When to swap: :func:`swap_ab_choice` asks cute_moe's own path rule (:func:`cute_moe.plan.path_rule`,
+swap while the mean tokens per expert is at most ``SWAP_AB_MAX_TOKENS_PER_EXPERT`` = WGMMA's M = 64)
+and shows the padding of both paths' token tiles as the production kernel picks them (normal: 64 or
+128 rows; swap-AB: 8, 16, 32 or 64 columns — the course's kernel here takes any multiple of 8). Up
+to 64 tokens the normal path's 64-row tile is mostly padding and the swapped one is not; above it
+the normal path's 128-token tile uses each weight stage for twice the tokens of the widest swapped
+tile, and the H200 measured it faster (cute_moe/plan.py says where).
 """
 
 from __future__ import annotations
@@ -31,10 +34,11 @@ import _common as course
 import cutlass
 import cutlass.cute as cute
 
+from cute_moe.plan import SWAP_AB_MAX_TOKENS_PER_EXPERT, path_rule
+
 BF16, F32 = cutlass.BFloat16, cutlass.Float32
 STEP5 = course.load("05_persistent")
 TILE_K = STEP5.TILE_K
-SWAP_AB_MAX_TOKENS_PER_EXPERT = 64  # WGMMA's M: below it the normal path's token tile is part padding
 
 
 def token_tile(tokens: int) -> int:
@@ -43,13 +47,18 @@ def token_tile(tokens: int) -> int:
 
 
 def swap_ab_choice(tokens: int) -> dict:
-    """Swap or not for ``tokens`` tokens per expert, with the numbers that decide it."""
+    """Swap or not for ``tokens`` tokens per expert, by cute_moe's path rule, with each path's token tile
+    (the rule's bucket) and the rows (normal) or columns (swapped) those tiles cover beyond the tokens."""
     course.require(tokens >= 1, f"tokens={tokens}: at least 1")
-    normal_rows = max(64, -(-tokens // 64) * 64) if tokens <= 64 else -(-tokens // 128) * 128
-    swapped_cols = token_tile(min(tokens, 256))
-    return {"swap": tokens <= SWAP_AB_MAX_TOKENS_PER_EXPERT, "threshold": SWAP_AB_MAX_TOKENS_PER_EXPERT,
-            "normal_token_rows": normal_rows, "normal_padding": normal_rows - tokens,
-            "swapped_token_cols": swapped_cols, "swapped_padding": max(0, swapped_cols - tokens)}
+
+    def bucket(rule):  # (bound, swap_ab, token tile) of the first bucket covering the tokens
+        return next(b for b in rule if tokens <= b[0])
+
+    normal, swapped = bucket(path_rule(swap_ab=False))[2], bucket(path_rule(swap_ab=True))[2]
+    rows, cols = -(-tokens // normal) * normal, -(-tokens // swapped) * swapped
+    return {"swap": bucket(path_rule())[1], "threshold": SWAP_AB_MAX_TOKENS_PER_EXPERT,
+            "normal_tile": normal, "normal_token_rows": rows, "normal_padding": rows - tokens,
+            "swapped_tile": swapped, "swapped_token_cols": cols, "swapped_padding": cols - tokens}
 
 
 class SwapAbGemm(STEP5.PersistentGemm):

@@ -44,7 +44,7 @@ def answers() -> dict:
     m, n = 37, 21
     owner = s1.owner_map(64)[(m, n)]  # read from the tiled MMA; the text derives it from the PTX ISA's figure
     lane = 4 * (m % 16 % 8) + n % 8 // 2
-    from cutlass.utils import get_smem_capacity_in_bytes
+    from cutlass.memory import get_smem_capacity_in_bytes
 
     capacity = get_smem_capacity_in_bytes("sm_90")
     stage = (128 + 256) * s3.TILE_K * 2
@@ -55,7 +55,8 @@ def answers() -> dict:
         "owner": {"m": m, "n": n, "N": 64, "thread": owner[0], "register": owner[1], "derived_lane": lane,
                   "derived_thread": 32 * (m // 16) + lane,
                   "derived_register": 4 * (n // 8) + 2 * (m % 16 // 8) + n % 2},
-        "stages": {"capacity": capacity, "stage_bytes": stage, "stages": (capacity - barriers) // stage},
+        "stages": {"capacity": capacity, "barriers": barriers, "stage_bytes": stage,
+                   "stages": (capacity - barriers) // stage},
         "parity": {"k": 9, "stages": 4, "slot": s3.ring_position(9, 4)[0], "consumer": consumer_k9,
                    "producer": producer_k9},
         "registers": {"ok": s4.register_budget(40, 232, 2), "greedy": s4.register_budget(40, 240, 2),
@@ -84,12 +85,14 @@ def render(a: dict | None = None) -> str:
         "",
         f"**Answer.** Swizzle mode {f['swizzle mode']} = {f['swizzle']}; stride byte offset",
         f"{f['stride dimension byte offset']} bytes (from one 8-row group of core matrices to the next along M:",
-        f"8 rows × 128 bytes); leading byte offset field {f['leading dimension byte offset'] // 16}"
-        f" ({f['leading dimension byte offset']} bytes: one WGMMA's K16 slice, 32 bytes,",
-        "lies inside one 128-byte swizzled row, so no second core matrix along K is stepped to);",
+        f"8 rows × 128 bytes); leading byte offset field {f['leading dimension byte offset'] // 16}: for a"
+        " K-major swizzled",
+        "layout the ISA does not use it (\"assumed to be 1\"), since one WGMMA's K16 slice, 32 bytes, lies inside",
+        "one 128-byte swizzled row;",
         f"base offset {f['base offset']} (the buffer is 1024-byte aligned); start address",
-        f"{f['start address']}: it is ORed in at run time. The four WGMMAs of a stage OR {d['k_steps']} into the",
-        f"start address field: steps of {d['k_steps'][0] * 16} bytes = 16 bf16, one K16 slice each.",
+        f"{f['start address']}: it is ORed in at run time. The first WGMMA of a stage takes that address; the other",
+        f"three OR {d['k_steps']} into the start address field: steps of {d['k_steps'][0] * 16} bytes = 16 bf16, "
+        "one K16 slice each.",
         "",
         "## 2. Who owns accumulator element (m, n)? (step 1)",
         "",
@@ -107,7 +110,7 @@ def render(a: dict | None = None) -> str:
         "## 3. Fit stages to the shared-memory budget (steps 3–5)",
         "",
         f"A 128 × 256 tile with 64 of K per stage (bf16): how many stages fit in {st['capacity']:,} bytes",
-        "(`cutlass.utils.get_smem_capacity_in_bytes(\"sm_90\")`), with 1 KB for the barriers?",
+        "(`cutlass.memory.get_smem_capacity_in_bytes(\"sm_90\")`), with 1 KB for the barriers?",
         "",
         f"**Answer.** One stage is (128 + 256) · 64 · 2 = {st['stage_bytes']:,} bytes;",
         f"({st['capacity']:,} − 1,024) / {st['stage_bytes']:,} → **{st['stages']} stages**."
@@ -148,17 +151,19 @@ def render(a: dict | None = None) -> str:
     ]
     for t, c in sw.items():
         verdict = "swap" if c["swap"] else "do not swap"
-        lines.append(f"* **{t} tokens: {verdict}.** Normal path: a token tile of {c['normal_token_rows']} rows, "
-                     f"{c['normal_padding']} of them padding; swapped: N = {c['swapped_token_cols']}, "
-                     f"{c['swapped_padding']} padding columns.")
+        lines.append(f"* **{t} tokens: {verdict}.** Normal path: tiles of {c['normal_tile']} rows cover "
+                     f"{c['normal_token_rows']}, {c['normal_padding']} of them padding; swapped: tiles of N = "
+                     f"{c['swapped_tile']} cover {c['swapped_token_cols']} columns, {c['swapped_padding']} padding.")
     lines += [
         "",
-        f"The rule swaps up to {sw[4]['threshold']} tokens per expert (step 6's `SWAP_AB_MAX_TOKENS_PER_EXPERT`,",
-        "cute_moe's rule: WGMMA's M).",
-        "Below it the swapped tile wastes at most 7 token columns per stage where the normal one wastes up to 63",
-        "rows of a 64-row tile, and decode is bound by the weight bytes, which both paths load once. Above it",
-        "both token tiles are full, and the normal path's 128-token tile uses each weight stage for 128 tokens",
-        "and stores its output without a transpose.",
+        "Step 6 asks cute_moe's own path rule (`cute_moe.plan.path_rule`): swap while the mean tokens per expert",
+        f"is at most `SWAP_AB_MAX_TOKENS_PER_EXPERT` = {sw[4]['threshold']}, WGMMA's M. Below it the normal path's "
+        "smallest tile,",
+        "one warpgroup's 64 rows, is mostly padding, while the swapped tile shrinks to 8, 16 or 32 columns; decode",
+        "is bound by the weight bytes, which both paths stream once per token tile. At 96 both paths pad 32",
+        "tokens, but the normal path's one 128-token tile reads each weight stage once for all 96 tokens where",
+        "the swapped path's two 64-column tiles read it twice, and its output needs no transpose. On the H200",
+        "swap-AB measured faster at 1 to 64 tokens per expert and slower at 128 and 256 (cute_moe/plan.py).",
         "",
     ]
     return "\n".join(lines)

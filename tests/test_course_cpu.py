@@ -202,7 +202,49 @@ def test_06_swap_ab_choice():
     s6 = step("06_swap_ab")
     two, big = s6.swap_ab_choice(2), s6.swap_ab_choice(500)
     assert two["swap"] and two["swapped_token_cols"] == 8 and two["normal_padding"] == 62
-    assert not big["swap"] and big["normal_token_rows"] == 512
+    assert not big["swap"] and big["normal_token_rows"] == 512 and big["swapped_token_cols"] == 512
+
+
+def test_06_swap_ab_follows_the_production_rule(monkeypatch):
+    """Step 6 decides with cute_moe's path rule itself: moving the production threshold moves the course's."""
+    import importlib
+
+    production_plan = importlib.import_module("cute_moe.plan")  # the module (the package's `plan` is a function)
+    s6 = step("06_swap_ab")
+    assert s6.SWAP_AB_MAX_TOKENS_PER_EXPERT == production_plan.SWAP_AB_MAX_TOKENS_PER_EXPERT
+    assert s6.swap_ab_choice(48)["swap"]
+    monkeypatch.setattr(production_plan, "SWAP_AB_MAX_TOKENS_PER_EXPERT", 32)
+    assert not s6.swap_ab_choice(48)["swap"] and s6.swap_ab_choice(32)["swap"]
+
+
+def test_course_constants_are_the_products():
+    """The numbers a step restates (so that it reads alone) are cute_moe's and moe_spec's: a change there
+    fails here until the course follows."""
+    from cute_moe.config import BARRIER_RESERVE_BYTES, GemmConfig
+    from cute_moe.gemm import CONSUMER_REGISTERS, PRODUCER_REGISTERS
+    from cute_moe.limits import FP8_TILE_K, MAX_TILE_M
+    from cute_moe.plan import SWAP_TOKEN_TILES
+    from moe_spec.hopper import H200_SM_COUNT, SMEM_PER_CTA_BYTES, WARPGROUP_THREADS, WGMMA_M
+
+    s3, s4, s5, s7, s8 = (step(n) for n in ("03_ring", "04_setmaxnreg", "05_persistent", "07_fp8", "08_grouped_moe"))
+    default = GemmConfig()
+    answers = step("exercises").answers()
+    pairs = {
+        "producer registers": (s4.PRODUCER_REGISTERS, PRODUCER_REGISTERS),
+        "consumer registers": (s4.CONSUMER_REGISTERS, CONSUMER_REGISTERS),
+        "bf16 tile_k": (s3.TILE_K, default.tile_k),
+        "FP8 tile_k": (s7.TILE_K, FP8_TILE_K),
+        "token block rows": (s8.TILE_M, MAX_TILE_M),
+        "SMs of an H200": (s5.H200_SMS, H200_SM_COUNT),
+        "rasterization group": (s5.PersistentGemm().group, default.group_tokens),
+        "ring stages": (s3.RingGemm().stages, default.stages),
+        "shared memory per CTA": (answers["stages"]["capacity"], SMEM_PER_CTA_BYTES),
+        "barrier reserve": (answers["stages"]["barriers"], BARRIER_RESERVE_BYTES),
+        "warpgroup threads and WGMMA M": ((128, 64), (WARPGROUP_THREADS, WGMMA_M)),
+        "largest swapped token tile": (step("06_swap_ab").swap_ab_choice(500)["swapped_tile"], SWAP_TOKEN_TILES[-1]),
+    }
+    for name, (course_value, product_value) in pairs.items():
+        assert course_value == product_value, name
 
 
 # ---- step 7: FP8 and two-level promotion -------------------------------------------------------

@@ -79,9 +79,15 @@ def test_registers(answers):
 
 
 def test_swap(answers):
+    """Against the production rule's own words (cute_moe.plan: swap while tokens per expert ≤ WGMMA's M;
+    swapped token tiles are the powers of two 8 … 64) and against choose_config, which plans the layer."""
+    from cute_moe.plan import choose_config
+    from moe_spec.hopper import WGMMA_M
+
     sw = answers["swap"]
-    # swap exactly while the normal path's token tile (at least WGMMA's 64 rows) would carry padding rows
-    # that the swapped tile (N a multiple of 8) does not: 4 and 64 swap, 96 (a 128-row tile) does not
-    assert [sw[t]["swap"] for t in (4, 64, 96)] == [True, True, False]
-    assert sw[64]["normal_padding"] == 0 and sw[96]["swapped_padding"] == 0
-    assert sw[4]["swapped_token_cols"] == 8 and sw[4]["normal_padding"] == 60
+    for t, c in sw.items():
+        assert c["swap"] == (t <= WGMMA_M) == choose_config(t, 4096, 4096).swap_ab
+        assert c["swapped_tile"] == min(WGMMA_M, max(8, 1 << (t - 1).bit_length()))
+        assert c["normal_tile"] == (WGMMA_M if t <= WGMMA_M else 2 * WGMMA_M)
+        assert c["swapped_padding"] == -t % c["swapped_tile"] and c["normal_padding"] == -t % c["normal_tile"]
+    assert sw[4]["swapped_token_cols"] == 8 and sw[4]["normal_padding"] == 60 and sw[96]["normal_token_rows"] == 128
