@@ -6,12 +6,14 @@ the expert loads never recompile anything. What changes with T is the config the
 (:func:`~cute_moe.plan.path_rule`: the swap-AB token tile 8, 16, 32, 64, then the normal path),
 each GEMM's config of its own (GEMM2 applies the routing weights in its epilogue). So the warm-up
 compiles the distinct GEMM configs of the plans :func:`~cute_moe.plan.plans_for` lists, then the
-row kernels (gather, SiLU·mul, combine), then passes every plan through
-:func:`compile_plan` — the owner of the list of what a plan runs — so that a kernel
-a plan needs and the steps above did not name is compiled too (and reported). The alignment is
-torch code (:func:`moe_spec.align.align`): nothing to compile. On a GPU it finally runs every plan
-once on a one-token placeholder call: the DSL binds a compiled kernel to the device at its first
-call and CUDA loads modules lazily, at their first launch — work a serving call should not do.
+row kernels (gather, SiLU·mul, combine), then the alignment's two CuTe kernels
+(:mod:`cute_moe.alignops`) once per ``topk_ids`` dtype — they read the ids, so int32 and int64 are
+two compiles, both warmed unless ``ids_dtypes`` says which one the caller passes — then passes
+every plan through :func:`compile_plan` — the owner of the list of what a plan runs — so that a
+kernel a plan needs and the steps above did not name is compiled too (and reported). On a GPU it
+finally runs every plan once on a one-token placeholder call (and the alignment once more per
+further ids dtype): the DSL binds a compiled kernel to the device at its first call and CUDA loads
+modules lazily, at their first launch — work a serving call should not do.
 
 It compiles into the process's compile cache (:mod:`cute_moe.cache`) for the SM
 count of ``device`` (:func:`moe_spec.hopper.sm_count`; on a CPU, ``device="cpu"`` compiles for
@@ -36,6 +38,7 @@ from moe_spec.warmup import (
     warmup_device,
 )
 
+from .alignops import ID_DTYPES, compile_align_kernels
 from .cache import compile_count
 from .config import QUANT_FORMATS, GemmConfig
 from .gemm_plan import compile_gemm
@@ -46,14 +49,37 @@ from .rowops import compile_row_kernels, compile_unfused_kernels
 
 #: The row kernels :func:`~cute_moe.rowops.compile_row_kernels` builds, by name.
 ROW_KERNELS = ("gather", "silu_mul", "combine")
+#: The ``topk_ids`` dtypes the layer accepts; the alignment kernels compile once per dtype.
+IDS_DTYPES = tuple(ID_DTYPES)
+#: The alignment's launches :func:`~cute_moe.alignops.compile_align_kernels` builds per ids dtype.
+ALIGN_KERNELS = ("count", "place")
 
 
-def compile_plan(plan, num_ctas: int | None = None) -> int:
+def check_ids_dtypes(ids_dtypes) -> tuple:
+    """``ids_dtypes`` without repeats: a non-empty tuple (or list) of :data:`IDS_DTYPES` — TypeError or
+    ValueError naming the argument otherwise (triton_moe.warmup's words)."""
+    if not isinstance(ids_dtypes, (tuple, list)):
+        raise TypeError(f"ids_dtypes: expected a non-empty tuple of dtypes from {IDS_DTYPES}, e.g. "
+                        f"(torch.int32,), got {ids_dtypes!r}")
+    if not ids_dtypes or any(d not in IDS_DTYPES for d in ids_dtypes):
+        raise ValueError(f"ids_dtypes: expected a non-empty tuple of {IDS_DTYPES}, got {ids_dtypes!r}")
+    return tuple(dict.fromkeys(ids_dtypes))
+
+
+def _align_names(ids_dtype) -> tuple[str, ...]:
+    return tuple(f"align {name} ({str(ids_dtype).removeprefix('torch.')} ids)" for name in ALIGN_KERNELS)
+
+
+def compile_plan(plan, num_ctas: int | None = None, ids_dtypes=IDS_DTYPES) -> int:
     """Compile everything a layer plan (:class:`cute_moe.plan.LayerPlan`) runs — its two GEMMs, the
-    row kernels, an FP8 format's quantization kernels and the unfused pipeline's passes — ahead of
-    the first call: a warm-up compiles every plan of ``plans_for``.
+    row kernels, the alignment's kernels for each ``topk_ids`` dtype of ``ids_dtypes``, an FP8
+    format's quantization kernels and the unfused pipeline's passes — ahead of the first call: a
+    warm-up compiles every plan of ``plans_for``.
     Returns how many kernels this call compiled (0 when all were cached)."""
+    ids_dtypes = check_ids_dtypes(ids_dtypes)
     before = compile_count()
+    for ids_dtype in ids_dtypes:
+        compile_align_kernels(ids_dtype)
     for cfg in (plan.gemm1, plan.gemm2):
         compile_gemm(cfg, num_ctas)
     compile_row_kernels(num_ctas)
@@ -97,49 +123,58 @@ def _step(what: str, names: tuple, compile_fn, dry_run: bool) -> WarmupStep:
     return WarmupStep(what, names if compile_count() > before else (), seconds)
 
 
-def _first_launch(p, E, K, I, top_k, quant, device) -> WarmupStep:  # noqa: E741
-    """Run plan ``p`` once on a one-token placeholder call: the DSL binds each compiled kernel to the
-    device at its first call (and CUDA loads modules lazily, at their first launch), so a serving
-    call should not be the first."""
-    inputs = placeholder_inputs(E, K, I, top_k, quant, 1, device)
+def _first_launch(p, E, K, I, top_k, quant, device, ids_dtype) -> WarmupStep:  # noqa: E741
+    """Run plan ``p`` once on a one-token placeholder call with ``ids_dtype`` ids: the DSL binds each
+    compiled kernel to the device at its first call (and CUDA loads modules lazily, at their first
+    launch), so a serving call should not be the first."""
+    inputs = placeholder_inputs(E, K, I, top_k, quant, 1, device, ids_dtype)
     before, start = compile_count(), time.perf_counter()
     fused_moe(**inputs.kwargs(), configs=(p.gemm1, p.gemm2))
     torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
-    return WarmupStep(f"first launch of {p.describe()} (T = 1)",
+    return WarmupStep(f"first launch of {p.describe()} (T = 1, {str(ids_dtype).removeprefix('torch.')} ids)",
                       ("kernel compiled at its first launch",) * (compile_count() - before), seconds)
 
 
 def warmup(E: int, K: int, I: int, top_k: int, quant: str | None = None,  # noqa: E741
-           max_tokens: int = MAX_TOKENS, device="cuda", *, dry_run: bool = False, **options) -> WarmupReport:
+           max_tokens: int = MAX_TOKENS, device="cuda", *, dry_run: bool = False, ids_dtypes=IDS_DTYPES,
+           **options) -> WarmupReport:
     """Compile every kernel ``fused_moe`` can launch for this layer at T = 1 … ``max_tokens``.
 
     ``options`` are ``fused_moe``'s (``swap_ab``, ``configs``): the warm-up covers the calls made
     with the same ones. ``dry_run=True`` lists the kernels a fresh process would compile, without
-    compiling. Returns a :class:`~moe_spec.warmup.WarmupReport`: one step per GEMM config, one for
-    the row kernels and, on a GPU, one per plan's first launch, each with its seconds. Raises
+    compiling. ``ids_dtypes``: the ``topk_ids`` dtypes the calls will pass (default: both the
+    contract accepts). Returns a :class:`~moe_spec.warmup.WarmupReport`: one step per GEMM config,
+    one for the row kernels, one per ids dtype for the alignment's kernels and, on a GPU, one per
+    plan's first launch (and one per further ids dtype), each with its seconds. Raises
     TypeError / ValueError naming a bad argument, NotImplementedError for a format this backend
     does not build, before anything is compiled.
     """
     check_layer(E, K, I, top_k, max_tokens, LIMITS)  # fused_moe's limits, before anything is compiled
     check_format(quant)
     check_options(options, fused_moe, "cute_moe.warmup")
+    ids_dtypes = check_ids_dtypes(ids_dtypes)
     num_ctas = _num_ctas(device)
     plans = layer_plans(plans_for, E, K, I, top_k, quant, max_tokens, **options)
     configs = tuple(dict.fromkeys(cfg for p in plans for cfg in (p.gemm1, p.gemm2)))
     steps = [_step(gemm_name(cfg), (gemm_name(cfg),), lambda cfg=cfg: compile_gemm(cfg, num_ctas), dry_run)
              for cfg in configs]
     steps.append(_step("row kernels", ROW_KERNELS, lambda: compile_row_kernels(num_ctas), dry_run))
+    steps += [_step(f"alignment kernels, {str(dt).removeprefix('torch.')} ids", _align_names(dt),
+                    lambda dt=dt: compile_align_kernels(dt), dry_run) for dt in ids_dtypes]
     if not dry_run:
         for p in plans:  # anything else a plan runs (compile_plan owns that list)
             start = time.perf_counter()
-            extra = compile_plan(p, num_ctas)
+            extra = compile_plan(p, num_ctas, ids_dtypes)
             if extra:
                 steps.append(WarmupStep(f"other kernels of {p.describe()}", ("compile_plan kernel",) * extra,
                                         time.perf_counter() - start))
         if torch.device(device).type == "cuda":
-            steps += [_first_launch(p, E, K, I, top_k, quant, device) for p in plans]
+            steps += [_first_launch(p, E, K, I, top_k, quant, device, ids_dtypes[0]) for p in plans]
+            # the alignment kernels are the only ones the ids dtype changes: one more call per dtype
+            steps += [_first_launch(plans[0], E, K, I, top_k, quant, device, dt) for dt in ids_dtypes[1:]]
     mode = "dry run: listed, nothing compiled" if dry_run else "compiled"
     return WarmupReport("cute_moe", E, K, I, top_k, quant, max_tokens, mode, tuple(p.describe() for p in plans),
                         tuple(steps), frozenset([("grouped_gemm", cfg) for cfg in configs]
-                                             + [(name, num_ctas) for name in ROW_KERNELS]))
+                                             + [(name, num_ctas) for name in ROW_KERNELS]
+                                             + [("align", dt) for dt in ids_dtypes]))

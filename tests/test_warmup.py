@@ -8,7 +8,8 @@ nothing:
   are all among the warm-up's — for bf16 and every FP8 format, with both ``topk_ids`` dtypes,
   the heuristic and the H200's tuned tables;
 * CuTe: every GEMM config the plan of each T picks is among the warm-up's, and compiling each
-  T's plan (``compile_plan``) compiles nothing — for the kernels compiled to PTX on this CPU.
+  T's plan (``compile_plan``) compiles nothing — for the kernels compiled to PTX on this CPU,
+  the alignment's for both ``topk_ids`` dtypes included.
 
 Dropping one plan from the enumeration the warm-up reads must make the sweep fail (both backends).
 """
@@ -183,8 +184,35 @@ def test_cute_sweep_after_warmup_compiles_nothing(cute_warm):
     assert not missing and swept_compiles == 0
     assert len(met) == len(report.plans) == len(importlib.import_module("cute_moe.plan").path_rule()) > 1
     gemms = {cfg for p in met for cfg in (p.gemm1, p.gemm2)}
-    assert compiled == report.count == len(gemms) + len(CUTE_WARMUP.ROW_KERNELS)
-    assert [s.what for s in report.steps][-1] == "row kernels" and all(s.seconds > 0 for s in report.steps)
+    aligns = len(CUTE_WARMUP.ALIGN_KERNELS) * len(CUTE_WARMUP.IDS_DTYPES)
+    assert compiled == report.count == len(gemms) + len(CUTE_WARMUP.ROW_KERNELS) + aligns
+    assert [s.what for s in report.steps][-3:] == ["row kernels", "alignment kernels, int32 ids",
+                                                    "alignment kernels, int64 ids"]
+    assert all(s.seconds > 0 for s in report.steps)
+
+
+def test_cute_alignment_of_either_ids_dtype_after_warmup_compiles_nothing(cute_warm):
+    """The alignment kernels read topk_ids, one compile per dtype: after the warm-up neither an int32
+    nor an int64 call's alignment, nor any plan for either dtype, compiles anything."""
+    from cute_moe.alignops import compile_align_kernels
+
+    report, _ = cute_warm
+    before = cache.compile_count()
+    for ids_dtype in (torch.int64, torch.int32):
+        assert ("align", ids_dtype) in report.covered
+        compile_align_kernels(ids_dtype)  # what sort_rows compiles for a call's topk_ids.dtype
+        for p in cute_moe.plans_for(8, 64, 32, 2, None, MAX_T):
+            assert cute_moe.compile_plan(p, ids_dtypes=(ids_dtype,)) == 0
+    assert cache.compile_count() == before
+
+
+def test_cute_warmup_of_one_ids_dtype_lists_its_alignment_only():
+    int32 = cute_moe.warmup(8, 64, 32, 2, max_tokens=16, device="cpu", dry_run=True, ids_dtypes=(torch.int32,))
+    both = cute_moe.warmup(8, 64, 32, 2, max_tokens=16, device="cpu", dry_run=True)
+    assert both.count - int32.count == len(CUTE_WARMUP.ALIGN_KERNELS)
+    aligns = [n for n in int32.compiled if n.startswith("align")]
+    assert aligns == ["align count (int32 ids)", "align place (int32 ids)"]
+    assert ("align", torch.int64) in both.covered and ("align", torch.int64) not in int32.covered
 
 
 def test_cute_warmup_again_compiles_nothing(cute_warm):
@@ -206,17 +234,18 @@ def test_cute_dry_run_lists_without_compiling():
     before = cache.compile_count()
     report = cute_moe.warmup(128, 2048, 768, 8, max_tokens=16384, device="cpu", dry_run=True)
     assert cache.compile_count() == before and report.mode.startswith("dry run")
-    assert len(report.plans) == 5 and report.count == 10 + 3  # two GEMMs per plan, the row kernels
+    # two GEMMs per plan, the row kernels, the alignment's two per topk_ids dtype
+    assert len(report.plans) == 5 and report.count == 10 + 3 + 2 * 2
 
 
 # ---- one interface, refusals ----------------------------------------------------------------------------
 
 
 def test_both_backends_have_the_same_warmup():
-    sig = {name: list(inspect.signature(mod.warmup).parameters)[:9]
-           for name, mod in (("cute", cute_moe), ("triton", triton_moe))}
-    assert sig["cute"][:8] == sig["triton"][:8] == ["E", "K", "I", "top_k", "quant", "max_tokens", "device",
-                                                    "dry_run"]
+    sig = {name: inspect.signature(mod.warmup).parameters for name, mod in (("cute", cute_moe), ("triton", triton_moe))}
+    assert list(sig["cute"])[:9] == list(sig["triton"])[:9] == ["E", "K", "I", "top_k", "quant", "max_tokens",
+                                                                "device", "dry_run", "ids_dtypes"]
+    assert sig["cute"]["ids_dtypes"].default == sig["triton"]["ids_dtypes"].default == (torch.int32, torch.int64)
     r = triton_moe.warmup(8, 64, 32, 2, "fp8_block", max_tokens=16, device="cpu")
     assert isinstance(r, WarmupReport) and r.backend == "triton_moe"
     d = json.loads(json.dumps(r.as_dict()))
@@ -242,8 +271,13 @@ def test_refusals_by_name():
     for mod in (cute_moe, triton_moe):
         with pytest.raises(ValueError, match=r"^quant: "):
             mod.warmup(8, 64, 32, 2, "fp8_weird", device="cpu")
-    with pytest.raises(ValueError, match=r"^ids_dtypes:"):
-        triton_moe.warmup(8, 64, 32, 2, device="cpu", ids_dtypes=(torch.float32,))
+    for mod in (cute_moe, triton_moe):
+        with pytest.raises(ValueError, match=r"^ids_dtypes:"):
+            mod.warmup(8, 64, 32, 2, device="cpu", ids_dtypes=(torch.float32,))
+        with pytest.raises(ValueError, match=r"^ids_dtypes:"):
+            mod.warmup(8, 64, 32, 2, device="cpu", ids_dtypes=())
+        with pytest.raises(TypeError, match=r"^ids_dtypes:"):
+            mod.warmup(8, 64, 32, 2, device="cpu", ids_dtypes=torch.int64)
     with pytest.raises(ValueError, match=r"^K: hidden size"):  # the backend's own limit, from its plan
         cute_moe.warmup(8, 60, 32, 2, device="cpu")
     if not torch.cuda.is_available():
@@ -279,12 +313,27 @@ def test_warm_study_cpu(tmp_path):
 def test_warm_study_cli(tmp_path, capsys):
     assert warm_study.main(["--count", "--shapes", "qwen3-30b-a3b", "--quants", "bf16", "--max-tokens", "16384"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert any(line.startswith("cute_moe") and "plans, 13 kernels" in line for line in lines)
+    assert any(line.startswith("cute_moe") and "plans, 17 kernels" in line for line in lines)
     rc = warm_study.main(["--out", str(tmp_path), "--max-tokens", "20", "--backends", "triton_moe", "--quants", "bf16"])
     assert rc == 0
     data = json.loads((tmp_path / "warm_study.json").read_text())
     assert data["meta"]["command"].startswith("python -m compare.warm_study --out")
     assert (tmp_path / "warm_study.md").read_text().startswith("# Warm-up study")
+
+
+@pytest.mark.gpu
+def test_cute_warmup_gpu_then_calls_of_either_ids_dtype_compile_nothing():
+    """On the H200: after cute_moe.warmup, fused_moe calls with int64 and with int32 topk_ids (the
+    alignment kernels compile per dtype) at several T compile nothing."""
+    E, K, I, top_k = 8, 256, 128, 2  # noqa: E741
+    report = cute_moe.warmup(E, K, I, top_k, max_tokens=64, device="cuda")
+    assert {("align", torch.int32), ("align", torch.int64)} <= report.covered
+    before = cache.compile_count()
+    for ids_dtype in (torch.int64, torch.int32):
+        for T in (1, 7, 64):
+            cute_moe.fused_moe(**placeholder_inputs(E, K, I, top_k, None, T, "cuda", ids_dtype).kwargs())
+    torch.cuda.synchronize()
+    assert cache.compile_count() == before
 
 
 @pytest.mark.gpu
