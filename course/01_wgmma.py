@@ -1,19 +1,22 @@
 """Step 1 — one WGMMA: ``C[64, N] = A[64, 16] · B[N, 16]ᵀ`` from shared memory.
 
 What is new: the tensor-core instruction of Hopper, ``wgmma.mma_async.sync.aligned.m64nNk16``.
-It is issued by a *warpgroup* (four consecutive warps, 128 threads) and reads both operands from
-shared memory through 64-bit *matrix descriptors*; the fp32 result D lands in registers, N/2 per
-thread. Three more instructions come with it: ``wgmma.fence`` (register accesses before it are
-ordered before the WGMMA), ``wgmma.commit_group`` (close the issued WGMMAs into a group) and
-``wgmma.wait_group N`` (wait until at most N groups are pending) — the WGMMA only *starts* the
-multiply, and nobody may touch the accumulator registers before the wait that covers it.
+It is issued by a *warpgroup* (four contiguous warps, the first one's rank a multiple of 4: 128
+threads). B always comes from shared memory through a 64-bit *matrix descriptor*; A may come from
+registers or, as here, through a descriptor too. The fp32 result D lands in registers, N/2 per
+thread. Three more instructions come with it: ``wgmma.fence`` (orders earlier accesses to the
+accumulator and A registers before the WGMMA's; needed before the first WGMMA and after any such
+access, not between WGMMAs of one shape accumulating into the same registers),
+``wgmma.commit_group`` (close this thread's issued WGMMAs into a group) and ``wgmma.wait_group N``
+(wait until at most the N most recent groups are pending) — the WGMMA only *starts* the multiply,
+and nobody may touch the accumulator registers before the wait that covers it.
 
 The kernel is one CTA of one warpgroup. Every thread copies a share of A and B from global into
 shared memory with ordinary loads and stores (step 2 replaces that with TMA); shared memory holds
 them in the swizzled layout the descriptor expects (``make_smem_layout_a/b``: K-major rows of
-16 bf16 = 32 bytes, so a 32-byte swizzle). Writes by ordinary stores belong to the *generic
-proxy*, WGMMA reads through the *async proxy*: a ``fence.proxy.async`` between them makes the
-stores visible to the tensor core.
+16 bf16 = 32 bytes, so a 32-byte swizzle: mode 3 in the descriptor's bits 62–63). Writes by ordinary
+stores belong to the *generic proxy*, WGMMA runs in the *async proxy*: each thread's
+``fence.proxy.async`` after its stores, then a CTA barrier, make them visible to the tensor core.
 
 Who owns which accumulator element is fixed by the hardware (PTX ISA, "Register Fragments",
 the m64nNk16 D-fragment figure). For thread ``t`` of the warpgroup (warp ``t/32``, lane ``t%32``)

@@ -1,18 +1,22 @@
 """Step 2 — the operands brought by TMA, under an mbarrier: a whole GEMM ``C = A · Bᵀ``.
 
 What is new: the *Tensor Memory Accelerator*. ``cp.async.bulk.tensor.2d.shared::cta.global``
-copies a whole box (here 64 rows × 64 bf16 = 8 KB) from global into shared memory on its own; the
-issuing thread only names a *tensor map* (built on the host by ``make_tiled_tma_atom`` from the
-global tensor, the box and the swizzled shared layout — so the bytes land exactly where step 1's
-descriptors expect them), the box's coordinates and an **mbarrier**.
+copies a whole box (here 64 rows × 64 bf16 = 8 KB) from global into shared memory on its own. It
+is not a warp-wide instruction: every thread that executes it starts a copy, so the DSL elects one
+lane (``elect.sync``). That thread only names a *tensor map* (built on the host by
+``make_tiled_tma_atom`` from the global tensor, the box and the swizzled shared layout — so the
+bytes land exactly where step 1's descriptors expect them), the box's coordinates and an
+**mbarrier**.
 
 An mbarrier is a 64-bit object in shared memory with a *phase*, a pending *arrival count* and a
 *transaction count* (tx-count). Here:
 
-* one thread initialises it for 1 arrival (``mbarrier.init``), and ``fence.mbarrier_init`` plus a
-  CTA barrier make the initialisation visible;
-* per K step one thread arrives with ``mbarrier.arrive.expect_tx`` (the stage's bytes) and issues
-  the two TMA loads; each load *completes* its bytes on the barrier as they land;
+* one thread initialises it for 1 arrival (``mbarrier.init``: phase 0, tx-count 0), and
+  ``fence.mbarrier_init`` (a release fence for that thread's inits) plus a CTA barrier make the
+  initialisation visible before anyone arrives or waits;
+* per K step one thread arrives with ``mbarrier.arrive.expect_tx`` (raising the tx-count by the
+  stage's bytes) and issues the two TMA loads; when a load completes, it performs a *complete-tx*
+  of the bytes it copied on the barrier, lowering the tx-count;
 * the phase completes when the arrival count and the tx-count both reach zero, and everyone waits
   with ``mbarrier.try_wait.parity P``: P is the parity of the phase being waited for — 0 for the
   first load, 1 for the second, 0 again …, so here ``P = k mod 2``.

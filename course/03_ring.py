@@ -17,9 +17,12 @@ function the kernel itself calls):
 
 * the consumer waits ``full[s]`` with parity ``lap mod 2`` — 0 on the first lap: the phase the
   producer's first load completes;
-* the producer waits ``empty[s]`` with parity ``(lap mod 2) XOR 1`` — 1 on the first lap. A fresh
-  barrier is in phase 0, so parity 1 names the phase *before* it, which counts as complete: the
-  first lap does not wait, every later lap waits for the consumers' release of the lap before.
+* the producer waits ``empty[s]`` with parity ``(lap mod 2) XOR 1`` — 1 on the first lap. A wait
+  names by its parity either the current phase or the one immediately before it, and only the
+  current phase is incomplete (PTX ISA, "Phase of the mbarrier object"); a fresh barrier is in phase
+  0, so parity 1 names the phase before it, complete: the first lap does not wait (CUTLASS starts
+  its producer's phase at 1 for this), every later lap waits for the consumers' release of the lap
+  before.
 
 The consumer keeps one batch of WGMMAs in flight: after committing step k it waits with
 ``wait_group 1`` (step k−1's batch has retired) and only then releases step k−1's slot.

@@ -1,7 +1,8 @@
 """Step 4 — warp specialization with ``setmaxnreg``: a lean producer, fat consumers.
 
 What is new: the register file is shared out at run time. A CTA is launched with one register
-count per thread for every warp (the compiler's count, at most 65,536 / threads), but the two
+count per thread for every warp (the compiler's count: at most 255, and at most 65,536 / threads
+rounded down to a multiple of 8), but the two
 roles need very different amounts: the producer only computes TMA coordinates, the consumers hold
 the fp32 accumulator — ``tile_m · tile_n / (128 · consumer warpgroups)`` registers per thread,
 128 for a 128 × 256 tile with two consumer warpgroups. ``setmaxnreg`` moves them (PTX ISA,
@@ -10,14 +11,17 @@ the fp32 accumulator — ``tile_m · tile_n / (128 · consumer warpgroups)`` reg
 * ``setmaxnreg.dec.sync.aligned.u32 40`` — the producer warpgroup releases its registers down to
   40 per thread into a per-CTA pool;
 * ``setmaxnreg.inc.sync.aligned.u32 232`` — each consumer warpgroup requests 232 per thread and
-  **blocks until the pool has them**;
+  **blocks until the pool has them**; the registers it gains start undefined;
 * the count is an immediate in 24 … 256, a multiple of 8, and every warp of a warpgroup executes
-  the same ``setmaxnreg``.
+  the same ``setmaxnreg``;
+* the kernel must carry a per-thread register limit known to the compiler (a compile option or a
+  directive: the DSL writes ``.reqntid 384``), or ``setmaxnreg`` may have no effect.
 
-The pool is what the CTA was launched with: R registers per thread × its threads. Here the inc
+The ISA says only that the pool is per CTA. What a CTA can hand around is what it was launched
+with, R registers per thread × its threads, and CUTLASS budgets its splits that way. Here the inc
 must fit ``40 · 128 + 232 · 256 = 64,512 ≤ R · 384``, so R ≥ 168 — the most 384 threads can have
-(65,536 / 384 = 170.7, and per-thread counts come in multiples of 8). :func:`register_budget` is
-that arithmetic; the exercises budget other splits with it.
+(65,536 / 384 = 170.7, rounded down to a multiple of 8): the split takes the whole launch allocation.
+:func:`register_budget` is that arithmetic; the exercises budget other splits with it.
 
 The tile also doubles: two consumer warpgroups stack along M (the tiled MMA's atom layout
 (2, 1, 1)), 128 × n per CTA, and the *empty* barrier now waits for 256 consumer arrivals.

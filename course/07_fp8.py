@@ -6,9 +6,11 @@ stage of 128-byte rows now holds 128 of K: ``tile_k = 128``, four WGMMAs per sta
 must be K-major — FP8 WGMMA has no transposed form (the DSL's ``MmaF8Op`` refuses MN-major) —
 which the MoE operands already are, swapped or not (step 6).
 
-Why two levels: the tensor core accumulates FP8 products in an fp32 register but keeps fewer
-mantissa bits while it adds (DeepSeek-V3 §3.3.2 measured about 14 on an H800), so a sum over
-thousands of K elements drifts. The remedy (DeepSeek-V3, DeepGEMM, CUTLASS's ``fp8_2xacc``):
+Why two levels: the PTX ISA promises only that an ``.f32`` accumulator sums "with at least single
+precision", in an unspecified order and rounding; DeepSeek-V3 (§3.3.2) measured that FP8 WGMMA on
+the H800 keeps only about 14 bits of the running sum, so a sum over thousands of K elements drifts.
+That is a measurement, not an ISA statement, and the remedy is built for it (DeepSeek-V3, DeepGEMM,
+CUTLASS's ``fp8_2xacc``):
 
 * each K stage accumulates into a fresh **block accumulator** ``blk`` (the first WGMMA of the
   stage runs with scale-d = 0: D = A·B, no zeroing needed);

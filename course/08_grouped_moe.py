@@ -17,12 +17,13 @@ The consumers do not know about experts at all: they multiply whatever the ring 
 From here to the production kernel (``cute_moe/gemm.py``: one tile's life in ``GroupedGemm._body``;
 ``cute_moe/gemm_parts.py`` the functions it calls; ``cute_moe/gemm_plan.py`` the compile-time
 layouts): swap-AB for small groups (step 6, chosen per GEMM by the layer's plan, ``cute_moe/plan.py``),
-FP8 formats with per-tensor, per-channel and 128 × 128 block scales promoted as in step 7
-(``cute_moe/fp8_gemm.py``), an epilogue through ``stmatrix`` and a ring of TMA stores instead of
-register stores, the routing weight and SiLU·up fused into the epilogue, token rows gathered by
-index instead of pre-sorted, ping-pong consumers (one warpgroup's epilogue under the other's MMAs)
-and clusters of two CTAs sharing a weight tile by TMA multicast. The sorting and padding run on
-the GPU (``moe_spec/align.py``, ``cute_moe/alignops.py``).
+FP8 formats with per-tensor, per-channel and block scales (128 × 128 weight blocks, 1 × 128 token
+groups) promoted as in step 7 (``cute_moe/fp8_gemm.py``), an epilogue through ``stmatrix`` and a
+ring of TMA stores instead of register stores, the routing weight and SiLU·up fused into the
+epilogue, token rows gathered by index instead of pre-sorted, ping-pong consumers (one warpgroup's
+epilogue under the other's MMAs) and clusters of two CTAs sharing a weight tile by TMA multicast —
+the last three drawn in notes/figures/course/ (store_ring, pingpong, cluster_multicast). The
+sorting and padding run on the GPU (``moe_spec/align.py``, ``cute_moe/alignops.py``).
 """
 
 from __future__ import annotations
@@ -64,14 +65,9 @@ def sort_by_expert(expert_of_token, experts: int):
     return row_of_token, block_expert.to(torch.int32), int(padded.sum()) // TILE_M
 
 
-class GroupedGemm:
-    """``c[rows of block b] = x[rows of block b] · w[block_expert[b]]ᵀ`` for b < num_blocks[0] (fp32 c)."""
-
-    def __init__(self, n: int = 128, stages: int = 4, ctas: int = H200_SMS, group: int = 8):
-        course.require(n % 8 == 0 and 8 <= n <= 256, f"n={n}: WGMMA's N is 8 … 256 in steps of 8")
-        course.require(2 <= stages <= 8, f"stages={stages}: 2 … 8")
-        course.require(ctas >= 1 and group >= 1, f"ctas={ctas}, group={group}: at least 1")
-        self.n, self.stages, self.ctas, self.group = n, stages, ctas, group
+class GroupedGemm(STEP5.PersistentGemm):
+    """``c[rows of block b] = x[rows of block b] · w[block_expert[b]]ᵀ`` for b < num_blocks[0] (fp32 c);
+    step 5's arguments (n, stages, ctas, group) and epilogue (``store_tile``)."""
 
     @cute.jit
     def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, block_expert: cute.Tensor,
@@ -148,13 +144,6 @@ class GroupedGemm:
                 step += k_tiles
                 # the epilogue: the producer is already loading the next tile meanwhile
                 self.store_tile(acc, thr_mma, gC[None, None, bm, bn], bm, bn, c)
-
-    @cute.jit
-    def store_tile(self, acc: cute.Tensor, thr_mma: cute.ThrMma, gC_tile: cute.Tensor, bm, bn, c: cute.Tensor):
-        """Registers → global memory, each register to its (m, n) of the tile (step 6 adds bounds)."""
-        tCgC = thr_mma.partition_C(gC_tile)
-        for r in cutlass.range_constexpr(cute.size(acc)):
-            tCgC[r] = acc[r]
 
 
 _compiled: dict = {}

@@ -99,6 +99,8 @@ def test_02_tma_and_mbarrier():
                        r"%rd\d+, \[%r\d+\], \1;", ptx, re.S)
     assert expect and int(expect.group(2)) == (64 + 128) * 64 * 2
     assert has(ptx, "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16") == 4  # 64 of K per load
+    # one elected lane arrives and issues each copy (every thread executing cp.async.bulk.tensor starts one)
+    assert has(ptx, "elect.sync") >= has(ptx, "cp.async.bulk.tensor") + has(ptx, "mbarrier.arrive.expect_tx")
     # not yet: the producer / consumer split with register moves (step 4)
     assert has(ptx, "setmaxnreg") == 0
 

@@ -51,6 +51,21 @@ def test_02_tma_gemm(n):
     torch.testing.assert_close(s2.gemm(a, b, n), reference(a, b), atol=2e-2, rtol=1e-3)
 
 
+def test_02_tma_fills_rows_past_the_tensor_with_zeros():
+    """B's box reaches 5 rows past B's last row: TMA lands them as zeros (PTX ISA, "Out of Boundary Access":
+    the tensor map's zero-fill mode, not OOB-NaN), so C's last 5 columns are exactly 0 — the fact step 6's
+    padding columns rely on."""
+    import cutlass.cute as cute
+
+    s2, n = step("02_tma"), 64
+    a, b = bf16(64, 128), bf16(n - 5, 128, seed=1)
+    c = torch.full((64, n), float("nan"), device="cuda")
+    args = [s2.course.to_cute(t, leading_dim=1) for t in (a, b, c)] + [s2.course.stream()]
+    cute.compile(s2.TmaGemm(n), *args)(*args)
+    torch.testing.assert_close(c[:, : n - 5], reference(a, b), atol=2e-2, rtol=1e-3)
+    assert torch.equal(c[:, n - 5:], torch.zeros(64, 5, device="cuda"))
+
+
 def test_02_bad_k_is_refused():
     with pytest.raises(ValueError, match="K"):
         step("02_tma").gemm(bf16(64, 48), bf16(128, 48))
