@@ -61,7 +61,7 @@ import triton.language as tl
 
 from moe_spec.align import Alignment, max_rows
 from moe_spec.validate import BAD_ID, REPEATED_ID, error_word
-from triton_moe.jit import launch
+from triton_moe.jit import Bound
 
 #: Pairs per chunk, at most (a chunk holds CHUNK // top_k whole token rows; the rank needs a
 #: CHUNK² comparison). A top_k above CHUNK widens the chunk to one row.
@@ -237,6 +237,16 @@ def _launch_sizes(T: int, top_k: int, num_experts: int, num_blocks: int) -> tupl
     return num_pairs, num_chunks, constexprs, grid
 
 
+@functools.lru_cache(maxsize=1024)
+def _bound(T: int, top_k: int, num_experts: int, num_blocks: int, block_m: int) -> tuple:
+    """(pairs, chunks, the count launch, the place launch) of one alignment, grids and constexprs
+    bound once per shape (:class:`~triton_moe.jit.Bound`)."""
+    num_pairs, num_chunks, constexprs, grid = _launch_sizes(T, top_k, num_experts, num_blocks)
+    return (num_pairs, num_chunks, Bound(_count_kernel, (num_chunks,), **constexprs),
+            Bound(_place_kernel, grid, BLOCK_M=block_m, SCAN_ROWS=SCAN_ROWS, BLOCKS_PER_PROGRAM=BLOCKS_PER_PROGRAM,
+                  RANK_ROWS=RANK_ROWS, num_warps=PLACE_WARPS, **constexprs))
+
+
 def align_into(topk_ids: torch.Tensor, num_experts: int, block_m: int, sorted_ids: torch.Tensor,
                expert_of_block: torch.Tensor, expert_end: torch.Tensor, counts: torch.Tensor,
                error: torch.Tensor) -> Alignment:
@@ -245,12 +255,10 @@ def align_into(topk_ids: torch.Tensor, num_experts: int, block_m: int, sorted_id
     (:mod:`triton_moe.moe`)."""
     T, top_k = topk_ids.shape
     num_blocks = expert_of_block.numel()
-    num_pairs, num_chunks, constexprs, grid = _launch_sizes(T, top_k, num_experts, num_blocks)
+    num_pairs, num_chunks, count, place = _bound(T, top_k, num_experts, num_blocks, block_m)
     flat_ids = topk_ids.reshape(-1)
-    launch(_count_kernel, (num_chunks,), flat_ids, counts, num_pairs, **constexprs)
-    launch(_place_kernel, grid, flat_ids, counts, sorted_ids, expert_of_block, expert_end, error, num_pairs,
-           num_chunks, num_blocks, BLOCK_M=block_m, SCAN_ROWS=SCAN_ROWS, BLOCKS_PER_PROGRAM=BLOCKS_PER_PROGRAM,
-           RANK_ROWS=RANK_ROWS, num_warps=PLACE_WARPS, **constexprs)
+    count(flat_ids, counts, num_pairs)
+    place(flat_ids, counts, sorted_ids, expert_of_block, expert_end, error, num_pairs, num_chunks, num_blocks)
     return Alignment(tile=block_m, num_pairs=num_pairs, sorted_ids=sorted_ids, expert_of_block=expert_of_block,
                      expert_end=expert_end)
 

@@ -42,11 +42,13 @@ def _variant(name: str):
     elif name == "256-pair chunks":
         align.SMALL_CHUNK = align.CHUNK
     align._launch_sizes.cache_clear()
+    align._bound.cache_clear()
     try:
         yield
     finally:
         align.PLACE_WARPS, align.SMALL_CHUNK = saved
         align._launch_sizes.cache_clear()
+        align._bound.cache_clear()
 
 
 def measure(shapes, tokens, n_sets: int = 4) -> list[dict]:
