@@ -15,7 +15,9 @@ the fp32 accumulator — ``tile_m · tile_n / (128 · consumer warpgroups)`` reg
 * the count is an immediate in 24 … 256, a multiple of 8, and every warp of a warpgroup executes
   the same ``setmaxnreg``;
 * the kernel must carry a per-thread register limit known to the compiler (a compile option or a
-  directive: the DSL writes ``.reqntid 384``), or ``setmaxnreg`` may have no effect.
+  directive; the DSL writes ``.reqntid 384``), or ``setmaxnreg`` may have no effect. From it ptxas
+  launches every thread at 168 registers and keeps both instructions (SASS ``USETMAXREG``): a CPU
+  test reads that from the cubin the compile writes.
 
 The ISA says only that the pool is per CTA. What a CTA can hand around is what it was launched
 with, R registers per thread × its threads, and CUTLASS budgets its splits that way. Here the inc

@@ -146,6 +146,31 @@ def test_04_setmaxnreg_moves_registers():
     assert budget["fits"] and budget["after"] == 40 * 128 + 232 * 256 <= budget["pool"] <= 65536
 
 
+def test_04_ptxas_launches_at_the_budgeted_count(tmp_path):
+    """The cubin the CPU compile also writes: ptxas gives every thread register_budget's launch count (168,
+    from .reqntid 384) and keeps both setmaxnreg as SASS USETMAXREG (the ISA: without a known register
+    limit setmaxnreg may have no effect)."""
+    import subprocess
+
+    import cutlass.cute as cute
+    import triton
+
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not cuobjdump.exists():
+        pytest.skip("no cuobjdump (triton's NVIDIA backend) to read the cubin")
+    s4 = step("04_setmaxnreg")
+    fakes = (s4.course.fake_matrix(s4.BF16, 128, s4.TILE_K), s4.course.fake_matrix(s4.BF16, 256, s4.TILE_K),
+             s4.course.fake_matrix(s4.F32, 128, 256), s4.course.fake_stream())
+    cute.compile(s4.SpecializedGemm(256, 4), *fakes, options=f"--keep-cubin --dump-dir {tmp_path}")
+    (cubin,) = tmp_path.glob("*.cubin")
+    out = subprocess.run([str(cuobjdump), "-res-usage", "-sass", str(cubin)], capture_output=True, text=True,
+                         check=True).stdout
+    budget = s4.register_budget(s4.PRODUCER_REGISTERS, s4.CONSUMER_REGISTERS, 2)
+    assert re.search(rf"\bREG:{budget['launch']}\b", out), budget
+    assert f"USETMAXREG.DEALLOC.CTAPOOL {s4.PRODUCER_REGISTERS:#x}" in out
+    assert f"USETMAXREG.TRY_ALLOC.CTAPOOL UP0, {s4.CONSUMER_REGISTERS:#x}" in out
+
+
 def test_04_register_budget_refuses_a_bad_count():
     with pytest.raises(ValueError, match="consumer=236"):
         step("04_setmaxnreg").register_budget(40, 236, 2)
