@@ -25,7 +25,7 @@ def ring_parity(stages: int = 4, laps: int = 3) -> str:
     s3 = course.load("03_ring")
     steps = stages * laps
     cw, ch, x0, y0 = 34, 22, 150, 60
-    svg = Svg(x0 + cw * steps + 20, y0 + ch * (stages + 2) + 60, "mbarrier parity over a ring",
+    svg = Svg(x0 + cw * steps + 20, y0 + ch * (stages + 2) + 74, "mbarrier parity over a ring",
               data_stages=stages)
     svg.text(10, 20, f"Step 3's ring: {stages} slots, K step k → slot k mod {stages}, lap k / {stages}", cls="t")
     svg.text(10, 38, "C = the parity the consumer waits on full[slot]; P = the producer's on empty[slot]", cls="s")
@@ -41,7 +41,8 @@ def ring_parity(stages: int = 4, laps: int = 3) -> str:
         svg.text(x + cw / 2, y + 15, f"C{parity} P{parity ^ 1}", cls="c l")
     y = y0 + ch * stages + 24
     svg.lines(10, y, ["Colour = lap. A fresh mbarrier is in phase 0: on lap 0 the producer's parity 1 names the",
-                      "phase before it, complete by definition, so the first lap never waits for the consumers."],
+                      "phase before it, and every phase before the current one is complete (PTX ISA, \"Phase of",
+                      "the mbarrier object\"), so the first lap never waits for the consumers."],
               cls="s")
     return svg.render()
 
