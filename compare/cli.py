@@ -28,16 +28,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import textwrap
 
 from compare import report, results, userkernel
 from compare.backends import BACKEND_NAMES, HF_BACKENDS
-from compare.cases import CPU_MAX_TOKENS, DEFAULT_BACKENDS, DEFAULT_SHAPES, DEFAULT_TOKENS_CPU, DEFAULT_TOKENS_GPU, SuiteSpec
+from compare.cases import (
+    CPU_MAX_TOKENS,
+    DEFAULT_BACKENDS,
+    DEFAULT_SHAPES,
+    DEFAULT_TOKENS_CPU,
+    DEFAULT_TOKENS_GPU,
+    SuiteSpec,
+)
 from compare.outputs import OutputError, Outputs
 from compare.peers import PEERS
 from compare.report import OUTPUT_FILES
 from compare.results import ResultsError
 from compare.suite import run_suite
-from compare.tables import banner
+from compare.tables import banner, wrap
 from moe_spec.problem import CATALOG
 from moe_spec.quant import QUANT_FORMATS
 from moe_spec.runinfo import command_line
@@ -46,6 +54,7 @@ from moe_spec.studyout import Parser, UsageError, number, positive_ints, run_com
 PROG = "python -m compare"
 QUANT_CHOICES = ("bf16",) + tuple(q for q in QUANT_FORMATS if q is not None)
 SEED_LIMIT = 2**32
+HELP_WIDTH = 100  # the epilog is printed as written (RawDescriptionHelpFormatter), so it is wrapped here
 
 
 def parse_quants(text: str) -> tuple:
@@ -85,10 +94,11 @@ def parse_seed(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    epilog = ("Shapes: " + ", ".join(CATALOG) + " (append :tpN for a tensor-parallel shard). Numerics tolerance "
+              "policy: notes/numerics.md.")
     p = Parser(prog=PROG, description=__doc__.split("\n\n")[0].replace("``", ""),
                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                epilog="Shapes: " + ", ".join(CATALOG)
-                + " (append :tpN for a tensor-parallel shard). Numerics tolerance policy: notes/numerics.md.")
+                epilog="\n".join(textwrap.wrap(epilog, HELP_WIDTH)))
     p.add_argument("--shapes", default=",".join(DEFAULT_SHAPES),
                    help="comma list of catalog shapes, case-insensitive; repeats dropped [%(default)s]")
     p.add_argument("--tokens", default=None,
@@ -126,7 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "recompiles, or the time budget stopped the run")
     p.add_argument("--no-plots", dest="plots", action="store_false",
                    help="no PNG files (for a report committed to git, which keeps no binaries)")
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress report (a bar on a terminal, else a line per step on stderr)")
     return p
 
 
@@ -191,23 +202,23 @@ def _run_staged(args, argv: list, outputs: Outputs) -> int:
         outputs.stage()
         tokens = args.tokens or (DEFAULT_TOKENS_GPU if on_gpu else DEFAULT_TOKENS_CPU)
         spec = SuiteSpec(shapes=args.shapes, tokens=tokens, quants=args.quant, backends=args.backends,
-                         device="cuda" if on_gpu else "cpu", seed=args.seed, quick=args.quick, jit=args.jit, ptx=args.ptx,
-                         outlier_expert=args.outlier_expert, time_budget_s=args.time_budget, commit=args.commit,
-                         command=command_line(PROG, argv))
+                         device="cuda" if on_gpu else "cpu", seed=args.seed, quick=args.quick, jit=args.jit,
+                         ptx=args.ptx, outlier_expert=args.outlier_expert, time_budget_s=args.time_budget,
+                         commit=args.commit, command=command_line(PROG, argv))
         result = run_suite(spec, progress=args.progress)
 
     written = report.write_all(result, outputs.staging, with_plots=args.plots)
     router_json, router_line = _router_table(result, args.write_router) if args.write_router else (None, None)
     outputs.commit(router_json)
     report_md = outputs.out / "report.md"
-    print("\n".join(banner(result, str(report_md))) + "\n")
-    print(report.compact_table(result))
-    print("\nwrote " + ", ".join(str(outputs.out / p.name) for p in written))
-    if router_line:
-        print(router_line)
+    say = [part for line in banner(result, str(report_md)) for part in wrap(line)] + [""]
+    say += [report.compact_table(result), ""]
+    say += wrap(f"wrote into {outputs.out}: " + ", ".join(p.name for p in written))
+    say += wrap(router_line) if router_line else []
     found = report.problems(result)
     if found:
-        print(f"\n{len(found)} problem(s):\n  " + "\n  ".join(found))
+        say += ["", f"{len(found)} problem(s):"] + [part for p in found for part in wrap(f"  {p}", indent="    ")]
+    print("\n".join(say))
     return 1 if (found and args.strict) else 0
 
 

@@ -31,12 +31,14 @@ def cute_ptx_summary(shapes, tokens, quants=(None,)) -> dict:
 
     Each (shape, T, format) goes through ``cute_moe.plan`` — the backend's one decision — so this
     listing cannot drift from what ``fused_moe`` runs; a format the backend refuses is listed as such.
+    Each config is named by the plan's own ``describe()`` (its GEMM's part), as the results name it.
     """
     try:
         import cute_moe
     except Exception as exc:  # noqa: BLE001
         return {"status": f"not available: import cute_moe failed: {type(exc).__name__}: {exc}"[:240]}
     used: dict = {}
+    named: dict = {}
     refused: dict = {}
     for spec in shapes:
         shape = get_shape(spec)
@@ -48,11 +50,14 @@ def cute_ptx_summary(shapes, tokens, quants=(None,)) -> dict:
                 except (NotImplementedError, ValueError) as exc:
                     refused.setdefault(quant_name(quant), str(exc))
                     break
-                for gemm, cfg in (("G1", p.gemm1), ("G2", p.gemm2)):
+                words = p.describe().split(" | ")  # "G1 <tile> <mma>", "G2 …": the results' config column
+                for gemm, cfg, said in (("G1", p.gemm1, words[0]), ("G2", p.gemm2, words[1])):
                     used.setdefault(cfg, []).append(f"{shape.label} {quant_name(quant)} T={T} {gemm}")
+                    named.setdefault(cfg, said.split(" ", 1)[1])
     configs = []
     for cfg, where in used.items():
-        entry = {"config": cfg.as_dict() if hasattr(cfg, "as_dict") else repr(cfg), "used_by": where}
+        entry = {"config": cfg.as_dict() if hasattr(cfg, "as_dict") else repr(cfg), "describe": named[cfg],
+                 "used_by": where}
         start = time.perf_counter()
         try:
             ptx = cute_moe.compile_ptx(cfg)

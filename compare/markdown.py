@@ -12,7 +12,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import compare.metrics as metrics
-from compare.tables import COLUMNS, EMPTY, PTX_SECTION, STATUS_MEANING, banner, full_status, num, shown, text
+from compare.tables import (
+    COLUMNS,
+    EMPTY,
+    PTX_SECTION,
+    STATUS_MEANING,
+    banner,
+    batch_notes,
+    full_status,
+    num,
+    shown,
+    text,
+)
 
 
 def _md_table(head: list, rows: list, keep: int = 0) -> str:
@@ -52,7 +63,24 @@ def _results_md(result: dict) -> str:
     ordered_used = [c for c in COLUMNS if c in used]
     parts.append("Columns: " + "; ".join(f"**{c.long}**: {c.meaning}" for c in ordered_used)
                  + f"; **status**: {STATUS_MEANING}.")
+    parts += [f"\n{line}" for line in batch_notes(result["rows"])]
     return "\n".join(parts)
+
+
+def _results_intro(result: dict) -> str:
+    """What the results tables hold: numerics always; time only when this run timed something."""
+    rows = result["rows"]
+    text_ = "Numerics are against the fp64 oracle on each backend's own inputs (FP8: the quantized problem). "
+    if any(isinstance(r.get("us"), (int, float)) for r in rows):
+        text_ += "Time is the median of CUDA-graph replays over rotated input sets (cold L2)."
+    else:
+        text_ += ("Nothing was timed in this run (no GPU): the tables hold numerics only, and every row's timing "
+                  "field in results.json and results.csv says why (e.g. \"skipped: no GPU\"); a GPU run adds the "
+                  "µs, roofline and speedup columns.")
+    if any(r.get("shape_note") for r in rows):
+        text_ += (" The shapes are REDUCED for the Triton interpreter: each section's heading gives the sizes that "
+                  "ran, and the shape's name says only which catalog shape they stand for.")
+    return text_
 
 
 def _experts_md(result: dict) -> str:
@@ -117,6 +145,15 @@ def _jit_md(result: dict) -> str:
     return "\n".join(parts) if parts else "JIT study not run (--no-jit)."
 
 
+def _old_tile_text(cfg) -> str:
+    """A config of a record written before the listing kept the backend's own description."""
+    if not isinstance(cfg, dict):
+        return str(cfg)
+    return (f"{'swap-AB' if cfg.get('swap_ab') else 'normal'} M{cfg.get('tile_m')}×N{cfg.get('tile_n')}"
+            f"×K{cfg.get('tile_k')}, {cfg.get('stages')} stages"
+            + (", routing weight in the epilogue" if cfg.get("row_scale") else ""))
+
+
 def _ptx_md(result: dict) -> str:
     ptx = result.get("cute_ptx")
     if not ptx:
@@ -125,17 +162,15 @@ def _ptx_md(result: dict) -> str:
         return f"CuTe configs: {ptx.get('status')}\n"
     rows = []
     for c in ptx["configs"]:
-        cfg = c["config"]
-        tile = (f"{'swap-AB' if cfg.get('swap_ab') else 'normal'} M{cfg.get('tile_m')}×N{cfg.get('tile_n')}"
-                f"×K{cfg.get('tile_k')}, {cfg.get('stages')} stages"
-                + (", routing weight in the epilogue" if cfg.get("row_scale") else "")
-                if isinstance(cfg, dict) else cfg)
+        tile = c.get("describe") or _old_tile_text(c["config"])
         wg = "<br>".join(f"`{op}` ×{n}" for op, n in (c.get("wgmma") or {}).items()) or c.get("error", "-")
         used = ", ".join(c["used_by"][:3]) + (f" (+{len(c['used_by']) - 3})" if len(c["used_by"]) > 3 else "")
         rows.append((tile, wg, used, num(c.get("compile_s"), ".1f")))
     return ("The configs `cute_moe` chooses for the GPU suite (full catalog shapes, not the reduced ones), "
             "compiled here on the CPU; the WGMMA instructions in their PTX show the tile each warpgroup issues "
-            "(m64nNk16 for bf16, m64nNk32 for FP8: N is the token tile under swap-AB).\n\n"
+            "(m64nNk16 for bf16, m64nNk32 for FP8: N is the token tile under swap-AB). Each config is named as the "
+            "results' config column names it (`cute_moe.plan(...).describe()`: W weight rows and T tokens per tile, "
+            "k the K step, s the pipeline stages, then silu, gather, pingpong or clusterN where they apply).\n\n"
             + _md_table(["config", "WGMMA instructions in the PTX", "used by", "compile s"], rows)
             + "".join(f"\n`cute_moe.plan` refuses {q}: {why}\n" for q, why in (ptx.get("refused") or {}).items()))
 
@@ -180,10 +215,7 @@ def markdown(result: dict, plots: list) -> str:
         lines.append(f"- **outlier demo**: expert 0's W1 scaled by {text(m['outlier_expert'])}")
     lines += [f"- note: {n}" for n in result.get("notes") or []] + [""]
     lines += _ceilings_md(result)
-    lines += ["## Results", "",
-              "Numerics are against the fp64 oracle on each backend's own inputs (FP8: the quantized problem). "
-              "Time is the median of CUDA-graph replays over rotated input sets (cold L2).", "",
-              _results_md(result), "",
+    lines += ["## Results", "", _results_intro(result), "", _results_md(result), "",
               "## Tolerance policy", "", "Reasoning in `notes/numerics.md`.", "", _policy_md(), "",
               "## Quantization error and per-expert check", "",
               "Quantization error is the oracle on the quantized problem against the oracle on the bf16 problem, "

@@ -2,7 +2,9 @@
 
 Every figure follows the tables: cases in the order the tables list them, one colour and one marker
 per backend in every panel of every figure (:data:`STYLE`), one legend per figure, and a title that
-says when the shapes were reduced for the CPU interpreter.
+says when the shapes were reduced for the CPU interpreter. In the numerics figure each backend's points
+sit side by side in their case's slot, so equal errors do not hide one backend under another; a figure
+or panel with nothing to draw is left out.
 """
 
 from __future__ import annotations
@@ -15,12 +17,26 @@ from compare.cases import REDUCED_HIDDEN, REDUCED_INTERMEDIATE, REDUCED_MAX_EXPE
 
 #: The figures, by file name (without .png), in the order the report shows them.
 FIGURES = ("numerics", "roofline", "speedup")
-#: backend -> (colour, marker), fixed across figures and runs.
-STYLE = {name: (f"C{i}", marker) for i, (name, marker) in enumerate(zip(BACKEND_NAMES, "os^xDv<>"))}
+#: backend -> (colour, marker), fixed across figures and runs; a backend not listed (a peer, a kernel of
+#: yours) takes the next unused colour and marker in the order it first appears (:func:`_style`).
+STYLE = {name: (f"C{i}", marker) for i, (name, marker) in enumerate(zip(BACKEND_NAMES, "os^xDv<"))}
+_EXTRA_COLOURS = ("C7", "C8", "C9", "black", "tab:olive", "tab:brown")
+_EXTRA_MARKERS = ">pP*hX8"
+_extra: dict = {}
 
 
 def _style(name: str):
-    return STYLE.get(name, ("black", "."))
+    if name in STYLE:
+        return STYLE[name]
+    n = _extra.setdefault(name, len(_extra))
+    return _EXTRA_COLOURS[n % len(_EXTRA_COLOURS)], _EXTRA_MARKERS[n % len(_EXTRA_MARKERS)]
+
+
+def _offsets(backends: list) -> dict:
+    """backend -> its x offset within a case's slot: each backend's points side by side, so none hides
+    another's (two backends often have the same error: torch_grouped and torch_loop on the CPU)."""
+    step = min(0.15, 0.8 / max(1, len(backends)))
+    return {b: (i - (len(backends) - 1) / 2) * step for i, b in enumerate(backends)}
 
 
 def _ordered(values) -> list:
@@ -51,8 +67,9 @@ def _numerics(result: dict, plt):
         mine = [r for r in rows if r["quant"] == quant]
         cases = _ordered((r["shape"], r["T"]) for r in mine)
         x = {c: i for i, c in enumerate(cases)}
+        offset = _offsets(backends)
         for b in backends:
-            pts = [(x[(r["shape"], r["T"])], max(r["rel_l2"], 1e-8)) for r in mine if r["backend"] == b]
+            pts = [(x[(r["shape"], r["T"])] + offset[b], max(r["rel_l2"], 1e-8)) for r in mine if r["backend"] == b]
             if pts:
                 colour, marker = _style(b)
                 ax.scatter(*zip(*pts), color=colour, marker=marker, s=22, label=b)
@@ -68,6 +85,9 @@ def _numerics(result: dict, plt):
 
 
 def _roofline(result: dict, timed: list, ceil: dict, plt):
+    timed = [r for r in timed if r.get("weight_tbps") and r.get("tflops")]
+    if not timed:
+        return None
     fig, ax = plt.subplots(figsize=(7, 5.4))
     xs = [10 ** (i / 10) for i in range(-10, 41)]
     for label, rate, style in (("bf16", ceil.get("bf16_tflops"), "-"), ("fp8", ceil.get("fp8_tflops"), "--")):
@@ -92,6 +112,10 @@ def _roofline(result: dict, timed: list, ceil: dict, plt):
 
 
 def _speedup(result: dict, timed: list, plt):
+    """One panel per (shape, format) that has a speedup (none where the baselines were not run), or None."""
+    timed = [r for r in timed if isinstance(r.get("speedup"), (int, float))]
+    if not timed:
+        return None
     groups = _ordered((r["shape"], r["quant"]) for r in timed)
     backends = _ordered(r["backend"] for r in timed)
     fig, axes = plt.subplots(1, len(groups), figsize=(3.2 * len(groups) + 0.5, 3.8), squeeze=False, sharey=True)
@@ -113,7 +137,8 @@ def _speedup(result: dict, timed: list, plt):
 
 
 def figures(result: dict) -> dict:
-    """name -> matplotlib figure: numerics (when any row ran), roofline and speedup (when timed)."""
+    """name -> matplotlib figure: numerics (when any row ran), roofline and speedup (when timed, and only
+    with what there is to draw: a speedup panel per (shape, format) that has one, no figure without)."""
     import matplotlib
 
     matplotlib.use("Agg")

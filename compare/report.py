@@ -5,9 +5,10 @@ derived from it, so several runs (e.g. one H200 call per shape) can be merged an
 without re-running anything. :func:`write_all` writes every file into one directory (the CLI gives
 it a staging directory, :mod:`compare.outputs`); :func:`problems` lists what ``--strict`` fails on.
 
-The terminal table keeps one line per (case, backend): a status is shown by its kind with a note
-number (``not implemented [2]``), and the notes, whole, follow the table with the meaning of every
-column shown.
+The terminal shows a summary that fits 120 columns (:func:`compact_table`): per shape and format, one
+line per T with the fastest correct backend, its µs, speedup and % of floor, and how many backends
+passed, with a note number for the others (``2/4 ok [1]``); the notes, whole, follow with the meaning
+of every column shown. Every (case, backend) row with every column is in report.md, the CSV and the JSON.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ import json
 import math
 from pathlib import Path
 
-from compare.backends import KERNELS, OUR_KERNELS
+from compare.backends import BASELINE, FALLBACK_BASELINE, KERNELS, OUR_KERNELS
 from compare.markdown import markdown
 from compare.peers import PEERS
 from compare.plots import FIGURES
-from compare.tables import COLUMNS, STATUS_MEANING, legend, shown, status_parts
+from compare.tables import EMPTY, STATUS_MEANING, TERMINAL_WIDTH, full_status, legend, num, status_parts, wrap
 from compare.userkernel import is_user_kernel
 
 #: Every file a report directory may hold (what a rerun into the same directory replaces).
@@ -37,24 +38,99 @@ ROW_FIELDS = ("shape", "shape_note", "E", "K", "I", "top_k", "T", "quant", "back
 
 # --- terminal table -----------------------------------------------------------------------------
 
+BEST_WIDTH = 16  # a longer backend name (a kernel of yours given by its path) is shortened to its end
+
+
+def _best(rows: list[dict]):
+    """The fastest row that passed the tolerance policy and was timed, or None."""
+    timed = [r for r in rows if r.get("status") == "ok" and isinstance(r.get("us"), (int, float))]
+    return min(timed, key=lambda r: r["us"]) if timed else None
+
+
+def _short(name: str, width: int = BEST_WIDTH) -> str:
+    return name if len(name) <= width else "…" + name[-(width - 1):]
+
+
+def _worst_rel_l2(rows: list[dict]) -> str:
+    ran = [r["rel_l2"] for r in rows if r.get("status") == "ok" and isinstance(r.get("rel_l2"), float)]
+    return num(max(ran), ".1e") if ran else "-"
+
+
+#: The summary's columns after T: (header, cell of a case's rows and its best row, meaning); a column empty
+#: in every case is not shown (on the CPU nothing is timed: no best, µs, speedup or % of floor).
+SUMMARY = (
+    ("best", lambda rows, b: _short(b["backend"]) if b else "-",
+     "the fastest backend that passed the tolerance policy (µs, speedup and % of floor are its)"),
+    ("µs", lambda rows, b: num(b.get("us"), ".1f") if b else "-",
+     "median µs of one fused_moe call (CUDA-graph replays, cold L2)"),
+    ("speedup", lambda rows, b: num(b.get("speedup"), ".2f") if b else "-",
+     f"over {BASELINE} (over {FALLBACK_BASELINE} where {BASELINE} was not timed)"),
+    ("%floor", lambda rows, b: num(b.get("pct_floor"), ".0f") if b else "-",
+     "the roofline floor as a % of µs (this run's ceilings)"),
+    ("rel L2 ≤", lambda rows, b: _worst_rel_l2(rows),
+     "the largest relative L2 error against the fp64 oracle among the backends that passed"),
+    ("xdiff", lambda rows, b: next((num(r.get("xdiff"), ".1e") for r in rows if r.get("xdiff") is not None), "-"),
+     f"relative L2 difference between the {KERNELS[0]} and {KERNELS[1]} outputs (bound: twice the tolerance)"),
+)
+
+
+def _status_cell(rows: list[dict], notes: dict) -> str:
+    """``3/4 ok [1]``: how many backends passed, and a note for each other status (the note names the
+    backends and says the status whole)."""
+    ok = sum(r.get("status") == "ok" for r in rows)
+    failed = sum(r.get("status") == "FAIL" for r in rows)
+    refs = []
+    for r in rows:
+        if r.get("status") == "ok":
+            continue
+        kind, detail = status_parts(r)
+        key = "FAIL: outside the tolerance policy (report.md gives each check)" if kind == "FAIL" else full_status(r)
+        backends = notes.setdefault(key, [])
+        if r["backend"] not in backends:
+            backends.append(r["backend"])
+        ref = list(notes).index(key) + 1
+        if ref not in refs:
+            refs.append(ref)
+    cell = f"{ok}/{len(rows)} ok" + (f", {failed} FAIL" if failed else "")
+    return cell + (" " + "".join(f"[{n}]" for n in refs) if refs else "")
+
 
 def compact_table(result: dict) -> str:
-    """One line per (case, backend): numerics, time, config, status; then the notes and the legend."""
-    rows = result["rows"]
-    columns = shown([c for c in COLUMNS if c.terminal], rows)
+    """The terminal summary, at most :data:`~compare.tables.TERMINAL_WIDTH` columns: per shape and
+    format, one line per T with the best backend, its µs, speedup and % of floor, the worst numerics
+    and the statuses; then the notes (each status whole) and the legend. Every backend's row, with
+    every column, is in report.md and results.csv."""
+    groups: dict = {}
+    for r in result["rows"]:
+        groups.setdefault((r["shape"], r["quant"]), {}).setdefault(r["T"], []).append(r)
     notes: dict = {}
-    lines = [("shape", "quant", "T", "backend", *(c.short for c in columns), "status")]
-    for r in rows:
-        kind, detail = status_parts(r)
-        if detail:
-            kind += f" [{notes.setdefault(f'{kind}: {detail}', len(notes) + 1)}]"
-        lines.append((r["shape"], r["quant"], str(r["T"]), r["backend"], *(c.cell(r) for c in columns), kind))
-    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
-    out = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines]
-    out.insert(1, "  ".join("-" * w for w in widths))
+    cells = {key: [(str(T), *(f(rows, _best(rows)) for _, f, _ in SUMMARY), _status_cell(rows, notes))
+                   for T, rows in cases.items()] for key, cases in groups.items()}
+    keep = [i for i in range(len(SUMMARY)) if any(line[1 + i] not in EMPTY for c in cells.values() for line in c)]
+    head = ("T", *(SUMMARY[i][0] for i in keep), "status")
+    table = {key: [(line[0], *(line[1 + i] for i in keep), line[-1]) for line in c] for key, c in cells.items()}
+    widths = [max([len(head[j])] + [len(line[j]) for c in table.values() for line in c]) for j in range(len(head))]
+
+    def fmt(line) -> str:  # numbers right-aligned, names left-aligned
+        return ("  " + "  ".join(c.ljust(w) if h in ("best", "status") else c.rjust(w)
+                                 for c, w, h in zip(line, widths, head))).rstrip()
+
+    backends = list(dict.fromkeys(r["backend"] for r in result["rows"]))
+    out = wrap(f"Per shape and format, each T's {len(backends)} backends ({', '.join(backends)}) in one line; every "
+               "row with every column: report.md, results.csv") + [""]
+    for (shape, quant), lines in table.items():
+        first = next(iter(groups[(shape, quant)].values()))[0]
+        sizes = f"E={first['E']}, K={first['K']}, I={first['I']}, top_k={first['top_k']}"
+        note = f" — {first['shape_note']}: {sizes}" if first.get("shape_note") else f" ({sizes})"
+        out += wrap(f"{shape} · {quant}{note}") + [fmt(head)] + [fmt(line) for line in lines] + [""]
+    for n, (status, backends) in enumerate(notes.items(), 1):
+        out += wrap(f"[{n}] {', '.join(backends)}: {status}", indent="    ")
     if notes:
-        out += [""] + [f"[{n}] {note}" for note, n in notes.items()]
-    out += [""] + legend([(c.short, c.meaning) for c in columns] + [("status", STATUS_MEANING)])
+        out.append("")
+    meanings = [(SUMMARY[i][0], SUMMARY[i][2]) for i in keep]
+    meanings.append(("status", "backends that passed of those in the case; [n]: the note saying why the others "
+                               f"did not ({STATUS_MEANING})"))
+    out += legend(meanings, TERMINAL_WIDTH)
     return "\n".join(out)
 
 

@@ -27,15 +27,24 @@ turns into a routing table.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 import torch
 
 from compare import userkernel
 from compare.backends import KERNELS
-from compare.cases import (DEFAULT_TOKENS_GPU, REDUCED_LABEL, Budget, Case, OutOfTime, SuiteSpec, draw_weights,
-                           reduce_shape)
+from compare.cases import (
+    DEFAULT_TOKENS_GPU,
+    REDUCED_LABEL,
+    Budget,
+    Case,
+    OutOfTime,
+    SuiteSpec,
+    draw_weights,
+    reduce_shape,
+)
 from compare.compilation import cute_ptx_summary
 from compare.metrics import quant_name
 from compare.numerics import case_record, cross_check, describe, measure, unavailable
@@ -45,7 +54,7 @@ from moe_spec.runinfo import run_info
 from moe_spec.timing import Ceilings
 
 
-def _meta(spec: SuiteSpec, clock: Optional[Clock]) -> dict:
+def _meta(spec: SuiteSpec, clock: Clock | None) -> dict:
     info = run_info(spec.command, cuda=spec.device == "cuda", commit=spec.commit or None,
                     device=clock.device() if clock else None)
     return {**info, "mode": REDUCED_LABEL if spec.reduced else "gpu", "timed": clock is not None,
@@ -54,17 +63,36 @@ def _meta(spec: SuiteSpec, clock: Optional[Clock]) -> dict:
             "outlier_expert": spec.outlier_expert, "time_budget_s": spec.time_budget_s}
 
 
-def _progress(total: int, enabled: bool):
+class _Steps:
+    """Progress without a terminal (a log file, a pipe, CI): one line per step on ``stream``, never a
+    bar redrawn with carriage returns; with ``stream`` None, nothing."""
+
+    def __init__(self, total: int, stream=None):
+        self.total, self.done, self.stream = total, 0, stream
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+
+    def set_description_str(self, s: str) -> None:
+        if self.stream is not None:
+            print(f"[{self.done}/{self.total} done] {s}", file=self.stream, flush=True)
+
+    def close(self) -> None: ...
+
+
+def _progress(total: int, enabled: bool, stream=None):
+    """A tqdm bar on a terminal's stderr; one line per step when stderr is not a terminal; nothing when
+    not ``enabled``."""
+    stream = sys.stderr if stream is None else stream
+    if not enabled:
+        return _Steps(total)
+    if not (hasattr(stream, "isatty") and stream.isatty()):
+        return _Steps(total, stream)
     try:
         from tqdm import tqdm
-
-        return tqdm(total=total, disable=not enabled, unit="run", dynamic_ncols=True, leave=False)
-    except ImportError:  # tqdm is a declared dependency; degrade to no bar rather than fail
-        class _Null:
-            def update(self, n=1): ...
-            def set_description_str(self, s): ...
-            def close(self): ...
-        return _Null()
+    except ImportError:  # tqdm is a declared dependency; degrade to lines rather than fail
+        return _Steps(total, stream)
+    return tqdm(total=total, file=stream, unit="run", dynamic_ncols=True, leave=False)
 
 
 @dataclass
@@ -74,15 +102,15 @@ class _Runner:
     spec: SuiteSpec
     backends: dict
     budget: Budget
-    clock: Optional[Clock]
-    ceilings: Optional[Ceilings]
+    clock: Clock | None
+    ceilings: Ceilings | None
     say: Callable[[str], None]
 
     def skipped(self, case: Case, status: str) -> list[dict]:
         """One explicit row per backend for a case that did not run."""
         return [case.row(name, config="", status=status, timing=status) for name in self.backends]
 
-    def stopped(self, case: Case, rows: dict, current: Optional[str]) -> list[dict]:
+    def stopped(self, case: Case, rows: dict, current: str | None) -> list[dict]:
         """The rows of a case the budget stopped: finished backends keep their numerics."""
         spent = f"{self.budget.text} spent"
         where = f"during {current}'s numerics" if current else "while building the problem and its oracle"
@@ -96,7 +124,7 @@ class _Runner:
             out.append(row)
         return out
 
-    def run(self, case: Case, weights) -> tuple[list[dict], Optional[dict]]:
+    def run(self, case: Case, weights) -> tuple[list[dict], dict | None]:
         """(rows, case record) of one case; the record is None when the case did not finish."""
         spec, rows, outputs, current = self.spec, {}, {}, None
         try:
@@ -153,7 +181,7 @@ JIT_SWEEP = {("cuda", False): (16384, 1.03), ("cuda", True): (16384, 1.25),
              ("cpu", False): (512, 1.25), ("cpu", True): (512, 1.25)}
 
 
-def _jit(spec: SuiteSpec, shape, kernels: list, runner: "_Runner") -> list:
+def _jit(spec: SuiteSpec, shape, kernels: list, runner: _Runner) -> list:
     """One warm-study case per (kernel, format) on ``shape``, each in a fresh process with empty
     caches; the entries keep the summary and the warm-up's steps, not the per-T rows."""
     from compare.warm_study import run_warm_study, sweep_tokens
@@ -174,7 +202,7 @@ def _jit(spec: SuiteSpec, shape, kernels: list, runner: "_Runner") -> list:
             for c in done["cases"]]
 
 
-def run_suite(spec: SuiteSpec, progress: bool = True, clock: Optional[Clock] = None) -> dict:
+def run_suite(spec: SuiteSpec, progress: bool = True, clock: Clock | None = None) -> dict:
     """Run every case of ``spec``; return the results dict (meta, ceilings, rows, cases, jit, ptx).
 
     ``clock`` measures time (default: :data:`compare.timed.GPU_CLOCK` on "cuda", none on the CPU,
@@ -221,5 +249,6 @@ def run_suite(spec: SuiteSpec, progress: bool = True, clock: Optional[Clock] = N
 
         result["jit_demo"] = runner.guarded("JIT demo", run_demo)
     if spec.reduced and spec.ptx and "cute_moe" in spec.backends:
-        result["cute_ptx"] = runner.guarded("CuTe PTX", lambda: cute_ptx_summary(spec.shapes, DEFAULT_TOKENS_GPU, spec.quants))
+        result["cute_ptx"] = runner.guarded(
+            "CuTe PTX", lambda: cute_ptx_summary(spec.shapes, DEFAULT_TOKENS_GPU, spec.quants))
     return result

@@ -15,10 +15,12 @@ Shared by the terminal table (:mod:`compare.report`) and the markdown report
 from __future__ import annotations
 
 import math
+import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from compare.backends import BASELINE, FALLBACK_BASELINE, KERNELS
+from compare.cases import REDUCED_MAX_TOP_K
 
 EMPTY = ("-", "")
 PTX_SECTION = "CuTe configs and their PTX"
@@ -93,7 +95,7 @@ COLUMNS = (
            "a second call on the same inputs gave the same bits"),
     Column("batch", "batch-invariant", lambda r: yes(r.get("batch_invariant")),
            "the batch's first and last token, each run alone (T = 1), gave the same bits as inside the "
-           "batch ('-' at T = 1)"),
+           "batch ('-' at T = 1); a NO is explained under the results (expected for fp8_tensor and torch_loop)"),
     Column("xdiff", "CuTe vs Triton", lambda r: num(r.get("xdiff"), ".1e"),
            f"relative L2 difference between the {KERNELS[0]} and {KERNELS[1]} outputs (bound: twice the "
            "format's tolerance)"),
@@ -140,15 +142,63 @@ STATUS_MEANING = ("ok / FAIL (outside the tolerance policy of notes/numerics.md)
                   "(time budget)")
 
 
+#: Why a backend's output can depend on the rest of the batch by design, per (backend or format).
+BATCH_CAUSES = {
+    "fp8_tensor": "the activation scale is one per tensor, the batch's amax: a token alone is quantized with its "
+                  "own amax, so its bits differ (every backend of this format, the fp32 torch_loop reference too, "
+                  "which models the same W8A8 quantization)",
+    "torch_loop": "one matmul per expert over the rows routed to it: their number changes with the batch, and the "
+                  "BLAS library picks its kernel, and so its summation order, by the matrix sizes",
+}
+
+
+def batch_cause(row: dict) -> str:
+    """Which of :data:`BATCH_CAUSES` explains a row that is not batch-invariant ("" when none does: a finding)."""
+    if row.get("quant") == "fp8_tensor":
+        return "fp8_tensor"
+    return "torch_loop" if row.get("backend") == "torch_loop" else ""
+
+
+def batch_notes(rows: list[dict]) -> list[str]:
+    """One line per cause of the rows whose batch-invariance is NO: the expected ones with their reason,
+    the others (a kernel whose bits depend on the batch) named as such."""
+    causes: dict = {}
+    for r in rows:
+        if r.get("batch_invariant") is False:
+            causes.setdefault(batch_cause(r), []).append(r)
+    lines = []
+    for cause, found in causes.items():
+        where = ", ".join(ordered(f"{r['backend']} {r['quant']}" for r in found))
+        if cause:
+            lines.append(f"batch-invariant NO in {len(found)} row(s) ({where}): expected — {BATCH_CAUSES[cause]}.")
+        else:
+            lines.append(f"batch-invariant NO in {len(found)} row(s) ({where}): not explained by the format or by "
+                         "a per-expert matmul — this backend's bits depend on the rest of the batch.")
+    return lines
+
+
 def shown(columns, rows: list[dict]) -> list:
     """The columns with at least one non-empty cell."""
     return [c for c in columns if any(c.cell(r) not in EMPTY for r in rows)]
 
 
-def legend(pairs) -> list[str]:
-    """One line per (header, meaning), the meanings aligned."""
-    width = max((len(h) for h, _ in pairs), default=0)
-    return [f"{h.ljust(width)}  {meaning}" for h, meaning in pairs]
+def legend(pairs, width: int = 0) -> list[str]:
+    """One line per (header, meaning), the meanings aligned; with ``width``, each wrapped to it."""
+    head = max((len(h) for h, _ in pairs), default=0)
+    lines = [f"{h.ljust(head)}  {meaning}" for h, meaning in pairs]
+    return [part for line in lines for part in wrap(line, width, " " * (head + 2))] if width else lines
+
+
+#: The terminal output's width: every line the CLI prints fits it (the full tables are in report.md).
+TERMINAL_WIDTH = 120
+
+
+def wrap(line: str, width: int = TERMINAL_WIDTH, indent: str = "  ") -> list[str]:
+    """``line`` as lines of at most ``width`` characters, continuation lines indented; a word longer
+    than the width (a long path) is kept whole on its own line."""
+    if len(line) <= width:
+        return [line]
+    return textwrap.wrap(line, width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
 
 
 # --- the banner ----------------------------------------------------------------------------------
@@ -156,6 +206,18 @@ def legend(pairs) -> list[str]:
 
 def _count_cases(rows) -> int:
     return len({(r["shape"], r["quant"], r["T"]) for r in rows})
+
+
+def _same_sizes(reduced: dict) -> str:
+    """When every reduced shape has the same E, K and I, say that their cases differ only in top_k."""
+    sizes = {(r["E"], r["K"], r["I"]) for r in reduced.values()}
+    if len(sizes) != 1:
+        return ""
+    (E, K, I), = sizes  # noqa: E741
+    rule = f"every catalog shape becomes E={E}, K={K}, I={I} here, top_k = min(its own, {REDUCED_MAX_TOP_K})"
+    if len(reduced) == 1:
+        return f" ({rule})"
+    return f" — {rule}: these shapes' cases differ at most in top_k and in the random problem drawn"
 
 
 def banner(result: dict, ptx_where: str) -> list[str]:
@@ -167,7 +229,8 @@ def banner(result: dict, ptx_where: str) -> list[str]:
     reduced = {r["shape"]: r for r in rows if r.get("shape_note")}
     if reduced:
         lines.append("* shapes REDUCED for the Triton interpreter (no GPU): " + "; ".join(
-            f"{s} → E={r['E']}, top_k={r['top_k']}, K={r['K']}, I={r['I']}" for s, r in reduced.items()))
+            f"{s} → E={r['E']}, top_k={r['top_k']}, K={r['K']}, I={r['I']}" for s, r in reduced.items())
+            + _same_sizes(reduced))
     backends = ordered(r["backend"] for r in rows)
 
     def ran(backend):

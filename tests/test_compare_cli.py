@@ -4,6 +4,7 @@
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -136,7 +137,7 @@ def test_banner_says_what_the_cpu_run_did_not_do(cpu_run):
     r, out, _ = cpu_run
     lines = r.stdout.splitlines()
     assert lines[0].startswith("What this run did — CPU")
-    head = "\n".join(lines[:8])
+    head = " ".join(" ".join(lines[:lines.index("")]).split())  # the banner, its wrapped lines joined
     assert "shapes REDUCED for the Triton interpreter" in head and "mixtral-8x7b → E=8, top_k=2, K=256, I=128" in head
     assert "cute_moe was NOT executed" in head
     assert "CuTe-vs-Triton (cute_moe vs triton_moe) equivalence NOT checked: cute_moe did not run" in head
@@ -148,18 +149,19 @@ def test_banner_says_what_the_cpu_run_did_not_do(cpu_run):
 
 def test_tables_have_no_empty_columns_whole_statuses_and_a_legend(cpu_run):
     r, out, _ = cpu_run
-    table = r.stdout[r.stdout.index("shape  "):]
-    header = table.splitlines()[0].split()
-    for empty in ("xdiff", "µs", "TB/s", "TFLOP/s", "%floor"):  # nothing timed, CuTe not run: no such column
+    lines = r.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("  T  "))
+    for empty in ("best", "µs", "speedup", "%floor", "xdiff"):  # nothing timed, CuTe not run: no such column
         assert empty not in header
-    for column in header[4:]:
-        assert any(line.startswith(f"{column} ") for line in table.splitlines()), f"{column} not explained"
+    for column in ("rel L2 ≤", "status"):
+        assert column in header and any(line.startswith(f"{column} ") for line in lines), f"{column} not explained"
     result = json.loads((out / "results.json").read_text())
     report = (out / "report.md").read_text()
+    notes = " ".join(r.stdout.split())  # the notes under the terminal summary, wrapped lines joined
     for row in result["rows"]:
         assert row["status"] in report  # whole, in markdown
         if row["status"] not in ("ok", "FAIL"):
-            assert row["status"] in table  # whole, in the notes under the terminal table
+            assert f"{row['backend']}" in notes and row["status"] in notes  # whole, in a note
     assert "**batch-invariant**:" in report and "**bitwise rerun**:" in report
     assert "| µs (median)" not in report and "CuTe vs Triton |" not in report.split("## Tolerance policy")[0]
 
@@ -278,3 +280,103 @@ def test_ctrl_c_is_one_line_exit_130_and_leaves_the_directory_as_it_was(tmp_path
     assert stdout == ""
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging directory left
     assert [p.name for p in out.iterdir()] == ["report.md"] and (out / "report.md").read_text() == "the previous report"
+
+
+# --- what a newcomer reads first (issue 30: the first hour) -------------------------------------------
+
+WIDTH = 120
+H200_RECORD = ROOT / "notes" / "results" / "compare_h200_2026-12-03_fd84fba.json"
+
+
+def _too_wide(text: str) -> list:
+    return [line for line in text.splitlines() if len(line) > WIDTH]
+
+
+def test_terminal_output_fits_120_columns(cpu_run, tmp_path):
+    """The CPU main job, a GPU record re-rendered (--merge) and --help: no line over 120 characters; the
+    terminal shows a summary per shape and format, the full table is in report.md."""
+    r, out, _ = cpu_run
+    assert not _too_wide(r.stdout), _too_wide(r.stdout)
+    assert "mixtral-8x7b · bf16 — reduced (CPU interpreter): E=8, K=256, I=128, top_k=2" in r.stdout
+    merged = _run("--merge", str(H200_RECORD), "--out", str(tmp_path / "gpu"), "--no-plots")
+    assert merged.returncode == 0, merged.stderr[-2000:]
+    assert not _too_wide(merged.stdout), _too_wide(merged.stdout)
+    lines = merged.stdout.splitlines()
+    group = lines[lines.index("qwen3-30b-a3b · bf16 (E=128, K=2048, I=768, top_k=8)"):]
+    assert group[1].split()[:3] == ["T", "best", "µs"]
+    rows = json.loads(H200_RECORD.read_text())["rows"]
+    for line in group[2:8]:  # T = 1 … 4096: the fastest row that passed, and its µs
+        T = int(line.split()[0])
+        best = min((row for row in rows if (row["shape"], row["quant"], row["T"], row["status"])
+                    == ("qwen3-30b-a3b", "bf16", T, "ok")), key=lambda row: row["us"])
+        assert line.split()[1:3] == [best["backend"], f"{best['us']:.1f}"], line
+    assert "| config |" in (tmp_path / "gpu" / "report.md").read_text()  # every column is in the report
+    helped = _run("--help")
+    assert helped.returncode == 0 and not _too_wide(helped.stdout), _too_wide(helped.stdout)
+
+
+def test_cpu_report_says_what_the_run_did_not_time(cpu_run):
+    """Nothing is timed on a CPU: the report's results say so instead of describing CUDA-graph timing, and
+    what the README quotes of the CPU run is what the run prints."""
+    r, out, _ = cpu_run
+    results = (out / "report.md").read_text().split("## Results")[1].split("## Tolerance policy")[0]
+    assert "CUDA-graph" not in results and "Nothing was timed in this run (no GPU)" in results
+    with open(out / "results.csv") as f:
+        assert {row["timing"] for row in csv.DictReader(f)} == {"skipped: no GPU"}
+    readme = (ROOT / "README.md").read_text()
+    cpu = readme[readme.index("Without a GPU the main job still runs"):]
+    cpu = cpu[:cpu.index("\n\n")]
+    quoted = re.findall(r'"([^"]+)"|`([^`]+)`', cpu)
+    printed = [q for pair in quoted for q in pair if " " in q and not q.startswith(".venv")]  # not a command
+    assert printed, cpu  # the README quotes what the run prints: each quote is in the run's output
+    for quote in printed:
+        assert quote in r.stdout and quote in (out / "report.md").read_text(), quote
+
+
+def test_reduced_shapes_say_they_share_their_sizes(cpu_run):
+    r, out, _ = cpu_run
+    rule = "every catalog shape becomes E=8, K=256, I=128 here, top_k = min(its own, 4)"
+    assert rule in " ".join(r.stdout.split()) and rule in (out / "report.md").read_text()
+
+
+def test_batch_invariance_no_is_explained(cpu_run):
+    """fp8_tensor's NO (the activation scale is the batch's amax) is said to be expected, under the table."""
+    _, out, _ = cpu_run
+    report = (out / "report.md").read_text()
+    result = json.loads((out / "results.json").read_text())
+    no = [row for row in result["rows"] if row.get("batch_invariant") is False]
+    assert no and {row["quant"] for row in no} == {"fp8_tensor"}
+    note = next(line for line in report.splitlines() if line.startswith("batch-invariant NO in"))
+    assert f"NO in {len(no)} row(s)" in note and "expected" in note and "the batch's amax" in note
+    for row in no:
+        assert f"{row['backend']} fp8_tensor" in note
+
+
+def test_ptx_listing_names_configs_as_the_results_do(cpu_run):
+    """One naming: the PTX section's configs are the plan's own describe() (as the results' config column)."""
+    import cute_moe
+    from moe_spec.problem import get_shape
+    from moe_spec.validate import MoEDims
+
+    _, out, _ = cpu_run
+    ptx = json.loads((out / "results.json").read_text())["cute_ptx"]["configs"]
+    section = (out / "report.md").read_text().split("## CuTe configs and their PTX")[1].split("\n## ")[0]
+    for entry in ptx:
+        shape, quant, T, gemm = entry["used_by"][0].split()
+        s = get_shape(shape)
+        plan = cute_moe.plan(MoEDims(T=int(T[2:]), E=s.num_experts, K=s.hidden, I=s.intermediate, top_k=s.top_k),
+                             None if quant == "bf16" else quant)
+        said = dict(part.split(" ", 1) for part in plan.describe().split(" | "))[gemm]
+        assert entry["describe"] == said and f"| {said} |" in section
+    assert "stages" not in section.split("| config |")[1]  # no second naming ("normal M128×N128×K64, 4 stages")
+
+
+def test_progress_is_a_line_per_step_without_a_terminal(tmp_path, capsys):
+    """Not a terminal (a log, CI): no bar redrawn with carriage returns, one line per step on stderr."""
+    code = cli.main(["--shapes", "mixtral-8x7b", "--tokens", "1,2", "--quant", "bf16", "--backends", "torch_loop",
+                     "--out", str(tmp_path), "--no-jit", "--no-ptx"])
+    assert code == 0
+    captured = capsys.readouterr()
+    assert "\r" not in captured.err and "\r" not in captured.out
+    assert captured.err.splitlines() == ["[0/2 done] mixtral-8x7b bf16 T=1 torch_loop",
+                                         "[1/2 done] mixtral-8x7b bf16 T=2 torch_loop"]
