@@ -8,6 +8,13 @@
   ``import cutlass``.
 * ``word``: the CPU error word of the device-side data checks (``moe_spec.validate``), cleared
   before and after the test.
+* ``-n auto`` (pyproject's addopts, pytest-xdist): one worker per core on a CPU machine, and none
+  where CUDA is present — the gpu tests share one device and several of them time it. The workers
+  share the compile caches, which are safe for concurrent writers of the same kernel: Triton's
+  (``TRITON_CACHE_DIR``, triton/runtime/cache.py) and the CuTe DSL's (``CUTE_DSL_CACHE_DIR``,
+  cutlass/base_dsl/cache_helpers.py ``save_ir``) each write a file under a temporary name and
+  ``os.replace`` it into place, and the DSL checks a CRC on load, recompiling on a mismatch; every
+  other file a test writes is under its own ``tmp_path``.
 """
 
 import os
@@ -24,6 +31,11 @@ except ImportError:  # pragma: no cover - torch is a hard dependency
 if not _HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: serial with a GPU; otherwise xdist's own count (the cores, or PYTEST_XDIST_AUTO_NUM_WORKERS)."""
+    return 0 if _HAS_CUDA else None
 
 
 def pytest_collection_modifyitems(config, items):
