@@ -150,6 +150,26 @@ ENTRIES = {
 }
 
 
+def python_calls(fn, kwargs: dict) -> int:
+    """Python function calls and C calls made by one ``fn(**kwargs)``: the host path's length,
+    without the noise of a shared machine's clock."""
+    import sys
+
+    count = 0
+
+    def profile(frame, event, arg):
+        nonlocal count
+        if event in ("call", "c_call"):
+            count += 1
+
+    sys.setprofile(profile)
+    try:
+        fn(**kwargs)
+    finally:
+        sys.setprofile(None)
+    return count - 1  # the call of sys.setprofile(None)
+
+
 def main(argv=None) -> None:
     from moe_spec.problem import MoEShape, get_shape, make_inputs
     from moe_spec.quant import FORMATS
@@ -158,6 +178,8 @@ def main(argv=None) -> None:
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 64])
     p.add_argument("--quant", default="bf16", choices=[f.label for f in FORMATS.values()])
     p.add_argument("--rounds", type=int, default=3, help="alternating run/direct rounds")
+    p.add_argument("--repeats", type=int, default=20,
+                   help="timed loops of 100 calls per round and path; a round reports the fastest loop")
     p.add_argument("--entry", default="moe", choices=sorted(ENTRIES), help="the function called: " +
                    "; ".join(f"{k}: {v[1]}" for k, v in sorted(ENTRIES.items())))
     a = p.parse_args(argv)
@@ -167,8 +189,9 @@ def main(argv=None) -> None:
     shape = get_shape(a.shape)
     quant = next(f.name for f in FORMATS.values() if f.label == a.quant)
     stand_in = MoEShape(shape.label, shape.num_experts, shape.top_k, 256, 128, "host-cost stand-in")
-    print("| shape (E, top_k; K=256, I=128) | quant | T | launch path | µs per call (rounds) | min | launches |")
-    print("|---|---|---|---|---|---|---|")
+    print("| shape (E, top_k; K=256, I=128) | quant | T | launch path | µs per call (rounds) | min | launches "
+          "| Python calls |")
+    print("|---|---|---|---|---|---|---|---|")
     for T in a.tokens:
         kw = make_inputs(stand_in, T, quant).kwargs()
         runs: dict = {"run": [], "direct": []}
@@ -177,14 +200,18 @@ def main(argv=None) -> None:
             with jit.count_compilations() as counter:
                 fused_moe(**kw)
             launches = len(counter.launches)
+            calls = {}
+            for path in runs:
+                jit.FAST_LAUNCH = path == "direct"
+                calls[path] = python_calls(fused_moe, kw)
             for _ in range(a.rounds):
                 for path in runs:
                     jit.FAST_LAUNCH = path == "direct"
-                    runs[path].append(host_us(fused_moe, kw))
+                    runs[path].append(min(host_us(fused_moe, kw, calls=100, repeats=1) for _ in range(a.repeats)))
             jit.FAST_LAUNCH = True
         for path, us in runs.items():
             print(f"| {shape.label} | {a.quant} | {T} | {path} | {' / '.join(f'{u:.0f}' for u in us)} | "
-                  f"{min(us):.0f} | {launches} |", flush=True)
+                  f"{min(us):.0f} | {launches} | {calls[path]} |", flush=True)
 
 
 if __name__ == "__main__":
