@@ -28,7 +28,7 @@ import shutil
 import signal
 import tempfile
 from pathlib import Path
-from typing import Optional
+
 
 class OutputError(ValueError):
     """A target that cannot be written: reported as one line, exit status 2."""
@@ -71,14 +71,14 @@ def _sigint_held():
 class Outputs:
     """The report directory and the optional routing-table file of one command."""
 
-    def __init__(self, out_dir, owned: tuple, router: Optional[str] = None):
+    def __init__(self, out_dir, owned: tuple, router: str | None = None):
         self.out = Path(out_dir)
         self.owned = owned
         self.router = Path(router) if router else None
-        self.staging: Optional[Path] = None
+        self.staging: Path | None = None
         self.committed = False
 
-    def check(self) -> "Outputs":
+    def check(self) -> Outputs:
         """Refuse targets that cannot be written (:class:`OutputError`, message naming the option)."""
         if self.out.exists() and not self.out.is_dir():
             raise OutputError(f"--out: {str(self.out)!r} exists and is not a directory")
@@ -112,7 +112,7 @@ class Outputs:
             shutil.rmtree(self.staging, ignore_errors=True)
             self.staging = None
 
-    def commit(self, router_table: Optional[str] = None) -> None:
+    def commit(self, router_table: str | None = None) -> None:
         """Move the staged report into place (and write the routing table): see the module docstring."""
         with _sigint_held():
             if not self.out.exists():
