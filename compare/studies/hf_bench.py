@@ -17,6 +17,16 @@ module with 128×128 blocks, :func:`compare.hf_experts.quantize_experts`; the ot
 * first call — wall time of the warm-up prefill: JIT compilation included, with whatever on-disk
   kernel cache the machine had (a second run on the same machine is faster).
 
+Compiled rows (``--compiled grouped_mm,triton_moe,cute_moe``): the same model under
+``torch.compile(model, fullgraph=True, dynamic=False, mode=...)`` for each of ``--compile-modes``
+(``default``: inductor; ``reduce-overhead``: inductor and CUDA graphs), the ``compile`` column of
+the row. Their prefill runs without a KV cache (``use_cache=False``) and their decode steps on a
+static cache (``StaticCache``), so every call has fixed shapes: one graph for the prefill, one for
+the decode prompt, one for a step. Our kernels enter the graph as ``torch.ops.triton_moe.fused_moe``
+/ ``torch.ops.cute_moe.fused_moe`` (:mod:`moe_spec.ops`). "first call" is then the compilation of
+the prefill graph; a model that does not trace whole (a graph break under ``fullgraph=True``) is a
+row with the reason.
+
 An implementation that fails to load or run (deepgemm and sonicmoe fetch kernels from the Hub;
 transformers' FP8 grouped_mm / batched_mm / eager need its finegrained-fp8 Hub kernel) becomes a row
 with the reason. ``--deadline-s`` bounds the run: rows past it are recorded as skipped, and the
@@ -25,7 +35,6 @@ JSON and markdown files are rewritten after every row.
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import json
 import statistics
@@ -35,15 +44,19 @@ from pathlib import Path
 
 import torch
 import transformers
-from transformers import DynamicCache
+from transformers import DynamicCache, StaticCache
 
 import compare.hf_experts as hx
 from moe_spec import runinfo
+from moe_spec.cli import ArgumentParser, needs_cuda
 from moe_spec.oracle import rel_l2
 
 #: in the order they run (a deadline cuts the tail): transformers' defaults and ours first
 IMPLEMENTATIONS = ("eager", "grouped_mm", "triton_moe", "cute_moe", "batched_mm", "deepgemm", "sonicmoe")
 FORMATS = ("bf16", "fp8_block")
+#: implementations that can also run as a torch.compile'd model (--compiled), and the modes (--compile-modes)
+COMPILABLE = ("eager", "grouped_mm", "triton_moe", "cute_moe", "batched_mm")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 MODELS = {  # real layer shapes; --layers decides the depth
     "qwen3_30b_a3b": (
@@ -109,11 +122,20 @@ def _seconds(fn, device) -> float:
     return time.perf_counter() - start
 
 
-def _decode_rate(model, prompt, steps: int) -> float:
-    """Greedy tokens per second of ``prompt.shape[0]`` sequences on a KV cache."""
+def _cache_argument(model) -> str:
     # transformers 5.17 names the argument past_key_values, later 5.x releases cache
-    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    kv = {name: DynamicCache(config=model.config), "use_cache": True}
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _decode_rate(model, prompt, steps: int, forward=None) -> float:
+    """Greedy tokens per second of ``prompt.shape[0]`` sequences on a KV cache: a dynamic one for
+    the model itself, a static one (fixed shapes) when ``forward`` is its compiled version."""
+    if forward is None:
+        forward, cache = model, DynamicCache(config=model.config)
+    else:
+        cache = StaticCache(config=model.config, max_cache_len=prompt.shape[1] + steps + 2)
+    kv = {_cache_argument(model): cache, "use_cache": True}
+    model = forward
     token = model(prompt, **kv).logits[:, -1:].argmax(-1)
 
     def step():
@@ -134,7 +156,12 @@ def _batched_mm_bytes(model, tokens: int) -> int:
 
 
 def _reason(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
+    """One line: the exception's type and first line — for an exception torch.compile wraps (an
+    exception raised in the traced code, "Observed exception"), the innermost one's."""
+    inner = exc
+    while (inner.__cause__ or inner.__context__) is not None and str(exc).startswith("Observed exception"):
+        inner = inner.__cause__ or inner.__context__
+    text = str(inner).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:240]
 
 
@@ -177,6 +204,39 @@ def measure(model, implementation: str, fmt: str, spec, reference) -> dict:
     return row
 
 
+@torch.no_grad()
+def measure_compiled(model, implementation: str, fmt: str, spec, reference, mode: str,
+                     backend: str = "inductor") -> dict:
+    """One compiled row: ``torch.compile(model, fullgraph=True, dynamic=False, mode=mode)`` with the
+    experts of ``implementation`` — prefill ms (no KV cache), decode tokens/s (static cache), first
+    call (the prefill's compilation), rel L2 of the decode prompt's logits against eager bf16."""
+    row = {"format": fmt, "implementation": implementation, "compile": mode}
+    device = model.device
+    batch, length = spec.prefill
+    prefill, prompt = inputs(model, spec)
+    torch._dynamo.reset()
+    try:
+        model.set_experts_implementation(implementation)
+        options = {} if mode == "default" else {"mode": mode}
+        compiled = torch.compile(model, fullgraph=True, dynamic=False, backend=backend, **options)
+        call = lambda: compiled(prefill, logits_to_keep=1, use_cache=False).logits.clone()  # noqa: E731
+        row["first_call_s"] = _seconds(call, device)
+        call()  # reduce-overhead records its CUDA graph at the second call
+        times = [_seconds(call, device) for _ in range(spec.reps)]
+        row["prefill_ms"] = 1e3 * statistics.median(times)
+        row["prefill_tokens_per_s"] = batch * length / statistics.median(times)
+        logits = compiled(prompt, use_cache=False).logits.clone()
+        row["rel_l2_vs_eager_bf16"] = rel_l2(logits, reference)
+        row["decode_tokens_per_s"] = _decode_rate(model, prompt, spec.decode_steps, forward=compiled)
+        row["status"] = "ok"
+    except Exception as exc:  # noqa: BLE001 - a model that does not compile is a row, not the end of the run
+        row["status"] = "not available: " + _reason(exc)
+    torch._dynamo.reset()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return row
+
+
 def write(out: Path, stem: str, results: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
@@ -194,15 +254,17 @@ def write(out: Path, stem: str, results: dict) -> None:
         f"(median of {s['reps']}); decode batch {s['decode_batch']}, {s['decode_steps']} steps after a "
         f"{s['decode_prompt']}-token prompt",
         "- whole-model times: attention, norms, router and lm_head are in every row; only the experts differ",
+        "- compile: empty for the eager model; else `torch.compile(model, fullgraph=True, dynamic=False, mode=...)` "
+        "(prefill without a KV cache, decode on a static cache; first call = the prefill's compilation)",
         "",
-        "| format | implementation | prefill ms | prefill tok/s | decode tok/s | first call s "
+        "| format | implementation | compile | prefill ms | prefill tok/s | decode tok/s | first call s "
         "| rel L2 vs eager bf16 | status |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     fmt = lambda v, f: "" if v is None else format(v, f)  # noqa: E731
     for r in results["rows"]:
         lines.append(
-            f"| {r['format']} | {r['implementation']} | {fmt(r.get('prefill_ms'), '.2f')} | "
+            f"| {r['format']} | {r['implementation']} | {r.get('compile') or ''} | {fmt(r.get('prefill_ms'), '.2f')} | "
             f"{fmt(r.get('prefill_tokens_per_s'), '.0f')} | {fmt(r.get('decode_tokens_per_s'), '.0f')} | "
             f"{fmt(r.get('first_call_s'), '.1f')} | {fmt(r.get('rel_l2_vs_eager_bf16'), '.2e')} | "
             f"{r['status']} |"
@@ -211,7 +273,7 @@ def write(out: Path, stem: str, results: dict) -> None:
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m compare.studies.hf_bench", description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(prog="python -m compare.studies.hf_bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", choices=sorted(MODELS), default="qwen3_30b_a3b")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument(
@@ -226,6 +288,13 @@ def parse_args(argv=None):
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--implementations", default=",".join(IMPLEMENTATIONS))
     ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--compiled", default="", help="implementations also timed as a torch.compile'd model, "
+                    f"comma-separated, from {','.join(COMPILABLE)} (e.g. grouped_mm,triton_moe,cute_moe) [none]")
+    ap.add_argument("--compile-modes", default="reduce-overhead",
+                    help=f"torch.compile modes of the compiled rows, comma-separated, from {','.join(COMPILE_MODES)} "
+                    "[reduce-overhead]")
+    ap.add_argument("--compile-backend", default="inductor", help="torch.compile backend [inductor; aot_eager "
+                    "traces and runs the graph without code generation]")
     ap.add_argument("--deadline-s", type=float, default=200.0, help="rows past this many seconds are skipped")
     ap.add_argument("--out", type=Path, default=Path("notes/results"))
     ap.add_argument("--commit", default=None, help="commit to record [git rev-parse of this checkout]")
@@ -236,12 +305,20 @@ def parse_args(argv=None):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.device == "cpu" and args.config == "{}":  # full-size layers on a CPU: minutes and gigabytes
+        needs_cuda("python -m compare.studies.hf_bench", "on a CPU, --config with a smaller model (as "
+                   "tests/test_hf_bench_compiled.py runs it)")
     start = time.monotonic()
     hx.register()
     impls, formats = args.implementations.split(","), args.formats.split(",")
-    for option, given, allowed in (("--implementations", impls, IMPLEMENTATIONS), ("--formats", formats, FORMATS)):
+    compiled = [name for name in args.compiled.split(",") if name]
+    modes = [m for m in args.compile_modes.split(",") if m]
+    for option, given, allowed in (("--implementations", impls, IMPLEMENTATIONS), ("--formats", formats, FORMATS),
+                                   ("--compiled", compiled, COMPILABLE), ("--compile-modes", modes, COMPILE_MODES)):
         if not set(given) <= set(allowed):
             raise SystemExit(f"{option}: unknown {sorted(set(given) - set(allowed))}; expected some of {allowed}")
+    if compiled and not modes:
+        raise SystemExit("--compile-modes: at least one mode for the --compiled rows")
     results = {
         **run_info(args.commit),
         "rows": [],
@@ -253,6 +330,9 @@ def main(argv=None) -> dict:
             "decode_batch": args.decode_batch,
             "decode_steps": args.decode_steps,
             "decode_prompt": args.decode_prompt,
+            "compiled": compiled,
+            "compile_modes": modes,
+            "compile_backend": args.compile_backend,
         },
     }
     stem = f"hf_bench_{args.model}_{results['date'][:10]}"
@@ -263,18 +343,23 @@ def main(argv=None) -> dict:
     for fmt in formats:
         if fmt == "fp8_block":
             hx.quantize_experts(model, "block")
-        for impl in impls:
+        jobs = [(impl, None) for impl in impls] + [(impl, mode) for mode in modes for impl in compiled]
+        for impl, mode in jobs:
             if time.monotonic() - start > args.deadline_s:
                 row = {
                     "format": fmt,
                     "implementation": impl,
                     "status": f"skipped: past --deadline-s {args.deadline_s:g}",
                 }
-            else:
+                if mode is not None:
+                    row["compile"] = mode
+            elif mode is None:
                 row = measure(model, impl, fmt, args, reference)
+            else:
+                row = measure_compiled(model, impl, fmt, args, reference, mode, args.compile_backend)
             results["rows"].append(row)
             write(args.out, stem, results)
-            print(f"{fmt:9s} {impl:11s} {row['status']}", flush=True)
+            print(f"{fmt:9s} {impl:11s} {mode or '':16s} {row['status']}", flush=True)
     results["seconds"] = time.monotonic() - start
     write(args.out, stem, results)
     return results

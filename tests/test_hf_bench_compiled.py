@@ -1,0 +1,60 @@
+"""compare.studies.hf_bench's torch.compile'd rows, on a tiny model on the CPU.
+
+The option parsing (``--compiled``, ``--compile-modes``, ``--compile-backend``) and the rows a run
+writes: a compiled triton_moe model (``aot_eager``: dynamo and AOT autograd trace it whole, the
+graph runs without code generation) gives the logits of eager bf16 within the bf16 tolerance, with
+prefill and decode timed on fixed shapes (decode on a static KV cache); cute_moe, which cannot run on
+a CPU, is a row with its refusal; the markdown table carries the compile column.
+"""
+
+import json
+import re
+
+import pytest
+
+from compare.metrics import tolerance_for
+from compare.studies import hf_bench
+
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array:DeprecationWarning")
+
+TINY = dict(vocab_size=256, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            moe_intermediate_size=128, num_experts=8, num_experts_per_tok=2)
+
+
+def run(tmp_path, *extra):
+    return hf_bench.main(["--layers", "1", "--prefill", "1x16", "--decode-batch", "2", "--decode-steps", "2",
+                          "--decode-prompt", "8", "--reps", "1", "--formats", "bf16", "--out", str(tmp_path),
+                          "--commit", "abc1234", "--config", json.dumps(TINY), "--deadline-s", "1000", *extra])
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--compiled", "triton_moe,flash"], "--compiled: unknown ['flash']"),
+    (["--compiled", "triton_moe", "--compile-modes", "fast"], "--compile-modes: unknown ['fast']"),
+    (["--compiled", "triton_moe", "--compile-modes", ""], "--compile-modes: at least one mode"),
+])
+def test_bad_compile_options_are_named(tmp_path, argv, message):
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        run(tmp_path, "--implementations", "eager", *argv)
+
+
+def test_compile_options_default_to_no_compiled_rows():
+    args = hf_bench.parse_args([])
+    assert args.compiled == "" and args.compile_modes == "reduce-overhead" and args.compile_backend == "inductor"
+
+
+def test_compiled_rows(tmp_path):
+    res = run(tmp_path, "--implementations", "eager,triton_moe", "--compiled", "triton_moe,cute_moe",
+              "--compile-modes", "default", "--compile-backend", "aot_eager")
+    rows = {(r["implementation"], r.get("compile")): r for r in res["rows"]}
+    assert len(rows) == len(res["rows"]) == 4
+    eager, compiled = rows["triton_moe", None], rows["triton_moe", "default"]
+    assert eager["status"] == "ok" and compiled["status"] == "ok", compiled["status"]
+    tol = tolerance_for(None).rel_l2
+    assert compiled["rel_l2_vs_eager_bf16"] <= tol and eager["rel_l2_vs_eager_bf16"] <= tol
+    assert compiled["rel_l2_vs_eager_bf16"] > 0  # our kernel, not transformers' eager experts
+    assert compiled["prefill_ms"] > 0 and compiled["decode_tokens_per_s"] > 0 and compiled["first_call_s"] > 0
+    assert "our_kernel_calls" not in compiled  # the compiled forward is not counted (compare.hf_experts.CALLS)
+    assert "cute_moe runs on a CUDA device" in rows["cute_moe", "default"]["status"]
+    assert res["setup"]["compiled"] == ["triton_moe", "cute_moe"] and res["setup"]["compile_modes"] == ["default"]
+    md = next(tmp_path.glob("hf_bench_*.md")).read_text()
+    assert "| compile |" in md and "| bf16 | triton_moe | default |" in md and "| bf16 | triton_moe |  |" in md
