@@ -29,8 +29,8 @@ tensor (a FakeTensor, a subclass), it calls the op; otherwise — an eager call,
 one under a dispatch mode that only watches the aten ops — it calls the backend's function
 directly, the one the op's kernel would call, so an eager call does not pay the dispatcher
 (``notes/results/host_cost_triton_cpu_2026-12-04.md`` measures both). Backend options (a config,
-swap-AB, the unfused pipeline, …) are not in the schema: a call
-that gives one is always a direct Python call, which torch.compile traces into as before.
+swap-AB, the unfused pipeline, …) are not in the schema: a call that gives one is always a direct
+Python call, which torch.compile traces into as before.
 """
 
 from __future__ import annotations
@@ -45,9 +45,6 @@ from moe_spec.validate import Limits, check_runs_on, validate_moe_args
 #: The operator's schema, without its name's namespace: the contract's arguments, in its order.
 SCHEMA = ("fused_moe(Tensor x, Tensor w1, Tensor w2, Tensor topk_weights, Tensor topk_ids, str? quant=None, "
           "Tensor? w1_scale=None, Tensor? w2_scale=None, Tensor? a1_scale=None, Tensor? a2_scale=None) -> Tensor")
-#: The contract's tensor arguments (positional in the schema), then its optional ones.
-TENSORS = ("x", "w1", "w2", "topk_weights", "topk_ids")
-OPTIONAL = ("w1_scale", "w2_scale", "a1_scale", "a2_scale")
 #: The dtype of the output ([T, K]) of every backend (moe_spec.contract).
 OUT_DTYPE = torch.bfloat16
 
