@@ -25,7 +25,6 @@ compiling nothing. The harness calls :func:`run_warm_study`.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import os
@@ -39,6 +38,7 @@ from pathlib import Path
 import torch
 
 from moe_spec import runinfo
+from moe_spec.cli import ArgumentParser
 from moe_spec.problem import MoEShape, draw_weights, get_shape, route
 from moe_spec.quant import FORMATS, get_format, quantize_weight
 from moe_spec.validate import MoEDims
@@ -304,7 +304,7 @@ def count_kernels(shapes, quants, backends=BACKENDS, max_tokens: int = MAX_TOKEN
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m compare.warm_study", description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(prog="python -m compare.warm_study", description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default=None, help="catalog shapes, comma-separated (default: qwen3-30b-a3b on a "
                                                    "GPU, a reduced layer on a CPU)")
     ap.add_argument("--quants", default=None, help="bf16 and FP8 formats, comma-separated, or 'all' (default: bf16,"
@@ -312,10 +312,13 @@ def main(argv=None) -> int:
     ap.add_argument("--backends", default=",".join(BACKENDS))
     ap.add_argument("--max-tokens", type=int, default=None, help=f"largest T (default {MAX_TOKENS}; CPU "
                                                                  f"{CPU_MAX_TOKENS})")
-    ap.add_argument("--out", default="warm-study-out", help="directory for warm_study.md and warm_study.json")
+    ap.add_argument("--out", default=None, help="directory for warm_study.md and warm_study.json (required "
+                                                "unless --count)")
     ap.add_argument("--commit", default=None, help="commit to record [git rev-parse of this checkout]")
     ap.add_argument("--count", action="store_true", help="only print how many kernels each layer needs (no compile)")
     args = ap.parse_args(argv)
+    if args.out is None and not args.count:
+        ap.error("--out: required (a directory for warm_study.md and warm_study.json), or --count")
     gpu = torch.cuda.is_available()
     labels = {f.label: f.name for f in FORMATS.values()}
     quant_text = args.quants or ("bf16,fp8_tensor" if gpu else "all")

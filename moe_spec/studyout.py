@@ -35,6 +35,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from moe_spec.cli import ArgumentParser
+
 
 class UsageError(ValueError):
     """A bad option: one line naming it; the command exits with status 2 (:func:`run_command`)."""
@@ -107,7 +109,7 @@ def gpu_study_parser(
 ):
     """The options every timed GPU study shares: ``--out`` (a new or empty directory for ``files``),
     ``--deadline-s`` and ``--commit``; a study adds its own before :func:`start_gpu_study`."""
-    p = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
+    p = ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
     p.add_argument("--out", required=True, help=f"a new or empty directory for {_names(files)}")
     p.add_argument("--deadline-s", type=float, default=deadline_s, help=deadline_help)
     p.add_argument("--commit", default=None, help="git commit to record (when the checkout has no .git)")

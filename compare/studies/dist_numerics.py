@@ -11,7 +11,6 @@ oracle against the bf16 layer's. Runs on the CPU in seconds; writes ``dist_numer
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import platform
@@ -21,6 +20,7 @@ from pathlib import Path
 import torch
 
 from compare.distributed import SIMULATORS
+from moe_spec.cli import ArgumentParser
 from moe_spec.oracle import oracle, rel_l2
 from moe_spec.problem import MoEShape, make_inputs
 from moe_spec.quant import QUANT_FORMATS
@@ -87,7 +87,7 @@ def markdown(meta: dict, rows: list, worlds=WORLDS) -> str:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(prog="python -m compare.studies.dist_numerics", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m compare.studies.dist_numerics", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="notes/results", help="directory for dist_numerics.json / .md [%(default)s]")
     a = p.parse_args(argv)
     meta = {

@@ -27,9 +27,8 @@ I = 128: the host work does not depend on K and I), launches bound but not run.
 
 from __future__ import annotations
 
-import argparse
-
 from compare.timed import eager_sets_us
+from moe_spec.cli import ArgumentParser, needs_cuda
 from moe_spec.timing import host_us
 
 
@@ -45,7 +44,7 @@ def main(argv=None) -> None:
     from moe_spec.quant import FORMATS
     from moe_spec.timing import time_cuda_graph
 
-    p = argparse.ArgumentParser(prog="python -m compare.studies.eager", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m compare.studies.eager", description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", default="qwen3-30b-a3b")
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 8])
     p.add_argument("--quant", default="bf16", choices=[f.label for f in FORMATS.values()])
@@ -56,6 +55,7 @@ def main(argv=None) -> None:
     quant = next(f.name for f in FORMATS.values() if f.label == a.quant)
     if a.host:
         return _host_table(shape, quant, a.tokens)
+    needs_cuda(p.prog, "--host measures triton_moe's host cost per call on a CPU")
     weights = draw_weights(shape, 0, device="cuda")
     print("| backend | shape | quant | T | eager µs | graph µs |\n|---|---|---|---|---|---|")
     for T in a.tokens:

@@ -27,7 +27,6 @@ the tail, never the whole run).
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import platform
@@ -44,6 +43,7 @@ from compare.backends import load_backend
 from compare.cases import DEFAULT_SHAPES, reduce_shape
 from compare.distributed import EPMoE, TPMoE, plan_dispatch, shard_ep, shard_tp, token_range
 from compare.launch import default_backend, rank_device, run_ranks
+from moe_spec.cli import ArgumentParser
 from moe_spec.oracle import rel_l2
 from moe_spec.problem import MoEInputs, MoEShape, draw_weights, get_shape, route
 from moe_spec.quant import quantize_weight
@@ -224,8 +224,8 @@ def write(spec: ScalingSpec, rows: list) -> None:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(prog="python -m compare.studies.scaling", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="notes/results", help="directory for scaling.json / scaling.md [%(default)s]")
+    p = ArgumentParser(prog="python -m compare.studies.scaling", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="directory for scaling.json / scaling.md (e.g. notes/results)")
     p.add_argument("--shapes", default=",".join(DEFAULT_SHAPES), help="catalog shapes [%(default)s]")
     p.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="token counts T [%(default)s]")
     p.add_argument("--quant", default=",".join(QUANTS), help="bf16 and/or fp8 formats [%(default)s]")

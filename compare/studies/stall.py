@@ -46,6 +46,7 @@ from compare.distributed import EPMoE
 from compare.jitdemo import BLOCK_T, ROW_WIDTH, VARIANTS
 from compare.launch import default_backend, rank_device, run_ranks
 from compare.studies.stall_model import Prediction, class_probabilities, predict, table, uniform_tokens
+from moe_spec.cli import ArgumentParser
 from moe_spec.problem import MoEShape, draw_weights, get_shape, route
 from moe_spec.runinfo import git_commit as _git_commit
 from triton_moe.jit import count_compilations, launch, specialization_key
@@ -349,8 +350,8 @@ def _floats(text: str) -> list:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(prog="python -m compare.studies.stall", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="notes/results", help="directory for stall.json / stall.md [%(default)s]")
+    p = ArgumentParser(prog="python -m compare.studies.stall", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="directory for stall.json / stall.md (e.g. notes/results)")
     p.add_argument("--world", type=int, default=2, help="ranks [%(default)s]")
     p.add_argument("--steps", type=int, help="steps per variant [GPU 48, CPU 4]")
     p.add_argument("--tokens", type=_tokens, default=(1, 64), help="T per rank and step: uniform LO-HI [1-64]")

@@ -13,13 +13,13 @@ Every time is a CUDA-graph replay over rotated weight sets (cold L2) through
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 
 import torch
 
+from moe_spec.cli import ArgumentParser
 from moe_spec.problem import draw_weights, get_shape, make_inputs
 from moe_spec.runinfo import command_line, require_cuda, run_info
 from moe_spec.timing import time_cuda_graph
@@ -158,7 +158,7 @@ def bench_compile() -> dict:
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     prog = "python -m cute_moe.lab.bench"
-    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
+    ap = ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer cells")
     ap.add_argument("--json", default=None, help="write the raw results here")
     ap.add_argument("--breakdown", action="store_true", help="only the per-stage breakdown of fused_moe")

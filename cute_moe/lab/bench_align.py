@@ -36,7 +36,6 @@ the launches a GPU call makes (stubbed CuTe launches + torch ops that launch a k
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import inspect
 import json
@@ -48,6 +47,7 @@ import types
 import torch
 
 from moe_spec import runinfo, studyout
+from moe_spec.cli import ArgumentParser
 from moe_spec.problem import get_shape, route
 from moe_spec.timing import L2_BYTES, time_cuda_graph
 from moe_spec.validate import MoEDims
@@ -299,7 +299,7 @@ def host_cost(T: int, quant=None, calls: int = 200, repeats: int = 5) -> dict:
 
 def main(argv=None) -> dict:
     prog = "python -m cute_moe.lab.bench_align"
-    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
+    ap = ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=None, help="a new or empty directory for bench_align.md and .json")
     ap.add_argument("--shapes", nargs="+", default=list(SPECS), help="catalog shapes (default: %(default)s)")
     ap.add_argument("--commit", default=None, help="git commit to record (when the checkout has no .git)")

@@ -32,7 +32,6 @@ device, commit, command) to ``--out``, a new or empty directory checked before a
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -41,6 +40,7 @@ import time
 import torch
 
 from moe_spec import runinfo, studyout
+from moe_spec.cli import ArgumentParser
 from moe_spec.problem import draw_weights, get_shape, make_inputs
 from moe_spec.timing import time_cuda_graph
 from moe_spec.validate import MoEDims
@@ -148,7 +148,7 @@ def markdown(result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
+    ap = ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=False, help="a new or empty directory for bench_pingpong.md and .json")
     ap.add_argument("--shapes", default=",".join(SHAPES), help="comma list of catalog shapes [%(default)s]")
     ap.add_argument("--alt", action="store_true", help="also a ping-pong tile of 128 tokens per warpgroup")

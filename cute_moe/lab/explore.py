@@ -23,11 +23,12 @@ A problem or tile the kernel would refuse is refused here by the kernel's own ch
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
 import sys
+
+from moe_spec.cli import ArgumentParser
 
 from ..config import GemmConfig
 from ..moe import check_gemm_shape
@@ -157,7 +158,7 @@ def render(cfg: GemmConfig, desc: dict, ptx: str | None = None) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m cute_moe.lab.explore", description=__doc__.split("\n")[0])
+    ap = ArgumentParser(prog="python -m cute_moe.lab.explore", description=__doc__.split("\n")[0])
     ap.add_argument("--tokens-per-expert", type=float, default=2.0,
                     help="mean routed tokens per expert (T·top_k/E); the path rule picks the kernel [2]")
     ap.add_argument("--n-out", type=int, default=DEFAULT_N_OUT,

@@ -16,13 +16,13 @@ choice: ``python -m triton_moe.lab.bench`` (its swap-AB sweep) times the same ti
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
+from moe_spec.cli import ArgumentParser
 from moe_spec.plan import tokens_per_expert
 from moe_spec.quant import FORMATS, get_format
 from moe_spec.runinfo import command_line
@@ -124,7 +124,7 @@ def write_table(spec: str, quant, results: dict, out_dir=None, *, command: str =
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", required=True, help="catalog name, optionally :tpN (e.g. deepseek-v3:tp8)")
     p.add_argument("--quant", default="bf16", choices=[f.label for f in FORMATS.values()])
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 32, 128, 1024, 4096])

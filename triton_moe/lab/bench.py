@@ -13,13 +13,13 @@ accumulation study is ``python -m triton_moe.lab.promotion``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
+from moe_spec.cli import ArgumentParser
 from moe_spec.problem import get_shape
 from moe_spec.runinfo import command_line, require_cuda, run_info
 from moe_spec.quant import get_format
@@ -72,7 +72,7 @@ def _tile(cfg) -> str:
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     prog = "python -m triton_moe.lab.bench"
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="notes/results")
     p.add_argument("--deadline-s", type=float, default=1e9)
     p.add_argument("--tune", action="store_true", help="also tune the target shapes (tables to --out)")

@@ -18,12 +18,12 @@ which must be new or empty.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import sys
 
 from moe_spec import studyout
+from moe_spec.cli import ArgumentParser
 
 FILES = ("bench_align.md", "bench_align.json")
 DEFAULT_SHAPES = ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8"]
@@ -106,7 +106,7 @@ def to_markdown(result: dict) -> str:
 def main(argv=None) -> None:
     from moe_spec.runinfo import command_line, require_cuda, run_info
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="a new or empty directory for bench_align.md and .json")
     p.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES)
     p.add_argument("--tokens", type=int, nargs="+", default=DEFAULT_TOKENS)

@@ -22,13 +22,13 @@ no row starts after it) cuts the tail, never the whole run.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
 
 from moe_spec import studyout
+from moe_spec.cli import ArgumentParser
 
 FILES = ("tma_bench.md", "tma_bench.json")
 SHAPES = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8")
@@ -101,7 +101,7 @@ def _oracle_rows(quants) -> list:
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     prog = "python -m triton_moe.lab.bench_tma"
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="a new or empty directory for tma_bench.{md,json}")
     p.add_argument("--fp8-block", action="store_true", help="also time fp8_block")
     p.add_argument("--flatten", action="store_true", help="also time persistent_tma with tma_flatten=True")

@@ -21,7 +21,6 @@ does not depend on K and I). Needs a process without ``TRITON_INTERPRET=1`` (the
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 
@@ -29,6 +28,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import CompiledKernel
 
+from moe_spec.cli import ArgumentParser, usage_error
 from moe_spec.timing import host_us
 from triton_moe import jit, moe
 
@@ -173,7 +173,7 @@ def python_calls(fn, kwargs: dict) -> int:
 def main(argv=None) -> None:
     from moe_spec.problem import MoEShape, get_shape, make_inputs
     from moe_spec.quant import FORMATS
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", default="qwen3-30b-a3b")
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 64])
     p.add_argument("--quant", default="bf16", choices=[f.label for f in FORMATS.values()])
@@ -184,7 +184,7 @@ def main(argv=None) -> None:
                    "; ".join(f"{k}: {v[1]}" for k, v in sorted(ENTRIES.items())))
     a = p.parse_args(argv)
     if jit.INTERPRET:
-        raise SystemExit("triton_moe.lab.hostcost: run it without TRITON_INTERPRET=1")
+        usage_error(p.prog, "measures the compiled launch path: run it without TRITON_INTERPRET=1")
     fused_moe = ENTRIES[a.entry][0]()
     shape = get_shape(a.shape)
     quant = next(f.name for f in FORMATS.values() if f.label == a.quant)
