@@ -24,7 +24,7 @@ from compare.cases import REDUCED_MAX_TOP_K
 
 EMPTY = ("-", "")
 PTX_SECTION = "CuTe configs and their PTX"
-FULL_PTX_COMMAND = "python -m cute_moe.lab.explore --tokens-per-expert 2 --ptx"
+FULL_PTX_COMMAND = "python -m cute_moe.lab.explore --tokens-per-expert 2 --ptx-file kernel.ptx"
 
 
 def num(v, spec: str, missing: str = "-") -> str:

@@ -5,6 +5,7 @@ import csv
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -380,3 +381,32 @@ def test_progress_is_a_line_per_step_without_a_terminal(tmp_path, capsys):
     assert "\r" not in captured.err and "\r" not in captured.out
     assert captured.err.splitlines() == ["[0/2 done] mixtral-8x7b bf16 T=1 torch_loop",
                                          "[1/2 done] mixtral-8x7b bf16 T=2 torch_loop"]
+
+
+def test_the_banners_ptx_hint_gives_the_whole_ptx(tmp_path, monkeypatch, capsys):
+    """The CPU banner's "one config's whole PTX" command gives the whole PTX of that config (a file it names,
+    or stdout), not a summary; the explorer's --ptx counts each instruction once; its help claims no compile
+    time it does not keep."""
+    import importlib
+
+    from compare.tables import FULL_PTX_COMMAND
+    from cute_moe.plan import choose_config
+    from cute_moe.ptx import compile_ptx
+
+    argv = shlex.split(FULL_PTX_COMMAND)
+    assert argv[:2] == ["python", "-m"]
+    explore = importlib.import_module(argv[2])
+    monkeypatch.chdir(tmp_path)
+    assert explore.main(argv[3:]) == 0
+    printed = capsys.readouterr().out
+    ptx = compile_ptx(choose_config(2, explore.DEFAULT_N_OUT, explore.DEFAULT_K))
+    assert ".entry" in ptx and ".target sm_90a" in ptx
+    written = [p.read_text() for p in tmp_path.iterdir()]
+    assert written == [ptx] or ptx in printed  # the whole PTX, every line
+    assert explore.main(["--tokens-per-expert", "2", "--ptx"]) == 0
+    counted = capsys.readouterr().out.split("PTX (compiled")[1].splitlines()[1:]
+    ops = [line.split("×")[1].strip() for line in counted if "×" in line]
+    assert ops and all(sum(line.strip().endswith(op) for line in counted) == 1 for op in ops)  # once each
+    with pytest.raises(SystemExit):
+        explore.main(["--help"])
+    assert "under a second" not in capsys.readouterr().out  # the compile alone takes seconds on a CPU

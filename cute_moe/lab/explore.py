@@ -3,7 +3,8 @@
     python -m cute_moe.lab.explore --tokens-per-expert 2            # the decode kernel the rule picks
     python -m cute_moe.lab.explore --tokens-per-expert 512          # the prefill kernel
     python -m cute_moe.lab.explore --normal --tokens-per-expert 2   # the same GEMM without swap-AB
-    python -m cute_moe.lab.explore --tokens-per-expert 2 --ptx      # ... and the instructions it compiles to
+    python -m cute_moe.lab.explore --tokens-per-expert 2 --ptx      # ... and the instructions it compiles to, counted
+    python -m cute_moe.lab.explore --tokens-per-expert 2 --ptx-file k.ptx   # ... and its whole PTX, in k.ptx
     python -m cute_moe.lab.explore --tokens-per-expert 2 --json     # everything, as data
     python -m cute_moe.lab.explore --tokens-per-expert 2 --svg DIR  # the pictures of this kernel (SVG)
     python -m cute_moe.lab.explore --notes-figures notes/figures    # the pictures notes/wgmma_layouts.md embeds
@@ -12,7 +13,7 @@ Nothing here computes a layout of its own: the configuration comes from
 :func:`cute_moe.plan.choose_config` (the path rule) or from explicit tile flags checked by
 :meth:`GemmConfig.validate`; every number printed is read from :func:`cute_moe.layouts.describe`,
 which evaluates the very tiled MMA and shared-memory layouts the kernel is compiled from, and
-``--ptx`` from :func:`cute_moe.ptx.compile_ptx`; ``--svg`` draws the same objects
+``--ptx`` / ``--ptx-file`` from :func:`cute_moe.ptx.compile_ptx`; ``--svg`` draws the same objects
 (:mod:`cute_moe.lab.figures`). The grid of accumulator owners is printed in MoE
 terms (rows = tokens, columns = weight rows) for both paths, so the normal and the swap-AB kernel
 can be compared cell by cell: the same (token, weight) output lands in another thread's register.
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import sys
 
 from moe_spec.cli import ArgumentParser
@@ -150,10 +150,9 @@ def render(cfg: GemmConfig, desc: dict, ptx: str | None = None) -> str:
         out.append(f"  t{t:<4}" + "".join(c.rjust(width) for c in row))
     out += ["", *swizzle_lines(cfg, desc)]
     if ptx is not None:
-        out += ["", "PTX (compiled on this machine for sm_90a): instructions of interest"]
+        out += ["", f"PTX (compiled on this machine for sm_90a, {len(ptx.splitlines())} lines): the instructions "
+                    "of interest, counted (the whole PTX: --ptx-file PATH)"]
         out += ["  " + line for line in _ptx_summary(ptx)]
-        wgmma = sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.\S+", ptx)))
-        out += [f"  {w}" for w in wgmma]
     return "\n".join(out)
 
 
@@ -174,7 +173,10 @@ def main(argv=None) -> int:
     ap.add_argument("--stages", type=int, help="override the pipeline depth")
     ap.add_argument("--warpgroups", type=int, choices=(1, 2), help="override the consumer warpgroups")
     ap.add_argument("--ptx", action="store_true",
-                    help="compile to PTX and list the instructions (under a second on a CPU: notes/cute_moe.md §5)")
+                    help="compile to PTX (a few seconds on a CPU, most of it importing the CuTe DSL; "
+                         "notes/cute_moe.md §5) and count the instructions of interest")
+    ap.add_argument("--ptx-file", metavar="PATH",
+                    help="compile to PTX and write the whole PTX into PATH ('-': print it alone on stdout)")
     ap.add_argument("--json", action="store_true", help="print layouts.describe_json(config) instead")
     ap.add_argument("--svg", metavar="DIR", help="also write this kernel's pictures (SVG) into DIR")
     ap.add_argument("--notes-figures", metavar="DIR",
@@ -195,11 +197,18 @@ def main(argv=None) -> int:
         print(json.dumps({"config": cfg.as_dict(), **describe_json(cfg)}))
         return 0
     ptx = None
-    if args.ptx:
+    if args.ptx or args.ptx_file:
         from ..ptx import compile_ptx
 
         ptx = compile_ptx(cfg)
-    print(render(cfg, describe(cfg), ptx))
+    if args.ptx_file == "-":
+        print(ptx, end="")
+        return 0
+    print(render(cfg, describe(cfg), ptx if args.ptx else None))
+    if args.ptx_file:
+        with open(args.ptx_file, "w") as f:
+            f.write(ptx)
+        print(f"\nthe whole PTX ({len(ptx.splitlines())} lines) written to {args.ptx_file}")
     if args.svg:
         figs = config_figures(cfg, args.tokens_per_expert, args.n_out, args.k, args.experts)
         print("", "Pictures:", *("  " + p for p in write_figures(figs, args.svg)), sep="\n")
