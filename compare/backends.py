@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import functools
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional
 
 from moe_spec.validate import MoEDims, validate_moe_args
 
@@ -55,25 +55,25 @@ class Backend:
     """One contender. ``missing`` is set (and ``fused_moe`` None) when it could not be imported."""
 
     name: str
-    fused_moe: Optional[Callable] = None
-    missing: Optional[str] = None
+    fused_moe: Callable | None = None
+    missing: str | None = None
     needs_cuda: bool = False
     capturable: bool = True  # a call can be captured in a CUDA graph (no host sync)
-    describe: Callable[[MoEDims, Optional[str]], str] = field(default=lambda dims, quant: "")
+    describe: Callable[[MoEDims, str | None], str] = field(default=lambda dims, quant: "")
     # (dims, quant) -> the backend's plan (moe_spec.plan.LayerPlan); None where it has none
-    plan: Optional[Callable] = None
+    plan: Callable | None = None
     # (inputs, dims) -> zero-argument callable running the alignment/permutation step alone
-    prepare: Optional[Callable] = None
+    prepare: Callable | None = None
     # the same layer with scaling and aggregation as separate passes over HBM (cute_moe's
     # fusion="separate"), timed beside the fused layer on FP8 rows; None where there is none
-    separate: Optional[Callable] = None
+    separate: Callable | None = None
     # (T, K, I, top_k, experts_hit, quant, fusion) -> {pass: HBM bytes}: the analytic traffic of
     # the fused and separate pipelines
-    pass_bytes: Optional[Callable] = None
+    pass_bytes: Callable | None = None
     # (quant, device) -> why it cannot run here beyond needs_cuda (None: try it)
-    check: Optional[Callable[[Optional[str], str], Optional[str]]] = None
+    check: Callable[[str | None, str], str | None] | None = None
 
-    def unavailable(self, quant: Optional[str], device: str) -> Optional[str]:
+    def unavailable(self, quant: str | None, device: str) -> str | None:
         """Why this backend cannot run here before trying (None: try it; refusals are caught later)."""
         if self.missing:
             return self.missing
@@ -90,12 +90,13 @@ def _import_error(name: str, exc: BaseException) -> str:
 # --- the adapters -------------------------------------------------------------------------------
 
 
-def _describe_plan(plan: Callable) -> Callable[[MoEDims, Optional[str]], str]:
+def _describe_plan(plan: Callable) -> Callable[[MoEDims, str | None], str]:
     def describe(dims, quant):
         try:
             return plan(dims, quant).describe()
         except NotImplementedError:
             return ""  # a format the backend does not build: its status says so
+
     return describe
 
 
@@ -107,9 +108,11 @@ def _load_cute() -> Backend:
         b.describe = _describe_plan(mod.plan)
         sort_rows = getattr(mod, "sort_rows", None)
         if sort_rows is not None:
+
             def prepare(inputs, dims):
                 tile = mod.plan(dims, inputs.quant).align_tile
                 return lambda: sort_rows(inputs.topk_ids, inputs.topk_weights, dims.E, tile)
+
             b.prepare = prepare
     unfused = importlib.import_module("cute_moe.unfused")
     b.separate = functools.partial(mod.fused_moe, fusion="separate")
@@ -129,6 +132,7 @@ def _load_triton() -> Backend:
             def prepare(inputs, dims):
                 tile = mod.plan(dims, inputs.quant).align_tile
                 return lambda: align(inputs.topk_ids, dims.E, tile)
+
             b.prepare = prepare
         except (ImportError, AttributeError):
             pass
@@ -143,9 +147,11 @@ def _load_torch_grouped() -> Backend:
     if not hasattr(torch, "_grouped_mm"):
         raise ImportError(f"torch {torch.__version__} has no torch._grouped_mm")
     b = Backend("torch_grouped", fused_moe=baselines.grouped_fused_moe)
-    b.describe = lambda dims, quant: ("torch._grouped_mm" if quant is None else "torch._scaled_grouped_mm rowwise") + \
-        f", groups padded to {baselines.GROUP_ALIGN}"
-    b.prepare = lambda inputs, dims: (lambda: baselines.prepare_grouped(inputs.topk_ids, dims.E))
+    b.describe = lambda dims, quant: (
+        ("torch._grouped_mm" if quant is None else "torch._scaled_grouped_mm rowwise")
+        + f", groups padded to {baselines.GROUP_ALIGN}"
+    )
+    b.prepare = lambda inputs, dims: lambda: baselines.prepare_grouped(inputs.topk_ids, dims.E)
     return b
 
 
@@ -153,7 +159,9 @@ def _load_torch_loop() -> Backend:
     import compare.baselines as baselines
 
     b = Backend("torch_loop", fused_moe=baselines.loop_fused_moe, capturable=False)
-    b.describe = lambda dims, quant: "per-expert torch.matmul" + ("" if quant is None else " (W8A8 model in fp32; numerics reference, not timed)")
+    b.describe = lambda dims, quant: (
+        "per-expert torch.matmul" + ("" if quant is None else " (W8A8 model in fp32; numerics reference, not timed)")
+    )
     return b
 
 
@@ -185,12 +193,23 @@ def _load_hf(name: str) -> Backend:
         inner = kernel.describe(dims, quant) if kernel is not None else hf.own_forward(implementation, quant)
         return f"transformers {where} → {implementation}" + (f": {inner}" if inner else "")
 
-    return Backend(name, fused_moe=fused_moe, needs_cuda=kernel is not None and kernel.needs_cuda, capturable=False,
-                   describe=describe, check=lambda quant, device: hf.cannot_run(implementation, quant))
+    return Backend(
+        name,
+        fused_moe=fused_moe,
+        needs_cuda=kernel is not None and kernel.needs_cuda,
+        capturable=False,
+        describe=describe,
+        check=lambda quant, device: hf.cannot_run(implementation, quant),
+    )
 
 
-_LOADERS = {"cute_moe": _load_cute, "triton_moe": _load_triton, "torch_grouped": _load_torch_grouped,
-            "torch_loop": _load_torch_loop, **{name: (lambda n: lambda: _load_hf(n))(name) for name in HF_BACKENDS}}
+_LOADERS = {
+    "cute_moe": _load_cute,
+    "triton_moe": _load_triton,
+    "torch_grouped": _load_torch_grouped,
+    "torch_loop": _load_torch_loop,
+    **{name: (lambda n: lambda: _load_hf(n))(name) for name in HF_BACKENDS},
+}
 _loaded: dict[str, Backend] = {}
 
 

@@ -73,8 +73,9 @@ def loop_fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=No
     whole fp8 step (1–4 % rel L2, notes/numerics.md), so the plain FP8 loop is a numerics
     reference, slow on purpose; ``torch_grouped`` is the FP8 speed reference.
     """
-    d = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale,
-                          data_checks="sync")  # torch indexing with a bad id would fault on the device
+    d = validate_moe_args(
+        x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale, data_checks="sync"
+    )  # torch indexing with a bad id would fault on the device
     if d.T == 0:
         return x.new_empty((0, d.K))
     grouped = align(topk_ids, d.E, 1)  # tile 1: no padding, sorted_ids is the pairs sorted by expert
@@ -129,11 +130,13 @@ def _channelwise(scale: torch.Tensor, n_out: int) -> torch.Tensor:
 
 def grouped_fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None):
     """``torch._grouped_mm`` for bf16, ``torch._scaled_grouped_mm`` (row-wise scales) for FP8."""
-    d = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale,
-                          data_checks="sync")  # torch indexing with a bad id would fault on the device
+    d = validate_moe_args(
+        x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale, data_checks="sync"
+    )  # torch indexing with a bad id would fault on the device
     if quant not in GROUPED_QUANTS:
-        raise NotImplementedError(f"torch._scaled_grouped_mm takes row-wise scales only; {quant} needs "
-                                  "128x128 block scales")
+        raise NotImplementedError(
+            f"torch._scaled_grouped_mm takes row-wise scales only; {quant} needs 128x128 block scales"
+        )
     if d.T == 0:
         return x.new_empty((0, d.K))
     layout = prepare_grouped(topk_ids, d.E)
@@ -154,10 +157,12 @@ def grouped_fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale
     xs_rows = _rowwise(xs, d.T)
     a_rows = torch.cat([xq, zero_row.to(xq.dtype)])[token_of_row]
     a_scale = torch.cat([xs_rows, xs_rows.new_ones(1)])[token_of_row]
-    h = torch._scaled_grouped_mm(a_rows, w1_t, a_scale, _channelwise(w1_scale, 2 * d.I), offs=offs,
-                                 out_dtype=torch.bfloat16)
+    h = torch._scaled_grouped_mm(
+        a_rows, w1_t, a_scale, _channelwise(w1_scale, 2 * d.I), offs=offs, out_dtype=torch.bfloat16
+    )
     inter = torch.where(valid, _silu_mul(h), 0.0)
     iq, iscale = quantize_activation(inter, quant)
-    y = torch._scaled_grouped_mm(iq, w2_t, _rowwise(iscale, layout.rows), _channelwise(w2_scale, d.K),
-                                 offs=offs, out_dtype=torch.bfloat16)
+    y = torch._scaled_grouped_mm(
+        iq, w2_t, _rowwise(iscale, layout.rows), _channelwise(w2_scale, d.K), offs=offs, out_dtype=torch.bfloat16
+    )
     return _combine(y, row_of_pair, topk_weights)

@@ -23,7 +23,6 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -70,7 +69,7 @@ class SuiteSpec:
     jit: bool = True
     ptx: bool = True  # CPU: compile the CuTe configs the GPU suite would use and list their WGMMA lines
     outlier_expert: float = 0.0  # > 0: multiply expert 0's W1 by this (the shared-scale FP8 failure demo)
-    time_budget_s: Optional[float] = None
+    time_budget_s: float | None = None
     command: str = ""
     commit: str = ""  # recorded in the report; default: `git rev-parse` of this checkout
 
@@ -82,8 +81,13 @@ class SuiteSpec:
 def reduce_shape(shape: MoEShape) -> MoEShape:
     """The catalog shape scaled down for the CPU interpreter (same name, labelled by the suite)."""
     E = min(shape.num_experts, REDUCED_MAX_EXPERTS)
-    return dataclasses.replace(shape, num_experts=E, top_k=min(shape.top_k, REDUCED_MAX_TOP_K, E),
-                               hidden=REDUCED_HIDDEN, intermediate=REDUCED_INTERMEDIATE)
+    return dataclasses.replace(
+        shape,
+        num_experts=E,
+        top_k=min(shape.top_k, REDUCED_MAX_TOP_K, E),
+        hidden=REDUCED_HIDDEN,
+        intermediate=REDUCED_INTERMEDIATE,
+    )
 
 
 def draw_weights(shape: MoEShape, seed: int, device: str, outlier: float = 0.0):
@@ -105,7 +109,7 @@ class OutOfTime(BaseException):
 class Budget:
     """``seconds`` of wall clock from now (None: unlimited)."""
 
-    def __init__(self, seconds: Optional[float] = None, clock=time.monotonic):
+    def __init__(self, seconds: float | None = None, clock=time.monotonic):
         self.seconds, self._clock = seconds, clock
         self._end = None if seconds is None else clock() + seconds
 
@@ -157,10 +161,10 @@ class Case:
 
     full: MoEShape
     shape: MoEShape
-    quant: Optional[str]
+    quant: str | None
     T: int
     reduced: bool
-    inputs: Optional[MoEInputs] = None
+    inputs: MoEInputs | None = None
     ref: object = None  # oracle_breakdown on the (quantized) inputs
     ref_bf16: object = None  # ... and on the unquantized problem (the same object for bf16)
 
@@ -176,13 +180,21 @@ class Case:
     def fields(self) -> dict:
         """The columns every row and case record of this case starts with."""
         s = self.shape
-        return {"shape": self.full.label, "shape_note": REDUCED_LABEL if self.reduced else "", "E": s.num_experts,
-                "K": s.hidden, "I": s.intermediate, "top_k": s.top_k, "T": self.T, "quant": quant_name(self.quant)}
+        return {
+            "shape": self.full.label,
+            "shape_note": REDUCED_LABEL if self.reduced else "",
+            "E": s.num_experts,
+            "K": s.hidden,
+            "I": s.intermediate,
+            "top_k": s.top_k,
+            "T": self.T,
+            "quant": quant_name(self.quant),
+        }
 
     def row(self, backend: str, **fields) -> dict:
         return {**self.fields(), "backend": backend, **fields}
 
-    def build(self, weights, seed: int, device: str) -> "Case":
+    def build(self, weights, seed: int, device: str) -> Case:
         """Draw the problem and evaluate the oracle(s); returns self."""
         bf16 = make_inputs(self.shape, self.T, None, seed=seed, device=device, weights_bf16=weights)
         self.ref_bf16 = oracle_breakdown(**bf16.kwargs())
@@ -194,7 +206,7 @@ class Case:
         return self
 
     @property
-    def quant_error(self) -> Optional[float]:
+    def quant_error(self) -> float | None:
         """The oracle on the quantized problem against the oracle on the bf16 problem (None for bf16)."""
         return None if self.quant is None else rel_l2(self.ref.out, self.ref_bf16.out)
 

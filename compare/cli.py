@@ -80,9 +80,11 @@ def parse_backends(text: str) -> tuple:
             except userkernel.SpecError as exc:
                 raise UsageError(str(exc)) from None
         else:
-            raise UsageError(f"--backends: unknown backend {b.lower()!r}; known: {', '.join(BACKEND_NAMES)}, the peers "
-                             f"{', '.join(PEERS)} (or 'all'), or a kernel of yours as module.path:function or "
-                             "path/to/file.py:function")
+            raise UsageError(
+                f"--backends: unknown backend {b.lower()!r}; known: {', '.join(BACKEND_NAMES)}, the peers "
+                f"{', '.join(PEERS)} (or 'all'), or a kernel of yours as module.path:function or "
+                "path/to/file.py:function"
+            )
     return tuple(dict.fromkeys(names))
 
 
@@ -94,50 +96,94 @@ def parse_seed(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    epilog = ("Shapes: " + ", ".join(CATALOG) + " (append :tpN for a tensor-parallel shard). Numerics tolerance "
-              "policy: notes/numerics.md.")
-    p = Parser(prog=PROG, description=__doc__.split("\n\n")[0].replace("``", ""),
-                formatter_class=argparse.RawDescriptionHelpFormatter,
-                epilog="\n".join(textwrap.wrap(epilog, HELP_WIDTH)))
-    p.add_argument("--shapes", default=",".join(DEFAULT_SHAPES),
-                   help="comma list of catalog shapes, case-insensitive; repeats dropped [%(default)s]")
-    p.add_argument("--tokens", default=None,
-                   help=f"comma list of token counts T, repeats dropped [GPU: {','.join(map(str, DEFAULT_TOKENS_GPU))};"
-                        f" CPU: {','.join(map(str, DEFAULT_TOKENS_CPU))}; the CPU path takes T ≤ {CPU_MAX_TOKENS}]")
-    p.add_argument("--quant", default="bf16,fp8_tensor",
-                   help=f"comma list of formats from {', '.join(QUANT_CHOICES)}, or 'all' [%(default)s]")
-    p.add_argument("--backends", default=",".join(DEFAULT_BACKENDS),
-                   help=f"comma list from {', '.join(BACKEND_NAMES)}, or 'all' (the {', '.join(HF_BACKENDS)} rows "
-                        f"run transformers' experts module and need transformers); the peers {', '.join(PEERS)} "
-                        "(a row 'not installed' where they are not); your own kernel as module.path:function or "
-                        "path/to/file.py:function, with the contract's signature or vLLM's fused_experts one "
-                        "(read from its parameters; force with @ours / @vllm; notes/check_your_kernel.md) "
-                        "[%(default)s]")
-    p.add_argument("--out", default="compare-out",
-                   help="output directory; its earlier report files are replaced, others kept [%(default)s]")
-    p.add_argument("--quick", action="store_true",
-                   help="fast GPU smoke run: fewer timing replays, 2 input sets, a short JIT sweep")
+    epilog = (
+        "Shapes: " + ", ".join(CATALOG) + " (append :tpN for a tensor-parallel shard). Numerics tolerance "
+        "policy: notes/numerics.md."
+    )
+    p = Parser(
+        prog=PROG,
+        description=__doc__.split("\n\n")[0].replace("``", ""),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(textwrap.wrap(epilog, HELP_WIDTH)),
+    )
+    p.add_argument(
+        "--shapes",
+        default=",".join(DEFAULT_SHAPES),
+        help="comma list of catalog shapes, case-insensitive; repeats dropped [%(default)s]",
+    )
+    p.add_argument(
+        "--tokens",
+        default=None,
+        help=f"comma list of token counts T, repeats dropped [GPU: {','.join(map(str, DEFAULT_TOKENS_GPU))};"
+        f" CPU: {','.join(map(str, DEFAULT_TOKENS_CPU))}; the CPU path takes T ≤ {CPU_MAX_TOKENS}]",
+    )
+    p.add_argument(
+        "--quant",
+        default="bf16,fp8_tensor",
+        help=f"comma list of formats from {', '.join(QUANT_CHOICES)}, or 'all' [%(default)s]",
+    )
+    p.add_argument(
+        "--backends",
+        default=",".join(DEFAULT_BACKENDS),
+        help=f"comma list from {', '.join(BACKEND_NAMES)}, or 'all' (the {', '.join(HF_BACKENDS)} rows "
+        f"run transformers' experts module and need transformers); the peers {', '.join(PEERS)} "
+        "(a row 'not installed' where they are not); your own kernel as module.path:function or "
+        "path/to/file.py:function, with the contract's signature or vLLM's fused_experts one "
+        "(read from its parameters; force with @ours / @vllm; notes/check_your_kernel.md) "
+        "[%(default)s]",
+    )
+    p.add_argument(
+        "--out",
+        default="compare-out",
+        help="output directory; its earlier report files are replaced, others kept [%(default)s]",
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="fast GPU smoke run: fewer timing replays, 2 input sets, a short JIT sweep"
+    )
     p.add_argument("--cpu", action="store_true", help="the CPU path (interpreter, reduced shapes) even with a GPU")
     p.add_argument("--seed", default="0", help="seed of the random problems, in [0, 2**32) [%(default)s]")
     p.add_argument("--no-jit", dest="jit", action="store_false", help="skip the JIT study and demo")
     p.add_argument("--no-ptx", dest="ptx", action="store_false", help="CPU: skip compiling the CuTe configs")
-    p.add_argument("--outlier-expert", default="0", metavar="F",
-                   help="scale expert 0's W1 by F > 0: shows how one expert's range collapses the others under a "
-                        "shared per-tensor FP8 scale (see the per-expert table) [0: off]")
-    p.add_argument("--time-budget", default=None, metavar="S",
-                   help="stop after S > 0 seconds: the case running then is stopped and says so, the rest become "
-                        "explicit 'skipped' rows, the report is written (and --strict fails)")
+    p.add_argument(
+        "--outlier-expert",
+        default="0",
+        metavar="F",
+        help="scale expert 0's W1 by F > 0: shows how one expert's range collapses the others under a "
+        "shared per-tensor FP8 scale (see the per-expert table) [0: off]",
+    )
+    p.add_argument(
+        "--time-budget",
+        default=None,
+        metavar="S",
+        help="stop after S > 0 seconds: the case running then is stopped and says so, the rest become "
+        "explicit 'skipped' rows, the report is written (and --strict fails)",
+    )
     p.add_argument("--commit", default="", help="commit to record in the report [git rev-parse of this checkout]")
     p.add_argument("--write-router", metavar="PATH", help="write the routing table measured by this run to PATH")
-    p.add_argument("--merge", nargs="+", metavar="JSON",
-                   help="do not run: merge these results.json files and render them into --out")
-    p.add_argument("--strict", action="store_true",
-                   help="exit 1 when a row fails its tolerance, the kernels disagree, a rerun differs, a T sweep "
-                        "recompiles, or the time budget stopped the run")
-    p.add_argument("--no-plots", dest="plots", action="store_false",
-                   help="no PNG files (for a report committed to git, which keeps no binaries)")
-    p.add_argument("--no-progress", dest="progress", action="store_false",
-                   help="no progress report (a bar on a terminal, else a line per step on stderr)")
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="JSON",
+        help="do not run: merge these results.json files and render them into --out",
+    )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 1 when a row fails its tolerance, the kernels disagree, a rerun differs, a T sweep "
+        "recompiles, or the time budget stopped the run",
+    )
+    p.add_argument(
+        "--no-plots",
+        dest="plots",
+        action="store_false",
+        help="no PNG files (for a report committed to git, which keeps no binaries)",
+    )
+    p.add_argument(
+        "--no-progress",
+        dest="progress",
+        action="store_false",
+        help="no progress report (a bar on a terminal, else a line per step on stderr)",
+    )
     return p
 
 
@@ -149,11 +195,21 @@ def _parse(argv: list) -> argparse.Namespace:
     args.backends = parse_backends(args.backends)
     args.tokens = positive_ints("--tokens", args.tokens) if args.tokens is not None else None
     args.seed = parse_seed(args.seed)
-    args.outlier_expert = number("--outlier-expert", args.outlier_expert, lowest=0.0, allow_lowest=True,
-                                  what="a finite factor > 0 (or 0: no outlier)")
+    args.outlier_expert = number(
+        "--outlier-expert",
+        args.outlier_expert,
+        lowest=0.0,
+        allow_lowest=True,
+        what="a finite factor > 0 (or 0: no outlier)",
+    )
     if args.time_budget is not None:
-        args.time_budget = number("--time-budget", args.time_budget, lowest=0.0, allow_lowest=False,
-                                   what="a finite number of seconds > 0 (leave it out for no budget)")
+        args.time_budget = number(
+            "--time-budget",
+            args.time_budget,
+            lowest=0.0,
+            allow_lowest=False,
+            what="a finite number of seconds > 0 (leave it out for no budget)",
+        )
     return args
 
 
@@ -190,8 +246,10 @@ def _run_staged(args, argv: list, outputs: Outputs) -> int:
         on_gpu = _has_cuda() and not args.cpu
         too_many = [T for T in args.tokens or () if T > CPU_MAX_TOKENS]
         if not on_gpu and too_many:
-            raise UsageError(f"--tokens: {too_many[0]} is more than the CPU path can finish: without a GPU a case "
-                             f"takes at most T = {CPU_MAX_TOKENS} (the Triton interpreter on reduced shapes)")
+            raise UsageError(
+                f"--tokens: {too_many[0]} is more than the CPU path can finish: without a GPU a case "
+                f"takes at most T = {CPU_MAX_TOKENS} (the Triton interpreter on reduced shapes)"
+            )
         if not on_gpu:  # before any backend imports triton: Triton runs through its interpreter
             os.environ.setdefault("TRITON_INTERPRET", "1")
         os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")  # before any backend imports cutlass
@@ -201,10 +259,21 @@ def _run_staged(args, argv: list, outputs: Outputs) -> int:
             raise UsageError(str(exc)) from None
         outputs.stage()
         tokens = args.tokens or (DEFAULT_TOKENS_GPU if on_gpu else DEFAULT_TOKENS_CPU)
-        spec = SuiteSpec(shapes=args.shapes, tokens=tokens, quants=args.quant, backends=args.backends,
-                         device="cuda" if on_gpu else "cpu", seed=args.seed, quick=args.quick, jit=args.jit,
-                         ptx=args.ptx, outlier_expert=args.outlier_expert, time_budget_s=args.time_budget,
-                         commit=args.commit, command=command_line(PROG, argv))
+        spec = SuiteSpec(
+            shapes=args.shapes,
+            tokens=tokens,
+            quants=args.quant,
+            backends=args.backends,
+            device="cuda" if on_gpu else "cpu",
+            seed=args.seed,
+            quick=args.quick,
+            jit=args.jit,
+            ptx=args.ptx,
+            outlier_expert=args.outlier_expert,
+            time_budget_s=args.time_budget,
+            commit=args.commit,
+            command=command_line(PROG, argv),
+        )
         result = run_suite(spec, progress=args.progress)
 
     written = report.write_all(result, outputs.staging, with_plots=args.plots)

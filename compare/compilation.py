@@ -56,13 +56,17 @@ def cute_ptx_summary(shapes, tokens, quants=(None,)) -> dict:
                     named.setdefault(cfg, said.split(" ", 1)[1])
     configs = []
     for cfg, where in used.items():
-        entry = {"config": cfg.as_dict() if hasattr(cfg, "as_dict") else repr(cfg), "describe": named[cfg],
-                 "used_by": where}
+        entry = {
+            "config": cfg.as_dict() if hasattr(cfg, "as_dict") else repr(cfg),
+            "describe": named[cfg],
+            "used_by": where,
+        }
         start = time.perf_counter()
         try:
             ptx = cute_moe.compile_ptx(cfg)
-            entry.update(wgmma=wgmma_lines(ptx), ptx_lines=ptx.count("\n"),
-                         compile_s=round(time.perf_counter() - start, 2))
+            entry.update(
+                wgmma=wgmma_lines(ptx), ptx_lines=ptx.count("\n"), compile_s=round(time.perf_counter() - start, 2)
+            )
         except Exception as exc:  # noqa: BLE001
             entry["error"] = f"{type(exc).__name__}: {exc}"[:240]
         configs.append(entry)

@@ -105,11 +105,16 @@ def _agree(group, device, fields: dict, refused: BaseException | None = None, ex
         column = table[:, i].tolist()
         if len(set(column)) > 1:
             shown = [QUANT_FORMATS[v] for v in column] if name == "quant" else column
-            raise ValueError(f"{_PEER_FIELDS[name]}: the ranks disagree on {name}: {shown} (rank order); "
-                             "every rank must hold the same layer" + (
-                                 " (an expert-parallel rank holds E/world experts: shard_ep splits them evenly)"
-                                 if name == "E" else ""))
-    return table[:, 1 + len(fields):].tolist()
+            raise ValueError(
+                f"{_PEER_FIELDS[name]}: the ranks disagree on {name}: {shown} (rank order); "
+                "every rank must hold the same layer"
+                + (
+                    " (an expert-parallel rank holds E/world experts: shard_ep splits them evenly)"
+                    if name == "E"
+                    else ""
+                )
+            )
+    return table[:, 1 + len(fields) :].tolist()
 
 
 def _token_shape(x) -> tuple[int, int] | None:
@@ -146,19 +151,22 @@ class _Layer:
         """The device of this rank's collectives: x's, or (x refused: not a tensor, on meta) the group's."""
         if isinstance(x, torch.Tensor) and x.device.type in ("cpu", "cuda"):
             return x.device
-        return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(self.group) == "nccl" else \
-            torch.device("cpu")
+        return (
+            torch.device("cuda", torch.cuda.current_device())
+            if dist.get_backend(self.group) == "nccl"
+            else torch.device("cpu")
+        )
 
     def _agree(self, x, refused, values: dict | None, extra: tuple = ()) -> list:
         """With ``check_peers``, every rank learns whether the others accepted their arguments and
         hold the same layer (and their ``extra`` ints); without it, a rank's refusal is raised by the
         caller (after its share of the collectives, :meth:`_refuse_alone`)."""
-        return _agree(self.group, self._device(x), {k: (values or {}).get(k, 0) for k in self._FIELDS}, refused,
-                      extra)
+        return _agree(self.group, self._device(x), {k: (values or {}).get(k, 0) for k in self._FIELDS}, refused, extra)
 
     def _expert(self, x, w1, w2, topk_weights, topk_ids, *, quant, w1_scale, w2_scale):
-        return self.fused_moe(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale,
-                              w2_scale=w2_scale, **self.options)
+        return self.fused_moe(
+            x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale, **self.options
+        )
 
 
 class TPMoE(_Layer):
@@ -168,17 +176,29 @@ class TPMoE(_Layer):
 
     _FIELDS = ("T", "K", "E", "I", "top_k", "quant")
 
-    def __call__(self, x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None,
-                 w2_scale=None) -> torch.Tensor:
+    def __call__(self, x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None) -> torch.Tensor:
         try:  # the contract's checks and the backend's limits (the one size check), before any collective
-            d, refused = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale,
-                                           w2_scale=w2_scale, limits=self.limits), None
+            d, refused = (
+                validate_moe_args(
+                    x,
+                    w1,
+                    w2,
+                    topk_weights,
+                    topk_ids,
+                    quant=quant,
+                    w1_scale=w1_scale,
+                    w2_scale=w2_scale,
+                    limits=self.limits,
+                ),
+                None,
+            )
             check_runs_on(x.device, self.limits)
         except (TypeError, ValueError) as exc:
             d, refused = None, exc
         if self.check_peers:
-            self._agree(x, refused, d and dict(T=d.T, K=d.K, E=d.E, I=d.I, top_k=d.top_k,
-                                               quant=QUANT_FORMATS.index(quant)))
+            self._agree(
+                x, refused, d and dict(T=d.T, K=d.K, E=d.E, I=d.I, top_k=d.top_k, quant=QUANT_FORMATS.index(quant))
+            )
         elif refused is not None:
             self._refuse_alone(x, refused)
         out = self._expert(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale)
@@ -190,8 +210,9 @@ class TPMoE(_Layer):
         partial sum that looks right), then this rank's error."""
         shape = _token_shape(x)
         if shape is not None:
-            dist.all_reduce(torch.full(shape, float("nan"), dtype=torch.bfloat16, device=self._device(x)),
-                            group=self.group)
+            dist.all_reduce(
+                torch.full(shape, float("nan"), dtype=torch.bfloat16, device=self._device(x)), group=self.group
+            )
         raise refused
 
 
@@ -206,8 +227,9 @@ def _check_routing(x, topk_weights, topk_ids) -> None:
     if topk_weights.shape[0] != T:
         raise ValueError(f"topk_weights: expected shape [T={T}, top_k], got {tuple(topk_weights.shape)}")
     if topk_ids.shape != topk_weights.shape:
-        raise ValueError(f"topk_ids: expected shape {tuple(topk_weights.shape)} (as topk_weights), "
-                         f"got {tuple(topk_ids.shape)}")
+        raise ValueError(
+            f"topk_ids: expected shape {tuple(topk_weights.shape)} (as topk_weights), got {tuple(topk_ids.shape)}"
+        )
 
 
 def _local_routing(topk_weights, topk_ids) -> tuple[int, int]:
@@ -232,8 +254,10 @@ def _check_global_ids(ranges: list, num_experts: int, rank: int) -> None:
     bad = [r for r, (lo, hi) in enumerate(ranges) if lo < 0 or hi >= num_experts]
     if rank in bad:
         lo, hi = ranges[rank]
-        raise ValueError(f"topk_ids: expected global expert ids in [0, E={num_experts}) (the experts of all "
-                         f"ranks), got values in [{lo}, {hi}]")
+        raise ValueError(
+            f"topk_ids: expected global expert ids in [0, E={num_experts}) (the experts of all "
+            f"ranks), got values in [{lo}, {hi}]"
+        )
     if bad:
         raise RuntimeError(f"rank(s) {bad} refused their arguments (their own error says which); no collective ran")
 
@@ -245,8 +269,7 @@ class EPMoE(_Layer):
 
     _FIELDS = ("K", "E", "I", "top_k", "quant")
 
-    def __call__(self, x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None,
-                 w2_scale=None) -> torch.Tensor:
+    def __call__(self, x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None) -> torch.Tensor:
         world = dist.get_world_size(self.group)
         rank = dist.get_rank(self.group)
         try:
@@ -257,8 +280,17 @@ class EPMoE(_Layer):
                 check_sizes(w1.shape[0] * world, x.shape[1], w1.shape[1] // 2, topk_ids.shape[1], x.shape[0])
             # types, dtypes, weights and scales, the backend's limits: the contract's checks of this
             # rank's experts, no tokens
-            d = validate_moe_args(x[:0], w1, w2, topk_weights[:0, :1], topk_ids[:0, :1], quant=quant,
-                                  w1_scale=w1_scale, w2_scale=w2_scale, limits=self.limits)
+            d = validate_moe_args(
+                x[:0],
+                w1,
+                w2,
+                topk_weights[:0, :1],
+                topk_ids[:0, :1],
+                quant=quant,
+                w1_scale=w1_scale,
+                w2_scale=w2_scale,
+                limits=self.limits,
+            )
             check_runs_on(x.device, self.limits)
             ids_range = _local_routing(topk_weights, topk_ids)
             if not self.check_peers:  # alone, a rank takes the others to hold as many experts as it does
@@ -268,8 +300,12 @@ class EPMoE(_Layer):
             d, refused, ids_range = None, exc, (0, 0)
         top_k, tokens = (topk_ids.shape[1], x.shape[0]) if refused is None else (0, 0)
         if self.check_peers:  # every rank's experts (E each, all agreed) say which ids are global ids
-            rows = self._agree(x, refused, d and dict(K=d.K, E=d.E, I=d.I, top_k=top_k,
-                                                     quant=QUANT_FORMATS.index(quant)), (*ids_range, tokens))
+            rows = self._agree(
+                x,
+                refused,
+                d and dict(K=d.K, E=d.E, I=d.I, top_k=top_k, quant=QUANT_FORMATS.index(quant)),
+                (*ids_range, tokens),
+            )
             # the layer's sizes, the same on every rank: all E·world experts, all ranks' tokens (a rank
             # receives at most their top_k pairs each: the rows of its own fused_moe call)
             check_sizes(d.E * world, d.K, d.I, top_k, sum(r[2] for r in rows))
@@ -304,12 +340,23 @@ class EPMoE(_Layer):
             dist.all_to_all_single(recv_counts, counts, group=self.group)
             recv = recv_counts.tolist()
             bf16 = dict(dtype=torch.bfloat16, device=device)
-            dist.all_to_all_single(torch.empty((sum(recv), K), **bf16), torch.empty((0, K), **bf16), recv, none,
-                                   group=self.group)
-            dist.all_to_all_single(torch.empty(sum(recv), dtype=torch.int64, device=device),
-                                   torch.empty(0, dtype=torch.int64, device=device), recv, none, group=self.group)
-            dist.all_to_all_single(torch.empty((0, K), **bf16), torch.full((sum(recv), K), float("nan"), **bf16),
-                                   none, recv, group=self.group)
+            dist.all_to_all_single(
+                torch.empty((sum(recv), K), **bf16), torch.empty((0, K), **bf16), recv, none, group=self.group
+            )
+            dist.all_to_all_single(
+                torch.empty(sum(recv), dtype=torch.int64, device=device),
+                torch.empty(0, dtype=torch.int64, device=device),
+                recv,
+                none,
+                group=self.group,
+            )
+            dist.all_to_all_single(
+                torch.empty((0, K), **bf16),
+                torch.full((sum(recv), K), float("nan"), **bf16),
+                none,
+                recv,
+                group=self.group,
+            )
         raise refused
 
 
@@ -323,5 +370,18 @@ def layer_for(parallel: str) -> type:
 SHARDERS: dict[str, Callable] = {"tp": shard_tp, "ep": shard_ep}
 SIMULATORS: dict[str, Callable] = {"tp": simulate_tp, "ep": simulate_ep}
 
-__all__ = ["shard_tp", "shard_ep", "token_range", "plan_dispatch", "combine", "Dispatch", "TPMoE", "EPMoE",
-           "simulate_tp", "simulate_ep", "layer_for", "SHARDERS", "SIMULATORS"]
+__all__ = [
+    "shard_tp",
+    "shard_ep",
+    "token_range",
+    "plan_dispatch",
+    "combine",
+    "Dispatch",
+    "TPMoE",
+    "EPMoE",
+    "simulate_tp",
+    "simulate_ep",
+    "layer_for",
+    "SHARDERS",
+    "SIMULATORS",
+]

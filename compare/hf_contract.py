@@ -19,8 +19,9 @@ try:
     from transformers.integrations import moe as hf_moe
     from transformers.integrations.finegrained_fp8 import FP8Experts
 except ImportError as exc:  # the module is optional; the rest of the project never imports it
-    raise ImportError(f"compare.hf_contract needs transformers 5.x (the project's `hf` extra: "
-                      f"pip install -e '.[hf]'): {exc}") from exc
+    raise ImportError(
+        f"compare.hf_contract needs transformers 5.x (the project's `hf` extra: pip install -e '.[hf]'): {exc}"
+    ) from exc
 
 from moe_spec.quant import FP8_BLOCK, FP8_DTYPE
 
@@ -47,13 +48,20 @@ def _structure_problems(module) -> list[str]:
     flags = {
         "has_gate": (True, "no gate (has_gate=False: act(up) experts); the kernels compute SiLU(gate)·up"),
         "has_bias": (False, "biases on gate_up_proj / down_proj (has_bias=True); the contract has none"),
-        "is_concatenated": (True, "interleaved gate/up rows (is_concatenated=False); the contract wants "
-                                  "all gate rows, then all up rows"),
-        "is_transposed": (False, "transposed weights (is_transposed=True: gate_up_proj [E, H, 2I]); "
-                                 "the contract wants [E, 2I, H]"),
+        "is_concatenated": (
+            True,
+            "interleaved gate/up rows (is_concatenated=False); the contract wants all gate rows, then all up rows",
+        ),
+        "is_transposed": (
+            False,
+            "transposed weights (is_transposed=True: gate_up_proj [E, H, 2I]); the contract wants [E, 2I, H]",
+        ),
         "has_post_expert_norm": (False, "a norm after each expert (has_post_expert_norm=True)"),
-        "_is_expert_parallel": (False, "expert parallelism (ids >= num_experts mark experts of other "
-                                       "ranks; the contract wants every id in [0, E))"),
+        "_is_expert_parallel": (
+            False,
+            "expert parallelism (ids >= num_experts mark experts of other "
+            "ranks; the contract wants every id in [0, E))",
+        ),
     }
     problems = [why for attr, (ok, why) in flags.items() if bool(getattr(module, attr, ok)) != ok]
     # the decorator installs transformers' default gate, act_fn(gate) * up, where a class has none
@@ -62,8 +70,9 @@ def _structure_problems(module) -> list[str]:
     act = getattr(module, "act_fn", None)
     if not isinstance(act, (SiLUActivation, torch.nn.SiLU)):
         name = getattr(module.config, "hidden_act", None)
-        problems.append(f"activation {type(act).__name__} (config.hidden_act={name!r}); the kernels "
-                        "compute SiLU(gate)·up")
+        problems.append(
+            f"activation {type(act).__name__} (config.hidden_act={name!r}); the kernels compute SiLU(gate)·up"
+        )
     return problems
 
 
@@ -79,15 +88,18 @@ def _fp8_arguments(module, problems: list) -> ContractArguments | None:
     """``FP8Experts`` (transformers' finegrained FP8) → fp8_block or fp8_channel arguments."""
     for attr in ("gate_softcap", "up_softcap", "swiglu_alpha", "limit"):
         if getattr(module, attr, None) is not None:
-            problems.append(f"a modified gate ({attr}={getattr(module, attr)}); the kernels compute plain "
-                            "SiLU(gate)·up")
+            problems.append(
+                f"a modified gate ({attr}={getattr(module, attr)}); the kernels compute plain SiLU(gate)·up"
+            )
     if getattr(module, "activation_scheme", "dynamic") != "dynamic":
-        problems.append("static activation scales (activation_scheme='static'); the kernels quantize "
-                        "activations dynamically")
+        problems.append(
+            "static activation scales (activation_scheme='static'); the kernels quantize activations dynamically"
+        )
     w1, w2 = module.gate_up_proj.detach(), module.down_proj.detach()
     if w1.dtype != FP8_DTYPE or w2.dtype != FP8_DTYPE:
-        problems.append(f"expert weights stored as {w1.dtype} (FP4-packed or other); the contract's FP8 "
-                        "formats are float8_e4m3fn")
+        problems.append(
+            f"expert weights stored as {w1.dtype} (FP4-packed or other); the contract's FP8 formats are float8_e4m3fn"
+        )
         return None
     s1 = _fp8_scale(module.gate_up_proj_scale_inv, "gate_up_proj_scale_inv", problems)
     s2 = _fp8_scale(module.down_proj_scale_inv, "down_proj_scale_inv", problems)
@@ -98,31 +110,40 @@ def _fp8_arguments(module, problems: list) -> ContractArguments | None:
     if block is None:  # per tensor: one scale per projection (gate and up were two projections)
         s1, s2 = s1.reshape(E, -1), s2.reshape(E, -1)
         if s1.shape[1] not in (1, 2) or s2.shape[1] != 1:
-            problems.append(f"per-tensor scales of shapes {tuple(module.gate_up_proj_scale_inv.shape)} / "
-                            f"{tuple(module.down_proj_scale_inv.shape)}; expected [E, 1 or 2, 1] / [E, 1, 1]")
+            problems.append(
+                f"per-tensor scales of shapes {tuple(module.gate_up_proj_scale_inv.shape)} / "
+                f"{tuple(module.down_proj_scale_inv.shape)}; expected [E, 1 or 2, 1] / [E, 1, 1]"
+            )
             return None
-        return ContractArguments(w1, w2, "fp8_channel", s1.repeat_interleave(two_i // s1.shape[1], dim=1),
-                                 s2.expand(E, H).contiguous())
+        return ContractArguments(
+            w1, w2, "fp8_channel", s1.repeat_interleave(two_i // s1.shape[1], dim=1), s2.expand(E, H).contiguous()
+        )
     if tuple(block) != (FP8_BLOCK, FP8_BLOCK):
-        problems.append(f"block_size={tuple(block)}; the contract's fp8_block format uses "
-                        f"{FP8_BLOCK}×{FP8_BLOCK} weight blocks")
+        problems.append(
+            f"block_size={tuple(block)}; the contract's fp8_block format uses {FP8_BLOCK}×{FP8_BLOCK} weight blocks"
+        )
         return None
     if (two_i // 2) % FP8_BLOCK:
-        problems.append(f"intermediate size {two_i // 2}, not a multiple of {FP8_BLOCK}: gate and up are quantized "
-                        "as two projections, whose 128-row blocks do not line up with those of gate_up_proj")
+        problems.append(
+            f"intermediate size {two_i // 2}, not a multiple of {FP8_BLOCK}: gate and up are quantized "
+            "as two projections, whose 128-row blocks do not line up with those of gate_up_proj"
+        )
     for name, s, n_out, k_in in (("gate_up_proj_scale_inv", s1, two_i, H), ("down_proj_scale_inv", s2, H, two_i // 2)):
         want = (E, -(-n_out // FP8_BLOCK), -(-k_in // FP8_BLOCK))
         if tuple(s.shape) != want:  # e.g. 2I <= 128: transformers keeps one block row per half
-            problems.append(f"{name} of shape {tuple(s.shape)}; 128×128 blocks of a [{E}, {n_out}, {k_in}] "
-                            f"weight have scales {want}")
+            problems.append(
+                f"{name} of shape {tuple(s.shape)}; 128×128 blocks of a [{E}, {n_out}, {k_in}] "
+                f"weight have scales {want}"
+            )
     return ContractArguments(w1, w2, "fp8_block", s1, s2)
 
 
 def _refuse(module, problems: list, who: str) -> None:
     if problems:
         model_type = getattr(module.config, "model_type", "?")
-        raise ValueError(f"{who} cannot run {type(module).__name__} (model_type {model_type!r}): "
-                         + "; ".join(problems))
+        raise ValueError(
+            f"{who} cannot run {type(module).__name__} (model_type {model_type!r}): " + "; ".join(problems)
+        )
 
 
 def contract_arguments(module, implementation: str) -> ContractArguments:
@@ -138,7 +159,8 @@ def contract_arguments(module, implementation: str) -> ContractArguments:
         w1, w2 = module.gate_up_proj.detach(), module.down_proj.detach()
         args = ContractArguments(w1, w2)
         if w1.dtype != torch.bfloat16 or w2.dtype != torch.bfloat16:
-            problems.append(f"{w1.dtype} expert weights; the kernels take bfloat16 (load the model with "
-                            "dtype=torch.bfloat16)")
+            problems.append(
+                f"{w1.dtype} expert weights; the kernels take bfloat16 (load the model with dtype=torch.bfloat16)"
+            )
     _refuse(module, problems, who)
     return args

@@ -52,7 +52,7 @@ import collections
 import importlib
 import math
 import sys
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 
@@ -65,8 +65,9 @@ try:
     from transformers.models.mixtral.modeling_mixtral import MixtralExperts
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
 except ImportError as exc:  # the module is optional; the rest of the project never imports it
-    raise ImportError(f"compare.hf_experts needs transformers 5.x (the project's `hf` extra: "
-                      f"pip install -e '.[hf]'): {exc}") from exc
+    raise ImportError(
+        f"compare.hf_experts needs transformers 5.x (the project's `hf` extra: pip install -e '.[hf]'): {exc}"
+    ) from exc
 
 from compare.hf_contract import ContractArguments, _refuse, _structure_problems, contract_arguments  # noqa: F401
 from moe_spec.quant import FP8_BLOCK
@@ -93,34 +94,53 @@ def _backend_fused_moe(implementation: str) -> Callable:
     try:
         return importlib.import_module(implementation).fused_moe
     except Exception as exc:  # noqa: BLE001 - any import failure is this call's error, said plainly
-        raise RuntimeError(f"experts_implementation: {implementation!r} is not available here: "
-                           f"import {implementation} failed: {type(exc).__name__}: {exc}") from exc
+        raise RuntimeError(
+            f"experts_implementation: {implementation!r} is not available here: "
+            f"import {implementation} failed: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 #: How the forward names a size it refuses (moe_spec.validate.check_sizes): its own arguments and
 #: the module's weights, not the contract's names.
-HF_NAMES = SizeNames(E="gate_up_proj", K="hidden_states", I="down_proj", top_k="top_k_weights", T="hidden_states",
-                     device="hidden_states", matrix="gate_up_proj")
+HF_NAMES = SizeNames(
+    E="gate_up_proj",
+    K="hidden_states",
+    I="down_proj",
+    top_k="top_k_weights",
+    T="hidden_states",
+    device="hidden_states",
+    matrix="gate_up_proj",
+)
 #: The contract's argument names → the forward's, for a refusal raised inside ``fused_moe``.
-_HF_ARGUMENT = {"x": "hidden_states", "topk_ids": "top_k_index", "topk_weights": "top_k_weights",
-                "w1": "gate_up_proj", "w2": "down_proj"}
+_HF_ARGUMENT = {
+    "x": "hidden_states",
+    "topk_ids": "top_k_index",
+    "topk_weights": "top_k_weights",
+    "w1": "gate_up_proj",
+    "w2": "down_proj",
+}
 
 
 def _routing_shape(hidden_states, top_k_index, top_k_weights, H: int) -> tuple[int, int]:
     """(T, top_k): one routing row of top_k entries per token of ``hidden_states`` [..., H]."""
     if hidden_states.dim() < 1 or hidden_states.shape[-1] != H:
-        raise ValueError(f"hidden_states: expected [..., H] with the model's hidden size H = {H} "
-                         f"(gate_up_proj.shape[2]), got shape {tuple(hidden_states.shape)}")
+        raise ValueError(
+            f"hidden_states: expected [..., H] with the model's hidden size H = {H} "
+            f"(gate_up_proj.shape[2]), got shape {tuple(hidden_states.shape)}"
+        )
     T = math.prod(hidden_states.shape[:-1])
     for name, t in (("top_k_index", top_k_index), ("top_k_weights", top_k_weights)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
         if t.dim() < 1 or t.numel() != T * t.shape[-1] or (t.dim() == 1 and T != 1):
-            raise ValueError(f"{name}: expected [T={T}, top_k] (a row per token of hidden_states), "
-                             f"got shape {tuple(t.shape)}")
+            raise ValueError(
+                f"{name}: expected [T={T}, top_k] (a row per token of hidden_states), got shape {tuple(t.shape)}"
+            )
     if top_k_weights.shape[-1] != top_k_index.shape[-1]:
-        raise ValueError(f"top_k_weights: expected top_k = {top_k_index.shape[-1]} weights a row (as top_k_index), "
-                         f"got shape {tuple(top_k_weights.shape)}")
+        raise ValueError(
+            f"top_k_weights: expected top_k = {top_k_index.shape[-1]} weights a row (as top_k_index), "
+            f"got shape {tuple(top_k_weights.shape)}"
+        )
     return T, top_k_index.shape[-1]
 
 
@@ -131,8 +151,10 @@ def _make_forward(implementation: str) -> Callable:
             got = hidden_states.dtype if isinstance(hidden_states, torch.Tensor) else type(hidden_states).__name__
             raise TypeError(f"hidden_states: expected bfloat16 (the kernels' activations), got {got}")
         if torch.is_grad_enabled() and (hidden_states.requires_grad or self.gate_up_proj.requires_grad):
-            raise ValueError("hidden_states: autograd is recording, but the kernels have no backward; run "
-                             "inference under torch.no_grad() or torch.inference_mode() (generate() does)")
+            raise ValueError(
+                "hidden_states: autograd is recording, but the kernels have no backward; run "
+                "inference under torch.no_grad() or torch.inference_mode() (generate() does)"
+            )
         fused_moe = _backend_fused_moe(implementation)
         # the one size check of every surface, naming this forward's arguments, before anything is
         # allocated; then the device the backend runs on — the empty batch included
@@ -143,10 +165,16 @@ def _make_forward(implementation: str) -> Callable:
         check_runs_on(hidden_states.device, limits, "hidden_states")
         x = hidden_states.reshape(T, H)
         try:
-            out = fused_moe(x.contiguous(), args.w1, args.w2,
-                            top_k_weights.reshape(T, top_k).to(torch.float32).contiguous(),
-                            top_k_index.reshape(T, top_k).contiguous(),
-                            quant=args.quant, w1_scale=args.w1_scale, w2_scale=args.w2_scale)
+            out = fused_moe(
+                x.contiguous(),
+                args.w1,
+                args.w2,
+                top_k_weights.reshape(T, top_k).to(torch.float32).contiguous(),
+                top_k_index.reshape(T, top_k).contiguous(),
+                quant=args.quant,
+                w1_scale=args.w1_scale,
+                w2_scale=args.w2_scale,
+            )
         except (TypeError, ValueError) as exc:  # the contract's names → this forward's
             name, sep, rest = str(exc).partition(": ")
             if sep and name in _HF_ARGUMENT:
@@ -173,8 +201,9 @@ def register(implementations=IMPLEMENTATIONS) -> tuple:
     elif isinstance(implementations, (tuple, list)):
         names = tuple(implementations)
     else:
-        raise TypeError(f"implementations: expected a name or a tuple of names from {IMPLEMENTATIONS}, "
-                        f"got {implementations!r}")
+        raise TypeError(
+            f"implementations: expected a name or a tuple of names from {IMPLEMENTATIONS}, got {implementations!r}"
+        )
     unknown = [n for n in names if n not in _FORWARDS]
     if unknown:
         raise ValueError(f"implementations: expected names from {IMPLEMENTATIONS}, got {unknown}")
@@ -191,8 +220,9 @@ def register(implementations=IMPLEMENTATIONS) -> tuple:
 def registered(implementation: str) -> bool:
     """Whether both registries hold our forward under ``implementation``."""
     fn = _FORWARDS.get(implementation)
-    return fn is not None and all(registry.get(implementation) is fn
-                                  for registry in (ALL_EXPERTS_FUNCTIONS, ALL_FP8_EXPERTS_FUNCTIONS))
+    return fn is not None and all(
+        registry.get(implementation) is fn for registry in (ALL_EXPERTS_FUNCTIONS, ALL_FP8_EXPERTS_FUNCTIONS)
+    )
 
 
 # --- transformers' FP8 experts, built from a bf16 model -----------------------------------------------
@@ -231,8 +261,11 @@ def quantize_experts(model, scheme: str = "block") -> int:
         raise ValueError(f"scheme: expected 'block' or 'tensor', got {scheme!r}")
     replaced = 0
     for name, module in list(model.named_modules()):
-        if isinstance(module, FP8Experts) or not isinstance(getattr(module, "gate_up_proj", None), torch.Tensor) \
-                or module.gate_up_proj.dim() != 3:
+        if (
+            isinstance(module, FP8Experts)
+            or not isinstance(getattr(module, "gate_up_proj", None), torch.Tensor)
+            or module.gate_up_proj.dim() != 3
+        ):
             continue
         _refuse(module, _structure_problems(module), f"model: quantize_experts(scheme={scheme!r})")
         w1, w2 = module.gate_up_proj.detach(), module.down_proj.detach()
@@ -261,8 +294,12 @@ _MODELS = {
 
 
 #: catalog name (moe_spec.problem.CATALOG) → the model type whose experts module that model has
-CATALOG_MODEL_TYPES = {"mixtral-8x7b": "mixtral", "qwen3-30b-a3b": "qwen3_moe", "qwen3-235b-a22b": "qwen3_moe",
-                       "deepseek-v3": "deepseek_v3"}
+CATALOG_MODEL_TYPES = {
+    "mixtral-8x7b": "mixtral",
+    "qwen3-30b-a3b": "qwen3_moe",
+    "qwen3-235b-a22b": "qwen3_moe",
+    "deepseek-v3": "deepseek_v3",
+}
 #: the experts class the harness's hf backends run for every shape: the contract's arguments carry no
 #: model name, and the experts classes of the catalog's models compute the same function
 HARNESS_MODEL_TYPE = "mixtral"
@@ -283,8 +320,10 @@ def model_type_of(shape) -> str:
 
 def no_counterpart(quant) -> str:
     """The refusal of a format transformers' experts modules have no counterpart for."""
-    return (f"quant: {quant!r} has no transformers counterpart (its FP8 experts store 128×128 blocks, or "
-            "per-tensor weights whose activations its Hub kernel quantizes); use None or 'fp8_block'")
+    return (
+        f"quant: {quant!r} has no transformers counterpart (its FP8 experts store 128×128 blocks, or "
+        "per-tensor weights whose activations its Hub kernel quantizes); use None or 'fp8_block'"
+    )
 
 
 def experts_module_name(model_type: str, quant) -> str:
@@ -301,7 +340,7 @@ def own_forward(implementation: str, quant) -> str:
     return "torch._grouped_mm" if quant is None else "Hub kernel kernels-community/finegrained-fp8 (matmul_grouped)"
 
 
-def cannot_run(implementation: str, quant) -> Optional[str]:
+def cannot_run(implementation: str, quant) -> str | None:
     """Why transformers' own FP8 forward cannot run here, or None. Its ``grouped_mm`` for FP8Experts
     loads a Hub kernel at its first call (the ``kernels`` package, and a download); where that fails,
     the row says so instead of crashing."""
@@ -316,9 +355,11 @@ def cannot_run(implementation: str, quant) -> Optional[str]:
             _HUB_REFUSALS[implementation] = None
         except Exception as exc:  # noqa: BLE001 - any failure to load is the reason
             first = str(exc).strip().splitlines()[0].split(". ")[0] if str(exc).strip() else ""
-            _HUB_REFUSALS[implementation] = (f"transformers' FP8 {implementation} needs its Hub kernel "
-                                             "(kernels-community/finegrained-fp8), which does not load here: "
-                                             f"{type(exc).__name__}: {first}")
+            _HUB_REFUSALS[implementation] = (
+                f"transformers' FP8 {implementation} needs its Hub kernel "
+                "(kernels-community/finegrained-fp8), which does not load here: "
+                f"{type(exc).__name__}: {first}"
+            )
     return _HUB_REFUSALS[implementation]
 
 
@@ -349,11 +390,14 @@ def experts_fused_moe(implementation: str, model_type: str = "mixtral") -> Calla
             raise ValueError(no_counterpart(quant))
         key = (d.E, d.K, d.I, d.top_k, quant)
         if key not in modules:
-            config = config_cls(hidden_size=d.K, num_experts_per_tok=d.top_k, hidden_act="silu",
-                                **{e_name: d.E, i_name: d.I})
+            config = config_cls(
+                hidden_size=d.K, num_experts_per_tok=d.top_k, hidden_act="silu", **{e_name: d.E, i_name: d.I}
+            )
             config._experts_implementation = implementation
             with torch.device("meta"):
-                modules[key] = experts_cls(config) if quant is None else FP8ExpertsModule(config, block_size=(FP8_BLOCK,) * 2)
+                modules[key] = (
+                    experts_cls(config) if quant is None else FP8ExpertsModule(config, block_size=(FP8_BLOCK,) * 2)
+                )
         module = modules[key]
         module.gate_up_proj, module.down_proj = _frozen(w1), _frozen(w2)
         if quant is not None:
@@ -362,5 +406,7 @@ def experts_fused_moe(implementation: str, model_type: str = "mixtral") -> Calla
             return module(x, topk_ids.long(), topk_weights)
 
     fused_moe.__name__ = f"hf_{implementation}_fused_moe"
-    fused_moe.__doc__ = f"The contract through transformers' {experts_cls.__name__} with experts_implementation={implementation!r}."
+    fused_moe.__doc__ = (
+        f"The contract through transformers' {experts_cls.__name__} with experts_implementation={implementation!r}."
+    )
     return fused_moe

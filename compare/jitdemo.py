@@ -99,10 +99,19 @@ def _gpu_sweep(kernel, sweep) -> dict:
             _launch(kernel, T, "cuda")
             torch.cuda.synchronize()
             again_ms = (time.perf_counter() - start) * 1e3
-            per_t.append({"T": T, "compiled": len(log) > before, "first_call_ms": round(first_ms, 3),
-                          "second_call_ms": round(again_ms, 3)})
-    return {"compilations": sum(r["compiled"] for r in per_t), "per_T": per_t,
-            "worst_first_call_ms": max(r["first_call_ms"] for r in per_t)}
+            per_t.append(
+                {
+                    "T": T,
+                    "compiled": len(log) > before,
+                    "first_call_ms": round(first_ms, 3),
+                    "second_call_ms": round(again_ms, 3),
+                }
+            )
+    return {
+        "compilations": sum(r["compiled"] for r in per_t),
+        "per_T": per_t,
+        "worst_first_call_ms": max(r["first_call_ms"] for r in per_t),
+    }
 
 
 def _key_sweep(kernel, sweep) -> dict:
@@ -126,9 +135,14 @@ def _key_sweep(kernel, sweep) -> dict:
 def run_demo(sweep=SWEEP_T) -> dict:
     """Both variants over ``sweep``: compilations and first-call latency per T (GPU), keys (CPU)."""
     on_gpu = torch.cuda.is_available() and not os.environ.get("TRITON_INTERPRET") == "1"
-    result = {"mode": "gpu" if on_gpu else "cpu: specialization keys from Triton's binder (nothing compiles "
-                                          "in the interpreter; latencies need a GPU)",
-              "sweep": list(sweep), "variants": {}}
+    result = {
+        "mode": "gpu"
+        if on_gpu
+        else "cpu: specialization keys from Triton's binder (nothing compiles "
+        "in the interpreter; latencies need a GPU)",
+        "sweep": list(sweep),
+        "variants": {},
+    }
     for name, kernel in VARIANTS.items():
         try:
             result["variants"][name] = _gpu_sweep(kernel, sweep) if on_gpu else _key_sweep(kernel, sweep)

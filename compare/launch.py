@@ -25,18 +25,19 @@ import signal
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.multiprocessing as mp
+
 
 class RankError(RuntimeError):
     """A rank failed, or the ranks did not finish in time."""
 
 
 def default_backend(world: int) -> str:
-    """"nccl" when this machine has ``world`` CUDA GPUs, else "gloo"."""
+    """ "nccl" when this machine has ``world`` CUDA GPUs, else "gloo"."""
     return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo"
 
 
@@ -52,8 +53,13 @@ def _entry(rank, fn, world, backend, rendezvous, timeout_s, out_dir, args):
         torch.cuda.set_device(rank)
     else:  # ranks share the cores: one thread each keeps them from thrashing
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    dist.init_process_group(backend, init_method=f"file://{rendezvous}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        backend,
+        init_method=f"file://{rendezvous}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
     try:
         result = fn(rank, world, *args)
         dist.barrier()  # no rank tears the group down while a peer still needs it
@@ -63,8 +69,9 @@ def _entry(rank, fn, world, backend, rendezvous, timeout_s, out_dir, args):
         pickle.dump(result, f)
 
 
-def run_ranks(fn: Callable, world: int, args: tuple = (), *, backend: str | None = None,
-              timeout_s: float = 300.0) -> list:
+def run_ranks(
+    fn: Callable, world: int, args: tuple = (), *, backend: str | None = None, timeout_s: float = 300.0
+) -> list:
     """Run ``fn(rank, world, *args)`` on ``world`` ranks; its return values (picklable: move tensors to
     the CPU) in rank order. ``fn`` must be importable by name (a module-level function)."""
     if not isinstance(world, int) or world < 1:
@@ -73,16 +80,22 @@ def run_ranks(fn: Callable, world: int, args: tuple = (), *, backend: str | None
     if backend not in ("nccl", "gloo"):
         raise ValueError(f"backend: expected 'nccl' or 'gloo', got {backend!r}")
     if backend == "nccl" and not (torch.cuda.is_available() and torch.cuda.device_count() >= world):
-        raise ValueError(f"backend: nccl needs {world} CUDA GPUs, found "
-                         f"{torch.cuda.device_count() if torch.cuda.is_available() else 0}")
+        raise ValueError(
+            f"backend: nccl needs {world} CUDA GPUs, found "
+            f"{torch.cuda.device_count() if torch.cuda.is_available() else 0}"
+        )
     previous = os.environ.get("TRITON_INTERPRET")
     if backend == "gloo" and not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"  # read by triton at import: must be set before the spawn
     try:
         with tempfile.TemporaryDirectory(prefix="moe_ranks_") as d:
-            ctx = mp.start_processes(_entry, args=(fn, world, backend, os.path.join(d, "rendezvous"), timeout_s, d,
-                                                   args),
-                                     nprocs=world, join=False, start_method="spawn")
+            ctx = mp.start_processes(
+                _entry,
+                args=(fn, world, backend, os.path.join(d, "rendezvous"), timeout_s, d, args),
+                nprocs=world,
+                join=False,
+                start_method="spawn",
+            )
             _join(ctx, timeout_s)
             results = []
             for r in range(world):
@@ -108,8 +121,10 @@ def _join(ctx, limit_s: float) -> None:
         while not ctx.join(timeout=min(1.0, max(0.0, deadline - time.monotonic()))):
             if time.monotonic() >= deadline:
                 alive = [r for r, p in enumerate(ctx.processes) if p.is_alive()]
-                raise RankError(f"ranks {alive} still running after {limit_s:.0f} s: killed "
-                                "(a hang in a collective, or a timeout too short for this machine)")
+                raise RankError(
+                    f"ranks {alive} still running after {limit_s:.0f} s: killed "
+                    "(a hang in a collective, or a timeout too short for this machine)"
+                )
     except mp.ProcessRaisedException as exc:  # the child's traceback is the message
         raise RankError(f"rank {exc.error_index} failed:\n{exc}") from None
     except mp.ProcessExitedException as exc:

@@ -136,9 +136,12 @@ QUANT_ERROR_BOUND = 0.12  # quantized formats: the quantized problem vs the bf16
 
 
 def _policy(fmt: QuantFormat) -> Tolerance:
-    return Tolerance(rel_l2=fmt.tolerance, cosine=COSINE_BOUND,
-                     max_ulp=None if fmt.quantized else BF16_MAX_ULP,
-                     quant_error=QUANT_ERROR_BOUND if fmt.quantized else None)
+    return Tolerance(
+        rel_l2=fmt.tolerance,
+        cosine=COSINE_BOUND,
+        max_ulp=None if fmt.quantized else BF16_MAX_ULP,
+        quant_error=QUANT_ERROR_BOUND if fmt.quantized else None,
+    )
 
 
 # Reasoning in notes/numerics.md. Keys are the formats' labels ("bf16" stands for quant=None), in

@@ -25,8 +25,6 @@ table (:func:`expert_table`) with its flags.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 import compare.metrics as metrics
@@ -78,11 +76,19 @@ def call(backend: Backend, inputs: MoEInputs):
 
 def _tokens(inputs: MoEInputs, index: slice) -> MoEInputs:
     """The same problem restricted to some tokens (same weights and scales)."""
-    return MoEInputs(inputs.x[index].contiguous(), inputs.w1, inputs.w2, inputs.topk_weights[index].contiguous(),
-                     inputs.topk_ids[index].contiguous(), inputs.quant, inputs.w1_scale, inputs.w2_scale)
+    return MoEInputs(
+        inputs.x[index].contiguous(),
+        inputs.w1,
+        inputs.w2,
+        inputs.topk_weights[index].contiguous(),
+        inputs.topk_ids[index].contiguous(),
+        inputs.quant,
+        inputs.w1_scale,
+        inputs.w2_scale,
+    )
 
 
-def unavailable(backend: Backend, inputs: MoEInputs, device: str) -> Optional[str]:
+def unavailable(backend: Backend, inputs: MoEInputs, device: str) -> str | None:
     """Why the backend will not run this problem (a status), or None: run it. See step 1 above."""
     if backend.missing:
         return f"not available: {backend.missing}"
@@ -101,7 +107,7 @@ def probe_tokens(T: int) -> list[int]:
     return sorted({0, T - 1})[:PROBE_TOKENS] if T > 1 else []
 
 
-def batch_invariant(backend: Backend, inputs: MoEInputs, out: torch.Tensor) -> Optional[bool]:
+def batch_invariant(backend: Backend, inputs: MoEInputs, out: torch.Tensor) -> bool | None:
     """Whether each probe token's output alone (T = 1) has the same bits as inside the batch.
     None for T = 1 (the batch is the token)."""
     tokens = probe_tokens(inputs.x.shape[0])
@@ -110,7 +116,7 @@ def batch_invariant(backend: Backend, inputs: MoEInputs, out: torch.Tensor) -> O
     return all(metrics.bitwise_equal(call(backend, _tokens(inputs, slice(t, t + 1)))[0], out[t]) for t in tokens)
 
 
-def measure(backend: Backend, case: Case) -> tuple[dict, Optional[torch.Tensor]]:
+def measure(backend: Backend, case: Case) -> tuple[dict, torch.Tensor | None]:
     """Steps 2-5 for one backend: (row fields, output or None when it did not run)."""
     try:
         out = call(backend, case.inputs)
@@ -119,16 +125,22 @@ def measure(backend: Backend, case: Case) -> tuple[dict, Optional[torch.Tensor]]
         return {"status": refusal(exc)}, None
     err = metrics.errors(out, case.ref.out)
     passed, why = metrics.check(err, case.quant)
-    row = {"status": "ok" if passed else "FAIL", "check": why, **err.as_dict(),
-           "deterministic": metrics.bitwise_equal(out, again),
-           "err_vs_bf16": rel_l2(out, case.ref_bf16.out) if case.quant is not None else None,
-           "expert_errors": metrics.kernel_error_by_expert(out, case.ref.out, case.inputs.topk_ids,
-                                                           case.shape.num_experts)}
+    row = {
+        "status": "ok" if passed else "FAIL",
+        "check": why,
+        **err.as_dict(),
+        "deterministic": metrics.bitwise_equal(out, again),
+        "err_vs_bf16": rel_l2(out, case.ref_bf16.out) if case.quant is not None else None,
+        "expert_errors": metrics.kernel_error_by_expert(
+            out, case.ref.out, case.inputs.topk_ids, case.shape.num_experts
+        ),
+    }
     try:
         row["batch_invariant"] = batch_invariant(backend, case.inputs, out)
     except Exception as exc:  # noqa: BLE001 - a crash on one token alone is a bug of the backend
-        row.update(status=f"error: on one token alone (T = 1): {type(exc).__name__}: {_first_line(exc)}",
-                   batch_invariant=None)
+        row.update(
+            status=f"error: on one token alone (T = 1): {type(exc).__name__}: {_first_line(exc)}", batch_invariant=None
+        )
     return row, out
 
 
@@ -165,9 +177,15 @@ def expert_table(ref, ref_bf16, rows: dict, quant, num_experts: int) -> list[dic
         pairs = int((ids == e).sum())
         if not pairs:
             continue
-        table.append({"expert": e, "pairs": pairs, "quant_error": quant_err[e],
-                      "kernel_error": {name: r["expert_errors"][e] for name, r in rows.items() if "expert_errors" in r},
-                      "flags": {src: f[e] for src, f in flags_by_source.items() if f[e]}})
+        table.append(
+            {
+                "expert": e,
+                "pairs": pairs,
+                "quant_error": quant_err[e],
+                "kernel_error": {name: r["expert_errors"][e] for name, r in rows.items() if "expert_errors" in r},
+                "flags": {src: f[e] for src, f in flags_by_source.items() if f[e]},
+            }
+        )
     return table
 
 
@@ -197,6 +215,11 @@ def case_record(case: Case, rows: dict) -> dict:
         row.pop("expert_errors", None)
         row["quant_error"] = quant_error
         row["flagged_experts"] = sum(name in e["flags"] for e in flagged)
-    return {**case.fields(), "quant_error": quant_error, "experts_hit": len(experts),
-            "median_expert_quant_error": _median(e["quant_error"] for e in experts),
-            "flagged_experts": [e["expert"] for e in flagged], "experts": notable(experts)}
+    return {
+        **case.fields(),
+        "quant_error": quant_error,
+        "experts_hit": len(experts),
+        "median_expert_quant_error": _median(e["quant_error"] for e in experts),
+        "flagged_experts": [e["expert"] for e in flagged],
+        "experts": notable(experts),
+    }

@@ -46,8 +46,12 @@ def _ordered(values) -> list:
 
 def _title(result: dict, text: str) -> str:
     reduced = any(r.get("shape_note") for r in result["rows"])
-    return text + (f" — shapes REDUCED for the CPU interpreter (E ≤ {REDUCED_MAX_EXPERTS}, K = {REDUCED_HIDDEN}, "
-                   f"I = {REDUCED_INTERMEDIATE})" if reduced else "")
+    return text + (
+        f" — shapes REDUCED for the CPU interpreter (E ≤ {REDUCED_MAX_EXPERTS}, K = {REDUCED_HIDDEN}, "
+        f"I = {REDUCED_INTERMEDIATE})"
+        if reduced
+        else ""
+    )
 
 
 def _legend(fig, plt, backends: list) -> None:
@@ -96,8 +100,11 @@ def _roofline(result: dict, timed: list, ceil: dict, plt):
             ax.annotate(f"{label} roof", (xs[-1], rate), fontsize=7, ha="right", va="bottom", color="gray")
     backends = _ordered(r["backend"] for r in timed)
     for b in backends:
-        pts = [(r["tflops"] / r["weight_tbps"], r["tflops"]) for r in timed
-               if r["backend"] == b and r.get("weight_tbps") and r.get("tflops")]
+        pts = [
+            (r["tflops"] / r["weight_tbps"], r["tflops"])
+            for r in timed
+            if r["backend"] == b and r.get("weight_tbps") and r.get("tflops")
+        ]
         if pts:
             colour, marker = _style(b)
             ax.scatter(*zip(*pts), color=colour, marker=marker, s=22, label=b)
@@ -121,8 +128,11 @@ def _speedup(result: dict, timed: list, plt):
     fig, axes = plt.subplots(1, len(groups), figsize=(3.2 * len(groups) + 0.5, 3.8), squeeze=False, sharey=True)
     for ax, (shape, quant) in zip(axes[0], groups):
         for b in backends:
-            pts = sorted((r["T"], r["speedup"]) for r in timed
-                         if r["backend"] == b and r["shape"] == shape and r["quant"] == quant and r.get("speedup"))
+            pts = sorted(
+                (r["T"], r["speedup"])
+                for r in timed
+                if r["backend"] == b and r["shape"] == shape and r["quant"] == quant and r.get("speedup")
+            )
             if pts:
                 colour, marker = _style(b)
                 ax.plot(*zip(*pts), color=colour, marker=marker, label=b)

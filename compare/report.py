@@ -28,12 +28,52 @@ from compare.userkernel import is_user_kernel
 
 #: Every file a report directory may hold (what a rerun into the same directory replaces).
 OUTPUT_FILES = ("results.json", "results.csv", "report.md") + tuple(f"{name}.png" for name in FIGURES)
-ROW_FIELDS = ("shape", "shape_note", "E", "K", "I", "top_k", "T", "quant", "backend", "status", "check", "config",
-              "rel_l2", "max_abs", "max_ulp", "cosine", "deterministic", "batch_invariant", "xdiff", "xdiff_ok",
-              "quant_error", "err_vs_bf16", "flagged_experts", "timing", "us", "p10_us", "p90_us", "prep_us",
-              "eager_us", "eager_ratio", "separate_us", "fusion_speedup", "fused_bytes", "separate_bytes",
-              "weight_tbps", "tflops", "pct_floor", "floor_us", "bound", "speedup", "vs_ours", "vs_ours_of",
-              "vs_ours_ok", "converted")
+ROW_FIELDS = (
+    "shape",
+    "shape_note",
+    "E",
+    "K",
+    "I",
+    "top_k",
+    "T",
+    "quant",
+    "backend",
+    "status",
+    "check",
+    "config",
+    "rel_l2",
+    "max_abs",
+    "max_ulp",
+    "cosine",
+    "deterministic",
+    "batch_invariant",
+    "xdiff",
+    "xdiff_ok",
+    "quant_error",
+    "err_vs_bf16",
+    "flagged_experts",
+    "timing",
+    "us",
+    "p10_us",
+    "p90_us",
+    "prep_us",
+    "eager_us",
+    "eager_ratio",
+    "separate_us",
+    "fusion_speedup",
+    "fused_bytes",
+    "separate_bytes",
+    "weight_tbps",
+    "tflops",
+    "pct_floor",
+    "floor_us",
+    "bound",
+    "speedup",
+    "vs_ours",
+    "vs_ours_of",
+    "vs_ours_ok",
+    "converted",
+)
 
 
 # --- terminal table -----------------------------------------------------------------------------
@@ -48,7 +88,7 @@ def _best(rows: list[dict]):
 
 
 def _short(name: str, width: int = BEST_WIDTH) -> str:
-    return name if len(name) <= width else "…" + name[-(width - 1):]
+    return name if len(name) <= width else "…" + name[-(width - 1) :]
 
 
 def _worst_rel_l2(rows: list[dict]) -> str:
@@ -59,18 +99,36 @@ def _worst_rel_l2(rows: list[dict]) -> str:
 #: The summary's columns after T: (header, cell of a case's rows and its best row, meaning); a column empty
 #: in every case is not shown (on the CPU nothing is timed: no best, µs, speedup or % of floor).
 SUMMARY = (
-    ("best", lambda rows, b: _short(b["backend"]) if b else "-",
-     "the fastest backend that passed the tolerance policy (µs, speedup and % of floor are its)"),
-    ("µs", lambda rows, b: num(b.get("us"), ".1f") if b else "-",
-     "median µs of one fused_moe call (CUDA-graph replays, cold L2)"),
-    ("speedup", lambda rows, b: num(b.get("speedup"), ".2f") if b else "-",
-     f"over {BASELINE} (over {FALLBACK_BASELINE} where {BASELINE} was not timed)"),
-    ("%floor", lambda rows, b: num(b.get("pct_floor"), ".0f") if b else "-",
-     "the roofline floor as a % of µs (this run's ceilings)"),
-    ("rel L2 ≤", lambda rows, b: _worst_rel_l2(rows),
-     "the largest relative L2 error against the fp64 oracle among the backends that passed"),
-    ("xdiff", lambda rows, b: next((num(r.get("xdiff"), ".1e") for r in rows if r.get("xdiff") is not None), "-"),
-     f"relative L2 difference between the {KERNELS[0]} and {KERNELS[1]} outputs (bound: twice the tolerance)"),
+    (
+        "best",
+        lambda rows, b: _short(b["backend"]) if b else "-",
+        "the fastest backend that passed the tolerance policy (µs, speedup and % of floor are its)",
+    ),
+    (
+        "µs",
+        lambda rows, b: num(b.get("us"), ".1f") if b else "-",
+        "median µs of one fused_moe call (CUDA-graph replays, cold L2)",
+    ),
+    (
+        "speedup",
+        lambda rows, b: num(b.get("speedup"), ".2f") if b else "-",
+        f"over {BASELINE} (over {FALLBACK_BASELINE} where {BASELINE} was not timed)",
+    ),
+    (
+        "%floor",
+        lambda rows, b: num(b.get("pct_floor"), ".0f") if b else "-",
+        "the roofline floor as a % of µs (this run's ceilings)",
+    ),
+    (
+        "rel L2 ≤",
+        lambda rows, b: _worst_rel_l2(rows),
+        "the largest relative L2 error against the fp64 oracle among the backends that passed",
+    ),
+    (
+        "xdiff",
+        lambda rows, b: next((num(r.get("xdiff"), ".1e") for r in rows if r.get("xdiff") is not None), "-"),
+        f"relative L2 difference between the {KERNELS[0]} and {KERNELS[1]} outputs (bound: twice the tolerance)",
+    ),
 )
 
 
@@ -104,20 +162,29 @@ def compact_table(result: dict) -> str:
     for r in result["rows"]:
         groups.setdefault((r["shape"], r["quant"]), {}).setdefault(r["T"], []).append(r)
     notes: dict = {}
-    cells = {key: [(str(T), *(f(rows, _best(rows)) for _, f, _ in SUMMARY), _status_cell(rows, notes))
-                   for T, rows in cases.items()] for key, cases in groups.items()}
+    cells = {
+        key: [
+            (str(T), *(f(rows, _best(rows)) for _, f, _ in SUMMARY), _status_cell(rows, notes))
+            for T, rows in cases.items()
+        ]
+        for key, cases in groups.items()
+    }
     keep = [i for i in range(len(SUMMARY)) if any(line[1 + i] not in EMPTY for c in cells.values() for line in c)]
     head = ("T", *(SUMMARY[i][0] for i in keep), "status")
     table = {key: [(line[0], *(line[1 + i] for i in keep), line[-1]) for line in c] for key, c in cells.items()}
     widths = [max([len(head[j])] + [len(line[j]) for c in table.values() for line in c]) for j in range(len(head))]
 
     def fmt(line) -> str:  # numbers right-aligned, names left-aligned
-        return ("  " + "  ".join(c.ljust(w) if h in ("best", "status") else c.rjust(w)
-                                 for c, w, h in zip(line, widths, head))).rstrip()
+        return (
+            "  "
+            + "  ".join(c.ljust(w) if h in ("best", "status") else c.rjust(w) for c, w, h in zip(line, widths, head))
+        ).rstrip()
 
     backends = list(dict.fromkeys(r["backend"] for r in result["rows"]))
-    out = wrap(f"Per shape and format, each T's {len(backends)} backends ({', '.join(backends)}) in one line; every "
-               "row with every column: report.md, results.csv") + [""]
+    out = wrap(
+        f"Per shape and format, each T's {len(backends)} backends ({', '.join(backends)}) in one line; every "
+        "row with every column: report.md, results.csv"
+    ) + [""]
     for (shape, quant), lines in table.items():
         first = next(iter(groups[(shape, quant)].values()))[0]
         sizes = f"E={first['E']}, K={first['K']}, I={first['I']}, top_k={first['top_k']}"
@@ -128,8 +195,13 @@ def compact_table(result: dict) -> str:
     if notes:
         out.append("")
     meanings = [(SUMMARY[i][0], SUMMARY[i][2]) for i in keep]
-    meanings.append(("status", "backends that passed of those in the case; [n]: the note saying why the others "
-                               f"did not ({STATUS_MEANING})"))
+    meanings.append(
+        (
+            "status",
+            "backends that passed of those in the case; [n]: the note saying why the others "
+            f"did not ({STATUS_MEANING})",
+        )
+    )
     out += legend(meanings, TERMINAL_WIDTH)
     return "\n".join(out)
 
@@ -213,8 +285,11 @@ def problems(result: dict) -> list:
             found.append(f"{case}: differs from {r.get('vs_ours_of')} by {r['vs_ours']:.2e}")
         if r.get("deterministic") is False and r["backend"] not in PEERS:
             found.append(f"{case}: not bitwise deterministic on rerun")
-    skipped = {(r["shape"], r["quant"], r["T"]) for r in result["rows"]
-               if str(r.get("status", "")).startswith("skipped: time budget")}
+    skipped = {
+        (r["shape"], r["quant"], r["T"])
+        for r in result["rows"]
+        if str(r.get("status", "")).startswith("skipped: time budget")
+    }
     if skipped:
         found.append(f"{len(skipped)} case(s) not run: the time budget was spent")
     for j in result.get("jit") or []:

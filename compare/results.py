@@ -19,14 +19,44 @@ from __future__ import annotations
 import json
 from numbers import Real
 
-ROW_TYPES = {"shape": str, "quant": str, "T": int, "backend": str, "status": str, "E": int, "K": int, "I": int,
-             "top_k": int}
+ROW_TYPES = {
+    "shape": str,
+    "quant": str,
+    "T": int,
+    "backend": str,
+    "status": str,
+    "E": int,
+    "K": int,
+    "I": int,
+    "top_k": int,
+}
 CASE_TYPES = {"shape": str, "quant": str, "T": int}
 JIT_TYPES = {"backend": str, "shape": str, "quant": str, "status": str}
-NUMBERS = ("rel_l2", "max_abs", "max_ulp", "cosine", "xdiff", "quant_error", "err_vs_bf16", "us", "p10_us",
-           "p90_us", "prep_us", "eager_us", "eager_ratio", "separate_us", "fusion_speedup",
-           "fused_bytes", "separate_bytes", "weight_tbps", "tflops", "pct_floor", "floor_us", "speedup",
-           "median_expert_quant_error")
+NUMBERS = (
+    "rel_l2",
+    "max_abs",
+    "max_ulp",
+    "cosine",
+    "xdiff",
+    "quant_error",
+    "err_vs_bf16",
+    "us",
+    "p10_us",
+    "p90_us",
+    "prep_us",
+    "eager_us",
+    "eager_ratio",
+    "separate_us",
+    "fusion_speedup",
+    "fused_bytes",
+    "separate_bytes",
+    "weight_tbps",
+    "tflops",
+    "pct_floor",
+    "floor_us",
+    "speedup",
+    "median_expert_quant_error",
+)
 FLAGS = ("deterministic", "batch_invariant", "xdiff_ok")
 LIST_META = ("shapes", "tokens", "quants", "backends")
 
@@ -144,16 +174,18 @@ def merge(records: list[dict]) -> dict:
     if not records:
         raise ValueError("records: no results given")
     ceilings = _distinct([r["ceilings"] for r in records if r.get("ceilings")])
-    merged = {"meta": _union_meta([r["meta"] for r in records]),
-              "ceilings": (ceilings[0] if len(ceilings) == 1 else ceilings) or None,
-              "rows": [x for r in records for x in r["rows"]],
-              "cases": [x for r in records for x in r.get("cases") or []],
-              "jit": [x for r in records for x in r.get("jit") or []],
-              "jit_demo": next((r["jit_demo"] for r in records if r.get("jit_demo")), None),
-              "cute_ptx": next((r["cute_ptx"] for r in records if r.get("cute_ptx")), None)}
-    notes = _distinct([n for r in records
-                       for n in ([r["note"]] if isinstance(r.get("note"), str) else r.get("notes") or [])])
+    merged = {
+        "meta": _union_meta([r["meta"] for r in records]),
+        "ceilings": (ceilings[0] if len(ceilings) == 1 else ceilings) or None,
+        "rows": [x for r in records for x in r["rows"]],
+        "cases": [x for r in records for x in r.get("cases") or []],
+        "jit": [x for r in records for x in r.get("jit") or []],
+        "jit_demo": next((r["jit_demo"] for r in records if r.get("jit_demo")), None),
+        "cute_ptx": next((r["cute_ptx"] for r in records if r.get("cute_ptx")), None),
+    }
+    notes = _distinct(
+        [n for r in records for n in ([r["note"]] if isinstance(r.get("note"), str) else r.get("notes") or [])]
+    )
     if notes:
         merged["notes"] = notes
     return merged
-

@@ -26,7 +26,6 @@ import collections
 import json
 import math
 from pathlib import Path
-from typing import Optional
 
 from compare.backends import load_backend
 from compare.metrics import quant_name
@@ -64,12 +63,28 @@ def build_table(rows: list[dict], meta: dict) -> dict:
     for key, cand in sorted(cases.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
         shape, quant, T = key
         E, K, I, top_k = layers[key]  # noqa: E741
-        entries.append({"shape": shape, "E": E, "K": K, "I": I, "top_k": top_k, "quant": quant, "T": T,
-                        "backend": min(cand, key=cand.get), "us": cand})
-    return {"device": meta.get("device"), "date": meta.get("date"), "commit": meta.get("commit"),
-            "command": meta.get("command"), "placeholder": False,
-            "rule": "fastest backend that passed the tolerance policy (compare/metrics.py) in this run",
-            "entries": entries}
+        entries.append(
+            {
+                "shape": shape,
+                "E": E,
+                "K": K,
+                "I": I,
+                "top_k": top_k,
+                "quant": quant,
+                "T": T,
+                "backend": min(cand, key=cand.get),
+                "us": cand,
+            }
+        )
+    return {
+        "device": meta.get("device"),
+        "date": meta.get("date"),
+        "commit": meta.get("commit"),
+        "command": meta.get("command"),
+        "placeholder": False,
+        "rule": "fastest backend that passed the tolerance policy (compare/metrics.py) in this run",
+        "entries": entries,
+    }
 
 
 def load_table(path=TABLE_PATH) -> dict:
@@ -77,7 +92,7 @@ def load_table(path=TABLE_PATH) -> dict:
         return json.load(f)
 
 
-_default_table: Optional[dict] = None
+_default_table: dict | None = None
 
 
 def _table(table) -> dict:
@@ -97,7 +112,7 @@ def _nearest(entries: list[dict], T: int) -> list[dict]:
     return [e for e in tied if e["T"] == smallest_T]
 
 
-def choose_backend(shape, quant: Optional[str], T: int, table: Optional[dict] = None) -> str:
+def choose_backend(shape, quant: str | None, T: int, table: dict | None = None) -> str:
     """The backend to run this case with (see the module docstring for the rule)."""
     entries = [e for e in _table(table).get("entries", []) if e["quant"] == quant_name(quant)]
     if not entries:
@@ -109,8 +124,20 @@ def choose_backend(shape, quant: Optional[str], T: int, table: Optional[dict] = 
     return max(sorted(votes), key=votes.get)
 
 
-def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None,
-              backend: str = "auto", table: Optional[dict] = None, **backend_options):
+def fused_moe(
+    x,
+    w1,
+    w2,
+    topk_weights,
+    topk_ids,
+    *,
+    quant=None,
+    w1_scale=None,
+    w2_scale=None,
+    backend: str = "auto",
+    table: dict | None = None,
+    **backend_options,
+):
     """The backend contract, routed: ``backend="auto"`` picks by :func:`choose_backend`.
 
     Any other ``backend`` name runs that backend. ``backend_options`` go to the chosen backend
@@ -119,8 +146,7 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
     if backend == "auto":
         from moe_spec.validate import validate_moe_args
 
-        dims = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale,
-                                 w2_scale=w2_scale)
+        dims = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale)
         backend = CPU_BACKEND if x.device.type != "cuda" else choose_backend(dims, quant, dims.T, table)
         chosen = load_backend(backend)
         for alternative in FALLBACK_ORDER:
@@ -131,5 +157,6 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
         chosen = load_backend(backend)
         if chosen.fused_moe is None:
             raise ImportError(f"backend {backend!r} is not available: {chosen.missing}")
-    return chosen.fused_moe(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale,
-                            w2_scale=w2_scale, **backend_options)
+    return chosen.fused_moe(
+        x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale, **backend_options
+    )

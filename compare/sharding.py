@@ -58,8 +58,10 @@ def shard_tp(inputs: MoEInputs, rank: int, world: int) -> MoEInputs:
         raise ValueError(f"world: {world} ranks do not divide the intermediate size I = {I}")
     part = I // world
     if quant == "fp8_block" and world > 1 and part % FP8_BLOCK:
-        raise ValueError(f"world: fp8_block needs I/world to be a multiple of {FP8_BLOCK} (a {FP8_BLOCK}×{FP8_BLOCK} "
-                         f"weight-scale block must not straddle two ranks); I = {I}, world = {world} gives {part}")
+        raise ValueError(
+            f"world: fp8_block needs I/world to be a multiple of {FP8_BLOCK} (a {FP8_BLOCK}×{FP8_BLOCK} "
+            f"weight-scale block must not straddle two ranks); I = {I}, world = {world} gives {part}"
+        )
     gate = torch.arange(rank * part, (rank + 1) * part, device=w1.device)
     rows = torch.cat([gate, gate + I])  # this rank's gate rows, then the matching up rows
     cols = slice(rank * part, (rank + 1) * part)
@@ -68,9 +70,10 @@ def shard_tp(inputs: MoEInputs, rank: int, world: int) -> MoEInputs:
         w1_scale = w1_scale[:, rows].contiguous()
     elif quant == "fp8_block":  # blocks of 128 rows / columns, aligned to the rank boundaries
         w1_scale = w1_scale[:, rows[::FP8_BLOCK] // FP8_BLOCK].contiguous()
-        w2_scale = w2_scale[:, :, rank * part // FP8_BLOCK:-(-(rank + 1) * part // FP8_BLOCK)].contiguous()
-    return dataclasses.replace(inputs, w1=w1[:, rows].contiguous(), w2=w2[:, :, cols].contiguous(),
-                               w1_scale=w1_scale, w2_scale=w2_scale)
+        w2_scale = w2_scale[:, :, rank * part // FP8_BLOCK : -(-(rank + 1) * part // FP8_BLOCK)].contiguous()
+    return dataclasses.replace(
+        inputs, w1=w1[:, rows].contiguous(), w2=w2[:, :, cols].contiguous(), w1_scale=w1_scale, w2_scale=w2_scale
+    )
 
 
 def shard_ep(inputs: MoEInputs, rank: int, world: int) -> MoEInputs:
@@ -85,9 +88,16 @@ def shard_ep(inputs: MoEInputs, rank: int, world: int) -> MoEInputs:
     mine = slice(rank * (E // world), (rank + 1) * (E // world))
     tokens = slice(*token_range(inputs.x.shape[0], rank, world))
     part = lambda t: None if t is None else t[mine].contiguous()  # noqa: E731
-    return dataclasses.replace(inputs, x=inputs.x[tokens], topk_weights=inputs.topk_weights[tokens],
-                               topk_ids=inputs.topk_ids[tokens], w1=part(inputs.w1), w2=part(inputs.w2),
-                               w1_scale=part(inputs.w1_scale), w2_scale=part(inputs.w2_scale))
+    return dataclasses.replace(
+        inputs,
+        x=inputs.x[tokens],
+        topk_weights=inputs.topk_weights[tokens],
+        topk_ids=inputs.topk_ids[tokens],
+        w1=part(inputs.w1),
+        w2=part(inputs.w2),
+        w1_scale=part(inputs.w1_scale),
+        w2_scale=part(inputs.w2_scale),
+    )
 
 
 # --- expert-parallel dispatch plan (pure index arithmetic) --------------------------------------
@@ -112,8 +122,9 @@ def plan_dispatch(topk_ids: torch.Tensor, experts_per_rank: int, world: int) -> 
     flat = topk_ids.reshape(-1).long()
     owner = flat // experts_per_rank
     order = torch.sort(owner, stable=True).indices
-    return Dispatch(order=order, send_counts=torch.bincount(owner, minlength=world),
-                    local_ids=(flat % experts_per_rank)[order])
+    return Dispatch(
+        order=order, send_counts=torch.bincount(owner, minlength=world), local_ids=(flat % experts_per_rank)[order]
+    )
 
 
 def combine(y_sent: torch.Tensor, plan: Dispatch, topk_weights: torch.Tensor) -> torch.Tensor:
@@ -152,8 +163,15 @@ def simulate_ep(inputs: MoEInputs, world: int, fused_moe: Callable) -> torch.Ten
     per = shards[0].w1.shape[0]
     plans = [plan_dispatch(s.topk_ids, per, world) for s in shards]
     # pieces[src][dst]: the rows src sends to dst (split of its send order by send_counts)
-    pieces = [list(zip(torch.split(s.x[p.order // s.topk_ids.shape[1]], p.send_counts.tolist()),
-                       torch.split(p.local_ids, p.send_counts.tolist()))) for s, p in zip(shards, plans)]
+    pieces = [
+        list(
+            zip(
+                torch.split(s.x[p.order // s.topk_ids.shape[1]], p.send_counts.tolist()),
+                torch.split(p.local_ids, p.send_counts.tolist()),
+            )
+        )
+        for s, p in zip(shards, plans)
+    ]
     back = [[None] * world for _ in range(world)]
     for dst, owner in enumerate(shards):
         rows = torch.cat([pieces[src][dst][0] for src in range(world)])

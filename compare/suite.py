@@ -55,12 +55,22 @@ from moe_spec.timing import Ceilings
 
 
 def _meta(spec: SuiteSpec, clock: Clock | None) -> dict:
-    info = run_info(spec.command, cuda=spec.device == "cuda", commit=spec.commit or None,
-                    device=clock.device() if clock else None)
-    return {**info, "mode": REDUCED_LABEL if spec.reduced else "gpu", "timed": clock is not None,
-            "shapes": list(spec.shapes), "tokens": list(spec.tokens), "quants": [quant_name(q) for q in spec.quants],
-            "backends": list(spec.backends), "seed": spec.seed, "quick": spec.quick,
-            "outlier_expert": spec.outlier_expert, "time_budget_s": spec.time_budget_s}
+    info = run_info(
+        spec.command, cuda=spec.device == "cuda", commit=spec.commit or None, device=clock.device() if clock else None
+    )
+    return {
+        **info,
+        "mode": REDUCED_LABEL if spec.reduced else "gpu",
+        "timed": clock is not None,
+        "shapes": list(spec.shapes),
+        "tokens": list(spec.tokens),
+        "quants": [quant_name(q) for q in spec.quants],
+        "backends": list(spec.backends),
+        "seed": spec.seed,
+        "quick": spec.quick,
+        "outlier_expert": spec.outlier_expert,
+        "time_budget_s": spec.time_budget_s,
+    }
 
 
 class _Steps:
@@ -134,8 +144,12 @@ class _Runner:
                 except Exception as exc:  # noqa: BLE001 - e.g. out of memory: reported, the run goes on
                     if spec.device == "cuda":
                         torch.cuda.empty_cache()
-                    return self.skipped(case, f"error: building the problem or its oracle failed: "
-                                              f"{type(exc).__name__}: {exc}".splitlines()[0]), None
+                    return self.skipped(
+                        case,
+                        f"error: building the problem or its oracle failed: {type(exc).__name__}: {exc}".splitlines()[
+                            0
+                        ],
+                    ), None
                 for name, backend in self.backends.items():
                     current = name
                     self.say(f"{case.title} {name}")
@@ -177,8 +191,12 @@ class _Runner:
 
 #: The JIT study's sweep: (max T, spacing of the odd values) — on a GPU the warm study's own 247 values
 #: up to 16384 (72 with --quick); on the CPU (reduced shapes, Triton dry run) up to 512.
-JIT_SWEEP = {("cuda", False): (16384, 1.03), ("cuda", True): (16384, 1.25),
-             ("cpu", False): (512, 1.25), ("cpu", True): (512, 1.25)}
+JIT_SWEEP = {
+    ("cuda", False): (16384, 1.03),
+    ("cuda", True): (16384, 1.25),
+    ("cpu", False): (512, 1.25),
+    ("cpu", True): (512, 1.25),
+}
 
 
 def _jit(spec: SuiteSpec, shape, kernels: list, runner: _Runner) -> list:
@@ -191,15 +209,27 @@ def _jit(spec: SuiteSpec, shape, kernels: list, runner: _Runner) -> list:
     tokens = sweep_tokens(*JIT_SWEEP[(spec.device, spec.quick)])
 
     def study():
-        return run_warm_study([shape], list(spec.quants), kernels, tokens=tokens, device=spec.device,
-                              command=spec.command, commit=spec.commit or None)
+        return run_warm_study(
+            [shape],
+            list(spec.quants),
+            kernels,
+            tokens=tokens,
+            device=spec.device,
+            command=spec.command,
+            commit=spec.commit or None,
+        )
 
     done = runner.guarded("JIT: warm-up study (fresh caches)", study)
     if "cases" not in done:  # stopped or skipped by the time budget
-        return [{"backend": k, "shape": shape.label, "quant": quant_name(q), "status": done["status"]}
-                for k in kernels for q in spec.quants]
-    return [{**{k: v for k, v in c.items() if k != "per_T"}, "sweep_T": [tokens[0], tokens[-1], len(tokens)]}
-            for c in done["cases"]]
+        return [
+            {"backend": k, "shape": shape.label, "quant": quant_name(q), "status": done["status"]}
+            for k in kernels
+            for q in spec.quants
+        ]
+    return [
+        {**{k: v for k, v in c.items() if k != "per_T"}, "sweep_T": [tokens[0], tokens[-1], len(tokens)]}
+        for c in done["cases"]
+    ]
 
 
 def run_suite(spec: SuiteSpec, progress: bool = True, clock: Clock | None = None) -> dict:
@@ -211,8 +241,15 @@ def run_suite(spec: SuiteSpec, progress: bool = True, clock: Clock | None = None
     if clock is None and spec.device == "cuda":
         clock = GPU_CLOCK
     budget = Budget(spec.time_budget_s)
-    result: dict = {"meta": _meta(spec, clock), "ceilings": None, "rows": [], "cases": [], "jit": [],
-                    "jit_demo": None, "cute_ptx": None}
+    result: dict = {
+        "meta": _meta(spec, clock),
+        "ceilings": None,
+        "rows": [],
+        "cases": [],
+        "jit": [],
+        "jit_demo": None,
+        "cute_ptx": None,
+    }
     ceilings = clock.ceilings() if clock else None
     result["ceilings"] = ceilings.as_dict() if ceilings else None
     backends = {name: userkernel.load(name) for name in spec.backends}
@@ -250,5 +287,6 @@ def run_suite(spec: SuiteSpec, progress: bool = True, clock: Clock | None = None
         result["jit_demo"] = runner.guarded("JIT demo", run_demo)
     if spec.reduced and spec.ptx and "cute_moe" in spec.backends:
         result["cute_ptx"] = runner.guarded(
-            "CuTe PTX", lambda: cute_ptx_summary(spec.shapes, DEFAULT_TOKENS_GPU, spec.quants))
+            "CuTe PTX", lambda: cute_ptx_summary(spec.shapes, DEFAULT_TOKENS_GPU, spec.quants)
+        )
     return result

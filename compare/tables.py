@@ -85,70 +85,157 @@ def _pair_mb(fused, separate) -> str:
 
 
 COLUMNS = (
-    Column("rel_l2", "rel L2", lambda r: num(r.get("rel_l2"), ".2e"),
-           "relative L2 error against the fp64 oracle on the backend's own (for FP8: quantized) inputs"),
-    Column("ulp", "max ULP", lambda r: num(r.get("max_ulp"), ".1f"),
-           "the worst element's error in bf16 ULPs of the reference (magnitude floored at its RMS)"),
-    Column("cosine", "cosine", lambda r: num(r.get("cosine"), ".6f"),
-           "cosine similarity with the oracle's output", terminal=False),
-    Column("det", "bitwise rerun", lambda r: yes(r.get("deterministic")),
-           "a second call on the same inputs gave the same bits"),
-    Column("batch", "batch-invariant", lambda r: yes(r.get("batch_invariant")),
-           "the batch's first and last token, each run alone (T = 1), gave the same bits as inside the "
-           "batch ('-' at T = 1); a NO is explained under the results (expected for fp8_tensor and torch_loop)"),
-    Column("xdiff", "CuTe vs Triton", lambda r: num(r.get("xdiff"), ".1e"),
-           f"relative L2 difference between the {KERNELS[0]} and {KERNELS[1]} outputs (bound: twice the "
-           "format's tolerance)"),
-    Column("vs ours", "vs ours", lambda r: num(r.get("vs_ours"), ".1e"),
-           "a kernel from outside this project (yours, a peer's): relative L2 difference from cute_moe's output "
-           "(triton_moe's where cute_moe did not run) on the same inputs (bound: twice the format's tolerance)"),
-    Column("vs_bf16", "err vs bf16", lambda r: num(r.get("err_vs_bf16"), ".3f"),
-           "the output against the unquantized bf16 problem: quantization and kernel error together",
-           terminal=False),
-    Column("µs", "µs (median)", lambda r: num(r.get("us"), ".1f"),
-           "median time of one fused_moe call: CUDA-graph replays over rotated input sets (cold L2)"),
+    Column(
+        "rel_l2",
+        "rel L2",
+        lambda r: num(r.get("rel_l2"), ".2e"),
+        "relative L2 error against the fp64 oracle on the backend's own (for FP8: quantized) inputs",
+    ),
+    Column(
+        "ulp",
+        "max ULP",
+        lambda r: num(r.get("max_ulp"), ".1f"),
+        "the worst element's error in bf16 ULPs of the reference (magnitude floored at its RMS)",
+    ),
+    Column(
+        "cosine",
+        "cosine",
+        lambda r: num(r.get("cosine"), ".6f"),
+        "cosine similarity with the oracle's output",
+        terminal=False,
+    ),
+    Column(
+        "det",
+        "bitwise rerun",
+        lambda r: yes(r.get("deterministic")),
+        "a second call on the same inputs gave the same bits",
+    ),
+    Column(
+        "batch",
+        "batch-invariant",
+        lambda r: yes(r.get("batch_invariant")),
+        "the batch's first and last token, each run alone (T = 1), gave the same bits as inside the "
+        "batch ('-' at T = 1); a NO is explained under the results (expected for fp8_tensor and torch_loop)",
+    ),
+    Column(
+        "xdiff",
+        "CuTe vs Triton",
+        lambda r: num(r.get("xdiff"), ".1e"),
+        f"relative L2 difference between the {KERNELS[0]} and {KERNELS[1]} outputs (bound: twice the "
+        "format's tolerance)",
+    ),
+    Column(
+        "vs ours",
+        "vs ours",
+        lambda r: num(r.get("vs_ours"), ".1e"),
+        "a kernel from outside this project (yours, a peer's): relative L2 difference from cute_moe's output "
+        "(triton_moe's where cute_moe did not run) on the same inputs (bound: twice the format's tolerance)",
+    ),
+    Column(
+        "vs_bf16",
+        "err vs bf16",
+        lambda r: num(r.get("err_vs_bf16"), ".3f"),
+        "the output against the unquantized bf16 problem: quantization and kernel error together",
+        terminal=False,
+    ),
+    Column(
+        "µs",
+        "µs (median)",
+        lambda r: num(r.get("us"), ".1f"),
+        "median time of one fused_moe call: CUDA-graph replays over rotated input sets (cold L2)",
+    ),
     Column("p10–p90", "p10–p90", _spread, "10th and 90th percentile of the replays, µs", terminal=False),
-    Column("align", "align µs", lambda r: num(r.get("prep_us"), ".1f"),
-           "the alignment/permutation step timed alone (included in µs)", terminal=False),
-    Column("eager", "eager µs", lambda r: num(r.get("eager_us"), ".1f"),
-           "median µs per call of plain back-to-back calls (no graph; one synchronization per repeat): "
-           "what a caller without CUDA graphs pays, host work included"),
-    Column("×graph", "eager / graph", lambda r: num(r.get("eager_ratio"), ".2f"),
-           "eager µs over the graph replay's µs: 1.0 when the host keeps up with the GPU", terminal=False),
-    Column("sep", "separate µs", lambda r: num(r.get("separate_us"), ".1f"),
-           "the same backend with scaling and aggregation as separate passes (cute_moe fusion=\"separate\"), "
-           "CUDA-graph µs", terminal=False),
-    Column("fused×", "fused speedup", lambda r: num(r.get("fusion_speedup"), ".3f"),
-           "separate µs / fused µs: what fusing the scales and the routing weight into the GEMM buys",
-           terminal=False),
-    Column("MB f/s", "MB fused / separate", lambda r: _pair_mb(r.get("fused_bytes"), r.get("separate_bytes")),
-           "HBM traffic of the two pipelines, analytic from the shapes (MB)", terminal=False),
-    Column("TB/s", "weight TB/s", lambda r: num(r.get("weight_tbps"), ".2f"),
-           "bytes of the weights of the experts that received tokens, per second"),
+    Column(
+        "align",
+        "align µs",
+        lambda r: num(r.get("prep_us"), ".1f"),
+        "the alignment/permutation step timed alone (included in µs)",
+        terminal=False,
+    ),
+    Column(
+        "eager",
+        "eager µs",
+        lambda r: num(r.get("eager_us"), ".1f"),
+        "median µs per call of plain back-to-back calls (no graph; one synchronization per repeat): "
+        "what a caller without CUDA graphs pays, host work included",
+    ),
+    Column(
+        "×graph",
+        "eager / graph",
+        lambda r: num(r.get("eager_ratio"), ".2f"),
+        "eager µs over the graph replay's µs: 1.0 when the host keeps up with the GPU",
+        terminal=False,
+    ),
+    Column(
+        "sep",
+        "separate µs",
+        lambda r: num(r.get("separate_us"), ".1f"),
+        'the same backend with scaling and aggregation as separate passes (cute_moe fusion="separate"), CUDA-graph µs',
+        terminal=False,
+    ),
+    Column(
+        "fused×",
+        "fused speedup",
+        lambda r: num(r.get("fusion_speedup"), ".3f"),
+        "separate µs / fused µs: what fusing the scales and the routing weight into the GEMM buys",
+        terminal=False,
+    ),
+    Column(
+        "MB f/s",
+        "MB fused / separate",
+        lambda r: _pair_mb(r.get("fused_bytes"), r.get("separate_bytes")),
+        "HBM traffic of the two pipelines, analytic from the shapes (MB)",
+        terminal=False,
+    ),
+    Column(
+        "TB/s",
+        "weight TB/s",
+        lambda r: num(r.get("weight_tbps"), ".2f"),
+        "bytes of the weights of the experts that received tokens, per second",
+    ),
     Column("TFLOP/s", "TFLOP/s", lambda r: num(r.get("tflops"), ".0f"), "the expert computation's FLOPs per second"),
-    Column("%floor", "% of floor", lambda r: num(r.get("pct_floor"), ".0f"),
-           "the roofline floor (max of bytes / bandwidth and FLOPs / rate, this run's ceilings) as a % of µs"),
-    Column(f"×{BASELINE}", f"× {BASELINE}", lambda r: num(r.get("speedup"), ".2f"),
-           f"speedup over {BASELINE} (over {FALLBACK_BASELINE} where {BASELINE} was not timed)"),
-    Column("config", "config", lambda r: str(r.get("config") or ""),
-           "the tile configuration the backend chose ('-': a kernel from outside this project exposes none)"),
-    Column("converted", "converted", lambda r: str(r.get("converted") or ""),
-           "what the adapter converted from the contract's inputs before calling a kernel from outside this project "
-           "(done once per input set, outside the timed region, unless it says otherwise)", terminal=False),
+    Column(
+        "%floor",
+        "% of floor",
+        lambda r: num(r.get("pct_floor"), ".0f"),
+        "the roofline floor (max of bytes / bandwidth and FLOPs / rate, this run's ceilings) as a % of µs",
+    ),
+    Column(
+        f"×{BASELINE}",
+        f"× {BASELINE}",
+        lambda r: num(r.get("speedup"), ".2f"),
+        f"speedup over {BASELINE} (over {FALLBACK_BASELINE} where {BASELINE} was not timed)",
+    ),
+    Column(
+        "config",
+        "config",
+        lambda r: str(r.get("config") or ""),
+        "the tile configuration the backend chose ('-': a kernel from outside this project exposes none)",
+    ),
+    Column(
+        "converted",
+        "converted",
+        lambda r: str(r.get("converted") or ""),
+        "what the adapter converted from the contract's inputs before calling a kernel from outside this project "
+        "(done once per input set, outside the timed region, unless it says otherwise)",
+        terminal=False,
+    ),
 )
 
-STATUS_MEANING = ("ok / FAIL (outside the tolerance policy of notes/numerics.md) / not implemented (the backend "
-                  "declines the format) / not available (cannot run on this machine) / error / skipped or stopped "
-                  "(time budget)")
+STATUS_MEANING = (
+    "ok / FAIL (outside the tolerance policy of notes/numerics.md) / not implemented (the backend "
+    "declines the format) / not available (cannot run on this machine) / error / skipped or stopped "
+    "(time budget)"
+)
 
 
 #: Why a backend's output can depend on the rest of the batch by design, per (backend or format).
 BATCH_CAUSES = {
     "fp8_tensor": "the activation scale is one per tensor, the batch's amax: a token alone is quantized with its "
-                  "own amax, so its bits differ (every backend of this format, the fp32 torch_loop reference too, "
-                  "which models the same W8A8 quantization)",
+    "own amax, so its bits differ (every backend of this format, the fp32 torch_loop reference too, "
+    "which models the same W8A8 quantization)",
     "torch_loop": "one matmul per expert over the rows routed to it: their number changes with the batch, and the "
-                  "BLAS library picks its kernel, and so its summation order, by the matrix sizes",
+    "BLAS library picks its kernel, and so its summation order, by the matrix sizes",
 }
 
 
@@ -172,8 +259,10 @@ def batch_notes(rows: list[dict]) -> list[str]:
         if cause:
             lines.append(f"batch-invariant NO in {len(found)} row(s) ({where}): expected — {BATCH_CAUSES[cause]}.")
         else:
-            lines.append(f"batch-invariant NO in {len(found)} row(s) ({where}): not explained by the format or by "
-                         "a per-expert matmul — this backend's bits depend on the rest of the batch.")
+            lines.append(
+                f"batch-invariant NO in {len(found)} row(s) ({where}): not explained by the format or by "
+                "a per-expert matmul — this backend's bits depend on the rest of the batch."
+            )
     return lines
 
 
@@ -213,7 +302,7 @@ def _same_sizes(reduced: dict) -> str:
     sizes = {(r["E"], r["K"], r["I"]) for r in reduced.values()}
     if len(sizes) != 1:
         return ""
-    (E, K, I), = sizes  # noqa: E741
+    ((E, K, I),) = sizes  # noqa: E741
     rule = f"every catalog shape becomes E={E}, K={K}, I={I} here, top_k = min(its own, {REDUCED_MAX_TOP_K})"
     if len(reduced) == 1:
         return f" ({rule})"
@@ -224,13 +313,17 @@ def banner(result: dict, ptx_where: str) -> list[str]:
     """What this run is, and everything it did not do, as lines (``ptx_where``: where the report's
     PTX section is, e.g. a path to report.md, or "below")."""
     m, rows = result["meta"], result["rows"]
-    lines = [f"What this run did — {text(m.get('device', '?'))}, {text(m.get('date', '?'))}, "
-             f"commit {text(m.get('commit', '?'))}:"]
+    lines = [
+        f"What this run did — {text(m.get('device', '?'))}, {text(m.get('date', '?'))}, "
+        f"commit {text(m.get('commit', '?'))}:"
+    ]
     reduced = {r["shape"]: r for r in rows if r.get("shape_note")}
     if reduced:
-        lines.append("* shapes REDUCED for the Triton interpreter (no GPU): " + "; ".join(
-            f"{s} → E={r['E']}, top_k={r['top_k']}, K={r['K']}, I={r['I']}" for s, r in reduced.items())
-            + _same_sizes(reduced))
+        lines.append(
+            "* shapes REDUCED for the Triton interpreter (no GPU): "
+            + "; ".join(f"{s} → E={r['E']}, top_k={r['top_k']}, K={r['K']}, I={r['I']}" for s, r in reduced.items())
+            + _same_sizes(reduced)
+        )
     backends = ordered(r["backend"] for r in rows)
 
     def ran(backend):
@@ -241,31 +334,46 @@ def banner(result: dict, ptx_where: str) -> list[str]:
             why: dict = {}
             for r in (r for r in rows if r["backend"] == b):
                 why.setdefault(full_status(r), []).append(r["quant"])
-            lines.append(f"* {b} was NOT executed: " + "; ".join(
-                f"{', '.join(ordered(q))}: {w}" for w, q in why.items()))
+            lines.append(
+                f"* {b} was NOT executed: " + "; ".join(f"{', '.join(ordered(q))}: {w}" for w, q in why.items())
+            )
     compared = [r for r in rows if r["backend"] == KERNELS[0] and r.get("xdiff") is not None]
     pair = f"CuTe-vs-Triton ({KERNELS[0]} vs {KERNELS[1]})"
     if not compared:
         absent = [k for k in KERNELS if k not in backends]
         idle = [k for k in KERNELS if k in backends and not ran(k)]
-        reason = (f"{' and '.join(absent)} not among the backends" if absent
-                  else f"{' and '.join(idle)} did not run" if idle else "the two kernels never ran on the same case")
+        reason = (
+            f"{' and '.join(absent)} not among the backends"
+            if absent
+            else f"{' and '.join(idle)} did not run"
+            if idle
+            else "the two kernels never ran on the same case"
+        )
         lines.append(f"* {pair} equivalence NOT checked: {reason}")
     else:
         off = sum(r.get("xdiff_ok") is False for r in compared)
-        lines.append(f"* {pair} compared on {len(compared)} cases: "
-                     + ("all within the bound" if not off else f"{off} OUTSIDE the bound"))
+        lines.append(
+            f"* {pair} compared on {len(compared)} cases: "
+            + ("all within the bound" if not off else f"{off} OUTSIDE the bound")
+        )
     if not any(isinstance(r.get("us"), (int, float)) for r in rows):
-        lines.append("* timing SKIPPED: " + ("no GPU" if reduced or not m.get("timed", True) else "no row was timed")
-                     + " — no µs, roofline, speedup or router table")
+        lines.append(
+            "* timing SKIPPED: "
+            + ("no GPU" if reduced or not m.get("timed", True) else "no row was timed")
+            + " — no µs, roofline, speedup or router table"
+        )
     budget = [r for r in rows if str(r.get("status", "")).startswith(("skipped: time budget", "stopped: time budget"))]
     if budget:
-        lines.append(f"* time budget ({text(m.get('time_budget_s'))} s) spent: {_count_cases(budget)} of "
-                     f"{_count_cases(rows)} cases stopped or skipped")
+        lines.append(
+            f"* time budget ({text(m.get('time_budget_s'))} s) spent: {_count_cases(budget)} of "
+            f"{_count_cases(rows)} cases stopped or skipped"
+        )
     ptx = result.get("cute_ptx")
     if isinstance(ptx, dict) and ptx.get("status") == "ok":
-        lines.append(f"* the CuTe configs cute_moe would run, with their PTX WGMMA instructions: {ptx_where} "
-                     f"(section \"{PTX_SECTION}\"); one config's whole PTX: {FULL_PTX_COMMAND}")
+        lines.append(
+            f"* the CuTe configs cute_moe would run, with their PTX WGMMA instructions: {ptx_where} "
+            f'(section "{PTX_SECTION}"); one config\'s whole PTX: {FULL_PTX_COMMAND}'
+        )
     elif isinstance(ptx, dict):
         lines.append(f"* CuTe PTX listing: {ptx.get('status')}")
     elif reduced and KERNELS[0] in backends:

@@ -113,12 +113,14 @@ def parse_spec(text: str) -> KernelSpec:
     """The parts of a kernel spec; SpecError for a malformed one (nothing imported yet)."""
     target, colon, function = text.strip().rpartition(":")
     if not colon:
-        raise SpecError(text, "a kernel is given as module.path:function or path/to/file.py:function "
-                              "(no ':function' here)")
+        raise SpecError(
+            text, "a kernel is given as module.path:function or path/to/file.py:function (no ':function' here)"
+        )
     function, at, signature = function.partition("@")
     if at and signature.lower() not in SIGNATURES:
-        raise SpecError(text, f"unknown signature suffix '@{signature}'; known: "
-                              + ", ".join(f"@{s}" for s in SIGNATURES))
+        raise SpecError(
+            text, f"unknown signature suffix '@{signature}'; known: " + ", ".join(f"@{s}" for s in SIGNATURES)
+        )
     if not target or not function:
         raise SpecError(text, "empty module/file or function name")
     if not function.isidentifier():
@@ -163,7 +165,7 @@ def _import(spec: KernelSpec):
 
 
 def detect_signature(fn) -> str | None:
-    """"ours" (a ``quant`` parameter), "vllm" (first parameter ``hidden_states``, or ``use_fp8_w8a8`` /
+    """ "ours" (a ``quant`` parameter), "vllm" (first parameter ``hidden_states``, or ``use_fp8_w8a8`` /
     ``quant_config``), or None when it cannot be told (neither, both, or no readable signature)."""
     names = parameters(fn)
     vllm = bool(set(names) & set(VLLM_MARKERS)) or names[:1] == ("hidden_states",)
@@ -177,17 +179,23 @@ def resolve(text: str) -> tuple:
     module = _import(spec)
     if not hasattr(module, spec.function):
         public = sorted(n for n in vars(module) if not n.startswith("_") and callable(getattr(module, n)))
-        raise SpecError(text, f"{spec.target!r} has no attribute {spec.function!r}"
-                              + (f"; its functions: {', '.join(public[:8])}" if public else ""))
+        raise SpecError(
+            text,
+            f"{spec.target!r} has no attribute {spec.function!r}"
+            + (f"; its functions: {', '.join(public[:8])}" if public else ""),
+        )
     fn = getattr(module, spec.function)
     if not callable(fn):
         raise SpecError(text, f"{spec.target}:{spec.function} is not callable ({type(fn).__name__})")
     signature = spec.signature or detect_signature(fn)
     if signature is None:
-        raise SpecError(text, f"cannot tell the signature of {spec.function} from its parameters "
-                              f"({', '.join(parameters(fn)) or 'unreadable'}): append @ours (fused_moe(x, w1, w2, "
-                              "topk_weights, topk_ids, *, quant, w1_scale, w2_scale)) or @vllm (fused_experts("
-                              "hidden_states, w1, w2, topk_weights, topk_ids, ..., use_fp8_w8a8, ...))")
+        raise SpecError(
+            text,
+            f"cannot tell the signature of {spec.function} from its parameters "
+            f"({', '.join(parameters(fn)) or 'unreadable'}): append @ours (fused_moe(x, w1, w2, "
+            "topk_weights, topk_ids, *, quant, w1_scale, w2_scale)) or @vllm (fused_experts("
+            "hidden_states, w1, w2, topk_weights, topk_ids, ..., use_fp8_w8a8, ...))",
+        )
     return spec, fn, signature
 
 
@@ -225,6 +233,7 @@ def _checked(fn: Callable) -> Callable:
 
 def _ours(fn: Callable) -> Callable:
     """A user function with the contract's signature; scales it has no parameter for are not passed."""
+
     def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None):
         return fn(x, w1, w2, topk_weights, topk_ids, **takes(fn, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale))
 
@@ -260,16 +269,28 @@ def load_peer(name: str) -> ExternalBackend:
         entry = module.load()
     except Exception as exc:  # noqa: BLE001 - not installed, or installed without what the adapter calls
         first = (str(exc).strip().splitlines() or [""])[0]
-        return ExternalBackend(name, missing=f"not installed: {peer.entry} ({type(exc).__name__}: {first}; "
-                                             f"pip install {peer.package})"[:300], origin=origin)
+        return ExternalBackend(
+            name,
+            missing=f"not installed: {peer.entry} ({type(exc).__name__}: {first}; pip install {peer.package})"[:300],
+            origin=origin,
+        )
     try:
         adapted = module.make(entry)
     except Exception as exc:  # noqa: BLE001 - an installed release the adapter does not know
         first = (str(exc).strip().splitlines() or [""])[0]
-        return ExternalBackend(name, missing=f"adapter failed on this release of {peer.package}: "
-                                             f"{type(exc).__name__}: {first}"[:300], origin=origin)
-    return ExternalBackend(name, fused_moe=_checked(adapted.fused_moe), describe=_describe, origin=origin,
-                           converted=adapted.converted, check=_on_cuda(name) if peer.needs_cuda else None)
+        return ExternalBackend(
+            name,
+            missing=f"adapter failed on this release of {peer.package}: {type(exc).__name__}: {first}"[:300],
+            origin=origin,
+        )
+    return ExternalBackend(
+        name,
+        fused_moe=_checked(adapted.fused_moe),
+        describe=_describe,
+        origin=origin,
+        converted=adapted.converted,
+        check=_on_cuda(name) if peer.needs_cuda else None,
+    )
 
 
 _loaded: dict = {}
@@ -310,8 +331,11 @@ def measure(backend: Backend, case: Case) -> tuple:
     for name in written:
         getattr(case.inputs, name).copy_(before[name])
     if written:
-        fields = {**fields, "status": f"error: wrote into its input{'s' if len(written) > 1 else ''} "
-                                     f"{', '.join(written)} (put back for the backends after it)"}
+        fields = {
+            **fields,
+            "status": f"error: wrote into its input{'s' if len(written) > 1 else ''} "
+            f"{', '.join(written)} (put back for the backends after it)",
+        }
     if isinstance(backend, ExternalBackend):
         fields["converted"] = backend.converted(case.quant)
     return fields, out

@@ -85,8 +85,16 @@ def _inputs(shape: MoEShape, T: int, quant, weights, gen, device: str) -> dict:
     x = torch.randn(T, shape.hidden, generator=gen, device=device).to(torch.bfloat16)
     topk_weights, topk_ids = route(torch.randn(T, shape.num_experts, generator=gen, device=device), shape.top_k)
     w1, w2, w1_scale, w2_scale = weights
-    return dict(x=x, w1=w1, w2=w2, topk_weights=topk_weights, topk_ids=topk_ids, quant=quant,
-                w1_scale=w1_scale, w2_scale=w2_scale)
+    return dict(
+        x=x,
+        w1=w1,
+        w2=w2,
+        topk_weights=topk_weights,
+        topk_ids=topk_ids,
+        quant=quant,
+        w1_scale=w1_scale,
+        w2_scale=w2_scale,
+    )
 
 
 def _weights(shape: MoEShape, quant, device: str, real: bool):
@@ -156,25 +164,36 @@ def _case(backend: str, shape: MoEShape, quant, tokens, device: str) -> dict:
     except NotImplementedError as exc:
         return {**out, "status": f"not available: {exc}"}
     compiled_at = [r["T"] for r in rows if r["compiled"]]
-    out.update(warmup=report.as_dict(), per_T=rows, compilations_after_warmup=sum(r["compiled"] for r in rows),
-               compiled_at_T=compiled_at,
-               status="ok" if not compiled_at else f"FAIL: compiled after the warm-up at T = {compiled_at[:10]}")
+    out.update(
+        warmup=report.as_dict(),
+        per_T=rows,
+        compilations_after_warmup=sum(r["compiled"] for r in rows),
+        compiled_at_T=compiled_at,
+        status="ok" if not compiled_at else f"FAIL: compiled after the warm-up at T = {compiled_at[:10]}",
+    )
     if device == "cuda":
         first = sorted(rows, key=lambda r: r["first_ms"])
-        out.update(first_call_ms_max=first[-1]["first_ms"], first_call_ms_max_at_T=first[-1]["T"],
-                   first_call_ms_median=first[len(first) // 2]["first_ms"],
-                   second_call_ms_median=sorted(r["second_ms"] for r in rows)[len(rows) // 2])
+        out.update(
+            first_call_ms_max=first[-1]["first_ms"],
+            first_call_ms_max_at_T=first[-1]["T"],
+            first_call_ms_median=first[len(first) // 2]["first_ms"],
+            second_call_ms_median=sorted(r["second_ms"] for r in rows)[len(rows) // 2],
+        )
     return out
 
 
 def _worker(spec_json: str) -> None:
     """Entry of the case process: run one case, write its result JSON to ``spec["result"]``."""
     spec = json.loads(spec_json)
-    empty = all(not os.path.exists(d) or not os.listdir(d)
-                for d in (os.environ["TRITON_CACHE_DIR"], os.environ["CUTE_DSL_CACHE_DIR"]))
+    empty = all(
+        not os.path.exists(d) or not os.listdir(d)
+        for d in (os.environ["TRITON_CACHE_DIR"], os.environ["CUTE_DSL_CACHE_DIR"])
+    )
     shape = MoEShape(**spec["shape"])
-    result = {"caches_empty_at_start": empty, **_case(spec["backend"], shape, spec["quant"], spec["tokens"],
-                                                      spec["device"])}
+    result = {
+        "caches_empty_at_start": empty,
+        **_case(spec["backend"], shape, spec["quant"], spec["tokens"], spec["device"]),
+    }
     Path(spec["result"]).write_text(json.dumps(result))
 
 
@@ -186,22 +205,46 @@ def _shape(s) -> MoEShape:
 
 
 def _run_case(backend: str, shape: MoEShape, quant, tokens, device: str, timeout: float) -> dict:
-    base = {"backend": backend, "shape": shape.label, "quant": get_format(quant).label,
-            "tokens": len(tokens), "max_tokens": max(tokens)}
+    base = {
+        "backend": backend,
+        "shape": shape.label,
+        "quant": get_format(quant).label,
+        "tokens": len(tokens),
+        "max_tokens": max(tokens),
+    }
     with tempfile.TemporaryDirectory(prefix="warm_study_") as tmp:
-        env = dict(os.environ, TRITON_CACHE_DIR=os.path.join(tmp, "triton"),
-                   CUTE_DSL_CACHE_DIR=os.path.join(tmp, "cute"),
-                   PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+        env = dict(
+            os.environ,
+            TRITON_CACHE_DIR=os.path.join(tmp, "triton"),
+            CUTE_DSL_CACHE_DIR=os.path.join(tmp, "cute"),
+            PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+        )
         if device != "cuda":
             env["TRITON_INTERPRET"] = "1"
         result = os.path.join(tmp, "result.json")
-        spec = {"backend": backend, "shape": asdict(shape), "quant": quant, "tokens": list(tokens),
-                "device": device, "result": result}
+        spec = {
+            "backend": backend,
+            "shape": asdict(shape),
+            "quant": quant,
+            "tokens": list(tokens),
+            "device": device,
+            "result": result,
+        }
         start = time.perf_counter()
         try:
-            run = subprocess.run([sys.executable, "-c", "import sys; from compare.warm_study import _worker; "
-                                  "_worker(sys.argv[1])", json.dumps(spec)],
-                                 cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+            run = subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    "import sys; from compare.warm_study import _worker; _worker(sys.argv[1])",
+                    json.dumps(spec),
+                ],
+                cwd=REPO_ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
         except subprocess.TimeoutExpired:
             return {**base, "status": f"error: the case process ran over {timeout:.0f} s"}
         wall = round(time.perf_counter() - start, 2)
@@ -211,9 +254,17 @@ def _run_case(backend: str, shape: MoEShape, quant, tokens, device: str, timeout
         return {**base, "process_s": wall, **json.loads(Path(result).read_text())}
 
 
-def run_warm_study(shapes, quants, backends=BACKENDS, tokens=None, device: str = "cuda", *,
-                   timeout: float = CASE_TIMEOUT_S, command: str = "run_warm_study(...)",
-                   commit: str | None = None) -> dict:
+def run_warm_study(
+    shapes,
+    quants,
+    backends=BACKENDS,
+    tokens=None,
+    device: str = "cuda",
+    *,
+    timeout: float = CASE_TIMEOUT_S,
+    command: str = "run_warm_study(...)",
+    commit: str | None = None,
+) -> dict:
     """Warm-up cost and compilations after it, per (backend, shape, format), each case in a fresh
     process with empty caches (the module docstring). ``shapes``: catalog names or MoEShapes;
     ``quants``: contract values (None = bf16); ``tokens``: the T sweep (default
@@ -236,9 +287,13 @@ def run_warm_study(shapes, quants, backends=BACKENDS, tokens=None, device: str =
     start = time.perf_counter()
     cases = [_run_case(b, s, q, tokens, device, timeout) for b in backends for s in shapes for q in quants]
     meta = runinfo.run_info(command, cuda=device == "cuda", commit=commit)
-    meta.update(mode="gpu" if device == "cuda" else
-                "cpu (reduced): Triton dry run through the interpreter (keys, no latency), CuTe compiled to PTX",
-                tokens=tokens, wall_s=round(time.perf_counter() - start, 1))
+    meta.update(
+        mode="gpu"
+        if device == "cuda"
+        else "cpu (reduced): Triton dry run through the interpreter (keys, no latency), CuTe compiled to PTX",
+        tokens=tokens,
+        wall_s=round(time.perf_counter() - start, 1),
+    )
     return {"meta": meta, "cases": cases}
 
 
@@ -252,34 +307,49 @@ def _cell(v, fmt="{}"):
 def to_markdown(study: dict) -> str:
     m = study["meta"]
     t = m["tokens"]
-    lines = ["# Warm-up study: compile every kernel of a layer, then sweep T", "",
-             f"- date: {m['date']}", f"- device: {m['device']}", f"- commit: `{m['commit']}`",
-             f"- command: `{m['command']}`", f"- mode: {m['mode']}",
-             f"- T swept: {len(t)} values from {t[0]} to {t[-1]} (powers of two, 2ᵏ ± 1, odd values "
-             f"{(SWEEP_RATIO - 1) * 100:.0f} % apart); each case in a fresh process with empty Triton and CuTe caches",
-             "",
-             "| backend | shape | format | plans | kernels the warm-up compiled (dry run: would compile) | warm-up s "
-             "| import backend s "
-             "| compilations after warm-up | first call ms: max (at T) | median | second call ms median | status |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Warm-up study: compile every kernel of a layer, then sweep T",
+        "",
+        f"- date: {m['date']}",
+        f"- device: {m['device']}",
+        f"- commit: `{m['commit']}`",
+        f"- command: `{m['command']}`",
+        f"- mode: {m['mode']}",
+        f"- T swept: {len(t)} values from {t[0]} to {t[-1]} (powers of two, 2ᵏ ± 1, odd values "
+        f"{(SWEEP_RATIO - 1) * 100:.0f} % apart); each case in a fresh process with empty Triton and CuTe caches",
+        "",
+        "| backend | shape | format | plans | kernels the warm-up compiled (dry run: would compile) | warm-up s "
+        "| import backend s "
+        "| compilations after warm-up | first call ms: max (at T) | median | second call ms median | status |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for c in study["cases"]:
         w = c.get("warmup") or {}
         at = f" (T = {c['first_call_ms_max_at_T']})" if "first_call_ms_max_at_T" in c else ""
         dry = w.get("mode", "").startswith("dry run")
         seconds = "dry run" if dry else _cell(w.get("seconds"), "{:.2f}")
-        lines.append(f"| {c['backend']} | {c['shape']} | {c['quant']} | {_cell(w.get('plans') and len(w['plans']))} "
-                     f"| {_cell(w.get('compiled'))} | {seconds} | {_cell(c.get('import_s'))} "
-                     f"| {_cell(c.get('compilations_after_warmup'))} | {_cell(c.get('first_call_ms_max'))}{at} "
-                     f"| {_cell(c.get('first_call_ms_median'))} | {_cell(c.get('second_call_ms_median'))} "
-                     f"| {c['status']} |")
+        lines.append(
+            f"| {c['backend']} | {c['shape']} | {c['quant']} | {_cell(w.get('plans') and len(w['plans']))} "
+            f"| {_cell(w.get('compiled'))} | {seconds} | {_cell(c.get('import_s'))} "
+            f"| {_cell(c.get('compilations_after_warmup'))} | {_cell(c.get('first_call_ms_max'))}{at} "
+            f"| {_cell(c.get('first_call_ms_median'))} | {_cell(c.get('second_call_ms_median'))} "
+            f"| {c['status']} |"
+        )
     for c in study["cases"]:
         w = c.get("warmup")
         if not w:
             continue
-        lines += ["", f"## {c['backend']}, {c['shape']}, {c['quant']}: the warm-up's steps ({w['mode']})", "",
-                  "| step | kernels | seconds |", "|---|---|---|"]
-        lines += [f"| {s['what']} | {len(s['compiled'])}: {', '.join(s['compiled']) or '(cached)'} "
-                  f"| {s['seconds']:.3f} |" for s in w["steps"]]
+        lines += [
+            "",
+            f"## {c['backend']}, {c['shape']}, {c['quant']}: the warm-up's steps ({w['mode']})",
+            "",
+            "| step | kernels | seconds |",
+            "|---|---|---|",
+        ]
+        lines += [
+            f"| {s['what']} | {len(s['compiled'])}: {', '.join(s['compiled']) or '(cached)'} | {s['seconds']:.3f} |"
+            for s in w["steps"]
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -294,8 +364,16 @@ def count_kernels(shapes, quants, backends=BACKENDS, max_tokens: int = MAX_TOKEN
             for q in quants:
                 row = {"backend": b, "shape": s.label, "quant": get_format(q).label}
                 try:
-                    r = mod.warmup(s.num_experts, s.hidden, s.intermediate, s.top_k, q, max_tokens=max_tokens,
-                                   device=device, dry_run=True)
+                    r = mod.warmup(
+                        s.num_experts,
+                        s.hidden,
+                        s.intermediate,
+                        s.top_k,
+                        q,
+                        max_tokens=max_tokens,
+                        device=device,
+                        dry_run=True,
+                    )
                     row.update(plans=len(r.plans), kernels=r.count)
                 except NotImplementedError as exc:
                     row.update(plans=None, kernels=None, note=str(exc))
@@ -305,15 +383,23 @@ def count_kernels(shapes, quants, backends=BACKENDS, max_tokens: int = MAX_TOKEN
 
 def main(argv=None) -> int:
     ap = ArgumentParser(prog="python -m compare.warm_study", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shapes", default=None, help="catalog shapes, comma-separated (default: qwen3-30b-a3b on a "
-                                                   "GPU, a reduced layer on a CPU)")
-    ap.add_argument("--quants", default=None, help="bf16 and FP8 formats, comma-separated, or 'all' (default: bf16,"
-                                                   "fp8_tensor on a GPU, all on a CPU)")
+    ap.add_argument(
+        "--shapes",
+        default=None,
+        help="catalog shapes, comma-separated (default: qwen3-30b-a3b on a GPU, a reduced layer on a CPU)",
+    )
+    ap.add_argument(
+        "--quants",
+        default=None,
+        help="bf16 and FP8 formats, comma-separated, or 'all' (default: bf16,fp8_tensor on a GPU, all on a CPU)",
+    )
     ap.add_argument("--backends", default=",".join(BACKENDS))
-    ap.add_argument("--max-tokens", type=int, default=None, help=f"largest T (default {MAX_TOKENS}; CPU "
-                                                                 f"{CPU_MAX_TOKENS})")
-    ap.add_argument("--out", default=None, help="directory for warm_study.md and warm_study.json (required "
-                                                "unless --count)")
+    ap.add_argument(
+        "--max-tokens", type=int, default=None, help=f"largest T (default {MAX_TOKENS}; CPU {CPU_MAX_TOKENS})"
+    )
+    ap.add_argument(
+        "--out", default=None, help="directory for warm_study.md and warm_study.json (required unless --count)"
+    )
     ap.add_argument("--commit", default=None, help="commit to record [git rev-parse of this checkout]")
     ap.add_argument("--count", action="store_true", help="only print how many kernels each layer needs (no compile)")
     args = ap.parse_args(argv)
@@ -330,25 +416,40 @@ def main(argv=None) -> int:
     if any(b not in BACKENDS for b in backends):
         ap.error(f"--backends: expected some of {', '.join(BACKENDS)}, got {args.backends!r}")
     try:
-        shapes = ([get_shape(s) for s in args.shapes.split(",")] if args.shapes
-                  else [get_shape("qwen3-30b-a3b") if gpu else CPU_SHAPE])
+        shapes = (
+            [get_shape(s) for s in args.shapes.split(",")]
+            if args.shapes
+            else [get_shape("qwen3-30b-a3b") if gpu else CPU_SHAPE]
+        )
     except ValueError as exc:
         ap.error(f"--shapes: {exc}")
     max_tokens = args.max_tokens or (MAX_TOKENS if gpu else CPU_MAX_TOKENS)
     if max_tokens < 1:
         ap.error(f"--max-tokens: expected a positive int, got {max_tokens}")
     if args.count:
-        rule = (f"the tuned tables of this {torch.cuda.get_device_name()} where they exist, else the heuristic" if gpu
-                else "the heuristic (no GPU here; the tuned tables are per device)")
-        print(f"kernels each layer needs for T = 1…{max_tokens} (the warm-ups' dry runs, nothing compiled; "
-              f"Triton's tile rule: {rule})")
+        rule = (
+            f"the tuned tables of this {torch.cuda.get_device_name()} where they exist, else the heuristic"
+            if gpu
+            else "the heuristic (no GPU here; the tuned tables are per device)"
+        )
+        print(
+            f"kernels each layer needs for T = 1…{max_tokens} (the warm-ups' dry runs, nothing compiled; "
+            f"Triton's tile rule: {rule})"
+        )
         for r in count_kernels(shapes, quants, backends, max_tokens):
             what = f"{r['plans']} plans, {r['kernels']} kernels" if r["kernels"] is not None else r["note"]
             print(f"{r['backend']:10s} {r['shape']:18s} {r['quant']:11s} T = 1…{max_tokens}: {what}")
         return 0
     command = runinfo.command_line("python -m compare.warm_study", sys.argv[1:] if argv is None else argv)
-    study = run_warm_study(shapes, quants, backends, sweep_tokens(max_tokens), "cuda" if gpu else "cpu",
-                           command=command, commit=args.commit)
+    study = run_warm_study(
+        shapes,
+        quants,
+        backends,
+        sweep_tokens(max_tokens),
+        "cuda" if gpu else "cpu",
+        command=command,
+        commit=args.commit,
+    )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "warm_study.json").write_text(json.dumps(study, indent=1))

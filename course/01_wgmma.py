@@ -51,8 +51,9 @@ def ptx_owner(t: int, r: int) -> tuple[int, int]:
 
 def make_tiled_mma(n: int, dtype=BF16):
     """One warpgroup's WGMMA atom m64nNk16 (m64nNk32 for 8-bit types), both operands K-major."""
-    return sm90.make_trivial_tiled_mma(dtype, dtype, K_MAJOR.sm90_mma_major_mode(), K_MAJOR.sm90_mma_major_mode(),
-                                       F32, (1, 1, 1), tiler_mn=(64, n))
+    return sm90.make_trivial_tiled_mma(
+        dtype, dtype, K_MAJOR.sm90_mma_major_mode(), K_MAJOR.sm90_mma_major_mode(), F32, (1, 1, 1), tiler_mn=(64, n)
+    )
 
 
 def _flat(t):
@@ -102,12 +103,21 @@ class OneWgmma:
         # (rows, 16, 1 stage), swizzled atoms: the layout the matrix descriptor describes
         sa_layout = sm90.make_smem_layout_a(K_MAJOR, tile, BF16, 1)
         sb_layout = sm90.make_smem_layout_b(K_MAJOR, tile, BF16, 1)
-        self.kernel(a, b, c, owner, tiled_mma, sa_layout, sb_layout).launch(grid=[1, 1, 1], block=[128, 1, 1],
-                                                                             stream=stream)
+        self.kernel(a, b, c, owner, tiled_mma, sa_layout, sb_layout).launch(
+            grid=[1, 1, 1], block=[128, 1, 1], stream=stream
+        )
 
     @cute.kernel
-    def kernel(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, owner: cute.Tensor, tiled_mma: cute.TiledMma,
-               sa_layout: cute.ComposedLayout, sb_layout: cute.ComposedLayout):
+    def kernel(
+        self,
+        a: cute.Tensor,
+        b: cute.Tensor,
+        c: cute.Tensor,
+        owner: cute.Tensor,
+        tiled_mma: cute.TiledMma,
+        sa_layout: cute.ComposedLayout,
+        sb_layout: cute.ComposedLayout,
+    ):
         tidx, _, _ = cute.arch.thread_idx()
         smem = SmemAllocator()
         sA = smem.allocate_tensor(BF16, sa_layout.outer, byte_alignment=1024, swizzle=sa_layout.inner)  # (64, 16, 1)
@@ -160,8 +170,13 @@ def wgmma(a, b):
 
 def ptx(n: int = 64) -> str:
     """The step's PTX, compiled on the CPU from fake tensors."""
-    fakes = (course.fake(BF16, (64, 16)), course.fake(BF16, (n, 16)), course.fake(F32, (64, n)),
-             course.fake(I32, (64, n)), course.fake_stream())
+    fakes = (
+        course.fake(BF16, (64, 16)),
+        course.fake(BF16, (n, 16)),
+        course.fake(F32, (64, n)),
+        course.fake(I32, (64, n)),
+        course.fake_stream(),
+    )
     return course.compile_ptx(OneWgmma(n), *fakes)
 
 

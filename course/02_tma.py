@@ -61,11 +61,21 @@ class TmaGemm:
         self.stage_bytes = cute.size_in_bytes(BF16, box_a) + cute.size_in_bytes(BF16, box_b)
         grid = (cute.ceil_div(cute.size(c, mode=[0]), 64), cute.ceil_div(cute.size(c, mode=[1]), self.n), 1)
         self.kernel(tma_a, ma, tma_b, mb, c, tiled_mma, sa_layout, sb_layout).launch(
-            grid=grid, block=[128, 1, 1], stream=stream)
+            grid=grid, block=[128, 1, 1], stream=stream
+        )
 
     @cute.kernel
-    def kernel(self, tma_a: cute.CopyAtom, ma: cute.Tensor, tma_b: cute.CopyAtom, mb: cute.Tensor, c: cute.Tensor,
-               tiled_mma: cute.TiledMma, sa_layout: cute.ComposedLayout, sb_layout: cute.ComposedLayout):
+    def kernel(
+        self,
+        tma_a: cute.CopyAtom,
+        ma: cute.Tensor,
+        tma_b: cute.CopyAtom,
+        mb: cute.Tensor,
+        c: cute.Tensor,
+        tiled_mma: cute.TiledMma,
+        sa_layout: cute.ComposedLayout,
+        sb_layout: cute.ComposedLayout,
+    ):
         tidx, _, _ = cute.arch.thread_idx()
         bm, bn, _ = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -81,10 +91,12 @@ class TmaGemm:
         # (64, 64, M blocks, K blocks) → TMA view: (box, M blocks, K blocks); smem (box, stage)
         gA = cute.local_tile(ma, (64, TILE_K), (None, None))
         gB = cute.local_tile(mb, (self.n, TILE_K), (None, None))
-        tAsA, tAgA = cpasync.tma_partition(tma_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2),
-                                           cute.group_modes(gA, 0, 2))
-        tBsB, tBgB = cpasync.tma_partition(tma_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2),
-                                           cute.group_modes(gB, 0, 2))
+        tAsA, tAgA = cpasync.tma_partition(
+            tma_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2)
+        )
+        tBsB, tBgB = cpasync.tma_partition(
+            tma_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2)
+        )
         thr_mma = tiled_mma.get_slice(tidx)
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))  # (MMA, 1, 4, 1): 4 K16 slices, 1 stage
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
@@ -131,8 +143,12 @@ def gemm(a, b, n: int = 128):
 
 
 def ptx(n: int = 128) -> str:
-    fakes = (course.fake_matrix(BF16, 64, TILE_K), course.fake_matrix(BF16, n, TILE_K), course.fake_matrix(F32, 64, n),
-             course.fake_stream())
+    fakes = (
+        course.fake_matrix(BF16, 64, TILE_K),
+        course.fake_matrix(BF16, n, TILE_K),
+        course.fake_matrix(F32, 64, n),
+        course.fake_stream(),
+    )
     return course.compile_ptx(TmaGemm(n), *fakes)
 
 

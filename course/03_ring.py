@@ -108,8 +108,17 @@ class RingGemm:
         self.kernel(tma_a, ma, tma_b, mb, c, tiled_mma, sa, sb).launch(grid=grid, block=[256, 1, 1], stream=stream)
 
     @cute.kernel
-    def kernel(self, tma_a: cute.CopyAtom, ma: cute.Tensor, tma_b: cute.CopyAtom, mb: cute.Tensor, c: cute.Tensor,
-               tiled_mma: cute.TiledMma, sa: cute.ComposedLayout, sb: cute.ComposedLayout):
+    def kernel(
+        self,
+        tma_a: cute.CopyAtom,
+        ma: cute.Tensor,
+        tma_b: cute.CopyAtom,
+        mb: cute.Tensor,
+        c: cute.Tensor,
+        tiled_mma: cute.TiledMma,
+        sa: cute.ComposedLayout,
+        sb: cute.ComposedLayout,
+    ):
         tidx, _, _ = cute.arch.thread_idx()
         bm, bn, _ = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -125,10 +134,12 @@ class RingGemm:
         k_tiles = cute.size(gA, mode=[3])
 
         if warp == 0:  # ---- producer: one warp of warpgroup 0 ---------------------------------
-            tAsA, tAgA = cpasync.tma_partition(tma_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2),
-                                               cute.group_modes(gA, 0, 2))  # (box, stages), (box, M blk, K blk)
-            tBsB, tBgB = cpasync.tma_partition(tma_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2),
-                                               cute.group_modes(gB, 0, 2))
+            tAsA, tAgA = cpasync.tma_partition(
+                tma_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2)
+            )  # (box, stages), (box, M blk, K blk)
+            tBsB, tBgB = cpasync.tma_partition(
+                tma_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2)
+            )
             for k in range(k_tiles):
                 slot, full = ring_acquire(bars, self.stages, self.stage_bytes, k)
                 cute.copy(tma_a, tAgA[None, bm, k], tAsA[None, slot], tma_bar_ptr=full)
@@ -175,8 +186,12 @@ def gemm(a, b, n: int = 128, stages: int = 4):
 
 
 def ptx(n: int = 128, stages: int = 4) -> str:
-    fakes = (course.fake_matrix(BF16, 64, TILE_K), course.fake_matrix(BF16, n, TILE_K), course.fake_matrix(F32, 64, n),
-             course.fake_stream())
+    fakes = (
+        course.fake_matrix(BF16, 64, TILE_K),
+        course.fake_matrix(BF16, n, TILE_K),
+        course.fake_matrix(F32, 64, n),
+        course.fake_stream(),
+    )
     return course.compile_ptx(RingGemm(n, stages), *fakes)
 
 

@@ -40,8 +40,12 @@ from cutlass.memory import SmemAllocator
 
 BF16, F32 = cutlass.BFloat16, cutlass.Float32
 STEP3 = course.load("03_ring")
-ring_init, ring_acquire, ring_wait_full, ring_release = (STEP3.ring_init, STEP3.ring_acquire, STEP3.ring_wait_full,
-                                                          STEP3.ring_release)
+ring_init, ring_acquire, ring_wait_full, ring_release = (
+    STEP3.ring_init,
+    STEP3.ring_acquire,
+    STEP3.ring_wait_full,
+    STEP3.ring_release,
+)
 TILE_K = STEP3.TILE_K
 PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232
 REGISTER_FILE = 65536  # 32-bit registers per SM (CUDA C++ Programming Guide, compute capability 9.0)
@@ -79,8 +83,17 @@ class SpecializedGemm:
         self.kernel(tma_a, ma, tma_b, mb, c, tiled_mma, sa, sb).launch(grid=grid, block=[384, 1, 1], stream=stream)
 
     @cute.kernel
-    def kernel(self, tma_a: cute.CopyAtom, ma: cute.Tensor, tma_b: cute.CopyAtom, mb: cute.Tensor, c: cute.Tensor,
-               tiled_mma: cute.TiledMma, sa: cute.ComposedLayout, sb: cute.ComposedLayout):
+    def kernel(
+        self,
+        tma_a: cute.CopyAtom,
+        ma: cute.Tensor,
+        tma_b: cute.CopyAtom,
+        mb: cute.Tensor,
+        c: cute.Tensor,
+        tiled_mma: cute.TiledMma,
+        sa: cute.ComposedLayout,
+        sb: cute.ComposedLayout,
+    ):
         tidx, _, _ = cute.arch.thread_idx()
         bm, bn, _ = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -98,10 +111,12 @@ class SpecializedGemm:
         if tidx < 128:  # ---- producer warpgroup: gives its registers back ----------------------
             cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
         if warp == 0:  # one warp issues the loads
-            tAsA, tAgA = cpasync.tma_partition(tma_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2),
-                                               cute.group_modes(gA, 0, 2))  # (box, stages), (box, M blk, K blk)
-            tBsB, tBgB = cpasync.tma_partition(tma_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2),
-                                               cute.group_modes(gB, 0, 2))
+            tAsA, tAgA = cpasync.tma_partition(
+                tma_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2)
+            )  # (box, stages), (box, M blk, K blk)
+            tBsB, tBgB = cpasync.tma_partition(
+                tma_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2)
+            )
             for k in range(k_tiles):
                 slot, full = ring_acquire(bars, self.stages, self.stage_bytes, k)
                 cute.copy(tma_a, tAgA[None, bm, k], tAsA[None, slot], tma_bar_ptr=full)
@@ -149,8 +164,12 @@ def gemm(a, b, n: int = 256, stages: int = 4):
 
 
 def ptx(n: int = 256, stages: int = 4) -> str:
-    fakes = (course.fake_matrix(BF16, 128, TILE_K), course.fake_matrix(BF16, n, TILE_K),
-             course.fake_matrix(F32, 128, n), course.fake_stream())
+    fakes = (
+        course.fake_matrix(BF16, 128, TILE_K),
+        course.fake_matrix(BF16, n, TILE_K),
+        course.fake_matrix(F32, 128, n),
+        course.fake_stream(),
+    )
     return course.compile_ptx(SpecializedGemm(n, stages), *fakes)
 
 

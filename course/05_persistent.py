@@ -30,8 +30,12 @@ from cutlass.memory import SmemAllocator
 
 BF16, F32 = cutlass.BFloat16, cutlass.Float32
 STEP3 = course.load("03_ring")
-ring_init, ring_acquire, ring_wait_full, ring_release = (STEP3.ring_init, STEP3.ring_acquire, STEP3.ring_wait_full,
-                                                          STEP3.ring_release)
+ring_init, ring_acquire, ring_wait_full, ring_release = (
+    STEP3.ring_init,
+    STEP3.ring_acquire,
+    STEP3.ring_wait_full,
+    STEP3.ring_release,
+)
 STEP4 = course.load("04_setmaxnreg")
 TILE_K, PRODUCER_REGISTERS, CONSUMER_REGISTERS = STEP3.TILE_K, STEP4.PRODUCER_REGISTERS, STEP4.CONSUMER_REGISTERS
 H200_SMS = 132
@@ -69,12 +73,22 @@ class PersistentGemm:
         tma_a, ma = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), a, box_a, (128, TILE_K))
         tma_b, mb = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), b, box_b, (self.n, TILE_K))
         self.stage_bytes = cute.size_in_bytes(BF16, box_a) + cute.size_in_bytes(BF16, box_b)
-        self.kernel(tma_a, ma, tma_b, mb, c, tiled_mma, sa, sb).launch(grid=[self.ctas, 1, 1], block=[384, 1, 1],
-                                                                        stream=stream)
+        self.kernel(tma_a, ma, tma_b, mb, c, tiled_mma, sa, sb).launch(
+            grid=[self.ctas, 1, 1], block=[384, 1, 1], stream=stream
+        )
 
     @cute.kernel
-    def kernel(self, tma_a: cute.CopyAtom, ma: cute.Tensor, tma_b: cute.CopyAtom, mb: cute.Tensor, c: cute.Tensor,
-               tiled_mma: cute.TiledMma, sa: cute.ComposedLayout, sb: cute.ComposedLayout):
+    def kernel(
+        self,
+        tma_a: cute.CopyAtom,
+        ma: cute.Tensor,
+        tma_b: cute.CopyAtom,
+        mb: cute.Tensor,
+        c: cute.Tensor,
+        tiled_mma: cute.TiledMma,
+        sa: cute.ComposedLayout,
+        sb: cute.ComposedLayout,
+    ):
         tidx, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -94,10 +108,12 @@ class PersistentGemm:
         if tidx < 128:  # ---- producer warpgroup: gives its registers back ----------------------
             cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
         if warp == 0:  # one warp issues the loads
-            tAsA, tAgA = cpasync.tma_partition(tma_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2),
-                                               cute.group_modes(gA, 0, 2))  # (box, stages), (box, M blk, K blk)
-            tBsB, tBgB = cpasync.tma_partition(tma_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2),
-                                               cute.group_modes(gB, 0, 2))
+            tAsA, tAgA = cpasync.tma_partition(
+                tma_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2)
+            )  # (box, stages), (box, M blk, K blk)
+            tBsB, tBgB = cpasync.tma_partition(
+                tma_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2)
+            )
             step = cutlass.Int32(0)  # K steps over the CTA's life: the ring's position
             for tile in range(cta, num_tiles, self.ctas):
                 bm, bn = tile_coordinates(tile, m_blocks, n_blocks, self.group)
@@ -163,8 +179,12 @@ def gemm(a, b, n: int = 256, stages: int = 4, ctas: int | None = None, group: in
 
 
 def ptx(n: int = 256, stages: int = 4, ctas: int = H200_SMS, group: int = 8) -> str:
-    fakes = (course.fake_matrix(BF16, 128, TILE_K), course.fake_matrix(BF16, n, TILE_K),
-             course.fake_matrix(F32, 128, n), course.fake_stream())
+    fakes = (
+        course.fake_matrix(BF16, 128, TILE_K),
+        course.fake_matrix(BF16, n, TILE_K),
+        course.fake_matrix(F32, 128, n),
+        course.fake_stream(),
+    )
     return course.compile_ptx(PersistentGemm(n, stages, ctas, group), *fakes)
 
 

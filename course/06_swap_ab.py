@@ -56,9 +56,16 @@ def swap_ab_choice(tokens: int) -> dict:
 
     normal, swapped = bucket(path_rule(swap_ab=False))[2], bucket(path_rule(swap_ab=True))[2]
     rows, cols = -(-tokens // normal) * normal, -(-tokens // swapped) * swapped
-    return {"swap": bucket(path_rule())[1], "threshold": SWAP_AB_MAX_TOKENS_PER_EXPERT,
-            "normal_tile": normal, "normal_token_rows": rows, "normal_padding": rows - tokens,
-            "swapped_tile": swapped, "swapped_token_cols": cols, "swapped_padding": cols - tokens}
+    return {
+        "swap": bucket(path_rule())[1],
+        "threshold": SWAP_AB_MAX_TOKENS_PER_EXPERT,
+        "normal_tile": normal,
+        "normal_token_rows": rows,
+        "normal_padding": rows - tokens,
+        "swapped_tile": swapped,
+        "swapped_token_cols": cols,
+        "swapped_padding": cols - tokens,
+    }
 
 
 class SwapAbGemm(STEP5.PersistentGemm):
@@ -101,8 +108,12 @@ def linear_swap_ab(x, w, stages: int = 6, ctas: int | None = None):
 
 def ptx(tokens: int = 2, stages: int = 6, ctas: int = STEP5.H200_SMS) -> str:
     n = token_tile(tokens)
-    fakes = (course.fake_matrix(BF16, 128, TILE_K), course.fake_matrix(BF16, 1, TILE_K),
-             course.fake_matrix(F32, 128, 1, row_major=False), course.fake_stream())
+    fakes = (
+        course.fake_matrix(BF16, 128, TILE_K),
+        course.fake_matrix(BF16, 1, TILE_K),
+        course.fake_matrix(F32, 128, 1, row_major=False),
+        course.fake_stream(),
+    )
     return course.compile_ptx(SwapAbGemm(n, stages, ctas), *fakes)
 
 

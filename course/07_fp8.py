@@ -54,12 +54,23 @@ class Fp8Gemm:
         tma_b, mb = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), b, box_b, (self.n, TILE_K))
         self.stage_bytes = cute.size_in_bytes(E4M3, box_a) + cute.size_in_bytes(E4M3, box_b)
         grid = (cute.ceil_div(cute.size(c, mode=[0]), 128), cute.ceil_div(cute.size(c, mode=[1]), self.n), 1)
-        self.kernel(tma_a, ma, tma_b, mb, c, scale, tiled_mma, sa, sb).launch(grid=grid, block=[384, 1, 1],
-                                                                               stream=stream)
+        self.kernel(tma_a, ma, tma_b, mb, c, scale, tiled_mma, sa, sb).launch(
+            grid=grid, block=[384, 1, 1], stream=stream
+        )
 
     @cute.kernel
-    def kernel(self, tma_a: cute.CopyAtom, ma: cute.Tensor, tma_b: cute.CopyAtom, mb: cute.Tensor, c: cute.Tensor,
-               scale: cute.Tensor, tiled_mma: cute.TiledMma, sa: cute.ComposedLayout, sb: cute.ComposedLayout):
+    def kernel(
+        self,
+        tma_a: cute.CopyAtom,
+        ma: cute.Tensor,
+        tma_b: cute.CopyAtom,
+        mb: cute.Tensor,
+        c: cute.Tensor,
+        scale: cute.Tensor,
+        tiled_mma: cute.TiledMma,
+        sa: cute.ComposedLayout,
+        sb: cute.ComposedLayout,
+    ):
         tidx, _, _ = cute.arch.thread_idx()
         bm, bn, _ = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -77,10 +88,12 @@ class Fp8Gemm:
         if tidx < 128:
             cute.arch.setmaxregister_decrease(STEP4.PRODUCER_REGISTERS)
         if warp == 0:  # the producer is step 4's, with 1-byte elements
-            tAsA, tAgA = cpasync.tma_partition(tma_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2),
-                                               cute.group_modes(gA, 0, 2))
-            tBsB, tBgB = cpasync.tma_partition(tma_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2),
-                                               cute.group_modes(gB, 0, 2))
+            tAsA, tAgA = cpasync.tma_partition(
+                tma_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2)
+            )
+            tBsB, tBgB = cpasync.tma_partition(
+                tma_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2)
+            )
             for k in range(k_tiles):
                 slot, full = STEP3.ring_acquire(bars, self.stages, self.stage_bytes, k)
                 cute.copy(tma_a, tAgA[None, bm, k], tAsA[None, slot], tma_bar_ptr=full)
@@ -136,8 +149,13 @@ def ptx(n: int = 128, stages: int = 4) -> str:
     from cutlass.cute.runtime import make_fake_compact_tensor
 
     scale = make_fake_compact_tensor(F32, (cute.sym_int(),), assumed_align=4)
-    fakes = (course.fake_matrix(E4M3, 128, TILE_K), course.fake_matrix(E4M3, n, TILE_K),
-             course.fake_matrix(F32, 128, n), scale, course.fake_stream())
+    fakes = (
+        course.fake_matrix(E4M3, 128, TILE_K),
+        course.fake_matrix(E4M3, n, TILE_K),
+        course.fake_matrix(F32, 128, n),
+        scale,
+        course.fake_stream(),
+    )
     return course.compile_ptx(Fp8Gemm(n, stages), *fakes)
 
 

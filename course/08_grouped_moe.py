@@ -37,8 +37,12 @@ from cutlass.memory import SmemAllocator
 
 BF16, F32 = cutlass.BFloat16, cutlass.Float32
 STEP3 = course.load("03_ring")
-ring_init, ring_acquire, ring_wait_full, ring_release = (STEP3.ring_init, STEP3.ring_acquire, STEP3.ring_wait_full,
-                                                          STEP3.ring_release)
+ring_init, ring_acquire, ring_wait_full, ring_release = (
+    STEP3.ring_init,
+    STEP3.ring_acquire,
+    STEP3.ring_wait_full,
+    STEP3.ring_release,
+)
 STEP4 = course.load("04_setmaxnreg")
 STEP5 = course.load("05_persistent")
 tile_coordinates, H200_SMS = STEP5.tile_coordinates, STEP5.H200_SMS
@@ -70,8 +74,9 @@ class GroupedGemm(STEP5.PersistentGemm):
     step 5's arguments (n, stages, ctas, group) and epilogue (``store_tile``)."""
 
     @cute.jit
-    def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, block_expert: cute.Tensor,
-                 num_blocks: cute.Tensor, stream):
+    def __call__(
+        self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, block_expert: cute.Tensor, num_blocks: cute.Tensor, stream
+    ):
         k_major = STEP3.STEP1.K_MAJOR.sm90_mma_major_mode()
         tiled_mma = sm90.make_trivial_tiled_mma(BF16, BF16, k_major, k_major, F32, (2, 1, 1), tiler_mn=(64, self.n))
         sa, sb, box_a, box_b = STEP3.smem_layouts(128, self.n, self.stages)
@@ -79,12 +84,23 @@ class GroupedGemm(STEP5.PersistentGemm):
         tma_b, mb = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), b, box_b, (self.n, TILE_K))
         self.stage_bytes = cute.size_in_bytes(BF16, box_a) + cute.size_in_bytes(BF16, box_b)
         self.kernel(tma_a, ma, tma_b, mb, c, block_expert, num_blocks, tiled_mma, sa, sb).launch(
-            grid=[self.ctas, 1, 1], block=[384, 1, 1], stream=stream)
+            grid=[self.ctas, 1, 1], block=[384, 1, 1], stream=stream
+        )
 
     @cute.kernel
-    def kernel(self, tma_a: cute.CopyAtom, ma: cute.Tensor, tma_b: cute.CopyAtom, mb: cute.Tensor, c: cute.Tensor,
-               block_expert: cute.Tensor, num_blocks: cute.Tensor, tiled_mma: cute.TiledMma,
-               sa: cute.ComposedLayout, sb: cute.ComposedLayout):
+    def kernel(
+        self,
+        tma_a: cute.CopyAtom,
+        ma: cute.Tensor,
+        tma_b: cute.CopyAtom,
+        mb: cute.Tensor,
+        c: cute.Tensor,
+        block_expert: cute.Tensor,
+        num_blocks: cute.Tensor,
+        tiled_mma: cute.TiledMma,
+        sa: cute.ComposedLayout,
+        sb: cute.ComposedLayout,
+    ):
         tidx, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -104,10 +120,12 @@ class GroupedGemm(STEP5.PersistentGemm):
         if tidx < 128:  # ---- producer warpgroup: gives its registers back ----------------------
             cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
         if warp == 0:  # one warp issues the loads
-            tAsA, tAgA = cpasync.tma_partition(tma_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2),
-                                               cute.group_modes(gA, 0, 2))  # (box, stages), (box, token blk, K blk)
-            tBsB, tBgB = cpasync.tma_partition(tma_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2),
-                                               cute.group_modes(gB, 0, 2))
+            tAsA, tAgA = cpasync.tma_partition(
+                tma_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2)
+            )  # (box, stages), (box, token blk, K blk)
+            tBsB, tBgB = cpasync.tma_partition(
+                tma_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2)
+            )
             step = cutlass.Int32(0)  # K steps over the CTA's life: the ring's position
             for tile in range(cta, num_tiles, self.ctas):
                 bm, bn = tile_coordinates(tile, m_blocks, n_blocks, self.group)
@@ -155,8 +173,10 @@ def moe_gemm(x, w, expert_of_token, n: int = 256, stages: int = 4, ctas: int | N
     import torch
 
     course.require(x.dtype == w.dtype == torch.bfloat16, "x, w: bfloat16")
-    course.require(w.dim() == 3 and x.shape[1] == w.shape[2] and x.shape[1] % TILE_K == 0,
-                   f"x [T, K], w [E, N, K]: K equal, a multiple of {TILE_K}")
+    course.require(
+        w.dim() == 3 and x.shape[1] == w.shape[2] and x.shape[1] % TILE_K == 0,
+        f"x [T, K], w [E, N, K]: K equal, a multiple of {TILE_K}",
+    )
     course.require(w.shape[1] % n == 0, f"w: N a multiple of {n}, got {w.shape[1]}")
     course.require(expert_of_token.shape == (x.shape[0],), "expert_of_token: one expert per token")
     row_of_token, block_expert, blocks = sort_by_expert(expert_of_token, w.shape[0])
@@ -164,8 +184,14 @@ def moe_gemm(x, w, expert_of_token, n: int = 256, stages: int = 4, ctas: int | N
     xs[row_of_token] = x
     c = torch.empty(blocks * TILE_M, w.shape[1], dtype=torch.float32, device=x.device)
     num_blocks = torch.tensor([blocks], dtype=torch.int32, device=x.device)
-    args = [course.to_cute(xs, 1), course.to_cute(w.permute(1, 2, 0), 1), course.to_cute(c, 1),
-            course.to_cute(block_expert, 0), course.to_cute(num_blocks, 0), course.stream()]
+    args = [
+        course.to_cute(xs, 1),
+        course.to_cute(w.permute(1, 2, 0), 1),
+        course.to_cute(c, 1),
+        course.to_cute(block_expert, 0),
+        course.to_cute(num_blocks, 0),
+        course.stream(),
+    ]
     ctas = ctas or torch.cuda.get_device_properties(x.device).multi_processor_count
     key = (n, stages, ctas)
     if key not in _compiled:
@@ -178,12 +204,20 @@ def ptx(n: int = 256, stages: int = 4, ctas: int = H200_SMS) -> str:
     from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_tensor
 
     k = cute.sym_int(divisibility=TILE_K)
-    w = make_fake_tensor(BF16, (cute.sym_int(divisibility=n), k, cute.sym_int()),
-                         stride=(cute.sym_int64(divisibility=TILE_K), 1, cute.sym_int64(divisibility=TILE_K)),
-                         assumed_align=16)  # w [E, N, K] seen as (N, K, E)
+    w = make_fake_tensor(
+        BF16,
+        (cute.sym_int(divisibility=n), k, cute.sym_int()),
+        stride=(cute.sym_int64(divisibility=TILE_K), 1, cute.sym_int64(divisibility=TILE_K)),
+        assumed_align=16,
+    )  # w [E, N, K] seen as (N, K, E)
     vector = [make_fake_compact_tensor(cutlass.Int32, (cute.sym_int(),), assumed_align=4) for _ in range(2)]
-    fakes = (course.fake_matrix(BF16, TILE_M, TILE_K), w, course.fake_matrix(F32, TILE_M, n), *vector,
-             course.fake_stream())
+    fakes = (
+        course.fake_matrix(BF16, TILE_M, TILE_K),
+        w,
+        course.fake_matrix(F32, TILE_M, n),
+        *vector,
+        course.fake_stream(),
+    )
     return course.compile_ptx(GroupedGemm(n, stages, ctas), *fakes)
 
 
@@ -193,5 +227,6 @@ if __name__ == "__main__":
     if torch.cuda.is_available():
         x, w = torch.randn(4096, 4096, device="cuda").bfloat16(), torch.randn(8, 4096, 4096, device="cuda").bfloat16()
         experts = torch.randint(0, 8, (4096,), device="cuda")
-    course.bench_main("08 grouped by expert, 4096 tokens x 8 experts x 4096 x 4096",
-                      lambda: moe_gemm(x, w, experts), 2 * 4096**3)
+    course.bench_main(
+        "08 grouped by expert, 4096 tokens x 8 experts x 4096 x 4096", lambda: moe_gemm(x, w, experts), 2 * 4096**3
+    )

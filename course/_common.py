@@ -57,10 +57,12 @@ def fake_matrix(dtype, rows_divisible_by: int, cols_divisible_by: int, row_major
 
     rows, cols = cute.sym_int(divisibility=rows_divisible_by), cute.sym_int(divisibility=cols_divisible_by)
     if row_major:
-        return make_fake_tensor(dtype, (rows, cols), stride=(cute.sym_int64(divisibility=cols_divisible_by), 1),
-                                assumed_align=16)
-    return make_fake_tensor(dtype, (rows, cols), stride=(1, cute.sym_int64(divisibility=rows_divisible_by)),
-                            assumed_align=16)
+        return make_fake_tensor(
+            dtype, (rows, cols), stride=(cute.sym_int64(divisibility=cols_divisible_by), 1), assumed_align=16
+        )
+    return make_fake_tensor(
+        dtype, (rows, cols), stride=(1, cute.sym_int64(divisibility=rows_divisible_by)), assumed_align=16
+    )
 
 
 def fake_stream():

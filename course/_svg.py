@@ -6,11 +6,13 @@ from __future__ import annotations
 from html import escape
 
 COLOURS = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#999999")
-CSS = ("text{font-family:DejaVu Sans Mono,Menlo,monospace;font-size:11px;fill:#222}.c{text-anchor:middle}"
-       ".t{font-size:14px;font-weight:bold}.s{font-size:10px;fill:#555}.l{font-size:8px}"
-       ".frame{fill:none;stroke:#333}.hi{fill:none;stroke:#c00;stroke-width:2}.ln{stroke:#555;stroke-width:1}"
-       ".ev{font-size:9px;text-anchor:middle}.idle{fill:#eee}"
-       + "".join(f".w{i}{{fill:{c}}}" for i, c in enumerate(COLOURS)))
+CSS = (
+    "text{font-family:DejaVu Sans Mono,Menlo,monospace;font-size:11px;fill:#222}.c{text-anchor:middle}"
+    ".t{font-size:14px;font-weight:bold}.s{font-size:10px;fill:#555}.l{font-size:8px}"
+    ".frame{fill:none;stroke:#333}.hi{fill:none;stroke:#c00;stroke-width:2}.ln{stroke:#555;stroke-width:1}"
+    ".ev{font-size:9px;text-anchor:middle}.idle{fill:#eee}"
+    + "".join(f".w{i}{{fill:{c}}}" for i, c in enumerate(COLOURS))
+)
 
 
 def _num(v) -> str:
@@ -49,7 +51,18 @@ class Svg:
 
     def render(self) -> str:
         w, h = _num(self.width), _num(self.height)
-        head = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}"'
-                f'{_attrs(self.data)}>')
-        return "\n".join([head, f"<title>{escape(self.title)}</title>", f"<style>{CSS}</style>",
-                          f'<rect width="{w}" height="{h}" fill="#fff"/>', *self.parts, "</svg>", ""])
+        head = (
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}"'
+            f"{_attrs(self.data)}>"
+        )
+        return "\n".join(
+            [
+                head,
+                f"<title>{escape(self.title)}</title>",
+                f"<style>{CSS}</style>",
+                f'<rect width="{w}" height="{h}" fill="#fff"/>',
+                *self.parts,
+                "</svg>",
+                "",
+            ]
+        )

@@ -14,8 +14,12 @@ from pathlib import Path
 import _common as course
 
 FIELDS = (  # PTX ISA, "Matrix Descriptor Format" (wgmma): name, first bit, width, unit
-    ("start address", 0, 14, "16 B"), ("leading dimension byte offset", 16, 14, "16 B"),
-    ("stride dimension byte offset", 32, 14, "16 B"), ("base offset", 49, 3, ""), ("swizzle mode", 62, 2, ""))
+    ("start address", 0, 14, "16 B"),
+    ("leading dimension byte offset", 16, 14, "16 B"),
+    ("stride dimension byte offset", 32, 14, "16 B"),
+    ("base offset", 49, 3, ""),
+    ("swizzle mode", 62, 2, ""),
+)
 SWIZZLE = {0: "none", 1: "128-byte", 2: "64-byte", 3: "32-byte"}
 
 
@@ -32,8 +36,12 @@ def decode_descriptor(desc: int) -> dict:
 def descriptor_in_ptx(ptx: str) -> tuple[int, list[int]]:
     """The constant part of the A operand's descriptor in a step's PTX (``or.b64 …, CONST``) and the
     increments ORed into its start address for the K slices of one stage."""
-    m = re.search(r"or\.b64\s+%rd\d+, %rd\d+, (\d+);\s*mov\.b64\s+\{(%r\d+), %r\d+\}, %rd\d+;\s*add\.s32\s+(%r\d+), "
-                  r"%r\d+, \2;(.*?)wgmma", ptx, re.S)
+    m = re.search(
+        r"or\.b64\s+%rd\d+, %rd\d+, (\d+);\s*mov\.b64\s+\{(%r\d+), %r\d+\}, %rd\d+;\s*add\.s32\s+(%r\d+), "
+        r"%r\d+, \2;(.*?)wgmma",
+        ptx,
+        re.S,
+    )
     steps = sorted(int(s) for s in re.findall(rf"or\.b32\s+%r\d+, {re.escape(m.group(3))}, (\d+);", m.group(4)))
     return int(m.group(1)), steps
 
@@ -52,15 +60,34 @@ def answers() -> dict:
     producer_k9, consumer_k9 = s3.ring_position(9, 4)[1] ^ 1, s3.ring_position(9, 4)[1]
     return {
         "descriptor": {"value": desc, "fields": decode_descriptor(desc), "k_steps": k_steps},
-        "owner": {"m": m, "n": n, "N": 64, "thread": owner[0], "register": owner[1], "derived_lane": lane,
-                  "derived_thread": 32 * (m // 16) + lane,
-                  "derived_register": 4 * (n // 8) + 2 * (m % 16 // 8) + n % 2},
-        "stages": {"capacity": capacity, "barriers": barriers, "stage_bytes": stage,
-                   "stages": (capacity - barriers) // stage},
-        "parity": {"k": 9, "stages": 4, "slot": s3.ring_position(9, 4)[0], "consumer": consumer_k9,
-                   "producer": producer_k9},
-        "registers": {"ok": s4.register_budget(40, 232, 2), "greedy": s4.register_budget(40, 240, 2),
-                      "three": s4.register_budget(24, 160, 3)},
+        "owner": {
+            "m": m,
+            "n": n,
+            "N": 64,
+            "thread": owner[0],
+            "register": owner[1],
+            "derived_lane": lane,
+            "derived_thread": 32 * (m // 16) + lane,
+            "derived_register": 4 * (n // 8) + 2 * (m % 16 // 8) + n % 2,
+        },
+        "stages": {
+            "capacity": capacity,
+            "barriers": barriers,
+            "stage_bytes": stage,
+            "stages": (capacity - barriers) // stage,
+        },
+        "parity": {
+            "k": 9,
+            "stages": 4,
+            "slot": s3.ring_position(9, 4)[0],
+            "consumer": consumer_k9,
+            "producer": producer_k9,
+        },
+        "registers": {
+            "ok": s4.register_budget(40, 232, 2),
+            "greedy": s4.register_budget(40, 240, 2),
+            "three": s4.register_budget(24, 160, 3),
+        },
         "swap": {t: s6.swap_ab_choice(t) for t in (4, 64, 96)},
     }
 
@@ -79,7 +106,7 @@ def render(a: dict | None = None) -> str:
         "## 1. Decode a matrix descriptor (step 4)",
         "",
         f"Step 4's PTX builds the A descriptor by ORing the constant `{d['value']:#018x}` into the start",
-        "address. Decode it with the PTX ISA's \"Matrix Descriptor Format\" (bits 0–13 start address,",
+        'address. Decode it with the PTX ISA\'s "Matrix Descriptor Format" (bits 0–13 start address,',
         "16–29 leading-dimension byte offset, 32–45 stride-dimension byte offset, all three in units of",
         "16 bytes; 49–51 base offset; 62–63 swizzle mode: 0 none, 1 128-byte, 2 64-byte, 3 32-byte).",
         "",
@@ -87,7 +114,7 @@ def render(a: dict | None = None) -> str:
         f"{f['stride dimension byte offset']} bytes (from one 8-row group of core matrices to the next along M:",
         f"8 rows × 128 bytes); leading byte offset field {f['leading dimension byte offset'] // 16}: for a"
         " K-major swizzled",
-        "layout the ISA does not use it (\"assumed to be 1\"), since one WGMMA's K16 slice, 32 bytes, lies inside",
+        'layout the ISA does not use it ("assumed to be 1"), since one WGMMA\'s K16 slice, 32 bytes, lies inside',
         "one 128-byte swizzled row;",
         f"base offset {f['base offset']} (the buffer is 1024-byte aligned); start address",
         f"{f['start address']}: it is ORed in at run time. The first WGMMA of a stage takes that address; the other",
@@ -110,7 +137,7 @@ def render(a: dict | None = None) -> str:
         "## 3. Fit stages to the shared-memory budget (steps 3–5)",
         "",
         f"A 128 × 256 tile with 64 of K per stage (bf16): how many stages fit in {st['capacity']:,} bytes",
-        "(`cutlass.memory.get_smem_capacity_in_bytes(\"sm_90\")`), with 1 KB for the barriers?",
+        '(`cutlass.memory.get_smem_capacity_in_bytes("sm_90")`), with 1 KB for the barriers?',
         "",
         f"**Answer.** One stage is (128 + 256) · 64 · 2 = {st['stage_bytes']:,} bytes;",
         f"({st['capacity']:,} − 1,024) / {st['stage_bytes']:,} → **{st['stages']} stages**."
@@ -151,9 +178,11 @@ def render(a: dict | None = None) -> str:
     ]
     for t, c in sw.items():
         verdict = "swap" if c["swap"] else "do not swap"
-        lines.append(f"* **{t} tokens: {verdict}.** Normal path: tiles of {c['normal_tile']} rows cover "
-                     f"{c['normal_token_rows']}, {c['normal_padding']} of them padding; swapped: tiles of N = "
-                     f"{c['swapped_tile']} cover {c['swapped_token_cols']} columns, {c['swapped_padding']} padding.")
+        lines.append(
+            f"* **{t} tokens: {verdict}.** Normal path: tiles of {c['normal_tile']} rows cover "
+            f"{c['normal_token_rows']}, {c['normal_padding']} of them padding; swapped: tiles of N = "
+            f"{c['swapped_tile']} cover {c['swapped_token_cols']} columns, {c['swapped_padding']} padding."
+        )
     lines += [
         "",
         "Step 6 asks cute_moe's own path rule (`cute_moe.plan.path_rule`): swap while the mean tokens per expert",

@@ -55,7 +55,8 @@ def ptx_facts(cfg: GemmConfig) -> dict:
         "multicast_loads": len(re.findall(r"cp\.async\.bulk\.tensor[\w.:]*\.multicast::cluster", text)),
         "remote_arrives": len(re.findall(r"mbarrier\.arrive\.shared::cluster", text)),
         "rank_shifts": sorted(int(n) for n in re.findall(rf"shl\.b32\s+%r\d+, {rank.group(1)}, (\d+);", text))
-        if rank else [],
+        if rank
+        else [],
     }
 
 
@@ -73,12 +74,21 @@ def store_ring(layer: str = LAYERS["store_ring"]) -> dict:
         read_end.append(issue + READ)
         waits_for = e - depth  # the bulk group this wait_group.read waits on (< 0: none)
         done = max(issue, read_end[waits_for]) if waits_for >= 0 else issue
-        events += [dict(kind="stmatrix", e=e, buf=buf, start=t, end=issue),
-                   dict(kind="store", e=e, buf=buf, start=issue, end=issue + READ),
-                   dict(kind="wait", e=e, buf=buf, start=issue, end=done, waits_for=waits_for)]
+        events += [
+            dict(kind="stmatrix", e=e, buf=buf, start=t, end=issue),
+            dict(kind="store", e=e, buf=buf, start=issue, end=issue + READ),
+            dict(kind="wait", e=e, buf=buf, start=issue, end=done, waits_for=waits_for),
+        ]
         t = done  # the second named barrier: nobody writes a buffer before the wait above
-    return {"layer": layer, "cfg": cfg, "boxes": boxes, "depth": depth, "tail": max(read_end), "events": events,
-            "ptx": ptx_facts(cfg)}
+    return {
+        "layer": layer,
+        "cfg": cfg,
+        "boxes": boxes,
+        "depth": depth,
+        "tail": max(read_end),
+        "events": events,
+        "ptx": ptx_facts(cfg),
+    }
 
 
 def pingpong(layer: str = LAYERS["pingpong"], tiles: int = 5) -> dict:
@@ -95,12 +105,36 @@ def pingpong(layer: str = LAYERS["pingpong"], tiles: int = 5) -> dict:
         main_end[i] = start + k_steps
         epi_start = max(main_end[i], epi_end.get(i - 1, 0.0))  # wait_group 0; the other's epilogue done
         epi_end[i] = epi_start + boxes * WRITE
-        events += [dict(kind="mainloop", tile=i, wg=w, start=start, end=main_end[i],
-                        waits=MMA_ORDER_BARRIER_ID + w, grants=MMA_ORDER_BARRIER_ID + 1 - w),
-                   dict(kind="epilogue", tile=i, wg=w, start=epi_start, end=epi_end[i],
-                        waits=EPI_ORDER_BARRIER_ID + w, grants=EPI_ORDER_BARRIER_ID + 1 - w)]
-    return {"layer": layer, "cfg": cfg, "k_steps": k_steps, "boxes": boxes, "end": max(epi_end.values()),
-            "initial_grants": [MMA_ORDER_BARRIER_ID, EPI_ORDER_BARRIER_ID], "events": events, "ptx": ptx_facts(cfg)}
+        events += [
+            dict(
+                kind="mainloop",
+                tile=i,
+                wg=w,
+                start=start,
+                end=main_end[i],
+                waits=MMA_ORDER_BARRIER_ID + w,
+                grants=MMA_ORDER_BARRIER_ID + 1 - w,
+            ),
+            dict(
+                kind="epilogue",
+                tile=i,
+                wg=w,
+                start=epi_start,
+                end=epi_end[i],
+                waits=EPI_ORDER_BARRIER_ID + w,
+                grants=EPI_ORDER_BARRIER_ID + 1 - w,
+            ),
+        ]
+    return {
+        "layer": layer,
+        "cfg": cfg,
+        "k_steps": k_steps,
+        "boxes": boxes,
+        "end": max(epi_end.values()),
+        "initial_grants": [MMA_ORDER_BARRIER_ID, EPI_ORDER_BARRIER_ID],
+        "events": events,
+        "ptx": ptx_facts(cfg),
+    }
 
 
 def multicast(layer: str = LAYERS["multicast"], steps: int | None = None) -> dict:
@@ -122,22 +156,44 @@ def multicast(layer: str = LAYERS["multicast"], steps: int | None = None) -> dic
         for r in ranks:
             ready = issue[r][-1] + 0.15 if g else SKEW[0] * r
             issue[r].append(max(ready, free))
-            events.append(dict(kind="load", rank=r, k=g, slot=g % stages, at=issue[r][g], lands=issue[r][g] + LATENCY,
-                               rows=[r * half_rows, (r + 1) * half_rows], to=list(ranks),
-                               waited=free > ready, freed_by=freed_by if free > ready else None))
+            events.append(
+                dict(
+                    kind="load",
+                    rank=r,
+                    k=g,
+                    slot=g % stages,
+                    at=issue[r][g],
+                    lands=issue[r][g] + LATENCY,
+                    rows=[r * half_rows, (r + 1) * half_rows],
+                    to=list(ranks),
+                    waited=free > ready,
+                    freed_by=freed_by if free > ready else None,
+                )
+            )
         landed = max(issue[r][g] for r in ranks) + LATENCY  # the later half decides, in both CTAs
         for r in ranks:
             start[r].append(max(landed, start[r][-1] + 1 if g else SKEW[1] * r))
-            events += [dict(kind="full", rank=r, k=g, slot=g % stages, at=landed),
-                       dict(kind="mma", rank=r, k=g, slot=g % stages, start=start[r][g], end=start[r][g] + 1)]
+            events += [
+                dict(kind="full", rank=r, k=g, slot=g % stages, at=landed),
+                dict(kind="mma", rank=r, k=g, slot=g % stages, start=start[r][g], end=start[r][g] + 1),
+            ]
             if g:  # wait_group 1 after issuing step g: step g − 1 retired, its slot released in every CTA
                 release[r].append(start[r][g] + 0.85)
     for r in ranks:
         release[r].append(start[r][-1] + 1.3)
-        events += [dict(kind="release", rank=r, k=g, slot=g % stages, at=t, to=list(ranks))
-                   for g, t in enumerate(release[r])]
+        events += [
+            dict(kind="release", rank=r, k=g, slot=g % stages, at=t, to=list(ranks)) for g, t in enumerate(release[r])
+        ]
     token_bytes = cfg.tokens_tile * cfg.tile_k * cfg.element_bytes
     half_bytes = half_rows * cfg.tile_k * cfg.element_bytes
-    return {"layer": layer, "cfg": cfg, "steps": steps, "half_rows": half_rows, "token_bytes": token_bytes,
-            "half_bytes": half_bytes, "end": max(max(v) for v in release.values()), "events": events,
-            "ptx": ptx_facts(cfg)}
+    return {
+        "layer": layer,
+        "cfg": cfg,
+        "steps": steps,
+        "half_rows": half_rows,
+        "token_bytes": token_bytes,
+        "half_bytes": half_bytes,
+        "end": max(max(v) for v in release.values()),
+        "events": events,
+        "ptx": ptx_facts(cfg),
+    }

@@ -36,7 +36,28 @@ from .warmup import compile_plan, warmup
 
 fused_experts = make_fused_experts(fused_moe)
 
-__all__ = ["GemmConfig", "LayerPlan", "choose_config", "combine", "compile_count", "compile_gemm", "compile_plan",
-           "compile_ptx", "compile_quant_kernels", "compile_row_kernels", "describe", "describe_json", "fused_experts",
-           "fused_moe", "gather_rows", "grouped_gemm", "layer_configs", "mma_instruction", "plan", "plans_for",
-           "silu_mul", "sort_rows", "warmup"]
+__all__ = [
+    "GemmConfig",
+    "LayerPlan",
+    "choose_config",
+    "combine",
+    "compile_count",
+    "compile_gemm",
+    "compile_plan",
+    "compile_ptx",
+    "compile_quant_kernels",
+    "compile_row_kernels",
+    "describe",
+    "describe_json",
+    "fused_experts",
+    "fused_moe",
+    "gather_rows",
+    "grouped_gemm",
+    "layer_configs",
+    "mma_instruction",
+    "plan",
+    "plans_for",
+    "silu_mul",
+    "sort_rows",
+    "warmup",
+]

@@ -85,8 +85,9 @@ class CountExperts:
     ``C = ⌈P / CHUNK⌉``."""
 
     @cute.jit
-    def __call__(self, ids_ptr: cute.Pointer, num_pairs: cutlass.Int32, counts: cute.Tensor,
-                 num_experts: cutlass.Int32, stream):
+    def __call__(
+        self, ids_ptr: cute.Pointer, num_pairs: cutlass.Int32, counts: cute.Tensor, num_experts: cutlass.Int32, stream
+    ):
         ids = cute.make_tensor(ids_ptr, cute.make_layout((num_pairs,)))
         chunks = (num_pairs + CHUNK - 1) // CHUNK
         self.kernel(ids, counts, num_experts).launch(grid=[chunks, 1, 1], block=[THREADS, 1, 1], stream=stream)
@@ -127,28 +128,84 @@ class PlacePairs:
     """
 
     @cute.jit
-    def __call__(self, ids_ptr: cute.Pointer, weights_ptr: cute.Pointer, num_pairs: cutlass.Int32,
-                 counts: cute.Tensor, sorted_ids: cute.Tensor, expert_of_block: cute.Tensor, expert_end: cute.Tensor,
-                 token_of_row: cute.Tensor, weight_of_row: cute.Tensor, row_of_pair: cute.Tensor,
-                 weight_of_pair: cute.Tensor, row_mask: cute.Tensor, blocks0: cute.Tensor, blocks1: cute.Tensor,
-                 block_counts: cute.Tensor, word: cute.Tensor, scratch: cute.Tensor,
-                 num_experts: cutlass.Int32, tile: cutlass.Int32, top_k: cutlass.Int32, tile0: cutlass.Int32,
-                 tile1: cutlass.Int32, ctas: cutlass.Int32, stream):
+    def __call__(
+        self,
+        ids_ptr: cute.Pointer,
+        weights_ptr: cute.Pointer,
+        num_pairs: cutlass.Int32,
+        counts: cute.Tensor,
+        sorted_ids: cute.Tensor,
+        expert_of_block: cute.Tensor,
+        expert_end: cute.Tensor,
+        token_of_row: cute.Tensor,
+        weight_of_row: cute.Tensor,
+        row_of_pair: cute.Tensor,
+        weight_of_pair: cute.Tensor,
+        row_mask: cute.Tensor,
+        blocks0: cute.Tensor,
+        blocks1: cute.Tensor,
+        block_counts: cute.Tensor,
+        word: cute.Tensor,
+        scratch: cute.Tensor,
+        num_experts: cutlass.Int32,
+        tile: cutlass.Int32,
+        top_k: cutlass.Int32,
+        tile0: cutlass.Int32,
+        tile1: cutlass.Int32,
+        ctas: cutlass.Int32,
+        stream,
+    ):
         ids = cute.make_tensor(ids_ptr, cute.make_layout((num_pairs,)))
         weights = cute.make_tensor(weights_ptr, cute.make_layout((num_pairs,)))
-        self.kernel(ids, weights, counts, sorted_ids, expert_of_block, expert_end, token_of_row, weight_of_row,
-                    row_of_pair, weight_of_pair, row_mask, blocks0, blocks1, block_counts, word, scratch,
-                    num_experts, tile, top_k, tile0, tile1).launch(grid=[ctas, 1, 1], block=[THREADS, 1, 1],
-                                                                   stream=stream)
+        self.kernel(
+            ids,
+            weights,
+            counts,
+            sorted_ids,
+            expert_of_block,
+            expert_end,
+            token_of_row,
+            weight_of_row,
+            row_of_pair,
+            weight_of_pair,
+            row_mask,
+            blocks0,
+            blocks1,
+            block_counts,
+            word,
+            scratch,
+            num_experts,
+            tile,
+            top_k,
+            tile0,
+            tile1,
+        ).launch(grid=[ctas, 1, 1], block=[THREADS, 1, 1], stream=stream)
 
     @cute.kernel
-    def kernel(self, ids: cute.Tensor, weights: cute.Tensor, counts: cute.Tensor, sorted_ids: cute.Tensor,
-               expert_of_block: cute.Tensor, expert_end: cute.Tensor, token_of_row: cute.Tensor,
-               weight_of_row: cute.Tensor, row_of_pair: cute.Tensor, weight_of_pair: cute.Tensor,
-               row_mask: cute.Tensor, blocks0: cute.Tensor, blocks1: cute.Tensor, block_counts: cute.Tensor,
-               word: cute.Tensor, scratch: cute.Tensor,
-               num_experts: cutlass.Int32, tile: cutlass.Int32, top_k: cutlass.Int32, tile0: cutlass.Int32,
-               tile1: cutlass.Int32):
+    def kernel(
+        self,
+        ids: cute.Tensor,
+        weights: cute.Tensor,
+        counts: cute.Tensor,
+        sorted_ids: cute.Tensor,
+        expert_of_block: cute.Tensor,
+        expert_end: cute.Tensor,
+        token_of_row: cute.Tensor,
+        weight_of_row: cute.Tensor,
+        row_of_pair: cute.Tensor,
+        weight_of_pair: cute.Tensor,
+        row_mask: cute.Tensor,
+        blocks0: cute.Tensor,
+        blocks1: cute.Tensor,
+        block_counts: cute.Tensor,
+        word: cute.Tensor,
+        scratch: cute.Tensor,
+        num_experts: cutlass.Int32,
+        tile: cutlass.Int32,
+        top_k: cutlass.Int32,
+        tile0: cutlass.Int32,
+        tile1: cutlass.Int32,
+    ):
         tidx, _, _ = cute.arch.thread_idx()
         c, _, _ = cute.arch.block_idx()
         grid, _, _ = cute.arch.grid_dim()
@@ -171,9 +228,9 @@ class PlacePairs:
         s_ids = smem.allocate_tensor(cutlass.Int32, cute.make_layout(CHUNK))
         s_w = smem.allocate_tensor(cutlass.Float32, cute.make_layout(CHUNK))
         table = smem.allocate_tensor(cutlass.Int32, cute.make_layout((WARPS, MAX_EXPERTS), stride=(MAX_EXPERTS, 1)))
-        s_total = smem.allocate_tensor(cutlass.Int32, cute.make_layout(MAX_EXPERTS))   # pairs of e
+        s_total = smem.allocate_tensor(cutlass.Int32, cute.make_layout(MAX_EXPERTS))  # pairs of e
         s_before = smem.allocate_tensor(cutlass.Int32, cute.make_layout(MAX_EXPERTS))  # ... in chunks < c
-        s_end = smem.allocate_tensor(cutlass.Int32, cute.make_layout(MAX_EXPERTS))     # end of e's run
+        s_end = smem.allocate_tensor(cutlass.Int32, cute.make_layout(MAX_EXPERTS))  # end of e's run
         s_warp_sums = smem.allocate_tensor(cutlass.Int32, cute.make_layout(WARPS))
 
         # (a) every expert's total (and its pairs before this CTA's): from launch 1's counts, or — a
@@ -237,11 +294,42 @@ class PlacePairs:
         # (c) this CTA's checks, its pairs in index order within each expert, their rows in every map
         if b > a:
             _check_chunk(ids, s_ids, s_w, word, lo, a, b, top_k)
-            _place_warp_slice(s_ids, s_w, table, sorted_ids, token_of_row, weight_of_row, row_of_pair,
-                              weight_of_pair, row_mask, lo, a, b, top_k)
+            _place_warp_slice(
+                s_ids,
+                s_w,
+                table,
+                sorted_ids,
+                token_of_row,
+                weight_of_row,
+                row_of_pair,
+                weight_of_pair,
+                row_mask,
+                lo,
+                a,
+                b,
+                top_k,
+            )
         # (d) this CTA's slices: the rows without a pair, and every block's expert
-        _fill(s_total, s_end, sorted_ids, expert_of_block, token_of_row, weight_of_row, row_mask, blocks0,
-              blocks1, num_experts, top, tile, tile0, tile1, num_pairs, num_pairs // top_k - 1, c, grid)
+        _fill(
+            s_total,
+            s_end,
+            sorted_ids,
+            expert_of_block,
+            token_of_row,
+            weight_of_row,
+            row_mask,
+            blocks0,
+            blocks1,
+            num_experts,
+            top,
+            tile,
+            tile0,
+            tile1,
+            num_pairs,
+            num_pairs // top_k - 1,
+            c,
+            grid,
+        )
         # (e) the layer's scratch that must start at zero (the FP8 amax buffers)
         i = c * THREADS + tidx
         while i < scratch.shape[0]:
@@ -262,10 +350,36 @@ def compile_align_kernels(ids_dtype: torch.dtype = torch.int32, *, keep_ptx: boo
         i32, i64, f32, stream = cutlass.Int32, cutlass.Int64, cutlass.Float32, make_fake_stream()
         ptr = lambda dt: make_ptr(dt, 0, cute.AddressSpace.gmem, assumed_align=dt.width // 8)  # noqa: E731
         ids, counts = ptr(ID_DTYPES[ids_dtype]), vec(i32)
-        return {"count": cute.compile(CountExperts(), ids, i32(1), counts, i32(1), stream, options=options),
-                "place": cute.compile(PlacePairs(), ids, ptr(f32), i32(1), counts, vec(i32), vec(i32), vec(i32),
-                                      vec(i64), vec(f32), vec(i64), vec(f32), vec(i32), vec(i32), vec(i32), vec(i32),
-                                      vec(i32), vec(f32), i32(1), i32(1), i32(1), i32(1), i32(1), i32(1), stream,
-                                      options=options)}
+        return {
+            "count": cute.compile(CountExperts(), ids, i32(1), counts, i32(1), stream, options=options),
+            "place": cute.compile(
+                PlacePairs(),
+                ids,
+                ptr(f32),
+                i32(1),
+                counts,
+                vec(i32),
+                vec(i32),
+                vec(i32),
+                vec(i64),
+                vec(f32),
+                vec(i64),
+                vec(f32),
+                vec(i32),
+                vec(i32),
+                vec(i32),
+                vec(i32),
+                vec(i32),
+                vec(f32),
+                i32(1),
+                i32(1),
+                i32(1),
+                i32(1),
+                i32(1),
+                i32(1),
+                stream,
+                options=options,
+            ),
+        }
 
     return compile_once(("align", str(ids_dtype)), build, keep_ptx=keep_ptx)

@@ -205,9 +205,21 @@ def _scan_runs(s_total: cute.Tensor, s_end: cute.Tensor, s_warp_sums: cute.Tenso
 
 
 @cute.jit
-def _place_warp_slice(s_ids: cute.Tensor, s_w: cute.Tensor, table: cute.Tensor, sorted_ids: cute.Tensor,
-                      token_of_row: cute.Tensor, weight_of_row: cute.Tensor, row_of_pair: cute.Tensor,
-                      weight_of_pair: cute.Tensor, row_mask: cute.Tensor, lo, a, b, top_k):
+def _place_warp_slice(
+    s_ids: cute.Tensor,
+    s_w: cute.Tensor,
+    table: cute.Tensor,
+    sorted_ids: cute.Tensor,
+    token_of_row: cute.Tensor,
+    weight_of_row: cute.Tensor,
+    row_of_pair: cute.Tensor,
+    weight_of_pair: cute.Tensor,
+    row_mask: cute.Tensor,
+    lo,
+    a,
+    b,
+    top_k,
+):
     """Each pair of this warp's slice of ``[a, b)`` goes to row ``table[w, e]`` + its rank among the round's lanes
     of expert ``e`` (written to every map); then the lowest such lane advances ``table[w, e]``."""
     lane = cute.arch.lane_idx()
@@ -270,9 +282,26 @@ def _fill_blocks(blocks: cute.Tensor, s_end: cute.Tensor, first_row, last_row, b
 
 
 @cute.jit
-def _fill(s_total: cute.Tensor, s_end: cute.Tensor, sorted_ids: cute.Tensor, expert_of_block: cute.Tensor,
-          token_of_row: cute.Tensor, weight_of_row: cute.Tensor, row_mask: cute.Tensor, blocks0: cute.Tensor,
-          blocks1: cute.Tensor, num_experts, top, tile, tile0, tile1, sentinel, last_token, c, grid):
+def _fill(
+    s_total: cute.Tensor,
+    s_end: cute.Tensor,
+    sorted_ids: cute.Tensor,
+    expert_of_block: cute.Tensor,
+    token_of_row: cute.Tensor,
+    weight_of_row: cute.Tensor,
+    row_mask: cute.Tensor,
+    blocks0: cute.Tensor,
+    blocks1: cute.Tensor,
+    num_experts,
+    top,
+    tile,
+    tile0,
+    tile1,
+    sentinel,
+    last_token,
+    c,
+    grid,
+):
     """CTA ``c`` takes the slices ``c, c + grid, …`` of :data:`FILL_ROWS` rows: a thread per row writes
     it if it holds no pair (a run's padding: past its expert's pairs; or past the used rows) — the
     sentinel, the last token (finite) and weight 0 — and a thread per block starting in the slice

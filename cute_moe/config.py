@@ -57,6 +57,7 @@ GATHER_THREADS = WARPGROUP_THREADS  # producer threads copying gathered token ro
 EPI_TILE_N = 32
 """Columns of one epilogue sub-tile (at most; fewer when the tile is narrower)."""
 
+
 @dataclass(frozen=True)
 class GemmConfig:
     """A compile-time configuration of the grouped GEMM (one compiled kernel per value).
@@ -243,8 +244,14 @@ class GemmConfig:
 
     def as_dict(self) -> dict:
         d = dataclasses.asdict(self)
-        d.update(tile_m=self.tile_m, tile_n=self.tile_n, swizzle_bytes=self.swizzle_bytes,
-                 epi_tile=list(self.epi_tile), threads=self.threads, smem_bytes=self.smem_bytes())
+        d.update(
+            tile_m=self.tile_m,
+            tile_n=self.tile_n,
+            swizzle_bytes=self.swizzle_bytes,
+            epi_tile=list(self.epi_tile),
+            threads=self.threads,
+            smem_bytes=self.smem_bytes(),
+        )
         return d
 
     # ---- validation ----------------------------------------------------------------------
@@ -257,8 +264,16 @@ class GemmConfig:
         for name in ("swap_ab", "row_scale", "epilogue_scales", "gated", "gather_rows"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}: expected a bool, got {getattr(self, name)!r}")
-        for name in ("tokens_tile", "weights_tile", "tile_k", "stages", "consumer_warpgroups", "epi_stages",
-                     "group_tokens", "cluster"):
+        for name in (
+            "tokens_tile",
+            "weights_tile",
+            "tile_k",
+            "stages",
+            "consumer_warpgroups",
+            "epi_stages",
+            "group_tokens",
+            "cluster",
+        ):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool):
                 raise TypeError(f"{name}: expected an int, got {v!r} ({type(v).__name__})")
@@ -279,33 +294,46 @@ class GemmConfig:
             raise ValueError(f"out_dtype={self.out_dtype!r}: supported output dtypes are {OUT_DTYPES}")
         want = "float8_e4m3fn" if self.quant is not None else "bfloat16"
         if self.dtype != want:
-            raise ValueError(f"dtype={self.dtype!r} with quant={self.quant!r}: expected dtype={want!r} "
-                             f"(FP8 formats take E4M3 operands, quant=None takes bf16)")
+            raise ValueError(
+                f"dtype={self.dtype!r} with quant={self.quant!r}: expected dtype={want!r} "
+                f"(FP8 formats take E4M3 operands, quant=None takes bf16)"
+            )
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule={self.schedule!r}: expected one of {SCHEDULES}")
         if not 1 <= self.consumer_warpgroups <= MAX_CONSUMER_WARPGROUPS:
             raise ValueError(f"consumer_warpgroups={self.consumer_warpgroups}: must be 1 or 2")
         path = "swap-AB" if self.swap_ab else "normal"
         per_tile = self.tile_warpgroups  # warpgroups stacked on one tile's M: one under ping-pong
-        for name, allowed in (("tokens_tile", tokens_tiles(self.swap_ab, per_tile)),
-                              ("weights_tile", weights_tiles(self.swap_ab, per_tile))):
+        for name, allowed in (
+            ("tokens_tile", tokens_tiles(self.swap_ab, per_tile)),
+            ("weights_tile", weights_tiles(self.swap_ab, per_tile)),
+        ):
             v = getattr(self, name)
             if v not in allowed:
                 if (name == "tokens_tile") != self.swap_ab:
                     role = f"GEMM M, a multiple of 64 rows per consumer warpgroup, at most {MAX_TILE_M}"
                 elif self.swap_ab:
-                    role = ("WGMMA's N, a multiple of 8 up to 256, but not an odd multiple of 8 above 8 (the CuTe "
-                            "DSL aborts slicing the staged, swizzled 16-bit shared-memory layout there)")
+                    role = (
+                        "WGMMA's N, a multiple of 8 up to 256, but not an odd multiple of 8 above 8 (the CuTe "
+                        "DSL aborts slicing the staged, swizzled 16-bit shared-memory layout there)"
+                    )
                 else:
                     role = "WGMMA's N, here a multiple of 16 up to 256"
-                with_ = ("schedule='pingpong' (one consumer warpgroup per tile)" if self.pingpong
-                         else f"consumer_warpgroups={self.consumer_warpgroups}")
-                raise ValueError(f"{name}={v}: on the {path} path it is {role}; allowed with "
-                                 f"{with_}: {', '.join(map(str, allowed))} (cute_moe.limits.{name}s)")
+                with_ = (
+                    "schedule='pingpong' (one consumer warpgroup per tile)"
+                    if self.pingpong
+                    else f"consumer_warpgroups={self.consumer_warpgroups}"
+                )
+                raise ValueError(
+                    f"{name}={v}: on the {path} path it is {role}; allowed with "
+                    f"{with_}: {', '.join(map(str, allowed))} (cute_moe.limits.{name}s)"
+                )
         k_step = wgmma_k(self.element_bytes)
         if self.tile_k < k_step or self.tile_k % k_step:
-            raise ValueError(f"tile_k={self.tile_k}: must be a positive multiple of {k_step}, WGMMA's K for "
-                             f"{self.dtype} (each stage feeds tile_k/{k_step} whole WGMMAs)")
+            raise ValueError(
+                f"tile_k={self.tile_k}: must be a positive multiple of {k_step}, WGMMA's K for "
+                f"{self.dtype} (each stage feeds tile_k/{k_step} whole WGMMAs)"
+            )
         if self.stages < 2:
             raise ValueError(f"stages={self.stages}: the TMA/WGMMA ring needs at least 2 stages")
         if self.epi_stages < 1:
@@ -317,11 +345,16 @@ class GemmConfig:
         check_gated(self)
         check_cluster(self)
         vecs = self.tile_k * self.element_bytes // TMA_ALIGN_BYTES  # 16-byte vectors per token row of a stage
-        if self.gather_rows and (self.quant is not None or GATHER_THREADS % vecs
-                                 or self.tokens_tile % min(self.tokens_tile, GATHER_THREADS // vecs)):
-            raise ValueError(f"gather_rows=True: takes bf16 (quant={self.quant!r}); the {vecs} vectors of a row must "
-                             f"divide {GATHER_THREADS} threads, whose rows per pass divide "
-                             f"tokens_tile={self.tokens_tile}")
+        if self.gather_rows and (
+            self.quant is not None
+            or GATHER_THREADS % vecs
+            or self.tokens_tile % min(self.tokens_tile, GATHER_THREADS // vecs)
+        ):
+            raise ValueError(
+                f"gather_rows=True: takes bf16 (quant={self.quant!r}); the {vecs} vectors of a row must "
+                f"divide {GATHER_THREADS} threads, whose rows per pass divide "
+                f"tokens_tile={self.tokens_tile}"
+            )
         need = self.smem_bytes()
         if need > SMEM_BUDGET_BYTES:
             fit = [s for s in range(2, self.stages) if self.smem_bytes(s) <= SMEM_BUDGET_BYTES]
@@ -330,7 +363,8 @@ class GemmConfig:
                 f"stages={self.stages}: shared memory over budget: {need} B needed ({self.stages} × "
                 f"({self.tokens_tile}+{self.weight_rows})×{self.tile_k}×{self.element_bytes} B + epilogue + "
                 f"barriers) > "
-                f"{SMEM_BUDGET_BYTES} B (227 KiB per CTA on sm_90); {hint}")
+                f"{SMEM_BUDGET_BYTES} B (227 KiB per CTA on sm_90); {hint}"
+            )
 
 
 def max_stages(cfg: GemmConfig, cap: int = 8) -> int:

@@ -213,18 +213,30 @@ def fake_arguments(cfg: GemmConfig, index_dtype: str = INDEX_DTYPE):
     n_out = cute.sym_int(divisibility=cfg.out_align)
     k = cute.sym_int(divisibility=align)
     experts = cute.sym_int()
-    x = make_fake_compact_tensor(dt, (cute.sym_int() if cfg.gather_rows else m_pad, k), stride_order=(1, 0),
-                                 assumed_align=16)
+    x = make_fake_compact_tensor(
+        dt, (cute.sym_int() if cfg.gather_rows else m_pad, k), stride_order=(1, 0), assumed_align=16
+    )
     if cfg.gated:  # W1 [E, 2I, K] seen as (I, K, half, E): strides (K, 1, I·K, 2I·K); C is [M_pad, I]
         # every extent symbolic, the half's too: the call marks the whole layout dynamic
         # (runtime.cute_tensor), and a static extent here would shift the extents it passes
-        w = make_fake_tensor(dt, (n_out, k, cute.sym_int(), experts),
-                             stride=(cute.sym_int64(divisibility=align), 1, cute.sym_int64(divisibility=align),
-                                     cute.sym_int64(divisibility=align)), assumed_align=16)
+        w = make_fake_tensor(
+            dt,
+            (n_out, k, cute.sym_int(), experts),
+            stride=(
+                cute.sym_int64(divisibility=align),
+                1,
+                cute.sym_int64(divisibility=align),
+                cute.sym_int64(divisibility=align),
+            ),
+            assumed_align=16,
+        )
     else:  # W [E, N_out, K] seen as (N_out, K, E): strides (K, 1, N_out·K)
-        w = make_fake_tensor(dt, (n_out, k, experts),
-                             stride=(cute.sym_int64(divisibility=align), 1, cute.sym_int64(divisibility=align)),
-                             assumed_align=16)
+        w = make_fake_tensor(
+            dt,
+            (n_out, k, experts),
+            stride=(cute.sym_int64(divisibility=align), 1, cute.sym_int64(divisibility=align)),
+            assumed_align=16,
+        )
     c_stride = cute.sym_int64(divisibility=cfg.out_align)
     if cfg.swap_ab:  # C [M_pad, N_out] viewed as Cᵀ (N_out, M_pad), M-major
         c = make_fake_tensor(out_dt, (n_out, m_pad), stride=(1, c_stride), assumed_align=16)
@@ -237,15 +249,19 @@ def fake_arguments(cfg: GemmConfig, index_dtype: str = INDEX_DTYPE):
     if cfg.gather_rows:
         if index_dtype not in INDEX_DTYPES:
             raise ValueError(f"index_dtype={index_dtype!r}: token indices are one of {tuple(INDEX_DTYPES)}")
-        return args + (None, None, make_fake_compact_tensor(INDEX_DTYPES[index_dtype], (cute.sym_int(),),
-                                                            assumed_align=4))
+        return args + (
+            None,
+            None,
+            make_fake_compact_tensor(INDEX_DTYPES[index_dtype], (cute.sym_int(),), assumed_align=4),
+        )
     if cfg.quant is None:
         return args
     return args + fake_scales(cfg.quant)
 
 
-def compile_gemm(cfg: GemmConfig, num_ctas: int | None = None, *, keep_ptx: bool = False,
-                 index_dtype: str = INDEX_DTYPE):
+def compile_gemm(
+    cfg: GemmConfig, num_ctas: int | None = None, *, keep_ptx: bool = False, index_dtype: str = INDEX_DTYPE
+):
     """The compiled grouped GEMM for ``cfg`` (cached per config and grid size; default grid: one
     CTA per SM, :func:`moe_spec.hopper.sm_count`); a ``gather_rows`` config per ``index_dtype`` too
     ("int32" or "int64": the dtype of the token indices it reads)."""

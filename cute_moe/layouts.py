@@ -113,8 +113,15 @@ def format_config(cfg: GemmConfig, fmt: str) -> GemmConfig:
     if quant == cfg.quant:
         return cfg
     out_dtype = "bfloat16" if cfg.row_scale else gemm1_out_dtype(quant)
-    return choose_config(cfg.tokens_tile, cfg.weights_tile, cfg.tile_k, swap_ab=cfg.swap_ab, row_scale=cfg.row_scale,
-                         quant=quant, out_dtype=out_dtype)
+    return choose_config(
+        cfg.tokens_tile,
+        cfg.weights_tile,
+        cfg.tile_k,
+        swap_ab=cfg.swap_ab,
+        row_scale=cfg.row_scale,
+        quant=quant,
+        out_dtype=out_dtype,
+    )
 
 
 def _read_plan(plan: KernelPlan, raw: dict) -> None:
@@ -129,11 +136,17 @@ def _read_plan(plan: KernelPlan, raw: dict) -> None:
     # the WGMMA atom the tiled MMA repeats: instruction shape and operand types, from the op itself
     raw["atom_mnk"] = tuple(int(v) for v in mma.op.shape_mnk)
     raw["atom_types"] = tuple(PTX_TYPES[str(t)] for t in (mma.op.acc_dtype, mma.op.a_dtype, mma.op.b_dtype))
-    for name, staged, one in (("A", plan.a_smem_staged, cute.slice_(plan.a_smem_staged, (None, None, 0))),
-                              ("B", plan.b_smem_staged, cute.slice_(plan.b_smem_staged, (None, None, 0))),
-                              ("C", plan.epi_smem_staged, plan.epi_smem_one)):
-        raw["smem_" + name] = {"one_stage": _layout(one.outer), "swizzle": _swizzle(staged),
-                               "cosize_staged": int(cute.cosize(staged)), "text": str(staged)}
+    for name, staged, one in (
+        ("A", plan.a_smem_staged, cute.slice_(plan.a_smem_staged, (None, None, 0))),
+        ("B", plan.b_smem_staged, cute.slice_(plan.b_smem_staged, (None, None, 0))),
+        ("C", plan.epi_smem_staged, plan.epi_smem_one),
+    ):
+        raw["smem_" + name] = {
+            "one_stage": _layout(one.outer),
+            "swizzle": _swizzle(staged),
+            "cosize_staged": int(cute.cosize(staged)),
+            "text": str(staged),
+        }
     raw["stage_bytes"] = int(plan.stage_bytes)
 
 
@@ -145,6 +158,7 @@ def _quietly(fn) -> None:
     with warnings.catch_warnings():  # host-side bookkeeping loops are unrolled on purpose
         warnings.simplefilter("ignore", category=DSLOptimizationWarning)
         fn()
+
 
 def _raw_plan(cfg: GemmConfig) -> dict:
     raw: dict = {}
@@ -217,18 +231,27 @@ def tma_layouts(cfg: GemmConfig) -> dict:
     @cute.jit
     def probe(x: cute.Tensor, w: cute.Tensor, c: cute.Tensor):
         plan = KernelPlan(cfg)
-        loads = (("tokens", x, plan.x_smem_one, (cfg.tokens_tile, cfg.tile_k)),
-                 ("weights", w, plan.w_smem_one, (cfg.weights_tile, cfg.tile_k)))
+        loads = (
+            ("tokens", x, plan.x_smem_one, (cfg.tokens_tile, cfg.tile_k)),
+            ("weights", w, plan.w_smem_one, (cfg.weights_tile, cfg.tile_k)),
+        )
         for name, tensor, one, box in loads:
             atom, coords = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), tensor, one, box)
             tiles = cute.local_tile(coords, box, (None,) * cute.rank(coords))
-            raw[name] = {"box": list(box), "values": int(cute.size(atom.layout_src_tv, mode=[1])),
-                         "tiles": {"shape": _static(tiles.layout.shape), "stride": _static(tiles.layout.stride)}}
-        atom, coords = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), c, plan.epi_smem_one,
-                                                   cfg.epi_tile)
+            raw[name] = {
+                "box": list(box),
+                "values": int(cute.size(atom.layout_src_tv, mode=[1])),
+                "tiles": {"shape": _static(tiles.layout.shape), "stride": _static(tiles.layout.stride)},
+            }
+        atom, coords = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileS2GOp(), c, plan.epi_smem_one, cfg.epi_tile
+        )
         tiles = cute.local_tile(coords, (cfg.tile_m, cfg.tile_n), (None, None))
-        raw["output"] = {"box": list(cfg.epi_tile), "values": int(cute.size(atom.layout_src_tv, mode=[1])),
-                         "tiles": {"shape": _static(tiles.layout.shape), "stride": _static(tiles.layout.stride)}}
+        raw["output"] = {
+            "box": list(cfg.epi_tile),
+            "values": int(cute.size(atom.layout_src_tv, mode=[1])),
+            "tiles": {"shape": _static(tiles.layout.shape), "stride": _static(tiles.layout.stride)},
+        }
         epi = cute.zipped_divide(tiles[(None, None, 0, 0)], cfg.epi_tile)
         raw["output_epi"] = {"shape": _static(epi.layout.shape), "stride": _static(epi.layout.stride)}
 
@@ -297,8 +320,15 @@ def _smem_rows(smem: dict, elem_bytes: int, rows_to_show: int = 8) -> list[dict]
     for r in range(min(rows_to_show, n_rows)):
         logical = evaluate(shape, stride, r) * elem_bytes  # (row r, k 0): 1-D coordinate r
         physical = swizzle_bytes(logical, b, m, s)
-        out.append({"row": r, "logical_byte": logical, "physical_byte": physical,
-                    "chunk16": (physical >> 4) & 7, "bank": (physical >> 2) & 31})
+        out.append(
+            {
+                "row": r,
+                "logical_byte": logical,
+                "physical_byte": physical,
+                "chunk16": (physical >> 4) & 7,
+                "bank": (physical >> 2) & 31,
+            }
+        )
     return out
 
 
@@ -316,32 +346,56 @@ def describe(cfg: GemmConfig) -> dict:
     for name in ("A", "B", "C"):
         s = raw["smem_" + name]
         elem = cfg.out_bytes if name == "C" else cfg.element_bytes
-        smem[name] = {"layout_one_stage": s["one_stage"], "swizzle": list(s["swizzle"]), "printed": s["text"],
-                      "bytes_staged": s["cosize_staged"] * elem, "atom_rows": _smem_rows(s, elem)}
+        smem[name] = {
+            "layout_one_stage": s["one_stage"],
+            "swizzle": list(s["swizzle"]),
+            "printed": s["text"],
+            "bytes_staged": s["cosize_staged"] * elem,
+            "atom_rows": _smem_rows(s, elem),
+        }
     smem["total_bytes"] = cfg.smem_bytes()
     smem["budget_bytes"] = SMEM_BUDGET_BYTES
     operand = ("weights", "tokens") if cfg.swap_ab else ("tokens", "weights")
     return {
         "config": cfg.as_dict(),
-        "tile": {"path": "swap_ab" if cfg.swap_ab else "normal",
-                 "gemm_mnk": [cfg.tile_m, cfg.tile_n, cfg.tile_k],
-                 "moe": {"tokens": cfg.tokens_tile, "weights": cfg.weights_tile, "k": cfg.tile_k},
-                 "A_is": operand[0], "B_is": operand[1],
-                 "C_major": "M" if cfg.swap_ab else "N",
-                 "threads": cfg.threads, "consumer_threads": 128 * cfg.consumer_warpgroups,
-                 "schedule": cfg.schedule, "tile_threads": 128 * cfg.tile_warpgroups,
-                 "stages": cfg.stages, "epi_stages": cfg.epi_stages},
-        "mma": {"instruction": _instruction(raw),
-                "atom_mnk": list(raw["atom_mnk"]), "warpgroups_along_m": cfg.tile_warpgroups,
-                "tv_A": raw["tv_A"], "tv_B": raw["tv_B"], "tv_C": raw["tv_C"],
-                "A_coords_every_thread": tv_a, "B_coords_every_thread": tv_b},
+        "tile": {
+            "path": "swap_ab" if cfg.swap_ab else "normal",
+            "gemm_mnk": [cfg.tile_m, cfg.tile_n, cfg.tile_k],
+            "moe": {"tokens": cfg.tokens_tile, "weights": cfg.weights_tile, "k": cfg.tile_k},
+            "A_is": operand[0],
+            "B_is": operand[1],
+            "C_major": "M" if cfg.swap_ab else "N",
+            "threads": cfg.threads,
+            "consumer_threads": 128 * cfg.consumer_warpgroups,
+            "schedule": cfg.schedule,
+            "tile_threads": 128 * cfg.tile_warpgroups,
+            "stages": cfg.stages,
+            "epi_stages": cfg.epi_stages,
+        },
+        "mma": {
+            "instruction": _instruction(raw),
+            "atom_mnk": list(raw["atom_mnk"]),
+            "warpgroups_along_m": cfg.tile_warpgroups,
+            "tv_A": raw["tv_A"],
+            "tv_B": raw["tv_B"],
+            "tv_C": raw["tv_C"],
+            "A_coords_every_thread": tv_a,
+            "B_coords_every_thread": tv_b,
+        },
         "accumulators": accumulators,
         "accumulators_moe": moe,
         "smem": smem,
-        "tma": {"load_tokens_box": [cfg.tokens_tile, cfg.tile_k], "load_weights_box": [cfg.weights_tile, cfg.tile_k],
-                "weights_tensor": ("(I, K, 2, E): gate / up = 3rd, expert = 4th TMA coordinate; two boxes per stage"
-                                   if cfg.gated else "(N_out, K, E): expert = 3rd TMA coordinate"),
-                "store_box": list(cfg.epi_tile), "stage_bytes": raw["stage_bytes"]},
+        "tma": {
+            "load_tokens_box": [cfg.tokens_tile, cfg.tile_k],
+            "load_weights_box": [cfg.weights_tile, cfg.tile_k],
+            "weights_tensor": (
+                "(I, K, 2, E): gate / up = 3rd, expert = 4th TMA coordinate; two boxes per stage"
+                if cfg.gated
+                else "(N_out, K, E): expert = 3rd TMA coordinate"
+            ),
+            "store_box": list(cfg.epi_tile),
+            "stage_bytes": raw["stage_bytes"],
+        },
     }
 
 

@@ -55,8 +55,11 @@ def tokens_tiles(swap_ab: bool, consumer_warpgroups: int = MAX_CONSUMER_WARPGROU
     """
     if not swap_ab:
         return _m_tiles(consumer_warpgroups)
-    return tuple(n for n in range(WGMMA_N_STEP, WGMMA_N_MAX + 1, WGMMA_N_STEP)
-                 if n == WGMMA_N_STEP or n % (2 * WGMMA_N_STEP) == 0)
+    return tuple(
+        n
+        for n in range(WGMMA_N_STEP, WGMMA_N_MAX + 1, WGMMA_N_STEP)
+        if n == WGMMA_N_STEP or n % (2 * WGMMA_N_STEP) == 0
+    )
 
 
 def weights_tiles(swap_ab: bool, consumer_warpgroups: int = MAX_CONSUMER_WARPGROUPS) -> tuple[int, ...]:
@@ -100,17 +103,22 @@ def check_pingpong(cfg) -> None:
     if cfg.schedule != "pingpong":
         return
     if cfg.consumer_warpgroups != 2:
-        raise ValueError(f"schedule='pingpong' with consumer_warpgroups={cfg.consumer_warpgroups}: ping-pong needs "
-                         f"consumer_warpgroups=2 (two warpgroups, each with a whole tile of its own, taking turns)")
+        raise ValueError(
+            f"schedule='pingpong' with consumer_warpgroups={cfg.consumer_warpgroups}: ping-pong needs "
+            f"consumer_warpgroups=2 (two warpgroups, each with a whole tile of its own, taking turns)"
+        )
     if cfg.quant is not None:
-        raise ValueError(f"schedule='pingpong' with quant={cfg.quant!r}: the ping-pong kernel is built for bf16 "
-                         f"operands only (quant=None); FP8 runs on schedule='cooperative'")
+        raise ValueError(
+            f"schedule='pingpong' with quant={cfg.quant!r}: the ping-pong kernel is built for bf16 "
+            f"operands only (quant=None); FP8 runs on schedule='cooperative'"
+        )
     if cfg.accumulator_registers > PINGPONG_ACCUMULATOR_REGISTERS:
         raise ValueError(
             f"tokens_tile={cfg.tokens_tile}, weights_tile={cfg.weights_tile}: under schedule='pingpong' one "
             f"warpgroup holds the whole {cfg.tile_m}×{cfg.tile_n} tile{' (gate + up)' if cfg.gated else ''}: "
             f"{cfg.accumulator_registers} accumulator registers per thread, above {PINGPONG_ACCUMULATOR_REGISTERS}; "
-            f"use a smaller tile (64×256, 128×128; gated 64×128, 128×64)")
+            f"use a smaller tile (64×256, 128×128; gated 64×128, 128×64)"
+        )
 
 
 def _check_registers(cfg, what: str, kind: str) -> None:
@@ -119,7 +127,8 @@ def _check_registers(cfg, what: str, kind: str) -> None:
             f"tokens_tile={cfg.tokens_tile}, weights_tile={cfg.weights_tile}: the {kind} tile {cfg.tile_m}×"
             f"{cfg.tile_n} with {cfg.consumer_warpgroups} consumer warpgroup(s) needs {cfg.accumulator_registers} "
             f"accumulator registers per thread ({what}), above {TWO_ACCUMULATOR_REGISTERS}; use a "
-            f"smaller tile or two warpgroups")
+            f"smaller tile or two warpgroups"
+        )
 
 
 def check_cluster(cfg) -> None:
@@ -129,9 +138,11 @@ def check_cluster(cfg) -> None:
     if cfg.cluster not in CLUSTER_SIZES:
         raise ValueError(f"cluster={cfg.cluster}: expected one of {CLUSTER_SIZES} (CTAs sharing a weight tile)")
     if cfg.cluster > 1 and (cfg.swap_ab or cfg.schedule != "cooperative" or cfg.quant is not None):
-        raise ValueError(f"cluster={cfg.cluster} with swap_ab={cfg.swap_ab}, schedule={cfg.schedule!r}, "
-                         f"quant={cfg.quant!r}: weight multicast is built for the bf16 normal path's cooperative "
-                         f"tiles (swap_ab=False, schedule='cooperative', quant=None)")
+        raise ValueError(
+            f"cluster={cfg.cluster} with swap_ab={cfg.swap_ab}, schedule={cfg.schedule!r}, "
+            f"quant={cfg.quant!r}: weight multicast is built for the bf16 normal path's cooperative "
+            f"tiles (swap_ab=False, schedule='cooperative', quant=None)"
+        )
 
 
 def check_gated(cfg) -> None:
@@ -139,25 +150,33 @@ def check_gated(cfg) -> None:
     if not cfg.gated:
         return
     if cfg.quant is not None or cfg.out_dtype != "bfloat16" or cfg.row_scale:
-        raise ValueError(f"gated=True with quant={cfg.quant!r}, out_dtype={cfg.out_dtype!r}, "
-                         f"row_scale={cfg.row_scale}: SiLU·up in the epilogue is the bf16 layer's GEMM1 "
-                         f"(quant=None, out_dtype='bfloat16', row_scale=False)")
+        raise ValueError(
+            f"gated=True with quant={cfg.quant!r}, out_dtype={cfg.out_dtype!r}, "
+            f"row_scale={cfg.row_scale}: SiLU·up in the epilogue is the bf16 layer's GEMM1 "
+            f"(quant=None, out_dtype='bfloat16', row_scale=False)"
+        )
     _check_registers(cfg, "gate + up", "gated")
 
 
 def check_fp8(cfg) -> None:
     """The FP8 limits: tile_k is one 128-B row, block scales fit the tile, two accumulators fit."""
     if not cfg.epilogue_scales and cfg.quant not in ("fp8_tensor", "fp8_channel"):
-        raise ValueError(f"epilogue_scales=False with quant={cfg.quant!r}: only fp8_tensor / fp8_channel can leave "
-                         f"their scales out (bf16 has none; fp8_block's scales change every K block)")
+        raise ValueError(
+            f"epilogue_scales=False with quant={cfg.quant!r}: only fp8_tensor / fp8_channel can leave "
+            f"their scales out (bf16 has none; fp8_block's scales change every K block)"
+        )
     if cfg.quant is None:
         return
     if cfg.tile_k != FP8_TILE_K:
-        raise ValueError(f"tile_k={cfg.tile_k}: FP8 configs need tile_k={FP8_TILE_K} (one 128-B swizzled row of "
-                         f"E4M3, and one K block of the scales: each K step is promoted on its own)")
+        raise ValueError(
+            f"tile_k={cfg.tile_k}: FP8 configs need tile_k={FP8_TILE_K} (one 128-B swizzled row of "
+            f"E4M3, and one K block of the scales: each K step is promoted on its own)"
+        )
     if cfg.quant == "fp8_block" and FP8_BLOCK % cfg.weights_tile:
-        raise ValueError(f"weights_tile={cfg.weights_tile}: fp8_block needs a weights tile that divides the "
-                         f"{FP8_BLOCK}-row scale block (one weight scale per tile and K step)")
+        raise ValueError(
+            f"weights_tile={cfg.weights_tile}: fp8_block needs a weights tile that divides the "
+            f"{FP8_BLOCK}-row scale block (one weight scale per tile and K step)"
+        )
     _check_registers(cfg, "block + promoted", "FP8")
 
 
@@ -181,16 +200,22 @@ def check_quant_layer(K: int, I: int, quant, configs) -> None:  # noqa: E741
     if quant is not None:
         for name, v in (("x: hidden size K = x.shape[1]", K), ("w2: intermediate size I = w2.shape[2]", I)):
             if v % FP8_ALIGN_ELEMS:
-                raise ValueError(f"{name} = {v} must be a multiple of {FP8_ALIGN_ELEMS} for cute_moe with "
-                                 f"quant={quant!r} (TMA needs 16-byte rows: {FP8_ALIGN_ELEMS} E4M3 values)")
+                raise ValueError(
+                    f"{name} = {v} must be a multiple of {FP8_ALIGN_ELEMS} for cute_moe with "
+                    f"quant={quant!r} (TMA needs 16-byte rows: {FP8_ALIGN_ELEMS} E4M3 values)"
+                )
     if configs is None:
         return
     for i, (cfg, out_dtype) in enumerate(zip(configs, (gemm1_out_dtype(quant), "bfloat16"))):
         if cfg.quant != quant:
             raise ValueError(f"configs[{i}]: quant={cfg.quant!r}, but the call's quant={quant!r}")
         if cfg.out_dtype != out_dtype:
-            raise ValueError(f"configs[{i}]: out_dtype must be {out_dtype!r} with quant={quant!r} "
-                             f"(GEMM{i + 1} {'feeds the quantized intermediate' if i == 0 else 'writes the output'})")
+            raise ValueError(
+                f"configs[{i}]: out_dtype must be {out_dtype!r} with quant={quant!r} "
+                f"(GEMM{i + 1} {'feeds the quantized intermediate' if i == 0 else 'writes the output'})"
+            )
         if not cfg.epilogue_scales:
-            raise ValueError(f"configs[{i}]: epilogue_scales must be True (the configs are the fused pipeline's: "
-                             f"unscaled sums would be the output; fusion='separate' leaves the scales out itself)")
+            raise ValueError(
+                f"configs[{i}]: epilogue_scales must be True (the configs are the fused pipeline's: "
+                f"unscaled sums would be the output; fusion='separate' leaves the scales out itself)"
+            )

@@ -46,8 +46,16 @@ from .unfused import scale_rows, weighted_combine
 LIMITS = Limits("cute_moe", MAX_EXPERTS, cpu="on a CPU, cute_moe.compile_ptx() shows the kernels")
 
 
-def sort_rows(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, tile: int, gemm_tiles=(), *,
-              word: torch.Tensor | None = None, buffers: RowBuffers | None = None) -> SortedRows:
+def sort_rows(
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    num_experts: int,
+    tile: int,
+    gemm_tiles=(),
+    *,
+    word: torch.Tensor | None = None,
+    buffers: RowBuffers | None = None,
+) -> SortedRows:
     """Check the routing data, align the pairs (runs padded to ``tile``) and write every row map and the
     block maps of each GEMM token tile in ``gemm_tiles`` (default: ``tile``): the two launches of
     :func:`~cute_moe.rowmaps.sort_rows_on_device` on a GPU, :func:`~cute_moe.rowmaps.reference_rows`
@@ -78,16 +86,28 @@ def check_gemm_shape(n_out: int, k: int, cfg: GemmConfig | None = None) -> None:
     (8 bf16, 16 E4M3, 4 fp32; a bf16 config's ``ALIGN_ELEMS`` without one).  With K = 0 no stage
     would ever be loaded."""
     cfg = GemmConfig() if cfg is None else cfg
-    for name, v, multiple, what in (("K", k, cfg.operand_align, cfg.dtype), ("N_out", n_out, cfg.out_align,
-                                                                              cfg.out_dtype)):
+    for name, v, multiple, what in (
+        ("K", k, cfg.operand_align, cfg.dtype),
+        ("N_out", n_out, cfg.out_align, cfg.out_dtype),
+    ):
         if v <= 0 or v % multiple:
-            raise ValueError(f"grouped_gemm: {name}={v} must be a positive multiple of {multiple} "
-                             f"(TMA needs 16-byte aligned {what} rows)")
+            raise ValueError(
+                f"grouped_gemm: {name}={v} must be a positive multiple of {multiple} "
+                f"(TMA needs 16-byte aligned {what} rows)"
+            )
 
 
-def grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, rows: SortedRows, cfg: GemmConfig, *,
-                 row_scale: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                 x_scale: torch.Tensor | None = None, w_scale: torch.Tensor | None = None) -> torch.Tensor:
+def grouped_gemm(
+    x_sorted: torch.Tensor,
+    w: torch.Tensor,
+    rows: SortedRows,
+    cfg: GemmConfig,
+    *,
+    row_scale: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    x_scale: torch.Tensor | None = None,
+    w_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``out[r] = x_sorted[r] · w[expert(r)]ᵀ (· row_scale[r])`` for every used sorted row r.
 
     x_sorted: [M_pad, K]; w: [E, N_out, K] (contiguous), both bf16 or — FP8 config — E4M3 with
@@ -102,8 +122,9 @@ def grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, rows: SortedRows, cfg:
     n_experts, n_out, k_w = w.shape
     if cfg.gated:
         if n_out % 2:
-            raise ValueError(f"grouped_gemm: a gated config takes w = W1 [E, 2I, K] (gate rows, then up rows); "
-                             f"w has {n_out} rows")
+            raise ValueError(
+                f"grouped_gemm: a gated config takes w = W1 [E, 2I, K] (gate rows, then up rows); w has {n_out} rows"
+            )
         n_out //= 2  # the output is [M_pad, I]
     if k_w != k:
         raise ValueError(f"grouped_gemm: K of x_sorted ({k}) and w ({k_w}) differ")
@@ -113,8 +134,10 @@ def grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, rows: SortedRows, cfg:
             raise TypeError(f"grouped_gemm: {name} is {t.dtype}, the config's operands are {cfg.dtype}")
     check_gemm_shape(n_out, k, cfg)
     if cfg.gather_rows and k % cfg.tile_k:
-        raise ValueError(f"grouped_gemm: K={k} must be a multiple of tile_k={cfg.tile_k} for a gather_rows config "
-                         f"(its cp.async copies move whole stages of a token row)")
+        raise ValueError(
+            f"grouped_gemm: K={k} must be a multiple of tile_k={cfg.tile_k} for a gather_rows config "
+            f"(its cp.async copies move whole stages of a token row)"
+        )
     if cfg.row_scale != (row_scale is not None):
         raise ValueError("grouped_gemm: pass row_scale exactly when cfg.row_scale is set")
     if (cfg.quant is not None) != (x_scale is not None) or (x_scale is None) != (w_scale is None):
@@ -131,16 +154,32 @@ def grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, rows: SortedRows, cfg:
         # (N_out, K, E): the expert is TMA's 3rd coordinate; gated (I, K, half, E): gate 0 / up 1, then the expert
         _cute_weight(w.unflatten(1, (2, n_out)).permute(2, 3, 1, 0) if cfg.gated else w.permute(1, 2, 0), 1),
         _cute_tensor(out.t(), 0) if cfg.swap_ab else _cute_tensor(out, 1),
-        _cute_vector(expert_of_block), _cute_vector(num_blocks), _cute_vector(row_scale), _stream(x_sorted),
+        _cute_vector(expert_of_block),
+        _cute_vector(num_blocks),
+        _cute_vector(row_scale),
+        _stream(x_sorted),
         *(() if cfg.quant is None else (cute_scale(x_scale), cute_scale(w_scale))),
         *((None, None, _cute_vector(rows.token_of_row)) if cfg.gather_rows else ()),
     )
     return out
 
 
-def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None,
-              swap_ab: bool | None = None, configs: tuple[GemmConfig, GemmConfig] | None = None,
-              fusion: str = "fused", a1_scale=None, a2_scale=None) -> torch.Tensor:
+def fused_moe(
+    x,
+    w1,
+    w2,
+    topk_weights,
+    topk_ids,
+    *,
+    quant=None,
+    w1_scale=None,
+    w2_scale=None,
+    swap_ab: bool | None = None,
+    configs: tuple[GemmConfig, GemmConfig] | None = None,
+    fusion: str = "fused",
+    a1_scale=None,
+    a2_scale=None,
+) -> torch.Tensor:
     """The backend contract: bf16 ``[T, K]`` output of the MoE layer.
 
     Backend options: ``swap_ab`` forces the path (None: the rule in
@@ -154,10 +193,13 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
     implemented here (the activations are quantized with dynamic scales): refused by name.
     """
     if a1_scale is not None or a2_scale is not None:
-        raise ValueError(f"{'a1_scale' if a1_scale is not None else 'a2_scale'}: static activation scales are not "
-                         "implemented by cute_moe (dynamic scales only); triton_moe takes them with fp8_tensor")
-    dims = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale,
-                             limits=LIMITS)
+        raise ValueError(
+            f"{'a1_scale' if a1_scale is not None else 'a2_scale'}: static activation scales are not "
+            "implemented by cute_moe (dynamic scales only); triton_moe takes them with fp8_tensor"
+        )
+    dims = validate_moe_args(
+        x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale, limits=LIMITS
+    )
     p = plan(dims, quant, swap_ab=swap_ab, configs=configs, fusion=fusion)
     check_runs_on(x.device, LIMITS)  # T = 0 included: what T = 1 refuses, T = 0 refuses
     surface_errors(x.device)  # an earlier call's failed data check raises here (moe_spec.contract)
@@ -167,8 +209,15 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
     # (guard_routing's meaning): an id outside [0, E) is clamped and its pair weighted NaN, and the
     # error word says why.  Its buffers and the layer's are the workspace of this shape and stream.
     ws = _workspace(dims, p, x.device)
-    rows = sort_rows(topk_ids, topk_weights, dims.E, p.align_tile, (p.gemm1.tokens_tile, p.gemm2.tokens_tile),
-                     word=ws["word"], buffers=ws["rows"])
+    rows = sort_rows(
+        topk_ids,
+        topk_weights,
+        dims.E,
+        p.align_tile,
+        (p.gemm1.tokens_tile, p.gemm2.tokens_tile),
+        word=ws["word"],
+        buffers=ws["rows"],
+    )
     if quant is not None:
         return _fp8_layer(x, w1, w2, w1_scale, w2_scale, topk_weights, p, rows, ws)
     # gather_rows: GEMM1 reads x by token index; gated: SiLU·up in GEMM1's epilogue, [M_pad, I] straight out
@@ -198,15 +247,16 @@ def _fp8_layer(x, w1, w2, w1_scale, w2_scale, topk_weights, p: LayerPlan, rows: 
     h = grouped_gemm(x_sorted, w1, rows, p.gemm1, x_scale=x_scale, w_scale=w1_scale, out=ws["h"])
     if separate:
         scale_rows(h, al, x_scale, w1_scale, quant)
-    aq, a_scale = quantize_intermediate(h, rows, quant, amax=ws["a_amax"], out=ws["a"],
-                                        q_out=(ws["aq"], ws["a_scale"]))
+    aq, a_scale = quantize_intermediate(h, rows, quant, amax=ws["a_amax"], out=ws["a"], q_out=(ws["aq"], ws["a_scale"]))
     if not separate:
-        y = grouped_gemm(aq, w2, rows, p.gemm2, row_scale=rows.weight_of_row, x_scale=a_scale, w_scale=w2_scale,
-                         out=ws["y"])
+        y = grouped_gemm(
+            aq, w2, rows, p.gemm2, row_scale=rows.weight_of_row, x_scale=a_scale, w_scale=w2_scale, out=ws["y"]
+        )
         return combine(y, rows, T, top_k)
     y = grouped_gemm(aq, w2, rows, p.gemm2, x_scale=a_scale, w_scale=w2_scale, out=ws["y"])
-    return weighted_combine(scale_rows(y, al, a_scale, w2_scale, quant), rows.row_of_pair,
-                            rows.weight_of_pair.view(T, top_k), quant)
+    return weighted_combine(
+        scale_rows(y, al, a_scale, w2_scale, quant), rows.row_of_pair, rows.weight_of_pair.view(T, top_k), quant
+    )
 
 
 #: Workspaces kept (least recently used dropped first): one per (sizes, plan tiles, device, stream, thread).
@@ -224,8 +274,17 @@ def _workspace(dims: MoEDims, p: LayerPlan, device) -> dict:
     capturing = torch.cuda.is_current_stream_capturing()
     stream = torch.cuda.current_stream(device).cuda_stream
     tiles = (p.gemm1.tokens_tile, p.gemm2.tokens_tile)
-    key = (dims, p.quant, p.align_tile, tiles, p.gemm1.gated, p.gemm1.gather_rows, device, stream,
-           threading.get_ident())
+    key = (
+        dims,
+        p.quant,
+        p.align_tile,
+        tiles,
+        p.gemm1.gated,
+        p.gemm1.gather_rows,
+        device,
+        stream,
+        threading.get_ident(),
+    )
     ws = None if capturing else _workspaces.get(key)
     if ws is not None:
         _workspaces.move_to_end(key)
@@ -234,23 +293,35 @@ def _workspace(dims: MoEDims, p: LayerPlan, device) -> dict:
     n_x, n_a = amax_sizes(p.quant, dims.T, rows, dims.K, dims.I) if p.quant else (0, 0)
     bufs = RowBuffers(dims.T, dims.top_k, dims.E, p.align_tile, tiles, device, zeroed=n_x + n_a)
     new = lambda cols, dtype=torch.bfloat16: torch.empty(rows, cols, dtype=dtype, device=device)  # noqa: E731
-    ws = dict(rows=bufs, word=error_word(device), y=new(dims.K),
-              h=new(dims.I if p.gemm1.gated else 2 * dims.I, getattr(torch, p.gemm1.out_dtype)))
+    ws = dict(
+        rows=bufs,
+        word=error_word(device),
+        y=new(dims.K),
+        h=new(dims.I if p.gemm1.gated else 2 * dims.I, getattr(torch, p.gemm1.out_dtype)),
+    )
     if not p.gemm1.gather_rows:  # else GEMM1 reads x itself: no sorted copy
         ws["x_sorted"] = new(dims.K if p.quant is None else dims.K // 2)
     if p.quant is not None:  # the E4M3 rows are gathered as bf16 pairs
-        ws.update(a=new(dims.I, torch.float32), x_amax=bufs.scratch[:n_x], a_amax=bufs.scratch[n_x:n_x + n_a],
-                  xq=torch.empty(dims.T, dims.K, dtype=FP8_DTYPE, device=device), aq=new(dims.I, FP8_DTYPE),
-                  x_scale=torch.empty(n_x, dtype=torch.float32, device=device),
-                  a_scale=torch.empty(n_a, dtype=torch.float32, device=device))
+        ws.update(
+            a=new(dims.I, torch.float32),
+            x_amax=bufs.scratch[:n_x],
+            a_amax=bufs.scratch[n_x : n_x + n_a],
+            xq=torch.empty(dims.T, dims.K, dtype=FP8_DTYPE, device=device),
+            aq=new(dims.I, FP8_DTYPE),
+            x_scale=torch.empty(n_x, dtype=torch.float32, device=device),
+            a_scale=torch.empty(n_a, dtype=torch.float32, device=device),
+        )
     if not capturing:
         keep(ws["word"])  # it lives as long as the process
         ws["kept"] = [t for name, t in ws.items() if name not in ("rows", "word")] + list(bufs.tensors())
         ws["kept"] += [ws["h"].t(), ws["y"].t()]  # the swap-AB GEMM's view of its output
         if p.quant is not None:  # the views the FP8 steps pass on: E4M3 rows as bf16 pairs, scales in shape
             shape = activation_scale_shape(p.quant, dims.T, dims.K)
-            ws["kept"] += [ws["xq"].view(torch.bfloat16), ws["x_scale"].view(shape),
-                           ws["a_scale"].view(rows, -1) if p.quant == "fp8_block" else ws["a_scale"]]
+            ws["kept"] += [
+                ws["xq"].view(torch.bfloat16),
+                ws["x_scale"].view(shape),
+                ws["a_scale"].view(rows, -1) if p.quant == "fp8_block" else ws["a_scale"],
+            ]
         keep(*ws["kept"])
         _workspaces[key] = ws
         if len(_workspaces) > WORKSPACES:
@@ -266,8 +337,10 @@ def _row_kernels(device) -> dict:
 def _check_row_width(fn: str, name: str, cols: int, multiple: int = ALIGN_ELEMS) -> None:
     """The row kernels walk a row in 16-byte vectors (``cols // VEC`` of them): a tail would be dropped."""
     if cols % multiple:
-        raise ValueError(f"{fn}: {name} = {cols} must be a multiple of {multiple} "
-                         f"(the row kernels move {ALIGN_ELEMS}-element vectors; a tail would be silently dropped)")
+        raise ValueError(
+            f"{fn}: {name} = {cols} must be a multiple of {multiple} "
+            f"(the row kernels move {ALIGN_ELEMS}-element vectors; a tail would be silently dropped)"
+        )
 
 
 def gather_rows(x: torch.Tensor, rows: SortedRows, *, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -277,10 +350,16 @@ def gather_rows(x: torch.Tensor, rows: SortedRows, *, out: torch.Tensor | None =
     if out is None:
         out = torch.empty(rows.rows, x.shape[1], dtype=x.dtype, device=x.device)
     elif out.shape != (rows.rows, x.shape[1]) or out.dtype != x.dtype:
-        raise ValueError(f"gather_rows: out is {out.dtype} {list(out.shape)}, expected {x.dtype} "
-                         f"{[rows.rows, x.shape[1]]}")
-    _row_kernels(x.device)["gather"](_cute_tensor(x, 1), _cute_tensor(out, 1), _cute_vector(rows.token_of_row),
-                                     _cute_vector(rows.alignment.num_padded), _stream(x))
+        raise ValueError(
+            f"gather_rows: out is {out.dtype} {list(out.shape)}, expected {x.dtype} {[rows.rows, x.shape[1]]}"
+        )
+    _row_kernels(x.device)["gather"](
+        _cute_tensor(x, 1),
+        _cute_tensor(out, 1),
+        _cute_vector(rows.token_of_row),
+        _cute_vector(rows.alignment.num_padded),
+        _stream(x),
+    )
     return out
 
 
@@ -289,8 +368,9 @@ def silu_mul(h: torch.Tensor, rows: SortedRows) -> torch.Tensor:
     m_pad, two_i = h.shape
     _check_row_width("silu_mul", "h.shape[1] (2I)", two_i, 2 * ALIGN_ELEMS)  # each half whole vectors
     a = torch.empty(m_pad, two_i // 2, dtype=h.dtype, device=h.device)
-    _row_kernels(h.device)["silu_mul"](_cute_tensor(h, 1), _cute_tensor(a, 1),
-                                       _cute_vector(rows.alignment.num_padded), _stream(h))
+    _row_kernels(h.device)["silu_mul"](
+        _cute_tensor(h, 1), _cute_tensor(a, 1), _cute_vector(rows.alignment.num_padded), _stream(h)
+    )
     return a
 
 
@@ -299,9 +379,11 @@ def combine(y: torch.Tensor, rows: SortedRows, T: int, top_k: int) -> torch.Tens
     sum → bf16 [T, K]."""
     _check_row_width("combine", "y.shape[1]", y.shape[1])
     if rows.row_of_pair.numel() != T * top_k:
-        raise ValueError(f"combine: rows has {rows.row_of_pair.numel()} (token, slot) pairs, "
-                         f"T·top_k = {T}·{top_k} = {T * top_k}")
+        raise ValueError(
+            f"combine: rows has {rows.row_of_pair.numel()} (token, slot) pairs, T·top_k = {T}·{top_k} = {T * top_k}"
+        )
     out = torch.empty(T, y.shape[1], dtype=y.dtype, device=y.device)
-    _row_kernels(y.device)["combine"](_cute_tensor(y, 1), _cute_tensor(out, 1), _cute_vector(rows.row_of_pair),
-                                      _stream(y))
+    _row_kernels(y.device)["combine"](
+        _cute_tensor(y, 1), _cute_tensor(out, 1), _cute_vector(rows.row_of_pair), _stream(y)
+    )
     return out

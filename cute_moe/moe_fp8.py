@@ -36,8 +36,16 @@ from .rowmaps import SortedRows
 from .runtime import current_stream, cute_tensor, cute_vector, keep
 
 
-def _launch_quantize(kernels: dict, prefix: str, src: torch.Tensor, amax: torch.Tensor, quant: str,
-                     used: torch.Tensor, out=None, src_arg=None):
+def _launch_quantize(
+    kernels: dict,
+    prefix: str,
+    src: torch.Tensor,
+    amax: torch.Tensor,
+    quant: str,
+    used: torch.Tensor,
+    out=None,
+    src_arg=None,
+):
     """E4M3 copy of ``src`` [rows, cols] and its flat scales, from the flat ``amax``, into ``out``
     (a workspace's (E4M3 [rows, cols], fp32 like ``amax``)) or new tensors; ``src_arg``: ``src``
     already wrapped."""
@@ -46,10 +54,18 @@ def _launch_quantize(kernels: dict, prefix: str, src: torch.Tensor, amax: torch.
         out = torch.empty(rows, cols, dtype=FP8_DTYPE, device=src.device), torch.empty_like(amax)
     q, scale = out
     if q.shape != (rows, cols) or q.dtype != FP8_DTYPE or scale.shape != amax.shape:
-        raise ValueError(f"out: expected (E4M3 [{rows}, {cols}], fp32 {list(amax.shape)}), got "
-                         f"({q.dtype} {list(q.shape)}, {list(scale.shape)})")
-    kernels[prefix + "_quantize"](cute_tensor(src, 1) if src_arg is None else src_arg, cute_vector(amax),
-                                  cute_tensor(q, 1), cute_vector(scale), cute_vector(used), current_stream(src))
+        raise ValueError(
+            f"out: expected (E4M3 [{rows}, {cols}], fp32 {list(amax.shape)}), got "
+            f"({q.dtype} {list(q.shape)}, {list(scale.shape)})"
+        )
+    kernels[prefix + "_quantize"](
+        cute_tensor(src, 1) if src_arg is None else src_arg,
+        cute_vector(amax),
+        cute_tensor(q, 1),
+        cute_vector(scale),
+        cute_vector(used),
+        current_stream(src),
+    )
     return q, scale
 
 
@@ -86,8 +102,9 @@ def _zeroed_amax(amax, n: int, device) -> torch.Tensor:
     return amax
 
 
-def quantize_tokens(x: torch.Tensor, quant: str, *, amax: torch.Tensor | None = None, out=None
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_tokens(
+    x: torch.Tensor, quant: str, *, amax: torch.Tensor | None = None, out=None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``moe_spec.quant.quantize_activation(x, quant)`` on the device: (E4M3 [T, K], fp32 scales in
     its shape — [1], [T, 1] or [T, ⌈K/128⌉]).  ``amax``: a zeroed fp32 buffer of
     :func:`amax_sizes`' first size (``fused_moe``'s alignment zeroes it), else a new one (a fill);
@@ -121,8 +138,9 @@ def _alignment_and_mask(rows) -> tuple[Alignment, torch.Tensor]:
     return rows, rows.holds_pair().to(torch.int32)
 
 
-def silu_mul_amax(h: torch.Tensor, rows, quant: str, *, amax: torch.Tensor | None = None,
-                  out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def silu_mul_amax(
+    h: torch.Tensor, rows, quant: str, *, amax: torch.Tensor | None = None, out: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``A = SiLU(h[:, :I]) · h[:, I:]`` in fp32 from GEMM1's fp32 output h [M_pad, 2I], and its flat amax.
 
     ``rows`` (:class:`~cute_moe.rowmaps.SortedRows` or :class:`moe_spec.align.Alignment`): the rows
@@ -136,13 +154,20 @@ def silu_mul_amax(h: torch.Tensor, rows, quant: str, *, amax: torch.Tensor | Non
     kernels = compile_quant_kernels(quant, sm_count(h.device))
     amax = _zeroed_amax(amax, math.prod(activation_scale_shape(quant, rows, i)), h.device)
     a = torch.empty(rows, i, dtype=torch.float32, device=h.device) if out is None else out
-    kernels["silu_amax"](cute_tensor(h, 1), cute_tensor(a, 1), cute_vector(amax), cute_vector(row_mask),
-                         cute_vector(alignment.num_padded), current_stream(h))
+    kernels["silu_amax"](
+        cute_tensor(h, 1),
+        cute_tensor(a, 1),
+        cute_vector(amax),
+        cute_vector(row_mask),
+        cute_vector(alignment.num_padded),
+        current_stream(h),
+    )
     return a, amax
 
 
-def quantize_intermediate(h: torch.Tensor, rows, quant: str, *, amax: torch.Tensor | None = None,
-                          out: torch.Tensor | None = None, q_out=None) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_intermediate(
+    h: torch.Tensor, rows, quant: str, *, amax: torch.Tensor | None = None, out: torch.Tensor | None = None, q_out=None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """SiLU(h[:, :I])·h[:, I:] of GEMM1's fp32 output h [M_pad, 2I], quantized per ``quant``
     (:func:`silu_mul_amax` — ``rows``, ``amax`` and ``out`` are its — then the quantize kernel,
     into ``q_out``: (E4M3 [M_pad, I], flat fp32 scales) of a workspace, else new ones).
@@ -150,6 +175,13 @@ def quantize_intermediate(h: torch.Tensor, rows, quant: str, *, amax: torch.Tens
     Returns (E4M3 [M_pad, I], fp32 scales in GEMM2's order: [1], [M_pad] or [M_pad, ⌈I/128⌉]).
     """
     a, amax = silu_mul_amax(h, rows, quant, amax=amax, out=out)
-    q, scale = _launch_quantize(compile_quant_kernels(quant, sm_count(h.device)), "a", a, amax, quant,
-                                _alignment_and_mask(rows)[0].num_padded, q_out)
+    q, scale = _launch_quantize(
+        compile_quant_kernels(quant, sm_count(h.device)),
+        "a",
+        a,
+        amax,
+        quant,
+        _alignment_and_mask(rows)[0].num_padded,
+        q_out,
+    )
     return q, (scale.view(h.shape[0], -1) if quant == "fp8_block" else scale)

@@ -26,12 +26,15 @@ from .plan import plan
 def static_scales_refused(a1_scale, a2_scale) -> None:
     """The refusal :func:`cute_moe.moe.fused_moe` raises first: static activation scales."""
     if a1_scale is not None or a2_scale is not None:
-        raise ValueError(f"{'a1_scale' if a1_scale is not None else 'a2_scale'}: static activation scales are not "
-                         "implemented by cute_moe (dynamic scales only); triton_moe takes them with fp8_tensor")
+        raise ValueError(
+            f"{'a1_scale' if a1_scale is not None else 'a2_scale'}: static activation scales are not "
+            "implemented by cute_moe (dynamic scales only); triton_moe takes them with fp8_tensor"
+        )
 
 
-def _fake_checks(x, w1, w2, topk_weights, topk_ids, quant=None, w1_scale=None, w2_scale=None, a1_scale=None,
-                 a2_scale=None):
+def _fake_checks(
+    x, w1, w2, topk_weights, topk_ids, quant=None, w1_scale=None, w2_scale=None, a1_scale=None, a2_scale=None
+):
     static_scales_refused(a1_scale, a2_scale)
     metadata_checks(x, w1, w2, topk_weights, topk_ids, quant, w1_scale, w2_scale, limits=LIMITS, plan=plan)
 

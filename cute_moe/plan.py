@@ -65,24 +65,39 @@ def path_rule(swap_ab: bool | None = None, layer: tuple[int, int] | None = None)
 
 
 @functools.cache
-def _rule_config(swap_ab: bool, tokens_tile: int, wide: bool, row_scale: bool, quant: str | None,
-                 out_dtype: str, gated: bool) -> GemmConfig:
+def _rule_config(
+    swap_ab: bool, tokens_tile: int, wide: bool, row_scale: bool, quant: str | None, out_dtype: str, gated: bool
+) -> GemmConfig:
     operands = dict(dtype="bfloat16") if quant is None else dict(dtype="float8_e4m3fn", tile_k=FP8_TILE_K)
     common = dict(quant=quant, out_dtype=out_dtype, row_scale=row_scale, gated=gated, **operands)
     if swap_ab:  # weights fill M: 128 rows = two consumer warpgroups (gated: 64 features, gate + up = 128 rows)
         rows = WGMMA_M if gated else MAX_TILE_M
-        cfg = GemmConfig(swap_ab=True, tokens_tile=tokens_tile, weights_tile=rows,
-                         consumer_warpgroups=rows // WGMMA_M, **common)
+        cfg = GemmConfig(
+            swap_ab=True, tokens_tile=tokens_tile, weights_tile=rows, consumer_warpgroups=rows // WGMMA_M, **common
+        )
     else:  # one consumer warpgroup per 64 token rows; the widest WGMMA N when the layer is that wide (bf16)
-        cfg = GemmConfig(swap_ab=False, tokens_tile=tokens_tile,
-                         weights_tile=WGMMA_N_MAX if wide and quant is None and not gated else 128,
-                         consumer_warpgroups=tokens_tile // WGMMA_M, **common)
+        cfg = GemmConfig(
+            swap_ab=False,
+            tokens_tile=tokens_tile,
+            weights_tile=WGMMA_N_MAX if wide and quant is None and not gated else 128,
+            consumer_warpgroups=tokens_tile // WGMMA_M,
+            **common,
+        )
     return cfg.replace(stages=max_stages(cfg))
 
 
-def choose_config(tokens_per_expert: float, n_out: int, k: int, *, swap_ab: bool | None = None,
-                  row_scale: bool = False, quant: str | None = None, out_dtype: str = "bfloat16",
-                  gated: bool = False, layer: tuple | None = None) -> GemmConfig:
+def choose_config(
+    tokens_per_expert: float,
+    n_out: int,
+    k: int,
+    *,
+    swap_ab: bool | None = None,
+    row_scale: bool = False,
+    quant: str | None = None,
+    out_dtype: str = "bfloat16",
+    gated: bool = False,
+    layer: tuple | None = None,
+) -> GemmConfig:
     """Pick the kernel for one expert GEMM ``[T_e, k] × [n_out, k]ᵀ`` by :func:`path_rule`.
 
     ``tokens_per_expert`` is the mean routed tokens per expert (``T · top_k / E``), known on the
@@ -119,8 +134,10 @@ def _tile_text(cfg: GemmConfig) -> str:
     gather = " gather" if cfg.gather_rows else ""  # token rows read by index from x
     pingpong = " pingpong" if cfg.pingpong else ""  # each consumer warpgroup owns a whole tile (gemm.py)
     cluster = f" cluster{cfg.cluster}" if cfg.cluster > 1 else ""  # weight tiles multicast (gemm.py)
-    return (f"{f'swap-AB W{w}xT{t}' if cfg.swap_ab else f'T{t}xW{w}'} k{cfg.tile_k} s{cfg.stages}"
-            f"{gated}{gather}{pingpong}{cluster}")
+    return (
+        f"{f'swap-AB W{w}xT{t}' if cfg.swap_ab else f'T{t}xW{w}'} k{cfg.tile_k} s{cfg.stages}"
+        f"{gated}{gather}{pingpong}{cluster}"
+    )
 
 
 @dataclass(frozen=True)
@@ -162,8 +179,15 @@ class LayerPlan:
         return " | ".join(gemms + ([] if self.fusion == "fused" else [self.fusion]))
 
 
-def check_options(K: int, I: int, quant=None, *, swap_ab=None, configs=None, fusion="fused"  # noqa: E741
-                  ) -> tuple[GemmConfig, GemmConfig] | None:
+def check_options(
+    K: int,
+    I: int,
+    quant=None,
+    *,
+    swap_ab=None,
+    configs=None,
+    fusion="fused",  # noqa: E741
+) -> tuple[GemmConfig, GemmConfig] | None:
     """The limits of this backend beyond the shared contract, all on the host (no launch, no sync).
 
     * ``K`` (hidden: GEMM1's K, GEMM2's N_out, the gathered and combined rows) and ``I``
@@ -183,34 +207,51 @@ def check_options(K: int, I: int, quant=None, *, swap_ab=None, configs=None, fus
     """
     for name, v in (("x: hidden size K = x.shape[1]", K), ("w2: intermediate size I = w2.shape[2]", I)):
         if v % ALIGN_ELEMS:
-            raise ValueError(f"{name} = {v} must be a multiple of {ALIGN_ELEMS} for cute_moe "
-                             f"(TMA needs 16-byte aligned bf16 rows; the row kernels move 16-byte vectors)")
+            raise ValueError(
+                f"{name} = {v} must be a multiple of {ALIGN_ELEMS} for cute_moe "
+                f"(TMA needs 16-byte aligned bf16 rows; the row kernels move 16-byte vectors)"
+            )
     if swap_ab is not None and not isinstance(swap_ab, bool):
         raise TypeError(f"swap_ab: expected None or a bool, got {type(swap_ab).__name__}")
     if configs is not None:
         if swap_ab is not None:
             raise ValueError("swap_ab and configs: pass at most one (the configs already fix the path)")
-        if (not isinstance(configs, (tuple, list)) or len(configs) != 2
-                or not all(isinstance(c, GemmConfig) for c in configs)):
+        if (
+            not isinstance(configs, (tuple, list))
+            or len(configs) != 2
+            or not all(isinstance(c, GemmConfig) for c in configs)
+        ):
             raise TypeError(f"configs: expected a (GEMM1, GEMM2) pair of cute_moe.GemmConfig, got {configs!r}")
         for i, (cfg, want) in enumerate(zip(configs, (False, True))):
             if cfg.row_scale != want:
-                raise ValueError(f"configs[{i}]: row_scale must be {want} (GEMM{i + 1}"
-                                 f"{' applies the routing weights in its epilogue' if want else ' has no row scale'})")
+                raise ValueError(
+                    f"configs[{i}]: row_scale must be {want} (GEMM{i + 1}"
+                    f"{' applies the routing weights in its epilogue' if want else ' has no row scale'})"
+                )
         if configs[1].gated or configs[1].gather_rows:
-            raise ValueError("configs[1]: gated and gather_rows must be False (SiLU·up belongs to GEMM1's epilogue; "
-                             "GEMM2's operand is already in sorted-row order)")
+            raise ValueError(
+                "configs[1]: gated and gather_rows must be False (SiLU·up belongs to GEMM1's epilogue; "
+                "GEMM2's operand is already in sorted-row order)"
+            )
         if configs[0].gather_rows and K % configs[0].tile_k:
-            raise ValueError(f"configs[0]: gather_rows needs x: hidden size K = {K} to be a multiple of "
-                             f"tile_k = {configs[0].tile_k} (whole stages of a token row)")
+            raise ValueError(
+                f"configs[0]: gather_rows needs x: hidden size K = {K} to be a multiple of "
+                f"tile_k = {configs[0].tile_k} (whole stages of a token row)"
+            )
         configs = configs[0], configs[1]
     check_quant_layer(K, I, quant, configs)
     check_fusion(fusion)
     return configs
 
 
-def plan(dims: MoEDims, quant: str | None = None, *, swap_ab: bool | None = None,
-         configs: tuple[GemmConfig, GemmConfig] | None = None, fusion: str = "fused") -> LayerPlan:
+def plan(
+    dims: MoEDims,
+    quant: str | None = None,
+    *,
+    swap_ab: bool | None = None,
+    configs: tuple[GemmConfig, GemmConfig] | None = None,
+    fusion: str = "fused",
+) -> LayerPlan:
     """The plan of one ``fused_moe`` call with sizes ``dims`` (a :class:`moe_spec.validate.MoEDims`).
 
     ``quant``: any format of :data:`moe_spec.quant.FORMATS` — bf16, or an FP8 one (E4M3 GEMMs
@@ -231,12 +272,21 @@ def plan(dims: MoEDims, quant: str | None = None, *, swap_ab: bool | None = None
     if given is None:
         per_expert = tokens_per_expert(dims.T, dims.E, dims.top_k)
         gated = GATED_GEMM1 and quant is None and fusion == "fused"
-        gemm1 = choose_config(per_expert, dims.I if gated else 2 * dims.I, dims.K, swap_ab=swap_ab, quant=quant,
-                              out_dtype=gemm1_out_dtype(quant), gated=gated, layer=(dims.K, dims.I))
+        gemm1 = choose_config(
+            per_expert,
+            dims.I if gated else 2 * dims.I,
+            dims.K,
+            swap_ab=swap_ab,
+            quant=quant,
+            out_dtype=gemm1_out_dtype(quant),
+            gated=gated,
+            layer=(dims.K, dims.I),
+        )
         if GATHER_IN_PRODUCER and quant is None and fusion == "fused" and dims.K % gemm1.tile_k == 0:
             gemm1 = gemm1.replace(gather_rows=True)  # no X_sorted: GEMM1's producer reads x by token index
-        gemm2 = choose_config(per_expert, dims.K, dims.I, swap_ab=swap_ab, row_scale=True, quant=quant,
-                              layer=(dims.K, dims.I))
+        gemm2 = choose_config(
+            per_expert, dims.K, dims.I, swap_ab=swap_ab, row_scale=True, quant=quant, layer=(dims.K, dims.I)
+        )
         if fusion == "fused":  # ping-pong for a short GEMM2, clusters of two (gemm_rules.py)
             gemm2 = short_k_gemm2(gemm2, dims.I)
             gemm1, gemm2 = clustered(gemm1, dims.K, gemm2=False), clustered(gemm2, dims.I, gemm2=True)
@@ -246,18 +296,35 @@ def plan(dims: MoEDims, quant: str | None = None, *, swap_ab: bool | None = None
     return LayerPlan(*given, quant=quant, fusion=fusion)
 
 
-def plans_for(E: int, K: int, I: int, top_k: int, quant: str | None = None,  # noqa: E741
-              max_tokens: int = MAX_TOKENS, **options) -> tuple[LayerPlan, ...]:
+def plans_for(
+    E: int,
+    K: int,
+    I: int,
+    top_k: int,
+    quant: str | None = None,  # noqa: E741
+    max_tokens: int = MAX_TOKENS,
+    **options,
+) -> tuple[LayerPlan, ...]:
     """Every distinct plan this layer gets for T = 1 … ``max_tokens`` (with the same ``options``),
     in order of T: the plan at the first T of each bucket of :func:`path_rule`."""
-    starts = [1] if options.get("configs") is not None else \
-        bucket_starts([b[0] for b in path_rule(options.get("swap_ab"), (K, I))], E, top_k)
+    starts = (
+        [1]
+        if options.get("configs") is not None
+        else bucket_starts([b[0] for b in path_rule(options.get("swap_ab"), (K, I))], E, top_k)
+    )
     plans = [plan(MoEDims(T=T, E=E, K=K, I=I, top_k=top_k), quant, **options) for T in starts if T <= max_tokens]
     return tuple(dict.fromkeys(plans))
 
 
-def layer_configs(T: int, E: int, K: int, I: int, top_k: int, swap_ab: bool | None = None,  # noqa: E741
-                  quant: str | None = None) -> tuple[GemmConfig, GemmConfig]:
+def layer_configs(
+    T: int,
+    E: int,
+    K: int,
+    I: int,
+    top_k: int,
+    swap_ab: bool | None = None,  # noqa: E741
+    quant: str | None = None,
+) -> tuple[GemmConfig, GemmConfig]:
     """The (GEMM1, GEMM2) configs of :func:`plan` (kept for callers that want the configs only)."""
     p = plan(MoEDims(T=T, E=E, K=K, I=I, top_k=top_k), quant, swap_ab=swap_ab)
     return p.gemm1, p.gemm2

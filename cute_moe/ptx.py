@@ -21,6 +21,7 @@ from .gemm_plan import KernelPlan, compile_gemm
 PTX_TYPES = {"Float32": "f32", "BFloat16": "bf16", "Float16": "f16", "Float8E4M3FN": "e4m3"}
 """DSL element type → the type suffix PTX spells in ``wgmma.mma_async`` (accumulator, A, B)."""
 
+
 def compile_ptx(cfg: GemmConfig, num_ctas: int | None = None) -> str:
     """PTX of the kernel for ``cfg``, compiled on the CPU (no GPU needed)."""
     return compile_gemm(cfg, num_ctas, keep_ptx=True).__ptx__

@@ -93,8 +93,9 @@ class RowAmax(_GroupKernel):
         self.silu = silu
 
     @cute.kernel
-    def kernel(self, src: cute.Tensor, a: cute.Tensor, amax: cute.Tensor, row_mask: cute.Tensor,
-               used_rows: cute.Tensor):
+    def kernel(
+        self, src: cute.Tensor, a: cute.Tensor, amax: cute.Tensor, row_mask: cute.Tensor, used_rows: cute.Tensor
+    ):
         vs, va = _chunks(src), _chunks(a)
         chunks = a.shape[1] // LANE_VALUES if self.silu else src.shape[1] // LANE_VALUES
         groups = (chunks + 31) // 32
@@ -137,8 +138,7 @@ class QuantizeRows(_GroupKernel):
     scale fp32 (flat, the format's shape), used_rows int32 [1], stream."""
 
     @cute.kernel
-    def kernel(self, src: cute.Tensor, amax: cute.Tensor, q: cute.Tensor, scale: cute.Tensor,
-               used_rows: cute.Tensor):
+    def kernel(self, src: cute.Tensor, amax: cute.Tensor, q: cute.Tensor, scale: cute.Tensor, used_rows: cute.Tensor):
         vs, vq = _chunks(src), _chunks(q)
         chunks = src.shape[1] // LANE_VALUES
         groups = (chunks + 31) // 32
@@ -181,16 +181,34 @@ def compile_quant_kernels(quant: str, num_sms: int | None = None, *, keep_ptx: b
         bf16, f32, fp8, i32 = cutlass.BFloat16, cutlass.Float32, cutlass.Float8E4M3FN, cutlass.Int32
 
         def amax(src, a, silu: bool):  # src, a, amax, row_mask, used_rows
-            return cute.compile(RowAmax(quant, num_sms, silu=silu), src, a, fake_vector(f32), fake_vector(i32),
-                                fake_vector(i32), make_fake_stream(), options=options)
+            return cute.compile(
+                RowAmax(quant, num_sms, silu=silu),
+                src,
+                a,
+                fake_vector(f32),
+                fake_vector(i32),
+                fake_vector(i32),
+                make_fake_stream(),
+                options=options,
+            )
 
         def quantize(src):  # src, amax, q, scale, used_rows
-            return cute.compile(QuantizeRows(quant, num_sms), src, fake_vector(f32), fake_rows(fp8, width),
-                                fake_vector(f32), fake_vector(i32), make_fake_stream(), options=options)
+            return cute.compile(
+                QuantizeRows(quant, num_sms),
+                src,
+                fake_vector(f32),
+                fake_rows(fp8, width),
+                fake_vector(f32),
+                fake_vector(i32),
+                make_fake_stream(),
+                options=options,
+            )
 
-        return {"x_amax": amax(fake_rows(bf16, width), fake_rows(bf16, width), silu=False),
-                "x_quantize": quantize(fake_rows(bf16, width)),
-                "silu_amax": amax(fake_rows(f32, 2 * width), fake_rows(f32, width), silu=True),
-                "a_quantize": quantize(fake_rows(f32, width))}
+        return {
+            "x_amax": amax(fake_rows(bf16, width), fake_rows(bf16, width), silu=False),
+            "x_quantize": quantize(fake_rows(bf16, width)),
+            "silu_amax": amax(fake_rows(f32, 2 * width), fake_rows(f32, width), silu=True),
+            "a_quantize": quantize(fake_rows(f32, width)),
+        }
 
     return compile_once(("quantops", quant, num_sms), build, keep_ptx=keep_ptx)

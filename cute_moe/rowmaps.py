@@ -57,8 +57,10 @@ def check_align_args(topk_ids: torch.Tensor, num_experts: int, tile: int) -> Non
         if isinstance(v, bool) or not isinstance(v, int):
             raise TypeError(f"{name}: expected an int, got {type(v).__name__}")
     if not 1 <= num_experts <= MAX_EXPERTS:
-        raise ValueError(f"num_experts: expected 1 <= num_experts <= {MAX_EXPERTS} (the alignment kernels keep "
-                         f"a [{WARPS}, E] table of counts in shared memory), got {num_experts}")
+        raise ValueError(
+            f"num_experts: expected 1 <= num_experts <= {MAX_EXPERTS} (the alignment kernels keep "
+            f"a [{WARPS}, E] table of counts in shared memory), got {num_experts}"
+        )
     if tile < 1:
         raise ValueError(f"tile: expected a positive row tile, got {tile}")
 
@@ -114,8 +116,14 @@ def split_blocks(alignment: Alignment, tokens_tile: int) -> tuple[torch.Tensor, 
     return experts, alignment.num_padded // tokens_tile
 
 
-def reference_rows(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, tile: int,
-                   gemm_tiles=(), word: torch.Tensor | None = None) -> SortedRows:
+def reference_rows(
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    num_experts: int,
+    tile: int,
+    gemm_tiles=(),
+    word: torch.Tensor | None = None,
+) -> SortedRows:
     """What the two launches compute, in torch ops (the specification; the CPU path of
     ``moe.sort_rows``): :func:`moe_spec.validate.guard_routing` (bits into ``word``, default the
     device's error word), :func:`moe_spec.align.align` of the clamped ids, and the maps."""
@@ -131,8 +139,9 @@ def reference_rows(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_exper
     weight_of_row = al.weight_of_row(weights)
     bad_pair = torch.cat([ids.reshape(-1) != topk_ids.reshape(-1), ids.new_zeros(1, dtype=torch.bool)])
     row_mask = al.holds_pair() & ~bad_pair[al.sorted_ids.long()]  # a clamped pair counts in no amax
-    return SortedRows(al, token_of_row, weight_of_row, al.row_of_pair(), weights.reshape(-1),
-                      row_mask.to(torch.int32), blocks)
+    return SortedRows(
+        al, token_of_row, weight_of_row, al.row_of_pair(), weights.reshape(-1), row_mask.to(torch.int32), blocks
+    )
 
 
 class RowBuffers:
@@ -153,34 +162,66 @@ class RowBuffers:
         self.counts = new(max(-(-P // CHUNK), 1) * num_experts)
         self.block_counts = new(GEMM_TILES)
         self.scratch = new(max(zeroed, 1), torch.float32)
-        self.out = dict(sorted_ids=new(rows), expert_of_block=new(rows // tile), expert_end=new(num_experts),
-                        token_of_row=new(rows, torch.int64), weight_of_row=new(rows, torch.float32),
-                        row_of_pair=new(P, torch.int64), weight_of_pair=new(P, torch.float32), row_mask=new(rows),
-                        blocks0=new(rows // self.tiles[0]), blocks1=new(rows // self.tiles[1]))
+        self.out = dict(
+            sorted_ids=new(rows),
+            expert_of_block=new(rows // tile),
+            expert_end=new(num_experts),
+            token_of_row=new(rows, torch.int64),
+            weight_of_row=new(rows, torch.float32),
+            row_of_pair=new(P, torch.int64),
+            weight_of_pair=new(P, torch.float32),
+            row_mask=new(rows),
+            blocks0=new(rows // self.tiles[0]),
+            blocks1=new(rows // self.tiles[1]),
+        )
         self._wrapped = None
         o = self.out
-        al = Alignment(tile=tile, num_pairs=P, sorted_ids=o["sorted_ids"], expert_of_block=o["expert_of_block"],
-                       expert_end=o["expert_end"])
+        al = Alignment(
+            tile=tile,
+            num_pairs=P,
+            sorted_ids=o["sorted_ids"],
+            expert_of_block=o["expert_of_block"],
+            expert_end=o["expert_end"],
+        )
         blocks = {}
         for i, t in enumerate(self.tiles):
-            blocks.setdefault(t, (o[f"blocks{i}"], self.block_counts[i:i + 1]))
-        self.rows = SortedRows(al, o["token_of_row"], o["weight_of_row"], o["row_of_pair"], o["weight_of_pair"],
-                               o["row_mask"], blocks)
+            blocks.setdefault(t, (o[f"blocks{i}"], self.block_counts[i : i + 1]))
+        self.rows = SortedRows(
+            al, o["token_of_row"], o["weight_of_row"], o["row_of_pair"], o["weight_of_pair"], o["row_mask"], blocks
+        )
 
     def tensors(self) -> tuple:
         """Every buffer, and every view of one, that a later kernel is given (``runtime.keep``)."""
         blocks = tuple(t for pair in self.rows.blocks.values() for t in pair)
-        return tuple(self.out.values()) + (self.counts, self.block_counts, self.scratch,
-                                           self.rows.alignment.num_padded) + blocks
+        return (
+            tuple(self.out.values())
+            + (self.counts, self.block_counts, self.scratch, self.rows.alignment.num_padded)
+            + blocks
+        )
 
     def wrapped(self) -> tuple:
         """The CuTe wrappers of the outputs, in the place kernel's order (made at the first call)."""
         if self._wrapped is None:
             o = self.out
-            self._wrapped = (cute_vector(self.counts),) + tuple(cute_vector(o[name]) for name in (
-                "sorted_ids", "expert_of_block", "expert_end", "token_of_row", "weight_of_row", "row_of_pair",
-                "weight_of_pair", "row_mask", "blocks0", "blocks1")) + (cute_vector(self.block_counts),
-                                                                       cute_vector(self.scratch))
+            self._wrapped = (
+                (cute_vector(self.counts),)
+                + tuple(
+                    cute_vector(o[name])
+                    for name in (
+                        "sorted_ids",
+                        "expert_of_block",
+                        "expert_end",
+                        "token_of_row",
+                        "weight_of_row",
+                        "row_of_pair",
+                        "weight_of_pair",
+                        "row_mask",
+                        "blocks0",
+                        "blocks1",
+                    )
+                )
+                + (cute_vector(self.block_counts), cute_vector(self.scratch))
+            )
         return self._wrapped
 
 
@@ -194,12 +235,16 @@ def launch_rows(topk_ids: torch.Tensor, topk_weights: torch.Tensor, bufs: RowBuf
     routing = (("topk_ids", topk_ids, tuple(ID_DTYPES)), ("topk_weights", topk_weights, (torch.float32,)))
     for name, t, dtypes in routing:
         if t.dtype not in dtypes or tuple(t.shape) != (T, top_k) or not t.is_contiguous():
-            raise ValueError(f"{name}: expected a contiguous [{T}, {top_k}] tensor of {dtypes}, got {t.dtype} "
-                             f"{list(t.shape)} (strides {t.stride()})")
+            raise ValueError(
+                f"{name}: expected a contiguous [{T}, {top_k}] tensor of {dtypes}, got {t.dtype} "
+                f"{list(t.shape)} (strides {t.stride()})"
+            )
     for name, t, _ in routing:
         if not on_gpu(t) or t.device != bufs.counts.device:
-            raise ValueError(f"{name}: the alignment kernels run on the CUDA device of the buffers "
-                             f"({bufs.counts.device}), got a tensor on {t.device}")
+            raise ValueError(
+                f"{name}: the alignment kernels run on the CUDA device of the buffers "
+                f"({bufs.counts.device}), got a tensor on {t.device}"
+            )
     if word.dtype != torch.int32 or word.numel() != 1 or word.device != bufs.counts.device:
         raise ValueError(f"word: expected the int32 [1] error word on {bufs.counts.device}")
     P = T * top_k
@@ -216,14 +261,36 @@ def launch_rows(topk_ids: torch.Tensor, topk_weights: torch.Tensor, bufs: RowBuf
         kernels["count"](ids, P, counts, num_experts, stream)
     if bufs.ctas < -(-P // CHUNK):
         raise ValueError(f"bufs.ctas: the place launch needs a CTA per chunk of {CHUNK} pairs, got {bufs.ctas}")
-    kernels["place"](ids, weights, P, counts, *outs, block_counts, cute_vector(word), scratch, num_experts, tile, top_k,
-                     tiles[0], tiles[1], bufs.ctas, stream)
+    kernels["place"](
+        ids,
+        weights,
+        P,
+        counts,
+        *outs,
+        block_counts,
+        cute_vector(word),
+        scratch,
+        num_experts,
+        tile,
+        top_k,
+        tiles[0],
+        tiles[1],
+        bufs.ctas,
+        stream,
+    )
     return bufs.rows
 
 
-def sort_rows_on_device(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, tile: int,
-                        gemm_tiles=(), *, word: torch.Tensor | None = None,
-                        buffers: RowBuffers | None = None) -> SortedRows:
+def sort_rows_on_device(
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    num_experts: int,
+    tile: int,
+    gemm_tiles=(),
+    *,
+    word: torch.Tensor | None = None,
+    buffers: RowBuffers | None = None,
+) -> SortedRows:
     """:func:`reference_rows` computed by the two kernels of this module, bit for bit.
 
     On a CUDA device: at most two launches on the current stream, no host sync, CUDA-graph

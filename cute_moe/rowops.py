@@ -143,8 +143,14 @@ class ScaleRows(_RowKernel):
         self.vec = vec  # elements per 16-byte vector of y
 
     @cute.kernel
-    def kernel(self, y: cute.Tensor, row_expert: cute.Tensor, x_scale: cute.Tensor, w_scale: cute.Tensor,
-               used_rows: cute.Tensor):
+    def kernel(
+        self,
+        y: cute.Tensor,
+        row_expert: cute.Tensor,
+        x_scale: cute.Tensor,
+        w_scale: cute.Tensor,
+        used_rows: cute.Tensor,
+    ):
         vy = cute.local_tile(y, (1, self.vec), (None, None))
         scale = cute.make_rmem_tensor((self.vec,), cutlass.Float32)
 
@@ -189,12 +195,33 @@ def compile_row_kernels(num_sms: int | None = None, *, keep_ptx: bool = False) -
 
     def build(options):
         bf16, i32, i64 = cutlass.BFloat16, cutlass.Int32, cutlass.Int64
-        return {"gather": cute.compile(GatherRows(num_sms), fake_rows(bf16, VEC), fake_rows(bf16, VEC),
-                                       fake_vector(i64), fake_vector(i32), make_fake_stream(), options=options),
-                "silu_mul": cute.compile(SiluMul(num_sms), fake_rows(bf16, 2 * VEC), fake_rows(bf16, VEC),
-                                         fake_vector(i32), make_fake_stream(), options=options),
-                "combine": cute.compile(CombineRows(num_sms), fake_rows(bf16, VEC), fake_rows(bf16, VEC),
-                                        fake_vector(i64), make_fake_stream(), options=options)}
+        return {
+            "gather": cute.compile(
+                GatherRows(num_sms),
+                fake_rows(bf16, VEC),
+                fake_rows(bf16, VEC),
+                fake_vector(i64),
+                fake_vector(i32),
+                make_fake_stream(),
+                options=options,
+            ),
+            "silu_mul": cute.compile(
+                SiluMul(num_sms),
+                fake_rows(bf16, 2 * VEC),
+                fake_rows(bf16, VEC),
+                fake_vector(i32),
+                make_fake_stream(),
+                options=options,
+            ),
+            "combine": cute.compile(
+                CombineRows(num_sms),
+                fake_rows(bf16, VEC),
+                fake_rows(bf16, VEC),
+                fake_vector(i64),
+                make_fake_stream(),
+                options=options,
+            ),
+        }
 
     return compile_once(("rowops", num_sms), build, keep_ptx=keep_ptx)
 
@@ -209,14 +236,29 @@ def compile_unfused_kernels(quant, num_sms: int | None = None) -> dict:
 
     def build(options):
         bf16, f32, i32 = cutlass.BFloat16, cutlass.Float32, cutlass.Int32
-        kernels = {"weighted_combine": cute.compile(WeightedCombineRows(num_sms), fake_rows(bf16, VEC),
-                                                    fake_rows(bf16, VEC), fake_vector(cutlass.Int64),
-                                                    fake_vector(f32), make_fake_stream(), options=options)}
+        kernels = {
+            "weighted_combine": cute.compile(
+                WeightedCombineRows(num_sms),
+                fake_rows(bf16, VEC),
+                fake_rows(bf16, VEC),
+                fake_vector(cutlass.Int64),
+                fake_vector(f32),
+                make_fake_stream(),
+                options=options,
+            )
+        }
         if quant in ("fp8_tensor", "fp8_channel"):
             for name, dtype in (("scale_f32", f32), ("scale_bf16", bf16)):
                 vec = 16 // (dtype.width // 8)  # one 16-byte vector per thread step
-                kernels[name] = cute.compile(ScaleRows(num_sms, quant, vec), fake_rows(dtype, vec), fake_vector(i32),
-                                             *fake_scales(quant), fake_vector(i32), make_fake_stream(), options=options)
+                kernels[name] = cute.compile(
+                    ScaleRows(num_sms, quant, vec),
+                    fake_rows(dtype, vec),
+                    fake_vector(i32),
+                    *fake_scales(quant),
+                    fake_vector(i32),
+                    make_fake_stream(),
+                    options=options,
+                )
         return kernels
 
     return compile_once(("unfused", quant, num_sms), build)

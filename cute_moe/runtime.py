@@ -114,8 +114,11 @@ def cute_pointer(t: torch.Tensor):
     tensor (the alignment's launches take the routing tensors so)."""
     dtype = _POINTER_TYPES.get(t.dtype)
     if dtype is None:
-        dtype = _POINTER_TYPES[t.dtype] = {torch.int32: cutlass.Int32, torch.int64: cutlass.Int64,
-                                           torch.float32: cutlass.Float32}[t.dtype]
+        dtype = _POINTER_TYPES[t.dtype] = {
+            torch.int32: cutlass.Int32,
+            torch.int64: cutlass.Int64,
+            torch.float32: cutlass.Float32,
+        }[t.dtype]
     return make_ptr(dtype, t.data_ptr(), cute.AddressSpace.gmem, assumed_align=t.element_size())
 
 
@@ -128,8 +131,7 @@ def cute_scale(t: torch.Tensor):
     The leading dimension is named: left to inference, a [rows, 1] array would be read as unit
     stride along rows, a different layout from the one the kernel was compiled for.
     """
-    return _wrap(t, ("scale",),
-                 lambda t: from_dlpack(t, assumed_align=4).mark_layout_dynamic(leading_dim=t.dim() - 1))
+    return _wrap(t, ("scale",), lambda t: from_dlpack(t, assumed_align=4).mark_layout_dynamic(leading_dim=t.dim() - 1))
 
 
 def on_gpu(t: torch.Tensor) -> bool:
@@ -150,8 +152,12 @@ def current_stream(t: torch.Tensor):
 def fake_rows(dtype, cols_divisibility: int):
     """What :func:`cute_tensor` makes of a row-major [rows, cols] tensor (``leading_dim=1``), symbolic:
     16-B aligned, ``cols`` and the row stride multiples of ``cols_divisibility``."""
-    return make_fake_tensor(dtype, (cute.sym_int(), cute.sym_int(divisibility=cols_divisibility)),
-                            stride=(cute.sym_int64(divisibility=cols_divisibility), 1), assumed_align=16)
+    return make_fake_tensor(
+        dtype,
+        (cute.sym_int(), cute.sym_int(divisibility=cols_divisibility)),
+        stride=(cute.sym_int64(divisibility=cols_divisibility), 1),
+        assumed_align=16,
+    )
 
 
 def fake_vector(dtype):
@@ -162,6 +168,7 @@ def fake_vector(dtype):
 def fake_scales(quant: str):
     """(x_scale, w_scale) of an FP8 format as :func:`cute_scale` makes them of contiguous tensors:
     fp32, unit stride last, symbolic extents and strides."""
+
     def f32(n_dims: int):
         shape = tuple(cute.sym_int() for _ in range(n_dims))
         stride = tuple(cute.sym_int64() for _ in range(n_dims - 1)) + (1,)

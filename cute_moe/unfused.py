@@ -62,8 +62,9 @@ def separate_configs(cfg1: GemmConfig, cfg2: GemmConfig) -> tuple[GemmConfig, Ge
     return cfg1.replace(**off).validate(), cfg2.replace(row_scale=False, **off).validate()
 
 
-def scale_rows(y: torch.Tensor, alignment: Alignment, x_scale: torch.Tensor, w_scale: torch.Tensor,
-               quant) -> torch.Tensor:
+def scale_rows(
+    y: torch.Tensor, alignment: Alignment, x_scale: torch.Tensor, w_scale: torch.Tensor, quant
+) -> torch.Tensor:
     """The scale pass, in place: ``y[r, c] ·= s_x · s_w`` for per-tensor / per-channel FP8 (x_scale
     in the GEMM's row order: [1] or [M_pad]) on the used rows (``alignment.num_padded``), each row
     reading its expert's weight scale (``expert_of_block``, one expert per ``alignment.tile``
@@ -73,8 +74,14 @@ def scale_rows(y: torch.Tensor, alignment: Alignment, x_scale: torch.Tensor, w_s
     name = {torch.float32: "scale_f32", torch.bfloat16: "scale_bf16"}[y.dtype]
     kernel = compile_unfused_kernels(quant, sm_count(y.device))[name]
     row_expert = alignment.expert_of_block.repeat_interleave(alignment.tile)  # −1 past the used rows: never read
-    kernel(cute_tensor(y, 1), cute_vector(row_expert), cute_scale(x_scale), cute_scale(w_scale),
-           cute_vector(alignment.num_padded), current_stream(y))
+    kernel(
+        cute_tensor(y, 1),
+        cute_vector(row_expert),
+        cute_scale(x_scale),
+        cute_scale(w_scale),
+        cute_vector(alignment.num_padded),
+        current_stream(y),
+    )
     return y
 
 
@@ -85,7 +92,8 @@ def weighted_combine(y: torch.Tensor, row_of_pair: torch.Tensor, topk_weights: t
     out = torch.empty(T, y.shape[1], dtype=y.dtype, device=y.device)
     weights = topk_weights.reshape(-1).to(torch.float32)
     compile_unfused_kernels(quant, sm_count(y.device))["weighted_combine"](
-        cute_tensor(y, 1), cute_tensor(out, 1), cute_vector(row_of_pair), cute_vector(weights), current_stream(y))
+        cute_tensor(y, 1), cute_tensor(out, 1), cute_vector(row_of_pair), cute_vector(weights), current_stream(y)
+    )
     return out
 
 

@@ -59,8 +59,10 @@ def check_ids_dtypes(ids_dtypes) -> tuple:
     """``ids_dtypes`` without repeats: a non-empty tuple (or list) of :data:`IDS_DTYPES` — TypeError or
     ValueError naming the argument otherwise (triton_moe.warmup's words)."""
     if not isinstance(ids_dtypes, (tuple, list)):
-        raise TypeError(f"ids_dtypes: expected a non-empty tuple of dtypes from {IDS_DTYPES}, e.g. "
-                        f"(torch.int32,), got {ids_dtypes!r}")
+        raise TypeError(
+            f"ids_dtypes: expected a non-empty tuple of dtypes from {IDS_DTYPES}, e.g. "
+            f"(torch.int32,), got {ids_dtypes!r}"
+        )
     if not ids_dtypes or any(d not in IDS_DTYPES for d in ids_dtypes):
         raise ValueError(f"ids_dtypes: expected a non-empty tuple of {IDS_DTYPES}, got {ids_dtypes!r}")
     return tuple(dict.fromkeys(ids_dtypes))
@@ -132,13 +134,26 @@ def _first_launch(p, E, K, I, top_k, quant, device, ids_dtype) -> WarmupStep:  #
     fused_moe(**inputs.kwargs(), configs=(p.gemm1, p.gemm2))
     torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
-    return WarmupStep(f"first launch of {p.describe()} (T = 1, {str(ids_dtype).removeprefix('torch.')} ids)",
-                      ("kernel compiled at its first launch",) * (compile_count() - before), seconds)
+    return WarmupStep(
+        f"first launch of {p.describe()} (T = 1, {str(ids_dtype).removeprefix('torch.')} ids)",
+        ("kernel compiled at its first launch",) * (compile_count() - before),
+        seconds,
+    )
 
 
-def warmup(E: int, K: int, I: int, top_k: int, quant: str | None = None,  # noqa: E741
-           max_tokens: int = MAX_TOKENS, device="cuda", *, dry_run: bool = False, ids_dtypes=IDS_DTYPES,
-           **options) -> WarmupReport:
+def warmup(
+    E: int,
+    K: int,
+    I: int,
+    top_k: int,
+    quant: str | None = None,  # noqa: E741
+    max_tokens: int = MAX_TOKENS,
+    device="cuda",
+    *,
+    dry_run: bool = False,
+    ids_dtypes=IDS_DTYPES,
+    **options,
+) -> WarmupReport:
     """Compile every kernel ``fused_moe`` can launch for this layer at T = 1 … ``max_tokens``.
 
     ``options`` are ``fused_moe``'s (``swap_ab``, ``configs``): the warm-up covers the calls made
@@ -157,24 +172,51 @@ def warmup(E: int, K: int, I: int, top_k: int, quant: str | None = None,  # noqa
     num_ctas = _num_ctas(device)
     plans = layer_plans(plans_for, E, K, I, top_k, quant, max_tokens, **options)
     configs = tuple(dict.fromkeys(cfg for p in plans for cfg in (p.gemm1, p.gemm2)))
-    steps = [_step(gemm_name(cfg), (gemm_name(cfg),), lambda cfg=cfg: compile_gemm(cfg, num_ctas), dry_run)
-             for cfg in configs]
+    steps = [
+        _step(gemm_name(cfg), (gemm_name(cfg),), lambda cfg=cfg: compile_gemm(cfg, num_ctas), dry_run)
+        for cfg in configs
+    ]
     steps.append(_step("row kernels", ROW_KERNELS, lambda: compile_row_kernels(num_ctas), dry_run))
-    steps += [_step(f"alignment kernels, {str(dt).removeprefix('torch.')} ids", _align_names(dt),
-                    lambda dt=dt: compile_align_kernels(dt), dry_run) for dt in ids_dtypes]
+    steps += [
+        _step(
+            f"alignment kernels, {str(dt).removeprefix('torch.')} ids",
+            _align_names(dt),
+            lambda dt=dt: compile_align_kernels(dt),
+            dry_run,
+        )
+        for dt in ids_dtypes
+    ]
     if not dry_run:
         for p in plans:  # anything else a plan runs (compile_plan owns that list)
             start = time.perf_counter()
             extra = compile_plan(p, num_ctas, ids_dtypes)
             if extra:
-                steps.append(WarmupStep(f"other kernels of {p.describe()}", ("compile_plan kernel",) * extra,
-                                        time.perf_counter() - start))
+                steps.append(
+                    WarmupStep(
+                        f"other kernels of {p.describe()}",
+                        ("compile_plan kernel",) * extra,
+                        time.perf_counter() - start,
+                    )
+                )
         if torch.device(device).type == "cuda":
             steps += [_first_launch(p, E, K, I, top_k, quant, device, ids_dtypes[0]) for p in plans]
             # the alignment kernels are the only ones the ids dtype changes: one more call per dtype
             steps += [_first_launch(plans[0], E, K, I, top_k, quant, device, dt) for dt in ids_dtypes[1:]]
     mode = "dry run: listed, nothing compiled" if dry_run else "compiled"
-    return WarmupReport("cute_moe", E, K, I, top_k, quant, max_tokens, mode, tuple(p.describe() for p in plans),
-                        tuple(steps), frozenset([("grouped_gemm", cfg) for cfg in configs]
-                                             + [(name, num_ctas) for name in ROW_KERNELS]
-                                             + [("align", dt) for dt in ids_dtypes]))
+    return WarmupReport(
+        "cute_moe",
+        E,
+        K,
+        I,
+        top_k,
+        quant,
+        max_tokens,
+        mode,
+        tuple(p.describe() for p in plans),
+        tuple(steps),
+        frozenset(
+            [("grouped_gemm", cfg) for cfg in configs]
+            + [(name, num_ctas) for name in ROW_KERNELS]
+            + [("align", dt) for dt in ids_dtypes]
+        ),
+    )

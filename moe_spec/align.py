@@ -102,5 +102,10 @@ def align(topk_ids: torch.Tensor, num_experts: int, tile: int) -> Alignment:
     block_start = torch.arange(0, rows, tile, device=device)
     owner = torch.searchsorted(expert_end, block_start, right=True)
     expert_of_block = torch.where(block_start < expert_end[-1], owner, -1)
-    return Alignment(tile=tile, num_pairs=num_pairs, sorted_ids=sorted_ids.to(torch.int32),
-                     expert_of_block=expert_of_block.to(torch.int32), expert_end=expert_end.to(torch.int32))
+    return Alignment(
+        tile=tile,
+        num_pairs=num_pairs,
+        sorted_ids=sorted_ids.to(torch.int32),
+        expert_of_block=expert_of_block.to(torch.int32),
+        expert_end=expert_end.to(torch.int32),
+    )

@@ -127,10 +127,14 @@ def quant_from_vllm(use_fp8_w8a8=False, per_channel_quant=False, block_shape=Non
             raise ValueError("per_channel_quant/block_shape: only meaningful with use_fp8_w8a8=True")
         return None
     if block_shape is not None:
-        if (not isinstance(block_shape, (list, tuple)) or len(block_shape) != 2
-                or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in block_shape)):
-            raise TypeError(f"block_shape: expected None or [rows, cols] (two positive ints, e.g. [128, 128]), "
-                            f"got {block_shape!r}")
+        if (
+            not isinstance(block_shape, (list, tuple))
+            or len(block_shape) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in block_shape)
+        ):
+            raise TypeError(
+                f"block_shape: expected None or [rows, cols] (two positive ints, e.g. [128, 128]), got {block_shape!r}"
+            )
         group, arg = tuple(block_shape), "block_shape"
     else:
         group, arg = ((1, WHOLE) if per_channel_quant else (WHOLE, WHOLE)), "per_channel_quant"
@@ -138,8 +142,10 @@ def quant_from_vllm(use_fp8_w8a8=False, per_channel_quant=False, block_shape=Non
         if fmt.weight_dtype == FP8_DTYPE and fmt.weight_group == group:
             return fmt.name
     blocks = [list(f.weight_group) for f in FORMATS.values() if f.quantized and WHOLE not in f.weight_group]
-    raise ValueError(f"{arg}: no fp8 format of this project has weight scale groups {list(group)}; "
-                     f"block_shape may be one of {blocks}")
+    raise ValueError(
+        f"{arg}: no fp8 format of this project has weight scale groups {list(group)}; "
+        f"block_shape may be one of {blocks}"
+    )
 
 
 def _vllm_scale(s, w, quant):
@@ -158,12 +164,31 @@ def make_fused_experts(fused_moe):
     """Return ``fused_experts`` with vLLM's signature, calling ``fused_moe``."""
 
     @functools.wraps(fused_moe, assigned=("__module__",))
-    def fused_experts(hidden_states, w1, w2, topk_weights, topk_ids, inplace=False, activation="silu",
-                      apply_router_weight_on_input=False, use_fp8_w8a8=False, use_int8_w8a8=False,
-                      use_int8_w8a16=False, use_int4_w4a16=False, per_channel_quant=False,
-                      global_num_experts=-1, expert_map=None, w1_scale=None, w2_scale=None,
-                      w1_zp=None, w2_zp=None, a1_scale=None, a2_scale=None, block_shape=None,
-                      **backend_options):
+    def fused_experts(
+        hidden_states,
+        w1,
+        w2,
+        topk_weights,
+        topk_ids,
+        inplace=False,
+        activation="silu",
+        apply_router_weight_on_input=False,
+        use_fp8_w8a8=False,
+        use_int8_w8a8=False,
+        use_int8_w8a16=False,
+        use_int4_w4a16=False,
+        per_channel_quant=False,
+        global_num_experts=-1,
+        expert_map=None,
+        w1_scale=None,
+        w2_scale=None,
+        w1_zp=None,
+        w2_zp=None,
+        a1_scale=None,
+        a2_scale=None,
+        block_shape=None,
+        **backend_options,
+    ):
         unsupported = {
             "activation": activation != "silu",
             "apply_router_weight_on_input": apply_router_weight_on_input,
@@ -176,22 +201,35 @@ def make_fused_experts(fused_moe):
         }
         bad = [name for name, hit in unsupported.items() if hit]
         if bad:
-            raise ValueError(f"{bad[0]}: not supported by this backend (SiLU-gated experts, fp8 W8A8, "
-                             "no expert map)")
+            raise ValueError(f"{bad[0]}: not supported by this backend (SiLU-gated experts, fp8 W8A8, no expert map)")
         if global_num_experts != -1 and not (isinstance(w1, torch.Tensor) and global_num_experts == w1.shape[0]):
             raise ValueError(f"global_num_experts: expected -1 or E (w1.shape[0]), got {global_num_experts}")
         quant = quant_from_vllm(use_fp8_w8a8, per_channel_quant, block_shape)
         if a1_scale is not None or a2_scale is not None:  # static activation scales (fp8_tensor)
             backend_options.update(a1_scale=a1_scale, a2_scale=a2_scale)
-        if inplace and isinstance(hidden_states, torch.Tensor) and hidden_states.requires_grad \
-                and torch.is_grad_enabled():
-            raise ValueError("hidden_states: inplace=True writes the output into it, but it requires grad (autograd "
-                             "forbids that, and the kernels have no backward); pass inplace=False or run under "
-                             "torch.no_grad()")
+        if (
+            inplace
+            and isinstance(hidden_states, torch.Tensor)
+            and hidden_states.requires_grad
+            and torch.is_grad_enabled()
+        ):
+            raise ValueError(
+                "hidden_states: inplace=True writes the output into it, but it requires grad (autograd "
+                "forbids that, and the kernels have no backward); pass inplace=False or run under "
+                "torch.no_grad()"
+            )
         try:
-            out = fused_moe(hidden_states, w1, w2, topk_weights, topk_ids, quant=quant,
-                            w1_scale=_vllm_scale(w1_scale, w1, quant), w2_scale=_vllm_scale(w2_scale, w2, quant),
-                            **backend_options)
+            out = fused_moe(
+                hidden_states,
+                w1,
+                w2,
+                topk_weights,
+                topk_ids,
+                quant=quant,
+                w1_scale=_vllm_scale(w1_scale, w1, quant),
+                w2_scale=_vllm_scale(w2_scale, w2, quant),
+                **backend_options,
+            )
         except (TypeError, ValueError) as exc:  # the contract's x is vLLM's hidden_states
             if str(exc).startswith("x: "):
                 raise type(exc)("hidden_states: " + str(exc)[3:]) from None
@@ -204,8 +242,7 @@ def make_fused_experts(fused_moe):
     fused_experts.limits = getattr(fused_moe, "limits", None)  # the backend's (moe_spec.validate.Limits)
     fused_experts.__name__ = "fused_experts"
     fused_experts.__qualname__ = "fused_experts"
-    fused_experts.__doc__ = (
-        "vLLM-compatible spelling of this backend's fused_moe (see moe_spec.contract).\n\n"
-        + (fused_moe.__doc__ or "")
+    fused_experts.__doc__ = "vLLM-compatible spelling of this backend's fused_moe (see moe_spec.contract).\n\n" + (
+        fused_moe.__doc__ or ""
     )
     return fused_experts

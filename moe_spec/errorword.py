@@ -37,21 +37,49 @@ class DataCheck:
 
 #: The data checks, in argument order (the first set bit names the argument :func:`check` raises for).
 DATA_CHECKS = (
-    DataCheck(1, "topk_ids", "expected ids in [0, E)",
-              "the pair was aligned with its id clamped into range and weighted NaN, so its token's output "
-              "row is NaN (under FP8 its intermediate is zeroed: no shared scale sees it)"),
-    DataCheck(2, "topk_ids", "expected distinct ids in each token's row",
-              "the repeated expert was computed for each slot and summed, as the formula reads"),
-    DataCheck(4, "topk_weights", "expected finite routing weights",
-              "the non-finite weight multiplied its pair: the token's output row is not finite"),
-    DataCheck(8, "w1_scale", "expected finite, positive scales",
-              "the scale was used as given (NaN, inf, zero or a sign flip in the output)"),
-    DataCheck(16, "w2_scale", "expected finite, positive scales",
-              "the scale was used as given (NaN, inf, zero or a sign flip in the output)"),
-    DataCheck(32, "a1_scale", "expected a finite, positive static activation scale",
-              "the scale was used as given (NaN, inf, zero or a sign flip in the output)"),
-    DataCheck(64, "a2_scale", "expected a finite, positive static activation scale",
-              "the scale was used as given (NaN, inf, zero or a sign flip in the output)"),
+    DataCheck(
+        1,
+        "topk_ids",
+        "expected ids in [0, E)",
+        "the pair was aligned with its id clamped into range and weighted NaN, so its token's output "
+        "row is NaN (under FP8 its intermediate is zeroed: no shared scale sees it)",
+    ),
+    DataCheck(
+        2,
+        "topk_ids",
+        "expected distinct ids in each token's row",
+        "the repeated expert was computed for each slot and summed, as the formula reads",
+    ),
+    DataCheck(
+        4,
+        "topk_weights",
+        "expected finite routing weights",
+        "the non-finite weight multiplied its pair: the token's output row is not finite",
+    ),
+    DataCheck(
+        8,
+        "w1_scale",
+        "expected finite, positive scales",
+        "the scale was used as given (NaN, inf, zero or a sign flip in the output)",
+    ),
+    DataCheck(
+        16,
+        "w2_scale",
+        "expected finite, positive scales",
+        "the scale was used as given (NaN, inf, zero or a sign flip in the output)",
+    ),
+    DataCheck(
+        32,
+        "a1_scale",
+        "expected a finite, positive static activation scale",
+        "the scale was used as given (NaN, inf, zero or a sign flip in the output)",
+    ),
+    DataCheck(
+        64,
+        "a2_scale",
+        "expected a finite, positive static activation scale",
+        "the scale was used as given (NaN, inf, zero or a sign flip in the output)",
+    ),
 )
 BAD_ID, REPEATED_ID, BAD_WEIGHT, BAD_W1_SCALE, BAD_W2_SCALE, BAD_A1_SCALE, BAD_A2_SCALE = (c.bit for c in DATA_CHECKS)
 
@@ -79,8 +107,10 @@ def check_mode() -> str:
     """The current data-check mode: ``"device"`` (default) or ``"sync"`` (``MOE_CHECK``). ValueError
     naming ``MOE_CHECK`` when the environment's value is none of :data:`CHECK_MODES`."""
     if _mode is None:
-        raise ValueError(f"MOE_CHECK: expected one of {CHECK_MODES} (any case), got "
-                         f"{os.environ.get('MOE_CHECK')!r}; fix or unset it (the default is 'device')")
+        raise ValueError(
+            f"MOE_CHECK: expected one of {CHECK_MODES} (any case), got "
+            f"{os.environ.get('MOE_CHECK')!r}; fix or unset it (the default is 'device')"
+        )
     return _mode
 
 
@@ -135,8 +165,10 @@ def error_word(device) -> torch.Tensor:
             word = _words.get(key)
             if word is None:
                 if key.type == "cuda" and torch.cuda.is_current_stream_capturing():
-                    raise RuntimeError(f"moe_spec.validate.error_word: the error word of {key} is allocated at the "
-                                       "first call outside a CUDA graph capture; run one call before capturing")
+                    raise RuntimeError(
+                        f"moe_spec.validate.error_word: the error word of {key} is allocated at the "
+                        "first call outside a CUDA graph capture; run one call before capturing"
+                    )
                 word = torch.zeros(1, dtype=torch.int32, device=key)
                 _bits[key] = torch.tensor([BAD_ID, BAD_WEIGHT, REPEATED_ID], dtype=torch.int32, device=key)
                 if key.type == "cuda":
@@ -170,8 +202,10 @@ def check(device=None) -> None:
             copy[0][0] = 0
         first, *more = failed_checks(bits)
         also = f" (also failed: {', '.join(c.argument + ' ' + c.rule for c in more)})" if more else ""
-        raise ValueError(f"{first.argument}: {first.rule}; a fused_moe call on {key} since the last check broke "
-                         f"this: {first.effect}{also}")
+        raise ValueError(
+            f"{first.argument}: {first.rule}; a fused_moe call on {key} since the last check broke "
+            f"this: {first.effect}{also}"
+        )
 
 
 #: Seconds between two copies of a CUDA device's error word to pinned host memory

@@ -41,7 +41,7 @@ def wgmma_k(element_bytes: int) -> int:
     return WGMMA_K_BYTES // element_bytes
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _device_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 

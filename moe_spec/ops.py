@@ -43,23 +43,50 @@ import torch
 from moe_spec.validate import Limits, check_runs_on, validate_moe_args
 
 #: The operator's schema, without its name's namespace: the contract's arguments, in its order.
-SCHEMA = ("fused_moe(Tensor x, Tensor w1, Tensor w2, Tensor topk_weights, Tensor topk_ids, str? quant=None, "
-          "Tensor? w1_scale=None, Tensor? w2_scale=None, Tensor? a1_scale=None, Tensor? a2_scale=None) -> Tensor")
+SCHEMA = (
+    "fused_moe(Tensor x, Tensor w1, Tensor w2, Tensor topk_weights, Tensor topk_ids, str? quant=None, "
+    "Tensor? w1_scale=None, Tensor? w2_scale=None, Tensor? a1_scale=None, Tensor? a2_scale=None) -> Tensor"
+)
 #: The dtype of the output ([T, K]) of every backend (moe_spec.contract).
 OUT_DTYPE = torch.bfloat16
 
 _libraries: dict = {}  # namespace -> (torch.library.Library, the op, the backend function), kept for the process
 
 
-def metadata_checks(x, w1, w2, topk_weights, topk_ids, quant=None, w1_scale=None, w2_scale=None, a1_scale=None,
-                    a2_scale=None, *, limits: Limits | None = None, plan: Callable | None = None):
+def metadata_checks(
+    x,
+    w1,
+    w2,
+    topk_weights,
+    topk_ids,
+    quant=None,
+    w1_scale=None,
+    w2_scale=None,
+    a1_scale=None,
+    a2_scale=None,
+    *,
+    limits: Limits | None = None,
+    plan: Callable | None = None,
+):
     """What a backend's ``fused_moe`` checks from metadata alone (no data read), in its order:
     :func:`moe_spec.validate.validate_moe_args` in the ``"device"`` mode (the data checks belong to
     the kernels), the backend's ``plan(dims, quant)`` with its default options (it refuses what the
     backend cannot run), then the device rule of ``limits``. Returns the sizes
     (:class:`moe_spec.validate.MoEDims`)."""
-    dims = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale,
-                             a1_scale=a1_scale, a2_scale=a2_scale, limits=limits, data_checks="device")
+    dims = validate_moe_args(
+        x,
+        w1,
+        w2,
+        topk_weights,
+        topk_ids,
+        quant=quant,
+        w1_scale=w1_scale,
+        w2_scale=w2_scale,
+        a1_scale=a1_scale,
+        a2_scale=a2_scale,
+        limits=limits,
+        data_checks="device",
+    )
     if plan is not None:
         plan(dims, quant)
     check_runs_on(x.device, limits)
@@ -89,8 +116,14 @@ def _concrete(t):
     return torch.empty_strided([_hint(s) for s in shape], [_hint(s) for s in stride], dtype=t.dtype, device=t.device)
 
 
-def define_fused_moe_op(namespace: str, impl: Callable, *, limits: Limits | None = None,
-                        plan: Callable | None = None, check: Callable | None = None) -> torch._ops.OpOverload:
+def define_fused_moe_op(
+    namespace: str,
+    impl: Callable,
+    *,
+    limits: Limits | None = None,
+    plan: Callable | None = None,
+    check: Callable | None = None,
+) -> torch._ops.OpOverload:
     """Define ``torch.ops.<namespace>.fused_moe`` (:data:`SCHEMA`) running ``impl`` — a backend's
     ``fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant, w1_scale, w2_scale, a1_scale, a2_scale)``
     — on CPU and CUDA tensors, with a fake implementation that runs ``check`` (same arguments,
@@ -103,18 +136,30 @@ def define_fused_moe_op(namespace: str, impl: Callable, *, limits: Limits | None
     if known is not None:
         if known[2] is impl:
             return known[1]
-        raise RuntimeError(f"namespace: {namespace}::fused_moe is defined already (by {known[2].__module__}."
-                           f"{known[2].__qualname__}); an op is defined once per process")
+        raise RuntimeError(
+            f"namespace: {namespace}::fused_moe is defined already (by {known[2].__module__}."
+            f"{known[2].__qualname__}); an op is defined once per process"
+        )
     if check is None:
         check = functools.partial(metadata_checks, limits=limits, plan=plan)
 
-    def kernel(x, w1, w2, topk_weights, topk_ids, quant=None, w1_scale=None, w2_scale=None, a1_scale=None,
-               a2_scale=None):
-        return impl(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale,
-                    a1_scale=a1_scale, a2_scale=a2_scale)
+    def kernel(
+        x, w1, w2, topk_weights, topk_ids, quant=None, w1_scale=None, w2_scale=None, a1_scale=None, a2_scale=None
+    ):
+        return impl(
+            x,
+            w1,
+            w2,
+            topk_weights,
+            topk_ids,
+            quant=quant,
+            w1_scale=w1_scale,
+            w2_scale=w2_scale,
+            a1_scale=a1_scale,
+            a2_scale=a2_scale,
+        )
 
-    def fake(x, w1, w2, topk_weights, topk_ids, quant=None, w1_scale=None, w2_scale=None, a1_scale=None,
-             a2_scale=None):
+    def fake(x, w1, w2, topk_weights, topk_ids, quant=None, w1_scale=None, w2_scale=None, a1_scale=None, a2_scale=None):
         args = [_concrete(t) for t in (x, w1, w2, topk_weights, topk_ids)]
         check(*args, quant, *(_concrete(t) for t in (w1_scale, w2_scale, a1_scale, a2_scale)))
         return x.new_empty((x.shape[0], x.shape[1]), dtype=OUT_DTYPE)
@@ -179,14 +224,39 @@ def entry(op: torch._ops.OpOverload, impl: Callable, options: dict) -> Callable:
         return False
 
     @functools.wraps(impl)
-    def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None, a1_scale=None,
-                  a2_scale=None, **backend_options):
-        if (tracing(x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, a2_scale)
-                and not (backend_options and given(backend_options))
-                and _schema_types(x, w1, w2, topk_weights, topk_ids, quant, w1_scale, w2_scale, a1_scale, a2_scale)):
+    def fused_moe(
+        x,
+        w1,
+        w2,
+        topk_weights,
+        topk_ids,
+        *,
+        quant=None,
+        w1_scale=None,
+        w2_scale=None,
+        a1_scale=None,
+        a2_scale=None,
+        **backend_options,
+    ):
+        if (
+            tracing(x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, a2_scale)
+            and not (backend_options and given(backend_options))
+            and _schema_types(x, w1, w2, topk_weights, topk_ids, quant, w1_scale, w2_scale, a1_scale, a2_scale)
+        ):
             return op(x, w1, w2, topk_weights, topk_ids, quant, w1_scale, w2_scale, a1_scale, a2_scale)
-        return impl(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale,
-                    a1_scale=a1_scale, a2_scale=a2_scale, **backend_options)
+        return impl(
+            x,
+            w1,
+            w2,
+            topk_weights,
+            topk_ids,
+            quant=quant,
+            w1_scale=w1_scale,
+            w2_scale=w2_scale,
+            a1_scale=a1_scale,
+            a2_scale=a2_scale,
+            **backend_options,
+        )
 
     fused_moe.op = op
     fused_moe.impl = impl
@@ -195,5 +265,8 @@ def entry(op: torch._ops.OpOverload, impl: Callable, options: dict) -> Callable:
 
 def _schema_types(x, w1, w2, topk_weights, topk_ids, quant, *scales) -> bool:
     """Whether the arguments have the types :data:`SCHEMA` takes."""
-    return (all(isinstance(t, torch.Tensor) for t in (x, w1, w2, topk_weights, topk_ids))
-            and (quant is None or type(quant) is str) and all(s is None or isinstance(s, torch.Tensor) for s in scales))
+    return (
+        all(isinstance(t, torch.Tensor) for t in (x, w1, w2, topk_weights, topk_ids))
+        and (quant is None or type(quant) is str)
+        and all(s is None or isinstance(s, torch.Tensor) for s in scales)
+    )

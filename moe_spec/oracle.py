@@ -93,12 +93,35 @@ def _intermediate(x, w1, topk_ids, quant, w1_scale, a1_scale, I):  # noqa: E741
     return inter, pairs_of
 
 
-def oracle_breakdown(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None,
-                     w2_scale=None, a1_scale=None, a2_scale=None, term_scales: bool = False) -> OracleResult:
+def oracle_breakdown(
+    x,
+    w1,
+    w2,
+    topk_weights,
+    topk_ids,
+    *,
+    quant=None,
+    w1_scale=None,
+    w2_scale=None,
+    a1_scale=None,
+    a2_scale=None,
+    term_scales: bool = False,
+) -> OracleResult:
     """Evaluate the MoE layer in float64 and keep every (token, slot) output; with ``term_scales``
     also the root-sum-square of each output's terms (one more GEMM per expert)."""
-    d = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale,
-                          a1_scale=a1_scale, a2_scale=a2_scale, data_checks="sync")  # it indexes with the ids
+    d = validate_moe_args(
+        x,
+        w1,
+        w2,
+        topk_weights,
+        topk_ids,
+        quant=quant,
+        w1_scale=w1_scale,
+        w2_scale=w2_scale,
+        a1_scale=a1_scale,
+        a2_scale=a2_scale,
+        data_checks="sync",
+    )  # it indexes with the ids
     T, K, I, k = d.T, d.K, d.I, d.top_k
     ids = topk_ids.long()
     inter, pairs_of = _intermediate(x, w1, topk_ids, quant, w1_scale, a1_scale, I)
@@ -113,25 +136,41 @@ def oracle_breakdown(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=
             squares[pairs] = inter[pairs].square() @ w.square().T
     y = y.view(T, k, K)
     out = (y * topk_weights.to(F64)[..., None]).sum(dim=1)
-    scale = None if squares is None else \
-        (squares.view(T, k, K) * topk_weights.to(F64).square()[..., None]).sum(dim=1).sqrt()
+    scale = (
+        None
+        if squares is None
+        else (squares.view(T, k, K) * topk_weights.to(F64).square()[..., None]).sum(dim=1).sqrt()
+    )
     return OracleResult(out=out, pair_output=y, topk_ids=ids, topk_weights=topk_weights, term_scale=scale)
 
 
-def oracle(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None, a1_scale=None,
-           a2_scale=None) -> torch.Tensor:
+def oracle(
+    x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None, a1_scale=None, a2_scale=None
+) -> torch.Tensor:
     """The MoE layer in float64: [T, K]."""
-    return oracle_breakdown(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale,
-                            w2_scale=w2_scale, a1_scale=a1_scale, a2_scale=a2_scale).out
+    return oracle_breakdown(
+        x,
+        w1,
+        w2,
+        topk_weights,
+        topk_ids,
+        quant=quant,
+        w1_scale=w1_scale,
+        w2_scale=w2_scale,
+        a1_scale=a1_scale,
+        a2_scale=a2_scale,
+    ).out
 
 
-def calibrate_static_scales(x, w1, w2, topk_weights, topk_ids, *, quant="fp8_tensor", w1_scale=None,
-                            w2_scale=None) -> tuple:
+def calibrate_static_scales(
+    x, w1, w2, topk_weights, topk_ids, *, quant="fp8_tensor", w1_scale=None, w2_scale=None
+) -> tuple:
     """``(a1_scale, a2_scale)``, fp32 [1] each: the per-tensor scales the dynamic fp8_tensor layer
     uses on this batch — x's and the intermediate's (from the fp64 intermediate rounded to fp32,
     as step 4 quantizes it). A calibration takes the maximum of each over its batches."""
-    d = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale,
-                          data_checks="sync")
+    d = validate_moe_args(
+        x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale, data_checks="sync"
+    )
     if quant != "fp8_tensor":
         raise ValueError(f"quant: static activation scales are calibrated for 'fp8_tensor', got {quant!r}")
     inter, _ = _intermediate(x, w1, topk_ids, quant, w1_scale, None, d.I)

@@ -32,11 +32,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
 from moe_spec.quant import get_format, quantize_weight
+
 
 @dataclass(frozen=True)
 class MoEShape:
@@ -54,7 +54,7 @@ class MoEShape:
     def label(self) -> str:
         return self.name if self.tp == 1 else f"{self.name}:tp{self.tp}"
 
-    def with_tp(self, degree: int) -> "MoEShape":
+    def with_tp(self, degree: int) -> MoEShape:
         """This layer as one rank of a ``degree``-way tensor-parallel split (I is sharded)."""
         if degree < 1 or (self.intermediate * self.tp) % degree:
             raise ValueError(
@@ -75,18 +75,42 @@ class MoEShape:
 CATALOG: dict[str, MoEShape] = {
     s.name: s
     for s in (
-        MoEShape("mixtral-8x7b", 8, 2, 4096, 14336,
-                 "mistralai/Mixtral-8x7B-v0.1 config.json: num_local_experts 8, num_experts_per_tok 2, "
-                 "hidden_size 4096, intermediate_size 14336"),
-        MoEShape("qwen3-30b-a3b", 128, 8, 2048, 768,
-                 "Qwen/Qwen3-30B-A3B config.json: num_experts 128, num_experts_per_tok 8, "
-                 "hidden_size 2048, moe_intermediate_size 768"),
-        MoEShape("qwen3-235b-a22b", 128, 8, 4096, 1536,
-                 "Qwen/Qwen3-235B-A22B config.json: num_experts 128, num_experts_per_tok 8, "
-                 "hidden_size 4096, moe_intermediate_size 1536"),
-        MoEShape("deepseek-v3", 256, 8, 7168, 2048,
-                 "deepseek-ai/DeepSeek-V3 config.json: n_routed_experts 256, num_experts_per_tok 8, "
-                 "hidden_size 7168, moe_intermediate_size 2048 (routed experts only)"),
+        MoEShape(
+            "mixtral-8x7b",
+            8,
+            2,
+            4096,
+            14336,
+            "mistralai/Mixtral-8x7B-v0.1 config.json: num_local_experts 8, num_experts_per_tok 2, "
+            "hidden_size 4096, intermediate_size 14336",
+        ),
+        MoEShape(
+            "qwen3-30b-a3b",
+            128,
+            8,
+            2048,
+            768,
+            "Qwen/Qwen3-30B-A3B config.json: num_experts 128, num_experts_per_tok 8, "
+            "hidden_size 2048, moe_intermediate_size 768",
+        ),
+        MoEShape(
+            "qwen3-235b-a22b",
+            128,
+            8,
+            4096,
+            1536,
+            "Qwen/Qwen3-235B-A22B config.json: num_experts 128, num_experts_per_tok 8, "
+            "hidden_size 4096, moe_intermediate_size 1536",
+        ),
+        MoEShape(
+            "deepseek-v3",
+            256,
+            8,
+            7168,
+            2048,
+            "deepseek-ai/DeepSeek-V3 config.json: n_routed_experts 256, num_experts_per_tok 8, "
+            "hidden_size 7168, moe_intermediate_size 2048 (routed experts only)",
+        ),
     )
 }
 
@@ -130,19 +154,34 @@ class MoEInputs:
     w2: torch.Tensor
     topk_weights: torch.Tensor
     topk_ids: torch.Tensor
-    quant: Optional[str] = None
-    w1_scale: Optional[torch.Tensor] = None
-    w2_scale: Optional[torch.Tensor] = None
+    quant: str | None = None
+    w1_scale: torch.Tensor | None = None
+    w2_scale: torch.Tensor | None = None
 
     def kwargs(self) -> dict:
-        return dict(x=self.x, w1=self.w1, w2=self.w2, topk_weights=self.topk_weights,
-                    topk_ids=self.topk_ids, quant=self.quant, w1_scale=self.w1_scale,
-                    w2_scale=self.w2_scale)
+        return dict(
+            x=self.x,
+            w1=self.w1,
+            w2=self.w2,
+            topk_weights=self.topk_weights,
+            topk_ids=self.topk_ids,
+            quant=self.quant,
+            w1_scale=self.w1_scale,
+            w2_scale=self.w2_scale,
+        )
 
-    def to(self, device) -> "MoEInputs":
+    def to(self, device) -> MoEInputs:
         move = lambda t: None if t is None else t.to(device)  # noqa: E731
-        return MoEInputs(move(self.x), move(self.w1), move(self.w2), move(self.topk_weights),
-                         move(self.topk_ids), self.quant, move(self.w1_scale), move(self.w2_scale))
+        return MoEInputs(
+            move(self.x),
+            move(self.w1),
+            move(self.w2),
+            move(self.topk_weights),
+            move(self.topk_ids),
+            self.quant,
+            move(self.w1_scale),
+            move(self.w2_scale),
+        )
 
 
 def draw_weights(shape: MoEShape, seed_or_generator=0, device="cpu"):
@@ -154,14 +193,22 @@ def draw_weights(shape: MoEShape, seed_or_generator=0, device="cpu"):
     if not isinstance(gen, torch.Generator):
         gen = torch.Generator(device=device).manual_seed(int(seed_or_generator))
     E, K, I = shape.num_experts, shape.hidden, shape.intermediate
-    w1 = (torch.randn(E, 2 * I, K, generator=gen, device=gen.device) * K ** -0.5).to(torch.bfloat16)
-    w2 = (torch.randn(E, K, I, generator=gen, device=gen.device) * I ** -0.5).to(torch.bfloat16)
+    w1 = (torch.randn(E, 2 * I, K, generator=gen, device=gen.device) * K**-0.5).to(torch.bfloat16)
+    w2 = (torch.randn(E, K, I, generator=gen, device=gen.device) * I**-0.5).to(torch.bfloat16)
     return w1, w2
 
 
-def make_inputs(shape: MoEShape, T: int, quant: Optional[str] = None, *, seed: int = 0,
-                device="cpu", skew: float = 0.0, renormalize: bool = True,
-                weights_bf16: Optional[tuple] = None) -> MoEInputs:
+def make_inputs(
+    shape: MoEShape,
+    T: int,
+    quant: str | None = None,
+    *,
+    seed: int = 0,
+    device="cpu",
+    skew: float = 0.0,
+    renormalize: bool = True,
+    weights_bf16: tuple | None = None,
+) -> MoEInputs:
     """A random problem of ``T`` tokens for ``shape``, quantized to ``quant``.
 
     Weights are drawn N(0, 1/fan_in) so activations stay O(1) through both GEMMs; x ~ N(0, 1).
@@ -176,7 +223,7 @@ def make_inputs(shape: MoEShape, T: int, quant: Optional[str] = None, *, seed: i
     x = torch.randn(T, K, generator=gen).to(torch.bfloat16)
     logits = torch.randn(T, E, generator=gen)
     if skew:
-        logits = logits - skew * torch.arange(E, dtype=torch.float32) / max(E - 1, 1) * E ** 0.5
+        logits = logits - skew * torch.arange(E, dtype=torch.float32) / max(E - 1, 1) * E**0.5
     topk_weights, topk_ids = route(logits, shape.top_k, renormalize)
     w1_scale = w2_scale = None
     if fmt.quantized:

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -67,12 +66,12 @@ class QuantFormat:
     dimension. ``None`` for bf16, which has no scales.
     """
 
-    name: Optional[str]  # the contract's spelling: None (bf16) or "fp8_…"
+    name: str | None  # the contract's spelling: None (bf16) or "fp8_…"
     label: str  # display and table name ("bf16" for None)
     mode: int  # the number kernels branch on (a compile-time constant): 0 bf16, 1, 2, 3 …
     weight_dtype: torch.dtype
-    weight_group: Optional[tuple]
-    activation_group: Optional[tuple]
+    weight_group: tuple | None
+    activation_group: tuple | None
     tolerance: float  # rel L2 a backend's output may be from the fp64 oracle on its own inputs
     summary: str
 
@@ -86,7 +85,7 @@ class QuantFormat:
         scales every K step instead of once after the loop."""
         return self.quantized and (self.weight_group[1] is not WHOLE or self.activation_group[1] is not WHOLE)
 
-    def weight_scale_shape(self, E: int, n_out: int, k_in: int) -> Optional[tuple]:
+    def weight_scale_shape(self, E: int, n_out: int, k_in: int) -> tuple | None:
         """Shape of the fp32 scale of a [E, n_out, k_in] weight: one entry per group; a dimension
         that one scale spans whole does not appear. None for bf16."""
         if not self.quantized:
@@ -108,18 +107,52 @@ class QuantFormat:
 
 
 #: The registry, in contract order; keys are the contract's spellings of ``quant``.
-FORMATS: dict = {f.name: f for f in (
-    #           name           label          mode  weight dtype     weight_group / activation_group  tolerance
-    QuantFormat(None, "bf16", 0, torch.bfloat16, None, None, 1e-2,
-                "bf16 weights and activations, fp32 accumulation; no scales"),
-    QuantFormat("fp8_tensor", "fp8_tensor", 1, FP8_DTYPE, (WHOLE, WHOLE), (WHOLE, WHOLE), 1e-2,
-                "one fp32 scale per expert weight matrix; one dynamic scale for a whole activation"),
-    QuantFormat("fp8_channel", "fp8_channel", 2, FP8_DTYPE, (1, WHOLE), (1, WHOLE), 1e-2,
-                "one scale per output channel (weight row); one dynamic scale per token (row)"),
-    QuantFormat("fp8_block", "fp8_block", 3, FP8_DTYPE, (FP8_BLOCK, FP8_BLOCK), (1, FP8_BLOCK), 1e-2,
-                "one scale per 128×128 weight block; one dynamic scale per 1×128 activation group "
-                "(DeepSeek-V3 style)"),
-)}
+FORMATS: dict = {
+    f.name: f
+    for f in (
+        #           name           label          mode  weight dtype     weight_group / activation_group  tolerance
+        QuantFormat(
+            None,
+            "bf16",
+            0,
+            torch.bfloat16,
+            None,
+            None,
+            1e-2,
+            "bf16 weights and activations, fp32 accumulation; no scales",
+        ),
+        QuantFormat(
+            "fp8_tensor",
+            "fp8_tensor",
+            1,
+            FP8_DTYPE,
+            (WHOLE, WHOLE),
+            (WHOLE, WHOLE),
+            1e-2,
+            "one fp32 scale per expert weight matrix; one dynamic scale for a whole activation",
+        ),
+        QuantFormat(
+            "fp8_channel",
+            "fp8_channel",
+            2,
+            FP8_DTYPE,
+            (1, WHOLE),
+            (1, WHOLE),
+            1e-2,
+            "one scale per output channel (weight row); one dynamic scale per token (row)",
+        ),
+        QuantFormat(
+            "fp8_block",
+            "fp8_block",
+            3,
+            FP8_DTYPE,
+            (FP8_BLOCK, FP8_BLOCK),
+            (1, FP8_BLOCK),
+            1e-2,
+            "one scale per 128×128 weight block; one dynamic scale per 1×128 activation group (DeepSeek-V3 style)",
+        ),
+    )
+}
 
 #: The contract's ``quant`` values, in order. ``None`` is plain bf16.
 QUANT_FORMATS = tuple(FORMATS)
@@ -134,7 +167,7 @@ def get_format(quant) -> QuantFormat:
         raise ValueError(f"quant: expected one of {known}, got {quant!r}") from None
 
 
-def check_quant(quant) -> Optional[str]:
+def check_quant(quant) -> str | None:
     """Return ``quant`` if it names a format of :data:`FORMATS`, else raise ValueError."""
     return get_format(quant).name
 

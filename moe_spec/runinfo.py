@@ -25,8 +25,8 @@ import platform
 import shlex
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,12 +38,18 @@ def utc_now() -> str:
 def git_commit(cwd=REPO_ROOT) -> str:
     """Short hash of the checkout at ``cwd`` (``+dirty`` with modified tracked files), or "unknown"."""
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=cwd, capture_output=True, text=True,
-                              timeout=10)
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10
+        )
         if head.returncode != 0 or not head.stdout.strip():
             return "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
-                               capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -70,11 +76,17 @@ def _version(package: str) -> str:
         return "not installed"
 
 
-def run_info(command: str, *, cuda: bool, commit: Optional[str] = None, device: Optional[str] = None) -> dict:
+def run_info(command: str, *, cuda: bool, commit: str | None = None, device: str | None = None) -> dict:
     """The fields above, in this order. ``device`` overrides the detected name (e.g. a stand-in clock)."""
-    return {"date": utc_now(), "device": device or device_name(cuda), "commit": commit or git_commit(),
-            "command": command, "python": platform.python_version(), "torch": _version("torch"),
-            "triton": _version("triton")}
+    return {
+        "date": utc_now(),
+        "device": device or device_name(cuda),
+        "commit": commit or git_commit(),
+        "command": command,
+        "python": platform.python_version(),
+        "torch": _version("torch"),
+        "triton": _version("triton"),
+    }
 
 
 def require_cuda(prog: str) -> None:
@@ -82,6 +94,8 @@ def require_cuda(prog: str) -> None:
     import torch
 
     if not torch.cuda.is_available():
-        print(f"{prog}: error: needs a CUDA GPU (none is visible here); the CPU report is `python -m compare`",
-              file=sys.stderr)
+        print(
+            f"{prog}: error: needs a CUDA GPU (none is visible here); the CPU report is `python -m compare`",
+            file=sys.stderr,
+        )
         raise SystemExit(2)

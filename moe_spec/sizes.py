@@ -71,8 +71,17 @@ def _int(name, v):
         raise TypeError(f"{name}: expected an int, got {v!r} ({type(v).__name__})")
 
 
-def check_sizes(E, K, I, top_k, T, *, limits: Limits | None = None, names: SizeNames = CALL_NAMES,  # noqa: E741
-                min_tokens: int = 0) -> MoEDims:
+def check_sizes(
+    E,
+    K,
+    I,
+    top_k,
+    T,
+    *,
+    limits: Limits | None = None,
+    names: SizeNames = CALL_NAMES,  # noqa: E741
+    min_tokens: int = 0,
+) -> MoEDims:
     """The one check of a layer's sizes, which every surface runs before it allocates or compiles
     anything — so a warm-up, a transformers forward or a sharded layer refuses exactly the sizes
     ``fused_moe`` refuses, with the same words after the argument's name (``names``):
@@ -84,8 +93,11 @@ def check_sizes(E, K, I, top_k, T, *, limits: Limits | None = None, names: SizeN
     T is the tokens of one call — for a warm-up, the most it covers. Returns the sizes."""
     for size, v in (("E", E), ("K", K), ("I", I), ("top_k", top_k), ("T", T)):
         _int(getattr(names, size), v)
-    for size, v, what in (("E", E, "at least 1 expert (E)"), ("K", K, "a hidden size K >= 1"),
-                          ("I", I, "an intermediate size I >= 1")):
+    for size, v, what in (
+        ("E", E, "at least 1 expert (E)"),
+        ("K", K, "a hidden size K >= 1"),
+        ("I", I, "an intermediate size I >= 1"),
+    ):
         if v < 1:
             raise ValueError(f"{getattr(names, size)}: expected {what}, got {v}")
     if not 1 <= top_k <= E:
@@ -95,15 +107,20 @@ def check_sizes(E, K, I, top_k, T, *, limits: Limits | None = None, names: SizeN
     two_i = 2 * I
     if two_i * K > INT32_MAX:
         name = names.matrix or (names.K if K >= two_i else names.I)
-        raise ValueError(f"{name}: one expert's matrix holds 2I·K = {two_i}·{K} = {two_i * K} elements, more than "
-                         f"the int32 offset limit {INT32_MAX} inside an expert; shard the experts (tensor parallel)")
+        raise ValueError(
+            f"{name}: one expert's matrix holds 2I·K = {two_i}·{K} = {two_i * K} elements, more than "
+            f"the int32 offset limit {INT32_MAX} inside an expert; shard the experts (tensor parallel)"
+        )
     if T * top_k * max(K, two_i) > INT32_MAX:
-        raise ValueError(f"{names.T}: the sorted activation copies hold T·top_k·max(K, 2I) = {T}·{top_k}·"
-                         f"{max(K, two_i)} = {T * top_k * max(K, two_i)} elements, more than the int32 limit "
-                         f"{INT32_MAX}; pass fewer tokens per call")
+        raise ValueError(
+            f"{names.T}: the sorted activation copies hold T·top_k·max(K, 2I) = {T}·{top_k}·"
+            f"{max(K, two_i)} = {T * top_k * max(K, two_i)} elements, more than the int32 limit "
+            f"{INT32_MAX}; pass fewer tokens per call"
+        )
     if limits is not None and limits.max_experts is not None and E > limits.max_experts:
-        raise ValueError(f"{names.E}: at most {limits.max_experts} experts (E) are supported by {limits.backend}, "
-                         f"got E={E}")
+        raise ValueError(
+            f"{names.E}: at most {limits.max_experts} experts (E) are supported by {limits.backend}, got E={E}"
+        )
     return MoEDims(T=T, E=E, K=K, I=I, top_k=top_k)
 
 
@@ -112,8 +129,9 @@ def as_device(device, name: str = "device") -> torch.device:
     ``torch.device``; TypeError / ValueError naming ``name`` for anything else, and for a CUDA
     device this machine does not have."""
     if isinstance(device, bool) or not isinstance(device, (torch.device, str, int)):
-        raise TypeError(f"{name}: expected a torch.device, a string such as 'cuda' or 'cpu', or a CUDA index, "
-                        f"got {device!r}")
+        raise TypeError(
+            f"{name}: expected a torch.device, a string such as 'cuda' or 'cpu', or a CUDA index, got {device!r}"
+        )
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError):
@@ -129,5 +147,4 @@ def check_runs_on(device: torch.device, limits: Limits | None, name: str = "x") 
     """Refuse a device the backend cannot run on (``limits.cpu``), naming ``name``: one line that
     says what to do, before anything is launched — for every T, the empty batch included."""
     if limits is not None and limits.cpu is not None and device.type != "cuda":
-        raise ValueError(f"{name}: {limits.backend} runs on a CUDA device, got a tensor on {device.type}; "
-                         f"{limits.cpu}")
+        raise ValueError(f"{name}: {limits.backend} runs on a CUDA device, got a tensor on {device.type}; {limits.cpu}")

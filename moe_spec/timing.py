@@ -32,8 +32,8 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -53,8 +53,7 @@ class Timing:
         return asdict(self)
 
 
-def sets_for_cold_l2(bytes_per_set: int, l2_bytes: int = L2_BYTES, factor: float = 3.0,
-                     max_sets: int = 64) -> int:
+def sets_for_cold_l2(bytes_per_set: int, l2_bytes: int = L2_BYTES, factor: float = 3.0, max_sets: int = 64) -> int:
     """How many distinct input sets make a rotation whose footprint is ``factor`` × the L2."""
     if bytes_per_set <= 0:
         return max_sets
@@ -73,9 +72,16 @@ def _require_cuda():
         raise RuntimeError("timing: a CUDA device is required")
 
 
-def time_cuda_graph(make_call: Callable[[int], Callable[[], object]], n_sets: int, *, rounds: int = 0,
-                    replays: int = 30, warmup: int = 2, min_calls: int = 20,
-                    use_graph: bool = True) -> Timing:
+def time_cuda_graph(
+    make_call: Callable[[int], Callable[[], object]],
+    n_sets: int,
+    *,
+    rounds: int = 0,
+    replays: int = 30,
+    warmup: int = 2,
+    min_calls: int = 20,
+    use_graph: bool = True,
+) -> Timing:
     """Median / spread of one call's time, CUDA-graph replayed over rotated input sets (cold L2).
 
     ``rounds`` (default: enough for ``min_calls`` calls per replay) repeats the rotation inside the
@@ -116,10 +122,15 @@ def time_cuda_graph(make_call: Callable[[int], Callable[[], object]], n_sets: in
         end.record()
         end.synchronize()
         samples.append(start.elapsed_time(end) * 1e3 / per_call)
-    del calls
-    return Timing(median_us=statistics.median(samples), p10_us=_percentile(samples, 0.1),
-                  p90_us=_percentile(samples, 0.9), min_us=min(samples), samples=len(samples),
-                  calls_per_sample=per_call)
+    calls = None  # the sets freed (body() is not called again)
+    return Timing(
+        median_us=statistics.median(samples),
+        p10_us=_percentile(samples, 0.1),
+        p90_us=_percentile(samples, 0.9),
+        min_us=min(samples),
+        samples=len(samples),
+        calls_per_sample=per_call,
+    )
 
 
 @dataclass
@@ -129,7 +140,7 @@ class Ceilings:
     device: str
     copy_tbps: float  # bytes read + written per second, device-to-device copy
     bf16_tflops: float  # dense bf16 matmul 8192³
-    fp8_tflops: Optional[float]  # torch._scaled_mm e4m3 8192³ (None where unavailable)
+    fp8_tflops: float | None  # torch._scaled_mm e4m3 8192³ (None where unavailable)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -155,7 +166,7 @@ def measure_ceilings(n: int = 8192, copy_bytes: int = 2 * 1024**3) -> Ceilings:
     dst = torch.empty_like(src)
     ms = _time_eager(lambda: dst.copy_(src), 10)
     copy_tbps = 2 * copy_bytes / (ms * 1e-3) / 1e12
-    del src, dst
+    src = dst = None  # free the copy buffers before the matmuls
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     ms = _time_eager(lambda: a @ b, 10)
@@ -172,15 +183,20 @@ def measure_ceilings(n: int = 8192, copy_bytes: int = 2 * 1024**3) -> Ceilings:
     return Ceilings(device=torch.cuda.get_device_name(), copy_tbps=copy_tbps, bf16_tflops=bf16, fp8_tflops=fp8)
 
 
-def roofline(bytes_moved: float, flops: float, ceilings: Ceilings, matmul: str = "bf16",
-             measured_us: Optional[float] = None) -> dict:
+def roofline(
+    bytes_moved: float, flops: float, ceilings: Ceilings, matmul: str = "bf16", measured_us: float | None = None
+) -> dict:
     """Floor of a call from its bytes and FLOPs against this run's ceilings; % of floor if timed."""
     rate = ceilings.bf16_tflops if matmul == "bf16" else (ceilings.fp8_tflops or ceilings.bf16_tflops * 2)
     mem_us = bytes_moved / (ceilings.copy_tbps * 1e12) * 1e6
     math_us = flops / (rate * 1e12) * 1e6
     row = {
-        "bytes": bytes_moved, "flops": flops, "floor_us": max(mem_us, math_us), "memory_us": mem_us,
-        "compute_us": math_us, "bound": "memory" if mem_us >= math_us else "compute",
+        "bytes": bytes_moved,
+        "flops": flops,
+        "floor_us": max(mem_us, math_us),
+        "memory_us": mem_us,
+        "compute_us": math_us,
+        "bound": "memory" if mem_us >= math_us else "compute",
         "intensity_flop_per_byte": flops / bytes_moved if bytes_moved else float("inf"),
     }
     if measured_us:
@@ -190,8 +206,15 @@ def roofline(bytes_moved: float, flops: float, ceilings: Ceilings, matmul: str =
     return row
 
 
-def moe_traffic(T: int, K: int, I: int, top_k: int, experts_hit: int, weight_bytes: float = 2.0,  # noqa: E741
-                scale_bytes: int = 0) -> tuple:
+def moe_traffic(
+    T: int,
+    K: int,
+    I: int,
+    top_k: int,
+    experts_hit: int,
+    weight_bytes: float = 2.0,  # noqa: E741
+    scale_bytes: int = 0,
+) -> tuple:
     """(bytes, flops) of the expert computation: the least it must read and write, and its MACs·2.
 
     Bytes: the weights of every expert that received a token (W1 and W2: 3·I·K elements each) plus
@@ -203,14 +226,17 @@ def moe_traffic(T: int, K: int, I: int, top_k: int, experts_hit: int, weight_byt
     return bytes_moved, flops
 
 
-def wall_us(runs: Sequence[Callable[[], object]], *, calls: int, repeats: int,
-            sync: Callable[[], object] = lambda: None) -> float:
+def wall_us(
+    runs: Sequence[Callable[[], object]], *, calls: int, repeats: int, sync: Callable[[], object] = lambda: None
+) -> float:
     """Median over ``repeats`` of the wall µs per call of ``calls`` calls going round ``runs``
     (``runs[i % len(runs)]``), ``sync()`` ending each repeat; after a warm-up of one call of each
     run and a ``sync()``."""
     if not runs or calls < 1 or repeats < 1:
-        raise ValueError(f"wall_us: expected runs, calls >= 1, repeats >= 1; got {len(runs)} runs, "
-                         f"calls = {calls}, repeats = {repeats}")
+        raise ValueError(
+            f"wall_us: expected runs, calls >= 1, repeats >= 1; got {len(runs)} runs, "
+            f"calls = {calls}, repeats = {repeats}"
+        )
     for run in runs:
         run()
     sync()

@@ -130,12 +130,16 @@ def _static_scales(quant, a1_scale, a2_scale, device) -> None:
     if not given:
         return
     if quant != STATIC_SCALE_FORMAT:
-        raise ValueError(f"{given[0][0]}: static activation scales need quant={STATIC_SCALE_FORMAT!r} (one scale "
-                         f"per activation tensor), got quant={quant!r}")
+        raise ValueError(
+            f"{given[0][0]}: static activation scales need quant={STATIC_SCALE_FORMAT!r} (one scale "
+            f"per activation tensor), got quant={quant!r}"
+        )
     if len(given) == 1:
         missing = "a2_scale" if given[0][0] == "a1_scale" else "a1_scale"
-        raise ValueError(f"{missing}: required when {given[0][0]} is given (static scales come as a pair: "
-                         "x's and the intermediate's; with neither, both are dynamic)")
+        raise ValueError(
+            f"{missing}: required when {given[0][0]} is given (static scales come as a pair: "
+            "x's and the intermediate's; with neither, both are dynamic)"
+        )
     for name, s in given:
         _tensor(name, s)
         _dtype(name, s, (torch.float32,))
@@ -147,8 +151,9 @@ def _static_scales(quant, a1_scale, a2_scale, device) -> None:
             raise ValueError(f"{name}: expected a tensor on {device} (the device of x), got {s.device}")
 
 
-def _host_checks(x, w1, w2, topk_weights, topk_ids, quant, w1_scale, w2_scale, limits,
-                 a1_scale=None, a2_scale=None) -> MoEDims:
+def _host_checks(
+    x, w1, w2, topk_weights, topk_ids, quant, w1_scale, w2_scale, limits, a1_scale=None, a2_scale=None
+) -> MoEDims:
     for name, t in (("x", x), ("w1", w1), ("w2", w2), ("topk_weights", topk_weights), ("topk_ids", topk_ids)):
         _tensor(name, t)
     fmt = get_format(quant)
@@ -173,12 +178,15 @@ def _host_checks(x, w1, w2, topk_weights, topk_ids, quant, w1_scale, w2_scale, l
     if two_i % 2 or not two_i or (two_i == w2.shape[2] and tuple(w2.shape[:2]) == (E, K)):
         # an odd row count, or w1 with w2's I rows ([E, I, K]: the gate or the up half alone) — w1 is
         # the one that is wrong, not the w2 its half would imply
-        raise ValueError(f"w1: expected shape [E, 2I, K] = ({E}, {2 * w2.shape[2]}, {K}) — the gate rows, then "
-                         f"the up rows, I = w2.shape[2] = {w2.shape[2]} — got {tuple(w1.shape)}")
+        raise ValueError(
+            f"w1: expected shape [E, 2I, K] = ({E}, {2 * w2.shape[2]}, {K}) — the gate rows, then "
+            f"the up rows, I = w2.shape[2] = {w2.shape[2]} — got {tuple(w1.shape)}"
+        )
     I = two_i // 2  # noqa: E741
     if tuple(w2.shape) != (E, K, I):
-        raise ValueError(f"w2: expected shape [E, K, I] = {(E, K, I)} (E and 2I from w1, K from x), "
-                         f"got {tuple(w2.shape)}")
+        raise ValueError(
+            f"w2: expected shape [E, K, I] = {(E, K, I)} (E and 2I from w1, K from x), got {tuple(w2.shape)}"
+        )
     if topk_weights.dim() != 2 or topk_weights.shape[0] != T:
         raise ValueError(f"topk_weights: expected shape [T={T}, top_k], got {tuple(topk_weights.shape)}")
     top_k = topk_weights.shape[1]
@@ -186,8 +194,15 @@ def _host_checks(x, w1, w2, topk_weights, topk_ids, quant, w1_scale, w2_scale, l
     # the sizes and their limits: the same check as every other surface's (warm-up, transformers, sharded)
     dims = check_sizes(E, K, I, top_k, T, limits=limits, names=CALL_NAMES)
 
-    tensors = (("x", x), ("w1", w1), ("w2", w2), ("topk_weights", topk_weights), ("topk_ids", topk_ids),
-               ("w1_scale", w1_scale), ("w2_scale", w2_scale))
+    tensors = (
+        ("x", x),
+        ("w1", w1),
+        ("w2", w2),
+        ("topk_weights", topk_weights),
+        ("topk_ids", topk_ids),
+        ("w1_scale", w1_scale),
+        ("w2_scale", w2_scale),
+    )
     for name, t in tensors:
         if isinstance(t, torch.Tensor) and t.is_meta:
             raise ValueError(f"{name}: expected a tensor with data, got a meta tensor (the backend reads its values)")
@@ -207,8 +222,7 @@ def _host_checks(x, w1, w2, topk_weights, topk_ids, quant, w1_scale, w2_scale, l
     return dims
 
 
-def _data_checks_now(dims: MoEDims, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale=None,
-                     a2_scale=None) -> None:
+def _data_checks_now(dims: MoEDims, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale=None, a2_scale=None) -> None:
     """The data checks on the host: they read device memory (a sync) and raise before any launch."""
     for name, s in (("w1_scale", w1_scale), ("w2_scale", w2_scale), ("a1_scale", a1_scale), ("a2_scale", a2_scale)):
         if s is not None and s.numel() and not bool(torch.isfinite(s).all() and (s > 0).all()):
@@ -244,9 +258,22 @@ _verdicts: dict = {}  # signature of a call that passed -> its MoEDims
 _VERDICTS_MAX = 4096
 
 
-def validate_moe_args(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None,
-                      w2_scale=None, max_experts=None, data_checks: str | None = None,
-                      a1_scale=None, a2_scale=None, limits: Limits | None = None) -> MoEDims:
+def validate_moe_args(
+    x,
+    w1,
+    w2,
+    topk_weights,
+    topk_ids,
+    *,
+    quant=None,
+    w1_scale=None,
+    w2_scale=None,
+    max_experts=None,
+    data_checks: str | None = None,
+    a1_scale=None,
+    a2_scale=None,
+    limits: Limits | None = None,
+) -> MoEDims:
     """Check every argument of ``fused_moe`` and return the problem's sizes.
 
     ``a1_scale`` / ``a2_scale``: static activation scales of x and of the intermediate
@@ -260,14 +287,14 @@ def validate_moe_args(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale
     """
     if limits is None and max_experts is not None:
         limits = Limits("this backend", max_experts)
-    key = (quant, limits) + tuple(map(_signature, (x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale,
-                                                        a1_scale, a2_scale)))
+    key = (quant, limits) + tuple(
+        map(_signature, (x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, a2_scale))
+    )
     if None in key[2:] or not (quant is None or type(quant) is str):
         key = None
     dims = _verdicts.get(key) if key is not None else None
     if dims is None:
-        dims = _host_checks(x, w1, w2, topk_weights, topk_ids, quant, w1_scale, w2_scale, limits,
-                            a1_scale, a2_scale)
+        dims = _host_checks(x, w1, w2, topk_weights, topk_ids, quant, w1_scale, w2_scale, limits, a1_scale, a2_scale)
         if key is not None:
             if len(_verdicts) >= _VERDICTS_MAX:
                 _verdicts.clear()

@@ -78,8 +78,10 @@ class WarmupReport:
     def summary(self) -> str:
         """A few lines: the layer, then each step with its kernels and seconds, then the total."""
         fmt = get_format(self.quant).label
-        lines = [f"{self.backend} warm-up, E={self.E} K={self.K} I={self.I} top_k={self.top_k} {fmt}, "
-                 f"T = 1…{self.max_tokens}: {len(self.plans)} plans ({self.mode})"]
+        lines = [
+            f"{self.backend} warm-up, E={self.E} K={self.K} I={self.I} top_k={self.top_k} {fmt}, "
+            f"T = 1…{self.max_tokens}: {len(self.plans)} plans ({self.mode})"
+        ]
         for step in self.steps:
             lines.append(f"  {step.seconds:8.3f} s  {len(step.compiled):2d} kernels  {step.what}")
         lines.append(f"  {self.seconds:8.3f} s  {self.count:2d} kernels  in all")
@@ -87,12 +89,23 @@ class WarmupReport:
 
     def as_dict(self) -> dict:
         """JSON-ready: everything but ``covered`` (whose size is ``kernels_needed``)."""
-        return {"backend": self.backend, "E": self.E, "K": self.K, "I": self.I, "top_k": self.top_k,
-                "quant": get_format(self.quant).label, "max_tokens": self.max_tokens, "mode": self.mode,
-                "plans": list(self.plans), "compiled": self.count, "kernels_needed": len(self.covered),
-                "seconds": round(self.seconds, 4),
-                "steps": [{"what": s.what, "compiled": list(s.compiled), "seconds": round(s.seconds, 4)}
-                          for s in self.steps]}
+        return {
+            "backend": self.backend,
+            "E": self.E,
+            "K": self.K,
+            "I": self.I,
+            "top_k": self.top_k,
+            "quant": get_format(self.quant).label,
+            "max_tokens": self.max_tokens,
+            "mode": self.mode,
+            "plans": list(self.plans),
+            "compiled": self.count,
+            "kernels_needed": len(self.covered),
+            "seconds": round(self.seconds, 4),
+            "steps": [
+                {"what": s.what, "compiled": list(s.compiled), "seconds": round(s.seconds, 4)} for s in self.steps
+            ],
+        }
 
 
 def check_layer(E, K, I, top_k, max_tokens, limits: Limits | None = None) -> None:  # noqa: E741
@@ -110,12 +123,16 @@ CONTRACT_KEYWORDS = ("quant", "w1_scale", "w2_scale", "a1_scale", "a2_scale")
 def check_options(options: dict, fused_moe, who: str) -> None:
     """A warm-up's ``**options`` are its backend's ``fused_moe`` options (its keyword-only arguments
     beyond the contract's): TypeError naming any other, before anything is compiled."""
-    allowed = [p.name for p in inspect.signature(fused_moe).parameters.values()
-               if p.kind is p.KEYWORD_ONLY and p.name not in CONTRACT_KEYWORDS]
+    allowed = [
+        p.name
+        for p in inspect.signature(fused_moe).parameters.values()
+        if p.kind is p.KEYWORD_ONLY and p.name not in CONTRACT_KEYWORDS
+    ]
     for name in options:
         if name not in allowed:
-            raise TypeError(f"{name}: not an option of {who}, which takes fused_moe's backend options "
-                            f"({', '.join(allowed)})")
+            raise TypeError(
+                f"{name}: not an option of {who}, which takes fused_moe's backend options ({', '.join(allowed)})"
+            )
 
 
 def warmup_device(device) -> torch.device:
@@ -140,8 +157,16 @@ def layer_plans(plans_for, E, K, I, top_k, quant, max_tokens, **options) -> tupl
         raise
 
 
-def placeholder_inputs(E: int, K: int, I: int, top_k: int, quant: str | None, T: int,  # noqa: E741
-                       device, ids_dtype=torch.int32) -> MoEInputs:
+def placeholder_inputs(
+    E: int,
+    K: int,
+    I: int,
+    top_k: int,
+    quant: str | None,
+    T: int,  # noqa: E741
+    device,
+    ids_dtype=torch.int32,
+) -> MoEInputs:
     """A valid call of the contract whose values do not matter: what a warm-up runs.
 
     Weights are allocated, not filled (``torch.empty``: a warm-up compiles, it does not compute

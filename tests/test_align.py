@@ -12,12 +12,24 @@ def routing(T, top_k, E, seed, skew=False):
     if skew:
         logits = torch.randn(T, E, generator=g) - 6.0 * torch.arange(E) / E
         return logits.topk(top_k, dim=1).indices.to(torch.int32)
-    return torch.stack([torch.randperm(E, generator=g)[:top_k] for _ in range(T)]).to(torch.int32) if T else \
-        torch.zeros(0, top_k, dtype=torch.int32)
+    return (
+        torch.stack([torch.randperm(E, generator=g)[:top_k] for _ in range(T)]).to(torch.int32)
+        if T
+        else torch.zeros(0, top_k, dtype=torch.int32)
+    )
 
 
-CASES = [(0, 2, 4, 16), (1, 1, 4, 16), (1, 8, 512, 16), (5, 2, 8, 1), (37, 2, 8, 16), (37, 4, 16, 8),
-         (64, 8, 8, 64), (300, 8, 64, 64), (130, 2, 6, 48)]
+CASES = [
+    (0, 2, 4, 16),
+    (1, 1, 4, 16),
+    (1, 8, 512, 16),
+    (5, 2, 8, 1),
+    (37, 2, 8, 16),
+    (37, 4, 16, 8),
+    (64, 8, 8, 64),
+    (300, 8, 64, 64),
+    (130, 2, 6, 48),
+]
 
 
 @pytest.mark.parametrize("skew", [False, True], ids=["uniform", "skewed"])
@@ -38,11 +50,11 @@ def test_every_pair_sits_once_in_its_expert_s_padded_run(T, top_k, E, tile, skew
         run = sorted_ids[start:end]
         assert (end - start) % tile == 0 and len(mine) <= end - start < len(mine) + tile
         assert run == mine + [P] * (end - start - len(mine))  # stable, then the sentinel
-        blocks = al.expert_of_block[start // tile: end // tile].tolist()
+        blocks = al.expert_of_block[start // tile : end // tile].tolist()
         assert blocks == [e] * ((end - start) // tile)
         start = end
     assert sorted_ids[start:] == [P] * (al.rows - start)
-    assert al.expert_of_block[start // tile:].tolist() == [-1] * (al.rows // tile - start // tile)
+    assert al.expert_of_block[start // tile :].tolist() == [-1] * (al.rows // tile - start // tile)
 
 
 @pytest.mark.parametrize("T, top_k, E, tile", CASES[1:])

@@ -33,9 +33,13 @@ pytestmark = pytest.mark.gpu
 
 BIG = 4096
 POSITIONS = (0, 1, 777, 2048, 4095)
-CASES = [("mixtral-8x7b", "fp8_tensor", True), ("mixtral-8x7b", "fp8_channel", False),
-         ("mixtral-8x7b", "fp8_block", False), ("mixtral-8x7b", None, False),
-         ("deepseek-v3:tp8", "fp8_tensor", True)]
+CASES = [
+    ("mixtral-8x7b", "fp8_tensor", True),
+    ("mixtral-8x7b", "fp8_channel", False),
+    ("mixtral-8x7b", "fp8_block", False),
+    ("mixtral-8x7b", None, False),
+    ("deepseek-v3:tp8", "fp8_tensor", True),
+]
 
 _problems: dict = {}
 
@@ -59,8 +63,12 @@ def _inputs(spec, quant, static):
 
 def _row(st, j):
     """Token j alone: its x row, routing weights and ids (fresh contiguous tensors)."""
-    return {**st, "x": st["x"][j:j + 1].clone(), "topk_weights": st["topk_weights"][j:j + 1].clone(),
-            "topk_ids": st["topk_ids"][j:j + 1].clone()}
+    return {
+        **st,
+        "x": st["x"][j : j + 1].clone(),
+        "topk_weights": st["topk_weights"][j : j + 1].clone(),
+        "topk_ids": st["topk_ids"][j : j + 1].clone(),
+    }
 
 
 def _mismatches(fused_moe, st, big, cfg) -> list:
@@ -69,13 +77,16 @@ def _mismatches(fused_moe, st, big, cfg) -> list:
         one = fused_moe(**_row(st, j), config=cfg)
         if not torch.equal(one[0], big[j]):
             diff = (one[0].float() - big[j].float()).abs()
-            bad.append(f"token {j}: {int((diff > 0).sum())} of {diff.numel()} values differ, max |diff| "
-                       f"{float(diff.max()):.3g}")
+            bad.append(
+                f"token {j}: {int((diff > 0).sum())} of {diff.numel()} values differ, max |diff| "
+                f"{float(diff.max()):.3g}"
+            )
     return bad
 
 
-@pytest.mark.parametrize("spec, quant, static", CASES,
-                         ids=[f"{s}-{q or 'bf16'}{'-static' if st else ''}" for s, q, st in CASES])
+@pytest.mark.parametrize(
+    "spec, quant, static", CASES, ids=[f"{s}-{q or 'bf16'}{'-static' if st else ''}" for s, q, st in CASES]
+)
 def test_a_token_row_is_the_same_bits_alone_and_in_a_batch(spec, quant, static):
     from moe_spec.oracle import oracle, rel_l2
     from moe_spec.validate import check, validate_moe_args
@@ -95,8 +106,10 @@ def test_a_token_row_is_the_same_bits_alone_and_in_a_batch(spec, quant, static):
     # invariance is claimed across it (DeepSeek-V3 TP8's fp8_tensor table: 256 at T = 1, 128 at 4096);
     # nor across split_k, which sums S partial K ranges (in a fixed order) instead of one running sum
     claimed = (quant is None or one_cfg.BLOCK_K == big_cfg.BLOCK_K) and one_cfg.split_k == big_cfg.split_k
-    report = (f"T=1 config {one_cfg}, T={BIG} config {big_cfg}; default: {'; '.join(default) or 'equal'}; "
-              f"pinned (T=1 with the T={BIG} config): {'; '.join(pinned) or 'equal'}")
+    report = (
+        f"T=1 config {one_cfg}, T={BIG} config {big_cfg}; default: {'; '.join(default) or 'equal'}; "
+        f"pinned (T=1 with the T={BIG} config): {'; '.join(pinned) or 'equal'}"
+    )
     assert not pinned and not (claimed and default), report
 
 

@@ -29,8 +29,12 @@ def _interpreted_call() -> None:
 
 
 def _from_interpreter(caught) -> list:
-    return [w for w in caught if issubclass(w.category, DeprecationWarning)
-            and Path(w.filename).as_posix().endswith("triton/runtime/interpreter.py")]
+    return [
+        w
+        for w in caught
+        if issubclass(w.category, DeprecationWarning)
+        and Path(w.filename).as_posix().endswith("triton/runtime/interpreter.py")
+    ]
 
 
 def test_the_interpreters_numpy_deprecation_is_filtered_by_pyproject():
@@ -69,7 +73,7 @@ def test_readme_names_the_torch_of_setup_and_of_the_published_results():
     README says both, with the numbers of .ci/setup and of the report its results table is generated from."""
     readme = (ROOT / "README.md").read_text()
     installed = re.search(r'"torch==([\d.]+)"', (ROOT / ".ci" / "setup").read_text()).group(1)
-    block = readme[readme.index("<!-- status:glance:begin -->"):readme.index("<!-- status:glance:end -->")]
+    block = readme[readme.index("<!-- status:glance:begin -->") : readme.index("<!-- status:glance:end -->")]
     report = re.search(r"\]\((notes/results/[^)]+)\.md\)", block).group(1)
     published = json.loads((ROOT / f"{report}.json").read_text())["meta"]["torch"].split("+")[0]
     prose = readme.replace(block, "")

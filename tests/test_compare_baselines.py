@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from compare import metrics
-from compare.baselines import GROUP_ALIGN, grouped_fused_moe, group_by_expert, loop_fused_moe
+from compare.baselines import GROUP_ALIGN, group_by_expert, grouped_fused_moe, loop_fused_moe
 from moe_spec.oracle import oracle
 from moe_spec.problem import MoEShape, make_inputs
 

@@ -26,8 +26,14 @@ def _env():
 
 
 def _run(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "compare", *args], capture_output=True, text=True, env=_env(),
-                          cwd=cwd or ROOT, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "compare", *args],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=cwd or ROOT,
+        timeout=600,
+    )
 
 
 def _refused(args, capsys) -> str:
@@ -42,29 +48,32 @@ def _refused(args, capsys) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--shapes", "mixtral-8x7b,gpt5"], "--shapes: unknown shape 'gpt5'"),
-    (["--shapes", "deepseek-v3:tp3"], "tp"),
-    (["--tokens", "1,x,8"], "--tokens: bad token count 'x'"),
-    (["--tokens", "0"], "bad token count '0'"),
-    (["--tokens", "1,,8"], "--tokens: empty item"),
-    (["--backends", "cute_moe,vlm"], "--backends: unknown backend 'vlm'"),
-    (["--quant", "int4"], "--quant: unknown quant format 'int4'"),
-    (["--frobnicate"], "unrecognized arguments"),
-    (["--merge", "/nonexistent/results.json"], "cannot read results file"),
-    # found by fuzzing:
-    (["--tokens", "100000", "--shapes", "mixtral-8x7b", "--backends", "triton_moe"], f"T = {CPU_MAX_TOKENS}"),
-    (["--time-budget", "-5", "--strict"], "--time-budget: expected a finite number of seconds > 0"),
-    (["--time-budget", "0"], "--time-budget"),
-    (["--time-budget", "nan"], "--time-budget"),
-    (["--time-budget", "inf"], "--time-budget"),
-    (["--seed", str(10**23)], "--seed: expected an integer in [0, 2**32)"),
-    (["--seed", "-1"], "--seed"),
-    (["--seed", "1e23"], "--seed"),
-    (["--outlier-expert", "nan"], "--outlier-expert: expected a finite factor"),
-    (["--outlier-expert", "inf"], "--outlier-expert"),
-    (["--outlier-expert", "-3"], "--outlier-expert"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--shapes", "mixtral-8x7b,gpt5"], "--shapes: unknown shape 'gpt5'"),
+        (["--shapes", "deepseek-v3:tp3"], "tp"),
+        (["--tokens", "1,x,8"], "--tokens: bad token count 'x'"),
+        (["--tokens", "0"], "bad token count '0'"),
+        (["--tokens", "1,,8"], "--tokens: empty item"),
+        (["--backends", "cute_moe,vlm"], "--backends: unknown backend 'vlm'"),
+        (["--quant", "int4"], "--quant: unknown quant format 'int4'"),
+        (["--frobnicate"], "unrecognized arguments"),
+        (["--merge", "/nonexistent/results.json"], "cannot read results file"),
+        # found by fuzzing:
+        (["--tokens", "100000", "--shapes", "mixtral-8x7b", "--backends", "triton_moe"], f"T = {CPU_MAX_TOKENS}"),
+        (["--time-budget", "-5", "--strict"], "--time-budget: expected a finite number of seconds > 0"),
+        (["--time-budget", "0"], "--time-budget"),
+        (["--time-budget", "nan"], "--time-budget"),
+        (["--time-budget", "inf"], "--time-budget"),
+        (["--seed", str(10**23)], "--seed: expected an integer in [0, 2**32)"),
+        (["--seed", "-1"], "--seed"),
+        (["--seed", "1e23"], "--seed"),
+        (["--outlier-expert", "nan"], "--outlier-expert: expected a finite factor"),
+        (["--outlier-expert", "inf"], "--outlier-expert"),
+        (["--outlier-expert", "-3"], "--outlier-expert"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(args, message, capsys, tmp_path):
     line = _refused(args + ["--out", str(tmp_path / "out")], capsys)
     assert message in line and line.startswith("python -m compare: error: ")
@@ -73,22 +82,38 @@ def test_bad_input_is_one_line_and_exit_2(args, message, capsys, tmp_path):
 
 def test_lists_are_normalized():
     """Repeats after normalization are one item: 08 is 8, names are case-insensitive, :tp1 is the shape."""
-    args = cli._parse(["--tokens", "8,08,008,1", "--shapes", "qwen3-30b-a3b,QWEN3-30B-A3B,qwen3-30b-a3b:tp1",
-                       "--quant", "BF16,bf16", "--backends", "Triton_MoE,triton_moe"])
+    args = cli._parse(
+        [
+            "--tokens",
+            "8,08,008,1",
+            "--shapes",
+            "qwen3-30b-a3b,QWEN3-30B-A3B,qwen3-30b-a3b:tp1",
+            "--quant",
+            "BF16,bf16",
+            "--backends",
+            "Triton_MoE,triton_moe",
+        ]
+    )
     assert args.tokens == (8, 1)
     assert args.shapes == ("qwen3-30b-a3b",)
     assert args.quant == (None,) and args.backends == ("triton_moe",)
     assert cli._parse(["--shapes", "deepseek-v3:TP8,deepseek-v3:tp8"]).shapes == ("deepseek-v3:tp8",)
 
 
-@pytest.mark.parametrize("make, option, message", [
-    (lambda t: ["--out", str(t / "a_file")], "--out", "is not a directory"),
-    (lambda t: ["--out", str(t / "a_file" / "sub")], "--out", "cannot create"),
-    (lambda t: ["--write-router", str(t)], "--write-router", "is a directory"),
-    (lambda t: ["--write-router", str(t / "a_file" / "router.json")], "--write-router", "cannot create"),
-    (lambda t: ["--out", str(t / "o"), "--write-router", str(t / "o" / "results.json")], "--write-router",
-     "one of the report's own files"),
-])
+@pytest.mark.parametrize(
+    "make, option, message",
+    [
+        (lambda t: ["--out", str(t / "a_file")], "--out", "is not a directory"),
+        (lambda t: ["--out", str(t / "a_file" / "sub")], "--out", "cannot create"),
+        (lambda t: ["--write-router", str(t)], "--write-router", "is a directory"),
+        (lambda t: ["--write-router", str(t / "a_file" / "router.json")], "--write-router", "cannot create"),
+        (
+            lambda t: ["--out", str(t / "o"), "--write-router", str(t / "o" / "results.json")],
+            "--write-router",
+            "one of the report's own files",
+        ),
+    ],
+)
 def test_unwritable_outputs_are_refused_before_any_work(make, option, message, tmp_path, capsys):
     (tmp_path / "a_file").write_text("x")
     args = make(tmp_path)
@@ -102,8 +127,10 @@ def test_unwritable_outputs_are_refused_before_any_work(make, option, message, t
 def test_bad_input_from_the_shell_has_no_traceback():
     r = _run("--shapes", "gpt5", "--tokens", "1")
     assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr.strip() == ("python -m compare: error: --shapes: unknown shape 'gpt5'; known: mixtral-8x7b, "
-                                "qwen3-30b-a3b, qwen3-235b-a22b, deepseek-v3 (optionally ':tpN')")
+    assert r.stderr.strip() == (
+        "python -m compare: error: --shapes: unknown shape 'gpt5'; known: mixtral-8x7b, "
+        "qwen3-30b-a3b, qwen3-235b-a22b, deepseek-v3 (optionally ':tpN')"
+    )
 
 
 def test_help():
@@ -118,8 +145,19 @@ def cpu_run(tmp_path_factory):
     (out / "roofline.png").write_bytes(b"an earlier GPU run's plot")  # must not survive next to a CPU report
     (out / "keep.txt").write_text("not the report's")
     router = out / "router.json"
-    r = _run("--shapes", "mixtral-8x7b", "--tokens", "1,8", "--quant", "bf16,fp8_tensor", "--out", str(out),
-             "--no-progress", "--write-router", str(router))
+    r = _run(
+        "--shapes",
+        "mixtral-8x7b",
+        "--tokens",
+        "1,8",
+        "--quant",
+        "bf16,fp8_tensor",
+        "--out",
+        str(out),
+        "--no-progress",
+        "--write-router",
+        str(router),
+    )
     return r, out, router
 
 
@@ -138,12 +176,12 @@ def test_banner_says_what_the_cpu_run_did_not_do(cpu_run):
     r, out, _ = cpu_run
     lines = r.stdout.splitlines()
     assert lines[0].startswith("What this run did — CPU")
-    head = " ".join(" ".join(lines[:lines.index("")]).split())  # the banner, its wrapped lines joined
+    head = " ".join(" ".join(lines[: lines.index("")]).split())  # the banner, its wrapped lines joined
     assert "shapes REDUCED for the Triton interpreter" in head and "mixtral-8x7b → E=8, top_k=2, K=256, I=128" in head
     assert "cute_moe was NOT executed" in head
     assert "CuTe-vs-Triton (cute_moe vs triton_moe) equivalence NOT checked: cute_moe did not run" in head
     assert "timing SKIPPED: no GPU" in head
-    assert f"{out / 'report.md'} (section \"CuTe configs and their PTX\")" in head
+    assert f'{out / "report.md"} (section "CuTe configs and their PTX")' in head
     report = (out / "report.md").read_text()
     assert "timing SKIPPED: no GPU" in report and "## CuTe configs and their PTX" in report
 
@@ -213,8 +251,14 @@ def test_cpu_run_shows_cute_ptx_and_jit(cpu_run):
     assert demo['do_not_specialize=["T"]']["compilations"] == 1
     assert demo["specialized (default @triton.jit)"]["compilations"] == 3
     report = (out / "report.md").read_text()
-    for heading in ("## Results", "## Tolerance policy", "## Quantization error", "## JIT", "## CuTe configs",
-                    "## Router"):
+    for heading in (
+        "## Results",
+        "## Tolerance policy",
+        "## Quantization error",
+        "## JIT",
+        "## CuTe configs",
+        "## Router",
+    ):
         assert heading in report
 
 
@@ -229,9 +273,25 @@ def test_merge_rerenders_without_running(cpu_run, tmp_path):
 
 
 def test_time_budget_turns_the_rest_into_explicit_rows(tmp_path, capsys):
-    code = cli.main(["--shapes", "mixtral-8x7b,qwen3-30b-a3b", "--tokens", "1", "--quant", "bf16", "--out",
-                     str(tmp_path), "--no-progress", "--no-jit", "--no-ptx", "--time-budget", "1e-9",
-                     "--commit", "abc123"])
+    code = cli.main(
+        [
+            "--shapes",
+            "mixtral-8x7b,qwen3-30b-a3b",
+            "--tokens",
+            "1",
+            "--quant",
+            "bf16",
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+            "--no-jit",
+            "--no-ptx",
+            "--time-budget",
+            "1e-9",
+            "--commit",
+            "abc123",
+        ]
+    )
     assert code == 0
     result = json.loads((tmp_path / "results.json").read_text())
     assert result["meta"]["commit"] == "abc123"
@@ -247,15 +307,33 @@ def test_time_budget_stops_a_case_that_overruns_it(tmp_path, capsys):
     load_backend("triton_moe")  # its import is not what this test measures
     budget = 3.0
     start = time.monotonic()
-    code = cli.main(["--shapes", "mixtral-8x7b", "--tokens", "200", "--quant", "fp8_tensor", "--backends",
-                     "torch_loop,triton_moe", "--out", str(tmp_path), "--no-progress", "--no-jit", "--no-ptx",
-                     "--time-budget", str(budget), "--strict"])
+    code = cli.main(
+        [
+            "--shapes",
+            "mixtral-8x7b",
+            "--tokens",
+            "200",
+            "--quant",
+            "fp8_tensor",
+            "--backends",
+            "torch_loop,triton_moe",
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+            "--no-jit",
+            "--no-ptx",
+            "--time-budget",
+            str(budget),
+            "--strict",
+        ]
+    )
     took = time.monotonic() - start
     assert code == 1  # --strict: a stopped case is a problem
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     stopped = [r for r in rows if r["status"].startswith("stopped: time budget (3 s) spent")]
-    assert len(stopped) == 1 and all(r in stopped or r["status"].startswith(("ok", "skipped: time budget"))
-                                     for r in rows)
+    assert len(stopped) == 1 and all(
+        r in stopped or r["status"].startswith(("ok", "skipped: time budget")) for r in rows
+    )
     assert took < budget + 15, took  # bounded: the case did not run to its end (one call alone takes longer)
     assert "stopped" in capsys.readouterr().out
 
@@ -264,10 +342,31 @@ def test_ctrl_c_is_one_line_exit_130_and_leaves_the_directory_as_it_was(tmp_path
     out = tmp_path / "out"
     out.mkdir()
     (out / "report.md").write_text("the previous report")
-    proc = subprocess.Popen([sys.executable, "-m", "compare", "--shapes", "mixtral-8x7b", "--tokens", "200",
-                             "--quant", "fp8_tensor", "--backends", "triton_moe", "--no-jit", "--no-ptx",
-                             "--no-progress", "--out", str(out)], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "compare",
+            "--shapes",
+            "mixtral-8x7b",
+            "--tokens",
+            "200",
+            "--quant",
+            "fp8_tensor",
+            "--backends",
+            "triton_moe",
+            "--no-jit",
+            "--no-ptx",
+            "--no-progress",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while not [p for p in tmp_path.iterdir() if ".partial-" in p.name]:  # the run has started its work
         assert proc.poll() is None and time.monotonic() < deadline
@@ -276,8 +375,9 @@ def test_ctrl_c_is_one_line_exit_130_and_leaves_the_directory_as_it_was(tmp_path
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130
-    assert stderr.strip().splitlines() == ["python -m compare: interrupted (Ctrl-C); nothing written, the output "
-                                           "directory is as it was"]
+    assert stderr.strip().splitlines() == [
+        "python -m compare: interrupted (Ctrl-C); nothing written, the output directory is as it was"
+    ]
     assert stdout == ""
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging directory left
     assert [p.name for p in out.iterdir()] == ["report.md"] and (out / "report.md").read_text() == "the previous report"
@@ -303,13 +403,19 @@ def test_terminal_output_fits_120_columns(cpu_run, tmp_path):
     assert merged.returncode == 0, merged.stderr[-2000:]
     assert not _too_wide(merged.stdout), _too_wide(merged.stdout)
     lines = merged.stdout.splitlines()
-    group = lines[lines.index("qwen3-30b-a3b · bf16 (E=128, K=2048, I=768, top_k=8)"):]
+    group = lines[lines.index("qwen3-30b-a3b · bf16 (E=128, K=2048, I=768, top_k=8)") :]
     assert group[1].split()[:3] == ["T", "best", "µs"]
     rows = json.loads(H200_RECORD.read_text())["rows"]
     for line in group[2:8]:  # T = 1 … 4096: the fastest row that passed, and its µs
         T = int(line.split()[0])
-        best = min((row for row in rows if (row["shape"], row["quant"], row["T"], row["status"])
-                    == ("qwen3-30b-a3b", "bf16", T, "ok")), key=lambda row: row["us"])
+        best = min(
+            (
+                row
+                for row in rows
+                if (row["shape"], row["quant"], row["T"], row["status"]) == ("qwen3-30b-a3b", "bf16", T, "ok")
+            ),
+            key=lambda row: row["us"],
+        )
         assert line.split()[1:3] == [best["backend"], f"{best['us']:.1f}"], line
     assert "| config |" in (tmp_path / "gpu" / "report.md").read_text()  # every column is in the report
     helped = _run("--help")
@@ -325,8 +431,8 @@ def test_cpu_report_says_what_the_run_did_not_time(cpu_run):
     with open(out / "results.csv") as f:
         assert {row["timing"] for row in csv.DictReader(f)} == {"skipped: no GPU"}
     readme = (ROOT / "README.md").read_text()
-    cpu = readme[readme.index("Without a GPU the main job still runs"):]
-    cpu = cpu[:cpu.index("\n\n")]
+    cpu = readme[readme.index("Without a GPU the main job still runs") :]
+    cpu = cpu[: cpu.index("\n\n")]
     quoted = re.findall(r'"([^"]+)"|`([^`]+)`', cpu)
     printed = [q for pair in quoted for q in pair if " " in q and not q.startswith(".venv")]  # not a command
     assert printed, cpu  # the README quotes what the run prints: each quote is in the run's output
@@ -365,8 +471,10 @@ def test_ptx_listing_names_configs_as_the_results_do(cpu_run):
     for entry in ptx:
         shape, quant, T, gemm = entry["used_by"][0].split()
         s = get_shape(shape)
-        plan = cute_moe.plan(MoEDims(T=int(T[2:]), E=s.num_experts, K=s.hidden, I=s.intermediate, top_k=s.top_k),
-                             None if quant == "bf16" else quant)
+        plan = cute_moe.plan(
+            MoEDims(T=int(T[2:]), E=s.num_experts, K=s.hidden, I=s.intermediate, top_k=s.top_k),
+            None if quant == "bf16" else quant,
+        )
         said = dict(part.split(" ", 1) for part in plan.describe().split(" | "))[gemm]
         assert entry["describe"] == said and f"| {said} |" in section
     assert "stages" not in section.split("| config |")[1]  # no second naming ("normal M128×N128×K64, 4 stages")
@@ -374,13 +482,29 @@ def test_ptx_listing_names_configs_as_the_results_do(cpu_run):
 
 def test_progress_is_a_line_per_step_without_a_terminal(tmp_path, capsys):
     """Not a terminal (a log, CI): no bar redrawn with carriage returns, one line per step on stderr."""
-    code = cli.main(["--shapes", "mixtral-8x7b", "--tokens", "1,2", "--quant", "bf16", "--backends", "torch_loop",
-                     "--out", str(tmp_path), "--no-jit", "--no-ptx"])
+    code = cli.main(
+        [
+            "--shapes",
+            "mixtral-8x7b",
+            "--tokens",
+            "1,2",
+            "--quant",
+            "bf16",
+            "--backends",
+            "torch_loop",
+            "--out",
+            str(tmp_path),
+            "--no-jit",
+            "--no-ptx",
+        ]
+    )
     assert code == 0
     captured = capsys.readouterr()
     assert "\r" not in captured.err and "\r" not in captured.out
-    assert captured.err.splitlines() == ["[0/2 done] mixtral-8x7b bf16 T=1 torch_loop",
-                                         "[1/2 done] mixtral-8x7b bf16 T=2 torch_loop"]
+    assert captured.err.splitlines() == [
+        "[0/2 done] mixtral-8x7b bf16 T=1 torch_loop",
+        "[1/2 done] mixtral-8x7b bf16 T=2 torch_loop",
+    ]
 
 
 def test_the_banners_ptx_hint_gives_the_whole_ptx(tmp_path, monkeypatch, capsys):

@@ -34,9 +34,16 @@ NO_COUNTERPART = "not implemented: quant: 'fp8_tensor' has no transformers count
 
 @pytest.fixture(scope="module")
 def hf_result():
-    spec = SuiteSpec(shapes=("qwen3-30b-a3b",), tokens=(8,), quants=(None, "fp8_block", "fp8_tensor"),
-                     backends=("triton_moe",) + tuple(HF_BACKENDS), device="cpu", jit=False, quick=True,
-                     command="test")
+    spec = SuiteSpec(
+        shapes=("qwen3-30b-a3b",),
+        tokens=(8,),
+        quants=(None, "fp8_block", "fp8_tensor"),
+        backends=("triton_moe",) + tuple(HF_BACKENDS),
+        device="cpu",
+        jit=False,
+        quick=True,
+        command="test",
+    )
     return suite.run_suite(spec, progress=False)
 
 
@@ -82,8 +89,9 @@ def test_hf_cute_moe_and_other_formats_say_why_not(hf_result):
     assert grouped["status"] == "ok" and grouped["rel_l2"] <= tolerance_for(None).rel_l2
     assert "torch._grouped_mm" in grouped["config"]
     fp8 = by[("hf_grouped_mm", "fp8_block")]  # transformers' FP8 grouped_mm runs a Hub kernel, when it loads
-    assert fp8["status"] == "ok" or fp8["status"].startswith("not available: transformers' FP8 grouped_mm needs "
-                                                             "its Hub kernel"), fp8
+    assert fp8["status"] == "ok" or fp8["status"].startswith(
+        "not available: transformers' FP8 grouped_mm needs its Hub kernel"
+    ), fp8
     table = report.compact_table(hf_result)
     for name in HF_BACKENDS:
         assert name in table
@@ -92,9 +100,14 @@ def test_hf_cute_moe_and_other_formats_say_why_not(hf_result):
 
 def test_problems_flag_our_kernels_inside_transformers_not_transformers_own():
     row = dict(shape="s", quant="bf16", T=8, status="FAIL", check="rel_l2 2e-2 > 1e-2")
-    result = {"rows": [{**row, "backend": "hf_triton_moe"}, {**row, "backend": "hf_cute_moe"},
-                       {**row, "backend": "hf_grouped_mm"},
-                       {**row, "backend": "hf_grouped_mm", "T": 1, "status": "error: ImportError: no kernel"}]}
+    result = {
+        "rows": [
+            {**row, "backend": "hf_triton_moe"},
+            {**row, "backend": "hf_cute_moe"},
+            {**row, "backend": "hf_grouped_mm"},
+            {**row, "backend": "hf_grouped_mm", "T": 1, "status": "error: ImportError: no kernel"},
+        ]
+    }
     found = report.problems(result)
     assert len(found) == 3 and not any("hf_grouped_mm: numerics" in p for p in found)
     assert any("hf_triton_moe: numerics" in p for p in found) and any("hf_cute_moe: numerics" in p for p in found)
@@ -130,21 +143,24 @@ def test_the_catalogs_experts_classes_compute_the_same_function():
 
 
 def test_compare_lists_hf_backends_without_transformers():
-    code = ("import sys; sys.modules['transformers'] = None\n"
-            "from compare import cli, suite\n"
-            "from compare.backends import HF_BACKENDS, load_backend\n"
-            "from compare.cases import SuiteSpec\n"
-            "assert set(HF_BACKENDS) <= set(cli._parse(['--backends', 'all']).backends)\n"
-            "for name in HF_BACKENDS:\n"
-            "    print(name, '|', load_backend(name).missing)\n"
-            "spec = SuiteSpec(shapes=('mixtral-8x7b',), tokens=(1,), quants=(None,), backends=('hf_grouped_mm',),\n"
-            "                 device='cpu', jit=False, ptx=False, command='test')\n"
-            "print('row |', suite.run_suite(spec, progress=False)['rows'][0]['status'])\n")
+    code = (
+        "import sys; sys.modules['transformers'] = None\n"
+        "from compare import cli, suite\n"
+        "from compare.backends import HF_BACKENDS, load_backend\n"
+        "from compare.cases import SuiteSpec\n"
+        "assert set(HF_BACKENDS) <= set(cli._parse(['--backends', 'all']).backends)\n"
+        "for name in HF_BACKENDS:\n"
+        "    print(name, '|', load_backend(name).missing)\n"
+        "spec = SuiteSpec(shapes=('mixtral-8x7b',), tokens=(1,), quants=(None,), backends=('hf_grouped_mm',),\n"
+        "                 device='cpu', jit=False, ptx=False, command='test')\n"
+        "print('row |', suite.run_suite(spec, progress=False)['rows'][0]['status'])\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     lines = dict(line.split(" | ", 1) for line in run.stdout.splitlines())
     for name in HF_BACKENDS:
         assert lines[name].startswith(f"import {name} failed: ImportError: compare.hf_experts needs transformers")
-    assert lines["row"].startswith("not available: import hf_grouped_mm failed: ImportError: compare.hf_experts "
-                                   "needs transformers")
+    assert lines["row"].startswith(
+        "not available: import hf_grouped_mm failed: ImportError: compare.hf_experts needs transformers"
+    )

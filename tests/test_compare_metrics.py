@@ -7,16 +7,26 @@ import torch
 
 from compare import metrics
 from compare.baselines import loop_fused_moe
-from moe_spec.oracle import oracle, oracle_breakdown
-from moe_spec.problem import MoEShape, make_inputs
 from compare.cases import draw_weights
 from compare.numerics import expert_table as _expert_table
+from moe_spec.oracle import oracle, oracle_breakdown
+from moe_spec.problem import MoEShape, make_inputs
 
 SMALL = MoEShape("small", num_experts=8, top_k=2, hidden=256, intermediate=128, source="test")
 
 
-@pytest.mark.parametrize("value, ulp", [(1.0, 2.0**-7), (1.5, 2.0**-7), (2.0, 2.0**-6), (0.75, 2.0**-8),
-                                        (-3.0, 2.0**-6), (0.0, 2.0**-133), (1e-40, 2.0**-133)])
+@pytest.mark.parametrize(
+    "value, ulp",
+    [
+        (1.0, 2.0**-7),
+        (1.5, 2.0**-7),
+        (2.0, 2.0**-6),
+        (0.75, 2.0**-8),
+        (-3.0, 2.0**-6),
+        (0.0, 2.0**-133),
+        (1e-40, 2.0**-133),
+    ],
+)
 def test_bf16_ulp_known_values(value, ulp):
     assert float(metrics.bf16_ulp(torch.tensor([value]))[0]) == ulp
 
@@ -89,7 +99,8 @@ def test_policy_is_read_from_the_format_registry():
         assert tol.rel_l2 == fmt.tolerance and metrics.cross_backend_tolerance(quant) == 2 * fmt.tolerance
         # the policy of notes/numerics.md: ULPs gate bf16 only, the quantization error FP8 only
         assert (tol.cosine, tol.max_ulp, tol.quant_error) == (
-            (0.9999, None, 0.12) if fmt.quantized else (0.9999, 16.0, None))
+            (0.9999, None, 0.12) if fmt.quantized else (0.9999, 16.0, None)
+        )
     assert metrics.quant_name(None) == "bf16"
     with pytest.raises(ValueError, match="^quant: no tolerance policy for 'int4'"):
         metrics.tolerance_for("int4")

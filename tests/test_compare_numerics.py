@@ -31,11 +31,16 @@ def _gpu_only_bf16(x, w1, w2, topk_weights, topk_ids, *, quant=None, **kw):
 def test_not_implemented_is_what_the_backend_declares_on_every_device(device):
     backend = Backend("gpu_kernel", fused_moe=_gpu_only_bf16, needs_cuda=True)
     fp8 = _case("fp8_tensor", 3)
-    assert numerics.unavailable(backend, fp8.inputs, device) == \
-        "not implemented: quant='fp8_tensor' is not implemented (bf16 only)"
+    assert (
+        numerics.unavailable(backend, fp8.inputs, device)
+        == "not implemented: quant='fp8_tensor' is not implemented (bf16 only)"
+    )
     bf16 = numerics.unavailable(backend, _case(None, 3).inputs, device)
-    assert bf16 == (None if device == "cuda" else
-                    "not available: needs a Hopper GPU (the CPU report shows its configs and PTX instead)")
+    assert bf16 == (
+        None
+        if device == "cuda"
+        else "not available: needs a Hopper GPU (the CPU report shows its configs and PTX instead)"
+    )
 
 
 def test_the_real_cute_moe_builds_fp8_and_lacks_only_the_gpu():
@@ -85,6 +90,7 @@ def test_a_budget_stops_the_work_inside_a_case():
 
 def test_out_of_time_is_not_swallowed_as_a_backend_error():
     """measure() turns a backend's Exception into a row; the budget's OutOfTime must pass through."""
+
     def slow(*args, **kw):
         raise OutOfTime("time budget (1 s)")
 

@@ -57,13 +57,16 @@ def test_the_router_table_is_written_whole(tmp_path):
     assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["router.json"]
 
 
-@pytest.mark.parametrize("out, router, message", [
-    ("file", None, "--out: "),
-    ("file/sub", None, "--out: cannot create"),
-    ("out", ".", "--write-router: "),
-    ("out", "file/r.json", "--write-router: cannot create"),
-    ("out", "out/report.md", "--write-router: "),
-])
+@pytest.mark.parametrize(
+    "out, router, message",
+    [
+        ("file", None, "--out: "),
+        ("file/sub", None, "--out: cannot create"),
+        ("out", ".", "--write-router: "),
+        ("out", "file/r.json", "--write-router: cannot create"),
+        ("out", "out/report.md", "--write-router: "),
+    ],
+)
 def test_unwritable_targets(out, router, message, tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(OutputError, match=message):

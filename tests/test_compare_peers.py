@@ -89,40 +89,91 @@ def _vllm_compute(hidden_states, w1, w2, topk_weights, topk_ids, quant, s1, s2):
 
 
 def _fake_vllm(monkeypatch, calls, spelling):
-    def fp8_w8a8_moe_quant_config(w1_scale, w2_scale, a1_scale=None, a2_scale=None, w1_bias=None, w2_bias=None,
-                                  per_act_token_quant=False, per_out_ch_quant=False, block_shape=None):
-        return types.SimpleNamespace(w1_scale=w1_scale, w2_scale=w2_scale, a1_scale=a1_scale, a2_scale=a2_scale,
-                                     per_act_token_quant=per_act_token_quant, per_out_ch_quant=per_out_ch_quant,
-                                     block_shape=block_shape)
+    def fp8_w8a8_moe_quant_config(
+        w1_scale,
+        w2_scale,
+        a1_scale=None,
+        a2_scale=None,
+        w1_bias=None,
+        w2_bias=None,
+        per_act_token_quant=False,
+        per_out_ch_quant=False,
+        block_shape=None,
+    ):
+        return types.SimpleNamespace(
+            w1_scale=w1_scale,
+            w2_scale=w2_scale,
+            a1_scale=a1_scale,
+            a2_scale=a2_scale,
+            per_act_token_quant=per_act_token_quant,
+            per_out_ch_quant=per_out_ch_quant,
+            block_shape=block_shape,
+        )
 
-    def current(hidden_states, w1, w2, topk_weights, topk_ids, inplace=False, activation="silu",
-                apply_router_weight_on_input=False, global_num_experts=-1, expert_map=None, quant_config=None,
-                allow_deep_gemm=False):
+    def current(
+        hidden_states,
+        w1,
+        w2,
+        topk_weights,
+        topk_ids,
+        inplace=False,
+        activation="silu",
+        apply_router_weight_on_input=False,
+        global_num_experts=-1,
+        expert_map=None,
+        quant_config=None,
+        allow_deep_gemm=False,
+    ):
         assert not inplace and quant_config is None or (quant_config.a1_scale is None and quant_config.a2_scale is None)
         calls.append(quant_config)
         E, N, K = w1.shape
         if quant_config is None:
             return _vllm_compute(hidden_states, w1, w2, topk_weights, topk_ids, None, None, None)
         assert quant_config.per_act_token_quant == quant_config.per_out_ch_quant  # per-token x with per-channel w
-        quant = _vllm_quant(E, N, K, True, quant_config.per_out_ch_quant, quant_config.block_shape,
-                            quant_config.w1_scale)
-        return _vllm_compute(hidden_states, w1, w2, topk_weights, topk_ids, quant, quant_config.w1_scale,
-                             quant_config.w2_scale)
+        quant = _vllm_quant(
+            E, N, K, True, quant_config.per_out_ch_quant, quant_config.block_shape, quant_config.w1_scale
+        )
+        return _vllm_compute(
+            hidden_states, w1, w2, topk_weights, topk_ids, quant, quant_config.w1_scale, quant_config.w2_scale
+        )
 
-    def flags(hidden_states, w1, w2, topk_weights, topk_ids, inplace=False, activation="silu",
-              apply_router_weight_on_input=False, use_fp8_w8a8=False, use_int8_w8a8=False, use_int8_w8a16=False,
-              use_int4_w4a16=False, per_channel_quant=False, global_num_experts=-1, expert_map=None, w1_scale=None,
-              w2_scale=None, w1_zp=None, w2_zp=None, a1_scale=None, a2_scale=None, block_shape=None):
+    def flags(
+        hidden_states,
+        w1,
+        w2,
+        topk_weights,
+        topk_ids,
+        inplace=False,
+        activation="silu",
+        apply_router_weight_on_input=False,
+        use_fp8_w8a8=False,
+        use_int8_w8a8=False,
+        use_int8_w8a16=False,
+        use_int4_w4a16=False,
+        per_channel_quant=False,
+        global_num_experts=-1,
+        expert_map=None,
+        w1_scale=None,
+        w2_scale=None,
+        w1_zp=None,
+        w2_zp=None,
+        a1_scale=None,
+        a2_scale=None,
+        block_shape=None,
+    ):
         assert not inplace and a1_scale is None and a2_scale is None
         calls.append(use_fp8_w8a8)
         E, N, K = w1.shape
         quant = _vllm_quant(E, N, K, use_fp8_w8a8, per_channel_quant, block_shape, w1_scale)
         return _vllm_compute(hidden_states, w1, w2, topk_weights, topk_ids, quant, w1_scale, w2_scale)
 
-    _install(monkeypatch, {
-        "vllm.model_executor.layers.fused_moe": {"fused_experts": current if spelling == "quant_config" else flags},
-        "vllm.model_executor.layers.fused_moe.config": {"fp8_w8a8_moe_quant_config": fp8_w8a8_moe_quant_config},
-    })
+    _install(
+        monkeypatch,
+        {
+            "vllm.model_executor.layers.fused_moe": {"fused_experts": current if spelling == "quant_config" else flags},
+            "vllm.model_executor.layers.fused_moe.config": {"fp8_w8a8_moe_quant_config": fp8_w8a8_moe_quant_config},
+        },
+    )
 
 
 @pytest.mark.parametrize("spelling", ["quant_config", "flags"])
@@ -167,33 +218,73 @@ class _MoeRunnerConfig:  # the fields of SGLang's MoeRunnerConfig that fused_exp
 
 
 def _fake_sglang(monkeypatch, calls, api):
-    def current(hidden_states, w1, w2, topk_output, moe_runner_config, b1=None, b2=None, use_fp8_w8a8=False,
-                use_int8_w8a8=False, use_int8_w8a16=False, use_int4_w4a16=False, per_channel_quant=False,
-                w1_scale=None, w2_scale=None, w1_zp=None, w2_zp=None, a1_scale=None, a2_scale=None, block_shape=None):
+    def current(
+        hidden_states,
+        w1,
+        w2,
+        topk_output,
+        moe_runner_config,
+        b1=None,
+        b2=None,
+        use_fp8_w8a8=False,
+        use_int8_w8a8=False,
+        use_int8_w8a16=False,
+        use_int4_w4a16=False,
+        per_channel_quant=False,
+        w1_scale=None,
+        w2_scale=None,
+        w1_zp=None,
+        w2_zp=None,
+        a1_scale=None,
+        a2_scale=None,
+        block_shape=None,
+    ):
         assert isinstance(topk_output, _StandardTopKOutput) and isinstance(moe_runner_config, _MoeRunnerConfig)
         c = moe_runner_config
         assert not c.inplace and c.activation == "silu" and not c.gate_up_interleaved and not c.no_combine
         assert (c.num_experts, c.num_local_experts, c.hidden_size, c.intermediate_size_per_partition, c.top_k) == (
-            SHAPE.num_experts, SHAPE.num_experts, SHAPE.hidden, SHAPE.intermediate, SHAPE.top_k)
+            SHAPE.num_experts,
+            SHAPE.num_experts,
+            SHAPE.hidden,
+            SHAPE.intermediate,
+            SHAPE.top_k,
+        )
         calls.append(c)
         topk_weights, topk_ids, _ = topk_output
         E, N, K = w1.shape
         quant = _vllm_quant(E, N, K, use_fp8_w8a8, per_channel_quant, block_shape, w1_scale)
         return _vllm_compute(hidden_states, w1, w2, topk_weights, topk_ids, quant, w1_scale, w2_scale)
 
-    def earlier(hidden_states, w1, w2, topk_weights, topk_ids, inplace=False, activation="silu", use_fp8_w8a8=False,
-                per_channel_quant=False, w1_scale=None, w2_scale=None, block_shape=None):
+    def earlier(
+        hidden_states,
+        w1,
+        w2,
+        topk_weights,
+        topk_ids,
+        inplace=False,
+        activation="silu",
+        use_fp8_w8a8=False,
+        per_channel_quant=False,
+        w1_scale=None,
+        w2_scale=None,
+        block_shape=None,
+    ):
         assert not inplace
         calls.append(None)
         E, N, K = w1.shape
         quant = _vllm_quant(E, N, K, use_fp8_w8a8, per_channel_quant, block_shape, w1_scale)
         return _vllm_compute(hidden_states, w1, w2, topk_weights, topk_ids, quant, w1_scale, w2_scale)
 
-    _install(monkeypatch, {
-        "sglang.srt.layers.moe.fused_moe_triton.fused_moe": {"fused_experts": current if api == "current" else earlier},
-        "sglang.srt.layers.moe.topk": {"StandardTopKOutput": _StandardTopKOutput},
-        "sglang.srt.layers.moe.moe_runner": {"MoeRunnerConfig": _MoeRunnerConfig},
-    })
+    _install(
+        monkeypatch,
+        {
+            "sglang.srt.layers.moe.fused_moe_triton.fused_moe": {
+                "fused_experts": current if api == "current" else earlier
+            },
+            "sglang.srt.layers.moe.topk": {"StandardTopKOutput": _StandardTopKOutput},
+            "sglang.srt.layers.moe.moe_runner": {"MoeRunnerConfig": _MoeRunnerConfig},
+        },
+    )
 
 
 @pytest.mark.parametrize("api", ["current", "earlier"])
@@ -221,12 +312,37 @@ def _blocks(scale, rows, cols):
 def _fake_flashinfer(monkeypatch, calls):
     """cutlass_fused_moe as TensorRT-LLM defines it: w31 = [up; gate], SwiGLU = SiLU(gate)·up, the four FP8
     per-tensor scales, or DeepSeek block scales with the activations quantized inside."""
-    def cutlass_fused_moe(input, token_selected_experts, token_final_scales, fc1_expert_weights, fc2_expert_weights,
-                          output_dtype, quant_scales, fc1_expert_biases=None, fc2_expert_biases=None, input_sf=None,
-                          swiglu_alpha=None, swiglu_beta=None, swiglu_limit=None, tp_size=1, tp_rank=0, ep_size=1,
-                          ep_rank=0, cluster_size=1, cluster_rank=0, output=None, enable_alltoall=False,
-                          use_deepseek_fp8_block_scale=False, use_w4_group_scaling=False, use_mxfp8_act_scaling=False,
-                          min_latency_mode=False, tune_max_num_tokens=8192, enable_pdl=None, use_fused_finalize=True):
+
+    def cutlass_fused_moe(
+        input,
+        token_selected_experts,
+        token_final_scales,
+        fc1_expert_weights,
+        fc2_expert_weights,
+        output_dtype,
+        quant_scales,
+        fc1_expert_biases=None,
+        fc2_expert_biases=None,
+        input_sf=None,
+        swiglu_alpha=None,
+        swiglu_beta=None,
+        swiglu_limit=None,
+        tp_size=1,
+        tp_rank=0,
+        ep_size=1,
+        ep_rank=0,
+        cluster_size=1,
+        cluster_rank=0,
+        output=None,
+        enable_alltoall=False,
+        use_deepseek_fp8_block_scale=False,
+        use_w4_group_scaling=False,
+        use_mxfp8_act_scaling=False,
+        min_latency_mode=False,
+        tune_max_num_tokens=8192,
+        enable_pdl=None,
+        use_fused_finalize=True,
+    ):
         assert token_selected_experts.dtype == torch.int32 and token_final_scales.dtype == torch.float32
         assert output_dtype == BF16 and output.dtype == BF16 and output.shape == input.shape
         calls.append(dict(fc1=fc1_expert_weights, quant_scales=quant_scales, block=use_deepseek_fp8_block_scale))
@@ -298,8 +414,9 @@ def test_flashinfer_declines_per_channel_through_the_probe(monkeypatch):
 
     with pytest.raises(NotImplementedError, match="not fp8_channel"):
         backend.fused_moe(**_tokens(inputs, slice(0, 0)).kwargs())
-    assert unavailable(backend, inputs, "cuda").startswith("not implemented: flashinfer's adapter maps bf16, "
-                                                           "fp8_tensor, fp8_block, not fp8_channel")
+    assert unavailable(backend, inputs, "cuda").startswith(
+        "not implemented: flashinfer's adapter maps bf16, fp8_tensor, fp8_block, not fp8_channel"
+    )
     assert not calls
 
 
@@ -312,8 +429,21 @@ class _ActivationType(enum.Enum):
 
 
 def _fake_sonicmoe(monkeypatch, calls):
-    def moe_general_routing_inputs(x, router_scores, token_indices, expert_indices, w1, b1, w2, b2, E, stream_id,
-                                   activation_type, is_inference_mode_enabled=False, concat_layout=False):
+    def moe_general_routing_inputs(
+        x,
+        router_scores,
+        token_indices,
+        expert_indices,
+        w1,
+        b1,
+        w2,
+        b2,
+        E,
+        stream_id,
+        activation_type,
+        is_inference_mode_enabled=False,
+        concat_layout=False,
+    ):
         twoI, K, E1 = w1.shape
         K2, I, E2 = w2.shape
         assert (E1, E2, K2, twoI) == (E, E, K, 2 * I) and b1 is None and b2 is None
@@ -330,8 +460,13 @@ def _fake_sonicmoe(monkeypatch, calls):
             out[t] += s * (a @ w2[:, :, e].float().T)
         return out.to(BF16), torch.bincount(expert_indices, minlength=E)
 
-    _install(monkeypatch, {"sonicmoe": {"moe_general_routing_inputs": moe_general_routing_inputs},
-                           "sonicmoe.enums": {"ActivationType": _ActivationType}})
+    _install(
+        monkeypatch,
+        {
+            "sonicmoe": {"moe_general_routing_inputs": moe_general_routing_inputs},
+            "sonicmoe.enums": {"ActivationType": _ActivationType},
+        },
+    )
 
 
 def test_sonicmoe_adapter(monkeypatch):
@@ -340,7 +475,7 @@ def test_sonicmoe_adapter(monkeypatch):
     out, inputs = _run("sonicmoe", None)
     _close_to_oracle(out, inputs)
     gate_rows = calls[0][0::2].permute(2, 0, 1)  # back to [E, I, K]
-    assert torch.equal(gate_rows, inputs.w1[:, :SHAPE.intermediate])
+    assert torch.equal(gate_rows, inputs.w1[:, : SHAPE.intermediate])
     with pytest.raises(NotImplementedError, match="not fp8_tensor"):
         userkernel.load_peer("sonicmoe").fused_moe(**_problem("fp8_tensor").kwargs())
 
@@ -374,8 +509,23 @@ def test_peers_in_a_cpu_run(monkeypatch, tmp_path):
     _fake_flashinfer(monkeypatch, [])
     monkeypatch.setattr(userkernel, "_loaded", {})
     out = tmp_path / "out"
-    code = cli.main(["--backends", ",".join(PEERS), "--shapes", "mixtral-8x7b", "--tokens", "2", "--quant",
-                     "bf16,fp8_channel", "--no-jit", "--no-plots", "--no-progress", "--out", str(out)])
+    code = cli.main(
+        [
+            "--backends",
+            ",".join(PEERS),
+            "--shapes",
+            "mixtral-8x7b",
+            "--tokens",
+            "2",
+            "--quant",
+            "bf16,fp8_channel",
+            "--no-jit",
+            "--no-plots",
+            "--no-progress",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     rows = {(r["backend"], r["quant"]): r for r in json.loads((out / "results.json").read_text())["rows"]}
     for name in ("vllm", "sglang", "sonicmoe"):

@@ -63,8 +63,11 @@ def test_panels_follow_the_tables_order(h200):
 
 
 def test_the_title_says_when_shapes_are_reduced(h200):
-    reduced = {**h200, "rows": [{**r, "shape_note": "reduced (CPU interpreter)"} for r in h200["rows"]],
-               "ceilings": None}
+    reduced = {
+        **h200,
+        "rows": [{**r, "shape_note": "reduced (CPU interpreter)"} for r in h200["rows"]],
+        "ceilings": None,
+    }
     figs = plots.figures(reduced)
     assert set(figs) == {"numerics"}  # nothing timed: no roofline, no speedup
     assert "shapes REDUCED for the CPU interpreter" in _titles(figs["numerics"])
@@ -73,16 +76,24 @@ def test_the_title_says_when_shapes_are_reduced(h200):
 
 def _points(ax) -> dict:
     """backend -> its plotted (x, y) points in one panel."""
-    return {a.get_label(): [tuple(p) for p in a.get_offsets()] for a in ax.collections
-            if not a.get_label().startswith("_")}
+    return {
+        a.get_label(): [tuple(p) for p in a.get_offsets()] for a in ax.collections if not a.get_label().startswith("_")
+    }
 
 
 def test_every_backend_of_the_numerics_legend_is_visible(h200):
     """Two backends with the same error in a case (torch_grouped and torch_loop on the CPU) are drawn side by
     side, not one over the other; every backend has its own marker."""
     loop = {(r["shape"], r["quant"], r["T"]): r["rel_l2"] for r in h200["rows"] if r["backend"] == "torch_loop"}
-    same = {**h200, "rows": [{**r, "rel_l2": loop.get((r["shape"], r["quant"], r["T"]), r.get("rel_l2"))}
-                             if r["backend"] == "torch_grouped" else r for r in h200["rows"]]}
+    same = {
+        **h200,
+        "rows": [
+            {**r, "rel_l2": loop.get((r["shape"], r["quant"], r["T"]), r.get("rel_l2"))}
+            if r["backend"] == "torch_grouped"
+            else r
+            for r in h200["rows"]
+        ],
+    }
     fig = plots.figures(same)["numerics"]
     for ax in fig.axes:
         points = _points(ax)
@@ -112,8 +123,10 @@ def test_speedup_draws_only_the_panels_that_have_data(h200, tmp_path):
     assert "speedup.png" not in written and "![speedup]" not in (tmp_path / "report.md").read_text()
 
     gone = (h200["rows"][0]["shape"], "bf16")
-    partial = {**h200, "rows": [{**r, "speedup": None} if (r["shape"], r["quant"]) == gone else r
-                                for r in h200["rows"]]}
+    partial = {
+        **h200,
+        "rows": [{**r, "speedup": None} if (r["shape"], r["quant"]) == gone else r for r in h200["rows"]],
+    }
     fig = plots.figures(partial)["speedup"]
     groups = list(dict.fromkeys((r["shape"], r["quant"]) for r in partial["rows"] if r.get("speedup")))
     assert gone not in groups and [ax.get_title() for ax in fig.axes] == [f"{s}\n{q}" for s, q in groups]

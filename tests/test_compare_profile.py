@@ -24,23 +24,42 @@ TINY = MoEShape("tiny", 4, 2, 64, 32, "a layer small enough for the Triton inter
 # followed by its mangled arguments (which contain "align16" whatever the kernel does); torch as C++.
 CUTE = "kernel_cutlass_kernel_cute_moe{}_object_at__tensorptrbf16gmemalign16o1024_tensorptri32gmemalign16o1_0"
 NAMES = [
-    ("moe_gemm_kernel", "gemm"), ("_count_kernel", "alignment"), ("_place_kernel", "alignment"),
-    ("amax_kernel", "quantize"), ("quantize_kernel", "quantize"), ("combine_kernel", "combine"),
-    (CUTE.format("alignopsCountExperts"), "alignment"), (CUTE.format("alignopsPlacePairs"), "alignment"),
+    ("moe_gemm_kernel", "gemm"),
+    ("_count_kernel", "alignment"),
+    ("_place_kernel", "alignment"),
+    ("amax_kernel", "quantize"),
+    ("quantize_kernel", "quantize"),
+    ("combine_kernel", "combine"),
+    (CUTE.format("alignopsCountExperts"), "alignment"),
+    (CUTE.format("alignopsPlacePairs"), "alignment"),
     (CUTE.format("gemmGroupedGemm"), "gemm"),
     (CUTE.format("gemmGroupedGemm").replace("kernel_cute_moe", "kernel_fp8_cute_moe"), "gemm"),
-    (CUTE.format("rowopsGatherRows"), "gather"), (CUTE.format("rowopsSiluMul"), "activation"),
-    (CUTE.format("rowopsCombineRows"), "combine"), (CUTE.format("rowopsWeightedCombineRows"), "combine"),
-    (CUTE.format("rowopsScaleRows"), "quantize"), (CUTE.format("quantopsRowAmax"), "quantize"),
+    (CUTE.format("rowopsGatherRows"), "gather"),
+    (CUTE.format("rowopsSiluMul"), "activation"),
+    (CUTE.format("rowopsCombineRows"), "combine"),
+    (CUTE.format("rowopsWeightedCombineRows"), "combine"),
+    (CUTE.format("rowopsScaleRows"), "quantize"),
+    (CUTE.format("quantopsRowAmax"), "quantize"),
     (CUTE.format("quantopsQuantizeRows"), "quantize"),
-    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<int>, std::array<char*, 1ul> >"
-     "(int, at::native::FillFunctor<int>, std::array<char*, 1ul>)", "torch"),
-    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<bool, at::native::func_wrapper_t<bool, "
-     "at::native::or_kernel_cuda(at::TensorIterator&)::{lambda(bool, bool)#1}>, unsigned int, bool, 4, 4> >"
-     "(at::native::ReduceOp<bool>)", "torch"),
-    ("void at::native::bitonicSortKVInPlace<2, -1, 16, 16, int, long, at::native::LTOp<int, true>, unsigned int>"
-     "(at::cuda::detail::TensorInfo<int, unsigned int>)", "torch"),
-    ("Memcpy DtoD (Device -> Device)", "memcpy"), ("Memset (Device)", "memset"), ("my_fused_kernel", "other"),
+    (
+        "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<int>, std::array<char*, 1ul> >"
+        "(int, at::native::FillFunctor<int>, std::array<char*, 1ul>)",
+        "torch",
+    ),
+    (
+        "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<bool, at::native::func_wrapper_t<bool, "
+        "at::native::or_kernel_cuda(at::TensorIterator&)::{lambda(bool, bool)#1}>, unsigned int, bool, 4, 4> >"
+        "(at::native::ReduceOp<bool>)",
+        "torch",
+    ),
+    (
+        "void at::native::bitonicSortKVInPlace<2, -1, 16, 16, int, long, at::native::LTOp<int, true>, unsigned int>"
+        "(at::cuda::detail::TensorInfo<int, unsigned int>)",
+        "torch",
+    ),
+    ("Memcpy DtoD (Device -> Device)", "memcpy"),
+    ("Memset (Device)", "memset"),
+    ("my_fused_kernel", "other"),
 ]
 
 
@@ -57,8 +76,14 @@ def test_the_display_name_drops_the_cute_arguments_and_short_cuts_to_the_width()
 
 
 def test_aggregate_groups_by_name_per_layer_call():
-    per_call = [("moe_gemm_kernel", 40.0), ("_count_kernel", 2.0), ("moe_gemm_kernel", 30.0),
-                ("Memset (Device)", 1.0), ("combine_kernel", 5.0), ("_place_kernel", 3.0)]
+    per_call = [
+        ("moe_gemm_kernel", 40.0),
+        ("_count_kernel", 2.0),
+        ("moe_gemm_kernel", 30.0),
+        ("Memset (Device)", 1.0),
+        ("combine_kernel", 5.0),
+        ("_place_kernel", 3.0),
+    ]
     other_call = [(n, us + 1.0 if n == "moe_gemm_kernel" else us) for n, us in per_call]
     a = prof.aggregate(per_call + other_call, calls=2)
     assert a["calls"] == 2 and a["launches_per_call"] == 5 and a["memset_per_call"] == 1
@@ -68,8 +93,12 @@ def test_aggregate_groups_by_name_per_layer_call():
     gemm = a["kernels"][0]
     assert gemm["name"] == "moe_gemm_kernel" and gemm["calls_per_call"] == 2 and gemm["count"] == 4
     assert gemm["us_per_call"] == pytest.approx(71.0) and gemm["share"] == pytest.approx(71 / 82)
-    assert [k["name"] for k in a["kernels"]][1:] == ["combine_kernel", "_place_kernel", "_count_kernel",
-                                                     "Memset (Device)"]
+    assert [k["name"] for k in a["kernels"]][1:] == [
+        "combine_kernel",
+        "_place_kernel",
+        "_count_kernel",
+        "Memset (Device)",
+    ]
     assert sum(k["share"] for k in a["kernels"]) == pytest.approx(1.0)
     # the same sequence in every call: each name's µs per launch, in call order (GEMM1, then GEMM2)
     assert gemm["launch_us"] == pytest.approx([40.5, 30.5]) and a["kernels"][1]["launch_us"] == [5.0]
@@ -87,9 +116,10 @@ def test_aggregate_of_nothing_and_a_bad_call_count():
 
 def test_device_records_keep_the_cuda_events_of_the_profiler():
     events = [  # a profiler without a device set reads device_time_total 0: the event's own range counts
-              FunctionEvent(2, "combine_kernel", 1, 40, 47, device_type=DeviceType.CUDA),
-              FunctionEvent(0, "moe_gemm_kernel", 1, 10, 35, use_device="cuda", device_type=DeviceType.CUDA),
-              FunctionEvent(1, "cudaLaunchKernel", 1, 5, 9, use_device="cuda", device_type=DeviceType.CPU)]
+        FunctionEvent(2, "combine_kernel", 1, 40, 47, device_type=DeviceType.CUDA),
+        FunctionEvent(0, "moe_gemm_kernel", 1, 10, 35, use_device="cuda", device_type=DeviceType.CUDA),
+        FunctionEvent(1, "cudaLaunchKernel", 1, 5, 9, use_device="cuda", device_type=DeviceType.CPU),
+    ]
     assert prof.device_records(events) == [("moe_gemm_kernel", 25.0), ("combine_kernel", 7.0)]  # in launch order
 
 
@@ -110,13 +140,21 @@ def test_select_cells_filters_the_targets():
     assert list(prof.select_cells()) == list(prof.TARGET_CELLS)
     fp8 = prof.select_cells(backends=("triton_moe",), quants=("fp8_tensor",))
     assert [(c.shape, c.T, c.target_us) for c in fp8] == [
-        ("mixtral-8x7b", 128, 420), ("mixtral-8x7b", 4096, 2900), ("qwen3-30b-a3b", 4096, 520),
-        ("deepseek-v3:tp8", 1, 50), ("deepseek-v3:tp8", 4096, 950)]
+        ("mixtral-8x7b", 128, 420),
+        ("mixtral-8x7b", 4096, 2900),
+        ("qwen3-30b-a3b", 4096, 520),
+        ("deepseek-v3:tp8", 1, 50),
+        ("deepseek-v3:tp8", 4096, 950),
+    ]
     ds = prof.select_cells(shapes=("deepseek-v3:tp8",), tokens=(4096,))
-    assert [(c.backend, c.quant) for c in ds] == [("cute_moe", "bf16"), ("triton_moe", "bf16"),
-                                                  ("triton_moe", "fp8_tensor"), ("cute_moe", "fp8_tensor"),
-                                                  ("cute_moe", "fp8_block")]
-    assert prof.select_cells(quick=True) == list(prof.TARGET_CELLS[:prof.QUICK_CELLS])
+    assert [(c.backend, c.quant) for c in ds] == [
+        ("cute_moe", "bf16"),
+        ("triton_moe", "bf16"),
+        ("triton_moe", "fp8_tensor"),
+        ("cute_moe", "fp8_tensor"),
+        ("cute_moe", "fp8_block"),
+    ]
+    assert prof.select_cells(quick=True) == list(prof.TARGET_CELLS[: prof.QUICK_CELLS])
 
 
 def test_a_grid_runs_every_combination_and_keeps_the_targets_it_meets():
@@ -135,20 +173,23 @@ def test_list_prints_the_cells_without_a_gpu(capsys):
     assert capsys.readouterr().out.strip() == "cute_moe mixtral-8x7b fp8_channel T=4096  target 3000 µs"
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--backends", "cute_moe,vllm"], "--backends: unknown name 'vllm'"),
-    (["--shapes", "gpt5"], "--shapes: unknown shape 'gpt5'"),
-    (["--quants", "int4"], "--quants: unknown name 'int4'"),
-    (["--tokens", "0"], "--tokens: bad token count '0'"),
-    (["--tokens", "1,,8"], "--tokens: empty item"),
-    (["--calls", "0"], "--calls: expected a positive integer"),
-    (["--calls", "x"], "argument --calls: invalid int value"),
-    (["--time-budget", "-1"], "--time-budget: expected a finite number of seconds > 0"),
-    (["--time-budget", "nan"], "--time-budget"),
-    (["--grid", "--backends", "triton_moe"], "--grid: needs --tokens"),
-    (["--tokens", "3"], "no target cell matches"),
-    (["--quick", "--cells-all"], "not allowed with argument"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--backends", "cute_moe,vllm"], "--backends: unknown name 'vllm'"),
+        (["--shapes", "gpt5"], "--shapes: unknown shape 'gpt5'"),
+        (["--quants", "int4"], "--quants: unknown name 'int4'"),
+        (["--tokens", "0"], "--tokens: bad token count '0'"),
+        (["--tokens", "1,,8"], "--tokens: empty item"),
+        (["--calls", "0"], "--calls: expected a positive integer"),
+        (["--calls", "x"], "argument --calls: invalid int value"),
+        (["--time-budget", "-1"], "--time-budget: expected a finite number of seconds > 0"),
+        (["--time-budget", "nan"], "--time-budget"),
+        (["--grid", "--backends", "triton_moe"], "--grid: needs --tokens"),
+        (["--tokens", "3"], "no target cell matches"),
+        (["--quick", "--cells-all"], "not allowed with argument"),
+    ],
+)
 def test_bad_options_are_one_line_naming_the_option(args, message, tmp_path, capsys):
     start = time.monotonic()
     assert prof.main(args + ["--out", str(tmp_path / "new")]) == 2
@@ -163,9 +204,11 @@ def test_out_must_be_a_new_or_empty_directory(tmp_path, capsys):
     used.mkdir()
     (used / "profile.md").write_text("an earlier run")
     (tmp_path / "file").write_text("x")
-    for argv, why in ((["--out", str(used)], "is not empty"),
-                      (["--out", str(tmp_path / "file")], "exists and is not a directory"),
-                      ([], "required: a new or empty directory for profile.json and profile.md")):
+    for argv, why in (
+        (["--out", str(used)], "is not empty"),
+        (["--out", str(tmp_path / "file")], "exists and is not a directory"),
+        ([], "required: a new or empty directory for profile.json and profile.md"),
+    ):
         assert prof.main(argv) == 2
         err = capsys.readouterr().err
         assert err.startswith("python -m compare.studies.profile: error: --out: ") and why in err, err
@@ -192,6 +235,7 @@ def _clock(log, seconds=0.0):
         log.append(("graph" if use_graph else "eager", options))
         time.sleep(seconds)
         return Timing(median_us=100.0, p10_us=90.0, p90_us=110.0, min_us=90.0, samples=1, calls_per_sample=1)
+
     return Clock(time=time_graph, ceilings=None, sync=lambda: None, device=lambda: "stand-in clock (CPU)")
 
 
@@ -205,8 +249,12 @@ class _Recorder:
     def fused_moe(self, x, quant=None, **kwargs):
         if self.fail is not None and quant == "fp8_tensor":
             raise self.fail
-        self.events += [("_count_kernel", 2.0), ("moe_gemm_kernel", 40.0), ("moe_gemm_kernel", 30.0),
-                        ("combine_kernel", 5.0)]
+        self.events += [
+            ("_count_kernel", 2.0),
+            ("moe_gemm_kernel", 40.0),
+            ("moe_gemm_kernel", 30.0),
+            ("combine_kernel", 5.0),
+        ]
         return x.clone()
 
     def profile(self, run):
@@ -218,17 +266,32 @@ class _Recorder:
 def _env(recorder, log, backends=None, seconds=0.0, profile=None):
     backends = backends or {}
     load = lambda name: backends.get(name) or Backend(name, fused_moe=recorder.fused_moe)  # noqa: E731
-    return prof.Env(clock=_clock(log, seconds), profile=profile or recorder.profile, device="cpu",
-                    shape_of=lambda label: TINY, load=load)
+    return prof.Env(
+        clock=_clock(log, seconds),
+        profile=profile or recorder.profile,
+        device="cpu",
+        shape_of=lambda label: TINY,
+        load=load,
+    )
 
 
 def test_both_phases_fill_each_row_and_a_failing_cell_says_why(tmp_path):
     recorder, log, written = _Recorder(fail=NotImplementedError("cute_moe: fp8_tensor is not built")), [], []
-    cells = [prof.Cell("triton_moe", "tiny", 3, "bf16", 150.0), prof.Cell("triton_moe", "tiny", 3, "fp8_tensor", 50.0),
-             prof.Cell("cute_moe", "tiny", 3, "bf16", 50.0), prof.Cell("triton_moe", "tiny", 5, "bf16", None)]
+    cells = [
+        prof.Cell("triton_moe", "tiny", 3, "bf16", 150.0),
+        prof.Cell("triton_moe", "tiny", 3, "fp8_tensor", 50.0),
+        prof.Cell("cute_moe", "tiny", 3, "bf16", 50.0),
+        prof.Cell("triton_moe", "tiny", 5, "bf16", None),
+    ]
     missing = {"cute_moe": Backend("cute_moe", missing="import cute_moe failed: ImportError: no cutlass")}
-    result = prof.run_profile(cells, env=_env(recorder, log, missing), calls=4, command="pytest", commit="abc1234",
-                              write=lambda r: written.append(json.dumps(r)))
+    result = prof.run_profile(
+        cells,
+        env=_env(recorder, log, missing),
+        calls=4,
+        command="pytest",
+        commit="abc1234",
+        write=lambda r: written.append(json.dumps(r)),
+    )
     assert result["meta"]["commit"] == "abc1234" and result["meta"]["device"] == "stand-in clock (CPU)"
     ok, refused, absent, untargeted = result["cells"]
     assert ok["status"] == "ok" and ok["graph_us"] == 100.0 and ok["met"] is True and ok["timing"] == "graph"
@@ -254,6 +317,7 @@ def test_out_of_memory_and_a_failing_profiler_are_rows(tmp_path):
 
     def broken(run):
         raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED\nmore")
+
     result = prof.run_profile(cells[1:], env=_env(recorder, log, profile=broken), calls=2)
     row = result["cells"][0]
     assert row["status"] == "ok" and row["graph_us"] == 100.0
@@ -266,8 +330,9 @@ def test_the_time_budget_skips_cells_and_profiles_cleanly(monkeypatch):
     recorder, log = _Recorder(), []
     cells = [prof.Cell("triton_moe", "tiny", T, "bf16", 50.0) for T in (1, 2)]
     result = prof.run_profile(cells, env=_env(recorder, log), calls=2, time_budget_s=1.0)  # < 2 × the reserve
-    assert [r["status"] for r in result["cells"]] == ["skipped: time budget (1 s): the rest was kept to profile "
-                                                      "the cells timed"] * 2
+    assert [r["status"] for r in result["cells"]] == [
+        "skipped: time budget (1 s): the rest was kept to profile the cells timed"
+    ] * 2
     monkeypatch.setattr(prof, "PROFILE_RESERVE_S", 0.0)
     result = prof.run_profile(cells, env=_env(recorder, log, seconds=0.3), calls=2, time_budget_s=0.2)
     first, second = result["cells"]
@@ -280,8 +345,13 @@ def test_a_real_backend_runs_on_the_problem_the_cells_build():
     log, calls = [], []
     real = load_backend("triton_moe")
     counted = Backend("triton_moe", fused_moe=lambda **kw: calls.append(kw["quant"]) or real.fused_moe(**kw))
-    env = prof.Env(clock=_clock(log), profile=lambda run: run() or [("moe_gemm_kernel", 1.0)], device="cpu",
-                   shape_of=lambda label: TINY, load=lambda name: counted)
+    env = prof.Env(
+        clock=_clock(log),
+        profile=lambda run: run() or [("moe_gemm_kernel", 1.0)],
+        device="cpu",
+        shape_of=lambda label: TINY,
+        load=lambda name: counted,
+    )
     cells = [prof.Cell("triton_moe", "tiny", 3, q, None) for q in ("bf16", "fp8_tensor")]
     result = prof.run_profile(cells, env=env, calls=1)
     assert [(r["status"], r["profile_status"]) for r in result["cells"]] == [("ok", "ok")] * 2
@@ -294,17 +364,41 @@ def test_a_real_backend_runs_on_the_problem_the_cells_build():
 
 
 def _result():
-    meta = {"date": "2026-12-01 22:00 UTC", "device": "NVIDIA H200", "commit": "abc1234",
-            "command": "python -m compare.studies.profile --out x", "calls": 20, "warmup_calls": 3,
-            "stage_rules": {s: list(w) for s, w in prof.STAGE_RULES}}
+    meta = {
+        "date": "2026-12-01 22:00 UTC",
+        "device": "NVIDIA H200",
+        "commit": "abc1234",
+        "command": "python -m compare.studies.profile --out x",
+        "calls": 20,
+        "warmup_calls": 3,
+        "stage_rules": {s: list(w) for s, w in prof.STAGE_RULES},
+    }
     gemm = CUTE.format("gemmGroupedGemm")
-    profile = prof.aggregate([(gemm, 40.0), (CUTE.format("alignopsCountExperts"), 4.0), (NAMES[17][0], 1.5),
-                              ("moe_gemm_kernel", 7.0), ("moe_gemm_kernel", 3.0)] * 20, 20)
-    ok = {**prof.Cell("cute_moe", "qwen3-30b-a3b", 1, "bf16", 45.0).record(), "status": "ok", "graph_us": 52.25,
-          "eager_us": 80.0, "met": False, "profile_status": "ok", "profile": profile}
-    failed = {**prof.Cell("cute_moe", "mixtral-8x7b", 4096, "fp8_channel", 3000.0).record(),
-              "status": "not implemented: NotImplementedError: fp8_channel | not built",
-              "profile_status": "not profiled: the cell did not run"}
+    profile = prof.aggregate(
+        [
+            (gemm, 40.0),
+            (CUTE.format("alignopsCountExperts"), 4.0),
+            (NAMES[17][0], 1.5),
+            ("moe_gemm_kernel", 7.0),
+            ("moe_gemm_kernel", 3.0),
+        ]
+        * 20,
+        20,
+    )
+    ok = {
+        **prof.Cell("cute_moe", "qwen3-30b-a3b", 1, "bf16", 45.0).record(),
+        "status": "ok",
+        "graph_us": 52.25,
+        "eager_us": 80.0,
+        "met": False,
+        "profile_status": "ok",
+        "profile": profile,
+    }
+    failed = {
+        **prof.Cell("cute_moe", "mixtral-8x7b", 4096, "fp8_channel", 3000.0).record(),
+        "status": "not implemented: NotImplementedError: fp8_channel | not built",
+        "profile_status": "not profiled: the cell did not run",
+    }
     return {"meta": meta, "cells": [ok, failed]}
 
 
@@ -312,10 +406,11 @@ def test_markdown_has_the_header_the_summary_and_a_kernel_table_per_profiled_cel
     md = prof.to_markdown(_result())
     assert "- device: NVIDIA H200" in md and "- commit: `abc1234`" in md
     assert "- command: `python -m compare.studies.profile --out x`" in md
-    assert ("| cute_moe qwen3-30b-a3b bf16 T=1 | 45.0 | 52.2 | **no** | 80.0 | 5 | 55.5 | 1.5 | 4.0 | 50.0 | ok |"
-            in md)
-    assert ("| cute_moe mixtral-8x7b fp8_channel T=4096 | 3000.0 | — | — | — | — | — | — | — | — | "
-            "not implemented: NotImplementedError: fp8_channel / not built |") in md
+    assert "| cute_moe qwen3-30b-a3b bf16 T=1 | 45.0 | 52.2 | **no** | 80.0 | 5 | 55.5 | 1.5 | 4.0 | 50.0 | ok |" in md
+    assert (
+        "| cute_moe mixtral-8x7b fp8_channel T=4096 | 3000.0 | — | — | — | — | — | — | — | — | "
+        "not implemented: NotImplementedError: fp8_channel / not built |"
+    ) in md
     assert md.count("\n## ") == 1 and "## cute_moe qwen3-30b-a3b bf16 T=1: graph 52.2 µs" in md
     assert "| `kernel_cute_moegemmGroupedGemm` | gemm | 1 | 40.0 | 72 % |" in md
     assert "| `moe_gemm_kernel` | gemm | 2 | 10.0 (7.0 + 3.0) | 18 % |" in md
@@ -335,16 +430,18 @@ def test_outputs_are_written_whole_and_read_back(tmp_path):
 def test_main_runs_both_phases_and_writes_the_reports_even_when_every_cell_fails(tmp_path, monkeypatch, capsys):
     """The command's wiring on a CPU: the device calls fail (no GPU), every cell becomes an error row."""
     monkeypatch.setattr(prof.runinfo, "require_cuda", lambda prog: None)
-    monkeypatch.setattr(prof.timed, "GPU_CLOCK", Clock(time=None, ceilings=None, sync=lambda: None,
-                                                       device=lambda: "no GPU (test)"))
+    monkeypatch.setattr(
+        prof.timed, "GPU_CLOCK", Clock(time=None, ceilings=None, sync=lambda: None, device=lambda: "no GPU (test)")
+    )
     out = tmp_path / "out"
     assert prof.main(["--quick", "--calls", "2", "--out", str(out), "--commit", "abc1234"]) == 0
     result = json.loads((out / "profile.json").read_text())
     expected = f"python -m compare.studies.profile --quick --calls 2 --out {out} --commit abc1234"
     assert result["meta"]["command"] == expected
-    assert [r["cell"] for r in result["cells"]] == [c.title for c in prof.TARGET_CELLS[:prof.QUICK_CELLS]]
-    assert all(r["status"].startswith("error: ") and r["profile_status"].startswith("not profiled")
-               for r in result["cells"])
+    assert [r["cell"] for r in result["cells"]] == [c.title for c in prof.TARGET_CELLS[: prof.QUICK_CELLS]]
+    assert all(
+        r["status"].startswith("error: ") and r["profile_status"].startswith("not profiled") for r in result["cells"]
+    )
     assert (out / "profile.md").read_text() == prof.to_markdown(result)
     printed = capsys.readouterr().out
     assert printed.startswith("| cell | target µs |") and f"wrote {out / 'profile.md'}" in printed
@@ -353,8 +450,9 @@ def test_main_runs_both_phases_and_writes_the_reports_even_when_every_cell_fails
 def test_a_cell_timed_without_a_graph_says_so_in_the_summary():
     recorder, log = _Recorder(), []
     loop = {"triton_moe": Backend("triton_moe", fused_moe=recorder.fused_moe, capturable=False)}
-    result = prof.run_profile([prof.Cell("triton_moe", "tiny", 3, "bf16", 50.0)], env=_env(recorder, log, loop),
-                              calls=2)
+    result = prof.run_profile(
+        [prof.Cell("triton_moe", "tiny", 3, "bf16", 50.0)], env=_env(recorder, log, loop), calls=2
+    )
     assert log == [("eager", dict(replays=20, min_calls=10, warmup=2))]
     assert result["cells"][0]["timing"] == "eager (host-synchronizing loop)"
     assert prof.summary_table(result)[-1].endswith("| ok; graph µs timed eager (host-synchronizing loop) |")

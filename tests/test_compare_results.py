@@ -33,24 +33,49 @@ def test_every_committed_record_merges_and_renders(path, tmp_path, capsys):
 
 def test_older_records_are_filled_in():
     """Records written before the per-expert lists and with NaN as a string read as the current shape."""
-    old = {"meta": {"command": "x"}, "rows": [{"shape": "s", "quant": "bf16", "T": 1, "backend": "b", "status": "ok",
-                                               "E": 2, "K": 4, "I": 4, "top_k": 1, "rel_l2": "nan"}],
-           "cases": [{"shape": "s", "quant": "bf16", "T": 1, "flagged_experts": [3]}]}
+    old = {
+        "meta": {"command": "x"},
+        "rows": [
+            {
+                "shape": "s",
+                "quant": "bf16",
+                "T": 1,
+                "backend": "b",
+                "status": "ok",
+                "E": 2,
+                "K": 4,
+                "I": 4,
+                "top_k": 1,
+                "rel_l2": "nan",
+            }
+        ],
+        "cases": [{"shape": "s", "quant": "bf16", "T": 1, "flagged_experts": [3]}],
+    }
     record = results.check(old)
     assert record["cases"][0]["experts"] == [] and record["rows"][0]["rel_l2"] != record["rows"][0]["rel_l2"]
     assert record["jit"] == [] and record["ceilings"] is None
 
 
 def _record(**meta):
-    row = {"shape": "s", "quant": "bf16", "T": 1, "backend": meta["backends"][0], "status": "ok", "E": 2, "K": 4,
-           "I": 4, "top_k": 1}
+    row = {
+        "shape": "s",
+        "quant": "bf16",
+        "T": 1,
+        "backend": meta["backends"][0],
+        "status": "ok",
+        "E": 2,
+        "K": 4,
+        "I": 4,
+        "top_k": 1,
+    }
     return results.check({"meta": {"device": "NVIDIA H200", "commit": "abc", **meta}, "rows": [row]})
 
 
 def test_merged_metadata_is_the_union_of_the_inputs():
     a = _record(backends=["triton_moe"], tokens=[1, 8], shapes=["mixtral-8x7b"], seed=0, command="run a")
-    b = _record(backends=["cute_moe", "triton_moe"], tokens=[32, 8], shapes=["deepseek-v3:tp8"], seed=1,
-                command="run b")
+    b = _record(
+        backends=["cute_moe", "triton_moe"], tokens=[32, 8], shapes=["deepseek-v3:tp8"], seed=1, command="run b"
+    )
     m = results.merge([a, b])["meta"]
     assert m["backends"] == ["triton_moe", "cute_moe"]
     assert m["tokens"] == [1, 8, 32] and m["shapes"] == ["mixtral-8x7b", "deepseek-v3:tp8"]
@@ -67,22 +92,30 @@ def test_merged_metadata_is_the_union_of_the_inputs():
 ROW = {"shape": "s", "quant": "bf16", "T": 1, "backend": "b", "status": "ok", "E": 2, "K": 4, "I": 4, "top_k": 1}
 
 
-@pytest.mark.parametrize("record, message", [
-    ({}, "not a compare results record (no 'meta' or 'rows')"),
-    ([], "expected a JSON object with 'meta' and 'rows', got list"),
-    ("text", "expected a JSON object"),
-    ({"meta": [], "rows": []}, "'meta' must be an object"),
-    ({"meta": {}, "rows": {}}, "'rows' must be a list"),
-    ({"meta": {}, "rows": [1]}, "rows[0]: expected an object"),
-    ({"meta": {}, "rows": [{"shape": "s"}]}, "rows[0]: 'quant' must be str"),
-    ({"meta": {}, "rows": [{**ROW, "T": "8"}]}, "rows[0]: 'T' must be int"),
-    ({"meta": {}, "rows": [{**ROW, "T": True}]}, "rows[0]: 'T' must be int"),
-    ({"meta": {}, "rows": [{**ROW, "rel_l2": "small"}]}, "rows[0].rel_l2: expected a number"),
-    ({"meta": {}, "rows": [{**ROW, "deterministic": "yes"}]}, "rows[0]: 'deterministic' must be true, false or null"),
-    ({"meta": {}, "rows": [ROW], "cases": [{"shape": "s"}]}, "cases[0]: 'quant' must be str"),
-    ({"meta": {}, "rows": [ROW], "cases": [{"shape": "s", "quant": "q", "T": 1, "experts": [1]}]},
-     "cases[0]: 'experts' must be a list of objects"),
-])
+@pytest.mark.parametrize(
+    "record, message",
+    [
+        ({}, "not a compare results record (no 'meta' or 'rows')"),
+        ([], "expected a JSON object with 'meta' and 'rows', got list"),
+        ("text", "expected a JSON object"),
+        ({"meta": [], "rows": []}, "'meta' must be an object"),
+        ({"meta": {}, "rows": {}}, "'rows' must be a list"),
+        ({"meta": {}, "rows": [1]}, "rows[0]: expected an object"),
+        ({"meta": {}, "rows": [{"shape": "s"}]}, "rows[0]: 'quant' must be str"),
+        ({"meta": {}, "rows": [{**ROW, "T": "8"}]}, "rows[0]: 'T' must be int"),
+        ({"meta": {}, "rows": [{**ROW, "T": True}]}, "rows[0]: 'T' must be int"),
+        ({"meta": {}, "rows": [{**ROW, "rel_l2": "small"}]}, "rows[0].rel_l2: expected a number"),
+        (
+            {"meta": {}, "rows": [{**ROW, "deterministic": "yes"}]},
+            "rows[0]: 'deterministic' must be true, false or null",
+        ),
+        ({"meta": {}, "rows": [ROW], "cases": [{"shape": "s"}]}, "cases[0]: 'quant' must be str"),
+        (
+            {"meta": {}, "rows": [ROW], "cases": [{"shape": "s", "quant": "q", "T": 1, "experts": [1]}]},
+            "cases[0]: 'experts' must be a list of objects",
+        ),
+    ],
+)
 def test_wrong_shapes_are_one_line_and_exit_2(record, message, tmp_path, capsys):
     path = tmp_path / "r.json"
     path.write_text(json.dumps(record))

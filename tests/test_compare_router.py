@@ -11,20 +11,43 @@ MIX = get_shape("mixtral-8x7b")
 
 
 def _entry(shape, quant, T, backend):
-    return {"shape": shape.label, "E": shape.num_experts, "K": shape.hidden, "I": shape.intermediate,
-            "top_k": shape.top_k, "quant": quant, "T": T, "backend": backend, "us": {backend: 1.0}}
+    return {
+        "shape": shape.label,
+        "E": shape.num_experts,
+        "K": shape.hidden,
+        "I": shape.intermediate,
+        "top_k": shape.top_k,
+        "quant": quant,
+        "T": T,
+        "backend": backend,
+        "us": {backend: 1.0},
+    }
 
 
-TABLE = {"entries": [
-    _entry(MIX, "bf16", 1, "cute_moe"), _entry(MIX, "bf16", 32, "cute_moe"), _entry(MIX, "bf16", 1024, "triton_moe"),
-    _entry(MIX, "fp8_tensor", 1, "triton_moe"), _entry(MIX, "fp8_tensor", 4096, "torch_grouped"),
-    _entry(get_shape("deepseek-v3:tp8"), "bf16", 8, "torch_grouped"),
-    _entry(get_shape("qwen3-30b-a3b"), "bf16", 8, "torch_grouped"),
-]}
+TABLE = {
+    "entries": [
+        _entry(MIX, "bf16", 1, "cute_moe"),
+        _entry(MIX, "bf16", 32, "cute_moe"),
+        _entry(MIX, "bf16", 1024, "triton_moe"),
+        _entry(MIX, "fp8_tensor", 1, "triton_moe"),
+        _entry(MIX, "fp8_tensor", 4096, "torch_grouped"),
+        _entry(get_shape("deepseek-v3:tp8"), "bf16", 8, "torch_grouped"),
+        _entry(get_shape("qwen3-30b-a3b"), "bf16", 8, "torch_grouped"),
+    ]
+}
 
 
-@pytest.mark.parametrize("T, expected", [(1, "cute_moe"), (4, "cute_moe"), (40, "cute_moe"), (170, "cute_moe"),
-                                         (200, "triton_moe"), (100000, "triton_moe")])
+@pytest.mark.parametrize(
+    "T, expected",
+    [
+        (1, "cute_moe"),
+        (4, "cute_moe"),
+        (40, "cute_moe"),
+        (170, "cute_moe"),
+        (200, "triton_moe"),
+        (100000, "triton_moe"),
+    ],
+)
 def test_nearest_T_in_log_space(T, expected):
     # log2 distance: 181 is the geometric midpoint of 32 and 1024; a tie goes to the smaller T
     assert router.choose_backend(MIX, None, T, TABLE) == expected
@@ -49,12 +72,14 @@ def test_unmeasured_layer_takes_the_majority_at_the_nearest_T():
 
 def test_build_table_keeps_only_correct_timed_rows():
     base = {"shape": "mixtral-8x7b", "E": 8, "K": 4096, "I": 14336, "top_k": 2, "quant": "bf16", "T": 8}
-    rows = [{**base, "backend": "fast_but_wrong", "status": "FAIL", "us": 1.0},
-            {**base, "backend": "disagrees", "status": "ok", "us": 2.0, "xdiff_ok": False},
-            {**base, "backend": "untimed", "status": "ok"},
-            {**base, "backend": "slow", "status": "ok", "us": 9.0},
-            {**base, "backend": "good", "status": "ok", "us": 5.0},
-            {**base, "backend": "refused", "status": "not available: no"}]
+    rows = [
+        {**base, "backend": "fast_but_wrong", "status": "FAIL", "us": 1.0},
+        {**base, "backend": "disagrees", "status": "ok", "us": 2.0, "xdiff_ok": False},
+        {**base, "backend": "untimed", "status": "ok"},
+        {**base, "backend": "slow", "status": "ok", "us": 9.0},
+        {**base, "backend": "good", "status": "ok", "us": 5.0},
+        {**base, "backend": "refused", "status": "not available: no"},
+    ]
     table = router.build_table(rows, {"device": "test"})
     assert [e["backend"] for e in table["entries"]] == ["good"]
     assert table["entries"][0]["us"] == {"slow": 9.0, "good": 5.0}

@@ -27,17 +27,28 @@ def _wall_clock_eager(make_call, n_sets, *, quick=False):
     return _wall_clock_timer(make_call, n_sets).median_us
 
 
-STAND_IN = Clock(time=_wall_clock_timer,
-                 ceilings=lambda: timing.Ceilings(device="fake", copy_tbps=4.0, bf16_tflops=700.0, fp8_tflops=1300.0),
-                 sync=lambda: None, device=lambda: "fake GPU", eager=_wall_clock_eager)
+STAND_IN = Clock(
+    time=_wall_clock_timer,
+    ceilings=lambda: timing.Ceilings(device="fake", copy_tbps=4.0, bf16_tflops=700.0, fp8_tflops=1300.0),
+    sync=lambda: None,
+    device=lambda: "fake GPU",
+    eager=_wall_clock_eager,
+)
 
 
 @pytest.fixture(scope="module")
 def timed_result():
     """Reduced shapes on the CPU (device "cpu"), timed by the stand-in clock."""
-    spec = SuiteSpec(shapes=("qwen3-30b-a3b",), tokens=(1, 16), quants=(None, "fp8_block"),
-                     backends=("cute_moe", "triton_moe", "torch_grouped", "torch_loop"), device="cpu", jit=False,
-                     quick=True, command="test")
+    spec = SuiteSpec(
+        shapes=("qwen3-30b-a3b",),
+        tokens=(1, 16),
+        quants=(None, "fp8_block"),
+        backends=("cute_moe", "triton_moe", "torch_grouped", "torch_loop"),
+        device="cpu",
+        jit=False,
+        quick=True,
+        command="test",
+    )
     return suite.run_suite(spec, progress=False, clock=STAND_IN)
 
 
@@ -97,12 +108,15 @@ def test_strict_problems_flag_kernels_and_crashes_not_baselines_by_design():
     from compare.report import problems
 
     row = dict(shape="s", quant="fp8_tensor", T=8)
-    result = {"rows": [
-        {**row, "backend": "triton_moe", "status": "FAIL", "check": "rel_l2 2e-2 > 1e-2"},
-        {**row, "backend": "torch_grouped", "status": "FAIL", "check": "rel_l2 1.5e-2 > 1e-2"},
-        {**row, "backend": "torch_loop", "status": "error: RuntimeError: boom"},
-        {**row, "backend": "cute_moe", "status": "not implemented: bf16 only"},
-    ], "jit": [{"backend": "triton_moe", "quant": "bf16", "status": "error: RuntimeError: x"}]}
+    result = {
+        "rows": [
+            {**row, "backend": "triton_moe", "status": "FAIL", "check": "rel_l2 2e-2 > 1e-2"},
+            {**row, "backend": "torch_grouped", "status": "FAIL", "check": "rel_l2 1.5e-2 > 1e-2"},
+            {**row, "backend": "torch_loop", "status": "error: RuntimeError: boom"},
+            {**row, "backend": "cute_moe", "status": "not implemented: bf16 only"},
+        ],
+        "jit": [{"backend": "triton_moe", "quant": "bf16", "status": "error: RuntimeError: x"}],
+    }
     found = problems(result)
     assert any("triton_moe: numerics" in p for p in found) and any("torch_loop: error" in p for p in found)
     assert not any("torch_grouped" in p or "cute_moe" in p for p in found)
@@ -113,14 +127,13 @@ def test_fp8_rows_time_the_separate_pipeline_beside_the_fused_one():
     """A backend with an unfused pipeline gets, on FP8 rows only, its separate µs, the speedup of
     fusing and both pipelines' analytic bytes (cute_moe's, which needs a GPU, through a stand-in
     backend that runs triton_moe's layer for both)."""
+    import triton_moe
     from compare.backends import Backend
+    from compare.cases import reduce_shape
     from compare.timed import time_backend
     from cute_moe.unfused import hbm_bytes
-    from compare.cases import reduce_shape
     from moe_spec.problem import get_shape, make_inputs
     from moe_spec.validate import MoEDims
-
-    import triton_moe
 
     shape = reduce_shape(get_shape("qwen3-30b-a3b"))
     separate_calls = []

@@ -22,7 +22,7 @@ from moe_spec.contract import make_fused_experts
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ["--shapes", "mixtral-8x7b", "--tokens", "4", "--quant", "bf16", "--no-jit", "--no-plots", "--no-progress"]
 
-GOOD = '''
+GOOD = """
 import torch
 import torch.nn.functional as F
 
@@ -39,11 +39,13 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
             a = F.silu(h[:I]) * h[I:]
             out[t] += topk_weights[t, j] * (a @ w2[e].float().T)
     return out.to(torch.bfloat16)
-'''
-VLLM_SIGNATURE = ("def fused_experts(hidden_states, w1, w2, topk_weights, topk_ids, inplace=False,\n"
-                  "                  use_fp8_w8a8=False, per_channel_quant=False, w1_scale=None, w2_scale=None,\n"
-                  "                  block_shape=None):\n"
-                  "    x = hidden_states\n    if use_fp8_w8a8:")
+"""
+VLLM_SIGNATURE = (
+    "def fused_experts(hidden_states, w1, w2, topk_weights, topk_ids, inplace=False,\n"
+    "                  use_fp8_w8a8=False, per_channel_quant=False, w1_scale=None, w2_scale=None,\n"
+    "                  block_shape=None):\n"
+    "    x = hidden_states\n    if use_fp8_w8a8:"
+)
 KERNELS = {
     "good": GOOD,
     "swapped": GOOD.replace("F.silu(h[:I]) * h[I:]", "F.silu(h[I:]) * h[:I]"),  # the planted bug
@@ -51,8 +53,11 @@ KERNELS = {
     "writes": GOOD.replace("    I = w2.shape[2]\n", "    I = w2.shape[2]\n    x[0, 0] = 7.0\n"),
     "shape": GOOD.replace("return out.to(torch.bfloat16)", "return out[:, 1:].to(torch.bfloat16)"),
     "dtype": GOOD.replace("return out.to(torch.bfloat16)", "return out"),
-    "vllm_sig": GOOD.replace("def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, "
-                             "w2_scale=None):\n    if quant is not None:", VLLM_SIGNATURE),
+    "vllm_sig": GOOD.replace(
+        "def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, "
+        "w2_scale=None):\n    if quant is not None:",
+        VLLM_SIGNATURE,
+    ),
 }
 
 
@@ -75,8 +80,14 @@ def test_command_line_runs_a_user_file_beside_triton_moe(kernels, tmp_path):
     and what it does not expose (plan, alignment, config) reads '-'."""
     out = tmp_path / "out"
     env = dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([sys.executable, "-m", "compare", "--backends", f"triton_moe,{kernels['good']}", *QUICK,
-                           "--out", str(out)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "compare", "--backends", f"triton_moe,{kernels['good']}", *QUICK, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     row = _rows(out)[kernels["good"]]
     assert row["status"] == "ok" and row["rel_l2"] < 1e-2 and row["deterministic"] and row["batch_invariant"]
@@ -125,8 +136,14 @@ def test_a_module_path_from_the_working_directory(tmp_path):
     (tmp_path / "mykernels.py").write_text(GOOD)
     out = tmp_path / "out"
     env = dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([sys.executable, "-m", "compare", "--backends", "mykernels:fused_moe@ours", *QUICK,
-                           "--out", str(out)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "compare", "--backends", "mykernels:fused_moe@ours", *QUICK, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     assert _rows(out)["mykernels:fused_moe@ours"]["status"] == "ok"
 
@@ -139,16 +156,19 @@ def _refused(args, capsys) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("{dir}/good.py", "no ':function' here"),
-    ("{dir}/nothere.py:fused_moe", "no such file"),
-    ("no_such_module_xyz:fused_moe", "importing module 'no_such_module_xyz' failed: ModuleNotFoundError"),
-    ("{dir}/good.py:fused_mo", "has no attribute 'fused_mo'; its functions: fused_moe"),
-    ("{dir}/constant.py:WIDTH", "is not callable (int)"),
-    ("{dir}/good.py:fused_moe@sglang", "unknown signature suffix '@sglang'"),
-    ("{dir}/ambiguous.py:kernel", "cannot tell the signature of kernel"),
-    ("{dir}/broken.py:fused_moe", "importing file"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("{dir}/good.py", "no ':function' here"),
+        ("{dir}/nothere.py:fused_moe", "no such file"),
+        ("no_such_module_xyz:fused_moe", "importing module 'no_such_module_xyz' failed: ModuleNotFoundError"),
+        ("{dir}/good.py:fused_mo", "has no attribute 'fused_mo'; its functions: fused_moe"),
+        ("{dir}/constant.py:WIDTH", "is not callable (int)"),
+        ("{dir}/good.py:fused_moe@sglang", "unknown signature suffix '@sglang'"),
+        ("{dir}/ambiguous.py:kernel", "cannot tell the signature of kernel"),
+        ("{dir}/broken.py:fused_moe", "importing file"),
+    ],
+)
 def test_a_bad_spec_is_one_line_naming_backends_before_any_work(spec, message, kernels, tmp_path, capsys):
     (tmp_path / "constant.py").write_text("WIDTH = 3\n")
     (tmp_path / "ambiguous.py").write_text("def kernel(a, b, c, d, e):\n    return a\n")
@@ -228,8 +248,11 @@ def test_the_router_table_routes_only_to_backends_it_can_load():
     from compare.router import build_table
 
     case = dict(shape="s", quant="bf16", T=8, E=4, K=64, I=32, top_k=2, status="ok")
-    rows = [dict(case, backend="triton_moe", us=10.0), dict(case, backend="k.py:fn", us=5.0),
-            dict(case, backend="vllm", us=4.0)]
+    rows = [
+        dict(case, backend="triton_moe", us=10.0),
+        dict(case, backend="k.py:fn", us=5.0),
+        dict(case, backend="vllm", us=4.0),
+    ]
     assert [e["backend"] for e in build_table(rows, {})["entries"]] == ["triton_moe"]
 
 
@@ -238,9 +261,27 @@ def test_on_the_gpu_your_kernel_gets_the_timing_columns(tmp_path):
     """triton_moe given as your kernel in vLLM's spelling: triton_moe's bits, timed like every row,
     and what it does not expose reads '-'."""
     out = tmp_path / "out"
-    assert cli.main(["--backends", "triton_moe,triton_moe:fused_experts", "--shapes", "qwen3-30b-a3b", "--tokens", "8",
-                     "--quant", "bf16,fp8_block", "--quick", "--no-jit", "--no-plots", "--no-progress",
-                     "--out", str(out)]) == 0
+    assert (
+        cli.main(
+            [
+                "--backends",
+                "triton_moe,triton_moe:fused_experts",
+                "--shapes",
+                "qwen3-30b-a3b",
+                "--tokens",
+                "8",
+                "--quant",
+                "bf16,fp8_block",
+                "--quick",
+                "--no-jit",
+                "--no-plots",
+                "--no-progress",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     rows = json.loads((out / "results.json").read_text())["rows"]
     for r in (r for r in rows if r["backend"] == "triton_moe:fused_experts"):
         assert r["status"] == "ok" and r["vs_ours"] == 0.0 and r["vs_ours_of"] == "triton_moe"

@@ -43,8 +43,13 @@ from moe_spec.validate import checks
 # the interpreter's numpy use (int() of a 1-element array) warns on every scalar load
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array:DeprecationWarning")
 
-CI = settings(derandomize=True, deadline=None, database=None, print_blob=True,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+CI = settings(
+    derandomize=True,
+    deadline=None,
+    database=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
 
 
 @st.composite
@@ -68,9 +73,15 @@ def triton_configs(draw, quant):
     if draw(st.booleans()):
         return None
     block_k = draw(st.sampled_from([32, 64] if get_format(quant).quantized else [16, 32, 64]))
-    return TritonConfig(draw(st.sampled_from([16, 32])), draw(st.sampled_from([16, 32, 64])), block_k,
-                        GROUP_M=draw(st.sampled_from([1, 2, 8])), num_warps=4, num_stages=2,
-                        swap_ab=draw(st.booleans()))
+    return TritonConfig(
+        draw(st.sampled_from([16, 32])),
+        draw(st.sampled_from([16, 32, 64])),
+        block_k,
+        GROUP_M=draw(st.sampled_from([1, 2, 8])),
+        num_warps=4,
+        num_stages=2,
+        swap_ab=draw(st.booleans()),
+    )
 
 
 @pytest.mark.parametrize("quant", list(FORMATS), ids=lambda q: get_format(q).label)
@@ -81,8 +92,10 @@ def test_random_valid_problems_match_the_oracle(quant, data):
 
     inp = data.draw(problems((quant,)), label="problem")
     config = data.draw(triton_configs(quant), label="config")
-    event(f"{'heuristic' if config is None else 'swap' if config.swap_ab else 'no swap'}"
-          f"{', T=0' if not inp.x.shape[0] else ''}")  # coverage: pytest --hypothesis-show-statistics
+    event(
+        f"{'heuristic' if config is None else 'swap' if config.swap_ab else 'no swap'}"
+        f"{', T=0' if not inp.x.shape[0] else ''}"
+    )  # coverage: pytest --hypothesis-show-statistics
     out = fused_moe(**inp.kwargs(), config=config)
     assert out.dtype == torch.bfloat16 and out.shape == inp.x.shape
     err = rel_l2(out, oracle(**inp.kwargs()))
@@ -130,36 +143,89 @@ FAULTS = {
     "w1 odd 2I": (None, lambda kw, i, d: _with(kw, w1=i.w1[:, :-1].contiguous()), ValueError, "w1"),
     "w1 on meta": (None, lambda kw, i, d: _with(kw, w1=i.w1.to("meta")), ValueError, "w1"),
     "w2 wrong E": ("E>1", lambda kw, i, d: _with(kw, w2=i.w2[1:].contiguous()), ValueError, "w2"),
-    "w2 transposed view": (None, lambda kw, i, d: _with(kw, w2=i.w2.transpose(1, 2).contiguous().transpose(1, 2)),
-                           ValueError, "w2"),
-    "topk_weights float64": (None, lambda kw, i, d: _with(kw, topk_weights=i.topk_weights.double()),
-                             TypeError, "topk_weights"),
-    "topk_weights one row short": ("T>0", lambda kw, i, d: _with(kw, topk_weights=i.topk_weights[1:]),
-                                   ValueError, "topk_weights"),
-    "topk_weights NaN": ("T>0", lambda kw, i, d: _with(kw, topk_weights=_one_element(i.topk_weights, float("nan"), d)),
-                         ValueError, "topk_weights"),
-    "topk_weights inf": ("T>0", lambda kw, i, d: _with(kw, topk_weights=_one_element(i.topk_weights, -float("inf"), d)),
-                         ValueError, "topk_weights"),
+    "w2 transposed view": (
+        None,
+        lambda kw, i, d: _with(kw, w2=i.w2.transpose(1, 2).contiguous().transpose(1, 2)),
+        ValueError,
+        "w2",
+    ),
+    "topk_weights float64": (
+        None,
+        lambda kw, i, d: _with(kw, topk_weights=i.topk_weights.double()),
+        TypeError,
+        "topk_weights",
+    ),
+    "topk_weights one row short": (
+        "T>0",
+        lambda kw, i, d: _with(kw, topk_weights=i.topk_weights[1:]),
+        ValueError,
+        "topk_weights",
+    ),
+    "topk_weights NaN": (
+        "T>0",
+        lambda kw, i, d: _with(kw, topk_weights=_one_element(i.topk_weights, float("nan"), d)),
+        ValueError,
+        "topk_weights",
+    ),
+    "topk_weights inf": (
+        "T>0",
+        lambda kw, i, d: _with(kw, topk_weights=_one_element(i.topk_weights, -float("inf"), d)),
+        ValueError,
+        "topk_weights",
+    ),
     "topk_ids float": (None, lambda kw, i, d: _with(kw, topk_ids=i.topk_ids.float()), TypeError, "topk_ids"),
-    "topk_ids one id = E": ("T>0", lambda kw, i, d: _with(kw, topk_ids=_one_element(i.topk_ids, i.w1.shape[0], d)),
-                            ValueError, "topk_ids"),
-    "topk_ids one id < 0": ("T>0", lambda kw, i, d: _with(kw, topk_ids=_one_element(i.topk_ids, -1, d)),
-                            ValueError, "topk_ids"),
-    "topk_ids repeated": ("top_k>1", lambda kw, i, d: _with(kw, topk_ids=_repeat_in_a_row(i.topk_ids, d)),
-                          ValueError, "topk_ids"),
+    "topk_ids one id = E": (
+        "T>0",
+        lambda kw, i, d: _with(kw, topk_ids=_one_element(i.topk_ids, i.w1.shape[0], d)),
+        ValueError,
+        "topk_ids",
+    ),
+    "topk_ids one id < 0": (
+        "T>0",
+        lambda kw, i, d: _with(kw, topk_ids=_one_element(i.topk_ids, -1, d)),
+        ValueError,
+        "topk_ids",
+    ),
+    "topk_ids repeated": (
+        "top_k>1",
+        lambda kw, i, d: _with(kw, topk_ids=_repeat_in_a_row(i.topk_ids, d)),
+        ValueError,
+        "topk_ids",
+    ),
     "topk_ids on meta": (None, lambda kw, i, d: _with(kw, topk_ids=i.topk_ids.to("meta")), ValueError, "topk_ids"),
     "quant unknown": (None, lambda kw, i, d: _with(kw, quant="fp8_row"), ValueError, "quant"),
     "w1_scale missing": ("fp8", lambda kw, i, d: _with(kw, w1_scale=None), ValueError, "w1_scale"),
-    "w2_scale under bf16": ("bf16", lambda kw, i, d: _with(kw, w2_scale=torch.ones(i.w1.shape[0])),
-                            ValueError, "w2_scale"),
-    "w1_scale wrong shape": ("fp8", lambda kw, i, d: _with(kw, w1_scale=torch.cat([i.w1_scale, i.w1_scale])),
-                             ValueError, "w1_scale"),
+    "w2_scale under bf16": (
+        "bf16",
+        lambda kw, i, d: _with(kw, w2_scale=torch.ones(i.w1.shape[0])),
+        ValueError,
+        "w2_scale",
+    ),
+    "w1_scale wrong shape": (
+        "fp8",
+        lambda kw, i, d: _with(kw, w1_scale=torch.cat([i.w1_scale, i.w1_scale])),
+        ValueError,
+        "w1_scale",
+    ),
     "w2_scale float64": ("fp8", lambda kw, i, d: _with(kw, w2_scale=i.w2_scale.double()), TypeError, "w2_scale"),
-    "w2_scale strided": ("fp8 scale>1", lambda kw, i, d: _with(kw, w2_scale=_strided(i.w2_scale)), ValueError, "w2_scale"),
-    "w1_scale NaN": ("fp8", lambda kw, i, d: _with(kw, w1_scale=_one_element(i.w1_scale, float("nan"), d)),
-                     ValueError, "w1_scale"),
-    "w2_scale zero": ("fp8", lambda kw, i, d: _with(kw, w2_scale=_one_element(i.w2_scale, 0.0, d)),
-                      ValueError, "w2_scale"),
+    "w2_scale strided": (
+        "fp8 scale>1",
+        lambda kw, i, d: _with(kw, w2_scale=_strided(i.w2_scale)),
+        ValueError,
+        "w2_scale",
+    ),
+    "w1_scale NaN": (
+        "fp8",
+        lambda kw, i, d: _with(kw, w1_scale=_one_element(i.w1_scale, float("nan"), d)),
+        ValueError,
+        "w1_scale",
+    ),
+    "w2_scale zero": (
+        "fp8",
+        lambda kw, i, d: _with(kw, w2_scale=_one_element(i.w2_scale, 0.0, d)),
+        ValueError,
+        "w2_scale",
+    ),
     "w1_scale on meta": ("fp8", lambda kw, i, d: _with(kw, w1_scale=i.w1_scale.to("meta")), ValueError, "w1_scale"),
 }
 
@@ -200,8 +266,9 @@ def test_one_fault_is_named_before_any_launch(backend, fault, data):
     from triton_moe.jit import count_compilations
 
     needs, mutate, exc, name = FAULTS[fault]
-    quants = tuple(q for q, f in FORMATS.items()
-                   if needs not in ("fp8", "fp8 scale>1", "bf16") or f.quantized == (needs != "bf16"))
+    quants = tuple(
+        q for q, f in FORMATS.items() if needs not in ("fp8", "fp8 scale>1", "bf16") or f.quantized == (needs != "bf16")
+    )
     inp = data.draw(problems(quants, min_tokens=1 if needs in ("T>0", "top_k>1") else 0), label="problem")
     assume(NEEDS[needs](inp))
     kw = mutate(inp.kwargs(), inp, data)
@@ -240,6 +307,7 @@ def _fused_experts(backend):
         args = [kw.pop(k) for k in ("x", "w1", "w2", "topk_weights", "topk_ids")]
         scales = {k: _vllm_scale(kw.pop(k), data) for k in ("w1_scale", "w2_scale")}
         return fused_experts(*args, **_vllm_flags(quant), **scales, **kw)
+
     return call
 
 
@@ -258,8 +326,9 @@ def _hf_forward(kw, data):
 
     w1, w2 = kw["w1"], kw["w2"]
     E, two_i, H = w1.shape
-    config = MixtralConfig(hidden_size=H, num_experts_per_tok=1, hidden_act="silu", num_local_experts=E,
-                           intermediate_size=two_i // 2)
+    config = MixtralConfig(
+        hidden_size=H, num_experts_per_tok=1, hidden_act="silu", num_local_experts=E, intermediate_size=two_i // 2
+    )
     with torch.device("meta"):
         module = MixtralExperts(config)
     module.gate_up_proj = torch.nn.Parameter(w1, requires_grad=False)
@@ -276,6 +345,7 @@ def _layer(parallel):
         layer = (TPMoE if parallel == "tp" else EPMoE)("triton_moe")
         kw = dict(kw)
         return layer(*[kw.pop(k) for k in ("x", "w1", "w2", "topk_weights", "topk_ids")], **kw)
+
     return call
 
 
@@ -286,15 +356,25 @@ def gloo(tmp_path_factory):
 
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path_factory.mktemp('gloo') / 'rv'}", rank=0,
-                            world_size=1, timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{tmp_path_factory.mktemp('gloo') / 'rv'}",
+        rank=0,
+        world_size=1,
+        timeout=datetime.timedelta(seconds=60),
+    )
     yield
     dist.destroy_process_group()
 
 
 #: The contract's argument names as the transformers forward calls them.
-HF_NAMES = {"x": "hidden_states", "topk_ids": "top_k_index", "topk_weights": "top_k_weights", "w1": "gate_up_proj",
-            "w2": "down_proj"}
+HF_NAMES = {
+    "x": "hidden_states",
+    "topk_ids": "top_k_index",
+    "topk_weights": "top_k_weights",
+    "w1": "gate_up_proj",
+    "w2": "down_proj",
+}
 
 
 @dataclass(frozen=True)
@@ -311,17 +391,31 @@ class Surface:
 
 #: Faults the transformers forward's arguments can carry (its weights come from a module, its x may be
 #: [B, S, H] and is made contiguous, its routing weights are converted to float32).
-HF_FAULTS = frozenset({"x float32", "x a list", "x on meta", "topk_weights one row short", "topk_weights NaN",
-                       "topk_weights inf", "topk_ids float", "topk_ids one id = E", "topk_ids one id < 0",
-                       "topk_ids repeated", "topk_ids on meta"})
+HF_FAULTS = frozenset(
+    {
+        "x float32",
+        "x a list",
+        "x on meta",
+        "topk_weights one row short",
+        "topk_weights NaN",
+        "topk_weights inf",
+        "topk_ids float",
+        "topk_ids one id = E",
+        "topk_ids one id < 0",
+        "topk_ids repeated",
+        "topk_ids on meta",
+    }
+)
 
 #: Every surface of the backends that takes a layer's arguments, but fused_moe (part 2) and the
 #: warm-ups (sizes only, :func:`test_random_sizes_are_refused_alike_on_every_surface`).
 SURFACES = {
-    "triton_moe.fused_experts": Surface(_fused_experts("triton_moe"), {"x": "hidden_states"},
-                                        frozenset(FAULTS) - {"quant unknown"}),
-    "cute_moe.fused_experts": Surface(_fused_experts("cute_moe"), {"x": "hidden_states"},
-                                      frozenset(FAULTS) - {"quant unknown"}),
+    "triton_moe.fused_experts": Surface(
+        _fused_experts("triton_moe"), {"x": "hidden_states"}, frozenset(FAULTS) - {"quant unknown"}
+    ),
+    "cute_moe.fused_experts": Surface(
+        _fused_experts("cute_moe"), {"x": "hidden_states"}, frozenset(FAULTS) - {"quant unknown"}
+    ),
     "compare.hf_experts forward": Surface(_hf_forward, HF_NAMES, HF_FAULTS, quants=(None,)),
     "compare.distributed.TPMoE": Surface(_layer("tp"), group=True),
     # EP reads x through a gather (a strided x is fine) and checks its routing itself
@@ -332,9 +426,17 @@ FUZZED = {"triton_moe.fused_moe", "cute_moe.fused_moe", "triton_moe.warmup", "cu
 #: Public callables with layer-shaped arguments that are not surfaces: the CuTe pipeline's steps, and
 #: the planning queries (a plan or a config for given sizes: no allocation, no compile; the warm-up
 #: that calls them checks the sizes first).
-PIECES = {"cute_moe.grouped_gemm", "cute_moe.gather_rows", "cute_moe.silu_mul", "cute_moe.combine",
-          "cute_moe.sort_rows", "cute_moe.plans_for", "cute_moe.layer_configs", "triton_moe.plans_for",
-          "triton_moe.get_config"}
+PIECES = {
+    "cute_moe.grouped_gemm",
+    "cute_moe.gather_rows",
+    "cute_moe.silu_mul",
+    "cute_moe.combine",
+    "cute_moe.sort_rows",
+    "cute_moe.plans_for",
+    "cute_moe.layer_configs",
+    "triton_moe.plans_for",
+    "triton_moe.get_config",
+}
 
 
 def test_every_surface_is_fuzzed():
@@ -353,9 +455,13 @@ def test_every_surface_is_fuzzed():
                 params = set(inspect.signature(obj).parameters)
                 if {"w1", "w2"} <= params or {"hidden_states", "w1"} <= params or {"E", "K", "I"} <= params:
                     found.add(f"{package}.{name}")
-    found |= {f"compare.distributed.{name}" for name in distributed.__all__
-              if isinstance(getattr(distributed, name), type) and callable(getattr(distributed, name))
-              and {"w1", "w2"} <= set(inspect.signature(getattr(distributed, name).__call__).parameters)}
+    found |= {
+        f"compare.distributed.{name}"
+        for name in distributed.__all__
+        if isinstance(getattr(distributed, name), type)
+        and callable(getattr(distributed, name))
+        and {"w1", "w2"} <= set(inspect.signature(getattr(distributed, name).__call__).parameters)
+    }
     hx = pytest.importorskip("compare.hf_experts")
     if hx._FORWARDS:
         found.add("compare.hf_experts forward")
@@ -378,8 +484,11 @@ def test_one_fault_is_named_by_every_surface(surface, fault, data, request):
     if s.group:
         request.getfixturevalue("gloo")
     needs, mutate, exc, name = FAULTS[fault]
-    quants = tuple(q for q, f in FORMATS.items() if q in s.quants
-                   and (needs not in ("fp8", "fp8 scale>1", "bf16") or f.quantized == (needs != "bf16")))
+    quants = tuple(
+        q
+        for q, f in FORMATS.items()
+        if q in s.quants and (needs not in ("fp8", "fp8 scale>1", "bf16") or f.quantized == (needs != "bf16"))
+    )
     if not quants:
         pytest.skip(f"{surface} takes no format this fault needs")
     inp = data.draw(problems(quants, min_tokens=1 if needs in ("T>0", "top_k>1") else 0), label="problem")
@@ -425,24 +534,33 @@ def test_random_sizes_are_refused_alike_on_every_surface(sizes, gloo):
     E, K, I, top_k, T = sizes  # noqa: E741
     assume(E * 2 * I * K < 2**62 and T * max(K, top_k) < 2**62)  # a tensor's size is an int64, even a view's
     event("refused" if _refusal(lambda: check_sizes(E, K, I, top_k, T)) else "valid sizes")
-    kw = dict(x=_huge(T, K), w1=_huge(E, 2 * I, K), w2=_huge(E, K, I), quant=None, w1_scale=None, w2_scale=None,
-              topk_weights=_huge(T, top_k, dtype=torch.float32), topk_ids=_huge(T, top_k, dtype=torch.int64))
+    kw = dict(
+        x=_huge(T, K),
+        w1=_huge(E, 2 * I, K),
+        w2=_huge(E, K, I),
+        quant=None,
+        w1_scale=None,
+        w2_scale=None,
+        topk_weights=_huge(T, top_k, dtype=torch.float32),
+        topk_ids=_huge(T, top_k, dtype=torch.int64),
+    )
     for backend in ("triton_moe", "cute_moe"):
         limits = _module(backend).fused_moe.limits
         verdict = _refusal(lambda: check_sizes(E, K, I, top_k, T, limits=limits, names=CALL_NAMES))
         calls = {f"{backend}.fused_moe": lambda: _module(backend).fused_moe(**kw)}
         if backend == "triton_moe":  # the transformers forward and the sharded layers, through triton_moe
-            calls.update({name: (lambda s=s: s.call(kw, None)) for name, s in SURFACES.items()
-                          if name.startswith("compare.")})
+            calls.update(
+                {name: (lambda s=s: s.call(kw, None)) for name, s in SURFACES.items() if name.startswith("compare.")}
+            )
         calls[f"{backend}.fused_experts"] = lambda: _module(backend).fused_experts(
-            *[kw[k] for k in ("x", "w1", "w2", "topk_weights", "topk_ids")])
+            *[kw[k] for k in ("x", "w1", "w2", "topk_weights", "topk_ids")]
+        )
         for name, call in calls.items():
             got = _refusal(call)
             names = HF_NAMES if "hf_experts" in name else {"x": "hidden_states"} if "fused_experts" in name else {}
             if verdict is None:  # valid sizes: the views are refused for what else they are
                 assert got is not None and _rule(got[1]) != "", (name, got)
-                assert not any(p in got[1] for p in ("int32", "experts (E) are supported", "<= top_k <=")), \
-                    (name, got)
+                assert not any(p in got[1] for p in ("int32", "experts (E) are supported", "<= top_k <=")), (name, got)
             else:
                 arg = verdict[1].partition(": ")[0]
                 assert got == (verdict[0], f"{names.get(arg, arg)}: {_rule(verdict[1])}"), (name, got, verdict)

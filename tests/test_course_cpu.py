@@ -42,8 +42,12 @@ def test_01_one_wgmma_instruction(n):
     s1 = step("01_wgmma")
     ptx = s1.ptx(n)
     assert has(ptx, f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16") == 1  # K = 16: one instruction
-    for op in ("wgmma.fence.sync.aligned", "wgmma.commit_group.sync.aligned", "wgmma.wait_group.sync.aligned",
-               "fence.proxy.async.shared::cta"):
+    for op in (
+        "wgmma.fence.sync.aligned",
+        "wgmma.commit_group.sync.aligned",
+        "wgmma.wait_group.sync.aligned",
+        "fence.proxy.async.shared::cta",
+    ):
         assert has(ptx, op) >= 1, op
     # not yet: TMA, mbarriers (step 2), setmaxnreg (step 4)
     assert has(ptx, "cp.async.bulk") == 0 and has(ptx, "mbarrier") == 0 and has(ptx, "setmaxnreg") == 0
@@ -95,8 +99,12 @@ def test_02_tma_and_mbarrier():
     assert has(ptx, "mbarrier.arrive.expect_tx.shared.b64") == 1
     assert has(ptx, "mbarrier.try_wait.parity.shared.b64") >= 1
     # the transaction count is the stage's bytes: (64 + n) rows × 64 bf16
-    expect = re.search(r"mov\.b32\s+(%r\d+), (\d+);(?:(?!mov\.b32\s+\1,).)*?mbarrier\.arrive\.expect_tx\.shared\.b64 "
-                       r"%rd\d+, \[%r\d+\], \1;", ptx, re.S)
+    expect = re.search(
+        r"mov\.b32\s+(%r\d+), (\d+);(?:(?!mov\.b32\s+\1,).)*?mbarrier\.arrive\.expect_tx\.shared\.b64 "
+        r"%rd\d+, \[%r\d+\], \1;",
+        ptx,
+        re.S,
+    )
     assert expect and int(expect.group(2)) == (64 + 128) * 64 * 2
     assert has(ptx, "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16") == 4  # 64 of K per load
     # one elected lane arrives and issues each copy (every thread executing cp.async.bulk.tensor starts one)
@@ -128,8 +136,17 @@ def test_03_ring_of_full_and_empty_barriers(stages):
 def test_03_ring_position_is_what_the_kernel_waits_on():
     s3 = step("03_ring")
     # first lap: consumers wait for phase 0 of full[s]; producers on "the phase before" of empty[s]
-    assert [s3.ring_position(k, 4) for k in range(9)] == [(0, 0), (1, 0), (2, 0), (3, 0), (0, 1), (1, 1), (2, 1),
-                                                           (3, 1), (0, 0)]
+    assert [s3.ring_position(k, 4) for k in range(9)] == [
+        (0, 0),
+        (1, 0),
+        (2, 0),
+        (3, 0),
+        (0, 1),
+        (1, 1),
+        (2, 1),
+        (3, 1),
+        (0, 0),
+    ]
 
 
 # ---- step 4: setmaxnreg -------------------------------------------------------------------------
@@ -159,12 +176,17 @@ def test_04_ptxas_launches_at_the_budgeted_count(tmp_path):
     if not cuobjdump.exists():
         pytest.skip("no cuobjdump (triton's NVIDIA backend) to read the cubin")
     s4 = step("04_setmaxnreg")
-    fakes = (s4.course.fake_matrix(s4.BF16, 128, s4.TILE_K), s4.course.fake_matrix(s4.BF16, 256, s4.TILE_K),
-             s4.course.fake_matrix(s4.F32, 128, 256), s4.course.fake_stream())
+    fakes = (
+        s4.course.fake_matrix(s4.BF16, 128, s4.TILE_K),
+        s4.course.fake_matrix(s4.BF16, 256, s4.TILE_K),
+        s4.course.fake_matrix(s4.F32, 128, 256),
+        s4.course.fake_stream(),
+    )
     cute.compile(s4.SpecializedGemm(256, 4), *fakes, options=f"--keep-cubin --dump-dir {tmp_path}")
     (cubin,) = tmp_path.glob("*.cubin")
-    out = subprocess.run([str(cuobjdump), "-res-usage", "-sass", str(cubin)], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        [str(cuobjdump), "-res-usage", "-sass", str(cubin)], capture_output=True, text=True, check=True
+    ).stdout
     budget = s4.register_budget(s4.PRODUCER_REGISTERS, s4.CONSUMER_REGISTERS, 2)
     assert re.search(rf"\bREG:{budget['launch']}\b", out), budget
     assert f"USETMAXREG.DEALLOC.CTAPOOL {s4.PRODUCER_REGISTERS:#x}" in out
@@ -220,7 +242,7 @@ def guarded_stores(ptx: str) -> int:
             continue
         branch = next(x for x in reversed(lines[:i]) if re.search(r"\bbra\b", x))
         target = re.search(r"@%p\d+ bra\s+(\$L__BB\d+_\d+);", branch)
-        after = lines[i + 1:i + 3]
+        after = lines[i + 1 : i + 3]
         count += bool(target) and any(x.strip() == target.group(1) + ":" for x in after)
     return count
 
@@ -285,7 +307,7 @@ def test_07_fp8_wgmma_and_the_promotion_adds():
     assert len(block) == 128 * 128 // 256
     # level 2: right after wait_group 0, one fp32 add per block register into the tile accumulator
     after_wait = ptx.split("wgmma.wait_group.sync.aligned \t0;", 1)[1]
-    adds = re.findall(r"add\.f32\s+(%r\d+), (%r\d+), (%r\d+);", after_wait)[:len(block)]
+    adds = re.findall(r"add\.f32\s+(%r\d+), (%r\d+), (%r\d+);", after_wait)[: len(block)]
     assert len(adds) == len(block) and {a[2] for a in adds} == block
     assert all(a[0] == a[1] and a[0] not in block for a in adds)  # acc += blk, acc distinct from blk
     assert not re.search(r"wgmma\.wait_group\.sync\.aligned\s+1;", ptx)  # no batch in flight over a promotion
@@ -356,8 +378,12 @@ def test_descriptor_figure_reads_back(figures):
     bits = marks(svg, "bit")
     assert sum(b["on"] << b["bit"] for b in bits) == value
     assert {f["field"]: (f["lo"], f["width"]) for f in marks(svg, "field")} == {
-        "start address": (0, 14), "leading dimension byte offset": (16, 14), "stride dimension byte offset": (32, 14),
-        "base offset": (49, 3), "swizzle mode": (62, 2)}
+        "start address": (0, 14),
+        "leading dimension byte offset": (16, 14),
+        "stride dimension byte offset": (32, 14),
+        "base offset": (49, 3),
+        "swizzle mode": (62, 2),
+    }
 
 
 def test_register_pool_figure_reads_back(figures):
@@ -380,8 +406,12 @@ def elements(svg: str, kind: str) -> list[dict]:
     out = []
     for tag in re.findall(rf'<(?:rect|text|line)[^>]*data-kind="{kind}"[^>]*>', svg):
         d = dict(re.findall(r'data-([\w-]+)="([^"]*)"', tag))
-        out.append({k: (int(v) if re.fullmatch(r"-?\d+", v) else float(v) if re.fullmatch(r"-?\d+\.\d+", v) else v)
-                    for k, v in d.items()})
+        out.append(
+            {
+                k: (int(v) if re.fullmatch(r"-?\d+", v) else float(v) if re.fullmatch(r"-?\d+\.\d+", v) else v)
+                for k, v in d.items()
+            }
+        )
     return out
 
 

@@ -33,8 +33,13 @@ def test_exercises_md_is_current(answers):
 def test_descriptor(answers):
     d = answers["descriptor"]
     f = d["fields"]
-    rebuilt = ((f["start address"] // 16) | (f["leading dimension byte offset"] // 16) << 16
-               | (f["stride dimension byte offset"] // 16) << 32 | f["base offset"] << 49 | f["swizzle mode"] << 62)
+    rebuilt = (
+        (f["start address"] // 16)
+        | (f["leading dimension byte offset"] // 16) << 16
+        | (f["stride dimension byte offset"] // 16) << 32
+        | f["base offset"] << 49
+        | f["swizzle mode"] << 62
+    )
     assert rebuilt == d["value"]
     assert f["swizzle"] == "128-byte" and f["stride dimension byte offset"] == 8 * 128 and f["base offset"] == 0
     assert d["k_steps"] == [2, 4, 6]  # K16 slices 1, 2, 3 of a stage: 32 bytes apart, in 16-byte units

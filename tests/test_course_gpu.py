@@ -63,7 +63,7 @@ def test_02_tma_fills_rows_past_the_tensor_with_zeros():
     args = [s2.course.to_cute(t, leading_dim=1) for t in (a, b, c)] + [s2.course.stream()]
     cute.compile(s2.TmaGemm(n), *args)(*args)
     torch.testing.assert_close(c[:, : n - 5], reference(a, b), atol=2e-2, rtol=1e-3)
-    assert torch.equal(c[:, n - 5:], torch.zeros(64, 5, device="cuda"))
+    assert torch.equal(c[:, n - 5 :], torch.zeros(64, 5, device="cuda"))
 
 
 def test_02_bad_k_is_refused():

@@ -66,8 +66,13 @@ def test_the_rule_with_a_layer_limit_runs_a_forced_path_config_on_each_side(limi
 
 def test_without_an_entry_the_rule_is_the_64_token_rule():
     assert cute_plan.SWAP_AB_MAX_BY_LAYER == {} and cute_plan.SWAP_AB_MAX_TOKENS_PER_EXPERT == 64
-    assert cute_plan.path_rule() == ((8.0, True, 8), (16.0, True, 16), (32.0, True, 32), (64.0, True, 64),
-                                  (math.inf, False, 128))
+    assert cute_plan.path_rule() == (
+        (8.0, True, 8),
+        (16.0, True, 16),
+        (32.0, True, 32),
+        (64.0, True, 64),
+        (math.inf, False, 128),
+    )
     assert cute_plan.path_rule(True)[-1] == (math.inf, True, 64)
     assert cute_plan.path_rule(False) == ((64.0, False, 64), (math.inf, False, 128))
 
@@ -111,8 +116,14 @@ class _Layer:
 
 
 def _env(layer):
-    return cx.Env(time=layer.time, fused_moe=layer.fused_moe, sync=lambda: None, device_name=lambda: "stand-in (CPU)",
-                  device="cpu", shape_of=lambda label: TINY)
+    return cx.Env(
+        time=layer.time,
+        fused_moe=layer.fused_moe,
+        sync=lambda: None,
+        device_name=lambda: "stand-in (CPU)",
+        device="cpu",
+        shape_of=lambda label: TINY,
+    )
 
 
 SWAP_WINS_TO_24 = lambda m, swap: 10 + 2 * m if swap else 40 + m  # noqa: E731 - equal at m = 30
@@ -145,15 +156,31 @@ def test_an_entry_in_the_table_is_what_the_rule_runs(monkeypatch):
     assert s["current_limit"] == s["measured_limit"] == 24 and s["current_loss"] == 0
 
 
-@pytest.mark.parametrize("us, limit", [
-    (lambda m, swap: 1.0 if swap else 2.0, 128),  # swap-AB faster everywhere: the largest count measured
-    (lambda m, swap: 2.0 if swap else 1.0, 0),  # never
-    (lambda m, swap: 1.0, 64),  # a tie everywhere: keep the current limit
-    (lambda m, swap: (1.0 if swap else 1.001) if m <= 48 else (1.0005 if swap else 1.0), 64),  # within 0.1 %: keep 64
-])
+@pytest.mark.parametrize(
+    "us, limit",
+    [
+        (lambda m, swap: 1.0 if swap else 2.0, 128),  # swap-AB faster everywhere: the largest count measured
+        (lambda m, swap: 2.0 if swap else 1.0, 0),  # never
+        (lambda m, swap: 1.0, 64),  # a tie everywhere: keep the current limit
+        (
+            lambda m, swap: (1.0 if swap else 1.001) if m <= 48 else (1.0005 if swap else 1.0),
+            64,
+        ),  # within 0.1 %: keep 64
+    ],
+)
 def test_best_limit(us, limit):
-    rows = [cx.fill_row({"tokens_per_expert": m, "swap_us": us(m, True), "normal_us": us(m, False), "status": "ok",
-                         "rule_swap": m <= 64}) for m in cx.TOKENS]
+    rows = [
+        cx.fill_row(
+            {
+                "tokens_per_expert": m,
+                "swap_us": us(m, True),
+                "normal_us": us(m, False),
+                "status": "ok",
+                "rule_swap": m <= 64,
+            }
+        )
+        for m in cx.TOKENS
+    ]
     assert cx.best_limit(rows, 64) == limit
     assert cx.best_limit([{"tokens_per_expert": 1, "status": "error: x"}], 64) is None
 
@@ -161,8 +188,7 @@ def test_best_limit(us, limit):
 def test_a_failing_cell_is_a_row_and_the_budget_skips_the_rest():
     layer = _Layer(SWAP_WINS_TO_24, fail=lambda m, swap: m == 2 and not swap)
     result = cx.run(["tiny"], (1, 2, 4), env=_env(layer))
-    assert [r["status"] for r in result["rows"]] == [
-        "ok", "error: NotImplementedError: no kernel for m=2", "ok"]
+    assert [r["status"] for r in result["rows"]] == ["ok", "error: NotImplementedError: no kernel for m=2", "ok"]
     assert "ratio" not in result["rows"][1] and result["shapes"][0]["rows"] == 2
 
     slow = _Layer(lambda m, swap: time.sleep(0.3) or 1.0)
@@ -175,8 +201,13 @@ def test_a_failing_cell_is_a_row_and_the_budget_skips_the_rest():
 
 
 def _result():
-    return cx.run(["tiny", "tiny2"], cx.TOKENS, env=_env(_Layer(SWAP_WINS_TO_24)), command="python -m cute_moe.lab.crossover",
-                  commit="abc1234")
+    return cx.run(
+        ["tiny", "tiny2"],
+        cx.TOKENS,
+        env=_env(_Layer(SWAP_WINS_TO_24)),
+        command="python -m cute_moe.lab.crossover",
+        commit="abc1234",
+    )
 
 
 def test_markdown_names_the_run_and_has_the_tables():
@@ -221,8 +252,10 @@ def test_main_runs_and_writes_the_reports(tmp_path, monkeypatch, capsys):
     out = tmp_path / "out"
     assert cx.main(["--quick", "--shapes", "mixtral-8x7b", "--out", str(out), "--commit", "abc1234"]) == 0
     result = json.loads((out / "crossover.json").read_text())
-    assert result["meta"]["command"] == f"python -m cute_moe.lab.crossover --quick --shapes mixtral-8x7b --out {out} " \
-                                        "--commit abc1234"
+    assert (
+        result["meta"]["command"] == f"python -m cute_moe.lab.crossover --quick --shapes mixtral-8x7b --out {out} "
+        "--commit abc1234"
+    )
     assert [r["tokens_per_expert"] for r in result["rows"]] == list(cx.QUICK_TOKENS)
     assert result["meta"]["timing"] == cx.TIMING["quick"]
     captured = capsys.readouterr()
@@ -241,15 +274,18 @@ def test_list_and_defaults(capsys):
     assert {get_shape(s).name for s in cx.SHAPES} == {"qwen3-30b-a3b", "deepseek-v3", "mixtral-8x7b"}
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--shapes", "gpt5"], "--shapes: unknown shape 'gpt5'"),
-    (["--shapes", "mixtral-8x7b,,"], "--shapes: empty item"),
-    (["--tokens", "0"], "--tokens: bad count '0'"),
-    (["--tokens", "1,x"], "--tokens: bad count 'x'"),
-    (["--time-budget", "0"], "--time-budget: expected a finite number of seconds > 0"),
-    (["--time-budget", "inf"], "--time-budget"),
-    (["--bogus"], "unrecognized arguments: --bogus"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--shapes", "gpt5"], "--shapes: unknown shape 'gpt5'"),
+        (["--shapes", "mixtral-8x7b,,"], "--shapes: empty item"),
+        (["--tokens", "0"], "--tokens: bad count '0'"),
+        (["--tokens", "1,x"], "--tokens: bad count 'x'"),
+        (["--time-budget", "0"], "--time-budget: expected a finite number of seconds > 0"),
+        (["--time-budget", "inf"], "--time-budget"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+    ],
+)
 def test_bad_options_are_one_line_naming_the_option(args, message, tmp_path, capsys):
     assert cx.main(args + ["--out", str(tmp_path / "new")]) == 2
     captured = capsys.readouterr()
@@ -263,10 +299,12 @@ def test_out_must_be_a_new_or_empty_directory(tmp_path, capsys):
     used.mkdir()
     (used / "crossover.md").write_text("an earlier run")
     (tmp_path / "file").write_text("x")
-    for argv, why in ((["--out", str(used)], "is not empty"),
-                      (["--out", str(tmp_path / "file")], "exists and is not a directory"),
-                      (["--out", str(tmp_path / "file" / "sub")], "cannot create"),
-                      ([], "required: a new or empty directory for crossover.md, crossover.json and crossover.svg")):
+    for argv, why in (
+        (["--out", str(used)], "is not empty"),
+        (["--out", str(tmp_path / "file")], "exists and is not a directory"),
+        (["--out", str(tmp_path / "file" / "sub")], "cannot create"),
+        ([], "required: a new or empty directory for crossover.md, crossover.json and crossover.svg"),
+    ):
         assert cx.main(argv) == 2
         err = capsys.readouterr().err
         assert err.startswith("python -m cute_moe.lab.crossover: error: --out: ") and why in err, err

@@ -7,8 +7,9 @@ The model runs the kernels' steps one CTA, one warp, one 32-lane round at a time
 chunk, warp slice, ``match.any`` rank, shared tables, block scan (per-thread sums, shuffle scan
 in each warp, warp sums), binary search of the run ends and fill slices — for the place launch's
 grid as the host sizes it (``alignops.place_ctas``) or any other of at least a CTA per chunk —
-so the algorithm is proven here, where no CuTe kernel can launch. Every output element starts at a poison value and must be written exactly
-once: that is what makes the kernel's unordered writes (CTAs and warps run in any order) safe.
+so the algorithm is proven here, where no CuTe kernel can launch. Every output element starts at a
+poison value and must be written exactly once: that is what makes the kernel's unordered writes
+(CTAs and warps run in any order) safe.
 The kernels themselves are checked against the same reference on the H200 in
 ``tests/test_cute_align_gpu.py``.
 """
@@ -26,14 +27,24 @@ torch = pytest.importorskip("torch")
 
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from test_align import routing  # noqa: E402
 
-from cute_moe.alignops import (BIG, CHUNK, FILL_CTAS, FILL_ROWS, MAX_EXPERTS, THREADS, WARP, WARPS,  # noqa: E402
-                               compile_align_kernels, place_ctas, place_slice)
+from cute_moe.alignops import (  # noqa: E402
+    BIG,
+    CHUNK,
+    FILL_CTAS,
+    FILL_ROWS,
+    MAX_EXPERTS,
+    THREADS,
+    WARP,
+    WARPS,
+    compile_align_kernels,
+    place_ctas,
+    place_slice,
+)
 from cute_moe.rowmaps import align_on_device, reference_rows, sort_rows_on_device  # noqa: E402
 from moe_spec.align import align, max_rows  # noqa: E402
 from moe_spec.validate import BAD_ID, BAD_WEIGHT, REPEATED_ID  # noqa: E402
-
-from test_align import routing  # noqa: E402
 
 POISON = -7  # no output element may keep it, none may be written twice
 FIELDS = ("tile", "num_pairs", "sorted_ids", "expert_of_block", "expert_end")
@@ -193,10 +204,19 @@ def model_align(topk_ids, num_experts, tile, topk_weights=None, gemm_tiles=None,
     chunks = -(-num_pairs // CHUNK)
     grid = place_ctas(num_pairs, rows) if ctas is None else ctas
     assert grid >= chunks
-    out = dict(sorted_ids=_Memory(rows), expert_of_block=_Memory(rows // tile), expert_end=_Memory(num_experts),
-               token_of_row=_Memory(rows), weight_of_row=_Memory(rows, torch.float32), row_of_pair=_Memory(num_pairs),
-               weight_of_pair=_Memory(num_pairs, torch.float32), row_mask=_Memory(rows),
-               blocks0=_Memory(rows // tiles[0]), blocks1=_Memory(rows // tiles[1]), block_counts=_Memory(2))
+    out = dict(
+        sorted_ids=_Memory(rows),
+        expert_of_block=_Memory(rows // tile),
+        expert_end=_Memory(num_experts),
+        token_of_row=_Memory(rows),
+        weight_of_row=_Memory(rows, torch.float32),
+        row_of_pair=_Memory(num_pairs),
+        weight_of_pair=_Memory(num_pairs, torch.float32),
+        row_mask=_Memory(rows),
+        blocks0=_Memory(rows // tiles[0]),
+        blocks1=_Memory(rows // tiles[1]),
+        block_counts=_Memory(2),
+    )
     counts = torch.full((chunks, num_experts), POISON, dtype=torch.int64)
     bits, cache, scans = 0, {}, {}
     for c in range(chunks if chunks > 1 else 0):  # launch 1 (skipped for a single chunk)
@@ -218,7 +238,7 @@ def model_align(topk_ids, num_experts, tile, topk_weights=None, gemm_tiles=None,
         if chunks == 1 or c < chunks:
             s_ids = _staged(flat, lo, n, num_experts, cache)
         if chunks > 1:
-            before, total = counts[:min(c, chunks)].sum(0), counts.sum(0)
+            before, total = counts[: min(c, chunks)].sum(0), counts.sum(0)
         else:  # the CTA counts the whole chunk itself
             total, before = _count_totals(s_ids, n, start, num_experts)
         table = _count_warp_slices(s_ids, start, stop, num_experts) if stop > start else None
@@ -272,8 +292,7 @@ def model_align(topk_ids, num_experts, tile, topk_weights=None, gemm_tiles=None,
 def assert_model_is_the_reference(topk_ids, num_experts, tile, topk_weights=None, gemm_tiles=None, ctas=None):
     """Every output of the model equals ``alignops.reference_rows`` (guard_routing, align, the maps)."""
     T, top_k = topk_ids.shape
-    weights = torch.rand(T, top_k, generator=torch.Generator().manual_seed(T)) if topk_weights is None \
-        else topk_weights
+    weights = torch.rand(T, top_k, generator=torch.Generator().manual_seed(T)) if topk_weights is None else topk_weights
     tiles = gemm_tiles or (tile, tile)
     got = model_align(topk_ids, num_experts, tile, weights, tiles, ctas)
     word = torch.zeros(1, dtype=torch.int32)
@@ -294,20 +313,20 @@ def assert_model_is_the_reference(topk_ids, num_experts, tile, topk_weights=None
 
 # ---- the model against the reference ------------------------------------------------------------
 CASES = [
-    (1, 1, 4, 16),         # a single pair
-    (1, 8, 128, 16),       # decode: 8 pairs over 128 experts
-    (1, 8, 512, 256),      # almost every expert idle, the largest tile
-    (5, 2, 8, 1),          # tile 1: no padding at all
-    (37, 2, 8, 16),        # a partial round, a partial warp slice
+    (1, 1, 4, 16),  # a single pair
+    (1, 8, 128, 16),  # decode: 8 pairs over 128 experts
+    (1, 8, 512, 256),  # almost every expert idle, the largest tile
+    (5, 2, 8, 1),  # tile 1: no padding at all
+    (37, 2, 8, 16),  # a partial round, a partial warp slice
     (37, 4, 16, 8),
     (64, 8, 8, 64),
-    (128, 8, 128, 32),     # 1024 pairs: one chunk, four warps with pairs
-    (130, 2, 6, 48),       # a tile that is no power of two
-    (300, 8, 64, 64),      # 2400 pairs: two chunks, runs carried across them
+    (128, 8, 128, 32),  # 1024 pairs: one chunk, four warps with pairs
+    (130, 2, 6, 48),  # a tile that is no power of two
+    (300, 8, 64, 64),  # 2400 pairs: two chunks, runs carried across them
     (600, 8, 128, 128),
-    (3000, 8, 256, 32),    # 24 000 pairs: 12 chunks
-    (1, 8, MAX_EXPERTS, 8),      # the widest scan, four experts per thread
-    (700, 6, MAX_EXPERTS, 16),   # ... with pairs in two chunks
+    (3000, 8, 256, 32),  # 24 000 pairs: 12 chunks
+    (1, 8, MAX_EXPERTS, 8),  # the widest scan, four experts per thread
+    (700, 6, MAX_EXPERTS, 16),  # ... with pairs in two chunks
 ]
 
 
@@ -378,8 +397,7 @@ def _bad_routing(T, top_k, E, seed):
     return ids, w
 
 
-@pytest.mark.parametrize("T, top_k, E, tile", [(40, 2, 8, 16), (700, 3, 64, 16), (1400, 6, 128, 32),
-                                               (683, 3, 16, 8)])
+@pytest.mark.parametrize("T, top_k, E, tile", [(40, 2, 8, 16), (700, 3, 64, 16), (1400, 6, 128, 32), (683, 3, 16, 8)])
 def test_model_flags_bad_routing_as_guard_routing(T, top_k, E, tile):
     ids, w = _bad_routing(T, top_k, E, seed=T)
     got = model_align(ids, E, tile, w)
@@ -398,8 +416,10 @@ def test_model_repeated_ids_across_a_chunk_boundary():
     assert_model_is_the_reference(ids, 16, 8, torch.ones(700, 3))
 
 
-@pytest.mark.parametrize("T, top_k, E, tile, tiles", [(37, 2, 8, 64, (8, 64)), (300, 8, 64, 128, (128, 32)),
-                                                      (3000, 8, 256, 32, (16, 16)), (5, 2, 8, 1, (1, 1))])
+@pytest.mark.parametrize(
+    "T, top_k, E, tile, tiles",
+    [(37, 2, 8, 64, (8, 64)), (300, 8, 64, 128, (128, 32)), (3000, 8, 256, 32, (16, 16)), (5, 2, 8, 1, (1, 1))],
+)
 def test_model_writes_each_gemm_tile_s_block_map(T, top_k, E, tile, tiles):
     assert_model_is_the_reference(routing(T, top_k, E, seed=T, skew=True), E, tile, gemm_tiles=tiles)
 
@@ -408,7 +428,7 @@ def test_model_writes_each_gemm_tile_s_block_map(T, top_k, E, tile, tiles):
 def test_place_ctas_is_a_cta_per_chunk_or_per_fill_slice():
     assert place_ctas(1, 64) == 1 and place_ctas(8, FILL_ROWS + 1) == 2
     assert place_ctas(CHUNK, 10**7) == FILL_CTAS  # the fill alone takes at most FILL_CTAS
-    assert place_ctas(40 * CHUNK, 10) == 40       # ... and every chunk its own CTA
+    assert place_ctas(40 * CHUNK, 10) == 40  # ... and every chunk its own CTA
     for P in (1, CHUNK - 1, CHUNK, CHUNK + 1, 17 * CHUNK):
         for E, tile in ((8, 1), (128, 8), (256, 128), (MAX_EXPERTS, 256)):
             rows = max_rows(P, E, tile)
@@ -429,9 +449,19 @@ def test_model_is_the_reference_for_any_grid(pairs, extra):
     assert_model_is_the_reference(ids, E, tile, gemm_tiles=(tile // 2, tile), ctas=ctas)
 
 
-@pytest.mark.parametrize("T, top_k, E, tile", [(1, 8, 128, 8), (1, 8, 256, 8), (8, 8, 128, 8), (32, 8, 256, 8),
-                                               (128, 8, 128, 8), (128, 8, 256, 8), (1024, 8, 128, 64),
-                                               (1024, 8, 256, 32)])
+@pytest.mark.parametrize(
+    "T, top_k, E, tile",
+    [
+        (1, 8, 128, 8),
+        (1, 8, 256, 8),
+        (8, 8, 128, 8),
+        (32, 8, 256, 8),
+        (128, 8, 128, 8),
+        (128, 8, 256, 8),
+        (1024, 8, 128, 64),
+        (1024, 8, 256, 32),
+    ],
+)
 def test_model_is_the_reference_at_the_layer_s_sizes(T, top_k, E, tile):
     """The bf16 plan's tiles of Qwen3-30B-A3B (E = 128) and DeepSeek-V3 TP8 (E = 256), with the grid the
     host launches (one CTA per 512 rows at decode)."""
@@ -452,8 +482,9 @@ def test_model_is_the_reference_for_any_grid_fuzzed(data):
     topk_ids = torch.randint(-1, E + 1, (T, top_k), generator=g, dtype=torch.int32)  # bad ids and repeats too
     w = torch.rand(T, top_k, generator=g)
     w[torch.rand(T, top_k, generator=g) < 0.01] = float("nan")
-    assert_model_is_the_reference(topk_ids, E, tile, w, gemm_tiles=(g0 if tile % g0 == 0 else tile, tile),
-                                  ctas=-(-T * top_k // CHUNK) + extra)
+    assert_model_is_the_reference(
+        topk_ids, E, tile, w, gemm_tiles=(g0 if tile % g0 == 0 else tile, tile), ctas=-(-T * top_k // CHUNK) + extra
+    )
 
 
 # ---- the host function on the CPU ---------------------------------------------------------------
@@ -466,14 +497,17 @@ def test_align_on_device_on_the_cpu_is_the_reference(T):
         assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, name
 
 
-@pytest.mark.parametrize("args, error, needle", [
-    ((torch.zeros(2, 2, dtype=torch.int32), MAX_EXPERTS + 1, 16), ValueError, "^num_experts: "),
-    ((torch.zeros(2, 2, dtype=torch.int32), 0, 16), ValueError, "^num_experts: "),
-    ((torch.zeros(2, 2, dtype=torch.int32), 8, 0), ValueError, "^tile: "),
-    ((torch.zeros(2, 2, dtype=torch.int32), 8, 16.0), TypeError, "^tile: "),
-    ((torch.zeros(2, 2, dtype=torch.int16), 8, 16), TypeError, "^topk_ids: "),
-    (([[0, 1]], 8, 16), TypeError, "^topk_ids: "),
-])
+@pytest.mark.parametrize(
+    "args, error, needle",
+    [
+        ((torch.zeros(2, 2, dtype=torch.int32), MAX_EXPERTS + 1, 16), ValueError, "^num_experts: "),
+        ((torch.zeros(2, 2, dtype=torch.int32), 0, 16), ValueError, "^num_experts: "),
+        ((torch.zeros(2, 2, dtype=torch.int32), 8, 0), ValueError, "^tile: "),
+        ((torch.zeros(2, 2, dtype=torch.int32), 8, 16.0), TypeError, "^tile: "),
+        ((torch.zeros(2, 2, dtype=torch.int16), 8, 16), TypeError, "^topk_ids: "),
+        (([[0, 1]], 8, 16), TypeError, "^topk_ids: "),
+    ],
+)
 def test_bad_arguments_are_named(args, error, needle):
     with pytest.raises(error, match=needle):
         align_on_device(*args)
@@ -482,8 +516,11 @@ def test_bad_arguments_are_named(args, error, needle):
 # ---- the kernels compile, and their PTX ---------------------------------------------------------
 @pytest.fixture(scope="module")
 def ptx():
-    return {(dt, name): k.__ptx__ for dt in (torch.int32, torch.int64)
-            for name, k in compile_align_kernels(dt, keep_ptx=True).items()}
+    return {
+        (dt, name): k.__ptx__
+        for dt in (torch.int32, torch.int64)
+        for name, k in compile_align_kernels(dt, keep_ptx=True).items()
+    }
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
@@ -545,9 +582,18 @@ def test_row_buffers_size_every_map():
     bufs = RowBuffers(T, k, E, tile, (16, 64), "cpu", zeroed=10)
     rows = max_rows(T * k, E, tile)
     sizes = {name: t.numel() for name, t in bufs.out.items()}
-    assert sizes == dict(sorted_ids=rows, expert_of_block=rows // tile, expert_end=E, token_of_row=rows,
-                         weight_of_row=rows, row_of_pair=T * k, weight_of_pair=T * k, row_mask=rows,
-                         blocks0=rows // 16, blocks1=rows // 64)
+    assert sizes == dict(
+        sorted_ids=rows,
+        expert_of_block=rows // tile,
+        expert_end=E,
+        token_of_row=rows,
+        weight_of_row=rows,
+        row_of_pair=T * k,
+        weight_of_pair=T * k,
+        row_mask=rows,
+        blocks0=rows // 16,
+        blocks1=rows // 64,
+    )
     assert bufs.counts.numel() == -(-T * k // CHUNK) * E and bufs.scratch.numel() == 10
     assert set(bufs.rows.blocks) == {16, 64} and bufs.rows.blocks[16][0] is bufs.out["blocks0"]
 
@@ -571,9 +617,21 @@ def test_bench_align_takes_the_bf16_layer_s_tiles_at_each_T():
 def test_bench_align_table_and_its_refusals_before_any_gpu_work(tmp_path, capsys):
     from cute_moe.lab import bench_align
 
-    row = {"shape": "qwen3-30b-a3b", "E": 128, "T": 1, "tile": 8, "gemm_tiles": [8, 8], "place_ctas": 1,
-           "device_us": 3.0, "PlacePairs_cold_us": 4.0, "CountExperts_cold_us": 0.0, "PlacePairs_warm_us": 2.5,
-           "CountExperts_warm_us": 0.0, "torch_us": 50.0, "equal": False}
+    row = {
+        "shape": "qwen3-30b-a3b",
+        "E": 128,
+        "T": 1,
+        "tile": 8,
+        "gemm_tiles": [8, 8],
+        "place_ctas": 1,
+        "device_us": 3.0,
+        "PlacePairs_cold_us": 4.0,
+        "CountExperts_cold_us": 0.0,
+        "PlacePairs_warm_us": 2.5,
+        "CountExperts_warm_us": 0.0,
+        "torch_us": 50.0,
+        "equal": False,
+    }
     md = bench_align.markdown({"date": "d", "device": "H200", "commit": "c", "command": "cmd", "cells": [row]})
     assert "| qwen3-30b-a3b | 128 | 1 | 8 (8, 8) | 1 | 3.0 | 4.0 | 0.0 | 2.5 | 0.0 | 50.0 | **no** |" in md
     for argv in (["--shapes", "no-such-shape"], ["--tokens", "0"]):

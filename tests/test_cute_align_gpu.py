@@ -20,21 +20,21 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 torch = pytest.importorskip("torch")
 
-from moe_spec.align import align  # noqa: E402
-from moe_spec.validate import BAD_ID, BAD_WEIGHT, REPEATED_ID  # noqa: E402
-
 from test_align import routing  # noqa: E402
 from test_cute_align import CASES, POISON  # noqa: E402
+
+from moe_spec.align import align  # noqa: E402
+from moe_spec.validate import BAD_ID, BAD_WEIGHT, REPEATED_ID  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
 FIELDS = ("sorted_ids", "expert_of_block", "expert_end")
 GPU_CASES = CASES + [
-    (0, 2, 4, 16),          # no pairs
-    (4096, 8, 128, 128),    # Qwen3 prefill: 16 chunks
-    (4096, 8, 256, 64),     # DeepSeek-V3 prefill
-    (4096, 2, 8, 128),      # Mixtral prefill: 8 experts, 1024 pairs each
-    (8191, 8, 128, 128),    # 65 528 pairs: 32 chunks
+    (0, 2, 4, 16),  # no pairs
+    (4096, 8, 128, 128),  # Qwen3 prefill: 16 chunks
+    (4096, 8, 256, 64),  # DeepSeek-V3 prefill
+    (4096, 2, 8, 128),  # Mixtral prefill: 8 experts, 1024 pairs each
+    (8191, 8, 128, 128),  # 65 528 pairs: 32 chunks
 ]
 
 
@@ -54,7 +54,7 @@ def test_kernels_are_the_reference(T, top_k, E, tile, skew, dtype):
 
     ids = routing(T, top_k, E, seed=T * E + tile, skew=skew and T > 0).to(dtype)
     got = align_on_device(ids.cuda(), E, tile)
-    _assert_same(got, align(ids, E, tile))         # the reference on the CPU
+    _assert_same(got, align(ids, E, tile))  # the reference on the CPU
     _assert_same(got, align(ids.cuda(), E, tile))  # ... and on the GPU
 
 
@@ -101,8 +101,10 @@ def _weights(T, top_k, seed):
     return torch.rand(T, top_k, generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("T, top_k, E, tile", [(1, 8, 128, 16), (37, 2, 8, 16), (300, 8, 64, 64),
-                                               (3000, 8, 256, 32), (700, 6, 1024, 16), (4096, 8, 128, 128)])
+@pytest.mark.parametrize(
+    "T, top_k, E, tile",
+    [(1, 8, 128, 16), (37, 2, 8, 16), (300, 8, 64, 64), (3000, 8, 256, 32), (700, 6, 1024, 16), (4096, 8, 128, 128)],
+)
 def test_every_output_is_written_into_poisoned_buffers(T, top_k, E, tile):
     ids = routing(T, top_k, E, seed=T + E, skew=True)
     w = _weights(T, top_k, T)
@@ -161,8 +163,14 @@ FAULTS = {  # name: mutation of (ids, weights) in place, and the bits guard_rout
     "repeated across chunks": (lambda i, w: i.__setitem__((682, 2), int(i[682, 0])), REPEATED_ID),
     "weight NaN": (lambda i, w: w.__setitem__((4, 1), float("nan")), BAD_WEIGHT),
     "weight -inf": (lambda i, w: w.__setitem__((600, 2), -float("inf")), BAD_WEIGHT),
-    "all of them": (lambda i, w: (i.__setitem__((1, 0), 99), i.__setitem__((2, 1), int(i[2, 0])),
-                                  w.__setitem__((8, 2), float("inf"))), BAD_ID | REPEATED_ID | BAD_WEIGHT),
+    "all of them": (
+        lambda i, w: (
+            i.__setitem__((1, 0), 99),
+            i.__setitem__((2, 1), int(i[2, 0])),
+            w.__setitem__((8, 2), float("inf")),
+        ),
+        BAD_ID | REPEATED_ID | BAD_WEIGHT,
+    ),
 }
 
 
@@ -219,8 +227,10 @@ def test_graph_replay_with_new_routing():
 
     T, top_k, E, tile = 1000, 8, 128, 64
     ids, w = routing(T, top_k, E, seed=0).cuda(), _weights(T, top_k, 0).cuda()
-    bufs, word = RowBuffers(T, top_k, E, tile, (32, 64), "cuda", zeroed=3), torch.zeros(1, dtype=torch.int32,
-                                                                                          device="cuda")
+    bufs, word = (
+        RowBuffers(T, top_k, E, tile, (32, 64), "cuda", zeroed=3),
+        torch.zeros(1, dtype=torch.int32, device="cuda"),
+    )
     sort_rows_on_device(ids, w, E, tile, (32, 64), word=word, buffers=bufs)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -272,8 +282,9 @@ def test_two_launches_one_for_a_single_chunk_and_no_recompile():
     for ids in (many, one, many.long()):
         w = _weights(*ids.shape, 0).cuda()
         bufs = RowBuffers(*ids.shape, 128, 128, (64, 128), "cuda")
-        calls.append(lambda ids=ids, w=w, bufs=bufs: sort_rows_on_device(ids, w, 128, 128, (64, 128), word=word,
-                                                                         buffers=bufs))
+        calls.append(
+            lambda ids=ids, w=w, bufs=bufs: sort_rows_on_device(ids, w, 128, 128, (64, 128), word=word, buffers=bufs)
+        )
         calls[-1]()
     torch.cuda.synchronize()
     compiled = cute_moe.compile_count()
@@ -282,7 +293,8 @@ def test_two_launches_one_for_a_single_chunk_and_no_recompile():
     kernels = _kernels_launched(calls[1])  # 2048 pairs: one chunk
     assert len(kernels) == 1 and "PlacePairs" in kernels[0], kernels
     for T, E, tile, dtype in ((1, 8, 16, torch.int32), (3000, 1024, 8, torch.int64), (17, 3, 256, torch.int32)):
-        sort_rows_on_device(routing(T, 2, E, seed=T).to(dtype).cuda(), _weights(T, 2, T).cuda(), E, tile, (tile,),
-                            word=word)
+        sort_rows_on_device(
+            routing(T, 2, E, seed=T).to(dtype).cuda(), _weights(T, 2, T).cuda(), E, tile, (tile,), word=word
+        )
     torch.cuda.synchronize()
     assert cute_moe.compile_count() == compiled and int(word) == 0

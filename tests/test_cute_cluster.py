@@ -21,8 +21,11 @@ LOAD = re.compile(r"cp\.async\.bulk\.tensor\.(\d)d\.shared::(?:cta|cluster)\.glo
 
 def _configs():
     gemm1 = choose_config(1024, 768, 2048, gated=True).replace(gather_rows=True)
-    return {"gemm1-gated-gather": gemm1, "gemm2-row-scale": choose_config(1024, 2048, 768, row_scale=True),
-            "plain": choose_config(1024, 640, 2048)}
+    return {
+        "gemm1-gated-gather": gemm1,
+        "gemm2-row-scale": choose_config(1024, 2048, 768, row_scale=True),
+        "plain": choose_config(1024, 640, 2048),
+    }
 
 
 @pytest.fixture(scope="module", params=list(_configs()))
@@ -38,8 +41,9 @@ def test_only_the_weight_boxes_are_multicast(pair):
     mc = [m.group(0) for m in LOAD.finditer(clustered) if "multicast::cluster" in m.group(0)]
     assert mc and all(f".{weight_rank}d." in op for op in mc)
     # the same weight boxes also load without multicast (a pair of blocks of two experts)
-    plain_w = [m.group(0) for m in LOAD.finditer(clustered)
-               if m.group(1) == str(weight_rank) and "multicast" not in m.group(0)]
+    plain_w = [
+        m.group(0) for m in LOAD.finditer(clustered) if m.group(1) == str(weight_rank) and "multicast" not in m.group(0)
+    ]
     assert plain_w
 
 
@@ -66,7 +70,9 @@ def test_a_cluster_keeps_the_stage_bytes():
     from test_cute_cpu import _EXPECT_TX
 
     for cfg in _configs().values():  # the same transaction count as on one CTA (gathering: weights only)
-        tx = [{int(n) for _, n in re.findall(_EXPECT_TX, cute_moe.compile_ptx(c))} for c in (cfg, cfg.replace(cluster=2))]
+        tx = [
+            {int(n) for _, n in re.findall(_EXPECT_TX, cute_moe.compile_ptx(c))} for c in (cfg, cfg.replace(cluster=2))
+        ]
         assert len(tx[0]) == 1 and tx[0] == tx[1], cfg
 
 
@@ -108,8 +114,11 @@ def test_the_plan_clusters_what_was_measured_faster():
     assert clustered(gemm2, deep, gemm2=True).cluster == 2
     assert clustered(gemm2, deep - gemm2.tile_k, gemm2=True) == gemm2
     assert clustered(short_k_gemm2(gemm2, 256), 256, gemm2=True).cluster == 1  # ping-pong keeps one CTA
-    for other in (choose_config(16, 768, 2048, gated=True), choose_config(1024, 2048, 768, quant="fp8_tensor"),
-                  gemm1.replace(tokens_tile=64, weights_tile=128, consumer_warpgroups=1)):
+    for other in (
+        choose_config(16, 768, 2048, gated=True),
+        choose_config(1024, 2048, 768, quant="fp8_tensor"),
+        gemm1.replace(tokens_tile=64, weights_tile=128, consumer_warpgroups=1),
+    ):
         assert clustered(other, 1 << 14, gemm2=False) == other
 
 

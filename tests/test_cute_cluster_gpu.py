@@ -14,9 +14,9 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 torch = pytest.importorskip("torch")
 
-from moe_spec.oracle import oracle, rel_l2  # noqa: E402
-
 from test_cute_gpu import TOL, _dims, _inputs, shapes  # noqa: E402,F401  (shapes: the module fixture)
+
+from moe_spec.oracle import oracle, rel_l2  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -63,7 +63,7 @@ def test_cluster_is_the_single_cta_kernel_bit_for_bit(name, counts, ctas, monkey
     rows = sort_rows(ids.view(T, 1), weights, E, one.tokens_tile)
     used = int(rows.alignment.num_padded)
     x = torch.randn(T, k, device="cuda", generator=g).bfloat16()
-    w = (torch.randn(E, (2 if gated else 1) * n_out, k, device="cuda", generator=g) * k ** -0.5).bfloat16()
+    w = (torch.randn(E, (2 if gated else 1) * n_out, k, device="cuda", generator=g) * k**-0.5).bfloat16()
     xs = x if gather else x.index_select(0, rows.token_of_row)
     scale = rows.weight_of_row if one.row_scale else None
     a = grouped_gemm(xs, w, rows, one, row_scale=scale)

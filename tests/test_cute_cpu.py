@@ -7,9 +7,9 @@ Everything here runs without a GPU: the CuTe DSL compiles Hopper kernels on the 
 
 import dataclasses
 import json
-from collections import Counter
 import os
 import re
+from collections import Counter
 
 import pytest
 
@@ -19,10 +19,10 @@ torch = pytest.importorskip("torch")
 cute_moe = pytest.importorskip("cute_moe")
 
 from cute_moe.config import SMEM_BUDGET_BYTES, GemmConfig, max_stages  # noqa: E402
-from cute_moe.limits import tokens_tiles  # noqa: E402
-from cute_moe.plan import choose_config  # noqa: E402
 from cute_moe.layouts import describe, evaluate, plan_layouts, swizzle_bytes  # noqa: E402
+from cute_moe.limits import tokens_tiles  # noqa: E402
 from cute_moe.moe import gemm_blocks, sort_rows  # noqa: E402
+from cute_moe.plan import choose_config  # noqa: E402
 from cute_moe.ptx import mma_instruction  # noqa: E402
 
 
@@ -120,10 +120,12 @@ def test_row_kernels_compile_once():
 
 
 # ---- layouts as data ---------------------------------------------------------------------------
-LAYOUT_CFGS = [_cfg(tokens_tile=64, weights_tile=64, consumer_warpgroups=1),
-               _cfg(tokens_tile=128, weights_tile=128, consumer_warpgroups=2),
-               _cfg(swap_ab=True, tokens_tile=8, weights_tile=128),
-               _cfg(swap_ab=True, tokens_tile=64, weights_tile=64, consumer_warpgroups=1)]
+LAYOUT_CFGS = [
+    _cfg(tokens_tile=64, weights_tile=64, consumer_warpgroups=1),
+    _cfg(tokens_tile=128, weights_tile=128, consumer_warpgroups=2),
+    _cfg(swap_ab=True, tokens_tile=8, weights_tile=128),
+    _cfg(swap_ab=True, tokens_tile=64, weights_tile=64, consumer_warpgroups=1),
+]
 
 
 @pytest.fixture(scope="module")
@@ -249,15 +251,30 @@ BAD_CONFIGS = [
     (dict(dtype="float16"), ValueError, r"^dtype='float16': supported dtypes are \('bfloat16', 'float8_e4m3fn'\)"),
     (dict(quant="fp8_rowwise"), ValueError, r"^quant='fp8_rowwise': expected one of"),
     (dict(out_dtype="float16"), ValueError, r"^out_dtype='float16': supported output dtypes"),
-    (dict(quant="fp8_tensor"), ValueError, r"^dtype='bfloat16' with quant='fp8_tensor': expected dtype='float8_e4m3fn'"),
+    (
+        dict(quant="fp8_tensor"),
+        ValueError,
+        r"^dtype='bfloat16' with quant='fp8_tensor': expected dtype='float8_e4m3fn'",
+    ),
     (dict(dtype="float8_e4m3fn"), ValueError, r"^dtype='float8_e4m3fn' with quant=None: expected dtype='bfloat16'"),
     (dict(quant="fp8_block", dtype="float8_e4m3fn"), ValueError, r"^tile_k=64: FP8 configs need tile_k=128"),
-    (dict(quant="fp8_block", dtype="float8_e4m3fn", tile_k=16), ValueError,
-     r"^tile_k=16: must be a positive multiple of 32, WGMMA's K for float8_e4m3fn"),
-    (dict(quant="fp8_tensor", dtype="float8_e4m3fn", tile_k=128, weights_tile=256), ValueError,
-     r"^tokens_tile=128, weights_tile=256: .*needs 256 accumulator registers"),
-    (dict(quant="fp8_block", dtype="float8_e4m3fn", tile_k=128, tokens_tile=64, weights_tile=96,
-          consumer_warpgroups=1), ValueError, r"^weights_tile=96: fp8_block needs a weights tile that divides the 128-row"),
+    (
+        dict(quant="fp8_block", dtype="float8_e4m3fn", tile_k=16),
+        ValueError,
+        r"^tile_k=16: must be a positive multiple of 32, WGMMA's K for float8_e4m3fn",
+    ),
+    (
+        dict(quant="fp8_tensor", dtype="float8_e4m3fn", tile_k=128, weights_tile=256),
+        ValueError,
+        r"^tokens_tile=128, weights_tile=256: .*needs 256 accumulator registers",
+    ),
+    (
+        dict(
+            quant="fp8_block", dtype="float8_e4m3fn", tile_k=128, tokens_tile=64, weights_tile=96, consumer_warpgroups=1
+        ),
+        ValueError,
+        r"^weights_tile=96: fp8_block needs a weights tile that divides the 128-row",
+    ),
     (dict(consumer_warpgroups=3), ValueError, r"^consumer_warpgroups=3: must be 1 or 2"),
     (dict(stages=1), ValueError, r"^stages=1: the TMA/WGMMA ring needs at least 2"),
     (dict(epi_stages=0), ValueError, r"^epi_stages=0: needs at least 1"),
@@ -265,34 +282,65 @@ BAD_CONFIGS = [
     (dict(gated=1), TypeError, r"^gated: expected a bool"),
     (dict(gated=True, row_scale=True), ValueError, r"^gated=True with .*row_scale=True: SiLU·up in the epilogue"),
     (dict(gated=True, out_dtype="float32"), ValueError, r"^gated=True with .*out_dtype='float32'"),
-    (dict(gated=True, quant="fp8_tensor", dtype="float8_e4m3fn", tile_k=128), ValueError,
-     r"^gated=True with quant='fp8_tensor'"),
-    (dict(gated=True, weights_tile=256), ValueError,
-     r"^tokens_tile=128, weights_tile=256: the gated tile 128×256 .* needs 256 accumulator registers .*\(gate \+ up\)"),
-    (dict(gated=True, swap_ab=True, tokens_tile=256, weights_tile=128), ValueError,
-     r"^tokens_tile=256, weights_tile=128: the gated tile 128×256 .* needs 256 accumulator registers"),
-    (dict(gated=True, swap_ab=True, tokens_tile=8, weights_tile=128, stages=7), ValueError,
-     r"^stages=7: shared memory over budget: .*7 × \(8\+256\)×64×2 B.*at most 6 stages fit"),
+    (
+        dict(gated=True, quant="fp8_tensor", dtype="float8_e4m3fn", tile_k=128),
+        ValueError,
+        r"^gated=True with quant='fp8_tensor'",
+    ),
+    (
+        dict(gated=True, weights_tile=256),
+        ValueError,
+        r"^tokens_tile=128, weights_tile=256: the gated tile 128×256 .* needs 256 accumulator registers "
+        r".*\(gate \+ up\)",
+    ),
+    (
+        dict(gated=True, swap_ab=True, tokens_tile=256, weights_tile=128),
+        ValueError,
+        r"^tokens_tile=256, weights_tile=128: the gated tile 128×256 .* needs 256 accumulator registers",
+    ),
+    (
+        dict(gated=True, swap_ab=True, tokens_tile=8, weights_tile=128, stages=7),
+        ValueError,
+        r"^stages=7: shared memory over budget: .*7 × \(8\+256\)×64×2 B.*at most 6 stages fit",
+    ),
     (dict(schedule=1), TypeError, r"^schedule: expected a str"),
     (dict(cluster=2.0), TypeError, r"^cluster: expected an int"),
     (dict(cluster=4), ValueError, r"^cluster=4: expected one of \(1, 2\)"),
     (dict(cluster=2, swap_ab=True, tokens_tile=8), ValueError, r"^cluster=2 with swap_ab=True.*bf16 normal path"),
     (dict(cluster=2, schedule="pingpong"), ValueError, r"^cluster=2 with swap_ab=False, schedule='pingpong'"),
-    (dict(cluster=2, quant="fp8_tensor", dtype="float8_e4m3fn", tile_k=128), ValueError,
-     r"^cluster=2 with .*quant='fp8_tensor': weight multicast is built for the bf16"),
+    (
+        dict(cluster=2, quant="fp8_tensor", dtype="float8_e4m3fn", tile_k=128),
+        ValueError,
+        r"^cluster=2 with .*quant='fp8_tensor': weight multicast is built for the bf16",
+    ),
     (dict(schedule="async"), ValueError, r"^schedule='async': expected one of \('cooperative', 'pingpong'\)"),
-    (dict(schedule="pingpong", tokens_tile=64, consumer_warpgroups=1), ValueError,
-     r"^schedule='pingpong' with consumer_warpgroups=1: ping-pong needs consumer_warpgroups=2"),
-    (dict(schedule="pingpong", quant="fp8_tensor", dtype="float8_e4m3fn", tile_k=128), ValueError,
-     r"^schedule='pingpong' with quant='fp8_tensor': the ping-pong kernel is built for bf16"),
-    (dict(schedule="pingpong", weights_tile=256), ValueError,
-     r"^tokens_tile=128, weights_tile=256: under schedule='pingpong' one warpgroup holds the whole 128×256 tile: "
-     r"256 accumulator registers"),
-    (dict(schedule="pingpong", gated=True), ValueError,
-     r"^tokens_tile=128, weights_tile=128: under schedule='pingpong' .*128×128 tile \(gate \+ up\): 256"),
+    (
+        dict(schedule="pingpong", tokens_tile=64, consumer_warpgroups=1),
+        ValueError,
+        r"^schedule='pingpong' with consumer_warpgroups=1: ping-pong needs consumer_warpgroups=2",
+    ),
+    (
+        dict(schedule="pingpong", quant="fp8_tensor", dtype="float8_e4m3fn", tile_k=128),
+        ValueError,
+        r"^schedule='pingpong' with quant='fp8_tensor': the ping-pong kernel is built for bf16",
+    ),
+    (
+        dict(schedule="pingpong", weights_tile=256),
+        ValueError,
+        r"^tokens_tile=128, weights_tile=256: under schedule='pingpong' one warpgroup holds the whole 128×256 tile: "
+        r"256 accumulator registers",
+    ),
+    (
+        dict(schedule="pingpong", gated=True),
+        ValueError,
+        r"^tokens_tile=128, weights_tile=128: under schedule='pingpong' .*128×128 tile \(gate \+ up\): 256",
+    ),
     (dict(gather_rows=1), TypeError, r"^gather_rows: expected a bool"),
-    (dict(gather_rows=True, quant="fp8_tensor", dtype="float8_e4m3fn", tile_k=128), ValueError,
-     r"^gather_rows=True: takes bf16 \(quant='fp8_tensor'\)"),
+    (
+        dict(gather_rows=True, quant="fp8_tensor", dtype="float8_e4m3fn", tile_k=128),
+        ValueError,
+        r"^gather_rows=True: takes bf16 \(quant='fp8_tensor'\)",
+    ),
 ]
 
 
@@ -322,7 +370,7 @@ def test_other_tile_k_compiles_to_the_planned_stage(tile_k):
 
 def test_the_docstring_lists_the_swap_ab_token_tiles():
     doc = GemmConfig.__doc__
-    listed = re.search(r"swap-AB: ([\d,\s]+)\(", doc[doc.index("tokens_tile:"):]).group(1)
+    listed = re.search(r"swap-AB: ([\d,\s]+)\(", doc[doc.index("tokens_tile:") :]).group(1)
     assert tuple(int(v) for v in listed.replace(",", " ").split()) == tokens_tiles(swap_ab=True)
 
 
@@ -342,8 +390,11 @@ def test_tile_coordinates_visit_every_tile_exactly_once():
         for n_weights in range(1, 6):
             for group in range(1, 10):
                 seen = [tile_coordinates(t, n_tokens, n_weights, group) for t in range(n_tokens * n_weights)]
-                assert sorted(seen) == [(b, w) for b in range(n_tokens) for w in range(n_weights)], \
-                    (n_tokens, n_weights, group)
+                assert sorted(seen) == [(b, w) for b in range(n_tokens) for w in range(n_weights)], (
+                    n_tokens,
+                    n_weights,
+                    group,
+                )
 
 
 # ---- the row maps and blocks of the CuTe layer (torch ops, CPU) --------------------------------
@@ -395,18 +446,31 @@ def _tiny(hidden=64, intermediate=32, T=3):
 GEMM1, GEMM2 = choose_config(1, 64, 64), choose_config(1, 64, 32, row_scale=True)
 
 
-@pytest.mark.parametrize("inputs, options, error, needle", [
-    (dict(hidden=12), {}, ValueError, r"^x: hidden size K = x\.shape\[1\] = 12 must be a multiple of 8"),
-    (dict(intermediate=20), {}, ValueError, r"^w2: intermediate size I = w2\.shape\[2\] = 20 must be a multiple of 8"),
-    (dict(hidden=12, T=0), {}, ValueError, r"^x: hidden size K"),  # refused whatever T (moe_spec.plan)
-    ({}, dict(swap_ab="yes"), TypeError, r"^swap_ab: expected None or a bool"),
-    (dict(T=0), dict(swap_ab="yes"), TypeError, r"^swap_ab: expected None or a bool"),
-    ({}, dict(configs=GEMM1), TypeError, r"^configs: expected a \(GEMM1, GEMM2\) pair"),
-    ({}, dict(configs=(GEMM1, "128x128")), TypeError, r"^configs: expected a \(GEMM1, GEMM2\) pair"),
-    ({}, dict(configs=(GEMM1, GEMM2.replace(row_scale=False))), ValueError, r"^configs\[1\]: row_scale must be True"),
-    ({}, dict(configs=(GEMM2, GEMM2)), ValueError, r"^configs\[0\]: row_scale must be False"),
-    ({}, dict(configs=(GEMM1, GEMM2), swap_ab=True), ValueError, r"^swap_ab and configs: pass at most one"),
-])
+@pytest.mark.parametrize(
+    "inputs, options, error, needle",
+    [
+        (dict(hidden=12), {}, ValueError, r"^x: hidden size K = x\.shape\[1\] = 12 must be a multiple of 8"),
+        (
+            dict(intermediate=20),
+            {},
+            ValueError,
+            r"^w2: intermediate size I = w2\.shape\[2\] = 20 must be a multiple of 8",
+        ),
+        (dict(hidden=12, T=0), {}, ValueError, r"^x: hidden size K"),  # refused whatever T (moe_spec.plan)
+        ({}, dict(swap_ab="yes"), TypeError, r"^swap_ab: expected None or a bool"),
+        (dict(T=0), dict(swap_ab="yes"), TypeError, r"^swap_ab: expected None or a bool"),
+        ({}, dict(configs=GEMM1), TypeError, r"^configs: expected a \(GEMM1, GEMM2\) pair"),
+        ({}, dict(configs=(GEMM1, "128x128")), TypeError, r"^configs: expected a \(GEMM1, GEMM2\) pair"),
+        (
+            {},
+            dict(configs=(GEMM1, GEMM2.replace(row_scale=False))),
+            ValueError,
+            r"^configs\[1\]: row_scale must be True",
+        ),
+        ({}, dict(configs=(GEMM2, GEMM2)), ValueError, r"^configs\[0\]: row_scale must be False"),
+        ({}, dict(configs=(GEMM1, GEMM2), swap_ab=True), ValueError, r"^swap_ab and configs: pass at most one"),
+    ],
+)
 def test_fused_moe_checks_its_limits_before_any_launch(inputs, options, error, needle):
     """CPU tensors: a check that ran after a launch (or after the CUDA-device check) would raise
     something else here (the device error, or the DSL's)."""
@@ -446,8 +510,8 @@ def test_fused_moe_refuses_cpu_tensors_the_empty_batch_too():
 
 def test_bench_draws_the_shared_weights():
     """bench rotates weight sets drawn by moe_spec.problem.draw_weights (one generator, n sets)."""
-    from moe_spec.problem import MoEShape, draw_weights
     from cute_moe.lab.bench import _weights
+    from moe_spec.problem import MoEShape, draw_weights
 
     shape = MoEShape("tiny", 4, 2, 64, 32, "test")
     g = torch.Generator().manual_seed(3)
@@ -460,9 +524,9 @@ def test_bench_draws_the_shared_weights():
 # ---- the gated GEMM1: SiLU·up in the epilogue -------------------------------------------------
 def _gated_plan_configs():
     """Every gated GEMM1 the bf16 plans of the catalog's three layers pick (rule and forced paths)."""
-    from moe_spec.problem import get_shape
-
     import importlib
+
+    from moe_spec.problem import get_shape
 
     plan = importlib.import_module("cute_moe.plan")
     found = {}
@@ -484,8 +548,14 @@ GATED = [c.replace(gather_rows=False) for c in GATHERED]  # the same kernels rea
 def test_the_bf16_plans_gate_gemm1_when_switched_on_and_separate_does_not():
     assert GATED and all(c.gated for c in GATED)
     # every bucket of both paths: swap-AB 8/16/32/64 tokens, normal 64 (one warpgroup) and 128
-    assert {(c.swap_ab, c.tokens_tile) for c in GATED} == {(True, 8), (True, 16), (True, 32), (True, 64),
-                                                          (False, 64), (False, 128)}
+    assert {(c.swap_ab, c.tokens_tile) for c in GATED} == {
+        (True, 8),
+        (True, 16),
+        (True, 32),
+        (True, 64),
+        (False, 64),
+        (False, 128),
+    }
     assert all(c.smem_bytes() <= SMEM_BUDGET_BYTES and c.stages == max_stages(c) for c in GATED)
     # half the plain weights tile (gate + up): the plain GEMM1's stage bytes, ring and tile count
     for c in GATED:
@@ -520,6 +590,7 @@ def test_gated_ptx_has_two_accumulator_chains_and_the_silu_epilogue(cfg):
     ptx, plain = cute_moe.compile_ptx(cfg), cute_moe.compile_ptx(plain_cfg)
     wgmma = re.findall(_WGMMA, ptx)
     assert set(wgmma) == {f"wgmma.mma_async.sync.aligned.m64n{cfg.tile_n}k16.f32.bf16.bf16"} == {mma_instruction(cfg)}
+
     # WGMMAs per commit group (one K step): tile_k/16 per chain, two chains into two accumulators
     def groups(text):
         return {n for n in (len(re.findall(_WGMMA, g)) for g in text.split("wgmma.commit_group")) if n}
@@ -545,16 +616,26 @@ def test_gated_epilogue_is_the_row_kernels_formula():
     """The SiLU·up of the epilogue and of the row kernel compile to the same instructions per element
     (negate, × log2 e, ex2.approx.ftz, + 1, div.rn, × up, then cvt.rn to bf16): one formula, one
     rounding (the row kernel's inputs are GEMM1's bf16 H, the epilogue's its fp32 accumulators)."""
+
     def chain(ptx):  # the float ops from the first negate to the bf16 conversion, as a sequence
         start, end = ptx.index("neg.f32"), ptx.index("cvt.rn.bf16x2.f32")
-        ops = re.findall(r"^\s*(neg\.f32|mul\.f32|ex2\.approx\.ftz\.f32|add\.f32|div\.rn\.f32)\s+[^;]*?(0f[0-9A-F]{8})?;",
-                         ptx[start:end + 1], flags=re.M)
+        ops = re.findall(
+            r"^\s*(neg\.f32|mul\.f32|ex2\.approx\.ftz\.f32|add\.f32|div\.rn\.f32)\s+[^;]*?(0f[0-9A-F]{8})?;",
+            ptx[start : end + 1],
+            flags=re.M,
+        )
         return [(op, const) for op, const in ops]
 
     row = cute_moe.compile_row_kernels(132, keep_ptx=True)["silu_mul"].__ptx__
     gated = cute_moe.compile_ptx(_cfg(swap_ab=True, tokens_tile=8, weights_tile=128, gated=True))
-    one_element = [("neg.f32", ""), ("mul.f32", "0f3FB8AA3B"), ("ex2.approx.ftz.f32", ""), ("add.f32", "0f3F800000"),
-                   ("div.rn.f32", ""), ("mul.f32", "")]  # −g, ·log2 e, 2^x, +1, g / (…), · up
+    one_element = [
+        ("neg.f32", ""),
+        ("mul.f32", "0f3FB8AA3B"),
+        ("ex2.approx.ftz.f32", ""),
+        ("add.f32", "0f3F800000"),
+        ("div.rn.f32", ""),
+        ("mul.f32", ""),
+    ]  # −g, ·log2 e, 2^x, +1, g / (…), · up
     # 8 elements per row-kernel vector, 4 accumulator registers per thread in a 128×8 swap-AB tile
     assert Counter(chain(row)) == Counter(one_element * 8)
     assert Counter(chain(gated)) == Counter(one_element * 4)
@@ -598,8 +679,8 @@ def test_the_bf16_plans_gather_in_gemm1_only(monkeypatch):
     is not gathered."""
     import importlib
 
-    from moe_spec.validate import MoEDims
     from cute_moe.plan import check_options
+    from moe_spec.validate import MoEDims
 
     plan_module = importlib.import_module("cute_moe.plan")
     monkeypatch.setattr(plan_module, "GATED_GEMM1", True)
@@ -621,8 +702,14 @@ def test_the_bf16_plans_gather_in_gemm1_only(monkeypatch):
         check_options(4104, 512, configs=(g1, GemmConfig(row_scale=True)))
 
 
-@pytest.mark.parametrize("kw", [dict(quant="fp8_tensor", dtype="float8_e4m3fn", tile_k=128),
-                                dict(tile_k=48), dict(swap_ab=True, tokens_tile=48, weights_tile=128, tile_k=32)])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(quant="fp8_tensor", dtype="float8_e4m3fn", tile_k=128),
+        dict(tile_k=48),
+        dict(swap_ab=True, tokens_tile=48, weights_tile=128, tile_k=32),
+    ],
+)
 def test_gather_rows_config_refuses_what_it_cannot_copy(kw):
     """FP8 (x is quantized first), a row of 6 vectors (does not divide 128 threads), 48 rows with
     32 rows per pass: each refused by name when the config is built."""
@@ -650,12 +737,17 @@ def test_gathering_ptx_copies_rows_by_cp_async_and_keeps_the_wgmma_chain(cfg):
     assert re.search(_CP_ASYNC, ptx) and not re.search(r"cp\.async\.c[ag]\.shared", tma)
     assert "cp.async.mbarrier.arrive.noinc.shared.b64" in ptx
     init = set(re.findall(r"mbarrier\.init\.shared\.b64\s+\[[^\]]+\], (%r\d+|\d+);", ptx))
-    counts = {int(re.search(rf"mov\.b32\s+{re.escape(r)}, (\d+);", ptx).group(1)) if r.startswith("%") else int(r)
-              for r in init}
+    counts = {
+        int(re.search(rf"mov\.b32\s+{re.escape(r)}, (\d+);", ptx).group(1)) if r.startswith("%") else int(r)
+        for r in init
+    }
     assert 1 + 128 in counts and 1 not in counts  # full barriers: the TMA lane and 128 cp.async arrivals
     token_bytes = cfg.tokens_tile * cfg.tile_k * cfg.element_bytes
-    assert {int(n) for _, n in re.findall(_EXPECT_TX, ptx)} == {cfg.stage_bytes - token_bytes} \
+    assert (
+        {int(n) for _, n in re.findall(_EXPECT_TX, ptx)}
+        == {cfg.stage_bytes - token_bytes}
         == {plan_layouts(cfg)["stage_bytes"]}
+    )
     vecs, rows, passes = gather_geometry(cfg)
     assert rows * passes == cfg.tokens_tile and vecs * 8 == cfg.tile_k
     assert len(re.findall(r"fence\.proxy\.async", ptx)) > len(re.findall(r"fence\.proxy\.async", tma))

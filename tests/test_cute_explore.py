@@ -6,8 +6,8 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from cute_moe.lab import explore
-from cute_moe.plan import choose_config
 from cute_moe.layouts import describe
+from cute_moe.plan import choose_config
 
 
 @pytest.mark.parametrize("swap", [True, False])
@@ -40,18 +40,21 @@ def test_cli_prints_the_rule_s_kernel_and_explains_the_swizzle(capsys):
     assert "WGMMA's descriptor: 128-byte swizzle mode; unswizzled rows 128 B apart: no mode" in text
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["--tokens-per-expert", "-1"], "--tokens-per-expert: expected a finite mean ≥ 0"),
-    (["--tokens-per-expert", "nan"], "--tokens-per-expert"),
-    (["--k", "4100"], "grouped_gemm: K=4100 must be a positive multiple of 8"),
-    (["--n-out", "12"], "grouped_gemm: N_out=12 must be a positive multiple of 8"),
-    (["--k", "0"], "K=0"),
-    (["--experts", "0"], "--experts"),
-    (["--swap-ab", "--tokens-tile", "12"], "multiple of 8"),
-    (["--swap-ab", "--weights-tile", "256"], "at most 128"),
-    (["--stages", "1"], "at least 2 stages"),
-    (["--normal", "--tokens-per-expert", "512", "--stages", "8"], "shared memory over budget"),
-])
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--tokens-per-expert", "-1"], "--tokens-per-expert: expected a finite mean ≥ 0"),
+        (["--tokens-per-expert", "nan"], "--tokens-per-expert"),
+        (["--k", "4100"], "grouped_gemm: K=4100 must be a positive multiple of 8"),
+        (["--n-out", "12"], "grouped_gemm: N_out=12 must be a positive multiple of 8"),
+        (["--k", "0"], "K=0"),
+        (["--experts", "0"], "--experts"),
+        (["--swap-ab", "--tokens-tile", "12"], "multiple of 8"),
+        (["--swap-ab", "--weights-tile", "256"], "at most 128"),
+        (["--stages", "1"], "at least 2 stages"),
+        (["--normal", "--tokens-per-expert", "512", "--stages", "8"], "shared memory over budget"),
+    ],
+)
 def test_cli_refuses_what_the_kernel_refuses(capsys, argv, needle):
     assert explore.main(argv) == 2
     captured = capsys.readouterr()
@@ -64,8 +67,18 @@ def test_cli_draws_the_kernel(tmp_path, capsys):
     assert explore.main(["--tokens-per-expert", "2", "--svg", str(tmp_path)]) == 0
     assert "Pictures:" in capsys.readouterr().out
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == sorted(["fragment_bf16.svg", "fragment_fp8.svg", "smem_bf16.svg", "smem_fp8.svg", "swapab.svg",
-                            "pipeline_bf16.svg", "pipeline_fp8.svg", "tma.svg"])
+    assert names == sorted(
+        [
+            "fragment_bf16.svg",
+            "fragment_fp8.svg",
+            "smem_bf16.svg",
+            "smem_fp8.svg",
+            "swapab.svg",
+            "pipeline_bf16.svg",
+            "pipeline_fp8.svg",
+            "tma.svg",
+        ]
+    )
     roots = {n: ET.parse(tmp_path / n).getroot() for n in names}
     assert roots["fragment_fp8.svg"].get("data-n") == "8"
     assert "m64n8k32" in roots["fragment_fp8.svg"].get("data-instruction")

@@ -16,10 +16,10 @@ torch = pytest.importorskip("torch")
 cute_moe = pytest.importorskip("cute_moe")
 
 from cute_moe.config import SMEM_BUDGET_BYTES, GemmConfig, max_stages  # noqa: E402
-from cute_moe.limits import FP8_TILE_K  # noqa: E402
-from cute_moe.plan import choose_config  # noqa: E402
 from cute_moe.lab.promotion import OneLevelConfig, one_level  # noqa: E402
 from cute_moe.layouts import describe  # noqa: E402
+from cute_moe.limits import FP8_TILE_K  # noqa: E402
+from cute_moe.plan import choose_config  # noqa: E402
 
 FORMATS = ("fp8_tensor", "fp8_channel", "fp8_block")
 
@@ -30,17 +30,21 @@ def _fp8(quant="fp8_tensor", **kw):
 
 
 # both paths, both output dtypes, with and without the routing-weight row scale, one and two warpgroups
-SHAPES = [dict(tokens_tile=128, weights_tile=128, out_dtype="float32"),
-          dict(tokens_tile=64, weights_tile=128, consumer_warpgroups=1, row_scale=True),
-          dict(swap_ab=True, tokens_tile=8, weights_tile=128, row_scale=True),
-          dict(swap_ab=True, tokens_tile=32, weights_tile=128, out_dtype="float32"),
-          dict(swap_ab=True, tokens_tile=64, weights_tile=64, consumer_warpgroups=1, row_scale=True)]
+SHAPES = [
+    dict(tokens_tile=128, weights_tile=128, out_dtype="float32"),
+    dict(tokens_tile=64, weights_tile=128, consumer_warpgroups=1, row_scale=True),
+    dict(swap_ab=True, tokens_tile=8, weights_tile=128, row_scale=True),
+    dict(swap_ab=True, tokens_tile=32, weights_tile=128, out_dtype="float32"),
+    dict(swap_ab=True, tokens_tile=64, weights_tile=64, consumer_warpgroups=1, row_scale=True),
+]
 CONFIGS = [_fp8(q, **kw) for q in FORMATS for kw in SHAPES]
 
 
 def _id(cfg):
-    return (f"{cfg.quant}-{'swap' if cfg.swap_ab else 'normal'}-{cfg.tile_m}x{cfg.tile_n}-{cfg.out_dtype}"
-            f"{'-rowscale' if cfg.row_scale else ''}")
+    return (
+        f"{cfg.quant}-{'swap' if cfg.swap_ab else 'normal'}-{cfg.tile_m}x{cfg.tile_n}-{cfg.out_dtype}"
+        f"{'-rowscale' if cfg.row_scale else ''}"
+    )
 
 
 _WGMMA = r"wgmma\.mma_async\.sync\.aligned\.m\d+n\d+k\d+\.[\w.]+"
@@ -81,10 +85,17 @@ def test_layer_configs_under_fp8():
     assert b1.out_dtype == b2.out_dtype == "bfloat16" and b1.quant is None
 
 
-@pytest.mark.parametrize("kw, needle", [
-    (dict(quant="fp8_channel", dtype="float8_e4m3fn", tile_k=128, swap_ab=True, tokens_tile=256,
-          weights_tile=128), r"needs 256 accumulator registers"),
-])
+@pytest.mark.parametrize(
+    "kw, needle",
+    [
+        (
+            dict(
+                quant="fp8_channel", dtype="float8_e4m3fn", tile_k=128, swap_ab=True, tokens_tile=256, weights_tile=128
+            ),
+            r"needs 256 accumulator registers",
+        ),
+    ],
+)
 def test_bad_fp8_configs_name_the_limit(kw, needle):
     with pytest.raises(ValueError, match=needle):
         GemmConfig(**kw).validate()
@@ -109,13 +120,16 @@ def test_fp8_ptx_has_the_intended_instructions(ptx, cfg):
     assert set(re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+);", p)) == {"0"}
     stmatrix = set(re.findall(r"stmatrix\.sync\.aligned\.m8n8\.x\d(?:\.trans)?\.shared\.b16", p))
     if cfg.out_dtype == "bfloat16":
-        assert stmatrix == {f"stmatrix.sync.aligned.m8n8.x{2 if cfg.tile_n == 8 else 4}"
-                            f"{'.trans' if cfg.swap_ab else ''}.shared.b16"}
+        assert stmatrix == {
+            f"stmatrix.sync.aligned.m8n8.x{2 if cfg.tile_n == 8 else 4}{'.trans' if cfg.swap_ab else ''}.shared.b16"
+        }
     else:  # fp32 C: plain shared stores (stmatrix moves 16-bit values only)
         assert not stmatrix and re.search(r"st\.shared(\.v2)?\.b32", p)
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(quant="fp8_block", dtype="float8_e4m3fn", tile_k=128)], ids=["bf16", "block"])
+@pytest.mark.parametrize(
+    "kw", [dict(), dict(quant="fp8_block", dtype="float8_e4m3fn", tile_k=128)], ids=["bf16", "block"]
+)
 def test_only_tensor_and_channel_scales_run_without_promotion(kw):
     with pytest.raises(ValueError, match=r"a kernel without promotion takes \('fp8_tensor', 'fp8_channel'\)"):
         OneLevelConfig(**kw)
@@ -172,10 +186,12 @@ def _r2s_map(cfg):
     def probe():
         plan = KernelPlan(cfg)
         mma = plan.tiled_mma
-        stmatrix = cute.make_copy_atom(warp.StMatrix8x8x16bOp(cfg.swap_ab, 4 if cfg.tile_n >= 16 else 2),
-                                       plan.out_dtype)
-        store = sm90.get_smem_store_op(LayoutEnum.COL_MAJOR if cfg.swap_ab else LayoutEnum.ROW_MAJOR,
-                                       plan.out_dtype, cutlass.Float32)
+        stmatrix = cute.make_copy_atom(
+            warp.StMatrix8x8x16bOp(cfg.swap_ab, 4 if cfg.tile_n >= 16 else 2), plan.out_dtype
+        )
+        store = sm90.get_smem_store_op(
+            LayoutEnum.COL_MAJOR if cfg.swap_ab else LayoutEnum.ROW_MAJOR, plan.out_dtype, cutlass.Float32
+        )
         r2s = cute.make_tiled_copy_S(store, cute.make_tiled_copy_C_atom(stmatrix, mma))
         epi_m, epi_n = cfg.epi_tile
         grid_n = cfg.tile_n // epi_n
@@ -185,9 +201,14 @@ def _r2s_map(cfg):
             dst = r2s.get_slice(t).partition_D(cute.make_identity_tensor(cfg.epi_tile))
             n = cute.size(dst)
             # sub-tile e covers rows (e // grid_n)·epi_m…, columns (e % grid_n)·epi_n… (gemm.py's epi_order)
-            pairs.extend((tuple(int(c) for c in tCcC[int(regs[e * n + v])]),
-                          ((e // grid_n) * epi_m + int(dst[v][0]), (e % grid_n) * epi_n + int(dst[v][1])))
-                         for e in range(cute.size(tCcC) // n) for v in range(n))
+            pairs.extend(
+                (
+                    tuple(int(c) for c in tCcC[int(regs[e * n + v])]),
+                    ((e // grid_n) * epi_m + int(dst[v][0]), (e % grid_n) * epi_n + int(dst[v][1])),
+                )
+                for e in range(cute.size(tCcC) // n)
+                for v in range(n)
+            )
 
     probe()
     return pairs
@@ -195,9 +216,15 @@ def _r2s_map(cfg):
 
 # every fp32-output tile GEMM1 can get: the path rule's normal and swap-AB tiles, and the forced
 # normal path's one-warpgroup tile
-FP32_TILES = [_fp8(out_dtype="float32", **kw) for kw in (
-    dict(tokens_tile=128, weights_tile=128), dict(tokens_tile=64, weights_tile=128, consumer_warpgroups=1),
-    dict(swap_ab=True, tokens_tile=8, weights_tile=128), dict(swap_ab=True, tokens_tile=32, weights_tile=128))]
+FP32_TILES = [
+    _fp8(out_dtype="float32", **kw)
+    for kw in (
+        dict(tokens_tile=128, weights_tile=128),
+        dict(tokens_tile=64, weights_tile=128, consumer_warpgroups=1),
+        dict(swap_ab=True, tokens_tile=8, weights_tile=128),
+        dict(swap_ab=True, tokens_tile=32, weights_tile=128),
+    )
+]
 
 
 @pytest.mark.parametrize("cfg", FP32_TILES, ids=_id)
@@ -223,8 +250,9 @@ def test_quant_kernels_divide_exactly_and_round_to_nearest_even(quant):
         assert "max.NaN.f32" in p and not re.search(r"max\.f32", p)
         if quant == "fp8_tensor":  # one atomic per warp: after the walk's loop, not inside it
             labels = {m.group(1): m.start() for m in re.finditer(r"^\s*(\$L__BB\w+):", p, re.M)}
-            back = [m.start() for m in re.finditer(r"bra(?:\.uni)?\s+(\$L__BB\w+);", p)
-                    if labels[m.group(1)] < m.start()]
+            back = [
+                m.start() for m in re.finditer(r"bra(?:\.uni)?\s+(\$L__BB\w+);", p) if labels[m.group(1)] < m.start()
+            ]
             assert back and p.index("atom.global.max.s32") > max(back)
         assert "st.global" not in p if name == "x_amax" else "st.global.v4.b32" in p  # SiLU·up kept in fp32
 
@@ -260,22 +288,53 @@ def _pair(quant, **kw):
     return g1.replace(**kw), g2
 
 
-@pytest.mark.parametrize("inputs, options, error, needle", [
-    (dict(quant="fp8_tensor", hidden=72), {}, ValueError,
-     r"^x: hidden size K = x\.shape\[1\] = 72 must be a multiple of 16 for cute_moe with quant='fp8_tensor'"),
-    (dict(quant="fp8_block", intermediate=40), {}, ValueError,
-     r"^w2: intermediate size I = w2\.shape\[2\] = 40 must be a multiple of 16"),
-    (dict(quant="fp8_tensor"), dict(configs=_pair(None)), ValueError,
-     r"^configs\[0\]: quant=None, but the call's quant='fp8_tensor'"),
-    (dict(quant=None), dict(configs=_pair("fp8_channel")), ValueError,
-     r"^configs\[0\]: quant='fp8_channel', but the call's quant=None"),
-    (dict(quant="fp8_channel"), dict(configs=_pair("fp8_channel", out_dtype="bfloat16")), ValueError,
-     r"^configs\[0\]: out_dtype must be 'float32' with quant='fp8_channel'"),
-    (dict(quant="fp8_block"), dict(configs=_pair("fp8_tensor")), ValueError,
-     r"^configs\[0\]: quant='fp8_tensor', but the call's quant='fp8_block'"),
-    (dict(quant="fp8_channel"), dict(configs=_pair("fp8_channel", epilogue_scales=False)), ValueError,
-     r"^configs\[0\]: epilogue_scales must be True"),
-])
+@pytest.mark.parametrize(
+    "inputs, options, error, needle",
+    [
+        (
+            dict(quant="fp8_tensor", hidden=72),
+            {},
+            ValueError,
+            r"^x: hidden size K = x\.shape\[1\] = 72 must be a multiple of 16 for cute_moe with quant='fp8_tensor'",
+        ),
+        (
+            dict(quant="fp8_block", intermediate=40),
+            {},
+            ValueError,
+            r"^w2: intermediate size I = w2\.shape\[2\] = 40 must be a multiple of 16",
+        ),
+        (
+            dict(quant="fp8_tensor"),
+            dict(configs=_pair(None)),
+            ValueError,
+            r"^configs\[0\]: quant=None, but the call's quant='fp8_tensor'",
+        ),
+        (
+            dict(quant=None),
+            dict(configs=_pair("fp8_channel")),
+            ValueError,
+            r"^configs\[0\]: quant='fp8_channel', but the call's quant=None",
+        ),
+        (
+            dict(quant="fp8_channel"),
+            dict(configs=_pair("fp8_channel", out_dtype="bfloat16")),
+            ValueError,
+            r"^configs\[0\]: out_dtype must be 'float32' with quant='fp8_channel'",
+        ),
+        (
+            dict(quant="fp8_block"),
+            dict(configs=_pair("fp8_tensor")),
+            ValueError,
+            r"^configs\[0\]: quant='fp8_tensor', but the call's quant='fp8_block'",
+        ),
+        (
+            dict(quant="fp8_channel"),
+            dict(configs=_pair("fp8_channel", epilogue_scales=False)),
+            ValueError,
+            r"^configs\[0\]: epilogue_scales must be True",
+        ),
+    ],
+)
 def test_fp8_layer_checks_its_limits_before_any_launch(inputs, options, error, needle):
     quant = inputs.pop("quant")
     with pytest.raises(error, match=needle):
@@ -361,7 +420,6 @@ def test_fusion_option_is_checked_before_any_launch(quant):
         cute_moe.fused_moe(**_inputs(quant), fusion="unfused")
     with pytest.raises(ValueError, match="CUDA"):
         cute_moe.fused_moe(**_inputs(quant), fusion="separate")
-
 
 
 def test_warm_up_of_an_fp8_plan_compiles_what_the_layer_runs():

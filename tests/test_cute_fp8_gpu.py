@@ -16,8 +16,7 @@ torch = pytest.importorskip("torch")
 
 from moe_spec.oracle import oracle, rel_l2  # noqa: E402
 from moe_spec.problem import MoEInputs, MoEShape, draw_weights, get_shape, make_inputs  # noqa: E402
-from moe_spec.quant import (dequantize_activation, dequantize_weight, quantize_activation,  # noqa: E402
-                            quantize_weight)
+from moe_spec.quant import dequantize_activation, dequantize_weight, quantize_activation, quantize_weight  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -41,8 +40,9 @@ def test_quantize_tokens_is_the_reference_bit_for_bit(quant, T, K):
 
     g = torch.Generator(device="cuda").manual_seed(T + K)
     x = (torch.randn(T, K, device="cuda", generator=g) * 3).bfloat16()
-    x[0, :16] = torch.tensor([0.0, -0.0, 1e-30, -1e-30, 448, -448, 1000, -1000, 0.5, 0.25, 3, -3, 7, 1e-8, 2, 5],
-                             device="cuda").bfloat16()  # zeros, tiny, saturating, exact grid points
+    x[0, :16] = torch.tensor(
+        [0.0, -0.0, 1e-30, -1e-30, 448, -448, 1000, -1000, 0.5, 0.25, 3, -3, 7, 1e-8, 2, 5], device="cuda"
+    ).bfloat16()  # zeros, tiny, saturating, exact grid points
     q, s = quantize_tokens(x, quant)
     q_ref, s_ref = quantize_activation(x, quant)
     assert s.shape == s_ref.shape and torch.equal(s, s_ref)
@@ -88,8 +88,13 @@ def test_a_nan_reaches_its_whole_scale_group(quant):
     q_ref, s_ref = quantize_activation(x, quant)
     torch.testing.assert_close(s.view(s_ref.shape), s_ref, rtol=0, atol=0, equal_nan=True)
     assert int(s_ref.isnan().sum()) == 1
-    torch.testing.assert_close(dequantize_activation(q, s.view(s_ref.shape), quant),
-                               dequantize_activation(q_ref, s_ref, quant), rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(
+        dequantize_activation(q, s.view(s_ref.shape), quant),
+        dequantize_activation(q_ref, s_ref, quant),
+        rtol=0,
+        atol=0,
+        equal_nan=True,
+    )
 
 
 @pytest.mark.parametrize("quant", FORMATS)
@@ -139,10 +144,17 @@ def _gemm_case(cfg, counts, n_out, k, seed=0):
     weights = torch.rand(T, 1, device="cuda", generator=g)
     rows = sort_rows(ids.view(T, 1), weights, E, cfg.tokens_tile)
     xq, xs = quantize_activation(torch.randn(T, k, device="cuda", generator=g).bfloat16(), quant)
-    wq, ws = quantize_weight((torch.randn(E, n_out, k, device="cuda", generator=g) * k ** -0.5).bfloat16(), quant)
+    wq, ws = quantize_weight((torch.randn(E, n_out, k, device="cuda", generator=g) * k**-0.5).bfloat16(), quant)
     x_sorted = _bits(xq)[rows.token_of_row].view(torch.float8_e4m3fn)  # rows gathered as bytes
-    out = grouped_gemm(x_sorted, wq, rows, cfg, row_scale=rows.weight_of_row if cfg.row_scale else None,
-                       x_scale=sorted_token_scales(xs, rows.token_of_row, quant), w_scale=ws)
+    out = grouped_gemm(
+        x_sorted,
+        wq,
+        rows,
+        cfg,
+        row_scale=rows.weight_of_row if cfg.row_scale else None,
+        x_scale=sorted_token_scales(xs, rows.token_of_row, quant),
+        w_scale=ws,
+    )
     xd = dequantize_activation(xq, xs, quant, torch.float64)
     wd = dequantize_weight(wq, ws, quant, torch.float64)
     ref = torch.einsum("tk,tnk->tn", xd, wd[ids.long()])
@@ -161,15 +173,19 @@ GEMM_SHAPES = [
 
 
 @pytest.mark.parametrize("out_dtype, row_scale", [("float32", False), ("bfloat16", True)])
-@pytest.mark.parametrize("kw", GEMM_SHAPES, ids=lambda kw: "swap{}-t{}-w{}".format(
-    kw.get("swap_ab", False), kw["tokens_tile"], kw["weights_tile"]))
+@pytest.mark.parametrize(
+    "kw",
+    GEMM_SHAPES,
+    ids=lambda kw: "swap{}-t{}-w{}".format(kw.get("swap_ab", False), kw["tokens_tile"], kw["weights_tile"]),
+)
 @pytest.mark.parametrize("quant", FORMATS)
 def test_fp8_grouped_gemm(quant, kw, out_dtype, row_scale):
     from cute_moe.config import GemmConfig, max_stages
     from cute_moe.limits import FP8_TILE_K
 
-    cfg = GemmConfig(dtype="float8_e4m3fn", quant=quant, tile_k=FP8_TILE_K, out_dtype=out_dtype,
-                     row_scale=row_scale, **kw)
+    cfg = GemmConfig(
+        dtype="float8_e4m3fn", quant=quant, tile_k=FP8_TILE_K, out_dtype=out_dtype, row_scale=row_scale, **kw
+    )
     cfg = cfg.replace(stages=max_stages(cfg)).validate()
     out, ref = _gemm_case(cfg, counts=[37, 0, 5, 130, 1], n_out=320, k=464)
     assert out.dtype == getattr(torch, out_dtype)
@@ -255,8 +271,11 @@ def test_scale_pass_reproduces_the_fused_epilogue(quant, out_dtype):
     cfg = cfg.replace(stages=max_stages(cfg)).validate()
     sr = sort_rows(ids, torch.rand(T, 1, device="cuda", generator=g), E, cfg.tokens_tile)
     xq, xs = quantize_activation(torch.randn(T, k, device="cuda", generator=g).bfloat16(), quant)
-    wq, ws = quantize_weight((torch.randn(E, n_out, k, device="cuda", generator=g) * k ** -0.5).bfloat16(), quant)
-    x_sorted, x_scale = _bits(xq)[sr.token_of_row].view(torch.float8_e4m3fn), sorted_token_scales(xs, sr.token_of_row, quant)
+    wq, ws = quantize_weight((torch.randn(E, n_out, k, device="cuda", generator=g) * k**-0.5).bfloat16(), quant)
+    x_sorted, x_scale = (
+        _bits(xq)[sr.token_of_row].view(torch.float8_e4m3fn),
+        sorted_token_scales(xs, sr.token_of_row, quant),
+    )
     fused = grouped_gemm(x_sorted, wq, sr, cfg, x_scale=x_scale, w_scale=ws)
     raw = grouped_gemm(x_sorted, wq, sr, cfg.replace(epilogue_scales=False), x_scale=x_scale, w_scale=ws)
     separate = scale_rows(raw, sr.alignment, x_scale, ws, quant)
@@ -308,11 +327,13 @@ def test_promotion_study(capsys):
     rows = []
     for k in (512, 2048, 8192, 16384):
         row = {"K": k}
-        for name, quant, promote in (("tensor, promoted", "fp8_tensor", True),
-                                     ("tensor, one level", "fp8_tensor", False),
-                                     ("channel, promoted", "fp8_channel", True),
-                                     ("channel, one level", "fp8_channel", False),
-                                     ("block, promoted", "fp8_block", True)):
+        for name, quant, promote in (
+            ("tensor, promoted", "fp8_tensor", True),
+            ("tensor, one level", "fp8_tensor", False),
+            ("channel, promoted", "fp8_channel", True),
+            ("channel, one level", "fp8_channel", False),
+            ("block, promoted", "fp8_block", True),
+        ):
             cfg = GemmConfig(dtype="float8_e4m3fn", quant=quant, tile_k=FP8_TILE_K, out_dtype="float32")
             cfg = cfg.replace(stages=max_stages(cfg)).validate()
             if not promote:

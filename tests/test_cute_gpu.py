@@ -30,7 +30,7 @@ def _gemm_case(cfg, counts, n_out, k, seed=0):
     weights = torch.rand(T, 1, device="cuda", generator=g)
     rows = sort_rows(ids.view(T, 1), weights, E, cfg.tokens_tile)
     x = torch.randn(T, k, device="cuda", generator=g).bfloat16()
-    w = (torch.randn(E, n_out, k, device="cuda", generator=g) * k ** -0.5).bfloat16()
+    w = (torch.randn(E, n_out, k, device="cuda", generator=g) * k**-0.5).bfloat16()
     xs = x.index_select(0, rows.token_of_row)
     scale = rows.weight_of_row if cfg.row_scale else None
     out = grouped_gemm(xs, w, rows, cfg, row_scale=scale)
@@ -56,7 +56,11 @@ GEMM_CONFIGS = [
 
 
 @pytest.mark.parametrize("row_scale", [False, True])
-@pytest.mark.parametrize("kw", GEMM_CONFIGS, ids=lambda kw: "swap{swap_ab}-t{tokens_tile}-w{weights_tile}-k{k}".format(k=kw.get("tile_k", 64), **kw))
+@pytest.mark.parametrize(
+    "kw",
+    GEMM_CONFIGS,
+    ids=lambda kw: "swap{swap_ab}-t{tokens_tile}-w{weights_tile}-k{k}".format(k=kw.get("tile_k", 64), **kw),
+)
 def test_grouped_gemm(kw, row_scale):
     from cute_moe.config import GemmConfig
 
@@ -203,7 +207,9 @@ GATED_CONFIGS = [  # the path rule's gated configs (swap-AB 64 features, one war
 ]
 
 
-@pytest.mark.parametrize("kw", GATED_CONFIGS, ids=lambda kw: "swap{swap_ab}-t{tokens_tile}-w{weights_tile}".format(**kw))
+@pytest.mark.parametrize(
+    "kw", GATED_CONFIGS, ids=lambda kw: "swap{swap_ab}-t{tokens_tile}-w{weights_tile}".format(**kw)
+)
 def test_gated_gemm(kw):
     """SiLU(x·W1gᵀ)·(x·W1uᵀ) straight out of GEMM1, against fp32 torch; I = 200 is not a multiple of
     the weights tile (the last tile's gate rows must not read up rows), uneven experts, one idle;
@@ -221,7 +227,7 @@ def test_gated_gemm(kw):
     T = ids.numel()
     rows = sort_rows(ids.view(T, 1), torch.ones(T, 1, device="cuda"), E, cfg.tokens_tile)
     x = torch.randn(T, k, device="cuda", generator=g).bfloat16()
-    w1 = (torch.randn(E, 2 * I, k, device="cuda", generator=g) * k ** -0.5).bfloat16()
+    w1 = (torch.randn(E, 2 * I, k, device="cuda", generator=g) * k**-0.5).bfloat16()
     a = grouped_gemm(x.index_select(0, rows.token_of_row), w1, rows, cfg)
     assert a.shape == (rows.rows, I)
     h = torch.einsum("tk,tnk->tn", x.float(), w1.float()[ids.long()])
@@ -280,9 +286,11 @@ GATHER_CONFIGS = GATED_CONFIGS + [  # the gated configs of the rule, and plain G
 ]
 
 
-@pytest.mark.parametrize("kw", GATHER_CONFIGS,
-                         ids=lambda kw: "swap{swap_ab}-t{tokens_tile}-w{weights_tile}-g{g}".format(g=kw.get("gated", True),
-                                                                                                   **kw))
+@pytest.mark.parametrize(
+    "kw",
+    GATHER_CONFIGS,
+    ids=lambda kw: "swap{swap_ab}-t{tokens_tile}-w{weights_tile}-g{g}".format(g=kw.get("gated", True), **kw),
+)
 def test_gathering_gemm_is_the_tma_path_bit_for_bit(kw):
     """A gather_rows GEMM reads x [T, K] by token index (cp.async in the producer) and must give the
     very bytes of the same kernel reading the sorted copy through TMA — the shared-memory tile holds
@@ -307,7 +315,7 @@ def test_gathering_gemm_is_the_tma_path_bit_for_bit(kw):
     used = int(rows.alignment.num_padded)
     assert used > T  # padding rows exist
     x = torch.randn(T, k, device="cuda", generator=g).bfloat16()
-    w1 = (torch.randn(E, 2 * I, k, device="cuda", generator=g) * k ** -0.5).bfloat16()
+    w1 = (torch.randn(E, 2 * I, k, device="cuda", generator=g) * k**-0.5).bfloat16()
     tma = grouped_gemm(x.index_select(0, rows.token_of_row), w1, rows, cfg)
     gathered = grouped_gemm(x, w1, rows, cfg.replace(gather_rows=True))
     rows32 = dataclasses.replace(rows, token_of_row=rows.token_of_row.to(torch.int32))
@@ -356,8 +364,8 @@ def _pingpong_pairs():
     (one warpgroup's 64 rows), a 128-row ping-pong tile (two WGMMAs along M in one warpgroup)
     against the cooperative 128-row tile of two warpgroups, and swap-AB twins."""
     from cute_moe.config import GemmConfig, max_stages
-    from cute_moe.plan import choose_config
     from cute_moe.gemm_rules import pingpong_config
+    from cute_moe.plan import choose_config
 
     def cfg(**kw):
         c = GemmConfig(stages=2, **kw)
@@ -372,13 +380,19 @@ def _pingpong_pairs():
         "gemm2-row-scale": (gemm2, pingpong_config(gemm2)),
         "gemm2-plain": (gemm2.replace(row_scale=False), pingpong_config(gemm2.replace(row_scale=False))),
         "128x128-one-wg": (coop128, cfg(tokens_tile=128, weights_tile=128, schedule="pingpong")),
-        "gated-128x64-one-wg": (cfg(tokens_tile=128, weights_tile=64, gated=True),
-                                cfg(tokens_tile=128, weights_tile=64, gated=True, schedule="pingpong")),
+        "gated-128x64-one-wg": (
+            cfg(tokens_tile=128, weights_tile=64, gated=True),
+            cfg(tokens_tile=128, weights_tile=64, gated=True, schedule="pingpong"),
+        ),
         "swap-w128-t32": (swap, pingpong_config(swap)),
-        "swap-w128-t8": (cfg(swap_ab=True, tokens_tile=8, weights_tile=128),
-                         pingpong_config(cfg(swap_ab=True, tokens_tile=8, weights_tile=128))),
-        "swap-w128-t64-one-wg": (cfg(swap_ab=True, tokens_tile=64, weights_tile=128),
-                                 cfg(swap_ab=True, tokens_tile=64, weights_tile=128, schedule="pingpong")),
+        "swap-w128-t8": (
+            cfg(swap_ab=True, tokens_tile=8, weights_tile=128),
+            pingpong_config(cfg(swap_ab=True, tokens_tile=8, weights_tile=128)),
+        ),
+        "swap-w128-t64-one-wg": (
+            cfg(swap_ab=True, tokens_tile=64, weights_tile=128),
+            cfg(swap_ab=True, tokens_tile=64, weights_tile=128, schedule="pingpong"),
+        ),
     }
 
 
@@ -412,7 +426,7 @@ def test_pingpong_is_the_cooperative_kernel_bit_for_bit(name, ctas, monkeypatch)
     rows = sort_rows(ids.view(T, 1), weights, E, tile, (coop.tokens_tile, pp.tokens_tile))
     used = int(rows.alignment.num_padded)
     x = torch.randn(T, k, device="cuda", generator=g).bfloat16()
-    w = (torch.randn(E, (2 if gated else 1) * n_out, k, device="cuda", generator=g) * k ** -0.5).bfloat16()
+    w = (torch.randn(E, (2 if gated else 1) * n_out, k, device="cuda", generator=g) * k**-0.5).bfloat16()
     xs = x if gather else x.index_select(0, rows.token_of_row)
     scale = rows.weight_of_row if coop.row_scale else None
     a = grouped_gemm(xs, w, rows, coop, row_scale=scale)

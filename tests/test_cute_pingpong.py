@@ -17,14 +17,14 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 cute_moe = pytest.importorskip("cute_moe")
 
+from test_cute_store import COMMIT, LOAD, STORE, WAIT, Ptx, _threads_reaching  # noqa: E402
+
 from cute_moe.config import GemmConfig, max_stages  # noqa: E402
-from cute_moe.limits import PINGPONG_ACCUMULATOR_REGISTERS  # noqa: E402
-from cute_moe.plan import choose_config  # noqa: E402
 from cute_moe.gemm_parts import EPI_ORDER_BARRIER_ID, EPILOGUE_BARRIER_ID, MMA_ORDER_BARRIER_ID  # noqa: E402
 from cute_moe.gemm_rules import PINGPONG_MAX_K_STEPS, pingpong_config, short_k_gemm2  # noqa: E402
+from cute_moe.limits import PINGPONG_ACCUMULATOR_REGISTERS  # noqa: E402
+from cute_moe.plan import choose_config  # noqa: E402
 from cute_moe.ptx import mma_instruction  # noqa: E402
-
-from test_cute_store import COMMIT, LOAD, STORE, WAIT, Ptx, _threads_reaching  # noqa: E402
 
 
 def _cfg(**kw):
@@ -62,8 +62,11 @@ def test_the_prefill_configs_are_what_the_layer_runs():
         assert p.gemm1 == PREFILL_GEMM1.replace(cluster=2) and p.gemm1.schedule == "cooperative", spec
         if s.intermediate <= PINGPONG_MAX_K_STEPS * PREFILL_GEMM2.tile_k:  # DeepSeek-V3 TP8: I = 256, 4 K steps
             assert spec == "deepseek-v3:tp8"
-            assert p.gemm2 == short_k_gemm2(PREFILL_GEMM2, s.intermediate) == PREFILL_GEMM2.replace(
-                weights_tile=128, schedule="pingpong", stages=p.gemm2.stages), spec
+            assert (
+                p.gemm2
+                == short_k_gemm2(PREFILL_GEMM2, s.intermediate)
+                == PREFILL_GEMM2.replace(weights_tile=128, schedule="pingpong", stages=p.gemm2.stages)
+            ), spec
             assert p.gemm2.stages > PREFILL_GEMM2.stages and p.gemm2.cluster == 1
         else:
             cluster = 2 if spec == "mixtral-8x7b" else 1
@@ -96,11 +99,14 @@ def test_the_twin_has_one_warpgroups_rows_of_the_cooperative_tile():
         assert twin.accumulator_registers == cfg.accumulator_registers <= PINGPONG_ACCUMULATOR_REGISTERS
         # each warpgroup its own staging buffers, 64-row sub-tiles
         assert twin.epi_buffers == 2 * twin.epi_stages and twin.epi_tile == (64, cfg.epi_tile[1])
-        assert twin.smem_bytes() == (twin.stages * twin.stage_bytes + twin.epi_buffers * 64 * twin.epi_tile[1] * 2
-                                     + 1024)
+        assert twin.smem_bytes() == (
+            twin.stages * twin.stage_bytes + twin.epi_buffers * 64 * twin.epi_tile[1] * 2 + 1024
+        )
         assert mma_instruction(twin) == mma_instruction(cfg)
-    assert pingpong_config(PINGPONG["plain-128x128-one-wg"].replace(schedule="cooperative", consumer_warpgroups=1)) \
-        == PINGPONG["plain-128x128-one-wg"]  # a one-warpgroup tile keeps its rows
+    assert (
+        pingpong_config(PINGPONG["plain-128x128-one-wg"].replace(schedule="cooperative", consumer_warpgroups=1))
+        == PINGPONG["plain-128x128-one-wg"]
+    )  # a one-warpgroup tile keeps its rows
     with pytest.raises(ValueError, match=r"^schedule='pingpong' with quant='fp8_block'"):
         pingpong_config(choose_config(1024, 2048, 768, row_scale=True, quant="fp8_block"))
 
@@ -110,8 +116,9 @@ def test_the_plan_names_the_schedule():
 
     dims = MoEDims(T=4096, E=128, K=2048, I=768, top_k=8)
     p = cute_moe.plan(dims, configs=(PINGPONG["gemm1-gated-gather"], PINGPONG["gemm2-row-scale"]))
-    assert p.describe() == ("G1 T64xW128 k64 s5 silu gather pingpong m64n128k16 | "
-                            "G2 T64xW256 k64 s5 pingpong m64n256k16")
+    assert p.describe() == (
+        "G1 T64xW128 k64 s5 silu gather pingpong m64n128k16 | G2 T64xW256 k64 s5 pingpong m64n256k16"
+    )
     assert p.align_tile == 64
     assert "pingpong" not in cute_moe.plan(dims).describe()
 
@@ -172,8 +179,10 @@ def test_each_warpgroup_waits_on_its_own_order_barriers_and_opens_the_others(com
         assert bars[1 + wg] == {
             ("bar.sync", 0, None),
             ("bar.sync", EPILOGUE_BARRIER_ID + wg, 128),
-            ("bar.sync", MMA_ORDER_BARRIER_ID + wg, 256), ("bar.sync", EPI_ORDER_BARRIER_ID + wg, 256),
-            ("bar.arrive", MMA_ORDER_BARRIER_ID + other, 256), ("bar.arrive", EPI_ORDER_BARRIER_ID + other, 256),
+            ("bar.sync", MMA_ORDER_BARRIER_ID + wg, 256),
+            ("bar.sync", EPI_ORDER_BARRIER_ID + wg, 256),
+            ("bar.arrive", MMA_ORDER_BARRIER_ID + other, 256),
+            ("bar.arrive", EPI_ORDER_BARRIER_ID + other, 256),
         }, wg
     assert (EPILOGUE_BARRIER_ID + 1) < MMA_ORDER_BARRIER_ID and MMA_ORDER_BARRIER_ID + 1 < EPI_ORDER_BARRIER_ID < 15
 
@@ -197,7 +206,7 @@ def test_a_stage_is_released_by_one_warpgroup(compiled):
     _, cfg, text = compiled
     ptx = Ptx(text)
     counts = [ptx.value(ptx._split(line)[2][1], 0, {}) for line in ptx.lines if line.startswith("mbarrier.init")]
-    full, empty = counts[:cfg.stages], counts[cfg.stages:2 * cfg.stages]
+    full, empty = counts[: cfg.stages], counts[cfg.stages : 2 * cfg.stages]
     assert empty == [4] * cfg.stages and full == [129 if cfg.gather_rows else 1] * cfg.stages, counts
     arrive = re.compile(r"^mbarrier\.arrive\.shared")
     for threads in _threads_reaching(ptx, cfg.threads, arrive).values():
@@ -209,9 +218,9 @@ def test_ptxas_reports_no_spills(name, capfd):
     """ptxas (the DSL's, ``remarks{ptx}``) on the ping-pong kernel: no stack frame, no spill stores or
     loads, at most the 232 registers the consumers ask for."""
     import cutlass.cute as cute
+
     from cute_moe.gemm import CONSUMER_REGISTERS
-    from cute_moe.gemm_plan import GemmLaunch
-    from cute_moe.gemm_plan import fake_arguments
+    from cute_moe.gemm_plan import GemmLaunch, fake_arguments
 
     cfg = PINGPONG[name]
     capfd.readouterr()
@@ -233,6 +242,7 @@ def test_the_epilogue_sub_tiles_are_runs_of_registers(name):
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.nvgpu import warp
+
     from cute_moe.gemm_plan import KernelPlan
     from cute_moe.layouts import _quietly  # the loops over threads and registers are unrolled on purpose
 
@@ -244,11 +254,13 @@ def test_the_epilogue_sub_tiles_are_runs_of_registers(name):
     @cute.jit
     def probe():
         plan = KernelPlan(cfg)
-        stmatrix = cute.make_copy_atom(warp.StMatrix8x8x16bOp(cfg.swap_ab, 4 if cfg.tile_n >= 16 else 2),
-                                       cutlass.BFloat16)
+        stmatrix = cute.make_copy_atom(
+            warp.StMatrix8x8x16bOp(cfg.swap_ab, 4 if cfg.tile_n >= 16 else 2), cutlass.BFloat16
+        )
         r2s = cute.make_tiled_copy_S(stmatrix, cute.make_tiled_copy_C_atom(stmatrix, plan.tiled_mma))
-        sC = cute.make_tensor(cute.make_ptr(cutlass.BFloat16, 0, cute.AddressSpace.smem, assumed_align=1024),
-                              plan.epi_smem_staged.outer)
+        sC = cute.make_tensor(
+            cute.make_ptr(cutlass.BFloat16, 0, cute.AddressSpace.smem, assumed_align=1024), plan.epi_smem_staged.outer
+        )
         n = cute.size(cute.shape(r2s.get_slice(0).partition_S(sC))[:3])
         for t in cutlass.range_constexpr(128):
             coords = plan.tiled_mma.get_slice(t).partition_C(cute.make_identity_tensor((cfg.tile_m, cfg.tile_n)))
@@ -274,8 +286,11 @@ def test_bench_times_the_layers_gemms_and_their_twins():
 
     g1 = variants(PREFILL_GEMM1, alt=True)
     assert g1["cooperative"] == PREFILL_GEMM1 and g1["pingpong"] == PINGPONG["gemm1-gated-gather"]
-    assert (g1["pingpong-128"].tokens_tile, g1["pingpong-128"].weights_tile, g1["pingpong-128"].gather_rows) == \
-        (128, 64, True)
+    assert (g1["pingpong-128"].tokens_tile, g1["pingpong-128"].weights_tile, g1["pingpong-128"].gather_rows) == (
+        128,
+        64,
+        True,
+    )
     g2 = variants(PREFILL_GEMM2, alt=False)
     assert list(g2) == ["cooperative", "pingpong"] and g2["pingpong"] == PINGPONG["gemm2-row-scale"]
     assert variants(PREFILL_GEMM2, alt=True)["pingpong-128"].tile_m == 128
@@ -287,8 +302,14 @@ def test_bench_report_lists_every_cell():
     from cute_moe.lab.bench_pingpong import markdown
 
     cell = dict(shape="qwen3-30b-a3b", gemm="gemm1", tile="T64xW128 s5", us=1.0, tflops=2.0, equal=True)
-    result = dict(date="d", device="H200", commit="c", command="python -m cute_moe.lab.bench_pingpong --out x",
-                  wall_s=1.0, cells=[dict(cell, variant="cooperative"), dict(cell, variant="pingpong", speedup=1.1)])
+    result = dict(
+        date="d",
+        device="H200",
+        commit="c",
+        command="python -m cute_moe.lab.bench_pingpong --out x",
+        wall_s=1.0,
+        cells=[dict(cell, variant="cooperative"), dict(cell, variant="pingpong", speedup=1.1)],
+    )
     text = markdown(result)
     assert "| qwen3-30b-a3b | gemm1 | pingpong | T64xW128 s5 | 1.0 | 2.0 | 1.1 | True |" in text
     assert "| qwen3-30b-a3b | gemm1 | cooperative | T64xW128 s5 | 1.0 | 2.0 | — | True |" in text
@@ -382,7 +403,7 @@ def _run_protocol(stages, k_tiles, n_tiles, seed, ordered=True):
             yield
 
     agents = [producer(), consumer(0), consumer(1)]
-    for _ in range(10 ** 5):
+    for _ in range(10**5):
         if not agents:
             return reads, wrong, False
         a = rng.choice(agents)
@@ -409,6 +430,9 @@ def test_without_the_order_barrier_a_parity_wait_can_pass_early():
     """The order barrier is what makes the parity waits safe: without it warpgroup 1 can wait on a slot
     two fills ahead of the barrier, see the parity it wants, and read warpgroup 0's data (whose
     early release then also derails the ring)."""
-    runs = [_run_protocol(stages, k_tiles, 4, seed, ordered=False) for stages, k_tiles in ((2, 4), (3, 6))
-            for seed in range(10)]
+    runs = [
+        _run_protocol(stages, k_tiles, 4, seed, ordered=False)
+        for stages, k_tiles in ((2, 4), (3, 6))
+        for seed in range(10)
+    ]
     assert any(wrong for _, wrong, _ in runs)

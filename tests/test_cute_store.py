@@ -48,8 +48,8 @@ class Ptx:
     """The kernel body as instructions, labels and single-definition registers."""
 
     def __init__(self, text: str):
-        body = text[text.index(".entry"):]
-        body = body[body.index("{") + 1:]
+        body = text[text.index(".entry") :]
+        body = body[body.index("{") + 1 :]
         self.lines: list[str] = []
         self.labels: dict[str, list[int]] = {}  # inline-asm blocks reuse local label names
         for raw in body.splitlines():
@@ -127,9 +127,16 @@ class Ptx:
             a, b = (self._operand(x, tid, cache) for x in args[1:3])
             cmp = op.split(".")[1]
             return {"eq": a == b, "ne": a != b, "lt": a < b, "le": a <= b, "gt": a > b, "ge": a >= b}[cmp]
-        binary = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
-                  "shl": lambda a, b: a << b, "shr": lambda a, b: a >> b, "and": lambda a, b: a & b,
-                  "or": lambda a, b: a | b, "xor": lambda a, b: a ^ b}
+        binary = {
+            "add": lambda a, b: a + b,
+            "sub": lambda a, b: a - b,
+            "mul": lambda a, b: a * b,
+            "shl": lambda a, b: a << b,
+            "shr": lambda a, b: a >> b,
+            "and": lambda a, b: a & b,
+            "or": lambda a, b: a | b,
+            "xor": lambda a, b: a ^ b,
+        }
         if name in binary and len(args) == 3:
             a, b = (self._operand(x, tid, cache) for x in args[1:3])
             if name == "shr" and ".u32" in op:
@@ -237,5 +244,5 @@ def test_ring_and_register_roles(compiled):
     assert all(t == set(range(128)) for t in _threads_reaching(ptx, cfg.threads, SETMAXNREG_DEC).values())
     assert all(t == set(range(128, cfg.threads)) for t in _threads_reaching(ptx, cfg.threads, SETMAXNREG_INC).values())
     counts = [ptx.value(ptx._split(line)[2][1], 0, {}) for line in ptx.lines if line.startswith("mbarrier.init")]
-    full, empty = counts[:cfg.stages], counts[cfg.stages:]  # the ring's full barriers first, then its empty ones
+    full, empty = counts[: cfg.stages], counts[cfg.stages :]  # the ring's full barriers first, then its empty ones
     assert full == [1] * cfg.stages and empty == [4 * cfg.consumer_warpgroups] * cfg.stages, counts

@@ -96,9 +96,14 @@ def test_fragment_prefill_is_the_tiled_mma_tv_layout(figs, cfgs, fmt, n):
     assert all(len(cells) == 64 * n // 128 for cells in drawn.values())
 
 
-@pytest.mark.parametrize("cfg", [GemmConfig(swap_ab=True, tokens_tile=8, weights_tile=128),
-                                 GemmConfig(tokens_tile=128, weights_tile=16, consumer_warpgroups=1)],
-                         ids=["two-warpgroups", "M-repeat"])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        GemmConfig(swap_ab=True, tokens_tile=8, weights_tile=128),
+        GemmConfig(tokens_tile=128, weights_tile=16, consumer_warpgroups=1),
+    ],
+    ids=["two-warpgroups", "M-repeat"],
+)
 def test_accumulator_owners_equal_partition_c(cfg):
     owners = accumulator_owners(cfg, plan_layouts(cfg))
     kernel = {tuple(mn): (t, v) for t, regs in enumerate(describe(cfg)["accumulators"]) for v, mn in enumerate(regs)}
@@ -116,8 +121,9 @@ def test_swapab_decode_panels_are_the_accumulators(figs, cfgs):
     assert _cells(_panel(root, "normal")) == {mn: t // 32 for mn, (t, _) in normal_owners.items()}
     # the output in memory: token row, 16-byte chunk of 8 features → the one warp holding all 8 values
     out = _cells(_panel(root, "swap-out"))
-    assert out == {(tok, f // 8): warp_of[(f, tok)]
-                   for f in range(swap.weights_tile) for tok in range(swap.tokens_tile)}
+    assert out == {
+        (tok, f // 8): warp_of[(f, tok)] for f in range(swap.weights_tile) for tok in range(swap.tokens_tile)
+    }
     # the decode story: 2 tokens per expert pad 62 of 64 normal rows, 6 of 8 swap-AB columns
     pads = [r for r in _panel(root, "normal").iter(NS + "rect") if r.get("class") == "pad"]
     assert [(r.get("y"), r.get("height")) for r in pads] == [("2", "62")]
@@ -133,8 +139,9 @@ def test_smem_chunks_land_where_the_byte_swizzle_puts_them(figs, fmt):
     drawn = {}
     for g in _all(root, "g"):
         if g.get("data-panel"):
-            drawn[g.get("data-panel")] = {(int(u.get("data-r")), int(u.get("data-j"))): int(u.get("href")[2:])
-                                          for u in g.iter(NS + "use")}
+            drawn[g.get("data-panel")] = {
+                (int(u.get("data-r")), int(u.get("data-j"))): int(u.get("href")[2:]) for u in g.iter(NS + "use")
+            }
     expect_hw, expect_plain = {}, {}
     for r in range(16):
         for j in range(8):
@@ -142,8 +149,11 @@ def test_smem_chunks_land_where_the_byte_swizzle_puts_them(figs, fmt):
             expect_hw[(r, j)] = ((addr ^ (((addr >> 7) & 7) << 4)) >> 4) & 7
             expect_plain[(r, j)] = (addr >> 4) & 7
     assert drawn["swizzled"] == expect_hw and drawn["plain"] == expect_plain
-    ways = {g.get("data-panel"): [int(t.get("data-ways")) for t in g.iter(NS + "text") if t.get("data-ways")]
-            for g in _all(root, "g") if g.get("data-panel")}
+    ways = {
+        g.get("data-panel"): [int(t.get("data-ways")) for t in g.iter(NS + "text") if t.get("data-ways")]
+        for g in _all(root, "g")
+        if g.get("data-panel")
+    }
     assert ways["plain"] == [8] * 8 and ways["swizzled"] == [1] * 8  # unswizzled: 8-way; swizzled: none
     # reading the swizzle on 2-byte element offsets is not the hardware's pattern; on 1-byte ones it is
     assert ("elements" in drawn) == (fmt == "bf16")
@@ -185,8 +195,13 @@ def _span(r):
     return float(r.get("x")), float(r.get("x")) + float(r.get("width"))
 
 
-PIPELINES = [("decode_swapab", "bf16"), ("prefill_normal", "bf16"), ("decode_normal", "bf16"),
-             ("decode_swapab", "fp8"), ("prefill_normal", "fp8")]
+PIPELINES = [
+    ("decode_swapab", "bf16"),
+    ("prefill_normal", "bf16"),
+    ("decode_normal", "bf16"),
+    ("decode_swapab", "fp8"),
+    ("prefill_normal", "fp8"),
+]
 
 
 @functools.cache
@@ -250,7 +265,8 @@ def _store_threads_drawn(text: str) -> set[int]:
     assert "TMA store (" + ", ".join(f"t{t}" for t in sorted(drawn)) + ")" in labels  # the store row's name
     caption = next(t for t in labels if t.startswith("then one thread per tile"))
     assert re.findall(r"t(\d+) \(lane (\d+) of warp (\d+)\)", caption) == [
-        (str(t), str(t % 32), str(t // 32)) for t in sorted(drawn)]
+        (str(t), str(t % 32), str(t // 32)) for t in sorted(drawn)
+    ]
     return drawn
 
 
@@ -295,8 +311,11 @@ def test_tma_boxes(figs, cfgs, name):
     # the two loads of a stage are what the full barrier counts
     tma = tma_layouts(cfg)
     stage_bytes = (tma["tokens"]["values"] + tma["weights"]["values"]) * cfg.element_bytes
-    assert stage_bytes == plan_layouts(cfg)["stage_bytes"] == (cfg.tokens_tile + cfg.weights_tile) * cfg.tile_k \
-        * cfg.element_bytes
+    assert (
+        stage_bytes
+        == plan_layouts(cfg)["stage_bytes"]
+        == (cfg.tokens_tile + cfg.weights_tile) * cfg.tile_k * cfg.element_bytes
+    )
 
 
 # ---- the committed set ---------------------------------------------------------------------------
@@ -305,8 +324,9 @@ def test_committed_figures_are_what_the_generator_draws(figs):
     assert committed == sorted(figs), "regenerate: python -m cute_moe.lab.explore --notes-figures notes/figures"
     for name in committed:
         with open(os.path.join(FIGURES, name), encoding="utf-8") as f:
-            assert f.read() == figs[name], \
+            assert f.read() == figs[name], (
                 f"{name} is stale: python -m cute_moe.lab.explore --notes-figures notes/figures"
+            )
     sizes = [len(t.encode()) for t in figs.values()]
     assert max(sizes) < 150_000 and sum(sizes) < 600_000
 
@@ -332,4 +352,8 @@ def test_notes_config_table_is_the_path_rule(cfgs):
         assert path.startswith("swap-AB" if cfg.swap_ab else "normal")
         assert ("rule's choice" in path) == (rule.swap_ab == cfg.swap_ab)
         assert (int(tokens), int(weights), int(wgs), int(stages)) == (
-            cfg.tokens_tile, cfg.weights_tile, cfg.consumer_warpgroups, cfg.stages)
+            cfg.tokens_tile,
+            cfg.weights_tile,
+            cfg.consumer_warpgroups,
+            cfg.stages,
+        )

@@ -22,8 +22,17 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from compare.distributed import (SHARDERS, SIMULATORS, EPMoE, TPMoE, layer_for, plan_dispatch, shard_ep, shard_tp,
-                                 token_range)
+from compare.distributed import (
+    SHARDERS,
+    SIMULATORS,
+    EPMoE,
+    TPMoE,
+    layer_for,
+    plan_dispatch,
+    shard_ep,
+    shard_tp,
+    token_range,
+)
 from compare.launch import RankError, rank_device, run_ranks
 from compare.metrics import check, cross_backend_tolerance, errors, tolerance_for
 from moe_spec.oracle import oracle, rel_l2
@@ -55,13 +64,18 @@ class Case:
         return inp
 
 
-CASES = {c.name: c for c in [
-    *(Case(f"tp-{q or 'bf16'}", "tp", q, 5, repeat=q is None) for q in QUANTS),
-    *(Case(f"ep-{q or 'bf16'}", "ep", q, 6, repeat=q is None) for q in QUANTS),
-    Case("ep-uneven", "ep", None, 6, to_rank0=True),
-    Case("tp-T0", "tp", None, 0), Case("ep-T0", "ep", "fp8_block", 0),
-    Case("tp-T1", "tp", "fp8_block", 1), Case("ep-T1", "ep", "fp8_channel", 1),  # EP T = 1: rank 1 has no token
-]}
+CASES = {
+    c.name: c
+    for c in [
+        *(Case(f"tp-{q or 'bf16'}", "tp", q, 5, repeat=q is None) for q in QUANTS),
+        *(Case(f"ep-{q or 'bf16'}", "ep", q, 6, repeat=q is None) for q in QUANTS),
+        Case("ep-uneven", "ep", None, 6, to_rank0=True),
+        Case("tp-T0", "tp", None, 0),
+        Case("ep-T0", "ep", "fp8_block", 0),
+        Case("tp-T1", "tp", "fp8_block", 1),
+        Case("ep-T1", "ep", "fp8_channel", 1),  # EP T = 1: rank 1 has no token
+    ]
+}
 #: the cases whose layer computes the single-process function (see compare.distributed: Numerics)
 SAME_FUNCTION = ["tp-bf16", "tp-fp8_block", "ep-bf16", "ep-fp8_channel", "ep-fp8_block", "ep-uneven", "tp-T1", "ep-T1"]
 
@@ -227,22 +241,30 @@ def test_token_range_splits_like_tensor_split(T, world):
 @pytest.fixture
 def one_rank_group():
     with tempfile.TemporaryDirectory() as d:
-        dist.init_process_group("gloo", init_method=f"file://{os.path.join(d, 'rv')}", rank=0, world_size=1,
-                                timeout=datetime.timedelta(seconds=30))
+        dist.init_process_group(
+            "gloo",
+            init_method=f"file://{os.path.join(d, 'rv')}",
+            rank=0,
+            world_size=1,
+            timeout=datetime.timedelta(seconds=30),
+        )
         try:
             yield
         finally:
             dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("call, match", [
-    (lambda i: shard_tp(i, 0, 2), "^world: fp8_block needs I/world to be a multiple of 128"),
-    (lambda i: shard_tp(i, 0, 3), "^world: 3 ranks do not divide the intermediate size I = 128"),
-    (lambda i: shard_tp(i, 2, 2), "^rank: expected 0 <= rank < world = 2, got 2"),
-    (lambda i: shard_tp(i, 0, 0), "^world: expected at least 1 rank"),
-    (lambda i: shard_ep(i, 0, 3), "^world: 3 ranks do not divide the expert count E = 4"),
-    (lambda i: shard_ep(i.kwargs(), 0, 2), "^inputs: expected a moe_spec.problem.MoEInputs"),
-])
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda i: shard_tp(i, 0, 2), "^world: fp8_block needs I/world to be a multiple of 128"),
+        (lambda i: shard_tp(i, 0, 3), "^world: 3 ranks do not divide the intermediate size I = 128"),
+        (lambda i: shard_tp(i, 2, 2), "^rank: expected 0 <= rank < world = 2, got 2"),
+        (lambda i: shard_tp(i, 0, 0), "^world: expected at least 1 rank"),
+        (lambda i: shard_ep(i, 0, 3), "^world: 3 ranks do not divide the expert count E = 4"),
+        (lambda i: shard_ep(i.kwargs(), 0, 2), "^inputs: expected a moe_spec.problem.MoEInputs"),
+    ],
+)
 def test_sharding_refusals_name_the_argument(call, match):
     inp = make_inputs(dataclasses.replace(SHAPE, intermediate=128), 2, "fp8_block")  # I/2 = 64
     with pytest.raises((TypeError, ValueError), match=match):
@@ -258,15 +280,18 @@ def test_layer_option_errors_name_the_argument():
         layer_for("dp")
 
 
-@pytest.mark.parametrize("layer, edit, match", [
-    ("tp", lambda k: k.update(x=k["x"].float()), "^x: expected dtype bfloat16"),
-    ("tp", lambda k: k.update(w1_scale=None), "^w1_scale: required"),
-    ("ep", lambda k: k.update(x=k["x"].float()), "^x: expected dtype bfloat16"),
-    ("ep", lambda k: k.update(topk_weights=k["topk_weights"][:, 0]), "^topk_weights: expected a 2-D tensor"),
-    ("ep", lambda k: k.update(topk_ids=k["topk_ids"] + 3), r"^topk_ids: expected global expert ids in \[0, E=4\)"),
-    ("ep", lambda k: k.update(topk_ids=k["topk_ids"][:, :1]), "^topk_ids: expected shape"),
-    ("ep", lambda k: k.update(w1="w1"), "^w1: expected a torch.Tensor"),
-])
+@pytest.mark.parametrize(
+    "layer, edit, match",
+    [
+        ("tp", lambda k: k.update(x=k["x"].float()), "^x: expected dtype bfloat16"),
+        ("tp", lambda k: k.update(w1_scale=None), "^w1_scale: required"),
+        ("ep", lambda k: k.update(x=k["x"].float()), "^x: expected dtype bfloat16"),
+        ("ep", lambda k: k.update(topk_weights=k["topk_weights"][:, 0]), "^topk_weights: expected a 2-D tensor"),
+        ("ep", lambda k: k.update(topk_ids=k["topk_ids"] + 3), r"^topk_ids: expected global expert ids in \[0, E=4\)"),
+        ("ep", lambda k: k.update(topk_ids=k["topk_ids"][:, :1]), "^topk_ids: expected shape"),
+        ("ep", lambda k: k.update(w1="w1"), "^w1: expected a torch.Tensor"),
+    ],
+)
 def test_call_errors_name_the_argument(one_rank_group, layer, edit, match):
     kwargs = make_inputs(SHAPE, 3, "fp8_channel", seed=4).kwargs()
     edit(kwargs)
@@ -292,8 +317,9 @@ def test_ranks_that_disagree_all_raise_the_same_error(ranks):
 
 
 def test_a_rank_refusing_its_arguments_tells_its_peer(ranks):
-    assert ranks[0]["errors"][1] == ("RuntimeError: rank(s) [1] refused their arguments (their own error says "
-                                     "which); no collective ran")
+    assert ranks[0]["errors"][1] == (
+        "RuntimeError: rank(s) [1] refused their arguments (their own error says which); no collective ran"
+    )
     assert ranks[1]["errors"][1].startswith("TypeError: x: expected dtype bfloat16")
 
 
@@ -326,8 +352,12 @@ GPU_SHAPE = MoEShape("dist-gpu", 8, 2, 512, 512, "test: two-GPU check")
 def test_two_gpus_nccl(backend, quants):
     from compare.backends import load_backend
 
-    cases = [Case(f"{p}-{q or 'bf16'}-{T}", p, q, T, shape=GPU_SHAPE) for p in ("tp", "ep") for q in quants
-             for T in (1, 37, 256)]
+    cases = [
+        Case(f"{p}-{q or 'bf16'}-{T}", p, q, T, shape=GPU_SHAPE)
+        for p in ("tp", "ep")
+        for q in quants
+        for T in (1, 37, 256)
+    ]
     per_rank = run_ranks(_worker, WORLD, (cases, backend), backend="nccl", timeout_s=500)
     fused_moe = load_backend(backend).fused_moe
     for c in cases:

@@ -79,7 +79,7 @@ def _split(text: str) -> dict:
     parts, tag, lines = {}, None, []
     for line in text.splitlines():
         if line.startswith("@@@start "):
-            tag, lines = line[len("@@@start "):], []
+            tag, lines = line[len("@@@start ") :], []
             parts[tag] = ("", None, None)
         elif line.startswith("@@@end ") and tag is not None:
             _, rest = line.split(" ", 1)
@@ -93,13 +93,25 @@ def _split(text: str) -> dict:
 
 
 def _run(module: str, tmp: Path) -> list[dict]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1", "CUTE_DSL_ARCH": "sm_90a",
-           "CUDA_VISIBLE_DEVICES": "", "PYTHONWARNINGS": "ignore"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "TRITON_INTERPRET": "1",
+        "CUTE_DSL_ARCH": "sm_90a",
+        "CUDA_VISIBLE_DEVICES": "",
+        "PYTHONWARNINGS": "ignore",
+    }
     text = lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or "")  # noqa: E731
     try:
         # a long job's first minute is all the test reads of it (its help and bad option take seconds)
-        r = subprocess.run([sys.executable, "-c", DRIVER, module], cwd=tmp, env=env, capture_output=True, text=True,
-                           timeout=LIMIT_S + 20 if module in LONG_JOBS else 2 * LIMIT_S)
+        r = subprocess.run(
+            [sys.executable, "-c", DRIVER, module],
+            cwd=tmp,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=LIMIT_S + 20 if module in LONG_JOBS else 2 * LIMIT_S,
+        )
         out, err = r.stdout, r.stderr
     except subprocess.TimeoutExpired as exc:
         out, err = text(exc.stdout), text(exc.stderr)
@@ -109,8 +121,7 @@ def _run(module: str, tmp: Path) -> list[dict]:
         tag = "|".join(args)
         o, code, seconds = outs.get(tag, ("", None, None))
         e = errs.get(tag, ("", None, None))[0]
-        runs.append(dict(module=module, args=args, rc=code, out=o, err=e,
-                         timed_out=code is None or seconds > LIMIT_S))
+        runs.append(dict(module=module, args=args, rc=code, out=o, err=e, timed_out=code is None or seconds > LIMIT_S))
     return runs
 
 
@@ -123,8 +134,15 @@ def runs(tmp_path_factory):
 
 def test_the_entry_points_are_found():
     found = entry_points()
-    for module in ("compare", "compare.status", "compare.studies.eager", "compare.studies.hf_bench",
-                   "triton_moe.lab.autotune", "triton_moe.lab.hostcost", "cute_moe.lab.explore"):
+    for module in (
+        "compare",
+        "compare.status",
+        "compare.studies.eager",
+        "compare.studies.hf_bench",
+        "triton_moe.lab.autotune",
+        "triton_moe.lab.hostcost",
+        "cute_moe.lab.explore",
+    ):
         assert module in found, module
     assert len(found) == len(set(found)) >= 20
 
@@ -176,7 +194,7 @@ def test_no_argument_runs_its_cpu_form_or_says_why_not(runs):
         elif r["rc"] == 0:
             why = None
         else:
-            why = f"exit {r['rc']}: {r['err'].strip().splitlines()[-1:] }"
+            why = f"exit {r['rc']}: {r['err'].strip().splitlines()[-1:]}"
         if why:
             bad.append(f"{r['module']}: {why}")
     assert not bad, "\n".join(bad)

@@ -120,8 +120,18 @@ def test_top_k_one_and_the_vllm_spelling():
     kw, a1, a2 = _inputs(T=7, seed=2, shape=MoEShape("one", 8, 1, 64, 48, "test"))
     out = fused_moe(**kw, a1_scale=a1.reshape(()), a2_scale=a2)
     assert rel_l2(out, oracle(**kw, a1_scale=a1, a2_scale=a2)) <= TOL
-    vllm = fused_experts(kw["x"], kw["w1"], kw["w2"], kw["topk_weights"], kw["topk_ids"], use_fp8_w8a8=True,
-                         w1_scale=kw["w1_scale"], w2_scale=kw["w2_scale"], a1_scale=a1.reshape(()), a2_scale=a2)
+    vllm = fused_experts(
+        kw["x"],
+        kw["w1"],
+        kw["w2"],
+        kw["topk_weights"],
+        kw["topk_ids"],
+        use_fp8_w8a8=True,
+        w1_scale=kw["w1_scale"],
+        w2_scale=kw["w2_scale"],
+        a1_scale=a1.reshape(()),
+        a2_scale=a2,
+    )
     assert torch.equal(vllm, out)
 
 
@@ -137,19 +147,74 @@ class _CountOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-NO_LAUNCH = {"empty", "empty_strided", "new_empty", "view", "_unsafe_view", "reshape", "slice", "select", "alias",
-             "as_strided", "t", "transpose", "permute", "expand", "unsqueeze", "squeeze", "detach", "lift_fresh",
-             "_reshape_alias"}
+NO_LAUNCH = {
+    "empty",
+    "empty_strided",
+    "new_empty",
+    "view",
+    "_unsafe_view",
+    "reshape",
+    "slice",
+    "select",
+    "alias",
+    "as_strided",
+    "t",
+    "transpose",
+    "permute",
+    "expand",
+    "unsqueeze",
+    "squeeze",
+    "detach",
+    "lift_fresh",
+    "_reshape_alias",
+}
 
 
-@pytest.mark.parametrize("top_k, static, expected", [
-    (2, True, ["_count_kernel", "_place_kernel", "quantize_kernel", "moe_gemm_kernel", "quantize_kernel",
-               "moe_gemm_kernel", "combine_kernel"]),
-    (2, False, ["_count_kernel", "_place_kernel", "amax_kernel", "quantize_kernel", "moe_gemm_kernel",
-                "quantize_kernel", "moe_gemm_kernel", "combine_kernel"]),
-    (1, True, ["_count_kernel", "_place_kernel", "quantize_kernel", "moe_gemm_kernel", "quantize_kernel",
-               "moe_gemm_kernel"]),
-], ids=["static", "dynamic", "static-top1"])
+@pytest.mark.parametrize(
+    "top_k, static, expected",
+    [
+        (
+            2,
+            True,
+            [
+                "_count_kernel",
+                "_place_kernel",
+                "quantize_kernel",
+                "moe_gemm_kernel",
+                "quantize_kernel",
+                "moe_gemm_kernel",
+                "combine_kernel",
+            ],
+        ),
+        (
+            2,
+            False,
+            [
+                "_count_kernel",
+                "_place_kernel",
+                "amax_kernel",
+                "quantize_kernel",
+                "moe_gemm_kernel",
+                "quantize_kernel",
+                "moe_gemm_kernel",
+                "combine_kernel",
+            ],
+        ),
+        (
+            1,
+            True,
+            [
+                "_count_kernel",
+                "_place_kernel",
+                "quantize_kernel",
+                "moe_gemm_kernel",
+                "quantize_kernel",
+                "moe_gemm_kernel",
+            ],
+        ),
+    ],
+    ids=["static", "dynamic", "static-top1"],
+)
 def test_launches(top_k, static, expected):
     """Static scales: the amax kernel is not launched (7 launches at top_k = 2, 6 at top_k = 1,
     against 8 and 7 with dynamic scales), and still no torch kernel and no host read."""
@@ -199,6 +264,7 @@ def test_bad_static_scale_is_named_before_any_launch(backend, quant, a1, a2, exc
         from triton_moe import fused_moe
     else:
         from cute_moe import fused_moe
+
         exc, name = ValueError, "a[12]_scale"  # cute_moe refuses the option itself, whatever its value
     with count_compilations(dry_run=True) as counter, pytest.raises(exc, match=f"^{name}:"):
         fused_moe(**kw, a1_scale=a1, a2_scale=a2)
@@ -214,8 +280,18 @@ def test_cute_moe_refuses_static_scales_by_name():
     with pytest.raises(ValueError, match="^a2_scale:"):
         fused_moe(**kw, a2_scale=a2)
     with pytest.raises(ValueError, match="^a1_scale:"):
-        fused_experts(kw["x"], kw["w1"], kw["w2"], kw["topk_weights"], kw["topk_ids"], use_fp8_w8a8=True,
-                      w1_scale=kw["w1_scale"], w2_scale=kw["w2_scale"], a1_scale=a1, a2_scale=a2)
+        fused_experts(
+            kw["x"],
+            kw["w1"],
+            kw["w2"],
+            kw["topk_weights"],
+            kw["topk_ids"],
+            use_fp8_w8a8=True,
+            w1_scale=kw["w1_scale"],
+            w2_scale=kw["w2_scale"],
+            a1_scale=a1,
+            a2_scale=a2,
+        )
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy divides by the bad scale
@@ -281,7 +357,8 @@ print(json.dumps(out))
 
 def test_static_scale_kernels_compile_for_sm90():
     """The static-scale quantize kernel (a scale read and checked, the error word's atomic OR) and
-    GEMM1 without its amax pointer compile for Hopper, spilling at most a word; GEMM1's atomic max of the intermediate is
+    GEMM1 without its amax pointer compile for Hopper, spilling at most a word; GEMM1's atomic max of the
+    intermediate is
     gone from the static variant and present in the dynamic one."""
     import json
     import os

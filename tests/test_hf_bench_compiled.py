@@ -17,21 +17,56 @@ from compare.studies import hf_bench
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array:DeprecationWarning")
 
-TINY = dict(vocab_size=256, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-            moe_intermediate_size=128, num_experts=8, num_experts_per_tok=2)
+TINY = dict(
+    vocab_size=256,
+    hidden_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    moe_intermediate_size=128,
+    num_experts=8,
+    num_experts_per_tok=2,
+)
 
 
 def run(tmp_path, *extra):
-    return hf_bench.main(["--layers", "1", "--prefill", "1x16", "--decode-batch", "2", "--decode-steps", "2",
-                          "--decode-prompt", "8", "--reps", "1", "--formats", "bf16", "--out", str(tmp_path),
-                          "--commit", "abc1234", "--config", json.dumps(TINY), "--deadline-s", "1000", *extra])
+    return hf_bench.main(
+        [
+            "--layers",
+            "1",
+            "--prefill",
+            "1x16",
+            "--decode-batch",
+            "2",
+            "--decode-steps",
+            "2",
+            "--decode-prompt",
+            "8",
+            "--reps",
+            "1",
+            "--formats",
+            "bf16",
+            "--out",
+            str(tmp_path),
+            "--commit",
+            "abc1234",
+            "--config",
+            json.dumps(TINY),
+            "--deadline-s",
+            "1000",
+            *extra,
+        ]
+    )
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--compiled", "triton_moe,flash"], "--compiled: unknown ['flash']"),
-    (["--compiled", "triton_moe", "--compile-modes", "fast"], "--compile-modes: unknown ['fast']"),
-    (["--compiled", "triton_moe", "--compile-modes", ""], "--compile-modes: at least one mode"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--compiled", "triton_moe,flash"], "--compiled: unknown ['flash']"),
+        (["--compiled", "triton_moe", "--compile-modes", "fast"], "--compile-modes: unknown ['fast']"),
+        (["--compiled", "triton_moe", "--compile-modes", ""], "--compile-modes: at least one mode"),
+    ],
+)
 def test_bad_compile_options_are_named(tmp_path, argv, message):
     with pytest.raises(SystemExit, match=re.escape(message)):
         run(tmp_path, "--implementations", "eager", *argv)
@@ -43,8 +78,17 @@ def test_compile_options_default_to_no_compiled_rows():
 
 
 def test_compiled_rows(tmp_path):
-    res = run(tmp_path, "--implementations", "eager,triton_moe", "--compiled", "triton_moe,cute_moe",
-              "--compile-modes", "default", "--compile-backend", "aot_eager")
+    res = run(
+        tmp_path,
+        "--implementations",
+        "eager,triton_moe",
+        "--compiled",
+        "triton_moe,cute_moe",
+        "--compile-modes",
+        "default",
+        "--compile-backend",
+        "aot_eager",
+    )
     rows = {(r["implementation"], r.get("compile")): r for r in res["rows"]}
     assert len(rows) == len(res["rows"]) == 4
     eager, compiled = rows["triton_moe", None], rows["triton_moe", "default"]

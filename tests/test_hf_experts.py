@@ -33,7 +33,6 @@ import sys
 
 import pytest
 import torch
-
 from transformers import AutoModelForCausalLM, DeepseekV3Config, GptOssConfig, MixtralConfig, Qwen3MoeConfig
 
 import compare.hf_experts as hx
@@ -55,8 +54,16 @@ def _registered():
 
 # --- tiny models -----------------------------------------------------------------------------------
 
-COMMON = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-              head_dim=16, max_position_embeddings=128, num_experts_per_tok=2)
+COMMON = dict(
+    vocab_size=256,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=128,
+    num_experts_per_tok=2,
+)
 
 
 def mixtral(**kw):
@@ -64,15 +71,38 @@ def mixtral(**kw):
 
 
 def qwen3_moe(**kw):
-    return Qwen3MoeConfig(**{**COMMON, "moe_intermediate_size": 32, "num_experts": 8, "decoder_sparse_step": 1,
-                             "norm_topk_prob": True, **kw})
+    return Qwen3MoeConfig(
+        **{
+            **COMMON,
+            "moe_intermediate_size": 32,
+            "num_experts": 8,
+            "decoder_sparse_step": 1,
+            "norm_topk_prob": True,
+            **kw,
+        }
+    )
 
 
 def deepseek_v3(**kw):
-    return DeepseekV3Config(**{**COMMON, "moe_intermediate_size": 32, "intermediate_size": 64, "n_routed_experts": 8,
-                               "n_shared_experts": 1, "first_k_dense_replace": 0, "n_group": 2, "topk_group": 1,
-                               "q_lora_rank": 32, "kv_lora_rank": 32, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16,
-                               "v_head_dim": 16, "num_key_value_heads": 4, **kw})
+    return DeepseekV3Config(
+        **{
+            **COMMON,
+            "moe_intermediate_size": 32,
+            "intermediate_size": 64,
+            "n_routed_experts": 8,
+            "n_shared_experts": 1,
+            "first_k_dense_replace": 0,
+            "n_group": 2,
+            "topk_group": 1,
+            "q_lora_rank": 32,
+            "kv_lora_rank": 32,
+            "qk_rope_head_dim": 16,
+            "qk_nope_head_dim": 16,
+            "v_head_dim": 16,
+            "num_key_value_heads": 4,
+            **kw,
+        }
+    )
 
 
 def build(config, seed=0, device="cpu"):
@@ -105,9 +135,10 @@ def logits_under(model, implementation, ids):
 def greedy(model, implementation, ids):
     """(new tokens [B, NEW_TOKENS], the logits that chose them [B, NEW_TOKENS, V] in fp32)."""
     model.set_experts_implementation(implementation)
-    out = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, return_dict_in_generate=True,
-                         output_logits=True)
-    return out.sequences[:, ids.shape[1]:], torch.stack(out.logits, dim=1).float()
+    out = model.generate(
+        ids, max_new_tokens=NEW_TOKENS, do_sample=False, return_dict_in_generate=True, output_logits=True
+    )
+    return out.sequences[:, ids.shape[1] :], torch.stack(out.logits, dim=1).float()
 
 
 def top2_gap(logits):
@@ -137,11 +168,15 @@ def agrees_until_a_near_tie(model, implementation, ids):
         identical += not len(differ)
         for step in range(last + 1):
             err = rel_l2(out_logits[r, step], ref_logits[r, step])
-            assert err <= BF16_TOL, (f"row {r}, step {step}: logits rel L2 {err:.2e} > {BF16_TOL:.0e} "
-                                     f"(tokens {out[r].tolist()} vs eager {ref[r].tolist()})")
+            assert err <= BF16_TOL, (
+                f"row {r}, step {step}: logits rel L2 {err:.2e} > {BF16_TOL:.0e} "
+                f"(tokens {out[r].tolist()} vs eager {ref[r].tolist()})"
+            )
         if len(differ):
-            print(f"row {r} parts from eager at step {last}: eager's top-2 gap there is "
-                  f"{float(top2_gap(ref_logits[r, last])):.3g}")
+            print(
+                f"row {r} parts from eager at step {last}: eager's top-2 gap there is "
+                f"{float(top2_gap(ref_logits[r, last])):.3g}"
+            )
     print(f"{implementation}: {identical}/{ids.shape[0]} rows identical to eager for {NEW_TOKENS} tokens")
     return identical
 
@@ -205,16 +240,20 @@ def test_a_gelu_gate_is_refused_before_any_launch(implementation):
     model = build(mixtral(hidden_act="gelu", num_hidden_layers=1))
     model.set_experts_implementation(implementation)
     before = hx.CALLS[implementation]
-    with pytest.raises(ValueError, match=rf"^experts_implementation: '{implementation}' cannot run MixtralExperts "
-                                         r"\(model_type 'mixtral'\): activation GELUActivation"):
+    with pytest.raises(
+        ValueError,
+        match=rf"^experts_implementation: '{implementation}' cannot run MixtralExperts "
+        r"\(model_type 'mixtral'\): activation GELUActivation",
+    ):
         with torch.no_grad():
             model(prompts(model))
     assert hx.CALLS[implementation] == before
 
 
 def test_biases_are_refused():
-    config = GptOssConfig(**{**COMMON, "intermediate_size": 32, "num_local_experts": 8, "layer_types": None,
-                             "sliding_window": 16})
+    config = GptOssConfig(
+        **{**COMMON, "intermediate_size": 32, "num_local_experts": 8, "layer_types": None, "sliding_window": 16}
+    )
     model = build(config)
     model.set_experts_implementation("triton_moe")
     with pytest.raises(ValueError, match=r"cannot run GptOssExperts \(model_type 'gpt_oss'\):.*biases"):
@@ -261,16 +300,29 @@ def test_fp8_experts_map_exactly_and_match_the_oracle(scheme, quant):
     assert args.quant == quant
     # our reading of the scales is transformers' own: the same dequantized weights, bit for bit
     from moe_spec.quant import dequantize_weight
-    for q, s, ours, theirs in ((args.w1, args.w1_scale, experts.gate_up_proj, experts.gate_up_proj_scale_inv),
-                               (args.w2, args.w2_scale, experts.down_proj, experts.down_proj_scale_inv)):
+
+    for q, s, ours, theirs in (
+        (args.w1, args.w1_scale, experts.gate_up_proj, experts.gate_up_proj_scale_inv),
+        (args.w2, args.w2_scale, experts.down_proj, experts.down_proj_scale_inv),
+    ):
         assert q.data_ptr() == ours.data_ptr()  # no copy of the weights
-        assert torch.equal(dequantize_weight(q, s, quant), Fp8Dequantize(None)._dequantize_one(ours, theirs, torch.float32))
+        assert torch.equal(
+            dequantize_weight(q, s, quant), Fp8Dequantize(None)._dequantize_one(ours, theirs, torch.float32)
+        )
     inp = make_inputs(MoEShape("t", 8, 2, 128, 128, "test"), 10, None, seed=4)
     model.set_experts_implementation("triton_moe")
     with torch.no_grad():
         out = experts(inp.x, inp.topk_ids.long(), inp.topk_weights)
-    ref = oracle(inp.x, args.w1, args.w2, inp.topk_weights, inp.topk_ids, quant=quant, w1_scale=args.w1_scale,
-                 w2_scale=args.w2_scale)
+    ref = oracle(
+        inp.x,
+        args.w1,
+        args.w2,
+        inp.topk_weights,
+        inp.topk_ids,
+        quant=quant,
+        w1_scale=args.w1_scale,
+        w2_scale=args.w2_scale,
+    )
     assert rel_l2(out, ref) <= tolerance_for(quant).rel_l2
 
 
@@ -290,7 +342,9 @@ def test_fp8_refusals():
     experts = model.model.layers[0].mlp.experts
     experts.activation_scheme = "static"
     experts.block_size = (64, 64)
-    with pytest.raises(ValueError, match=r"cannot run FP8ExpertsModule.*activation_scheme='static'.*block_size=\(64, 64\)"):
+    with pytest.raises(
+        ValueError, match=r"cannot run FP8ExpertsModule.*activation_scheme='static'.*block_size=\(64, 64\)"
+    ):
         hx.contract_arguments(experts, "triton_moe")
 
 
@@ -304,8 +358,11 @@ def test_small_intermediate_block_scales_are_refused():
     q1, s1 = quantize_weight(experts.gate_up_proj.detach(), "fp8_block")
     q2, s2 = quantize_weight(experts.down_proj.detach(), "fp8_block")
     fp8 = hx.fp8_experts(experts.config, q1, q2, s1.repeat(1, 2, 1), s2, (128, 128))
-    with pytest.raises(ValueError, match=r"intermediate size 32, not a multiple of 128.*"
-                                         r"gate_up_proj_scale_inv of shape \(8, 2, 1\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"intermediate size 32, not a multiple of 128.*"
+        r"gate_up_proj_scale_inv of shape \(8, 2, 1\)",
+    ):
         hx.contract_arguments(fp8, "triton_moe")
 
 
@@ -329,9 +386,11 @@ def test_experts_fused_moe_is_contract_shaped(implementation):
 
 
 def test_the_project_imports_without_transformers():
-    code = ("import sys; sys.modules['transformers'] = None\n"
-            "import moe_spec.contract, triton_moe, cute_moe, compare, compare.backends, compare.cli, compare.suite\n"
-            "try:\n    import compare.hf_experts\nexcept ImportError as e:\n    print('refused:', e)\n")
+    code = (
+        "import sys; sys.modules['transformers'] = None\n"
+        "import moe_spec.contract, triton_moe, cute_moe, compare, compare.backends, compare.cli, compare.suite\n"
+        "try:\n    import compare.hf_experts\nexcept ImportError as e:\n    print('refused:', e)\n"
+    )
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert run.returncode == 0, run.stderr
@@ -341,12 +400,29 @@ def test_the_project_imports_without_transformers():
 # --- GPU: real layer shapes ----------------------------------------------------------------------------
 
 REAL = {  # one MoE layer of the real model, random weights; vocabulary cut to 4096
-    "qwen3_30b_a3b": lambda: Qwen3MoeConfig(vocab_size=4096, hidden_size=2048, num_hidden_layers=1, num_attention_heads=32,
-                                            num_key_value_heads=4, head_dim=128, moe_intermediate_size=768, num_experts=128,
-                                            num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1),
-    "mixtral_8x7b": lambda: MixtralConfig(vocab_size=4096, hidden_size=4096, num_hidden_layers=1, num_attention_heads=32,
-                                          num_key_value_heads=8, intermediate_size=14336, num_local_experts=8,
-                                          num_experts_per_tok=2),
+    "qwen3_30b_a3b": lambda: Qwen3MoeConfig(
+        vocab_size=4096,
+        hidden_size=2048,
+        num_hidden_layers=1,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=128,
+        moe_intermediate_size=768,
+        num_experts=128,
+        num_experts_per_tok=8,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+    ),
+    "mixtral_8x7b": lambda: MixtralConfig(
+        vocab_size=4096,
+        hidden_size=4096,
+        num_hidden_layers=1,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=14336,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+    ),
 }
 
 
@@ -387,11 +463,42 @@ def test_hf_bench_writes_its_rows_with_run_info(tmp_path):
 
     from compare.studies import hf_bench
 
-    tiny = dict(vocab_size=256, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                moe_intermediate_size=128, num_experts=8, num_experts_per_tok=2)
-    res = hf_bench.main(["--layers", "1", "--prefill", "1x16", "--decode-batch", "2", "--decode-steps", "1", "--decode-prompt", "8",
-                         "--reps", "1", "--implementations", "eager,triton_moe,cute_moe", "--out", str(tmp_path),
-                         "--commit", "abc1234", "--config", json.dumps(tiny), "--deadline-s", "1000"])
+    tiny = dict(
+        vocab_size=256,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        moe_intermediate_size=128,
+        num_experts=8,
+        num_experts_per_tok=2,
+    )
+    res = hf_bench.main(
+        [
+            "--layers",
+            "1",
+            "--prefill",
+            "1x16",
+            "--decode-batch",
+            "2",
+            "--decode-steps",
+            "1",
+            "--decode-prompt",
+            "8",
+            "--reps",
+            "1",
+            "--implementations",
+            "eager,triton_moe,cute_moe",
+            "--out",
+            str(tmp_path),
+            "--commit",
+            "abc1234",
+            "--config",
+            json.dumps(tiny),
+            "--deadline-s",
+            "1000",
+        ]
+    )
     rows = {(r["format"], r["implementation"]): r for r in res["rows"]}
     assert rows["bf16", "eager"]["status"] == "ok"
     ours = rows["bf16", "triton_moe"]

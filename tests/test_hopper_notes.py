@@ -31,13 +31,23 @@ def _cfg(**kw):
 
 
 NORMAL_128 = _cfg(tokens_tile=128, weights_tile=128)  # the 128 × 256 tile's layouts, at half the build time
-LAYOUTS = [_cfg(tokens_tile=64, weights_tile=64, consumer_warpgroups=1), NORMAL_128, SWAP,
-           _cfg(swap_ab=True, tokens_tile=32, weights_tile=128)]
+LAYOUTS = [
+    _cfg(tokens_tile=64, weights_tile=64, consumer_warpgroups=1),
+    NORMAL_128,
+    SWAP,
+    _cfg(swap_ab=True, tokens_tile=32, weights_tile=128),
+]
 
 
 def test_running_example_is_what_the_path_rule_picks():
-    assert (SWAP.swap_ab, SWAP.tile_m, SWAP.tile_n, SWAP.tile_k, SWAP.stages, SWAP.consumer_warpgroups) == \
-        (True, 128, 8, 64, 8, 2)
+    assert (SWAP.swap_ab, SWAP.tile_m, SWAP.tile_n, SWAP.tile_k, SWAP.stages, SWAP.consumer_warpgroups) == (
+        True,
+        128,
+        8,
+        64,
+        8,
+        2,
+    )
     assert (NORMAL.swap_ab, NORMAL.tile_m, NORMAL.tile_n) == (False, 128, 256)
 
 
@@ -49,14 +59,19 @@ def test_accumulator_owner_formula(cfg):
         wg, warp, lane = t // 128, (t % 128) // 32, t % 32
         assert len(regs) == cfg.tile_n // 2
         for i, (m, n) in enumerate(regs):
-            assert (m, n) == (64 * wg + 16 * warp + lane // 4 + 8 * ((i // 2) % 2),
-                              8 * (i // 4) + 2 * (lane % 4) + i % 2), (t, i)
+            assert (m, n) == (
+                64 * wg + 16 * warp + lane // 4 + 8 * ((i // 2) % 2),
+                8 * (i // 4) + 2 * (lane % 4) + i % 2,
+            ), (t, i)
     assert acc[37][:4] == [(17, 2), (17, 3), (25, 2), (25, 3)]
 
 
 def _descriptor_fields(value: int) -> dict:
-    return {"swizzle_mode": value >> 62, "stride_bytes": ((value >> 32) & 0x3FFF) << 4,
-            "leading_bytes": ((value >> 16) & 0x3FFF) << 4}
+    return {
+        "swizzle_mode": value >> 62,
+        "stride_bytes": ((value >> 32) & 0x3FFF) << 4,
+        "leading_bytes": ((value >> 16) & 0x3FFF) << 4,
+    }
 
 
 def test_descriptors_ask_for_the_128_byte_swizzle():
@@ -107,9 +122,11 @@ def _launch_registers(cfg, capfd) -> int:
     return int(used[0])
 
 
-@pytest.mark.parametrize("cfg, pool, split", [(SWAP, 64_512, 64_512), (NORMAL, 64_512, 64_512),
-                                              (DECODE_GEMM1, 59_392, 34_816)],
-                         ids=["running-example", "prefill-normal", "decode-gemm1"])
+@pytest.mark.parametrize(
+    "cfg, pool, split",
+    [(SWAP, 64_512, 64_512), (NORMAL, 64_512, 64_512), (DECODE_GEMM1, 59_392, 34_816)],
+    ids=["running-example", "prefill-normal", "decode-gemm1"],
+)
 def test_register_budget(cfg, pool, split, capfd):
     """§7: the setmaxnreg split must fit the CTA's pool — the launch's registers per thread × the CTA's
     threads — not the SM's register file: the running example's 40 · 128 + 232 · 256 = 64,512 = 168 · 384

@@ -27,9 +27,27 @@ from moe_spec.problem import MoEShape, make_inputs
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array:DeprecationWarning")
 
 #: aten ops that launch nothing: allocation and views.
-NO_LAUNCH = {"empty", "empty_strided", "new_empty", "view", "_unsafe_view", "reshape", "slice", "select",
-             "alias", "as_strided", "t", "transpose", "permute", "expand", "unsqueeze", "squeeze", "detach",
-             "lift_fresh", "_reshape_alias"}
+NO_LAUNCH = {
+    "empty",
+    "empty_strided",
+    "new_empty",
+    "view",
+    "_unsafe_view",
+    "reshape",
+    "slice",
+    "select",
+    "alias",
+    "as_strided",
+    "t",
+    "transpose",
+    "permute",
+    "expand",
+    "unsqueeze",
+    "squeeze",
+    "detach",
+    "lift_fresh",
+    "_reshape_alias",
+}
 #: aten ops that read a device value on the host (a sync on a GPU).
 HOST_READS = {"_local_scalar_dense", "item", "is_nonzero", "nonzero", "equal"}
 
@@ -54,10 +72,14 @@ SHAPE = MoEShape("launches", 8, 2, 128, 64, "test: Mixtral-like routing, small s
 #: T = 4: one chunk of pairs (decode); T = 300: 600 pairs, three chunks (the launches are the same).
 DECODE, PREFILL = 4, 300
 TRITON = {  # (quant, T): exact Triton launches of a warm call; the targets are bf16 ≤ 6, FP8 ≤ 8
-    (None, DECODE): 5, (None, PREFILL): 5,
-    ("fp8_tensor", DECODE): 8, ("fp8_tensor", PREFILL): 8,
-    ("fp8_channel", DECODE): 7, ("fp8_channel", PREFILL): 7,
-    ("fp8_block", DECODE): 7, ("fp8_block", PREFILL): 7,
+    (None, DECODE): 5,
+    (None, PREFILL): 5,
+    ("fp8_tensor", DECODE): 8,
+    ("fp8_tensor", PREFILL): 8,
+    ("fp8_channel", DECODE): 7,
+    ("fp8_channel", PREFILL): 7,
+    ("fp8_block", DECODE): 7,
+    ("fp8_block", PREFILL): 7,
 }
 
 
@@ -100,18 +122,22 @@ def test_triton_empty_batch_launches_nothing():
     assert counter.launches == [] and ops.launches == []
 
 
-
-
 #: cute_moe: (quant, T) -> exact launches of a warm call. T = 4: 8 pairs, one chunk (the alignment's
 #: place kernel alone); T = 1100: 2200 pairs, two chunks (its count kernel too).
 CUTE_PREFILL = 1100
 CUTE_ALIGN = {DECODE: ["place"], CUTE_PREFILL: ["count", "place"]}
+
+
 def _cute_layer():
     """The bf16 fused layer's launches after the alignment, as the two switches of cute_moe.unfused stand."""
     from cute_moe.unfused import GATED_GEMM1, GATHER_IN_PRODUCER
 
-    return ([] if GATHER_IN_PRODUCER else ["gather"]) + ["GroupedGemm"] + ([] if GATED_GEMM1 else ["silu_mul"]) + [
-        "GroupedGemm", "combine"]
+    return (
+        ([] if GATHER_IN_PRODUCER else ["gather"])
+        + ["GroupedGemm"]
+        + ([] if GATED_GEMM1 else ["silu_mul"])
+        + ["GroupedGemm", "combine"]
+    )
 
 
 CUTE_FP8 = ["x_amax", "x_quantize", "gather", "GroupedGemm", "silu_amax", "a_quantize", "GroupedGemm", "combine"]

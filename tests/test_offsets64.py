@@ -40,10 +40,16 @@ def _scale_embed(small: torch.Tensor, experts: torch.Tensor, n: int) -> torch.Te
 
 def _big_problem(quant) -> tuple[MoEInputs, MoEInputs]:
     small = make_inputs(MoEShape("packed", len(EXPERTS), 2, K, I, "test: the routed experts"), 3, quant, seed=7)
-    big = MoEInputs(small.x, _embed(small.w1, EXPERTS, E_BIG), _embed(small.w2, EXPERTS, E_BIG),
-                    small.topk_weights, EXPERTS[small.topk_ids.long()].to(torch.int32), quant,
-                    None if small.w1_scale is None else _scale_embed(small.w1_scale, EXPERTS, E_BIG),
-                    None if small.w2_scale is None else _scale_embed(small.w2_scale, EXPERTS, E_BIG))
+    big = MoEInputs(
+        small.x,
+        _embed(small.w1, EXPERTS, E_BIG),
+        _embed(small.w2, EXPERTS, E_BIG),
+        small.topk_weights,
+        EXPERTS[small.topk_ids.long()].to(torch.int32),
+        quant,
+        None if small.w1_scale is None else _scale_embed(small.w1_scale, EXPERTS, E_BIG),
+        None if small.w2_scale is None else _scale_embed(small.w2_scale, EXPERTS, E_BIG),
+    )
     return small, big
 
 
@@ -60,14 +66,20 @@ def test_triton_weights_past_int32_match_oracle(quant):
 
 def _meta_kwargs(T, E, I, K, top_k):  # noqa: E741
     meta = dict(device="meta")
-    return dict(x=torch.empty(T, K, dtype=torch.bfloat16, **meta),
-                w1=torch.empty(E, 2 * I, K, dtype=torch.bfloat16, **meta),
-                w2=torch.empty(E, K, I, dtype=torch.bfloat16, **meta),
-                topk_weights=torch.empty(T, top_k, **meta), topk_ids=torch.empty(T, top_k, dtype=torch.int32, **meta))
+    return dict(
+        x=torch.empty(T, K, dtype=torch.bfloat16, **meta),
+        w1=torch.empty(E, 2 * I, K, dtype=torch.bfloat16, **meta),
+        w2=torch.empty(E, K, I, dtype=torch.bfloat16, **meta),
+        topk_weights=torch.empty(T, top_k, **meta),
+        topk_ids=torch.empty(T, top_k, dtype=torch.int32, **meta),
+    )
 
 
-@pytest.mark.parametrize("E, I, K, top_k", [(160, 1536, 5120, 6), (256, 2048, 7168, 8)],  # noqa: E741
-                         ids=["deepseek-v2", "deepseek-v3"])
+@pytest.mark.parametrize(
+    "E, I, K, top_k",
+    [(160, 1536, 5120, 6), (256, 2048, 7168, 8)],  # noqa: E741
+    ids=["deepseek-v2", "deepseek-v3"],
+)
 def test_full_layer_weights_pass_the_host_checks(E, I, K, top_k):  # noqa: E741
     """W1 of 2.5 G / 7.5 G elements is no longer refused: the checks run through to the meta
     tensor (checked after every size limit), which is refused by name."""

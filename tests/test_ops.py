@@ -37,8 +37,16 @@ TENSORS = ("x", "w1", "w2", "topk_weights", "topk_ids")
 
 def arguments(T=3, quant=None, seed=0):
     inp = make_inputs(TINY, T, quant, seed=seed)
-    return dict(x=inp.x, w1=inp.w1, w2=inp.w2, topk_weights=inp.topk_weights, topk_ids=inp.topk_ids, quant=quant,
-                w1_scale=inp.w1_scale, w2_scale=inp.w2_scale)
+    return dict(
+        x=inp.x,
+        w1=inp.w1,
+        w2=inp.w2,
+        topk_weights=inp.topk_weights,
+        topk_ids=inp.topk_ids,
+        quant=quant,
+        w1_scale=inp.w1_scale,
+        w2_scale=inp.w2_scale,
+    )
 
 
 def positional(kw):
@@ -76,9 +84,11 @@ def test_opcheck_triton_moe(quant, monkeypatch, word):
 
 def test_op_raises_the_backends_errors():
     kw = arguments()
-    for bad, error in ((dict(x=kw["x"].float()), "x: expected dtype bfloat16"),
-                       (dict(topk_ids=kw["topk_ids"][:, :1]), "topk_ids: expected shape (3, 2)"),
-                       (dict(quant="fp8_tensor"), "w1: expected dtype float8_e4m3fn")):
+    for bad, error in (
+        (dict(x=kw["x"].float()), "x: expected dtype bfloat16"),
+        (dict(topk_ids=kw["topk_ids"][:, :1]), "topk_ids: expected shape (3, 2)"),
+        (dict(quant="fp8_tensor"), "w1: expected dtype float8_e4m3fn"),
+    ):
         for fn in (triton_moe.ops.OP, triton_moe.moe.fused_moe):
             with pytest.raises((TypeError, ValueError), match="^" + re.escape(error)):
                 fn(**{**kw, **bad})
@@ -136,8 +146,13 @@ def eager_error(fn, kw):
 def test_fake_refuses_what_the_eager_call_refuses(backend):
     """Word for word, on CPU tensors (where both backends check their arguments before the device)."""
     kw = arguments()
-    cases = [dict(x=kw["x"].float()), dict(w2=kw["w2"][:, :, :32]), dict(topk_weights=kw["topk_weights"].double()),
-             dict(quant="fp8_channel"), dict(w1_scale=torch.ones(4, 128))]
+    cases = [
+        dict(x=kw["x"].float()),
+        dict(w2=kw["w2"][:, :, :32]),
+        dict(topk_weights=kw["topk_weights"].double()),
+        dict(quant="fp8_channel"),
+        dict(w1_scale=torch.ones(4, 128)),
+    ]
     if backend is cute_moe:  # static scales (refused first) and the device rule
         cases += [dict(a1_scale=torch.ones(1), a2_scale=torch.ones(1)), {}]
     for bad in cases:
@@ -199,9 +214,18 @@ def test_public_functions_keep_the_backends_signature_and_limits():
 
 # --- torch.compile ------------------------------------------------------------------------------------------
 
-MIXTRAL = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-               head_dim=16, max_position_embeddings=128, num_experts_per_tok=2, intermediate_size=32,
-               num_local_experts=8)
+MIXTRAL = dict(
+    vocab_size=256,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=128,
+    num_experts_per_tok=2,
+    intermediate_size=32,
+    num_local_experts=8,
+)
 
 
 def op_nodes(graphs, namespace):
@@ -227,8 +251,9 @@ def tiny_mixtral(device="cpu", **kw):
     hx.register()
     torch.manual_seed(0)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(MixtralConfig(**{**MIXTRAL, **kw}), dtype=torch.bfloat16,
-                                                 attn_implementation="eager")
+        model = AutoModelForCausalLM.from_config(
+            MixtralConfig(**{**MIXTRAL, **kw}), dtype=torch.bfloat16, attn_implementation="eager"
+        )
     return model.eval()
 
 
@@ -273,8 +298,9 @@ def test_cute_moe_block_traces_on_fake_cuda_tensors():
     backend, graphs = recording(None)
     with FakeTensorMode(allow_non_fake_inputs=True):
         block = model.model.layers[0].mlp.to_empty(device="cuda")
-        out = torch.compile(block, fullgraph=True, backend=backend)(torch.empty(2, 12, 64, dtype=torch.bfloat16,
-                                                                                 device="cuda"))
+        out = torch.compile(block, fullgraph=True, backend=backend)(
+            torch.empty(2, 12, 64, dtype=torch.bfloat16, device="cuda")
+        )
     out = out[0] if isinstance(out, tuple) else out
     assert isinstance(out, FakeTensor) and out.shape == (2, 12, 64) and out.device.type == "cuda"
     assert op_nodes(graphs, "cute_moe") == 1
@@ -282,9 +308,19 @@ def test_cute_moe_block_traces_on_fake_cuda_tensors():
 
 # --- GPU: inductor, fullgraph, CUDA graphs ----------------------------------------------------------------------
 
-QWEN3_LAYER = dict(vocab_size=4096, hidden_size=2048, num_hidden_layers=2, num_attention_heads=32,
-                   num_key_value_heads=4, head_dim=128, moe_intermediate_size=768, num_experts=128,
-                   num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1)
+QWEN3_LAYER = dict(
+    vocab_size=4096,
+    hidden_size=2048,
+    num_hidden_layers=2,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    head_dim=128,
+    moe_intermediate_size=768,
+    num_experts=128,
+    num_experts_per_tok=8,
+    norm_topk_prob=True,
+    decoder_sparse_step=1,
+)
 
 
 @pytest.mark.gpu
@@ -310,8 +346,9 @@ def test_gpu_compiled_model_matches_eager(implementation, mode):
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(Qwen3MoeConfig(**QWEN3_LAYER), dtype=torch.bfloat16).eval()
     g = torch.Generator().manual_seed(1)
-    batches = [torch.randint(0, QWEN3_LAYER["vocab_size"], shape, generator=g).cuda()
-               for shape in ((2, 64), (8, 1), (8, 1))]
+    batches = [
+        torch.randint(0, QWEN3_LAYER["vocab_size"], shape, generator=g).cuda() for shape in ((2, 64), (8, 1), (8, 1))
+    ]
     model.set_experts_implementation("eager")
     refs = [model(ids).logits for ids in batches]
     model.set_experts_implementation(implementation)

@@ -8,10 +8,10 @@ import torch
 
 import cute_moe
 import triton_moe
-from triton_moe import heuristic as triton_config
 from moe_spec.plan import LayerPlan
 from moe_spec.problem import MoEShape, get_shape, make_inputs
 from moe_spec.validate import MoEDims
+from triton_moe import heuristic as triton_config
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array:DeprecationWarning")
 
@@ -120,11 +120,23 @@ def test_an_empty_batch_of_a_supported_call_is_empty(name):
 REFUSED = [
     ("cute_moe", MoEShape("odd-K", 4, 2, 12, 32, "test"), None, {}, ValueError, r"^x: hidden size K"),
     ("cute_moe", TINY, None, {"swap_ab": 1}, TypeError, r"^swap_ab:"),
-    ("cute_moe", MoEShape("K-72", 4, 2, 72, 32, "test"), "fp8_tensor", {}, ValueError,
-     r"^x: hidden size K = x\.shape\[1\] = 72 must be a multiple of 16 for cute_moe with quant='fp8_tensor'"),
+    (
+        "cute_moe",
+        MoEShape("K-72", 4, 2, 72, 32, "test"),
+        "fp8_tensor",
+        {},
+        ValueError,
+        r"^x: hidden size K = x\.shape\[1\] = 72 must be a multiple of 16 for cute_moe with quant='fp8_tensor'",
+    ),
     ("cute_moe", TINY, "fp8_block", {"fusion": "unfused"}, ValueError, r"^fusion: expected one of"),
-    ("triton_moe", TINY, "fp8_block", {"config": triton_moe.TritonConfig(16, 64, 256)}, ValueError,
-     r"^config: fp8_block needs BLOCK_K"),
+    (
+        "triton_moe",
+        TINY,
+        "fp8_block",
+        {"config": triton_moe.TritonConfig(16, 64, 256)},
+        ValueError,
+        r"^config: fp8_block needs BLOCK_K",
+    ),
     ("triton_moe", TINY, None, {"swap_ab": "no"}, TypeError, r"^swap_ab:"),
     ("triton_moe", TINY, None, {"config": {"BLOCK_M": 16}}, TypeError, r"^config:"),
 ]

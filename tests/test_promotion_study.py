@@ -27,20 +27,31 @@ def _clock(log):
         make_call(n_sets - 1)()
         log.append(n_sets)
         return Timing(median_us=100.0 + len(log), p10_us=0, p90_us=0, min_us=0, samples=1, calls_per_sample=1)
+
     return time_graph
 
 
 def _env(log):
-    return pr.Env(time=_clock(log), sync=lambda: None, device_name=lambda: "stand-in (CPU)", device="cpu", rows=64,
-                  time_gemm=(64, 64, 512), block_mn=32, layer_shape=lambda: TINY, layer_T=8)
+    return pr.Env(
+        time=_clock(log),
+        sync=lambda: None,
+        device_name=lambda: "stand-in (CPU)",
+        device="cpu",
+        rows=64,
+        time_gemm=(64, 64, 512),
+        block_mn=32,
+        layer_shape=lambda: TINY,
+        layer_T=8,
+    )
 
 
 # --- the kernel ----------------------------------------------------------------------------------------------
 
 
 def test_modes_and_the_intervals_a_format_has():
-    assert [pr.mode_of(n, "fp8_tensor") for n in pr.INTERVALS] == [pr.STEP] + [pr.WITHIN] * 3 + [pr.GROUPED] * 2 \
-        + [pr.ALL_K]
+    assert [pr.mode_of(n, "fp8_tensor") for n in pr.INTERVALS] == [pr.STEP] + [pr.WITHIN] * 3 + [pr.GROUPED] * 2 + [
+        pr.ALL_K
+    ]
     assert [pr.applies(n, "fp8_block") for n in pr.INTERVALS] == [True] * 4 + [False] * 3
     with pytest.raises(ValueError, match="^interval: 256 under fp8_block: its scales change every 128 of K"):
         pr.mode_of(256, "fp8_block")
@@ -113,12 +124,17 @@ def test_what_triton_compiles_each_mode_to_for_sm90():
     never = 2**30
     assert got == {  # [maxNumImpreciseAcc values, fp32 adds (arith.addf), E4M3 operands, cubin]
         "fp8_tensor 0": [[never], 1, True, True],  # acc += dot(a, w): the dot from zero, then one add
-        "fp8_tensor 32": [[32], 0, True, True], "fp8_tensor 64": [[64], 0, True, True],
+        "fp8_tensor 32": [[32], 0, True, True],
+        "fp8_tensor 64": [[64], 0, True, True],
         "fp8_tensor 128": [[128], 0, True, True],  # Triton's lowering promotes inside the dot
-        "fp8_tensor 256": [[never], 1, True, True], "fp8_tensor 512": [[never], 1, True, True],  # partial, then add
+        "fp8_tensor 256": [[never], 1, True, True],
+        "fp8_tensor 512": [[never], 1, True, True],  # partial, then add
         "fp8_tensor never": [[never], 0, True, True],  # the tensor core's accumulator for all of K
-        "fp8_block 0": [[never], 1, True, True], "fp8_block 32": [[32], 1, True, True],
-        "fp8_block 64": [[64], 1, True, True], "fp8_block 128": [[128], 1, True, True]}
+        "fp8_block 0": [[never], 1, True, True],
+        "fp8_block 32": [[32], 1, True, True],
+        "fp8_block 64": [[64], 1, True, True],
+        "fp8_block 128": [[128], 1, True, True],
+    }
 
 
 # --- the verdict ------------------------------------------------------------------------------------------
@@ -126,14 +142,27 @@ def test_what_triton_compiles_each_mode_to_for_sm90():
 
 def _rows(quant, errors):
     """Rows of :func:`pr.accuracy`'s shape from {n: {K: rel L2}}."""
-    return [{"quant": quant, "n": n, "effective": pr.effective(n),
-             "rel_l2": {str(k): v for k, v in errors.get(n, {}).items()}} for n in pr.INTERVALS]
+    return [
+        {
+            "quant": quant,
+            "n": n,
+            "effective": pr.effective(n),
+            "rel_l2": {str(k): v for k, v in errors.get(n, {}).items()},
+        }
+        for n in pr.INTERVALS
+    ]
 
 
 KS = (1024, 4096, 16384)
-ERRORS = {0: dict.fromkeys(KS, 1e-4), 32: dict.fromkeys(KS, 5e-5), 64: dict.fromkeys(KS, 8e-5),
-          128: dict.fromkeys(KS, 1e-4), 256: dict.fromkeys(KS, 5e-3), 512: {1024: 5e-3, 4096: 9e-3, 16384: 1.5e-2},
-          pr.NEVER: {1024: 8e-3, 4096: 2e-2, 16384: 4e-2}}
+ERRORS = {
+    0: dict.fromkeys(KS, 1e-4),
+    32: dict.fromkeys(KS, 5e-5),
+    64: dict.fromkeys(KS, 8e-5),
+    128: dict.fromkeys(KS, 1e-4),
+    256: dict.fromkeys(KS, 5e-3),
+    512: {1024: 5e-3, 4096: 9e-3, 16384: 1.5e-2},
+    pr.NEVER: {1024: 8e-3, 4096: 2e-2, 16384: 4e-2},
+}
 
 
 def test_the_verdict_is_the_largest_interval_within_tolerance_at_every_k():
@@ -162,8 +191,13 @@ def result():
     log = []
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(pr, "sets_for_cold_l2", lambda nbytes: 2)  # a tiny layer would get 64 sets
-        return pr.run(pr.FORMATS, (512, 1024), env=_env(log), command="python -m triton_moe.lab.promotion --out x",
-                      commit="abc1234"), log
+        return pr.run(
+            pr.FORMATS,
+            (512, 1024),
+            env=_env(log),
+            command="python -m triton_moe.lab.promotion --out x",
+            commit="abc1234",
+        ), log
 
 
 def test_a_run_fills_accuracy_gemm_and_layer_columns(result):
@@ -191,8 +225,13 @@ def test_the_time_budget_skips_cells():
     log = []
     env = _env(log)
     result = pr.run(["fp8_tensor"], (512,), env=env, layer=False, time_budget_s=1e-9)
-    assert all(r["rel_l2"] == {"512": "skipped: time budget spent"} and r["gemm_us"] == "skipped: time budget spent"
-               for r in result["rows"]) and not log
+    assert (
+        all(
+            r["rel_l2"] == {"512": "skipped: time budget spent"} and r["gemm_us"] == "skipped: time budget spent"
+            for r in result["rows"]
+        )
+        and not log
+    )
     assert result["layer"] == {} and result["verdicts"][0]["largest"] is None
 
 
@@ -206,9 +245,10 @@ def test_markdown_names_the_run_and_has_the_table(result):
     assert "| fp8_block | never | never | n/a | n/a | n/a | — | — |" in md
     row = next(line for line in md.splitlines() if line.startswith("| fp8_tensor | 32 | 32 of K |"))
     assert row.count("|") == 9 and "e-" in row
-    assert ("- fp8_block: the largest interval with rel L2 ≤ 0.01 at K = 512, 1024: 128 of K (n = 0 or 128); the "
-            "largest within one K step: 128 (n = 0 or 128) (the K measured stop below the catalog's largest, 14336") \
-        in md
+    assert (
+        "- fp8_block: the largest interval with rel L2 ≤ 0.01 at K = 512, 1024: 128 of K (n = 0 or 128); the "
+        "largest within one K step: 128 (n = 0 or 128) (the K measured stop below the catalog's largest, 14336"
+    ) in md
 
 
 def test_outputs_are_written_whole(result, tmp_path):
@@ -226,8 +266,10 @@ def test_main_runs_and_prints_the_verdict(tmp_path, monkeypatch, capsys):
     out = tmp_path / "out"
     assert pr.main(["--ks", "512", "--formats", "fp8_block", "--no-layer", "--out", str(out)]) == 0
     result = json.loads((out / "promotion.json").read_text())
-    assert result["meta"]["command"] == f"python -m triton_moe.lab.promotion --ks 512 --formats fp8_block --no-layer " \
-                                        f"--out {out}"
+    assert (
+        result["meta"]["command"] == f"python -m triton_moe.lab.promotion --ks 512 --formats fp8_block --no-layer "
+        f"--out {out}"
+    )
     assert {r["quant"] for r in result["rows"]} == {"fp8_block"} and result["layer"] == {}
     captured = capsys.readouterr()
     assert captured.out.startswith("| format | n |") and "- fp8_block: the largest interval" in captured.out
@@ -237,15 +279,18 @@ def test_main_runs_and_prints_the_verdict(tmp_path, monkeypatch, capsys):
 # --- options ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--ks", "1000"], "--ks: bad K '1000': expected positive multiples of 512"),
-    (["--ks", "0"], "--ks: bad K '0'"),
-    (["--ks", "512,,1024"], "--ks: empty item"),
-    (["--formats", "fp8_channel"], "--formats: unknown format 'fp8_channel'; known: fp8_tensor, fp8_block"),
-    (["--time-budget", "0"], "--time-budget: expected a finite number of seconds > 0"),
-    (["--time-budget", "x"], "argument --time-budget: invalid float value: 'x'"),
-    (["--bogus"], "unrecognized arguments: --bogus"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--ks", "1000"], "--ks: bad K '1000': expected positive multiples of 512"),
+        (["--ks", "0"], "--ks: bad K '0'"),
+        (["--ks", "512,,1024"], "--ks: empty item"),
+        (["--formats", "fp8_channel"], "--formats: unknown format 'fp8_channel'; known: fp8_tensor, fp8_block"),
+        (["--time-budget", "0"], "--time-budget: expected a finite number of seconds > 0"),
+        (["--time-budget", "x"], "argument --time-budget: invalid float value: 'x'"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+    ],
+)
 def test_bad_options_are_one_line_naming_the_option(args, message, tmp_path, capsys):
     start = time.monotonic()
     assert pr.main(args + ["--out", str(tmp_path / "new")]) == 2
@@ -261,10 +306,12 @@ def test_out_must_be_a_new_or_empty_directory(tmp_path, capsys):
     used.mkdir()
     (used / "promotion.md").write_text("an earlier run")
     (tmp_path / "file").write_text("x")
-    for argv, why in ((["--out", str(used)], "is not empty"),
-                      (["--out", str(tmp_path / "file")], "exists and is not a directory"),
-                      (["--out", str(tmp_path / "file" / "sub")], "cannot create"),
-                      ([], "required: a new or empty directory for promotion.md and promotion.json")):
+    for argv, why in (
+        (["--out", str(used)], "is not empty"),
+        (["--out", str(tmp_path / "file")], "exists and is not a directory"),
+        (["--out", str(tmp_path / "file" / "sub")], "cannot create"),
+        ([], "required: a new or empty directory for promotion.md and promotion.json"),
+    ):
         assert pr.main(argv) == 2
         err = capsys.readouterr().err
         assert err.startswith("python -m triton_moe.lab.promotion: error: --out: ") and why in err, err

@@ -1,13 +1,27 @@
 """The format registry and the FP8 reference: scale shapes, saturation, round trip error, the E4M3
 grid, and what a NaN or inf does to its scale group."""
 
+import dataclasses
+
 import pytest
 import torch
 
-from moe_spec.quant import (FORMATS, FP8_BLOCK, FP8_DTYPE, FP8_MAX, QUANT_FORMATS, QuantFormat, check_quant,
-                            get_format)
-from moe_spec.quant import (activation_scale_shape, dequantize_activation, dequantize_weight,
-                            quantize_activation, quantize_weight, weight_scale_shape)
+from moe_spec.quant import (
+    FORMATS,
+    FP8_BLOCK,
+    FP8_DTYPE,
+    FP8_MAX,
+    QUANT_FORMATS,
+    QuantFormat,
+    activation_scale_shape,
+    check_quant,
+    dequantize_activation,
+    dequantize_weight,
+    get_format,
+    quantize_activation,
+    quantize_weight,
+    weight_scale_shape,
+)
 
 FMTS = [q for q in QUANT_FORMATS if get_format(q).quantized]
 
@@ -23,7 +37,7 @@ def test_the_registry_is_the_contract():
         assert fmt.quantized == (name is not None)
     assert len({f.mode for f in FORMATS.values()}) == len(FORMATS) and FORMATS[None].mode == 0
     assert [f.scales_along_k for f in FORMATS.values()] == [False, False, False, True]
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         FORMATS[None].tolerance = 1.0  # frozen
 
 
@@ -37,19 +51,27 @@ def test_unknown_formats_are_named(bad):
 def test_bf16_has_no_scales():
     bf16 = get_format(None)
     assert bf16.weight_scale_shape(4, 8, 16) is None
-    for call in (lambda: weight_scale_shape(None, 4, 8, 16), lambda: activation_scale_shape(None, 2, 16),
-                 lambda: quantize_weight(torch.ones(1, 2, 2), None),
-                 lambda: quantize_activation(torch.ones(2, 2), None)):
+    for call in (
+        lambda: weight_scale_shape(None, 4, 8, 16),
+        lambda: activation_scale_shape(None, 2, 16),
+        lambda: quantize_weight(torch.ones(1, 2, 2), None),
+        lambda: quantize_activation(torch.ones(2, 2), None),
+    ):
         with pytest.raises(ValueError, match="^quant: .* needs an fp8 format"):
             call()
     w = torch.randn(2, 3, 4).bfloat16()
     assert torch.equal(dequantize_weight(w, None, None, torch.float64), w.double())
 
 
-@pytest.mark.parametrize("fmt, E, N, K, shape", [
-    ("fp8_tensor", 3, 200, 300, (3,)), ("fp8_channel", 3, 200, 300, (3, 200)),
-    ("fp8_block", 3, 200, 300, (3, 2, 3)), ("fp8_block", 1, 128, 256, (1, 1, 2)),
-])
+@pytest.mark.parametrize(
+    "fmt, E, N, K, shape",
+    [
+        ("fp8_tensor", 3, 200, 300, (3,)),
+        ("fp8_channel", 3, 200, 300, (3, 200)),
+        ("fp8_block", 3, 200, 300, (3, 2, 3)),
+        ("fp8_block", 1, 128, 256, (1, 1, 2)),
+    ],
+)
 def test_weight_scale_shapes(fmt, E, N, K, shape):
     assert weight_scale_shape(fmt, E, N, K) == get_format(fmt).weight_scale_shape(E, N, K) == shape
 
@@ -117,7 +139,7 @@ def _weight_group_mask(fmt, E, N, K, e, n, k):
         m[e, n] = True
     else:
         b = FP8_BLOCK
-        m[e, n // b * b:(n // b + 1) * b, k // b * b:(k // b + 1) * b] = True
+        m[e, n // b * b : (n // b + 1) * b, k // b * b : (k // b + 1) * b] = True
     return m
 
 

@@ -32,8 +32,10 @@ def test_commit_is_the_checkout_and_says_dirty():
 
 
 def test_command_line_can_be_pasted_back():
-    assert runinfo.command_line("python -m compare", ["--out", "my dir", "--tokens", "1,8"]) == \
-        "python -m compare --out 'my dir' --tokens 1,8"
+    assert (
+        runinfo.command_line("python -m compare", ["--out", "my dir", "--tokens", "1,8"])
+        == "python -m compare --out 'my dir' --tokens 1,8"
+    )
 
 
 def test_suite_and_benches_take_their_metadata_from_runinfo():
@@ -53,5 +55,6 @@ def test_benches_without_a_gpu_say_so_in_one_line(module):
     env = dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
     r = subprocess.run([sys.executable, "-m", module], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr.strip().splitlines() == [f"python -m {module}: error: needs a CUDA GPU (none is visible here); "
-                                             "the CPU report is `python -m compare`"]
+    assert r.stderr.strip().splitlines() == [
+        f"python -m {module}: error: needs a CUDA GPU (none is visible here); the CPU report is `python -m compare`"
+    ]

@@ -11,8 +11,13 @@ import random
 import pytest
 
 from compare.metrics import cross_backend_tolerance
-from compare.studies.stall_model import (class_probabilities, p_rank_compiles, p_some_rank_compiles, predict,
-                                         uniform_tokens)
+from compare.studies.stall_model import (
+    class_probabilities,
+    p_rank_compiles,
+    p_some_rank_compiles,
+    predict,
+    uniform_tokens,
+)
 from moe_spec.problem import MoEShape
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array:DeprecationWarning")
@@ -75,13 +80,16 @@ def test_the_model_agrees_with_a_simulation():
         assert abs(mean - expect) < 4 * se, f"simulated {mean:.3f} ± {se:.3f}, model {expect:.3f}"
 
 
-@pytest.mark.parametrize("bad, match", [
-    (lambda: uniform_tokens(0, 4), "^tokens:"),
-    (lambda: class_probabilities({1: 0.5}, triton_like), "^token_probs:"),
-    (lambda: predict(Q, set(), 0, 3), "^ranks:"),
-    (lambda: predict(Q, set(), 2, -1), "^steps:"),
-    (lambda: predict(Q, set(), 2, 3, compile_ms=-5), "^compile_ms:"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (lambda: uniform_tokens(0, 4), "^tokens:"),
+        (lambda: class_probabilities({1: 0.5}, triton_like), "^token_probs:"),
+        (lambda: predict(Q, set(), 0, 3), "^ranks:"),
+        (lambda: predict(Q, set(), 2, -1), "^steps:"),
+        (lambda: predict(Q, set(), 2, 3, compile_ms=-5), "^compile_ms:"),
+    ],
+)
 def test_model_arguments_are_named(bad, match):
     with pytest.raises(ValueError, match=match):
         bad()
@@ -97,8 +105,11 @@ def test_demo_kernel_classes_are_tritons():
     groups: dict = {}
     for T in range(1, 65):
         groups.setdefault(specialized(T), []).append(T)
-    assert sorted(map(tuple, groups.values()), key=len) == [(1,), (16, 32, 48, 64),
-                                                            tuple(T for T in range(2, 65) if T % 16)]
+    assert sorted(map(tuple, groups.values()), key=len) == [
+        (1,),
+        (16, 32, 48, 64),
+        tuple(T for T in range(2, 65) if T % 16),
+    ]
     assert len({plain(T) for T in range(1, 65)}) == 1
 
 
@@ -140,8 +151,10 @@ def test_stall_script_on_two_cpu_ranks(tmp_path):
 def test_stall_model_only_cli(capsys, tmp_path):
     from compare.studies.stall import main
 
-    assert main(["--model-only", "--compile-ms", "100,250", "--tokens", "1-32", "--steps", "2",
-                 "--out", str(tmp_path)]) == 0
+    assert (
+        main(["--model-only", "--compile-ms", "100,250", "--tokens", "1-32", "--steps", "2", "--out", str(tmp_path)])
+        == 0
+    )
     text = capsys.readouterr().out
     assert "c = 100 ms" in text and "c = 250 ms" in text and f"| 2 | {183 / 1024:.3f} |" in text
     assert f"| {250 * (183 / 1024 + 178087 / 1048576):.0f} |" in text  # E[added ms] at c = 250, 2 ranks
@@ -157,8 +170,15 @@ def test_stall_model_only_cli(capsys, tmp_path):
 def test_scaling_script_on_two_cpu_ranks(tmp_path):
     from compare.studies.scaling import ScalingSpec, run_scaling
 
-    spec = ScalingSpec(shapes=(TINY,), tokens=(3,), quants=("bf16", "fp8_block"), iters=1, warmup=0,
-                       out=str(tmp_path), command="pytest")
+    spec = ScalingSpec(
+        shapes=(TINY,),
+        tokens=(3,),
+        quants=("bf16", "fp8_block"),
+        iters=1,
+        warmup=0,
+        out=str(tmp_path),
+        command="pytest",
+    )
     bf16, block = run_scaling(spec)
     for r in (bf16, block):
         assert r["one_gpu_us"] > 0 and r["ep_us"] > 0 and r["ep_pairs_sent_remote"] >= 0

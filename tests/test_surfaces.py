@@ -114,13 +114,15 @@ def test_warmup_refuses_before_it_allocates():
     import cute_moe
     import triton_moe
 
-    cases = [(triton_moe.warmup, (4, 10**9, 32, 2), "K: one expert's matrix holds 2I·K"),
-             (triton_moe.warmup, (4, 64, 10**9, 2), "I: one expert's matrix holds 2I·K"),
-             (triton_moe.warmup, (4, 2**20, 2**11, 2), "K: one expert's matrix holds 2I·K"),
-             (cute_moe.warmup, (1025, 64, 32, 2), "E: at most 1024 experts (E) are supported by cute_moe"),
-             (cute_moe.warmup, (10**9, 64, 32, 2), "E: at most 1024 experts"),
-             (cute_moe.warmup, (4, 10**9, 32, 2), "K: one expert's matrix holds 2I·K"),
-             (cute_moe.warmup, (4, 64, 10**9, 2), "I: one expert's matrix holds 2I·K")]
+    cases = [
+        (triton_moe.warmup, (4, 10**9, 32, 2), "K: one expert's matrix holds 2I·K"),
+        (triton_moe.warmup, (4, 64, 10**9, 2), "I: one expert's matrix holds 2I·K"),
+        (triton_moe.warmup, (4, 2**20, 2**11, 2), "K: one expert's matrix holds 2I·K"),
+        (cute_moe.warmup, (1025, 64, 32, 2), "E: at most 1024 experts (E) are supported by cute_moe"),
+        (cute_moe.warmup, (10**9, 64, 32, 2), "E: at most 1024 experts"),
+        (cute_moe.warmup, (4, 10**9, 32, 2), "K: one expert's matrix holds 2I·K"),
+        (cute_moe.warmup, (4, 64, 10**9, 2), "I: one expert's matrix holds 2I·K"),
+    ]
     for warm, sizes, words in cases:
         start = time.monotonic()
         with pytest.raises(ValueError) as info:
@@ -163,8 +165,17 @@ def test_fused_experts_block_shape_must_be_two_ints():
     for fused_experts in (triton_moe.fused_experts, cute_moe.fused_experts):
         for bad in (128, [128], [128, "128"], (128, 0)):
             with pytest.raises(TypeError, match=r"^block_shape: expected None or \[rows, cols\]"):
-                fused_experts(inp.x, inp.w1, inp.w2, inp.topk_weights, inp.topk_ids, use_fp8_w8a8=True,
-                              block_shape=bad, w1_scale=inp.w1_scale, w2_scale=inp.w2_scale)
+                fused_experts(
+                    inp.x,
+                    inp.w1,
+                    inp.w2,
+                    inp.topk_weights,
+                    inp.topk_ids,
+                    use_fp8_w8a8=True,
+                    block_shape=bad,
+                    w1_scale=inp.w1_scale,
+                    w2_scale=inp.w2_scale,
+                )
 
 
 # --- issue 36 item 9: the unclear errors, each named --------------------------------------------------------
@@ -215,6 +226,7 @@ def test_fused_experts_names_hidden_states():
 
 # --- the transformers forward (issue 36 items 7, 9) ------------------------------------------------------------
 
+
 @pytest.fixture
 def hx():
     return pytest.importorskip("compare.hf_experts", reason="transformers (the hf extra) is not installed")
@@ -224,8 +236,9 @@ def _mixtral_experts(E=4, H=64, I=32, top_k=2, weights=None):  # noqa: E741
     from transformers import MixtralConfig
     from transformers.models.mixtral.modeling_mixtral import MixtralExperts
 
-    config = MixtralConfig(hidden_size=H, num_experts_per_tok=top_k, hidden_act="silu", num_local_experts=E,
-                           intermediate_size=I)
+    config = MixtralConfig(
+        hidden_size=H, num_experts_per_tok=top_k, hidden_act="silu", num_local_experts=E, intermediate_size=I
+    )
     with torch.device("meta"):
         module = MixtralExperts(config)
     if weights is None:
@@ -241,18 +254,26 @@ def test_hf_forward_takes_an_empty_batch(shape, hx):
     """Issue 36 item 7: an empty batch failed: cannot reshape tensor of 0 elements into shape [0, -1]."""
     experts = _mixtral_experts()
     with torch.no_grad():
-        out = hx._FORWARDS["triton_moe"](experts, torch.zeros(*shape, dtype=torch.bfloat16),
-                                         torch.zeros(0, 2, dtype=torch.long), torch.zeros(0, 2))
+        out = hx._FORWARDS["triton_moe"](
+            experts, torch.zeros(*shape, dtype=torch.bfloat16), torch.zeros(0, 2, dtype=torch.long), torch.zeros(0, 2)
+        )
     assert out.shape == shape and out.dtype == torch.bfloat16
 
 
 def test_hf_forward_blames_hidden_states_of_the_wrong_width(hx):
     """Issue 36 item 9: a hidden_states width that does not match the model was blamed on w1."""
     experts = _mixtral_experts()
-    with torch.no_grad(), pytest.raises(ValueError, match=r"^hidden_states: expected \[\.\.\., H\] with the model's "
-                                                          r"hidden size H = 64"):
-        hx._FORWARDS["triton_moe"](experts, torch.zeros(3, 48, dtype=torch.bfloat16),
-                                   torch.zeros(3, 2, dtype=torch.long), torch.zeros(3, 2))
+    with (
+        torch.no_grad(),
+        pytest.raises(
+            ValueError,
+            match=r"^hidden_states: expected \[\.\.\., H\] with the model's "
+            r"hidden size H = 64",
+        ),
+    ):
+        hx._FORWARDS["triton_moe"](
+            experts, torch.zeros(3, 48, dtype=torch.bfloat16), torch.zeros(3, 2, dtype=torch.long), torch.zeros(3, 2)
+        )
 
 
 def test_hf_register_names_its_argument(hx):
@@ -269,8 +290,11 @@ def test_hf_forward_refuses_the_sizes_fused_moe_refuses(case, hx):
     experts = _mixtral_experts(E, K, I, min(top_k, E), weights=(_huge(E, 2 * I, K), _huge(E, K, I)))
     verdict = _refusal(lambda: check_sizes(E, K, I, top_k, T, limits=_limits("triton_moe"), names=hx.HF_NAMES))
     with torch.no_grad():
-        got = _refusal(lambda: hx._FORWARDS["triton_moe"](experts, _huge(T, K), _huge(T, top_k, dtype=torch.long),
-                                                          _huge(T, top_k, dtype=torch.float32)))
+        got = _refusal(
+            lambda: hx._FORWARDS["triton_moe"](
+                experts, _huge(T, K), _huge(T, top_k, dtype=torch.long), _huge(T, top_k, dtype=torch.float32)
+            )
+        )
     if verdict is None:
         assert got is not None and "contiguous" in got[1], got
     else:
@@ -292,17 +316,22 @@ def test_a_w1_with_i_rows_is_blamed_on_w1(backend):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's refusal: this machine has a GPU")
 def test_the_python_api_on_a_cpu_without_the_interpreter_says_what_to_do():
     """Defect 5: without TRITON_INTERPRET=1 a CPU call ended in Triton's '0 active drivers' traceback."""
-    code = ("from moe_spec.problem import MoEShape, make_inputs\nimport triton_moe\n"
-            "inp = make_inputs(MoEShape('s', 4, 2, 64, 32, ''), 3)\n"
-            "for T in (3, 0):\n"
-            "    try:\n        triton_moe.fused_moe(**make_inputs(MoEShape('s', 4, 2, 64, 32, ''), T).kwargs())\n"
-            "    except ValueError as e:\n        print(e)\n")
+    code = (
+        "from moe_spec.problem import MoEShape, make_inputs\nimport triton_moe\n"
+        "inp = make_inputs(MoEShape('s', 4, 2, 64, 32, ''), 3)\n"
+        "for T in (3, 0):\n"
+        "    try:\n        triton_moe.fused_moe(**make_inputs(MoEShape('s', 4, 2, 64, 32, ''), T).kwargs())\n"
+        "    except ValueError as e:\n        print(e)\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": ROOT}, capture_output=True,
-                         text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-c", code], env={**env, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=120
+    )
     lines = run.stdout.strip().splitlines()
-    want = ("x: triton_moe runs on a CUDA device, got a tensor on cpu; on a CPU, set TRITON_INTERPRET=1 before "
-            "Python imports triton")
+    want = (
+        "x: triton_moe runs on a CUDA device, got a tensor on cpu; on a CPU, set TRITON_INTERPRET=1 before "
+        "Python imports triton"
+    )
     assert run.returncode == 0 and len(lines) == 2 and all(line.startswith(want) for line in lines), run
     assert "active drivers" not in run.stdout + run.stderr
 
@@ -449,7 +478,7 @@ def _uneven_experts(rank, world):
 
     inp = make_inputs(MoEShape("ep3", 3, 2, 64, 32, ""), 3, None)
     lo, E = [(0, 1), (1, 2)][rank]
-    kw = {**inp.kwargs(), "w1": inp.w1[lo:lo + E].contiguous(), "w2": inp.w2[lo:lo + E].contiguous()}
+    kw = {**inp.kwargs(), "w1": inp.w1[lo : lo + E].contiguous(), "w2": inp.w2[lo : lo + E].contiguous()}
     try:
         EPMoE("triton_moe")(**kw)
     except (TypeError, ValueError, RuntimeError) as exc:
@@ -505,16 +534,22 @@ def test_the_sharded_layers_run_the_size_check(tmp_path):
 
     from compare.distributed import EPMoE, TPMoE
 
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rv'}", rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=30))
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'rv'}", rank=0, world_size=1, timeout=datetime.timedelta(seconds=30)
+    )
     try:
         for case, (E, K, I, top_k, T) in SIZES.items():  # noqa: E741
             verdict = _refusal(lambda: check_sizes(E, K, I, top_k, T, limits=_limits("triton_moe"), names=CALL_NAMES))
             # weights of the huge layers are expanded views; small ones are real (EP checks them first)
             small = E * 3 * I * K <= 10**6
             weights = make_inputs(MoEShape("w", E, min(top_k, E), K, I, ""), 1) if small else None
-            args = (_huge(T, K), weights.w1 if small else _huge(E, 2 * I, K), weights.w2 if small else _huge(E, K, I),
-                    _huge(T, top_k, dtype=torch.float32), _huge(T, top_k, dtype=torch.int32))
+            args = (
+                _huge(T, K),
+                weights.w1 if small else _huge(E, 2 * I, K),
+                weights.w2 if small else _huge(E, K, I),
+                _huge(T, top_k, dtype=torch.float32),
+                _huge(T, top_k, dtype=torch.int32),
+            )
             for layer in (TPMoE("triton_moe"), EPMoE("triton_moe")):
                 got = _refusal(lambda: layer(*args))
                 if verdict is None:  # refused for the views' strides, or (EP reads them) their zero ids

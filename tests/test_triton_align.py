@@ -3,11 +3,10 @@
 
 import pytest
 import torch
+from test_align import routing
 
 from moe_spec.align import align
 from triton_moe.align import CHUNK, MAX_EXPERTS, align_block_size
-
-from test_align import routing
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array:DeprecationWarning")
 
@@ -25,15 +24,18 @@ def assert_same(got, want):
 
 
 @pytest.mark.parametrize("skew", [False, True], ids=["uniform", "skewed"])
-@pytest.mark.parametrize("T, top_k, E, block_m", [
-    (0, 2, 4, 16),      # no pairs at all
-    (1, 1, 4, 16),      # a single pair
-    (1, 8, 512, 16),    # E = 512, almost all experts empty
-    (37, 2, 8, 16),     # T not a multiple of anything
-    (5, 3, 7, 64),      # a block much larger than any run
-    (300, 8, 64, 64),   # several chunks of 256 pairs: offsets carried across chunks
-    (3000, 8, 256, 32), # 24 000 pairs, 94 chunks (more than one scan step)
-])
+@pytest.mark.parametrize(
+    "T, top_k, E, block_m",
+    [
+        (0, 2, 4, 16),  # no pairs at all
+        (1, 1, 4, 16),  # a single pair
+        (1, 8, 512, 16),  # E = 512, almost all experts empty
+        (37, 2, 8, 16),  # T not a multiple of anything
+        (5, 3, 7, 64),  # a block much larger than any run
+        (300, 8, 64, 64),  # several chunks of 256 pairs: offsets carried across chunks
+        (3000, 8, 256, 32),  # 24 000 pairs, 94 chunks (more than one scan step)
+    ],
+)
 def test_alignment_is_the_reference(T, top_k, E, block_m, skew):
     topk_ids = routing(T, top_k, E, seed=T * E + top_k, skew=skew and T > 0)
     assert_same(align_block_size(topk_ids, E, block_m), align(topk_ids, E, block_m))
@@ -70,11 +72,14 @@ from moe_spec.validate import BAD_ID, REPEATED_ID, check  # noqa: E402
 from triton_moe.jit import count_compilations  # noqa: E402
 
 
-@pytest.mark.parametrize("T, top_k, E", [
-    (85, 3, 16),     # 255 pairs: one chunk of 85 rows
-    (86, 3, 16),     # 258 pairs: a second chunk (a chunk holds 85 rows of 3)
-    (300, 3, 16),    # 900 pairs, 4 chunks, none straddles a row
-])
+@pytest.mark.parametrize(
+    "T, top_k, E",
+    [
+        (85, 3, 16),  # 255 pairs: one chunk of 85 rows
+        (86, 3, 16),  # 258 pairs: a second chunk (a chunk holds 85 rows of 3)
+        (300, 3, 16),  # 900 pairs, 4 chunks, none straddles a row
+    ],
+)
 def test_chunks_hold_whole_rows_in_two_launches(T, top_k, E, word):
     topk_ids = routing(T, top_k, E, seed=T)
     with count_compilations() as counter:
@@ -171,8 +176,12 @@ def test_the_small_kernels_compile_for_sm90():
 
 # --- two chunk widths in one binary -------------------------------------------------------------------
 
-from triton_moe.align import SMALL_CHUNK, buffer_sizes, chunk_pairs  # noqa: E402
-from triton_moe.align import _widths  # noqa: E402
+from triton_moe.align import (  # noqa: E402
+    SMALL_CHUNK,
+    _widths,  # noqa: E402
+    buffer_sizes,
+    chunk_pairs,
+)
 
 
 @pytest.mark.parametrize("top_k, E", [(8, 128), (2, 8), (6, 256), (1, 16)])
@@ -260,9 +269,16 @@ def test_bench_align_table_names_every_variant_and_flags_a_mismatch():
 
     cell = lambda us, ok=True: {"us": us, "p10_us": us - 0.5, "p90_us": us + 0.5, "chunk": 64, "reference": ok}  # noqa: E731
     row = {"shape": "qwen3-30b-a3b", "T": 1, "pairs": 8, "block_m": 16}
-    result = {"device": "H200", "date": "d", "commit": "c", "command": "python -m triton_moe.lab.bench_align",
-              "rows": [row | {v: cell(5.0 + i) for i, v in enumerate(bench_align.VARIANTS)},
-                       row | {"T": 8, "pairs": 64} | {v: cell(5.0, v != "4 warps") for v in bench_align.VARIANTS}]}
+    result = {
+        "device": "H200",
+        "date": "d",
+        "commit": "c",
+        "command": "python -m triton_moe.lab.bench_align",
+        "rows": [
+            row | {v: cell(5.0 + i) for i, v in enumerate(bench_align.VARIANTS)},
+            row | {"T": 8, "pairs": 64} | {v: cell(5.0, v != "4 warps") for v in bench_align.VARIANTS},
+        ],
+    }
     md = bench_align.to_markdown(result)
     assert all(f"{v} µs" in md for v in bench_align.VARIANTS)
     assert "| qwen3-30b-a3b | 1 | 8 | 16 | 5.0 (4.5–5.5) | 6.0 (5.5–6.5) | 7.0 (6.5–7.5) | 64 | yes |" in md

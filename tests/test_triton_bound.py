@@ -177,8 +177,7 @@ print(json.dumps(out))
 def test_fused_moe_repeated_shapes_launch_what_run_launches():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    res = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, cwd=root,
-                         timeout=600)
+    res = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, cwd=root, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
     for name, per_call in (("bf16", 5), ("fp8_tensor", 8), ("static", 7), ("split_k", 5)):

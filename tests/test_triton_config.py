@@ -18,8 +18,9 @@ def test_swap_rule():
     assert TritonConfig(16, 64, 64, swap_ab=False).resolved().swap_ab is False  # forced off stays off
 
 
-@pytest.mark.parametrize("T, bm, swap", [(1, 16, True), (8, 16, True), (64, 16, True), (128, 32, True),
-                                         (256, 64, False), (4096, 128, False)])
+@pytest.mark.parametrize(
+    "T, bm, swap", [(1, 16, True), (8, 16, True), (64, 16, True), (128, 32, True), (256, 64, False), (4096, 128, False)]
+)
 def test_heuristic_is_deterministic_in_tokens_per_expert(T, bm, swap):
     # Mixtral-like: E = 8, top_k = 2 → T/4 pairs per expert
     cfg = H.default_config(T, 8, 2, None)
@@ -30,15 +31,17 @@ def test_heuristic_is_deterministic_in_tokens_per_expert(T, bm, swap):
 
 
 def test_table_lookup_nearest(tmp_path, monkeypatch):
-    table = {"1": TritonConfig(16, 64, 128, swap_ab=True).as_dict(),
-             "64": TritonConfig(64, 64, 128).as_dict(),
-             "1024": TritonConfig(128, 128, 64, 8, 8, 3).as_dict()}
+    table = {
+        "1": TritonConfig(16, 64, 128, swap_ab=True).as_dict(),
+        "64": TritonConfig(64, 64, 128).as_dict(),
+        "1024": TritonConfig(128, 128, 64, 8, 8, 3).as_dict(),
+    }
     monkeypatch.setattr(H, "CONFIG_DIR", tmp_path)
     path = H.table_path(8, 14336, 4096, None, "Fake GPU")
     path.write_text(json.dumps({"configs": table}))
     H.load_table.cache_clear()
     assert H.get_config(3, 8, 2, 14336, 4096, None, "Fake GPU").BLOCK_M == 16
-    assert H.get_config(500, 8, 2, 14336, 4096, None, "Fake GPU").BLOCK_M == 64   # |500−64| < |500−1024|
+    assert H.get_config(500, 8, 2, 14336, 4096, None, "Fake GPU").BLOCK_M == 64  # |500−64| < |500−1024|
     assert H.get_config(600, 8, 2, 14336, 4096, None, "Fake GPU").BLOCK_M == 128
     # no table for this dtype: the heuristic
     assert H.get_config(600, 8, 2, 14336, 4096, "fp8_tensor", "Fake GPU") == H.default_config(600, 8, 2, "fp8_tensor")
@@ -46,8 +49,11 @@ def test_table_lookup_nearest(tmp_path, monkeypatch):
 
 
 #: The tuned tables the package ships (measured on the H200; see notes/triton_moe.md).
-SHIPPED = [(spec, quant) for spec in ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8")
-           for quant in (None, "fp8_tensor", "fp8_channel", "fp8_block")]
+SHIPPED = [
+    (spec, quant)
+    for spec in ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8")
+    for quant in (None, "fp8_tensor", "fp8_channel", "fp8_block")
+]
 
 
 @pytest.mark.parametrize("spec, quant", SHIPPED, ids=lambda v: v or "bf16")
@@ -73,8 +79,12 @@ def test_shipped_h200_table_exists_loads_and_is_used(spec, quant):
 def test_no_stray_tables():
     from moe_spec.problem import get_shape
 
-    names = {H.table_path(get_shape(spec).num_experts, get_shape(spec).intermediate, get_shape(spec).hidden,
-                          quant, "NVIDIA H200").name for spec, quant in SHIPPED}
+    names = {
+        H.table_path(
+            get_shape(spec).num_experts, get_shape(spec).intermediate, get_shape(spec).hidden, quant, "NVIDIA H200"
+        ).name
+        for spec, quant in SHIPPED
+    }
     assert {p.name for p in H.CONFIG_DIR.glob("*.json")} == names
 
 
@@ -135,11 +145,14 @@ def test_every_field_is_checked():
     assert checked == {f.name for f in dataclasses.fields(TritonConfig)}
 
 
-@pytest.mark.parametrize("config, quant, match", [
-    (TritonConfig(16, 64, 256, swap_ab=True), "fp8_block", "^config: fp8_block needs BLOCK_K to divide 128"),
-    (TritonConfig(16, 64, 16), "fp8_tensor", "^config: FP8 needs BLOCK_K >= 32"),
-    (TritonConfig(128, 256, 128, num_stages=6), None, "^config: .* exceed the 232448-byte shared memory"),
-])
+@pytest.mark.parametrize(
+    "config, quant, match",
+    [
+        (TritonConfig(16, 64, 256, swap_ab=True), "fp8_block", "^config: fp8_block needs BLOCK_K to divide 128"),
+        (TritonConfig(16, 64, 16), "fp8_tensor", "^config: FP8 needs BLOCK_K >= 32"),
+        (TritonConfig(128, 256, 128, num_stages=6), None, "^config: .* exceed the 232448-byte shared memory"),
+    ],
+)
 def test_what_depends_on_the_format_is_checked_against_it(config, quant, match):
     with pytest.raises(ValueError, match=match):
         config.check(quant)
@@ -151,15 +164,23 @@ def test_heuristic_buckets_start_where_the_rule_changes(quant):
     """rule_starts is the first T of each heuristic bucket: the config changes there and nowhere else."""
     E, top_k = 8, 2
     starts = H.rule_starts(E, top_k, 14336, 4096, quant, device_name="No Such GPU")
-    changes = [T for T in range(2, 2000) if H.default_config(T, E, top_k, quant) != H.default_config(T - 1, E, top_k, quant)]
+    changes = [
+        T for T in range(2, 2000) if H.default_config(T, E, top_k, quant) != H.default_config(T - 1, E, top_k, quant)
+    ]
     assert starts == [1] + changes
 
 
 def test_table_buckets_start_at_the_midpoints(tmp_path, monkeypatch):
     monkeypatch.setattr(H, "CONFIG_DIR", tmp_path)
-    table = {"1": TritonConfig(16, 64, 64), "8": TritonConfig(16, 128, 64), "32": TritonConfig(32, 64, 64),
-             "1024": TritonConfig(128, 128, 64, 8, 8, 3)}
-    H.table_path(8, 512, 256, None, "Fake GPU").write_text(json.dumps({"configs": {t: c.as_dict() for t, c in table.items()}}))
+    table = {
+        "1": TritonConfig(16, 64, 64),
+        "8": TritonConfig(16, 128, 64),
+        "32": TritonConfig(32, 64, 64),
+        "1024": TritonConfig(128, 128, 64, 8, 8, 3),
+    }
+    H.table_path(8, 512, 256, None, "Fake GPU").write_text(
+        json.dumps({"configs": {t: c.as_dict() for t, c in table.items()}})
+    )
     H.load_table.cache_clear()
     starts = H.rule_starts(8, 2, 512, 256, None, device_name="Fake GPU")
     assert starts == [1, 5, 21, 529]  # 4.5 → 5, 20 → 21 (a tie goes to 8), 528 → 529 (a tie goes to 32)
@@ -201,8 +222,9 @@ def test_every_gemm2_field_is_checked_and_blocks_m_and_split_k_are_not_its_own()
     # every field of the config but the alignment tile, the split and the override itself, declared once
     assert fields == {f.name for f in dataclasses.fields(TritonConfig)} - {"BLOCK_M", "split_k", "gemm2"}
     assert [f.name for f in dataclasses.fields(TritonConfig)] == ["BLOCK_M", *C.TILE_FIELDS, "split_k", "gemm2"]
-    assert TritonConfig(16, 64, 128, 2, 8, 5, True) == TritonConfig(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=2,
-                                                                   num_warps=8, num_stages=5, swap_ab=True)
+    assert TritonConfig(16, 64, 128, 2, 8, 5, True) == TritonConfig(
+        BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=2, num_warps=8, num_stages=5, swap_ab=True
+    )
     assert not isinstance(TritonConfig(16, 64, 64), Gemm2Tile)  # a config is not GEMM2's tile
 
 
@@ -226,12 +248,22 @@ def test_gemm2_swap_ab_follows_the_rule_on_its_own_tile():
         TritonConfig(16, 32, 64, swap_ab=False, gemm2=Gemm2Tile(64, 64, persistent_tma=True)).resolved()
 
 
-@pytest.mark.parametrize("config, quant, match", [
-    (TritonConfig(16, 64, 64, gemm2=Gemm2Tile(64, 256)), "fp8_block", r"^config\.gemm2: fp8_block needs BLOCK_K to divide 128"),
-    (TritonConfig(16, 64, 64, gemm2=Gemm2Tile(64, 16)), "fp8_tensor", r"^config\.gemm2: FP8 needs BLOCK_K >= 32"),
-    (TritonConfig(128, 128, 64, gemm2=Gemm2Tile(256, 128, num_stages=3)), None,
-     r"^config\.gemm2: 294912 bytes of pipelined tiles exceed"),
-])
+@pytest.mark.parametrize(
+    "config, quant, match",
+    [
+        (
+            TritonConfig(16, 64, 64, gemm2=Gemm2Tile(64, 256)),
+            "fp8_block",
+            r"^config\.gemm2: fp8_block needs BLOCK_K to divide 128",
+        ),
+        (TritonConfig(16, 64, 64, gemm2=Gemm2Tile(64, 16)), "fp8_tensor", r"^config\.gemm2: FP8 needs BLOCK_K >= 32"),
+        (
+            TritonConfig(128, 128, 64, gemm2=Gemm2Tile(256, 128, num_stages=3)),
+            None,
+            r"^config\.gemm2: 294912 bytes of pipelined tiles exceed",
+        ),
+    ],
+)
 def test_what_depends_on_the_format_is_checked_for_gemm2_too(config, quant, match):
     with pytest.raises(ValueError, match=match):
         config.check(quant)
@@ -260,12 +292,20 @@ def test_a_table_entry_with_gemm2_round_trips(tmp_path, monkeypatch):
     H.load_table.cache_clear()
 
 
-@pytest.mark.parametrize("entry, match", [
-    ({"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "fp8_imprecise_acc": 128}, r"^fp8_imprecise_acc: not a field of "
-                                                                              r"TritonConfig \(its fields: BLOCK_M, "),
-    ({"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "gemm2": {"BLOCK_N": 64, "BLOCK_K": 64, "split_k": 2}},
-     r"^gemm2\.split_k: not a field of Gemm2Tile"),
-])
+@pytest.mark.parametrize(
+    "entry, match",
+    [
+        (
+            {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "fp8_imprecise_acc": 128},
+            r"^fp8_imprecise_acc: not a field of "
+            r"TritonConfig \(its fields: BLOCK_M, ",
+        ),
+        (
+            {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "gemm2": {"BLOCK_N": 64, "BLOCK_K": 64, "split_k": 2}},
+            r"^gemm2\.split_k: not a field of Gemm2Tile",
+        ),
+    ],
+)
 def test_a_table_entry_with_an_unknown_key_is_named(entry, match):
     with pytest.raises(ValueError, match=match):
         TritonConfig.from_dict(entry)
@@ -283,14 +323,19 @@ def test_fp8_promotes_at_least_every_128_of_k():
     deep = []
     for spec, quant in SHIPPED:
         s = get_shape(spec)
-        for T, cfg in H.load_table(str(H.table_path(s.num_experts, s.intermediate, s.hidden, quant, "NVIDIA H200"))).items():
+        for T, cfg in H.load_table(
+            str(H.table_path(s.num_experts, s.intermediate, s.hidden, quant, "NVIDIA H200"))
+        ).items():
             cfg = cfg.resolved()
             for g, k in ((cfg.gemm1_config(), s.hidden), (cfg.gemm2_config(), s.intermediate)):
                 n = moe._gemm_constants(g, quant, g is cfg.gemm1_config(), s.top_k, k)["FP8_IMPRECISE_ACC"]
                 assert n == (128 if quant and g.BLOCK_K > 128 else 0), (spec, quant, T, g)
                 deep += [(spec, quant, T)] * (n > 0)
-    assert list(dict.fromkeys(deep)) == [("mixtral-8x7b", "fp8_channel", 1), ("deepseek-v3:tp8", "fp8_tensor", 1),
-                    ("deepseek-v3:tp8", "fp8_channel", 1)]  # the three entries written with fp8_imprecise_acc=128
+    assert list(dict.fromkeys(deep)) == [
+        ("mixtral-8x7b", "fp8_channel", 1),
+        ("deepseek-v3:tp8", "fp8_tensor", 1),
+        ("deepseek-v3:tp8", "fp8_channel", 1),
+    ]  # the three entries written with fp8_imprecise_acc=128
 
 
 def test_the_plan_names_each_gemm():
@@ -300,8 +345,10 @@ def test_the_plan_names_each_gemm():
     d = MoEDims(T=4096, E=256, K=7168, I=256, top_k=8)
     p = triton_moe.plan(d, None, config=TritonConfig(128, 128, 64, 8, 8, 3, gemm2=Gemm2Tile(256, 64, 8, 8, 4)))
     assert (p.gemm1.BLOCK_N, p.gemm2.BLOCK_N, p.align_tile) == (128, 256, 128)
-    assert p.mma == ("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16",
-                     "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16")
+    assert p.mma == (
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16",
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16",
+    )
     assert p.describe() == "BM128 BN128 BK64 w8 s3 wgmma m64n128k16; G2 BN256 BK64 w8 s4 wgmma m64n256k16"
     assert p.config.tile_label() == "128x128x64/g8w8s3 G2 256x64/g8w8s4"
     # swap_ab forced per call: both GEMMs

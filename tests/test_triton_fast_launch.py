@@ -21,8 +21,8 @@ from triton import knobs
 from triton.runtime.jit import JITFunction
 
 from triton_moe import jit
-from triton_moe.lab.hostcost import stand_in_driver
 from triton_moe.jit import count_compilations, fast_key, launch, specialization_key
+from triton_moe.lab.hostcost import stand_in_driver
 
 GLOBAL_SCALE = tl.constexpr(3)
 
@@ -156,8 +156,12 @@ def test_a_changed_specialization_goes_through_run_and_compiles(driver, change):
     assert len(driver) == 2, "the changed call must compile a second binary"
     assert counter.launches == ["_body", "_body"] and len(counter.keys["_body"]) == 1
     new, old = driver[1], driver[0]
-    assert (new.signature, new.constexprs, new.attrs, new.options) != (old.signature, old.constexprs, old.attrs,
-                                                                   old.options)
+    assert (new.signature, new.constexprs, new.attrs, new.options) != (
+        old.signature,
+        old.constexprs,
+        old.attrs,
+        old.options,
+    )
     _launch(k, x, y, 9, 3, BLOCK=32)  # the first specialization is still known
     assert len(driver) == 2
 
@@ -246,8 +250,7 @@ def test_fused_moe_direct_path_launches_what_run_launches():
     five more batch sizes compile nothing, and the direct path's launches equal ``run``'s."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    res = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, cwd=root,
-                         timeout=600)
+    res = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, cwd=root, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
     for quant, launches in (("None", 5), ("fp8_tensor", 8)):

@@ -132,5 +132,6 @@ def test_ptxas_makes_them_the_same(facts):
 
 def test_explicit_imprecise_acc_above_k_is_refused(facts):
     assert facts["too_large"], "compiled with max_num_imprecise_acc = 256 > BLOCK_K = 128"
-    assert any(c.startswith("ValueError") and "max_num_imprecise_acc (256) must be <= K (128)" in c
-               for c in facts["too_large"]), facts["too_large"]
+    assert any(
+        c.startswith("ValueError") and "max_num_imprecise_acc (256) must be <= K (128)" in c for c in facts["too_large"]
+    ), facts["too_large"]

@@ -38,9 +38,24 @@ def _gemm_launches(monkeypatch):
 
     def spy(kernel, grid, *args, **kwargs):
         if "FUSE_SILU" in kwargs:
-            seen.append(dict(grid=tuple(grid), **{k: kwargs[k] for k in ("FUSE_SILU", "BLOCK_M", "BLOCK_N", "BLOCK_K",
-                                                                         "GROUP_M", "SWAP_AB", "num_warps",
-                                                                         "num_stages")}))
+            seen.append(
+                dict(
+                    grid=tuple(grid),
+                    **{
+                        k: kwargs[k]
+                        for k in (
+                            "FUSE_SILU",
+                            "BLOCK_M",
+                            "BLOCK_N",
+                            "BLOCK_K",
+                            "GROUP_M",
+                            "SWAP_AB",
+                            "num_warps",
+                            "num_stages",
+                        )
+                    },
+                )
+            )
         return real(kernel, grid, *args, **kwargs)
 
     monkeypatch.setattr(jit, "launch", spy)
@@ -60,9 +75,11 @@ def test_a_gemm2_tile_of_its_own_matches_the_oracle(quant, monkeypatch):
     g1, g2 = seen
     assert g1["FUSE_SILU"] and not g2["FUSE_SILU"]
     assert {k: g1[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SWAP_AB", "num_warps")} == dict(
-        BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, SWAP_AB=False, num_warps=4)
-    assert {k: g2[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SWAP_AB", "num_warps", "num_stages")} == dict(
-        BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, GROUP_M=2, SWAP_AB=True, num_warps=8, num_stages=3)
+        BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, SWAP_AB=False, num_warps=4
+    )
+    assert {
+        k: g2[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SWAP_AB", "num_warps", "num_stages")
+    } == dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, GROUP_M=2, SWAP_AB=True, num_warps=8, num_stages=3)
     blocks = g1["grid"][0] // 3  # GEMM1: cdiv(I = 80, 32) = 3 N tiles per M-block
     assert g2["grid"] == (blocks * 3,)  # GEMM2: cdiv(K = 160, 64) = 3 N tiles per M-block
 
@@ -85,13 +102,19 @@ def test_one_gemm_on_the_persistent_tma_kernel_the_other_grouped(persistent, few
     inp = make_inputs(SMALL, 11, None, seed=1)
     g2 = Gemm2Tile(64, 32, 2, 4, 2, swap_ab=False)  # another tile than GEMM1's
     grouped = fused_moe(**inp.kwargs(), config=TritonConfig(**TILE, gemm2=g2))
-    cfg = (TritonConfig(**TILE, gemm2=Gemm2Tile(**{**g2.as_dict(), "persistent_tma": True})) if persistent == "gemm2"
-           else TritonConfig(**TILE, persistent_tma=True, gemm2=g2))
+    cfg = (
+        TritonConfig(**TILE, gemm2=Gemm2Tile(**{**g2.as_dict(), "persistent_tma": True}))
+        if persistent == "gemm2"
+        else TritonConfig(**TILE, persistent_tma=True, gemm2=g2)
+    )
     with count_compilations() as counter:
         out = fused_moe(**inp.kwargs(), config=cfg)
     gemms = [n for n in counter.launches if n.startswith("moe_gemm")]
-    assert gemms == (["moe_gemm_kernel", "moe_gemm_tma_kernel"] if persistent == "gemm2"
-                     else ["moe_gemm_tma_kernel", "moe_gemm_kernel"])
+    assert gemms == (
+        ["moe_gemm_kernel", "moe_gemm_tma_kernel"]
+        if persistent == "gemm2"
+        else ["moe_gemm_tma_kernel", "moe_gemm_kernel"]
+    )
     assert rel_l2(out, oracle(**inp.kwargs())) <= TOL[None]
     assert torch.equal(out, grouped)
 
@@ -124,12 +147,24 @@ def test_gemm2_alone_is_the_layers_gemm2():
     T, K, I, E, top_k = 7, SMALL.hidden, SMALL.intermediate, SMALL.num_experts, SMALL.top_k  # noqa: E741
     routing = align_block_size(inp.topk_ids, E, cfg.BLOCK_M)
     ws = moe._buffers(T, top_k, E, K, I, quant, cfg.BLOCK_M, inp.x.device, moe._split(cfg))
-    out = moe.expert_computation(inp.x, inp.w1, inp.w2, inp.topk_weights, inp.topk_ids, routing, quant=quant,
-                                 w1_scale=inp.w1_scale, w2_scale=inp.w2_scale, config=cfg, workspace=ws)
+    out = moe.expert_computation(
+        inp.x,
+        inp.w1,
+        inp.w2,
+        inp.topk_weights,
+        inp.topk_ids,
+        routing,
+        quant=quant,
+        w1_scale=inp.w1_scale,
+        w2_scale=inp.w2_scale,
+        config=cfg,
+        workspace=ws,
+    )
     assert get_format(quant).quantized and rel_l2(out, oracle(**inp.kwargs())) <= TOL[quant]
     y = torch.empty_like(ws["y"])
-    moe.gemm2(ws["aq"], ws["act_scale"], inp.w2, inp.w2_scale, y, inp.topk_weights, inp.topk_ids, routing, cfg,
-              quant=quant)
+    moe.gemm2(
+        ws["aq"], ws["act_scale"], inp.w2, inp.w2_scale, y, inp.topk_weights, inp.topk_ids, routing, cfg, quant=quant
+    )
     assert torch.equal(y, ws["y"])
 
 
@@ -167,10 +202,14 @@ print(json.dumps(r))
 """
 
 
-@pytest.mark.parametrize("quant, g2", [(None, dict(BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4)),
-                                       ("fp8_tensor", dict(BLOCK_N=128, BLOCK_K=256, GROUP_M=8, num_warps=8,
-                                                           num_stages=3))],
-                         ids=["bf16-128x256x64", "fp8-128x128x256"])
+@pytest.mark.parametrize(
+    "quant, g2",
+    [
+        (None, dict(BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4)),
+        ("fp8_tensor", dict(BLOCK_N=128, BLOCK_K=256, GROUP_M=8, num_warps=8, num_stages=3)),
+    ],
+    ids=["bf16-128x256x64", "fp8-128x128x256"],
+)
 def test_a_gemm2_tile_compiles_for_sm90_as_planned(quant, g2):
     """The GEMM2 launch of a plan with its own tile (constexprs from ``moe._gemm_constants``),
     compiled for sm_90a on the CPU: the WGMMA the plan names is in the PTX, the shared memory is
@@ -195,8 +234,8 @@ def test_a_gemm2_tile_compiles_for_sm90_as_planned(quant, g2):
 
 def test_the_study_candidates_fit_and_differ_from_the_shared_tile():
     from moe_spec.problem import get_shape
-    from triton_moe.lab.bench_gemm2 import CELLS, candidates
     from triton_moe.heuristic import get_config
+    from triton_moe.lab.bench_gemm2 import CELLS, candidates
 
     assert CELLS[:2] == (("deepseek-v3:tp8", None, 4096), ("deepseek-v3:tp8", "fp8_tensor", 4096))
     for spec, quant, T in CELLS:
@@ -210,23 +249,47 @@ def test_the_study_candidates_fit_and_differ_from_the_shared_tile():
 
 
 def test_the_study_report_and_tables_render(tmp_path, monkeypatch):
-    from triton_moe.lab import bench_gemm2
     from triton_moe import heuristic as C
+    from triton_moe.lab import bench_gemm2
 
     monkeypatch.setattr(C, "current_device_name", lambda: "NVIDIA H200")
     g2 = Gemm2Tile(256, 64, 8, 8, 4)
 
     def row(tile, us, **kw):
-        return dict(shape="deepseek-v3:tp8", dtype="bf16", T=4096, tile=tile, us=us, tflops=1.0, vs_shared=us / 600, **kw)
+        return dict(
+            shape="deepseek-v3:tp8", dtype="bf16", T=4096, tile=tile, us=us, tflops=1.0, vs_shared=us / 600, **kw
+        )
 
-    results = dict(date="d", device="dev", commit="c", command="python -m triton_moe.lab.bench_gemm2 --out x",
-                   cut=["mixtral-8x7b fp8_block T=4096"],
-                   rows=[row("shared 128x128x64/g8w8s3", 600.0), row(g2.label(), 400.0, rel_l2=1e-3, equal=True, best=True),
-                         dict(shape="deepseek-v3:tp8", dtype="bf16", T=4096, tile="256x128/g8w8s3", error="E('x')")],
-                   cells=[dict(shape="deepseek-v3:tp8", dtype="bf16", T=4096, shipped="128x128x64/g8w8s3",
-                               shared_us=600.0, best=g2.label(), best_us=400.0, gemm2=g2.as_dict(), written=True,
-                               layer_rel_l2=3e-3, bit_identical=True, graph_equal=True, layer_shared_us=1300.0,
-                               layer_best_us=1100.0)])
+    results = dict(
+        date="d",
+        device="dev",
+        commit="c",
+        command="python -m triton_moe.lab.bench_gemm2 --out x",
+        cut=["mixtral-8x7b fp8_block T=4096"],
+        rows=[
+            row("shared 128x128x64/g8w8s3", 600.0),
+            row(g2.label(), 400.0, rel_l2=1e-3, equal=True, best=True),
+            dict(shape="deepseek-v3:tp8", dtype="bf16", T=4096, tile="256x128/g8w8s3", error="E('x')"),
+        ],
+        cells=[
+            dict(
+                shape="deepseek-v3:tp8",
+                dtype="bf16",
+                T=4096,
+                shipped="128x128x64/g8w8s3",
+                shared_us=600.0,
+                best=g2.label(),
+                best_us=400.0,
+                gemm2=g2.as_dict(),
+                written=True,
+                layer_rel_l2=3e-3,
+                bit_identical=True,
+                graph_equal=True,
+                layer_shared_us=1300.0,
+                layer_best_us=1100.0,
+            )
+        ],
+    )
     bench_gemm2._write(tmp_path, results)
     md = (tmp_path / "gemm2.md").read_text()
     assert "| deepseek-v3:tp8 | bf16 | 4096 | 256x64/g8w8s4 | 400.0 (best) | 0.667 | 1 | 1.0e-03 | True |" in md, md
@@ -240,8 +303,9 @@ def test_the_study_report_and_tables_render(tmp_path, monkeypatch):
     assert table[4096].gemm2 == g2 and table[1024] == shipped[1024]  # a cell not in the results keeps its entry
     body = json.loads((tmp_path / "tables" / name).read_text())
     assert body["gemm2_measured"]["4096"] == {"gemm2_us": [600.0, 400.0], "layer_us": [1300.0, 1100.0]}
-    assert "command" not in body or body["command"] == json.loads(C.table_path(256, 256, 7168, None, "NVIDIA H200")
-                                                                  .read_text()).get("command")
+    assert "command" not in body or body["command"] == json.loads(
+        C.table_path(256, 256, 7168, None, "NVIDIA H200").read_text()
+    ).get("command")
     C.load_table.cache_clear()
 
 

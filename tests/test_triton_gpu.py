@@ -13,8 +13,9 @@ TOKENS = [1, 8, 32, 128, 1024, 4096]
 # full DeepSeek-V3 (E=256, I=2048) is refused by the contract: W1 has more elements than int32
 # offsets reach (moe_spec.validate), so it runs sharded, as deepseek-v3:tp8
 SPECS = [s for s in CATALOG if s != "deepseek-v3"] + ["deepseek-v3:tp8"]
-CASES = ([(s, q, T) for s in SPECS for q in (None, "fp8_tensor") for T in TOKENS]
-         + [("deepseek-v3:tp8", q, T) for q in ("fp8_channel", "fp8_block") for T in TOKENS])
+CASES = [(s, q, T) for s in SPECS for q in (None, "fp8_tensor") for T in TOKENS] + [
+    ("deepseek-v3:tp8", q, T) for q in ("fp8_channel", "fp8_block") for T in TOKENS
+]
 TOL = {None: 5e-3, "fp8_tensor": 1e-2, "fp8_channel": 1e-2, "fp8_block": 1e-2}
 
 _current = [None]
@@ -57,8 +58,37 @@ def test_batch_sweep_does_not_recompile(quant):
     from triton_moe import TritonConfig, fused_moe
     from triton_moe.jit import count_compilations
 
-    sweep = [1, 2, 3, 7, 8, 15, 16, 17, 31, 32, 33, 64, 100, 127, 128, 255, 256, 500, 1000, 1023, 1024,
-             2047, 2048, 3001, 4095, 4096, 4097, 8191, 8192]
+    sweep = [
+        1,
+        2,
+        3,
+        7,
+        8,
+        15,
+        16,
+        17,
+        31,
+        32,
+        33,
+        64,
+        100,
+        127,
+        128,
+        255,
+        256,
+        500,
+        1000,
+        1023,
+        1024,
+        2047,
+        2048,
+        3001,
+        4095,
+        4096,
+        4097,
+        8191,
+        8192,
+    ]
     for cfg in (TritonConfig(16, 64, 128, 1, 4, 4, True), TritonConfig(128, 128, 128 if quant else 64, 8, 8, 3, False)):
         with count_compilations() as counter:
             p = _problem("qwen3-30b-a3b", quant, 5)

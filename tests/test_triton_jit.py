@@ -21,15 +21,59 @@ from triton_moe.jit import count_compilations, launch, specialization_key
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array:DeprecationWarning")
 
 SHAPE = MoEShape("sweep", 8, 2, 64, 48, "test")
-SWEEP = [1, 2, 3, 7, 8, 15, 16, 17, 31, 32, 33, 48, 63, 64, 65, 100, 127, 128, 129, 255, 256, 257,
-         500, 511, 512, 1000, 1023, 1024, 1025, 2047, 2048, 3001, 4095, 4096, 4097, 8191, 8192]
-VARIANTS = ([(q, cfg) for q in (None, "fp8_tensor", "fp8_channel", "fp8_block")
-             for cfg in (TritonConfig(16, 64, 64, swap_ab=True), TritonConfig(64, 64, 64, 8, swap_ab=False))]
-            + [("fp8_tensor", TritonConfig(64, 64, 256, 8, swap_ab=False))])  # promoted inside the dot
+SWEEP = [
+    1,
+    2,
+    3,
+    7,
+    8,
+    15,
+    16,
+    17,
+    31,
+    32,
+    33,
+    48,
+    63,
+    64,
+    65,
+    100,
+    127,
+    128,
+    129,
+    255,
+    256,
+    257,
+    500,
+    511,
+    512,
+    1000,
+    1023,
+    1024,
+    1025,
+    2047,
+    2048,
+    3001,
+    4095,
+    4096,
+    4097,
+    8191,
+    8192,
+]
+VARIANTS = [
+    (q, cfg)
+    for q in (None, "fp8_tensor", "fp8_channel", "fp8_block")
+    for cfg in (TritonConfig(16, 64, 64, swap_ab=True), TritonConfig(64, 64, 64, 8, swap_ab=False))
+] + [("fp8_tensor", TritonConfig(64, 64, 256, 8, swap_ab=False))]  # promoted inside the dot
 
 
-@pytest.mark.parametrize("quant, config", VARIANTS, ids=lambda v: str(v) if not isinstance(v, TritonConfig)
-                         else f"M{v.BLOCK_M}K{v.BLOCK_K}{'swap' if v.swap_ab else ''}")
+@pytest.mark.parametrize(
+    "quant, config",
+    VARIANTS,
+    ids=lambda v: (
+        str(v) if not isinstance(v, TritonConfig) else f"M{v.BLOCK_M}K{v.BLOCK_K}{'swap' if v.swap_ab else ''}"
+    ),
+)
 def test_sweep_does_not_recompile(quant, config):
     with count_compilations(dry_run=True) as counter:
         fused_moe(**make_inputs(SHAPE, 5, quant, seed=0).kwargs(), config=config)  # warm-up
@@ -54,8 +98,12 @@ def test_real_launches_record_the_dry_run_keys():
     # one binary per kernel, two for the GEMM (GEMM1 and GEMM2 are different constexpr variants)
     # and for quantize_kernel (x: bf16, amax found in-kernel; intermediate: fp32, amax given)
     assert {k: len(v) for k, v in keys[1].items()} == {
-        "_count_kernel": 1, "_place_kernel": 1, "quantize_kernel": 2,
-        "moe_gemm_kernel": 2, "combine_kernel": 1}
+        "_count_kernel": 1,
+        "_place_kernel": 1,
+        "quantize_kernel": 2,
+        "moe_gemm_kernel": 2,
+        "combine_kernel": 1,
+    }
 
 
 @triton.jit

@@ -94,9 +94,17 @@ def test_empty_batch():
 
 def test_vllm_spelling_per_channel():
     inp = make_inputs(SMALL, 3, "fp8_channel", seed=6)
-    out = fused_experts(inp.x, inp.w1, inp.w2, inp.topk_weights, inp.topk_ids, use_fp8_w8a8=True,
-                        per_channel_quant=True, w1_scale=inp.w1_scale[..., None],
-                        w2_scale=inp.w2_scale[..., None])
+    out = fused_experts(
+        inp.x,
+        inp.w1,
+        inp.w2,
+        inp.topk_weights,
+        inp.topk_ids,
+        use_fp8_w8a8=True,
+        per_channel_quant=True,
+        w1_scale=inp.w1_scale[..., None],
+        w2_scale=inp.w2_scale[..., None],
+    )
     assert rel_l2(out, oracle(**inp.kwargs())) <= 1e-2
 
 
@@ -107,10 +115,13 @@ def test_bad_input_is_named():
 
 
 @pytest.mark.parametrize("T", [2, 0])  # refused whatever T (moe_spec.plan: the empty batch)
-@pytest.mark.parametrize("config, quant, match", [
-    (TritonConfig(16, 64, 256, swap_ab=True), "fp8_block", "BLOCK_K to divide 128"),
-    (TritonConfig(128, 256, 128, num_stages=6), None, "shared memory"),
-])
+@pytest.mark.parametrize(
+    "config, quant, match",
+    [
+        (TritonConfig(16, 64, 256, swap_ab=True), "fp8_block", "BLOCK_K to divide 128"),
+        (TritonConfig(128, 256, 128, num_stages=6), None, "shared memory"),
+    ],
+)
 def test_config_that_does_not_fit_is_rejected(config, quant, match, T):
     inp = make_inputs(SMALL, T, quant)
     with pytest.raises(ValueError, match=match):
@@ -141,12 +152,15 @@ def test_quantize_kernel_is_the_reference(quant, dtype):
         assert torch.equal(q2.float(), q_ref.float())
 
 
-@pytest.mark.parametrize("options, match", [
-    ({"config": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64}}, "^config: expected a triton_moe.TritonConfig"),
-    ({"config": (16, 64, 64)}, "^config:"),
-    ({"swap_ab": "no"}, "^swap_ab: expected True, False or None, got 'no'"),
-    ({"swap_ab": 1}, "^swap_ab:"),
-])
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"config": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64}}, "^config: expected a triton_moe.TritonConfig"),
+        ({"config": (16, 64, 64)}, "^config:"),
+        ({"swap_ab": "no"}, "^swap_ab: expected True, False or None, got 'no'"),
+        ({"swap_ab": 1}, "^swap_ab:"),
+    ],
+)
 def test_backend_option_of_wrong_type_is_named_before_any_launch(options, match):
     from triton_moe.jit import count_compilations
 
@@ -167,7 +181,10 @@ def test_kernels_read_the_registry_and_its_constants():
 
     assert kernels.QUANT_MODE == {q: f.mode for q, f in FORMATS.items()}
     assert (kernels.FP8_MAX.value, kernels.AMAX_FLOOR.value, kernels.FP8_BLOCK.value) == (
-        FP8_MAX, AMAX_FLOOR, FP8_BLOCK)
+        FP8_MAX,
+        AMAX_FLOOR,
+        FP8_BLOCK,
+    )
     a = torch.zeros(2, 3 * FP8_BLOCK)
     a[0, FP8_BLOCK - 1], a[0, FP8_BLOCK] = 3.0, -5.0
     q, s = _quantize(a, "fp8_block")
@@ -197,8 +214,9 @@ def test_grouped_rasterization_with_a_partial_last_group():
 
 NAN_SHAPE = MoEShape("nan", 4, 2, 160, 48, "test: 6 tokens over 4 experts")
 # numpy, under the interpreter, warns at every NaN it computes
-nan_arithmetic = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning",
-                                            "ignore:overflow encountered:RuntimeWarning")
+nan_arithmetic = pytest.mark.filterwarnings(
+    "ignore:invalid value encountered:RuntimeWarning", "ignore:overflow encountered:RuntimeWarning"
+)
 
 
 def _poison(inp, where):
@@ -322,8 +340,12 @@ def test_a_repeated_expert_is_summed_as_the_formula_reads_and_flagged(word):
     out = fused_moe(**inp.kwargs())
     assert int(word) == REPEATED_ID
     word.zero_()
-    halves = [fused_moe(inp.x, inp.w1, inp.w2, inp.topk_weights[:, j:j + 1].contiguous(),
-                        inp.topk_ids[:, j:j + 1].contiguous()).float() for j in (0, 1)]
+    halves = [
+        fused_moe(
+            inp.x, inp.w1, inp.w2, inp.topk_weights[:, j : j + 1].contiguous(), inp.topk_ids[:, j : j + 1].contiguous()
+        ).float()
+        for j in (0, 1)
+    ]
     assert int(word) == 0 and rel_l2(out, (halves[0] + halves[1]).double()) < 1e-2
 
 
@@ -362,7 +384,10 @@ def test_sync_mode_raises_before_any_launch():
 
     inp = make_inputs(CHECK_SHAPE, 6, None, seed=25)
     inp.topk_ids[0, 0] = 9
-    with checks("sync"), count_compilations(dry_run=True) as counter, \
-            pytest.raises(ValueError, match=r"^topk_ids: expected ids in \[0, E=4\)"):
+    with (
+        checks("sync"),
+        count_compilations(dry_run=True) as counter,
+        pytest.raises(ValueError, match=r"^topk_ids: expected ids in \[0, E=4\)"),
+    ):
         fused_moe(**inp.kwargs())
     assert counter.launches == []

@@ -37,11 +37,11 @@ print(json.dumps(out))
 """
 
 CASES = [  # (TritonConfig fields, quant, GEMM1?) — the heuristic's tiles, and the rule's corners
-    ((16, 64, 64, 1, 4, 4), None, True),          # swap-AB decode tile: tokens are WGMMA's N
-    ((32, 64, 64, 1, 8, 4), None, False),         # swap-AB, 8 warps: two warpgroups split N
-    ((64, 128, 64, 8, 8, 4), None, False),        # M = 64 with 8 warps: N split in two
-    ((128, 128, 64, 8, 8, 3), None, True),        # prefill: two warpgroups along M
-    ((16, 32, 64, 1, 4, 4), None, False),         # no swap (BLOCK_N < 64), M = 16: mma.sync
+    ((16, 64, 64, 1, 4, 4), None, True),  # swap-AB decode tile: tokens are WGMMA's N
+    ((32, 64, 64, 1, 8, 4), None, False),  # swap-AB, 8 warps: two warpgroups split N
+    ((64, 128, 64, 8, 8, 4), None, False),  # M = 64 with 8 warps: N split in two
+    ((128, 128, 64, 8, 8, 3), None, True),  # prefill: two warpgroups along M
+    ((16, 32, 64, 1, 4, 4), None, False),  # no swap (BLOCK_N < 64), M = 16: mma.sync
     ((16, 32, 128, 1, 4, 4), "fp8_tensor", False),  # ... FP8 through fp16 mma.sync
     ((128, 128, 128, 8, 8, 3), "fp8_tensor", True),  # FP8 WGMMA: K = 32
 ]

@@ -39,8 +39,9 @@ print(json.dumps(r))
 def test_fp8_prefill_gemm_reads_operands_straight_into_wgmma(fuse_silu, imprecise):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(__file__)), env.get("PYTHONPATH", "")])
-    run = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps([fuse_silu, imprecise])],
-                         capture_output=True, text=True, env=env)
+    run = subprocess.run(
+        [sys.executable, "-c", SCRIPT, json.dumps([fuse_silu, imprecise])], capture_output=True, text=True, env=env
+    )
     if run.returncode and "ptxas" in run.stderr and "No such file" in run.stderr:
         pytest.skip("Triton's bundled ptxas is missing")
     assert run.returncode == 0, run.stderr[-2000:]

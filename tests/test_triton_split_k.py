@@ -116,8 +116,9 @@ def test_the_split_k_gemm1_compiles_for_sm90_with_its_exchange(fp8):
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(__file__)), env.get("PYTHONPATH", "")])
     got = {}
     for split_k in (1, 4):
-        run = subprocess.run([sys.executable, "-c", SM90, json.dumps([split_k, fp8])], capture_output=True,
-                             text=True, env=env)
+        run = subprocess.run(
+            [sys.executable, "-c", SM90, json.dumps([split_k, fp8])], capture_output=True, text=True, env=env
+        )
         if run.returncode and "ptxas" in run.stderr and "No such file" in run.stderr:
             pytest.skip("Triton's bundled ptxas is missing")
         assert run.returncode == 0, run.stderr[-2000:]
@@ -139,13 +140,33 @@ def test_the_split_k_study_report_renders(tmp_path):
     from triton_moe.lab import bench_splitk
 
     def row(s, us):
-        return dict(shape="deepseek-v3:tp8", dtype="bf16", T=1, tile="16x64x64/g1w4s5", split_k=s, us=us,
-                    rel_l2=3.0e-3, bit_identical=True, graph_equal=True, shipped_split_k=4)
+        return dict(
+            shape="deepseek-v3:tp8",
+            dtype="bf16",
+            T=1,
+            tile="16x64x64/g1w4s5",
+            split_k=s,
+            us=us,
+            rel_l2=3.0e-3,
+            bit_identical=True,
+            graph_equal=True,
+            shipped_split_k=4,
+        )
 
-    results = dict(date="d", device="dev", commit="c", command="cmd", cut=["mixtral-8x7b bf16 T=128"],
-                   rows=[row(1, 45.4), row(4, 34.5),
-                         dict(shape="deepseek-v3:tp8", dtype="bf16", T=1, tile="16x64x64/g1w4s5", split_k=8,
-                              error="ValueError('x')")])
+    results = dict(
+        date="d",
+        device="dev",
+        commit="c",
+        command="cmd",
+        cut=["mixtral-8x7b bf16 T=128"],
+        rows=[
+            row(1, 45.4),
+            row(4, 34.5),
+            dict(
+                shape="deepseek-v3:tp8", dtype="bf16", T=1, tile="16x64x64/g1w4s5", split_k=8, error="ValueError('x')"
+            ),
+        ],
+    )
     bench_splitk._write(tmp_path, results)
     md = (tmp_path / "splitk.md").read_text()
     assert "| deepseek-v3:tp8 | bf16 | 1 | 16x64x64/g1w4s5 | 1 | 45.4 | 1.000 |" in md, md

@@ -41,9 +41,11 @@ def few_programs(monkeypatch):
     monkeypatch.setattr(kt, "sm_count", lambda device=None: 3)
 
 
-@pytest.mark.parametrize("quant, flatten", [(None, False), ("fp8_block", False), ("fp8_tensor", False),
-                                           (None, True), ("fp8_block", True)],
-                         ids=["bf16", "fp8_block", "fp8_tensor", "bf16-flatten", "fp8_block-flatten"])
+@pytest.mark.parametrize(
+    "quant, flatten",
+    [(None, False), ("fp8_block", False), ("fp8_tensor", False), (None, True), ("fp8_block", True)],
+    ids=["bf16", "fp8_block", "fp8_tensor", "bf16-flatten", "fp8_block-flatten"],
+)
 def test_matches_the_oracle_and_the_grouped_kernel_bit_for_bit(quant, flatten, few_programs):
     inp = make_inputs(SMALL, 11, quant, seed=1)  # 22 pairs over 8 experts: some experts empty
     base = fused_moe(**inp.kwargs(), config=TritonConfig(**TILE))
@@ -74,8 +76,11 @@ def test_bad_data_gives_the_same_nan_rows_and_error_bits(few_programs, word):
 
 def test_selected_only_when_the_config_asks():
     inp = make_inputs(SMALL, 11, None, seed=1)
-    for cfg, kernel in [(None, "moe_gemm_kernel"), (TritonConfig(**TILE), "moe_gemm_kernel"),
-                        (TritonConfig(**TILE, persistent_tma=True), "moe_gemm_tma_kernel")]:
+    for cfg, kernel in [
+        (None, "moe_gemm_kernel"),
+        (TritonConfig(**TILE), "moe_gemm_kernel"),
+        (TritonConfig(**TILE, persistent_tma=True), "moe_gemm_tma_kernel"),
+    ]:
         with count_compilations(dry_run=True) as counter:
             fused_moe(**inp.kwargs(), config=cfg)
         gemms = [n for n in counter.launches if n.startswith("moe_gemm")]
@@ -101,14 +106,17 @@ def test_the_heuristic_leaves_it_off_and_a_table_turns_it_on_only_where_measured
     assert on  # the measurement found cells where it pays (Mixtral bf16 prefill)
 
 
-@pytest.mark.parametrize("kwargs, error, match", [
-    (dict(persistent_tma=1), TypeError, r"^persistent_tma: expected True or False, got 1"),
-    (dict(tma_flatten="yes"), TypeError, r"^tma_flatten: expected True or False"),
-    (dict(tma_flatten=True), ValueError, r"^tma_flatten=True: .* needs persistent_tma=True"),
-    (dict(persistent_tma=True, swap_ab=True), ValueError, r"^persistent_tma=True: .* non-swap-AB path"),
-    (dict(persistent_tma=True, BLOCK_N=512), ValueError, r"^persistent_tma=True: .* BLOCK_N=512"),
-    (dict(persistent_tma=True, BLOCK_K=512), ValueError, r"^persistent_tma=True: .* BLOCK_K=512"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(persistent_tma=1), TypeError, r"^persistent_tma: expected True or False, got 1"),
+        (dict(tma_flatten="yes"), TypeError, r"^tma_flatten: expected True or False"),
+        (dict(tma_flatten=True), ValueError, r"^tma_flatten=True: .* needs persistent_tma=True"),
+        (dict(persistent_tma=True, swap_ab=True), ValueError, r"^persistent_tma=True: .* non-swap-AB path"),
+        (dict(persistent_tma=True, BLOCK_N=512), ValueError, r"^persistent_tma=True: .* BLOCK_N=512"),
+        (dict(persistent_tma=True, BLOCK_K=512), ValueError, r"^persistent_tma=True: .* BLOCK_K=512"),
+    ],
+)
 def test_config_fields_are_checked_on_construction(kwargs, error, match):
     with pytest.raises(error, match=match):
         TritonConfig(**{**TILE, **kwargs})
@@ -176,8 +184,9 @@ def test_sm90_binary_reads_weights_by_tma_and_rows_by_async_copy(fuse_silu, quan
     gathered A rows by cp.async, both feed WGMMA; the prefill tile does not spill."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(__file__)), env.get("PYTHONPATH", "")])
-    run = subprocess.run([sys.executable, "-c", SM90, json.dumps([fuse_silu, quant, block_k])],
-                         capture_output=True, text=True, env=env)
+    run = subprocess.run(
+        [sys.executable, "-c", SM90, json.dumps([fuse_silu, quant, block_k])], capture_output=True, text=True, env=env
+    )
     if run.returncode and "ptxas" in run.stderr and "No such file" in run.stderr:
         pytest.skip("Triton's bundled ptxas is missing")
     assert run.returncode == 0, run.stderr[-2000:]
@@ -200,13 +209,38 @@ def test_bench_refuses_a_non_empty_output_directory(tmp_path, capsys):
 def test_bench_report_renders(tmp_path):
     from triton_moe.lab import bench_tma
 
-    row = dict(shape="mixtral-8x7b", dtype="bf16", T=4096, tile="128x128x64/g8w8s3", grouped_us=5357.0,
-               persistent_us=5000.0, speedup=1.0714, grouped_tflops=478.0, persistent_tflops=512.0, rel_l2=0.0,
-               bit_identical=True)
-    results = dict(date="d", device="dev", commit="c", command="cmd", flatten=False, cut=["qwen3-30b-a3b bf16 T=1024"],
-                   rows=[row, dict(shape="deepseek-v3:tp8", dtype="bf16", T=1024, tile="32x64x64/g1w4s4",
-                                   skipped="the table's tile is swap-AB")],
-                   oracle=[dict(dtype="bf16", grouped_rel_l2=3e-3, persistent_rel_l2=3e-3, bit_identical=True)])
+    row = dict(
+        shape="mixtral-8x7b",
+        dtype="bf16",
+        T=4096,
+        tile="128x128x64/g8w8s3",
+        grouped_us=5357.0,
+        persistent_us=5000.0,
+        speedup=1.0714,
+        grouped_tflops=478.0,
+        persistent_tflops=512.0,
+        rel_l2=0.0,
+        bit_identical=True,
+    )
+    results = dict(
+        date="d",
+        device="dev",
+        commit="c",
+        command="cmd",
+        flatten=False,
+        cut=["qwen3-30b-a3b bf16 T=1024"],
+        rows=[
+            row,
+            dict(
+                shape="deepseek-v3:tp8",
+                dtype="bf16",
+                T=1024,
+                tile="32x64x64/g1w4s4",
+                skipped="the table's tile is swap-AB",
+            ),
+        ],
+        oracle=[dict(dtype="bf16", grouped_rel_l2=3e-3, persistent_rel_l2=3e-3, bit_identical=True)],
+    )
     bench_tma._write(tmp_path, results)
     md = (tmp_path / "tma_bench.md").read_text()
     assert "| mixtral-8x7b | bf16 | 4096 | 128x128x64/g8w8s3 | 5357.0 | 5000.0 | 1.071 | 478 | 512 |" in md

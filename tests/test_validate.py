@@ -15,8 +15,18 @@ import torch
 
 from moe_spec.contract import make_fused_experts, quant_from_vllm
 from moe_spec.problem import MoEShape, get_shape, make_inputs
-from moe_spec.validate import (BAD_ID, BAD_WEIGHT, DATA_CHECKS, INT32_MAX, REPEATED_ID, check, check_mode, checks,
-                               guard_routing, validate_moe_args)
+from moe_spec.validate import (
+    BAD_ID,
+    BAD_WEIGHT,
+    DATA_CHECKS,
+    INT32_MAX,
+    REPEATED_ID,
+    check,
+    check_mode,
+    checks,
+    guard_routing,
+    validate_moe_args,
+)
 
 SHAPE = MoEShape("small", 4, 2, 64, 48, "test")
 
@@ -29,6 +39,7 @@ def _set(**changes):
     def mutate(kw):
         kw.update(changes)
         return kw
+
     return mutate
 
 
@@ -36,6 +47,7 @@ def _edit(name, fn):
     def mutate(kw):
         kw[name] = fn(kw[name])
         return kw
+
     return mutate
 
 
@@ -51,39 +63,113 @@ CASES = [
     ("w1 odd 2I", None, _edit("w1", lambda t: t[:, :95].contiguous()), ValueError, "w1"),
     ("w2 wrong I", None, _edit("w2", lambda t: t[:, :, :40].contiguous()), ValueError, "w2"),
     ("w2 wrong E", None, _edit("w2", lambda t: t[:3].contiguous()), ValueError, "w2"),
-    ("w2 transposed view", None, _edit("w2", lambda t: t.transpose(1, 2).contiguous().transpose(1, 2)), ValueError, "w2"),
+    (
+        "w2 transposed view",
+        None,
+        _edit("w2", lambda t: t.transpose(1, 2).contiguous().transpose(1, 2)),
+        ValueError,
+        "w2",
+    ),
     ("topk_weights bf16", None, _edit("topk_weights", lambda t: t.bfloat16()), TypeError, "topk_weights"),
     ("topk_weights wrong T", None, _edit("topk_weights", lambda t: t[:3]), ValueError, "topk_weights"),
-    ("topk_weights NaN", None, _edit("topk_weights", lambda t: t.index_fill(0, torch.tensor([1]), float("nan"))), ValueError, "topk_weights"),
-    ("top_k > E", None, lambda kw: {**kw, "topk_weights": torch.ones(5, 5), "topk_ids": torch.zeros(5, 5, dtype=torch.int32)}, ValueError, "topk_weights"),
+    (
+        "topk_weights NaN",
+        None,
+        _edit("topk_weights", lambda t: t.index_fill(0, torch.tensor([1]), float("nan"))),
+        ValueError,
+        "topk_weights",
+    ),
+    (
+        "top_k > E",
+        None,
+        lambda kw: {**kw, "topk_weights": torch.ones(5, 5), "topk_ids": torch.zeros(5, 5, dtype=torch.int32)},
+        ValueError,
+        "topk_weights",
+    ),
     ("topk_ids float", None, _edit("topk_ids", lambda t: t.float()), TypeError, "topk_ids"),
     ("topk_ids wrong k", None, _edit("topk_ids", lambda t: t[:, :1].contiguous()), ValueError, "topk_ids"),
-    ("topk_ids out of range", None, _edit("topk_ids", lambda t: t.index_fill(0, torch.tensor([2]), 4)), ValueError, "topk_ids"),
-    ("topk_ids one element = E", None, _edit("topk_ids", lambda t: t.index_put((torch.tensor([3]), torch.tensor([1])), torch.tensor(4, dtype=t.dtype))), ValueError, "topk_ids"),
-    ("topk_ids negative", None, _edit("topk_ids", lambda t: t.index_fill(0, torch.tensor([0]), -1)), ValueError, "topk_ids"),
-    ("topk_ids duplicate", None, _edit("topk_ids", lambda t: t[:, :1].expand(-1, 2).contiguous()), ValueError, "topk_ids"),
+    (
+        "topk_ids out of range",
+        None,
+        _edit("topk_ids", lambda t: t.index_fill(0, torch.tensor([2]), 4)),
+        ValueError,
+        "topk_ids",
+    ),
+    (
+        "topk_ids one element = E",
+        None,
+        _edit(
+            "topk_ids", lambda t: t.index_put((torch.tensor([3]), torch.tensor([1])), torch.tensor(4, dtype=t.dtype))
+        ),
+        ValueError,
+        "topk_ids",
+    ),
+    (
+        "topk_ids negative",
+        None,
+        _edit("topk_ids", lambda t: t.index_fill(0, torch.tensor([0]), -1)),
+        ValueError,
+        "topk_ids",
+    ),
+    (
+        "topk_ids duplicate",
+        None,
+        _edit("topk_ids", lambda t: t[:, :1].expand(-1, 2).contiguous()),
+        ValueError,
+        "topk_ids",
+    ),
     ("quant unknown", None, _set(quant="int4"), ValueError, "quant"),
     ("scale missing", "fp8_channel", _set(w1_scale=None), ValueError, "w1_scale"),
     ("scale given to bf16", None, _set(w2_scale=torch.ones(4)), ValueError, "w2_scale"),
     ("scale wrong shape", "fp8_channel", _edit("w1_scale", lambda t: t[:, :10].contiguous()), ValueError, "w1_scale"),
     ("scale block shape", "fp8_block", _edit("w2_scale", lambda t: t[:, :, :0]), ValueError, "w2_scale"),
     ("scale float64", "fp8_tensor", _edit("w2_scale", lambda t: t.double()), TypeError, "w2_scale"),
-    ("scale inf", "fp8_tensor", _edit("w1_scale", lambda t: t.index_fill(0, torch.tensor([1]), float("inf"))), ValueError, "w1_scale"),
+    (
+        "scale inf",
+        "fp8_tensor",
+        _edit("w1_scale", lambda t: t.index_fill(0, torch.tensor([1]), float("inf"))),
+        ValueError,
+        "w1_scale",
+    ),
     ("scale zero", "fp8_block", _edit("w2_scale", lambda t: t * 0), ValueError, "w2_scale"),
-    ("channel scale transposed view", "fp8_channel", _edit("w1_scale", lambda t: t.t().contiguous().t()), ValueError, "w1_scale"),
-    ("block scale strided view", "fp8_block", _edit("w2_scale", lambda t: torch.cat([t, t], 2)[:, :, ::2]), ValueError, "w2_scale"),
+    (
+        "channel scale transposed view",
+        "fp8_channel",
+        _edit("w1_scale", lambda t: t.t().contiguous().t()),
+        ValueError,
+        "w1_scale",
+    ),
+    (
+        "block scale strided view",
+        "fp8_block",
+        _edit("w2_scale", lambda t: torch.cat([t, t], 2)[:, :, ::2]),
+        ValueError,
+        "w2_scale",
+    ),
     ("topk_ids on meta", None, _edit("topk_ids", lambda t: t.to("meta")), ValueError, "topk_ids"),
     ("x on meta", None, _edit("x", lambda t: t.to("meta")), ValueError, "x"),
     ("w2 on meta", "fp8_tensor", _edit("w2", lambda t: t.to("meta")), ValueError, "w2"),
     ("w1_scale on meta", "fp8_block", _edit("w1_scale", lambda t: t.to("meta")), ValueError, "w1_scale"),
-    ("everything on meta", "fp8_channel", lambda kw: {k: v.to("meta") if isinstance(v, torch.Tensor) else v
-                                                     for k, v in kw.items()}, ValueError, "x"),
+    (
+        "everything on meta",
+        "fp8_channel",
+        lambda kw: {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in kw.items()},
+        ValueError,
+        "x",
+    ),
 ]
 
 
 #: The cases whose fault is in the data (the checks that read device memory).
-DATA_CASES = {"topk_weights NaN", "topk_ids out of range", "topk_ids one element = E", "topk_ids negative",
-              "topk_ids duplicate", "scale inf", "scale zero"}
+DATA_CASES = {
+    "topk_weights NaN",
+    "topk_ids out of range",
+    "topk_ids one element = E",
+    "topk_ids negative",
+    "topk_ids duplicate",
+    "scale inf",
+    "scale zero",
+}
 assert DATA_CASES <= {c[0] for c in CASES}
 
 
@@ -146,10 +232,16 @@ def test_the_verdict_cache_keys_on_strides_and_options():
 
 
 ROUTING_FAULTS = {  # name: (mutation of (ids, weights), bit, argument named by check())
-    "id = E": (lambda i, w: (i.index_put((torch.tensor([2]), torch.tensor([0])), torch.tensor(4, dtype=i.dtype)), w),
-               BAD_ID, "topk_ids"),
-    "id < 0": (lambda i, w: (i.index_put((torch.tensor([4]), torch.tensor([1])), torch.tensor(-3, dtype=i.dtype)), w),
-               BAD_ID, "topk_ids"),
+    "id = E": (
+        lambda i, w: (i.index_put((torch.tensor([2]), torch.tensor([0])), torch.tensor(4, dtype=i.dtype)), w),
+        BAD_ID,
+        "topk_ids",
+    ),
+    "id < 0": (
+        lambda i, w: (i.index_put((torch.tensor([4]), torch.tensor([1])), torch.tensor(-3, dtype=i.dtype)), w),
+        BAD_ID,
+        "topk_ids",
+    ),
     "repeated": (lambda i, w: (torch.cat([i[:, :1], i[:, :1]], 1), w), REPEATED_ID, "topk_ids"),
     "weight NaN": (lambda i, w: (i, w.index_fill(0, torch.tensor([1]), float("nan"))), BAD_WEIGHT, "topk_weights"),
     "weight -inf": (lambda i, w: (i, w.index_fill(0, torch.tensor([3]), -float("inf"))), BAD_WEIGHT, "topk_weights"),
@@ -193,11 +285,17 @@ def test_check_names_the_first_failed_argument_and_lists_the_rest(word):
 def test_check_mode_comes_from_the_environment():
     """MOE_CHECK in any case; a value that names no mode fails the first call that needs the mode,
     naming MOE_CHECK, never an import (issue 36, item 12: MOE_CHECK=SYNC made every import fail)."""
-    code = ("from moe_spec.validate import check_mode\n"
-            "try:\n    print(check_mode())\nexcept ValueError as e:\n    print('refused', e)")
+    code = (
+        "from moe_spec.validate import check_mode\n"
+        "try:\n    print(check_mode())\nexcept ValueError as e:\n    print('refused', e)"
+    )
     env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
-    run = lambda mode: subprocess.run([sys.executable, "-c", code], env={**env, "MOE_CHECK": mode},  # noqa: E731
-                                      capture_output=True, text=True)
+    run = lambda mode: subprocess.run(  # noqa: E731
+        [sys.executable, "-c", code],
+        env={**env, "MOE_CHECK": mode},
+        capture_output=True,
+        text=True,
+    )
     assert [run(m).stdout.strip() for m in ("sync", "device", "SYNC", " Device ")] == ["sync", "device"] * 2
     bad = run("eager")
     assert bad.returncode == 0 and bad.stderr == "", bad.stderr
@@ -205,23 +303,31 @@ def test_check_mode_comes_from_the_environment():
 
 
 def test_a_bad_moe_check_fails_the_call_not_the_import():
-    code = ("import torch\nfrom moe_spec.problem import MoEShape, make_inputs\n"
-            "from moe_spec.validate import checks, validate_moe_args\n"
-            "kw = make_inputs(MoEShape('s', 4, 2, 64, 48, ''), 3).kwargs()\n"
-            "with checks('sync'):\n    validate_moe_args(**kw)\n"
-            "validate_moe_args(**kw)\n")
-    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-           "MOE_CHECK": "synch"}
+    code = (
+        "import torch\nfrom moe_spec.problem import MoEShape, make_inputs\n"
+        "from moe_spec.validate import checks, validate_moe_args\n"
+        "kw = make_inputs(MoEShape('s', 4, 2, 64, 48, ''), 3).kwargs()\n"
+        "with checks('sync'):\n    validate_moe_args(**kw)\n"
+        "validate_moe_args(**kw)\n"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        "MOE_CHECK": "synch",
+    }
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert run.returncode == 1 and run.stderr.strip().splitlines()[-1].startswith(
-        "ValueError: MOE_CHECK: expected one of ('device', 'sync') (any case), got 'synch'"), run.stderr
-    help_ = subprocess.run([sys.executable, "-m", "compare", "--help"], env=env, capture_output=True, text=True,
-                           cwd=env["PYTHONPATH"])
+        "ValueError: MOE_CHECK: expected one of ('device', 'sync') (any case), got 'synch'"
+    ), run.stderr
+    help_ = subprocess.run(
+        [sys.executable, "-m", "compare", "--help"], env=env, capture_output=True, text=True, cwd=env["PYTHONPATH"]
+    )
     assert help_.returncode == 0 and "Traceback" not in help_.stderr, help_.stderr
 
 
 def test_meta_tensors_are_refused_before_any_value_is_read(monkeypatch):
     """Meta tensors have shapes but no data: refused by name, before a check reads a value."""
+
     def no_item(self):
         raise AssertionError("a value was read")
 
@@ -262,10 +368,13 @@ def test_int32_offset_overflow_is_rejected_before_allocation():
     E, I, K, T, top_k = 256, 2048, 7168, 40000, 8
     assert T * top_k * K > INT32_MAX
     meta = dict(device="meta")
-    kw = dict(x=torch.empty(T, K, dtype=torch.bfloat16, **meta),
-              w1=torch.empty(E, 2 * I, K, dtype=torch.bfloat16, **meta),
-              w2=torch.empty(E, K, I, dtype=torch.bfloat16, **meta),
-              topk_weights=torch.empty(T, top_k, **meta), topk_ids=torch.empty(T, top_k, dtype=torch.int32, **meta))
+    kw = dict(
+        x=torch.empty(T, K, dtype=torch.bfloat16, **meta),
+        w1=torch.empty(E, 2 * I, K, dtype=torch.bfloat16, **meta),
+        w2=torch.empty(E, K, I, dtype=torch.bfloat16, **meta),
+        topk_weights=torch.empty(T, top_k, **meta),
+        topk_ids=torch.empty(T, top_k, dtype=torch.int32, **meta),
+    )
     with pytest.raises(ValueError, match=r"^x: .*int32"):
         validate_moe_args(**kw)
 
@@ -291,9 +400,18 @@ def test_fused_experts_adapter_forwards_and_rejects():
     fused_experts = make_fused_experts(fake_fused_moe)
     kw = _kw("fp8_channel")
     x = kw["x"].clone()
-    out = fused_experts(x, kw["w1"], kw["w2"], kw["topk_weights"], kw["topk_ids"], use_fp8_w8a8=True,
-                        per_channel_quant=True, w1_scale=kw["w1_scale"][..., None],
-                        w2_scale=kw["w2_scale"][..., None], inplace=True)
+    out = fused_experts(
+        x,
+        kw["w1"],
+        kw["w2"],
+        kw["topk_weights"],
+        kw["topk_ids"],
+        use_fp8_w8a8=True,
+        per_channel_quant=True,
+        w1_scale=kw["w1_scale"][..., None],
+        w2_scale=kw["w2_scale"][..., None],
+        inplace=True,
+    )
     assert out is x and seen["quant"] == "fp8_channel" and seen["w1_scale"].shape == (4, 96)
     with pytest.raises(ValueError, match="^activation:"):
         fused_experts(x, kw["w1"], kw["w2"], kw["topk_weights"], kw["topk_ids"], activation="gelu")
@@ -305,8 +423,7 @@ def test_fused_experts_adapter_forwards_static_scales_only_when_given():
     seen = {}
 
     def fake_fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None, **opts):
-        validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale,
-                          **opts)
+        validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale, **opts)
         seen.update(opts)
         return x
 
@@ -316,19 +433,27 @@ def test_fused_experts_adapter_forwards_static_scales_only_when_given():
     fused_experts(*args, use_fp8_w8a8=True, w1_scale=kw["w1_scale"], w2_scale=kw["w2_scale"])
     assert seen == {}
     a1, a2 = torch.tensor(0.5), torch.ones(1)
-    fused_experts(*args, use_fp8_w8a8=True, w1_scale=kw["w1_scale"], w2_scale=kw["w2_scale"], a1_scale=a1,
-                  a2_scale=a2)
+    fused_experts(*args, use_fp8_w8a8=True, w1_scale=kw["w1_scale"], w2_scale=kw["w2_scale"], a1_scale=a1, a2_scale=a2)
     assert seen["a1_scale"] is a1 and seen["a2_scale"] is a2
     with pytest.raises(ValueError, match="^a1_scale: static activation scales need quant='fp8_tensor'"):
         bf16 = _kw(None)
-        fused_experts(bf16["x"], bf16["w1"], bf16["w2"], bf16["topk_weights"], bf16["topk_ids"],
-                      a1_scale=torch.ones(1), a2_scale=torch.ones(1))
+        fused_experts(
+            bf16["x"],
+            bf16["w1"],
+            bf16["w2"],
+            bf16["topk_weights"],
+            bf16["topk_ids"],
+            a1_scale=torch.ones(1),
+            a2_scale=torch.ones(1),
+        )
     with pytest.raises(ValueError, match="^a2_scale: required when a1_scale is given"):
         fused_experts(*args, use_fp8_w8a8=True, w1_scale=kw["w1_scale"], w2_scale=kw["w2_scale"], a1_scale=a1)
 
 
-@pytest.mark.parametrize("quant, vllm_shape", [("fp8_tensor", (4, 1, 1)), ("fp8_tensor", (4,)),
-                                               ("fp8_channel", (4, 96, 1)), ("fp8_block", (4, 1, 1))])
+@pytest.mark.parametrize(
+    "quant, vllm_shape",
+    [("fp8_tensor", (4, 1, 1)), ("fp8_tensor", (4,)), ("fp8_channel", (4, 96, 1)), ("fp8_block", (4, 1, 1))],
+)
 def test_fused_experts_takes_vllm_scale_shapes(quant, vllm_shape):
     """vLLM keeps singleton dims in its scales; the adapter hands the contract's shape on."""
     seen = {}
@@ -338,11 +463,21 @@ def test_fused_experts_takes_vllm_scale_shapes(quant, vllm_shape):
         return x
 
     kw = _kw(quant)
-    flags = dict(use_fp8_w8a8=True, per_channel_quant=quant == "fp8_channel",
-                 block_shape=[128, 128] if quant == "fp8_block" else None)
-    make_fused_experts(fake_fused_moe)(kw["x"], kw["w1"], kw["w2"], kw["topk_weights"], kw["topk_ids"],
-                                       w1_scale=kw["w1_scale"].reshape(vllm_shape), w2_scale=kw["w2_scale"],
-                                       **flags)
+    flags = dict(
+        use_fp8_w8a8=True,
+        per_channel_quant=quant == "fp8_channel",
+        block_shape=[128, 128] if quant == "fp8_block" else None,
+    )
+    make_fused_experts(fake_fused_moe)(
+        kw["x"],
+        kw["w1"],
+        kw["w2"],
+        kw["topk_weights"],
+        kw["topk_ids"],
+        w1_scale=kw["w1_scale"].reshape(vllm_shape),
+        w2_scale=kw["w2_scale"],
+        **flags,
+    )
     assert seen["w1_scale"].shape == kw["w1_scale"].shape and seen["w2_scale"] is kw["w2_scale"]
 
 

@@ -51,8 +51,17 @@ def _triton_sweep(E, top_k, K, I, quant, tokens, **options):  # noqa: E741
         topk_ids = (torch.arange(T)[:, None] * 7 + torch.arange(top_k)) % E
         topk_ids = topk_ids.to(torch.int64 if T % 2 else torch.int32)
         topk_weights = torch.full((T, top_k), 1 / top_k)
-        triton_moe.fused_moe(torch.empty(T, K, dtype=torch.bfloat16), base.w1, base.w2, topk_weights, topk_ids,
-                             quant=quant, w1_scale=base.w1_scale, w2_scale=base.w2_scale, **options)
+        triton_moe.fused_moe(
+            torch.empty(T, K, dtype=torch.bfloat16),
+            base.w1,
+            base.w2,
+            topk_weights,
+            topk_ids,
+            quant=quant,
+            w1_scale=base.w1_scale,
+            w2_scale=base.w2_scale,
+            **options,
+        )
         met.add(triton_moe.plan(MoEDims(T=T, E=E, K=K, I=I, top_k=top_k), quant, **options))
     return met
 
@@ -186,8 +195,11 @@ def test_cute_sweep_after_warmup_compiles_nothing(cute_warm):
     gemms = {cfg for p in met for cfg in (p.gemm1, p.gemm2)}
     aligns = len(CUTE_WARMUP.ALIGN_KERNELS) * len(CUTE_WARMUP.IDS_DTYPES)
     assert compiled == report.count == len(gemms) + len(CUTE_WARMUP.ROW_KERNELS) + aligns
-    assert [s.what for s in report.steps][-3:] == ["row kernels", "alignment kernels, int32 ids",
-                                                    "alignment kernels, int64 ids"]
+    assert [s.what for s in report.steps][-3:] == [
+        "row kernels",
+        "alignment kernels, int32 ids",
+        "alignment kernels, int64 ids",
+    ]
     assert all(s.seconds > 0 for s in report.steps)
 
 
@@ -243,8 +255,11 @@ def test_cute_dry_run_lists_without_compiling():
 
 def test_both_backends_have_the_same_warmup():
     sig = {name: inspect.signature(mod.warmup).parameters for name, mod in (("cute", cute_moe), ("triton", triton_moe))}
-    assert list(sig["cute"])[:9] == list(sig["triton"])[:9] == ["E", "K", "I", "top_k", "quant", "max_tokens",
-                                                                "device", "dry_run", "ids_dtypes"]
+    assert (
+        list(sig["cute"])[:9]
+        == list(sig["triton"])[:9]
+        == ["E", "K", "I", "top_k", "quant", "max_tokens", "device", "dry_run", "ids_dtypes"]
+    )
     assert sig["cute"]["ids_dtypes"].default == sig["triton"]["ids_dtypes"].default == (torch.int32, torch.int64)
     r = triton_moe.warmup(8, 64, 32, 2, "fp8_block", max_tokens=16, device="cpu")
     assert isinstance(r, WarmupReport) and r.backend == "triton_moe"
@@ -254,14 +269,17 @@ def test_both_backends_have_the_same_warmup():
 
 
 @pytest.mark.parametrize("mod", [cute_moe, triton_moe], ids=["cute", "triton"])
-@pytest.mark.parametrize("args, kwargs, error, match", [
-    ((0, 64, 32, 2), {}, ValueError, r"^E: expected at least 1 expert \(E\), got 0"),
-    ((8, 64, 32, 9), {}, ValueError, r"^top_k: expected 1 <= top_k <= E=8"),
-    ((8, 64, 32, 2), {"max_tokens": 0}, ValueError, r"^max_tokens: expected at least 1 tokens"),
-    ((8, 64, 32, 2), {"max_tokens": "64"}, TypeError, r"^max_tokens: expected an int"),
-    ((8, 64.0, 32, 2), {}, TypeError, r"^K: expected an int"),
-    ((8, 64, 32, 2, "fp9"), {}, ValueError, r"^quant: expected one of"),
-])
+@pytest.mark.parametrize(
+    "args, kwargs, error, match",
+    [
+        ((0, 64, 32, 2), {}, ValueError, r"^E: expected at least 1 expert \(E\), got 0"),
+        ((8, 64, 32, 9), {}, ValueError, r"^top_k: expected 1 <= top_k <= E=8"),
+        ((8, 64, 32, 2), {"max_tokens": 0}, ValueError, r"^max_tokens: expected at least 1 tokens"),
+        ((8, 64, 32, 2), {"max_tokens": "64"}, TypeError, r"^max_tokens: expected an int"),
+        ((8, 64.0, 32, 2), {}, TypeError, r"^K: expected an int"),
+        ((8, 64, 32, 2, "fp9"), {}, ValueError, r"^quant: expected one of"),
+    ],
+)
 def test_bad_arguments_are_named(mod, args, kwargs, error, match):
     with pytest.raises(error, match=match):
         mod.warmup(*args, device="cpu", **kwargs)
@@ -296,8 +314,9 @@ def test_sweep_tokens():
 
 
 def test_warm_study_cpu(tmp_path):
-    study = run_warm_study([CPU_SHAPE], [None, "fp8_tensor"], ("triton_moe", "cute_moe"), sweep_tokens(40),
-                           device="cpu")
+    study = run_warm_study(
+        [CPU_SHAPE], [None, "fp8_tensor"], ("triton_moe", "cute_moe"), sweep_tokens(40), device="cpu"
+    )
     cases = {(c["backend"], c["quant"]): c for c in study["cases"]}
     for key in [("triton_moe", "bf16"), ("triton_moe", "fp8_tensor"), ("cute_moe", "bf16"), ("cute_moe", "fp8_tensor")]:
         c = cases[key]

@@ -29,5 +29,15 @@ from triton_moe.warmup import warmup
 
 fused_experts = make_fused_experts(fused_moe)
 
-__all__ = ["fused_moe", "fused_experts", "Gemm2Tile", "LayerPlan", "TritonConfig", "choose_swap_ab", "get_config",
-           "plan", "plans_for", "warmup"]
+__all__ = [
+    "fused_moe",
+    "fused_experts",
+    "Gemm2Tile",
+    "LayerPlan",
+    "TritonConfig",
+    "choose_swap_ab",
+    "get_config",
+    "plan",
+    "plans_for",
+    "warmup",
+]

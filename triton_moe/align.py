@@ -94,8 +94,16 @@ def check_num_experts(num_experts: int) -> None:
 
 
 @triton.jit
-def _chunk(topk_ids_ptr, chunk, num_pairs, E: tl.constexpr, TOP_K: tl.constexpr, CHUNK: tl.constexpr,
-           FIRST=0, WIDTH: tl.constexpr = None):
+def _chunk(
+    topk_ids_ptr,
+    chunk,
+    num_pairs,
+    E: tl.constexpr,
+    TOP_K: tl.constexpr,
+    CHUNK: tl.constexpr,
+    FIRST=0,
+    WIDTH: tl.constexpr = None,
+):
     """Pairs FIRST … FIRST + WIDTH − 1 (default: all CHUNK) of chunk ``chunk`` (CHUNK // TOP_K whole
     rows): (index in the chunk, pair index, valid, expert clamped into [0, E) as int32, id out of range)."""
     PAIRS: tl.constexpr = CHUNK // TOP_K * TOP_K
@@ -109,16 +117,33 @@ def _chunk(topk_ids_ptr, chunk, num_pairs, E: tl.constexpr, TOP_K: tl.constexpr,
 
 
 @triton.jit
-def _histogram(topk_ids_ptr, counts_ptr, chunk, num_pairs, E: tl.constexpr, E_POW2: tl.constexpr,
-               TOP_K: tl.constexpr, CHUNK: tl.constexpr):
+def _histogram(
+    topk_ids_ptr,
+    counts_ptr,
+    chunk,
+    num_pairs,
+    E: tl.constexpr,
+    E_POW2: tl.constexpr,
+    TOP_K: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
     _, _, valid, experts, _ = _chunk(topk_ids_ptr, chunk, num_pairs, E, TOP_K, CHUNK)
     lanes = tl.arange(0, E_POW2)
     tl.store(counts_ptr + chunk * E + lanes, tl.histogram(experts, E_POW2, mask=valid), mask=lanes < E)
 
 
 @triton.jit(do_not_specialize=["num_pairs"])
-def _count_kernel(topk_ids_ptr, counts_ptr, num_pairs, E: tl.constexpr, E_POW2: tl.constexpr,
-                  TOP_K: tl.constexpr, CHUNK: tl.constexpr, SMALL_CHUNK: tl.constexpr, SMALL_PAIRS: tl.constexpr):
+def _count_kernel(
+    topk_ids_ptr,
+    counts_ptr,
+    num_pairs,
+    E: tl.constexpr,
+    E_POW2: tl.constexpr,
+    TOP_K: tl.constexpr,
+    CHUNK: tl.constexpr,
+    SMALL_CHUNK: tl.constexpr,
+    SMALL_PAIRS: tl.constexpr,
+):
     if num_pairs <= SMALL_PAIRS:  # a run-time branch: one binary serves both chunk widths
         _histogram(topk_ids_ptr, counts_ptr, tl.program_id(0), num_pairs, E, E_POW2, TOP_K, SMALL_CHUNK)
     else:
@@ -126,8 +151,18 @@ def _count_kernel(topk_ids_ptr, counts_ptr, num_pairs, E: tl.constexpr, E_POW2: 
 
 
 @triton.jit
-def _place_chunk(topk_ids_ptr, sorted_ids_ptr, error_ptr, chunk, num_pairs, first_row, TOP_K: tl.constexpr,
-                 E: tl.constexpr, CHUNK: tl.constexpr, RANK_ROWS: tl.constexpr):
+def _place_chunk(
+    topk_ids_ptr,
+    sorted_ids_ptr,
+    error_ptr,
+    chunk,
+    num_pairs,
+    first_row,
+    TOP_K: tl.constexpr,
+    E: tl.constexpr,
+    CHUNK: tl.constexpr,
+    RANK_ROWS: tl.constexpr,
+):
     """Place the pairs of chunk ``chunk``: pair i goes to row ``first_row[e] + #{earlier pairs of the
     chunk with expert e}`` (its rank, RANK_ROWS pairs against the whole chunk per step); flag bad and
     repeated ids."""
@@ -135,8 +170,7 @@ def _place_chunk(topk_ids_ptr, sorted_ids_ptr, error_ptr, chunk, num_pairs, firs
     any_bad = 0
     any_repeat = 0
     for r0 in range(0, CHUNK, RANK_ROWS):
-        mine_idx, offs, valid, mine, bad_id = _chunk(topk_ids_ptr, chunk, num_pairs, E, TOP_K, CHUNK, r0,
-                                                     RANK_ROWS)
+        mine_idx, offs, valid, mine, bad_id = _chunk(topk_ids_ptr, chunk, num_pairs, E, TOP_K, CHUNK, r0, RANK_ROWS)
         same_before = (mine[:, None] == experts[None, :]) & (idx[None, :] < mine_idx[:, None])
         rank = tl.sum(same_before.to(tl.int32), axis=1)
         tl.store(sorted_ids_ptr + tl.gather(first_row, mine, 0) + rank, offs, mask=valid)
@@ -159,10 +193,27 @@ def _place_chunk(topk_ids_ptr, sorted_ids_ptr, error_ptr, chunk, num_pairs, firs
 
 
 @triton.jit(do_not_specialize=["num_pairs", "num_chunks", "num_blocks"])
-def _place_kernel(topk_ids_ptr, counts_ptr, sorted_ids_ptr, expert_of_block_ptr, expert_end_ptr, error_ptr,
-                  num_pairs, num_chunks, num_blocks, E: tl.constexpr, E_POW2: tl.constexpr, TOP_K: tl.constexpr,
-                  BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, SMALL_CHUNK: tl.constexpr, SMALL_PAIRS: tl.constexpr,
-                  SCAN_ROWS: tl.constexpr, BLOCKS_PER_PROGRAM: tl.constexpr, RANK_ROWS: tl.constexpr):
+def _place_kernel(
+    topk_ids_ptr,
+    counts_ptr,
+    sorted_ids_ptr,
+    expert_of_block_ptr,
+    expert_end_ptr,
+    error_ptr,
+    num_pairs,
+    num_chunks,
+    num_blocks,
+    E: tl.constexpr,
+    E_POW2: tl.constexpr,
+    TOP_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    CHUNK: tl.constexpr,
+    SMALL_CHUNK: tl.constexpr,
+    SMALL_PAIRS: tl.constexpr,
+    SCAN_ROWS: tl.constexpr,
+    BLOCKS_PER_PROGRAM: tl.constexpr,
+    RANK_ROWS: tl.constexpr,
+):
     pid = tl.program_id(0)
     lanes = tl.arange(0, E_POW2)
     lane_ok = lanes < E
@@ -172,8 +223,11 @@ def _place_kernel(topk_ids_ptr, counts_ptr, sorted_ids_ptr, expert_of_block_ptr,
     before = tl.zeros([E_POW2], dtype=tl.int32)
     for c0 in range(0, num_chunks, SCAN_ROWS):
         rows = c0 + tl.arange(0, SCAN_ROWS)
-        c = tl.load(counts_ptr + rows[:, None] * E + lanes[None, :],
-                    mask=(rows[:, None] < num_chunks) & lane_ok[None, :], other=0)
+        c = tl.load(
+            counts_ptr + rows[:, None] * E + lanes[None, :],
+            mask=(rows[:, None] < num_chunks) & lane_ok[None, :],
+            other=0,
+        )
         total += tl.sum(c, axis=0)
         before += tl.sum(tl.where(rows[:, None] < pid, c, 0), axis=0)
     padded = tl.cdiv(total, BLOCK_M) * BLOCK_M
@@ -185,11 +239,22 @@ def _place_kernel(topk_ids_ptr, counts_ptr, sorted_ids_ptr, expert_of_block_ptr,
     # ---- place this program's chunk, if it has one (a run-time branch picks the chunk width) ----
     if pid < num_chunks:
         if num_pairs <= SMALL_PAIRS:
-            _place_chunk(topk_ids_ptr, sorted_ids_ptr, error_ptr, pid, num_pairs, start + before, TOP_K, E,
-                         SMALL_CHUNK, SMALL_CHUNK)
+            _place_chunk(
+                topk_ids_ptr,
+                sorted_ids_ptr,
+                error_ptr,
+                pid,
+                num_pairs,
+                start + before,
+                TOP_K,
+                E,
+                SMALL_CHUNK,
+                SMALL_CHUNK,
+            )
         else:
-            _place_chunk(topk_ids_ptr, sorted_ids_ptr, error_ptr, pid, num_pairs, start + before, TOP_K, E,
-                         CHUNK, RANK_ROWS)
+            _place_chunk(
+                topk_ids_ptr, sorted_ids_ptr, error_ptr, pid, num_pairs, start + before, TOP_K, E, CHUNK, RANK_ROWS
+            )
 
     # ---- label M-blocks and write the sentinel P into their padding rows ----
     run_end = tl.where(lane_ok, start + total, 0)  # end of each expert's pairs inside its run
@@ -204,8 +269,11 @@ def _place_kernel(topk_ids_ptr, counts_ptr, sorted_ids_ptr, expert_of_block_ptr,
         tl.store(expert_of_block_ptr + blocks, tl.where(used, owner, -1), mask=blocks < num_blocks)
         pairs_end = tl.where(used, tl.gather(run_end, tl.maximum(owner, 0), 0), 0)
         rows = blocks[:, None] * BLOCK_M + in_block[None, :]
-        tl.store(sorted_ids_ptr + rows, tl.zeros_like(rows) + num_pairs,
-                 mask=(rows >= pairs_end[:, None]) & (blocks < num_blocks)[:, None])
+        tl.store(
+            sorted_ids_ptr + rows,
+            tl.zeros_like(rows) + num_pairs,
+            mask=(rows >= pairs_end[:, None]) & (blocks < num_blocks)[:, None],
+        )
 
 
 def _widths(top_k: int) -> tuple[int, int, int]:
@@ -232,8 +300,14 @@ def _launch_sizes(T: int, top_k: int, num_experts: int, num_blocks: int) -> tupl
     small, large, limit = _widths(top_k)
     num_chunks = -(-num_pairs // chunk_pairs(top_k, num_pairs)[1])
     grid = (max(num_chunks, -(-num_blocks // BLOCKS_PER_PROGRAM), 1),)
-    constexprs = dict(E=num_experts, E_POW2=1 << (num_experts - 1).bit_length(), TOP_K=top_k, CHUNK=large,
-                      SMALL_CHUNK=small, SMALL_PAIRS=limit)
+    constexprs = dict(
+        E=num_experts,
+        E_POW2=1 << (num_experts - 1).bit_length(),
+        TOP_K=top_k,
+        CHUNK=large,
+        SMALL_CHUNK=small,
+        SMALL_PAIRS=limit,
+    )
     return num_pairs, num_chunks, constexprs, grid
 
 
@@ -242,14 +316,33 @@ def _bound(T: int, top_k: int, num_experts: int, num_blocks: int, block_m: int) 
     """(pairs, chunks, the count launch, the place launch) of one alignment, grids and constexprs
     bound once per shape (:class:`~triton_moe.jit.Bound`)."""
     num_pairs, num_chunks, constexprs, grid = _launch_sizes(T, top_k, num_experts, num_blocks)
-    return (num_pairs, num_chunks, Bound(_count_kernel, (num_chunks,), **constexprs),
-            Bound(_place_kernel, grid, BLOCK_M=block_m, SCAN_ROWS=SCAN_ROWS, BLOCKS_PER_PROGRAM=BLOCKS_PER_PROGRAM,
-                  RANK_ROWS=RANK_ROWS, num_warps=PLACE_WARPS, **constexprs))
+    return (
+        num_pairs,
+        num_chunks,
+        Bound(_count_kernel, (num_chunks,), **constexprs),
+        Bound(
+            _place_kernel,
+            grid,
+            BLOCK_M=block_m,
+            SCAN_ROWS=SCAN_ROWS,
+            BLOCKS_PER_PROGRAM=BLOCKS_PER_PROGRAM,
+            RANK_ROWS=RANK_ROWS,
+            num_warps=PLACE_WARPS,
+            **constexprs,
+        ),
+    )
 
 
-def align_into(topk_ids: torch.Tensor, num_experts: int, block_m: int, sorted_ids: torch.Tensor,
-               expert_of_block: torch.Tensor, expert_end: torch.Tensor, counts: torch.Tensor,
-               error: torch.Tensor) -> Alignment:
+def align_into(
+    topk_ids: torch.Tensor,
+    num_experts: int,
+    block_m: int,
+    sorted_ids: torch.Tensor,
+    expert_of_block: torch.Tensor,
+    expert_end: torch.Tensor,
+    counts: torch.Tensor,
+    error: torch.Tensor,
+) -> Alignment:
     """:func:`align_block_size` into given buffers (sizes as :func:`buffer_sizes` says; ``counts``
     int32 [chunks, num_experts]) — the launches only, for a caller that keeps its buffers
     (:mod:`triton_moe.moe`)."""
@@ -259,16 +352,20 @@ def align_into(topk_ids: torch.Tensor, num_experts: int, block_m: int, sorted_id
     flat_ids = topk_ids.reshape(-1)
     count(flat_ids, counts, num_pairs)
     place(flat_ids, counts, sorted_ids, expert_of_block, expert_end, error, num_pairs, num_chunks, num_blocks)
-    return Alignment(tile=block_m, num_pairs=num_pairs, sorted_ids=sorted_ids, expert_of_block=expert_of_block,
-                     expert_end=expert_end)
+    return Alignment(
+        tile=block_m, num_pairs=num_pairs, sorted_ids=sorted_ids, expert_of_block=expert_of_block, expert_end=expert_end
+    )
 
 
 def buffer_sizes(T: int, top_k: int, num_experts: int, block_m: int) -> dict:
     """Sizes of the alignment's buffers: rows of ``sorted_ids``, M-blocks, histogram chunks."""
     num_pairs = T * top_k
     rows = max_rows(num_pairs, num_experts, block_m)
-    return {"rows": rows, "blocks": rows // block_m,
-            "chunks": max(-(-num_pairs // chunk_pairs(top_k, num_pairs)[1]), 1)}
+    return {
+        "rows": rows,
+        "blocks": rows // block_m,
+        "chunks": max(-(-num_pairs // chunk_pairs(top_k, num_pairs)[1]), 1),
+    }
 
 
 def align_block_size(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Alignment:
@@ -284,5 +381,13 @@ def align_block_size(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> 
     n = buffer_sizes(T, top_k, num_experts, block_m)
     device = topk_ids.device
     new = lambda *shape: torch.empty(shape, dtype=torch.int32, device=device)  # noqa: E731
-    return align_into(topk_ids, num_experts, block_m, new(n["rows"]), new(n["blocks"]), new(num_experts),
-                      new(n["chunks"], num_experts), error_word(device))
+    return align_into(
+        topk_ids,
+        num_experts,
+        block_m,
+        new(n["rows"]),
+        new(n["blocks"]),
+        new(num_experts),
+        new(n["chunks"], num_experts),
+        error_word(device),
+    )

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import functools
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Optional
 
 from moe_spec.hopper import SMEM_PER_CTA_BYTES, WARPGROUP_THREADS, WGMMA_M, WGMMA_N_MAX, WGMMA_N_STEP, wgmma_k
 from moe_spec.quant import FP8_BLOCK, get_format
@@ -81,7 +80,7 @@ class GemmTile:
     GROUP_M: int = 1
     num_warps: int = 4
     num_stages: int = 3
-    swap_ab: Optional[bool] = None
+    swap_ab: bool | None = None
     persistent_tma: bool = False
     tma_flatten: bool = False
 
@@ -106,14 +105,19 @@ class GemmTile:
         if self.num_stages < 1:
             raise ValueError(f"{prefix}num_stages={self.num_stages}: must be >= 1")
         if self.persistent_tma and self.swap_ab:
-            raise ValueError(f"{prefix}persistent_tma=True: the persistent TMA kernel is the non-swap-AB path; "
-                             "it cannot run with swap_ab=True")
+            raise ValueError(
+                f"{prefix}persistent_tma=True: the persistent TMA kernel is the non-swap-AB path; "
+                "it cannot run with swap_ab=True"
+            )
         if self.persistent_tma and max(self.BLOCK_N, self.BLOCK_K) > TMA_BOX_MAX:
-            raise ValueError(f"{prefix}persistent_tma=True: a TMA box spans at most {TMA_BOX_MAX} rows and columns; "
-                             f"got the weight tile BLOCK_N={self.BLOCK_N} × BLOCK_K={self.BLOCK_K}")
+            raise ValueError(
+                f"{prefix}persistent_tma=True: a TMA box spans at most {TMA_BOX_MAX} rows and columns; "
+                f"got the weight tile BLOCK_N={self.BLOCK_N} × BLOCK_K={self.BLOCK_K}"
+            )
         if self.tma_flatten and not self.persistent_tma:
-            raise ValueError(f"{prefix}tma_flatten=True: flattens the persistent kernel's loops; "
-                             "it needs persistent_tma=True")
+            raise ValueError(
+                f"{prefix}tma_flatten=True: flattens the persistent kernel's loops; it needs persistent_tma=True"
+            )
 
 
 #: The names of :class:`GemmTile`'s fields: what GEMM2's own tile may set.
@@ -140,8 +144,9 @@ class Gemm2Tile(GemmTile):
 
     def label(self) -> str:
         """``BLOCK_NxBLOCK_K/g<GROUP_M>w<num_warps>s<num_stages>`` (``+tma`` for the persistent kernel)."""
-        return (f"{self.BLOCK_N}x{self.BLOCK_K}/g{self.GROUP_M}w{self.num_warps}s{self.num_stages}"
-                + ("+tma" if self.persistent_tma else ""))
+        return f"{self.BLOCK_N}x{self.BLOCK_K}/g{self.GROUP_M}w{self.num_warps}s{self.num_stages}" + (
+            "+tma" if self.persistent_tma else ""
+        )
 
 
 @dataclass(frozen=True)
@@ -173,7 +178,7 @@ class TritonConfig(GemmTile, _AlignmentTile):
     """
 
     split_k: int = 1
-    gemm2: Optional[Gemm2Tile] = None
+    gemm2: Gemm2Tile | None = None
 
     def __post_init__(self):
         for name in ("BLOCK_M", "split_k"):
@@ -184,14 +189,18 @@ class TritonConfig(GemmTile, _AlignmentTile):
         if self.split_k < 1:
             raise ValueError(f"split_k={self.split_k}: must be >= 1 (programs sharing one tile's K steps)")
         if self.split_k > 1 and self.persistent_tma:
-            raise ValueError(f"split_k={self.split_k}: the persistent TMA kernel does not split K; "
-                             "use split_k=1 with persistent_tma=True")
+            raise ValueError(
+                f"split_k={self.split_k}: the persistent TMA kernel does not split K; "
+                "use split_k=1 with persistent_tma=True"
+            )
         if self.gemm2 is not None and not isinstance(self.gemm2, Gemm2Tile):
-            raise TypeError(f"gemm2: expected a triton_moe.config.Gemm2Tile or None, got {self.gemm2!r} "
-                            f"({type(self.gemm2).__name__}); a table's dict goes through TritonConfig.from_dict")
+            raise TypeError(
+                f"gemm2: expected a triton_moe.config.Gemm2Tile or None, got {self.gemm2!r} "
+                f"({type(self.gemm2).__name__}); a table's dict goes through TritonConfig.from_dict"
+            )
 
     @classmethod
-    def from_dict(cls, d: dict) -> "TritonConfig":
+    def from_dict(cls, d: dict) -> TritonConfig:
         """The inverse of :meth:`as_dict` (a tuned table's entry): ``gemm2`` as a dict or null.
         Raises ValueError naming a key that is not a field."""
         d = dict(d)
@@ -200,13 +209,14 @@ class TritonConfig(GemmTile, _AlignmentTile):
             names = [f.name for f in fields(known)]
             unknown = [k for k in keys if k not in names]
             if unknown:
-                raise ValueError(f"{prefix}{unknown[0]}: not a field of {known.__name__} (its fields: "
-                                 f"{', '.join(names)})")
+                raise ValueError(
+                    f"{prefix}{unknown[0]}: not a field of {known.__name__} (its fields: {', '.join(names)})"
+                )
         if isinstance(g, dict):
             d["gemm2"] = Gemm2Tile(**g)
         return cls(**d)
 
-    def resolved(self) -> "TritonConfig":
+    def resolved(self) -> TritonConfig:
         """This config with swap-AB decided by the rule (:func:`choose_swap_ab`) where it is None,
         for GEMM1's tile and GEMM2's own; raises ValueError when the persistent TMA kernel's tile
         (GEMM1's, or ``gemm2``'s) resolves to swap-AB."""
@@ -214,30 +224,34 @@ class TritonConfig(GemmTile, _AlignmentTile):
         if self.swap_ab is None:
             swap = choose_swap_ab(self.BLOCK_M, self.BLOCK_N)
             if swap and self.persistent_tma:
-                raise ValueError(f"config: persistent_tma is the non-swap-AB path, but BLOCK_M={self.BLOCK_M} < "
-                                 f"{WGMMA_M} <= BLOCK_N={self.BLOCK_N} resolves to swap-AB; pass swap_ab=False or "
-                                 f"BLOCK_M >= {WGMMA_M}")
+                raise ValueError(
+                    f"config: persistent_tma is the non-swap-AB path, but BLOCK_M={self.BLOCK_M} < "
+                    f"{WGMMA_M} <= BLOCK_N={self.BLOCK_N} resolves to swap-AB; pass swap_ab=False or "
+                    f"BLOCK_M >= {WGMMA_M}"
+                )
             cfg = replace(cfg, swap_ab=swap)
         g = self.gemm2
         if g is not None and g.swap_ab is None:
             swap = choose_swap_ab(self.BLOCK_M, g.BLOCK_N)
             if swap and g.persistent_tma:
-                raise ValueError(f"config.gemm2: persistent_tma is the non-swap-AB path, but BLOCK_M={self.BLOCK_M} < "
-                                 f"{WGMMA_M} <= gemm2.BLOCK_N={g.BLOCK_N} resolves to swap-AB; pass "
-                                 f"gemm2.swap_ab=False or BLOCK_M >= {WGMMA_M}")
+                raise ValueError(
+                    f"config.gemm2: persistent_tma is the non-swap-AB path, but BLOCK_M={self.BLOCK_M} < "
+                    f"{WGMMA_M} <= gemm2.BLOCK_N={g.BLOCK_N} resolves to swap-AB; pass "
+                    f"gemm2.swap_ab=False or BLOCK_M >= {WGMMA_M}"
+                )
             cfg = replace(cfg, gemm2=replace(g, swap_ab=swap))
         return cfg
 
-    def gemm1_config(self) -> "TritonConfig":
+    def gemm1_config(self) -> TritonConfig:
         """The config GEMM1 launches with: this one without ``gemm2``."""
         return self if self.gemm2 is None else replace(self, gemm2=None)
 
-    def gemm2_config(self) -> "TritonConfig":
+    def gemm2_config(self) -> TritonConfig:
         """The config GEMM2 launches with: BLOCK_M this one's, the rest ``gemm2``'s (or, without
         it, this tile's), ``split_k`` 1 (only GEMM1 splits K), no ``gemm2``."""
         return _gemm2_config(self)
 
-    def replace_both(self, **changes) -> "TritonConfig":
+    def replace_both(self, **changes) -> TritonConfig:
         """A copy with ``changes`` made to GEMM1's fields and, with a ``gemm2``, to the same fields
         of it (those it has): what a per-call option such as ``swap_ab`` forces for both GEMMs."""
         g = self.gemm2
@@ -247,7 +261,7 @@ class TritonConfig(GemmTile, _AlignmentTile):
                 changes = {**changes, "gemm2": replace(g, **own)}
         return replace(self, **changes)
 
-    def smem_bytes(self, quant: Optional[str], gemm: int = 1) -> int:
+    def smem_bytes(self, quant: str | None, gemm: int = 1) -> int:
         """Shared memory of the pipelined operand tiles of one GEMM with this tile: A plus, for
         GEMM1 (``gemm=1``), the gate and up weight tiles, for GEMM2 (``gemm=2``) one weight tile.
         Without a ``gemm2`` GEMM1 is the larger of the two. Both operands have the format's weight
@@ -259,7 +273,7 @@ class TritonConfig(GemmTile, _AlignmentTile):
         per_stage = self.BLOCK_M * self.BLOCK_K * nbytes + weights
         return per_stage * self.num_stages + (2 * weights if self.tma_flatten else 0)
 
-    def check(self, quant: Optional[str]) -> "TritonConfig":
+    def check(self, quant: str | None) -> TritonConfig:
         """Raise ValueError (naming ``config``, or ``config.gemm2`` for GEMM2's own tile) when this
         config cannot run ``quant``; else return it.
 
@@ -272,21 +286,25 @@ class TritonConfig(GemmTile, _AlignmentTile):
             self.gemm2_config()._check_gemm(quant, 2, "config.gemm2")
         return self
 
-    def _check_gemm(self, quant: Optional[str], gemm: int, name: str) -> None:
+    def _check_gemm(self, quant: str | None, gemm: int, name: str) -> None:
         fmt = get_format(quant)
         if fmt.scales_along_k and FP8_BLOCK % self.BLOCK_K:
-            raise ValueError(f"{name}: {fmt.label} needs BLOCK_K to divide {FP8_BLOCK} (one scale per K step), "
-                             f"got BLOCK_K={self.BLOCK_K}")
+            raise ValueError(
+                f"{name}: {fmt.label} needs BLOCK_K to divide {FP8_BLOCK} (one scale per K step), "
+                f"got BLOCK_K={self.BLOCK_K}"
+            )
         if self.persistent_tma:
             replace(self, gemm2=None).resolved()  # raises when the tile resolves to swap-AB
         if fmt.quantized and self.BLOCK_K < 32:
             raise ValueError(f"{name}: FP8 needs BLOCK_K >= 32 (one WGMMA K step), got {self.BLOCK_K}")
         smem = self.smem_bytes(quant, gemm)
         if smem > SMEM_LIMIT:
-            raise ValueError(f"{name}: {smem} bytes of pipelined tiles exceed the {SMEM_LIMIT}-byte shared memory "
-                             f"of one Hopper SM; lower num_stages={self.num_stages} or the tile")
+            raise ValueError(
+                f"{name}: {smem} bytes of pipelined tiles exceed the {SMEM_LIMIT}-byte shared memory "
+                f"of one Hopper SM; lower num_stages={self.num_stages} or the tile"
+            )
 
-    def fits(self, quant: Optional[str]) -> bool:
+    def fits(self, quant: str | None) -> bool:
         """Whether :meth:`check` accepts this config (False instead of the ValueError)."""
         try:
             self.check(quant)
@@ -319,7 +337,7 @@ def choose_swap_ab(block_m: int, block_n: int) -> bool:
     return block_m < WGMMA_M and block_n >= WGMMA_M
 
 
-def mma_instruction(cfg: TritonConfig, quant: Optional[str]) -> str:
+def mma_instruction(cfg: TritonConfig, quant: str | None) -> str:
     """The tensor-core instruction a GEMM with the resolved ``cfg`` compiles to, as PTX spells it.
 
     Not read from a compiled kernel: implied by the tile, ``num_warps`` and the operand dtype

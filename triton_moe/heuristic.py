@@ -29,7 +29,6 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Optional
 
 from moe_spec.plan import bucket_starts, tokens_per_expert
 from moe_spec.quant import get_format
@@ -38,18 +37,20 @@ from triton_moe.config import TritonConfig
 CONFIG_DIR = Path(__file__).parent / "configs"
 
 
-@functools.lru_cache(maxsize=None)
-def default_tiles(quant: Optional[str]) -> tuple[tuple[float, TritonConfig], ...]:
+@functools.cache
+def default_tiles(quant: str | None) -> tuple[tuple[float, TritonConfig], ...]:
     """The deterministic heuristic as buckets of the tokens per expert: ``(upper bound, inclusive;
     config)``. BLOCK_K is 64 for bf16, 128 for FP8 (one 128-byte row of operand either way)."""
     bk = 128 // get_format(quant).weight_dtype.itemsize
-    return ((16, TritonConfig(16, 64, bk, 1, 4, 4)),
-            (32, TritonConfig(32, 64, bk, 1, 4, 4)),
-            (96, TritonConfig(64, 64, bk, 8, 4, 4)),
-            (math.inf, TritonConfig(128, 128, bk, 8, 8, 3)))
+    return (
+        (16, TritonConfig(16, 64, bk, 1, 4, 4)),
+        (32, TritonConfig(32, 64, bk, 1, 4, 4)),
+        (96, TritonConfig(64, 64, bk, 8, 4, 4)),
+        (math.inf, TritonConfig(128, 128, bk, 8, 8, 3)),
+    )
 
 
-def default_config(T: int, E: int, top_k: int, quant: Optional[str]) -> TritonConfig:
+def default_config(T: int, E: int, top_k: int, quant: str | None) -> TritonConfig:
     """The deterministic fallback config (see the module docstring): a function of the tokens per
     expert and the format only — the layer's N and K do not change the tile (partial tiles are
     masked), they only select a tuned table."""
@@ -62,13 +63,13 @@ def device_tag(name: str) -> str:
     return name.replace(" ", "_").replace("/", "_")
 
 
-def table_path(E: int, N: int, K: int, quant: Optional[str], device_name: str) -> Path:
+def table_path(E: int, N: int, K: int, quant: str | None, device_name: str) -> Path:
     dtype = get_format(quant).label
     return CONFIG_DIR / f"E={E},N={N},K={K},dtype={dtype},device={device_tag(device_name)}.json"
 
 
-@functools.lru_cache(maxsize=None)
-def load_table(path: str) -> Optional[dict]:
+@functools.cache
+def load_table(path: str) -> dict | None:
     """{token count: TritonConfig} from a JSON table, or None when the file does not exist."""
     if not os.path.exists(path):
         return None
@@ -86,14 +87,13 @@ def lookup(table: dict, T: int) -> TritonConfig:
     return table[best]
 
 
-def current_device_name() -> Optional[str]:
+def current_device_name() -> str | None:
     import torch
 
     return torch.cuda.get_device_name() if torch.cuda.is_available() else None
 
 
-def tuned_table(E: int, I: int, K: int, quant: Optional[str],
-                device_name: Optional[str] = None) -> Optional[dict]:
+def tuned_table(E: int, I: int, K: int, quant: str | None, device_name: str | None = None) -> dict | None:
     """The tuned table of this layer on ``device_name`` (default: the current GPU), or None."""
     device_name = device_name or current_device_name()
     if device_name is None:
@@ -101,8 +101,9 @@ def tuned_table(E: int, I: int, K: int, quant: Optional[str],
     return load_table(str(table_path(E, I, K, quant, device_name))) or None
 
 
-def get_config(T: int, E: int, top_k: int, I: int, K: int, quant: Optional[str],
-               device_name: Optional[str] = None) -> TritonConfig:
+def get_config(
+    T: int, E: int, top_k: int, I: int, K: int, quant: str | None, device_name: str | None = None
+) -> TritonConfig:
     """The tuned config for this shape on this device when a table exists, else the heuristic."""
     table = tuned_table(E, I, K, quant, device_name)
     if table:
@@ -110,8 +111,7 @@ def get_config(T: int, E: int, top_k: int, I: int, K: int, quant: Optional[str],
     return default_config(T, E, top_k, quant)
 
 
-def rule_starts(E: int, top_k: int, I: int, K: int, quant: Optional[str],
-                device_name: Optional[str] = None) -> list[int]:
+def rule_starts(E: int, top_k: int, I: int, K: int, quant: str | None, device_name: str | None = None) -> list[int]:
     """The first T ≥ 1 of every bucket of :func:`get_config`'s rule for this layer.
 
     With a tuned table, entry i (token counts k_0 < k_1 < …) is the nearest from the midpoint

@@ -30,11 +30,11 @@ import contextlib
 import os
 from collections import defaultdict
 
-from torch import Tensor
 import triton
+from torch import Tensor
 from triton import knobs
-from triton.knobs import HookChain
 from triton.compiler import CompiledKernel
+from triton.knobs import HookChain
 from triton.runtime.jit import JITFunction, create_function_from_signature
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -80,12 +80,14 @@ def _binder(kernel):
             jf = kernel
         else:  # InterpretedFunction: rebuild the JITFunction the GPU path would have
             kw = kernel.kwargs
-            jf = JITFunction(kernel.fn, do_not_specialize=kw.get("do_not_specialize"),
-                             do_not_specialize_on_alignment=kw.get("do_not_specialize_on_alignment"))
+            jf = JITFunction(
+                kernel.fn,
+                do_not_specialize=kw.get("do_not_specialize"),
+                do_not_specialize_on_alignment=kw.get("do_not_specialize_on_alignment"),
+            )
         from triton.backends.compiler import BaseBackend
 
-        _binders[kernel] = (create_function_from_signature(jf.signature, jf.params, BaseBackend),
-                            jf.fn.__qualname__)
+        _binders[kernel] = (create_function_from_signature(jf.signature, jf.params, BaseBackend), jf.fn.__qualname__)
     return _binders[kernel]
 
 
@@ -178,9 +180,9 @@ _WIDTH = f"(0 if -{_I32} <= {{a}} < {_I32} else 2 if -{_I64} <= {{a}} < {_I64} e
 _CLASS = {  # per parameter kind: the expression of argument {a}'s class (see fast_key)
     "c": "_other({a}, True)",
     "s": f"((({{a}}).dtype, ({{a}}).data_ptr() % 16 == 0) if type({{a}}) is Tensor else "
-         f"(-1 if {{a}} == 1 else ({{a}} % 16 == 0) + {_WIDTH}) if type({{a}}) is int else _other({{a}}))",
+    f"(-1 if {{a}} == 1 else ({{a}} % 16 == 0) + {_WIDTH}) if type({{a}}) is int else _other({{a}}))",
     "n": f"((({{a}}).dtype, ({{a}}).data_ptr() % 16 == 0) if type({{a}}) is Tensor else "
-         f"{_WIDTH} if type({{a}}) is int else _other({{a}}))",
+    f"{_WIDTH} if type({{a}}) is int else _other({{a}}))",
 }
 
 
@@ -189,8 +191,11 @@ def _key_function(kinds: tuple, nargs: int):
     (no loop: this runs at every launch)."""
     names = [f"a{i}" for i in range(nargs)]
     body = ", ".join(_CLASS[kind].format(a=n) for n, kind in zip(names, kinds))
-    src = f"def key(prefix, {', '.join(names)}):\n    return (prefix, {body})\n" if nargs else \
-        "def key(prefix):\n    return (prefix,)\n"
+    src = (
+        f"def key(prefix, {', '.join(names)}):\n    return (prefix, {body})\n"
+        if nargs
+        else "def key(prefix):\n    return (prefix,)\n"
+    )
     namespace = {"Tensor": Tensor, "_other": _other}
     exec(src, namespace)  # noqa: S102 - the text above, built from the parameter kinds only
     return namespace["key"]
@@ -248,20 +253,45 @@ def _launch_fast(kernel, grid, args, kwargs):
         compiled = kernel.run(*args, grid=grid, warmup=False, **kwargs)
         cache = _state(kernel)[1]
         if key is not None and isinstance(compiled, CompiledKernel) and len(cache) < _FAST_MAX:
-            params = kernel.params[len(args):]
+            params = kernel.params[len(args) :]
             tail = tuple(kwargs[p.name] if p.name in kwargs else p.default for p in params)
             cache[key] = (compiled, tail, _entry_point(compiled))
         return compiled
     compiled, tail, entry = hit
     n = len(grid)
     if entry is None:
-        compiled.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, drv.get_current_stream(device),
-                     compiled.function, compiled.packed_metadata, None, None, None, *args, *tail)
+        compiled.run(
+            grid[0],
+            grid[1] if n > 1 else 1,
+            grid[2] if n > 2 else 1,
+            drv.get_current_stream(device),
+            compiled.function,
+            compiled.packed_metadata,
+            None,
+            None,
+            None,
+            *args,
+            *tail,
+        )
     else:
         launch_c, cooperative, pdl = entry
-        launch_c(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, drv.get_current_stream(device),
-                 compiled.function, cooperative, pdl, None, None, compiled.packed_metadata, None, None, None,
-                 *args, *tail)
+        launch_c(
+            grid[0],
+            grid[1] if n > 1 else 1,
+            grid[2] if n > 2 else 1,
+            drv.get_current_stream(device),
+            compiled.function,
+            cooperative,
+            pdl,
+            None,
+            None,
+            compiled.packed_metadata,
+            None,
+            None,
+            None,
+            *args,
+            *tail,
+        )
     return compiled
 
 
@@ -270,8 +300,11 @@ def _entry_point(compiled):
     ``__call__`` would only forward to that function (no global or profile scratch memory to
     allocate: it then passes None for both), else None (call the launcher)."""
     launcher = compiled.run
-    if (type(launcher).__name__ == "CudaLauncher" and not getattr(launcher, "global_scratch_size", 1)
-            and not getattr(launcher, "profile_scratch_size", 1)):
+    if (
+        type(launcher).__name__ == "CudaLauncher"
+        and not getattr(launcher, "global_scratch_size", 1)
+        and not getattr(launcher, "profile_scratch_size", 1)
+    ):
         return launcher.launch, launcher.launch_cooperative_grid, launcher.launch_pdl
     return None
 
@@ -346,12 +379,38 @@ class Bound:
         compiled, tail, entry = hit
         gx, gy, gz = self._dims
         if entry is None:
-            compiled.run(gx, gy, gz, drv.get_current_stream(device), compiled.function, compiled.packed_metadata,
-                         None, None, None, *args, *tail)
+            compiled.run(
+                gx,
+                gy,
+                gz,
+                drv.get_current_stream(device),
+                compiled.function,
+                compiled.packed_metadata,
+                None,
+                None,
+                None,
+                *args,
+                *tail,
+            )
         else:
             launch_c, cooperative, pdl = entry
-            launch_c(gx, gy, gz, drv.get_current_stream(device), compiled.function, cooperative, pdl, None, None,
-                     compiled.packed_metadata, None, None, None, *args, *tail)
+            launch_c(
+                gx,
+                gy,
+                gz,
+                drv.get_current_stream(device),
+                compiled.function,
+                cooperative,
+                pdl,
+                None,
+                None,
+                compiled.packed_metadata,
+                None,
+                None,
+                None,
+                *args,
+                *tail,
+            )
         return compiled
 
 
@@ -400,8 +459,7 @@ def count_compilations(dry_run: bool = False):
             triton.knobs.runtime.jit_cache_hook = previous
 
 
-def build_sm90(kernel, signature: dict, constexprs: dict, *, num_warps: int, num_stages: int,
-               divisible_by_16=()):
+def build_sm90(kernel, signature: dict, constexprs: dict, *, num_warps: int, num_stages: int, divisible_by_16=()):
     """``kernel`` compiled for sm_90a without a GPU (Triton's compiled kernel: ``.asm`` holds its
     TTGIR, PTX and cubin). ``signature`` types the runtime arguments (the rest are constexprs);
     a constexpr the kernel declares with a default and ``constexprs`` leaves out takes the
@@ -413,14 +471,17 @@ def build_sm90(kernel, signature: dict, constexprs: dict, *, num_warps: int, num
     names = kernel.arg_names
     constexprs = {**{p.name: p.default for p in kernel.params if p.is_constexpr and p.has_default}, **constexprs}
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible_by_16}
-    src = ASTSource(kernel, signature={n: signature.get(n, "constexpr") for n in names},
-                    constexprs=constexprs, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps,
-                                                                              num_stages=num_stages))
+    src = ASTSource(
+        kernel, signature={n: signature.get(n, "constexpr") for n in names}, constexprs=constexprs, attrs=attrs
+    )
+    return triton.compile(
+        src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, num_stages=num_stages)
+    )
 
 
-def compile_sm90(kernel, signature: dict, constexprs: dict, *, num_warps: int, num_stages: int,
-                 divisible_by_16=()) -> dict:
+def compile_sm90(
+    kernel, signature: dict, constexprs: dict, *, num_warps: int, num_stages: int, divisible_by_16=()
+) -> dict:
     """:func:`build_sm90`, and what the binary looks like: registers and spill bytes per thread
     (``ptxas -v``), shared memory, and the TTGIR text. ``tests/test_triton_sm90.py`` runs it in
     a process of its own (the test session imports the interpreted kernels)."""
@@ -428,16 +489,24 @@ def compile_sm90(kernel, signature: dict, constexprs: dict, *, num_warps: int, n
     import subprocess
     import tempfile
 
-    compiled = build_sm90(kernel, signature, constexprs, num_warps=num_warps, num_stages=num_stages,
-                          divisible_by_16=divisible_by_16)
+    compiled = build_sm90(
+        kernel, signature, constexprs, num_warps=num_warps, num_stages=num_stages, divisible_by_16=divisible_by_16
+    )
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     with tempfile.TemporaryDirectory() as d:
         ptx = os.path.join(d, "k.ptx")
         with open(ptx, "w") as f:
             f.write(compiled.asm["ptx"])
-        log = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", ptx, "-o", os.path.join(d, "k.cubin")],
-                             capture_output=True, text=True, check=True).stderr
+        log = subprocess.run(
+            [ptxas, "-v", "--gpu-name", "sm_90a", ptx, "-o", os.path.join(d, "k.cubin")],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stderr
     spills = re.search(r"(\d+) bytes spill stores", log)
-    return {"registers": int(re.search(r"Used (\d+) registers", log).group(1)),
-            "spill_bytes": int(spills.group(1)) if spills else 0,
-            "shared_bytes": compiled.metadata.shared, "ttgir": compiled.asm["ttgir"]}
+    return {
+        "registers": int(re.search(r"Used (\d+) registers", log).group(1)),
+        "spill_bytes": int(spills.group(1)) if spills else 0,
+        "shared_bytes": compiled.metadata.shared,
+        "ttgir": compiled.asm["ttgir"],
+    }

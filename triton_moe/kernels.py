@@ -106,8 +106,10 @@ FP8_MAX = tl.constexpr(moe_spec.quant.FP8_MAX)  # largest E4M3FN value, 448
 AMAX_FLOOR = tl.constexpr(moe_spec.quant.AMAX_FLOOR)  # smallest amax a scale is taken of, 1e-12
 FP8_BLOCK = tl.constexpr(moe_spec.quant.FP8_BLOCK)  # weight block / activation group edge, 128
 #: The error-word bits the GEMMs set (moe_spec.validate.DATA_CHECKS).
-BAD_WEIGHT, BAD_W1_SCALE, BAD_W2_SCALE = (tl.constexpr(b) for b in (
-    moe_spec.validate.BAD_WEIGHT, moe_spec.validate.BAD_W1_SCALE, moe_spec.validate.BAD_W2_SCALE))
+BAD_WEIGHT, BAD_W1_SCALE, BAD_W2_SCALE = (
+    tl.constexpr(b)
+    for b in (moe_spec.validate.BAD_WEIGHT, moe_spec.validate.BAD_W1_SCALE, moe_spec.validate.BAD_W2_SCALE)
+)
 
 
 def fp8_imprecise_acc(block_k: int, quant) -> int:
@@ -200,9 +202,30 @@ def _mma_scaled(acc, a, w, a_s, w_s, SWAP_AB: tl.constexpr, INTERPRETER: tl.cons
 
 
 @triton.jit
-def _k_step(acc, acc_up, scale_bad, a, w, w_up, k0, a_row, row_ok, expert, offs_n, col_ok, a_scale_ptr, w_scale_ptr,
-            N, K_GROUPS, N_GROUPS, FUSE_SILU: tl.constexpr, QUANT: tl.constexpr, SWAP_AB: tl.constexpr,
-            INTERPRETER: tl.constexpr, FP8_IMPRECISE_ACC: tl.constexpr):
+def _k_step(
+    acc,
+    acc_up,
+    scale_bad,
+    a,
+    w,
+    w_up,
+    k0,
+    a_row,
+    row_ok,
+    expert,
+    offs_n,
+    col_ok,
+    a_scale_ptr,
+    w_scale_ptr,
+    N,
+    K_GROUPS,
+    N_GROUPS,
+    FUSE_SILU: tl.constexpr,
+    QUANT: tl.constexpr,
+    SWAP_AB: tl.constexpr,
+    INTERPRETER: tl.constexpr,
+    FP8_IMPRECISE_ACC: tl.constexpr,
+):
     """One K step of a grouped GEMM on its loaded tiles — A, the weight (GEMM1: gate) tile ``w`` and,
     under ``FUSE_SILU``, the up tile ``w_up`` — into (acc, acc_up, scale_bad). fp8_block loads the
     step's scales, checks the weight's and scales the product; every other format adds the raw
@@ -210,13 +233,13 @@ def _k_step(acc, acc_up, scale_bad, a, w, w_up, k0, a_row, row_ok, expert, offs_
     if QUANT == PER_BLOCK:
         kg = k0 // FP8_BLOCK
         s_a = tl.load(a_scale_ptr + a_row * K_GROUPS + kg, mask=row_ok, other=1.0)
-        s_w = tl.load(w_scale_ptr + (expert * N_GROUPS + offs_n // FP8_BLOCK) * K_GROUPS + kg,
-                      mask=col_ok, other=1.0)
+        s_w = tl.load(w_scale_ptr + (expert * N_GROUPS + offs_n // FP8_BLOCK) * K_GROUPS + kg, mask=col_ok, other=1.0)
         scale_bad |= _scale_bad(s_w)
         acc = _mma_scaled(acc, a, w, s_a, s_w, SWAP_AB, INTERPRETER)
         if FUSE_SILU:
-            s_w_up = tl.load(w_scale_ptr + (expert * N_GROUPS + (N + offs_n) // FP8_BLOCK) * K_GROUPS + kg,
-                             mask=col_ok, other=1.0)
+            s_w_up = tl.load(
+                w_scale_ptr + (expert * N_GROUPS + (N + offs_n) // FP8_BLOCK) * K_GROUPS + kg, mask=col_ok, other=1.0
+            )
             scale_bad |= _scale_bad(s_w_up)
             acc_up = _mma_scaled(acc_up, a, w_up, s_a, s_w_up, SWAP_AB, INTERPRETER)
     else:  # bf16, or FP8 with scales applied after the loop
@@ -248,8 +271,9 @@ def _scale_bad(s):  # 1 where a weight scale is not finite and positive (NaN fai
 
 
 @triton.jit
-def _dequant_after_loop(acc, a_scale_ptr, a_row, row_ok, w_scale_ptr, expert, w_cols, col_ok,
-                        N_TOTAL, QUANT: tl.constexpr):
+def _dequant_after_loop(
+    acc, a_scale_ptr, a_row, row_ok, w_scale_ptr, expert, w_cols, col_ok, N_TOTAL, QUANT: tl.constexpr
+):
     """Per-tensor / per-channel FP8: both scales once, after the K loop → (acc, a weight scale bad)."""
     bad = 0
     if QUANT == PER_TENSOR:
@@ -266,8 +290,16 @@ def _dequant_after_loop(acc, a_scale_ptr, a_row, row_ok, w_scale_ptr, expert, w_
 
 
 @triton.jit
-def _row_routing(pair, row_ok, topk_ids_ptr, topk_weights_ptr, E, MUL_ROUTED_WEIGHT: tl.constexpr,
-                 LOAD: tl.constexpr, BLOCK_M: tl.constexpr):
+def _row_routing(
+    pair,
+    row_ok,
+    topk_ids_ptr,
+    topk_weights_ptr,
+    E,
+    MUL_ROUTED_WEIGHT: tl.constexpr,
+    LOAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
     """The routing data of a tile's rows, for the epilogue: whether each pair's id is in [0, E), and
     its routing weight (GEMM2; zeros otherwise) — or, unless ``LOAD``, placeholders.  Loaded in the
     epilogue, or — ``EARLY_ROUTING``, a GEMM2 of at most
@@ -287,16 +319,41 @@ def _row_routing(pair, row_ok, topk_ids_ptr, topk_weights_ptr, E, MUL_ROUTED_WEI
 
 
 @triton.jit
-def _epilogue(acc, acc_up, scale_bad, pair, row_ok, a_row, expert, offs_n, col_ok, pid_n,
-              a_scale_ptr, w_scale_ptr, out_ptr, out_amax_ptr, topk_ids_ptr, topk_weights_ptr, id_ok, rw, error_ptr,
-              N, E, N_TOTAL, FUSE_SILU: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr, QUANT: tl.constexpr,
-              INTERPRETER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              EARLY_ROUTING: tl.constexpr):
+def _epilogue(
+    acc,
+    acc_up,
+    scale_bad,
+    pair,
+    row_ok,
+    a_row,
+    expert,
+    offs_n,
+    col_ok,
+    pid_n,
+    a_scale_ptr,
+    w_scale_ptr,
+    out_ptr,
+    out_amax_ptr,
+    topk_ids_ptr,
+    topk_weights_ptr,
+    id_ok,
+    rw,
+    error_ptr,
+    N,
+    E,
+    N_TOTAL,
+    FUSE_SILU: tl.constexpr,
+    MUL_ROUTED_WEIGHT: tl.constexpr,
+    QUANT: tl.constexpr,
+    INTERPRETER: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    EARLY_ROUTING: tl.constexpr,
+):
     """The epilogue of both grouped GEMMs on an (unswapped) [BLOCK_M, BLOCK_N] tile: dequantize,
     SiLU(gate)·up and the intermediate's amax (GEMM1), routing weight (GEMM2), error bits, store.
     ``id_ok`` and ``rw`` were loaded before the K loop (``EARLY_ROUTING``) or are loaded here (:func:`_row_routing`)."""
-    acc, bad = _dequant_after_loop(acc, a_scale_ptr, a_row, row_ok, w_scale_ptr, expert, offs_n, col_ok,
-                                   N_TOTAL, QUANT)
+    acc, bad = _dequant_after_loop(acc, a_scale_ptr, a_row, row_ok, w_scale_ptr, expert, offs_n, col_ok, N_TOTAL, QUANT)
     if QUANT == PER_BLOCK:
         bad = tl.max(scale_bad, axis=0)
     # a pair whose id is outside [0, E) was aligned with it clamped (triton_moe.align): GEMM1 zeroes
@@ -305,8 +362,9 @@ def _epilogue(acc, acc_up, scale_bad, pair, row_ok, a_row, expert, offs_n, col_o
         id_ok, rw = _row_routing(pair, row_ok, topk_ids_ptr, topk_weights_ptr, E, MUL_ROUTED_WEIGHT, True, BLOCK_M)
     out_mask = row_ok[:, None] & col_ok[None, :]
     if FUSE_SILU:
-        up, bad_up = _dequant_after_loop(acc_up, a_scale_ptr, a_row, row_ok, w_scale_ptr, expert, N + offs_n,
-                                         col_ok, N_TOTAL, QUANT)
+        up, bad_up = _dequant_after_loop(
+            acc_up, a_scale_ptr, a_row, row_ok, w_scale_ptr, expert, N + offs_n, col_ok, N_TOTAL, QUANT
+        )
         bad = bad | bad_up
         acc = acc / (1.0 + tl.exp(-acc)) * up  # SiLU(gate)·up in fp32
         acc = tl.where(out_mask & id_ok[:, None], acc, 0.0)
@@ -320,8 +378,11 @@ def _epilogue(acc, acc_up, scale_bad, pair, row_ok, a_row, expert, offs_n, col_o
             G: tl.constexpr = BLOCK_N if BLOCK_N < FP8_BLOCK else FP8_BLOCK
             group_max = tl.max(tl.reshape(_abs_bits(acc), [BLOCK_M, BLOCK_N // G, G]), axis=2)
             gcol = (pid_n * BLOCK_N) // FP8_BLOCK + tl.arange(0, BLOCK_N // G)
-            tl.atomic_max(_bits_ptr(out_amax_ptr) + pair[:, None].to(tl.int64) * tl.cdiv(N, FP8_BLOCK)
-                          + gcol[None, :], group_max, mask=row_ok[:, None] & (gcol < tl.cdiv(N, FP8_BLOCK))[None, :])
+            tl.atomic_max(
+                _bits_ptr(out_amax_ptr) + pair[:, None].to(tl.int64) * tl.cdiv(N, FP8_BLOCK) + gcol[None, :],
+                group_max,
+                mask=row_ok[:, None] & (gcol < tl.cdiv(N, FP8_BLOCK))[None, :],
+            )
     bits = tl.where(bad > 0, BAD_W1_SCALE if FUSE_SILU else BAD_W2_SCALE, 0)  # the weight scale it read
     if MUL_ROUTED_WEIGHT:
         bits |= tl.where(tl.max((row_ok & ~(tl.abs(rw) < float("inf"))).to(tl.int32), axis=0) > 0, BAD_WEIGHT, 0)
@@ -332,8 +393,17 @@ def _epilogue(acc, acc_up, scale_bad, pair, row_ok, a_row, expert, offs_n, col_o
 
 
 @triton.jit
-def _split_k_sum(acc, acc_up, partial_ptr, count_ptr, tile, FUSE_SILU: tl.constexpr, SPLIT_K: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _split_k_sum(
+    acc,
+    acc_up,
+    partial_ptr,
+    count_ptr,
+    tile,
+    FUSE_SILU: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """Split-K's exchange: store this program's partial tile(s), count the programs of ``tile`` that
     are done; the last one gets (Σ_s partial_s in the order s = 0, 1, …, the same, True) and resets
     the count for the next launch, the others (their partials, the same, False)."""
@@ -361,15 +431,24 @@ def _split_k_sum(acc, acc_up, partial_ptr, count_ptr, tile, FUSE_SILU: tl.conste
 
 @triton.jit(do_not_specialize=["num_pairs"])
 def moe_gemm_kernel(
-    a_ptr, a_scale_ptr,  # A rows [rows, K]: bf16, or E4M3 with its scales (FP8)
-    w_ptr, w_scale_ptr,  # expert weights [E, N_TOTAL, K] and their scales (FP8)
-    out_ptr, out_amax_ptr,  # output rows by pair [P, N]; amax of the output (GEMM1 under FP8)
-    topk_weights_ptr, topk_ids_ptr,  # [P] routing weights (GEMM2) and ids (both: checked, see below)
-    sorted_ids_ptr, expert_of_block_ptr, num_padded_ptr,  # the Alignment (moe_spec.align)
+    a_ptr,
+    a_scale_ptr,  # A rows [rows, K]: bf16, or E4M3 with its scales (FP8)
+    w_ptr,
+    w_scale_ptr,  # expert weights [E, N_TOTAL, K] and their scales (FP8)
+    out_ptr,
+    out_amax_ptr,  # output rows by pair [P, N]; amax of the output (GEMM1 under FP8)
+    topk_weights_ptr,
+    topk_ids_ptr,  # [P] routing weights (GEMM2) and ids (both: checked, see below)
+    sorted_ids_ptr,
+    expert_of_block_ptr,
+    num_padded_ptr,  # the Alignment (moe_spec.align)
     error_ptr,  # the device's error word (moe_spec.validate): bad scales, routing weights
-    partial_ptr, count_ptr,  # split-K: fp32 partial tiles, a zeroed int32 count per tile (SPLIT_K > 1)
+    partial_ptr,
+    count_ptr,  # split-K: fp32 partial tiles, a zeroed int32 count per tile (SPLIT_K > 1)
     num_pairs,  # P = T·top_k: varies per call
-    N, K, E,  # output columns (I for GEMM1, hidden for GEMM2), reduction length, experts
+    N,
+    K,
+    E,  # output columns (I for GEMM1, hidden for GEMM2), reduction length, experts
     A_ROW_DIV: tl.constexpr,  # A row of pair p is p // A_ROW_DIV (top_k in GEMM1, 1 in GEMM2)
     FUSE_SILU: tl.constexpr,  # GEMM1: gate and up accumulators, SiLU(gate)·up epilogue
     MUL_ROUTED_WEIGHT: tl.constexpr,  # GEMM2: multiply by the routing weight before the down-cast
@@ -377,7 +456,10 @@ def moe_gemm_kernel(
     FP8_IMPRECISE_ACC: tl.constexpr,  # FP8 promotion (fp8_imprecise_acc): 0 = fp32 add per K step, n = every n of K
     SWAP_AB: tl.constexpr,
     INTERPRETER: tl.constexpr,  # True only under TRITON_INTERPRET=1 (see the module docstring)
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
     SPLIT_K: tl.constexpr = 1,  # programs along grid axis 1, each summing its share of the K steps
     EARLY_ROUTING: tl.constexpr = False,  # GEMM2 of few K steps: the rows' ids and weights before the loop
 ):
@@ -398,8 +480,7 @@ def moe_gemm_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     pair = tl.load(sorted_ids_ptr + offs_m)
     row_ok = pair < num_pairs
-    id_ok, rw = _row_routing(pair, row_ok, topk_ids_ptr, topk_weights_ptr, E, MUL_ROUTED_WEIGHT, EARLY_ROUTING,
-                             BLOCK_M)
+    id_ok, rw = _row_routing(pair, row_ok, topk_ids_ptr, topk_weights_ptr, E, MUL_ROUTED_WEIGHT, EARLY_ROUTING, BLOCK_M)
     a_row = pair // A_ROW_DIV
     expert = tl.load(expert_of_block_ptr + pid_m)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -428,9 +509,30 @@ def moe_gemm_kernel(
         w_up = w  # GEMM2: no up tile
         if FUSE_SILU:
             w_up = tl.load(w_ptrs + N * K, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        acc, acc_up, scale_bad = _k_step(acc, acc_up, scale_bad, a, w, w_up, k0, a_row, row_ok, expert, offs_n,
-                                         col_ok, a_scale_ptr, w_scale_ptr, N, K_GROUPS, N_GROUPS, FUSE_SILU, QUANT,
-                                         SWAP_AB, INTERPRETER, FP8_IMPRECISE_ACC)
+        acc, acc_up, scale_bad = _k_step(
+            acc,
+            acc_up,
+            scale_bad,
+            a,
+            w,
+            w_up,
+            k0,
+            a_row,
+            row_ok,
+            expert,
+            offs_n,
+            col_ok,
+            a_scale_ptr,
+            w_scale_ptr,
+            N,
+            K_GROUPS,
+            N_GROUPS,
+            FUSE_SILU,
+            QUANT,
+            SWAP_AB,
+            INTERPRETER,
+            FP8_IMPRECISE_ACC,
+        )
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     acc = _unswap(acc, SWAP_AB)
@@ -439,10 +541,39 @@ def moe_gemm_kernel(
     if SPLIT_K > 1:  # the tile's last program to finish sums the partials and runs the epilogue
         if QUANT == PER_BLOCK:  # the bad weight scales of this program's K steps
             tl.atomic_or(error_ptr, BAD_W1_SCALE if FUSE_SILU else BAD_W2_SCALE, mask=tl.max(scale_bad, axis=0) > 0)
-        acc, acc_up, last = _split_k_sum(acc, acc_up, partial_ptr, count_ptr, pid_m * num_pid_n + pid_n, FUSE_SILU,
-                                         SPLIT_K, BLOCK_M, BLOCK_N)
+        acc, acc_up, last = _split_k_sum(
+            acc, acc_up, partial_ptr, count_ptr, pid_m * num_pid_n + pid_n, FUSE_SILU, SPLIT_K, BLOCK_M, BLOCK_N
+        )
         if not last:
             return
-    _epilogue(acc, acc_up, scale_bad, pair, row_ok, a_row, expert, offs_n, col_ok, pid_n,
-              a_scale_ptr, w_scale_ptr, out_ptr, out_amax_ptr, topk_ids_ptr, topk_weights_ptr, id_ok, rw, error_ptr,
-              N, E, N_TOTAL, FUSE_SILU, MUL_ROUTED_WEIGHT, QUANT, INTERPRETER, BLOCK_M, BLOCK_N, EARLY_ROUTING)
+    _epilogue(
+        acc,
+        acc_up,
+        scale_bad,
+        pair,
+        row_ok,
+        a_row,
+        expert,
+        offs_n,
+        col_ok,
+        pid_n,
+        a_scale_ptr,
+        w_scale_ptr,
+        out_ptr,
+        out_amax_ptr,
+        topk_ids_ptr,
+        topk_weights_ptr,
+        id_ok,
+        rw,
+        error_ptr,
+        N,
+        E,
+        N_TOTAL,
+        FUSE_SILU,
+        MUL_ROUTED_WEIGHT,
+        QUANT,
+        INTERPRETER,
+        BLOCK_M,
+        BLOCK_N,
+        EARLY_ROUTING,
+    )

@@ -26,8 +26,18 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from triton_moe.kernels import (AMAX_FLOOR, FP8_BLOCK, FP8_MAX, PER_BLOCK, PER_CHANNEL, PER_TENSOR, _abs_bits,
-                                _bits_ptr, _cast_out, _scale_bad)
+from triton_moe.kernels import (
+    AMAX_FLOOR,
+    FP8_BLOCK,
+    FP8_MAX,
+    PER_BLOCK,
+    PER_CHANNEL,
+    PER_TENSOR,
+    _abs_bits,
+    _bits_ptr,
+    _cast_out,
+    _scale_bad,
+)
 
 #: Partial amaxes of x under fp8_tensor (``amax_kernel``'s programs), reduced by ``quantize_kernel``.
 AMAX_PARTS = tl.constexpr(128)
@@ -60,8 +70,6 @@ def _quantize(a, scale, INTERPRETER: tl.constexpr):
     return q.to(tl.float8e4nv)  # the GPU's saturating cast keeps NaN
 
 
-
-
 @triton.jit(do_not_specialize=["num_rows"])
 def amax_kernel(x_ptr, amax_ptr, num_rows, K, BLOCK: tl.constexpr):
     """Partial amaxes of x [rows, K] (per-tensor FP8): program g of G stores the amax bits of rows g,
@@ -77,9 +85,22 @@ def amax_kernel(x_ptr, amax_ptr, num_rows, K, BLOCK: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["num_rows", "num_amax", "zero_count"])
-def quantize_kernel(a_ptr, amax_ptr, q_ptr, scale_ptr, zero_ptr, num_rows, K, num_amax, zero_count,
-                    QUANT: tl.constexpr, AMAX_GIVEN: tl.constexpr, GROUPS: tl.constexpr, INTERPRETER: tl.constexpr,
-                    STATIC_BIT: tl.constexpr = 0):
+def quantize_kernel(
+    a_ptr,
+    amax_ptr,
+    q_ptr,
+    scale_ptr,
+    zero_ptr,
+    num_rows,
+    K,
+    num_amax,
+    zero_count,
+    QUANT: tl.constexpr,
+    AMAX_GIVEN: tl.constexpr,
+    GROUPS: tl.constexpr,
+    INTERPRETER: tl.constexpr,
+    STATIC_BIT: tl.constexpr = 0,
+):
     """a [rows, K] (bf16 or fp32) → q [rows, K] E4M3 and scales, exactly as moe_spec.quant does.
     One program per row, GROUPS × 128 columns at a time. The scale is static (``STATIC_BIT`` ≠ 0,
     per-tensor: read at ``scale_ptr``; ``amax_ptr`` is the error word, where a scale not finite and
@@ -133,8 +154,7 @@ def quantize_kernel(a_ptr, amax_ptr, q_ptr, scale_ptr, zero_ptr, num_rows, K, nu
 
 
 @triton.jit(do_not_specialize=["num_tokens"])
-def combine_kernel(y_ptr, out_ptr, num_tokens, K, TOP_K: tl.constexpr, BLOCK: tl.constexpr,
-                   INTERPRETER: tl.constexpr):
+def combine_kernel(y_ptr, out_ptr, num_tokens, K, TOP_K: tl.constexpr, BLOCK: tl.constexpr, INTERPRETER: tl.constexpr):
     """out[t] = Σ_j y[t·TOP_K + j] in fp32, j ascending (y rows already carry the routing weight)."""
     t = tl.program_id(0).to(tl.int64)  # row offsets (t·TOP_K + j)·K may pass 2³¹
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)

@@ -55,7 +55,8 @@ import triton
 import triton.language as tl
 from triton.runtime import _allocation
 
-from moe_spec.hopper import TMA_ALIGN_BYTES as TMA_ALIGN, sm_count
+from moe_spec.hopper import TMA_ALIGN_BYTES as TMA_ALIGN
+from moe_spec.hopper import sm_count
 from triton_moe.jit import launch
 from triton_moe.kernels import FP8_BLOCK, _epilogue, _k_step, _row_routing
 
@@ -80,15 +81,34 @@ def check_tma_operand(name: str, w: torch.Tensor) -> None:
     """Raise ValueError naming ``name`` when the weight tensor cannot be read through TMA."""
     row_bytes = w.shape[-1] * w.element_size()
     if row_bytes % TMA_ALIGN:
-        raise ValueError(f"{name}: persistent_tma reads the weights through TMA, which needs rows of a multiple of "
-                         f"{TMA_ALIGN} bytes; got {w.shape[-1]} × {w.element_size()} = {row_bytes} bytes "
-                         f"(use persistent_tma=False for this shape)")
+        raise ValueError(
+            f"{name}: persistent_tma reads the weights through TMA, which needs rows of a multiple of "
+            f"{TMA_ALIGN} bytes; got {w.shape[-1]} × {w.element_size()} = {row_bytes} bytes "
+            f"(use persistent_tma=False for this shape)"
+        )
     if w.data_ptr() % TMA_ALIGN:
         raise ValueError(f"{name}: persistent_tma needs a {TMA_ALIGN}-byte aligned weight tensor (TMA base address)")
 
 
-def gemm_tma(a, a_scale, w, w_scale, out, out_amax, topk_weights, topk_ids, error, routing, num_padded, N, K,
-             constants: dict, *, flatten: bool, static: bool = False):
+def gemm_tma(
+    a,
+    a_scale,
+    w,
+    w_scale,
+    out,
+    out_amax,
+    topk_weights,
+    topk_ids,
+    error,
+    routing,
+    num_padded,
+    N,
+    K,
+    constants: dict,
+    *,
+    flatten: bool,
+    static: bool = False,
+):
     """Launch ``moe_gemm_tma_kernel`` for one GEMM (the arguments of ``triton_moe.moe._gemm``;
     ``constants``: its constexprs for ``moe_gemm_kernel``, whose ``SWAP_AB`` must be False).
 
@@ -104,26 +124,58 @@ def gemm_tma(a, a_scale, w, w_scale, out, out_amax, topk_weights, topk_ids, erro
     tiles = routing.expert_of_block.numel() * triton.cdiv(N, constants["BLOCK_N"])
     grid = (min(sm_count(a.device), tiles),)
     dummy = out  # stands in for pointers a mode does not read
-    launch(moe_gemm_tma_kernel, grid,
-           a, a_scale if a_scale is not None else dummy, w, w_scale if w_scale is not None else dummy,
-           out, None if static else out_amax if out_amax is not None else dummy, topk_weights, topk_ids,
-           routing.sorted_ids, routing.expert_of_block, num_padded, error, routing.num_pairs, N, K, w.shape[0],
-           **{k: v for k, v in constants.items() if k not in ("SWAP_AB", "SPLIT_K")}, FLATTEN=flatten)
+    launch(
+        moe_gemm_tma_kernel,
+        grid,
+        a,
+        a_scale if a_scale is not None else dummy,
+        w,
+        w_scale if w_scale is not None else dummy,
+        out,
+        None if static else out_amax if out_amax is not None else dummy,
+        topk_weights,
+        topk_ids,
+        routing.sorted_ids,
+        routing.expert_of_block,
+        num_padded,
+        error,
+        routing.num_pairs,
+        N,
+        K,
+        w.shape[0],
+        **{k: v for k, v in constants.items() if k not in ("SWAP_AB", "SPLIT_K")},
+        FLATTEN=flatten,
+    )
 
 
 @triton.jit(do_not_specialize=["num_pairs"])
 def moe_gemm_tma_kernel(
-    a_ptr, a_scale_ptr,  # A rows [rows, K]: bf16, or E4M3 with its scales (FP8)
-    w_ptr, w_scale_ptr,  # expert weights [E, N_TOTAL, K] (read as [E·N_TOTAL, K] through TMA), scales
-    out_ptr, out_amax_ptr,  # output rows by pair [P, N]; amax of the output (GEMM1 under FP8)
-    topk_weights_ptr, topk_ids_ptr,  # [P] routing weights (GEMM2) and ids
-    sorted_ids_ptr, expert_of_block_ptr, num_padded_ptr,  # the Alignment (moe_spec.align)
+    a_ptr,
+    a_scale_ptr,  # A rows [rows, K]: bf16, or E4M3 with its scales (FP8)
+    w_ptr,
+    w_scale_ptr,  # expert weights [E, N_TOTAL, K] (read as [E·N_TOTAL, K] through TMA), scales
+    out_ptr,
+    out_amax_ptr,  # output rows by pair [P, N]; amax of the output (GEMM1 under FP8)
+    topk_weights_ptr,
+    topk_ids_ptr,  # [P] routing weights (GEMM2) and ids
+    sorted_ids_ptr,
+    expert_of_block_ptr,
+    num_padded_ptr,  # the Alignment (moe_spec.align)
     error_ptr,  # the device's error word (moe_spec.validate)
     num_pairs,  # P = T·top_k: varies per call
-    N, K, E,  # output columns, reduction length, experts
-    A_ROW_DIV: tl.constexpr, FUSE_SILU: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr, QUANT: tl.constexpr,
-    FP8_IMPRECISE_ACC: tl.constexpr, INTERPRETER: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    N,
+    K,
+    E,  # output columns, reduction length, experts
+    A_ROW_DIV: tl.constexpr,
+    FUSE_SILU: tl.constexpr,
+    MUL_ROUTED_WEIGHT: tl.constexpr,
+    QUANT: tl.constexpr,
+    FP8_IMPRECISE_ACC: tl.constexpr,
+    INTERPRETER: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
     FLATTEN: tl.constexpr,  # tl.range(..., flatten=True): one software pipeline across tiles
     EARLY_ROUTING: tl.constexpr = False,  # GEMM2 of few K steps: the rows' ids and weights before the loop
 ):
@@ -133,8 +185,7 @@ def moe_gemm_tma_kernel(
         N_TOTAL = N
     K_GROUPS = tl.cdiv(K, FP8_BLOCK)
     N_GROUPS = tl.cdiv(N_TOTAL, FP8_BLOCK)
-    w_desc = tl.make_tensor_descriptor(w_ptr, shape=[E * N_TOTAL, K], strides=[K, 1],
-                                       block_shape=[BLOCK_N, BLOCK_K])
+    w_desc = tl.make_tensor_descriptor(w_ptr, shape=[E * N_TOTAL, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K])
 
     num_pid_n = tl.cdiv(N, BLOCK_N)
     num_pid_m = tl.cdiv(tl.load(num_padded_ptr), BLOCK_M)  # M-blocks holding pairs (device value)
@@ -152,8 +203,9 @@ def moe_gemm_tma_kernel(
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         pair = tl.load(sorted_ids_ptr + offs_m)
         row_ok = pair < num_pairs
-        id_ok, rw = _row_routing(pair, row_ok, topk_ids_ptr, topk_weights_ptr, E, MUL_ROUTED_WEIGHT,
-                                 EARLY_ROUTING, BLOCK_M)
+        id_ok, rw = _row_routing(
+            pair, row_ok, topk_ids_ptr, topk_weights_ptr, E, MUL_ROUTED_WEIGHT, EARLY_ROUTING, BLOCK_M
+        )
         a_row = pair // A_ROW_DIV
         expert = tl.load(expert_of_block_ptr + pid_m)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -171,12 +223,60 @@ def moe_gemm_tma_kernel(
             w_up = w  # GEMM2: no up tile
             if FUSE_SILU:
                 w_up = w_desc.load([w_row + N, k0])
-            acc, acc_up, scale_bad = _k_step(acc, acc_up, scale_bad, a, w, w_up, k0, a_row, row_ok, expert, offs_n,
-                                             col_ok, a_scale_ptr, w_scale_ptr, N, K_GROUPS, N_GROUPS, FUSE_SILU,
-                                             QUANT, False, INTERPRETER, FP8_IMPRECISE_ACC)
+            acc, acc_up, scale_bad = _k_step(
+                acc,
+                acc_up,
+                scale_bad,
+                a,
+                w,
+                w_up,
+                k0,
+                a_row,
+                row_ok,
+                expert,
+                offs_n,
+                col_ok,
+                a_scale_ptr,
+                w_scale_ptr,
+                N,
+                K_GROUPS,
+                N_GROUPS,
+                FUSE_SILU,
+                QUANT,
+                False,
+                INTERPRETER,
+                FP8_IMPRECISE_ACC,
+            )
             a_ptrs += BLOCK_K
 
-        _epilogue(acc, acc_up, scale_bad, pair, row_ok, a_row, expert, offs_n, col_ok, pid_n,
-                  a_scale_ptr, w_scale_ptr, out_ptr, out_amax_ptr, topk_ids_ptr, topk_weights_ptr, id_ok, rw,
-                  error_ptr, N, E, N_TOTAL, FUSE_SILU, MUL_ROUTED_WEIGHT, QUANT, INTERPRETER, BLOCK_M, BLOCK_N,
-                  EARLY_ROUTING)
+        _epilogue(
+            acc,
+            acc_up,
+            scale_bad,
+            pair,
+            row_ok,
+            a_row,
+            expert,
+            offs_n,
+            col_ok,
+            pid_n,
+            a_scale_ptr,
+            w_scale_ptr,
+            out_ptr,
+            out_amax_ptr,
+            topk_ids_ptr,
+            topk_weights_ptr,
+            id_ok,
+            rw,
+            error_ptr,
+            N,
+            E,
+            N_TOTAL,
+            FUSE_SILU,
+            MUL_ROUTED_WEIGHT,
+            QUANT,
+            INTERPRETER,
+            BLOCK_M,
+            BLOCK_N,
+            EARLY_ROUTING,
+        )

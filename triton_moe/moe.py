@@ -43,14 +43,21 @@ from __future__ import annotations
 import functools
 import threading
 from collections import OrderedDict
-from typing import Optional
 
 import torch
 
 from moe_spec.align import Alignment
 from moe_spec.quant import FP8_DTYPE, WHOLE, get_format
-from moe_spec.validate import (BAD_A1_SCALE, BAD_A2_SCALE, Limits, MoEDims, check_runs_on, error_word,
-                               surface_errors, validate_moe_args)
+from moe_spec.validate import (
+    BAD_A1_SCALE,
+    BAD_A2_SCALE,
+    Limits,
+    MoEDims,
+    check_runs_on,
+    error_word,
+    surface_errors,
+    validate_moe_args,
+)
 from triton_moe.align import MAX_EXPERTS, align_into, buffer_sizes
 from triton_moe.config import EARLY_ROUTING_MAX_K_STEPS, TritonConfig
 from triton_moe.jit import INTERPRET, Bound
@@ -61,8 +68,13 @@ from triton_moe.plan import plan
 
 #: What this backend adds to the contract (moe_spec.validate.Limits): every surface checks it. Off
 #: a GPU it runs only under Triton's interpreter, which TRITON_INTERPRET=1 selects at import.
-LIMITS = Limits("triton_moe", MAX_EXPERTS, cpu=None if INTERPRET else
-                "on a CPU, set TRITON_INTERPRET=1 before Python imports triton (Triton's interpreter: slow, exact)")
+LIMITS = Limits(
+    "triton_moe",
+    MAX_EXPERTS,
+    cpu=None
+    if INTERPRET
+    else "on a CPU, set TRITON_INTERPRET=1 before Python imports triton (Triton's interpreter: slow, exact)",
+)
 
 COMBINE_BLOCK = 1024
 PARTS = AMAX_PARTS.value  # fp8_tensor's partial amaxes of x, at most
@@ -86,8 +98,11 @@ def _quantize_launches(rows: int, cols: int, quant: str, amax_given: bool, zero_
         return None, 1, Bound(quantize_kernel, (rows,), AMAX_GIVEN=False, STATIC_BIT=static_bit, **common)
     if fmt.activation_group == (WHOLE, WHOLE) and not amax_given:  # one scale for the whole tensor
         num_amax = min(rows, PARTS)
-        return (Bound(amax_kernel, (num_amax,), BLOCK=AMAX_BLOCK), num_amax,
-                Bound(quantize_kernel, (rows,), AMAX_GIVEN=True, **common))
+        return (
+            Bound(amax_kernel, (num_amax,), BLOCK=AMAX_BLOCK),
+            num_amax,
+            Bound(quantize_kernel, (rows,), AMAX_GIVEN=True, **common),
+        )
     return None, 1, Bound(quantize_kernel, (rows,), AMAX_GIVEN=amax_given, **common)
 
 
@@ -102,19 +117,28 @@ def _quantize(a, quant: str, amax=None, *, q=None, scale=None, parts=None, zero=
     rows, cols = a.shape
     q = torch.empty((rows, cols), dtype=FP8_DTYPE, device=a.device) if q is None else q
     zero_numel = 0 if zero is None else zero.numel()
-    amax_launch, num_amax, quantize = launches or _quantize_launches(rows, cols, quant, amax is not None, zero_numel,
-                                                                     static_bit)
+    amax_launch, num_amax, quantize = launches or _quantize_launches(
+        rows, cols, quant, amax is not None, zero_numel, static_bit
+    )
     if static_bit:
         quantize(a, error_word(a.device), q, scale, scale, rows, cols, 1, 0)
         return q, scale
     if scale is None:
-        scale = torch.empty(get_format(quant).activation_scale_shape(rows, cols), dtype=torch.float32,
-                            device=a.device)
+        scale = torch.empty(get_format(quant).activation_scale_shape(rows, cols), dtype=torch.float32, device=a.device)
     if amax_launch is not None:
         amax = torch.empty(PARTS, dtype=torch.float32, device=a.device) if parts is None else parts
         amax_launch(a, amax, rows, cols)
-    quantize(a, amax if amax is not None else scale, q, scale, zero if zero is not None else scale, rows, cols,
-             num_amax, zero_numel)
+    quantize(
+        a,
+        amax if amax is not None else scale,
+        q,
+        scale,
+        zero if zero is not None else scale,
+        rows,
+        cols,
+        num_amax,
+        zero_numel,
+    )
     return q, scale
 
 
@@ -125,11 +149,23 @@ def _gemm_constants(cfg: TritonConfig, quant, fuse_silu: bool, a_row_div: int, k
     plan; not to be mutated), whose reduction length is ``k`` (a layer size: no new compile per T).
     Only GEMM1 splits K (``cfg.split_k``); only a short GEMM2 reads its routing early."""
     early = not fuse_silu and _cdiv(k, cfg.BLOCK_K) <= EARLY_ROUTING_MAX_K_STEPS
-    return dict(A_ROW_DIV=a_row_div, FUSE_SILU=fuse_silu, MUL_ROUTED_WEIGHT=not fuse_silu, QUANT=QUANT_MODE[quant],
-                EARLY_ROUTING=early, FP8_IMPRECISE_ACC=fp8_imprecise_acc(cfg.BLOCK_K, quant),
-                SWAP_AB=bool(cfg.swap_ab), INTERPRETER=INTERPRET,
-                BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
-                SPLIT_K=cfg.split_k if fuse_silu else 1, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return dict(
+        A_ROW_DIV=a_row_div,
+        FUSE_SILU=fuse_silu,
+        MUL_ROUTED_WEIGHT=not fuse_silu,
+        QUANT=QUANT_MODE[quant],
+        EARLY_ROUTING=early,
+        FP8_IMPRECISE_ACC=fp8_imprecise_acc(cfg.BLOCK_K, quant),
+        SWAP_AB=bool(cfg.swap_ab),
+        INTERPRETER=INTERPRET,
+        BLOCK_M=cfg.BLOCK_M,
+        BLOCK_N=cfg.BLOCK_N,
+        BLOCK_K=cfg.BLOCK_K,
+        GROUP_M=cfg.GROUP_M,
+        SPLIT_K=cfg.split_k if fuse_silu else 1,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
 
 
 class _Launches:
@@ -137,23 +173,54 @@ class _Launches:
     activation-scale mode, bound once (:func:`_launches`): grids and constexprs
     (:class:`~triton_moe.jit.Bound`), and what the persistent TMA kernel takes instead."""
 
-    __slots__ = ("quantized", "cfg1", "cfg2", "const1", "const2", "gemm1", "gemm2", "combine", "x_quant", "act_quant",
-                 "split")
+    __slots__ = (
+        "quantized",
+        "cfg1",
+        "cfg2",
+        "const1",
+        "const2",
+        "gemm1",
+        "gemm2",
+        "combine",
+        "x_quant",
+        "act_quant",
+        "split",
+    )
 
-    def __init__(self, T: int, top_k: int, K: int, I: int, quant, cfg: TritonConfig, num_blocks: int,  # noqa: E741
-                 static: bool):
+    def __init__(
+        self,
+        T: int,
+        top_k: int,
+        K: int,
+        I: int,
+        quant,
+        cfg: TritonConfig,
+        num_blocks: int,  # noqa: E741
+        static: bool,
+    ):
         fmt = get_format(quant)
         P = T * top_k
         cfg1, cfg2 = cfg.gemm1_config(), cfg.gemm2_config()
         self.quantized, self.cfg1, self.cfg2 = fmt.quantized, cfg1, cfg2
         self.const1 = _gemm_constants(cfg1, quant, True, top_k, K)
         self.const2 = _gemm_constants(cfg2, quant, False, 1, I)
-        self.gemm1 = None if cfg1.persistent_tma else Bound(moe_gemm_kernel, (num_blocks * _cdiv(I, cfg1.BLOCK_N),
-                                                                              cfg1.split_k), **self.const1)
-        self.gemm2 = None if cfg2.persistent_tma else Bound(moe_gemm_kernel, (num_blocks * _cdiv(K, cfg2.BLOCK_N),),
-                                                            **self.const2)
-        self.combine = None if top_k == 1 else Bound(combine_kernel, (T, _cdiv(K, COMBINE_BLOCK)), TOP_K=top_k,
-                                                     BLOCK=COMBINE_BLOCK, INTERPRETER=INTERPRET)
+        self.gemm1 = (
+            None
+            if cfg1.persistent_tma
+            else Bound(moe_gemm_kernel, (num_blocks * _cdiv(I, cfg1.BLOCK_N), cfg1.split_k), **self.const1)
+        )
+        self.gemm2 = (
+            None
+            if cfg2.persistent_tma
+            else Bound(moe_gemm_kernel, (num_blocks * _cdiv(K, cfg2.BLOCK_N),), **self.const2)
+        )
+        self.combine = (
+            None
+            if top_k == 1
+            else Bound(
+                combine_kernel, (T, _cdiv(K, COMBINE_BLOCK)), TOP_K=top_k, BLOCK=COMBINE_BLOCK, INTERPRETER=INTERPRET
+            )
+        )
         self.split = cfg1.split_k > 1
         self.x_quant = self.act_quant = None
         if static:
@@ -173,29 +240,95 @@ def _numel(shape) -> int:
 
 
 @functools.lru_cache(maxsize=1024)
-def _launches(T: int, top_k: int, K: int, I: int, quant, cfg: TritonConfig, num_blocks: int,  # noqa: E741
-              static: bool = False) -> _Launches:
+def _launches(
+    T: int,
+    top_k: int,
+    K: int,
+    I: int,
+    quant,
+    cfg: TritonConfig,
+    num_blocks: int,  # noqa: E741
+    static: bool = False,
+) -> _Launches:
     """The :class:`_Launches` of one shape, once per shape (``cfg``: a plan's config; GEMM2's grid
     and constexprs are its own tile's, ``cfg.gemm2``, else GEMM1's)."""
     return _Launches(T, top_k, K, I, quant, cfg, num_blocks, static)
 
 
-def _gemm(bound, constants, a, a_scale, w, w_scale, out, out_amax, topk_weights, topk_ids, error,
-          routing: Alignment, num_padded, N, K, cfg: TritonConfig, static=False, split=None):
+def _gemm(
+    bound,
+    constants,
+    a,
+    a_scale,
+    w,
+    w_scale,
+    out,
+    out_amax,
+    topk_weights,
+    topk_ids,
+    error,
+    routing: Alignment,
+    num_padded,
+    N,
+    K,
+    cfg: TritonConfig,
+    static=False,
+    split=None,
+):
     """One grouped GEMM; ``cfg`` is that GEMM's config (its kernel: grouped, through the bound launch
     ``bound``, or persistent TMA, with ``constants``)."""
     if cfg.persistent_tma:  # the persistent TMA kernel (triton_moe.kernels_tma): only when the config asks
-        return gemm_tma(a, a_scale, w, w_scale, out, out_amax, topk_weights, topk_ids, error, routing, num_padded,
-                        N, K, constants, flatten=cfg.tma_flatten, static=static)
+        return gemm_tma(
+            a,
+            a_scale,
+            w,
+            w_scale,
+            out,
+            out_amax,
+            topk_weights,
+            topk_ids,
+            error,
+            routing,
+            num_padded,
+            N,
+            K,
+            constants,
+            flatten=cfg.tma_flatten,
+            static=static,
+        )
     dummy = out  # stands in for pointers a mode does not read
-    bound(a, a_scale if a_scale is not None else dummy, w, w_scale if w_scale is not None else dummy,
-          out, None if static else out_amax if out_amax is not None else dummy, topk_weights, topk_ids,
-          routing.sorted_ids, routing.expert_of_block, num_padded, error,
-          *(split if split is not None else (dummy, dummy)), routing.num_pairs, N, K, w.shape[0])
+    bound(
+        a,
+        a_scale if a_scale is not None else dummy,
+        w,
+        w_scale if w_scale is not None else dummy,
+        out,
+        None if static else out_amax if out_amax is not None else dummy,
+        topk_weights,
+        topk_ids,
+        routing.sorted_ids,
+        routing.expert_of_block,
+        num_padded,
+        error,
+        *(split if split is not None else (dummy, dummy)),
+        routing.num_pairs,
+        N,
+        K,
+        w.shape[0],
+    )
 
 
-def _buffers(T: int, top_k: int, E: int, K: int, I: int, quant, tile: int, device,  # noqa: E741
-             split: tuple = (1, 0)) -> dict:
+def _buffers(
+    T: int,
+    top_k: int,
+    E: int,
+    K: int,
+    I: int,
+    quant,
+    tile: int,
+    device,  # noqa: E741
+    split: tuple = (1, 0),
+) -> dict:
     """Every intermediate buffer of one call, by name (``torch.empty``: no launch). ``split``:
     (split_k, BLOCK_N); with split_k > 1 also GEMM1's fp32 partial tiles and its per-tile counts,
     zeroed once here (one fill at creation; the kernel leaves them zero after every launch)."""
@@ -204,20 +337,31 @@ def _buffers(T: int, top_k: int, E: int, K: int, I: int, quant, tile: int, devic
     n = buffer_sizes(T, top_k, E, tile)
     new = lambda shape, dtype: torch.empty(shape, dtype=dtype, device=device)  # noqa: E731
     end = new((E,), torch.int32)
-    b = dict(sorted_ids=new((n["rows"],), torch.int32), expert_of_block=new((n["blocks"],), torch.int32),
-             expert_end=end, num_padded=end[-1:], counts=new((n["chunks"], E), torch.int32),
-             act=new((P, I), torch.float32 if fmt.quantized else torch.bfloat16),
-             y=new((P, K), torch.bfloat16) if top_k > 1 else None)
+    b = dict(
+        sorted_ids=new((n["rows"],), torch.int32),
+        expert_of_block=new((n["blocks"],), torch.int32),
+        expert_end=end,
+        num_padded=end[-1:],
+        counts=new((n["chunks"], E), torch.int32),
+        act=new((P, I), torch.float32 if fmt.quantized else torch.bfloat16),
+        y=new((P, K), torch.bfloat16) if top_k > 1 else None,
+    )
     split_k, block_n = split
     if split_k > 1:
         tiles = n["blocks"] * _cdiv(I, block_n)
-        b.update(partials=new((tiles * split_k * 2 * tile * block_n,), torch.float32),
-                 counts_split=torch.zeros((tiles,), dtype=torch.int32, device=device))
+        b.update(
+            partials=new((tiles * split_k * 2 * tile * block_n,), torch.float32),
+            counts_split=torch.zeros((tiles,), dtype=torch.int32, device=device),
+        )
     if fmt.quantized:
-        b.update(xq=new((T, K), FP8_DTYPE), x_scale=new(fmt.activation_scale_shape(T, K), torch.float32),
-                 parts=new((PARTS,), torch.float32),
-                 act_amax=new(fmt.activation_scale_shape(P, I), torch.float32),
-                 aq=new((P, I), FP8_DTYPE), act_scale=new(fmt.activation_scale_shape(P, I), torch.float32))
+        b.update(
+            xq=new((T, K), FP8_DTYPE),
+            x_scale=new(fmt.activation_scale_shape(T, K), torch.float32),
+            parts=new((PARTS,), torch.float32),
+            act_amax=new(fmt.activation_scale_shape(P, I), torch.float32),
+            aq=new((P, I), FP8_DTYPE),
+            act_scale=new(fmt.activation_scale_shape(P, I), torch.float32),
+        )
     return b
 
 
@@ -265,8 +409,13 @@ class _Call:
         self.plan, self.tma1, self.tma2 = p, p.gemm1.persistent_tma, p.gemm2.persistent_tma
         tile = p.align_tile
         self.sizes = (d.T, d.top_k, d.E, d.K, d.I, quant, tile, device, _split(p.config))
-        self.launches = None if not d.T else _launches(d.T, d.top_k, d.K, d.I, quant, p.config,
-                                                       buffer_sizes(d.T, d.top_k, d.E, tile)["blocks"], static)
+        self.launches = (
+            None
+            if not d.T
+            else _launches(
+                d.T, d.top_k, d.K, d.I, quant, p.config, buffer_sizes(d.T, d.top_k, d.E, tile)["blocks"], static
+            )
+        )
 
 
 @functools.lru_cache(maxsize=1024)
@@ -280,8 +429,21 @@ def forget_plans() -> None:
         cached.cache_clear()
 
 
-def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None, a1_scale=None,
-              a2_scale=None, config: Optional[TritonConfig] = None, swap_ab: Optional[bool] = None) -> torch.Tensor:
+def fused_moe(
+    x,
+    w1,
+    w2,
+    topk_weights,
+    topk_ids,
+    *,
+    quant=None,
+    w1_scale=None,
+    w2_scale=None,
+    a1_scale=None,
+    a2_scale=None,
+    config: TritonConfig | None = None,
+    swap_ab: bool | None = None,
+) -> torch.Tensor:
     """The MoE expert computation (see :mod:`moe_spec.contract`) with Triton kernels → [T, K] bf16.
 
     ``a1_scale`` / ``a2_scale``: static activation scales of x and of the intermediate (fp8_tensor,
@@ -297,8 +459,19 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
     when the call would run at T = 1. The data (ids, routing weights, scales) is checked by the
     kernels, without a sync (:mod:`moe_spec.contract`).
     """
-    d = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale,
-                          w2_scale=w2_scale, limits=LIMITS, a1_scale=a1_scale, a2_scale=a2_scale)
+    d = validate_moe_args(
+        x,
+        w1,
+        w2,
+        topk_weights,
+        topk_ids,
+        quant=quant,
+        w1_scale=w1_scale,
+        w2_scale=w2_scale,
+        limits=LIMITS,
+        a1_scale=a1_scale,
+        a2_scale=a2_scale,
+    )
     static = a1_scale is not None  # static activation scales (validated: fp8_tensor, both given)
     if (config is None or type(config) is TritonConfig) and (swap_ab is None or type(swap_ab) is bool):
         c = _call_of(d, quant, config, swap_ab, x.device, static)
@@ -314,19 +487,47 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w
         check_tma_operand("w2", w2)
     ws = _workspace_of(c.sizes)
     error = error_word(x.device)
-    routing = align_into(topk_ids, d.E, c.sizes[6], ws["sorted_ids"], ws["expert_of_block"], ws["expert_end"],
-                         ws["counts"], error)
-    return expert_computation(x, w1, w2, topk_weights, topk_ids, routing, quant=quant, w1_scale=w1_scale,
-                              w2_scale=w2_scale, config=c.plan.config, workspace=ws, a1_scale=a1_scale,
-                              a2_scale=a2_scale, launches=c.launches)
+    routing = align_into(
+        topk_ids, d.E, c.sizes[6], ws["sorted_ids"], ws["expert_of_block"], ws["expert_end"], ws["counts"], error
+    )
+    return expert_computation(
+        x,
+        w1,
+        w2,
+        topk_weights,
+        topk_ids,
+        routing,
+        quant=quant,
+        w1_scale=w1_scale,
+        w2_scale=w2_scale,
+        config=c.plan.config,
+        workspace=ws,
+        a1_scale=a1_scale,
+        a2_scale=a2_scale,
+        launches=c.launches,
+    )
 
 
 fused_moe.limits = LIMITS
 
 
-def expert_computation(x, w1, w2, topk_weights, topk_ids, routing, *, quant, w1_scale, w2_scale,
-                       config: TritonConfig, workspace: Optional[dict] = None, a1_scale=None,
-                       a2_scale=None, launches: _Launches | None = None) -> torch.Tensor:
+def expert_computation(
+    x,
+    w1,
+    w2,
+    topk_weights,
+    topk_ids,
+    routing,
+    *,
+    quant,
+    w1_scale,
+    w2_scale,
+    config: TritonConfig,
+    workspace: dict | None = None,
+    a1_scale=None,
+    a2_scale=None,
+    launches: _Launches | None = None,
+) -> torch.Tensor:
     """Everything after the alignment: quantize x, GEMM1 + SiLU·up, quantize the intermediate,
     GEMM2 × routing weight, combine.
 
@@ -351,25 +552,48 @@ def expert_computation(x, w1, w2, topk_weights, topk_ids, routing, *, quant, w1_
         a1, s1 = _quantize(x, quant, q=ws["xq"], scale=a1_scale, static_bit=BAD_A1_SCALE, launches=b.x_quant)
     elif b.quantized:
         act_amax = ws["act_amax"]
-        a1, s1 = _quantize(x, quant, q=ws["xq"], scale=ws["x_scale"], parts=ws["parts"], zero=act_amax,
-                           launches=b.x_quant)
+        a1, s1 = _quantize(
+            x, quant, q=ws["xq"], scale=ws["x_scale"], parts=ws["parts"], zero=act_amax, launches=b.x_quant
+        )
 
     # GEMM1 + SiLU(gate)·up: bf16 intermediate, or fp32 (with its amax unless the scale is static),
     # quantized once for GEMM2
     act = ws["act"]
-    _gemm(b.gemm1, b.const1, a1, s1, w1, w1_scale, act, act_amax, topk_weights, topk_ids, error, routing,
-          num_padded, I, K, cfg1, static=static, split=(ws["partials"], ws["counts_split"]) if b.split else None)
+    _gemm(
+        b.gemm1,
+        b.const1,
+        a1,
+        s1,
+        w1,
+        w1_scale,
+        act,
+        act_amax,
+        topk_weights,
+        topk_ids,
+        error,
+        routing,
+        num_padded,
+        I,
+        K,
+        cfg1,
+        static=static,
+        split=(ws["partials"], ws["counts_split"]) if b.split else None,
+    )
     if static:
         a2, s2 = _quantize(act, quant, q=ws["aq"], scale=a2_scale, static_bit=BAD_A2_SCALE, launches=b.act_quant)
     else:
-        a2, s2 = (act, None) if act_amax is None else _quantize(act, quant, act_amax, q=ws["aq"],
-                                                                scale=ws["act_scale"], launches=b.act_quant)
+        a2, s2 = (
+            (act, None)
+            if act_amax is None
+            else _quantize(act, quant, act_amax, q=ws["aq"], scale=ws["act_scale"], launches=b.act_quant)
+        )
 
     # GEMM2 × routing weight; with top_k = 1 its rows are already the output
     out = torch.empty((T, K), dtype=torch.bfloat16, device=x.device)
     y = out if top_k == 1 else ws["y"]
-    _gemm(b.gemm2, b.const2, a2, s2, w2, w2_scale, y, None, topk_weights, topk_ids, error, routing, num_padded, K,
-          I, cfg2)
+    _gemm(
+        b.gemm2, b.const2, a2, s2, w2, w2_scale, y, None, topk_weights, topk_ids, error, routing, num_padded, K, I, cfg2
+    )
     if top_k > 1:
         b.combine(y, out, T, K)
     return out
@@ -387,5 +611,21 @@ def gemm2(a2, s2, w2, w2_scale, y, topk_weights, topk_ids, routing, config: Trit
     P, I = a2.shape  # noqa: E741
     K = w2.shape[1]
     b = _launches(P // top_k, top_k, K, I, quant, config, routing.expert_of_block.numel())
-    _gemm(b.gemm2, b.const2, a2, s2, w2, w2_scale, y, None, topk_weights, topk_ids, error_word(a2.device), routing,
-          routing.num_padded, K, I, b.cfg2)
+    _gemm(
+        b.gemm2,
+        b.const2,
+        a2,
+        s2,
+        w2,
+        w2_scale,
+        y,
+        None,
+        topk_weights,
+        topk_ids,
+        error_word(a2.device),
+        routing,
+        routing.num_padded,
+        K,
+        I,
+        b.cfg2,
+    )

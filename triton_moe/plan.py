@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
-from typing import Optional
 
 from moe_spec.quant import check_quant
 from moe_spec.validate import MoEDims
@@ -35,7 +34,7 @@ class LayerPlan:
     """
 
     config: TritonConfig
-    quant: Optional[str] = None
+    quant: str | None = None
 
     @functools.cached_property  # a plan is cached per call signature (moe._cached_plan): once per plan
     def gemm1(self) -> TritonConfig:
@@ -69,8 +68,10 @@ class LayerPlan:
 
 def _describe(c: TritonConfig, mma: str, block_m: bool = True) -> str:
     kind, shape = re.match(r"(\w+)\.\S*?(m\d+n\d+k\d+)", mma).groups()  # ("wgmma", "m64n16k16")
-    return (f"{'swap-AB ' if c.swap_ab else ''}{f'BM{c.BLOCK_M} ' if block_m else ''}BN{c.BLOCK_N} BK{c.BLOCK_K} "
-            f"w{c.num_warps} s{c.num_stages} {kind} {shape}")
+    return (
+        f"{'swap-AB ' if c.swap_ab else ''}{f'BM{c.BLOCK_M} ' if block_m else ''}BN{c.BLOCK_N} BK{c.BLOCK_K} "
+        f"w{c.num_warps} s{c.num_stages} {kind} {shape}"
+    )
 
 
 def check_options(config, swap_ab) -> None:
@@ -82,8 +83,9 @@ def check_options(config, swap_ab) -> None:
         raise TypeError(f"swap_ab: expected True, False or None, got {swap_ab!r}")
 
 
-def plan(dims: MoEDims, quant: Optional[str] = None, *, config: Optional[TritonConfig] = None,
-         swap_ab: Optional[bool] = None) -> LayerPlan:
+def plan(
+    dims: MoEDims, quant: str | None = None, *, config: TritonConfig | None = None, swap_ab: bool | None = None
+) -> LayerPlan:
     """The plan of one ``fused_moe`` call with sizes ``dims`` (a :class:`moe_spec.validate.MoEDims`).
 
     Options (those of ``fused_moe``): ``config`` a :class:`TritonConfig` (default: the tuned table
@@ -103,8 +105,15 @@ def plan(dims: MoEDims, quant: Optional[str] = None, *, config: Optional[TritonC
     return LayerPlan(config.resolved().check(quant), quant)
 
 
-def plans_for(E: int, K: int, I: int, top_k: int, quant: Optional[str] = None,  # noqa: E741
-              max_tokens: int = MAX_TOKENS, **options) -> tuple[LayerPlan, ...]:
+def plans_for(
+    E: int,
+    K: int,
+    I: int,
+    top_k: int,
+    quant: str | None = None,  # noqa: E741
+    max_tokens: int = MAX_TOKENS,
+    **options,
+) -> tuple[LayerPlan, ...]:
     """Every distinct plan this layer gets for T = 1 … ``max_tokens`` on this device (with the same
     ``options``), in order of T: the plan at the first T of each bucket of the config rule
     (:func:`~triton_moe.heuristic.rule_starts`)."""

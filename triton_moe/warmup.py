@@ -29,13 +29,19 @@ compiled, so the warm-up records the keys a GPU would compile (``dry_run``) inst
 from __future__ import annotations
 
 import time
-from typing import Optional
 
 import torch
 
 from moe_spec.quant import check_quant
-from moe_spec.warmup import (WarmupReport, WarmupStep, check_layer, check_options, layer_plans,
-                             placeholder_inputs, warmup_device)
+from moe_spec.warmup import (
+    WarmupReport,
+    WarmupStep,
+    check_layer,
+    check_options,
+    layer_plans,
+    placeholder_inputs,
+    warmup_device,
+)
 from triton_moe.jit import INTERPRET, count_compilations
 from triton_moe.moe import LIMITS, fused_moe
 from triton_moe.plan import MAX_TOKENS, plans_for
@@ -52,14 +58,26 @@ def _device(device, dry_run: bool) -> torch.device:
     if dev.type not in ("cuda", "cpu"):
         raise ValueError(f"device: expected a CUDA device, or 'cpu' for a dry run, got {device!r}")
     if dev.type != "cuda" and not (dry_run or INTERPRET):
-        raise ValueError(f"device: Triton compiles for a CUDA device, got {device!r}; "
-                         f"dry_run=True records the keys without compiling")
+        raise ValueError(
+            f"device: Triton compiles for a CUDA device, got {device!r}; "
+            f"dry_run=True records the keys without compiling"
+        )
     return dev
 
 
-def warmup(E: int, K: int, I: int, top_k: int, quant: Optional[str] = None,  # noqa: E741
-           max_tokens: int = MAX_TOKENS, device="cuda", *, dry_run: Optional[bool] = None,
-           ids_dtypes=IDS_DTYPES, **options) -> WarmupReport:
+def warmup(
+    E: int,
+    K: int,
+    I: int,
+    top_k: int,
+    quant: str | None = None,  # noqa: E741
+    max_tokens: int = MAX_TOKENS,
+    device="cuda",
+    *,
+    dry_run: bool | None = None,
+    ids_dtypes=IDS_DTYPES,
+    **options,
+) -> WarmupReport:
     """Compile every kernel ``fused_moe`` can launch for this layer at T = 1 … ``max_tokens``.
 
     ``options`` are ``fused_moe``'s (``config``, ``swap_ab``): the warm-up covers the calls made
@@ -75,8 +93,10 @@ def warmup(E: int, K: int, I: int, top_k: int, quant: Optional[str] = None,  # n
     dry_run = INTERPRET if dry_run is None else bool(dry_run)
     dev = _device(device, dry_run)
     if not isinstance(ids_dtypes, (tuple, list)):
-        raise TypeError(f"ids_dtypes: expected a non-empty tuple of dtypes from {IDS_DTYPES}, e.g. "
-                        f"(torch.int32,), got {ids_dtypes!r}")
+        raise TypeError(
+            f"ids_dtypes: expected a non-empty tuple of dtypes from {IDS_DTYPES}, e.g. "
+            f"(torch.int32,), got {ids_dtypes!r}"
+        )
     if not ids_dtypes or any(d not in IDS_DTYPES for d in ids_dtypes):
         raise ValueError(f"ids_dtypes: expected a non-empty tuple of {IDS_DTYPES}, got {ids_dtypes!r}")
     plans = layer_plans(plans_for, E, K, I, top_k, quant, max_tokens, **options)
@@ -97,10 +117,21 @@ def warmup(E: int, K: int, I: int, top_k: int, quant: Optional[str] = None,  # n
                     compiled = counter.compilations[done:]
                 else:  # the keys first met here: what a fresh process compiles at this step
                     compiled = [name for name, keys in counter.keys.items() for _ in keys - known.get(name, set())]
-                steps.append(WarmupStep(f"{p.describe()}, topk_ids {str(ids_dtype).removeprefix('torch.')}",
-                                        tuple(sorted(compiled)), seconds))
+                steps.append(
+                    WarmupStep(
+                        f"{p.describe()}, topk_ids {str(ids_dtype).removeprefix('torch.')}",
+                        tuple(sorted(compiled)),
+                        seconds,
+                    )
+                )
         covered = frozenset((name, key) for name, keys in counter.keys.items() for key in keys)
-    mode = ("compiled" if compiling else "dry run: specialization keys recorded, nothing compiled" if dry_run
-            else "interpreter: kernels ran, specialization keys recorded, nothing compiled")
-    return WarmupReport("triton_moe", E, K, I, top_k, quant, max_tokens, mode,
-                        tuple(p.describe() for p in plans), tuple(steps), covered)
+    mode = (
+        "compiled"
+        if compiling
+        else "dry run: specialization keys recorded, nothing compiled"
+        if dry_run
+        else "interpreter: kernels ran, specialization keys recorded, nothing compiled"
+    )
+    return WarmupReport(
+        "triton_moe", E, K, I, top_k, quant, max_tokens, mode, tuple(p.describe() for p in plans), tuple(steps), covered
+    )

@@ -110,8 +110,9 @@ def takes(fn, **kwargs) -> dict:
         return kwargs
     lost = [k for k, v in kwargs.items() if k not in accepted and v is not None and v is not False]
     if lost:
-        raise NotImplementedError(f"{lost[0]}: {getattr(fn, '__name__', 'the kernel')} has no such parameter, "
-                                  "so it cannot take this format")
+        raise NotImplementedError(
+            f"{lost[0]}: {getattr(fn, '__name__', 'the kernel')} has no such parameter, so it cannot take this format"
+        )
     return {k: v for k, v in kwargs.items() if k in accepted}
 
 

@@ -41,8 +41,9 @@ from compare.peers.vllm import Adapted
 from moe_spec.oracle import calibrate_static_scales
 from moe_spec.quant import FP8_BLOCK, quantize_activation_static
 
-PEER = Peer("flashinfer", "flashinfer-python", "flashinfer.fused_moe:cutlass_fused_moe",
-            (None, "fp8_tensor", "fp8_block"))
+PEER = Peer(
+    "flashinfer", "flashinfer-python", "flashinfer.fused_moe:cutlass_fused_moe", (None, "fp8_tensor", "fp8_block")
+)
 
 
 def load() -> Callable:
@@ -58,8 +59,10 @@ def up_gate(w1: torch.Tensor) -> torch.Tensor:
 def up_gate_block_scales(scale: torch.Tensor, I: int) -> torch.Tensor:  # noqa: E741
     """W1's 128×128 block scales [E, 2I/128, K/128] with the gate and up row blocks swapped."""
     if I % FP8_BLOCK:
-        raise NotImplementedError(f"fp8_block: I = {I} is not a multiple of {FP8_BLOCK}, so a block of W1's scales "
-                                  "straddles gate and up rows and cannot follow their swap into w31 order")
+        raise NotImplementedError(
+            f"fp8_block: I = {I} is not a multiple of {FP8_BLOCK}, so a block of W1's scales "
+            "straddles gate and up rows and cannot follow their swap into w31 order"
+        )
     half = I // FP8_BLOCK
     return torch.cat([scale[:, half:], scale[:, :half]], dim=1).contiguous()
 
@@ -89,8 +92,13 @@ def make(entry: Callable) -> Adapted:
             options = dict(quant_scales=[s31, w2_scale.contiguous()], use_deepseek_fp8_block_scale=True)
         elif quant == "fp8_tensor":
             key = (x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale)
-            a1, a2 = cache.get("calibration", key, lambda: calibrate_static_scales(
-                x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale))
+            a1, a2 = cache.get(
+                "calibration",
+                key,
+                lambda: calibrate_static_scales(
+                    x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale
+                ),
+            )
             scales = cache.get("quant_scales", key, lambda: fp8_tensor_scales(w1_scale, w2_scale, a1, a2))
             x = quantize_activation_static(x, a1)  # per batch: timed
             options = dict(quant_scales=scales)
@@ -104,9 +112,11 @@ def make(entry: Callable) -> Adapted:
         if quant == "fp8_block":
             note += "; W1's block scales' row blocks swapped with it; use_deepseek_fp8_block_scale"
         elif quant == "fp8_tensor":
-            note += ("; static activation scales a1, a2 calibrated on this batch outside the timed region "
-                     "(= the dynamic scales); x quantized with a1 in the call (timed); quant_scales "
-                     "[w1_scale·a1, 1/a2, w2_scale·a2, a1]")
+            note += (
+                "; static activation scales a1, a2 calibrated on this batch outside the timed region "
+                "(= the dynamic scales); x quantized with a1 in the call (timed); quant_scales "
+                "[w1_scale·a1, 1/a2, w2_scale·a2, a1]"
+            )
         return note
 
     return Adapted(fused_moe, converted)

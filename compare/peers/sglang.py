@@ -22,8 +22,12 @@ import torch
 from compare.peers import Converted, Peer, empty_output, entry_point, parameters, takes
 from compare.peers.vllm import Adapted, flags, vllm_scale
 
-PEER = Peer("sglang", "sglang", "sglang.srt.layers.moe.fused_moe_triton.fused_moe:fused_experts",
-            (None, "fp8_tensor", "fp8_channel", "fp8_block"))
+PEER = Peer(
+    "sglang",
+    "sglang",
+    "sglang.srt.layers.moe.fused_moe_triton.fused_moe:fused_experts",
+    (None, "fp8_tensor", "fp8_channel", "fp8_block"),
+)
 TOPK_MODULE = "sglang.srt.layers.moe.topk"  # StandardTopKOutput
 RUNNER_MODULE = "sglang.srt.layers.moe.moe_runner"  # MoeRunnerConfig
 
@@ -43,9 +47,21 @@ def _by_fields(cls, **values):
 
 def runner_config(cls, E: int, K: int, I: int, top_k: int):  # noqa: E741
     """SGLang's MoeRunnerConfig for one layer of the contract, called out of place."""
-    return _by_fields(cls, num_experts=E, num_local_experts=E, hidden_size=K, intermediate_size_per_partition=I,
-                      intermediate_size=I, top_k=top_k, params_dtype=torch.bfloat16, activation="silu", is_gated=True,
-                      inplace=False, no_combine=False, gate_up_interleaved=False)
+    return _by_fields(
+        cls,
+        num_experts=E,
+        num_local_experts=E,
+        hidden_size=K,
+        intermediate_size_per_partition=I,
+        intermediate_size=I,
+        top_k=top_k,
+        params_dtype=torch.bfloat16,
+        activation="silu",
+        is_gated=True,
+        inplace=False,
+        no_combine=False,
+        gate_up_interleaved=False,
+    )
 
 
 def make(entry: Callable) -> Adapted:
@@ -67,8 +83,11 @@ def make(entry: Callable) -> Adapted:
         quantization = dict(**flags(quant), w1_scale=s1, w2_scale=s2)
         if not current:
             return entry(x, w1, w2, topk_weights, topk_ids, **takes(entry, inplace=False, **quantization))
-        routing = cache.get("topk_output", (topk_weights, topk_ids),
-                            lambda: _by_fields(topk_output, topk_weights=topk_weights, topk_ids=topk_ids))
+        routing = cache.get(
+            "topk_output",
+            (topk_weights, topk_ids),
+            lambda: _by_fields(topk_output, topk_weights=topk_weights, topk_ids=topk_ids),
+        )
         shape = (w1.shape[0], x.shape[1], w2.shape[2], topk_ids.shape[1])
         if shape not in configs:
             configs[shape] = runner_config(config_cls, *shape)
@@ -77,8 +96,12 @@ def make(entry: Callable) -> Adapted:
     fused_moe.__name__ = "sglang_fused_moe"
 
     def converted(quant) -> str:
-        api = ("routing wrapped in StandardTopKOutput; MoeRunnerConfig(inplace=False, activation='silu', "
-               "gate_up_interleaved=False where it has the field)" if current else "topk_weights, topk_ids as given")
+        api = (
+            "routing wrapped in StandardTopKOutput; MoeRunnerConfig(inplace=False, activation='silu', "
+            "gate_up_interleaved=False where it has the field)"
+            if current
+            else "topk_weights, topk_ids as given"
+        )
         scales = "; weight scales [E, N] → [E, N, 1]" if flags(quant)["per_channel_quant"] else ""
         return f"w1 [E, 2I, K] gate rows then up rows is SGLang's w13, no copy; {api}{scales}"
 

@@ -51,8 +51,11 @@ def flat_routing(topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> tuple:
     """(token_indices, expert_indices, router_scores): one triple per (token, slot), tokens ascending."""
     T, k = topk_ids.shape
     tokens = torch.arange(T, dtype=torch.int32, device=topk_ids.device).repeat_interleave(k)
-    return (tokens, topk_ids.reshape(-1).to(torch.int32, copy=True),
-            topk_weights.reshape(-1).to(torch.float32, copy=True))
+    return (
+        tokens,
+        topk_ids.reshape(-1).to(torch.int32, copy=True),
+        topk_weights.reshape(-1).to(torch.float32, copy=True),
+    )
 
 
 def make(entry: Callable) -> Adapted:
@@ -67,21 +70,38 @@ def make(entry: Callable) -> Adapted:
         if x.shape[0] == 0:
             return empty_output(x)
         w1s = cache.get("w1", (w1,), lambda: interleaved_w1(w1))
-        tokens, experts, scores = cache.get("routing", (topk_weights, topk_ids),
-                                            lambda: flat_routing(topk_weights, topk_ids))
+        tokens, experts, scores = cache.get(
+            "routing", (topk_weights, topk_ids), lambda: flat_routing(topk_weights, topk_ids)
+        )
         stream = {}
         if has_stream:
             stream["stream_id"] = torch.cuda.current_stream(x.device).cuda_stream if x.is_cuda else 0
-        out = entry(**takes(entry, x=x, router_scores=scores, token_indices=tokens, expert_indices=experts, w1=w1s,
-                            b1=None, w2=w2.permute(1, 2, 0), b2=None, E=w1.shape[0], activation_type=swiglu,
-                            is_inference_mode_enabled=True, **stream))
+        out = entry(
+            **takes(
+                entry,
+                x=x,
+                router_scores=scores,
+                token_indices=tokens,
+                expert_indices=experts,
+                w1=w1s,
+                b1=None,
+                w2=w2.permute(1, 2, 0),
+                b2=None,
+                E=w1.shape[0],
+                activation_type=swiglu,
+                is_inference_mode_enabled=True,
+                **stream,
+            )
+        )
         return out[0] if isinstance(out, (tuple, list)) else out
 
     fused_moe.__name__ = "sonicmoe_fused_moe"
 
     def converted(quant) -> str:
-        return ("w1 [E, 2I, K] gate|up halves → rows interleaved (g₀, u₀, g₁, …) (one copy per weight), viewed "
-                "(2I, K, E); w2 viewed (K, I, E), no copy; routing flattened to (token, expert, score) triples, "
-                "tokens ascending, once per routing tensor")
+        return (
+            "w1 [E, 2I, K] gate|up halves → rows interleaved (g₀, u₀, g₁, …) (one copy per weight), viewed "
+            "(2I, K, E); w2 viewed (K, I, E), no copy; routing flattened to (token, expert, score) triples, "
+            "tokens ascending, once per routing tensor"
+        )
 
     return Adapted(fused_moe, converted)

@@ -31,8 +31,12 @@ from typing import NamedTuple
 from compare.peers import Converted, Peer, empty_output, entry_point, parameters, per_channel_3d, takes
 from moe_spec.quant import FP8_BLOCK, WHOLE, get_format
 
-PEER = Peer("vllm", "vllm", "vllm.model_executor.layers.fused_moe:fused_experts",
-            (None, "fp8_tensor", "fp8_channel", "fp8_block"))
+PEER = Peer(
+    "vllm",
+    "vllm",
+    "vllm.model_executor.layers.fused_moe:fused_experts",
+    (None, "fp8_tensor", "fp8_channel", "fp8_block"),
+)
 CONFIG_MODULE = "vllm.model_executor.layers.fused_moe.config"
 
 
@@ -50,8 +54,11 @@ def flags(quant) -> dict:
     fmt = get_format(quant)
     if not fmt.quantized:
         return dict(use_fp8_w8a8=False, per_channel_quant=False, block_shape=None)
-    return dict(use_fp8_w8a8=True, per_channel_quant=fmt.weight_group == (1, WHOLE),
-                block_shape=list(fmt.weight_group) if WHOLE not in fmt.weight_group else None)
+    return dict(
+        use_fp8_w8a8=True,
+        per_channel_quant=fmt.weight_group == (1, WHOLE),
+        block_shape=list(fmt.weight_group) if WHOLE not in fmt.weight_group else None,
+    )
 
 
 def vllm_scale(scale, quant):
@@ -70,15 +77,20 @@ def quant_config(quant, w1_scale, w2_scale):
     try:
         config = importlib.import_module(CONFIG_MODULE)
     except ImportError as exc:
-        raise NotImplementedError(f"quant_config: an FP8 call in this spelling needs vLLM's FusedMoEQuantConfig "
-                                  f"({type(exc).__name__}: {exc})") from None
-    return config.fp8_w8a8_moe_quant_config(w1_scale=w1_scale, w2_scale=w2_scale,
-                                            per_act_token_quant=f["per_channel_quant"],
-                                            per_out_ch_quant=f["per_channel_quant"], block_shape=f["block_shape"])
+        raise NotImplementedError(
+            f"quant_config: an FP8 call in this spelling needs vLLM's FusedMoEQuantConfig ({type(exc).__name__}: {exc})"
+        ) from None
+    return config.fp8_w8a8_moe_quant_config(
+        w1_scale=w1_scale,
+        w2_scale=w2_scale,
+        per_act_token_quant=f["per_channel_quant"],
+        per_out_ch_quant=f["per_channel_quant"],
+        block_shape=f["block_shape"],
+    )
 
 
 def spelling(entry) -> str:
-    """"quant_config" (vLLM's current fused_experts) or "flags" (earlier releases, moe_spec.contract's)."""
+    """ "quant_config" (vLLM's current fused_experts) or "flags" (earlier releases, moe_spec.contract's)."""
     return "quant_config" if "quant_config" in parameters(entry) else "flags"
 
 
@@ -117,5 +129,9 @@ def make(entry: Callable, peer: Peer = PEER, empty_batch: bool = True) -> Adapte
         return entry(x, w1, w2, topk_weights, topk_ids, **takes(entry, **kwargs))
 
     fused_moe.__name__ = f"{peer.name}_fused_moe"
-    return Adapted(fused_moe, lambda quant: _note(quant, "quant_config" if how == "quant_config" else
-                                                  "use_fp8_w8a8 / per_channel_quant / block_shape"))
+    return Adapted(
+        fused_moe,
+        lambda quant: _note(
+            quant, "quant_config" if how == "quant_config" else "use_fp8_w8a8 / per_channel_quant / block_shape"
+        ),
+    )

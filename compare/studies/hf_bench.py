@@ -205,8 +205,9 @@ def measure(model, implementation: str, fmt: str, spec, reference) -> dict:
 
 
 @torch.no_grad()
-def measure_compiled(model, implementation: str, fmt: str, spec, reference, mode: str,
-                     backend: str = "inductor") -> dict:
+def measure_compiled(
+    model, implementation: str, fmt: str, spec, reference, mode: str, backend: str = "inductor"
+) -> dict:
     """One compiled row: ``torch.compile(model, fullgraph=True, dynamic=False, mode=mode)`` with the
     experts of ``implementation`` — prefill ms (no KV cache), decode tokens/s (static cache), first
     call (the prefill's compilation), rel L2 of the decode prompt's logits against eager bf16."""
@@ -288,13 +289,23 @@ def parse_args(argv=None):
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--implementations", default=",".join(IMPLEMENTATIONS))
     ap.add_argument("--formats", default=",".join(FORMATS))
-    ap.add_argument("--compiled", default="", help="implementations also timed as a torch.compile'd model, "
-                    f"comma-separated, from {','.join(COMPILABLE)} (e.g. grouped_mm,triton_moe,cute_moe) [none]")
-    ap.add_argument("--compile-modes", default="reduce-overhead",
-                    help=f"torch.compile modes of the compiled rows, comma-separated, from {','.join(COMPILE_MODES)} "
-                    "[reduce-overhead]")
-    ap.add_argument("--compile-backend", default="inductor", help="torch.compile backend [inductor; aot_eager "
-                    "traces and runs the graph without code generation]")
+    ap.add_argument(
+        "--compiled",
+        default="",
+        help="implementations also timed as a torch.compile'd model, "
+        f"comma-separated, from {','.join(COMPILABLE)} (e.g. grouped_mm,triton_moe,cute_moe) [none]",
+    )
+    ap.add_argument(
+        "--compile-modes",
+        default="reduce-overhead",
+        help=f"torch.compile modes of the compiled rows, comma-separated, from {','.join(COMPILE_MODES)} "
+        "[reduce-overhead]",
+    )
+    ap.add_argument(
+        "--compile-backend",
+        default="inductor",
+        help="torch.compile backend [inductor; aot_eager traces and runs the graph without code generation]",
+    )
     ap.add_argument("--deadline-s", type=float, default=200.0, help="rows past this many seconds are skipped")
     ap.add_argument("--out", type=Path, default=Path("notes/results"))
     ap.add_argument("--commit", default=None, help="commit to record [git rev-parse of this checkout]")
@@ -306,15 +317,21 @@ def parse_args(argv=None):
 def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.device == "cpu" and args.config == "{}":  # full-size layers on a CPU: minutes and gigabytes
-        needs_cuda("python -m compare.studies.hf_bench", "on a CPU, --config with a smaller model (as "
-                   "tests/test_hf_bench_compiled.py runs it)")
+        needs_cuda(
+            "python -m compare.studies.hf_bench",
+            "on a CPU, --config with a smaller model (as tests/test_hf_bench_compiled.py runs it)",
+        )
     start = time.monotonic()
     hx.register()
     impls, formats = args.implementations.split(","), args.formats.split(",")
     compiled = [name for name in args.compiled.split(",") if name]
     modes = [m for m in args.compile_modes.split(",") if m]
-    for option, given, allowed in (("--implementations", impls, IMPLEMENTATIONS), ("--formats", formats, FORMATS),
-                                   ("--compiled", compiled, COMPILABLE), ("--compile-modes", modes, COMPILE_MODES)):
+    for option, given, allowed in (
+        ("--implementations", impls, IMPLEMENTATIONS),
+        ("--formats", formats, FORMATS),
+        ("--compiled", compiled, COMPILABLE),
+        ("--compile-modes", modes, COMPILE_MODES),
+    ):
         if not set(given) <= set(allowed):
             raise SystemExit(f"{option}: unknown {sorted(set(given) - set(allowed))}; expected some of {allowed}")
     if compiled and not modes:

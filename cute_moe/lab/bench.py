@@ -42,13 +42,21 @@ def bench_layer(spec: str, Ts, n_sets=2, swap_ab=None) -> list[dict]:
     rows = []
     for T in Ts:
         inputs = [make_inputs(shape, T, seed=i, device="cuda", weights_bf16=sets[i]) for i in range(n_sets)]
-        t = time_cuda_graph(lambda i: (lambda: fused_moe(**inputs[i].kwargs(), swap_ab=swap_ab)), n_sets)
+        t = time_cuda_graph(lambda i: lambda: fused_moe(**inputs[i].kwargs(), swap_ab=swap_ab), n_sets)
         hit = int(torch.unique(inputs[0].topk_ids).numel())
         weight_bytes = hit * shape.weight_elements() * torch.bfloat16.itemsize
-        rows.append({"shape": spec, "T": T, "swap_ab": swap_ab, "median_us": round(t.median_us, 1),
-                     "p10_us": round(t.p10_us, 1), "p90_us": round(t.p90_us, 1),
-                     "tflops": round(shape.flops(T) / t.median_us / 1e6, 1),
-                     "weight_tbps": round(weight_bytes / t.median_us / 1e6, 3)})
+        rows.append(
+            {
+                "shape": spec,
+                "T": T,
+                "swap_ab": swap_ab,
+                "median_us": round(t.median_us, 1),
+                "p10_us": round(t.p10_us, 1),
+                "p90_us": round(t.p90_us, 1),
+                "tflops": round(shape.flops(T) / t.median_us / 1e6, 1),
+                "weight_tbps": round(weight_bytes / t.median_us / 1e6, 3),
+            }
+        )
         print(rows[-1], flush=True)
     sets.clear()  # the weight sets go before empty_cache (the lambdas above hold the list)
     torch.cuda.empty_cache()
@@ -73,7 +81,7 @@ def bench_gemm1(spec: str, tokens_per_expert_list, n_sets=2) -> list[dict]:
             al = sort_rows(ids, w, E, cfg.tokens_tile)
             xs = gather_rows(x, al)
             out = torch.empty(al.rows, 2 * I, device="cuda", dtype=torch.bfloat16)
-            t = time_cuda_graph(lambda i: (lambda: grouped_gemm(xs, sets[i][0], al, cfg, out=out)), n_sets)
+            t = time_cuda_graph(lambda i: lambda: grouped_gemm(xs, sets[i][0], al, cfg, out=out), n_sets)
             key = "swap" if swap else "normal"
             row[key + "_us"] = round(t.median_us, 1)
             row[key + "_tile"] = f"{cfg.tile_m}x{cfg.tile_n}"
@@ -104,15 +112,21 @@ def bench_breakdown(spec: str, T: int, n_sets: int = 2) -> dict:
     y = grouped_gemm(a, sets[0][1], al, cfg2, row_scale=al.weight_of_row)
     pairs = T * k
     stages = {
-        "align": lambda i: (lambda: sort_rows(inp.topk_ids, inp.topk_weights, E, cfg1.tokens_tile)),
-        "gather": lambda i: (lambda: gather_rows(inp.x, al)),
-        "gemm1": lambda i: (lambda: grouped_gemm(xs, sets[i][0], al, cfg1, out=h)),
-        "silu_mul": lambda i: (lambda: silu_mul(h, al)),
-        "gemm2": lambda i: (lambda: grouped_gemm(a, sets[i][1], al, cfg2, row_scale=al.weight_of_row, out=y)),
-        "combine": lambda i: (lambda: combine(y, al, T, k)),
+        "align": lambda i: lambda: sort_rows(inp.topk_ids, inp.topk_weights, E, cfg1.tokens_tile),
+        "gather": lambda i: lambda: gather_rows(inp.x, al),
+        "gemm1": lambda i: lambda: grouped_gemm(xs, sets[i][0], al, cfg1, out=h),
+        "silu_mul": lambda i: lambda: silu_mul(h, al),
+        "gemm2": lambda i: lambda: grouped_gemm(a, sets[i][1], al, cfg2, row_scale=al.weight_of_row, out=y),
+        "combine": lambda i: lambda: combine(y, al, T, k),
     }
-    row = {"shape": spec, "T": T, "gemm1": f"{cfg1.tile_m}x{cfg1.tile_n}{' swap' if cfg1.swap_ab else ''}",
-           "rows_alloc": al.rows, "rows_used": int(al.alignment.num_padded), "pairs": pairs}
+    row = {
+        "shape": spec,
+        "T": T,
+        "gemm1": f"{cfg1.tile_m}x{cfg1.tile_n}{' swap' if cfg1.swap_ab else ''}",
+        "rows_alloc": al.rows,
+        "rows_used": int(al.alignment.num_padded),
+        "pairs": pairs,
+    }
     for name, make in stages.items():
         row[name + "_us"] = round(time_cuda_graph(make, n_sets).median_us, 1)
     row["gemm1_tflops"] = round(2 * pairs * 2 * I * K / row["gemm1_us"] / 1e6, 1)
@@ -134,10 +148,18 @@ def bench_gemm_configs(spec: str, T: int, configs: list[GemmConfig], n_sets: int
         al = sort_rows(inp.topk_ids, inp.topk_weights, E, cfg.tokens_tile)
         xs = gather_rows(inp.x, al)
         out = torch.empty(al.rows, 2 * I, device="cuda", dtype=torch.bfloat16)
-        t = time_cuda_graph(lambda i: (lambda: grouped_gemm(xs, sets[i][0], al, cfg, out=out)), n_sets)
-        rows.append({"shape": spec, "T": T, "tile": f"{cfg.tile_m}x{cfg.tile_n}", "stages": cfg.stages,
-                     "group_tokens": cfg.group_tokens, "us": round(t.median_us, 1),
-                     "tflops": round(2 * T * shape.top_k * 2 * I * K / t.median_us / 1e6, 1)})
+        t = time_cuda_graph(lambda i: lambda: grouped_gemm(xs, sets[i][0], al, cfg, out=out), n_sets)
+        rows.append(
+            {
+                "shape": spec,
+                "T": T,
+                "tile": f"{cfg.tile_m}x{cfg.tile_n}",
+                "stages": cfg.stages,
+                "group_tokens": cfg.group_tokens,
+                "us": round(t.median_us, 1),
+                "tflops": round(2 * T * shape.top_k * 2 * I * K / t.median_us / 1e6, 1),
+            }
+        )
         print(rows[-1], flush=True)
     sets.clear()  # the weight sets go before empty_cache (the lambdas above hold the list)
     torch.cuda.empty_cache()
@@ -151,8 +173,7 @@ def bench_compile() -> dict:
     cfg = GemmConfig(swap_ab=True, tokens_tile=32, weights_tile=64, consumer_warpgroups=1, stages=5, epi_stages=3)
     start, n0 = time.perf_counter(), compile_count()
     compile_gemm(cfg, torch.cuda.get_device_properties(0).multi_processor_count)
-    return {"config": cfg.as_dict(), "seconds": round(time.perf_counter() - start, 2),
-            "compiled": compile_count() - n0}
+    return {"config": cfg.as_dict(), "seconds": round(time.perf_counter() - start, 2), "compiled": compile_count() - n0}
 
 
 def main(argv=None):
@@ -169,17 +190,23 @@ def main(argv=None):
     result = {**run_info(command_line(prog, argv), cuda=True, commit=args.commit), "compile": bench_compile()}
     print(result["compile"], flush=True)
     if args.breakdown:
-        result["breakdown"] = [bench_breakdown(spec, T) for spec in ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8")
-                               for T in (8, 4096)]
+        result["breakdown"] = [
+            bench_breakdown(spec, T) for spec in ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8") for T in (8, 4096)
+        ]
     if args.sweep:
         base = GemmConfig(tokens_tile=128, weights_tile=256, stages=4)
-        sweep = [base, base.replace(group_tokens=1), base.replace(group_tokens=16),
-                 base.replace(epi_stages=1, stages=4),
-                 GemmConfig(tokens_tile=128, weights_tile=128, stages=6),
-                 GemmConfig(tokens_tile=128, weights_tile=192, stages=5),
-                 GemmConfig(tokens_tile=64, weights_tile=256, consumer_warpgroups=1, stages=5)]
-        result["gemm1_configs"] = (bench_gemm_configs("mixtral-8x7b", 4096, sweep)
-                                   + bench_gemm_configs("qwen3-30b-a3b", 4096, sweep[:1] + sweep[4:]))
+        sweep = [
+            base,
+            base.replace(group_tokens=1),
+            base.replace(group_tokens=16),
+            base.replace(epi_stages=1, stages=4),
+            GemmConfig(tokens_tile=128, weights_tile=128, stages=6),
+            GemmConfig(tokens_tile=128, weights_tile=192, stages=5),
+            GemmConfig(tokens_tile=64, weights_tile=256, consumer_warpgroups=1, stages=5),
+        ]
+        result["gemm1_configs"] = bench_gemm_configs("mixtral-8x7b", 4096, sweep) + bench_gemm_configs(
+            "qwen3-30b-a3b", 4096, sweep[:1] + sweep[4:]
+        )
     if args.breakdown or args.sweep:
         if args.json:
             with open(args.json, "w") as f:

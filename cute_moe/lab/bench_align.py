@@ -68,8 +68,11 @@ def _same_rows(a, b) -> bool:
     maps = [(a.token_of_row, b.token_of_row), (a.row_of_pair, b.row_of_pair), (a.row_mask, b.row_mask)]
     floats = [(a.weight_of_row, b.weight_of_row), (a.weight_of_pair, b.weight_of_pair)]
     blocks = [(a.blocks[t][i], b.blocks[t][i]) for t in b.blocks for i in (0, 1)]
-    return (all(torch.equal(x, y) for x, y in zip(*fields)) and all(torch.equal(x, y) for x, y in maps + blocks)
-            and all(torch.equal(x.nan_to_num(7.0), y.nan_to_num(7.0)) for x, y in floats))
+    return (
+        all(torch.equal(x, y) for x, y in zip(*fields))
+        and all(torch.equal(x, y) for x, y in maps + blocks)
+        and all(torch.equal(x.nan_to_num(7.0), y.nan_to_num(7.0)) for x, y in floats)
+    )
 
 
 def layer_tiles(spec: str, T: int) -> tuple[int, tuple[int, int]]:
@@ -91,12 +94,22 @@ class Cell:
         self.weights = [torch.rand(T, k, device="cuda", generator=g) for _ in range(n_sets)]
         self.bufs = [RowBuffers(T, k, E, tile, tiles, "cuda") for _ in range(n_sets)]
         self.word = torch.zeros(1, dtype=torch.int32, device="cuda")
-        self.row = {"shape": spec, "E": E, "top_k": k, "T": T, "tile": tile, "gemm_tiles": list(tiles),
-                    "pairs": T * k, "rows": self.bufs[0].rows.rows, "place_ctas": self.bufs[0].ctas}
+        self.row = {
+            "shape": spec,
+            "E": E,
+            "top_k": k,
+            "T": T,
+            "tile": tile,
+            "gemm_tiles": list(tiles),
+            "pairs": T * k,
+            "rows": self.bufs[0].rows.rows,
+            "place_ctas": self.bufs[0].ctas,
+        }
 
     def device(self, i):
-        return sort_rows_on_device(self.ids[i], self.weights[i], self.E, self.tile, self.tiles, word=self.word,
-                                   buffers=self.bufs[i])
+        return sort_rows_on_device(
+            self.ids[i], self.weights[i], self.E, self.tile, self.tiles, word=self.word, buffers=self.bufs[i]
+        )
 
     def torch_ops(self, i):
         return reference_rows(self.ids[i], self.weights[i], self.E, self.tile, self.tiles, word=self.word)
@@ -107,9 +120,12 @@ def time_cell(cell: Cell) -> dict:
     row, n = cell.row, len(cell.ids)
     row["equal"] = all(_same_rows(cell.device(i), cell.torch_ops(i)) for i in range(n))
     for name, fn in (("device", cell.device), ("torch", cell.torch_ops)):
-        t = time_cuda_graph(lambda i, fn=fn: (lambda: fn(i)), n)
+        t = time_cuda_graph(lambda i, fn=fn: lambda: fn(i), n)
         row[f"{name}_us"], row[f"{name}_p10_us"], row[f"{name}_p90_us"] = (
-            round(t.median_us, 2), round(t.p10_us, 2), round(t.p90_us, 2))
+            round(t.median_us, 2),
+            round(t.p10_us, 2),
+            round(t.p90_us, 2),
+        )
     row["speedup"] = round(row["torch_us"] / row["device_us"], 1)
     return row
 
@@ -130,37 +146,66 @@ def profile_cell(cell: Cell, flush: torch.Tensor, calls: int = PROFILED_CALLS) -
             torch.cuda.synchronize()
         cuda = torch.autograd.DeviceType.CUDA
         for kernel in KERNELS:
-            us = [e.device_time_total or e.time_range.elapsed_us() for e in prof.events()
-                  if e.device_type == cuda and kernel in e.name]
+            us = [
+                e.device_time_total or e.time_range.elapsed_us()
+                for e in prof.events()
+                if e.device_type == cuda and kernel in e.name
+            ]
             key = f"{kernel}_{mode}_us"
             row[key] = round(sum(us) / calls, 2) if us else 0.0
     return row
 
 
 def markdown(result: dict) -> str:
-    lines = [f"# Token alignment as the bf16 layer launches it ({result['device']})", "",
-             *studyout.header_lines(result), "",
-             "Tiles: the bf16 plan's alignment tile (GEMM1, GEMM2 token tiles) at that T; `ctas`: the place "
-             "launch's grid. `device`/`torch`: CUDA-graph replay, median µs per call (p10–p90 in the JSON), "
-             "launch gaps included. `count`/`place`: the kernels' own µs per call from torch.profiler, `cold` "
-             "after a fill of twice the L2 (as inside the layer), `warm` back to back. `equal`: the launches "
-             "gave moe_spec.align's alignment and the reference maps, bit for bit, on every routing.", "",
-             "| shape | E | T | tile (G1, G2) | ctas | device µs | place cold | count cold | place warm | "
-             "count warm | torch µs | equal |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Token alignment as the bf16 layer launches it ({result['device']})",
+        "",
+        *studyout.header_lines(result),
+        "",
+        "Tiles: the bf16 plan's alignment tile (GEMM1, GEMM2 token tiles) at that T; `ctas`: the place "
+        "launch's grid. `device`/`torch`: CUDA-graph replay, median µs per call (p10–p90 in the JSON), "
+        "launch gaps included. `count`/`place`: the kernels' own µs per call from torch.profiler, `cold` "
+        "after a fill of twice the L2 (as inside the layer), `warm` back to back. `equal`: the launches "
+        "gave moe_spec.align's alignment and the reference maps, bit for bit, on every routing.",
+        "",
+        "| shape | E | T | tile (G1, G2) | ctas | device µs | place cold | count cold | place warm | "
+        "count warm | torch µs | equal |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in result["cells"]:
-        lines.append(f"| {r['shape']} | {r['E']} | {r['T']} | {r['tile']} {tuple(r['gemm_tiles'])} | "
-                     f"{r['place_ctas']} | {r['device_us']} | {r.get('PlacePairs_cold_us', '–')} | "
-                     f"{r.get('CountExperts_cold_us', '–')} | {r.get('PlacePairs_warm_us', '–')} | "
-                     f"{r.get('CountExperts_warm_us', '–')} | {r['torch_us']} | "
-                     f"{'yes' if r['equal'] else '**no**'} |")
+        lines.append(
+            f"| {r['shape']} | {r['E']} | {r['T']} | {r['tile']} {tuple(r['gemm_tiles'])} | "
+            f"{r['place_ctas']} | {r['device_us']} | {r.get('PlacePairs_cold_us', '–')} | "
+            f"{r.get('CountExperts_cold_us', '–')} | {r.get('PlacePairs_warm_us', '–')} | "
+            f"{r.get('CountExperts_warm_us', '–')} | {r['torch_us']} | "
+            f"{'yes' if r['equal'] else '**no**'} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 #: aten ops that launch nothing: allocation and views (``tests/test_launches.py`` counts the same way).
-NO_LAUNCH = {"empty", "empty_strided", "empty_like", "new_empty", "view", "_unsafe_view", "reshape", "slice", "select",
-             "alias", "as_strided", "t", "transpose", "permute", "expand", "unsqueeze", "squeeze", "detach",
-             "lift_fresh", "_reshape_alias"}
+NO_LAUNCH = {
+    "empty",
+    "empty_strided",
+    "empty_like",
+    "new_empty",
+    "view",
+    "_unsafe_view",
+    "reshape",
+    "slice",
+    "select",
+    "alias",
+    "as_strided",
+    "t",
+    "transpose",
+    "permute",
+    "expand",
+    "unsqueeze",
+    "squeeze",
+    "detach",
+    "lift_fresh",
+    "_reshape_alias",
+}
 
 
 class _Stubs(dict):
@@ -197,24 +242,35 @@ def gpu_stand_in():
 
     launches: list = []
     stubs = lambda *a, **k: _Stubs(launches)  # noqa: E731
-    patches = [(torch.cuda, "is_current_stream_capturing", lambda: False),
-               (torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=0)),
-               (torch.cuda, "device", lambda device: contextlib.nullcontext()),
-               (moe, "compile_gemm", lambda *a, **k: (lambda *args: launches.append("GroupedGemm"))),
-               (moe, "_row_kernels", stubs), (moe, "_stream", lambda t: None),
-               (moe, "check_runs_on", lambda *a: None), (moe, "surface_errors", lambda *a: None),
-               (moe_fp8, "compile_quant_kernels", stubs), (moe_fp8, "current_stream", lambda t: None),
-               (unfused, "compile_unfused_kernels", stubs), (unfused, "current_stream", lambda t: None)]
+    patches = [
+        (torch.cuda, "is_current_stream_capturing", lambda: False),
+        (torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=0)),
+        (torch.cuda, "device", lambda device: contextlib.nullcontext()),
+        (moe, "compile_gemm", lambda *a, **k: lambda *args: launches.append("GroupedGemm")),
+        (moe, "_row_kernels", stubs),
+        (moe, "_stream", lambda t: None),
+        (moe, "check_runs_on", lambda *a: None),
+        (moe, "surface_errors", lambda *a: None),
+        (moe_fp8, "compile_quant_kernels", stubs),
+        (moe_fp8, "current_stream", lambda t: None),
+        (unfused, "compile_unfused_kernels", stubs),
+        (unfused, "current_stream", lambda t: None),
+    ]
     try:
         from .. import rowmaps
+
         class RowBuffers(rowmaps.RowBuffers):  # maps a later torch op may index: valid values (0)
             def __init__(self, *args, **kwargs):
                 super().__init__(*args, **kwargs)
                 for t in self.out.values():
                     t.zero_()
 
-        patches += [(rowmaps, "compile_align_kernels", stubs), (rowmaps, "current_stream", lambda t: None),
-                    (rowmaps, "on_gpu", lambda t: True), (moe, "RowBuffers", RowBuffers)]
+        patches += [
+            (rowmaps, "compile_align_kernels", stubs),
+            (rowmaps, "current_stream", lambda t: None),
+            (rowmaps, "on_gpu", lambda t: True),
+            (moe, "RowBuffers", RowBuffers),
+        ]
     except ImportError:  # an older tree: its alignment launches behind align_on_device
         patches.append((moe, "align_on_device", _older_align_stand_in(launches)))
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches if hasattr(obj, name)]
@@ -292,9 +348,16 @@ def host_cost(T: int, quant=None, calls: int = 200, repeats: int = 5) -> dict:
     with gpu_stand_in() as (fused_moe, launches):
         cute, torch_ops, _ = launches_per_call(fused_moe, launches, kw)
         us = host_us(fused_moe, kw, calls=calls, repeats=repeats)
-    return {"T": T, "quant": quant or "bf16", "host_us": round(us, 1),
-            "cute_launches": len(cute), "torch_launches": len(torch_ops), "launches": len(cute) + len(torch_ops),
-            "cute": cute, "torch": torch_ops}
+    return {
+        "T": T,
+        "quant": quant or "bf16",
+        "host_us": round(us, 1),
+        "cute_launches": len(cute),
+        "torch_launches": len(torch_ops),
+        "launches": len(cute) + len(torch_ops),
+        "cute": cute,
+        "torch": torch_ops,
+    }
 
 
 def main(argv=None) -> dict:
@@ -304,17 +367,29 @@ def main(argv=None) -> dict:
     ap.add_argument("--shapes", nargs="+", default=list(SPECS), help="catalog shapes (default: %(default)s)")
     ap.add_argument("--commit", default=None, help="git commit to record (when the checkout has no .git)")
     ap.add_argument("--host", action="store_true", help="host cost per fused_moe call, no GPU (gpu_stand_in)")
-    ap.add_argument("--tokens", type=int, nargs="+", default=None,
-                    help=f"batch sizes (default: {' '.join(map(str, TOKENS))}; with --host: 1 64)")
-    ap.add_argument("--quant", nargs="+", default=["bf16", "fp8_tensor", "fp8_channel", "fp8_block"],
-                    help="with --host: formats")
+    ap.add_argument(
+        "--tokens",
+        type=int,
+        nargs="+",
+        default=None,
+        help=f"batch sizes (default: {' '.join(map(str, TOKENS))}; with --host: 1 64)",
+    )
+    ap.add_argument(
+        "--quant", nargs="+", default=["bf16", "fp8_tensor", "fp8_channel", "fp8_block"], help="with --host: formats"
+    )
     argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
     if args.host:
         rows = [host_cost(T, None if q == "bf16" else q) for q in args.quant for T in args.tokens or (1, 64)]
         for r in rows:
-            print({k: v for k, v in r.items() if k not in ("cute", "torch")}, "\n   cute:", r["cute"],
-                  "\n   torch:", r["torch"], flush=True)
+            print(
+                {k: v for k, v in r.items() if k not in ("cute", "torch")},
+                "\n   cute:",
+                r["cute"],
+                "\n   torch:",
+                r["torch"],
+                flush=True,
+            )
         return {"host": rows}
     out = None if args.out is None else studyout.out_or_exit(prog, args.out, FILES)  # before any GPU work
     tokens = args.tokens or list(TOKENS)
@@ -333,8 +408,9 @@ def main(argv=None) -> dict:
     flush = torch.empty(2 * L2_BYTES // 4, dtype=torch.int32, device="cuda")
     for cell in cells:
         result["cells"].append(profile_cell(cell, flush))
-        print({k: v for k, v in cell.row.items() if k in ("shape", "T") or k.endswith(("cold_us", "warm_us"))},
-              flush=True)
+        print(
+            {k: v for k, v in cell.row.items() if k in ("shape", "T") or k.endswith(("cold_us", "warm_us"))}, flush=True
+        )
     text = markdown(result)
     print(text)
     if out is not None:

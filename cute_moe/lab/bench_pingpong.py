@@ -104,27 +104,43 @@ def bench_shape(spec: str, alt: bool, cluster: bool = False) -> list[dict]:
         outs = {}
         for name, cfg in configs.items():
             out = torch.empty(rows.rows, prob["n"], dtype=torch.bfloat16, device="cuda")
-            call = lambda cfg=cfg, out=out: grouped_gemm(prob["x"], prob["w"], rows, cfg,  # noqa: E731
-                                                          row_scale=prob["scale"], out=out)
+            call = lambda cfg=cfg, out=out: grouped_gemm(  # noqa: E731 (bound per config)
+                prob["x"],
+                prob["w"],
+                rows,
+                cfg,  # noqa: E731
+                row_scale=prob["scale"],
+                out=out,
+            )
             t0 = time.perf_counter()
             call()  # compiles (first use of the config in this process)
             torch.cuda.synchronize()
             first_s = time.perf_counter() - t0
             t = time_cuda_graph(lambda i, call=call: call, 1, **TIMING)
             outs[name] = out
-            row = {"shape": spec, "T": TOKENS, "gemm": gemm, "variant": name, "schedule": cfg.schedule,
-                   "tile": tile_text(cfg), "config": cfg.as_dict(), "us": round(t.median_us, 1),
-                   "p10_us": round(t.p10_us, 1), "p90_us": round(t.p90_us, 1),
-                   "tflops": round(prob["flops"] / t.median_us / 1e6, 1), "first_call_s": round(first_s, 2),
-                   "equal": bool(torch.equal(out[:used].view(torch.int16),
-                                             outs["cooperative"][:used].view(torch.int16)))}
+            row = {
+                "shape": spec,
+                "T": TOKENS,
+                "gemm": gemm,
+                "variant": name,
+                "schedule": cfg.schedule,
+                "tile": tile_text(cfg),
+                "config": cfg.as_dict(),
+                "us": round(t.median_us, 1),
+                "p10_us": round(t.p10_us, 1),
+                "p90_us": round(t.p90_us, 1),
+                "tflops": round(prob["flops"] / t.median_us / 1e6, 1),
+                "first_call_s": round(first_s, 2),
+                "equal": bool(torch.equal(out[:used].view(torch.int16), outs["cooperative"][:used].view(torch.int16))),
+            }
             print({k: v for k, v in row.items() if k != "config"}, flush=True)
             out_rows.append(row)
         for name in configs:
             if name != "cooperative":
                 row = next(r for r in out_rows if r["shape"] == spec and r["gemm"] == gemm and r["variant"] == name)
-                coop = next(r for r in out_rows if r["shape"] == spec and r["gemm"] == gemm
-                            and r["variant"] == "cooperative")
+                coop = next(
+                    r for r in out_rows if r["shape"] == spec and r["gemm"] == gemm and r["variant"] == "cooperative"
+                )
                 row["speedup"] = round(coop["us"] / row["us"], 3)
     del w1, w2, inp, a
     torch.cuda.empty_cache()
@@ -132,17 +148,24 @@ def bench_shape(spec: str, alt: bool, cluster: bool = False) -> list[dict]:
 
 
 def markdown(result: dict) -> str:
-    lines = ["# Ping-pong and cluster multicast against cooperative: the bf16 layer's GEMMs at T = 4096", "",
-             *studyout.header_lines(result), "",
-             "CUDA-graph replay, median µs per GEMM call (p10–p90 in the JSON); TFLOP/s over the routed rows "
-             "(2·T·top_k·N·K, N = 2I for GEMM1); speedup = cooperative µs / variant µs; `equal`: torch.equal "
-             "with the cooperative output on every row both write. GEMM1 is gated and gathering, GEMM2 applies "
-             "the routing weights.", "",
-             "| shape | GEMM | variant | tile | µs | TFLOP/s | speedup | equal |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Ping-pong and cluster multicast against cooperative: the bf16 layer's GEMMs at T = 4096",
+        "",
+        *studyout.header_lines(result),
+        "",
+        "CUDA-graph replay, median µs per GEMM call (p10–p90 in the JSON); TFLOP/s over the routed rows "
+        "(2·T·top_k·N·K, N = 2I for GEMM1); speedup = cooperative µs / variant µs; `equal`: torch.equal "
+        "with the cooperative output on every row both write. GEMM1 is gated and gathering, GEMM2 applies "
+        "the routing weights.",
+        "",
+        "| shape | GEMM | variant | tile | µs | TFLOP/s | speedup | equal |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in result["cells"]:
-        lines.append(f"| {r['shape']} | {r['gemm']} | {r['variant']} | {r['tile']} | {r['us']} | {r['tflops']} | "
-                     f"{r.get('speedup', '—')} | {r['equal']} |")
+        lines.append(
+            f"| {r['shape']} | {r['gemm']} | {r['variant']} | {r['tile']} | {r['us']} | {r['tflops']} | "
+            f"{r.get('speedup', '—')} | {r['equal']} |"
+        )
     lines += ["", f"Wall time of the run: {result['wall_s']} s (compiles included)."]
     return "\n".join(lines) + "\n"
 

@@ -55,8 +55,10 @@ def tokens_for(shape: MoEShape, m: int) -> int:
     """T that gives each of the E experts exactly ``m`` (token, slot) pairs: m·E/top_k (an integer)."""
     T, rest = divmod(m * shape.num_experts, shape.top_k)
     if rest:
-        raise ValueError(f"--tokens: {m} tokens per expert on {shape.label} needs T = {m}·{shape.num_experts}/"
-                         f"{shape.top_k}, not an integer")
+        raise ValueError(
+            f"--tokens: {m} tokens per expert on {shape.label} needs T = {m}·{shape.num_experts}/"
+            f"{shape.top_k}, not an integer"
+        )
     return T
 
 
@@ -72,17 +74,20 @@ def balanced_routing(T: int, E: int, top_k: int, device="cpu"):
 
 def _gpu_time(make_call, n_sets, **options):
     from moe_spec.timing import time_cuda_graph
+
     return time_cuda_graph(make_call, n_sets, **options)
 
 
 def _gpu_fused_moe(**kwargs):
     from ..moe import fused_moe
+
     return fused_moe(**kwargs)
 
 
 def rule_swaps(shape: MoEShape, T: int) -> bool:
     """Whether the current rule runs swap-AB on this layer at T (both GEMMs share the mean)."""
     from ..plan import plan
+
     dims = MoEDims(T=T, E=shape.num_experts, K=shape.hidden, I=shape.intermediate, top_k=shape.top_k)
     return plan(dims).swap_ab[0]
 
@@ -103,12 +108,21 @@ class Env:
 def _sets(shape: MoEShape, T: int, weights: list, device: str, seed: int) -> list:
     gen = torch.Generator(device=device).manual_seed(seed + T)
     tw, ids = balanced_routing(T, shape.num_experts, shape.top_k, device)
-    return [dict(x=torch.randn(T, shape.hidden, generator=gen, device=device).to(torch.bfloat16), w1=w1, w2=w2,
-                 topk_weights=tw, topk_ids=ids) for w1, w2 in weights]
+    return [
+        dict(
+            x=torch.randn(T, shape.hidden, generator=gen, device=device).to(torch.bfloat16),
+            w1=w1,
+            w2=w2,
+            topk_weights=tw,
+            topk_ids=ids,
+        )
+        for w1, w2 in weights
+    ]
 
 
-def measure_shape(label: str, tokens, env: Env, options: dict, deadline: float, seed: int = 0,
-                  say: Callable = lambda text: None) -> list[dict]:
+def measure_shape(
+    label: str, tokens, env: Env, options: dict, deadline: float, seed: int = 0, say: Callable = lambda text: None
+) -> list[dict]:
     """The rows of one shape: both paths timed per tokens-per-expert count (or why not)."""
     shape = env.shape_of(label)
     per_set = 3 * shape.num_experts * shape.intermediate * shape.hidden * 2
@@ -125,11 +139,13 @@ def measure_shape(label: str, tokens, env: Env, options: dict, deadline: float, 
         try:
             sets = _sets(shape, row["T"], weights, env.device, seed)
             for key, swap in (("swap_us", True), ("normal_us", False)):
-                call = lambda i, swap=swap: (lambda: env.fused_moe(**sets[i], swap_ab=swap))  # noqa: E731
+                call = lambda i, swap=swap: lambda: env.fused_moe(**sets[i], swap_ab=swap)  # noqa: E731
                 row[key] = env.time(call, n_sets, **options).median_us
             row.update(input_sets=n_sets, rule_swap=bool(env.rule(shape, row["T"])), status="ok")
-            say(f"{label} m={row['tokens_per_expert']} T={row['T']}: swap {row['swap_us']:.1f} µs, "
-                f"normal {row['normal_us']:.1f} µs")
+            say(
+                f"{label} m={row['tokens_per_expert']} T={row['T']}: swap {row['swap_us']:.1f} µs, "
+                f"normal {row['normal_us']:.1f} µs"
+            )
         except Exception as exc:  # noqa: BLE001 - a failed cell is a row
             row["status"] = f"error: {type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
             try:
@@ -156,8 +172,10 @@ def fill_row(row: dict) -> dict:
 def loss(rows: list, limit: float) -> float:
     """Mean extra time (fraction of the faster path) of a rule that runs swap-AB up to ``limit``."""
     ok = [r for r in rows if r.get("status") == "ok"]
-    return sum((r["swap_us"] if r["tokens_per_expert"] <= limit else r["normal_us"])
-               / min(r["swap_us"], r["normal_us"]) - 1 for r in ok) / max(len(ok), 1)
+    return sum(
+        (r["swap_us"] if r["tokens_per_expert"] <= limit else r["normal_us"]) / min(r["swap_us"], r["normal_us"]) - 1
+        for r in ok
+    ) / max(len(ok), 1)
 
 
 def best_limit(rows: list, current: float) -> float | None:
@@ -176,6 +194,7 @@ def best_limit(rows: list, current: float) -> float | None:
 def summarize(rows: list, shapes, env: Env) -> list[dict]:
     """Per shape: the rule's current limit, the measured one, their losses and the table entry."""
     from ..plan import SWAP_AB_MAX_BY_LAYER, SWAP_AB_MAX_TOKENS_PER_EXPERT
+
     out = []
     for label in shapes:
         s = env.shape_of(label)
@@ -183,17 +202,34 @@ def summarize(rows: list, shapes, env: Env) -> list[dict]:
         current = float(SWAP_AB_MAX_BY_LAYER.get((s.hidden, s.intermediate), SWAP_AB_MAX_TOKENS_PER_EXPERT))
         best = best_limit(mine, current)
         ok = [r for r in mine if r.get("status") == "ok"]
-        out.append({"shape": label, "layer": [s.hidden, s.intermediate], "current_limit": current,
-                    "measured_limit": best, "current_loss": loss(mine, current) if ok else None,
-                    "measured_loss": loss(mine, best) if ok else None,
-                    "rule_within": sum(r["rule_within"] for r in ok), "rows": len(ok),
-                    "entry": None if best is None else f"({s.hidden}, {s.intermediate}): {num(best)},  # {label}"})
+        out.append(
+            {
+                "shape": label,
+                "layer": [s.hidden, s.intermediate],
+                "current_limit": current,
+                "measured_limit": best,
+                "current_loss": loss(mine, current) if ok else None,
+                "measured_loss": loss(mine, best) if ok else None,
+                "rule_within": sum(r["rule_within"] for r in ok),
+                "rows": len(ok),
+                "entry": None if best is None else f"({s.hidden}, {s.intermediate}): {num(best)},  # {label}",
+            }
+        )
     return out
 
 
-def run(shapes, tokens, *, env: Env | None = None, quick: bool = False, time_budget_s: float = TIME_BUDGET_S,
-        command: str = "run(...)", commit: str | None = None, write: Callable = lambda result: None,
-        say: Callable = lambda text: None) -> dict:
+def run(
+    shapes,
+    tokens,
+    *,
+    env: Env | None = None,
+    quick: bool = False,
+    time_budget_s: float = TIME_BUDGET_S,
+    command: str = "run(...)",
+    commit: str | None = None,
+    write: Callable = lambda result: None,
+    say: Callable = lambda text: None,
+) -> dict:
     env = env or Env()
     deadline = time.monotonic() + time_budget_s
     options = TIMING["quick" if quick else "full"]
@@ -205,7 +241,7 @@ def run(shapes, tokens, *, env: Env | None = None, quick: bool = False, time_bud
         result["rows"] += measure_shape(label, tokens, env, options, deadline, say=say)
         if env.device == "cuda":
             torch.cuda.empty_cache()
-        result["shapes"] = summarize(result["rows"], shapes[:i + 1], env)
+        result["shapes"] = summarize(result["rows"], shapes[: i + 1], env)
         write(result)
     return result
 
@@ -215,25 +251,38 @@ def _us(v) -> str:
 
 
 def table(result: dict) -> list[str]:
-    lines = ["| shape | tokens/expert | T | µs swap-AB | µs normal | ratio normal/swap | rule picks | rule within 3 % "
-             "| status |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| shape | tokens/expert | T | µs swap-AB | µs normal | ratio normal/swap | rule picks | rule within 3 % "
+        "| status |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in result["rows"]:
         ok = r.get("status") == "ok"
-        ratio, picks, within = (f"{r['ratio']:.3f}", "swap-AB" if r["rule_swap"] else "normal",
-                                "yes" if r["rule_within"] else "**no**") if ok else ("—",) * 3
-        lines.append(f"| {r['shape']} | {r['tokens_per_expert']} | {r['T']} | {_us(r.get('swap_us'))} "
-                     f"| {_us(r.get('normal_us'))} | {ratio} | {picks} | {within} | {r['status'].replace('|', '/')} |")
+        ratio, picks, within = (
+            (f"{r['ratio']:.3f}", "swap-AB" if r["rule_swap"] else "normal", "yes" if r["rule_within"] else "**no**")
+            if ok
+            else ("—",) * 3
+        )
+        lines.append(
+            f"| {r['shape']} | {r['tokens_per_expert']} | {r['T']} | {_us(r.get('swap_us'))} "
+            f"| {_us(r.get('normal_us'))} | {ratio} | {picks} | {within} | {r['status'].replace('|', '/')} |"
+        )
     return lines
 
 
 def summary_lines(result: dict) -> list[str]:
-    lines = ["| shape | layer (K, I) | rule's limit | measured limit | rule's mean loss | measured limit's loss "
-             "| rule within 3 % |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| shape | layer (K, I) | rule's limit | measured limit | rule's mean loss | measured limit's loss "
+        "| rule within 3 % |",
+        "|---|---|---|---|---|---|---|",
+    ]
     pct = lambda v: "—" if v is None else f"{100 * v:.1f} %"  # noqa: E731
     for s in result["shapes"]:
-        lines.append(f"| {s['shape']} | ({s['layer'][0]}, {s['layer'][1]}) | {num(s['current_limit'])} "
-                     f"| {'—' if s['measured_limit'] is None else num(s['measured_limit'])} | {pct(s['current_loss'])} "
-                     f"| {pct(s['measured_loss'])} | {s['rule_within']}/{s['rows']} |")
+        lines.append(
+            f"| {s['shape']} | ({s['layer'][0]}, {s['layer'][1]}) | {num(s['current_limit'])} "
+            f"| {'—' if s['measured_limit'] is None else num(s['measured_limit'])} | {pct(s['current_loss'])} "
+            f"| {pct(s['measured_loss'])} | {s['rule_within']}/{s['rows']} |"
+        )
     return lines
 
 
@@ -241,27 +290,40 @@ def to_markdown(result: dict) -> str:
     m = result["meta"]
     entries = [s["entry"] for s in result["shapes"] if s["entry"]]
     timing = ", ".join(f"{k} {v}" for k, v in m["timing"].items())
-    return "\n".join(
-        ["# Swap-AB crossover of cute_moe (bf16, whole layer)", "",
-         *studyout.header_lines(m),
-         f"- each count: both paths forced (`fused_moe(..., swap_ab=True/False)`), CUDA-graph replays over rotated "
-         f"input sets (cold L2), median µs ({timing}); every expert gets exactly m tokens (T = m·E/top_k)",
-         "- ratio = normal µs / swap-AB µs (above 1: swap-AB is faster); the rule is within 3 % when its path's µs ≤ "
-         "1.03 × the faster path's",
-         "- loss: mean over the measured counts of the extra time a limit costs against the "
-         "faster path; measured limit: of 0 and the counts, the least loss (ties: nearest the current limit)", ""]
-        + table(result) + ["", "## Per shape", ""] + summary_lines(result)
-        + ["", "Entries for `cute_moe.plan.SWAP_AB_MAX_BY_LAYER` (the rule's limit per layer):", ""]
-        + [f"    {e}" for e in entries]
-        + ["", one_limit(result), "", "![ratio against tokens per expert](crossover.svg)"]) + "\n"
+    return (
+        "\n".join(
+            [
+                "# Swap-AB crossover of cute_moe (bf16, whole layer)",
+                "",
+                *studyout.header_lines(m),
+                f"- each count: both paths forced (`fused_moe(..., swap_ab=True/False)`), CUDA-graph replays over "
+                f"rotated input sets (cold L2), median µs ({timing}); every expert gets exactly m tokens "
+                "(T = m·E/top_k)",
+                "- ratio = normal µs / swap-AB µs (above 1: swap-AB is faster); the rule is within 3 % when its path's "
+                "µs ≤ 1.03 × the faster path's",
+                "- loss: mean over the measured counts of the extra time a limit costs against the "
+                "faster path; measured limit: of 0 and the counts, the least loss (ties: nearest the current limit)",
+                "",
+            ]
+            + table(result)
+            + ["", "## Per shape", ""]
+            + summary_lines(result)
+            + ["", "Entries for `cute_moe.plan.SWAP_AB_MAX_BY_LAYER` (the rule's limit per layer):", ""]
+            + [f"    {e}" for e in entries]
+            + ["", one_limit(result), "", "![ratio against tokens per expert](crossover.svg)"]
+        )
+        + "\n"
+    )
 
 
 def one_limit(result: dict) -> str:
     """Whether one limit serves every shape measured (then it belongs in SWAP_AB_MAX_TOKENS_PER_EXPERT)."""
     limits = {s["measured_limit"] for s in result["shapes"] if s["measured_limit"] is not None}
     if len(limits) == 1:
-        return (f"Every shape measured supports the same limit, {num(limits.pop())}: one constant "
-                f"(`SWAP_AB_MAX_TOKENS_PER_EXPERT`) says it, no per-layer entry is needed.")
+        return (
+            f"Every shape measured supports the same limit, {num(limits.pop())}: one constant "
+            f"(`SWAP_AB_MAX_TOKENS_PER_EXPERT`) says it, no per-layer entry is needed."
+        )
     return f"The measured limits differ per shape ({', '.join(num(v) for v in sorted(limits)) or 'none'})."
 
 
@@ -291,8 +353,15 @@ def to_svg(result: dict) -> str:
         pts = sorted((r["tokens_per_expert"], r["ratio"]) for r in ok if r["shape"] == s["shape"])
         colour = COLOURS[i % len(COLOURS)]
         if pts:
-            svg.el("polyline", points=" ".join(f"{num(x(m))},{num(y(v))}" for m, v in pts), fill="none",
-                   stroke=colour, stroke_width=2, data_shape=s["shape"], data_points=json.dumps(pts))
+            svg.el(
+                "polyline",
+                points=" ".join(f"{num(x(m))},{num(y(v))}" for m, v in pts),
+                fill="none",
+                stroke=colour,
+                stroke_width=2,
+                data_shape=s["shape"],
+                data_points=json.dumps(pts),
+            )
         svg.rect(L + W + 16, T0 + 16 * i, 10, 10, fill=colour)
         svg.text(L + W + 30, T0 + 16 * i + 9, s["shape"], cls="s")
     return svg.render()
@@ -308,11 +377,19 @@ def parse_args(argv: list) -> argparse.Namespace:
     p = studyout.Parser(prog=PROG, description=__doc__.split("\n\n")[0].replace("``", ""))
     p.add_argument("--out", help="a new or empty directory for crossover.md, .json and .svg (required to run)")
     p.add_argument("--shapes", default=",".join(SHAPES), help="comma list of catalog shapes [%(default)s]")
-    p.add_argument("--tokens", default=None, help=f"tokens per expert, comma list [{','.join(map(str, TOKENS))}; "
-                                                  f"--quick: {','.join(map(str, QUICK_TOKENS))}]")
+    p.add_argument(
+        "--tokens",
+        default=None,
+        help=f"tokens per expert, comma list [{','.join(map(str, TOKENS))}; "
+        f"--quick: {','.join(map(str, QUICK_TOKENS))}]",
+    )
     p.add_argument("--quick", action="store_true", help="fewer counts and timing replays")
-    p.add_argument("--time-budget", default=str(TIME_BUDGET_S), metavar="S",
-                   help="stop after S seconds; counts not reached are 'skipped' rows [%(default)s]")
+    p.add_argument(
+        "--time-budget",
+        default=str(TIME_BUDGET_S),
+        metavar="S",
+        help="stop after S seconds; counts not reached are 'skipped' rows [%(default)s]",
+    )
     p.add_argument("--commit", default=None, help="commit to record [git rev-parse of this checkout]")
     p.add_argument("--list", action="store_true", help="print the cells (shape, tokens per expert, T) and exit")
     args = p.parse_args(argv)
@@ -327,8 +404,9 @@ def parse_args(argv: list) -> argparse.Namespace:
                 tokens_for(get_shape(label), m)
             except ValueError as exc:
                 raise UsageError(str(exc)) from None
-    args.time_budget = studyout.number("--time-budget", args.time_budget, lowest=0.0, allow_lowest=False,
-                                       what="a finite number of seconds > 0")
+    args.time_budget = studyout.number(
+        "--time-budget", args.time_budget, lowest=0.0, allow_lowest=False, what="a finite number of seconds > 0"
+    )
     if not args.list:
         args.out = studyout.check_out(args.out, FILES)
     return args
@@ -340,9 +418,16 @@ def _run(args: argparse.Namespace, argv: list) -> int:
         return 0
     runinfo.require_cuda(PROG)
     start = time.monotonic()
-    result = run(args.shapes, args.tokens, quick=args.quick, time_budget_s=args.time_budget,
-                 command=runinfo.command_line(PROG, argv), commit=args.commit,
-                 write=lambda r: write_outputs(r, args.out), say=studyout.progress(PROG))
+    result = run(
+        args.shapes,
+        args.tokens,
+        quick=args.quick,
+        time_budget_s=args.time_budget,
+        command=runinfo.command_line(PROG, argv),
+        commit=args.commit,
+        write=lambda r: write_outputs(r, args.out),
+        say=studyout.progress(PROG),
+    )
     print("\n".join(table(result) + [""] + summary_lines(result)))
     print("\nSWAP_AB_MAX_BY_LAYER entries (cute_moe/plan.py) the measurement supports:")
     print("\n".join(f"    {s['entry']}" for s in result["shapes"] if s["entry"]))

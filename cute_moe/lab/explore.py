@@ -49,8 +49,11 @@ def build_config(args) -> GemmConfig:
     check_gemm_shape(args.n_out, args.k)  # the grouped GEMM's host check of N_out and K
     swap = True if args.swap_ab else False if args.normal else None
     cfg = choose_config(args.tokens_per_expert, args.n_out, args.k, swap_ab=swap)
-    overrides = {name: getattr(args, name) for name in ("tokens_tile", "weights_tile", "stages")
-                 if getattr(args, name) is not None}
+    overrides = {
+        name: getattr(args, name)
+        for name in ("tokens_tile", "weights_tile", "stages")
+        if getattr(args, name) is not None
+    }
     if args.warpgroups is not None:
         overrides["consumer_warpgroups"] = args.warpgroups
     return cfg.replace(**overrides).validate() if overrides else cfg
@@ -68,8 +71,14 @@ def owner_grid(desc: dict, rows: int = GRID_EDGE, cols: int = GRID_EDGE) -> list
 
 def _ptx_summary(ptx: str) -> list[str]:
     """Distinct opcodes of the instructions a teacher points at, with their counts."""
-    wanted = ("wgmma.mma_async", "cp.async.bulk.tensor", "stmatrix", "setmaxnreg", "mbarrier.try_wait",
-              "fence.proxy.async")
+    wanted = (
+        "wgmma.mma_async",
+        "cp.async.bulk.tensor",
+        "stmatrix",
+        "setmaxnreg",
+        "mbarrier.try_wait",
+        "fence.proxy.async",
+    )
     counts: dict[str, int] = {}
     for line in ptx.splitlines():
         op = line.strip().split(" ")[0].rstrip(";")
@@ -94,25 +103,31 @@ def swizzle_lines(cfg: GemmConfig, desc: dict) -> list[str]:
         b, m, sh = desc["smem"][name]["swizzle"]
         chunks = len(banks["plain"][0])
         per = 16 // cfg.element_bytes
-        out += [f"Shared memory of {name} ({desc['tile'][name + '_is']}): S<{b},{m},{sh}> on byte addresses "
-                f"(bits {m}..{m + b - 1} ^= bits {m + sh}..{m + sh + b - 1}); a row = {chunks} chunks of 16 B "
-                f"({per} elements of K each), a chunk index = the bank group (4 of 32 banks) it lands in",
-                "  row r, logical chunk j → physical chunk:   j = " + " ".join(f"{j:2d}" for j in range(chunks))]
-        out += [f"  {'row ' + str(r):>41}" + " " * 5 + " ".join(f"{c:2d}" for c in row)
-                for r, row in enumerate(banks["swizzled"])]
+        out += [
+            f"Shared memory of {name} ({desc['tile'][name + '_is']}): S<{b},{m},{sh}> on byte addresses "
+            f"(bits {m}..{m + b - 1} ^= bits {m + sh}..{m + sh + b - 1}); a row = {chunks} chunks of 16 B "
+            f"({per} elements of K each), a chunk index = the bank group (4 of 32 banks) it lands in",
+            "  row r, logical chunk j → physical chunk:   j = " + " ".join(f"{j:2d}" for j in range(chunks)),
+        ]
+        out += [
+            f"  {'row ' + str(r):>41}" + " " * 5 + " ".join(f"{c:2d}" for c in row)
+            for r, row in enumerate(banks["swizzled"])
+        ]
         sw, plain = conflict_ways(banks["swizzled"]), conflict_ways(banks["plain"])
         modes = [wgmma_mode(16 * chunks, bits) for bits in (b, 0)]
-        out += [f"  an {ACCESS} access (one chunk of each of 8 rows): {_ways(max(sw))}; "
-                f"unswizzled (row r, chunk j → chunk j): {_ways(max(plain))}",
-                f"  WGMMA's descriptor: {modes[0] or 'no'} swizzle mode; unswizzled rows {16 * chunks} B apart: "
-                + (f"the {modes[1]} mode" if modes[1] else "no mode (no-swizzle core-matrix rows are 16 B apart)")]
+        out += [
+            f"  an {ACCESS} access (one chunk of each of 8 rows): {_ways(max(sw))}; "
+            f"unswizzled (row r, chunk j → chunk j): {_ways(max(plain))}",
+            f"  WGMMA's descriptor: {modes[0] or 'no'} swizzle mode; unswizzled rows {16 * chunks} B apart: "
+            + (f"the {modes[1]} mode" if modes[1] else "no mode (no-swizzle core-matrix rows are 16 B apart)"),
+        ]
     return out
 
 
 def _rows(smem: dict) -> int:
     shape = smem["one_stage"]["shape"][0]
     n = 1
-    for v in (shape if isinstance(shape, (list, tuple)) else [shape]):
+    for v in shape if isinstance(shape, (list, tuple)) else [shape]:
         n *= v
     return n
 
@@ -150,21 +165,36 @@ def render(cfg: GemmConfig, desc: dict, ptx: str | None = None) -> str:
         out.append(f"  t{t:<4}" + "".join(c.rjust(width) for c in row))
     out += ["", *swizzle_lines(cfg, desc)]
     if ptx is not None:
-        out += ["", f"PTX (compiled on this machine for sm_90a, {len(ptx.splitlines())} lines): the instructions "
-                    "of interest, counted (the whole PTX: --ptx-file PATH)"]
+        out += [
+            "",
+            f"PTX (compiled on this machine for sm_90a, {len(ptx.splitlines())} lines): the instructions "
+            "of interest, counted (the whole PTX: --ptx-file PATH)",
+        ]
         out += ["  " + line for line in _ptx_summary(ptx)]
     return "\n".join(out)
 
 
 def main(argv=None) -> int:
     ap = ArgumentParser(prog="python -m cute_moe.lab.explore", description=__doc__.split("\n")[0])
-    ap.add_argument("--tokens-per-expert", type=float, default=2.0,
-                    help="mean routed tokens per expert (T·top_k/E); the path rule picks the kernel [2]")
-    ap.add_argument("--n-out", type=int, default=DEFAULT_N_OUT,
-                    help=f"output features of the GEMM [{DEFAULT_N_OUT}: Mixtral-8x7B GEMM1, 2·I]")
+    ap.add_argument(
+        "--tokens-per-expert",
+        type=float,
+        default=2.0,
+        help="mean routed tokens per expert (T·top_k/E); the path rule picks the kernel [2]",
+    )
+    ap.add_argument(
+        "--n-out",
+        type=int,
+        default=DEFAULT_N_OUT,
+        help=f"output features of the GEMM [{DEFAULT_N_OUT}: Mixtral-8x7B GEMM1, 2·I]",
+    )
     ap.add_argument("--k", type=int, default=DEFAULT_K, help=f"reduction size K [{DEFAULT_K}]")
-    ap.add_argument("--experts", type=int, default=DEFAULT_EXPERTS,
-                    help=f"number of experts, for the TMA picture [{DEFAULT_EXPERTS}]")
+    ap.add_argument(
+        "--experts",
+        type=int,
+        default=DEFAULT_EXPERTS,
+        help=f"number of experts, for the TMA picture [{DEFAULT_EXPERTS}]",
+    )
     path = ap.add_mutually_exclusive_group()
     path.add_argument("--swap-ab", action="store_true", help="force the swap-AB path")
     path.add_argument("--normal", action="store_true", help="force the normal path")
@@ -172,15 +202,24 @@ def main(argv=None) -> int:
     ap.add_argument("--weights-tile", type=int, help="override the weight rows per CTA tile")
     ap.add_argument("--stages", type=int, help="override the pipeline depth")
     ap.add_argument("--warpgroups", type=int, choices=(1, 2), help="override the consumer warpgroups")
-    ap.add_argument("--ptx", action="store_true",
-                    help="compile to PTX (a few seconds on a CPU, most of it importing the CuTe DSL; "
-                         "notes/cute_moe.md §5) and count the instructions of interest")
-    ap.add_argument("--ptx-file", metavar="PATH",
-                    help="compile to PTX and write the whole PTX into PATH ('-': print it alone on stdout)")
+    ap.add_argument(
+        "--ptx",
+        action="store_true",
+        help="compile to PTX (a few seconds on a CPU, most of it importing the CuTe DSL; "
+        "notes/cute_moe.md §5) and count the instructions of interest",
+    )
+    ap.add_argument(
+        "--ptx-file",
+        metavar="PATH",
+        help="compile to PTX and write the whole PTX into PATH ('-': print it alone on stdout)",
+    )
     ap.add_argument("--json", action="store_true", help="print layouts.describe_json(config) instead")
     ap.add_argument("--svg", metavar="DIR", help="also write this kernel's pictures (SVG) into DIR")
-    ap.add_argument("--notes-figures", metavar="DIR",
-                    help="write the picture set of notes/wgmma_layouts.md into DIR (and nothing else)")
+    ap.add_argument(
+        "--notes-figures",
+        metavar="DIR",
+        help="write the picture set of notes/wgmma_layouts.md into DIR (and nothing else)",
+    )
     args = ap.parse_args(argv)
     if args.notes_figures:
         for path in write_figures(notes_figures(), args.notes_figures):

@@ -43,10 +43,12 @@ def chunk_banks(smem: dict, elem_bytes: int, rows: int = ROWS_DRAWN) -> dict[str
     for r in range(rows):
         offsets = [evaluate(shape, stride, r + tile_rows * j * per_chunk) for j in range(chunks)]
         out["plain"].append([(o * elem_bytes // BANK_GROUP_BYTES) % BANK_GROUPS for o in offsets])
-        out["swizzled"].append([(swizzle_bytes(o * elem_bytes, bits, base, shift) // BANK_GROUP_BYTES) % BANK_GROUPS
-                                for o in offsets])
-        out["elements"].append([(swizzle_bytes(o, bits, base, shift) * elem_bytes // BANK_GROUP_BYTES) % BANK_GROUPS
-                                for o in offsets])
+        out["swizzled"].append(
+            [(swizzle_bytes(o * elem_bytes, bits, base, shift) // BANK_GROUP_BYTES) % BANK_GROUPS for o in offsets]
+        )
+        out["elements"].append(
+            [(swizzle_bytes(o, bits, base, shift) * elem_bytes // BANK_GROUP_BYTES) % BANK_GROUPS for o in offsets]
+        )
     return out
 
 
@@ -83,9 +85,11 @@ def _wgmma_line(row_bytes: int, modes: dict) -> str:
         return "no WGMMA descriptor mode reads the swizzled layout"
     if modes["plain"] is not None:
         return f"WGMMA's descriptor reads both: the {modes['swizzled']} and the {modes['plain']} mode"
-    return (f"WGMMA's descriptor reads the swizzled tile in its {modes['swizzled']} mode and cannot express the "
-            f"plain one (no-swizzle rows are 16 B apart): {row_bytes}-byte TMA rows force the "
-            f"{modes['swizzled']} mode")
+    return (
+        f"WGMMA's descriptor reads the swizzled tile in its {modes['swizzled']} mode and cannot express the "
+        f"plain one (no-swizzle rows are 16 B apart): {row_bytes}-byte TMA rows force the "
+        f"{modes['swizzled']} mode"
+    )
 
 
 def smem_svg(cfg: GemmConfig, fmt: str) -> str:
@@ -101,23 +105,39 @@ def smem_svg(cfg: GemmConfig, fmt: str) -> str:
     pw = chunks * cw + 50
     row_bytes = chunks * BANK_GROUP_BYTES
     modes = {"plain": wgmma_mode(row_bytes, 0), "swizzled": wgmma_mode(row_bytes, b)}
-    titles = {"plain": f"no swizzle: row r at byte r·{row_bytes}"
-              + ("" if modes["plain"] else " (no WGMMA layout)"),
-              "swizzled": f"S<{b},{m},{s}> on byte addresses (the hardware)",
-              "elements": f"S<{b},{m},{s}> on {elem}-byte element offsets (read literally)"}
-    svg = Svg(24 + len(panels) * pw, 10, f"{fmt} operand tile in shared memory: 16-byte chunks and bank groups",
-              data_figure="smem", data_format=fmt, data_swizzle=f"{b},{m},{s}")
+    titles = {
+        "plain": f"no swizzle: row r at byte r·{row_bytes}" + ("" if modes["plain"] else " (no WGMMA layout)"),
+        "swizzled": f"S<{b},{m},{s}> on byte addresses (the hardware)",
+        "elements": f"S<{b},{m},{s}> on {elem}-byte element offsets (read literally)",
+    }
+    svg = Svg(
+        24 + len(panels) * pw,
+        10,
+        f"{fmt} operand tile in shared memory: 16-byte chunks and bank groups",
+        data_figure="smem",
+        data_format=fmt,
+        data_swizzle=f"{b},{m},{s}",
+    )
     for g in range(BANK_GROUPS):
-        svg.symbol(f"g{g}", f'<rect width="{cw}" height="{ch}" class="b{g}"/>',
-                   f'<text x="{cw // 2}" y="13" class="c">{g}</text>')
+        svg.symbol(
+            f"g{g}",
+            f'<rect width="{cw}" height="{ch}" class="b{g}"/>',
+            f'<text x="{cw // 2}" y="13" class="c">{g}</text>',
+        )
     svg.text(12, 22, f"{fmt} K-major operand in shared memory: where each 16-byte chunk lands", cls="t")
-    y = svg.lines(12, 42, [
-        f"one row = {chunks * BANK_GROUP_BYTES} bytes = {chunks * per_chunk} {fmt} elements of K "
-        f"(tile_k = {plan['tile_k']}), {chunks} chunks of {per_chunk}; rows are M (or N) of the tile",
-        "cell = chunk (its K range on top), number and colour = bank group g (banks 4g … 4g+3) it lands in",
-        f"{ACCESS} move one chunk from each of 8 rows (a chunk column): rows sharing a bank group serialize",
-        _wgmma_line(row_bytes, modes),
-        f"layout of one stage: {smem['text']}"], cls="s")
+    y = svg.lines(
+        12,
+        42,
+        [
+            f"one row = {chunks * BANK_GROUP_BYTES} bytes = {chunks * per_chunk} {fmt} elements of K "
+            f"(tile_k = {plan['tile_k']}), {chunks} chunks of {per_chunk}; rows are M (or N) of the tile",
+            "cell = chunk (its K range on top), number and colour = bank group g (banks 4g … 4g+3) it lands in",
+            f"{ACCESS} move one chunk from each of 8 rows (a chunk column): rows sharing a bank group serialize",
+            _wgmma_line(row_bytes, modes),
+            f"layout of one stage: {smem['text']}",
+        ],
+        cls="s",
+    )
     y += 8
     for p, panel in enumerate(panels):
         x0 = 40 + p * pw
@@ -137,12 +157,23 @@ def smem_svg(cfg: GemmConfig, fmt: str) -> str:
         svg.close()
         svg.el("path", cls="frame", d=f"M{x0} {num(y + 22 + (1 << b) * ch)}h{chunks * cw}")
         svg.rect(x0, y + 22, chunks * cw, ROWS_DRAWN * ch, cls="frame")
-        svg.text(x0 - 28, yy + 16, f"bank conflict of an {ACCESS} access: "
-                 + ("none" if max(ways) == 1 else f"up to {max(ways)}-way"), cls="s")
+        svg.text(
+            x0 - 28,
+            yy + 16,
+            f"bank conflict of an {ACCESS} access: " + ("none" if max(ways) == 1 else f"up to {max(ways)}-way"),
+            cls="s",
+        )
     foot = y + 22 + ROWS_DRAWN * ch + 50
     if "elements" not in panels:
-        foot = svg.lines(12, foot, [f"with {elem}-byte elements, element offsets are byte offsets: the composed "
-                                    "layout's printed swizzle is the hardware's"], cls="s")
+        foot = svg.lines(
+            12,
+            foot,
+            [
+                f"with {elem}-byte elements, element offsets are byte offsets: the composed "
+                "layout's printed swizzle is the hardware's"
+            ],
+            cls="s",
+        )
     svg.height = foot + 8
     return svg.render()
 
@@ -168,16 +199,25 @@ def box_extent(shape, stride) -> dict[int, int]:
     return {mode: extent * value for extent, value, mode in _steps(shape, stride)}
 
 
-def _window(svg: Svg, x, y, cell_w, cell_h, hi: tuple[int, int], cls: str, name: str, at: list[int],
-            extent: dict[int, int]) -> None:
+def _window(
+    svg: Svg, x, y, cell_w, cell_h, hi: tuple[int, int], cls: str, name: str, at: list[int], extent: dict[int, int]
+) -> None:
     """WINDOW × WINDOW boxes (rows = TMA coordinate 1, columns = coordinate 0), one highlighted."""
     svg.open("g", data_tensor=name)
     for r in range(WINDOW):
         for c in range(WINDOW):
             svg.rect(x + c * cell_w, y + r * cell_h, cell_w, cell_h, cls=cls, stroke="#fff")
     svg.close()
-    svg.rect(x + hi[1] * cell_w, y + hi[0] * cell_h, cell_w, cell_h, cls="hi", data_tensor=name,
-             data_at=",".join(map(str, at)), data_extent=",".join(str(extent[m]) for m in sorted(extent)))
+    svg.rect(
+        x + hi[1] * cell_w,
+        y + hi[0] * cell_h,
+        cell_w,
+        cell_h,
+        cls="hi",
+        data_tensor=name,
+        data_at=",".join(map(str, at)),
+        data_extent=",".join(str(extent[m]) for m in sorted(extent)),
+    )
     svg.text(x + WINDOW * cell_w + 4, y + 10, "…", cls="s")
     svg.text(x + 2, y + WINDOW * cell_h + 12, "⋮", cls="s")
 
@@ -200,22 +240,35 @@ def tma_svg(cfg: GemmConfig, n_out: int, k: int, experts: int, example=(3, 1, 2,
     stage_bytes = plan_layouts(cfg)["stage_bytes"]
     elem = cfg.element_bytes
     if (tok["values"] + wts["values"]) * elem != stage_bytes:
-        raise AssertionError(f"the two TMA loads move {(tok['values'] + wts['values']) * elem} B, "
-                             f"the full barrier expects {stage_bytes} B")
+        raise AssertionError(
+            f"the two TMA loads move {(tok['values'] + wts['values']) * elem} B, "
+            f"the full barrier expects {stage_bytes} B"
+        )
     path = "swap-AB" if cfg.swap_ab else "normal"
     svg = Svg(1000, 10, f"TMA boxes of one CTA tile ({path})", data_figure="tma", data_path=path)
-    svg.text(12, 22, f"TMA: the boxes one CTA tile moves ({path} path: {cfg.tokens_tile} tokens × "
-             f"{cfg.weights_tile} weight rows, {cfg.tile_k} of K per stage)", cls="t")
-    y = svg.lines(12, 42, [
-        f"example tile: token block {block}, say of expert {expert} (block_expert[{block}]: device data, read when "
-        f"the tile starts); weight block {wblock}; K step {kstep} → ring slot {kstep} mod {cfg.stages} = "
-        f"{kstep % cfg.stages}",
-        "TMA coordinates, innermost first: (k, row) for X; (k, row, expert) for W, the expert being the third "
-        "coordinate of one 3-D tensor;",
-        "(feature, token) for the output.  A copy names the box's origin; the box extents are compiled in.",
-        f"one stage = ({tok['values']} + {wts['values']}) elements × {elem} B = "
-        f"{(tok['values'] + wts['values']) * elem} B: the full barrier's transaction count "
-        f"(KernelPlan.stage_bytes = {stage_bytes})"], cls="s")
+    svg.text(
+        12,
+        22,
+        f"TMA: the boxes one CTA tile moves ({path} path: {cfg.tokens_tile} tokens × "
+        f"{cfg.weights_tile} weight rows, {cfg.tile_k} of K per stage)",
+        cls="t",
+    )
+    y = svg.lines(
+        12,
+        42,
+        [
+            f"example tile: token block {block}, say of expert {expert} (block_expert[{block}]: device data, read when "
+            f"the tile starts); weight block {wblock}; K step {kstep} → ring slot {kstep} mod {cfg.stages} = "
+            f"{kstep % cfg.stages}",
+            "TMA coordinates, innermost first: (k, row) for X; (k, row, expert) for W, the expert being the third "
+            "coordinate of one 3-D tensor;",
+            "(feature, token) for the output.  A copy names the box's origin; the box extents are compiled in.",
+            f"one stage = ({tok['values']} + {wts['values']}) elements × {elem} B = "
+            f"{(tok['values'] + wts['values']) * elem} B: the full barrier's transaction count "
+            f"(KernelPlan.stage_bytes = {stage_bytes})",
+        ],
+        cls="s",
+    )
     cell = 30
     wx, wy = 40, y + 44
     shown = min(experts, 4)
@@ -223,18 +276,31 @@ def tma_svg(cfg: GemmConfig, n_out: int, k: int, experts: int, example=(3, 1, 2,
         svg.rect(wx + 8 * i, wy - 8 * i, WINDOW * cell + 20, WINDOW * cell + 20, fill="#f4f4f4", stroke="#999")
     svg.text(wx, wy - 8 * shown - 4, f"W: {experts} experts stacked along coordinate 2", cls="s")
     _window(svg, wx, wy, cell, cell, (wblock, kstep), "b1", "weights", w_at, w_box)
-    svg.lines(wx, wy + WINDOW * cell + 36, [
-        f"W [E={experts}, N_out={n_out}, K={k}] seen as (N_out, K, E)",
-        f"a cell = one box: {w_box[1]} rows × {w_box[0]} of K × 1 expert",
-        f"{n_out // cfg.weights_tile} × {k // cfg.tile_k} boxes per expert",
-        f"red box: expert {expert}, at TMA ({', '.join(map(str, w_at))})"], cls="s")
+    svg.lines(
+        wx,
+        wy + WINDOW * cell + 36,
+        [
+            f"W [E={experts}, N_out={n_out}, K={k}] seen as (N_out, K, E)",
+            f"a cell = one box: {w_box[1]} rows × {w_box[0]} of K × 1 expert",
+            f"{n_out // cfg.weights_tile} × {k // cfg.tile_k} boxes per expert",
+            f"red box: expert {expert}, at TMA ({', '.join(map(str, w_at))})",
+        ],
+        cls="s",
+    )
     xx = wx + WINDOW * cell + 110
     xh = max(10, round(cell * x_box[1] / w_box[1]))
     svg.text(xx, wy - 8 * shown - 4, "X [M_pad, K]: tokens sorted by expert", cls="s")
     _window(svg, xx, wy, cell, xh, (block, kstep), "b4", "tokens", x_at, x_box)
-    svg.lines(xx, wy + WINDOW * xh + 36, [f"a cell = one box: {x_box[1]} tokens × {x_box[0]} of K",
-                                          "(cell heights not to scale)" if xh * w_box[1] != cell * x_box[1] else "",
-                                          f"red box at TMA ({', '.join(map(str, x_at))})"], cls="s")
+    svg.lines(
+        xx,
+        wy + WINDOW * xh + 36,
+        [
+            f"a cell = one box: {x_box[1]} tokens × {x_box[0]} of K",
+            "(cell heights not to scale)" if xh * w_box[1] != cell * x_box[1] else "",
+            f"red box at TMA ({', '.join(map(str, x_at))})",
+        ],
+        cls="s",
+    )
     # the output tile, cut into the epilogue's store boxes (rows = tokens, columns = features)
     ox = xx + WINDOW * cell + 110
     sx = 240 / c_tile[0]
@@ -252,15 +318,29 @@ def tma_svg(cfg: GemmConfig, n_out: int, k: int, experts: int, example=(3, 1, 2,
             rest //= e
         offset = tma_coordinate({"stride": [s for s in _flat(epi_stride[1]) if isinstance(s, str)]}, tuple(idx))
         offset += [0] * (2 - len(offset))
-        svg.rect(ox + offset[0] * sx, wy + offset[1] * sy, c_box[0] * sx, c_box[1] * sy, cls=f"b{2 + i % 2}",
-                 stroke="#333", data_offset=f"{offset[0]},{offset[1]}", data_extent=f"{c_box[0]},{c_box[1]}")
+        svg.rect(
+            ox + offset[0] * sx,
+            wy + offset[1] * sy,
+            c_box[0] * sx,
+            c_box[1] * sy,
+            cls=f"b{2 + i % 2}",
+            stroke="#333",
+            data_offset=f"{offset[0]},{offset[1]}",
+            data_extent=f"{c_box[0]},{c_box[1]}",
+        )
     svg.close()
-    svg.lines(ox, wy + c_tile[1] * sy + 24, [
-        f"{c_tile[1]} tokens × {c_tile[0]} features "
-        f"({'Cᵀ: GEMM M = features' if cfg.swap_ab else 'C: GEMM M = tokens'})",
-        f"{n_boxes} store box(es) of {c_box[1]} tokens × {c_box[0]} features",
-        f"tile origin at TMA ({', '.join(map(str, c_at))})",
-        "Y [M_pad, N_out] row-major: coordinate 0 = feature"], cls="s")
+    svg.lines(
+        ox,
+        wy + c_tile[1] * sy + 24,
+        [
+            f"{c_tile[1]} tokens × {c_tile[0]} features "
+            f"({'Cᵀ: GEMM M = features' if cfg.swap_ab else 'C: GEMM M = tokens'})",
+            f"{n_boxes} store box(es) of {c_box[1]} tokens × {c_box[0]} features",
+            f"tile origin at TMA ({', '.join(map(str, c_at))})",
+            "Y [M_pad, N_out] row-major: coordinate 0 = feature",
+        ],
+        cls="s",
+    )
     svg.height = wy + WINDOW * cell + 110
     return svg.render()
 

@@ -61,29 +61,46 @@ def fragment_svg(cfg: GemmConfig, fmt: str, role: str) -> str:
     warp_rows = {w: sorted({m for (m, _), (t, _) in owners.items() if t // 32 == w}) for w in range(4)}
     bands = all(rows == list(range(16 * w, 16 * w + 16)) for w, rows in warp_rows.items())
     block_regs = per_thread * 8 // n
-    pairs = all(len({m for m, _ in cells}) == 2 and max(m for m, _ in cells) - min(m for m, _ in cells) == 8
-                and {(m, c ^ 1) for m, c in cells} == set(cells) for cells in regs.values())
-    repeats = all(owners[(m, c)] == (owners[(m, c % 8)][0], owners[(m, c % 8)][1] + block_regs * (c // 8))
-                  for (m, c) in owners)
+    pairs = all(
+        len({m for m, _ in cells}) == 2
+        and max(m for m, _ in cells) - min(m for m, _ in cells) == 8
+        and {(m, c ^ 1) for m, c in cells} == set(cells)
+        for cells in regs.values()
+    )
+    repeats = all(
+        owners[(m, c)] == (owners[(m, c % 8)][0], owners[(m, c % 8)][1] + block_regs * (c // 8)) for (m, c) in owners
+    )
     big = n > 16
     cw, ch = (3, 3) if big else (40, 13)
     x0, y0 = 44, 122
     grid_w, grid_h = n * cw, 64 * ch
     inset_h = 16 * 13 + 40 if big else 0
     width = max(x0 + grid_w + 20, 720)
-    svg = Svg(width, y0 + grid_h + inset_h + 40, f"{plan['instruction']}: accumulator fragment of one warpgroup",
-              css=FRAGMENT_CSS, data_figure="fragment", data_format=fmt, data_n=n,
-              data_instruction=plan["instruction"])
+    svg = Svg(
+        width,
+        y0 + grid_h + inset_h + 40,
+        f"{plan['instruction']}: accumulator fragment of one warpgroup",
+        css=FRAGMENT_CSS,
+        data_figure="fragment",
+        data_format=fmt,
+        data_n=n,
+        data_instruction=plan["instruction"],
+    )
     svg.text(12, 22, f"{fmt} m{m_atom}n{n_atom}k{k_atom}: who holds each fp32 accumulator ({role})", cls="t")
-    facts = [plan["instruction"]
-             + f"  ({k_atom} {fmt} elements of K = {k_atom * plan['element_bytes']} B per instruction)",
-             f"rows = M (64 per warpgroup), columns = N ({n}); colour = warp, shade alternates by thread; "
-             f"{per_thread} registers per thread",
-             "; ".join((["each thread holds pairs of adjacent columns in two rows r and r+8"] if pairs else [])
-                       + (["warp w owns rows 16w … 16w+15"] if bands else []))]
+    facts = [
+        plan["instruction"] + f"  ({k_atom} {fmt} elements of K = {k_atom * plan['element_bytes']} B per instruction)",
+        f"rows = M (64 per warpgroup), columns = N ({n}); colour = warp, shade alternates by thread; "
+        f"{per_thread} registers per thread",
+        "; ".join(
+            (["each thread holds pairs of adjacent columns in two rows r and r+8"] if pairs else [])
+            + (["warp w owns rows 16w … 16w+15"] if bands else [])
+        ),
+    ]
     if big and repeats:
-        facts.append(f"every 8-column block repeats columns 0–7 with registers +{block_regs}: "
-                     "the enlarged corner below shows lane.register")
+        facts.append(
+            f"every 8-column block repeats columns 0–7 with registers +{block_regs}: "
+            "the enlarged corner below shows lane.register"
+        )
     elif not big:
         facts.append("label = lane.register (thread = 32·warp + lane)")
     svg.lines(12, 42, facts, cls="s")
@@ -112,15 +129,17 @@ def fragment_svg(cfg: GemmConfig, fmt: str, role: str) -> str:
         svg.text(x0, iy - 8, "rows 0–15 × columns 0–7, enlarged (lane.register):", cls="s")
         for (m, c), (t, v) in owners.items():
             if m < 16 and c < 8:
-                svg.rect(x0 + c * 40, iy + m * 13, 40, 13, cls=f"w{t // 32}",
-                         fill_opacity=".55" if _shaded(t) else None)
+                svg.rect(
+                    x0 + c * 40, iy + m * 13, 40, 13, cls=f"w{t // 32}", fill_opacity=".55" if _shaded(t) else None
+                )
                 svg.text(x0 + c * 40 + 20, iy + m * 13 + 10, f"{t % 32}.{v}", cls="l c")
     return svg.render()
 
 
 # ---- swap-AB ----------------------------------------------------------------------------------
-def _tile_panel(svg: Svg, cfg: GemmConfig, owners: dict, x: float, y: float, cell: float, used: int,
-                name: str) -> float:
+def _tile_panel(
+    svg: Svg, cfg: GemmConfig, owners: dict, x: float, y: float, cell: float, used: int, name: str
+) -> float:
     """The CTA tile in GEMM orientation (rows = M, cols = N), coloured by warp; padding greyed."""
     grid = {mn: t // 32 for mn, (t, _) in owners.items()}
     svg.cells(x, y, cell, cell, data_panel=name, data_rows=cfg.tile_m, data_cols=cfg.tile_n)
@@ -148,8 +167,9 @@ def _chunk_owner(cfg: GemmConfig, owners: dict, token: int, chunk: int) -> tuple
     return warps.pop(), [(t % 32, v) for t, v in holders]
 
 
-def _output_panel(svg: Svg, cfg: GemmConfig, owners: dict, x: float, y: float, cell: float, used: int,
-                  name: str) -> float:
+def _output_panel(
+    svg: Svg, cfg: GemmConfig, owners: dict, x: float, y: float, cell: float, used: int, name: str
+) -> float:
     """Output rows (tokens) × features, in 16-byte chunks of 8, coloured by the warp storing each chunk."""
     chunks = cfg.weights_tile // 8
     grid = {(tok, ch): _chunk_owner(cfg, owners, tok, ch)[0] for tok in range(cfg.tokens_tile) for ch in range(chunks)}
@@ -159,8 +179,11 @@ def _output_panel(svg: Svg, cfg: GemmConfig, owners: dict, x: float, y: float, c
     if used < cfg.tokens_tile:
         svg.rect(0, used, chunks, cfg.tokens_tile - used, cls="pad")
     svg.close()
-    svg.el("path", cls="grid", d="".join(f"M{num(x + c * 8 * cell)} {num(y)}v{num(cfg.tokens_tile * cell)}"
-                                         for c in range(1, chunks)))
+    svg.el(
+        "path",
+        cls="grid",
+        d="".join(f"M{num(x + c * 8 * cell)} {num(y)}v{num(cfg.tokens_tile * cell)}" for c in range(1, chunks)),
+    )
     svg.rect(x, y, chunks * cell * 8, cfg.tokens_tile * cell, cls="frame")
     svg.rect(x, y, cell * 8, cell, cls="hi")  # the example chunk: token 0, features 0–7
     return y + cfg.tokens_tile * cell
@@ -169,8 +192,11 @@ def _output_panel(svg: Svg, cfg: GemmConfig, owners: dict, x: float, y: float, c
 def _lanes_text(holders: list[tuple[int, int]]) -> str:
     lanes = [lane for lane, _ in holders]
     distinct = list(dict.fromkeys(lanes))
-    kind = (f"{len(distinct)} lanes × {8 // len(distinct)} values: one row of an 8×8 stmatrix matrix"
-            if len(distinct) < 8 else "8 lanes × 1 value: one column of an 8×8 matrix → stmatrix .trans")
+    kind = (
+        f"{len(distinct)} lanes × {8 // len(distinct)} values: one row of an 8×8 stmatrix matrix"
+        if len(distinct) < 8
+        else "8 lanes × 1 value: one column of an 8×8 matrix → stmatrix .trans"
+    )
     return f"lanes {','.join(map(str, lanes))} ({kind})"
 
 
@@ -186,37 +212,56 @@ def swapab_svg(normal: GemmConfig, swap: GemmConfig, tokens_per_expert: float, p
     x_swap = 40 + max(normal.tile_n, normal.weights_tile) * cell + 60
     waste_n = 1 - used_n / normal.tile_m
     waste_s = 1 - used_s / swap.tile_n
-    head = [f"normal  {normal.tokens_tile} tokens × {normal.weights_tile} weight rows, "
-            f"{normal.consumer_warpgroups} consumer warpgroup(s): C = X·Wᵀ, tokens fill M; "
-            f"{100 * waste_n:.0f}% of the tile is padding rows",
-            f"swap-AB {swap.weights_tile} weight rows × {swap.tokens_tile} tokens, "
-            f"{swap.consumer_warpgroups} consumer warpgroup(s): Cᵀ = W·Xᵀ, weights fill M, tokens are N; "
-            f"{100 * waste_s:.0f}% padding columns",
-            "colour = warp (warp 4·g + w is warp w of consumer warpgroup g); pale = token slots beyond the "
-            "expert's tokens"]
+    head = [
+        f"normal  {normal.tokens_tile} tokens × {normal.weights_tile} weight rows, "
+        f"{normal.consumer_warpgroups} consumer warpgroup(s): C = X·Wᵀ, tokens fill M; "
+        f"{100 * waste_n:.0f}% of the tile is padding rows",
+        f"swap-AB {swap.weights_tile} weight rows × {swap.tokens_tile} tokens, "
+        f"{swap.consumer_warpgroups} consumer warpgroup(s): Cᵀ = W·Xᵀ, weights fill M, tokens are N; "
+        f"{100 * waste_s:.0f}% padding columns",
+        "colour = warp (warp 4·g + w is warp w of consumer warpgroup g); pale = token slots beyond the expert's tokens",
+    ]
     _, lanes_n = _chunk_owner(normal, own_n, 0, 0)
     _, lanes_s = _chunk_owner(swap, own_s, 0, 0)
-    foot = ["Bottom: the output Y[token, feature] (row-major in memory), cut in 16-byte chunks of 8 features; "
-            "each chunk is stored by one warp.",
-            "The red chunk (token 0, features 0–7) holds the values of",
-            f"  normal:  {_lanes_text(lanes_n)}",
-            f"  swap-AB: {_lanes_text(lanes_s)}"]
+    foot = [
+        "Bottom: the output Y[token, feature] (row-major in memory), cut in 16-byte chunks of 8 features; "
+        "each chunk is stored by one warp.",
+        "The red chunk (token 0, features 0–7) holds the values of",
+        f"  normal:  {_lanes_text(lanes_n)}",
+        f"  swap-AB: {_lanes_text(lanes_s)}",
+    ]
     text_w = 7 * max(len(t) for t in head + foot)
     width = max(x_swap + swap.tile_n * cell, x_swap + swap.weights_tile * cell, text_w) + 24
     warps = 4 * max(normal.consumer_warpgroups, swap.consumer_warpgroups)
-    svg = Svg(width, 10, f"swap-AB: the same MoE tile with tokens as M and as N ({phase})",
-              data_figure="swapab", data_phase=phase, data_tokens_per_expert=num(tokens_per_expert))
+    svg = Svg(
+        width,
+        10,
+        f"swap-AB: the same MoE tile with tokens as M and as N ({phase})",
+        data_figure="swapab",
+        data_phase=phase,
+        data_tokens_per_expert=num(tokens_per_expert),
+    )
     svg.text(12, 22, f"swap-AB at {phase}: tokens as WGMMA's M, or as its N", cls="t")
     y = svg.lines(12, 42, head, cls="s")
     warp_legend(svg, 12, y + 2, warps)
     y += 30
     svg.text(40, y, f"normal: GEMM tile {normal.tile_m} (M = tokens) × {normal.tile_n} (N = weights)")
     svg.text(x_swap, y, f"swap-AB: {swap.tile_m} (M = weights) × {swap.tile_n} (N = tokens)")
-    bottom = max(_tile_panel(svg, normal, own_n, 40, y + 8, cell, used_n, "normal"),
-                 _tile_panel(svg, swap, own_s, x_swap, y + 8, cell, used_s, "swap")) + 30
+    bottom = (
+        max(
+            _tile_panel(svg, normal, own_n, 40, y + 8, cell, used_n, "normal"),
+            _tile_panel(svg, swap, own_s, x_swap, y + 8, cell, used_s, "swap"),
+        )
+        + 30
+    )
     svg.text(40, bottom, f"normal output: {normal.tokens_tile} tokens × {normal.weights_tile} features")
     svg.text(x_swap, bottom, f"swap-AB output: {swap.tokens_tile} tokens × {swap.weights_tile} features")
-    bottom = max(_output_panel(svg, normal, own_n, 40, bottom + 8, cell, used_n, "normal-out"),
-                 _output_panel(svg, swap, own_s, x_swap, bottom + 8, cell, used_s, "swap-out")) + 20
+    bottom = (
+        max(
+            _output_panel(svg, normal, own_n, 40, bottom + 8, cell, used_n, "normal-out"),
+            _output_panel(svg, swap, own_s, x_swap, bottom + 8, cell, used_s, "swap-out"),
+        )
+        + 20
+    )
     svg.height = svg.lines(12, bottom, foot, cls="s") + 4
     return svg.render()

@@ -32,8 +32,13 @@ def _phase(tokens_per_expert: float) -> str:
     return f"{tokens_per_expert:g} tokens per expert"
 
 
-def config_figures(cfg: GemmConfig, tokens_per_expert: float, n_out: int = DEFAULT_N_OUT, k: int = DEFAULT_K,
-                   experts: int = DEFAULT_EXPERTS) -> dict[str, str]:
+def config_figures(
+    cfg: GemmConfig,
+    tokens_per_expert: float,
+    n_out: int = DEFAULT_N_OUT,
+    k: int = DEFAULT_K,
+    experts: int = DEFAULT_EXPERTS,
+) -> dict[str, str]:
     """Every picture for one configuration, by file name.
 
     The swap-AB picture sets ``cfg`` beside the path rule's configuration of the other path for
@@ -74,8 +79,9 @@ def notes_figures() -> dict[str, str]:
             figs[f"fragment_{fmt}_n{format_config(cfg, fmt).tile_n}.svg"] = fragment_svg(cfg, fmt, role)
         figs[f"smem_{fmt}.svg"] = smem_svg(cfgs["prefill_normal"][0], fmt)
     for phase, tpe in (("decode", DECODE_TOKENS_PER_EXPERT), ("prefill", PREFILL_TOKENS_PER_EXPERT)):
-        figs[f"swapab_{phase}.svg"] = swapab_svg(cfgs[f"{phase}_normal"][0], cfgs[f"{phase}_swapab"][0], tpe,
-                                                 f"{phase}, {_phase(tpe)}")
+        figs[f"swapab_{phase}.svg"] = swapab_svg(
+            cfgs[f"{phase}_normal"][0], cfgs[f"{phase}_swapab"][0], tpe, f"{phase}, {_phase(tpe)}"
+        )
     for name, (cfg, tpe) in cfgs.items():
         role = f"{name.replace('_', ' ').replace('swapab', 'swap-AB')}, {_phase(tpe)}"
         figs[f"pipeline_{name}.svg"] = pipeline_svg(cfg, "bf16", DEFAULT_K, role)

@@ -99,10 +99,16 @@ class Svg:
         self.defs.append(f'<symbol id="{ident}" overflow="visible">{"".join(parts)}</symbol>')
 
     def render(self) -> str:
-        head = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{num(self.width)}" height="{num(self.height)}" '
-                f'viewBox="0 0 {num(self.width)} {num(self.height)}"{_attrs(self.data)}>')
-        body = [head, f"<title>{escape(self.title)}</title>", f"<style>{self.css}</style>",
-                f'<rect width="{num(self.width)}" height="{num(self.height)}" fill="#fff"/>']
+        head = (
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{num(self.width)}" height="{num(self.height)}" '
+            f'viewBox="0 0 {num(self.width)} {num(self.height)}"{_attrs(self.data)}>'
+        )
+        body = [
+            head,
+            f"<title>{escape(self.title)}</title>",
+            f"<style>{self.css}</style>",
+            f'<rect width="{num(self.width)}" height="{num(self.height)}" fill="#fff"/>',
+        ]
         if self.defs:
             body.append("<defs>" + "".join(self.defs) + "</defs>")
         return "\n".join(body + self.parts + ["</svg>", ""])

@@ -109,11 +109,14 @@ def write_table(spec: str, quant, results: dict, out_dir=None, *, command: str =
     if out_dir is not None:
         path = Path(out_dir) / path.name
     body = {
-        "shape": spec, "dtype": get_format(quant).label, "device": current_device_name(),
+        "shape": spec,
+        "dtype": get_format(quant).label,
+        "device": current_device_name(),
         "tuned": time.strftime("%Y-%m-%d"),
-        "command": command, "commit": commit or git_commit(),
+        "command": command,
+        "commit": commit or git_commit(),
         "method": "CUDA-graph replays of the expert computation (alignment excluded), cold L2; "
-                  "moe_spec.timing.time_cuda_graph",
+        "moe_spec.timing.time_cuda_graph",
         "configs": {str(T): r[0].as_dict() for T, r in sorted(results.items()) if r[0] is not None},
         "measured_us": {str(T): r[1] for T, r in sorted(results.items())},
         "candidates_us": {str(T): [[c, round(us, 2)] for c, us in r[2]] for T, r in sorted(results.items())},

@@ -54,11 +54,11 @@ def _variant(name: str):
 def measure(shapes, tokens, n_sets: int = 4) -> list[dict]:
     import torch
 
+    from moe_spec.align import align
     from moe_spec.problem import get_shape, route
     from moe_spec.timing import time_cuda_graph
     from moe_spec.validate import MoEDims, check
     from triton_moe.align import align_block_size, chunk_pairs
-    from moe_spec.align import align
     from triton_moe.plan import plan
 
     rows = []
@@ -74,32 +74,52 @@ def measure(shapes, tokens, n_sets: int = 4) -> list[dict]:
             for name in VARIANTS:
                 with _variant(name):
                     got = align_block_size(ids[0], E, block_m)
-                    same = all(torch.equal(getattr(got, f).cpu(), getattr(want, f))
-                               for f in ("sorted_ids", "expert_of_block", "expert_end"))
-                    t = time_cuda_graph(lambda i: (lambda: align_block_size(ids[i], E, block_m)), n_sets,
-                                        replays=20, min_calls=20)
-                    row[name] = {"us": t.median_us, "p10_us": t.p10_us, "p90_us": t.p90_us,
-                                 "chunk": chunk_pairs(top_k, T * top_k)[0], "reference": same}
+                    same = all(
+                        torch.equal(getattr(got, f).cpu(), getattr(want, f))
+                        for f in ("sorted_ids", "expert_of_block", "expert_end")
+                    )
+                    t = time_cuda_graph(
+                        lambda i: lambda: align_block_size(ids[i], E, block_m), n_sets, replays=20, min_calls=20
+                    )
+                    row[name] = {
+                        "us": t.median_us,
+                        "p10_us": t.p10_us,
+                        "p90_us": t.p90_us,
+                        "chunk": chunk_pairs(top_k, T * top_k)[0],
+                        "reference": same,
+                    }
             check("cuda")
             rows.append(row)
-            print(" | ".join(f"{row[k]}" for k in ("shape", "T", "block_m")) + " | "
-                  + " | ".join(f"{row[v]['us']:.1f}" for v in VARIANTS), flush=True)
+            print(
+                " | ".join(f"{row[k]}" for k in ("shape", "T", "block_m"))
+                + " | "
+                + " | ".join(f"{row[v]['us']:.1f}" for v in VARIANTS),
+                flush=True,
+            )
     return rows
 
 
 def to_markdown(result: dict) -> str:
-    lines = [f"# Triton alignment device time on {result['device']}", "", *studyout.header_lines(result), "",
-             "µs per `align_block_size` call (count + place), CUDA-graph replay over rotated routings, "
-             "median (p10–p90). BLOCK_M: the bf16 plan's alignment tile at that T. `ref`: the result equals "
-             "moe_spec.align's.", "",
-             "| shape | T | pairs | BLOCK_M | " + " | ".join(f"{v} µs" for v in VARIANTS)
-             + " | chunk (shipped) | ref |",
-             "|---|---|---|---|" + "---|" * len(VARIANTS) + "---|---|"]
+    lines = [
+        f"# Triton alignment device time on {result['device']}",
+        "",
+        *studyout.header_lines(result),
+        "",
+        "µs per `align_block_size` call (count + place), CUDA-graph replay over rotated routings, "
+        "median (p10–p90). BLOCK_M: the bf16 plan's alignment tile at that T. `ref`: the result equals "
+        "moe_spec.align's.",
+        "",
+        "| shape | T | pairs | BLOCK_M | " + " | ".join(f"{v} µs" for v in VARIANTS) + " | chunk (shipped) | ref |",
+        "|---|---|---|---|" + "---|" * len(VARIANTS) + "---|---|",
+    ]
     for r in result["rows"]:
         cells = [f"{r[v]['us']:.1f} ({r[v]['p10_us']:.1f}–{r[v]['p90_us']:.1f})" for v in VARIANTS]
         ok = all(r[v]["reference"] for v in VARIANTS)
-        lines.append(f"| {r['shape']} | {r['T']} | {r['pairs']} | {r['block_m']} | " + " | ".join(cells)
-                     + f" | {r['shipped']['chunk']} | {'yes' if ok else '**no**'} |")
+        lines.append(
+            f"| {r['shape']} | {r['T']} | {r['pairs']} | {r['block_m']} | "
+            + " | ".join(cells)
+            + f" | {r['shipped']['chunk']} | {'yes' if ok else '**no**'} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -44,10 +44,17 @@ from triton_moe.config import Gemm2Tile, TritonConfig
 
 FILES = ("gemm2.md", "gemm2.json")
 #: (shape, quant, T), in the order they run
-CELLS = tuple((spec, quant, T) for quants in ((None, "fp8_tensor"), ("fp8_channel", "fp8_block"))
-              for spec, T in (("deepseek-v3:tp8", 4096), ("qwen3-30b-a3b", 4096), ("deepseek-v3:tp8", 1024),
-                              ("mixtral-8x7b", 4096))
-              for quant in quants)
+CELLS = tuple(
+    (spec, quant, T)
+    for quants in ((None, "fp8_tensor"), ("fp8_channel", "fp8_block"))
+    for spec, T in (
+        ("deepseek-v3:tp8", 4096),
+        ("qwen3-30b-a3b", 4096),
+        ("deepseek-v3:tp8", 1024),
+        ("mixtral-8x7b", 4096),
+    )
+    for quant in quants
+)
 #: A cell starts only when this much time is left before the deadline.
 CELL_S = 15.0
 #: rel L2 of a candidate's y against the shared tile's that counts as the same result.
@@ -67,14 +74,24 @@ def candidates(shipped: TritonConfig, quant, I: int) -> list[Gemm2Tile]:  # noqa
     bk = 128 // get_format(quant).weight_dtype.itemsize  # one 128-byte row of operand
     deep = 2 * bk if I >= 2 * bk else None
     if shipped.BLOCK_M >= 64:
-        tiles = [Gemm2Tile(256, bk, 8, 8, 3), Gemm2Tile(256, bk, 8, 8, 4), Gemm2Tile(128, bk, 8, 8, 4),
-                 Gemm2Tile(128, bk, 8, 4, 4), Gemm2Tile(256, bk, 1, 8, 3),
-                 Gemm2Tile(256, bk, 8, 8, 3, swap_ab=False, persistent_tma=True)]
+        tiles = [
+            Gemm2Tile(256, bk, 8, 8, 3),
+            Gemm2Tile(256, bk, 8, 8, 4),
+            Gemm2Tile(128, bk, 8, 8, 4),
+            Gemm2Tile(128, bk, 8, 4, 4),
+            Gemm2Tile(256, bk, 1, 8, 3),
+            Gemm2Tile(256, bk, 8, 8, 3, swap_ab=False, persistent_tma=True),
+        ]
         if deep:
             tiles += [Gemm2Tile(256, deep, 8, 8, 2), Gemm2Tile(128, deep, 8, 8, 3)]
     else:
-        tiles = [Gemm2Tile(256, bk, 1, 4, 3), Gemm2Tile(256, bk, 1, 8, 3), Gemm2Tile(128, bk, 1, 4, 4),
-                 Gemm2Tile(64, bk, 1, 4, 4), Gemm2Tile(128, bk, 8, 4, 3)]
+        tiles = [
+            Gemm2Tile(256, bk, 1, 4, 3),
+            Gemm2Tile(256, bk, 1, 8, 3),
+            Gemm2Tile(128, bk, 1, 4, 4),
+            Gemm2Tile(64, bk, 1, 4, 4),
+            Gemm2Tile(128, bk, 8, 4, 3),
+        ]
         if deep:
             tiles += [Gemm2Tile(128, deep, 1, 4, 3), Gemm2Tile(256, deep, 1, 8, 2)]
     base = shipped.gemm2_config()
@@ -91,37 +108,53 @@ def _fmt(v, spec: str) -> str:
 
 
 def _write(out: Path, results: dict) -> None:
-    lines = [f"# GEMM2's own tile on {results['device']}", "", *studyout.header_lines(results), "",
-             "GEMM2 alone (`triton_moe.moe.gemm2`: the down projection × routing weight, into y [P, K]), "
-             "CUDA-graph replay, cold L2, median µs, on the intermediate of the layer's own run with the shipped "
-             "config. `shared`: GEMM2 on the shipped tile (GEMM1's). vs shared: µs / shared µs. rel L2 and equal: y "
-             "against the shared tile's y (equal expected with the same BLOCK_K). TFLOP/s: 2·P·I·K / µs.", "",
-             "| shape | dtype | T | GEMM2 tile | µs | vs shared | TFLOP/s | rel L2 | equal |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# GEMM2's own tile on {results['device']}",
+        "",
+        *studyout.header_lines(results),
+        "",
+        "GEMM2 alone (`triton_moe.moe.gemm2`: the down projection × routing weight, into y [P, K]), "
+        "CUDA-graph replay, cold L2, median µs, on the intermediate of the layer's own run with the shipped "
+        "config. `shared`: GEMM2 on the shipped tile (GEMM1's). vs shared: µs / shared µs. rel L2 and equal: y "
+        "against the shared tile's y (equal expected with the same BLOCK_K). TFLOP/s: 2·P·I·K / µs.",
+        "",
+        "| shape | dtype | T | GEMM2 tile | µs | vs shared | TFLOP/s | rel L2 | equal |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results["rows"]:
         head = f"| {r['shape']} | {r['dtype']} | {r['T']} | {r['tile']} |"
         if "error" in r:
             lines.append(f"{head} error: {r['error']} |")
             continue
         best = " (best)" if r.get("best") else ""
-        lines.append(f"{head} {r['us']:.1f}{best} | {_fmt(r.get('vs_shared'), '.3f')} | {r['tflops']:.0f} | "
-                     f"{_fmt(r.get('rel_l2'), '.1e')} | {r.get('equal', '–')}"
-                     f"{'' if r.get('same_k_order', True) or 'equal' not in r else ' (other BLOCK_K)'} |")
+        lines.append(
+            f"{head} {r['us']:.1f}{best} | {_fmt(r.get('vs_shared'), '.3f')} | {r['tflops']:.0f} | "
+            f"{_fmt(r.get('rel_l2'), '.1e')} | {r.get('equal', '–')}"
+            f"{'' if r.get('same_k_order', True) or 'equal' not in r else ' (other BLOCK_K)'} |"
+        )
     if results["cells"]:
-        lines += ["", "Per cell: the best GEMM2 tile, checked as a whole layer (rel L2 against the fp64 oracle, a "
-                  "rerun bit-identical, a CUDA-graph replay equal to eager) and the expert computation timed with the "
-                  "shared tile and with it (µs). Written: whether `--tables` puts it into the table.", "",
-                  "| shape | dtype | T | shipped tile | best GEMM2 tile | GEMM2 µs shared → best | layer µs shared → best "
-                  "| layer rel L2 | bit-identical | graph = eager | written |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "Per cell: the best GEMM2 tile, checked as a whole layer (rel L2 against the fp64 oracle, a "
+            "rerun bit-identical, a CUDA-graph replay equal to eager) and the expert computation timed with the "
+            "shared tile and with it (µs). Written: whether `--tables` puts it into the table.",
+            "",
+            "| shape | dtype | T | shipped tile | best GEMM2 tile | GEMM2 µs shared → best | layer µs shared → best "
+            "| layer rel L2 | bit-identical | graph = eager | written |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for c in results["cells"]:
-            lines.append(f"| {c['shape']} | {c['dtype']} | {c['T']} | {c['shipped']} | {c['best'] or '(shared)'} | "
-                         f"{c['shared_us']:.1f} → {_fmt(c.get('best_us'), '.1f')} | {_fmt(c.get('layer_shared_us'), '.1f')} "
-                         f"→ {_fmt(c.get('layer_best_us'), '.1f')} | {_fmt(c.get('layer_rel_l2'), '.1e')} | "
-                         f"{c.get('bit_identical', '–')} | {c.get('graph_equal', '–')} | {c['written']} |")
+            lines.append(
+                f"| {c['shape']} | {c['dtype']} | {c['T']} | {c['shipped']} | {c['best'] or '(shared)'} | "
+                f"{c['shared_us']:.1f} → {_fmt(c.get('best_us'), '.1f')} | {_fmt(c.get('layer_shared_us'), '.1f')} "
+                f"→ {_fmt(c.get('layer_best_us'), '.1f')} | {_fmt(c.get('layer_rel_l2'), '.1e')} | "
+                f"{c.get('bit_identical', '–')} | {c.get('graph_equal', '–')} | {c['written']} |"
+            )
     if results["cut"]:
         lines += ["", f"Not run (deadline): {', '.join(results['cut'])}"]
-    studyout.write_files(out, dict(zip(FILES, ("\n".join(lines) + "\n",
-                                               json.dumps(results, indent=1, default=str) + "\n"))))
+    studyout.write_files(
+        out, dict(zip(FILES, ("\n".join(lines) + "\n", json.dumps(results, indent=1, default=str) + "\n")))
+    )
 
 
 def _cell(spec, quant, T, results, out, deadline, margin) -> None:
@@ -147,33 +180,69 @@ def _cell(spec, quant, T, results, out, deadline, margin) -> None:
     for st in prob.sets:
         routing = align_block_size(st["topk_ids"], E, shipped.BLOCK_M)
         ws = moe._buffers(T, top_k, E, K, I, quant, shipped.BLOCK_M, st["x"].device, moe._split(shipped))
-        moe.expert_computation(st["x"], st["w1"], st["w2"], st["topk_weights"], st["topk_ids"], routing, quant=quant,
-                               w1_scale=st["w1_scale"], w2_scale=st["w2_scale"], config=shared, workspace=ws)
+        moe.expert_computation(
+            st["x"],
+            st["w1"],
+            st["w2"],
+            st["topk_weights"],
+            st["topk_ids"],
+            routing,
+            quant=quant,
+            w1_scale=st["w1_scale"],
+            w2_scale=st["w2_scale"],
+            config=shared,
+            workspace=ws,
+        )
         a2, s2 = (ws["aq"], ws["act_scale"]) if get_format(quant).quantized else (ws["act"], None)
-        ops.append(dict(a2=a2, s2=s2, w2=st["w2"], w2_scale=st["w2_scale"], topk_weights=st["topk_weights"],
-                        topk_ids=st["topk_ids"], routing=routing, y=torch.empty((P, K), dtype=torch.bfloat16,
-                                                                                 device=st["x"].device)))
+        ops.append(
+            dict(
+                a2=a2,
+                s2=s2,
+                w2=st["w2"],
+                w2_scale=st["w2_scale"],
+                topk_weights=st["topk_weights"],
+                topk_ids=st["topk_ids"],
+                routing=routing,
+                y=torch.empty((P, K), dtype=torch.bfloat16, device=st["x"].device),
+            )
+        )
     torch.cuda.synchronize()
 
     def run(cfg, i, y=None):
         o = ops[i]
-        moe.gemm2(o["a2"], o["s2"], o["w2"], o["w2_scale"], o["y"] if y is None else y, o["topk_weights"],
-                  o["topk_ids"], o["routing"], cfg, quant=quant)
+        moe.gemm2(
+            o["a2"],
+            o["s2"],
+            o["w2"],
+            o["w2_scale"],
+            o["y"] if y is None else y,
+            o["topk_weights"],
+            o["topk_ids"],
+            o["routing"],
+            cfg,
+            quant=quant,
+        )
 
     flops = 2 * P * I * K
     base_y = None
     rows = []
-    configs = [(shared, None)] + [(replace(shipped, gemm2=t).resolved().check(quant), t)
-                                  for t in candidates(shipped, quant, I)]
+    configs = [(shared, None)] + [
+        (replace(shipped, gemm2=t).resolved().check(quant), t) for t in candidates(shipped, quant, I)
+    ]
     if shipped.gemm2 is not None and shipped.gemm2 not in [t for _, t in configs]:
         configs.append((shipped, shipped.gemm2))  # the table's own GEMM2 tile, if it has one
     for cfg, tile in configs:
         if time.time() > deadline and tile is not None:
             results["cut"].append(f"{spec} {label} T={T} G2 {tile.label()}")
             continue
-        row = {"shape": spec, "dtype": label, "T": T, "tile": "shared " + shared.tile_label() if tile is None
-               else tile.label(), "gemm2": None if tile is None else tile.as_dict(),
-               "same_k_order": tile is None or cfg.gemm2_config().BLOCK_K == shared.BLOCK_K}
+        row = {
+            "shape": spec,
+            "dtype": label,
+            "T": T,
+            "tile": "shared " + shared.tile_label() if tile is None else tile.label(),
+            "gemm2": None if tile is None else tile.as_dict(),
+            "same_k_order": tile is None or cfg.gemm2_config().BLOCK_K == shared.BLOCK_K,
+        }
         try:
             y = torch.empty_like(ops[0]["y"])
             run(cfg, 0, y)
@@ -182,7 +251,7 @@ def _cell(spec, quant, T, results, out, deadline, margin) -> None:
                 base_y = y
             else:
                 row.update(rel_l2=rel_l2(y, base_y.double()), equal=bool(torch.equal(y, base_y)))
-            us = time_cuda_graph(lambda i, cfg=cfg: (lambda: run(cfg, i)), len(ops), replays=15, min_calls=10).median_us
+            us = time_cuda_graph(lambda i, cfg=cfg: lambda: run(cfg, i), len(ops), replays=15, min_calls=10).median_us
             row.update(us=us, tflops=flops / us * 1e-6)
         except Exception as exc:  # noqa: BLE001 — a tile that fails to compile or run is a row, not the end
             row["error"] = repr(exc)[:300]
@@ -198,22 +267,43 @@ def _cell(spec, quant, T, results, out, deadline, margin) -> None:
     # Under FP8 a BLOCK_K other than GEMM1's changes how the K sum is cut into promoted partial sums,
     # so a token's bits would differ between the T = 1 entry and this one (tests/test_batch_invariance_gpu.py):
     # such a tile is timed and shown, never chosen.
-    ok = [r for r, (_, t) in zip(rows, configs) if "us" in r and (t is None or (
-        r.get("rel_l2", 1.0) <= SAME[quant] and (quant is None or r.get("same_k_order", True))))]
+    ok = [
+        r
+        for r, (_, t) in zip(rows, configs)
+        if "us" in r
+        and (t is None or (r.get("rel_l2", 1.0) <= SAME[quant] and (quant is None or r.get("same_k_order", True))))
+    ]
     best_row = min(ok, key=lambda r: r["us"])
     best_row["best"] = True
     best = next(t for r, (_, t) in zip(rows, configs) if r is best_row)
-    cell = {"shape": spec, "dtype": label, "T": T, "shipped": shipped.tile_label(), "shared_us": rows[0]["us"],
-            "best": None if best is None else best.label(), "best_us": best_row["us"],
-            "gemm2": None if best is None else best.as_dict(), "written": False}
+    cell = {
+        "shape": spec,
+        "dtype": label,
+        "T": T,
+        "shipped": shipped.tile_label(),
+        "shared_us": rows[0]["us"],
+        "best": None if best is None else best.label(),
+        "best_us": best_row["us"],
+        "gemm2": None if best is None else best.as_dict(),
+        "written": False,
+    }
     if best is not None and best_row["us"] <= (1 - margin) * rows[0]["us"]:
         cfg = replace(shipped, gemm2=best)
         try:
             check = prob.check(cfg)
-            cell.update(layer_rel_l2=check["rel_l2"], bit_identical=check["bit_identical"],
-                        graph_equal=check["graph_equal"], layer_shared_us=prob.time(shared), layer_best_us=prob.time(cfg))
-            cell["written"] = bool(cell["layer_rel_l2"] <= LAYER_TOL[quant] and cell["bit_identical"]
-                                   and cell["graph_equal"] and cell["layer_best_us"] < cell["layer_shared_us"])
+            cell.update(
+                layer_rel_l2=check["rel_l2"],
+                bit_identical=check["bit_identical"],
+                graph_equal=check["graph_equal"],
+                layer_shared_us=prob.time(shared),
+                layer_best_us=prob.time(cfg),
+            )
+            cell["written"] = bool(
+                cell["layer_rel_l2"] <= LAYER_TOL[quant]
+                and cell["bit_identical"]
+                and cell["graph_equal"]
+                and cell["layer_best_us"] < cell["layer_shared_us"]
+            )
         except Exception as exc:  # noqa: BLE001
             cell["error"] = repr(exc)[:300]
     results["cells"].append(cell)
@@ -236,11 +326,17 @@ def write_tables(results: dict, out: Path) -> dict:
         path = table_path(s.num_experts, s.intermediate, s.hidden, quant, current_device_name())
         body = bodies.setdefault(path.name, json.loads(path.read_text()))
         body["configs"][str(c["T"])]["gemm2"] = c["gemm2"]
-        note = body.setdefault("gemm2_measured", {
-            "source": f"{results['command']} (commit {results['commit']}, {results['date']}, {results['device']}): "
-                      "GEMM2 alone µs, shared tile → own tile; expert computation µs, the same"})
-        note[str(c["T"])] = {"gemm2_us": [round(c["shared_us"], 1), round(c["best_us"], 1)],
-                             "layer_us": [round(c["layer_shared_us"], 1), round(c["layer_best_us"], 1)]}
+        note = body.setdefault(
+            "gemm2_measured",
+            {
+                "source": f"{results['command']} (commit {results['commit']}, {results['date']}, {results['device']}): "
+                "GEMM2 alone µs, shared tile → own tile; expert computation µs, the same"
+            },
+        )
+        note[str(c["T"])] = {
+            "gemm2_us": [round(c["shared_us"], 1), round(c["best_us"], 1)],
+            "layer_us": [round(c["layer_shared_us"], 1), round(c["layer_best_us"], 1)],
+        }
     files = {name: json.dumps(body, indent=1) + "\n" for name, body in bodies.items()}
     if files:
         studyout.write_files(out / "tables", files)
@@ -251,12 +347,21 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     prog = "python -m triton_moe.lab.bench_gemm2"
     p = studyout.gpu_study_parser(prog, __doc__, FILES, 120.0, "no cell or candidate starts after this many seconds")
-    p.add_argument("--margin", type=float, default=0.03,
-                   help="a winner must be this fraction faster than the shared tile to be checked and written")
+    p.add_argument(
+        "--margin",
+        type=float,
+        default=0.03,
+        help="a winner must be this fraction faster than the shared tile to be checked and written",
+    )
     p.add_argument("--tables", action="store_true", help="also write the tables with the winners under --out/tables")
     p.add_argument("--shapes", nargs="+", default=None, help="only these shapes' cells (e.g. deepseek-v3:tp8)")
-    p.add_argument("--dtypes", nargs="+", default=None, choices=["bf16", "fp8_tensor", "fp8_channel", "fp8_block"],
-                   help="only these formats' cells")
+    p.add_argument(
+        "--dtypes",
+        nargs="+",
+        default=None,
+        choices=["bf16", "fp8_tensor", "fp8_channel", "fp8_block"],
+        help="only these formats' cells",
+    )
     a, out, run = studyout.start_gpu_study(prog, p, argv, FILES)
     import torch
 
@@ -283,8 +388,15 @@ def main(argv=None):
     _write(out, results)
     if a.tables:
         bodies = write_tables(results, out)
-        print(json.dumps({name: {T: e.get("gemm2") for T, e in body["configs"].items() if e.get("gemm2")}
-                          for name, body in bodies.items()}, indent=1))
+        print(
+            json.dumps(
+                {
+                    name: {T: e.get("gemm2") for T, e in body["configs"].items() if e.get("gemm2")}
+                    for name, body in bodies.items()
+                },
+                indent=1,
+            )
+        )
     print(f"\n{(out / 'gemm2.md').read_text()}")
     print(f"bench_gemm2 done in {time.time() - start:.0f} s")
 

@@ -34,40 +34,60 @@ from moe_spec import studyout
 
 FILES = ("splitk.md", "splitk.json")
 #: (shape, quant, T, the split_k values timed)
-CELLS = (("deepseek-v3:tp8", None, 1, (1, 2, 4, 8)), ("deepseek-v3:tp8", "fp8_tensor", 1, (1, 2, 4, 8)),
-         ("deepseek-v3:tp8", "fp8_channel", 1, (1, 2, 4)), ("deepseek-v3:tp8", "fp8_block", 1, (1, 2, 4)),
-         ("deepseek-v3:tp8", None, 8, (1, 2, 4)), ("deepseek-v3:tp8", "fp8_tensor", 8, (1, 2, 4)),
-         ("qwen3-30b-a3b", None, 1, (1, 2, 4)),
-         ("deepseek-v3:tp8", None, 4096, (1,)), ("mixtral-8x7b", None, 4096, (1,)), ("mixtral-8x7b", None, 128, (1,)))
+CELLS = (
+    ("deepseek-v3:tp8", None, 1, (1, 2, 4, 8)),
+    ("deepseek-v3:tp8", "fp8_tensor", 1, (1, 2, 4, 8)),
+    ("deepseek-v3:tp8", "fp8_channel", 1, (1, 2, 4)),
+    ("deepseek-v3:tp8", "fp8_block", 1, (1, 2, 4)),
+    ("deepseek-v3:tp8", None, 8, (1, 2, 4)),
+    ("deepseek-v3:tp8", "fp8_tensor", 8, (1, 2, 4)),
+    ("qwen3-30b-a3b", None, 1, (1, 2, 4)),
+    ("deepseek-v3:tp8", None, 4096, (1,)),
+    ("mixtral-8x7b", None, 4096, (1,)),
+    ("mixtral-8x7b", None, 128, (1,)),
+)
 #: A cell starts only when this much time is left before the deadline.
 CELL_S = 15.0
 
 
 def _write(out: Path, results: dict) -> None:
-    lines = [f"# Split-K for GEMM1 on {results['device']}", "", *studyout.header_lines(results), "",
-             "Expert computation (alignment excluded), CUDA-graph replay, cold L2, median µs. Each cell keeps the "
-             "shipped tile and replaces split_k. rel L2: against the fp64 oracle; bit-identical: a second call; "
-             "graph = eager: a CUDA-graph replay against the eager call. Best: the fastest split_k of the cell.", "",
-             "| shape | dtype | T | tile | split_k | µs | vs split 1 | rel L2 | bit-identical | graph = eager |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Split-K for GEMM1 on {results['device']}",
+        "",
+        *studyout.header_lines(results),
+        "",
+        "Expert computation (alignment excluded), CUDA-graph replay, cold L2, median µs. Each cell keeps the "
+        "shipped tile and replaces split_k. rel L2: against the fp64 oracle; bit-identical: a second call; "
+        "graph = eager: a CUDA-graph replay against the eager call. Best: the fastest split_k of the cell.",
+        "",
+        "| shape | dtype | T | tile | split_k | µs | vs split 1 | rel L2 | bit-identical | graph = eager |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     base = {}
     for r in results["rows"]:
         key = (r["shape"], r["dtype"], r["T"])
         if "error" in r:
-            lines.append(f"| {r['shape']} | {r['dtype']} | {r['T']} | {r['tile']} | {r['split_k']} | error: "
-                         f"{r['error']} |")
+            lines.append(
+                f"| {r['shape']} | {r['dtype']} | {r['T']} | {r['tile']} | {r['split_k']} | error: {r['error']} |"
+            )
             continue
         base.setdefault(key, r["us"] if r["split_k"] == 1 else None)
         ratio = f"{r['us'] / base[key]:.3f}" if base.get(key) else "–"
-        best = min((o["us"] for o in results["rows"] if "us" in o and (o["shape"], o["dtype"], o["T"]) == key))
-        mark = " (best)" if r["us"] == best and sum(1 for o in results["rows"]
-                                                   if (o["shape"], o["dtype"], o["T"]) == key) > 1 else ""
-        lines.append(f"| {r['shape']} | {r['dtype']} | {r['T']} | {r['tile']} | {r['split_k']}{mark} | {r['us']:.1f} "
-                     f"| {ratio} | {r['rel_l2']:.1e} | {r['bit_identical']} | {r['graph_equal']} |")
+        best = min(o["us"] for o in results["rows"] if "us" in o and (o["shape"], o["dtype"], o["T"]) == key)
+        mark = (
+            " (best)"
+            if r["us"] == best and sum(1 for o in results["rows"] if (o["shape"], o["dtype"], o["T"]) == key) > 1
+            else ""
+        )
+        lines.append(
+            f"| {r['shape']} | {r['dtype']} | {r['T']} | {r['tile']} | {r['split_k']}{mark} | {r['us']:.1f} "
+            f"| {ratio} | {r['rel_l2']:.1e} | {r['bit_identical']} | {r['graph_equal']} |"
+        )
     if results["cut"]:
         lines += ["", f"Not run (deadline): {', '.join(results['cut'])}"]
-    studyout.write_files(out, dict(zip(FILES, ("\n".join(lines) + "\n",
-                                               json.dumps(results, indent=1, default=str) + "\n"))))
+    studyout.write_files(
+        out, dict(zip(FILES, ("\n".join(lines) + "\n", json.dumps(results, indent=1, default=str) + "\n")))
+    )
 
 
 def main(argv=None):
@@ -93,8 +113,15 @@ def main(argv=None):
         shipped = prob.config()
         for s in splits:
             cfg = replace(shipped, split_k=s)
-            row = {"shape": spec, "dtype": label, "T": T, "tile": cfg.tile_label(), "split_k": s, "config": cfg.as_dict(),
-                   "shipped_split_k": shipped.split_k}
+            row = {
+                "shape": spec,
+                "dtype": label,
+                "T": T,
+                "tile": cfg.tile_label(),
+                "split_k": s,
+                "config": cfg.as_dict(),
+                "shipped_split_k": shipped.split_k,
+            }
             try:
                 row.update(prob.check(cfg), us=prob.time(cfg))
             except Exception as exc:  # noqa: BLE001 — a config the kernel refuses is a row, not the end of the run

@@ -37,33 +37,41 @@ CELL_S = 12.0
 
 
 def _write(out: Path, results: dict) -> None:
-    lines = [f"# Static against dynamic activation scales (fp8_tensor) on {results['device']}", "",
-             *studyout.header_lines(results), "",
-             "Whole layer (`fused_moe`, alignment included), CUDA-graph replay, cold L2, median µs. Static: "
-             "`a1_scale`, `a2_scale` calibrated on the same batch. rel L2 against the fp64 oracle with the same "
-             "scales; static vs dynamic: rel L2 between the two outputs.", "",
-             "| shape | T | dynamic µs | static µs | static / dynamic | rel L2 dynamic | rel L2 static "
-             "| static vs dynamic |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Static against dynamic activation scales (fp8_tensor) on {results['device']}",
+        "",
+        *studyout.header_lines(results),
+        "",
+        "Whole layer (`fused_moe`, alignment included), CUDA-graph replay, cold L2, median µs. Static: "
+        "`a1_scale`, `a2_scale` calibrated on the same batch. rel L2 against the fp64 oracle with the same "
+        "scales; static vs dynamic: rel L2 between the two outputs.",
+        "",
+        "| shape | T | dynamic µs | static µs | static / dynamic | rel L2 dynamic | rel L2 static "
+        "| static vs dynamic |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in results["rows"]:
         if "error" in r:
             lines.append(f"| {r['shape']} | {r['T']} | error: {r['error']} |")
             continue
-        lines.append(f"| {r['shape']} | {r['T']} | {r['dynamic_us']:.1f} | {r['static_us']:.1f} | "
-                     f"{r['static_us'] / r['dynamic_us']:.3f} | {r['rel_l2_dynamic']:.1e} | {r['rel_l2_static']:.1e} | "
-                     f"{r['static_vs_dynamic']:.1e} |")
+        lines.append(
+            f"| {r['shape']} | {r['T']} | {r['dynamic_us']:.1f} | {r['static_us']:.1f} | "
+            f"{r['static_us'] / r['dynamic_us']:.3f} | {r['rel_l2_dynamic']:.1e} | {r['rel_l2_static']:.1e} | "
+            f"{r['static_vs_dynamic']:.1e} |"
+        )
     if results["cut"]:
         lines += ["", f"Not run (deadline): {', '.join(results['cut'])}"]
-    studyout.write_files(out, dict(zip(FILES, ("\n".join(lines) + "\n",
-                                               json.dumps(results, indent=1, default=str) + "\n"))))
+    studyout.write_files(
+        out, dict(zip(FILES, ("\n".join(lines) + "\n", json.dumps(results, indent=1, default=str) + "\n")))
+    )
 
 
 def _cell(spec: str, T: int) -> dict:
     from moe_spec.oracle import calibrate_static_scales, oracle, rel_l2
     from moe_spec.problem import get_shape
     from moe_spec.timing import time_cuda_graph
-    from triton_moe.moe import fused_moe
     from triton_moe.lab.workload import Problem
+    from triton_moe.moe import fused_moe
 
     prob = Problem(get_shape(spec), T, "fp8_tensor")
     scales = [calibrate_static_scales(**st) for st in prob.sets]
@@ -78,9 +86,12 @@ def _cell(spec: str, T: int) -> dict:
     st = prob.sets[0]
     dyn = fused_moe(**st)
     sta = fused_moe(**st, a1_scale=scales[0][0], a2_scale=scales[0][1])
-    row = {"rel_l2_dynamic": rel_l2(dyn, oracle(**st)),
-           "rel_l2_static": rel_l2(sta, oracle(**st, a1_scale=scales[0][0], a2_scale=scales[0][1])),
-           "static_vs_dynamic": rel_l2(sta, dyn), "config": prob.config().as_dict()}
+    row = {
+        "rel_l2_dynamic": rel_l2(dyn, oracle(**st)),
+        "rel_l2_static": rel_l2(sta, oracle(**st, a1_scale=scales[0][0], a2_scale=scales[0][1])),
+        "static_vs_dynamic": rel_l2(sta, dyn),
+        "config": prob.config().as_dict(),
+    }
     # alternate the two, twice, and keep each one's best: the order must not favour either
     dyn_us, sta_us = [], []
     for _ in range(2):

@@ -44,31 +44,48 @@ def _fmt(v, spec):
 
 def _write(out: Path, results: dict) -> None:
     flatten = results["flatten"]
-    lines = [f"# Persistent TMA GEMM vs grouped GEMM on {results['device']}", "",
-             *studyout.header_lines(results), "",
-             "Expert computation (alignment excluded), CUDA-graph replay, cold L2, median µs; the same tile in "
-             "both columns. TFLOP/s: the two GEMMs' FLOPs over the layer's time. rel L2 and bit-identical: the "
-             "persistent output against the grouped one on the same inputs.", "",
-             "| shape | dtype | T | tile | grouped µs | persistent µs |" + (" flatten µs |" if flatten else "")
-             + " speedup | grouped TFLOP/s | persistent TFLOP/s | rel L2 | bit-identical |",
-             "|---|---|---|---|---|---|" + ("---|" if flatten else "") + "---|---|---|---|---|"]
+    lines = [
+        f"# Persistent TMA GEMM vs grouped GEMM on {results['device']}",
+        "",
+        *studyout.header_lines(results),
+        "",
+        "Expert computation (alignment excluded), CUDA-graph replay, cold L2, median µs; the same tile in "
+        "both columns. TFLOP/s: the two GEMMs' FLOPs over the layer's time. rel L2 and bit-identical: the "
+        "persistent output against the grouped one on the same inputs.",
+        "",
+        "| shape | dtype | T | tile | grouped µs | persistent µs |"
+        + (" flatten µs |" if flatten else "")
+        + " speedup | grouped TFLOP/s | persistent TFLOP/s | rel L2 | bit-identical |",
+        "|---|---|---|---|---|---|" + ("---|" if flatten else "") + "---|---|---|---|---|",
+    ]
     for r in results["rows"]:
         if r.get("skipped"):
             lines.append(f"| {r['shape']} | {r['dtype']} | {r['T']} | {r['tile']} | skipped: {r['skipped']} |")
             continue
-        lines.append(f"| {r['shape']} | {r['dtype']} | {r['T']} | {r['tile']} | {r['grouped_us']:.1f} "
-                     f"| {r['persistent_us']:.1f} |" + (f" {_fmt(r.get('flatten_us'), '.1f')} |" if flatten else "")
-                     + f" {r['speedup']:.3f} | {r['grouped_tflops']:.0f} | {r['persistent_tflops']:.0f} "
-                     f"| {r['rel_l2']:.1e} | {r['bit_identical']} |")
-    lines += ["", "Small shape (E = 8, top_k = 2, K = 160, I = 80, T = 300) against the fp64 oracle (rel L2):", "",
-              "| dtype | tile | grouped | persistent | bit-identical |", "|---|---|---|---|---|"]
+        lines.append(
+            f"| {r['shape']} | {r['dtype']} | {r['T']} | {r['tile']} | {r['grouped_us']:.1f} "
+            f"| {r['persistent_us']:.1f} |"
+            + (f" {_fmt(r.get('flatten_us'), '.1f')} |" if flatten else "")
+            + f" {r['speedup']:.3f} | {r['grouped_tflops']:.0f} | {r['persistent_tflops']:.0f} "
+            f"| {r['rel_l2']:.1e} | {r['bit_identical']} |"
+        )
+    lines += [
+        "",
+        "Small shape (E = 8, top_k = 2, K = 160, I = 80, T = 300) against the fp64 oracle (rel L2):",
+        "",
+        "| dtype | tile | grouped | persistent | bit-identical |",
+        "|---|---|---|---|---|",
+    ]
     for r in results["oracle"]:
-        lines.append(f"| {r['dtype']} | {r.get('tile', '–')} | {r['grouped_rel_l2']:.2e} | {r['persistent_rel_l2']:.2e} "
-                     f"| {r['bit_identical']} |")
+        lines.append(
+            f"| {r['dtype']} | {r.get('tile', '–')} | {r['grouped_rel_l2']:.2e} | {r['persistent_rel_l2']:.2e} "
+            f"| {r['bit_identical']} |"
+        )
     if results["cut"]:
         lines += ["", f"Not run (deadline): {', '.join(results['cut'])}"]
-    studyout.write_files(out, dict(zip(FILES, ("\n".join(lines) + "\n",
-                                               json.dumps(results, indent=1, default=str) + "\n"))))
+    studyout.write_files(
+        out, dict(zip(FILES, ("\n".join(lines) + "\n", json.dumps(results, indent=1, default=str) + "\n")))
+    )
 
 
 def _oracle_rows(quants) -> list:
@@ -83,18 +100,27 @@ def _oracle_rows(quants) -> list:
     # Mixtral-8x7B's E and top_k, and its T = 4096 config: the binaries compiled here are the ones
     # its rows run (N, K and E only specialize on divisibility by 16, equal here)
     mixtral = get_shape(SHAPES[0])
-    shape = MoEShape("small", mixtral.num_experts, mixtral.top_k, 160, 80, "bench check: K, I not multiples of the tile")
+    shape = MoEShape(
+        "small", mixtral.num_experts, mixtral.top_k, 160, 80, "bench check: K, I not multiples of the tile"
+    )
     rows = []
     for quant in quants:
         inp = make_inputs(shape, 300, quant, seed=1, device="cuda")
-        cfg = get_config(TOKENS[0], mixtral.num_experts, mixtral.top_k, mixtral.intermediate, mixtral.hidden,
-                         quant).replace_both(swap_ab=False)
+        cfg = get_config(
+            TOKENS[0], mixtral.num_experts, mixtral.top_k, mixtral.intermediate, mixtral.hidden, quant
+        ).replace_both(swap_ab=False)
         base = fused_moe(**inp.kwargs(), config=cfg)
         out = fused_moe(**inp.kwargs(), config=cfg.replace_both(persistent_tma=True))
         ref = oracle(**inp.kwargs())
-        rows.append({"dtype": get_format(quant).label, "grouped_rel_l2": rel_l2(base, ref),
-                     "persistent_rel_l2": rel_l2(out, ref), "bit_identical": bool(torch.equal(out, base)),
-                     "tile": cfg.tile_label()})
+        rows.append(
+            {
+                "dtype": get_format(quant).label,
+                "grouped_rel_l2": rel_l2(base, ref),
+                "persistent_rel_l2": rel_l2(out, ref),
+                "bit_identical": bool(torch.equal(out, base)),
+                "tile": cfg.tile_label(),
+            }
+        )
     return rows
 
 
@@ -124,8 +150,13 @@ def main(argv=None):
 
     start = time.time()
     quants = [None, "fp8_tensor"] + (["fp8_block"] if a.fp8_block else [])
-    results = {**run_info(command_line(prog, argv), cuda=True, commit=a.commit), "flatten": a.flatten,
-               "oracle": [], "rows": [], "cut": []}
+    results = {
+        **run_info(command_line(prog, argv), cuda=True, commit=a.commit),
+        "flatten": a.flatten,
+        "oracle": [],
+        "rows": [],
+        "cut": [],
+    }
     results["oracle"] = _oracle_rows(quants)
     _write(out, results)
 
@@ -147,19 +178,34 @@ def main(argv=None):
             base_out, tma_out = fused_moe(**st, config=cfg), fused_moe(**st, config=tma)
             torch.cuda.synchronize()
             grouped_us, persistent_us = prob.time(cfg), prob.time(tma)
-            flops = moe_traffic(T, shape.hidden, shape.intermediate, shape.top_k, prob.experts_hit,
-                                get_format(quant).weight_dtype.itemsize)[1]
-            row.update(grouped_us=grouped_us, persistent_us=persistent_us, speedup=grouped_us / persistent_us,
-                       grouped_tflops=flops / grouped_us * 1e-6, persistent_tflops=flops / persistent_us * 1e-6,
-                       rel_l2=rel_l2(tma_out, base_out.double()), bit_identical=bool(torch.equal(tma_out, base_out)))
+            flops = moe_traffic(
+                T,
+                shape.hidden,
+                shape.intermediate,
+                shape.top_k,
+                prob.experts_hit,
+                get_format(quant).weight_dtype.itemsize,
+            )[1]
+            row.update(
+                grouped_us=grouped_us,
+                persistent_us=persistent_us,
+                speedup=grouped_us / persistent_us,
+                grouped_tflops=flops / grouped_us * 1e-6,
+                persistent_tflops=flops / persistent_us * 1e-6,
+                rel_l2=rel_l2(tma_out, base_out.double()),
+                bit_identical=bool(torch.equal(tma_out, base_out)),
+            )
             if a.flatten:  # None where the flattened pipeline does not fit in shared memory
                 flat = tma.replace_both(tma_flatten=True)
                 row["flatten_us"] = prob.time(flat) if flat.fits(quant) else None
             results["rows"].append(row)
-            print(f"{spec:16s} {label:10s} T={T:5d} {row['tile']:20s} grouped {grouped_us:9.1f} µs "
-                  f"persistent {persistent_us:9.1f} µs ({row['speedup']:.3f}×, "
-                  f"{row['persistent_tflops']:.0f} TFLOP/s) rel L2 {row['rel_l2']:.1e} "
-                  f"bit-identical {row['bit_identical']}", flush=True)
+            print(
+                f"{spec:16s} {label:10s} T={T:5d} {row['tile']:20s} grouped {grouped_us:9.1f} µs "
+                f"persistent {persistent_us:9.1f} µs ({row['speedup']:.3f}×, "
+                f"{row['persistent_tflops']:.0f} TFLOP/s) rel L2 {row['rel_l2']:.1e} "
+                f"bit-identical {row['bit_identical']}",
+                flush=True,
+            )
             _write(out, results)
         drop_weights()
     _write(out, results)

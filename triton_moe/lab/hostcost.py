@@ -81,8 +81,10 @@ def stand_in_driver(stream: int = 7):
     from triton.runtime.driver import driver
 
     if torch.cuda.is_available():
-        raise RuntimeError("stand_in_driver: for a machine without a GPU (on a GPU, time real launches: "
-                           "python -m compare.studies.eager)")
+        raise RuntimeError(
+            "stand_in_driver: for a machine without a GPU (on a GPU, time real launches: "
+            "python -m compare.studies.eager)"
+        )
     compiled = _Compiled()
     compiled.driver = _Driver(stream)
     kernels = []
@@ -173,15 +175,24 @@ def python_calls(fn, kwargs: dict) -> int:
 def main(argv=None) -> None:
     from moe_spec.problem import MoEShape, get_shape, make_inputs
     from moe_spec.quant import FORMATS
+
     p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", default="qwen3-30b-a3b")
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 64])
     p.add_argument("--quant", default="bf16", choices=[f.label for f in FORMATS.values()])
     p.add_argument("--rounds", type=int, default=3, help="alternating run/direct rounds")
-    p.add_argument("--repeats", type=int, default=20,
-                   help="timed loops of 100 calls per round and path; a round reports the fastest loop")
-    p.add_argument("--entry", default="moe", choices=sorted(ENTRIES), help="the function called: " +
-                   "; ".join(f"{k}: {v[1]}" for k, v in sorted(ENTRIES.items())))
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=20,
+        help="timed loops of 100 calls per round and path; a round reports the fastest loop",
+    )
+    p.add_argument(
+        "--entry",
+        default="moe",
+        choices=sorted(ENTRIES),
+        help="the function called: " + "; ".join(f"{k}: {v[1]}" for k, v in sorted(ENTRIES.items())),
+    )
     a = p.parse_args(argv)
     if jit.INTERPRET:
         usage_error(p.prog, "measures the compiled launch path: run it without TRITON_INTERPRET=1")
@@ -189,8 +200,10 @@ def main(argv=None) -> None:
     shape = get_shape(a.shape)
     quant = next(f.name for f in FORMATS.values() if f.label == a.quant)
     stand_in = MoEShape(shape.label, shape.num_experts, shape.top_k, 256, 128, "host-cost stand-in")
-    print("| shape (E, top_k; K=256, I=128) | quant | T | launch path | µs per call (rounds) | min | launches "
-          "| Python calls |")
+    print(
+        "| shape (E, top_k; K=256, I=128) | quant | T | launch path | µs per call (rounds) | min | launches "
+        "| Python calls |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for T in a.tokens:
         kw = make_inputs(stand_in, T, quant).kwargs()
@@ -210,8 +223,11 @@ def main(argv=None) -> None:
                     runs[path].append(min(host_us(fused_moe, kw, calls=100, repeats=1) for _ in range(a.repeats)))
             jit.FAST_LAUNCH = True
         for path, us in runs.items():
-            print(f"| {shape.label} | {a.quant} | {T} | {path} | {' / '.join(f'{u:.0f}' for u in us)} | "
-                  f"{min(us):.0f} | {launches} | {calls[path]} |", flush=True)
+            print(
+                f"| {shape.label} | {a.quant} | {T} | {path} | {' / '.join(f'{u:.0f}' for u in us)} | "
+                f"{min(us):.0f} | {launches} | {calls[path]} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -32,9 +32,9 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
 
 import torch
 import triton
@@ -43,8 +43,14 @@ import triton.language as tl
 from moe_spec import runinfo, studyout
 from moe_spec.oracle import oracle, rel_l2
 from moe_spec.problem import CATALOG, draw_weights, get_shape, make_inputs
-from moe_spec.quant import FP8_BLOCK, dequantize_activation, dequantize_weight, get_format, quantize_activation
-from moe_spec.quant import quantize_weight
+from moe_spec.quant import (
+    FP8_BLOCK,
+    dequantize_activation,
+    dequantize_weight,
+    get_format,
+    quantize_activation,
+    quantize_weight,
+)
 from moe_spec.studyout import UsageError
 from moe_spec.timing import sets_for_cold_l2, time_cuda_graph
 from moe_spec.validate import MoEDims
@@ -87,8 +93,10 @@ def mode_of(n: int, quant: str) -> int:
     if n not in INTERVALS:
         raise ValueError(f"interval: expected one of {', '.join(map(label, INTERVALS))}, got {n}")
     if not applies(n, quant):
-        raise ValueError(f"interval: {label(n)} under {quant}: its scales change every {BLOCK_K} of K, so every "
-                         f"K step is promoted (n ≤ {BLOCK_K})")
+        raise ValueError(
+            f"interval: {label(n)} under {quant}: its scales change every {BLOCK_K} of K, so every "
+            f"K step is promoted (n ≤ {BLOCK_K})"
+        )
     return STEP if n == 0 else WITHIN if n <= BLOCK_K else ALL_K if n >= NEVER else GROUPED
 
 
@@ -108,10 +116,23 @@ def _dot(a, w, acc, MODE: tl.constexpr, INTERVAL: tl.constexpr, INTERPRETER: tl.
 
 
 @triton.jit
-def promotion_gemm_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, out_ptr, M, N, K,
-                          BLOCKWISE: tl.constexpr, MODE: tl.constexpr, INTERVAL: tl.constexpr,
-                          INTERPRETER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BLOCK_K: tl.constexpr):
+def promotion_gemm_kernel(
+    a_ptr,
+    a_scale_ptr,
+    w_ptr,
+    w_scale_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    BLOCKWISE: tl.constexpr,
+    MODE: tl.constexpr,
+    INTERVAL: tl.constexpr,
+    INTERPRETER: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """out[M, N] fp32 = (a·s_a)(w·s_w)ᵀ for E4M3 a [M, K], w [N, K]; sizes multiples of the blocks.
 
     Per-tensor scales multiply after the loop; block scales (BLOCKWISE) every K step."""
@@ -150,8 +171,19 @@ def promotion_gemm_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, out_ptr, M, N,
     tl.store(out_ptr + offs_m[:, None] * N + offs_n[None, :], acc)
 
 
-def fp8_gemm(a, a_scale, w, w_scale, quant: str, interval: int, *, block_mn: int = 128, num_warps: int = 8,
-             num_stages: int = 3, out=None) -> torch.Tensor:
+def fp8_gemm(
+    a,
+    a_scale,
+    w,
+    w_scale,
+    quant: str,
+    interval: int,
+    *,
+    block_mn: int = 128,
+    num_warps: int = 8,
+    num_stages: int = 3,
+    out=None,
+) -> torch.Tensor:
     """fp32 [M, N] of E4M3 ``a`` [M, K] (scales of ``quantize_activation``) times E4M3 ``w`` [N, K]ᵀ
     (``quantize_weight`` of w[None]: scale [1] or [1, N/128, K/128]) with promotion ``interval``."""
     mode = mode_of(interval, quant)
@@ -162,9 +194,27 @@ def fp8_gemm(a, a_scale, w, w_scale, quant: str, interval: int, *, block_mn: int
         if v % m:
             raise ValueError(f"{name} = {v}: must be a multiple of {m} here")
     out = torch.empty(M, N, dtype=torch.float32, device=a.device) if out is None else out
-    launch(promotion_gemm_kernel, (M // block_mn, N // block_mn), a, a_scale, w, w_scale, out, M, N, K,
-           BLOCKWISE=get_format(quant).scales_along_k, MODE=mode, INTERVAL=interval, INTERPRETER=INTERPRET,
-           BLOCK_M=block_mn, BLOCK_N=block_mn, BLOCK_K=BLOCK_K, num_warps=num_warps, num_stages=num_stages)
+    launch(
+        promotion_gemm_kernel,
+        (M // block_mn, N // block_mn),
+        a,
+        a_scale,
+        w,
+        w_scale,
+        out,
+        M,
+        N,
+        K,
+        BLOCKWISE=get_format(quant).scales_along_k,
+        MODE=mode,
+        INTERVAL=interval,
+        INTERPRETER=INTERPRET,
+        BLOCK_M=block_mn,
+        BLOCK_N=block_mn,
+        BLOCK_K=BLOCK_K,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
     return out
 
 
@@ -172,7 +222,7 @@ def gemm_problem(M: int, N: int, K: int, quant: str, seed: int, device) -> dict:
     """E4M3 operands of x ~ N(0, 1) [M, K] and w ~ N(0, 1/K) [N, K], and the fp64 reference of them."""
     gen = torch.Generator(device=device).manual_seed(seed)
     a, a_scale = quantize_activation(torch.randn(M, K, generator=gen, device=device), quant)
-    w, w_scale = quantize_weight(torch.randn(1, N, K, generator=gen, device=device) * K ** -0.5, quant)
+    w, w_scale = quantize_weight(torch.randn(1, N, K, generator=gen, device=device) * K**-0.5, quant)
     return dict(a=a, a_scale=a_scale, w=w[0], w_scale=w_scale, quant=quant)
 
 
@@ -231,8 +281,16 @@ def gemm_cost(rows: list, quant: str, env: Env, deadline: float) -> None:
             continue
 
         def call(i, n=row["n"]):
-            return lambda: fp8_gemm(sets[i]["a"], sets[i]["a_scale"], sets[i]["w"], sets[i]["w_scale"], quant, n,
-                                    block_mn=env.block_mn, out=outs[i])
+            return lambda: fp8_gemm(
+                sets[i]["a"],
+                sets[i]["a_scale"],
+                sets[i]["w"],
+                sets[i]["w_scale"],
+                quant,
+                n,
+                block_mn=env.block_mn,
+                out=outs[i],
+            )
 
         try:
             row["gemm_us"] = env.time(call, n_sets, **TIMING).median_us
@@ -247,13 +305,15 @@ def layer_cost(rows: list, quant: str, env: Env, deadline: float) -> dict:
     from triton_moe.kernels import fp8_imprecise_acc
     from triton_moe.moe import fused_moe
     from triton_moe.plan import plan
+
     shape, T = env.layer_shape(), env.layer_T
     per_set = shape.num_experts * shape.weight_elements()
     n_sets = sets_for_cold_l2(per_set)
-    sets = [make_inputs(shape, T, quant, seed=i, device=env.device, weights_bf16=draw_weights(shape, i, env.device))
-            for i in range(n_sets)]
-    cfg = plan(MoEDims(T=T, E=shape.num_experts, K=shape.hidden, I=shape.intermediate, top_k=shape.top_k),
-               quant).config
+    sets = [
+        make_inputs(shape, T, quant, seed=i, device=env.device, weights_bf16=draw_weights(shape, i, env.device))
+        for i in range(n_sets)
+    ]
+    cfg = plan(MoEDims(T=T, E=shape.num_experts, K=shape.hidden, I=shape.intermediate, top_k=shape.top_k), quant).config
     ref = oracle(**sets[0].kwargs())
     n = fp8_imprecise_acc(cfg.BLOCK_K, quant)
     info = {"shape": shape.label, "T": T, "config": cfg.as_dict(), "n": n, "input_sets": n_sets}
@@ -263,7 +323,7 @@ def layer_cost(rows: list, quant: str, env: Env, deadline: float) -> dict:
         return info
     try:
         row["layer_rel_l2"] = rel_l2(fused_moe(**sets[0].kwargs(), config=cfg), ref)
-        call = lambda i: (lambda: fused_moe(**sets[i].kwargs(), config=cfg))  # noqa: E731
+        call = lambda i: lambda: fused_moe(**sets[i].kwargs(), config=cfg)  # noqa: E731
         row["layer_us"] = env.time(call, n_sets, **TIMING).median_us
     except Exception as exc:  # noqa: BLE001
         row["layer_us"] = _status(exc)
@@ -276,23 +336,51 @@ def verdict(rows: list, quant: str, ks, tol: float, max_k: int) -> dict:
     and the largest within one K step (n ≤ BLOCK_K: what the layer's K step promotes within)."""
     ks = sorted(ks)
     judged = [k for k in ks if k <= max_k] + [k for k in ks if k >= max_k][:1]
-    passing = [r for r in rows if r["quant"] == quant and judged
-               and all(isinstance(v, float) and v <= tol for v in (r["rel_l2"].get(str(k)) for k in judged))]
+    passing = [
+        r
+        for r in rows
+        if r["quant"] == quant
+        and judged
+        and all(isinstance(v, float) and v <= tol for v in (r["rel_l2"].get(str(k)) for k in judged))
+    ]
     best = max((r["effective"] for r in passing), default=None)
     config = max((r["effective"] for r in passing if r["n"] <= BLOCK_K), default=None)
     same = lambda e: [label(r["n"]) for r in passing if r["effective"] == e]  # noqa: E731
-    return {"quant": quant, "tolerance": tol, "judged_ks": judged, "covers_catalog": bool(ks) and ks[-1] >= max_k,
-            "largest": best, "largest_ns": same(best) if best else [], "config_largest": config,
-            "config_ns": [n for n in same(config) if int(n) <= BLOCK_K] if config else []}
+    return {
+        "quant": quant,
+        "tolerance": tol,
+        "judged_ks": judged,
+        "covers_catalog": bool(ks) and ks[-1] >= max_k,
+        "largest": best,
+        "largest_ns": same(best) if best else [],
+        "config_largest": config,
+        "config_ns": [n for n in same(config) if int(n) <= BLOCK_K] if config else [],
+    }
 
 
-def run(formats, ks, *, env: Optional[Env] = None, layer: bool = True, time_budget_s: float = TIME_BUDGET_S,
-        command: str = "run(...)", commit: Optional[str] = None, write=lambda result: None, say=lambda text: None) -> dict:
+def run(
+    formats,
+    ks,
+    *,
+    env: Env | None = None,
+    layer: bool = True,
+    time_budget_s: float = TIME_BUDGET_S,
+    command: str = "run(...)",
+    commit: str | None = None,
+    write=lambda result: None,
+    say=lambda text: None,
+) -> dict:
     env = env or Env()
     deadline = time.monotonic() + time_budget_s
     meta = runinfo.run_info(command, cuda=env.device == "cuda", commit=commit, device=env.device_name())
-    meta.update(rows=env.rows, time_gemm=list(env.time_gemm), block=[env.block_mn, env.block_mn, BLOCK_K],
-                timing=TIMING, catalog_max_k=catalog_max_k(), time_budget_s=time_budget_s)
+    meta.update(
+        rows=env.rows,
+        time_gemm=list(env.time_gemm),
+        block=[env.block_mn, env.block_mn, BLOCK_K],
+        timing=TIMING,
+        catalog_max_k=catalog_max_k(),
+        time_budget_s=time_budget_s,
+    )
     result = {"meta": meta, "rows": [], "layer": {}, "verdicts": []}
     for quant in formats:
         rows = accuracy(quant, ks, env, deadline, say)
@@ -319,15 +407,21 @@ def _fmt(v, spec="{:.2e}") -> str:
 
 def table(result: dict) -> list[str]:
     ks = [k for k in result["rows"][0]["rel_l2"]] if result["rows"] else []
-    lines = ["| format | n | promoted every | " + "".join(f"rel L2 K={k} | " for k in ks)
-             + "GEMM µs | layer µs | layer rel L2 |", "|---" * (6 + len(ks)) + "|"]
+    lines = [
+        "| format | n | promoted every | "
+        + "".join(f"rel L2 K={k} | " for k in ks)
+        + "GEMM µs | layer µs | layer rel L2 |",
+        "|---" * (6 + len(ks)) + "|",
+    ]
     for r in result["rows"]:
         every = "K step (128)" if r["n"] == 0 else "never" if r["n"] >= NEVER else f"{r['n']} of K"
-        lines.append(f"| {r['quant']} | {label(r['n'])} | {every} | "
-                     + "".join(f"{_fmt(r['rel_l2'].get(k))} | " for k in ks)
-                     + f"{_fmt(r.get('gemm_us'), '{:.1f}')} | "
-                     f"{'—' if 'layer_us' not in r else _fmt(r['layer_us'], '{:.1f}')} | "
-                     f"{'—' if 'layer_rel_l2' not in r else _fmt(r['layer_rel_l2'])} |")
+        lines.append(
+            f"| {r['quant']} | {label(r['n'])} | {every} | "
+            + "".join(f"{_fmt(r['rel_l2'].get(k))} | " for k in ks)
+            + f"{_fmt(r.get('gemm_us'), '{:.1f}')} | "
+            f"{'—' if 'layer_us' not in r else _fmt(r['layer_us'], '{:.1f}')} | "
+            f"{'—' if 'layer_rel_l2' not in r else _fmt(r['layer_rel_l2'])} |"
+        )
     return lines
 
 
@@ -335,31 +429,51 @@ def verdict_lines(result: dict) -> list[str]:
     out = []
     for v in result["verdicts"]:
         ks = ", ".join(map(str, v["judged_ks"]))
-        gap = "" if v["covers_catalog"] else f" (the K measured stop below the catalog's largest, " \
-                                              f"{result['meta']['catalog_max_k']}: not a verdict for the catalog)"
+        gap = (
+            ""
+            if v["covers_catalog"]
+            else f" (the K measured stop below the catalog's largest, "
+            f"{result['meta']['catalog_max_k']}: not a verdict for the catalog)"
+        )
         largest = "none" if v["largest"] is None else f"{v['largest']} of K (n = {' or '.join(v['largest_ns'])})"
         config = "none" if v["config_largest"] is None else f"{v['config_largest']} (n = {' or '.join(v['config_ns'])})"
-        out.append(f"- {v['quant']}: the largest interval with rel L2 ≤ {v['tolerance']:g} at K = {ks}: {largest}; "
-                   f"the largest within one K step: {config}{gap}")
+        out.append(
+            f"- {v['quant']}: the largest interval with rel L2 ≤ {v['tolerance']:g} at K = {ks}: {largest}; "
+            f"the largest within one K step: {config}{gap}"
+        )
     return out
 
 
 def to_markdown(result: dict) -> str:
     m = result["meta"]
-    lines = ["# FP8 accumulation promotion: accuracy against cost", "",
-             *studyout.header_lines(m),
-             f"- rel L2: one FP8 GEMM [M={m['rows']}, K] × [N={m['rows']}, K]ᵀ (x ~ N(0, 1), w ~ N(0, 1/K), E4M3, "
-             f"fp32 out, tile {m['block'][0]}×{m['block'][1]}×{m['block'][2]}) against the fp64 product of the "
-             "dequantized E4M3 operands: the accumulation's error alone; n/a: fp8_block promotes every 128 of K",
-             f"- GEMM µs: the same kernel at M, N, K = {', '.join(map(str, m['time_gemm']))}; layer µs: "
-             "`triton_moe.fused_moe` as it runs, in the row of the interval its kernels use; layer rel "
-             "L2 against `moe_spec.oracle`; both CUDA-graph replays over rotated input sets (cold L2), median", ""]
+    lines = [
+        "# FP8 accumulation promotion: accuracy against cost",
+        "",
+        *studyout.header_lines(m),
+        f"- rel L2: one FP8 GEMM [M={m['rows']}, K] × [N={m['rows']}, K]ᵀ (x ~ N(0, 1), w ~ N(0, 1/K), E4M3, "
+        f"fp32 out, tile {m['block'][0]}×{m['block'][1]}×{m['block'][2]}) against the fp64 product of the "
+        "dequantized E4M3 operands: the accumulation's error alone; n/a: fp8_block promotes every 128 of K",
+        f"- GEMM µs: the same kernel at M, N, K = {', '.join(map(str, m['time_gemm']))}; layer µs: "
+        "`triton_moe.fused_moe` as it runs, in the row of the interval its kernels use; layer rel "
+        "L2 against `moe_spec.oracle`; both CUDA-graph replays over rotated input sets (cold L2), median",
+        "",
+    ]
     for quant, info in result["layer"].items():
-        lines.insert(-1, f"- layer ({quant}): " + (info["status"] if "status" in info else
-                                                   f"{info['shape']}, T = {info['T']}, {info['input_sets']} input "
-                                                   f"sets, config {info['config']}"))
-    return "\n".join(lines + table(result) + ["", "## The cheapest promotion within tolerance", ""]
-                     + verdict_lines(result)) + "\n"
+        lines.insert(
+            -1,
+            f"- layer ({quant}): "
+            + (
+                info["status"]
+                if "status" in info
+                else f"{info['shape']}, T = {info['T']}, {info['input_sets']} input sets, config {info['config']}"
+            ),
+        )
+    return (
+        "\n".join(
+            lines + table(result) + ["", "## The cheapest promotion within tolerance", ""] + verdict_lines(result)
+        )
+        + "\n"
+    )
 
 
 def write_outputs(result: dict, out: Path) -> None:
@@ -374,24 +488,33 @@ def _names(option: str, text: str) -> list[str]:
 def parse_args(argv: list) -> argparse.Namespace:
     p = studyout.Parser(prog=PROG, description=__doc__.split("\n\n")[0].replace("``", ""))
     p.add_argument("--out", help="a new or empty directory for promotion.md and promotion.json (required)")
-    p.add_argument("--ks", default=",".join(map(str, KS)), help="K of the accuracy GEMM, multiples of 512 [%(default)s]")
+    p.add_argument(
+        "--ks", default=",".join(map(str, KS)), help="K of the accuracy GEMM, multiples of 512 [%(default)s]"
+    )
     p.add_argument("--formats", default=",".join(FORMATS), help=f"of {', '.join(FORMATS)} [%(default)s]")
     p.add_argument("--no-layer", dest="layer", action="store_false", help="skip the layer's timing and rel L2")
-    p.add_argument("--time-budget", type=float, default=TIME_BUDGET_S, metavar="S",
-                   help="stop after S seconds; cells not reached say 'skipped' [%(default)s]")
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        default=TIME_BUDGET_S,
+        metavar="S",
+        help="stop after S seconds; cells not reached say 'skipped' [%(default)s]",
+    )
     p.add_argument("--commit", default=None, help="commit to record [git rev-parse of this checkout]")
     args = p.parse_args(argv)
     args.formats = _names("--formats", args.formats)
     if set(args.formats) - set(FORMATS):
-        raise UsageError(f"--formats: unknown format {sorted(set(args.formats) - set(FORMATS))[0]!r}; known: "
-                         f"{', '.join(FORMATS)}")
+        raise UsageError(
+            f"--formats: unknown format {sorted(set(args.formats) - set(FORMATS))[0]!r}; known: {', '.join(FORMATS)}"
+        )
     step = max(n for n in INTERVALS if n < NEVER)
     ks = _names("--ks", args.ks)
     if bad := [k for k in ks if not k.isdigit() or int(k) < 1 or int(k) % step]:
         raise UsageError(f"--ks: bad K {bad[0]!r}: expected positive multiples of {step} (the largest finite interval)")
     args.ks = tuple(sorted({int(k) for k in ks}))
-    args.time_budget = studyout.number("--time-budget", args.time_budget, lowest=0.0, allow_lowest=False,
-                                       what="a finite number of seconds > 0")
+    args.time_budget = studyout.number(
+        "--time-budget", args.time_budget, lowest=0.0, allow_lowest=False, what="a finite number of seconds > 0"
+    )
     args.out = studyout.check_out(args.out, FILES)
     return args
 
@@ -399,9 +522,16 @@ def parse_args(argv: list) -> argparse.Namespace:
 def _run(args: argparse.Namespace, argv: list) -> int:
     runinfo.require_cuda(PROG)
     start = time.monotonic()
-    result = run(args.formats, args.ks, layer=args.layer, time_budget_s=args.time_budget,
-                 command=runinfo.command_line(PROG, argv), commit=args.commit,
-                 write=lambda r: write_outputs(r, args.out), say=studyout.progress(PROG))
+    result = run(
+        args.formats,
+        args.ks,
+        layer=args.layer,
+        time_budget_s=args.time_budget,
+        command=runinfo.command_line(PROG, argv),
+        commit=args.commit,
+        write=lambda r: write_outputs(r, args.out),
+        say=studyout.progress(PROG),
+    )
     print("\n".join(table(result) + [""] + verdict_lines(result)))
     print(f"wrote {', '.join(str(args.out / f) for f in FILES)} in {time.monotonic() - start:.0f} s")
     return 0

@@ -13,7 +13,6 @@ from triton_moe.align import align_block_size
 from triton_moe.heuristic import get_config
 from triton_moe.moe import expert_computation, fused_moe
 
-
 _weight_cache: dict = {}
 
 
@@ -27,8 +26,8 @@ def make_weights(shape, quant, seed: int, device="cuda"):
         if get_format(quant).quantized:
             E = shape.num_experts
             step = max(1, (1 << 28) // (2 * shape.intermediate * shape.hidden))
-            parts1 = [quantize_weight(w1[e:e + step], quant) for e in range(0, E, step)]
-            parts2 = [quantize_weight(w2[e:e + step], quant) for e in range(0, E, step)]
+            parts1 = [quantize_weight(w1[e : e + step], quant) for e in range(0, E, step)]
+            parts2 = [quantize_weight(w2[e : e + step], quant) for e in range(0, E, step)]
             w1, s1 = torch.cat([p[0] for p in parts1]), torch.cat([p[1] for p in parts1])
             w2, s2 = torch.cat([p[0] for p in parts2]), torch.cat([p[1] for p in parts2])
         _weight_cache[key] = (w1, w2, s1, s2)
@@ -58,8 +57,9 @@ class Problem:
             x = torch.randn(T, shape.hidden, generator=g, device="cuda").to(torch.bfloat16)
             logits = torch.randn(T, shape.num_experts, generator=g, device="cuda")
             tw, ids = route(logits, shape.top_k)
-            self.sets.append(dict(x=x, w1=w1, w2=w2, topk_weights=tw, topk_ids=ids, quant=quant,
-                                  w1_scale=s1, w2_scale=s2))
+            self.sets.append(
+                dict(x=x, w1=w1, w2=w2, topk_weights=tw, topk_ids=ids, quant=quant, w1_scale=s1, w2_scale=s2)
+            )
         self.experts_hit = int(self.sets[0]["topk_ids"].unique().numel())
 
     def config(self, cfg=None):
@@ -74,9 +74,18 @@ class Problem:
 
         def make_call(i):
             st, r = self.sets[i], routings[i]
-            return lambda: expert_computation(st["x"], st["w1"], st["w2"], st["topk_weights"], st["topk_ids"], r,
-                                              quant=self.quant, w1_scale=st["w1_scale"], w2_scale=st["w2_scale"],
-                                              config=cfg)
+            return lambda: expert_computation(
+                st["x"],
+                st["w1"],
+                st["w2"],
+                st["topk_weights"],
+                st["topk_ids"],
+                r,
+                quant=self.quant,
+                w1_scale=st["w1_scale"],
+                w2_scale=st["w2_scale"],
+                config=cfg,
+            )
 
         return time_cuda_graph(make_call, self.n_sets, replays=15, min_calls=10).median_us
 
@@ -101,8 +110,11 @@ class Problem:
         torch.cuda.current_stream().wait_stream(stream)
         graph.replay()
         torch.cuda.synchronize()
-        return {"rel_l2": rel_l2(out, oracle(**st)), "bit_identical": bool(torch.equal(out, again)),
-                "graph_equal": bool(torch.equal(out, captured))}
+        return {
+            "rel_l2": rel_l2(out, oracle(**st)),
+            "bit_identical": bool(torch.equal(out, again)),
+            "graph_equal": bool(torch.equal(out, captured)),
+        }
 
     def roofline(self, us: float, ceilings) -> dict:
         s = self.shape
