@@ -313,6 +313,7 @@ def test_a_bad_id_gives_a_nan_row_and_the_flag(quant, bad, word):
 def test_gemm2_reads_its_routing_early_or_late_to_the_same_bytes(quant, word, monkeypatch):
     """EARLY_ROUTING (GEMM2's ids and weights loaded before the K loop) and the epilogue's read give
     the same output bit for bit — a bad id's NaN row, an infinite weight's row — and the same error bits."""
+    import triton_moe.launches as launches
     import triton_moe.moe as moe
 
     inp = make_inputs(CHECK_SHAPE, 6, quant, seed=24)
@@ -320,7 +321,7 @@ def test_gemm2_reads_its_routing_early_or_late_to_the_same_bytes(quant, word, mo
     inp.topk_weights[4, 0] = float("inf")
     outs, words, early = [], [], []
     for steps in (0, 1 << 20):  # no GEMM2 is short enough / every GEMM2 is
-        monkeypatch.setattr(moe, "EARLY_ROUTING_MAX_K_STEPS", steps)
+        monkeypatch.setattr(launches, "EARLY_ROUTING_MAX_K_STEPS", steps)
         moe.forget_plans()
         outs.append(fused_moe(**inp.kwargs(), config=_config(quant, True)))
         words.append(int(word))
