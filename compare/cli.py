@@ -1,9 +1,10 @@
 """``python -m compare``: prove the CuTe and Triton kernels compute the same function, then time them.
 
 On a GPU it runs the suite (default: Mixtral-8x7B, Qwen3-30B-A3B and DeepSeek-V3 TP8 at
-T ∈ {1, 8, 32, 128, 1024, 4096}, bf16 and fp8_tensor) for every backend, prints what the run did,
-a compact table, and writes ``results.json``, ``results.csv``, ``report.md`` and PNG plots into
-``--out``. Without a GPU it still exits 0: numerics through the Triton interpreter on reduced
+T ∈ {1, 8, 32, 128, 1024, 4096}, bf16 and fp8_tensor) for every backend, prints what the run did
+and a summary per shape and format (best backend, µs, speedup, % of floor, status; 120 columns at
+most), and writes the full tables into ``results.json``, ``results.csv``, ``report.md``, with PNG
+plots, into ``--out``. Without a GPU it still exits 0: numerics through the Triton interpreter on reduced
 shapes, the CuTe configs it would run with their PTX WGMMA lines, no timing — and its first lines
 say so.
 
