@@ -1,26 +1,15 @@
 """The warm-up study: what one ``warmup`` call costs from empty caches, and that nothing compiles after it.
 
-For every (backend, shape, format) the study starts a fresh Python process with an empty Triton
-cache (``TRITON_CACHE_DIR``) and an empty CuTe DSL cache (``CUTE_DSL_CACHE_DIR``) — both set
-before anything is compiled in that process, so neither the parent's caches nor an earlier case's
-leak in — and there
-
-1. imports the backend, then times ``<backend>.warmup(E, K, I, top_k, quant, max_tokens)``:
-   what it compiled, each step's seconds, the total;
-2. sweeps T over :func:`sweep_tokens` (powers of two, their odd neighbours, odd values spread
-   geometrically up to ``max(tokens)``) calling ``fused_moe`` on fresh inputs at every T and
-   records whether the call compiled anything and how long the first and the second call took.
-
-After a warm-up the sweep must compile nothing: a case whose sweep compiles is marked FAIL.
-
-On a GPU that is the measurement. On a CPU the same study runs in reduced form: Triton through
-its interpreter as a dry run (the specialization keys a GPU would compile, no latency), CuTe
-compiling to PTX for real, its sweep checking that every plan of the sweep finds its kernels in
-the compile cache (:func:`cute_moe.warmup.compile_plan` compiles nothing).
-
-``python -m compare.warm_study --out DIR`` writes ``warm_study.md`` and ``warm_study.json`` (with
-date, device, commit and command); ``--count`` only prints how many kernels each layer needs,
-compiling nothing. The harness calls :func:`run_warm_study`.
+For every (backend, shape, format) the study starts a fresh Python process with empty Triton and
+CuTe DSL caches (``TRITON_CACHE_DIR``, ``CUTE_DSL_CACHE_DIR``, set before anything compiles) and
+there (1) times ``<backend>.warmup(E, K, I, top_k, quant, max_tokens)``: what it compiled, each
+step's seconds; (2) sweeps T over :func:`sweep_tokens` calling ``fused_moe`` on fresh inputs and
+records whether a call compiled anything and the first and second call's time. A case whose sweep
+compiles after the warm-up is a FAIL. On a CPU the study is reduced: Triton as a dry run through its
+interpreter (the keys a GPU would compile), CuTe compiling to PTX for real, its sweep checking that
+every plan finds its kernels in the compile cache (:func:`cute_moe.warmup.compile_plan`). The main
+job calls :func:`run_warm_study`; ``python -m compare.warm_study --out DIR`` writes its report
+(``--count``: how many kernels each layer needs, compiling nothing).
 """
 
 from __future__ import annotations
@@ -265,12 +254,10 @@ def run_warm_study(
     command: str = "run_warm_study(...)",
     commit: str | None = None,
 ) -> dict:
-    """Warm-up cost and compilations after it, per (backend, shape, format), each case in a fresh
-    process with empty caches (the module docstring). ``shapes``: catalog names or MoEShapes;
-    ``quants``: contract values (None = bf16); ``tokens``: the T sweep (default
-    :func:`sweep_tokens`; the warm-up covers 1 … max(tokens)); ``device``: "cuda" or "cpu"
-    (the reduced form). Returns ``{"meta": …, "cases": [...]}``; a format a backend does not build
-    is a case whose status says so."""
+    """Warm-up cost and compilations after it per (backend, shape, format), each case in a fresh
+    process (module docstring). ``tokens``: the T sweep (default :func:`sweep_tokens`; the warm-up
+    covers 1 … max(tokens)); ``device``: "cuda" or "cpu" (reduced). Returns ``{"meta", "cases"}``;
+    a format a backend does not build is a case whose status says so."""
     if device not in ("cuda", "cpu"):
         raise ValueError(f"device: expected 'cuda' or 'cpu', got {device!r}")
     if device == "cuda" and not torch.cuda.is_available():

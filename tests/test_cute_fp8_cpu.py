@@ -93,7 +93,7 @@ def test_layer_configs_under_fp8():
                 quant="fp8_channel", dtype="float8_e4m3fn", tile_k=128, swap_ab=True, tokens_tile=256, weights_tile=128
             ),
             r"needs 256 accumulator registers",
-        ),
+        )
     ],
 )
 def test_bad_fp8_configs_name_the_limit(kw, needle):

@@ -327,7 +327,7 @@ def test_good_static_scales_set_no_bit():
 
 SM90_SCRIPT = r"""
 import json
-from triton_moe.jit import compile_sm90
+from triton_moe.sm90 import compile_sm90
 from triton_moe.kernels import moe_gemm_kernel
 from triton_moe.kernels_rows import quantize_kernel
 

@@ -123,7 +123,7 @@ def test_the_same_expert_in_two_rows_is_not_a_repeat(word):
 SM90_SCRIPT = r"""
 import json
 from triton_moe.align import PLACE_WARPS, RANK_ROWS, _count_kernel, _launch_sizes, _place_kernel
-from triton_moe.jit import compile_sm90
+from triton_moe.sm90 import compile_sm90
 from triton_moe.kernels_rows import amax_kernel, combine_kernel, quantize_kernel
 
 out = {}

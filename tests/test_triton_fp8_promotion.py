@@ -27,7 +27,7 @@ import pytest
 SCRIPT = r"""
 import json, os, re, subprocess, sys, tempfile
 import triton
-from triton_moe.jit import build_sm90
+from triton_moe.sm90 import build_sm90
 from triton_moe.kernels import moe_gemm_kernel
 
 names = moe_gemm_kernel.arg_names

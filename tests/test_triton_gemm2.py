@@ -172,7 +172,7 @@ SM90 = r"""
 import json, sys
 from dataclasses import replace
 from triton_moe.config import Gemm2Tile, TritonConfig
-from triton_moe.jit import compile_sm90
+from triton_moe.sm90 import compile_sm90
 from triton_moe.kernels import moe_gemm_kernel as k
 from triton_moe.moe import _gemm_constants
 from triton_moe.plan import plan
@@ -193,7 +193,7 @@ sig = {n: ptrs.get(n, "*fp32") for n in k.arg_names if n.endswith("_ptr")}
 sig.update(num_pairs="i32", N="i32", K="i32", E="i32")
 r = compile_sm90(k, sig, cex, num_warps=warps, num_stages=stages, divisible_by_16=[n for n in sig if n != "num_pairs"])
 t = r.pop("ttgir")
-from triton_moe.jit import build_sm90
+from triton_moe.sm90 import build_sm90
 ptx = build_sm90(k, sig, cex, num_warps=warps, num_stages=stages,
                  divisible_by_16=[n for n in sig if n != "num_pairs"]).asm["ptx"]
 r.update(model=cfg.smem_bytes(quant, gemm=2), mma=p.mma[1], in_ptx=p.mma[1] in ptx,

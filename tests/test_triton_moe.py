@@ -176,11 +176,11 @@ def test_kernels_read_the_registry_and_its_constants():
     AMAX_FLOOR scale of an all-zero group, and block scales that change exactly every FP8_BLOCK
     columns (a spike in the last column of one group and the first of the next)."""
     from moe_spec.quant import AMAX_FLOOR, FORMATS, FP8_BLOCK, FP8_MAX
-    from triton_moe import kernels
+    from triton_moe import kernel_parts, kernels
     from triton_moe.moe import _quantize
 
     assert kernels.QUANT_MODE == {q: f.mode for q, f in FORMATS.items()}
-    assert (kernels.FP8_MAX.value, kernels.AMAX_FLOOR.value, kernels.FP8_BLOCK.value) == (
+    assert (kernel_parts.FP8_MAX.value, kernel_parts.AMAX_FLOOR.value, kernel_parts.FP8_BLOCK.value) == (
         FP8_MAX,
         AMAX_FLOOR,
         FP8_BLOCK,

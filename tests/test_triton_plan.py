@@ -11,7 +11,7 @@ import sys
 SCRIPT = r"""
 import json, re, sys
 from triton_moe.config import TritonConfig, mma_instruction
-from triton_moe.jit import build_sm90
+from triton_moe.sm90 import build_sm90
 from triton_moe.kernels import QUANT_MODE, moe_gemm_kernel
 
 def ptx_instructions(cfg, quant, fuse_silu):

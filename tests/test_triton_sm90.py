@@ -13,7 +13,7 @@ import pytest
 
 SCRIPT = r"""
 import json, sys
-from triton_moe.jit import compile_sm90
+from triton_moe.sm90 import compile_sm90
 from triton_moe.kernels import moe_gemm_kernel
 
 fuse_silu, imprecise = json.loads(sys.argv[1])

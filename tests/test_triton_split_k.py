@@ -83,7 +83,7 @@ def test_a_bad_block_scale_in_any_split_sets_the_error_bit():
 
 SM90 = r"""
 import json, sys
-from triton_moe.jit import compile_sm90
+from triton_moe.sm90 import compile_sm90
 from triton_moe.kernels import moe_gemm_kernel
 
 split_k, fp8 = json.loads(sys.argv[1])

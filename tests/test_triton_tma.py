@@ -157,7 +157,7 @@ def test_rows_tma_cannot_read_are_named(K, I, name):  # noqa: E741
 
 SM90 = r"""
 import json, sys
-from triton_moe.jit import compile_sm90
+from triton_moe.sm90 import compile_sm90
 from triton_moe.kernels_tma import moe_gemm_tma_kernel as k
 
 fuse_silu, quant, block_k = json.loads(sys.argv[1])
@@ -250,7 +250,7 @@ def test_bench_report_renders(tmp_path):
 
 WS_PROBE = r"""
 import triton, triton.language as tl
-from triton_moe.jit import compile_sm90
+from triton_moe.sm90 import compile_sm90
 
 @triton.jit
 def mm(a_ptr, idx_ptr, b_ptr, c_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,

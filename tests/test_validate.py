@@ -291,10 +291,7 @@ def test_check_mode_comes_from_the_environment():
     )
     env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
     run = lambda mode: subprocess.run(  # noqa: E731
-        [sys.executable, "-c", code],
-        env={**env, "MOE_CHECK": mode},
-        capture_output=True,
-        text=True,
+        [sys.executable, "-c", code], env={**env, "MOE_CHECK": mode}, capture_output=True, text=True
     )
     assert [run(m).stdout.strip() for m in ("sync", "device", "SYNC", " Device ")] == ["sync", "device"] * 2
     bad = run("eager")

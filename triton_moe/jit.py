@@ -1,27 +1,18 @@
 """Kernel launches and the compile counter: proof that a new batch size never recompiles.
 
-Triton compiles one binary per *specialization key* of a kernel: the constexpr values, the dtype
-of every tensor, and for integer arguments whether they equal 1 or are divisible by 16 (pointers:
-whether they are 16-byte aligned). An argument such as the token count T therefore recompiles the
-kernel whenever T crosses those classes (T = 1, 16, 17, …) unless it is listed in
-``@triton.jit(do_not_specialize=[...])``. Every kernel of this package marks the arguments that vary
-per call that way; everything else it receives (K, N, constexpr tiles) is fixed by the model.
+Triton compiles one binary per *specialization key*: the constexprs, every tensor's dtype, and for
+integers whether they equal 1 or are divisible by 16 (pointers: 16-byte aligned). So the token count
+T would recompile a kernel whenever it crosses those classes (T = 1, 16, 17, …) unless listed in
+``@triton.jit(do_not_specialize=[...])``, as every per-call size of this package is.
 
 Every launch goes through :func:`launch`. Inside ``with count_compilations() as counter:`` each
-launch also records its specialization key, computed by the same binder Triton's ``JITFunction``
-uses before its cache lookup (so the count means the same thing under ``TRITON_INTERPRET=1``,
-where nothing is compiled), and on a GPU each real compilation reported by Triton's
-``knobs.runtime.jit_cache_hook``. ``counter.new_keys`` after a warm-up is the number of
-recompilations a sweep caused. ``count_compilations(dry_run=True)`` records keys without running
-kernels, so a CPU test can sweep T up to 8192 in seconds. ``counter.launches`` lists every launch
-in order (kernel names; a grid of zero programs launches nothing and is not listed): the launch
-count of a call.
+launch records its specialization key (Triton's own binder, so the count means the same under
+``TRITON_INTERPRET=1``) and, on a GPU, each compilation Triton reports: ``counter.new_keys`` after
+a warm-up is the recompilations a sweep caused (``dry_run=True``: keys only); ``counter.launches``.
 
-On a GPU, :func:`launch` also skips most of Triton's per-launch Python: the first launch of a
-specialization goes through ``JITFunction.run`` (which compiles it, once), and later launches
-with the same :func:`fast_key` call the CompiledKernel it returned directly, on the current
-stream. ``TRITON_MOE_FAST_LAUNCH=0`` turns that off; ``python -m triton_moe.lab.hostcost`` measures
-both on any machine.
+On a GPU, :func:`launch` skips most of Triton's per-launch Python: a specialization's first launch
+goes through ``JITFunction.run`` (which compiles it), later ones with the same :func:`fast_key` call
+its CompiledKernel directly (``TRITON_MOE_FAST_LAUNCH=0``: off; ``python -m triton_moe.lab.hostcost``).
 """
 
 from __future__ import annotations
@@ -457,56 +448,3 @@ def count_compilations(dry_run: bool = False):
         _active.remove(counter)
         if not INTERPRET:
             triton.knobs.runtime.jit_cache_hook = previous
-
-
-def build_sm90(kernel, signature: dict, constexprs: dict, *, num_warps: int, num_stages: int, divisible_by_16=()):
-    """``kernel`` compiled for sm_90a without a GPU (Triton's compiled kernel: ``.asm`` holds its
-    TTGIR, PTX and cubin). ``signature`` types the runtime arguments (the rest are constexprs);
-    a constexpr the kernel declares with a default and ``constexprs`` leaves out takes the
-    default, as a launch would; ``divisible_by_16`` names the arguments Triton may assume
-    divisible by 16. Needs a process without ``TRITON_INTERPRET=1``."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    names = kernel.arg_names
-    constexprs = {**{p.name: p.default for p in kernel.params if p.is_constexpr and p.has_default}, **constexprs}
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible_by_16}
-    src = ASTSource(
-        kernel, signature={n: signature.get(n, "constexpr") for n in names}, constexprs=constexprs, attrs=attrs
-    )
-    return triton.compile(
-        src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, num_stages=num_stages)
-    )
-
-
-def compile_sm90(
-    kernel, signature: dict, constexprs: dict, *, num_warps: int, num_stages: int, divisible_by_16=()
-) -> dict:
-    """:func:`build_sm90`, and what the binary looks like: registers and spill bytes per thread
-    (``ptxas -v``), shared memory, and the TTGIR text. ``tests/test_triton_sm90.py`` runs it in
-    a process of its own (the test session imports the interpreted kernels)."""
-    import re
-    import subprocess
-    import tempfile
-
-    compiled = build_sm90(
-        kernel, signature, constexprs, num_warps=num_warps, num_stages=num_stages, divisible_by_16=divisible_by_16
-    )
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    with tempfile.TemporaryDirectory() as d:
-        ptx = os.path.join(d, "k.ptx")
-        with open(ptx, "w") as f:
-            f.write(compiled.asm["ptx"])
-        log = subprocess.run(
-            [ptxas, "-v", "--gpu-name", "sm_90a", ptx, "-o", os.path.join(d, "k.cubin")],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stderr
-    spills = re.search(r"(\d+) bytes spill stores", log)
-    return {
-        "registers": int(re.search(r"Used (\d+) registers", log).group(1)),
-        "spill_bytes": int(spills.group(1)) if spills else 0,
-        "shared_bytes": compiled.metadata.shared,
-        "ttgir": compiled.asm["ttgir"],
-    }

@@ -26,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from triton_moe.kernels import (
+from triton_moe.kernel_parts import (
     AMAX_FLOOR,
     FP8_BLOCK,
     FP8_MAX,

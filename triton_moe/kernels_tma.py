@@ -32,7 +32,7 @@ Weights through TMA
 Warp specialization and loop flattening (Triton 3.6 on sm_90)
     Triton 3.6 runs its Hopper warp-specialization pass on a ``tl.range(..., warp_specialize=True)``
     loop only with num_warps = 4, and (compiled for sm_90a on the CPU with
-    ``triton_moe.jit.compile_sm90``) it specializes a persistent matmul whose operands both come
+    ``triton_moe.sm90.compile_sm90``) it specializes a persistent matmul whose operands both come
     through TMA descriptors, but fails to compile one whose A tile is a pointer gather, as here
     (``NVGPUWarpSpecialization`` pass failure; the same with the attribute on the K loop).
     ``tests/test_triton_tma.py`` checks both. So this kernel offers no warp specialization: with
@@ -58,7 +58,7 @@ from triton.runtime import _allocation
 from moe_spec.hopper import TMA_ALIGN_BYTES as TMA_ALIGN
 from moe_spec.hopper import sm_count
 from triton_moe.jit import launch
-from triton_moe.kernels import FP8_BLOCK, _epilogue, _k_step, _row_routing
+from triton_moe.kernel_parts import FP8_BLOCK, _epilogue, _k_step, _row_routing
 
 
 def _torch_scratch(size: int, alignment: int, stream):
