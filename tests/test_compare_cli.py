@@ -383,7 +383,7 @@ def test_ctrl_c_is_one_line_exit_130_and_leaves_the_directory_as_it_was(tmp_path
     assert [p.name for p in out.iterdir()] == ["report.md"] and (out / "report.md").read_text() == "the previous report"
 
 
-# --- what a newcomer reads first (issue 30: the first hour) -------------------------------------------
+# --- what a newcomer reads first -------------------------------------------
 
 WIDTH = 120
 H200_RECORD = ROOT / "notes" / "results" / "compare_h200_2026-12-03_fd84fba.json"

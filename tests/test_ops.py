@@ -326,7 +326,7 @@ QWEN3_LAYER = dict(
 @pytest.mark.gpu
 @pytest.mark.xfail(
     strict=True,
-    reason="known open (issue 33; notes/results/gpu_lane_h200_2026-12-04.md): the compiled prefill's logits are "
+    reason="known open (notes/results/gpu_lane_h200_2026-12-04.md): the compiled prefill's logits are "
     "1.2e-2 from grouped_mm's compiled the same way (bound 1e-2), and under reduce-overhead the backends' cached "
     "workspaces are left in the CUDA-graph pool untracked ('Detected 6 tensor(s) in the cudagraph pool')",
 )

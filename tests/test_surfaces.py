@@ -1,4 +1,4 @@
-"""Every surface of the backends holds the edges like ``fused_moe`` does (issue 36; issue 30's newcomer defects 3–5).
+"""Every surface of the backends holds the edges like ``fused_moe`` does.
 
 The surfaces: each backend's ``fused_moe``, its vLLM spelling ``fused_experts``, its ``warmup``, the
 transformers experts forward (``compare.hf_experts``) and the sharded layers (``compare.distributed``).
@@ -86,7 +86,7 @@ def _rule(message: str) -> str:
 @pytest.mark.parametrize("case", list(SIZES))
 def test_every_surface_refuses_the_sizes_fused_moe_refuses(backend, case):
     """fused_moe, fused_experts and the warm-up (dry run) refuse exactly what check_sizes refuses,
-    with the same words after their own argument's name (issue 36 items 3, 4, 5)."""
+    with the same words after their own argument's name."""
     E, K, I, top_k, T = SIZES[case]  # noqa: E741
     limits = _limits(backend)
     verdict = _refusal(lambda: check_sizes(E, K, I, top_k, T, limits=limits))
@@ -178,7 +178,7 @@ def test_fused_experts_block_shape_must_be_two_ints():
                 )
 
 
-# --- issue 36 item 9: the unclear errors, each named --------------------------------------------------------
+# --- the unclear errors, each named --------------------------------------------------------
 
 
 @pytest.mark.parametrize("device, error", [("foo", ValueError), (None, TypeError), ("cuda:7", ValueError)])
@@ -224,7 +224,7 @@ def test_fused_experts_names_hidden_states():
         triton_moe.fused_experts(inp.x.float(), inp.w1, inp.w2, inp.topk_weights, inp.topk_ids)
 
 
-# --- the transformers forward (issue 36 items 7, 9) ------------------------------------------------------------
+# --- the transformers forward ------------------------------------------------------------
 
 
 @pytest.fixture
@@ -301,7 +301,7 @@ def test_hf_forward_refuses_the_sizes_fused_moe_refuses(case, hx):
         assert got == verdict
 
 
-# --- issue 30 defect 4, defect 5 ---------------------------------------------------------------------------------
+# --- a w1 blamed as w1; the CPU without the interpreter ------------------------------------------------------------
 
 
 @pytest.mark.parametrize("backend", ["triton_moe", "cute_moe"])
@@ -336,7 +336,7 @@ def test_the_python_api_on_a_cpu_without_the_interpreter_says_what_to_do():
     assert "active drivers" not in run.stdout + run.stderr
 
 
-# --- issue 36 item 11: the error under cancellation ---------------------------------------------------------------
+# --- the error under cancellation ---------------------------------------------------------------
 
 
 def test_k1_cancellation_is_judged_against_the_terms():
@@ -345,7 +345,7 @@ def test_k1_cancellation_is_judged_against_the_terms():
     every seed is inside. A kernel that drops a term is still caught."""
     from triton_moe import fused_moe
 
-    shape, tol = MoEShape("k1", 7, 2, 1, 173, "issue 36 item 11"), get_format(None).tolerance
+    shape, tol = MoEShape("k1", 7, 2, 1, 173, "K = 1 cancellation"), get_format(None).tolerance
     plain, terms = [], []
     for seed in range(40):
         inp = make_inputs(shape, 1, None, seed=seed)
@@ -375,7 +375,7 @@ def test_terms_metric_is_rel_l2_on_data_without_cancellation(shape):
     assert math.isclose(rel_l2_terms(ref.out * 1.01, ref), rel_l2(ref.out * 1.01, ref.out), rel_tol=1e-9)
 
 
-# --- the default mode's error path (issue 30 defect 3; issue 36 item 13) ---------------------------------------------
+# --- the default mode's error path ---------------------------------------------
 
 
 @pytest.fixture
@@ -469,7 +469,7 @@ def test_gpu_a_bad_id_is_raised_by_a_later_call_without_a_sync():
         fused_moe(**good)
 
 
-# --- the sharded layers (issue 36 item 10) ----------------------------------------------------------------------
+# --- the sharded layers ----------------------------------------------------------------------
 
 
 def _uneven_experts(rank, world):

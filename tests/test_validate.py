@@ -284,7 +284,7 @@ def test_check_names_the_first_failed_argument_and_lists_the_rest(word):
 
 def test_check_mode_comes_from_the_environment():
     """MOE_CHECK in any case; a value that names no mode fails the first call that needs the mode,
-    naming MOE_CHECK, never an import (issue 36, item 12: MOE_CHECK=SYNC made every import fail)."""
+    naming MOE_CHECK, never an import (MOE_CHECK=SYNC once made every import fail)."""
     code = (
         "from moe_spec.validate import check_mode\n"
         "try:\n    print(check_mode())\nexcept ValueError as e:\n    print('refused', e)"
