@@ -24,6 +24,7 @@ import torch
 
 from moe_spec.align import Alignment, max_rows
 from moe_spec.hopper import sm_count
+from moe_spec.ops import through_op
 from moe_spec.quant import FP8_DTYPE, activation_scale_shape
 from moe_spec.validate import Limits, MoEDims, check_runs_on, error_word, surface_errors, validate_moe_args
 
@@ -270,8 +271,9 @@ def _workspace(dims: MoEDims, p: LayerPlan, device) -> dict:
     reused by the eager calls of one stream and thread: the stream orders each call after the
     last, and the returned output is always a new tensor.  Their CuTe
     wrappers are made once (``runtime.keep``).  Fresh, and not kept, while a CUDA graph is being
-    captured: a graph owns the buffers it was captured with."""
-    capturing = torch.cuda.is_current_stream_capturing()
+    captured: a graph owns the buffers it was captured with; so does a call through the op
+    (:func:`moe_spec.ops.through_op`)."""
+    capturing = torch.cuda.is_current_stream_capturing() or through_op()
     stream = torch.cuda.current_stream(device).cuda_stream
     tiles = (p.gemm1.tokens_tile, p.gemm2.tokens_tile)
     key = (

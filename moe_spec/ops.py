@@ -20,8 +20,8 @@ arguments (:mod:`moe_spec.contract`) without the backend options — and registe
 The schema declares no mutated argument (``mutates_args=()`` in ``custom_op``'s words) and it is
 functional as far as the graph can see: the output is a new tensor. Two buffers outside the
 arguments are written: the device's error word (:func:`moe_spec.validate.error_word`), into which
-the kernels OR the bits of failed data checks, and the backend's cached workspaces — side buffers,
-which no graph input or output aliases.
+the kernels OR the bits of failed data checks, and the backend's workspace — fresh buffers for a
+call through the op (:func:`through_op`), freed when it returns, which no graph input or output aliases.
 
 :func:`entry` is a backend's public ``fused_moe`` around the op: while torch.compile or another
 tracer (``make_fx``, a ``FakeTensorMode``, functionalization) is at work, or a tensor is not a plain
@@ -36,6 +36,7 @@ Python call, which torch.compile traces into as before.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 
 import torch
@@ -50,7 +51,18 @@ SCHEMA = (
 #: The dtype of the output ([T, K]) of every backend (moe_spec.contract).
 OUT_DTYPE = torch.bfloat16
 
+_op_call = threading.local()  # .depth: how many op kernels this thread is inside
 _libraries: dict = {}  # namespace -> (torch.library.Library, the op, the backend function), kept for the process
+
+
+def through_op() -> bool:
+    """Whether this thread is running an op's kernel — a compiled graph's call — rather than an eager call.
+
+    A backend then takes fresh buffers instead of its cached workspace: a CUDA-graph tree
+    (``mode="reduce-overhead"``) runs its warm-up with every allocation routed into the graph's
+    private memory pool, and a cached buffer left alive there is a tensor the tree does not track
+    (it refuses to replay). Fresh buffers are freed when the call returns, as an inductor buffer is."""
+    return getattr(_op_call, "depth", 0) > 0
 
 
 def metadata_checks(
@@ -146,18 +158,22 @@ def define_fused_moe_op(
     def kernel(
         x, w1, w2, topk_weights, topk_ids, quant=None, w1_scale=None, w2_scale=None, a1_scale=None, a2_scale=None
     ):
-        return impl(
-            x,
-            w1,
-            w2,
-            topk_weights,
-            topk_ids,
-            quant=quant,
-            w1_scale=w1_scale,
-            w2_scale=w2_scale,
-            a1_scale=a1_scale,
-            a2_scale=a2_scale,
-        )
+        _op_call.depth = getattr(_op_call, "depth", 0) + 1
+        try:
+            return impl(
+                x,
+                w1,
+                w2,
+                topk_weights,
+                topk_ids,
+                quant=quant,
+                w1_scale=w1_scale,
+                w2_scale=w2_scale,
+                a1_scale=a1_scale,
+                a2_scale=a2_scale,
+            )
+        finally:
+            _op_call.depth -= 1
 
     def fake(x, w1, w2, topk_weights, topk_ids, quant=None, w1_scale=None, w2_scale=None, a1_scale=None, a2_scale=None):
         args = [_concrete(t) for t in (x, w1, w2, topk_weights, topk_ids)]

@@ -4,7 +4,8 @@
 constexprs (:class:`~triton_moe.jit.Bound`) — once per (sizes, quant format, config, scale mode),
 so an eager call re-derives nothing; :func:`_workspace` keeps the intermediate buffers per (sizes,
 device, stream, thread), reused by that thread's next eager call on the same stream (never during
-a CUDA graph capture, whose buffers belong to the graph). :func:`_quantize` is the activations'
+a CUDA graph capture, whose buffers belong to the graph, nor for a call through the op:
+:func:`moe_spec.ops.through_op`). :func:`_quantize` is the activations'
 quantization (amax, then E4M3 and scales) as both GEMMs' inputs need it.
 """
 
@@ -16,6 +17,7 @@ from collections import OrderedDict
 
 import torch
 
+from moe_spec.ops import through_op
 from moe_spec.quant import FP8_DTYPE, WHOLE, get_format
 from moe_spec.validate import (
     BAD_A1_SCALE,
@@ -273,7 +275,7 @@ def _workspace_of(sizes: tuple) -> dict:
     device = sizes[7]
     stream = None
     if device.type == "cuda":
-        if torch.cuda.is_current_stream_capturing():
+        if torch.cuda.is_current_stream_capturing() or through_op():
             return _buffers(*sizes)
         stream = torch.cuda.current_stream(device).cuda_stream
     key = (sizes, stream, threading.get_ident())
