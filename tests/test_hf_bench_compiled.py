@@ -102,3 +102,33 @@ def test_compiled_rows(tmp_path):
     assert res["setup"]["compiled"] == ["triton_moe", "cute_moe"] and res["setup"]["compile_modes"] == ["default"]
     md = next(tmp_path.glob("hf_bench_*.md")).read_text()
     assert "| compile |" in md and "| bf16 | triton_moe | default |" in md and "| bf16 | triton_moe |  |" in md
+
+
+def test_decode_batches_speedups_and_a_second_run_beside_the_first(tmp_path):
+    """--decode-batch 1,2: one decode measurement per batch (ms per step = batch / rate), a speed-up
+    table over grouped_mm, and a second run on the same day writes ``…_2`` instead of overwriting."""
+    argv = ("--implementations", "grouped_mm,triton_moe", "--decode-batch", "1,2")
+    res = run(tmp_path, *argv)
+    rows = {r["implementation"]: r for r in res["rows"]}
+    assert all(r["status"] == "ok" for r in rows.values()), [r["status"] for r in rows.values()]
+    for r in rows.values():
+        assert set(r["decode"]) == {"1", "2"}
+        for b, d in r["decode"].items():
+            assert d["ms_per_step"] == pytest.approx(1e3 * int(b) / d["tokens_per_s"])
+        assert r["decode_tokens_per_s"] == r["decode"]["1"]["tokens_per_s"]
+    assert res["setup"]["decode_batch"] == [1, 2]
+    (md,) = tmp_path.glob("hf_bench_*.md")
+    text = md.read_text()
+    assert "| decode b1 ms/step | decode b2 ms/step |" in text
+    speedup = text.split("Speed-up over grouped_mm")[1]
+    g, t = rows["grouped_mm"], rows["triton_moe"]
+    assert f"| bf16 | triton_moe |  | {g['prefill_ms'] / t['prefill_ms']:.2f}× |" in speedup
+    assert "| grouped_mm |" not in speedup
+    run(tmp_path, *argv)
+    assert sorted(p.name for p in tmp_path.glob("hf_bench_*.md")) == [md.name, md.stem + "_2.md"]
+
+
+@pytest.mark.parametrize("text", ["0", "1,1", "a", ""])
+def test_bad_decode_batches_are_named(text):
+    with pytest.raises(SystemExit):
+        hf_bench.parse_args(["--decode-batch", text])

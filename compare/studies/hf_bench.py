@@ -9,10 +9,11 @@ module with 128×128 blocks, :func:`compare.hf_experts.quantize_experts`; the ot
 
 * prefill — one forward over ``--prefill`` tokens (batch × length), the last position's logits
   only, as ``generate`` does; median wall time of ``--reps`` runs after a warm-up;
-* decode — greedy steps of ``--decode-batch`` sequences on a KV cache after a prompt of
-  ``--decode-prompt`` tokens: tokens per second over ``--decode-steps`` steps (eager PyTorch, no
-  CUDA graphs: host time is part of every step, as in a plain ``generate``);
-* rel L2 — the full logits of the decode prompt against eager bf16's (FP8 rows: what
+* decode — greedy steps of ``--decode-batch`` sequences (a comma-separated list: one measurement
+  per batch) on a KV cache after a prompt of ``--decode-prompt`` tokens: tokens per second and ms
+  per step over ``--decode-steps`` steps (eager PyTorch, no CUDA graphs: host time is part of every
+  step, as in a plain ``generate``);
+* rel L2 — the full logits of the (first batch's) decode prompt against eager bf16's (FP8 rows: what
   quantization and kernel cost together), a check that the timed thing computes the model;
 * first call — wall time of the warm-up prefill: JIT compilation included, with whatever on-disk
   kernel cache the machine had (a second run on the same machine is faster).
@@ -30,11 +31,14 @@ row with the reason.
 An implementation that fails to load or run (deepgemm and sonicmoe fetch kernels from the Hub;
 transformers' FP8 grouped_mm / batched_mm / eager need its finegrained-fp8 Hub kernel) becomes a row
 with the reason. ``--deadline-s`` bounds the run: rows past it are recorded as skipped, and the
-JSON and markdown files are rewritten after every row.
+JSON and markdown files are rewritten after every row. The markdown ends with each row's speed-up
+over grouped_mm of the same format and compile mode. A run never overwrites another's files: a
+second run on the same day in the same ``--out`` writes ``…_2``, ``…_3``.
 """
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import json
 import statistics
@@ -169,7 +173,14 @@ def inputs(model, spec):
     """(prefill tokens [batch, length], decode prompt [decode_batch, decode_prompt]): the same for every row."""
     g = torch.Generator().manual_seed(1)
     draw = lambda shape: torch.randint(0, model.config.vocab_size, shape, generator=g).to(model.device)  # noqa: E731
-    return draw(tuple(spec.prefill)), draw((spec.decode_batch, spec.decode_prompt))
+    return draw(tuple(spec.prefill)), {b: draw((b, spec.decode_prompt)) for b in spec.decode_batch}
+
+
+def _decode_rows(row: dict, rates: dict) -> None:
+    """Record the decode rate of each batch (tokens/s and ms per step); the first batch's rate is
+    also ``decode_tokens_per_s``."""
+    row["decode"] = {str(b): {"tokens_per_s": r, "ms_per_step": 1e3 * b / r} for b, r in rates.items()}
+    row["decode_tokens_per_s"] = next(iter(rates.values()))
 
 
 @torch.no_grad()
@@ -191,9 +202,9 @@ def measure(model, implementation: str, fmt: str, spec, reference) -> dict:
         times = [_seconds(lambda: model(prefill, logits_to_keep=1), device) for _ in range(spec.reps)]
         row["prefill_ms"] = 1e3 * statistics.median(times)
         row["prefill_tokens_per_s"] = batch * length / statistics.median(times)
-        logits = model(prompt).logits
+        logits = model(next(iter(prompt.values()))).logits
         row["rel_l2_vs_eager_bf16"] = rel_l2(logits, reference)
-        row["decode_tokens_per_s"] = _decode_rate(model, prompt, spec.decode_steps)
+        _decode_rows(row, {b: _decode_rate(model, p, spec.decode_steps) for b, p in prompt.items()})
         row["status"] = "ok"
     except Exception as exc:  # noqa: BLE001 - a failing implementation is a row, not the end of the run
         row["status"] = "not available: " + _reason(exc)
@@ -226,9 +237,10 @@ def measure_compiled(
         times = [_seconds(call, device) for _ in range(spec.reps)]
         row["prefill_ms"] = 1e3 * statistics.median(times)
         row["prefill_tokens_per_s"] = batch * length / statistics.median(times)
-        logits = compiled(prompt, use_cache=False).logits.clone()
+        logits = compiled(next(iter(prompt.values())), use_cache=False).logits.clone()
         row["rel_l2_vs_eager_bf16"] = rel_l2(logits, reference)
-        row["decode_tokens_per_s"] = _decode_rate(model, prompt, spec.decode_steps, forward=compiled)
+        rates = {b: _decode_rate(model, p, spec.decode_steps, forward=compiled) for b, p in prompt.items()}
+        _decode_rows(row, rates)
         row["status"] = "ok"
     except Exception as exc:  # noqa: BLE001 - a model that does not compile is a row, not the end of the run
         row["status"] = "not available: " + _reason(exc)
@@ -242,6 +254,7 @@ def write(out: Path, stem: str, results: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
     s = results["setup"]
+    batches = ", ".join(map(str, s["decode_batch"]))
     lines = [
         f"# transformers experts implementations, whole model — {results['device']}",
         "",
@@ -252,25 +265,66 @@ def write(out: Path, stem: str, results: dict) -> None:
         f"transformers {results['transformers']}",
         f"- model: {s['model']} layer shapes, {s['layers']} decoder layers, random weights, bf16 "
         f"(FP8 rows: experts only, 128×128 blocks); prefill {s['prefill'][0]}×{s['prefill'][1]} tokens "
-        f"(median of {s['reps']}); decode batch {s['decode_batch']}, {s['decode_steps']} steps after a "
+        f"(median of {s['reps']}); decode batch {batches}, {s['decode_steps']} steps after a "
         f"{s['decode_prompt']}-token prompt",
         "- whole-model times: attention, norms, router and lm_head are in every row; only the experts differ",
         "- compile: empty for the eager model; else `torch.compile(model, fullgraph=True, dynamic=False, mode=...)` "
         "(prefill without a KV cache, decode on a static cache; first call = the prefill's compilation)",
         "",
-        "| format | implementation | compile | prefill ms | prefill tok/s | decode tok/s | first call s "
-        "| rel L2 vs eager bf16 | status |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| format | implementation | compile | prefill ms | prefill tok/s | "
+        + "".join(f"decode b{b} ms/step | " for b in s["decode_batch"])
+        + "first call s | rel L2 vs eager bf16 | status |",
+        "|---|---|---|---|---|" + "---|" * len(s["decode_batch"]) + "---|---|---|",
     ]
     fmt = lambda v, f: "" if v is None else format(v, f)  # noqa: E731
+    step = lambda r, b: r.get("decode", {}).get(str(b), {}).get("ms_per_step")  # noqa: E731
     for r in results["rows"]:
         lines.append(
             f"| {r['format']} | {r['implementation']} | {r.get('compile') or ''} | {fmt(r.get('prefill_ms'), '.2f')} | "
-            f"{fmt(r.get('prefill_tokens_per_s'), '.0f')} | {fmt(r.get('decode_tokens_per_s'), '.0f')} | "
-            f"{fmt(r.get('first_call_s'), '.1f')} | {fmt(r.get('rel_l2_vs_eager_bf16'), '.2e')} | "
-            f"{r['status']} |"
+            f"{fmt(r.get('prefill_tokens_per_s'), '.0f')} | "
+            + "".join(f"{fmt(step(r, b), '.2f')} | " for b in s["decode_batch"])
+            + f"{fmt(r.get('first_call_s'), '.1f')} | {fmt(r.get('rel_l2_vs_eager_bf16'), '.2e')} | {r['status']} |"
+        )
+    lines += ["", "Speed-up over grouped_mm of the same format and compile mode (its time over the row's):", ""]
+    lines += [
+        "| format | implementation | compile | prefill | " + "".join(f"decode b{b} | " for b in s["decode_batch"]),
+        "|---|---|---|---|" + "---|" * len(s["decode_batch"]),
+    ]
+    base = {
+        (r["format"], r.get("compile")): r
+        for r in results["rows"]
+        if r["implementation"] == "grouped_mm" and r["status"] == "ok"
+    }
+    ratio = lambda a, b: "" if a is None or b is None else f"{a / b:.2f}×"  # noqa: E731
+    for r in results["rows"]:
+        g = base.get((r["format"], r.get("compile")))
+        if g is None or r["status"] != "ok" or r is g:
+            continue
+        lines.append(
+            f"| {r['format']} | {r['implementation']} | {r.get('compile') or ''} | "
+            f"{ratio(g.get('prefill_ms'), r.get('prefill_ms'))} | "
+            + "".join(f"{ratio(step(g, b), step(r, b))} | " for b in s["decode_batch"])
         )
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+
+
+def _batches(text: str) -> tuple:
+    try:
+        batches = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}") from None
+    if not batches or min(batches) < 1 or len(set(batches)) != len(batches):
+        raise argparse.ArgumentTypeError(f"expected distinct positive integers, got {text!r}")
+    return batches
+
+
+def _free_stem(out: Path, stem: str) -> str:
+    """``stem``, or ``stem_2``, ``stem_3``… — the first whose files do not exist in ``out`` yet."""
+    n, free = 1, stem
+    while (out / f"{free}.json").exists() or (out / f"{free}.md").exists():
+        n += 1
+        free = f"{stem}_{n}"
+    return free
 
 
 def parse_args(argv=None):
@@ -283,7 +337,12 @@ def parse_args(argv=None):
         default=(1, 1024),
         help="BATCHxLENGTH of the prefill (default 1x1024)",
     )
-    ap.add_argument("--decode-batch", type=int, default=8)
+    ap.add_argument(
+        "--decode-batch",
+        type=_batches,
+        default=(8,),
+        help="decode batch sizes, comma-separated: one decode measurement each (default 8)",
+    )
     ap.add_argument("--decode-steps", type=int, default=32)
     ap.add_argument("--decode-prompt", type=int, default=128, help="prompt length before the decode steps")
     ap.add_argument("--reps", type=int, default=5)
@@ -344,7 +403,7 @@ def main(argv=None) -> dict:
             "layers": args.layers,
             "prefill": list(args.prefill),
             "reps": args.reps,
-            "decode_batch": args.decode_batch,
+            "decode_batch": list(args.decode_batch),
             "decode_steps": args.decode_steps,
             "decode_prompt": args.decode_prompt,
             "compiled": compiled,
@@ -352,11 +411,11 @@ def main(argv=None) -> dict:
             "compile_backend": args.compile_backend,
         },
     }
-    stem = f"hf_bench_{args.model}_{results['date'][:10]}"
+    stem = _free_stem(args.out, f"hf_bench_{args.model}_{results['date'][:10]}")
     model = build_model(args.model, args.layers, args.device, json.loads(args.config))
     with torch.no_grad():
         model.set_experts_implementation("eager")
-        reference = model(inputs(model, args)[1]).logits
+        reference = model(next(iter(inputs(model, args)[1].values()))).logits
     for fmt in formats:
         if fmt == "fp8_block":
             hx.quantize_experts(model, "block")
