@@ -43,7 +43,6 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_ptr
 from cutlass.memory import SmemAllocator
 
 from .alignsteps import (  # noqa: F401
@@ -69,6 +68,7 @@ from .alignsteps import (  # noqa: F401
     place_slice,
 )
 from .cache import compile_once
+from .runtime import fake_pointer, fake_stream, fake_vector
 
 
 def place_ctas(num_pairs: int, rows: int) -> int:
@@ -346,9 +346,8 @@ def compile_align_kernels(ids_dtype: torch.dtype = torch.int32, *, keep_ptx: boo
         raise TypeError(f"ids_dtype: expected torch.int32 or torch.int64, got {ids_dtype}")
 
     def build(options):
-        vec = lambda dt: make_fake_compact_tensor(dt, (cute.sym_int(),), assumed_align=dt.width // 8)  # noqa: E731
-        i32, i64, f32, stream = cutlass.Int32, cutlass.Int64, cutlass.Float32, make_fake_stream()
-        ptr = lambda dt: make_ptr(dt, 0, cute.AddressSpace.gmem, assumed_align=dt.width // 8)  # noqa: E731
+        vec, ptr = fake_vector, fake_pointer
+        i32, i64, f32, stream = cutlass.Int32, cutlass.Int64, cutlass.Float32, fake_stream()
         ids, counts = ptr(ID_DTYPES[ids_dtype]), vec(i32)
         return {
             "count": cute.compile(CountExperts(), ids, i32(1), counts, i32(1), stream, options=options),

@@ -5,6 +5,8 @@ format, an index dtype, the grid size — never by tensors: the kernels are comp
 symbolic extents and strides (:mod:`cute_moe.runtime`'s ``fake_*`` stand-ins), so one compile
 serves every batch, routing and expert load, as QuACK's jit cache keys on dtypes and constants.
 :func:`compile_count` counts the DSL's runs: a T sweep or a new routing must leave it unchanged.
+Every kernel compiles with the DSL's TVM-FFI calling convention (:func:`ptx_options`), so it is
+called with torch tensors as they are (:mod:`cute_moe.runtime`).
 This module imports nothing of the package, so no kernel module sits above another to compile.
 """
 
@@ -24,15 +26,21 @@ def compile_count() -> int:
     return _compiles
 
 
-def ptx_options(keep_ptx: bool) -> str | None:
-    """``cute.compile``'s options: with ``keep_ptx`` the compiled object keeps its PTX (``.__ptx__``);
-    the file the DSL writes goes to a private temporary directory, never the working directory."""
+TVM_FFI = "--enable-tvm-ffi"
+"""The DSL's TVM-FFI calling convention: the compiled function takes torch tensors, ints and the
+environment stream directly (its host side only; the kernels' PTX is the same)."""
+
+
+def ptx_options(keep_ptx: bool) -> str:
+    """``cute.compile``'s options: always :data:`TVM_FFI`; with ``keep_ptx`` the compiled object also
+    keeps its PTX (``.__ptx__``), the file the DSL writes going to a private temporary directory,
+    never the working directory."""
     global _dump_dir
     if not keep_ptx:
-        return None
+        return TVM_FFI
     if _dump_dir is None:
         _dump_dir = tempfile.mkdtemp(prefix="cute_moe_ptx_")
-    return f"--keep-ptx --dump-dir {_dump_dir}"
+    return f"{TVM_FFI} --keep-ptx --dump-dir {_dump_dir}"
 
 
 def compile_once(key: tuple, build, *, keep_ptx: bool = False):

@@ -13,7 +13,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90
 from cutlass.cute.nvgpu import cpasync
-from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor
+from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_tensor
 from cutlass.tensor_utils import LayoutEnum
 
 from moe_spec.hopper import sm_count
@@ -21,7 +21,7 @@ from moe_spec.hopper import sm_count
 from .cache import compile_once
 from .config import GemmConfig
 from .gemm import GroupedGemm
-from .runtime import fake_scales
+from .runtime import fake_scales, fake_stream
 
 DSL_DTYPES = {"bfloat16": cutlass.BFloat16, "float8_e4m3fn": cutlass.Float8E4M3FN, "float32": cutlass.Float32}
 """GemmConfig's dtype names → the DSL's element types."""
@@ -245,7 +245,7 @@ def fake_arguments(cfg: GemmConfig, index_dtype: str = INDEX_DTYPE):
     block_expert = make_fake_compact_tensor(cutlass.Int32, (cute.sym_int(),), assumed_align=4)
     num_blocks = make_fake_compact_tensor(cutlass.Int32, (cute.sym_int(),), assumed_align=4)
     row_scale = make_fake_compact_tensor(cutlass.Float32, (cute.sym_int(),), assumed_align=4)
-    args = (x, w, c, block_expert, num_blocks, row_scale, make_fake_stream())
+    args = (x, w, c, block_expert, num_blocks, row_scale, fake_stream())
     if cfg.gather_rows:
         if index_dtype not in INDEX_DTYPES:
             raise ValueError(f"index_dtype={index_dtype!r}: token indices are one of {tuple(INDEX_DTYPES)}")

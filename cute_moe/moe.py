@@ -17,6 +17,7 @@ CUDA graph and a new routing recompiles nothing; buffers are sized by the host-k
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import OrderedDict
 
@@ -28,19 +29,16 @@ from moe_spec.ops import through_op
 from moe_spec.quant import FP8_DTYPE, activation_scale_shape
 from moe_spec.validate import Limits, MoEDims, check_runs_on, error_word, surface_errors, validate_moe_args
 
+from . import moe_fp8, rowmaps
 from .alignops import MAX_EXPERTS
 from .config import GemmConfig
-from .gemm_plan import compile_gemm
+from .gemm_plan import INDEX_DTYPE, compile_gemm
 from .limits import ALIGN_ELEMS
 from .moe_fp8 import amax_sizes, quantize_intermediate, quantize_tokens, sorted_token_scales
 from .plan import LayerPlan, plan
-from .rowmaps import RowBuffers, SortedRows, sort_rows_on_device, split_blocks
+from .rowmaps import RowBuffers, SortedRows, place_rows, sort_rows_on_device, split_blocks
 from .rowops import compile_row_kernels
-from .runtime import current_stream as _stream
-from .runtime import cute_scale, keep, release
-from .runtime import cute_tensor as _cute_tensor
-from .runtime import cute_vector as _cute_vector
-from .runtime import cute_weight as _cute_weight
+from .runtime import ffi_function
 from .unfused import scale_rows, weighted_combine
 
 #: What this backend adds to the contract (moe_spec.validate.Limits): every surface checks it.
@@ -98,6 +96,28 @@ def check_gemm_shape(n_out: int, k: int, cfg: GemmConfig | None = None) -> None:
             )
 
 
+def _gemm_args(cfg: GemmConfig, x, w, out, blocks, row_scale, x_scale=None, w_scale=None, rows=None) -> tuple:
+    """The compiled GEMM's arguments (``gemm_plan.GemmLaunch``; no stream: the environment's): the
+    weight seen as (N_out, K, E) — gated: (I, K, half, E), gate 0 / up 1 — the expert being TMA's last
+    coordinate, C as its transpose view under swap-AB, and None where the config was compiled without
+    an operand (the scales of a bf16 config, the token indices of a non-gathering one)."""
+    if cfg.gated:
+        w = w.unflatten(1, (2, w.shape[1] // 2)).permute(2, 3, 1, 0)
+    else:
+        w = w.permute(1, 2, 0)
+    return (
+        x,
+        w,
+        out.t() if cfg.swap_ab else out,
+        blocks[0],
+        blocks[1],
+        row_scale,
+        x_scale,
+        w_scale,
+        rows.token_of_row if cfg.gather_rows else None,
+    )
+
+
 def grouped_gemm(
     x_sorted: torch.Tensor,
     w: torch.Tensor,
@@ -149,19 +169,8 @@ def grouped_gemm(
     if row_scale is None:
         row_scale = rows.weight_of_row  # a valid fp32 buffer the kernel never reads
     index_dtype = str(rows.token_of_row.dtype).removeprefix("torch.")  # read by a gather_rows kernel only
-    compiled = compile_gemm(cfg, sm_count(x_sorted.device), index_dtype=index_dtype)
-    compiled(
-        _cute_tensor(x_sorted, 1),
-        # (N_out, K, E): the expert is TMA's 3rd coordinate; gated (I, K, half, E): gate 0 / up 1, then the expert
-        _cute_weight(w.unflatten(1, (2, n_out)).permute(2, 3, 1, 0) if cfg.gated else w.permute(1, 2, 0), 1),
-        _cute_tensor(out.t(), 0) if cfg.swap_ab else _cute_tensor(out, 1),
-        _cute_vector(expert_of_block),
-        _cute_vector(num_blocks),
-        _cute_vector(row_scale),
-        _stream(x_sorted),
-        *(() if cfg.quant is None else (cute_scale(x_scale), cute_scale(w_scale))),
-        *((None, None, _cute_vector(rows.token_of_row)) if cfg.gather_rows else ()),
-    )
+    gemm = ffi_function(compile_gemm(cfg, sm_count(x_sorted.device), index_dtype=index_dtype))
+    gemm(*_gemm_args(cfg, x_sorted, w, out, (expert_of_block, num_blocks), row_scale, x_scale, w_scale, rows))
     return out
 
 
@@ -192,6 +201,12 @@ def fused_moe(
     checked on the host before the first launch — T = 0 included — so bad input never leaves a
     half-run pipeline behind. Static activation scales (``a1_scale``, ``a2_scale``) are not
     implemented here (the activations are quantized with dynamic scales): refused by name.
+
+    Host cost: the checks' verdict is cached per argument signature
+    (:func:`moe_spec.validate.validate_moe_args`), the plan and the compiled launches per call
+    signature (:func:`_call_of`), the buffers per (sizes, device, stream, thread)
+    (:func:`_workspace`); each launch is one call of a TVM-FFI function with the torch tensors
+    (:mod:`cute_moe.runtime`).
     """
     if a1_scale is not None or a2_scale is not None:
         raise ValueError(
@@ -201,63 +216,142 @@ def fused_moe(
     dims = validate_moe_args(
         x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale, limits=LIMITS
     )
-    p = plan(dims, quant, swap_ab=swap_ab, configs=configs, fusion=fusion)
+    if (
+        (swap_ab is None or type(swap_ab) is bool)
+        and (configs is None or type(configs) is tuple)
+        and type(fusion) is str
+        and (quant is None or type(quant) is str)
+    ):
+        c = _call_of(dims, quant, swap_ab, configs, fusion, x.device, topk_ids.dtype)
+    else:  # raises, naming the option (or an option of an unusual type: planned at every call)
+        c = _Call(plan(dims, quant, swap_ab=swap_ab, configs=configs, fusion=fusion), dims, x.device, topk_ids.dtype)
     check_runs_on(x.device, LIMITS)  # T = 0 included: what T = 1 refuses, T = 0 refuses
     surface_errors(x.device)  # an earlier call's failed data check raises here (moe_spec.contract)
     if dims.T == 0:
         return x.new_empty((0, dims.K))
     # The routing data is checked on the device, without a sync, by the alignment's place kernel
-    # (guard_routing's meaning): an id outside [0, E) is clamped and its pair weighted NaN, and the
+    # (guard_routing's meaning): an id outside [0, E), is clamped and its pair weighted NaN, and the
     # error word says why.  Its buffers and the layer's are the workspace of this shape and stream.
-    ws = _workspace(dims, p, x.device)
-    rows = sort_rows(
-        topk_ids,
-        topk_weights,
-        dims.E,
-        p.align_tile,
-        (p.gemm1.tokens_tile, p.gemm2.tokens_tile),
-        word=ws["word"],
-        buffers=ws["rows"],
-    )
-    if quant is not None:
-        return _fp8_layer(x, w1, w2, w1_scale, w2_scale, topk_weights, p, rows, ws)
-    # gather_rows: GEMM1 reads x by token index; gated: SiLU·up in GEMM1's epilogue, [M_pad, I] straight out
-    x_sorted = x if p.gemm1.gather_rows else gather_rows(x, rows, out=ws["x_sorted"])
-    h = grouped_gemm(x_sorted, w1, rows, p.gemm1, out=ws["h"])
-    a = h if p.gemm1.gated else silu_mul(h, rows)
+    f = c.launches or c.bind()
+    ws = _workspace(c)
+    bufs = ws["rows"]
+    place_rows(f["count"], f["place"], topk_ids.data_ptr(), topk_weights.data_ptr(), bufs, ws["word"])
+    rows = bufs.rows
+    p = c.plan
     if p.fusion == "separate":
-        y = grouped_gemm(a, w2, rows, p.gemm2, out=ws["y"])
-        return weighted_combine(y, rows.row_of_pair, rows.weight_of_pair.view(dims.T, dims.top_k), quant)
-    y = grouped_gemm(a, w2, rows, p.gemm2, row_scale=rows.weight_of_row, out=ws["y"])
-    return combine(y, rows, dims.T, dims.top_k)
+        return _separate_layer(x, w1, w2, w1_scale, w2_scale, p, rows, ws)
+    if quant is not None:
+        return _fp8_layer(f, x, w1, w2, w1_scale, w2_scale, p, rows, ws)
+    # gather_rows: GEMM1 reads x by token index; gated: SiLU·up in GEMM1's epilogue, [M_pad, I] straight out
+    num_padded = rows.alignment.num_padded
+    if p.gemm1.gather_rows:
+        x_sorted = x
+    else:
+        x_sorted = ws["x_sorted"]
+        f["gather"](x, x_sorted, rows.token_of_row, num_padded)
+    h = ws["h"]
+    f["gemm1"](*_gemm_args(p.gemm1, x_sorted, w1, h, rows.blocks[p.gemm1.tokens_tile], rows.weight_of_row, rows=rows))
+    if p.gemm1.gated:
+        a = h
+    else:
+        a = torch.empty(h.shape[0], h.shape[1] // 2, dtype=h.dtype, device=h.device)
+        f["silu_mul"](h, a, num_padded)
+    y = ws["y"]
+    f["gemm2"](*_gemm_args(p.gemm2, a, w2, y, rows.blocks[p.gemm2.tokens_tile], rows.weight_of_row))
+    out = torch.empty(dims.T, dims.K, dtype=y.dtype, device=y.device)
+    f["combine"](y, out, rows.row_of_pair)
+    return out
 
 
 fused_moe.limits = LIMITS
 
 
-def _fp8_layer(x, w1, w2, w1_scale, w2_scale, topk_weights, p: LayerPlan, rows: SortedRows, ws: dict) -> torch.Tensor:
-    """The W8A8 layer (``moe_fp8``'s docstring): x quantized once, its E4M3 rows gathered (as bf16
-    pairs: the gather moves bytes), GEMM1 to fp32, SiLU·up quantized, GEMM2 with the routing
-    weight, combine — or, ``separate``, with the scale and routing-weight passes of ``unfused``.
-    ``ws``: the workspace (its amax buffers zeroed by the alignment)."""
-    T, top_k = topk_weights.shape
-    quant, separate, al = p.quant, p.fusion == "separate", rows.alignment
+def _fp8_layer(f: dict, x, w1, w2, w1_scale, w2_scale, p: LayerPlan, rows: SortedRows, ws: dict) -> torch.Tensor:
+    """The fused W8A8 layer (``moe_fp8``'s docstring), launch by launch into the workspace ``ws`` (its
+    amax buffers zeroed by the alignment): x quantized once, its E4M3 rows gathered (as bf16 pairs:
+    the gather moves bytes), GEMM1 to fp32, SiLU·up and its amax, the intermediate quantized, GEMM2
+    with the routing weight, combine.  ``f``: the call's launches (:meth:`_Call.bind`)."""
+    quant, used, num_padded = p.quant, ws["used"], rows.alignment.num_padded
+    xq, x_amax, x_scale = ws["xq"], ws["x_amax"], ws["x_scale"]
+    f["x_amax"](x, x, x_amax, used, used)  # x for `a`, `used` for the row mask: read by the SiLU variant only
+    f["x_quantize"](x, x_amax, xq, x_scale, used)
+    f["gather"](ws["xq_pairs"], ws["x_sorted"], rows.token_of_row, num_padded)
+    x_scale = sorted_token_scales(ws["x_scale_shaped"], rows.token_of_row, quant)
+    h, blocks1, blocks2 = ws["h"], rows.blocks[p.gemm1.tokens_tile], rows.blocks[p.gemm2.tokens_tile]
+    f["gemm1"](*_gemm_args(p.gemm1, ws["x_sorted_e4m3"], w1, h, blocks1, rows.weight_of_row, x_scale, w1_scale))
+    a, a_amax = ws["a"], ws["a_amax"]
+    f["silu_amax"](h, a, a_amax, rows.row_mask, num_padded)
+    f["a_quantize"](a, a_amax, ws["aq"], ws["a_scale"], num_padded)
+    y = ws["y"]
+    f["gemm2"](*_gemm_args(p.gemm2, ws["aq"], w2, y, blocks2, rows.weight_of_row, ws["a_scale_shaped"], w2_scale))
+    out = torch.empty(x.shape[0], y.shape[1], dtype=y.dtype, device=y.device)
+    f["combine"](y, out, rows.row_of_pair)
+    return out
+
+
+def _separate_layer(x, w1, w2, w1_scale, w2_scale, p: LayerPlan, rows: SortedRows, ws: dict) -> torch.Tensor:
+    """The unfused pipeline (``fusion="separate"``, :mod:`cute_moe.unfused`: the reference the fused
+    one is measured against) through the step functions: scales and routing weight in passes of
+    their own.  ``ws``: the workspace (its amax buffers zeroed by the alignment)."""
+    T = x.shape[0]
+    quant, al = p.quant, rows.alignment
+    weights = rows.weight_of_pair.view(T, -1)
+    if quant is None:
+        x_sorted = gather_rows(x, rows, out=ws["x_sorted"])
+        h = grouped_gemm(x_sorted, w1, rows, p.gemm1, out=ws["h"])
+        y = grouped_gemm(silu_mul(h, rows), w2, rows, p.gemm2, out=ws["y"])
+        return weighted_combine(y, rows.row_of_pair, weights, quant)
     xq, x_scale = quantize_tokens(x, quant, amax=ws["x_amax"], out=(ws["xq"], ws["x_scale"]))
     x_sorted = gather_rows(xq.view(torch.bfloat16), rows, out=ws["x_sorted"]).view(FP8_DTYPE)
     x_scale = sorted_token_scales(x_scale, rows.token_of_row, quant)
     h = grouped_gemm(x_sorted, w1, rows, p.gemm1, x_scale=x_scale, w_scale=w1_scale, out=ws["h"])
-    if separate:
-        scale_rows(h, al, x_scale, w1_scale, quant)
+    scale_rows(h, al, x_scale, w1_scale, quant)
     aq, a_scale = quantize_intermediate(h, rows, quant, amax=ws["a_amax"], out=ws["a"], q_out=(ws["aq"], ws["a_scale"]))
-    if not separate:
-        y = grouped_gemm(
-            aq, w2, rows, p.gemm2, row_scale=rows.weight_of_row, x_scale=a_scale, w_scale=w2_scale, out=ws["y"]
-        )
-        return combine(y, rows, T, top_k)
     y = grouped_gemm(aq, w2, rows, p.gemm2, x_scale=a_scale, w_scale=w2_scale, out=ws["y"])
-    return weighted_combine(
-        scale_rows(y, al, a_scale, w2_scale, quant), rows.row_of_pair, rows.weight_of_pair.view(T, top_k), quant
-    )
+    return weighted_combine(scale_rows(y, al, a_scale, w2_scale, quant), rows.row_of_pair, weights, quant)
+
+
+class _Call:
+    """What a ``fused_moe`` call takes from its plan, found once per call signature (:func:`_call_of`):
+    the plan, the sizes its workspace depends on and — bound at the first launch (:meth:`bind`) —
+    the compiled launches of its pipeline as bare TVM-FFI functions (:func:`cute_moe.runtime.ffi_function`)."""
+
+    __slots__ = ("plan", "dims", "device", "ids_dtype", "sizes", "launches")
+
+    def __init__(self, p: LayerPlan, dims: MoEDims, device, ids_dtype):
+        self.plan, self.dims, self.device, self.ids_dtype = p, dims, device, ids_dtype
+        g1, g2 = p.gemm1, p.gemm2
+        self.sizes = (dims, p.quant, p.align_tile, (g1.tokens_tile, g2.tokens_tile), g1.gated, g1.gather_rows, device)
+        self.launches: dict | None = None
+
+    def bind(self) -> dict:
+        """Compile (or find in the compile cache) every kernel the plan launches and keep their TVM-FFI
+        functions: ``count`` and ``place`` (the alignment, for the ids' dtype), ``gemm1``, ``gemm2``,
+        the row kernels and, under FP8, the quantization's kernels."""
+        p, n = self.plan, sm_count(self.device)
+        align = rowmaps.compile_align_kernels(self.ids_dtype)
+        f = {"count": align["count"], "place": align["place"]}
+        f["gemm1"] = compile_gemm(p.gemm1, n, index_dtype=INDEX_DTYPE)  # SortedRows.token_of_row: int64
+        f["gemm2"] = compile_gemm(p.gemm2, n, index_dtype=INDEX_DTYPE)
+        row = _row_kernels(self.device)
+        f.update(gather=row["gather"], silu_mul=row["silu_mul"], combine=row["combine"])
+        if p.quant is not None:
+            q = moe_fp8.compile_quant_kernels(p.quant, n)
+            f.update((name, q[name]) for name in ("x_amax", "x_quantize", "silu_amax", "a_quantize"))
+        self.launches = {name: ffi_function(fn) for name, fn in f.items()}
+        return self.launches
+
+
+@functools.lru_cache(maxsize=1024)
+def _call_of(dims: MoEDims, quant, swap_ab, configs, fusion, device, ids_dtype) -> _Call:
+    """The :class:`_Call` of one call signature (its plan raises, naming a bad option, and is not cached)."""
+    return _Call(plan(dims, quant, swap_ab=swap_ab, configs=configs, fusion=fusion), dims, device, ids_dtype)
+
+
+def forget_calls() -> None:
+    """Drop the cached plans and bound launches (after a module constant they read changed, or a
+    compile function was stood in for: ``cute_moe.lab.bench_align.gpu_stand_in``)."""
+    _call_of.cache_clear()
 
 
 #: Workspaces kept (least recently used dropped first): one per (sizes, plan tiles, device, stream, thread).
@@ -265,34 +359,37 @@ WORKSPACES = 8
 _workspaces: OrderedDict = OrderedDict()
 
 
-def _workspace(dims: MoEDims, p: LayerPlan, device) -> dict:
-    """The buffers of one call — the alignment's outputs (:class:`~cute_moe.rowmaps.RowBuffers`),
-    X_sorted, H and Y (FP8: also A in fp32 and the two amax buffers, which the alignment zeroes) —
-    reused by the eager calls of one stream and thread: the stream orders each call after the
-    last, and the returned output is always a new tensor.  Their CuTe
-    wrappers are made once (``runtime.keep``).  Fresh, and not kept, while a CUDA graph is being
-    captured: a graph owns the buffers it was captured with; so does a call through the op
+def _workspace(c: _Call) -> dict:
+    """The buffers of a call of ``c`` — the alignment's outputs (:class:`~cute_moe.rowmaps.RowBuffers`),
+    X_sorted, H and Y (FP8: also A in fp32, the two amax buffers, which the alignment zeroes, the
+    quantized activations and their scales, and the views the launches take of them) — reused by
+    the eager calls of one stream and thread: the stream orders each call after the last, and the
+    returned output is always a new tensor.  Fresh while a CUDA graph is being captured (a graph
+    owns the buffers it was captured with), and so for a call through the op
     (:func:`moe_spec.ops.through_op`)."""
-    capturing = torch.cuda.is_current_stream_capturing() or through_op()
-    stream = torch.cuda.current_stream(device).cuda_stream
-    tiles = (p.gemm1.tokens_tile, p.gemm2.tokens_tile)
-    key = (
-        dims,
-        p.quant,
-        p.align_tile,
-        tiles,
-        p.gemm1.gated,
-        p.gemm1.gather_rows,
-        device,
-        stream,
-        threading.get_ident(),
-    )
-    ws = None if capturing else _workspaces.get(key)
-    if ws is not None:
+    device = c.device
+    stream = None
+    if device.type == "cuda":
+        if torch.cuda.is_current_stream_capturing() or through_op():
+            return _buffers(c)
+        stream = torch.cuda.current_stream(device).cuda_stream
+    key = (c.sizes, stream, threading.get_ident())
+    ws = _workspaces.get(key)
+    if ws is None:
+        ws = _workspaces[key] = _buffers(c)
+        if len(_workspaces) > WORKSPACES:
+            _workspaces.popitem(last=False)
+    else:
         _workspaces.move_to_end(key)
-        return ws
+    return ws
+
+
+def _buffers(c: _Call) -> dict:
+    """New buffers of :func:`_workspace` for ``c``."""
+    dims, p, device = c.dims, c.plan, c.device
     rows = max_rows(dims.T * dims.top_k, dims.E, p.align_tile)
     n_x, n_a = amax_sizes(p.quant, dims.T, rows, dims.K, dims.I) if p.quant else (0, 0)
+    tiles = (p.gemm1.tokens_tile, p.gemm2.tokens_tile)
     bufs = RowBuffers(dims.T, dims.top_k, dims.E, p.align_tile, tiles, device, zeroed=n_x + n_a)
     new = lambda cols, dtype=torch.bfloat16: torch.empty(rows, cols, dtype=dtype, device=device)  # noqa: E731
     ws = dict(
@@ -312,23 +409,14 @@ def _workspace(dims: MoEDims, p: LayerPlan, device) -> dict:
             aq=new(dims.I, FP8_DTYPE),
             x_scale=torch.empty(n_x, dtype=torch.float32, device=device),
             a_scale=torch.empty(n_a, dtype=torch.float32, device=device),
+            used=torch.full((1,), dims.T, dtype=torch.int32, device=device),  # x's rows, for its quantization
         )
-    if not capturing:
-        keep(ws["word"])  # it lives as long as the process
-        ws["kept"] = [t for name, t in ws.items() if name not in ("rows", "word")] + list(bufs.tensors())
-        ws["kept"] += [ws["h"].t(), ws["y"].t()]  # the swap-AB GEMM's view of its output
-        if p.quant is not None:  # the views the FP8 steps pass on: E4M3 rows as bf16 pairs, scales in shape
-            shape = activation_scale_shape(p.quant, dims.T, dims.K)
-            ws["kept"] += [
-                ws["xq"].view(torch.bfloat16),
-                ws["x_scale"].view(shape),
-                ws["a_scale"].view(rows, -1) if p.quant == "fp8_block" else ws["a_scale"],
-            ]
-        keep(*ws["kept"])
-        _workspaces[key] = ws
-        if len(_workspaces) > WORKSPACES:
-            _, old = _workspaces.popitem(last=False)
-            release(*old["kept"])
+        ws.update(  # the views the launches take: E4M3 rows as bf16 pairs and back, scales in their shapes
+            xq_pairs=ws["xq"].view(torch.bfloat16),
+            x_sorted_e4m3=ws["x_sorted"].view(FP8_DTYPE),
+            x_scale_shaped=ws["x_scale"].view(activation_scale_shape(p.quant, dims.T, dims.K)),
+            a_scale_shaped=ws["a_scale"].view(rows, -1) if p.quant == "fp8_block" else ws["a_scale"],
+        )
     return ws
 
 
@@ -355,13 +443,7 @@ def gather_rows(x: torch.Tensor, rows: SortedRows, *, out: torch.Tensor | None =
         raise ValueError(
             f"gather_rows: out is {out.dtype} {list(out.shape)}, expected {x.dtype} {[rows.rows, x.shape[1]]}"
         )
-    _row_kernels(x.device)["gather"](
-        _cute_tensor(x, 1),
-        _cute_tensor(out, 1),
-        _cute_vector(rows.token_of_row),
-        _cute_vector(rows.alignment.num_padded),
-        _stream(x),
-    )
+    _row_kernels(x.device)["gather"](x, out, rows.token_of_row, rows.alignment.num_padded)
     return out
 
 
@@ -370,9 +452,7 @@ def silu_mul(h: torch.Tensor, rows: SortedRows) -> torch.Tensor:
     m_pad, two_i = h.shape
     _check_row_width("silu_mul", "h.shape[1] (2I)", two_i, 2 * ALIGN_ELEMS)  # each half whole vectors
     a = torch.empty(m_pad, two_i // 2, dtype=h.dtype, device=h.device)
-    _row_kernels(h.device)["silu_mul"](
-        _cute_tensor(h, 1), _cute_tensor(a, 1), _cute_vector(rows.alignment.num_padded), _stream(h)
-    )
+    _row_kernels(h.device)["silu_mul"](h, a, rows.alignment.num_padded)
     return a
 
 
@@ -385,7 +465,5 @@ def combine(y: torch.Tensor, rows: SortedRows, T: int, top_k: int) -> torch.Tens
             f"combine: rows has {rows.row_of_pair.numel()} (token, slot) pairs, T·top_k = {T}·{top_k} = {T * top_k}"
         )
     out = torch.empty(T, y.shape[1], dtype=y.dtype, device=y.device)
-    _row_kernels(y.device)["combine"](
-        _cute_tensor(y, 1), _cute_tensor(out, 1), _cute_vector(rows.row_of_pair), _stream(y)
-    )
+    _row_kernels(y.device)["combine"](y, out, rows.row_of_pair)
     return out

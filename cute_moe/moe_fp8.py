@@ -33,7 +33,6 @@ from moe_spec.quant import FP8_DTYPE, activation_scale_shape
 
 from .quantops import compile_quant_kernels
 from .rowmaps import SortedRows
-from .runtime import current_stream, cute_tensor, cute_vector, keep
 
 
 def _launch_quantize(
@@ -44,11 +43,9 @@ def _launch_quantize(
     quant: str,
     used: torch.Tensor,
     out=None,
-    src_arg=None,
 ):
     """E4M3 copy of ``src`` [rows, cols] and its flat scales, from the flat ``amax``, into ``out``
-    (a workspace's (E4M3 [rows, cols], fp32 like ``amax``)) or new tensors; ``src_arg``: ``src``
-    already wrapped."""
+    (a workspace's (E4M3 [rows, cols], fp32 like ``amax``)) or new tensors."""
     rows, cols = src.shape
     if out is None:
         out = torch.empty(rows, cols, dtype=FP8_DTYPE, device=src.device), torch.empty_like(amax)
@@ -58,14 +55,7 @@ def _launch_quantize(
             f"out: expected (E4M3 [{rows}, {cols}], fp32 {list(amax.shape)}), got "
             f"({q.dtype} {list(q.shape)}, {list(scale.shape)})"
         )
-    kernels[prefix + "_quantize"](
-        cute_tensor(src, 1) if src_arg is None else src_arg,
-        cute_vector(amax),
-        cute_tensor(q, 1),
-        cute_vector(scale),
-        cute_vector(used),
-        current_stream(src),
-    )
+    kernels[prefix + "_quantize"](src, amax, q, scale, used)
     return q, scale
 
 
@@ -84,7 +74,6 @@ def _row_count(n: int, device) -> torch.Tensor:
             if len(_constants) >= _CONSTANTS_MAX:
                 _constants.clear()
             _constants[key] = t
-            keep(t)
     return t
 
 
@@ -114,10 +103,8 @@ def quantize_tokens(
     shape = activation_scale_shape(quant, T, K)
     amax = _zeroed_amax(amax, math.prod(shape), x.device)
     used = _row_count(T, x.device)
-    # stand-ins for the arguments only the SiLU variant reads: x for `a`, `used` for the row mask
-    x_arg, used_arg = cute_tensor(x, 1), cute_vector(used)
-    kernels["x_amax"](x_arg, x_arg, cute_vector(amax), used_arg, used_arg, current_stream(x))
-    q, scale = _launch_quantize(kernels, "x", x, amax, quant, used, out, x_arg)
+    kernels["x_amax"](x, x, amax, used, used)  # x for `a`, `used` for the row mask: read by the SiLU variant only
+    q, scale = _launch_quantize(kernels, "x", x, amax, quant, used, out)
     return q, scale.view(shape)
 
 
@@ -154,14 +141,7 @@ def silu_mul_amax(
     kernels = compile_quant_kernels(quant, sm_count(h.device))
     amax = _zeroed_amax(amax, math.prod(activation_scale_shape(quant, rows, i)), h.device)
     a = torch.empty(rows, i, dtype=torch.float32, device=h.device) if out is None else out
-    kernels["silu_amax"](
-        cute_tensor(h, 1),
-        cute_tensor(a, 1),
-        cute_vector(amax),
-        cute_vector(row_mask),
-        cute_vector(alignment.num_padded),
-        current_stream(h),
-    )
+    kernels["silu_amax"](h, a, amax, row_mask, alignment.num_padded)
     return a, amax
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass.cute.runtime import make_fake_stream
 
 from moe_spec.hopper import sm_count
 from moe_spec.quant import AMAX_FLOOR, FP8_BLOCK, FP8_MAX
@@ -34,7 +33,7 @@ from moe_spec.quant import AMAX_FLOOR, FP8_BLOCK, FP8_MAX
 from .cache import compile_once
 from .limits import FP8_ALIGN_ELEMS
 from .rowops import THREADS, _RowKernel, silu_mul
-from .runtime import fake_rows, fake_vector
+from .runtime import fake_rows, fake_stream, fake_vector
 
 LANE_VALUES = FP8_BLOCK // 32
 """Values per lane: a warp of 32 lanes holds one 128-column group."""
@@ -188,7 +187,7 @@ def compile_quant_kernels(quant: str, num_sms: int | None = None, *, keep_ptx: b
                 fake_vector(f32),
                 fake_vector(i32),
                 fake_vector(i32),
-                make_fake_stream(),
+                fake_stream(),
                 options=options,
             )
 
@@ -200,7 +199,7 @@ def compile_quant_kernels(quant: str, num_sms: int | None = None, *, keep_ptx: b
                 fake_rows(fp8, width),
                 fake_vector(f32),
                 fake_vector(i32),
-                make_fake_stream(),
+                fake_stream(),
                 options=options,
             )
 

@@ -29,9 +29,9 @@ token's row (raw ids compared) and a non-finite routing weight set
 bounds and its token's output row is NaN.  :func:`reference_rows` is all of that in torch ops
 (the specification the tests compare the kernels with, and the CPU path).
 
-Host cost: the buffers of one shape are a :class:`RowBuffers`, whose CuTe wrappers are built
-once; ``fused_moe`` keeps one per (sizes, device, stream, thread) (``moe.py``), so a warm call
-wraps only the two routing tensors.
+Host cost: the buffers of one shape are a :class:`RowBuffers`, and ``fused_moe`` keeps one per
+(sizes, device, stream, thread) (``moe.py``); the launches take them, and the routing tensors as
+two addresses, as they are (:mod:`cute_moe.runtime`).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from moe_spec.align import Alignment, align, max_rows
 from moe_spec.validate import error_word, guard_routing
 
 from .alignops import CHUNK, GEMM_TILES, ID_DTYPES, MAX_EXPERTS, WARPS, compile_align_kernels, place_ctas
-from .runtime import current_stream, cute_pointer, cute_vector, on_gpu
+from .runtime import on_gpu
 
 
 def check_align_args(topk_ids: torch.Tensor, num_experts: int, tile: int) -> None:
@@ -146,7 +146,7 @@ def reference_rows(
 
 class RowBuffers:
     """Every output of the two launches for one shape (``T·top_k`` pairs, E, tile, the GEMM tiles)
-    on one device, and their CuTe wrappers, built once: a workspace's row maps.  ``zeroed``: fp32
+    on one device: a workspace's row maps.  ``zeroed``: fp32
     elements of ``scratch`` the place kernel zeroes (the FP8 layer's amax buffers).  ``ctas``: the
     place launch's grid (:func:`~cute_moe.alignops.place_ctas` of the sizes; any grid of at least one
     CTA per chunk gives the same maps, which the tests use)."""
@@ -174,7 +174,6 @@ class RowBuffers:
             blocks0=new(rows // self.tiles[0]),
             blocks1=new(rows // self.tiles[1]),
         )
-        self._wrapped = None
         o = self.out
         al = Alignment(
             tile=tile,
@@ -190,39 +189,23 @@ class RowBuffers:
             al, o["token_of_row"], o["weight_of_row"], o["row_of_pair"], o["weight_of_pair"], o["row_mask"], blocks
         )
 
-    def tensors(self) -> tuple:
-        """Every buffer, and every view of one, that a later kernel is given (``runtime.keep``)."""
-        blocks = tuple(t for pair in self.rows.blocks.values() for t in pair)
+    def outputs(self) -> tuple:
+        """The place kernel's output buffers, in its argument order (``counts`` … ``scratch``)."""
+        o = self.out
         return (
-            tuple(self.out.values())
-            + (self.counts, self.block_counts, self.scratch, self.rows.alignment.num_padded)
-            + blocks
+            self.counts,
+            o["sorted_ids"],
+            o["expert_of_block"],
+            o["expert_end"],
+            o["token_of_row"],
+            o["weight_of_row"],
+            o["row_of_pair"],
+            o["weight_of_pair"],
+            o["row_mask"],
+            o["blocks0"],
+            o["blocks1"],
+            self.block_counts,
         )
-
-    def wrapped(self) -> tuple:
-        """The CuTe wrappers of the outputs, in the place kernel's order (made at the first call)."""
-        if self._wrapped is None:
-            o = self.out
-            self._wrapped = (
-                (cute_vector(self.counts),)
-                + tuple(
-                    cute_vector(o[name])
-                    for name in (
-                        "sorted_ids",
-                        "expert_of_block",
-                        "expert_end",
-                        "token_of_row",
-                        "weight_of_row",
-                        "row_of_pair",
-                        "weight_of_pair",
-                        "row_mask",
-                        "blocks0",
-                        "blocks1",
-                    )
-                )
-                + (cute_vector(self.block_counts), cute_vector(self.scratch))
-            )
-        return self._wrapped
 
 
 def launch_rows(topk_ids: torch.Tensor, topk_weights: torch.Tensor, bufs: RowBuffers, word: torch.Tensor) -> SortedRows:
@@ -253,32 +236,22 @@ def launch_rows(topk_ids: torch.Tensor, topk_weights: torch.Tensor, bufs: RowBuf
         bufs.block_counts.zero_()
         bufs.scratch.zero_()
         return bufs.rows
-    kernels = compile_align_kernels(topk_ids.dtype)
-    stream = current_stream(topk_ids)
-    ids, weights = cute_pointer(topk_ids), cute_pointer(topk_weights)
-    counts, *outs, block_counts, scratch = bufs.wrapped()
-    if P > CHUNK:  # a single chunk: launch 2 counts it itself
-        kernels["count"](ids, P, counts, num_experts, stream)
     if bufs.ctas < -(-P // CHUNK):
         raise ValueError(f"bufs.ctas: the place launch needs a CTA per chunk of {CHUNK} pairs, got {bufs.ctas}")
-    kernels["place"](
-        ids,
-        weights,
-        P,
-        counts,
-        *outs,
-        block_counts,
-        cute_vector(word),
-        scratch,
-        num_experts,
-        tile,
-        top_k,
-        tiles[0],
-        tiles[1],
-        bufs.ctas,
-        stream,
-    )
+    kernels = compile_align_kernels(topk_ids.dtype)
+    place_rows(kernels["count"], kernels["place"], topk_ids.data_ptr(), topk_weights.data_ptr(), bufs, word)
     return bufs.rows
+
+
+def place_rows(count, place, ids: int, weights: int, bufs: RowBuffers, word: torch.Tensor) -> None:
+    """The launches of :func:`launch_rows` without its checks (``fused_moe``'s, whose validated
+    sizes imply them): ``count`` and ``place`` the compiled launches for the ids' dtype, ``ids``
+    and ``weights`` the routing tensors' addresses, ``bufs`` of at least one pair."""
+    T, top_k, num_experts, tile, tiles = bufs.shape
+    P = T * top_k
+    if P > CHUNK:  # a single chunk: launch 2 counts it itself
+        count(ids, P, bufs.counts, num_experts)
+    place(ids, weights, P, *bufs.outputs(), word, bufs.scratch, num_experts, tile, top_k, tiles[0], tiles[1], bufs.ctas)
 
 
 def sort_rows_on_device(

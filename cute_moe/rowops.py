@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass.cute.runtime import make_fake_stream
 
 from moe_spec.hopper import sm_count
 
 from .cache import compile_once
 from .limits import ALIGN_ELEMS
-from .runtime import fake_rows, fake_scales, fake_vector
+from .runtime import fake_rows, fake_scales, fake_stream, fake_vector
 
 VEC = ALIGN_ELEMS  # bf16 per thread step: one 16-byte vector
 THREADS = 256
@@ -202,7 +201,7 @@ def compile_row_kernels(num_sms: int | None = None, *, keep_ptx: bool = False) -
                 fake_rows(bf16, VEC),
                 fake_vector(i64),
                 fake_vector(i32),
-                make_fake_stream(),
+                fake_stream(),
                 options=options,
             ),
             "silu_mul": cute.compile(
@@ -210,7 +209,7 @@ def compile_row_kernels(num_sms: int | None = None, *, keep_ptx: bool = False) -
                 fake_rows(bf16, 2 * VEC),
                 fake_rows(bf16, VEC),
                 fake_vector(i32),
-                make_fake_stream(),
+                fake_stream(),
                 options=options,
             ),
             "combine": cute.compile(
@@ -218,7 +217,7 @@ def compile_row_kernels(num_sms: int | None = None, *, keep_ptx: bool = False) -
                 fake_rows(bf16, VEC),
                 fake_rows(bf16, VEC),
                 fake_vector(i64),
-                make_fake_stream(),
+                fake_stream(),
                 options=options,
             ),
         }
@@ -243,7 +242,7 @@ def compile_unfused_kernels(quant, num_sms: int | None = None) -> dict:
                 fake_rows(bf16, VEC),
                 fake_vector(cutlass.Int64),
                 fake_vector(f32),
-                make_fake_stream(),
+                fake_stream(),
                 options=options,
             )
         }
@@ -256,7 +255,7 @@ def compile_unfused_kernels(quant, num_sms: int | None = None) -> dict:
                     fake_vector(i32),
                     *fake_scales(quant),
                     fake_vector(i32),
-                    make_fake_stream(),
+                    fake_stream(),
                     options=options,
                 )
         return kernels

@@ -31,7 +31,6 @@ from moe_spec.hopper import sm_count
 
 from .config import GemmConfig
 from .rowops import compile_unfused_kernels
-from .runtime import current_stream, cute_scale, cute_tensor, cute_vector
 
 FUSIONS = ("fused", "separate")
 
@@ -74,14 +73,7 @@ def scale_rows(
     name = {torch.float32: "scale_f32", torch.bfloat16: "scale_bf16"}[y.dtype]
     kernel = compile_unfused_kernels(quant, sm_count(y.device))[name]
     row_expert = alignment.expert_of_block.repeat_interleave(alignment.tile)  # −1 past the used rows: never read
-    kernel(
-        cute_tensor(y, 1),
-        cute_vector(row_expert),
-        cute_scale(x_scale),
-        cute_scale(w_scale),
-        cute_vector(alignment.num_padded),
-        current_stream(y),
-    )
+    kernel(y, row_expert, x_scale, w_scale, alignment.num_padded)
     return y
 
 
@@ -91,9 +83,7 @@ def weighted_combine(y: torch.Tensor, row_of_pair: torch.Tensor, topk_weights: t
     T = topk_weights.shape[0]
     out = torch.empty(T, y.shape[1], dtype=y.dtype, device=y.device)
     weights = topk_weights.reshape(-1).to(torch.float32)
-    compile_unfused_kernels(quant, sm_count(y.device))["weighted_combine"](
-        cute_tensor(y, 1), cute_tensor(out, 1), cute_vector(row_of_pair), cute_vector(weights), current_stream(y)
-    )
+    compile_unfused_kernels(quant, sm_count(y.device))["weighted_combine"](y, out, row_of_pair, weights)
     return out
 
 

@@ -274,14 +274,17 @@ def gpu_stand_in():
     except ImportError:  # an older tree: its alignment launches behind align_on_device
         patches.append((moe, "align_on_device", _older_align_stand_in(launches)))
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches if hasattr(obj, name)]
+    forget = getattr(moe, "forget_calls", lambda: None)  # launches bound per call signature: bound anew here
     for obj, name, value in patches:
         if hasattr(obj, name):
             setattr(obj, name, value)
+    forget()
     try:
         yield _without_device_guard(moe.fused_moe), launches
     finally:
         for obj, name, value in saved:
             setattr(obj, name, value)
+        forget()
 
 
 def _older_align_stand_in(launches: list):
