@@ -57,12 +57,14 @@ from collections.abc import Callable
 import torch
 
 try:
-    from transformers import DeepseekV3Config, MixtralConfig, Qwen3MoeConfig
+    from transformers import DeepseekV3Config, MixtralConfig, OlmoeConfig, Qwen2MoeConfig, Qwen3MoeConfig
     from transformers.integrations import finegrained_fp8
     from transformers.integrations.finegrained_fp8 import ALL_FP8_EXPERTS_FUNCTIONS, FP8Experts, FP8ExpertsInterface
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface, use_experts_implementation
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Experts
     from transformers.models.mixtral.modeling_mixtral import MixtralExperts
+    from transformers.models.olmoe.modeling_olmoe import OlmoeExperts
+    from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeExperts
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
 except ImportError as exc:  # the module is optional; the rest of the project never imports it
     raise ImportError(
@@ -290,6 +292,8 @@ _MODELS = {
     "mixtral": (MixtralConfig, MixtralExperts, "num_local_experts", "intermediate_size"),
     "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeExperts, "num_experts", "moe_intermediate_size"),
     "deepseek_v3": (DeepseekV3Config, DeepseekV3Experts, "n_routed_experts", "moe_intermediate_size"),
+    "olmoe": (OlmoeConfig, OlmoeExperts, "num_experts", "intermediate_size"),
+    "qwen2_moe": (Qwen2MoeConfig, Qwen2MoeExperts, "num_experts", "moe_intermediate_size"),
 }
 
 
@@ -299,6 +303,9 @@ CATALOG_MODEL_TYPES = {
     "qwen3-30b-a3b": "qwen3_moe",
     "qwen3-235b-a22b": "qwen3_moe",
     "deepseek-v3": "deepseek_v3",
+    "mixtral-8x22b": "mixtral",
+    "olmoe-1b-7b": "olmoe",
+    "qwen1.5-moe-a2.7b": "qwen2_moe",
 }
 #: the experts class the harness's hf backends run for every shape: the contract's arguments carry no
 #: model name, and the experts classes of the catalog's models compute the same function

@@ -111,6 +111,35 @@ CATALOG: dict[str, MoEShape] = {
             "deepseek-ai/DeepSeek-V3 config.json: n_routed_experts 256, num_experts_per_tok 8, "
             "hidden_size 7168, moe_intermediate_size 2048 (routed experts only)",
         ),
+        # outside compare's default three, each unlike them: a wider intermediate, many small experts,
+        # an expert count that is not a power of two
+        MoEShape(
+            "mixtral-8x22b",
+            8,
+            2,
+            6144,
+            16384,
+            "mistral-community/Mixtral-8x22B-v0.1 config.json: num_local_experts 8, num_experts_per_tok 2, "
+            "hidden_size 6144, intermediate_size 16384",
+        ),
+        MoEShape(
+            "olmoe-1b-7b",
+            64,
+            8,
+            2048,
+            1024,
+            "allenai/OLMoE-1B-7B-0924 config.json: num_experts 64, num_experts_per_tok 8, "
+            "hidden_size 2048, intermediate_size 1024",
+        ),
+        MoEShape(
+            "qwen1.5-moe-a2.7b",
+            60,
+            4,
+            2048,
+            1408,
+            "Qwen/Qwen1.5-MoE-A2.7B config.json: num_experts 60, num_experts_per_tok 4, "
+            "hidden_size 2048, moe_intermediate_size 1408 (routed experts only; its shared expert is a dense MLP)",
+        ),
     )
 }
 

@@ -5,14 +5,14 @@ against the reference alignment."""
 import pytest
 import torch
 
-from moe_spec.problem import CATALOG, get_shape
+from moe_spec.problem import get_shape
 
 pytestmark = pytest.mark.gpu
 
 TOKENS = [1, 8, 32, 128, 1024, 4096]
 # full DeepSeek-V3 (E=256, I=2048) is refused by the contract: W1 has more elements than int32
 # offsets reach (moe_spec.validate), so it runs sharded, as deepseek-v3:tp8
-SPECS = [s for s in CATALOG if s != "deepseek-v3"] + ["deepseek-v3:tp8"]
+SPECS = ["mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3:tp8"]
 CASES = [(s, q, T) for s in SPECS for q in (None, "fp8_tensor") for T in TOKENS] + [
     ("deepseek-v3:tp8", q, T) for q in ("fp8_channel", "fp8_block") for T in TOKENS
 ]
