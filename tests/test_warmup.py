@@ -76,6 +76,16 @@ def _triton_new_keys(E, top_k, K, I, quant, max_tokens, tokens=None, **options):
     return report, counter.new_keys, swept, met
 
 
+@pytest.fixture
+def grouped_only(monkeypatch):
+    """The grouped pipeline at every T (the decode path's reach set to 0 pairs): for the tests of
+    its kernels' warm-up (tests/test_triton_decode.py warms the decode kernel)."""
+    monkeypatch.setattr(importlib.import_module("triton_moe.plan"), "DECODE_MAX_PAIRS", 0)
+    importlib.import_module("triton_moe.moe").forget_plans()
+    yield
+    importlib.import_module("triton_moe.moe").forget_plans()
+
+
 @pytest.mark.parametrize("quant", QUANT_FORMATS, ids=lambda q: q or "bf16")
 @pytest.mark.parametrize("E, top_k, K, I", LAYERS, ids=["topk2", "topk1-K40"])
 def test_triton_sweep_after_warmup_compiles_nothing(E, top_k, K, I, quant):  # noqa: E741
@@ -83,12 +93,14 @@ def test_triton_sweep_after_warmup_compiles_nothing(E, top_k, K, I, quant):  # n
     assert new_keys == {}, f"compiled after the warm-up: {new_keys}"
     assert swept == report.covered  # nothing the layer needs is missing, nothing extra was warmed
     assert len(met) == len(report.plans) > 1  # the sweep crossed every bucket
-    # what a fresh process compiles: per plan GEMM1 and GEMM2, each per ids dtype (the GEMMs read
-    # topk_ids for the device-side checks); per BLOCK_M the place kernel (per ids dtype); the count
-    # kernel (per ids dtype); the combine (top_k > 1); FP8: the quantize kernel for x and for the
-    # intermediate, plus the amax of x for fp8_tensor
-    block_ms = {p.config.BLOCK_M for p in met}
-    expected = 4 * len(met) + 2 * len(block_ms) + 2 + (top_k > 1) + {None: 0, "fp8_tensor": 3}.get(quant, 2)
+    # what a fresh process compiles: per grouped plan GEMM1 and GEMM2, each per ids dtype (the GEMMs
+    # read topk_ids for the device-side checks); per BLOCK_M the place kernel (per ids dtype); the
+    # count kernel (per ids dtype); the combine (top_k > 1); FP8: the quantize kernel for x and for
+    # the intermediate, plus the amax of x for fp8_tensor; the decode plan's one kernel, per ids dtype
+    grouped = [p for p in met if p.path == "grouped"]
+    block_ms = {p.config.BLOCK_M for p in grouped}
+    expected = 4 * len(grouped) + 2 * len(block_ms) + 2 + (top_k > 1) + {None: 0, "fp8_tensor": 3}.get(quant, 2)
+    expected += 2 * (len(met) - len(grouped))
     assert report.count == len(report.covered) == expected
 
 
@@ -100,7 +112,7 @@ def test_triton_warmup_covers_the_h200_tables(quant, monkeypatch):
 
 
 @pytest.mark.parametrize("quant", [None, "fp8_block"], ids=["bf16", "fp8_block"])
-def test_triton_warmup_covers_the_split_k_entries_of_the_h200_tables(quant, monkeypatch):
+def test_triton_warmup_covers_the_split_k_entries_of_the_h200_tables(quant, monkeypatch, grouped_only):
     """DeepSeek-V3 TP8's H200 tables split GEMM1's K four ways at T = 1 (a constexpr of its own):
     the warm-up compiles that kernel too, and no T up to 4096 meets a key it missed."""
     monkeypatch.setattr(triton_config, "current_device_name", lambda: "NVIDIA H200")
@@ -124,7 +136,7 @@ def test_triton_warmup_covers_the_callers_options():
     assert new_keys == {} and all(not p.config.swap_ab for p in met)
 
 
-def test_triton_warmup_compiles_both_tiles_of_a_gemm2_override(tmp_path, monkeypatch):
+def test_triton_warmup_compiles_both_tiles_of_a_gemm2_override(tmp_path, monkeypatch, grouped_only):
     """A config with GEMM2's own tile: the warm-up compiles GEMM1's tile and GEMM2's (a warm-up of
     the shared tile would leave GEMM2's two keys, one per ids dtype, to the first call), from the
     caller's config and from a tuned table's entry."""
@@ -153,7 +165,7 @@ def test_triton_warmup_compiles_both_tiles_of_a_gemm2_override(tmp_path, monkeyp
     assert {p.config.gemm2 for p in met} == {None, Gemm2Tile(64, 64, 2, 8, 3, swap_ab=False)}
 
 
-def test_triton_warmup_with_one_ids_dtype_misses_the_other():
+def test_triton_warmup_with_one_ids_dtype_misses_the_other(grouped_only):
     with count_compilations(dry_run=True) as counter:
         triton_moe.warmup(8, 64, 32, 2, max_tokens=MAX_T, device="cpu", ids_dtypes=(torch.int32,))
         counter.mark()

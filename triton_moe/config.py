@@ -361,3 +361,76 @@ def mma_instruction(cfg: TritonConfig, quant: str | None) -> str:
     per_warpgroup = max(n // max(warpgroups // along_m, 1), WGMMA_N_STEP)
     inst_n = next(v for v in range(WGMMA_N_MAX, 0, -WGMMA_N_STEP) if n % v == 0 and v <= per_warpgroup)
     return f"wgmma.mma_async.sync.aligned.m{WGMMA_M}n{inst_n}k{k}.f32.{types}"
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """The tile of the one-launch decode kernel (:mod:`triton_moe.decode`), one for all its phases.
+
+    ``BLOCK_N`` weight rows per task — W1's gate and up rows in GEMM1, W2's rows (output columns)
+    in GEMM2 and the combine — are the MMA's M side (swap-AB form: ``tl.dot(W_tile, Xᵀ)``);
+    ``BLOCK_T`` pairs of one expert are its N side (an expert with more pairs is served in chunks
+    of ``BLOCK_T``); ``BLOCK_K`` the reduction step (K in GEMM1, I in GEMM2). Checked when built
+    (type, then value; the message names the field); what depends on the format is :meth:`check`.
+    """
+
+    BLOCK_N: int = 64
+    BLOCK_K: int = 128
+    BLOCK_T: int = 16
+    num_warps: int = 4
+    num_stages: int = 4
+
+    def __post_init__(self):
+        for name in ("BLOCK_N", "BLOCK_K", "BLOCK_T", "num_warps", "num_stages"):
+            _int(name, getattr(self, name))
+        for name in ("BLOCK_N", "BLOCK_K", "BLOCK_T"):
+            v = getattr(self, name)
+            if not _pow2(v) or v < MIN_DOT:
+                raise ValueError(f"{name}={v}: must be a power of two >= {MIN_DOT} (16, 32, 64, 128, …)")
+        if self.num_warps not in NUM_WARPS:
+            raise ValueError(f"num_warps={self.num_warps}: must be one of {', '.join(map(str, NUM_WARPS))}")
+        if self.num_stages < 1:
+            raise ValueError(f"num_stages={self.num_stages}: must be >= 1")
+
+    def smem_bytes(self, quant: str | None) -> int:
+        """Shared memory of the pipelined tiles of GEMM1, the larger phase: the gate and up weight
+        tiles and the token tile, per stage, in the format's weight dtype."""
+        nbytes = get_format(quant).weight_dtype.itemsize
+        return (2 * self.BLOCK_N + self.BLOCK_T) * self.BLOCK_K * nbytes * self.num_stages
+
+    def check(self, quant: str | None) -> DecodeConfig:
+        """Raise ValueError naming ``config`` when this tile cannot run ``quant`` (the rules of
+        :meth:`TritonConfig.check`: fp8_block's BLOCK_K divides 128, FP8's BLOCK_K ≥ 32, shared
+        memory); else return it."""
+        fmt = get_format(quant)
+        if fmt.scales_along_k and FP8_BLOCK % self.BLOCK_K:
+            raise ValueError(
+                f"config: {fmt.label} needs BLOCK_K to divide {FP8_BLOCK} (one scale per K step), "
+                f"got BLOCK_K={self.BLOCK_K}"
+            )
+        if fmt.quantized and self.BLOCK_K < 32:
+            raise ValueError(f"config: FP8 needs BLOCK_K >= 32 (one WGMMA K step), got {self.BLOCK_K}")
+        smem = self.smem_bytes(quant)
+        if smem > SMEM_LIMIT:
+            raise ValueError(
+                f"config: {smem} bytes of pipelined tiles exceed the {SMEM_LIMIT}-byte shared memory "
+                f"of one Hopper SM; lower num_stages={self.num_stages} or the tile"
+            )
+        return self
+
+    @property
+    def split_k(self) -> int:
+        """1, as a grouped config without a split reads: each task sums its outputs' whole K."""
+        return 1
+
+    def gemm_tile(self) -> TritonConfig:
+        """The same dot as a grouped-GEMM tile (BLOCK_M = BLOCK_T tokens, swap-AB): what
+        :func:`mma_instruction` reads."""
+        return TritonConfig(self.BLOCK_T, self.BLOCK_N, self.BLOCK_K, 1, self.num_warps, self.num_stages, True)
+
+    def label(self) -> str:
+        """``BLOCK_NxBLOCK_KxBLOCK_T/w<num_warps>s<num_stages>``."""
+        return f"{self.BLOCK_N}x{self.BLOCK_K}x{self.BLOCK_T}/w{self.num_warps}s{self.num_stages}"
+
+    def as_dict(self) -> dict:
+        return asdict(self)

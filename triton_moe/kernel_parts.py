@@ -39,6 +39,19 @@ BAD_WEIGHT, BAD_W1_SCALE, BAD_W2_SCALE = (
     for b in (moe_spec.validate.BAD_WEIGHT, moe_spec.validate.BAD_W1_SCALE, moe_spec.validate.BAD_W2_SCALE)
 )
 
+#: The bits of the routing and static-scale checks, for a kernel that makes them itself (the
+#: one-launch decode kernel, triton_moe.decode; the grouped pipeline's alignment and quantization
+#: kernels set the same bits).
+BAD_ID, REPEATED_ID, BAD_A1_SCALE, BAD_A2_SCALE = (
+    tl.constexpr(b)
+    for b in (
+        moe_spec.validate.BAD_ID,
+        moe_spec.validate.REPEATED_ID,
+        moe_spec.validate.BAD_A1_SCALE,
+        moe_spec.validate.BAD_A2_SCALE,
+    )
+)
+
 
 @triton.jit
 def _abs_bits(v):

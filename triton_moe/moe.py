@@ -53,7 +53,8 @@ from moe_spec.validate import (
     validate_moe_args,
 )
 from triton_moe.align import MAX_EXPERTS, align_into, buffer_sizes
-from triton_moe.config import TritonConfig
+from triton_moe.config import DecodeConfig, TritonConfig
+from triton_moe.decode import decode_fused_moe, decode_launch
 from triton_moe.jit import INTERPRET
 from triton_moe.kernels_tma import check_tma_operand, gemm_tma
 from triton_moe.launches import (  # noqa: F401 (some read by tests as moe.X)
@@ -160,6 +161,9 @@ class _Call:
 
     def __init__(self, p, d: MoEDims, quant, device, static: bool):
         self.plan, self.tma1, self.tma2 = p, p.gemm1.persistent_tma, p.gemm2.persistent_tma
+        if p.path == "decode":  # one launch (triton_moe.decode): no alignment, nothing bound here
+            self.sizes = self.launches = None
+            return
         tile = p.align_tile
         self.sizes = (d.T, d.top_k, d.E, d.K, d.I, quant, tile, device, _split(p.config))
         self.launches = (
@@ -178,7 +182,7 @@ def _call_of(dims, quant, config, swap_ab, device, static: bool) -> _Call:
 
 def forget_plans() -> None:
     """Drop the cached plans and bound launches (after a change of a module constant they read)."""
-    for cached in (_call_of, _launches, _quantize_launches, _gemm_constants):
+    for cached in (_call_of, _launches, _quantize_launches, _gemm_constants, decode_launch):
         cached.cache_clear()
 
 
@@ -226,7 +230,7 @@ def fused_moe(
         a2_scale=a2_scale,
     )
     static = a1_scale is not None  # static activation scales (validated: fp8_tensor, both given)
-    if (config is None or type(config) is TritonConfig) and (swap_ab is None or type(swap_ab) is bool):
+    if (config is None or type(config) in (TritonConfig, DecodeConfig)) and (swap_ab is None or type(swap_ab) is bool):
         c = _call_of(d, quant, config, swap_ab, x.device, static)
     else:  # raises, naming the option (or a TritonConfig subclass: planned every call)
         c = _Call(plan(d, quant, config=config, swap_ab=swap_ab), d, quant, x.device, static)
@@ -234,6 +238,20 @@ def fused_moe(
     surface_errors(x.device)  # an earlier call's failed data check raises here (moe_spec.contract)
     if d.T == 0:
         return x.new_empty((0, d.K))
+    if c.launches is None:  # the plan's path: the one-launch decode kernel
+        return decode_fused_moe(
+            x,
+            w1,
+            w2,
+            topk_weights,
+            topk_ids,
+            quant=quant,
+            w1_scale=w1_scale,
+            w2_scale=w2_scale,
+            a1_scale=a1_scale,
+            a2_scale=a2_scale,
+            config=c.plan.config,
+        )
     if c.tma1:  # TMA reads the weights: 16-byte rows and base, checked before any launch
         check_tma_operand("w1", w1)
     if c.tma2:

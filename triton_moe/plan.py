@@ -5,6 +5,12 @@
 :func:`~triton_moe.heuristic.get_config`, with swap-AB forced or by the rule), checked against the
 quant format and this backend's limits — so a call it refuses is refused whatever T (the
 empty-batch rule of :mod:`moe_spec.plan`). :func:`plans_for` lists every plan a layer can get.
+
+The path (:func:`uses_decode`, THE rule): a call of at most :data:`DECODE_MAX_PAIRS` (token, slot)
+pairs and no backend option runs the one-launch decode kernel (:mod:`triton_moe.decode`, its tile
+a :class:`~triton_moe.config.DecodeConfig`); every other call the grouped pipeline. A
+``config=TritonConfig(...)`` or a ``swap_ab`` forces the grouped pipeline at any T, a
+``config=DecodeConfig(...)`` the decode kernel (up to its pair lanes).
 """
 
 from __future__ import annotations
@@ -16,37 +22,61 @@ from dataclasses import dataclass
 from moe_spec.quant import check_quant
 from moe_spec.validate import MoEDims
 from triton_moe.align import check_num_experts
-from triton_moe.config import TritonConfig, mma_instruction
+from triton_moe.config import DecodeConfig, TritonConfig, mma_instruction
 from triton_moe.heuristic import get_config, rule_starts
 
 #: How far :func:`plans_for` looks by default (the largest batch the harness runs, doubled).
 MAX_TOKENS = 8192
+
+#: The decode path's reach in (token, slot) pairs, T·top_k (:func:`uses_decode`); the coordinator
+#: sets it from the GPU measurement (notes/decode.md).
+DECODE_MAX_PAIRS = 64
+
+
+def uses_decode(T: int, top_k: int, config=None, swap_ab=None) -> bool:
+    """THE path rule: the one-launch decode kernel for at most DECODE_MAX_PAIRS pairs when no
+    backend option is given, or when the option is a DecodeConfig; else the grouped pipeline.
+    Every format runs on both paths."""
+    if isinstance(config, DecodeConfig):
+        return True
+    return config is None and swap_ab is None and T * top_k <= DECODE_MAX_PAIRS
 
 
 @dataclass(frozen=True)
 class LayerPlan:
     """What ``fused_moe`` runs for one layer call (see :mod:`moe_spec.plan` for the interface).
 
-    GEMM1 and GEMM2 share ``config`` (resolved and checked): its BLOCK_M is the alignment tile,
-    which both GEMMs read; GEMM2 runs its own tile when the config has a ``gemm2``. ``gemm1`` /
-    ``gemm2`` are the configs each GEMM launches with
-    (:meth:`~triton_moe.config.TritonConfig.gemm1_config`, ``gemm2_config``).
+    ``path`` is ``"grouped"`` or ``"decode"``. Grouped: GEMM1 and GEMM2 share ``config`` (a
+    :class:`TritonConfig`, resolved and checked): its BLOCK_M is the alignment tile, which both
+    GEMMs read; GEMM2 runs its own tile when the config has a ``gemm2``. ``gemm1`` / ``gemm2`` are
+    the configs each GEMM launches with (:meth:`~triton_moe.config.TritonConfig.gemm1_config`,
+    ``gemm2_config``). Decode: ``config`` is the one launch's :class:`DecodeConfig`; both GEMMs
+    are its swap-AB dot (:meth:`~triton_moe.config.DecodeConfig.gemm_tile`), nothing is aligned
+    and ``align_tile`` is its token tile.
     """
 
-    config: TritonConfig
+    config: TritonConfig | DecodeConfig
     quant: str | None = None
+
+    @property
+    def path(self) -> str:
+        return "decode" if isinstance(self.config, DecodeConfig) else "grouped"
 
     @functools.cached_property  # a plan is cached per call signature (moe._cached_plan): once per plan
     def gemm1(self) -> TritonConfig:
+        if self.path == "decode":
+            return self.config.gemm_tile()
         return self.config.gemm1_config()
 
     @functools.cached_property
     def gemm2(self) -> TritonConfig:
+        if self.path == "decode":
+            return self.config.gemm_tile()
         return self.config.gemm2_config()
 
     @property
     def align_tile(self) -> int:
-        return self.config.BLOCK_M
+        return self.config.BLOCK_T if self.path == "decode" else self.config.BLOCK_M
 
     @property
     def swap_ab(self) -> tuple[bool, bool]:
@@ -59,7 +89,10 @@ class LayerPlan:
         return mma_instruction(self.gemm1, self.quant), mma_instruction(self.gemm2, self.quant)
 
     def describe(self) -> str:
-        """One line: GEMM1's tile and instruction, then ``; G2 …`` GEMM2's where it has its own."""
+        """One line: GEMM1's tile and instruction, then ``; G2 …`` GEMM2's where it has its own;
+        a decode plan: ``decode 1-launch``, its tile (BT: pairs per MMA) and instruction."""
+        if self.path == "decode":
+            return f"decode 1-launch {_describe(self.gemm1, self.mma[0], block_m=False)} BT{self.config.BLOCK_T}"
         line = _describe(self.gemm1, self.mma[0])
         if self.config.gemm2 is None:
             return line
@@ -77,10 +110,15 @@ def _describe(c: TritonConfig, mma: str, block_m: bool = True) -> str:
 def check_options(config, swap_ab) -> None:
     """Raise TypeError naming the backend option that has the wrong type (before any launch):
     a dict is not a config, and ``swap_ab="no"`` must not read as True."""
-    if config is not None and not isinstance(config, TritonConfig):
-        raise TypeError(f"config: expected a triton_moe.TritonConfig or None, got {type(config).__name__}")
+    if config is not None and not isinstance(config, (TritonConfig, DecodeConfig)):
+        raise TypeError(
+            f"config: expected a triton_moe.TritonConfig, a triton_moe.config.DecodeConfig or None, "
+            f"got {type(config).__name__}"
+        )
     if swap_ab is not None and not isinstance(swap_ab, bool):
         raise TypeError(f"swap_ab: expected True, False or None, got {swap_ab!r}")
+    if swap_ab is not None and isinstance(config, DecodeConfig):
+        raise ValueError("swap_ab: the decode kernel has one form (swap-AB); pass swap_ab with a TritonConfig or none")
 
 
 def plan(
@@ -98,6 +136,8 @@ def plan(
     check_options(config, swap_ab)
     check_quant(quant)
     check_num_experts(dims.E)
+    if uses_decode(dims.T, dims.top_k, config, swap_ab):
+        return LayerPlan((config or DecodeConfig()).check(quant), quant)
     if config is None:
         config = get_config(dims.T, dims.E, dims.top_k, dims.I, dims.K, quant)
     if swap_ab is not None:
@@ -117,6 +157,10 @@ def plans_for(
     """Every distinct plan this layer gets for T = 1 … ``max_tokens`` on this device (with the same
     ``options``), in order of T: the plan at the first T of each bucket of the config rule
     (:func:`~triton_moe.heuristic.rule_starts`)."""
-    starts = [1] if options.get("config") is not None else rule_starts(E, top_k, I, K, quant)
+    if options.get("config") is not None:
+        starts = [1]
+    else:  # the decode plan up to the path rule's reach, then the grouped buckets past it
+        first = DECODE_MAX_PAIRS // top_k + 1 if uses_decode(1, top_k, **options) else 1
+        starts = [1] + sorted({max(s, first) for s in rule_starts(E, top_k, I, K, quant)})
     plans = [plan(MoEDims(T=T, E=E, K=K, I=I, top_k=top_k), quant, **options) for T in starts if T <= max_tokens]
     return tuple(dict.fromkeys(plans))

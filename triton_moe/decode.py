@@ -1,0 +1,843 @@
+"""The decode path: the whole MoE layer in ONE persistent launch, for a handful of tokens.
+
+At decode (T·top_k pairs up to :data:`DECODE_MAX_PAIRS`) the layer only streams the weights of the
+experts it hits; the grouped pipeline (:mod:`triton_moe.moe`) spends four to eight launches on it,
+each with its ramp and tail. ``decode_moe_kernel`` runs every step as a *task* of one launch. P =
+T·top_k (token, slot) pairs, routing read in the kernel (no sort): the **leader** of an expert is
+its lowest pair index, and a leader's task serves every pair of its expert (found by comparing
+``topk_ids`` with the expert in registers, in chunks of BLOCK_T pairs); other pairs' tasks only
+count. Tasks, numbered in phases::
+
+    0   x's amax, per token block            fp8_tensor with a dynamic scale only (atomic_max)
+    A   (pair p, n-tile of I)                gate and up tiles, SiLU(gate)·up → h [P, I]
+    B   (k-tile of K, pair p)                h rows of the expert's pairs · W2[e, k-tile, :]ᵀ,
+                                             × routing weight → y [P, K]
+    C   (k-tile, token block)                out[t] = Σ_j y[t·top_k + j], j = 0 … top_k − 1
+
+Every MMA is in swap-AB form, ``tl.dot(W_tile, Xᵀ)``: BLOCK_N weight rows on the M side, the
+expert's pairs (BLOCK_T) on the N side. h and y have the grouped pipeline's dtypes (h bf16, or
+fp32 under FP8; y bf16) and every value is computed with the grouped kernels' arithmetic
+(:mod:`triton_moe.kernel_parts`, :mod:`triton_moe.kernels_rows`), so a token's row is the bits
+the grouped pipeline gives wherever that pipeline is batch invariant.
+
+The dependency protocol (device counters, no grid barrier)
+    A program claims the next task number from a ticket counter (``tl.atomic_add``), so tasks are
+    claimed in increasing order, each by a program that is running. A task waits only on tasks
+    with smaller numbers: B (leader p) spins until ``done1[p]`` counts p's NT1 A tasks (with a
+    dynamic fp8_tensor scale: until every A task is done, the intermediate's amax being whole),
+    C (k-tile) until ``done2[k-tile]`` counts P B tasks, A (fp8_tensor dynamic) until the phase-0
+    tasks are done. A finished task's program stores, ``tl.debug_barrier()``, then increments
+    its counter with release semantics; a waiting one spins on acquire loads and reads h / y
+    through L2 (``.cg``). GEMM2's first W2 tile does not depend on GEMM1: it is loaded before the spin.
+
+Why it cannot deadlock
+    Take the smallest task number that is claimed and unfinished. Every smaller task was claimed
+    earlier (tickets are increasing) by a program that was running then and runs until its task
+    is done, and each of them is finished — by the choice of the smallest. So the smallest
+    unfinished task waits on nothing unfinished, and it finishes; by induction every claimed task
+    does. Nothing assumes that the grid is resident at once: a program that has not started has
+    claimed nothing, and nobody waits for it. The grid is min(tasks, SMs × programs per SM) only
+    so that no program waits for a slot.
+
+The counters reset themselves
+    Each program, after its last (failed) claim, increments an exit counter; the one that sees it
+    reach grid − 1 is the last, when nobody waits any more, and zeroes the ticket, the exit count,
+    the phase counters and the amaxes — the next launch starts from zeros with no memset. The
+    counters live in a small int32 block per (device, stream) (:func:`counter_block`), zeroed once
+    when it is made; a CUDA graph's calls use the device's graph block, made by the first eager call.
+
+FP8 (``QUANT``; the scales as :mod:`moe_spec.quant` and the grouped pipeline compute them)
+    x: per token (fp8_channel, a first pass over the row) or per 1×128 group (fp8_block, in the K
+    step) from the rows in the task; fp8_tensor's dynamic amax of all of x from phase 0 (one
+    task per token block: O(T·K) reads in all, where each A task reading all of x would repeat
+    them per task); a static ``a1_scale`` read. The intermediate: fp8_tensor's dynamic amax of all
+    of h by ``atomic_max`` in A's epilogue (B waits for all of A), fp8_channel per pair row (B reads
+    its rows' whole h first), fp8_block per 1×128 group (in B's K step), a static ``a2_scale`` read.
+    amaxes are integer maxima of the bits (:func:`~triton_moe.kernel_parts._abs_bits`: NaN kept,
+    order-free). The data checks set the error word's bits as the grouped kernels do: weight scales
+    where they are read, ids, repeated ids and routing weights in C's first k-tile, static scales
+    in the first C task.
+
+The interpreter runs programs one after another: program 0 claims every task in order and finds
+every counter it waits on complete, so the CPU tests run this kernel as it is.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections import OrderedDict
+
+import torch
+import triton
+import triton.language as tl
+
+from moe_spec.ops import through_op
+from moe_spec.quant import get_format
+from moe_spec.validate import error_word
+from triton_moe.config import DecodeConfig
+from triton_moe.jit import INTERPRET, Bound
+from triton_moe.kernel_parts import (
+    BAD_A1_SCALE,
+    BAD_A2_SCALE,
+    BAD_ID,
+    BAD_W1_SCALE,
+    BAD_W2_SCALE,
+    BAD_WEIGHT,
+    FP8_BLOCK,
+    PER_BLOCK,
+    PER_CHANNEL,
+    PER_TENSOR,
+    REPEATED_ID,
+    _abs_bits,
+    _cast_out,
+    _mma,
+    _mma_scaled,
+    _scale_bad,
+)
+from triton_moe.kernels import QUANT_MODE, fp8_imprecise_acc
+from triton_moe.kernels_rows import _quantize, _scale_of
+from triton_moe.plan import DECODE_MAX_PAIRS
+
+#: The pair lanes the kernel holds in registers: a power of two ≥ DECODE_MAX_PAIRS.
+PAIR_LANES = 1 << (DECODE_MAX_PAIRS - 1).bit_length()
+#: Counter words before done1 / done2: ticket, exit, phase 0 done, phase A done, x's amax, h's amax.
+TICKET, EXIT, DONE0, DONE_A, AMAX_X, AMAX_H = (tl.constexpr(i) for i in range(6))
+HEADER = tl.constexpr(8)
+#: Programs per SM at most (the grid is min(tasks, SMs × this, what shared memory allows)).
+PROGRAMS_PER_SM = 2
+#: Programs of an interpreted launch: program 0 claims every task, the others exercise the exit.
+INTERPRET_PROGRAMS = 3
+#: Workspaces kept (least recently used dropped first): one per (sizes, device, stream, thread).
+WORKSPACES = 8
+
+
+# ---- the dependency protocol -----------------------------------------------------------------
+
+
+@triton.jit
+def _wait(ptr, target):
+    """Spin until the counter at ``ptr`` reaches ``target`` (acquire loads)."""
+    seen = tl.atomic_add(ptr, 0, sem="acquire")
+    while seen < target:
+        seen = tl.atomic_add(ptr, 0, sem="acquire")
+
+
+@triton.jit
+def _signal(ptr):
+    """Count a finished task: every thread's stores, then one release increment."""
+    tl.debug_barrier()
+    tl.atomic_add(ptr, 1, sem="release")
+
+
+@triton.jit
+def _at(vec, lanes, i):
+    """vec[i] as a scalar."""
+    return tl.sum(tl.where(lanes == i, vec, 0), axis=0)
+
+
+@triton.jit
+def _any(mask):
+    """Whether any element of a 2-D mask is set."""
+    return tl.max(tl.max(mask.to(tl.int32), axis=1), axis=0) > 0
+
+
+@triton.jit
+def _chunk_rows(experts, lanes, e, c0, BLOCK_T: tl.constexpr):
+    """Rows c0 … c0 + BLOCK_T − 1 of expert ``e``'s pairs, in pair order: (pair of each row, valid)."""
+    match = experts == e
+    rank = tl.cumsum(match.to(tl.int32), axis=0) - 1
+    want = c0 + tl.arange(0, BLOCK_T)
+    sel = match[None, :] & (rank[None, :] == want[:, None])
+    return tl.sum(tl.where(sel, lanes[None, :], 0), axis=1), tl.sum(sel.to(tl.int32), axis=1) > 0
+
+
+@triton.jit
+def _amax_bits(ptr, rows, row_ok, start, stop, row_len, BLOCK_T: tl.constexpr):
+    """Per row, the amax bits of columns [start, stop) of rows ``rows`` of a [*, row_len] matrix
+    (through L2: the matrix may have been written during this launch)."""
+    cols = tl.arange(0, FP8_BLOCK)
+    m = tl.zeros([BLOCK_T, FP8_BLOCK], dtype=tl.int32)
+    for c0 in range(start, stop, FP8_BLOCK):
+        c = c0 + cols
+        v = tl.load(
+            ptr + rows[:, None].to(tl.int64) * row_len + c[None, :],
+            mask=row_ok[:, None] & (c < stop)[None, :],
+            other=0.0,
+            cache_modifier=".cg",
+        )
+        m = tl.maximum(m, _abs_bits(v))
+    return tl.max(m, axis=1)
+
+
+@triton.jit
+def _scale_from_bits(bits):
+    return _scale_of(bits.to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def _group_scale(ptr, rows, row_ok, k0, row_len, BLOCK_T: tl.constexpr):
+    """fp8_block: the scale of each row's 1×128 group holding column k0."""
+    cols = k0 // FP8_BLOCK * FP8_BLOCK + tl.arange(0, FP8_BLOCK)  # one load, no loop: the K loop stays innermost
+    v = tl.load(
+        ptr + rows[:, None].to(tl.int64) * row_len + cols[None, :],
+        mask=row_ok[:, None] & (cols < row_len)[None, :],
+        other=0.0,
+        cache_modifier=".cg",
+    )
+    return _scale_from_bits(tl.max(_abs_bits(v), axis=1))
+
+
+# ---- the tasks ---------------------------------------------------------------------------------
+
+
+@triton.jit
+def _gemm1_task(
+    x_ptr,
+    w1_ptr,
+    w1_scale_ptr,
+    topk_ids_ptr,
+    h_ptr,
+    counters_ptr,
+    error_ptr,
+    experts,
+    lanes,
+    e,
+    n_tile,
+    s_tensor,
+    K,
+    I,
+    E,
+    TOP_K: tl.constexpr,
+    QUANT: tl.constexpr,
+    STATIC: tl.constexpr,
+    FP8_IMPRECISE_ACC: tl.constexpr,
+    INTERPRETER: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """Phase A, a leader's task: h[pairs of expert e, n-tile] = SiLU(x·W1_gateᵀ)·(x·W1_upᵀ)."""
+    offs_n = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = offs_n < I
+    offs_k = tl.arange(0, BLOCK_K)
+    N_TOTAL = 2 * I  # W1 rows: gate 0 … I−1, up I … 2I−1
+    K_GROUPS = tl.cdiv(K, FP8_BLOCK)
+    N_GROUPS = tl.cdiv(N_TOTAL, FP8_BLOCK)
+    w_ptrs = w1_ptr + e.to(tl.int64) * N_TOTAL * K + offs_n[:, None] * K + offs_k[None, :]
+    n_match = tl.sum((experts == e).to(tl.int32), axis=0)
+    bad = tl.full([], 0, tl.int32)
+    for c0 in range(0, n_match, BLOCK_T):
+        pair, row_ok = _chunk_rows(experts, lanes, e, c0, BLOCK_T)
+        tok = pair // TOP_K
+        raw = tl.load(topk_ids_ptr + pair, mask=row_ok, other=0)
+        id_ok = (raw >= 0) & (raw < E)
+        s_rows = tl.zeros([BLOCK_T], dtype=tl.float32) + s_tensor  # x's scale per row (fp8_tensor, fp8_channel)
+        if QUANT == PER_CHANNEL:
+            s_rows = _scale_from_bits(_amax_bits(x_ptr, tok, row_ok, 0, K, K, BLOCK_T))
+        x_ptrs = x_ptr + tok[:, None].to(tl.int64) * K + offs_k[None, :]
+        acc = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
+        scale_bad = tl.zeros([BLOCK_N], dtype=tl.int32)
+        for k0 in range(0, K, BLOCK_K):
+            k_ok = offs_k < K - k0
+            a = tl.load(x_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            w = tl.load(w_ptrs + k0, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+            w_up = tl.load(w_ptrs + I * K + k0, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+            if QUANT == PER_BLOCK:
+                s_a = _group_scale(x_ptr, tok, row_ok, k0, K, BLOCK_T)
+                q = _quantize(a, s_a[:, None], INTERPRETER)
+                kg = k0 // FP8_BLOCK
+                s_w = tl.load(
+                    w1_scale_ptr + (e * N_GROUPS + offs_n // FP8_BLOCK) * K_GROUPS + kg, mask=col_ok, other=1.0
+                )
+                s_wu = tl.load(
+                    w1_scale_ptr + (e * N_GROUPS + (I + offs_n) // FP8_BLOCK) * K_GROUPS + kg, mask=col_ok, other=1.0
+                )
+                scale_bad |= _scale_bad(s_w)
+                scale_bad |= _scale_bad(s_wu)
+                acc = _mma_scaled(acc, q, w, s_a, s_w, True, INTERPRETER)
+                acc_up = _mma_scaled(acc_up, q, w_up, s_a, s_wu, True, INTERPRETER)
+            elif QUANT != 0:
+                q = _quantize(a, s_rows[:, None], INTERPRETER)
+                acc = _mma(acc, q, w, True, INTERPRETER, FP8_IMPRECISE_ACC)
+                acc_up = _mma(acc_up, q, w_up, True, INTERPRETER, FP8_IMPRECISE_ACC)
+            else:
+                acc = _mma(acc, a, w, True, INTERPRETER, FP8_IMPRECISE_ACC)
+                acc_up = _mma(acc_up, a, w_up, True, INTERPRETER, FP8_IMPRECISE_ACC)
+        # dequantize as the grouped epilogue does (triton_moe.kernel_parts._dequant_after_loop)
+        if QUANT == PER_TENSOR:
+            s_w = tl.load(w1_scale_ptr + e)
+            acc = acc * (s_rows * s_w)[None, :]
+            acc_up = acc_up * (s_rows * s_w)[None, :]
+            bad = tl.maximum(bad, _scale_bad(s_w))
+        elif QUANT == PER_CHANNEL:
+            s_w = tl.load(w1_scale_ptr + e * N_TOTAL + offs_n, mask=col_ok, other=0.0)
+            s_wu = tl.load(w1_scale_ptr + e * N_TOTAL + I + offs_n, mask=col_ok, other=0.0)
+            acc = acc * s_rows[None, :] * s_w[:, None]
+            acc_up = acc_up * s_rows[None, :] * s_wu[:, None]
+            bad = tl.maximum(bad, tl.max(tl.where(col_ok, _scale_bad(s_w) | _scale_bad(s_wu), 0), axis=0))
+        elif QUANT == PER_BLOCK:
+            bad = tl.maximum(bad, tl.max(scale_bad, axis=0))
+        out_mask = col_ok[:, None] & row_ok[None, :]
+        h = acc / (1.0 + tl.exp(-acc)) * acc_up  # SiLU(gate)·up in fp32
+        h = tl.where(out_mask & id_ok[None, :], h, 0.0)  # a bad id's pair: zero (moe_spec.contract)
+        if QUANT == PER_TENSOR and not STATIC:
+            tl.atomic_max(counters_ptr + AMAX_H, tl.max(tl.max(_abs_bits(h), axis=1), axis=0))
+        h_ptrs = h_ptr + pair[None, :].to(tl.int64) * I + offs_n[:, None]
+        tl.store(h_ptrs, _cast_out(h, h_ptr.dtype.element_ty, INTERPRETER), mask=out_mask)
+    tl.atomic_or(error_ptr, BAD_W1_SCALE, mask=bad > 0)
+
+
+@triton.jit
+def _gemm2_step(
+    acc,
+    scale_bad,
+    w,
+    k0,
+    h_ptr,
+    pair,
+    row_ok,
+    s_rows,
+    w2_scale_ptr,
+    e,
+    offs_n,
+    col_ok,
+    K,
+    I,
+    QUANT: tl.constexpr,
+    FP8_IMPRECISE_ACC: tl.constexpr,
+    INTERPRETER: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """One K step of GEMM2 on the loaded W2 tile ``w``: the rows' h (quantized under FP8)."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    a = tl.load(
+        h_ptr + pair[:, None].to(tl.int64) * I + offs_k[None, :],
+        mask=row_ok[:, None] & (offs_k < I)[None, :],
+        other=0.0,
+        cache_modifier=".cg",
+    )
+    if QUANT == PER_BLOCK:
+        s_a = _group_scale(h_ptr, pair, row_ok, k0, I, BLOCK_T)
+        q = _quantize(a, s_a[:, None], INTERPRETER)
+        s_w = tl.load(
+            w2_scale_ptr + (e * tl.cdiv(K, FP8_BLOCK) + offs_n // FP8_BLOCK) * tl.cdiv(I, FP8_BLOCK) + k0 // FP8_BLOCK,
+            mask=col_ok,
+            other=1.0,
+        )
+        scale_bad |= _scale_bad(s_w)
+        acc = _mma_scaled(acc, q, w, s_a, s_w, True, INTERPRETER)
+    elif QUANT != 0:
+        acc = _mma(acc, _quantize(a, s_rows[:, None], INTERPRETER), w, True, INTERPRETER, FP8_IMPRECISE_ACC)
+    else:
+        acc = _mma(acc, a, w, True, INTERPRETER, FP8_IMPRECISE_ACC)
+    return acc, scale_bad
+
+
+@triton.jit
+def _gemm2_task(
+    w2_ptr,
+    w2_scale_ptr,
+    a2_scale_ptr,
+    topk_weights_ptr,
+    topk_ids_ptr,
+    h_ptr,
+    y_ptr,
+    counters_ptr,
+    error_ptr,
+    experts,
+    lanes,
+    p,
+    e,
+    k_tile,
+    wait_ptr,
+    wait_for,
+    K,
+    I,
+    E,
+    QUANT: tl.constexpr,
+    STATIC: tl.constexpr,
+    FP8_IMPRECISE_ACC: tl.constexpr,
+    INTERPRETER: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """Phase B, a leader's task: y[pairs of expert e, k-tile] = w_p · (h_p · W2[e, k-tile, :]ᵀ)."""
+    offs_n = k_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = offs_n < K
+    offs_k = tl.arange(0, BLOCK_K)
+    w_ptrs = w2_ptr + e.to(tl.int64) * K * I + offs_n[:, None] * I + offs_k[None, :]
+    # W2 does not depend on GEMM1: its first tile is on its way while this task waits
+    w_first = tl.load(w_ptrs, mask=col_ok[:, None] & (offs_k < I)[None, :], other=0.0)
+    _wait(wait_ptr, wait_for)
+    s_tensor = 1.0
+    if QUANT == PER_TENSOR:
+        if STATIC:
+            s_tensor = tl.load(a2_scale_ptr)
+        else:
+            s_tensor = _scale_from_bits(tl.load(counters_ptr + AMAX_H, cache_modifier=".cg"))
+    n_match = tl.sum((experts == e).to(tl.int32), axis=0)
+    bad = tl.full([], 0, tl.int32)
+    for c0 in range(0, n_match, BLOCK_T):
+        pair, row_ok = _chunk_rows(experts, lanes, e, c0, BLOCK_T)
+        raw = tl.load(topk_ids_ptr + pair, mask=row_ok, other=0)
+        id_ok = (raw >= 0) & (raw < E)
+        rw = tl.load(topk_weights_ptr + pair, mask=row_ok, other=0.0)
+        s_rows = tl.zeros([BLOCK_T], dtype=tl.float32) + s_tensor
+        if QUANT == PER_CHANNEL:
+            s_rows = _scale_from_bits(_amax_bits(h_ptr, pair, row_ok, 0, I, I, BLOCK_T))
+        acc = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
+        scale_bad = tl.zeros([BLOCK_N], dtype=tl.int32)
+        acc, scale_bad = _gemm2_step(
+            acc,
+            scale_bad,
+            w_first,
+            0,
+            h_ptr,
+            pair,
+            row_ok,
+            s_rows,
+            w2_scale_ptr,
+            e,
+            offs_n,
+            col_ok,
+            K,
+            I,
+            QUANT,
+            FP8_IMPRECISE_ACC,
+            INTERPRETER,
+            BLOCK_T,
+            BLOCK_K,
+        )
+        for k0 in range(BLOCK_K, I, BLOCK_K):
+            w = tl.load(w_ptrs + k0, mask=col_ok[:, None] & (offs_k < I - k0)[None, :], other=0.0)
+            acc, scale_bad = _gemm2_step(
+                acc,
+                scale_bad,
+                w,
+                k0,
+                h_ptr,
+                pair,
+                row_ok,
+                s_rows,
+                w2_scale_ptr,
+                e,
+                offs_n,
+                col_ok,
+                K,
+                I,
+                QUANT,
+                FP8_IMPRECISE_ACC,
+                INTERPRETER,
+                BLOCK_T,
+                BLOCK_K,
+            )
+        if QUANT == PER_TENSOR:
+            s_w = tl.load(w2_scale_ptr + e)
+            acc = acc * (s_rows * s_w)[None, :]
+            bad = tl.maximum(bad, _scale_bad(s_w))
+        elif QUANT == PER_CHANNEL:
+            s_w = tl.load(w2_scale_ptr + e * K + offs_n, mask=col_ok, other=0.0)
+            acc = acc * s_rows[None, :] * s_w[:, None]
+            bad = tl.maximum(bad, tl.max(tl.where(col_ok, _scale_bad(s_w), 0), axis=0))
+        elif QUANT == PER_BLOCK:
+            bad = tl.maximum(bad, tl.max(scale_bad, axis=0))
+        # a pair whose id is outside [0, E): NaN instead of its routing weight (moe_spec.contract)
+        acc = acc * tl.where(id_ok | ~row_ok, rw, float("nan"))[None, :]
+        y_ptrs = y_ptr + pair[None, :].to(tl.int64) * K + offs_n[:, None]
+        tl.store(y_ptrs, _cast_out(acc, y_ptr.dtype.element_ty, INTERPRETER), mask=col_ok[:, None] & row_ok[None, :])
+    tl.atomic_or(error_ptr, BAD_W2_SCALE, mask=bad > 0)
+
+
+@triton.jit
+def _combine_task(
+    y_ptr,
+    out_ptr,
+    topk_weights_ptr,
+    topk_ids_ptr,
+    a1_scale_ptr,
+    a2_scale_ptr,
+    error_ptr,
+    t_block,
+    k_tile,
+    num_tokens,
+    K,
+    E,
+    TOP_K: tl.constexpr,
+    SLOTS: tl.constexpr,
+    STATIC: tl.constexpr,
+    INTERPRETER: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Phase C: out[t, k-tile] = Σ_j y[t·TOP_K + j, k-tile] in fp32, j ascending, rounded once; the
+    first k-tile also checks its tokens' routing (the alignment's and GEMM2's bits)."""
+    toks = t_block * BLOCK_T + tl.arange(0, BLOCK_T)
+    tok_ok = toks < num_tokens
+    cols = k_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = tok_ok[:, None] & (cols < K)[None, :]
+    total = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
+    for j in range(TOP_K):
+        y_ptrs = y_ptr + (toks * TOP_K + j)[:, None].to(tl.int64) * K + cols[None, :]
+        total += tl.load(y_ptrs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+    out_ptrs = out_ptr + toks[:, None].to(tl.int64) * K + cols[None, :]
+    tl.store(out_ptrs, _cast_out(total, out_ptr.dtype.element_ty, INTERPRETER), mask=mask)
+    if k_tile == 0:
+        slots = tl.arange(0, SLOTS)
+        ok = tok_ok[:, None] & (slots < TOP_K)[None, :]
+        pair = toks[:, None] * TOP_K + slots[None, :]
+        ids = tl.load(topk_ids_ptr + pair, mask=ok, other=0)
+        in_range = (ids >= 0) & (ids < E)
+        repeated = tl.zeros([BLOCK_T, SLOTS], dtype=tl.int1)
+        for back in tl.static_range(1, TOP_K):  # the same id in an earlier slot of the row
+            earlier = tl.load(topk_ids_ptr + pair - back, mask=ok & (slots >= back)[None, :], other=-1)
+            repeated |= (slots >= back)[None, :] & (earlier == ids)
+        rw = tl.load(topk_weights_ptr + pair, mask=ok, other=0.0)
+        bits = tl.where(_any(ok & ~in_range), BAD_ID, 0)
+        bits |= tl.where(_any(ok & in_range & repeated), REPEATED_ID, 0)
+        bits |= tl.where(_any(ok & ~(tl.abs(rw) < float("inf"))), BAD_WEIGHT, 0)
+        if STATIC and t_block == 0:
+            bits |= tl.where(_scale_bad(tl.load(a1_scale_ptr)) > 0, BAD_A1_SCALE, 0)
+            bits |= tl.where(_scale_bad(tl.load(a2_scale_ptr)) > 0, BAD_A2_SCALE, 0)
+        tl.atomic_or(error_ptr, bits, mask=bits != 0)
+
+
+@triton.jit(do_not_specialize=["num_tokens"])
+def decode_moe_kernel(
+    x_ptr,  # [T, K] bf16
+    w1_ptr,
+    w2_ptr,  # [E, 2I, K], [E, K, I]: bf16 or E4M3
+    w1_scale_ptr,
+    w2_scale_ptr,  # the weights' scales (FP8)
+    a1_scale_ptr,
+    a2_scale_ptr,  # static activation scales (fp8_tensor, STATIC)
+    topk_weights_ptr,
+    topk_ids_ptr,  # [T, TOP_K]
+    h_ptr,  # [P, I] intermediate: bf16, fp32 under FP8
+    y_ptr,  # [P, K] bf16: GEMM2 × routing weight, by pair
+    out_ptr,  # [T, K] bf16
+    counters_ptr,  # int32 [HEADER + PAIR_LANES + ⌈K/BLOCK_N⌉], zero at entry and at exit
+    error_ptr,  # the device's error word (moe_spec.validate)
+    num_tokens,  # T: varies per call
+    K,
+    I,
+    E,
+    TOP_K: tl.constexpr,
+    SLOTS: tl.constexpr,  # TOP_K rounded up to a power of two
+    QUANT: tl.constexpr,
+    STATIC: tl.constexpr,  # fp8_tensor with static activation scales
+    FP8_IMPRECISE_ACC: tl.constexpr,
+    INTERPRETER: tl.constexpr,
+    PAIRS: tl.constexpr,  # pair lanes (PAIR_LANES)
+    BLOCK_T: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    P = num_tokens * TOP_K
+    NT1 = tl.cdiv(I, BLOCK_N)
+    NK = tl.cdiv(K, BLOCK_N)
+    NTB = tl.cdiv(num_tokens, BLOCK_T)
+    DYNAMIC_TENSOR: tl.constexpr = QUANT == PER_TENSOR and not STATIC
+    A0 = NTB if DYNAMIC_TENSOR else 0  # phase 0: x's amax per token block
+    B0 = A0 + P * NT1
+    C0 = B0 + NK * P
+    END = C0 + NK * NTB
+    lanes = tl.arange(0, PAIRS)
+    raw = tl.load(topk_ids_ptr + lanes, mask=lanes < P, other=0)
+    experts = tl.where(lanes < P, tl.minimum(tl.maximum(raw, 0), E - 1).to(tl.int32), -1)  # bad ids clamped
+    done1 = counters_ptr + HEADER
+    done2 = done1 + PAIRS
+
+    task = tl.atomic_add(counters_ptr + TICKET, 1)
+    while task < END:
+        if task < A0:  # phase 0
+            rows = task * BLOCK_T + tl.arange(0, BLOCK_T)
+            m = tl.max(_amax_bits(x_ptr, rows, rows < num_tokens, 0, K, K, BLOCK_T), axis=0)
+            tl.atomic_max(counters_ptr + AMAX_X, m)
+            _signal(counters_ptr + DONE0)
+        elif task < B0:  # phase A: (pair, n-tile)
+            p = (task - A0) // NT1
+            e = _at(experts, lanes, p)
+            if tl.sum(((experts == e) & (lanes < p)).to(tl.int32), axis=0) == 0:  # the leader
+                s_x = 1.0
+                if QUANT == PER_TENSOR:
+                    if STATIC:
+                        s_x = tl.load(a1_scale_ptr)
+                    else:
+                        _wait(counters_ptr + DONE0, NTB)
+                        s_x = _scale_from_bits(tl.load(counters_ptr + AMAX_X, cache_modifier=".cg"))
+                _gemm1_task(
+                    x_ptr,
+                    w1_ptr,
+                    w1_scale_ptr,
+                    topk_ids_ptr,
+                    h_ptr,
+                    counters_ptr,
+                    error_ptr,
+                    experts,
+                    lanes,
+                    e,
+                    (task - A0) % NT1,
+                    s_x,
+                    K,
+                    I,
+                    E,
+                    TOP_K,
+                    QUANT,
+                    STATIC,
+                    FP8_IMPRECISE_ACC,
+                    INTERPRETER,
+                    BLOCK_T,
+                    BLOCK_N,
+                    BLOCK_K,
+                )
+            _signal(done1 + p)
+            if DYNAMIC_TENSOR:
+                tl.atomic_add(counters_ptr + DONE_A, 1, sem="release")
+        elif task < C0:  # phase B: (k-tile, pair)
+            k_tile = (task - B0) // P
+            p = (task - B0) % P
+            e = _at(experts, lanes, p)
+            if tl.sum(((experts == e) & (lanes < p)).to(tl.int32), axis=0) == 0:
+                wait_ptr = done1 + p
+                wait_for = NT1
+                if DYNAMIC_TENSOR:  # the intermediate's amax is whole once every A task is done
+                    wait_ptr = counters_ptr + DONE_A
+                    wait_for = P * NT1
+                _gemm2_task(
+                    w2_ptr,
+                    w2_scale_ptr,
+                    a2_scale_ptr,
+                    topk_weights_ptr,
+                    topk_ids_ptr,
+                    h_ptr,
+                    y_ptr,
+                    counters_ptr,
+                    error_ptr,
+                    experts,
+                    lanes,
+                    p,
+                    e,
+                    k_tile,
+                    wait_ptr,
+                    wait_for,
+                    K,
+                    I,
+                    E,
+                    QUANT,
+                    STATIC,
+                    FP8_IMPRECISE_ACC,
+                    INTERPRETER,
+                    BLOCK_T,
+                    BLOCK_N,
+                    BLOCK_K,
+                )
+            _signal(done2 + k_tile)
+        else:  # phase C: (k-tile, token block)
+            k_tile = (task - C0) // NTB
+            _wait(done2 + k_tile, P)
+            _combine_task(
+                y_ptr,
+                out_ptr,
+                topk_weights_ptr,
+                topk_ids_ptr,
+                a1_scale_ptr,
+                a2_scale_ptr,
+                error_ptr,
+                (task - C0) % NTB,
+                k_tile,
+                num_tokens,
+                K,
+                E,
+                TOP_K,
+                SLOTS,
+                STATIC,
+                INTERPRETER,
+                BLOCK_T,
+                BLOCK_N,
+            )
+        task = tl.atomic_add(counters_ptr + TICKET, 1)
+
+    # the last program out resets every counter for the next launch (nobody waits any more)
+    if tl.atomic_add(counters_ptr + EXIT, 1, sem="acq_rel") == tl.num_programs(0) - 1:
+        words = HEADER + PAIRS + NK
+        z = tl.arange(0, 128)
+        for z0 in range(0, words, 128):
+            tl.store(counters_ptr + z0 + z, tl.zeros_like(z), mask=z0 + z < words)
+
+
+# ---- the host side -----------------------------------------------------------------------------
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def num_tasks(T: int, top_k: int, K: int, I: int, quant, static: bool, cfg: DecodeConfig) -> int:  # noqa: E741
+    """The tasks of one launch (the kernel's numbering)."""
+    P, ntb = T * top_k, _cdiv(T, cfg.BLOCK_T)
+    phase0 = ntb if (quant == "fp8_tensor" and not static) else 0
+    return phase0 + P * _cdiv(I, cfg.BLOCK_N) + (P + ntb) * _cdiv(K, cfg.BLOCK_N)
+
+
+def counter_words(K: int, cfg: DecodeConfig) -> int:
+    """int32 words of one counter block: the header, done1 per pair lane, done2 per k-tile."""
+    return HEADER.value + PAIR_LANES + _cdiv(K, cfg.BLOCK_N)
+
+
+@functools.lru_cache(maxsize=16)
+def _resident_programs(device_index: int, smem_bytes: int) -> int:
+    props = torch.cuda.get_device_properties(device_index)
+    per_sm = max(1, min(PROGRAMS_PER_SM, props.shared_memory_per_multiprocessor // max(smem_bytes, 1)))
+    return props.multi_processor_count * per_sm
+
+
+def grid_size(tasks: int, quant, cfg: DecodeConfig, device) -> int:
+    """min(tasks, the programs that can be resident): SMs × programs per SM as shared memory allows."""
+    if device.type != "cuda":
+        return min(tasks, INTERPRET_PROGRAMS)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return min(tasks, _resident_programs(index, cfg.smem_bytes(quant)))
+
+
+_counter_blocks: dict = {}
+_counter_lock = threading.Lock()
+
+
+def counter_block(device, words: int) -> torch.Tensor:
+    """The int32 counters of a launch on ``device`` (zeroed once when made; every launch leaves
+    them zero). Eager calls use their stream's block (launches on one stream never overlap); a
+    call during a CUDA graph capture, or through the torch op, uses the device's graph block,
+    made together with the first eager block so that a capture finds it (a graph replays its
+    launches in order; two graphs replayed at once on two streams would share it)."""
+    graph = device.type == "cuda" and (torch.cuda.is_current_stream_capturing() or through_op())
+    stream = None
+    if device.type == "cuda" and not graph:
+        stream = torch.cuda.current_stream(device).cuda_stream
+    key = (device, "graph" if graph else stream, words)
+    block = _counter_blocks.get(key)
+    if block is None:
+        with _counter_lock:
+            block = _counter_blocks.get(key)
+            if block is None:
+                block = _counter_blocks[key] = torch.zeros(words, dtype=torch.int32, device=device)
+                graph_key = (device, "graph", words)
+                if graph_key not in _counter_blocks and not graph:
+                    _counter_blocks[graph_key] = torch.zeros(words, dtype=torch.int32, device=device)
+    return block
+
+
+def _buffers(T: int, top_k: int, K: int, I: int, quant, device) -> dict:  # noqa: E741
+    P = T * top_k
+    h_dtype = torch.float32 if get_format(quant).quantized else torch.bfloat16
+    return dict(
+        h=torch.empty((P, I), dtype=h_dtype, device=device), y=torch.empty((P, K), dtype=torch.bfloat16, device=device)
+    )
+
+
+_workspaces: OrderedDict = OrderedDict()
+
+
+def decode_workspace(T: int, top_k: int, K: int, I: int, quant, device, cfg: DecodeConfig) -> dict:  # noqa: E741
+    """h, y and the counters of one call: h and y reused by the eager calls of one stream and
+    thread (fresh during a CUDA graph capture or a call through the op, as
+    :func:`triton_moe.launches._workspace_of` does), the counters of :func:`counter_block`."""
+    counters = counter_block(device, counter_words(K, cfg))
+    sizes = (T, top_k, K, I, quant, device)
+    if device.type == "cuda" and (torch.cuda.is_current_stream_capturing() or through_op()):
+        return {**_buffers(*sizes), "counters": counters}
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+    key = (sizes, stream, threading.get_ident())
+    b = _workspaces.get(key)
+    if b is None:
+        b = _workspaces[key] = _buffers(*sizes)
+        if len(_workspaces) > WORKSPACES:
+            _workspaces.popitem(last=False)
+    else:
+        _workspaces.move_to_end(key)
+    return {**b, "counters": counters}
+
+
+@functools.lru_cache(maxsize=1024)
+def decode_launch(T: int, top_k: int, K: int, I: int, quant, static: bool, cfg: DecodeConfig, grid: int) -> Bound:  # noqa: E741
+    """The launch of one call's shape, grid and constexprs bound once (:class:`~triton_moe.jit.Bound`)."""
+    return Bound(
+        decode_moe_kernel,
+        (grid,),
+        TOP_K=top_k,
+        SLOTS=1 << (top_k - 1).bit_length(),
+        QUANT=QUANT_MODE[quant],
+        STATIC=static,
+        FP8_IMPRECISE_ACC=fp8_imprecise_acc(cfg.BLOCK_K, quant),
+        INTERPRETER=INTERPRET,
+        PAIRS=PAIR_LANES,
+        BLOCK_T=cfg.BLOCK_T,
+        BLOCK_N=cfg.BLOCK_N,
+        BLOCK_K=cfg.BLOCK_K,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+
+
+def check_pairs(T: int, top_k: int) -> None:
+    """The decode kernel holds at most PAIR_LANES pairs; a larger call is refused, naming config."""
+    if T * top_k > PAIR_LANES:
+        raise ValueError(
+            f"config: the decode kernel serves at most {PAIR_LANES} (token, slot) pairs, got T·top_k = {T * top_k}; "
+            "pass a triton_moe.TritonConfig (the grouped pipeline) or no config"
+        )
+
+
+def decode_fused_moe(
+    x,
+    w1,
+    w2,
+    topk_weights,
+    topk_ids,
+    *,
+    quant=None,
+    w1_scale=None,
+    w2_scale=None,
+    a1_scale=None,
+    a2_scale=None,
+    config: DecodeConfig,
+    workspace: dict | None = None,
+) -> torch.Tensor:
+    """The MoE layer in one launch → out [T, K] bf16. The arguments are ``fused_moe``'s, already
+    validated (:func:`triton_moe.moe.fused_moe` checks them and dispatches here); ``config`` a
+    checked :class:`~triton_moe.config.DecodeConfig`; ``workspace`` h, y and counters of
+    :func:`decode_workspace` (default: this stream's)."""
+    T, K = x.shape
+    E, _, I = w2.shape
+    top_k = topk_ids.shape[1]
+    check_pairs(T, top_k)
+    static = a1_scale is not None
+    ws = workspace or decode_workspace(T, top_k, K, I, quant, x.device, config)
+    out = torch.empty((T, K), dtype=torch.bfloat16, device=x.device)
+    grid = grid_size(num_tasks(T, top_k, K, I, quant, static, config), quant, config, x.device)
+    launch = decode_launch(T, top_k, K, I, quant, static, config, grid)
+    dummy = out  # stands in for the pointers a format does not read
+    launch(
+        x,
+        w1,
+        w2,
+        w1_scale if w1_scale is not None else dummy,
+        w2_scale if w2_scale is not None else dummy,
+        a1_scale if static else dummy,
+        a2_scale if static else dummy,
+        topk_weights,
+        topk_ids,
+        ws["h"],
+        ws["y"],
+        out,
+        ws["counters"],
+        error_word(x.device),
+        T,
+        K,
+        I,
+        E,
+    )
+    return out
