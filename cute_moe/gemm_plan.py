@@ -217,8 +217,8 @@ def fake_arguments(cfg: GemmConfig, index_dtype: str = INDEX_DTYPE):
         dt, (cute.sym_int() if cfg.gather_rows else m_pad, k), stride_order=(1, 0), assumed_align=16
     )
     if cfg.gated:  # W1 [E, 2I, K] seen as (I, K, half, E): strides (K, 1, I·K, 2I·K); C is [M_pad, I]
-        # every extent symbolic, the half's too: the call marks the whole layout dynamic
-        # (runtime.cute_tensor), and a static extent here would shift the extents it passes
+        # every extent symbolic, the half's too: the call passes the view as it is (runtime.py) and the
+        # compiled function reads every extent from it
         w = make_fake_tensor(
             dt,
             (n_out, k, cute.sym_int(), experts),
