@@ -243,9 +243,20 @@ def test_gated_gemm(kw):
     assert torch.equal(fused[:used].view(torch.int16), plain[:used].view(torch.int16))
 
 
+@pytest.fixture
+def fresh_calls():
+    """``cute_moe.moe.forget_calls``: fused_moe's plans and bound launches are cached per call signature, so a
+    test that flips a switch the plan reads, or stands in for a kernel, drops them (and they go again after it)."""
+    import cute_moe.moe as moe
+
+    moe.forget_calls()
+    yield moe.forget_calls
+    moe.forget_calls()
+
+
 @pytest.mark.parametrize("spec", ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8"])
 @pytest.mark.parametrize("T", [1, 8, 128, 4096])
-def test_gated_layer_runs_no_silu_kernel_and_agrees_with_separate(shapes, spec, T, monkeypatch):
+def test_gated_layer_runs_no_silu_kernel_and_agrees_with_separate(shapes, spec, T, monkeypatch, fresh_calls):
     """With the switch on, the bf16 plan's GEMM1 is gated: the layer never calls the SiLU·mul row kernel, meets the
     oracle, reruns bit for bit, and agrees with the unfused pipeline (plain GEMM1 + row kernel, whose
     H is rounded to bf16 before SiLU) within the tolerance."""
@@ -255,6 +266,7 @@ def test_gated_layer_runs_no_silu_kernel_and_agrees_with_separate(shapes, spec, 
     import cute_moe.moe as moe
 
     monkeypatch.setattr(importlib.import_module("cute_moe.plan"), "GATED_GEMM1", True)  # whichever way it stands
+    fresh_calls()  # the switch changes the plan
     inp = _inputs(shapes, spec, T, seed=21)
     assert cute_moe.plan(_dims(inp)).gemm1.gated
     separate = cute_moe.fused_moe(**inp.kwargs(), fusion="separate")
@@ -262,7 +274,9 @@ def test_gated_layer_runs_no_silu_kernel_and_agrees_with_separate(shapes, spec, 
     def refuse(*args, **kwargs):
         raise AssertionError("the fused bf16 layer launched the SiLU·mul row kernel")
 
-    monkeypatch.setattr(moe, "silu_mul", refuse)
+    row_kernels = moe._row_kernels
+    monkeypatch.setattr(moe, "_row_kernels", lambda device: {**row_kernels(device), "silu_mul": refuse})
+    fresh_calls()  # the call binds its launches again: the SiLU·mul kernel is the refusal
     out = cute_moe.fused_moe(**inp.kwargs())
     again = cute_moe.fused_moe(**inp.kwargs())
     ref = oracle(**inp.kwargs())
@@ -330,7 +344,7 @@ def test_gathering_gemm_is_the_tma_path_bit_for_bit(kw):
 
 @pytest.mark.parametrize("spec", ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8"])
 @pytest.mark.parametrize("T", [1, 8, 128, 4096])
-def test_gathering_layer_runs_no_gather_kernel(shapes, spec, T, monkeypatch):
+def test_gathering_layer_runs_no_gather_kernel(shapes, spec, T, monkeypatch, fresh_calls):
     """With the switch on, the bf16 plan's GEMM1 gathers its rows: the layer never launches the gather row kernel, meets
     the oracle, reruns bit for bit, and equals the layer with the switch off (gather kernel + TMA)."""
     import importlib
@@ -341,6 +355,7 @@ def test_gathering_layer_runs_no_gather_kernel(shapes, spec, T, monkeypatch):
     plan_module = importlib.import_module("cute_moe.plan")
     inp = _inputs(shapes, spec, T, seed=23)
     monkeypatch.setattr(plan_module, "GATHER_IN_PRODUCER", False)  # the switch off: gather kernel + TMA
+    fresh_calls()  # the switch changes the plan
     assert not cute_moe.plan(_dims(inp)).gemm1.gather_rows
     tma = cute_moe.fused_moe(**inp.kwargs())
     monkeypatch.setattr(plan_module, "GATHER_IN_PRODUCER", True)  # on, whichever way the module has it
@@ -349,7 +364,9 @@ def test_gathering_layer_runs_no_gather_kernel(shapes, spec, T, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the gathering bf16 layer launched the gather row kernel")
 
-    monkeypatch.setattr(moe, "gather_rows", refuse)
+    row_kernels = moe._row_kernels
+    monkeypatch.setattr(moe, "_row_kernels", lambda device: {**row_kernels(device), "gather": refuse})
+    fresh_calls()  # the plan and its launches again: the gather kernel is the refusal
     out = cute_moe.fused_moe(**inp.kwargs())
     again = cute_moe.fused_moe(**inp.kwargs())
     assert rel_l2(out, oracle(**inp.kwargs())) < TOL
