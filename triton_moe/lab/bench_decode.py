@@ -1,6 +1,6 @@
 """The one-launch decode kernel against the grouped pipeline on the GPU, and a sweep of its tile.
 
-    python -m triton_moe.lab.bench_decode --out DIR [--deadline-s 900] [--shapes ...] [--quants ...]
+    python -m triton_moe.lab.bench_decode --out DIR [--deadline-s 540] [--shapes ...] [--quants ...]
         [--tokens 1,2,4,8,16,32,64] [--sweep-tokens 1,8] [--no-sweep] [--commit C]
     python -m triton_moe.lab.bench_decode --sanitize     # one call each, no timing: for compute-sanitizer
 
@@ -12,7 +12,7 @@ shapes (compare's defaults) × bf16 and the three FP8 formats × T. A T whose T�
 decode kernel's pair lanes has a grouped row only. Each decode row is checked against the grouped
 pipeline's output (rel L2) and against a rerun (bit-identical); % floor is the roofline's.
 
-The sweep times the decode kernel over a few tiles (BLOCK_N 64 / 128, BLOCK_K 64 / 128 / 256,
+The sweep times the decode kernel over a few tiles (BLOCK_N 32 / 64 / 128, BLOCK_K 64 / 128 / 256,
 4 / 8 warps, 3 / 4 / 5 stages: :data:`CANDIDATES`) at ``--sweep-tokens``; each new tile compiles
 once per format and top_k, so the sweep is the run's longest part (a few minutes).
 
@@ -44,6 +44,7 @@ CANDIDATES = (
     (64, 256, 4, 3),
     (128, 64, 4, 4),
     (128, 128, 8, 3),
+    (32, 128, 4, 4),  # twice the GEMM1 tasks: more SMs streaming W1 where I is narrow (DeepSeek-V3 TP8)
 )
 #: A cell starts only when this much time is left before the deadline.
 CELL_S = 10.0
@@ -164,7 +165,7 @@ def main(argv=None):
         needs_cuda(prog)
         sanitize()
         return
-    parser = studyout.gpu_study_parser(prog, __doc__, FILES, 900.0)
+    parser = studyout.gpu_study_parser(prog, __doc__, FILES, 540.0)
     parser.add_argument("--shapes", default=",".join(SHAPES), help="catalog shapes, comma separated")
     parser.add_argument("--quants", default=",".join(QUANTS), help="formats, comma separated (bf16, fp8_…)")
     parser.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="token counts of the comparison")
