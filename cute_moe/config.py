@@ -93,9 +93,10 @@ class GemmConfig:
             epilogue, before the bf16 down-cast (GEMM2 applies the routing weights this way).
         group_tokens: rasterization: consecutive tile ids walk this many token blocks before
             moving to the next weight block, so CTAs resident together share tiles through L2 (≥ 1).
-        gated: SiLU·up in the epilogue (the bf16 layer's GEMM1, no row scale): weights ``[E, 2I, K]``
-            (gate rows, then up rows), output ``silu(gate)·up`` ``[M_pad, I]``; ``weights_tile``
-            counts output features, a stage carries the gate and the up tile (2·weights_tile rows).
+        gated: SiLU·up in the epilogue (GEMM1, no row scale): weights ``[E, 2I, K]`` (gate rows, then
+            up rows), output ``silu(gate)·up`` ``[M_pad, I]``; ``weights_tile`` counts output features,
+            a stage carries the gate and the up tile (2·weights_tile rows).  bf16 writes bf16; FP8
+            writes fp32 (each half promoted and dequantized with its own weight scales first).
         gather_rows: bf16 tokens read by row index from the unsorted ``x [T, K]`` (the producer of ``gemm.py``).
         schedule: "cooperative" (the default: the consumer warpgroups split one tile along M and run
             its epilogue together) or "pingpong" (``consumer_warpgroups=2``, bf16): each consumer
@@ -178,9 +179,10 @@ class GemmConfig:
 
     @property
     def accumulator_registers(self) -> int:
-        """fp32 accumulator registers per consumer thread (two accumulators for FP8 and for gated)."""
+        """fp32 accumulator registers per consumer thread: two accumulators for FP8 (block + promoted)
+        and for gated (gate + up), four for a gated FP8 GEMM1 (a block and a promoted one per half)."""
         per_acc = self.tile_m * self.tile_n // (WARPGROUP_THREADS * self.tile_warpgroups)
-        return per_acc * (2 if self.two_level or self.gated else 1)
+        return per_acc * (2 if self.two_level else 1) * (2 if self.gated else 1)
 
     @property
     def swizzle_bytes(self) -> int:

@@ -15,17 +15,17 @@ recompiles: one compiled kernel per :class:`~cute_moe.config.GemmConfig`.  The p
 token tile, the weight tile), the consumers speak GEMM: normal path A = tokens, B = weights, C N-major;
 swap-AB A = weights, B = tokens, C M-major (Cᵀ).
 
-One tile's life (``_body``, top to bottom): a CTA of ``128 · (1 + consumer_warpgroups)`` threads walks
-the persistent tile sequence (:mod:`cute_moe.gemm_parts` explains the walk, clusters, ping-pong and
-gathering).  The producer warpgroup (40 registers) waits for a free ring slot per K step and loads the
-token and weight boxes by TMA into 128-B-swizzled shared memory, where the slot's *full* mbarrier
-counts the bytes in — gated: also W1's up box; ``gather_rows``: token rows by cp.async; ``cluster = 2``:
-a shared weight box loaded half by each CTA, multicast into both.  The consumer warpgroups (232
-registers: the fp32 accumulators) wait on the full barrier, issue ``tile_k/16`` WGMMAs, keep one batch
-in flight and release the previous slot — cooperative: stacked along M on one tile; ping-pong: whole
-tiles each, taking turns; FP8: each K step promoted into the fp32 accumulator (:mod:`cute_moe.fp8_gemm`).
-The epilogue applies the FP8 scales, ``silu(gate)·up`` and the routing weight in fp32, rounds once,
-stages the tile in shared memory (``stmatrix``) and one thread stores it by TMA.
+One tile's life (``_body``, top to bottom): a CTA of ``128 · (1 + consumer_warpgroups)`` threads walks the
+persistent tile sequence (:mod:`cute_moe.gemm_parts` explains the walk, clusters, ping-pong and gathering). The
+producer warpgroup (40 registers) waits for a free ring slot per K step and loads the token and weight boxes by
+TMA into 128-B-swizzled shared memory, where the slot's *full* mbarrier counts the bytes in — gated: also W1's
+up box; ``gather_rows``: token rows by cp.async; ``cluster = 2``: a shared weight box loaded half by each CTA,
+multicast into both. The consumer warpgroups (232 registers: the fp32 accumulators) wait on the full barrier,
+issue ``tile_k/16`` WGMMAs, keep one batch in flight and release the previous slot — cooperative: stacked along
+M on one tile; ping-pong: whole tiles each, taking turns; FP8: each K step promoted into the fp32 accumulator
+(:mod:`cute_moe.fp8_gemm`; gated: the gate and the up chain, each with its half's weight scales). The epilogue
+applies the FP8 scales, ``silu(gate)·up`` and the routing weight in fp32, rounds once, stages the tile in shared
+memory (``stmatrix``) and one thread stores it by TMA.
 """
 
 from __future__ import annotations
@@ -46,11 +46,14 @@ from .gemm_parts import (
     MMA_ORDER_BARRIER_ID,
     RowGather,
     TileWalk,
+    dequantize_halves,
     issue_k_step,
     load_weights,
     multicast_halves,
     order_arrive,
     order_wait,
+    promote_halves,
+    up_half_scales,
 )
 from .rowops import silu_mul
 
@@ -285,14 +288,15 @@ class GroupedGemm:
                 blk = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)  # FP8: one K step's WGMMA sum
             # Gated: the up tiles are the weight operand of a second WGMMA chain into `up`, whose
             # layout is acc's (same tiled MMA, same thread slice): register i of both holds the same (m, n).
-            tCrA_up, tCrB_up, up = tCrA, tCrB, None
+            tCrA_up, tCrB_up, up, blk_up = tCrA, tCrB, None, None
             if cutlass.const_expr(cfg.gated):
                 up = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)
+                if cutlass.const_expr(cfg.two_level):
+                    blk_up = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)  # FP8: the up chain's K step
                 if cutlass.const_expr(swap):
                     tCrA_up = tiled_mma.make_fragment_A(thr_mma.partition_A(sU))
                 else:
                     tCrB_up = tiled_mma.make_fragment_B(thr_mma.partition_B(sU))
-            k_blocks = cute.size(tCrA, mode=[2])
 
             # Epilogue plumbing: registers → (stmatrix) → swizzled smem → (TMA) → global.
             stmatrix = cute.make_copy_atom(warp.StMatrix8x8x16bOp(swap, 4 if cfg.tile_n >= 16 else 2), self.out_dtype)
@@ -349,6 +353,7 @@ class GroupedGemm:
                     scales = TileScales.at(
                         cfg, tCcC, x_scale, w_scale, block_expert, token_block, weight_block, cute.size(mW, mode=[0])
                     )
+                    up_scales = up_half_scales(cfg, scales)  # gated: W1's up rows I + n (else None)
                 if cutlass.const_expr(cfg.pingpong):  # this warpgroup's turn on the tensor cores
                     order_wait(MMA_ORDER_BARRIER_ID, wg)
                 if cutlass.const_expr(not cfg.two_level):  # bf16: one accumulator (two gated) over all of K
@@ -387,21 +392,24 @@ class GroupedGemm:
                         warpgroup.fence()  # blk was last read by the previous promotion
                         tiled_mma.set(warpgroup.Field.ACCUMULATE, False)  # the first WGMMA zeroes blk
                         slot = read.index
-                        for kb in cutlass.range_constexpr(k_blocks):
+                        for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
                             cute.gemm(tiled_mma, blk, tCrA[(None, None, kb, slot)], tCrB[(None, None, kb, slot)], blk)
+                            if cutlass.const_expr(cfg.gated):  # its twin on the up tile, into blk_up
+                                up_a, up_b = tCrA_up[(None, None, kb, slot)], tCrB_up[(None, None, kb, slot)]
+                                cute.gemm(tiled_mma, blk_up, up_a, up_b, blk_up)
                             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
                         warpgroup.commit_group()
                         warpgroup.wait_group(0)  # blk complete: the slot is free, the sum can be read
                         ring.consumer_release(read)
                         read.advance()
-                        scales.promote(acc, blk, k)
+                        promote_halves(scales, up_scales, acc, blk, up, blk_up, k)  # (gated: both)
                 if cutlass.const_expr(cfg.quant is not None):
-                    scales.dequantize(acc)
+                    dequantize_halves(scales, up_scales, acc, up)  # gated: both halves, before SiLU·up
 
                 # ---- epilogue -------------------------------------------------------------
                 if cutlass.const_expr(cfg.gated):
                     # SiLU·up elementwise over matching registers, in fp32 (the row kernel's formula):
-                    # acc becomes the activation tile, rounded to bf16 once below
+                    # acc becomes the activation tile, rounded to bf16 once below (FP8: written in fp32)
                     acc.store(silu_mul(acc.load(), up.load()))
                 if cutlass.const_expr(cfg.row_scale):
                     # fp32 routing weight per token row, applied before the bf16 rounding

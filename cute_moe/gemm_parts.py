@@ -1,5 +1,6 @@
 """The pieces the grouped GEMM's kernel body (:mod:`cute_moe.gemm`) calls by name: the tile walk, the
-weight copy with its cluster multicast, ping-pong's named barriers and the gathering copy's geometry.
+weight copy with its cluster multicast, the gated FP8 GEMM1's up-half scales, ping-pong's named barriers
+and the gathering copy's geometry.
 
 Each is a plain function or a small frozen object, traced inline where the kernel calls it; none
 overrides anything.  The kernel body is the place to read a tile's life; this module explains the
@@ -62,6 +63,7 @@ K must be a multiple of ``tile_k`` (the copies do not zero-fill): ``moe.grouped_
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import cutlass
@@ -205,6 +207,35 @@ def issue_k_step(cfg, tiled_mma, acc, up, tCrA, tCrB, tCrA_up, tCrB_up, slot):
         cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, slot)], tCrB[(None, None, kb, slot)], acc)
         if cutlass.const_expr(cfg.gated):
             cute.gemm(tiled_mma, up, tCrA_up[(None, None, kb, slot)], tCrB_up[(None, None, kb, slot)], up)
+
+
+def up_half_scales(cfg, gate):
+    """The scales (:class:`~cute_moe.fp8_gemm.TileScales`) of a gated FP8 GEMM1's up accumulator, from
+    its gate accumulator's (None when ``cfg`` is not gated): W1's up rows are ``I + n`` (``I = last_col
+    + 1``, the gated output width), so its per-channel scales are read at ``I + n`` (clamped to
+    ``2I − 1`` as the gate's are to ``I − 1``) and its 128×128 block scales at block ``(I + col0) / 128``
+    (the whole tile's when I is a multiple of 128: ``limits.gated_quant_layer``); the activation scales
+    (the same token rows) and a per-tensor scale are the gate's."""
+    if not cfg.gated:
+        return None
+    n_out = gate.last_col + 1
+    return dataclasses.replace(gate, col0=gate.col0 + n_out, last_col=gate.last_col + n_out)
+
+
+def promote_halves(scales, up_scales, acc, blk, up, blk_up, k) -> None:
+    """FP8 K step ``k``: ``acc += blk`` with ``scales`` (:meth:`~cute_moe.fp8_gemm.TileScales.promote`);
+    gated (``up_scales`` not None): ``up += blk_up`` with the up half's, after it."""
+    scales.promote(acc, blk, k)
+    if up_scales is not None:
+        up_scales.promote(up, blk_up, k)
+
+
+def dequantize_halves(scales, up_scales, acc, up) -> None:
+    """After the K loop: ``acc``'s per-tensor / per-channel scales (:meth:`~cute_moe.fp8_gemm.TileScales.dequantize`);
+    gated: then ``up``'s, so SiLU·up takes both halves dequantized in fp32 (as the row kernel reads them)."""
+    scales.dequantize(acc)
+    if up_scales is not None:
+        up_scales.dequantize(up)
 
 
 # ---- ping-pong's order barriers ------------------------------------------------------------------

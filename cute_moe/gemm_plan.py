@@ -273,3 +273,43 @@ def compile_gemm(
         return cute.compile(GemmLaunch(cfg, num_ctas), *fake_arguments(cfg, index_dtype), options=options)
 
     return compile_once(("gemm", cfg.key(), num_ctas, index_dtype), build, keep_ptx=keep_ptx)
+
+
+def check_gemm_shape(n_out: int, k: int, cfg: GemmConfig | None = None) -> None:
+    """The grouped GEMM's host check of its problem sizes: ``N_out`` and ``K`` positive multiples of
+    the config's row alignment — TMA's 16-byte rows: ``cfg.out_align`` and ``cfg.operand_align``
+    (8 bf16, 16 E4M3, 4 fp32; a bf16 config's ``ALIGN_ELEMS`` without one).  With K = 0 no stage
+    would ever be loaded."""
+    cfg = GemmConfig() if cfg is None else cfg
+    for name, v, multiple, what in (
+        ("K", k, cfg.operand_align, cfg.dtype),
+        ("N_out", n_out, cfg.out_align, cfg.out_dtype),
+    ):
+        if v <= 0 or v % multiple:
+            raise ValueError(
+                f"grouped_gemm: {name}={v} must be a positive multiple of {multiple} "
+                f"(TMA needs 16-byte aligned {what} rows)"
+            )
+
+
+def launch_args(cfg: GemmConfig, x, w, out, blocks, row_scale, x_scale=None, w_scale=None, rows=None) -> tuple:
+    """The compiled GEMM's arguments (:class:`GemmLaunch`'s, but the stream: the environment's): the
+    weight seen as (N_out, K, E) — gated: (I, K, half, E), gate 0 / up 1 — the expert being TMA's last
+    coordinate, C as its transpose view under swap-AB, and None where the config was compiled without
+    an operand (the scales of a bf16 config, the token indices of a non-gathering one).  ``blocks``: (expert
+    of every token block, used blocks); ``rows``: the call's ``SortedRows`` (a gathering config's indices)."""
+    if cfg.gated:
+        w = w.unflatten(1, (2, w.shape[1] // 2)).permute(2, 3, 1, 0)
+    else:
+        w = w.permute(1, 2, 0)
+    return (
+        x,
+        w,
+        out.t() if cfg.swap_ab else out,
+        blocks[0],
+        blocks[1],
+        row_scale,
+        x_scale,
+        w_scale,
+        rows.token_of_row if cfg.gather_rows else None,
+    )

@@ -3,7 +3,8 @@
 
 Both two-accumulator kernels hold two fp32 accumulators per tile in the consumer's registers — FP8 a
 block accumulator beside the promoted one (``cute_moe.fp8_gemm``), a gated GEMM1 the gate and the up
-sums (SiLU·up in the epilogue) — so both are bound by :data:`TWO_ACCUMULATOR_REGISTERS`; the
+sums (SiLU·up in the epilogue), a gated FP8 GEMM1 both pairs, four — so all are bound by
+:data:`TWO_ACCUMULATOR_REGISTERS`; the
 ping-pong schedule holds a whole tile in one warpgroup, cluster multicast shares a weight tile.
 ``GemmConfig`` calls :func:`check_pingpong`, :func:`check_fp8`, :func:`check_gated` and
 :func:`check_cluster` from its validation, and the plan :func:`check_quant_layer`.  This module
@@ -83,7 +84,8 @@ TWO_ACCUMULATOR_REGISTERS = 128
 gate + up): ``2 · tile_m · tile_n / (128 · consumer_warpgroups)``.  128 leaves room for addresses,
 scales and the epilogue below the 232 registers ``setmaxnreg`` grants: 128×128 with two
 warpgroups, or 64×128 with one, is the largest such tile — a gated 128×128 tile issues the WGMMA
-work of a plain 128×256 one per K step."""
+work of a plain 128×256 one per K step.  A gated FP8 GEMM1 holds four (gate and up, each a block and
+a promoted accumulator), so its largest tiles are 128×64 with two warpgroups and 64×64 with one."""
 
 FP8_ACCUMULATOR_REGISTERS = TWO_ACCUMULATOR_REGISTERS
 """The FP8 kernel's bound (:data:`TWO_ACCUMULATOR_REGISTERS`)."""
@@ -146,16 +148,24 @@ def check_cluster(cfg) -> None:
 
 
 def check_gated(cfg) -> None:
-    """The gated limits: bf16 in and out, no row scale, two accumulators that fit."""
+    """The gated limits: GEMM1 (no row scale) writing :func:`gemm1_out_dtype` — bf16, or fp32 under FP8,
+    whose scales stay in the epilogue (SiLU takes the dequantized gate and up) — and accumulators that
+    fit: two (gate + up), four under FP8 (a block and a promoted one per half)."""
     if not cfg.gated:
         return
-    if cfg.quant is not None or cfg.out_dtype != "bfloat16" or cfg.row_scale:
+    if cfg.row_scale or cfg.out_dtype != gemm1_out_dtype(cfg.quant):
         raise ValueError(
             f"gated=True with quant={cfg.quant!r}, out_dtype={cfg.out_dtype!r}, "
-            f"row_scale={cfg.row_scale}: SiLU·up in the epilogue is the bf16 layer's GEMM1 "
-            f"(quant=None, out_dtype='bfloat16', row_scale=False)"
+            f"row_scale={cfg.row_scale}: SiLU·up in the epilogue is GEMM1's (row_scale=False), writing "
+            f"out_dtype={gemm1_out_dtype(cfg.quant)!r} under quant={cfg.quant!r} "
+            f"(bf16 for bf16; fp32 for FP8, whose intermediate is quantized again)"
         )
-    _check_registers(cfg, "gate + up", "gated")
+    if not cfg.epilogue_scales:
+        raise ValueError(
+            f"gated=True with quant={cfg.quant!r}, epilogue_scales=False: SiLU·up takes the dequantized "
+            f"gate and up, so a gated FP8 GEMM1 applies its scales in the epilogue (epilogue_scales=True)"
+        )
+    _check_registers(cfg, "gate + up" if cfg.quant is None else "gate + up, each block + promoted", "gated")
 
 
 def check_fp8(cfg) -> None:
@@ -177,7 +187,8 @@ def check_fp8(cfg) -> None:
             f"weights_tile={cfg.weights_tile}: fp8_block needs a weights tile that divides the "
             f"{FP8_BLOCK}-row scale block (one weight scale per tile and K step)"
         )
-    _check_registers(cfg, "block + promoted", "FP8")
+    if not cfg.gated:  # a gated one's four accumulators: check_gated
+        _check_registers(cfg, "block + promoted", "FP8")
 
 
 # ---- the FP8 layer ----------------------------------------------------------------------------------
@@ -188,6 +199,14 @@ def gemm1_out_dtype(quant) -> str:
     return "bfloat16" if quant is None else "float32"
 
 
+def gated_quant_layer(quant, I: int) -> bool:  # noqa: E741
+    """Whether a gated GEMM1 of FP8 format ``quant`` takes a layer of intermediate size ``I``: always,
+    but for ``fp8_block`` only when I is a multiple of :data:`~moe_spec.quant.FP8_BLOCK` — the up rows
+    ``I + n`` of a weight tile then lie in one 128-row scale block, as its gate rows ``n`` do (one weight
+    scale per half, tile and K step)."""
+    return quant is not None and (quant != "fp8_block" or I % FP8_BLOCK == 0)
+
+
 def check_quant_layer(K: int, I: int, quant, configs) -> None:  # noqa: E741
     """This backend's limits for ``quant`` beyond ``plan.check_options``'s (host only, before any launch).
 
@@ -195,7 +214,8 @@ def check_quant_layer(K: int, I: int, quant, configs) -> None:  # noqa: E741
       intermediate, a weight row) must be whole 16-byte TMA rows.
     * ``configs`` (already a checked pair): both of the call's format, GEMM1 writing
       :func:`gemm1_out_dtype` and GEMM2 bf16, with their scales applied (``epilogue_scales``: the
-      configs are the fused pipeline's; ``fusion="separate"`` leaves the scales out itself).
+      configs are the fused pipeline's; ``fusion="separate"`` leaves the scales out itself); a gated
+      FP8 GEMM1 only where :func:`gated_quant_layer` allows it.
     """
     if quant is not None:
         for name, v in (("x: hidden size K = x.shape[1]", K), ("w2: intermediate size I = w2.shape[2]", I)):
@@ -219,3 +239,8 @@ def check_quant_layer(K: int, I: int, quant, configs) -> None:  # noqa: E741
                 f"configs[{i}]: epilogue_scales must be True (the configs are the fused pipeline's: "
                 f"unscaled sums would be the output; fusion='separate' leaves the scales out itself)"
             )
+    if configs[0].gated and quant is not None and not gated_quant_layer(quant, I):
+        raise ValueError(
+            f"configs[0]: gated=True with quant={quant!r} needs w2: intermediate size I = w2.shape[2] = {I} "
+            f"to be a multiple of {FP8_BLOCK} (the up rows I + n of a weight tile in one scale block)"
+        )

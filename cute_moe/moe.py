@@ -23,16 +23,17 @@ from collections import OrderedDict
 
 import torch
 
+import cute_moe.moe_fp8 as moe_fp8  # modules: a stand-in may replace their compile functions
+import cute_moe.rowmaps as rowmaps
 from moe_spec.align import Alignment, max_rows
 from moe_spec.hopper import sm_count
 from moe_spec.ops import through_op
 from moe_spec.quant import FP8_DTYPE, activation_scale_shape
 from moe_spec.validate import Limits, MoEDims, check_runs_on, error_word, surface_errors, validate_moe_args
 
-from . import moe_fp8, rowmaps
 from .alignops import MAX_EXPERTS
 from .config import GemmConfig
-from .gemm_plan import INDEX_DTYPE, compile_gemm
+from .gemm_plan import INDEX_DTYPE, check_gemm_shape, compile_gemm, launch_args
 from .limits import ALIGN_ELEMS
 from .moe_fp8 import amax_sizes, quantize_intermediate, quantize_tokens, sorted_token_scales
 from .plan import LayerPlan, plan
@@ -79,45 +80,6 @@ def gemm_blocks(rows: SortedRows | Alignment, tokens_tile: int) -> tuple[torch.T
     return split_blocks(rows, tokens_tile)
 
 
-def check_gemm_shape(n_out: int, k: int, cfg: GemmConfig | None = None) -> None:
-    """The grouped GEMM's host check of its problem sizes: ``N_out`` and ``K`` positive multiples of
-    the config's row alignment — TMA's 16-byte rows: ``cfg.out_align`` and ``cfg.operand_align``
-    (8 bf16, 16 E4M3, 4 fp32; a bf16 config's ``ALIGN_ELEMS`` without one).  With K = 0 no stage
-    would ever be loaded."""
-    cfg = GemmConfig() if cfg is None else cfg
-    for name, v, multiple, what in (
-        ("K", k, cfg.operand_align, cfg.dtype),
-        ("N_out", n_out, cfg.out_align, cfg.out_dtype),
-    ):
-        if v <= 0 or v % multiple:
-            raise ValueError(
-                f"grouped_gemm: {name}={v} must be a positive multiple of {multiple} "
-                f"(TMA needs 16-byte aligned {what} rows)"
-            )
-
-
-def _gemm_args(cfg: GemmConfig, x, w, out, blocks, row_scale, x_scale=None, w_scale=None, rows=None) -> tuple:
-    """The compiled GEMM's arguments (``gemm_plan.GemmLaunch``; no stream: the environment's): the
-    weight seen as (N_out, K, E) — gated: (I, K, half, E), gate 0 / up 1 — the expert being TMA's last
-    coordinate, C as its transpose view under swap-AB, and None where the config was compiled without
-    an operand (the scales of a bf16 config, the token indices of a non-gathering one)."""
-    if cfg.gated:
-        w = w.unflatten(1, (2, w.shape[1] // 2)).permute(2, 3, 1, 0)
-    else:
-        w = w.permute(1, 2, 0)
-    return (
-        x,
-        w,
-        out.t() if cfg.swap_ab else out,
-        blocks[0],
-        blocks[1],
-        row_scale,
-        x_scale,
-        w_scale,
-        rows.token_of_row if cfg.gather_rows else None,
-    )
-
-
 def grouped_gemm(
     x_sorted: torch.Tensor,
     w: torch.Tensor,
@@ -135,7 +97,7 @@ def grouped_gemm(
     ``x_scale`` (per sorted row: [1] / [M_pad] / [M_pad, ⌈K/128⌉]) and ``w_scale`` (moe_spec's
     weight scale shape), dequantized in registers.  Returns ``cfg.out_dtype`` [M_pad, N_out]
     (rows past the used blocks are left unwritten).  A gated config (``cfg.gated``) takes W1
-    ``[E, 2I, K]`` (gate rows, then up rows) and returns ``SiLU(x·W1gᵀ) ⊙ (x·W1uᵀ)`` bf16 [M_pad, I].
+    ``[E, 2I, K]`` (gate rows, then up rows) and returns ``SiLU(x·W1gᵀ) ⊙ (x·W1uᵀ)`` [M_pad, I] (out_dtype).
     A ``gather_rows`` config takes the unsorted tokens ``x [T, K]`` in place of ``x_sorted`` and reads
     row r from ``x[rows.token_of_row[r]]`` (the gathering producer, ``gemm.py``; K a multiple of ``cfg.tile_k``).
     """
@@ -170,7 +132,7 @@ def grouped_gemm(
         row_scale = rows.weight_of_row  # a valid fp32 buffer the kernel never reads
     index_dtype = str(rows.token_of_row.dtype).removeprefix("torch.")  # read by a gather_rows kernel only
     gemm = ffi_function(compile_gemm(cfg, sm_count(x_sorted.device), index_dtype=index_dtype))
-    gemm(*_gemm_args(cfg, x_sorted, w, out, (expert_of_block, num_blocks), row_scale, x_scale, w_scale, rows))
+    gemm(*launch_args(cfg, x_sorted, w, out, (expert_of_block, num_blocks), row_scale, x_scale, w_scale, rows))
     return out
 
 
@@ -250,14 +212,14 @@ def fused_moe(
         x_sorted = ws["x_sorted"]
         f["gather"](x, x_sorted, rows.token_of_row, num_padded)
     h = ws["h"]
-    f["gemm1"](*_gemm_args(p.gemm1, x_sorted, w1, h, rows.blocks[p.gemm1.tokens_tile], rows.weight_of_row, rows=rows))
+    f["gemm1"](*launch_args(p.gemm1, x_sorted, w1, h, rows.blocks[p.gemm1.tokens_tile], rows.weight_of_row, rows=rows))
     if p.gemm1.gated:
         a = h
     else:
         a = torch.empty(h.shape[0], h.shape[1] // 2, dtype=h.dtype, device=h.device)
         f["silu_mul"](h, a, num_padded)
     y = ws["y"]
-    f["gemm2"](*_gemm_args(p.gemm2, a, w2, y, rows.blocks[p.gemm2.tokens_tile], rows.weight_of_row))
+    f["gemm2"](*launch_args(p.gemm2, a, w2, y, rows.blocks[p.gemm2.tokens_tile], rows.weight_of_row))
     out = torch.empty(dims.T, dims.K, dtype=y.dtype, device=y.device)
     f["combine"](y, out, rows.row_of_pair)
     return out
@@ -269,8 +231,9 @@ fused_moe.limits = LIMITS
 def _fp8_layer(f: dict, x, w1, w2, w1_scale, w2_scale, p: LayerPlan, rows: SortedRows, ws: dict) -> torch.Tensor:
     """The fused W8A8 layer (``moe_fp8``'s docstring), launch by launch into the workspace ``ws`` (its
     amax buffers zeroed by the alignment): x quantized once, its E4M3 rows gathered (as bf16 pairs:
-    the gather moves bytes), GEMM1 to fp32, SiLU·up and its amax, the intermediate quantized, GEMM2
-    with the routing weight, combine.  ``f``: the call's launches (:meth:`_Call.bind`)."""
+    the gather moves bytes), GEMM1 to fp32, SiLU·up and its amax (gated: SiLU·up in GEMM1's epilogue,
+    the amax alone), the intermediate quantized, GEMM2 with the routing weight, combine.  ``f``: the
+    call's launches (:meth:`_Call.bind`)."""
     quant, used, num_padded = p.quant, ws["used"], rows.alignment.num_padded
     xq, x_amax, x_scale = ws["xq"], ws["x_amax"], ws["x_scale"]
     f["x_amax"](x, x, x_amax, used, used)  # x for `a`, `used` for the row mask: read by the SiLU variant only
@@ -278,12 +241,17 @@ def _fp8_layer(f: dict, x, w1, w2, w1_scale, w2_scale, p: LayerPlan, rows: Sorte
     f["gather"](ws["xq_pairs"], ws["x_sorted"], rows.token_of_row, num_padded)
     x_scale = sorted_token_scales(ws["x_scale_shaped"], rows.token_of_row, quant)
     h, blocks1, blocks2 = ws["h"], rows.blocks[p.gemm1.tokens_tile], rows.blocks[p.gemm2.tokens_tile]
-    f["gemm1"](*_gemm_args(p.gemm1, ws["x_sorted_e4m3"], w1, h, blocks1, rows.weight_of_row, x_scale, w1_scale))
-    a, a_amax = ws["a"], ws["a_amax"]
-    f["silu_amax"](h, a, a_amax, rows.row_mask, num_padded)
+    f["gemm1"](*launch_args(p.gemm1, ws["x_sorted_e4m3"], w1, h, blocks1, rows.weight_of_row, x_scale, w1_scale))
+    a_amax = ws["a_amax"]
+    if p.gemm1.gated:  # SiLU·up in GEMM1's epilogue: h is the fp32 intermediate [M_pad, I]
+        a = h
+        f["a_amax"](a, a, a_amax, rows.row_mask, num_padded)
+    else:
+        a = ws["a"]
+        f["silu_amax"](h, a, a_amax, rows.row_mask, num_padded)
     f["a_quantize"](a, a_amax, ws["aq"], ws["a_scale"], num_padded)
     y = ws["y"]
-    f["gemm2"](*_gemm_args(p.gemm2, ws["aq"], w2, y, blocks2, rows.weight_of_row, ws["a_scale_shaped"], w2_scale))
+    f["gemm2"](*launch_args(p.gemm2, ws["aq"], w2, y, blocks2, rows.weight_of_row, ws["a_scale_shaped"], w2_scale))
     out = torch.empty(x.shape[0], y.shape[1], dtype=y.dtype, device=y.device)
     f["combine"](y, out, rows.row_of_pair)
     return out
@@ -337,7 +305,8 @@ class _Call:
         f.update(gather=row["gather"], silu_mul=row["silu_mul"], combine=row["combine"])
         if p.quant is not None:
             q = moe_fp8.compile_quant_kernels(p.quant, n)
-            f.update((name, q[name]) for name in ("x_amax", "x_quantize", "silu_amax", "a_quantize"))
+            amax = "a_amax" if p.gemm1.gated else "silu_amax"  # of a gated GEMM1's SiLU·up, or SiLU·up and its amax
+            f.update((name, q[name]) for name in ("x_amax", "x_quantize", amax, "a_quantize"))
         self.launches = {name: ffi_function(fn) for name, fn in f.items()}
         return self.launches
 
@@ -402,7 +371,7 @@ def _buffers(c: _Call) -> dict:
         ws["x_sorted"] = new(dims.K if p.quant is None else dims.K // 2)
     if p.quant is not None:  # the E4M3 rows are gathered as bf16 pairs
         ws.update(
-            a=new(dims.I, torch.float32),
+            a=None if p.gemm1.gated else new(dims.I, torch.float32),  # gated: GEMM1 writes it (h)
             x_amax=bufs.scratch[:n_x],
             a_amax=bufs.scratch[n_x : n_x + n_a],
             xq=torch.empty(dims.T, dims.K, dtype=FP8_DTYPE, device=device),

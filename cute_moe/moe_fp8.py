@@ -6,7 +6,8 @@
     quantize_tokens        x [T, K] bf16 → E4M3 + scales, once per layer    quantops: amax, quantize
     gather_rows            E4M3 rows in expert-sorted order (the bytes moved as bf16 pairs)
     GEMM1                  H = (x·s_x)(W1·s_w1)ᵀ in fp32 [M_pad, 2I]        gemm + fp8_gemm
-    quantize_intermediate  A = SiLU(H_gate)·H_up in fp32 + its amax, then E4M3 + scales
+                           (gated: A = SiLU(H_gate)·H_up in its epilogue, fp32 [M_pad, I])
+    quantize_intermediate  A = SiLU(H_gate)·H_up in fp32 + its amax (gated: A's amax), then E4M3 + scales
     GEMM2                  Y = (A·s_a)(W2·s_w2)ᵀ · routing weight → bf16     gemm + fp8_gemm
     combine                out[t] = Σ_j Y[row(t, j)]
 
@@ -145,16 +146,37 @@ def silu_mul_amax(
     return a, amax
 
 
+def gated_amax(a: torch.Tensor, rows, quant: str, *, amax: torch.Tensor | None = None) -> torch.Tensor:
+    """The flat amax of a gated GEMM1's fp32 output ``a = SiLU(gate)·up`` [M_pad, I] (SiLU·up already
+    in its epilogue), padding rows left out as in :func:`silu_mul_amax` (``rows`` and ``amax`` are its)."""
+    alignment, row_mask = _alignment_and_mask(rows)
+    n = math.prod(activation_scale_shape(quant, a.shape[0], a.shape[1]))
+    amax = _zeroed_amax(amax, n, a.device)
+    compile_quant_kernels(quant, sm_count(a.device))["a_amax"](a, a, amax, row_mask, alignment.num_padded)
+    return amax
+
+
 def quantize_intermediate(
-    h: torch.Tensor, rows, quant: str, *, amax: torch.Tensor | None = None, out: torch.Tensor | None = None, q_out=None
+    h: torch.Tensor,
+    rows,
+    quant: str,
+    *,
+    amax: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    q_out=None,
+    gated: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """SiLU(h[:, :I])·h[:, I:] of GEMM1's fp32 output h [M_pad, 2I], quantized per ``quant``
     (:func:`silu_mul_amax` — ``rows``, ``amax`` and ``out`` are its — then the quantize kernel,
-    into ``q_out``: (E4M3 [M_pad, I], flat fp32 scales) of a workspace, else new ones).
+    into ``q_out``: (E4M3 [M_pad, I], flat fp32 scales) of a workspace, else new ones).  ``gated``:
+    h is a gated GEMM1's output, SiLU·up already, [M_pad, I] (:func:`gated_amax`; ``out`` unused).
 
     Returns (E4M3 [M_pad, I], fp32 scales in GEMM2's order: [1], [M_pad] or [M_pad, ⌈I/128⌉]).
     """
-    a, amax = silu_mul_amax(h, rows, quant, amax=amax, out=out)
+    if gated:
+        a, amax = h, gated_amax(h, rows, quant, amax=amax)
+    else:
+        a, amax = silu_mul_amax(h, rows, quant, amax=amax, out=out)
     q, scale = _launch_quantize(
         compile_quant_kernels(quant, sm_count(h.device)),
         "a",

@@ -23,7 +23,7 @@ from moe_spec.validate import MoEDims
 
 from .config import GemmConfig, max_stages
 from .gemm_rules import clustered, short_k_gemm2
-from .limits import ALIGN_ELEMS, FP8_TILE_K, MAX_TILE_M, check_quant_layer, gemm1_out_dtype
+from .limits import ALIGN_ELEMS, FP8_TILE_K, MAX_TILE_M, check_quant_layer, gated_quant_layer, gemm1_out_dtype
 from .unfused import GATED_GEMM1, GATHER_IN_PRODUCER, check_fusion, separate_configs
 
 # ---- the path rule: which path and token tile a GEMM takes -----------------------------------------
@@ -64,6 +64,28 @@ def path_rule(swap_ab: bool | None = None, layer: tuple[int, int] | None = None)
     return below + ((last,) if limit > 0 else ()) + tuple(b for b in normal if b[0] > limit)
 
 
+GATED_FP8_GEMM1 = ("swap_ab", "normal")
+"""The paths (``"swap_ab"``: the decode buckets, ``"normal"``: prefill) on which the fused FP8 layer's
+GEMM1 is gated — SiLU·up in its epilogue, each half promoted and dequantized with its own weight scales,
+writing the fp32 intermediate ``[M_pad, I]`` instead of ``H [M_pad, 2I]`` (:func:`gated_gemm1`).  Both
+tiles hold four accumulators (a gate and an up one, each a block and a promoted one), so the weights tile
+is 64 output features: swap-AB 64 × the bucket's tokens on one consumer warpgroup, normal the bucket's
+tokens × 64.  Drop a path to give it back the plain GEMM1 (128 weight rows) and the SiLU·up pass
+(``quantops.RowAmax``, ``silu=True``); the H200's timing of the layer decides."""
+
+
+def gated_gemm1(quant, fusion: str, I: int, swap_ab: bool) -> bool:  # noqa: E741
+    """THE rule for SiLU·up in GEMM1's epilogue, for the fused plan's GEMM1 on the path ``swap_ab``:
+    bf16 while :data:`~cute_moe.unfused.GATED_GEMM1`; FP8 on the paths of :data:`GATED_FP8_GEMM1` where
+    the layer allows it (:func:`~cute_moe.limits.gated_quant_layer`: fp8_block with I a multiple of
+    128); never in the unfused pipeline (``fusion="separate"``)."""
+    if fusion != "fused":
+        return False
+    if quant is None:
+        return GATED_GEMM1
+    return gated_quant_layer(quant, I) and ("swap_ab" if swap_ab else "normal") in GATED_FP8_GEMM1
+
+
 @functools.cache
 def _rule_config(
     swap_ab: bool, tokens_tile: int, wide: bool, row_scale: bool, quant: str | None, out_dtype: str, gated: bool
@@ -76,10 +98,14 @@ def _rule_config(
             swap_ab=True, tokens_tile=tokens_tile, weights_tile=rows, consumer_warpgroups=rows // WGMMA_M, **common
         )
     else:  # one consumer warpgroup per 64 token rows; the widest WGMMA N when the layer is that wide (bf16)
+        if gated and quant is not None:  # four accumulators: 64 features (limits.TWO_ACCUMULATOR_REGISTERS)
+            weights_tile = WGMMA_M
+        else:
+            weights_tile = WGMMA_N_MAX if wide and quant is None and not gated else 128
         cfg = GemmConfig(
             swap_ab=False,
             tokens_tile=tokens_tile,
-            weights_tile=WGMMA_N_MAX if wide and quant is None and not gated else 128,
+            weights_tile=weights_tile,
             consumer_warpgroups=tokens_tile // WGMMA_M,
             **common,
         )
@@ -115,12 +141,19 @@ def choose_config(
       width): the same buckets; each stage carries the gate and the up tile, so the weights tile
       is half the plain one — 64 features with one warpgroup on swap-AB, 128 on the normal path
       (two accumulators: :data:`TWO_ACCUMULATOR_REGISTERS`) — and the stage bytes and the number
-      of tiles are the plain GEMM1's.
+      of tiles are the plain GEMM1's.  A gated FP8 GEMM1 holds four accumulators (gate and up, each a
+      block and a promoted one): 64 features on both paths.
 
     The deepest ring that fits the shared memory is taken; ``k`` does not change the tile.
     """
-    _, swap, tokens_tile = next(b for b in path_rule(swap_ab, layer) if tokens_per_expert <= b[0])
+    swap, tokens_tile = _bucket(tokens_per_expert, swap_ab, layer)
     return _rule_config(swap, tokens_tile, n_out >= WGMMA_N_MAX, row_scale, quant, out_dtype, gated)
+
+
+def _bucket(tokens_per_expert: float, swap_ab: bool | None, layer) -> tuple[bool, int]:
+    """(swap_ab, tokens_tile) of the first :func:`path_rule` bucket covering ``tokens_per_expert``."""
+    _, swap, tokens_tile = next(b for b in path_rule(swap_ab, layer) if tokens_per_expert <= b[0])
+    return swap, tokens_tile
 
 
 # ---- the plan of one call ---------------------------------------------------------------------------
@@ -144,8 +177,8 @@ def _tile_text(cfg: GemmConfig) -> str:
 class LayerPlan:
     """What ``fused_moe`` runs for one layer call (see :mod:`moe_spec.plan` for the interface).
 
-    ``gemm1`` (no row scale; in the bf16 fused pipeline gated — SiLU·up in its epilogue, see
-    :data:`~cute_moe.unfused.GATED_GEMM1`) and ``gemm2`` (applies the routing weights in its epilogue — unless
+    ``gemm1`` (no row scale; in the fused pipeline gated — SiLU·up in its epilogue — by
+    :func:`gated_gemm1`) and ``gemm2`` (applies the routing weights in its epilogue — unless
     ``fusion`` is ``"separate"``, whose passes apply them) are the decisions; everything else is
     read from them.  Under an FP8 ``quant`` both GEMMs are E4M3 configs of that format, GEMM1
     writing fp32.
@@ -260,8 +293,9 @@ def plan(
     :func:`path_rule`); ``configs`` gives the (GEMM1, GEMM2) configs of the fused
     pipeline outright; ``fusion="separate"`` turns them into the unfused pipeline's
     (:func:`~cute_moe.unfused.separate_configs`, GEMM1 plain: SiLU·mul runs as its own kernel).
-    The bf16 fused pipeline's GEMM1 is gated (SiLU·up in its epilogue) while
-    :data:`~cute_moe.unfused.GATED_GEMM1`, and gathers its token rows from x (no sorted copy) while
+    The fused pipeline's GEMM1 is gated (SiLU·up in its epilogue) by :func:`gated_gemm1` (bf16 while
+    :data:`~cute_moe.unfused.GATED_GEMM1`, FP8 on the paths of :data:`GATED_FP8_GEMM1`); bf16's gathers
+    its token rows from x (no sorted copy) while
     :data:`~cute_moe.unfused.GATHER_IN_PRODUCER`.
     Raises TypeError / ValueError naming a bad option or an unsupported size.
     """
@@ -271,7 +305,7 @@ def plan(
     given = check_options(dims.K, dims.I, quant, swap_ab=swap_ab, configs=configs, fusion=fusion)
     if given is None:
         per_expert = tokens_per_expert(dims.T, dims.E, dims.top_k)
-        gated = GATED_GEMM1 and quant is None and fusion == "fused"
+        gated = gated_gemm1(quant, fusion, dims.I, _bucket(per_expert, swap_ab, (dims.K, dims.I))[0])
         gemm1 = choose_config(
             per_expert,
             dims.I if gated else 2 * dims.I,

@@ -13,9 +13,10 @@ same slot.  A group's amax is a warp reduction and one atomic into its slot; und
 every atomic would hit one address and serialize (notes/cute_moe.md), each lane keeps a running
 maximum and a warp issues one atomic at the end.
 
-* ``RowAmax``: the amax of ``x`` (bf16), or (``silu=True``) of the SiLU·up intermediate, written in
-  fp32 from GEMM1's fp32 ``h`` as it goes; there a row whose ``row_mask`` is 0 (padding of the
-  sorted order) adds nothing, so a per-tensor scale sees the T·top_k rows the reference sees.
+* ``RowAmax``: the amax of ``x`` (bf16), of a gated GEMM1's fp32 SiLU·up intermediate, or
+  (``silu=True``) of the SiLU·up intermediate written in fp32 from GEMM1's fp32 ``h`` as it goes; on
+  the intermediate a row whose ``row_mask`` is 0 (padding of the sorted order) adds nothing, so a
+  per-tensor scale sees the T·top_k rows the reference sees.
 * ``QuantizeRows``: ``q = e4m3(v / s)`` and the scales, from the amax.
 
 Rows are whole 16-byte E4M3 rows (``cols`` a multiple of 16); the grids walk the used rows, whose
@@ -82,14 +83,15 @@ class _GroupKernel(_RowKernel):
 
 
 class RowAmax(_GroupKernel):
-    """Arguments: src [rows, cols] bf16 (x) or, with ``silu``, h fp32 [rows, 2·cols]; a fp32
-    [rows, cols] (written with ``silu``; without it a stand-in of src's type, never touched),
-    amax fp32 (flat, zeroed), row_mask int32 [rows] (read with ``silu``; else a stand-in),
-    used_rows int32 [1], stream."""
+    """Arguments: src [rows, cols] bf16 (x) or fp32 (a gated GEMM1's intermediate) or, with ``silu``,
+    h fp32 [rows, 2·cols]; a fp32 [rows, cols] (written with ``silu``; without it a stand-in of src's
+    type, never touched), amax fp32 (flat, zeroed), row_mask int32 [rows] (read with ``masked``,
+    default ``silu``; else a stand-in), used_rows int32 [1], stream."""
 
-    def __init__(self, quant: str, num_sms: int, silu: bool):
+    def __init__(self, quant: str, num_sms: int, silu: bool, masked: bool | None = None):
         super().__init__(quant, num_sms)
         self.silu = silu
+        self.masked = silu if masked is None else masked  # padding rows of the sorted order add nothing
 
     @cute.kernel
     def kernel(
@@ -115,7 +117,7 @@ class RowAmax(_GroupKernel):
                 for i in cutlass.range_constexpr(LANE_VALUES):
                     lane_max = _max_nan(lane_max, abs(v[i]))
             counts = True
-            if cutlass.const_expr(self.silu):
+            if cutlass.const_expr(self.masked):
                 counts = row_mask[row] != 0  # padding rows of the sorted order add nothing
             if cutlass.const_expr(per_tensor):
                 if counts:
@@ -170,7 +172,8 @@ def compile_quant_kernels(quant: str, num_sms: int | None = None, *, keep_ptx: b
     """The compiled kernels of one FP8 format, one set per SM count (default: this GPU's).
 
     ``x_amax`` / ``x_quantize``: bf16 token rows; ``silu_amax``: GEMM1's fp32 output → the fp32
-    SiLU·up intermediate and its amax; ``a_quantize``: fp32 rows.  Row widths are multiples of
+    SiLU·up intermediate and its amax; ``a_amax``: the amax of a gated GEMM1's fp32 intermediate (its
+    padding rows masked out); ``a_quantize``: fp32 rows.  Row widths are multiples of
     ``FP8_ALIGN_ELEMS`` (16: whole 16-byte rows of E4M3).  ``keep_ptx``: each has ``.__ptx__``.
     """
     num_sms = sm_count() if num_sms is None else num_sms
@@ -179,9 +182,9 @@ def compile_quant_kernels(quant: str, num_sms: int | None = None, *, keep_ptx: b
     def build(options):
         bf16, f32, fp8, i32 = cutlass.BFloat16, cutlass.Float32, cutlass.Float8E4M3FN, cutlass.Int32
 
-        def amax(src, a, silu: bool):  # src, a, amax, row_mask, used_rows
+        def amax(src, a, silu: bool, masked: bool | None = None):  # src, a, amax, row_mask, used_rows
             return cute.compile(
-                RowAmax(quant, num_sms, silu=silu),
+                RowAmax(quant, num_sms, silu=silu, masked=masked),
                 src,
                 a,
                 fake_vector(f32),
@@ -207,6 +210,7 @@ def compile_quant_kernels(quant: str, num_sms: int | None = None, *, keep_ptx: b
             "x_amax": amax(fake_rows(bf16, width), fake_rows(bf16, width), silu=False),
             "x_quantize": quantize(fake_rows(bf16, width)),
             "silu_amax": amax(fake_rows(f32, 2 * width), fake_rows(f32, width), silu=True),
+            "a_amax": amax(fake_rows(f32, width), fake_rows(f32, width), silu=False, masked=True),
             "a_quantize": quantize(fake_rows(f32, width)),
         }
 

@@ -562,7 +562,7 @@ def test_the_bf16_plans_gate_gemm1_when_switched_on_and_separate_does_not():
         plain = choose_config(c.tokens_tile, 28672, 4096, swap_ab=c.swap_ab)
         assert (c.weight_rows, c.stage_bytes, c.stages) == (plain.weights_tile, plain.stage_bytes, plain.stages)
         assert (c.weights_tile, c.consumer_warpgroups) == ((64, 1) if c.swap_ab else (128, c.tokens_tile // 64))
-    for quant, fusion in ((None, "separate"), ("fp8_tensor", "fused"), ("fp8_block", "separate")):
+    for quant, fusion in ((None, "separate"), ("fp8_block", "separate")):  # FP8 fused: test_cute_fp8_gated
         for p in cute_moe.plans_for(8, 4096, 14336, 2, quant, fusion=fusion):
             assert not p.gemm1.gated and not p.gemm2.gated
     from cute_moe.unfused import GATED_GEMM1
@@ -690,7 +690,7 @@ def test_the_bf16_plans_gather_in_gemm1_only(monkeypatch):
         for p in cute_moe.plans_for(*spec_dims):
             assert p.gemm1.gather_rows and not p.gemm2.gather_rows
             assert " gather" in p.describe().split("|")[0] and " gather" not in p.describe().split("|")[1]
-        for quant, fusion in ((None, "separate"), ("fp8_tensor", "fused"), ("fp8_block", "separate")):
+        for quant, fusion in ((None, "separate"), ("fp8_block", "separate")):  # FP8 fused: test_cute_fp8_gated
             for p in cute_moe.plans_for(*spec_dims, quant, fusion=fusion):
                 assert not p.gemm1.gather_rows and not p.gemm2.gather_rows
     odd = cute_moe.plan(MoEDims(T=8, E=8, K=4104, I=512, top_k=2))  # 4104 = 64·64 + 8

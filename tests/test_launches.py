@@ -140,7 +140,17 @@ def _cute_layer():
     )
 
 
-CUTE_FP8 = ["x_amax", "x_quantize", "gather", "GroupedGemm", "silu_amax", "a_quantize", "GroupedGemm", "combine"]
+def _cute_fp8(quant, T):
+    """The FP8 layer's launches after the alignment: SiLU·up with its amax after GEMM1, or the amax alone
+    after a gated GEMM1 (cute_moe.plan.gated_gemm1: here fp8_block's I = 64 is not whole scale blocks)."""
+    from cute_moe.plan import GATED_FP8_GEMM1, _bucket
+
+    swap, _ = _bucket(T * SHAPE.top_k / SHAPE.num_experts, None, (SHAPE.hidden, SHAPE.intermediate))
+    gated = ("swap_ab" if swap else "normal") in GATED_FP8_GEMM1 and quant != "fp8_block"
+    amax = "a_amax" if gated else "silu_amax"
+    return ["x_amax", "x_quantize", "gather", "GroupedGemm", amax, "a_quantize", "GroupedGemm", "combine"]
+
+
 CUTE_CASES = [(q, T) for q in (None, "fp8_tensor", "fp8_channel", "fp8_block") for T in (DECODE, CUTE_PREFILL)]
 
 
@@ -151,7 +161,7 @@ def test_cute_launches_per_call(quant, T):
     kw = make_inputs(SHAPE, T, quant, seed=0).kwargs()
     with gpu_stand_in() as (fused_moe, launches):
         cute, torch_ops, ops = launches_per_call(fused_moe, launches, kw)
-    assert cute == CUTE_ALIGN[T] + (_cute_layer() if quant is None else CUTE_FP8), cute
+    assert cute == CUTE_ALIGN[T] + (_cute_layer() if quant is None else _cute_fp8(quant, T)), cute
     # the row maps, block maps, data checks and amax zeroing are the alignment's: the one torch op
     # left gathers x's channel / block scales into the sorted rows
     assert torch_ops == ([] if quant in (None, "fp8_tensor") else ["index"]), torch_ops

@@ -59,7 +59,7 @@ CUTE_FORMATS = [None, "fp8_tensor", "fp8_channel", "fp8_block"]
 @pytest.mark.parametrize("quant", CUTE_FORMATS, ids=lambda q: q or "bf16")
 @pytest.mark.parametrize("spec", ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8"])
 def test_cute_plans_for_lists_every_plan_of_a_dense_sweep(spec, quant, options):
-    from cute_moe.plan import path_rule
+    from cute_moe.plan import GATED_FP8_GEMM1, path_rule
     from cute_moe.unfused import GATED_GEMM1
 
     listed = _sweep(cute_moe, spec, quant, options)
@@ -69,8 +69,12 @@ def test_cute_plans_for_lists_every_plan_of_a_dense_sweep(spec, quant, options):
         assert {p.gemm1.quant, p.gemm2.quant} == {quant}
         assert (p.gemm1.out_dtype, p.gemm2.out_dtype) == ("bfloat16" if quant is None else "float32", "bfloat16")
         assert p.gemm2.row_scale == (p.fusion == "fused")
-        # SiLU·up in GEMM1's epilogue exactly in the bf16 fused pipeline while the switch is on; GEMM2 never
-        assert (p.gemm1.gated, p.gemm2.gated) == (GATED_GEMM1 and quant is None and p.fusion == "fused", False)
+        # SiLU·up in GEMM1's epilogue exactly in the fused pipeline while the switches are on (FP8: on the
+        # paths listed; fp8_block where I is whole 128-row scale blocks); GEMM2 never
+        path = "swap_ab" if p.gemm1.swap_ab else "normal"
+        fp8_gated = path in GATED_FP8_GEMM1 and (quant != "fp8_block" or get_shape(spec).intermediate % 128 == 0)
+        gated = GATED_GEMM1 if quant is None else fp8_gated
+        assert (p.gemm1.gated, p.gemm2.gated) == (gated and p.fusion == "fused", False)
 
 
 @pytest.mark.parametrize("quant", CUTE_FORMATS[1:])
