@@ -92,6 +92,12 @@ def _amax_bits(ptr, rows, row_ok, start, stop, row_len, BLOCK_T: tl.constexpr):
 
 
 @triton.jit
+def _masked(q, mask):
+    """E4M3 ``q`` with the cells outside ``mask`` zero (on the bytes: no conversion)."""
+    return tl.where(mask, q.to(tl.uint8, bitcast=True), 0).to(tl.uint8).to(tl.float8e4nv, bitcast=True)
+
+
+@triton.jit
 def _scale_from_bits(bits):
     return _scale_of(bits.to(tl.float32, bitcast=True))
 
@@ -180,7 +186,8 @@ def _gemm1_task(
                 acc = _mma_scaled(acc, q, w, s_a, s_w, True, INTERPRETER)
                 acc_up = _mma_scaled(acc_up, q, w_up, s_a, s_wu, True, INTERPRETER)
             elif QUANT != 0:
-                q = _quantize(a, s_rows[:, None], INTERPRETER)
+                # masked cells are 0, not 0 / s: a static scale of 0 must not put NaN into the sum
+                q = _masked(_quantize(a, s_rows[:, None], INTERPRETER), row_ok[:, None] & k_ok[None, :])
                 acc = _mma(acc, q, w, True, INTERPRETER, FP8_IMPRECISE_ACC)
                 acc_up = _mma(acc_up, q, w_up, True, INTERPRETER, FP8_IMPRECISE_ACC)
             else:
@@ -251,7 +258,8 @@ def _gemm2_step(
         scale_bad |= _scale_bad(s_w)
         acc = _mma_scaled(acc, q, w, s_a, s_w, True, INTERPRETER)
     elif QUANT != 0:
-        acc = _mma(acc, _quantize(a, s_rows[:, None], INTERPRETER), w, True, INTERPRETER, FP8_IMPRECISE_ACC)
+        q = _masked(_quantize(a, s_rows[:, None], INTERPRETER), row_ok[:, None] & (offs_k < I)[None, :])
+        acc = _mma(acc, q, w, True, INTERPRETER, FP8_IMPRECISE_ACC)
     else:
         acc = _mma(acc, a, w, True, INTERPRETER, FP8_IMPRECISE_ACC)
     return acc, scale_bad
