@@ -690,7 +690,7 @@ def test_the_bf16_plans_gather_in_gemm1_only(monkeypatch):
         for p in cute_moe.plans_for(*spec_dims):
             assert p.gemm1.gather_rows and not p.gemm2.gather_rows
             assert " gather" in p.describe().split("|")[0] and " gather" not in p.describe().split("|")[1]
-        for quant, fusion in ((None, "separate"), ("fp8_block", "separate")):  # FP8 fused: test_cute_fp8_gated
+        for quant, fusion in ((None, "separate"), ("fp8_tensor", "fused"), ("fp8_block", "separate")):
             for p in cute_moe.plans_for(*spec_dims, quant, fusion=fusion):
                 assert not p.gemm1.gather_rows and not p.gemm2.gather_rows
     odd = cute_moe.plan(MoEDims(T=8, E=8, K=4104, I=512, top_k=2))  # 4104 = 64·64 + 8
