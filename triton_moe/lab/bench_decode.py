@@ -1,18 +1,19 @@
 """The one-launch decode kernel against the grouped pipeline on the GPU, and a sweep of its tile.
 
     python -m triton_moe.lab.bench_decode --out DIR [--deadline-s 540] [--shapes ...] [--quants ...]
-        [--tokens 1,2,4,8,16,32,64] [--sweep-tokens 1,8] [--no-sweep] [--commit C]
+        [--tokens 1,8,32] [--sweep [--sweep-tokens 1,8]] [--commit C]
     python -m triton_moe.lab.bench_decode --sanitize     # one call each, no timing: for compute-sanitizer
 
 Every cell is a whole ``fused_moe`` call (what ``python -m compare`` times: the grouped pipeline's
 alignment included), CUDA-graph replayed over rotated input sets (cold L2,
 :func:`moe_spec.timing.time_cuda_graph`), median µs: the decode path (``config=DecodeConfig()``,
 the plan's tile) and the grouped pipeline (the config its rule gives at that T), for the catalog
-shapes (compare's defaults) × bf16 and the three FP8 formats × T. A T whose T·top_k exceeds the
+shapes (compare's defaults) × bf16 and fp8_tensor × T = 1, 8, 32 by default (about 100 s of GPU
+time; ``--quants`` and ``--tokens`` take the other formats and counts). A T whose T·top_k exceeds the
 decode kernel's pair lanes has a grouped row only. Each decode row is checked against the grouped
 pipeline's output (rel L2) and against a rerun (bit-identical); % floor is the roofline's.
 
-The sweep times the decode kernel over a few tiles (BLOCK_N 32 / 64 / 128, BLOCK_K 64 / 128 / 256,
+``--sweep`` also times the decode kernel over a few tiles (BLOCK_N 32 / 64 / 128, BLOCK_K 64 / 128 / 256,
 4 / 8 warps, 3 / 4 / 5 stages: :data:`CANDIDATES`) at ``--sweep-tokens``; each new tile compiles
 once per format and top_k, so the sweep is the run's longest part (a few minutes).
 
@@ -31,8 +32,8 @@ from moe_spec import studyout
 FILES = ("decode.md", "decode.json")
 #: The catalog shapes compare times by default (compare.cases.DEFAULT_SHAPES; the lab does not import compare).
 SHAPES = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8")
-QUANTS = ("bf16", "fp8_tensor", "fp8_channel", "fp8_block")
-TOKENS = (1, 2, 4, 8, 16, 32, 64)
+QUANTS = ("bf16", "fp8_tensor")
+TOKENS = (1, 8, 32)
 SWEEP_TOKENS = (1, 8)
 #: The decode tiles the sweep times: (BLOCK_N, BLOCK_K, num_warps, num_stages); BLOCK_T 16.
 CANDIDATES = (
@@ -170,14 +171,15 @@ def main(argv=None):
     parser.add_argument("--quants", default=",".join(QUANTS), help="formats, comma separated (bf16, fp8_…)")
     parser.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="token counts of the comparison")
     parser.add_argument("--sweep-tokens", default=",".join(map(str, SWEEP_TOKENS)), help="token counts of the sweep")
-    parser.add_argument("--no-sweep", action="store_true", help="only the comparison, no tile sweep")
+    parser.add_argument("--sweep", action="store_true", help="also the tile sweep (minutes of GPU time)")
+    parser.add_argument("--no-sweep", action="store_true", help="only the comparison (the default)")
     parser.add_argument("--sanitize", action="store_true", help="alone: one call each for compute-sanitizer")
     a, out, run = studyout.start_gpu_study(prog, parser, argv, FILES)
     try:
         shapes = studyout.split_list("--shapes", a.shapes)
         quants = studyout.split_list("--quants", a.quants)
         tokens = studyout.positive_ints("--tokens", a.tokens)
-        sweep_tokens = () if a.no_sweep else studyout.positive_ints("--sweep-tokens", a.sweep_tokens)
+        sweep_tokens = () if a.no_sweep or not a.sweep else studyout.positive_ints("--sweep-tokens", a.sweep_tokens)
     except studyout.UsageError as exc:
         parser.error(str(exc))
     import torch
@@ -211,6 +213,7 @@ def main(argv=None):
                     if decodes and T in tokens:
                         cfg = DecodeConfig().check(quant)
                         row.update(decode_tile=cfg.label(), decode=_row(prob, cfg, grouped_out, ceilings))
+                        row["decode_over_grouped"] = round(row["decode"]["us"] / row["grouped_us"], 3)
                     for bn, bk, w, s in CANDIDATES if decodes and T in sweep_tokens else ():
                         cfg = DecodeConfig(BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=s)
                         cell = {"shape": spec, "dtype": label, "T": T, "tile": cfg.label()}
