@@ -219,3 +219,13 @@ def test_gpu_decode_matches_the_oracle_and_the_grouped_pipeline(spec, quant):
         assert rel_l2(outs[0], oracle(**inp.kwargs())) <= TOL, (spec, quant, T)
         assert rel_l2(outs[0], grouped.double()) <= TOL, (spec, quant, T)
         assert all(int(b.abs().sum()) == 0 for b in decode._counter_blocks.values())
+
+
+@pytest.mark.parametrize("quant", QUANTS, ids=lambda q: q or "bf16")
+def test_bit_for_bit_with_the_grouped_pipeline(quant):
+    """The Q1 / Q2 tasks quantize x and h once with the grouped pipeline's scales and rounding, so
+    the E4M3 operands — and every output bit — are the grouped pipeline's (interpreter)."""
+    inp = _inputs(8, 2, 256, 128, 5, quant, seed=7)
+    one = triton_moe.fused_moe(**inp.kwargs())
+    grouped = triton_moe.fused_moe(**inp.kwargs(), config=TritonConfig(16, 64, 64, 1, 4, 2, True))
+    assert torch.equal(one.view(torch.int16), grouped.view(torch.int16))

@@ -9,7 +9,9 @@ its lowest pair index, and a leader's task serves every pair of its expert (foun
 count. Tasks, numbered in phases::
 
     0   x's amax, per token block            fp8_tensor with a dynamic scale only (atomic_max)
+    Q1  (token, 2048 columns of K)           FP8: x → E4M3 xq [T, K] and its scales, once
     A   (pair p, n-tile of I)                gate and up tiles, SiLU(gate)·up → h [P, I]
+    Q2  (pair p, 2048 columns of I)          FP8: h → E4M3 hq [P, I] and its scales, once
     B   (k-tile of K, pair p)                h rows of the expert's pairs · W2[e, k-tile, :]ᵀ,
                                              × routing weight → y [P, K]
     C   (k-tile, token block)                out[t] = Σ_j y[t·top_k + j], j = 0 … top_k − 1
@@ -23,12 +25,13 @@ the grouped pipeline gives wherever that pipeline is batch invariant.
 The dependency protocol (device counters, no grid barrier)
     A program claims the next task number from a ticket counter (``tl.atomic_add``), so tasks are
     claimed in increasing order, each by a program that is running. A task waits only on tasks
-    with smaller numbers: B (leader p) spins until ``done1[p]`` counts p's NT1 A tasks (with a
-    dynamic fp8_tensor scale: until every A task is done, the intermediate's amax being whole),
-    C (k-tile) until ``done2[k-tile]`` counts P B tasks, A (fp8_tensor dynamic) until the phase-0
-    tasks are done. A finished task's program stores, ``tl.debug_barrier()``, then increments
-    its counter with release semantics; a waiting one spins on acquire loads and reads h / y
-    through L2 (``.cg``). GEMM2's first W2 tile does not depend on GEMM1: it is loaded before the spin.
+    with smaller numbers: B (leader p) spins until ``done1[p]`` counts p's NT1 A tasks (bf16) or
+    ``doneq2[p]`` its expert's Q2 tasks (FP8), C (k-tile) until ``done2[k-tile]`` counts P B tasks;
+    under FP8, Q1 (fp8_tensor dynamic) waits for phase 0, A for all of Q1, Q2 for its leader's A
+    tasks (fp8_tensor dynamic: every A task, the intermediate's amax being whole). A finished task's
+    program stores, ``tl.debug_barrier()``, then increments its counter with release semantics; a
+    waiting one spins on acquire loads and reads h / y through L2 (``.cg``). GEMM2's first W2 tile
+    does not depend on GEMM1: it is loaded before the spin.
 
 Why it cannot deadlock
     Take the smallest task number that is claimed and unfinished. Every smaller task was claimed
@@ -47,12 +50,15 @@ The counters reset themselves
     when it is made; a CUDA graph's calls use the device's graph block, made by the first eager call.
 
 FP8 (``QUANT``; the scales as :mod:`moe_spec.quant` and the grouped pipeline compute them)
-    x: per token (fp8_channel, a first pass over the row) or per 1×128 group (fp8_block, in the K
-    step) from the rows in the task; fp8_tensor's dynamic amax of all of x from phase 0 (one
-    task per token block: O(T·K) reads in all, where each A task reading all of x would repeat
-    them per task); a static ``a1_scale`` read. The intermediate: fp8_tensor's dynamic amax of all
-    of h by ``atomic_max`` in A's epilogue (B waits for all of A), fp8_channel per pair row (B reads
-    its rows' whole h first), fp8_block per 1×128 group (in B's K step), a static ``a2_scale`` read.
+    Both GEMMs' activations are quantized ONCE, by the Q1 / Q2 tasks, into E4M3 workspaces, and the
+    K loops stream E4M3 × E4M3 tiles as the grouped kernels do: a conversion per K step inside every
+    A and B task (each re-quantizing the same rows, once per n-tile or k-tile) made the FP8 kernel
+    several times slower than the bf16 one (notes/decode.md). x: per token (fp8_channel), per 1×128
+    group (fp8_block), fp8_tensor's dynamic amax of all of x from phase 0 (one task per token block),
+    or a static ``a1_scale``; A waits for all of Q1. The intermediate: fp8_tensor's dynamic amax of
+    all of h by ``atomic_max`` in A's epilogue (Q2 waits for all of A), per pair row or 1×128 group
+    (a Q2 task waits for its expert leader's A tasks), or a static ``a2_scale``; B (leader p) waits
+    for the Q2 tasks of its expert's rows, counted at ``doneq2[p]``.
     amaxes are integer maxima of the bits (:func:`~triton_moe.kernel_parts._abs_bits`: NaN kept,
     order-free). The data checks set the error word's bits as the grouped kernels do: weight scales
     where they are read, ids, repeated ids and routing weights in C's first k-tile, static scales
@@ -73,21 +79,26 @@ import triton
 import triton.language as tl
 
 from moe_spec.ops import through_op
+from moe_spec.quant import FP8_BLOCK as FP8_GROUP
 from moe_spec.quant import get_format
 from moe_spec.validate import error_word
 from triton_moe.config import DecodeConfig
 from triton_moe.decode_tasks import (
+    AMAX_H,
     AMAX_X,
     DONE0,
     DONE_A,
+    DONE_Q1,
     EXIT,
     HEADER,
+    QUANT_CHUNK,
     TICKET,
     _amax_bits,
     _at,
     _combine_task,
     _gemm1_task,
     _gemm2_task,
+    _quantize_task,
     _scale_from_bits,
     _signal,
     _wait,
@@ -119,9 +130,13 @@ def decode_moe_kernel(
     topk_weights_ptr,
     topk_ids_ptr,  # [T, TOP_K]
     h_ptr,  # [P, I] intermediate: bf16, fp32 under FP8
+    xq_ptr,
+    xs_ptr,  # FP8: x as E4M3 [T, K] and its scales [T, ⌈K/128⌉] (phase Q1)
+    hq_ptr,
+    hs_ptr,  # FP8: h as E4M3 [P, I] and its scales [P, ⌈I/128⌉] (phase Q2)
     y_ptr,  # [P, K] bf16: GEMM2 × routing weight, by pair
     out_ptr,  # [T, K] bf16
-    counters_ptr,  # int32 [HEADER + PAIR_LANES + ⌈K/BLOCK_N⌉], zero at entry and at exit
+    counters_ptr,  # int32 [HEADER + 2·PAIR_LANES + ⌈K/BLOCK_N⌉], zero at entry and at exit
     error_ptr,  # the device's error word (moe_spec.validate)
     num_tokens,  # T: varies per call
     K,
@@ -143,36 +158,55 @@ def decode_moe_kernel(
     NK = tl.cdiv(K, BLOCK_N)
     NTB = tl.cdiv(num_tokens, BLOCK_T)
     DYNAMIC_TENSOR: tl.constexpr = QUANT == PER_TENSOR and not STATIC
-    A0 = NTB if DYNAMIC_TENSOR else 0  # phase 0: x's amax per token block
-    B0 = A0 + P * NT1
+    FP8: tl.constexpr = QUANT != 0
+    NQ1 = tl.cdiv(K, QUANT_CHUNK)  # quantization tasks per row of x (FP8)
+    NQ2 = tl.cdiv(I, QUANT_CHUNK)  # … per row of h
+    Q10 = NTB if DYNAMIC_TENSOR else 0  # phase 0: x's amax per token block
+    A0 = Q10 + num_tokens * NQ1 if FP8 else Q10  # phase Q1: x → E4M3 per (token, chunk)
+    Q20 = A0 + P * NT1
+    B0 = Q20 + P * NQ2 if FP8 else Q20  # phase Q2: h → E4M3 per (pair, chunk)
     C0 = B0 + NK * P
     END = C0 + NK * NTB
     lanes = tl.arange(0, PAIRS)
     raw = tl.load(topk_ids_ptr + lanes, mask=lanes < P, other=0)
     experts = tl.where(lanes < P, tl.minimum(tl.maximum(raw, 0), E - 1).to(tl.int32), -1)  # bad ids clamped
     done1 = counters_ptr + HEADER
-    done2 = done1 + PAIRS
+    doneq2 = done1 + PAIRS  # Q2 tasks done, counted at the leader of their pair's expert
+    done2 = doneq2 + PAIRS
 
     task = tl.atomic_add(counters_ptr + TICKET, 1)
     while task < END:
-        if task < A0:  # phase 0
+        if task < Q10:  # phase 0
             rows = task * BLOCK_T + tl.arange(0, BLOCK_T)
             m = tl.max(_amax_bits(x_ptr, rows, rows < num_tokens, 0, K, K, BLOCK_T), axis=0)
             tl.atomic_max(counters_ptr + AMAX_X, m)
             _signal(counters_ptr + DONE0)
-        elif task < B0:  # phase A: (pair, n-tile)
+        elif task < A0:  # phase Q1: (token, chunk of K)
+            s_x = 1.0
+            if QUANT == PER_TENSOR:
+                if STATIC:
+                    s_x = tl.load(a1_scale_ptr)
+                else:
+                    _wait(counters_ptr + DONE0, NTB)
+                    s_x = _scale_from_bits(tl.load(counters_ptr + AMAX_X, cache_modifier=".cg"))
+            _quantize_task(x_ptr, xq_ptr, xs_ptr, (task - Q10) // NQ1, (task - Q10) % NQ1, K, s_x, QUANT, INTERPRETER)
+            _signal(counters_ptr + DONE_Q1)
+        elif task < Q20:  # phase A: (pair, n-tile)
             p = (task - A0) // NT1
             e = _at(experts, lanes, p)
             if tl.sum(((experts == e) & (lanes < p)).to(tl.int32), axis=0) == 0:  # the leader
                 s_x = 1.0
+                if FP8:
+                    _wait(counters_ptr + DONE_Q1, num_tokens * NQ1)
                 if QUANT == PER_TENSOR:
                     if STATIC:
                         s_x = tl.load(a1_scale_ptr)
                     else:
-                        _wait(counters_ptr + DONE0, NTB)
                         s_x = _scale_from_bits(tl.load(counters_ptr + AMAX_X, cache_modifier=".cg"))
                 _gemm1_task(
                     x_ptr,
+                    xq_ptr,
+                    xs_ptr,
                     w1_ptr,
                     w1_scale_ptr,
                     topk_ids_ptr,
@@ -199,6 +233,20 @@ def decode_moe_kernel(
             _signal(done1 + p)
             if DYNAMIC_TENSOR:
                 tl.atomic_add(counters_ptr + DONE_A, 1, sem="release")
+        elif task < B0:  # phase Q2: (pair, chunk of I)
+            p = (task - Q20) // NQ2
+            e = _at(experts, lanes, p)
+            leader = tl.min(tl.where(experts == e, lanes, PAIRS), axis=0)
+            s_h = 1.0
+            if DYNAMIC_TENSOR:  # the intermediate's amax is whole once every A task is done
+                _wait(counters_ptr + DONE_A, P * NT1)
+                s_h = _scale_from_bits(tl.load(counters_ptr + AMAX_H, cache_modifier=".cg"))
+            else:  # the leader's A tasks wrote every row of its expert
+                _wait(done1 + leader, NT1)
+                if QUANT == PER_TENSOR:
+                    s_h = tl.load(a2_scale_ptr)
+            _quantize_task(h_ptr, hq_ptr, hs_ptr, p, (task - Q20) % NQ2, I, s_h, QUANT, INTERPRETER)
+            _signal(doneq2 + leader)
         elif task < C0:  # phase B: (k-tile, pair)
             k_tile = (task - B0) // P
             p = (task - B0) % P
@@ -206,16 +254,17 @@ def decode_moe_kernel(
             if tl.sum(((experts == e) & (lanes < p)).to(tl.int32), axis=0) == 0:
                 wait_ptr = done1 + p
                 wait_for = NT1
-                if DYNAMIC_TENSOR:  # the intermediate's amax is whole once every A task is done
-                    wait_ptr = counters_ptr + DONE_A
-                    wait_for = P * NT1
+                if FP8:  # h in E4M3: every Q2 task of the expert's rows
+                    wait_ptr = doneq2 + p
+                    wait_for = tl.sum((experts == e).to(tl.int32), axis=0) * NQ2
                 _gemm2_task(
                     w2_ptr,
                     w2_scale_ptr,
                     a2_scale_ptr,
                     topk_weights_ptr,
                     topk_ids_ptr,
-                    h_ptr,
+                    hq_ptr if FP8 else h_ptr,
+                    hs_ptr,
                     y_ptr,
                     counters_ptr,
                     error_ptr,
@@ -265,7 +314,7 @@ def decode_moe_kernel(
 
     # the last program out resets every counter for the next launch (nobody waits any more)
     if tl.atomic_add(counters_ptr + EXIT, 1, sem="acq_rel") == tl.num_programs(0) - 1:
-        words = HEADER + PAIRS + NK
+        words = HEADER + 2 * PAIRS + NK
         z = tl.arange(0, 128)
         for z0 in range(0, words, 128):
             tl.store(counters_ptr + z0 + z, tl.zeros_like(z), mask=z0 + z < words)
@@ -282,12 +331,14 @@ def num_tasks(T: int, top_k: int, K: int, I: int, quant, static: bool, cfg: Deco
     """The tasks of one launch (the kernel's numbering)."""
     P, ntb = T * top_k, _cdiv(T, cfg.BLOCK_T)
     phase0 = ntb if (quant == "fp8_tensor" and not static) else 0
-    return phase0 + P * _cdiv(I, cfg.BLOCK_N) + (P + ntb) * _cdiv(K, cfg.BLOCK_N)
+    chunk = QUANT_CHUNK.value
+    quantize = T * _cdiv(K, chunk) + P * _cdiv(I, chunk) if get_format(quant).quantized else 0
+    return phase0 + quantize + P * _cdiv(I, cfg.BLOCK_N) + (P + ntb) * _cdiv(K, cfg.BLOCK_N)
 
 
 def counter_words(K: int, cfg: DecodeConfig) -> int:
-    """int32 words of one counter block: the header, done1 per pair lane, done2 per k-tile."""
-    return HEADER.value + PAIR_LANES + _cdiv(K, cfg.BLOCK_N)
+    """int32 words of one counter block: the header, done1 and doneq2 per pair lane, done2 per k-tile."""
+    return HEADER.value + 2 * PAIR_LANES + _cdiv(K, cfg.BLOCK_N)
 
 
 @functools.lru_cache(maxsize=16)
@@ -334,10 +385,19 @@ def counter_block(device, words: int) -> torch.Tensor:
 
 def _buffers(T: int, top_k: int, K: int, I: int, quant, device) -> dict:  # noqa: E741
     P = T * top_k
-    h_dtype = torch.float32 if get_format(quant).quantized else torch.bfloat16
-    return dict(
-        h=torch.empty((P, I), dtype=h_dtype, device=device), y=torch.empty((P, K), dtype=torch.bfloat16, device=device)
+    fp8 = get_format(quant).quantized
+    b = dict(
+        h=torch.empty((P, I), dtype=torch.float32 if fp8 else torch.bfloat16, device=device),
+        y=torch.empty((P, K), dtype=torch.bfloat16, device=device),
     )
+    if fp8:  # the E4M3 operands of phases Q1 and Q2 and their scales (per row or per 1×128 group)
+        b.update(
+            xq=torch.empty((T, K), dtype=torch.float8_e4m3fn, device=device),
+            xs=torch.empty((T, _cdiv(K, FP8_GROUP)), dtype=torch.float32, device=device),
+            hq=torch.empty((P, I), dtype=torch.float8_e4m3fn, device=device),
+            hs=torch.empty((P, _cdiv(I, FP8_GROUP)), dtype=torch.float32, device=device),
+        )
+    return b
 
 
 _workspaces: OrderedDict = OrderedDict()
@@ -433,6 +493,10 @@ def decode_fused_moe(
         topk_weights,
         topk_ids,
         ws["h"],
+        ws.get("xq", dummy),
+        ws.get("xs", dummy),
+        ws.get("hq", dummy),
+        ws.get("hs", dummy),
         ws["y"],
         out,
         ws["counters"],

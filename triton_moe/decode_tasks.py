@@ -28,9 +28,12 @@ from triton_moe.kernel_parts import (
 )
 from triton_moe.kernels_rows import _quantize, _scale_of
 
-#: Counter words before done1 / done2: ticket, exit, phase 0 done, phase A done, x's amax, h's amax.
-TICKET, EXIT, DONE0, DONE_A, AMAX_X, AMAX_H = (tl.constexpr(i) for i in range(6))
+#: Counter words before done1 / doneq2 / done2: ticket, exit, phase 0 done, phase A done, x's amax,
+#: h's amax, phase Q1 done.
+TICKET, EXIT, DONE0, DONE_A, AMAX_X, AMAX_H, DONE_Q1 = (tl.constexpr(i) for i in range(7))
 HEADER = tl.constexpr(8)
+#: Columns one quantization task (phases Q1, Q2) converts: whole 1×128 groups.
+QUANT_CHUNK = tl.constexpr(2048)
 
 
 # ---- the dependency protocol -----------------------------------------------------------------
@@ -92,35 +95,56 @@ def _amax_bits(ptr, rows, row_ok, start, stop, row_len, BLOCK_T: tl.constexpr):
 
 
 @triton.jit
-def _masked(q, mask):
-    """E4M3 ``q`` with the cells outside ``mask`` zero (on the bytes: no conversion)."""
-    return tl.where(mask, q.to(tl.uint8, bitcast=True), 0).to(tl.uint8).to(tl.float8e4nv, bitcast=True)
-
-
-@triton.jit
 def _scale_from_bits(bits):
     return _scale_of(bits.to(tl.float32, bitcast=True))
-
-
-@triton.jit
-def _group_scale(ptr, rows, row_ok, k0, row_len, BLOCK_T: tl.constexpr):
-    """fp8_block: the scale of each row's 1×128 group holding column k0."""
-    cols = k0 // FP8_BLOCK * FP8_BLOCK + tl.arange(0, FP8_BLOCK)  # one load, no loop: the K loop stays innermost
-    v = tl.load(
-        ptr + rows[:, None].to(tl.int64) * row_len + cols[None, :],
-        mask=row_ok[:, None] & (cols < row_len)[None, :],
-        other=0.0,
-        cache_modifier=".cg",
-    )
-    return _scale_from_bits(tl.max(_abs_bits(v), axis=1))
 
 
 # ---- the tasks ---------------------------------------------------------------------------------
 
 
 @triton.jit
+def _quantize_task(
+    src_ptr,
+    dst_ptr,
+    scale_ptr,
+    row,
+    chunk,
+    row_len,
+    s_tensor,
+    QUANT: tl.constexpr,
+    INTERPRETER: tl.constexpr,
+):
+    """Phases Q1 and Q2: columns [chunk·QUANT_CHUNK, …) of one row of x or h → E4M3, once per launch,
+    so that the GEMMs' K loops stream E4M3 operands as the grouped kernels do (no conversion per K
+    step). The scale as the grouped pipeline makes it: ``s_tensor`` (fp8_tensor), the row's amax
+    (fp8_channel, stored at scales[row, 0]), each 1×128 group's amax (fp8_block, scales[row, g])."""
+    GROUPS: tl.constexpr = QUANT_CHUNK // FP8_BLOCK
+    n_groups = tl.cdiv(row_len, FP8_BLOCK)
+    g = chunk * GROUPS + tl.arange(0, GROUPS)
+    cols = g[:, None] * FP8_BLOCK + tl.arange(0, FP8_BLOCK)[None, :]
+    ok = cols < row_len
+    base = row.to(tl.int64) * row_len
+    v = tl.load(src_ptr + base + cols, mask=ok, other=0.0, cache_modifier=".cg")
+    s = tl.zeros([GROUPS, 1], dtype=tl.float32) + s_tensor
+    if QUANT == PER_CHANNEL:
+        one = tl.full([1], 0, tl.int32) + row
+        s_row = tl.sum(_scale_from_bits(_amax_bits(src_ptr, one, one >= 0, 0, row_len, row_len, 1)), axis=0)
+        s = tl.zeros([GROUPS, 1], dtype=tl.float32) + s_row
+        tl.store(scale_ptr + row * n_groups, s_row, mask=chunk == 0)
+    elif QUANT == PER_BLOCK:
+        s_g = _scale_from_bits(tl.max(_abs_bits(v), axis=1))
+        tl.store(scale_ptr + row * n_groups + g, s_g, mask=g < n_groups)
+        s = s_g[:, None]
+    q = _quantize(v, s, INTERPRETER)
+    tl.store(dst_ptr + base + cols, q, mask=ok)
+
+
+
+@triton.jit
 def _gemm1_task(
     x_ptr,
+    xq_ptr,
+    xs_ptr,
     w1_ptr,
     w1_scale_ptr,
     topk_ids_ptr,
@@ -144,7 +168,8 @@ def _gemm1_task(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """Phase A, a leader's task: h[pairs of expert e, n-tile] = SiLU(x·W1_gateᵀ)·(x·W1_upᵀ)."""
+    """Phase A, a leader's task: h[pairs of expert e, n-tile] = SiLU(x·W1_gateᵀ)·(x·W1_upᵀ); under
+    FP8 from x's E4M3 rows and scales of phase Q1 (``xq``, ``xs``)."""
     offs_n = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = offs_n < I
     offs_k = tl.arange(0, BLOCK_K)
@@ -161,20 +186,22 @@ def _gemm1_task(
         id_ok = (raw >= 0) & (raw < E)
         s_rows = tl.zeros([BLOCK_T], dtype=tl.float32) + s_tensor  # x's scale per row (fp8_tensor, fp8_channel)
         if QUANT == PER_CHANNEL:
-            s_rows = _scale_from_bits(_amax_bits(x_ptr, tok, row_ok, 0, K, K, BLOCK_T))
-        x_ptrs = x_ptr + tok[:, None].to(tl.int64) * K + offs_k[None, :]
+            s_rows = tl.load(xs_ptr + tok * K_GROUPS, mask=row_ok, other=1.0, cache_modifier=".cg")
+        if QUANT != 0:
+            x_ptrs = xq_ptr + tok[:, None].to(tl.int64) * K + offs_k[None, :]
+        else:
+            x_ptrs = x_ptr + tok[:, None].to(tl.int64) * K + offs_k[None, :]
         acc = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
         acc_up = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
         scale_bad = tl.zeros([BLOCK_N], dtype=tl.int32)
         for k0 in range(0, K, BLOCK_K):
             k_ok = offs_k < K - k0
-            a = tl.load(x_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            a = tl.load(x_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0, cache_modifier=".cg")
             w = tl.load(w_ptrs + k0, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
             w_up = tl.load(w_ptrs + I * K + k0, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
             if QUANT == PER_BLOCK:
-                s_a = _group_scale(x_ptr, tok, row_ok, k0, K, BLOCK_T)
-                q = _quantize(a, s_a[:, None], INTERPRETER)
                 kg = k0 // FP8_BLOCK
+                s_a = tl.load(xs_ptr + tok * K_GROUPS + kg, mask=row_ok, other=1.0, cache_modifier=".cg")
                 s_w = tl.load(
                     w1_scale_ptr + (e * N_GROUPS + offs_n // FP8_BLOCK) * K_GROUPS + kg, mask=col_ok, other=1.0
                 )
@@ -183,14 +210,9 @@ def _gemm1_task(
                 )
                 scale_bad |= _scale_bad(s_w)
                 scale_bad |= _scale_bad(s_wu)
-                acc = _mma_scaled(acc, q, w, s_a, s_w, True, INTERPRETER)
-                acc_up = _mma_scaled(acc_up, q, w_up, s_a, s_wu, True, INTERPRETER)
-            elif QUANT != 0:
-                # masked cells are 0, not 0 / s: a static scale of 0 must not put NaN into the sum
-                q = _masked(_quantize(a, s_rows[:, None], INTERPRETER), row_ok[:, None] & k_ok[None, :])
-                acc = _mma(acc, q, w, True, INTERPRETER, FP8_IMPRECISE_ACC)
-                acc_up = _mma(acc_up, q, w_up, True, INTERPRETER, FP8_IMPRECISE_ACC)
-            else:
+                acc = _mma_scaled(acc, a, w, s_a, s_w, True, INTERPRETER)
+                acc_up = _mma_scaled(acc_up, a, w_up, s_a, s_wu, True, INTERPRETER)
+            else:  # bf16, or E4M3 whose masked cells load as 0 (not 0 / s: a static scale of 0 gives no NaN)
                 acc = _mma(acc, a, w, True, INTERPRETER, FP8_IMPRECISE_ACC)
                 acc_up = _mma(acc_up, a, w_up, True, INTERPRETER, FP8_IMPRECISE_ACC)
         # dequantize as the grouped epilogue does (triton_moe.kernel_parts._dequant_after_loop)
@@ -224,6 +246,7 @@ def _gemm2_step(
     w,
     k0,
     h_ptr,
+    hs_ptr,
     pair,
     row_ok,
     s_rows,
@@ -239,7 +262,8 @@ def _gemm2_step(
     BLOCK_T: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """One K step of GEMM2 on the loaded W2 tile ``w``: the rows' h (quantized under FP8)."""
+    """One K step of GEMM2 on the loaded W2 tile ``w``: the rows' h (bf16, or E4M3 from phase Q2
+    with its scales ``hs``)."""
     offs_k = k0 + tl.arange(0, BLOCK_K)
     a = tl.load(
         h_ptr + pair[:, None].to(tl.int64) * I + offs_k[None, :],
@@ -248,18 +272,16 @@ def _gemm2_step(
         cache_modifier=".cg",
     )
     if QUANT == PER_BLOCK:
-        s_a = _group_scale(h_ptr, pair, row_ok, k0, I, BLOCK_T)
-        q = _quantize(a, s_a[:, None], INTERPRETER)
+        s_a = tl.load(
+            hs_ptr + pair * tl.cdiv(I, FP8_BLOCK) + k0 // FP8_BLOCK, mask=row_ok, other=1.0, cache_modifier=".cg"
+        )
         s_w = tl.load(
             w2_scale_ptr + (e * tl.cdiv(K, FP8_BLOCK) + offs_n // FP8_BLOCK) * tl.cdiv(I, FP8_BLOCK) + k0 // FP8_BLOCK,
             mask=col_ok,
             other=1.0,
         )
         scale_bad |= _scale_bad(s_w)
-        acc = _mma_scaled(acc, q, w, s_a, s_w, True, INTERPRETER)
-    elif QUANT != 0:
-        q = _masked(_quantize(a, s_rows[:, None], INTERPRETER), row_ok[:, None] & (offs_k < I)[None, :])
-        acc = _mma(acc, q, w, True, INTERPRETER, FP8_IMPRECISE_ACC)
+        acc = _mma_scaled(acc, a, w, s_a, s_w, True, INTERPRETER)
     else:
         acc = _mma(acc, a, w, True, INTERPRETER, FP8_IMPRECISE_ACC)
     return acc, scale_bad
@@ -273,6 +295,7 @@ def _gemm2_task(
     topk_weights_ptr,
     topk_ids_ptr,
     h_ptr,
+    hs_ptr,
     y_ptr,
     counters_ptr,
     error_ptr,
@@ -294,7 +317,8 @@ def _gemm2_task(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """Phase B, a leader's task: y[pairs of expert e, k-tile] = w_p · (h_p · W2[e, k-tile, :]ᵀ)."""
+    """Phase B, a leader's task: y[pairs of expert e, k-tile] = w_p · (h_p · W2[e, k-tile, :]ᵀ); h is
+    bf16, or under FP8 E4M3 with its scales (``hs``) from phase Q2."""
     offs_n = k_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = offs_n < K
     offs_k = tl.arange(0, BLOCK_K)
@@ -317,7 +341,7 @@ def _gemm2_task(
         rw = tl.load(topk_weights_ptr + pair, mask=row_ok, other=0.0)
         s_rows = tl.zeros([BLOCK_T], dtype=tl.float32) + s_tensor
         if QUANT == PER_CHANNEL:
-            s_rows = _scale_from_bits(_amax_bits(h_ptr, pair, row_ok, 0, I, I, BLOCK_T))
+            s_rows = tl.load(hs_ptr + pair * tl.cdiv(I, FP8_BLOCK), mask=row_ok, other=1.0, cache_modifier=".cg")
         acc = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
         scale_bad = tl.zeros([BLOCK_N], dtype=tl.int32)
         acc, scale_bad = _gemm2_step(
@@ -326,6 +350,7 @@ def _gemm2_task(
             w_first,
             0,
             h_ptr,
+            hs_ptr,
             pair,
             row_ok,
             s_rows,
@@ -349,6 +374,7 @@ def _gemm2_task(
                 w,
                 k0,
                 h_ptr,
+                hs_ptr,
                 pair,
                 row_ok,
                 s_rows,
