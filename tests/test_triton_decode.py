@@ -21,7 +21,7 @@ from moe_spec.validate import (
     MoEDims,
     check,
 )
-from triton_moe import decode
+from triton_moe import decode, decode_host
 from triton_moe.config import DecodeConfig, TritonConfig
 from triton_moe.jit import count_compilations
 from triton_moe.plan import DECODE_MAX_PAIRS, plan, plans_for
@@ -45,7 +45,7 @@ def _inputs(E, top_k, K, I, T, quant, seed=1):  # noqa: E741
 
 
 def _counters_zero() -> bool:
-    return all(int(b.abs().sum()) == 0 for b in decode._counter_blocks.values())
+    return all(int(b.abs().sum()) == 0 for b in decode_host._counter_blocks.values())
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "E{}k{}K{}I{}T{}".format(*c))
@@ -83,7 +83,7 @@ def test_reruns_are_bitwise_equal_and_leave_the_counters_zero(quant):
     inp = _inputs(8, 2, 256, 128, 5, quant, seed=6)
     outs = [triton_moe.fused_moe(**inp.kwargs()) for _ in range(3)]
     assert all(torch.equal(o.view(torch.int16), outs[0].view(torch.int16)) for o in outs[1:])
-    assert decode._counter_blocks and _counters_zero()
+    assert decode_host._counter_blocks and _counters_zero()
 
 
 @pytest.mark.parametrize("quant", [None, "fp8_block"], ids=lambda q: q or "bf16")
@@ -218,7 +218,7 @@ def test_gpu_decode_matches_the_oracle_and_the_grouped_pipeline(spec, quant):
         assert all(torch.equal(o, outs[0]) for o in outs[1:]), (spec, quant, T)
         assert rel_l2(outs[0], oracle(**inp.kwargs())) <= TOL, (spec, quant, T)
         assert rel_l2(outs[0], grouped.double()) <= TOL, (spec, quant, T)
-        assert all(int(b.abs().sum()) == 0 for b in decode._counter_blocks.values())
+        assert all(int(b.abs().sum()) == 0 for b in decode_host._counter_blocks.values())
 
 
 @pytest.mark.parametrize("quant", QUANTS, ids=lambda q: q or "bf16")

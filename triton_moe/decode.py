@@ -33,36 +33,17 @@ The dependency protocol (device counters, no grid barrier)
     waiting one spins on acquire loads and reads h / y through L2 (``.cg``). GEMM2's first W2 tile
     does not depend on GEMM1: it is loaded before the spin.
 
-Why it cannot deadlock
-    Take the smallest task number that is claimed and unfinished. Every smaller task was claimed
-    earlier (tickets are increasing) by a program that was running then and runs until its task
-    is done, and each of them is finished — by the choice of the smallest. So the smallest
-    unfinished task waits on nothing unfinished, and it finishes; by induction every claimed task
-    does. Nothing assumes that the grid is resident at once: a program that has not started has
-    claimed nothing, and nobody waits for it. The grid is min(tasks, SMs × programs per SM) only
-    so that no program waits for a slot.
-
-The counters reset themselves
-    Each program, after its last (failed) claim, increments an exit counter; the one that sees it
-    reach grid − 1 is the last, when nobody waits any more, and zeroes the ticket, the exit count,
-    the phase counters and the amaxes — the next launch starts from zeros with no memset. The
-    counters live in a small int32 block per (device, stream) (:func:`counter_block`), zeroed once
-    when it is made; a CUDA graph's calls use the device's graph block, made by the first eager call.
+Why it cannot deadlock, and how the counters reset themselves (the last program out zeroes them;
+one int32 block per device and stream, :func:`counter_block`): notes/decode.md.
 
 FP8 (``QUANT``; the scales as :mod:`moe_spec.quant` and the grouped pipeline compute them)
-    Both GEMMs' activations are quantized ONCE, by the Q1 / Q2 tasks, into E4M3 workspaces, and the
-    K loops stream E4M3 × E4M3 tiles as the grouped kernels do: a conversion per K step inside every
-    A and B task (each re-quantizing the same rows, once per n-tile or k-tile) made the FP8 kernel
-    several times slower than the bf16 one (notes/decode.md). x: per token (fp8_channel), per 1×128
-    group (fp8_block), fp8_tensor's dynamic amax of all of x from phase 0 (one task per token block),
-    or a static ``a1_scale``; A waits for all of Q1. The intermediate: fp8_tensor's dynamic amax of
-    all of h by ``atomic_max`` in A's epilogue (Q2 waits for all of A), per pair row or 1×128 group
-    (a Q2 task waits for its expert leader's A tasks), or a static ``a2_scale``; B (leader p) waits
-    for the Q2 tasks of its expert's rows, counted at ``doneq2[p]``.
-    amaxes are integer maxima of the bits (:func:`~triton_moe.kernel_parts._abs_bits`: NaN kept,
-    order-free). The data checks set the error word's bits as the grouped kernels do: weight scales
-    where they are read, ids, repeated ids and routing weights in C's first k-tile, static scales
-    in the first C task.
+    x and h are quantized ONCE, by the Q1 / Q2 tasks, into E4M3 workspaces, and the K loops stream
+    E4M3 × E4M3 tiles as the grouped kernels do (a conversion per K step in every A and B task made
+    FP8 several times slower than bf16: notes/decode.md). Scales per token / pair row
+    (fp8_channel), per 1×128 group (fp8_block), of all of x (phase 0) or h (``atomic_max`` in A's
+    epilogue; Q2 then waits for all of A), or static. amaxes are integer maxima of the bits
+    (:func:`~triton_moe.kernel_parts._abs_bits`: NaN kept, order-free). The error word's bits are
+    set as the grouped kernels set them (notes/decode.md, "The data checks").
 
 The interpreter runs programs one after another: program 0 claims every task in order and finds
 every counter it waits on complete, so the CPU tests run this kernel as it is.
@@ -71,18 +52,14 @@ every counter it waits on complete, so the CPU tests run this kernel as it is.
 from __future__ import annotations
 
 import functools
-import threading
-from collections import OrderedDict
 
 import torch
 import triton
 import triton.language as tl
 
-from moe_spec.ops import through_op
-from moe_spec.quant import FP8_BLOCK as FP8_GROUP
-from moe_spec.quant import get_format
 from moe_spec.validate import error_word
 from triton_moe.config import DecodeConfig
+from triton_moe.decode_host import PAIR_LANES, decode_workspace, grid_size, num_tasks
 from triton_moe.decode_tasks import (
     AMAX_H,
     AMAX_X,
@@ -98,24 +75,49 @@ from triton_moe.decode_tasks import (
     _combine_task,
     _gemm1_task,
     _gemm2_task,
-    _quantize_task,
     _scale_from_bits,
     _signal,
     _wait,
 )
 from triton_moe.jit import INTERPRET, Bound
-from triton_moe.kernel_parts import PER_TENSOR
+from triton_moe.kernel_parts import FP8_BLOCK, PER_BLOCK, PER_CHANNEL, PER_TENSOR, _abs_bits
 from triton_moe.kernels import QUANT_MODE, fp8_imprecise_acc
-from triton_moe.plan import DECODE_MAX_PAIRS
+from triton_moe.kernels_rows import _quantize
 
-#: The pair lanes the kernel holds in registers: a power of two ≥ DECODE_MAX_PAIRS.
-PAIR_LANES = 1 << (DECODE_MAX_PAIRS - 1).bit_length()
-#: Programs per SM at most (the grid is min(tasks, SMs × this, what shared memory allows)).
-PROGRAMS_PER_SM = 2
-#: Programs of an interpreted launch: program 0 claims every task, the others exercise the exit.
-INTERPRET_PROGRAMS = 3
-#: Workspaces kept (least recently used dropped first): one per (sizes, device, stream, thread).
-WORKSPACES = 8
+
+@triton.jit
+def _quantize_task(
+    src_ptr,
+    dst_ptr,
+    scale_ptr,
+    row,
+    chunk,
+    row_len,
+    s_tensor,
+    QUANT: tl.constexpr,
+    INTERPRETER: tl.constexpr,
+):
+    """Phases Q1 and Q2: columns [chunk·QUANT_CHUNK, …) of one row of x or h → E4M3, with the scale
+    ``s_tensor``, the row's (stored at scales[row, 0]) or each 1×128 group's (scales[row, g])."""
+    GROUPS: tl.constexpr = QUANT_CHUNK // FP8_BLOCK
+    n_groups = tl.cdiv(row_len, FP8_BLOCK)
+    g = chunk * GROUPS + tl.arange(0, GROUPS)
+    cols = g[:, None] * FP8_BLOCK + tl.arange(0, FP8_BLOCK)[None, :]
+    ok = cols < row_len
+    base = row.to(tl.int64) * row_len
+    v = tl.load(src_ptr + base + cols, mask=ok, other=0.0, cache_modifier=".cg")
+    s = tl.zeros([GROUPS, 1], dtype=tl.float32) + s_tensor
+    if QUANT == PER_CHANNEL:
+        one = tl.full([1], 0, tl.int32) + row
+        s_row = tl.sum(_scale_from_bits(_amax_bits(src_ptr, one, one >= 0, 0, row_len, row_len, 1)), axis=0)
+        s = tl.zeros([GROUPS, 1], dtype=tl.float32) + s_row
+        tl.store(scale_ptr + row * n_groups, s_row, mask=chunk == 0)
+    elif QUANT == PER_BLOCK:
+        s_g = _scale_from_bits(tl.max(_abs_bits(v), axis=1))
+        tl.store(scale_ptr + row * n_groups + g, s_g, mask=g < n_groups)
+        s = s_g[:, None]
+    q = _quantize(v, s, INTERPRETER)
+    tl.store(dst_ptr + base + cols, q, mask=ok)
 
 
 @triton.jit(do_not_specialize=["num_tokens"])
@@ -320,107 +322,7 @@ def decode_moe_kernel(
             tl.store(counters_ptr + z0 + z, tl.zeros_like(z), mask=z0 + z < words)
 
 
-# ---- the host side -----------------------------------------------------------------------------
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def num_tasks(T: int, top_k: int, K: int, I: int, quant, static: bool, cfg: DecodeConfig) -> int:  # noqa: E741
-    """The tasks of one launch (the kernel's numbering)."""
-    P, ntb = T * top_k, _cdiv(T, cfg.BLOCK_T)
-    phase0 = ntb if (quant == "fp8_tensor" and not static) else 0
-    chunk = QUANT_CHUNK.value
-    quantize = T * _cdiv(K, chunk) + P * _cdiv(I, chunk) if get_format(quant).quantized else 0
-    return phase0 + quantize + P * _cdiv(I, cfg.BLOCK_N) + (P + ntb) * _cdiv(K, cfg.BLOCK_N)
-
-
-def counter_words(K: int, cfg: DecodeConfig) -> int:
-    """int32 words of one counter block: the header, done1 and doneq2 per pair lane, done2 per k-tile."""
-    return HEADER.value + 2 * PAIR_LANES + _cdiv(K, cfg.BLOCK_N)
-
-
-@functools.lru_cache(maxsize=16)
-def _resident_programs(device_index: int, smem_bytes: int) -> int:
-    props = torch.cuda.get_device_properties(device_index)
-    per_sm = max(1, min(PROGRAMS_PER_SM, props.shared_memory_per_multiprocessor // max(smem_bytes, 1)))
-    return props.multi_processor_count * per_sm
-
-
-def grid_size(tasks: int, quant, cfg: DecodeConfig, device) -> int:
-    """min(tasks, the programs that can be resident): SMs × programs per SM as shared memory allows."""
-    if device.type != "cuda":
-        return min(tasks, INTERPRET_PROGRAMS)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return min(tasks, _resident_programs(index, cfg.smem_bytes(quant)))
-
-
-_counter_blocks: dict = {}
-_counter_lock = threading.Lock()
-
-
-def counter_block(device, words: int) -> torch.Tensor:
-    """The int32 counters of a launch on ``device`` (zeroed once when made; every launch leaves
-    them zero). Eager calls use their stream's block (launches on one stream never overlap); a
-    call during a CUDA graph capture, or through the torch op, uses the device's graph block,
-    made together with the first eager block so that a capture finds it (a graph replays its
-    launches in order; two graphs replayed at once on two streams would share it)."""
-    graph = device.type == "cuda" and (torch.cuda.is_current_stream_capturing() or through_op())
-    stream = None
-    if device.type == "cuda" and not graph:
-        stream = torch.cuda.current_stream(device).cuda_stream
-    key = (device, "graph" if graph else stream, words)
-    block = _counter_blocks.get(key)
-    if block is None:
-        with _counter_lock:
-            block = _counter_blocks.get(key)
-            if block is None:
-                block = _counter_blocks[key] = torch.zeros(words, dtype=torch.int32, device=device)
-                graph_key = (device, "graph", words)
-                if graph_key not in _counter_blocks and not graph:
-                    _counter_blocks[graph_key] = torch.zeros(words, dtype=torch.int32, device=device)
-    return block
-
-
-def _buffers(T: int, top_k: int, K: int, I: int, quant, device) -> dict:  # noqa: E741
-    P = T * top_k
-    fp8 = get_format(quant).quantized
-    b = dict(
-        h=torch.empty((P, I), dtype=torch.float32 if fp8 else torch.bfloat16, device=device),
-        y=torch.empty((P, K), dtype=torch.bfloat16, device=device),
-    )
-    if fp8:  # the E4M3 operands of phases Q1 and Q2 and their scales (per row or per 1×128 group)
-        b.update(
-            xq=torch.empty((T, K), dtype=torch.float8_e4m3fn, device=device),
-            xs=torch.empty((T, _cdiv(K, FP8_GROUP)), dtype=torch.float32, device=device),
-            hq=torch.empty((P, I), dtype=torch.float8_e4m3fn, device=device),
-            hs=torch.empty((P, _cdiv(I, FP8_GROUP)), dtype=torch.float32, device=device),
-        )
-    return b
-
-
-_workspaces: OrderedDict = OrderedDict()
-
-
-def decode_workspace(T: int, top_k: int, K: int, I: int, quant, device, cfg: DecodeConfig) -> dict:  # noqa: E741
-    """h, y and the counters of one call: h and y reused by the eager calls of one stream and
-    thread (fresh during a CUDA graph capture or a call through the op, as
-    :func:`triton_moe.launches._workspace_of` does), the counters of :func:`counter_block`."""
-    counters = counter_block(device, counter_words(K, cfg))
-    sizes = (T, top_k, K, I, quant, device)
-    if device.type == "cuda" and (torch.cuda.is_current_stream_capturing() or through_op()):
-        return {**_buffers(*sizes), "counters": counters}
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
-    key = (sizes, stream, threading.get_ident())
-    b = _workspaces.get(key)
-    if b is None:
-        b = _workspaces[key] = _buffers(*sizes)
-        if len(_workspaces) > WORKSPACES:
-            _workspaces.popitem(last=False)
-    else:
-        _workspaces.move_to_end(key)
-    return {**b, "counters": counters}
+# ---- the launch ------------------------------------------------------------------------------
 
 
 @functools.lru_cache(maxsize=1024)

@@ -26,10 +26,9 @@ from triton_moe.kernel_parts import (
     _mma_scaled,
     _scale_bad,
 )
-from triton_moe.kernels_rows import _quantize, _scale_of
+from triton_moe.kernels_rows import _scale_of
 
-#: Counter words before done1 / doneq2 / done2: ticket, exit, phase 0 done, phase A done, x's amax,
-#: h's amax, phase Q1 done.
+#: Counter words before done1 / doneq2 / done2: ticket, exit, phase 0 / A done, amaxes, Q1 done.
 TICKET, EXIT, DONE0, DONE_A, AMAX_X, AMAX_H, DONE_Q1 = (tl.constexpr(i) for i in range(7))
 HEADER = tl.constexpr(8)
 #: Columns one quantization task (phases Q1, Q2) converts: whole 1×128 groups.
@@ -100,44 +99,6 @@ def _scale_from_bits(bits):
 
 
 # ---- the tasks ---------------------------------------------------------------------------------
-
-
-@triton.jit
-def _quantize_task(
-    src_ptr,
-    dst_ptr,
-    scale_ptr,
-    row,
-    chunk,
-    row_len,
-    s_tensor,
-    QUANT: tl.constexpr,
-    INTERPRETER: tl.constexpr,
-):
-    """Phases Q1 and Q2: columns [chunk·QUANT_CHUNK, …) of one row of x or h → E4M3, once per launch,
-    so that the GEMMs' K loops stream E4M3 operands as the grouped kernels do (no conversion per K
-    step). The scale as the grouped pipeline makes it: ``s_tensor`` (fp8_tensor), the row's amax
-    (fp8_channel, stored at scales[row, 0]), each 1×128 group's amax (fp8_block, scales[row, g])."""
-    GROUPS: tl.constexpr = QUANT_CHUNK // FP8_BLOCK
-    n_groups = tl.cdiv(row_len, FP8_BLOCK)
-    g = chunk * GROUPS + tl.arange(0, GROUPS)
-    cols = g[:, None] * FP8_BLOCK + tl.arange(0, FP8_BLOCK)[None, :]
-    ok = cols < row_len
-    base = row.to(tl.int64) * row_len
-    v = tl.load(src_ptr + base + cols, mask=ok, other=0.0, cache_modifier=".cg")
-    s = tl.zeros([GROUPS, 1], dtype=tl.float32) + s_tensor
-    if QUANT == PER_CHANNEL:
-        one = tl.full([1], 0, tl.int32) + row
-        s_row = tl.sum(_scale_from_bits(_amax_bits(src_ptr, one, one >= 0, 0, row_len, row_len, 1)), axis=0)
-        s = tl.zeros([GROUPS, 1], dtype=tl.float32) + s_row
-        tl.store(scale_ptr + row * n_groups, s_row, mask=chunk == 0)
-    elif QUANT == PER_BLOCK:
-        s_g = _scale_from_bits(tl.max(_abs_bits(v), axis=1))
-        tl.store(scale_ptr + row * n_groups + g, s_g, mask=g < n_groups)
-        s = s_g[:, None]
-    q = _quantize(v, s, INTERPRETER)
-    tl.store(dst_ptr + base + cols, q, mask=ok)
-
 
 
 @triton.jit

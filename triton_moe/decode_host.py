@@ -1,0 +1,128 @@
+"""The host side of the one-launch decode kernel (:mod:`triton_moe.decode`): its task count and
+grid, its self-resetting counter blocks and its workspaces (h, y and, under FP8, the E4M3 operands
+of phases Q1 and Q2 with their scales).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections import OrderedDict
+
+import torch
+
+from moe_spec.ops import through_op
+from moe_spec.quant import FP8_BLOCK as FP8_GROUP
+from moe_spec.quant import get_format
+from triton_moe.config import DecodeConfig
+from triton_moe.decode_tasks import HEADER, QUANT_CHUNK
+from triton_moe.plan import DECODE_MAX_PAIRS
+
+#: The pair lanes the kernel holds in registers: a power of two ≥ DECODE_MAX_PAIRS.
+PAIR_LANES = 1 << (DECODE_MAX_PAIRS - 1).bit_length()
+#: Programs per SM at most (the grid is min(tasks, SMs × this, what shared memory allows)).
+PROGRAMS_PER_SM = 2
+#: Programs of an interpreted launch: program 0 claims every task, the others exercise the exit.
+INTERPRET_PROGRAMS = 3
+#: Workspaces kept (least recently used dropped first): one per (sizes, device, stream, thread).
+WORKSPACES = 8
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def num_tasks(T: int, top_k: int, K: int, I: int, quant, static: bool, cfg: DecodeConfig) -> int:  # noqa: E741
+    """The tasks of one launch (the kernel's numbering)."""
+    P, ntb = T * top_k, _cdiv(T, cfg.BLOCK_T)
+    phase0 = ntb if (quant == "fp8_tensor" and not static) else 0
+    chunk = QUANT_CHUNK.value
+    quantize = T * _cdiv(K, chunk) + P * _cdiv(I, chunk) if get_format(quant).quantized else 0
+    return phase0 + quantize + P * _cdiv(I, cfg.BLOCK_N) + (P + ntb) * _cdiv(K, cfg.BLOCK_N)
+
+
+def counter_words(K: int, cfg: DecodeConfig) -> int:
+    """int32 words of one counter block: the header, done1 and doneq2 per pair lane, done2 per k-tile."""
+    return HEADER.value + 2 * PAIR_LANES + _cdiv(K, cfg.BLOCK_N)
+
+
+@functools.lru_cache(maxsize=16)
+def _resident_programs(device_index: int, smem_bytes: int) -> int:
+    props = torch.cuda.get_device_properties(device_index)
+    per_sm = max(1, min(PROGRAMS_PER_SM, props.shared_memory_per_multiprocessor // max(smem_bytes, 1)))
+    return props.multi_processor_count * per_sm
+
+
+def grid_size(tasks: int, quant, cfg: DecodeConfig, device) -> int:
+    """min(tasks, the programs that can be resident): SMs × programs per SM as shared memory allows."""
+    if device.type != "cuda":
+        return min(tasks, INTERPRET_PROGRAMS)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return min(tasks, _resident_programs(index, cfg.smem_bytes(quant)))
+
+
+_counter_blocks: dict = {}
+_counter_lock = threading.Lock()
+
+
+def counter_block(device, words: int) -> torch.Tensor:
+    """The int32 counters of a launch on ``device`` (zeroed once when made; every launch leaves
+    them zero). Eager calls use their stream's block (launches on one stream never overlap); a
+    call during a CUDA graph capture, or through the torch op, uses the device's graph block,
+    made together with the first eager block so that a capture finds it (a graph replays its
+    launches in order; two graphs replayed at once on two streams would share it)."""
+    graph = device.type == "cuda" and (torch.cuda.is_current_stream_capturing() or through_op())
+    stream = None
+    if device.type == "cuda" and not graph:
+        stream = torch.cuda.current_stream(device).cuda_stream
+    key = (device, "graph" if graph else stream, words)
+    block = _counter_blocks.get(key)
+    if block is None:
+        with _counter_lock:
+            block = _counter_blocks.get(key)
+            if block is None:
+                block = _counter_blocks[key] = torch.zeros(words, dtype=torch.int32, device=device)
+                graph_key = (device, "graph", words)
+                if graph_key not in _counter_blocks and not graph:
+                    _counter_blocks[graph_key] = torch.zeros(words, dtype=torch.int32, device=device)
+    return block
+
+
+def _buffers(T: int, top_k: int, K: int, I: int, quant, device) -> dict:  # noqa: E741
+    P = T * top_k
+    fp8 = get_format(quant).quantized
+    b = dict(
+        h=torch.empty((P, I), dtype=torch.float32 if fp8 else torch.bfloat16, device=device),
+        y=torch.empty((P, K), dtype=torch.bfloat16, device=device),
+    )
+    if fp8:  # the E4M3 operands of phases Q1 and Q2 and their scales (per row or per 1×128 group)
+        b.update(
+            xq=torch.empty((T, K), dtype=torch.float8_e4m3fn, device=device),
+            xs=torch.empty((T, _cdiv(K, FP8_GROUP)), dtype=torch.float32, device=device),
+            hq=torch.empty((P, I), dtype=torch.float8_e4m3fn, device=device),
+            hs=torch.empty((P, _cdiv(I, FP8_GROUP)), dtype=torch.float32, device=device),
+        )
+    return b
+
+
+_workspaces: OrderedDict = OrderedDict()
+
+
+def decode_workspace(T: int, top_k: int, K: int, I: int, quant, device, cfg: DecodeConfig) -> dict:  # noqa: E741
+    """h, y and the counters of one call: h and y reused by the eager calls of one stream and
+    thread (fresh during a CUDA graph capture or a call through the op, as
+    :func:`triton_moe.launches._workspace_of` does), the counters of :func:`counter_block`."""
+    counters = counter_block(device, counter_words(K, cfg))
+    sizes = (T, top_k, K, I, quant, device)
+    if device.type == "cuda" and (torch.cuda.is_current_stream_capturing() or through_op()):
+        return {**_buffers(*sizes), "counters": counters}
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+    key = (sizes, stream, threading.get_ident())
+    b = _workspaces.get(key)
+    if b is None:
+        b = _workspaces[key] = _buffers(*sizes)
+        if len(_workspaces) > WORKSPACES:
+            _workspaces.popitem(last=False)
+    else:
+        _workspaces.move_to_end(key)
+    return {**b, "counters": counters}
