@@ -129,7 +129,8 @@ def test_bad_input_from_the_shell_has_no_traceback():
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip() == (
         "python -m compare: error: --shapes: unknown shape 'gpt5'; known: mixtral-8x7b, "
-        "qwen3-30b-a3b, qwen3-235b-a22b, deepseek-v3 (optionally ':tpN')"
+        "qwen3-30b-a3b, qwen3-235b-a22b, deepseek-v3, mixtral-8x22b, olmoe-1b-7b, qwen1.5-moe-a2.7b "
+        "(optionally ':tpN')"
     )
 
 

@@ -69,18 +69,27 @@ class CountOps(TorchDispatchMode):
 
 
 SHAPE = MoEShape("launches", 8, 2, 128, 64, "test: Mixtral-like routing, small sizes")
-#: T = 4: one chunk of pairs (decode); T = 300: 600 pairs, three chunks (the launches are the same).
-DECODE, PREFILL = 4, 300
-TRITON = {  # (quant, T): exact Triton launches of a warm call; the targets are bf16 ≤ 6, FP8 ≤ 8
-    (None, DECODE): 5,
+#: T = 4: 8 pairs, inside the decode rule's reach (triton_moe.plan.uses_decode); T = 40: 80 pairs,
+#: one chunk of the grouped pipeline; T = 300: 600 pairs, three chunks (the launches are the same).
+DECODE, SMALL_GROUPED, PREFILL = 4, 40, 300
+TRITON = {  # (quant, T): exact Triton launches of a warm grouped call; the targets are bf16 ≤ 6, FP8 ≤ 8
+    (None, SMALL_GROUPED): 5,
     (None, PREFILL): 5,
-    ("fp8_tensor", DECODE): 8,
+    ("fp8_tensor", SMALL_GROUPED): 8,
     ("fp8_tensor", PREFILL): 8,
-    ("fp8_channel", DECODE): 7,
+    ("fp8_channel", SMALL_GROUPED): 7,
     ("fp8_channel", PREFILL): 7,
-    ("fp8_block", DECODE): 7,
+    ("fp8_block", SMALL_GROUPED): 7,
     ("fp8_block", PREFILL): 7,
 }
+QUANTS = (None, "fp8_tensor", "fp8_channel", "fp8_block")
+
+
+def _path(quant, T, top_k=2):
+    from moe_spec.validate import MoEDims
+    from triton_moe.plan import plan
+
+    return plan(MoEDims(T=T, E=8, K=128, I=64, top_k=top_k), quant).path
 
 
 def _triton_call(quant, T, top_k_one=False):
@@ -98,6 +107,7 @@ def _triton_call(quant, T, top_k_one=False):
 
 @pytest.mark.parametrize("quant, T", list(TRITON), ids=[f"{q or 'bf16'}-T{T}" for q, T in TRITON])
 def test_triton_launches_per_call(quant, T):
+    assert _path(quant, T) == "grouped"
     launches, ops = _triton_call(quant, T)
     assert len(launches) == TRITON[quant, T], launches
     assert len(launches) <= (6 if quant is None else 8)
@@ -107,8 +117,25 @@ def test_triton_launches_per_call(quant, T):
     assert launches[-2:] == ["moe_gemm_kernel", "combine_kernel"]
 
 
+@pytest.mark.parametrize("quant", QUANTS, ids=[q or "bf16" for q in QUANTS])
+def test_triton_decode_is_one_launch_where_the_plan_picks_it(quant):
+    """Inside the decode rule's reach a warm call is one launch (routing, quantization, both GEMMs
+    and the top-k sum in one kernel) or, where the rule leaves a format on the grouped pipeline,
+    exactly that pipeline's launches; no torch kernel and no host read either way."""
+    launches, ops = _triton_call(quant, DECODE)
+    if _path(quant, DECODE) == "decode":
+        assert launches == ["decode_moe_kernel"]
+    else:
+        assert len(launches) == TRITON[quant, SMALL_GROUPED], launches
+    assert ops.launches == [] and not HOST_READS & set(ops.ops), ops.ops
+
+
 def test_triton_top_k_one_skips_the_combine():
-    launches, _ = _triton_call(None, DECODE, top_k_one=True)
+    from triton_moe.plan import DECODE_MAX_PAIRS
+
+    T = DECODE_MAX_PAIRS + 1  # past the decode rule: the grouped pipeline
+    assert _path(None, T, top_k=1) == "grouped"
+    launches, _ = _triton_call(None, T, top_k_one=True)
     assert launches == ["_count_kernel", "_place_kernel", "moe_gemm_kernel", "moe_gemm_kernel"]
 
 

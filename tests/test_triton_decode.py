@@ -131,6 +131,7 @@ def test_repeated_ids_weights_and_scales_set_their_bits(word):
 
 @pytest.mark.parametrize("top_k", [1, 2, 8])
 def test_the_plan_picks_decode_up_to_the_threshold(top_k):
+    assert DECODE_MAX_PAIRS <= decode.PAIR_LANES  # the rule stays within the kernel's pair lanes
     last = DECODE_MAX_PAIRS // top_k
     at = plan(MoEDims(T=last, E=16, K=256, I=128, top_k=top_k))
     past = plan(MoEDims(T=last + 1, E=16, K=256, I=128, top_k=top_k))

@@ -75,7 +75,9 @@ def test_bad_data_gives_the_same_nan_rows_and_error_bits(few_programs, word):
 
 
 def test_selected_only_when_the_config_asks():
-    inp = make_inputs(SMALL, 11, None, seed=1)
+    from triton_moe.plan import DECODE_MAX_PAIRS
+
+    inp = make_inputs(SMALL, DECODE_MAX_PAIRS // SMALL.top_k + 1, None, seed=1)  # past the decode rule
     for cfg, kernel in [
         (None, "moe_gemm_kernel"),
         (TritonConfig(**TILE), "moe_gemm_kernel"),

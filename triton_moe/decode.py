@@ -80,9 +80,8 @@ from triton_moe.decode_tasks import (
     _wait,
 )
 from triton_moe.jit import INTERPRET, Bound
-from triton_moe.kernel_parts import FP8_BLOCK, PER_BLOCK, PER_CHANNEL, PER_TENSOR, _abs_bits
+from triton_moe.kernel_parts import FP8_BLOCK, PER_BLOCK, PER_CHANNEL, PER_TENSOR, _abs_bits, _quantize
 from triton_moe.kernels import QUANT_MODE, fp8_imprecise_acc
-from triton_moe.kernels_rows import _quantize
 
 
 @triton.jit

@@ -16,10 +16,10 @@ from moe_spec.quant import FP8_BLOCK as FP8_GROUP
 from moe_spec.quant import get_format
 from triton_moe.config import DecodeConfig
 from triton_moe.decode_tasks import HEADER, QUANT_CHUNK
-from triton_moe.plan import DECODE_MAX_PAIRS
 
-#: The pair lanes the kernel holds in registers: a power of two ≥ DECODE_MAX_PAIRS.
-PAIR_LANES = 1 << (DECODE_MAX_PAIRS - 1).bit_length()
+#: The pair lanes the kernel holds in registers (a power of two): the most (token, slot) pairs one
+#: launch serves. The path rule (triton_moe.plan.DECODE_MAX_PAIRS) picks the kernel below this.
+PAIR_LANES = 64
 #: Programs per SM at most (the grid is min(tasks, SMs × this, what shared memory allows)).
 PROGRAMS_PER_SM = 2
 #: Programs of an interpreted launch: program 0 claims every task, the others exercise the exit.

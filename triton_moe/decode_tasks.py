@@ -25,8 +25,8 @@ from triton_moe.kernel_parts import (
     _mma,
     _mma_scaled,
     _scale_bad,
+    _scale_of,
 )
-from triton_moe.kernels_rows import _scale_of
 
 #: Counter words before done1 / doneq2 / done2: ticket, exit, phase 0 / A done, amaxes, Q1 done.
 TICKET, EXIT, DONE0, DONE_A, AMAX_X, AMAX_H, DONE_Q1 = (tl.constexpr(i) for i in range(7))

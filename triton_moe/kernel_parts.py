@@ -362,3 +362,30 @@ def _split_k_sum(
             acc_up += tl.load(first + s * 2 * TILE + TILE, mask=mask, other=0.0, cache_modifier=".cg")
     tl.store(count_ptr + tile, 0, mask=last)
     return acc, acc_up, last
+
+
+@triton.jit
+def _scale_of(amax):
+    """fp32 scale of an amax, as moe_spec.quant computes it (IEEE division, like torch's; NaN in,
+    NaN out: a floor taken with IEEE maxNum would turn a NaN amax into the floor)."""
+    return tl.math.div_rn(tl.maximum(amax, AMAX_FLOOR, propagate_nan=tl.PropagateNan.ALL), FP8_MAX)
+
+
+@triton.jit
+def _quantize(a, scale, INTERPRETER: tl.constexpr):
+    """e4m3(clamp(a / scale, ±FP8_MAX)): round to nearest even, saturating.
+
+    The interpreter's fp32→e4m3 cast mishandles ties and rounding that carries into the exponent
+    (31 → 16 instead of 32); there the value is rounded to e4m3's grid in fp32 first: 3 mantissa
+    bits for normals (|q| ≥ 2⁻⁶), a fixed step of 2⁻⁹ below, so the cast itself is exact.
+    """
+    q = tl.clamp(tl.math.div_rn(a.to(tl.float32), scale), -FP8_MAX, FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
+    if INTERPRETER:
+        bits = q.to(tl.uint32, bitcast=True)
+        normal = ((bits + (0x7FFFF + ((bits >> 20) & 1))) & 0xFFF00000).to(tl.float32, bitcast=True)
+        subnormal = ((q * 512.0 + 12582912.0) - 12582912.0) / 512.0  # 1.5·2²³: RNE to an integer
+        grid = tl.where(tl.abs(q) >= 0.015625, normal, subnormal)
+        # the interpreter casts NaN to 384 (0x7C): write E4M3's NaN byte (S.1111.111) itself
+        byte = grid.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+        return tl.where(q != q, byte | 0x7F, byte).to(tl.float8e4nv, bitcast=True)
+    return q.to(tl.float8e4nv)  # the GPU's saturating cast keeps NaN
