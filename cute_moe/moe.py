@@ -28,7 +28,7 @@ import cute_moe.rowmaps as rowmaps
 from moe_spec.align import Alignment, max_rows
 from moe_spec.hopper import sm_count
 from moe_spec.ops import through_op
-from moe_spec.quant import FP8_DTYPE, activation_scale_shape
+from moe_spec.quant import FP8_DTYPE
 from moe_spec.validate import Limits, MoEDims, check_runs_on, error_word, surface_errors, validate_moe_args
 
 from .alignops import MAX_EXPERTS
@@ -161,8 +161,9 @@ def fused_moe(
     one.  ``quant`` (an FP8 format) runs the W8A8 layer of :mod:`cute_moe.moe_fp8`.  The
     arguments, then the options and every limit of this backend (:func:`~cute_moe.plan.plan`), are
     checked on the host before the first launch — T = 0 included — so bad input never leaves a
-    half-run pipeline behind. Static activation scales (``a1_scale``, ``a2_scale``) are not
-    implemented here (the activations are quantized with dynamic scales): refused by name.
+    half-run pipeline behind. Static activation scales (``a1_scale``, ``a2_scale``: fp8_tensor, both
+    or neither) replace the two amax launches by the given scales (:mod:`cute_moe.moe_fp8`); the
+    unfused pipeline takes dynamic scales only.
 
     Host cost: the checks' verdict is cached per argument signature
     (:func:`moe_spec.validate.validate_moe_args`), the plan and the compiled launches per call
@@ -170,23 +171,23 @@ def fused_moe(
     (:func:`_workspace`); each launch is one call of a TVM-FFI function with the torch tensors
     (:mod:`cute_moe.runtime`).
     """
-    if a1_scale is not None or a2_scale is not None:
-        raise ValueError(
-            f"{'a1_scale' if a1_scale is not None else 'a2_scale'}: static activation scales are not "
-            "implemented by cute_moe (dynamic scales only); triton_moe takes them with fp8_tensor"
-        )
-    dims = validate_moe_args(
-        x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale, limits=LIMITS
-    )
+    scales = dict(w1_scale=w1_scale, w2_scale=w2_scale, a1_scale=a1_scale, a2_scale=a2_scale)
+    dims = validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, limits=LIMITS, **scales)
+    static = a1_scale is not None  # a pair, fp8_tensor only: validated
     if (
         (swap_ab is None or type(swap_ab) is bool)
         and (configs is None or type(configs) is tuple)
         and type(fusion) is str
         and (quant is None or type(quant) is str)
     ):
-        c = _call_of(dims, quant, swap_ab, configs, fusion, x.device, topk_ids.dtype)
+        c = _call_of(dims, quant, swap_ab, configs, fusion, x.device, topk_ids.dtype, static)
     else:  # raises, naming the option (or an option of an unusual type: planned at every call)
-        c = _Call(plan(dims, quant, swap_ab=swap_ab, configs=configs, fusion=fusion), dims, x.device, topk_ids.dtype)
+        p = plan(dims, quant, swap_ab=swap_ab, configs=configs, fusion=fusion)
+        c = _Call(p, dims, x.device, topk_ids.dtype, static)
+    if static and c.plan.fusion == "separate":
+        raise ValueError(
+            "fusion: 'separate' quantizes with dynamic scales only; static a1_scale / a2_scale need 'fused'"
+        )
     check_runs_on(x.device, LIMITS)  # T = 0 included: what T = 1 refuses, T = 0 refuses
     surface_errors(x.device)  # an earlier call's failed data check raises here (moe_spec.contract)
     if dims.T == 0:
@@ -203,7 +204,7 @@ def fused_moe(
     if p.fusion == "separate":
         return _separate_layer(x, w1, w2, w1_scale, w2_scale, p, rows, ws)
     if quant is not None:
-        return _fp8_layer(f, x, w1, w2, w1_scale, w2_scale, p, rows, ws)
+        return _fp8_layer(f, x, w1, w2, w1_scale, w2_scale, p, rows, ws, a1_scale, a2_scale)
     # gather_rows: GEMM1 reads x by token index; gated: SiLU·up in GEMM1's epilogue, [M_pad, I] straight out
     num_padded = rows.alignment.num_padded
     if p.gemm1.gather_rows:
@@ -228,30 +229,38 @@ def fused_moe(
 fused_moe.limits = LIMITS
 
 
-def _fp8_layer(f: dict, x, w1, w2, w1_scale, w2_scale, p: LayerPlan, rows: SortedRows, ws: dict) -> torch.Tensor:
+def _fp8_layer(f: dict, x, w1, w2, w1_scale, w2_scale, p: LayerPlan, rows: SortedRows, ws: dict, a1_scale, a2_scale):
     """The fused W8A8 layer (``moe_fp8``'s docstring), launch by launch into the workspace ``ws`` (its
     amax buffers zeroed by the alignment): x quantized once, its E4M3 rows gathered (as bf16 pairs:
     the gather moves bytes), GEMM1 to fp32, SiLU·up and its amax (gated: SiLU·up in GEMM1's epilogue,
     the amax alone), the intermediate quantized, GEMM2 with the routing weight, combine.  ``f``: the
-    call's launches (:meth:`_Call.bind`)."""
-    quant, used, num_padded = p.quant, ws["used"], rows.alignment.num_padded
-    xq, x_amax, x_scale = ws["xq"], ws["x_amax"], ws["x_scale"]
-    f["x_amax"](x, x, x_amax, used, used)  # x for `a`, `used` for the row mask: read by the SiLU variant only
-    f["x_quantize"](x, x_amax, xq, x_scale, used)
+    call's launches (:meth:`_Call.bind`); ``p``: its plan.  With ``a1_scale`` and ``a2_scale``
+    (static, fp32 [] or [1]): no amax launch, both quantize launches divide by the given scales."""
+    used, num_padded = ws["used"], rows.alignment.num_padded
+    static = a1_scale is not None
+    if static:  # the caller's scales, as the GEMMs' activation scales too ([] viewed as [1]: no launch)
+        x_scale, a_scale = a1_scale.view(1), a2_scale.view(1)
+        f["x_quantize"](x, x_scale, ws["xq"], ws["word"], used)  # a bad scale: BAD_A1_SCALE
+    else:
+        f["x_amax"](x, x, ws["x_amax"], used, used)  # x for `a`, `used` for the row mask: read by the SiLU variant only
+        f["x_quantize"](x, ws["x_amax"], ws["xq"], ws["x_scale"], used)
     f["gather"](ws["xq_pairs"], ws["x_sorted"], rows.token_of_row, num_padded)
-    x_scale = sorted_token_scales(ws["x_scale_shaped"], rows.token_of_row, quant)
+    if not static:
+        x_scale = sorted_token_scales(ws["x_scale_shaped"], rows.token_of_row, p.quant)
     h, blocks1, blocks2 = ws["h"], rows.blocks[p.gemm1.tokens_tile], rows.blocks[p.gemm2.tokens_tile]
     f["gemm1"](*launch_args(p.gemm1, ws["x_sorted_e4m3"], w1, h, blocks1, rows.weight_of_row, x_scale, w1_scale))
-    a_amax = ws["a_amax"]
-    if p.gemm1.gated:  # SiLU·up in GEMM1's epilogue: h is the fp32 intermediate [M_pad, I]
-        a = h
-        f["a_amax"](a, a, a_amax, rows.row_mask, num_padded)
+    if static:  # gated: h is SiLU·up already; plain: the kernel computes SiLU·up from h [M_pad, 2I] first
+        f["a_quantize"](h, a_scale, ws["aq"], ws["word"], num_padded)  # a bad scale: BAD_A2_SCALE
     else:
-        a = ws["a"]
-        f["silu_amax"](h, a, a_amax, rows.row_mask, num_padded)
-    f["a_quantize"](a, a_amax, ws["aq"], ws["a_scale"], num_padded)
+        a = h if p.gemm1.gated else ws["a"]
+        if p.gemm1.gated:  # SiLU·up in GEMM1's epilogue: h is the fp32 intermediate [M_pad, I]
+            f["a_amax"](a, a, ws["a_amax"], rows.row_mask, num_padded)
+        else:
+            f["silu_amax"](h, a, ws["a_amax"], rows.row_mask, num_padded)
+        f["a_quantize"](a, ws["a_amax"], ws["aq"], ws["a_scale"], num_padded)
+        a_scale = ws["a_scale_shaped"]
     y = ws["y"]
-    f["gemm2"](*launch_args(p.gemm2, ws["aq"], w2, y, blocks2, rows.weight_of_row, ws["a_scale_shaped"], w2_scale))
+    f["gemm2"](*launch_args(p.gemm2, ws["aq"], w2, y, blocks2, rows.weight_of_row, a_scale, w2_scale))
     out = torch.empty(x.shape[0], y.shape[1], dtype=y.dtype, device=y.device)
     f["combine"](y, out, rows.row_of_pair)
     return out
@@ -284,18 +293,20 @@ class _Call:
     the plan, the sizes its workspace depends on and — bound at the first launch (:meth:`bind`) —
     the compiled launches of its pipeline as bare TVM-FFI functions (:func:`cute_moe.runtime.ffi_function`)."""
 
-    __slots__ = ("plan", "dims", "device", "ids_dtype", "sizes", "launches")
+    __slots__ = ("plan", "dims", "device", "ids_dtype", "static", "sizes", "launches")
 
-    def __init__(self, p: LayerPlan, dims: MoEDims, device, ids_dtype):
-        self.plan, self.dims, self.device, self.ids_dtype = p, dims, device, ids_dtype
+    def __init__(self, p: LayerPlan, dims: MoEDims, device, ids_dtype, static: bool = False):
+        self.plan, self.dims, self.device, self.ids_dtype, self.static = p, dims, device, ids_dtype, static
         g1, g2 = p.gemm1, p.gemm2
-        self.sizes = (dims, p.quant, p.align_tile, (g1.tokens_tile, g2.tokens_tile), g1.gated, g1.gather_rows, device)
+        tiles = (g1.tokens_tile, g2.tokens_tile)
+        self.sizes = (dims, p.quant, p.align_tile, tiles, g1.gated, g1.gather_rows, static, device)
         self.launches: dict | None = None
 
     def bind(self) -> dict:
         """Compile (or find in the compile cache) every kernel the plan launches and keep their TVM-FFI
         functions: ``count`` and ``place`` (the alignment, for the ids' dtype), ``gemm1``, ``gemm2``,
-        the row kernels and, under FP8, the quantization's kernels."""
+        the row kernels and, under FP8, the quantization's kernels (static scales: the quantize kernels
+        of :class:`~cute_moe.quantops.StaticQuantizeRows` under the names of the dynamic ones, no amax)."""
         p, n = self.plan, sm_count(self.device)
         align = rowmaps.compile_align_kernels(self.ids_dtype)
         f = {"count": align["count"], "place": align["place"]}
@@ -303,7 +314,13 @@ class _Call:
         f["gemm2"] = compile_gemm(p.gemm2, n, index_dtype=INDEX_DTYPE)
         row = _row_kernels(self.device)
         f.update(gather=row["gather"], silu_mul=row["silu_mul"], combine=row["combine"])
-        if p.quant is not None:
+        if self.static:  # SiLU·up in the intermediate's quantize kernel, unless GEMM1's epilogue did it
+            q = moe_fp8.compile_quant_kernels(p.quant, n, static=True)
+            f.update(
+                x_quantize=q["x_quantize_static"],
+                a_quantize=q["a_quantize_static" if p.gemm1.gated else "silu_quantize_static"],
+            )
+        elif p.quant is not None:
             q = moe_fp8.compile_quant_kernels(p.quant, n)
             amax = "a_amax" if p.gemm1.gated else "silu_amax"  # of a gated GEMM1's SiLU·up, or SiLU·up and its amax
             f.update((name, q[name]) for name in ("x_amax", "x_quantize", amax, "a_quantize"))
@@ -312,9 +329,10 @@ class _Call:
 
 
 @functools.lru_cache(maxsize=1024)
-def _call_of(dims: MoEDims, quant, swap_ab, configs, fusion, device, ids_dtype) -> _Call:
-    """The :class:`_Call` of one call signature (its plan raises, naming a bad option, and is not cached)."""
-    return _Call(plan(dims, quant, swap_ab=swap_ab, configs=configs, fusion=fusion), dims, device, ids_dtype)
+def _call_of(dims: MoEDims, quant, swap_ab, configs, fusion, device, ids_dtype, static=False) -> _Call:
+    """The :class:`_Call` of one call signature, ``static``: static activation scales given (its plan
+    raises, naming a bad option, and is not cached)."""
+    return _Call(plan(dims, quant, swap_ab=swap_ab, configs=configs, fusion=fusion), dims, device, ids_dtype, static)
 
 
 def forget_calls() -> None:
@@ -357,7 +375,7 @@ def _buffers(c: _Call) -> dict:
     """New buffers of :func:`_workspace` for ``c``."""
     dims, p, device = c.dims, c.plan, c.device
     rows = max_rows(dims.T * dims.top_k, dims.E, p.align_tile)
-    n_x, n_a = amax_sizes(p.quant, dims.T, rows, dims.K, dims.I) if p.quant else (0, 0)
+    n_x, n_a = amax_sizes(p.quant, dims.T, rows, dims.K, dims.I) if p.quant and not c.static else (0, 0)
     tiles = (p.gemm1.tokens_tile, p.gemm2.tokens_tile)
     bufs = RowBuffers(dims.T, dims.top_k, dims.E, p.align_tile, tiles, device, zeroed=n_x + n_a)
     new = lambda cols, dtype=torch.bfloat16: torch.empty(rows, cols, dtype=dtype, device=device)  # noqa: E731
@@ -369,23 +387,8 @@ def _buffers(c: _Call) -> dict:
     )
     if not p.gemm1.gather_rows:  # else GEMM1 reads x itself: no sorted copy
         ws["x_sorted"] = new(dims.K if p.quant is None else dims.K // 2)
-    if p.quant is not None:  # the E4M3 rows are gathered as bf16 pairs
-        ws.update(
-            a=None if p.gemm1.gated else new(dims.I, torch.float32),  # gated: GEMM1 writes it (h)
-            x_amax=bufs.scratch[:n_x],
-            a_amax=bufs.scratch[n_x : n_x + n_a],
-            xq=torch.empty(dims.T, dims.K, dtype=FP8_DTYPE, device=device),
-            aq=new(dims.I, FP8_DTYPE),
-            x_scale=torch.empty(n_x, dtype=torch.float32, device=device),
-            a_scale=torch.empty(n_a, dtype=torch.float32, device=device),
-            used=torch.full((1,), dims.T, dtype=torch.int32, device=device),  # x's rows, for its quantization
-        )
-        ws.update(  # the views the launches take: E4M3 rows as bf16 pairs and back, scales in their shapes
-            xq_pairs=ws["xq"].view(torch.bfloat16),
-            x_sorted_e4m3=ws["x_sorted"].view(FP8_DTYPE),
-            x_scale_shaped=ws["x_scale"].view(activation_scale_shape(p.quant, dims.T, dims.K)),
-            a_scale_shaped=ws["a_scale"].view(rows, -1) if p.quant == "fp8_block" else ws["a_scale"],
-        )
+    if p.quant is not None:  # the E4M3 activations, their scales and amaxes (dynamic), the launches' views
+        moe_fp8.fp8_buffers(ws, dims, p, rows, bufs.scratch, c.static)
     return ws
 
 

@@ -16,6 +16,14 @@ exactly as ``moe_spec.quant.quantize_activation`` does (IEEE divisions, round to
 saturating), the intermediate from unrounded fp32 values and — for the per-tensor format — over
 the T·top_k rows that exist (the padding rows of the sorted order are masked out of its amax).
 
+Static activation scales (``a1_scale``, ``a2_scale``: fp8_tensor only, :mod:`moe_spec.contract`):
+the two amax launches are skipped (x's, and the intermediate's — SiLU·up's or a gated GEMM1's), and
+each quantize launch divides by the given scale (``quantops.StaticQuantizeRows``, the plain path
+computing SiLU·up from h on the way), which the GEMM then reads as given: the scale tensor itself is
+the activation scale, nothing is written in its place.  A scale that is not finite and positive
+sets ``BAD_A1_SCALE`` / ``BAD_A2_SCALE`` in the error word and is used as given, as in triton_moe.
+No value then depends on another token of the batch: a token's output is its own.
+
 Scales in the GEMMs' order: the activation scales of x are per *token*; the GEMM reads them per
 *sorted row*, so channel and block scales are gathered along the token of every sorted row
 (``moe.SortedRows.token_of_row``, a small torch index op); the intermediate is quantized in sorted
@@ -187,3 +195,31 @@ def quantize_intermediate(
         q_out,
     )
     return q, (scale.view(h.shape[0], -1) if quant == "fp8_block" else scale)
+
+
+def fp8_buffers(ws: dict, dims, p, rows: int, scratch: torch.Tensor, static: bool) -> None:
+    """Add the FP8 layer's buffers to the workspace ``ws`` of a call with ``dims`` and plan ``p``
+    (``rows``: the sorted rows' worst case; ``scratch``: the alignment's zeroed buffer, which holds
+    the two amaxes): the E4M3 activations, the row count of x, and — dynamic scales only — A in
+    fp32 (not gated), the amaxes and the scales; then the views the launches take of them."""
+    device = scratch.device
+    ws.update(
+        xq=torch.empty(dims.T, dims.K, dtype=FP8_DTYPE, device=device),
+        aq=torch.empty(rows, dims.I, dtype=FP8_DTYPE, device=device),
+        used=torch.full((1,), dims.T, dtype=torch.int32, device=device),  # x's rows, for its quantization
+    )
+    ws.update(xq_pairs=ws["xq"].view(torch.bfloat16), x_sorted_e4m3=ws["x_sorted"].view(FP8_DTYPE))
+    if static:  # no amax, no scales of our own: the caller's are read as given
+        return
+    n_x, n_a = amax_sizes(p.quant, dims.T, rows, dims.K, dims.I)
+    ws.update(
+        a=None if p.gemm1.gated else torch.empty(rows, dims.I, dtype=torch.float32, device=device),
+        x_amax=scratch[:n_x],
+        a_amax=scratch[n_x : n_x + n_a],
+        x_scale=torch.empty(n_x, dtype=torch.float32, device=device),
+        a_scale=torch.empty(n_a, dtype=torch.float32, device=device),
+    )
+    ws.update(
+        x_scale_shaped=ws["x_scale"].view(activation_scale_shape(p.quant, dims.T, dims.K)),
+        a_scale_shaped=ws["a_scale"].view(rows, -1) if p.quant == "fp8_block" else ws["a_scale"],
+    )

@@ -4,8 +4,9 @@ The op (:mod:`moe_spec.ops`: the contract's schema, a CPU and a CUDA kernel, a f
 implementation) lets ``torch.compile(model, fullgraph=True)`` take a model whose MoE layers run
 these kernels without a graph break, and ``mode="reduce-overhead"`` capture them in its CUDA graphs.
 Its fake implementation runs the checks of :func:`cute_moe.moe.fused_moe` that read only metadata,
-in its order — static activation scales refused, the arguments, the plan with the default options
-(:func:`cute_moe.plan.plan`), the device rule (a CUDA device) — and returns an empty bf16 [T, K];
+in its order — the arguments (static activation scales ``a1_scale`` / ``a2_scale`` included: the
+contract's host checks), the plan with the default options (:func:`cute_moe.plan.plan`), the device
+rule (a CUDA device) — and returns an empty bf16 [T, K];
 so a model traces on fake CUDA tensors on a machine without a GPU.
 
 :func:`fused_moe` is the package's public function (``cute_moe.fused_moe``): the op while a tracer
@@ -16,30 +17,13 @@ the schema: a call that gives one is a direct Python call.
 
 from __future__ import annotations
 
-from moe_spec.ops import define_fused_moe_op, entry, metadata_checks
+from moe_spec.ops import define_fused_moe_op, entry
 
 from .moe import LIMITS
 from .moe import fused_moe as backend_fused_moe
 from .plan import plan
 
-
-def static_scales_refused(a1_scale, a2_scale) -> None:
-    """The refusal :func:`cute_moe.moe.fused_moe` raises first: static activation scales."""
-    if a1_scale is not None or a2_scale is not None:
-        raise ValueError(
-            f"{'a1_scale' if a1_scale is not None else 'a2_scale'}: static activation scales are not "
-            "implemented by cute_moe (dynamic scales only); triton_moe takes them with fp8_tensor"
-        )
-
-
-def _fake_checks(
-    x, w1, w2, topk_weights, topk_ids, quant=None, w1_scale=None, w2_scale=None, a1_scale=None, a2_scale=None
-):
-    static_scales_refused(a1_scale, a2_scale)
-    metadata_checks(x, w1, w2, topk_weights, topk_ids, quant, w1_scale, w2_scale, limits=LIMITS, plan=plan)
-
-
 #: ``torch.ops.cute_moe.fused_moe.default``
-OP = define_fused_moe_op("cute_moe", backend_fused_moe, check=_fake_checks)
+OP = define_fused_moe_op("cute_moe", backend_fused_moe, limits=LIMITS, plan=plan)
 
 fused_moe = entry(OP, backend_fused_moe, {"swap_ab": None, "configs": None, "fusion": "fused"})

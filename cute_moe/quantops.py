@@ -18,6 +18,10 @@ maximum and a warp issues one atomic at the end.
   the intermediate a row whose ``row_mask`` is 0 (padding of the sorted order) adds nothing, so a
   per-tensor scale sees the T·top_k rows the reference sees.
 * ``QuantizeRows``: ``q = e4m3(v / s)`` and the scales, from the amax.
+* ``StaticQuantizeRows``: fp8_tensor under a static (calibrated) scale ``s`` given by the caller:
+  no amax at all, ``q = e4m3(v / s)`` with the same division and saturating cast
+  (:func:`moe_spec.quant.quantize_activation_static`), optionally SiLU·up first (from GEMM1's fp32
+  ``h``); a scale that is not finite and positive sets its bit of the error word.
 
 Rows are whole 16-byte E4M3 rows (``cols`` a multiple of 16); the grids walk the used rows, whose
 count they read from device memory.
@@ -30,6 +34,7 @@ import cutlass.cute as cute
 
 from moe_spec.hopper import sm_count
 from moe_spec.quant import AMAX_FLOOR, FP8_BLOCK, FP8_MAX
+from moe_spec.validate import BAD_A1_SCALE, BAD_A2_SCALE
 
 from .cache import compile_once
 from .limits import FP8_ALIGN_ELEMS
@@ -167,17 +172,65 @@ class QuantizeRows(_GroupKernel):
         self._for_each(used_rows[0], groups, quantize, scale, vq)
 
 
+class StaticQuantizeRows(_GroupKernel):
+    """fp8_tensor with a static scale.  Arguments: src [rows, cols] (bf16 or fp32) or, with ``silu``,
+    GEMM1's fp32 h [rows, 2·cols]; scale fp32 [1] (the caller's, read only: the GEMM takes that same
+    tensor as its activation scale); q float8_e4m3fn [rows, cols]; word int32 [1] (the error word);
+    used_rows int32 [1]; stream.  ``bad_bit``: the error-word bit of a scale that is not finite and
+    positive (NaN fails both compares, −0.0 the first); the scale is used as given all the same."""
+
+    def __init__(self, num_sms: int, bad_bit: int, silu: bool = False):
+        super().__init__("fp8_tensor", num_sms)
+        self.bad_bit, self.silu = bad_bit, silu
+
+    @cute.kernel
+    def kernel(self, src: cute.Tensor, scale: cute.Tensor, q: cute.Tensor, word: cute.Tensor, used_rows: cute.Tensor):
+        vs, vq = _chunks(src), _chunks(q)
+        chunks = q.shape[1] // LANE_VALUES  # with ``silu``: gate chunk c pairs with up chunk c + chunks
+        groups = (chunks + 31) // 32
+        lane = cute.arch.lane_idx()
+        s = scale[0]
+        first, _ = self._first_and_step()
+        if (first == 0) & (lane == 0):  # one thread checks the scale, whatever the row count
+            if (s > cutlass.Float32(0.0)) & (s < cutlass.Float32(float("inf"))):
+                pass
+            else:
+                cute.arch.atomic_or(word.iterator, cutlass.Int32(self.bad_bit))
+
+        def quantize(row, g, vq):
+            chunk = g * 32 + lane
+            if chunk < chunks:
+                if cutlass.const_expr(self.silu):
+                    v = silu_mul(vs[(0, None, row, chunk)].load(), vs[(0, None, row, chunk + chunks)].load())
+                else:
+                    v = vs[(0, None, row, chunk)].load().to(cutlass.Float32)
+                vq[(0, None, row, chunk)].store((v / s).to(q.element_type))  # div.rn, cvt.rn.satfinite
+
+        self._for_each(used_rows[0], groups, quantize, vq)
+
+
 # ---- compile ---------------------------------------------------------------------------------------
-def compile_quant_kernels(quant: str, num_sms: int | None = None, *, keep_ptx: bool = False) -> dict:
+def compile_quant_kernels(
+    quant: str, num_sms: int | None = None, *, keep_ptx: bool = False, static: bool = False
+) -> dict:
     """The compiled kernels of one FP8 format, one set per SM count (default: this GPU's).
 
     ``x_amax`` / ``x_quantize``: bf16 token rows; ``silu_amax``: GEMM1's fp32 output → the fp32
     SiLU·up intermediate and its amax; ``a_amax``: the amax of a gated GEMM1's fp32 intermediate (its
     padding rows masked out); ``a_quantize``: fp32 rows.  Row widths are multiples of
     ``FP8_ALIGN_ELEMS`` (16: whole 16-byte rows of E4M3).  ``keep_ptx``: each has ``.__ptx__``.
+
+    ``static`` (fp8_tensor only): the kernels of static activation scales instead, no amax among them
+    (:class:`StaticQuantizeRows`): ``x_quantize_static`` (bf16 x, bit ``BAD_A1_SCALE``),
+    ``silu_quantize_static`` (SiLU·up of GEMM1's fp32 h, then quantized) and ``a_quantize_static``
+    (a gated GEMM1's fp32 intermediate), both bit ``BAD_A2_SCALE``.
     """
     num_sms = sm_count() if num_sms is None else num_sms
     width = FP8_ALIGN_ELEMS
+    if static:
+        if quant != "fp8_tensor":
+            raise ValueError(f"quant: static activation scales are per tensor (fp8_tensor), got {quant!r}")
+        return compile_once(("quantops static", num_sms), _build_static(num_sms), keep_ptx=keep_ptx)
 
     def build(options):
         bf16, f32, fp8, i32 = cutlass.BFloat16, cutlass.Float32, cutlass.Float8E4M3FN, cutlass.Int32
@@ -215,3 +268,31 @@ def compile_quant_kernels(quant: str, num_sms: int | None = None, *, keep_ptx: b
         }
 
     return compile_once(("quantops", quant, num_sms), build, keep_ptx=keep_ptx)
+
+
+def _build_static(num_sms: int):
+    """The build function of :func:`compile_quant_kernels`' static set."""
+
+    def build(options):
+        bf16, f32, fp8, i32 = cutlass.BFloat16, cutlass.Float32, cutlass.Float8E4M3FN, cutlass.Int32
+        width = FP8_ALIGN_ELEMS
+
+        def quantize(src, bad_bit: int, silu: bool = False):  # src, scale, q, word, used_rows
+            return cute.compile(
+                StaticQuantizeRows(num_sms, bad_bit, silu),
+                src,
+                fake_vector(f32),
+                fake_rows(fp8, width),
+                fake_vector(i32),
+                fake_vector(i32),
+                fake_stream(),
+                options=options,
+            )
+
+        return {
+            "x_quantize_static": quantize(fake_rows(bf16, width), BAD_A1_SCALE),
+            "silu_quantize_static": quantize(fake_rows(f32, 2 * width), BAD_A2_SCALE, silu=True),
+            "a_quantize_static": quantize(fake_rows(f32, width), BAD_A2_SCALE),
+        }
+
+    return build

@@ -15,6 +15,10 @@ finally runs every plan once on a one-token placeholder call (and the alignment 
 further ids dtype): the DSL binds a compiled kernel to the device at its first call and CUDA loads
 modules lazily, at their first launch — work a serving call should not do.
 
+``static=True`` warms the calls that pass static activation scales (``a1_scale``, ``a2_scale``:
+fp8_tensor): their quantize kernels (:class:`~cute_moe.quantops.StaticQuantizeRows`, no amax) are
+compiled too, and the first launches pass the placeholder scales 1.
+
 It compiles into the process's compile cache (:mod:`cute_moe.cache`) for the SM
 count of ``device`` (:func:`moe_spec.hopper.sm_count`; on a CPU, ``device="cpu"`` compiles for
 the H200's), which is where ``fused_moe`` looks its kernels up.
@@ -28,6 +32,7 @@ import torch
 
 from moe_spec.hopper import sm_count
 from moe_spec.quant import FORMATS, check_quant
+from moe_spec.validate import STATIC_SCALE_FORMAT
 from moe_spec.warmup import (
     WarmupReport,
     WarmupStep,
@@ -51,6 +56,8 @@ from .rowops import compile_row_kernels, compile_unfused_kernels
 ROW_KERNELS = ("gather", "silu_mul", "combine")
 #: The ``topk_ids`` dtypes the layer accepts; the alignment kernels compile once per dtype.
 IDS_DTYPES = tuple(ID_DTYPES)
+#: The quantize kernels of static activation scales (``compile_quant_kernels(..., static=True)``).
+STATIC_QUANT_KERNELS = ("x_quantize_static", "silu_quantize_static", "a_quantize_static")
 #: The alignment's launches :func:`~cute_moe.alignops.compile_align_kernels` builds per ids dtype.
 ALIGN_KERNELS = ("count", "place")
 
@@ -72,11 +79,11 @@ def _align_names(ids_dtype) -> tuple[str, ...]:
     return tuple(f"align {name} ({str(ids_dtype).removeprefix('torch.')} ids)" for name in ALIGN_KERNELS)
 
 
-def compile_plan(plan, num_ctas: int | None = None, ids_dtypes=IDS_DTYPES) -> int:
+def compile_plan(plan, num_ctas: int | None = None, ids_dtypes=IDS_DTYPES, static: bool = False) -> int:
     """Compile everything a layer plan (:class:`cute_moe.plan.LayerPlan`) runs — its two GEMMs, the
     row kernels, the alignment's kernels for each ``topk_ids`` dtype of ``ids_dtypes``, an FP8
-    format's quantization kernels and the unfused pipeline's passes — ahead of the first call: a
-    warm-up compiles every plan of ``plans_for``.
+    format's quantization kernels (``static``: also those of static activation scales) and the
+    unfused pipeline's passes — ahead of the first call: a warm-up compiles every plan of ``plans_for``.
     Returns how many kernels this call compiled (0 when all were cached)."""
     ids_dtypes = check_ids_dtypes(ids_dtypes)
     before = compile_count()
@@ -87,6 +94,8 @@ def compile_plan(plan, num_ctas: int | None = None, ids_dtypes=IDS_DTYPES) -> in
     compile_row_kernels(num_ctas)
     if plan.quant is not None:
         compile_quant_kernels(plan.quant, num_ctas)
+    if static:
+        compile_quant_kernels(plan.quant, num_ctas, static=True)
     if plan.fusion == "separate":
         compile_unfused_kernels(plan.quant, num_ctas)
     return compile_count() - before
@@ -125,13 +134,16 @@ def _step(what: str, names: tuple, compile_fn, dry_run: bool) -> WarmupStep:
     return WarmupStep(what, names if compile_count() > before else (), seconds)
 
 
-def _first_launch(p, E, K, I, top_k, quant, device, ids_dtype) -> WarmupStep:  # noqa: E741
-    """Run plan ``p`` once on a one-token placeholder call with ``ids_dtype`` ids: the DSL binds each
-    compiled kernel to the device at its first call (and CUDA loads modules lazily, at their first
-    launch), so a serving call should not be the first."""
+def _first_launch(p, E, K, I, top_k, quant, device, ids_dtype, static: bool = False) -> WarmupStep:  # noqa: E741
+    """Run plan ``p`` once on a one-token placeholder call with ``ids_dtype`` ids (``static``: with
+    static activation scales 1): the DSL binds each compiled kernel to the device at its first call
+    (and CUDA loads modules lazily, at their first launch), so a serving call should not be the first."""
     inputs = placeholder_inputs(E, K, I, top_k, quant, 1, device, ids_dtype)
+    scales = {}
+    if static:
+        scales = {name: torch.ones(1, dtype=torch.float32, device=device) for name in ("a1_scale", "a2_scale")}
     before, start = compile_count(), time.perf_counter()
-    fused_moe(**inputs.kwargs(), configs=(p.gemm1, p.gemm2))
+    fused_moe(**inputs.kwargs(), configs=(p.gemm1, p.gemm2), **scales)
     torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
     return WarmupStep(
@@ -152,6 +164,7 @@ def warmup(
     *,
     dry_run: bool = False,
     ids_dtypes=IDS_DTYPES,
+    static: bool = False,
     **options,
 ) -> WarmupReport:
     """Compile every kernel ``fused_moe`` can launch for this layer at T = 1 … ``max_tokens``.
@@ -159,9 +172,11 @@ def warmup(
     ``options`` are ``fused_moe``'s (``swap_ab``, ``configs``): the warm-up covers the calls made
     with the same ones. ``dry_run=True`` lists the kernels a fresh process would compile, without
     compiling. ``ids_dtypes``: the ``topk_ids`` dtypes the calls will pass (default: both the
-    contract accepts). Returns a :class:`~moe_spec.warmup.WarmupReport`: one step per GEMM config,
-    one for the row kernels, one per ids dtype for the alignment's kernels and, on a GPU, one per
-    plan's first launch (and one per further ids dtype), each with its seconds. Raises
+    contract accepts). ``static``: the calls pass static activation scales (``a1_scale``,
+    ``a2_scale``; fp8_tensor only): their quantize kernels are compiled too (one more step). Returns
+    a :class:`~moe_spec.warmup.WarmupReport`: one step per GEMM config, one for the row kernels, one
+    per ids dtype for the alignment's kernels and, on a GPU, one per plan's first launch (and one
+    per further ids dtype), each with its seconds. Raises
     TypeError / ValueError naming a bad argument, NotImplementedError for a format this backend
     does not build, before anything is compiled.
     """
@@ -169,6 +184,10 @@ def warmup(
     check_format(quant)
     check_options(options, fused_moe, "cute_moe.warmup")
     ids_dtypes = check_ids_dtypes(ids_dtypes)
+    if type(static) is not bool:
+        raise TypeError(f"static: expected a bool, got {static!r}")
+    if static and quant != STATIC_SCALE_FORMAT:
+        raise ValueError(f"static: static activation scales need quant={STATIC_SCALE_FORMAT!r}, got quant={quant!r}")
     num_ctas = _num_ctas(device)
     plans = layer_plans(plans_for, E, K, I, top_k, quant, max_tokens, **options)
     configs = tuple(dict.fromkeys(cfg for p in plans for cfg in (p.gemm1, p.gemm2)))
@@ -186,10 +205,20 @@ def warmup(
         )
         for dt in ids_dtypes
     ]
+    if static:
+        names = STATIC_QUANT_KERNELS
+        steps.append(
+            _step(
+                "static-scale quantize kernels",
+                names,
+                lambda: compile_quant_kernels(quant, num_ctas, static=True),
+                dry_run,
+            )
+        )
     if not dry_run:
         for p in plans:  # anything else a plan runs (compile_plan owns that list)
             start = time.perf_counter()
-            extra = compile_plan(p, num_ctas, ids_dtypes)
+            extra = compile_plan(p, num_ctas, ids_dtypes, static)
             if extra:
                 steps.append(
                     WarmupStep(
@@ -199,9 +228,9 @@ def warmup(
                     )
                 )
         if torch.device(device).type == "cuda":
-            steps += [_first_launch(p, E, K, I, top_k, quant, device, ids_dtypes[0]) for p in plans]
+            steps += [_first_launch(p, E, K, I, top_k, quant, device, ids_dtypes[0], static) for p in plans]
             # the alignment kernels are the only ones the ids dtype changes: one more call per dtype
-            steps += [_first_launch(plans[0], E, K, I, top_k, quant, device, dt) for dt in ids_dtypes[1:]]
+            steps += [_first_launch(plans[0], E, K, I, top_k, quant, device, dt, static) for dt in ids_dtypes[1:]]
     mode = "dry run: listed, nothing compiled" if dry_run else "compiled"
     return WarmupReport(
         "cute_moe",
@@ -218,5 +247,6 @@ def warmup(
             [("grouped_gemm", cfg) for cfg in configs]
             + [(name, num_ctas) for name in ROW_KERNELS]
             + [("align", dt) for dt in ids_dtypes]
+            + [(name, num_ctas) for name in (STATIC_QUANT_KERNELS if static else ())]
         ),
     )
