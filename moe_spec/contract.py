@@ -36,7 +36,7 @@ only (the one format whose activation scale spans the whole batch), both or neit
 refused naming the missing one), each a float32 tensor of one element — shape [] (vLLM's
 ``input_scale.max()``) or [1] — on the device of x. The oracle quantizes with them as given,
 ``e4m3(clamp(a / s, ±448))``: values beyond 448·s saturate. A backend that does not implement them
-refuses them by name before any launch (cute_moe does). With them a token's output does not depend
+refuses them by name before any launch (both of ours implement them). With them a token's output does not depend
 on the other tokens of the batch (``notes/triton_moe.md``).
 
 Bad arguments. Every argument is checked by :func:`moe_spec.validate.validate_moe_args`; a bad one
