@@ -146,6 +146,18 @@ def test_the_plan_picks_decode_up_to_the_threshold(top_k):
     assert big.path == "decode"
 
 
+def test_a_format_outside_the_rule_keeps_the_grouped_pipeline(monkeypatch):
+    """DECODE_FORMATS names the formats the rule sends to the decode kernel; another format plans
+    the grouped pipeline at every T (a DecodeConfig still forces the kernel)."""
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("triton_moe.plan"), "DECODE_FORMATS", ("bf16",))
+    dims = MoEDims(T=1, E=16, K=256, I=128, top_k=2)
+    assert plan(dims).path == "decode" and plan(dims, "fp8_tensor").path == "grouped"
+    assert all(p.path == "grouped" for p in plans_for(16, 256, 128, 2, "fp8_tensor", max_tokens=64))
+    assert plan(dims, "fp8_tensor", config=DecodeConfig()).path == "decode"
+
+
 def test_a_forced_grouped_config_runs_the_grouped_pipeline():
     inp = _inputs(8, 2, 256, 128, 2, None, seed=10)
     with count_compilations(dry_run=True) as counter:

@@ -6,11 +6,12 @@
 quant format and this backend's limits — so a call it refuses is refused whatever T (the
 empty-batch rule of :mod:`moe_spec.plan`). :func:`plans_for` lists every plan a layer can get.
 
-The path (:func:`uses_decode`, THE rule): a call of at most :data:`DECODE_MAX_PAIRS` (token, slot)
-pairs and no backend option runs the one-launch decode kernel (:mod:`triton_moe.decode`, its tile
-a :class:`~triton_moe.config.DecodeConfig`); every other call the grouped pipeline. A
-``config=TritonConfig(...)`` or a ``swap_ab`` forces the grouped pipeline at any T, a
-``config=DecodeConfig(...)`` the decode kernel (up to its pair lanes).
+The path (:func:`uses_decode`, THE rule): a call in a format of :data:`DECODE_FORMATS` with at most
+:data:`DECODE_MAX_PAIRS` (token, slot) pairs and no backend option runs the one-launch decode
+kernel (:mod:`triton_moe.decode`, its tile a :class:`~triton_moe.config.DecodeConfig`); every
+other call the grouped pipeline. A ``config=TritonConfig(...)`` or a ``swap_ab`` forces the
+grouped pipeline at any T, a ``config=DecodeConfig(...)`` the decode kernel (any format, up to its
+pair lanes).
 """
 
 from __future__ import annotations
@@ -28,18 +29,21 @@ from triton_moe.heuristic import get_config, rule_starts
 #: How far :func:`plans_for` looks by default (the largest batch the harness runs, doubled).
 MAX_TOKENS = 8192
 
-#: The decode path's reach in (token, slot) pairs, T·top_k (:func:`uses_decode`); the coordinator
-#: sets it from the GPU measurement (notes/decode.md).
+#: The decode path's reach in (token, slot) pairs, T·top_k (:func:`uses_decode`; notes/decode.md).
 DECODE_MAX_PAIRS = 64
+#: The formats the rule sends to the decode kernel by default ("bf16" for None); the others keep
+#: the grouped pipeline at every T unless a DecodeConfig asks (notes/decode.md, "The path rule").
+DECODE_FORMATS = ("bf16", "fp8_tensor", "fp8_channel", "fp8_block")
 
 
-def uses_decode(T: int, top_k: int, config=None, swap_ab=None) -> bool:
-    """THE path rule: the one-launch decode kernel for at most DECODE_MAX_PAIRS pairs when no
-    backend option is given, or when the option is a DecodeConfig; else the grouped pipeline.
-    Every format runs on both paths."""
+def uses_decode(T: int, top_k: int, quant: str | None = None, config=None, swap_ab=None) -> bool:
+    """THE path rule: the one-launch decode kernel for at most DECODE_MAX_PAIRS pairs of a format in
+    DECODE_FORMATS when no backend option is given, or when the option is a DecodeConfig; else the
+    grouped pipeline. Every format runs on both paths."""
     if isinstance(config, DecodeConfig):
         return True
-    return config is None and swap_ab is None and T * top_k <= DECODE_MAX_PAIRS
+    default = config is None and swap_ab is None and (quant or "bf16") in DECODE_FORMATS
+    return default and T * top_k <= DECODE_MAX_PAIRS
 
 
 @dataclass(frozen=True)
@@ -136,7 +140,7 @@ def plan(
     check_options(config, swap_ab)
     check_quant(quant)
     check_num_experts(dims.E)
-    if uses_decode(dims.T, dims.top_k, config, swap_ab):
+    if uses_decode(dims.T, dims.top_k, quant, config, swap_ab):
         return LayerPlan((config or DecodeConfig()).check(quant), quant)
     if config is None:
         config = get_config(dims.T, dims.E, dims.top_k, dims.I, dims.K, quant)
@@ -160,7 +164,7 @@ def plans_for(
     if options.get("config") is not None:
         starts = [1]
     else:  # the decode plan up to the path rule's reach, then the grouped buckets past it
-        first = DECODE_MAX_PAIRS // top_k + 1 if uses_decode(1, top_k, **options) else 1
+        first = DECODE_MAX_PAIRS // top_k + 1 if uses_decode(1, top_k, quant, **options) else 1
         starts = [1] + sorted({max(s, first) for s in rule_starts(E, top_k, I, K, quant)})
     plans = [plan(MoEDims(T=T, E=E, K=K, I=I, top_k=top_k), quant, **options) for T in starts if T <= max_tokens]
     return tuple(dict.fromkeys(plans))
