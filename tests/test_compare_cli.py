@@ -367,6 +367,9 @@ def test_ctrl_c_is_one_line_exit_130_and_leaves_the_directory_as_it_was(tmp_path
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # a shell without job control starts background jobs with SIGINT ignored, and a child
+        # inherits that (Python then installs no KeyboardInterrupt handler): CI may run us so
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 120
     while not [p for p in tmp_path.iterdir() if ".partial-" in p.name]:  # the run has started its work
