@@ -64,14 +64,15 @@ def path_rule(swap_ab: bool | None = None, layer: tuple[int, int] | None = None)
     return below + ((last,) if limit > 0 else ()) + tuple(b for b in normal if b[0] > limit)
 
 
-GATED_FP8_GEMM1 = ("swap_ab", "normal")
+GATED_FP8_GEMM1 = ()
 """The paths (``"swap_ab"``: the decode buckets, ``"normal"``: prefill) on which the fused FP8 layer's
 GEMM1 is gated — SiLU·up in its epilogue, each half promoted and dequantized with its own weight scales,
 writing the fp32 intermediate ``[M_pad, I]`` instead of ``H [M_pad, 2I]`` (:func:`gated_gemm1`).  Both
 tiles hold four accumulators (a gate and an up one, each a block and a promoted one), so the weights tile
 is 64 output features: swap-AB 64 × the bucket's tokens on one consumer warpgroup, normal the bucket's
 tokens × 64.  Drop a path to give it back the plain GEMM1 (128 weight rows) and the SiLU·up pass
-(``quantops.RowAmax``, ``silu=True``); the H200's timing of the layer decides."""
+(``quantops.RowAmax``, ``silu=True``). Off by default until the H200 has run it (its GPU tests and
+the layer's timing: notes/cute_moe.md §6); its tests turn it on."""
 
 
 def gated_gemm1(quant, fusion: str, I: int, swap_ab: bool) -> bool:  # noqa: E741

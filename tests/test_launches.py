@@ -118,15 +118,24 @@ def test_triton_launches_per_call(quant, T):
 
 
 @pytest.mark.parametrize("quant", QUANTS, ids=[q or "bf16" for q in QUANTS])
-def test_triton_decode_is_one_launch_where_the_plan_picks_it(quant):
-    """Inside the decode rule's reach a warm call is one launch (routing, quantization, both GEMMs
-    and the top-k sum in one kernel) or, where the rule leaves a format on the grouped pipeline,
-    exactly that pipeline's launches; no torch kernel and no host read either way."""
-    launches, ops = _triton_call(quant, DECODE)
-    if _path(quant, DECODE) == "decode":
-        assert launches == ["decode_moe_kernel"]
-    else:
-        assert len(launches) == TRITON[quant, SMALL_GROUPED], launches
+def test_triton_decode_is_one_launch(quant, monkeypatch):
+    """On the decode path (the rule widened to every format and 64 pairs, as triton_moe.plan allows)
+    a warm call is one launch: routing, quantization, both GEMMs and the top-k sum in one kernel;
+    no torch kernel and no host read."""
+    import importlib
+
+    from triton_moe.moe import forget_plans
+
+    tplan = importlib.import_module("triton_moe.plan")
+    monkeypatch.setattr(tplan, "DECODE_FORMATS", ("bf16", "fp8_tensor", "fp8_channel", "fp8_block"))
+    monkeypatch.setattr(tplan, "DECODE_MAX_PAIRS", 64)
+    forget_plans()
+    try:
+        assert _path(quant, DECODE) == "decode"
+        launches, ops = _triton_call(quant, DECODE)
+    finally:
+        forget_plans()
+    assert launches == ["decode_moe_kernel"]
     assert ops.launches == [] and not HOST_READS & set(ops.ops), ops.ops
 
 

@@ -29,11 +29,13 @@ from triton_moe.heuristic import get_config, rule_starts
 #: How far :func:`plans_for` looks by default (the largest batch the harness runs, doubled).
 MAX_TOKENS = 8192
 
-#: The decode path's reach in (token, slot) pairs, T·top_k (:func:`uses_decode`; notes/decode.md).
-DECODE_MAX_PAIRS = 64
+#: The decode path's reach in (token, slot) pairs, T·top_k (:func:`uses_decode`): where the H200 has
+#: measured the decode kernel faster than the grouped pipeline (notes/decode.md, "Which calls take
+#: it"); the kernel itself serves up to its PAIR_LANES.
+DECODE_MAX_PAIRS = 2
 #: The formats the rule sends to the decode kernel by default ("bf16" for None); the others keep
-#: the grouped pipeline at every T unless a DecodeConfig asks (notes/decode.md, "The path rule").
-DECODE_FORMATS = ("bf16", "fp8_tensor", "fp8_channel", "fp8_block")
+#: the grouped pipeline at every T unless a DecodeConfig asks.
+DECODE_FORMATS = ("bf16",)
 
 
 def uses_decode(T: int, top_k: int, quant: str | None = None, config=None, swap_ab=None) -> bool:
