@@ -329,9 +329,11 @@ class _Call:
 
 
 @functools.lru_cache(maxsize=1024)
-def _call_of(dims: MoEDims, quant, swap_ab, configs, fusion, device, ids_dtype, static=False) -> _Call:
+def _call_of(dims: MoEDims, quant, swap_ab, configs, fusion, device, ids_dtype, static) -> _Call:
     """The :class:`_Call` of one call signature, ``static``: static activation scales given (its plan
-    raises, naming a bad option, and is not cached)."""
+    raises, naming a bad option, and is not cached).  Every argument is positional and required: the
+    cache keys ``f(..., False)`` and ``f(...)`` apart, so a caller that left one to its default would
+    find a second, unbound ``_Call`` instead of ``fused_moe``'s."""
     return _Call(plan(dims, quant, swap_ab=swap_ab, configs=configs, fusion=fusion), dims, device, ids_dtype, static)
 
 

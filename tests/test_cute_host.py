@@ -209,7 +209,7 @@ def test_gpu_eager_call_launches_through_tvm_ffi_bit_for_bit(quant, T):
     dims = moe.validate_moe_args(
         **{k: kw.get(k) for k in ("x", "w1", "w2", "topk_weights", "topk_ids", "quant", "w1_scale", "w2_scale")}
     )
-    call = moe._call_of(dims, quant, None, None, "fused", kw["x"].device, kw["topk_ids"].dtype)
+    call = moe._call_of(dims, quant, None, None, "fused", kw["x"].device, kw["topk_ids"].dtype, False)
     assert call.launches and all(isinstance(f, tvm_ffi.Function) for f in call.launches.values())
     launched: list = []
     bound = call.launches

@@ -84,7 +84,7 @@ def split(fused_moe, kwargs: dict, calls: int) -> tuple[dict, float]:
     args = {k: kwargs.get(k) for k in names}
     dims = moe.validate_moe_args(**args, limits=moe.LIMITS)
     # the call's own _Call (fused_moe's key: default options), whose bound launches are timed
-    call = moe._call_of(dims, args["quant"], None, None, "fused", args["x"].device, args["topk_ids"].dtype)
+    call = moe._call_of(dims, args["quant"], None, None, "fused", args["x"].device, args["topk_ids"].dtype, False)
     timers = _Timers()
     saved_globals = {name: getattr(moe, name) for _, name in WRAPPED}
     saved_launches = call.launches
