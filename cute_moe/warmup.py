@@ -95,6 +95,10 @@ def compile_plan(plan, num_ctas: int | None = None, ids_dtypes=IDS_DTYPES, stati
     if plan.quant is not None:
         compile_quant_kernels(plan.quant, num_ctas)
     if static:
+        if plan.quant != STATIC_SCALE_FORMAT:
+            raise ValueError(
+                f"static: static activation scales need a {STATIC_SCALE_FORMAT} plan, got quant={plan.quant!r}"
+            )
         compile_quant_kernels(plan.quant, num_ctas, static=True)
     if plan.fusion == "separate":
         compile_unfused_kernels(plan.quant, num_ctas)
@@ -188,6 +192,8 @@ def warmup(
         raise TypeError(f"static: expected a bool, got {static!r}")
     if static and quant != STATIC_SCALE_FORMAT:
         raise ValueError(f"static: static activation scales need quant={STATIC_SCALE_FORMAT!r}, got quant={quant!r}")
+    if static and options.get("fusion", "fused") != "fused":
+        raise ValueError(f"fusion: static activation scales need the fused pipeline, got fusion={options['fusion']!r}")
     num_ctas = _num_ctas(device)
     plans = layer_plans(plans_for, E, K, I, top_k, quant, max_tokens, **options)
     configs = tuple(dict.fromkeys(cfg for p in plans for cfg in (p.gemm1, p.gemm2)))

@@ -148,6 +148,20 @@ def test_warmup_takes_static():
         cute_moe.warmup(8, 128, 64, 2, "fp8_block", max_tokens=16, device="cpu", dry_run=True, static=True)
     with pytest.raises(TypeError, match="^static:"):
         cute_moe.warmup(8, 128, 64, 2, "fp8_tensor", max_tokens=16, device="cpu", dry_run=True, static=1)
+    with pytest.raises(ValueError, match="^fusion: static activation scales need the fused pipeline"):
+        cute_moe.warmup(
+            8, 128, 64, 2, "fp8_tensor", max_tokens=16, device="cpu", dry_run=True, static=True, fusion="separate"
+        )
+
+
+def test_compile_plan_names_static_for_a_plan_without_static_scales():
+    from cute_moe.plan import plan
+    from cute_moe.warmup import compile_plan
+    from moe_spec.validate import MoEDims
+
+    bf16 = plan(MoEDims(T=4, E=8, K=128, I=64, top_k=2), None)
+    with pytest.raises(ValueError, match="^static: static activation scales need a fp8_tensor plan, got quant=None"):
+        compile_plan(bf16, static=True)
 
 
 # ---- GPU: the layer --------------------------------------------------------------------------------
