@@ -17,6 +17,7 @@ from moe_spec.problem import MoEShape, make_inputs
 from moe_spec.validate import (
     BAD_A2_SCALE,
     BAD_ID,
+    BAD_W1_SCALE,
     BAD_W2_SCALE,
     BAD_WEIGHT,
     REPEATED_ID,
@@ -235,6 +236,138 @@ def test_the_warmup_compiles_the_decode_kernel_and_a_sweep_compiles_nothing(quan
                 inp.topk_ids = inp.topk_ids.long()
             triton_moe.fused_moe(**inp.kwargs())
         assert counter.new_keys == {}
+
+
+# ---- the tile knobs: SPLIT (GEMM1 parts per tile) and BLOCK_N2 (W2 rows per GEMM2 / combine task) ----
+
+
+def _knobs(**changes) -> DecodeConfig:
+    """CFG with ``changes``."""
+    return DecodeConfig(**{**CFG.as_dict(), **changes})
+
+
+def _bits(out):
+    return out.view(torch.int16)
+
+
+@pytest.mark.parametrize("quant", QUANTS, ids=lambda q: q or "bf16")
+def test_split_2_gives_the_bits_of_one_task_per_tile(quant):
+    """SPLIT = 2: a gate part and an up part, each over all of K (one slice) with today's loop and
+    dequantization, summed by the finisher from the fp32 workspace: the bits of SPLIT = 1."""
+    inp = _inputs(12, 4, 256, 256, 2, quant, seed=11)
+    one = decode.decode_fused_moe(**inp.kwargs(), config=CFG)
+    two = decode.decode_fused_moe(**inp.kwargs(), config=_knobs(SPLIT=2))
+    assert torch.equal(_bits(two), _bits(one))
+    assert _counters_zero()
+
+
+# (quant, SPLIT, K, T): BLOCK_K = 64, so K = 256 gives SPLIT / 2 slices of 512 / SPLIT; K = 192 at SPLIT = 8
+# four slices of 64, the last empty; K = 320 at SPLIT = 16 eight slices of 64, the last three empty.
+# T = 18: 18 pairs of expert 3, two chunks of BLOCK_T per part and in the finisher
+SPLITS = [
+    (None, 4, 256, 18),
+    ("fp8_tensor", 4, 256, 5),
+    ("fp8_channel", 8, 256, 5),
+    ("fp8_block", 8, 192, 5),
+    (None, 8, 192, 5),
+    ("fp8_tensor", 16, 320, 3),
+]
+
+
+@pytest.mark.parametrize("quant, split, K, T", SPLITS, ids=lambda v: str(v or "bf16"))
+def test_split_k_slices_match_the_oracle_and_rerun_bitwise(quant, split, K, T):
+    """The K slices' partials summed in a fixed order: within the tolerances of the oracle and of
+    the one-task path, the same bits on a rerun."""
+    inp = _inputs(8, 2, K, 128, T, quant, seed=12)
+    if T == 18:
+        inp.topk_ids[:, 0] = 3
+        inp.topk_ids[:, 1] = torch.arange(18) % 7 + (torch.arange(18) % 7 >= 3).long()  # never 3
+    one = decode.decode_fused_moe(**inp.kwargs(), config=CFG)
+    outs = [decode.decode_fused_moe(**inp.kwargs(), config=_knobs(SPLIT=split)) for _ in range(2)]
+    assert torch.equal(_bits(outs[1]), _bits(outs[0]))
+    assert rel_l2(outs[0], oracle(**inp.kwargs())) <= TOL
+    assert rel_l2(outs[0], one.double()) <= 5e-3
+    assert _counters_zero()
+
+
+@pytest.mark.parametrize("quant, n2", [(q, 128) for q in QUANTS] + [(None, 32)], ids=lambda v: str(v or "bf16"))
+def test_block_n2_gives_the_bits_of_the_default(quant, n2):
+    """GEMM2 and the combine compute each output column on its own: their tile width (BLOCK_N2 ≠
+    BLOCK_N, and a partial last k-tile at K = 320) changes no bit."""
+    inp = _inputs(8, 2, 320, 128, 5, quant, seed=13)
+    default = decode.decode_fused_moe(**inp.kwargs(), config=CFG)
+    wide = decode.decode_fused_moe(**inp.kwargs(), config=_knobs(BLOCK_N2=n2))
+    assert torch.equal(_bits(wide), _bits(default))
+    assert _counters_zero()
+
+
+@pytest.mark.parametrize("quant", [None, "fp8_tensor"], ids=lambda q: q or "bf16")
+def test_split_resets_its_arrival_counters_and_reruns_on_its_workspace(quant):
+    """Each tile's finisher zeroes its arrival word (the workspace's, zeroed once when made): after
+    a call they are all zero, and a second call on the same workspace — its partials overwritten
+    with NaN in between, so that a read before a write would show — gives the same bits."""
+    cfg = _knobs(SPLIT=4)
+    inp = _inputs(8, 2, 256, 128, 5, quant, seed=14)
+    ws = decode_host.decode_workspace(5, 2, 256, 128, quant, inp.x.device, cfg)
+    assert ws["part"].shape == (4, 10, 128) and ws["arrive"].shape == (10 * 2,)
+    assert "part" not in decode_host.decode_workspace(5, 2, 256, 128, quant, inp.x.device, CFG)
+    first = decode.decode_fused_moe(**inp.kwargs(), config=cfg, workspace=ws)
+    assert int(ws["arrive"].abs().sum()) == 0
+    ws["part"].fill_(float("nan"))
+    again = decode.decode_fused_moe(**inp.kwargs(), config=cfg, workspace=ws)
+    assert int(ws["arrive"].abs().sum()) == 0 and _counters_zero()
+    assert torch.equal(_bits(again), _bits(first))
+    assert rel_l2(first, decode.decode_fused_moe(**inp.kwargs(), config=CFG).double()) <= 5e-3
+
+
+def test_split_parts_set_the_data_check_bits(word):
+    """Under SPLIT the parts read the weight scales (fp8_channel: each its gate or up channels) and
+    the finisher zeroes a bad id's pair: the bits and the NaN row of SPLIT = 1."""
+    inp = _inputs(8, 2, 256, 128, 4, "fp8_channel", seed=15)
+    inp.topk_ids[2, 1] = 8
+    inp.w1_scale[int(inp.topk_ids[0, 0]), 128 + 5] = 0.0  # an up channel of W1
+    one = decode.decode_fused_moe(**inp.kwargs(), config=CFG)
+    bits = int(word)
+    word.zero_()
+    four = decode.decode_fused_moe(**inp.kwargs(), config=_knobs(SPLIT=4))
+    assert int(word) == bits == BAD_ID | BAD_W1_SCALE
+    assert bool(four[2].isnan().all()) and bool(one[2].isnan().all())
+    assert rel_l2(four[[0, 1, 3]], one[[0, 1, 3]].double()) <= 5e-3
+
+
+@pytest.mark.parametrize(
+    "knobs, error, match",
+    [
+        ({"SPLIT": 3}, ValueError, "^SPLIT=3: must be 1 or an even power of two"),
+        ({"SPLIT": 0}, ValueError, "^SPLIT=0"),
+        ({"SPLIT": 32}, ValueError, "^SPLIT=32"),
+        ({"SPLIT": 2.0}, TypeError, "^SPLIT: expected an int"),
+        ({"BLOCK_N2": 8}, ValueError, "^BLOCK_N2=8: must be 0"),
+        ({"BLOCK_N2": 96}, ValueError, "^BLOCK_N2=96"),
+        ({"BLOCK_N2": True}, TypeError, "^BLOCK_N2: expected an int"),
+    ],
+)
+def test_the_knobs_are_checked_naming_the_field(knobs, error, match):
+    with pytest.raises(error, match=match):
+        DecodeConfig(**knobs)
+
+
+def test_the_knobs_label_shared_memory_tasks_and_plan():
+    default, knobs = DecodeConfig(), DecodeConfig(SPLIT=4, BLOCK_N2=128)
+    assert default.label() == "64x128x16/w4s4" and knobs.label() == "64x128x16/w4s4/split4/n2=128"
+    assert DecodeConfig(SPLIT=2).label() == "64x128x16/w4s4/split2"
+    assert knobs.as_dict() == {**default.as_dict(), "SPLIT": 4, "BLOCK_N2": 128}
+    assert (default.block_n2, knobs.block_n2) == (64, 128)
+    # bytes per stage: GEMM1's gate and up tiles + tokens; one weight tile under SPLIT; GEMM2's where larger
+    assert default.smem_bytes(None) == (2 * 64 + 16) * 128 * 2 * 4
+    assert DecodeConfig(SPLIT=2).smem_bytes(None) == (64 + 16) * 128 * 2 * 4
+    assert DecodeConfig(SPLIT=2, BLOCK_N2=256).smem_bytes("fp8_block") == (256 + 16) * 128 * 1 * 4
+    # DeepSeek-V3 TP8 at T = 1: 8 pairs × 4 n-tiles × SPLIT GEMM1 tasks, (8 pairs + 1 token block) × K / block_n2
+    assert decode_host.num_tasks(1, 8, 7168, 256, None, False, default) == 8 * 4 + 9 * 112
+    assert decode_host.num_tasks(1, 8, 7168, 256, None, False, knobs) == 8 * 4 * 4 + 9 * 56
+    assert decode_host.counter_words(7168, knobs) == decode_host.counter_words(7168, default) - 56
+    p = plan(MoEDims(T=1, E=16, K=256, I=128, top_k=2), config=knobs)
+    assert (p.gemm1.BLOCK_N, p.gemm2.BLOCK_N) == (64, 128)
 
 
 # ---- the GPU lane ----------------------------------------------------------------------------------

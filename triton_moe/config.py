@@ -372,6 +372,9 @@ class DecodeConfig:
     ``BLOCK_T`` pairs of one expert are its N side (an expert with more pairs is served in chunks
     of ``BLOCK_T``); ``BLOCK_K`` the reduction step (K in GEMM1, I in GEMM2). Checked when built
     (type, then value; the message names the field); what depends on the format is :meth:`check`.
+    ``SPLIT`` = 2·s GEMM1 tasks per (pair, n-tile), gate or up rows over one of s K slices, the last
+    to arrive summing the fp32 partials in a fixed order (1: one task, all of K): more SMs stream W1
+    where I is narrow. ``BLOCK_N2`` W2 rows per GEMM2 and combine task (0: ``BLOCK_N``).
     """
 
     BLOCK_N: int = 64
@@ -379,10 +382,16 @@ class DecodeConfig:
     BLOCK_T: int = 16
     num_warps: int = 4
     num_stages: int = 4
+    SPLIT: int = 1
+    BLOCK_N2: int = 0
 
     def __post_init__(self):
-        for name in ("BLOCK_N", "BLOCK_K", "BLOCK_T", "num_warps", "num_stages"):
+        for name in ("BLOCK_N", "BLOCK_K", "BLOCK_T", "num_warps", "num_stages", "SPLIT", "BLOCK_N2"):
             _int(name, getattr(self, name))
+        if self.SPLIT not in (1, 2, 4, 8, 16):
+            raise ValueError(f"SPLIT={self.SPLIT}: must be 1 or an even power of two (2, 4, 8, 16)")
+        if self.BLOCK_N2 and (not _pow2(self.BLOCK_N2) or self.BLOCK_N2 < MIN_DOT):
+            raise ValueError(f"BLOCK_N2={self.BLOCK_N2}: must be 0 (= BLOCK_N) or a power of two >= {MIN_DOT}")
         for name in ("BLOCK_N", "BLOCK_K", "BLOCK_T"):
             v = getattr(self, name)
             if not _pow2(v) or v < MIN_DOT:
@@ -392,11 +401,15 @@ class DecodeConfig:
         if self.num_stages < 1:
             raise ValueError(f"num_stages={self.num_stages}: must be >= 1")
 
+    @property
+    def block_n2(self) -> int:  # W2 rows per GEMM2 and combine task
+        return self.BLOCK_N2 or self.BLOCK_N
+
     def smem_bytes(self, quant: str | None) -> int:
-        """Shared memory of the pipelined tiles of GEMM1, the larger phase: the gate and up weight
-        tiles and the token tile, per stage, in the format's weight dtype."""
-        nbytes = get_format(quant).weight_dtype.itemsize
-        return (2 * self.BLOCK_N + self.BLOCK_T) * self.BLOCK_K * nbytes * self.num_stages
+        """Shared memory of the larger GEMM's pipelined tiles in the format's weight dtype: GEMM1's
+        gate and up tiles (one where SPLIT > 1) or GEMM2's, and the token tile, per stage."""
+        per_row = self.BLOCK_K * get_format(quant).weight_dtype.itemsize * self.num_stages
+        return max(self.BLOCK_N * (2 if self.SPLIT == 1 else 1) + self.BLOCK_T, self.block_n2 + self.BLOCK_T) * per_row
 
     def check(self, quant: str | None) -> DecodeConfig:
         """Raise ValueError naming ``config`` when this tile cannot run ``quant`` (the rules of
@@ -420,8 +433,8 @@ class DecodeConfig:
 
     @property
     def split_k(self) -> int:
-        """1, as a grouped config without a split reads: each task sums its outputs' whole K."""
-        return 1
+        """GEMM1's K slices (SPLIT // 2, at least 1): what changes the summation order."""
+        return max(1, self.SPLIT // 2)
 
     def gemm_tile(self) -> TritonConfig:
         """The same dot as a grouped-GEMM tile (BLOCK_M = BLOCK_T tokens, swap-AB): what
@@ -429,8 +442,9 @@ class DecodeConfig:
         return TritonConfig(self.BLOCK_T, self.BLOCK_N, self.BLOCK_K, 1, self.num_warps, self.num_stages, True)
 
     def label(self) -> str:
-        """``BLOCK_NxBLOCK_KxBLOCK_T/w<num_warps>s<num_stages>``."""
-        return f"{self.BLOCK_N}x{self.BLOCK_K}x{self.BLOCK_T}/w{self.num_warps}s{self.num_stages}"
+        """``BLOCK_NxBLOCK_KxBLOCK_T/w<num_warps>s<num_stages>[/split<SPLIT>][/n2=<BLOCK_N2>]``."""
+        knobs = (f"/split{self.SPLIT}" if self.SPLIT != 1 else "") + (f"/n2={self.BLOCK_N2}" if self.BLOCK_N2 else "")
+        return f"{self.BLOCK_N}x{self.BLOCK_K}x{self.BLOCK_T}/w{self.num_warps}s{self.num_stages}{knobs}"
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -10,7 +10,9 @@ count. Tasks, numbered in phases::
 
     0   x's amax, per token block            fp8_tensor with a dynamic scale only (atomic_max)
     Q1  (token, 2048 columns of K)           FP8: x → E4M3 xq [T, K] and its scales, once
-    A   (pair p, n-tile of I)                gate and up tiles, SiLU(gate)·up → h [P, I]
+    A   (pair p, n-tile of I, part)          gate and up tiles, SiLU(gate)·up → h [P, I]; with
+                                             SPLIT = 2·s parts, gate or up over one of s K slices
+                                             → fp32 partials, the last part to arrive sums them
     Q2  (pair p, 2048 columns of I)          FP8: h → E4M3 hq [P, I] and its scales, once
     B   (k-tile of K, pair p)                h rows of the expert's pairs · W2[e, k-tile, :]ᵀ,
                                              × routing weight → y [P, K]
@@ -25,13 +27,16 @@ the grouped pipeline gives wherever that pipeline is batch invariant.
 The dependency protocol (device counters, no grid barrier)
     A program claims the next task number from a ticket counter (``tl.atomic_add``), so tasks are
     claimed in increasing order, each by a program that is running. A task waits only on tasks
-    with smaller numbers: B (leader p) spins until ``done1[p]`` counts p's NT1 A tasks (bf16) or
+    with smaller numbers: B (leader p) spins until ``done1[p]`` counts p's NT1·SPLIT A tasks (bf16) or
     ``doneq2[p]`` its expert's Q2 tasks (FP8), C (k-tile) until ``done2[k-tile]`` counts P B tasks;
     under FP8, Q1 (fp8_tensor dynamic) waits for phase 0, A for all of Q1, Q2 for its leader's A
     tasks (fp8_tensor dynamic: every A task, the intermediate's amax being whole). A finished task's
     program stores, ``tl.debug_barrier()``, then increments its counter with release semantics; a
     waiting one spins on acquire loads and reads h / y through L2 (``.cg``). GEMM2's first W2 tile
-    does not depend on GEMM1: it is loaded before the spin.
+    does not depend on GEMM1: it is loaded before the spin. The parts of an A tile (SPLIT > 1) never
+    wait: each stores its partial, then counts itself in the tile's arrival word (acq_rel); the one
+    that sees SPLIT − 1 reads the partials through L2, writes h, and zeroes the word for the next
+    launch. Phases B and C tile K by ``BLOCK_N2`` rows (NK k-tiles).
 
 Why it cannot deadlock, and how the counters reset themselves (the last program out zeroes them;
 one int32 block per device and stream, :func:`counter_block`): notes/decode.md.
@@ -136,8 +141,10 @@ def decode_moe_kernel(
     hq_ptr,
     hs_ptr,  # FP8: h as E4M3 [P, I] and its scales [P, ⌈I/128⌉] (phase Q2)
     y_ptr,  # [P, K] bf16: GEMM2 × routing weight, by pair
+    part_ptr,  # SPLIT > 1: fp32 [SPLIT, P, I], GEMM1's dequantized partials (gate / up, K slice)
+    arrive_ptr,  # SPLIT > 1: int32 [P, NT1], parts arrived per A tile, zero at entry and at exit
     out_ptr,  # [T, K] bf16
-    counters_ptr,  # int32 [HEADER + 2·PAIR_LANES + ⌈K/BLOCK_N⌉], zero at entry and at exit
+    counters_ptr,  # int32 [HEADER + 2·PAIR_LANES + ⌈K/BLOCK_N2⌉], zero at entry and at exit
     error_ptr,  # the device's error word (moe_spec.validate)
     num_tokens,  # T: varies per call
     K,
@@ -153,10 +160,13 @@ def decode_moe_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    SPLIT: tl.constexpr,  # A tasks per (pair, n-tile): 1, or 2·s (gate / up × s slices of K)
+    BLOCK_N2: tl.constexpr,  # W2 rows per B and C task
 ):
     P = num_tokens * TOP_K
     NT1 = tl.cdiv(I, BLOCK_N)
-    NK = tl.cdiv(K, BLOCK_N)
+    NA = NT1 * SPLIT  # A tasks per pair
+    NK = tl.cdiv(K, BLOCK_N2)
     NTB = tl.cdiv(num_tokens, BLOCK_T)
     DYNAMIC_TENSOR: tl.constexpr = QUANT == PER_TENSOR and not STATIC
     FP8: tl.constexpr = QUANT != 0
@@ -164,7 +174,7 @@ def decode_moe_kernel(
     NQ2 = tl.cdiv(I, QUANT_CHUNK)  # … per row of h
     Q10 = NTB if DYNAMIC_TENSOR else 0  # phase 0: x's amax per token block
     A0 = Q10 + num_tokens * NQ1 if FP8 else Q10  # phase Q1: x → E4M3 per (token, chunk)
-    Q20 = A0 + P * NT1
+    Q20 = A0 + P * NA
     B0 = Q20 + P * NQ2 if FP8 else Q20  # phase Q2: h → E4M3 per (pair, chunk)
     C0 = B0 + NK * P
     END = C0 + NK * NTB
@@ -192,8 +202,8 @@ def decode_moe_kernel(
                     s_x = _scale_from_bits(tl.load(counters_ptr + AMAX_X, cache_modifier=".cg"))
             _quantize_task(x_ptr, xq_ptr, xs_ptr, (task - Q10) // NQ1, (task - Q10) % NQ1, K, s_x, QUANT, INTERPRETER)
             _signal(counters_ptr + DONE_Q1)
-        elif task < Q20:  # phase A: (pair, n-tile)
-            p = (task - A0) // NT1
+        elif task < Q20:  # phase A: (pair, n-tile, part)
+            p = (task - A0) // NA
             e = _at(experts, lanes, p)
             if tl.sum(((experts == e) & (lanes < p)).to(tl.int32), axis=0) == 0:  # the leader
                 s_x = 1.0
@@ -205,19 +215,22 @@ def decode_moe_kernel(
                     else:
                         s_x = _scale_from_bits(tl.load(counters_ptr + AMAX_X, cache_modifier=".cg"))
                 _gemm1_task(
-                    x_ptr,
-                    xq_ptr,
+                    xq_ptr if FP8 else x_ptr,
                     xs_ptr,
                     w1_ptr,
                     w1_scale_ptr,
                     topk_ids_ptr,
                     h_ptr,
+                    part_ptr,
+                    arrive_ptr + (task - A0) // SPLIT,
                     counters_ptr,
                     error_ptr,
                     experts,
                     lanes,
                     e,
-                    (task - A0) % NT1,
+                    (task - A0) // SPLIT % NT1,
+                    (task - A0) % SPLIT,
+                    P,
                     s_x,
                     K,
                     I,
@@ -227,6 +240,7 @@ def decode_moe_kernel(
                     STATIC,
                     FP8_IMPRECISE_ACC,
                     INTERPRETER,
+                    SPLIT,
                     BLOCK_T,
                     BLOCK_N,
                     BLOCK_K,
@@ -240,10 +254,10 @@ def decode_moe_kernel(
             leader = tl.min(tl.where(experts == e, lanes, PAIRS), axis=0)
             s_h = 1.0
             if DYNAMIC_TENSOR:  # the intermediate's amax is whole once every A task is done
-                _wait(counters_ptr + DONE_A, P * NT1)
+                _wait(counters_ptr + DONE_A, P * NA)
                 s_h = _scale_from_bits(tl.load(counters_ptr + AMAX_H, cache_modifier=".cg"))
             else:  # the leader's A tasks wrote every row of its expert
-                _wait(done1 + leader, NT1)
+                _wait(done1 + leader, NA)
                 if QUANT == PER_TENSOR:
                     s_h = tl.load(a2_scale_ptr)
             _quantize_task(h_ptr, hq_ptr, hs_ptr, p, (task - Q20) % NQ2, I, s_h, QUANT, INTERPRETER)
@@ -254,7 +268,7 @@ def decode_moe_kernel(
             e = _at(experts, lanes, p)
             if tl.sum(((experts == e) & (lanes < p)).to(tl.int32), axis=0) == 0:
                 wait_ptr = done1 + p
-                wait_for = NT1
+                wait_for = NA
                 if FP8:  # h in E4M3: every Q2 task of the expert's rows
                     wait_ptr = doneq2 + p
                     wait_for = tl.sum((experts == e).to(tl.int32), axis=0) * NQ2
@@ -284,7 +298,7 @@ def decode_moe_kernel(
                     FP8_IMPRECISE_ACC,
                     INTERPRETER,
                     BLOCK_T,
-                    BLOCK_N,
+                    BLOCK_N2,
                     BLOCK_K,
                 )
             _signal(done2 + k_tile)
@@ -309,7 +323,7 @@ def decode_moe_kernel(
                 STATIC,
                 INTERPRETER,
                 BLOCK_T,
-                BLOCK_N,
+                BLOCK_N2,
             )
         task = tl.atomic_add(counters_ptr + TICKET, 1)
 
@@ -340,6 +354,8 @@ def decode_launch(T: int, top_k: int, K: int, I: int, quant, static: bool, cfg: 
         BLOCK_T=cfg.BLOCK_T,
         BLOCK_N=cfg.BLOCK_N,
         BLOCK_K=cfg.BLOCK_K,
+        SPLIT=cfg.SPLIT,
+        BLOCK_N2=cfg.block_n2,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -372,7 +388,8 @@ def decode_fused_moe(
     """The MoE layer in one launch → out [T, K] bf16. The arguments are ``fused_moe``'s, already
     validated (:func:`triton_moe.moe.fused_moe` checks them and dispatches here); ``config`` a
     checked :class:`~triton_moe.config.DecodeConfig`; ``workspace`` h, y and counters of
-    :func:`decode_workspace` (default: this stream's)."""
+    :func:`decode_workspace` (default: this stream's; with ``SPLIT`` > 1 also GEMM1's partials and
+    arrival counters)."""
     T, K = x.shape
     E, _, I = w2.shape
     top_k = topk_ids.shape[1]
@@ -399,6 +416,8 @@ def decode_fused_moe(
         ws.get("hq", dummy),
         ws.get("hs", dummy),
         ws["y"],
+        ws["part"] if config.SPLIT > 1 else dummy,
+        ws["arrive"] if config.SPLIT > 1 else dummy,
         out,
         ws["counters"],
         error_word(x.device),

@@ -1,6 +1,6 @@
 """The host side of the one-launch decode kernel (:mod:`triton_moe.decode`): its task count and
-grid, its self-resetting counter blocks and its workspaces (h, y and, under FP8, the E4M3 operands
-of phases Q1 and Q2 with their scales).
+grid, its self-resetting counter blocks and its workspaces (h, y, under FP8 the E4M3 operands of
+phases Q1 and Q2 with their scales and, with ``SPLIT`` > 1, GEMM1's partials and arrival counters).
 """
 
 from __future__ import annotations
@@ -38,12 +38,12 @@ def num_tasks(T: int, top_k: int, K: int, I: int, quant, static: bool, cfg: Deco
     phase0 = ntb if (quant == "fp8_tensor" and not static) else 0
     chunk = QUANT_CHUNK.value
     quantize = T * _cdiv(K, chunk) + P * _cdiv(I, chunk) if get_format(quant).quantized else 0
-    return phase0 + quantize + P * _cdiv(I, cfg.BLOCK_N) + (P + ntb) * _cdiv(K, cfg.BLOCK_N)
+    return phase0 + quantize + P * _cdiv(I, cfg.BLOCK_N) * cfg.SPLIT + (P + ntb) * _cdiv(K, cfg.block_n2)
 
 
 def counter_words(K: int, cfg: DecodeConfig) -> int:
     """int32 words of one counter block: the header, done1 and doneq2 per pair lane, done2 per k-tile."""
-    return HEADER.value + 2 * PAIR_LANES + _cdiv(K, cfg.BLOCK_N)
+    return HEADER.value + 2 * PAIR_LANES + _cdiv(K, cfg.block_n2)
 
 
 @functools.lru_cache(maxsize=16)
@@ -88,7 +88,7 @@ def counter_block(device, words: int) -> torch.Tensor:
     return block
 
 
-def _buffers(T: int, top_k: int, K: int, I: int, quant, device) -> dict:  # noqa: E741
+def _buffers(T: int, top_k: int, K: int, I: int, quant, device, split: tuple | None) -> dict:  # noqa: E741
     P = T * top_k
     fp8 = get_format(quant).quantized
     b = dict(
@@ -102,6 +102,11 @@ def _buffers(T: int, top_k: int, K: int, I: int, quant, device) -> dict:  # noqa
             hq=torch.empty((P, I), dtype=torch.float8_e4m3fn, device=device),
             hs=torch.empty((P, _cdiv(I, FP8_GROUP)), dtype=torch.float32, device=device),
         )
+    if split is not None:  # (SPLIT, n-tiles of I): GEMM1's fp32 partials, its parts arrived per (pair, n-tile)
+        b.update(
+            part=torch.empty((split[0], P, I), dtype=torch.float32, device=device),
+            arrive=torch.zeros(P * split[1], dtype=torch.int32, device=device),  # zeroed once: finishers reset it
+        )
     return b
 
 
@@ -111,9 +116,12 @@ _workspaces: OrderedDict = OrderedDict()
 def decode_workspace(T: int, top_k: int, K: int, I: int, quant, device, cfg: DecodeConfig) -> dict:  # noqa: E741
     """h, y and the counters of one call: h and y reused by the eager calls of one stream and
     thread (fresh during a CUDA graph capture or a call through the op, as
-    :func:`triton_moe.launches._workspace_of` does), the counters of :func:`counter_block`."""
+    :func:`triton_moe.launches._workspace_of` does), the counters of :func:`counter_block`. With
+    ``SPLIT`` > 1 also ``part`` (fp32 [SPLIT, P, I]) and ``arrive`` (int32 [P · n-tiles of I],
+    zero when made; each tile's finisher zeroes its word, so every launch leaves it zero)."""
     counters = counter_block(device, counter_words(K, cfg))
-    sizes = (T, top_k, K, I, quant, device)
+    split = (cfg.SPLIT, _cdiv(I, cfg.BLOCK_N)) if cfg.SPLIT > 1 else None
+    sizes = (T, top_k, K, I, quant, device, split)
     if device.type == "cuda" and (torch.cuda.is_current_stream_capturing() or through_op()):
         return {**_buffers(*sizes), "counters": counters}
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None

@@ -102,20 +102,35 @@ def _scale_from_bits(bits):
 
 
 @triton.jit
+def _gemm1_out(acc, acc_up, pair, row_ok, id_ok, offs_n, col_ok, h_ptr, counters_ptr, I, AMAX, INTERPRETER):
+    """GEMM1's epilogue on one chunk's dequantized gate and up tiles: h = SiLU(gate)·up → h."""
+    out_mask = col_ok[:, None] & row_ok[None, :]
+    h = acc / (1.0 + tl.exp(-acc)) * acc_up  # SiLU(gate)·up in fp32
+    h = tl.where(out_mask & id_ok[None, :], h, 0.0)  # a bad id's pair: zero (moe_spec.contract)
+    if AMAX:  # fp8_tensor with a dynamic scale: the intermediate's amax
+        tl.atomic_max(counters_ptr + AMAX_H, tl.max(tl.max(_abs_bits(h), axis=1), axis=0))
+    h_ptrs = h_ptr + pair[None, :].to(tl.int64) * I + offs_n[:, None]
+    tl.store(h_ptrs, _cast_out(h, h_ptr.dtype.element_ty, INTERPRETER), mask=out_mask)
+
+
+@triton.jit
 def _gemm1_task(
     x_ptr,
-    xq_ptr,
     xs_ptr,
     w1_ptr,
     w1_scale_ptr,
     topk_ids_ptr,
     h_ptr,
+    part_ptr,
+    arrive_ptr,
     counters_ptr,
     error_ptr,
     experts,
     lanes,
     e,
     n_tile,
+    part,
+    P,
     s_tensor,
     K,
     I,
@@ -125,19 +140,30 @@ def _gemm1_task(
     STATIC: tl.constexpr,
     FP8_IMPRECISE_ACC: tl.constexpr,
     INTERPRETER: tl.constexpr,
+    SPLIT: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """Phase A, a leader's task: h[pairs of expert e, n-tile] = SiLU(x·W1_gateᵀ)·(x·W1_upᵀ); under
-    FP8 from x's E4M3 rows and scales of phase Q1 (``xq``, ``xs``)."""
+    """Phase A, a leader's task: h[pairs of expert e, n-tile] = SiLU(x·W1_gateᵀ)·(x·W1_upᵀ); ``x``
+    bf16, or under FP8 E4M3 with its scales (``xs``) from phase Q1. SPLIT = 2·s: part ``part`` only,
+    the gate (even) or up (odd) rows over K slice part // 2 of s, dequantized → fp32 ``part_ptr``
+    [part]; the tile's last part to arrive (``arrive_ptr``) sums the slices in order and writes h."""
     offs_n = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = offs_n < I
     offs_k = tl.arange(0, BLOCK_K)
     N_TOTAL = 2 * I  # W1 rows: gate 0 … I−1, up I … 2I−1
     K_GROUPS = tl.cdiv(K, FP8_BLOCK)
     N_GROUPS = tl.cdiv(N_TOTAL, FP8_BLOCK)
+    AMAX: tl.constexpr = QUANT == PER_TENSOR and not STATIC
     w_ptrs = w1_ptr + e.to(tl.int64) * N_TOTAL * K + offs_n[:, None] * K + offs_k[None, :]
+    k_lo, k_hi, w_rows = 0, K, offs_n  # all of K; the gate rows in acc (and the up rows in acc_up)
+    if SPLIT > 1:  # slices of whole BLOCK_K steps; the last may be empty (its partial: zeros)
+        KS = tl.cdiv(tl.cdiv(K, SPLIT // 2), BLOCK_K) * BLOCK_K
+        k_lo, k_hi, w_rows = (part // 2) * KS, tl.minimum((part // 2 + 1) * KS, K), (part % 2) * I + offs_n
+        w_ptrs += (part % 2) * I * K
+    s_ptrs = w1_scale_ptr + (e * N_GROUPS + w_rows // FP8_BLOCK) * K_GROUPS  # fp8_block: the rows' groups
+    s_up_ptrs = w1_scale_ptr + (e * N_GROUPS + (I + offs_n) // FP8_BLOCK) * K_GROUPS
     n_match = tl.sum((experts == e).to(tl.int32), axis=0)
     bad = tl.full([], 0, tl.int32)
     for c0 in range(0, n_match, BLOCK_T):
@@ -148,55 +174,64 @@ def _gemm1_task(
         s_rows = tl.zeros([BLOCK_T], dtype=tl.float32) + s_tensor  # x's scale per row (fp8_tensor, fp8_channel)
         if QUANT == PER_CHANNEL:
             s_rows = tl.load(xs_ptr + tok * K_GROUPS, mask=row_ok, other=1.0, cache_modifier=".cg")
-        if QUANT != 0:
-            x_ptrs = xq_ptr + tok[:, None].to(tl.int64) * K + offs_k[None, :]
-        else:
-            x_ptrs = x_ptr + tok[:, None].to(tl.int64) * K + offs_k[None, :]
+        x_ptrs = x_ptr + tok[:, None].to(tl.int64) * K + offs_k[None, :]
         acc = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
-        acc_up = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)  # SPLIT = 1 only
         scale_bad = tl.zeros([BLOCK_N], dtype=tl.int32)
-        for k0 in range(0, K, BLOCK_K):
+        for k0 in range(k_lo, k_hi, BLOCK_K):
             k_ok = offs_k < K - k0
             a = tl.load(x_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0, cache_modifier=".cg")
             w = tl.load(w_ptrs + k0, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-            w_up = tl.load(w_ptrs + I * K + k0, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+            if SPLIT == 1:
+                w_up = tl.load(w_ptrs + I * K + k0, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
             if QUANT == PER_BLOCK:
                 kg = k0 // FP8_BLOCK
                 s_a = tl.load(xs_ptr + tok * K_GROUPS + kg, mask=row_ok, other=1.0, cache_modifier=".cg")
-                s_w = tl.load(
-                    w1_scale_ptr + (e * N_GROUPS + offs_n // FP8_BLOCK) * K_GROUPS + kg, mask=col_ok, other=1.0
-                )
-                s_wu = tl.load(
-                    w1_scale_ptr + (e * N_GROUPS + (I + offs_n) // FP8_BLOCK) * K_GROUPS + kg, mask=col_ok, other=1.0
-                )
+                s_w = tl.load(s_ptrs + kg, mask=col_ok, other=1.0)
                 scale_bad |= _scale_bad(s_w)
-                scale_bad |= _scale_bad(s_wu)
                 acc = _mma_scaled(acc, a, w, s_a, s_w, True, INTERPRETER)
-                acc_up = _mma_scaled(acc_up, a, w_up, s_a, s_wu, True, INTERPRETER)
+                if SPLIT == 1:
+                    s_wu = tl.load(s_up_ptrs + kg, mask=col_ok, other=1.0)
+                    scale_bad |= _scale_bad(s_wu)
+                    acc_up = _mma_scaled(acc_up, a, w_up, s_a, s_wu, True, INTERPRETER)
             else:  # bf16, or E4M3 whose masked cells load as 0 (not 0 / s: a static scale of 0 gives no NaN)
                 acc = _mma(acc, a, w, True, INTERPRETER, FP8_IMPRECISE_ACC)
-                acc_up = _mma(acc_up, a, w_up, True, INTERPRETER, FP8_IMPRECISE_ACC)
-        # dequantize as the grouped epilogue does (triton_moe.kernel_parts._dequant_after_loop)
-        if QUANT == PER_TENSOR:
+                if SPLIT == 1:
+                    acc_up = _mma(acc_up, a, w_up, True, INTERPRETER, FP8_IMPRECISE_ACC)
+        if QUANT == PER_TENSOR:  # dequantize as the grouped epilogue does (kernel_parts._dequant_after_loop)
             s_w = tl.load(w1_scale_ptr + e)
             acc = acc * (s_rows * s_w)[None, :]
             acc_up = acc_up * (s_rows * s_w)[None, :]
             bad = tl.maximum(bad, _scale_bad(s_w))
         elif QUANT == PER_CHANNEL:
-            s_w = tl.load(w1_scale_ptr + e * N_TOTAL + offs_n, mask=col_ok, other=0.0)
+            s_w = tl.load(w1_scale_ptr + e * N_TOTAL + w_rows, mask=col_ok, other=0.0)
             s_wu = tl.load(w1_scale_ptr + e * N_TOTAL + I + offs_n, mask=col_ok, other=0.0)
             acc = acc * s_rows[None, :] * s_w[:, None]
             acc_up = acc_up * s_rows[None, :] * s_wu[:, None]
             bad = tl.maximum(bad, tl.max(tl.where(col_ok, _scale_bad(s_w) | _scale_bad(s_wu), 0), axis=0))
         elif QUANT == PER_BLOCK:
             bad = tl.maximum(bad, tl.max(scale_bad, axis=0))
-        out_mask = col_ok[:, None] & row_ok[None, :]
-        h = acc / (1.0 + tl.exp(-acc)) * acc_up  # SiLU(gate)·up in fp32
-        h = tl.where(out_mask & id_ok[None, :], h, 0.0)  # a bad id's pair: zero (moe_spec.contract)
-        if QUANT == PER_TENSOR and not STATIC:
-            tl.atomic_max(counters_ptr + AMAX_H, tl.max(tl.max(_abs_bits(h), axis=1), axis=0))
-        h_ptrs = h_ptr + pair[None, :].to(tl.int64) * I + offs_n[:, None]
-        tl.store(h_ptrs, _cast_out(h, h_ptr.dtype.element_ty, INTERPRETER), mask=out_mask)
+        if SPLIT == 1:
+            _gemm1_out(acc, acc_up, pair, row_ok, id_ok, offs_n, col_ok, h_ptr, counters_ptr, I, AMAX, INTERPRETER)
+        else:
+            cells = part_ptr + part * P * I + pair[None, :].to(tl.int64) * I + offs_n[:, None]
+            tl.store(cells, acc, mask=col_ok[:, None] & row_ok[None, :])
+    if SPLIT > 1:  # arrive; the last part of the tile (p, n-tile) finishes it and resets its word
+        tl.debug_barrier()
+        if tl.atomic_add(arrive_ptr, 1, sem="acq_rel") == SPLIT - 1:
+            for c0 in range(0, n_match, BLOCK_T):
+                pair, row_ok = _chunk_rows(experts, lanes, e, c0, BLOCK_T)
+                ids = tl.load(topk_ids_ptr + pair, mask=row_ok, other=0)
+                mask = col_ok[:, None] & row_ok[None, :]
+                cells = part_ptr + pair[None, :].to(tl.int64) * I + offs_n[:, None]
+                acc = tl.load(cells, mask=mask, other=0.0, cache_modifier=".cg")  # gate, slice 0
+                acc_up = tl.load(cells + P * I, mask=mask, other=0.0, cache_modifier=".cg")  # up, slice 0
+                for s in tl.static_range(1, SPLIT // 2):  # slices 1 … s − 1, in order
+                    acc += tl.load(cells + 2 * s * P * I, mask=mask, other=0.0, cache_modifier=".cg")
+                    acc_up += tl.load(cells + (2 * s + 1) * P * I, mask=mask, other=0.0, cache_modifier=".cg")
+                id_ok = (ids >= 0) & (ids < E)
+                _gemm1_out(acc, acc_up, pair, row_ok, id_ok, offs_n, col_ok, h_ptr, counters_ptr, I, AMAX, INTERPRETER)
+            tl.store(arrive_ptr, 0)
     tl.atomic_or(error_ptr, BAD_W1_SCALE, mask=bad > 0)
 
 
@@ -210,7 +245,6 @@ def _gemm2_step(
     hs_ptr,
     pair,
     row_ok,
-    s_rows,
     w2_scale_ptr,
     e,
     offs_n,
@@ -220,7 +254,6 @@ def _gemm2_step(
     QUANT: tl.constexpr,
     FP8_IMPRECISE_ACC: tl.constexpr,
     INTERPRETER: tl.constexpr,
-    BLOCK_T: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
     """One K step of GEMM2 on the loaded W2 tile ``w``: the rows' h (bf16, or E4M3 from phase Q2
@@ -314,7 +347,6 @@ def _gemm2_task(
             hs_ptr,
             pair,
             row_ok,
-            s_rows,
             w2_scale_ptr,
             e,
             offs_n,
@@ -324,7 +356,6 @@ def _gemm2_task(
             QUANT,
             FP8_IMPRECISE_ACC,
             INTERPRETER,
-            BLOCK_T,
             BLOCK_K,
         )
         for k0 in range(BLOCK_K, I, BLOCK_K):
@@ -338,7 +369,6 @@ def _gemm2_task(
                 hs_ptr,
                 pair,
                 row_ok,
-                s_rows,
                 w2_scale_ptr,
                 e,
                 offs_n,
@@ -348,7 +378,6 @@ def _gemm2_task(
                 QUANT,
                 FP8_IMPRECISE_ACC,
                 INTERPRETER,
-                BLOCK_T,
                 BLOCK_K,
             )
         if QUANT == PER_TENSOR:

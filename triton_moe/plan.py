@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from moe_spec.quant import check_quant
 from moe_spec.validate import MoEDims
@@ -57,8 +57,8 @@ class LayerPlan:
     GEMMs read; GEMM2 runs its own tile when the config has a ``gemm2``. ``gemm1`` / ``gemm2`` are
     the configs each GEMM launches with (:meth:`~triton_moe.config.TritonConfig.gemm1_config`,
     ``gemm2_config``). Decode: ``config`` is the one launch's :class:`DecodeConfig`; both GEMMs
-    are its swap-AB dot (:meth:`~triton_moe.config.DecodeConfig.gemm_tile`), nothing is aligned
-    and ``align_tile`` is its token tile.
+    are its swap-AB dot (:meth:`~triton_moe.config.DecodeConfig.gemm_tile`; GEMM2's with its
+    ``block_n2`` rows), nothing is aligned and ``align_tile`` is its token tile.
     """
 
     config: TritonConfig | DecodeConfig
@@ -76,8 +76,8 @@ class LayerPlan:
 
     @functools.cached_property
     def gemm2(self) -> TritonConfig:
-        if self.path == "decode":
-            return self.config.gemm_tile()
+        if self.path == "decode":  # its W2 tile has block_n2 rows
+            return replace(self.config.gemm_tile(), BLOCK_N=self.config.block_n2)
         return self.config.gemm2_config()
 
     @property

@@ -13,8 +13,8 @@ time; ``--quants`` and ``--tokens`` take the other formats and counts). A T whos
 decode kernel's pair lanes has a grouped row only. Each decode row is checked against the grouped
 pipeline's output (rel L2) and against a rerun (bit-identical); % floor is the roofline's.
 
-``--sweep`` also times the decode kernel over a few tiles (BLOCK_N 32 / 64 / 128, BLOCK_K 64 / 128 / 256,
-4 / 8 warps, 3 / 4 / 5 stages: :data:`CANDIDATES`) at ``--sweep-tokens``; each new tile compiles
+``--sweep`` also times the decode kernel over a few tiles (BLOCK_N, BLOCK_K, warps, stages, GEMM1's
+SPLIT and GEMM2's BLOCK_N2: :data:`CANDIDATES`) at ``--sweep-tokens``; each new tile compiles
 once per format and top_k, so the sweep is the run's longest part (a few minutes).
 
 Writes ``decode.json`` and ``decode.md`` into ``--out`` (new or empty), rewritten after every cell;
@@ -35,17 +35,24 @@ SHAPES = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8")
 QUANTS = ("bf16", "fp8_tensor")
 TOKENS = (1, 8, 32)
 SWEEP_TOKENS = (1, 8)
-#: The decode tiles the sweep times: (BLOCK_N, BLOCK_K, num_warps, num_stages); BLOCK_T 16.
+#: The decode tiles the sweep times: DecodeConfig fields over its defaults (64x128x16/w4s4).
 CANDIDATES = (
-    (64, 64, 4, 4),
-    (64, 128, 4, 3),
-    (64, 128, 4, 4),
-    (64, 128, 4, 5),
-    (64, 128, 8, 4),
-    (64, 256, 4, 3),
-    (128, 64, 4, 4),
-    (128, 128, 8, 3),
-    (32, 128, 4, 4),  # twice the GEMM1 tasks: more SMs streaming W1 where I is narrow (DeepSeek-V3 TP8)
+    {},
+    dict(num_stages=3),
+    dict(num_stages=5),
+    dict(BLOCK_K=64),
+    dict(BLOCK_K=256, num_stages=3),
+    dict(num_warps=8),
+    dict(BLOCK_N=128, BLOCK_K=64),
+    dict(BLOCK_N=32),  # twice the GEMM1 tasks, as a narrower M (no longer one WGMMA's 64 rows)
+    dict(SPLIT=2),  # gate and up in separate tasks: twice the GEMM1 tasks, the same bits
+    dict(SPLIT=4),  # … and K in two slices
+    dict(SPLIT=8),
+    dict(SPLIT=16),
+    dict(BLOCK_N2=128),  # GEMM2 and combine tasks of 128 rows: half as many, twice as long
+    dict(SPLIT=4, BLOCK_N2=128),
+    dict(SPLIT=8, BLOCK_N2=128),
+    dict(SPLIT=8, BLOCK_N2=256, num_stages=3),
 )
 #: A cell starts only when this much time is left before the deadline.
 CELL_S = 10.0
@@ -214,11 +221,12 @@ def main(argv=None):
                         cfg = DecodeConfig().check(quant)
                         row.update(decode_tile=cfg.label(), decode=_row(prob, cfg, grouped_out, ceilings))
                         row["decode_over_grouped"] = round(row["decode"]["us"] / row["grouped_us"], 3)
-                    for bn, bk, w, s in CANDIDATES if decodes and T in sweep_tokens else ():
-                        cfg = DecodeConfig(BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=s)
-                        cell = {"shape": spec, "dtype": label, "T": T, "tile": cfg.label()}
+                    for fields in CANDIDATES if decodes and T in sweep_tokens else ():
+                        cell = {"shape": spec, "dtype": label, "T": T, "tile": repr(fields)}
                         try:
-                            cell.update(_row(prob, cfg.check(quant), grouped_out, ceilings))
+                            cfg = DecodeConfig(**fields).check(quant)
+                            cell["tile"] = cfg.label()
+                            cell.update(_row(prob, cfg, grouped_out, ceilings))
                         except Exception as exc:  # noqa: BLE001 — a tile the format refuses is a row
                             cell["error"] = repr(exc)[:200]
                         results["sweep"].append(cell)
