@@ -6,7 +6,8 @@ intermediate SiLU·up), on the CPU (Triton interpreter).
 * the oracle with the calibrated scales of a batch is the dynamic oracle of that batch, bit for bit;
 * triton_moe's quantize kernel with a static scale is the reference bit for bit, and the layer
   matches the static oracle (scales that saturate included), swap-AB on and off, top_k 1 and 2;
-* seven launches (the dynamic fp8_tensor call has eight), no torch kernel, no host read;
+* six launches (the dynamic fp8_tensor call has eight: no amax of x, and GEMM1's epilogue quantizes the
+  intermediate, triton_moe.plan.epilogue_quant), no torch kernel, no host read;
 * bad arguments are named before any launch; bad values are flagged in the error word (device
   mode) or raised before the launch (sync mode); cute_moe applies the same checks (its static
   layer on the GPU: tests/test_cute_static.py).
@@ -217,15 +218,22 @@ NO_LAUNCH = {
     ids=["static", "dynamic", "static-top1"],
 )
 def test_launches(top_k, static, expected):
-    """Static scales: the amax kernel is not launched (7 launches at top_k = 2, 6 at top_k = 1,
-    against 8 and 7 with dynamic scales), and still no torch kernel and no host read."""
+    """Static scales: the amax kernel is not launched, and GEMM1's epilogue quantizes the intermediate
+    (triton_moe.plan.epilogue_quant; the lists above are the separate path's) — 6 launches at top_k
+    = 2, 5 at top_k = 1, against 8 and 7 with dynamic scales — and still no torch kernel and no host
+    read."""
+    from moe_spec.validate import MoEDims
     from triton_moe import fused_moe
     from triton_moe.jit import count_compilations
+    from triton_moe.plan import plan
 
     shape = MoEShape("launches", 8, top_k, 128, 64, "test")
     kw = make_inputs(shape, 300, "fp8_tensor", seed=0).kwargs()
     if static:
         kw.update(a1_scale=torch.tensor([0.01]), a2_scale=torch.tensor([0.002]))
+    if plan(MoEDims(T=300, E=8, K=128, I=64, top_k=top_k), "fp8_tensor").epilogue_quant(static):
+        expected = expected[:4] + expected[5:]  # no quantize launch between the GEMMs
+        assert static and len(expected) == 4 + top_k
     with count_compilations(dry_run=True):
         fused_moe(**kw)  # warm: the error word, the workspace, the plan
     with count_compilations(dry_run=True) as counter, _CountOps() as ops:

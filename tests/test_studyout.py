@@ -20,6 +20,7 @@ COMMANDS = (
     "triton_moe/lab/bench_tma.py",
     "triton_moe/lab/bench_splitk.py",
     "triton_moe/lab/bench_static.py",
+    "triton_moe/lab/bench_epilogue_quant.py",
     "triton_moe/lab/bench_gemm2.py",
 )
 
@@ -166,6 +167,7 @@ def _stderr_of(module, argv, capsys) -> str:
         "triton_moe.lab.bench_tma",
         "triton_moe.lab.bench_splitk",
         "triton_moe.lab.bench_static",
+        "triton_moe.lab.bench_epilogue_quant",
         "triton_moe.lab.bench_gemm2",
     ],
 )

@@ -148,7 +148,8 @@ shape = MoEShape("t", 16, 4, 64, 32, "test")
 cases = {"bf16": (None, TritonConfig(16, 64, 64, swap_ab=True), False),
          "fp8_tensor": ("fp8_tensor", TritonConfig(16, 64, 64, swap_ab=True), False),
          "static": ("fp8_tensor", TritonConfig(16, 64, 64), True),
-         "split_k": (None, TritonConfig(16, 32, 64, split_k=2), False)}
+         "split_k": (None, TritonConfig(16, 32, 64, split_k=2), False),
+         "fp8_block 128-wide": ("fp8_block", TritonConfig(16, 128, 64, swap_ab=True), False)}
 out = {}
 with stand_in_driver() as compiled:
     for name, (quant, cfg, static) in cases.items():
@@ -180,6 +181,22 @@ def test_fused_moe_repeated_shapes_launch_what_run_launches():
     res = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, cwd=root, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
-    for name, per_call in (("bf16", 5), ("fp8_tensor", 8), ("static", 7), ("split_k", 5)):
+    # static fp8_tensor and fp8_block with a 128-wide GEMM1 tile: 7 launches with the intermediate's own
+    # quantize_kernel, one less where GEMM1's epilogue quantizes it (the rule's owner says where)
+    from moe_spec.validate import MoEDims
+    from triton_moe.config import TritonConfig
+    from triton_moe.plan import plan
+
+    dims = MoEDims(T=5, E=16, K=64, I=32, top_k=4)
+    static = 7 - plan(dims, "fp8_tensor", config=TritonConfig(16, 64, 64)).epilogue_quant(True)
+    block = 7 - plan(dims, "fp8_block", config=TritonConfig(16, 128, 64, swap_ab=True)).epilogue_quant()
+    assert static == block == 6
+    for name, per_call in (
+        ("bf16", 5),
+        ("fp8_tensor", 8),
+        ("static", static),
+        ("split_k", 5),
+        ("fp8_block 128-wide", block),
+    ):
         assert out[name]["same"], name
         assert out[name]["launches"] == 5 * per_call, (name, out[name])

@@ -15,8 +15,10 @@ import triton
 import triton.language as tl
 
 from moe_spec.problem import MoEShape, make_inputs
+from moe_spec.validate import MoEDims
 from triton_moe import TritonConfig, fused_moe
 from triton_moe.jit import count_compilations, launch, specialization_key
+from triton_moe.plan import plan
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array:DeprecationWarning")
 
@@ -64,7 +66,10 @@ VARIANTS = [
     (q, cfg)
     for q in (None, "fp8_tensor", "fp8_channel", "fp8_block")
     for cfg in (TritonConfig(16, 64, 64, swap_ab=True), TritonConfig(64, 64, 64, 8, swap_ab=False))
-] + [("fp8_tensor", TritonConfig(64, 64, 256, 8, swap_ab=False))]  # promoted inside the dot
+] + [
+    ("fp8_tensor", TritonConfig(64, 64, 256, 8, swap_ab=False)),  # promoted inside the dot
+    ("fp8_block", TritonConfig(16, 128, 64, swap_ab=True)),  # GEMM1 quantizes the intermediate
+]
 
 
 @pytest.mark.parametrize(
@@ -81,8 +86,12 @@ def test_sweep_does_not_recompile(quant, config):
         counter.mark()
         for T in SWEEP:
             fused_moe(**make_inputs(SHAPE, T, quant, seed=T).kwargs(), config=config)
-    # align ×2, GEMM1, GEMM2, combine (+ quantize ×2, + amax for fp8_tensor)
-    assert warm == {None: 5, "fp8_tensor": 8}.get(quant, 7)
+    # align ×2, GEMM1, GEMM2, combine (+ quantize ×2, + amax for fp8_tensor; one quantize less where
+    # GEMM1's epilogue quantizes the intermediate: triton_moe.plan.epilogue_quant)
+    fused = plan(
+        MoEDims(T=5, E=SHAPE.num_experts, K=SHAPE.hidden, I=SHAPE.intermediate, top_k=SHAPE.top_k), quant, config=config
+    ).epilogue_quant()
+    assert warm == {None: 5, "fp8_tensor": 8}.get(quant, 7) - fused
     assert counter.new_keys == {}, f"recompilations: {counter.new_keys}"
 
 

@@ -51,3 +51,75 @@ def test_fp8_prefill_gemm_reads_operands_straight_into_wgmma(fuse_silu, imprecis
     assert r["spill_bytes"] == 0, r
     # 3 stages of A [128×128] + weight tiles (two in GEMM1) at 1 byte each, plus epilogue scratch
     assert r["shared_bytes"] <= 3 * (128 + 128 * (2 if fuse_silu else 1)) * 128, r
+
+
+EPILOGUE_QUANT_SCRIPT = r"""
+import json
+from triton_moe.sm90 import compile_sm90
+from triton_moe.kernels import moe_gemm_kernel
+
+CASES = {  # name: (QUANT, BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, swap-AB)
+    "fp8_block 128x128x128 w8": (3, 128, 128, 128, 8, 3, False),  # the heuristic's prefill tile
+    "fp8_block 64x128x128 w4": (3, 64, 128, 128, 4, 4, False),  # the H200 tables' prefill tile
+    "fp8_block swap 16x128x128 w4": (3, 16, 128, 128, 4, 4, True),  # their decode tile
+    "static fp8_tensor 128x128x128 w8": (1, 128, 128, 128, 8, 3, False),
+    "static fp8_tensor swap 16x128x128 w4": (1, 16, 128, 128, 4, 3, True),
+}
+out = {}
+for name, (quant, bm, bn, bk, warps, stages, swap) in CASES.items():
+    for fused in (False, True):
+        ptrs = {"a_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "out_ptr": "*fp8e4nv" if fused else "*fp32",
+                "sorted_ids_ptr": "*i32", "expert_of_block_ptr": "*i32", "num_padded_ptr": "*i32",
+                "topk_ids_ptr": "*i32", "error_ptr": "*i32", "count_ptr": "*i32"}
+        sig = {n: ptrs.get(n, "*fp32") for n in moe_gemm_kernel.arg_names if n.endswith("_ptr")}
+        sig.update(num_pairs="i32", N="i32", K="i32", E="i32")
+        cex = dict(A_ROW_DIV=2, FUSE_SILU=True, MUL_ROUTED_WEIGHT=False, QUANT=quant, FP8_IMPRECISE_ACC=0,
+                   SWAP_AB=swap, INTERPRETER=False, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, QUANT_OUT=fused)
+        if quant == 1 and not fused:  # the separate static path: no amax pointer
+            del sig["out_amax_ptr"]
+            cex["out_amax_ptr"] = None
+        r = compile_sm90(moe_gemm_kernel, sig, cex, num_warps=warps, num_stages=stages,
+                         divisible_by_16=[n for n in sig if n != "num_pairs"])
+        t = r.pop("ttgir")
+        stores = [line for line in t.splitlines() if "tt.store" in line]
+        out[f"{name} fused={fused}"] = dict(
+            registers=r["registers"], spills=r["spill_bytes"], atomic_max=t.count("tt.atomic_rmw max"),
+            e4m3_stores=sum("f8E4M3FN" in line for line in stores), wgmma=t.count("ttng.warp_group_dot "),
+            register_to_shared=t.count("ttg.local_alloc %"))
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def epilogue_quant_binaries():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(__file__)), env.get("PYTHONPATH", "")])
+    run = subprocess.run([sys.executable, "-c", EPILOGUE_QUANT_SCRIPT], capture_output=True, text=True, env=env)
+    if run.returncode and "ptxas" in run.stderr and "No such file" in run.stderr:
+        pytest.skip("Triton's bundled ptxas is missing")
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "fp8_block 128x128x128 w8",
+        "fp8_block 64x128x128 w4",
+        "fp8_block swap 16x128x128 w4",
+        "static fp8_tensor 128x128x128 w8",
+        "static fp8_tensor swap 16x128x128 w4",
+    ],
+)
+def test_gemm1_quantizing_its_intermediate_compiles_for_sm90(case, epilogue_quant_binaries):
+    """GEMM1 with the intermediate quantized in its epilogue (``QUANT_OUT``, triton_moe.plan.epilogue_quant)
+    compiled for sm_90a: it stores E4M3 and takes no atomic amax, its operands still reach WGMMA
+    without a register round trip, and it spills no more than the same tile writing fp32 — none
+    where that one spills none (fp8_block's 64- and 128-row tiles spill on both paths already)."""
+    fused, separate = (epilogue_quant_binaries[f"{case} fused={f}"] for f in (True, False))
+    assert fused["e4m3_stores"] >= 1 and separate["e4m3_stores"] == 0, (fused, separate)
+    assert fused["atomic_max"] == 0 and (separate["atomic_max"] > 0) == case.startswith("fp8_block"), (fused, separate)
+    assert fused["wgmma"] == 2 and fused["register_to_shared"] == 0, fused
+    assert fused["spills"] <= separate["spills"], (fused, separate)
+    if separate["spills"] == 0 or case.startswith("static"):
+        assert fused["spills"] == 0, fused

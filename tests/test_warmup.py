@@ -95,11 +95,14 @@ def test_triton_sweep_after_warmup_compiles_nothing(E, top_k, K, I, quant):  # n
     assert len(met) == len(report.plans) > 1  # the sweep crossed every bucket
     # what a fresh process compiles: per grouped plan GEMM1 and GEMM2, each per ids dtype (the GEMMs
     # read topk_ids for the device-side checks); per BLOCK_M the place kernel (per ids dtype); the
-    # count kernel (per ids dtype); the combine (top_k > 1); FP8: the quantize kernel for x and for
-    # the intermediate, plus the amax of x for fp8_tensor; the decode plan's one kernel, per ids dtype
+    # count kernel (per ids dtype); the combine (top_k > 1); FP8: the quantize kernel for x and, unless
+    # every plan's GEMM1 quantizes it (triton_moe.plan.epilogue_quant), for the intermediate, plus the
+    # amax of x for fp8_tensor; the decode plan's one kernel, per ids dtype
     grouped = [p for p in met if p.path == "grouped"]
     block_ms = {p.config.BLOCK_M for p in grouped}
-    expected = 4 * len(grouped) + 2 * len(block_ms) + 2 + (top_k > 1) + {None: 0, "fp8_tensor": 3}.get(quant, 2)
+    separate = any(not p.epilogue_quant() for p in grouped)
+    fp8 = {None: 0, "fp8_tensor": 2 + separate}.get(quant, 1 + separate)
+    expected = 4 * len(grouped) + 2 * len(block_ms) + 2 + (top_k > 1) + fp8
     expected += 2 * (len(met) - len(grouped))
     assert report.count == len(report.covered) == expected
 
@@ -119,6 +122,9 @@ def test_triton_warmup_covers_the_split_k_entries_of_the_h200_tables(quant, monk
     report, new_keys, _, met = _triton_new_keys(256, 8, 7168, 256, quant, 4096, sweep_tokens(4096))
     assert new_keys == {} and len(met) == len(report.plans) >= 3
     assert {p.config.split_k for p in met} == {1, 4}
+    # fp8_block: 64-wide GEMM1 tiles quantize the intermediate in a launch of its own, 128-wide ones in
+    # GEMM1's epilogue (triton_moe.plan.epilogue_quant): both GEMM1 variants and the quantize were warmed
+    assert {p.epilogue_quant() for p in met} == ({True, False} if quant else {False})
 
 
 def test_triton_sweep_catches_a_plan_the_warmup_skipped(monkeypatch):

@@ -284,10 +284,14 @@ def _epilogue(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     EARLY_ROUTING: tl.constexpr,
+    QUANT_OUT: tl.constexpr = False,
 ):
     """The epilogue of both grouped GEMMs on an (unswapped) [BLOCK_M, BLOCK_N] tile: dequantize,
     SiLU(gate)·up and the intermediate's amax (GEMM1), routing weight (GEMM2), error bits, store.
-    ``id_ok`` and ``rw`` were loaded before the K loop (``EARLY_ROUTING``) or are loaded here (:func:`_row_routing`)."""
+    ``id_ok`` and ``rw`` were loaded before the K loop (``EARLY_ROUTING``) or are loaded here (:func:`_row_routing`).
+    ``QUANT_OUT`` (GEMM1, :func:`triton_moe.plan.epilogue_quant`): the intermediate is stored as E4M3
+    (:func:`_quantize_tile`), and ``out_amax_ptr`` is its scale — static fp8_tensor's, read, or
+    fp8_block's [P, ⌈N/128⌉], written — instead of an amax."""
     acc, bad = _dequant_after_loop(acc, a_scale_ptr, a_row, row_ok, w_scale_ptr, expert, offs_n, col_ok, N_TOTAL, QUANT)
     if QUANT == PER_BLOCK:
         bad = tl.max(scale_bad, axis=0)
@@ -304,7 +308,11 @@ def _epilogue(
         acc = acc / (1.0 + tl.exp(-acc)) * up  # SiLU(gate)·up in fp32
         acc = tl.where(out_mask & id_ok[:, None], acc, 0.0)
         # the intermediate's amax, as int32 bits (NaN kept, see _abs_bits), per tensor / row / group
-        if QUANT == PER_TENSOR and out_amax_ptr is not None:  # None: a static scale follows
+        if QUANT_OUT:  # its scale is known in this tile: E4M3 codes (and block scales) instead
+            acc, a2_bits = _quantize_tile(
+                acc, pair, row_ok, pid_n, out_amax_ptr, N, QUANT, INTERPRETER, BLOCK_M, BLOCK_N
+            )
+        elif QUANT == PER_TENSOR and out_amax_ptr is not None:  # None: a static scale follows
             tl.atomic_max(_bits_ptr(out_amax_ptr), tl.max(tl.max(_abs_bits(acc), axis=1), axis=0))
         elif QUANT == PER_CHANNEL:
             tl.atomic_max(_bits_ptr(out_amax_ptr) + pair, tl.max(_abs_bits(acc), axis=1), mask=row_ok)
@@ -319,12 +327,52 @@ def _epilogue(
                 mask=row_ok[:, None] & (gcol < tl.cdiv(N, FP8_BLOCK))[None, :],
             )
     bits = tl.where(bad > 0, BAD_W1_SCALE if FUSE_SILU else BAD_W2_SCALE, 0)  # the weight scale it read
+    if QUANT_OUT:
+        bits |= a2_bits  # a bad static a2_scale
     if MUL_ROUTED_WEIGHT:
         bits |= tl.where(tl.max((row_ok & ~(tl.abs(rw) < float("inf"))).to(tl.int32), axis=0) > 0, BAD_WEIGHT, 0)
         acc = acc * tl.where(id_ok | ~row_ok, rw, float("nan"))[:, None]
     tl.atomic_or(error_ptr, bits, mask=bits != 0)
     out_ptrs = out_ptr + pair[:, None].to(tl.int64) * N + offs_n[None, :]
     tl.store(out_ptrs, _cast_out(acc, out_ptr.dtype.element_ty, INTERPRETER), mask=out_mask)
+
+
+@triton.jit
+def _quantize_tile(
+    acc,
+    pair,
+    row_ok,
+    pid_n,
+    scale_ptr,
+    N,
+    QUANT: tl.constexpr,
+    INTERPRETER: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """GEMM1's fp32 intermediate tile (masked rows and columns zero) → (its E4M3 codes, the error bit
+    of a bad static scale), exactly as ``quantize_kernel`` quantizes the same values after a
+    round trip through memory (:func:`_scale_of`, :func:`_quantize`). Per-tensor: the static scale
+    at ``scale_ptr``, checked (``BAD_A2_SCALE``). Block: the tile holds whole 1×128 groups (BLOCK_N
+    a multiple of 128, starting at pid_n·BLOCK_N); each group's amax is an integer max of its bits
+    (NaN kept, :func:`_abs_bits`; masked columns are zeros, as the separate pass's masked loads),
+    its scale is stored at scale_ptr[pair, group] for the pair rows only (padding never)."""
+    if QUANT == PER_TENSOR:
+        s = tl.load(scale_ptr)
+        return _quantize(acc, s, INTERPRETER), tl.where(_scale_bad(s) != 0, BAD_A2_SCALE, 0)
+    else:
+        GROUPS: tl.constexpr = BLOCK_N // FP8_BLOCK
+        v = tl.reshape(acc, [BLOCK_M, GROUPS, FP8_BLOCK])
+        s = _scale_of(tl.max(_abs_bits(v), axis=2).to(tl.float32, bitcast=True))  # [BLOCK_M, GROUPS]
+        q = tl.reshape(_quantize(v, s[:, :, None], INTERPRETER), [BLOCK_M, BLOCK_N])
+        gcol = pid_n * GROUPS + tl.arange(0, GROUPS)
+        n_groups = tl.cdiv(N, FP8_BLOCK)
+        tl.store(
+            scale_ptr + pair[:, None].to(tl.int64) * n_groups + gcol[None, :],
+            s,
+            mask=row_ok[:, None] & (gcol < n_groups)[None, :],
+        )
+        return q, 0
 
 
 @triton.jit

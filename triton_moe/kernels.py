@@ -3,7 +3,7 @@
 The layer, for P = T·top_k (token, slot) pairs sorted by expert (:mod:`triton_moe.align`)::
 
     GEMM1   h_p = x_t · W1[e]ᵀ              x [T, K], W1[e] = [gate rows; up rows] [2I, K]
-            a_p = SiLU(h_p[:I]) · h_p[I:]   fused in GEMM1's epilogue → act [P, I]
+            a_p = SiLU(h_p[:I]) · h_p[I:]   fused in GEMM1's epilogue → act [P, I] (or E4M3 aq, below)
     GEMM2   y_p = w_p · (a_p · W2[e]ᵀ)      W2[e] [K, I]; routing weight w_p in the epilogue → y [P, K]
     combine out_t = Σ_j y_{t·top_k + j}     fixed order j = 0 … top_k−1 (deterministic)
 
@@ -22,11 +22,19 @@ Swap-AB (``SWAP_AB``)
 
 FP8 W8A8 (``QUANT``: 0 bf16, 1 per-tensor, 2 per-channel, 3 128×128 block)
     Both GEMMs read E4M3 operands straight from memory — the activations are quantized before each
-    GEMM (:mod:`triton_moe.kernels_rows`) — so ``tl.dot`` gets them on Triton's async-copy → WGMMA
-    path with nothing in between. GEMM1's epilogue writes SiLU·up in fp32 and, under a dynamic scale,
-    its amax per tensor / row / 1×128 group (``tl.atomic_max``: order-independent, hence
-    deterministic), which the intermediate's quantization reads. Dequantization happens in
-    registers, with the scales loaded next to the tiles:
+    GEMM — so ``tl.dot`` gets them on Triton's async-copy → WGMMA path with nothing in between.
+    x is quantized by :mod:`triton_moe.kernels_rows`. The intermediate SiLU·up is quantized by
+    GEMM1's epilogue itself where its scale is known in the tile (``QUANT_OUT``; THE rule is
+    :func:`triton_moe.plan.epilogue_quant`): a static per-tensor scale (read, and checked into the
+    error word), or — fp8_block with BLOCK_N a multiple of 128, so a tile holds whole 1×128 groups —
+    each group's amax taken in registers (the tile reshaped to [BLOCK_M, BLOCK_N/128, 128]); it then
+    stores the E4M3 codes (and the block scales, [P, ⌈I/128⌉]) with the same helpers, hence the same
+    bits, as ``quantize_kernel`` (:func:`~triton_moe.kernel_parts._quantize_tile`). Otherwise (dynamic
+    per-tensor or per-channel scales, which depend on other tiles; fp8_block with a narrower tile) the
+    epilogue writes SiLU·up in fp32 and, under a dynamic scale, its amax per tensor / row / 1×128
+    group (``tl.atomic_max``: order-independent, hence deterministic), which the intermediate's own
+    ``quantize_kernel`` launch reads. Dequantization happens in registers, with the scales loaded
+    next to the tiles:
 
     * per-tensor:  acc · s_a · s_w[e]                         after the K loop
     * per-channel: acc · s_a[row] · s_w[e, col]               after the K loop
@@ -124,7 +132,7 @@ def moe_gemm_kernel(
     w_ptr,
     w_scale_ptr,  # expert weights [E, N_TOTAL, K] and their scales (FP8)
     out_ptr,
-    out_amax_ptr,  # output rows by pair [P, N]; amax of the output (GEMM1 under FP8)
+    out_amax_ptr,  # output rows by pair [P, N]; amax of the output (GEMM1 under FP8), or its scale (QUANT_OUT)
     topk_weights_ptr,
     topk_ids_ptr,  # [P] routing weights (GEMM2) and ids (both: checked, see below)
     sorted_ids_ptr,
@@ -150,6 +158,7 @@ def moe_gemm_kernel(
     GROUP_M: tl.constexpr,
     SPLIT_K: tl.constexpr = 1,  # programs along grid axis 1, each summing its share of the K steps
     EARLY_ROUTING: tl.constexpr = False,  # GEMM2 of few K steps: the rows' ids and weights before the loop
+    QUANT_OUT: tl.constexpr = False,  # GEMM1 stores the intermediate as E4M3 (triton_moe.plan.epilogue_quant)
 ):
     # ---- which tile: grouped ordering (GROUP_M M-blocks sweep the N tiles together, for L2) ----
     pid = tl.program_id(0)
@@ -264,4 +273,5 @@ def moe_gemm_kernel(
         BLOCK_M,
         BLOCK_N,
         EARLY_ROUTING,
+        QUANT_OUT,
     )

@@ -11,11 +11,14 @@ Quantization, before each GEMM, once
     (``amax_kernel``: ≤ 128 partial amaxes, one read of x, nothing to zero) unless the scale is
     static; per-channel and block scales depend only on the row / the 1×128 group, so
     ``quantize_kernel`` finds the amax and quantizes in one program. The intermediate's amax comes
-    from GEMM1's epilogue (its buffer zeroed by x's quantization; none under a static scale); the
-    intermediate stays fp32 until this pass (a bf16-rounded copy would move some values across an
-    E4M3 rounding boundary: notes/triton_moe.md, "Pipeline"), and GEMM1 cannot quantize it under a
-    dynamic scale (a tile sees part of a row). The scale's floor and the saturating clamp keep NaN
-    (``propagate_nan=ALL``), as the amaxes do (:mod:`triton_moe.kernels`, "NaN and inf").
+    from GEMM1's epilogue (its buffer zeroed by x's quantization); the intermediate stays fp32 until
+    this pass (a bf16-rounded copy would move some values across an E4M3 rounding boundary:
+    notes/triton_moe.md, "Pipeline"). Where its scale is known inside one GEMM1 tile — static
+    per-tensor, or 1×128 groups in a tile of whole groups (:func:`triton_moe.plan.epilogue_quant`) —
+    GEMM1's epilogue quantizes it instead, with the same helpers (``_scale_of``, ``_quantize``), and
+    this pass does not run for it; a dynamic per-tensor or per-row scale needs values of other tiles.
+    The scale's floor and the saturating clamp keep NaN (``propagate_nan=ALL``), as the amaxes do
+    (:mod:`triton_moe.kernels`, "NaN and inf").
 
 One program per row (or per partial amax); they share the helpers and constants of
 :mod:`triton_moe.kernels`, whose grouped GEMM reads what the quantization writes.

@@ -178,6 +178,7 @@ def moe_gemm_tma_kernel(
     GROUP_M: tl.constexpr,
     FLATTEN: tl.constexpr,  # tl.range(..., flatten=True): one software pipeline across tiles
     EARLY_ROUTING: tl.constexpr = False,  # GEMM2 of few K steps: the rows' ids and weights before the loop
+    QUANT_OUT: tl.constexpr = False,  # GEMM1 stores the intermediate as E4M3 (triton_moe.plan.epilogue_quant)
 ):
     if FUSE_SILU:
         N_TOTAL = 2 * N  # W1 rows: gate 0…I−1, up I…2I−1
@@ -279,4 +280,5 @@ def moe_gemm_tma_kernel(
             BLOCK_M,
             BLOCK_N,
             EARLY_ROUTING,
+            QUANT_OUT,
         )

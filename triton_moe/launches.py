@@ -6,7 +6,8 @@ so an eager call re-derives nothing; :func:`_workspace` keeps the intermediate b
 device, stream, thread), reused by that thread's next eager call on the same stream (never during
 a CUDA graph capture, whose buffers belong to the graph, nor for a call through the op:
 :func:`moe_spec.ops.through_op`). :func:`_quantize` is the activations'
-quantization (amax, then E4M3 and scales) as both GEMMs' inputs need it.
+quantization (amax, then E4M3 and scales) as x, and the intermediate where GEMM1's epilogue does
+not quantize it (:func:`triton_moe.plan.epilogue_quant`), need it.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from triton_moe.config import EARLY_ROUTING_MAX_K_STEPS, TritonConfig
 from triton_moe.jit import INTERPRET, Bound
 from triton_moe.kernels import QUANT_MODE, fp8_imprecise_acc, moe_gemm_kernel
 from triton_moe.kernels_rows import AMAX_PARTS, amax_kernel, combine_kernel, quantize_kernel
+from triton_moe.plan import epilogue_quant
 
 COMBINE_BLOCK = 1024
 PARTS = AMAX_PARTS.value  # fp8_tensor's partial amaxes of x, at most
@@ -97,11 +99,12 @@ def _quantize(a, quant: str, amax=None, *, q=None, scale=None, parts=None, zero=
 
 
 @functools.lru_cache(maxsize=256)
-def _gemm_constants(cfg: TritonConfig, quant, fuse_silu: bool, a_row_div: int, k: int) -> dict:
+def _gemm_constants(cfg: TritonConfig, quant, fuse_silu: bool, a_row_div: int, k: int, quant_out: bool = False) -> dict:
     """The constexpr arguments of one GEMM launch with ``cfg``, the config of that GEMM
     (:meth:`~triton_moe.config.TritonConfig.gemm1_config` / ``gemm2_config``; a function of the
     plan; not to be mutated), whose reduction length is ``k`` (a layer size: no new compile per T).
-    Only GEMM1 splits K (``cfg.split_k``); only a short GEMM2 reads its routing early."""
+    Only GEMM1 splits K (``cfg.split_k``); only a short GEMM2 reads its routing early; ``quant_out``:
+    GEMM1 stores the intermediate as E4M3 (:func:`triton_moe.plan.epilogue_quant`'s answer)."""
     early = not fuse_silu and _cdiv(k, cfg.BLOCK_K) <= EARLY_ROUTING_MAX_K_STEPS
     return dict(
         A_ROW_DIV=a_row_div,
@@ -117,6 +120,7 @@ def _gemm_constants(cfg: TritonConfig, quant, fuse_silu: bool, a_row_div: int, k
         BLOCK_K=cfg.BLOCK_K,
         GROUP_M=cfg.GROUP_M,
         SPLIT_K=cfg.split_k if fuse_silu else 1,
+        QUANT_OUT=bool(quant_out and fuse_silu),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -125,7 +129,9 @@ def _gemm_constants(cfg: TritonConfig, quant, fuse_silu: bool, a_row_div: int, k
 class _Launches:
     """Every launch of :func:`expert_computation` for one shape, quant format, config and
     activation-scale mode, bound once (:func:`_launches`): grids and constexprs
-    (:class:`~triton_moe.jit.Bound`), and what the persistent TMA kernel takes instead."""
+    (:class:`~triton_moe.jit.Bound`), and what the persistent TMA kernel takes instead.
+    ``epilogue_quant``: GEMM1 writes the E4M3 intermediate itself (:func:`triton_moe.plan.epilogue_quant`),
+    so there is no ``act_quant`` launch and x's quantization zeroes no amax buffer."""
 
     __slots__ = (
         "quantized",
@@ -139,6 +145,7 @@ class _Launches:
         "x_quant",
         "act_quant",
         "split",
+        "epilogue_quant",
     )
 
     def __init__(
@@ -156,7 +163,8 @@ class _Launches:
         P = T * top_k
         cfg1, cfg2 = cfg.gemm1_config(), cfg.gemm2_config()
         self.quantized, self.cfg1, self.cfg2 = fmt.quantized, cfg1, cfg2
-        self.const1 = _gemm_constants(cfg1, quant, True, top_k, K)
+        self.epilogue_quant = fused = epilogue_quant(cfg1, quant, static)
+        self.const1 = _gemm_constants(cfg1, quant, True, top_k, K, fused)
         self.const2 = _gemm_constants(cfg2, quant, False, 1, I)
         self.gemm1 = (
             None
@@ -179,11 +187,11 @@ class _Launches:
         self.x_quant = self.act_quant = None
         if static:
             self.x_quant = _quantize_launches(T, K, quant, False, 0, BAD_A1_SCALE)
-            self.act_quant = _quantize_launches(P, I, quant, False, 0, BAD_A2_SCALE)
+            self.act_quant = None if fused else _quantize_launches(P, I, quant, False, 0, BAD_A2_SCALE)
         elif fmt.quantized:
-            amax_numel = _numel(fmt.activation_scale_shape(P, I))
+            amax_numel = 0 if fused else _numel(fmt.activation_scale_shape(P, I))
             self.x_quant = _quantize_launches(T, K, quant, False, amax_numel, 0)
-            self.act_quant = _quantize_launches(P, I, quant, True, 0, 0)
+            self.act_quant = None if fused else _quantize_launches(P, I, quant, True, 0, 0)
 
 
 def _numel(shape) -> int:
@@ -219,10 +227,13 @@ def _buffers(
     tile: int,
     device,  # noqa: E741
     split: tuple = (1, 0),
+    epilogue_quant: bool = False,
 ) -> dict:
     """Every intermediate buffer of one call, by name (``torch.empty``: no launch). ``split``:
     (split_k, BLOCK_N); with split_k > 1 also GEMM1's fp32 partial tiles and its per-tile counts,
-    zeroed once here (one fill at creation; the kernel leaves them zero after every launch)."""
+    zeroed once here (one fill at creation; the kernel leaves them zero after every launch).
+    ``epilogue_quant`` (:func:`triton_moe.plan.epilogue_quant` of the call): GEMM1 writes ``aq``
+    (and ``act_scale``) itself, so no fp32 ``act`` (None) and no ``act_amax``."""
     P = T * top_k
     fmt = get_format(quant)
     n = buffer_sizes(T, top_k, E, tile)
@@ -234,7 +245,7 @@ def _buffers(
         expert_end=end,
         num_padded=end[-1:],
         counts=new((n["chunks"], E), torch.int32),
-        act=new((P, I), torch.float32 if fmt.quantized else torch.bfloat16),
+        act=None if epilogue_quant else new((P, I), torch.float32 if fmt.quantized else torch.bfloat16),
         y=new((P, K), torch.bfloat16) if top_k > 1 else None,
     )
     split_k, block_n = split
@@ -249,10 +260,11 @@ def _buffers(
             xq=new((T, K), FP8_DTYPE),
             x_scale=new(fmt.activation_scale_shape(T, K), torch.float32),
             parts=new((PARTS,), torch.float32),
-            act_amax=new(fmt.activation_scale_shape(P, I), torch.float32),
             aq=new((P, I), FP8_DTYPE),
             act_scale=new(fmt.activation_scale_shape(P, I), torch.float32),
         )
+        if not epilogue_quant:
+            b.update(act_amax=new(fmt.activation_scale_shape(P, I), torch.float32))
     return b
 
 
@@ -264,10 +276,10 @@ def _split(cfg: TritonConfig) -> tuple:
     return (cfg.split_k, cfg.BLOCK_N) if cfg.split_k > 1 else (1, 0)
 
 
-def _workspace(T, top_k, E, K, I, quant, tile, device, split=(1, 0)) -> dict:  # noqa: E741
+def _workspace(T, top_k, E, K, I, quant, tile, device, split=(1, 0), epilogue_quant=False) -> dict:  # noqa: E741
     """The buffers of :func:`_buffers`, reused by the eager calls of one stream (see the module
     docstring); fresh while a CUDA graph is being captured."""
-    return _workspace_of((T, top_k, E, K, I, quant, tile, device, split))
+    return _workspace_of((T, top_k, E, K, I, quant, tile, device, split, epilogue_quant))
 
 
 def _workspace_of(sizes: tuple) -> dict:

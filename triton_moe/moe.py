@@ -8,13 +8,17 @@
     amax_kernel        partial amaxes of x                (fp8_tensor with dynamic scales only)
     quantize_kernel    x → xq E4M3 [T, K] + scales; zeroes GEMM1's amax buffer   (FP8 only)
     moe_gemm_kernel    GEMM1 + SiLU(gate)·up (+ amax of the intermediate) → act [P, I]
-    quantize_kernel    act fp32 → E4M3 [P, I] + scales                              (FP8 only)
+                       or, where its scale is known in the tile, → aq E4M3 [P, I] (+ block scales)
+    quantize_kernel    act fp32 → E4M3 [P, I] + scales     (FP8 unless GEMM1 quantized it)
     moe_gemm_kernel    GEMM2 × routing weight (GEMM2's own tile, if any)  → y [P, K]
     combine_kernel     out[t] = Σ_j y[t·top_k + j]                        (skipped for top_k = 1)
 
 Static activation scales (``a1_scale``, ``a2_scale``: fp8_tensor, :mod:`moe_spec.contract`): the
-amax kernel and GEMM1's amax are skipped, and both quantize launches divide by the given scales
-(and check them into the error word) — seven launches instead of eight.
+amax kernel and GEMM1's amax are skipped, x's quantize launch divides by ``a1_scale`` and GEMM1's
+epilogue by ``a2_scale`` (each checked into the error word) — six launches instead of eight.
+GEMM1's epilogue also quantizes fp8_block's intermediate when its tile holds whole 1×128 groups
+(seven launches → six); THE rule is :func:`triton_moe.plan.epilogue_quant`, and
+:func:`separate_act_quant` turns it off for comparisons.
 
 No launch fills or zeroes a buffer: every buffer is written whole by the kernel that produces it
 (the alignment writes its padding; x's quantization zeroes the amax GEMM1 accumulates into). The
@@ -37,10 +41,12 @@ See :mod:`triton_moe.kernels` for the arithmetic and :mod:`triton_moe.config` fo
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
 
+import triton_moe.plan as rules
 from moe_spec.align import Alignment
 from moe_spec.validate import (
     BAD_A1_SCALE,
@@ -165,7 +171,7 @@ class _Call:
             self.sizes = self.launches = None
             return
         tile = p.align_tile
-        self.sizes = (d.T, d.top_k, d.E, d.K, d.I, quant, tile, device, _split(p.config))
+        self.sizes = (d.T, d.top_k, d.E, d.K, d.I, quant, tile, device, _split(p.config), p.epilogue_quant(static))
         self.launches = (
             None
             if not d.T
@@ -186,6 +192,22 @@ def forget_plans() -> None:
         cached.cache_clear()
 
 
+@contextlib.contextmanager
+def separate_act_quant():
+    """Tests and the lab only: inside the block no call quantizes the FP8 intermediate in GEMM1's
+    epilogue — GEMM1 writes it in fp32 and ``quantize_kernel`` quantizes it, the path every call
+    took before (:data:`triton_moe.plan.EPILOGUE_QUANT` off, the cached plans and launches dropped
+    on entry and on exit; workspaces are keyed by the rule's answer)."""
+    before = rules.EPILOGUE_QUANT
+    rules.EPILOGUE_QUANT = False
+    forget_plans()
+    try:
+        yield
+    finally:
+        rules.EPILOGUE_QUANT = before
+        forget_plans()
+
+
 def fused_moe(
     x,
     w1,
@@ -204,7 +226,8 @@ def fused_moe(
     """The MoE expert computation (see :mod:`moe_spec.contract`) with Triton kernels → [T, K] bf16.
 
     ``a1_scale`` / ``a2_scale``: static activation scales of x and of the intermediate (fp8_tensor,
-    both or neither; one fp32 element each): one launch fewer, and batch-invariant rows.
+    both or neither; one fp32 element each): two launches fewer (no amax of x; GEMM1 quantizes the
+    intermediate), and batch-invariant rows.
 
     Backend options:
       ``config``   a :class:`~triton_moe.config.TritonConfig`; default: the tuned table for this
@@ -312,24 +335,26 @@ def expert_computation(
     T, K = x.shape
     E, I = w2.shape[0], w2.shape[2]  # noqa: E741
     top_k = topk_ids.shape[1]
-    ws = workspace or _buffers(T, top_k, E, K, I, quant, config.BLOCK_M, x.device, _split(config))
-    num_padded = ws["num_padded"] if routing.expert_end is ws["expert_end"] else routing.num_padded
-    error = error_word(x.device)
     static = a1_scale is not None  # static activation scales (validated: fp8_tensor, both given)
     b = launches or _launches(T, top_k, K, I, quant, config, routing.expert_of_block.numel(), static)
+    fused = b.epilogue_quant  # GEMM1's epilogue quantizes the intermediate (triton_moe.plan.epilogue_quant)
+    ws = workspace or _buffers(T, top_k, E, K, I, quant, config.BLOCK_M, x.device, _split(config), fused)
+    num_padded = ws["num_padded"] if routing.expert_end is ws["expert_end"] else routing.num_padded
+    error = error_word(x.device)
     cfg1, cfg2 = b.cfg1, b.cfg2
     a1, s1, act_amax = x, None, None
     if static:
         a1, s1 = _quantize(x, quant, q=ws["xq"], scale=a1_scale, static_bit=BAD_A1_SCALE, launches=b.x_quant)
     elif b.quantized:
-        act_amax = ws["act_amax"]
+        act_amax = None if fused else ws["act_amax"]
         a1, s1 = _quantize(
             x, quant, q=ws["xq"], scale=ws["x_scale"], parts=ws["parts"], zero=act_amax, launches=b.x_quant
         )
 
-    # GEMM1 + SiLU(gate)·up: bf16 intermediate, or fp32 (with its amax unless the scale is static),
-    # quantized once for GEMM2
-    act = ws["act"]
+    # GEMM1 + SiLU(gate)·up: bf16 intermediate, or fp32 (with its amax unless the scale is static)
+    # quantized once for GEMM2 — or, ``fused``, E4M3 with its scale (static: a2_scale, read; fp8_block:
+    # written) straight from GEMM1's epilogue
+    act, act_amax = (ws["aq"], a2_scale if static else ws["act_scale"]) if fused else (ws["act"], act_amax)
     _gemm(
         b.gemm1,
         b.const1,
@@ -347,10 +372,12 @@ def expert_computation(
         I,
         K,
         cfg1,
-        static=static,
+        static=static and not fused,  # passes the amax pointer (fused: the scale) through
         split=(ws["partials"], ws["counts_split"]) if b.split else None,
     )
-    if static:
+    if fused:
+        a2, s2 = act, act_amax
+    elif static:
         a2, s2 = _quantize(act, quant, q=ws["aq"], scale=a2_scale, static_bit=BAD_A2_SCALE, launches=b.act_quant)
     else:
         a2, s2 = (

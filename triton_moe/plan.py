@@ -12,6 +12,12 @@ kernel (:mod:`triton_moe.decode`, its tile a :class:`~triton_moe.config.DecodeCo
 other call the grouped pipeline. A ``config=TritonConfig(...)`` or a ``swap_ab`` forces the
 grouped pipeline at any T, a ``config=DecodeConfig(...)`` the decode kernel (any format, up to its
 pair lanes).
+
+The FP8 intermediate (:func:`epilogue_quant`, THE rule): where its scale is known inside one GEMM1
+tile — a static fp8_tensor scale, or fp8_block's 1×128 groups when GEMM1's BLOCK_N holds whole
+groups — GEMM1's epilogue writes its E4M3 codes (and block scales) itself; otherwise GEMM1 writes it
+in fp32 and ``quantize_kernel`` quantizes it. The launches (:mod:`triton_moe.launches`), the
+warm-up and the tests read this rule; none restates it.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import functools
 import re
 from dataclasses import dataclass, replace
 
-from moe_spec.quant import check_quant
+from moe_spec.quant import FP8_BLOCK, check_quant
 from moe_spec.validate import MoEDims
 from triton_moe.align import check_num_experts
 from triton_moe.config import DecodeConfig, TritonConfig, mma_instruction
@@ -37,6 +43,12 @@ DECODE_MAX_PAIRS = 2
 #: the grouped pipeline at every T unless a DecodeConfig asks.
 DECODE_FORMATS = ("bf16",)
 
+#: Whether :func:`epilogue_quant` may ever answer True. The product leaves it True; tests and the lab
+#: set it False to run the separate path (fp32 intermediate → ``quantize_kernel``) on the same call,
+#: for comparison — through :func:`triton_moe.moe.separate_act_quant`, which also drops the cached
+#: launches and plans that read it.
+EPILOGUE_QUANT = True
+
 
 def uses_decode(T: int, top_k: int, quant: str | None = None, config=None, swap_ab=None) -> bool:
     """THE path rule: the one-launch decode kernel for at most DECODE_MAX_PAIRS pairs of a format in
@@ -46,6 +58,27 @@ def uses_decode(T: int, top_k: int, quant: str | None = None, config=None, swap_
         return True
     default = config is None and swap_ab is None and (quant or "bf16") in DECODE_FORMATS
     return default and T * top_k <= DECODE_MAX_PAIRS
+
+
+def epilogue_quant(gemm1: TritonConfig, quant: str | None, static: bool = False) -> bool:
+    """THE rule of the FP8 intermediate: True when GEMM1's epilogue quantizes it to E4M3 itself (no
+    fp32 intermediate, no ``quantize_kernel`` launch for it), for a grouped GEMM1 of config ``gemm1``.
+
+    * fp8_tensor with static scales (``static``: ``a2_scale`` given): the scale is a number every
+      tile reads;
+    * fp8_block when ``gemm1.BLOCK_N`` is a multiple of 128: tiles start at multiples of BLOCK_N,
+      so each holds whole 1×128 groups of its rows and finds their amaxes in registers.
+
+    Not dynamic fp8_tensor nor fp8_channel: their scale is the amax of the whole tensor / the whole
+    row, which other GEMM1 tiles produce; nor bf16 (nothing to quantize); nor while
+    :data:`EPILOGUE_QUANT` is off."""
+    if not EPILOGUE_QUANT:
+        return False
+    if quant == "fp8_tensor":
+        return static
+    if quant == "fp8_block":
+        return gemm1.BLOCK_N % FP8_BLOCK == 0
+    return False
 
 
 @dataclass(frozen=True)
@@ -93,6 +126,11 @@ class LayerPlan:
         """The instruction each GEMM compiles to, implied by the tile and the dtype
         (:func:`~triton_moe.config.mma_instruction`; not read from a compiled kernel)."""
         return mma_instruction(self.gemm1, self.quant), mma_instruction(self.gemm2, self.quant)
+
+    def epilogue_quant(self, static: bool = False) -> bool:
+        """Whether GEMM1's epilogue quantizes the FP8 intermediate (:func:`epilogue_quant`; ``static``:
+        the call passes static activation scales). Never on the decode path (its own kernel)."""
+        return self.path == "grouped" and epilogue_quant(self.gemm1, self.quant, static)
 
     def describe(self) -> str:
         """One line: GEMM1's tile and instruction, then ``; G2 …`` GEMM2's where it has its own;
