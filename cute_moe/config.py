@@ -25,10 +25,12 @@ from moe_spec.hopper import SMEM_PER_CTA_BYTES, TMA_ALIGN_BYTES, WARPGROUP_THREA
 from moe_spec.quant import QUANT_FORMATS
 
 from .limits import (
+    EPILOGUE_QUANTS,
     MAX_CONSUMER_WARPGROUPS,
     MAX_TILE_M,
     SCHEDULES,
     check_cluster,
+    check_epilogue_quant,
     check_fp8,
     check_gated,
     check_pingpong,
@@ -51,6 +53,10 @@ OUT_DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
 """Output dtypes, with their element size.  fp32 is for an FP8 GEMM1 whose result is quantized
 again: its SiLU·up must be quantized from unrounded values, as the reference does."""
 OUT_DTYPES = tuple(OUT_DTYPE_BYTES)
+
+C_DTYPE_BYTES = {**OUT_DTYPE_BYTES, "float8_e4m3fn": 1}
+"""What the kernel stores (``GemmConfig.c_dtype``), with the element size: ``out_dtype``, or E4M3 where
+the epilogue quantizes the tile itself (``epilogue_quant`` "static" / "block")."""
 
 GATHER_THREADS = WARPGROUP_THREADS  # producer threads copying gathered token rows (gather_rows)
 
@@ -106,6 +112,12 @@ class GemmConfig:
             of a cooperative 128-row tile is the 64-row one (``pingpong_config``).
         cluster: CTAs per cluster, 1 or 2: two take consecutive token blocks of a weight block and, when
             both are one expert's, load half its weight tile each for both (multicast, ``gemm.py``).
+        epilogue_quant: a gated FP8 GEMM1 (normal path) quantizes its fp32 SiLU·up for GEMM2 in its
+            epilogue (:mod:`cute_moe.epilogue_quant`): None (today's path: fp32 out, amax and quantize
+            launches after it), "static" (fp8_tensor with the caller's ``a2_scale``: E4M3 out),
+            "block" (fp8_block, tile N a multiple of 128: per (row, group) scales and E4M3 out) or
+            "amax" (fp32 out, the intermediate's amax taken in the epilogue).  The plan decides
+            (:func:`cute_moe.plan.epilogue_quant`).
     """
 
     swap_ab: bool = False
@@ -125,6 +137,7 @@ class GemmConfig:
     gather_rows: bool = False
     schedule: str = "cooperative"
     cluster: int = 1
+    epilogue_quant: str | None = None
 
     def __post_init__(self):
         self._check()
@@ -149,14 +162,25 @@ class GemmConfig:
         return OUT_DTYPE_BYTES[self.out_dtype]
 
     @property
+    def c_dtype(self) -> str:
+        """The dtype the kernel stores: E4M3 where the epilogue quantizes the tile ("static", "block"),
+        else ``out_dtype`` (the activation is computed in ``out_dtype`` either way)."""
+        return "float8_e4m3fn" if self.epilogue_quant in ("static", "block") else self.out_dtype
+
+    @property
+    def c_bytes(self) -> int:
+        """Bytes of one stored element of C (:attr:`c_dtype`)."""
+        return C_DTYPE_BYTES[self.c_dtype]
+
+    @property
     def operand_align(self) -> int:
         """Row alignment of the operands in elements (K must be a multiple): 8 bf16 or 16 FP8."""
         return TMA_ALIGN_BYTES // self.element_bytes
 
     @property
     def out_align(self) -> int:
-        """Row alignment of the output in elements (N_out must be a multiple): 8 bf16 or 4 fp32."""
-        return TMA_ALIGN_BYTES // self.out_bytes
+        """Row alignment of the output in elements (N_out must be a multiple): 8 bf16, 4 fp32, 16 E4M3."""
+        return TMA_ALIGN_BYTES // self.c_bytes
 
     @property
     def two_level(self) -> bool:
@@ -234,7 +258,7 @@ class GemmConfig:
 
     def smem_bytes(self, stages: int | None = None) -> int:
         """Shared memory of the kernel (the budget formula above), at ``stages`` if given."""
-        epi = self.epi_buffers * self.epi_tile[0] * self.epi_tile[1] * self.out_bytes
+        epi = self.epi_buffers * self.epi_tile[0] * self.epi_tile[1] * self.c_bytes
         return (self.stages if stages is None else stages) * self.stage_bytes + epi + BARRIER_RESERVE_BYTES
 
     def replace(self, **changes) -> GemmConfig:
@@ -287,6 +311,10 @@ class GemmConfig:
             raise TypeError(f"out_dtype: expected a str, one of {OUT_DTYPES}, got {self.out_dtype!r}")
         if self.quant is not None and not isinstance(self.quant, str):
             raise TypeError(f"quant: expected None or a str, got {self.quant!r}")
+        if self.epilogue_quant is not None and not isinstance(self.epilogue_quant, str):
+            raise TypeError(
+                f"epilogue_quant: expected None or a str, one of {EPILOGUE_QUANTS}, got {self.epilogue_quant!r}"
+            )
 
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r}: supported dtypes are {DTYPES}")
@@ -346,6 +374,7 @@ class GemmConfig:
         check_fp8(self)
         check_gated(self)
         check_cluster(self)
+        check_epilogue_quant(self)
         vecs = self.tile_k * self.element_bytes // TMA_ALIGN_BYTES  # 16-byte vectors per token row of a stage
         if self.gather_rows and (
             self.quant is not None

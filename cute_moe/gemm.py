@@ -24,8 +24,8 @@ multicast into both. The consumer warpgroups (232 registers: the fp32 accumulato
 issue ``tile_k/16`` WGMMAs, keep one batch in flight and release the previous slot — cooperative: stacked along
 M on one tile; ping-pong: whole tiles each, taking turns; FP8: each K step promoted into the fp32 accumulator
 (:mod:`cute_moe.fp8_gemm`; gated: the gate and the up chain, each with its half's weight scales). The epilogue
-applies the FP8 scales, ``silu(gate)·up`` and the routing weight in fp32, rounds once, stages the tile in shared
-memory (``stmatrix``) and one thread stores it by TMA.
+applies the FP8 scales, ``silu(gate)·up`` (quantized: :mod:`cute_moe.epilogue_quant`) and the routing weight in
+fp32, rounds once, stages the tile in shared memory (``stmatrix``) and one thread stores it by TMA.
 """
 
 from __future__ import annotations
@@ -33,12 +33,11 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils.hopper_helpers as sm90
-from cutlass.cute.nvgpu import cpasync, warp, warpgroup
+from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.memory import SmemAllocator
-from cutlass.tensor_utils import LayoutEnum
 
 from .config import GATHER_THREADS, GemmConfig
+from .epilogue_quant import EpilogueQuant, row_fragment, staging_copy
 from .fp8_gemm import TileScales
 from .gemm_parts import (
     EPI_ORDER_BARRIER_ID,
@@ -73,6 +72,7 @@ class GroupedGemm:
         self.dtype, self.out_dtype = plan.dtype, plan.out_dtype
         self.shared_storage = plan.shared_storage()  # barriers, the rings, the epilogue's buffers
         self.stage_bytes = plan.stage_bytes  # the ring's tx_count
+        self.rows = row_fragment(cfg, plan.tiled_mma) if cfg.epilogue_quant in ("block", "amax") else None
 
     @cute.kernel
     def kernel(
@@ -96,7 +96,7 @@ class GroupedGemm:
         """The bf16 entry point."""
         tma = (tma_x, mX, tma_w, mW, tma_wm, mWm, tma_c, mC)
         layouts = (tiled_mma, a_smem_staged, b_smem_staged, epi_smem_staged)
-        self._body(tma, block_expert, num_blocks, row_scale, None, None, None, layouts)
+        self._body(tma, block_expert, num_blocks, row_scale, None, None, None, layouts, (None, None))
 
     @cute.kernel
     def kernel_fp8(
@@ -118,11 +118,13 @@ class GroupedGemm:
         a_smem_staged: cute.ComposedLayout,
         b_smem_staged: cute.ComposedLayout,
         epi_smem_staged: cute.ComposedLayout,
+        q_scale: cute.Tensor = None,
+        q_aux: cute.Tensor = None,
     ):
-        """The FP8 entry point: the bf16 arguments plus the activation and weight scales."""
+        """The FP8 entry point: the bf16 arguments, the activation and weight scales (and EpilogueQuant's two)."""
         tma = (tma_x, mX, tma_w, mW, tma_wm, mWm, tma_c, mC)
         layouts = (tiled_mma, a_smem_staged, b_smem_staged, epi_smem_staged)
-        self._body(tma, block_expert, num_blocks, row_scale, x_scale, w_scale, None, layouts)
+        self._body(tma, block_expert, num_blocks, row_scale, x_scale, w_scale, None, layouts, (q_scale, q_aux))
 
     @cute.kernel
     def kernel_gather(
@@ -146,13 +148,13 @@ class GroupedGemm:
         """The gathering bf16 entry point: x [T, K] read by ``token_of_row`` (no TMA descriptor for it)."""
         tma = (None, mX, tma_w, mW, tma_wm, mWm, tma_c, mC)
         layouts = (tiled_mma, a_smem_staged, b_smem_staged, epi_smem_staged)
-        self._body(tma, block_expert, num_blocks, row_scale, None, None, token_of_row, layouts)
+        self._body(tma, block_expert, num_blocks, row_scale, None, None, token_of_row, layouts, (None, None))
 
     @cute.jit
-    def _body(self, tma, block_expert, num_blocks, row_scale, x_scale, w_scale, token_of_row, layouts):
+    def _body(self, tma, block_expert, num_blocks, row_scale, x_scale, w_scale, token_of_row, layouts, quant):
         """The kernel, one CTA: setup, the producer warpgroup, the consumer warpgroups and their epilogue.
         ``tma``: the TMA atoms with their coordinate tensors (x's, W's, W's multicast twin, C's);
-        ``layouts``: the tiled MMA and the staged shared-memory layouts of A, B and C (KernelPlan)."""
+        ``layouts``: the tiled MMA, the staged smem layouts of A, B, C (KernelPlan); ``quant``: EpilogueQuant's."""
         tma_x, mX, tma_w, mW, tma_wm, mWm, tma_c, mC = tma
         tiled_mma, a_smem_staged, b_smem_staged, epi_smem_staged = layouts
         cfg = self.cfg
@@ -284,6 +286,7 @@ class GroupedGemm:
             # Which (m, n) of the tile each accumulator register holds (used by the row scale).
             tCcC = thr_mma.partition_C(cute.make_identity_tensor((cfg.tile_m, cfg.tile_n)))
             acc = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)
+            quant_epi = EpilogueQuant.make(cfg, self.rows, tCcC, *quant, mC.shape[1], mma_tidx)  # (or no-ops)
             if cutlass.const_expr(cfg.two_level):
                 blk = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)  # FP8: one K step's WGMMA sum
             # Gated: the up tiles are the weight operand of a second WGMMA chain into `up`, whose
@@ -298,13 +301,8 @@ class GroupedGemm:
                 else:
                     tCrB_up = tiled_mma.make_fragment_B(thr_mma.partition_B(sU))
 
-            # Epilogue plumbing: registers → (stmatrix) → swizzled smem → (TMA) → global.
-            stmatrix = cute.make_copy_atom(warp.StMatrix8x8x16bOp(swap, 4 if cfg.tile_n >= 16 else 2), self.out_dtype)
-            r2s_atom = stmatrix  # stmatrix moves 16-bit values; an fp32 C goes value by value (same partition)
-            if cutlass.const_expr(cfg.out_bytes == 4):
-                c_layout = LayoutEnum.COL_MAJOR if swap else LayoutEnum.ROW_MAJOR
-                r2s_atom = sm90.get_smem_store_op(c_layout, self.out_dtype, cutlass.Float32)
-            r2s = cute.make_tiled_copy_S(r2s_atom, cute.make_tiled_copy_C_atom(stmatrix, tiled_mma))
+            # Epilogue plumbing: registers → (stmatrix; fp32 / E4M3 value by value) → swizzled smem → (TMA) → global.
+            r2s = staging_copy(cfg, self.out_dtype, tiled_mma)
             thr_r2s = r2s.get_slice(mma_tidx)
             tRS_sC = thr_r2s.partition_D(sC)
             tRS_acc = r2s.retile(acc)
@@ -411,6 +409,7 @@ class GroupedGemm:
                     # SiLU·up elementwise over matching registers, in fp32 (the row kernel's formula):
                     # acc becomes the activation tile, rounded to bf16 once below (FP8: written in fp32)
                     acc.store(silu_mul(acc.load(), up.load()))
+                    quant_epi.apply(acc, token_block, weight_block)  # epilogue_quant: scaled for E4M3, or amax
                 if cutlass.const_expr(cfg.row_scale):
                     # fp32 routing weight per token row, applied before the bf16 rounding
                     row0 = token_block * cfg.tokens_tile
@@ -446,5 +445,6 @@ class GroupedGemm:
                     order_arrive(EPI_ORDER_BARRIER_ID, 1 - wg)
                 tiles_done += 1
                 tile += tile_step
+            quant_epi.finish()  # epilogue_quant="amax", fp8_tensor: one atomic per warp
             if is_store_thread:
                 store_ring.producer_tail()  # the last stores have read their staging buffers

@@ -34,7 +34,7 @@ class KernelPlan:
     def __init__(self, cfg: GemmConfig):
         self.cfg = cfg
         self.dtype = dtype = DSL_DTYPES[cfg.dtype]  # operands A and B
-        self.out_dtype = DSL_DTYPES[cfg.out_dtype]  # C
+        self.out_dtype = DSL_DTYPES[cfg.c_dtype]  # C as stored: out_dtype, E4M3 where the epilogue quantizes
         tile_mnk = (cfg.tile_m, cfg.tile_n, cfg.tile_k)
         self.tile_mnk = tile_mnk
         # Both operands K-major (unit stride along K): the natural layout of X [T, K] and of
@@ -134,6 +134,10 @@ class GemmLaunch:
         x_scale      fp32, FP8 only: [1] / [M_pad] / [M_pad, ⌈K/128⌉]  (tensor / channel / block)
         w_scale      fp32, FP8 only: [E] / [E, N_out] / [E, ⌈N_out/128⌉, ⌈K/128⌉]
         token_of_row int [M_pad], gather_rows only: x is then the unsorted bf16 [T, K]
+        q_scale      fp32 flat, ``epilogue_quant`` only: the caller's a2_scale [1] (static), the
+                     intermediate's scales [M_pad·⌈I/128⌉] (block, written) or amax slots (amax, zeroed)
+        q_aux        int32, ``epilogue_quant`` only: the error word [1] (static), the row mask [M_pad]
+                     (block, amax); with c E4M3 [M_pad, I] (static, block) or fp32 (amax)
     """
 
     def __init__(self, cfg: GemmConfig, num_ctas: int):
@@ -153,6 +157,8 @@ class GemmLaunch:
         x_scale: cute.Tensor = None,
         w_scale: cute.Tensor = None,
         token_of_row: cute.Tensor = None,
+        q_scale: cute.Tensor = None,
+        q_aux: cute.Tensor = None,
     ):
         cfg = self.cfg
         plan = KernelPlan(cfg)
@@ -191,6 +197,8 @@ class GemmLaunch:
                 x_scale,
                 w_scale,
                 *layouts,
+                q_scale,
+                q_aux,
             ).launch(**launch)
 
 
@@ -207,7 +215,7 @@ def fake_arguments(cfg: GemmConfig, index_dtype: str = INDEX_DTYPE):
     ``(x_scale, w_scale)`` in its format's shapes (``gemm.GroupedGemm``'s docstring); a ``gather_rows``
     config adds ``(None, None, token_of_row)`` (``index_dtype``), and its x has T rows, not M_pad.
     """
-    dt, out_dt = DSL_DTYPES[cfg.dtype], DSL_DTYPES[cfg.out_dtype]
+    dt, out_dt = DSL_DTYPES[cfg.dtype], DSL_DTYPES[cfg.c_dtype]
     align = cfg.operand_align  # TMA needs 16-B aligned strides: 8 bf16, 16 FP8 along K
     m_pad = cute.sym_int(divisibility=cfg.tokens_tile)
     n_out = cute.sym_int(divisibility=cfg.out_align)
@@ -256,7 +264,11 @@ def fake_arguments(cfg: GemmConfig, index_dtype: str = INDEX_DTYPE):
         )
     if cfg.quant is None:
         return args
-    return args + fake_scales(cfg.quant)
+    if cfg.epilogue_quant is None:
+        return args + fake_scales(cfg.quant)
+    # (…, x_scale, w_scale, token_of_row = None, q_scale, q_aux): EpilogueQuant's
+    vector = lambda dt: make_fake_compact_tensor(dt, (cute.sym_int(),), assumed_align=4)  # noqa: E731
+    return args + fake_scales(cfg.quant) + (None, vector(cutlass.Float32), vector(cutlass.Int32))
 
 
 def compile_gemm(
@@ -290,26 +302,3 @@ def check_gemm_shape(n_out: int, k: int, cfg: GemmConfig | None = None) -> None:
                 f"grouped_gemm: {name}={v} must be a positive multiple of {multiple} "
                 f"(TMA needs 16-byte aligned {what} rows)"
             )
-
-
-def launch_args(cfg: GemmConfig, x, w, out, blocks, row_scale, x_scale=None, w_scale=None, rows=None) -> tuple:
-    """The compiled GEMM's arguments (:class:`GemmLaunch`'s, but the stream: the environment's): the
-    weight seen as (N_out, K, E) — gated: (I, K, half, E), gate 0 / up 1 — the expert being TMA's last
-    coordinate, C as its transpose view under swap-AB, and None where the config was compiled without
-    an operand (the scales of a bf16 config, the token indices of a non-gathering one).  ``blocks``: (expert
-    of every token block, used blocks); ``rows``: the call's ``SortedRows`` (a gathering config's indices)."""
-    if cfg.gated:
-        w = w.unflatten(1, (2, w.shape[1] // 2)).permute(2, 3, 1, 0)
-    else:
-        w = w.permute(1, 2, 0)
-    return (
-        x,
-        w,
-        out.t() if cfg.swap_ab else out,
-        blocks[0],
-        blocks[1],
-        row_scale,
-        x_scale,
-        w_scale,
-        rows.token_of_row if cfg.gather_rows else None,
-    )

@@ -345,7 +345,7 @@ def describe(cfg: GemmConfig) -> dict:
     smem = {}
     for name in ("A", "B", "C"):
         s = raw["smem_" + name]
-        elem = cfg.out_bytes if name == "C" else cfg.element_bytes
+        elem = cfg.c_bytes if name == "C" else cfg.element_bytes
         smem[name] = {
             "layout_one_stage": s["one_stage"],
             "swizzle": list(s["swizzle"]),

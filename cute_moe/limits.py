@@ -6,9 +6,10 @@ block accumulator beside the promoted one (``cute_moe.fp8_gemm``), a gated GEMM1
 sums (SiLU·up in the epilogue), a gated FP8 GEMM1 both pairs, four — so all are bound by
 :data:`TWO_ACCUMULATOR_REGISTERS`; the
 ping-pong schedule holds a whole tile in one warpgroup, cluster multicast shares a weight tile.
-``GemmConfig`` calls :func:`check_pingpong`, :func:`check_fp8`, :func:`check_gated` and
-:func:`check_cluster` from its validation, and the plan :func:`check_quant_layer`.  This module
-reads a config's fields only and imports nothing of the package, so every module can read it.
+``GemmConfig`` calls :func:`check_pingpong`, :func:`check_fp8`, :func:`check_gated`,
+:func:`check_cluster` and :func:`check_epilogue_quant` from its validation, and the plan
+:func:`check_quant_layer`.  This module reads a config's fields only and imports nothing of the package,
+so every module can read it.
 """
 
 from __future__ import annotations
@@ -189,6 +190,37 @@ def check_fp8(cfg) -> None:
         )
     if not cfg.gated:  # a gated one's four accumulators: check_gated
         _check_registers(cfg, "block + promoted", "FP8")
+
+
+EPILOGUE_QUANTS = ("static", "block", "amax")
+"""What a gated FP8 GEMM1's epilogue can do with the intermediate it computes (``GemmConfig.epilogue_quant``,
+:mod:`cute_moe.epilogue_quant`): quantize it by the caller's static scale, quantize it per (row, 128-column
+group), or take its amax."""
+
+
+def check_epilogue_quant(cfg) -> None:
+    """The fused quantization's limits: a gated FP8 GEMM1 on the normal path (a token row of the tile lies
+    in one quad of lanes there; swap-AB keeps today's path); "static" under fp8_tensor; "block" under
+    fp8_block with whole 128-column groups in the tile; "amax" under any FP8 format."""
+    q = cfg.epilogue_quant
+    if q is None:
+        return
+    if q not in EPILOGUE_QUANTS:
+        raise ValueError(f"epilogue_quant={q!r}: expected None or one of {EPILOGUE_QUANTS}")
+    if not cfg.gated or cfg.quant is None or cfg.swap_ab:
+        raise ValueError(
+            f"epilogue_quant={q!r} with gated={cfg.gated}, quant={cfg.quant!r}, swap_ab={cfg.swap_ab}: the "
+            f"epilogue quantizes the SiLU·up of a gated FP8 GEMM1 on the normal path (gated=True, an FP8 "
+            f"quant, swap_ab=False)"
+        )
+    want = {"static": "fp8_tensor", "block": "fp8_block"}.get(q)
+    if want is not None and cfg.quant != want:
+        raise ValueError(f"epilogue_quant={q!r} with quant={cfg.quant!r}: {q!r} is {want}'s (quant={want!r})")
+    if q == "block" and cfg.tile_n % FP8_BLOCK:
+        raise ValueError(
+            f"epilogue_quant='block' with weights_tile={cfg.weights_tile}: a tile must hold whole "
+            f"{FP8_BLOCK}-column scale groups of the intermediate (weights_tile a multiple of {FP8_BLOCK})"
+        )
 
 
 # ---- the FP8 layer ----------------------------------------------------------------------------------

@@ -33,7 +33,8 @@ from moe_spec.validate import Limits, MoEDims, check_runs_on, error_word, surfac
 
 from .alignops import MAX_EXPERTS
 from .config import GemmConfig
-from .gemm_plan import INDEX_DTYPE, check_gemm_shape, compile_gemm, launch_args
+from .gemm_args import launch_args
+from .gemm_plan import INDEX_DTYPE, check_gemm_shape, compile_gemm
 from .limits import ALIGN_ELEMS
 from .moe_fp8 import amax_sizes, quantize_intermediate, quantize_tokens, sorted_token_scales
 from .plan import LayerPlan, plan
@@ -90,6 +91,7 @@ def grouped_gemm(
     out: torch.Tensor | None = None,
     x_scale: torch.Tensor | None = None,
     w_scale: torch.Tensor | None = None,
+    epilogue: tuple | None = None,
 ) -> torch.Tensor:
     """``out[r] = x_sorted[r] · w[expert(r)]ᵀ (· row_scale[r])`` for every used sorted row r.
 
@@ -100,6 +102,9 @@ def grouped_gemm(
     ``[E, 2I, K]`` (gate rows, then up rows) and returns ``SiLU(x·W1gᵀ) ⊙ (x·W1uᵀ)`` [M_pad, I] (out_dtype).
     A ``gather_rows`` config takes the unsorted tokens ``x [T, K]`` in place of ``x_sorted`` and reads
     row r from ``x[rows.token_of_row[r]]`` (the gathering producer, ``gemm.py``; K a multiple of ``cfg.tile_k``).
+    A config with ``epilogue_quant`` takes ``epilogue`` = (q_scale, q_aux) (``gemm_plan.GemmLaunch``: the
+    static scale and the error word; the flat scales or amax slots and ``rows.row_mask``) and returns
+    ``cfg.c_dtype`` (E4M3 codes for "static" / "block").
     """
     m_pad, k = (rows.rows, x_sorted.shape[1]) if cfg.gather_rows else x_sorted.shape
     n_experts, n_out, k_w = w.shape
@@ -125,14 +130,17 @@ def grouped_gemm(
         raise ValueError("grouped_gemm: pass row_scale exactly when cfg.row_scale is set")
     if (cfg.quant is not None) != (x_scale is not None) or (x_scale is None) != (w_scale is None):
         raise ValueError("grouped_gemm: pass x_scale and w_scale exactly when cfg.quant is set")
+    if (cfg.epilogue_quant is not None) != (epilogue is not None):
+        raise ValueError("grouped_gemm: pass epilogue exactly when cfg.epilogue_quant is set")
     if out is None:
-        out = torch.empty(m_pad, n_out, dtype=getattr(torch, cfg.out_dtype), device=x_sorted.device)
+        out = torch.empty(m_pad, n_out, dtype=getattr(torch, cfg.c_dtype), device=x_sorted.device)
     expert_of_block, num_blocks = gemm_blocks(rows, cfg.tokens_tile)
     if row_scale is None:
         row_scale = rows.weight_of_row  # a valid fp32 buffer the kernel never reads
     index_dtype = str(rows.token_of_row.dtype).removeprefix("torch.")  # read by a gather_rows kernel only
     gemm = ffi_function(compile_gemm(cfg, sm_count(x_sorted.device), index_dtype=index_dtype))
-    gemm(*launch_args(cfg, x_sorted, w, out, (expert_of_block, num_blocks), row_scale, x_scale, w_scale, rows))
+    blocks = (expert_of_block, num_blocks)
+    gemm(*launch_args(cfg, x_sorted, w, out, blocks, row_scale, x_scale, w_scale, rows, epilogue))
     return out
 
 
@@ -182,7 +190,7 @@ def fused_moe(
     ):
         c = _call_of(dims, quant, swap_ab, configs, fusion, x.device, topk_ids.dtype, static)
     else:  # raises, naming the option (or an option of an unusual type: planned at every call)
-        p = plan(dims, quant, swap_ab=swap_ab, configs=configs, fusion=fusion)
+        p = plan(dims, quant, swap_ab=swap_ab, configs=configs, fusion=fusion, static=static)
         c = _Call(p, dims, x.device, topk_ids.dtype, static)
     if static and c.plan.fusion == "separate":
         raise ValueError(
@@ -204,7 +212,7 @@ def fused_moe(
     if p.fusion == "separate":
         return _separate_layer(x, w1, w2, w1_scale, w2_scale, p, rows, ws)
     if quant is not None:
-        return _fp8_layer(f, x, w1, w2, w1_scale, w2_scale, p, rows, ws, a1_scale, a2_scale)
+        return moe_fp8.fp8_layer(f, x, w1, w2, w1_scale, w2_scale, p, rows, ws, a1_scale, a2_scale)
     # gather_rows: GEMM1 reads x by token index; gated: SiLU·up in GEMM1's epilogue, [M_pad, I] straight out
     num_padded = rows.alignment.num_padded
     if p.gemm1.gather_rows:
@@ -227,43 +235,6 @@ def fused_moe(
 
 
 fused_moe.limits = LIMITS
-
-
-def _fp8_layer(f: dict, x, w1, w2, w1_scale, w2_scale, p: LayerPlan, rows: SortedRows, ws: dict, a1_scale, a2_scale):
-    """The fused W8A8 layer (``moe_fp8``'s docstring), launch by launch into the workspace ``ws`` (its
-    amax buffers zeroed by the alignment): x quantized once, its E4M3 rows gathered (as bf16 pairs:
-    the gather moves bytes), GEMM1 to fp32, SiLU·up and its amax (gated: SiLU·up in GEMM1's epilogue,
-    the amax alone), the intermediate quantized, GEMM2 with the routing weight, combine.  ``f``: the
-    call's launches (:meth:`_Call.bind`); ``p``: its plan.  With ``a1_scale`` and ``a2_scale``
-    (static, fp32 [] or [1]): no amax launch, both quantize launches divide by the given scales."""
-    used, num_padded = ws["used"], rows.alignment.num_padded
-    static = a1_scale is not None
-    if static:  # the caller's scales, as the GEMMs' activation scales too ([] viewed as [1]: no launch)
-        x_scale, a_scale = a1_scale.view(1), a2_scale.view(1)
-        f["x_quantize"](x, x_scale, ws["xq"], ws["word"], used)  # a bad scale: BAD_A1_SCALE
-    else:
-        f["x_amax"](x, x, ws["x_amax"], used, used)  # x for `a`, `used` for the row mask: read by the SiLU variant only
-        f["x_quantize"](x, ws["x_amax"], ws["xq"], ws["x_scale"], used)
-    f["gather"](ws["xq_pairs"], ws["x_sorted"], rows.token_of_row, num_padded)
-    if not static:
-        x_scale = sorted_token_scales(ws["x_scale_shaped"], rows.token_of_row, p.quant)
-    h, blocks1, blocks2 = ws["h"], rows.blocks[p.gemm1.tokens_tile], rows.blocks[p.gemm2.tokens_tile]
-    f["gemm1"](*launch_args(p.gemm1, ws["x_sorted_e4m3"], w1, h, blocks1, rows.weight_of_row, x_scale, w1_scale))
-    if static:  # gated: h is SiLU·up already; plain: the kernel computes SiLU·up from h [M_pad, 2I] first
-        f["a_quantize"](h, a_scale, ws["aq"], ws["word"], num_padded)  # a bad scale: BAD_A2_SCALE
-    else:
-        a = h if p.gemm1.gated else ws["a"]
-        if p.gemm1.gated:  # SiLU·up in GEMM1's epilogue: h is the fp32 intermediate [M_pad, I]
-            f["a_amax"](a, a, ws["a_amax"], rows.row_mask, num_padded)
-        else:
-            f["silu_amax"](h, a, ws["a_amax"], rows.row_mask, num_padded)
-        f["a_quantize"](a, ws["a_amax"], ws["aq"], ws["a_scale"], num_padded)
-        a_scale = ws["a_scale_shaped"]
-    y = ws["y"]
-    f["gemm2"](*launch_args(p.gemm2, ws["aq"], w2, y, blocks2, rows.weight_of_row, a_scale, w2_scale))
-    out = torch.empty(x.shape[0], y.shape[1], dtype=y.dtype, device=y.device)
-    f["combine"](y, out, rows.row_of_pair)
-    return out
 
 
 def _separate_layer(x, w1, w2, w1_scale, w2_scale, p: LayerPlan, rows: SortedRows, ws: dict) -> torch.Tensor:
@@ -299,14 +270,13 @@ class _Call:
         self.plan, self.dims, self.device, self.ids_dtype, self.static = p, dims, device, ids_dtype, static
         g1, g2 = p.gemm1, p.gemm2
         tiles = (g1.tokens_tile, g2.tokens_tile)
-        self.sizes = (dims, p.quant, p.align_tile, tiles, g1.gated, g1.gather_rows, static, device)
+        self.sizes = (dims, p.quant, p.align_tile, tiles, g1.gated, g1.gather_rows, g1.epilogue_quant, static, device)
         self.launches: dict | None = None
 
     def bind(self) -> dict:
         """Compile (or find in the compile cache) every kernel the plan launches and keep their TVM-FFI
         functions: ``count`` and ``place`` (the alignment, for the ids' dtype), ``gemm1``, ``gemm2``,
-        the row kernels and, under FP8, the quantization's kernels (static scales: the quantize kernels
-        of :class:`~cute_moe.quantops.StaticQuantizeRows` under the names of the dynamic ones, no amax)."""
+        the row kernels and, under FP8, the quantization's kernels (:func:`~cute_moe.moe_fp8.fp8_kernels`)."""
         p, n = self.plan, sm_count(self.device)
         align = rowmaps.compile_align_kernels(self.ids_dtype)
         f = {"count": align["count"], "place": align["place"]}
@@ -314,16 +284,8 @@ class _Call:
         f["gemm2"] = compile_gemm(p.gemm2, n, index_dtype=INDEX_DTYPE)
         row = _row_kernels(self.device)
         f.update(gather=row["gather"], silu_mul=row["silu_mul"], combine=row["combine"])
-        if self.static:  # SiLU·up in the intermediate's quantize kernel, unless GEMM1's epilogue did it
-            q = moe_fp8.compile_quant_kernels(p.quant, n, static=True)
-            f.update(
-                x_quantize=q["x_quantize_static"],
-                a_quantize=q["a_quantize_static" if p.gemm1.gated else "silu_quantize_static"],
-            )
-        elif p.quant is not None:
-            q = moe_fp8.compile_quant_kernels(p.quant, n)
-            amax = "a_amax" if p.gemm1.gated else "silu_amax"  # of a gated GEMM1's SiLU·up, or SiLU·up and its amax
-            f.update((name, q[name]) for name in ("x_amax", "x_quantize", amax, "a_quantize"))
+        if p.quant is not None:
+            f.update(moe_fp8.fp8_kernels(p, n, self.static))
         self.launches = {name: ffi_function(fn) for name, fn in f.items()}
         return self.launches
 
@@ -334,7 +296,8 @@ def _call_of(dims: MoEDims, quant, swap_ab, configs, fusion, device, ids_dtype, 
     raises, naming a bad option, and is not cached).  Every argument is positional and required: the
     cache keys ``f(..., False)`` and ``f(...)`` apart, so a caller that left one to its default would
     find a second, unbound ``_Call`` instead of ``fused_moe``'s."""
-    return _Call(plan(dims, quant, swap_ab=swap_ab, configs=configs, fusion=fusion), dims, device, ids_dtype, static)
+    p = plan(dims, quant, swap_ab=swap_ab, configs=configs, fusion=fusion, static=static)
+    return _Call(p, dims, device, ids_dtype, static)
 
 
 def forget_calls() -> None:
@@ -385,8 +348,9 @@ def _buffers(c: _Call) -> dict:
         rows=bufs,
         word=error_word(device),
         y=new(dims.K),
-        h=new(dims.I if p.gemm1.gated else 2 * dims.I, getattr(torch, p.gemm1.out_dtype)),
     )
+    if p.gemm1.c_dtype != "float8_e4m3fn":  # else GEMM1's epilogue writes the E4M3 intermediate itself
+        ws["h"] = new(dims.I if p.gemm1.gated else 2 * dims.I, getattr(torch, p.gemm1.out_dtype))
     if not p.gemm1.gather_rows:  # else GEMM1 reads x itself: no sorted copy
         ws["x_sorted"] = new(dims.K if p.quant is None else dims.K // 2)
     if p.quant is not None:  # the E4M3 activations, their scales and amaxes (dynamic), the launches' views

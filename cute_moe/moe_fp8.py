@@ -11,6 +11,13 @@
     GEMM2                  Y = (A·s_a)(W2·s_w2)ᵀ · routing weight → bf16     gemm + fp8_gemm
     combine                out[t] = Σ_j Y[row(t, j)]
 
+A gated GEMM1 on the normal path quantizes A in its epilogue instead (``GemmConfig.epilogue_quant``, the
+plan's :func:`~cute_moe.plan.epilogue_quant`; :mod:`cute_moe.epilogue_quant`): with static scales
+("static") and fp8_block tiles of whole 128-column groups ("block") it writes E4M3 ``aq`` (and the block
+scales) itself — no fp32 A, no amax or quantize launch; otherwise ("amax") it writes fp32 A and its amax,
+and only the quantize launch follows.  ``EPILOGUE_QUANT = False`` in :mod:`cute_moe.plan` forces the path
+above.
+
 which is, step for step, the W8A8 model of ``moe_spec.oracle``: the activations are quantized
 exactly as ``moe_spec.quant.quantize_activation`` does (IEEE divisions, round to nearest even,
 saturating), the intermediate from unrounded fp32 values and — for the per-tensor format — over
@@ -40,6 +47,7 @@ from moe_spec.align import Alignment
 from moe_spec.hopper import sm_count
 from moe_spec.quant import FP8_DTYPE, activation_scale_shape
 
+from .gemm_args import launch_args
 from .quantops import compile_quant_kernels
 from .rowmaps import SortedRows
 
@@ -201,7 +209,9 @@ def fp8_buffers(ws: dict, dims, p, rows: int, scratch: torch.Tensor, static: boo
     """Add the FP8 layer's buffers to the workspace ``ws`` of a call with ``dims`` and plan ``p``
     (``rows``: the sorted rows' worst case; ``scratch``: the alignment's zeroed buffer, which holds
     the two amaxes): the E4M3 activations, the row count of x, and — dynamic scales only — A in
-    fp32 (not gated), the amaxes and the scales; then the views the launches take of them."""
+    fp32 (not gated), the amaxes (not the intermediate's where GEMM1's epilogue quantizes per block) and
+    the scales; then the views the launches take of them.  (H, GEMM1's output, is the caller's: none where
+    the epilogue writes ``aq`` itself.)"""
     device = scratch.device
     ws.update(
         xq=torch.empty(dims.T, dims.K, dtype=FP8_DTYPE, device=device),
@@ -215,7 +225,7 @@ def fp8_buffers(ws: dict, dims, p, rows: int, scratch: torch.Tensor, static: boo
     ws.update(
         a=None if p.gemm1.gated else torch.empty(rows, dims.I, dtype=torch.float32, device=device),
         x_amax=scratch[:n_x],
-        a_amax=scratch[n_x : n_x + n_a],
+        a_amax=None if p.gemm1.epilogue_quant == "block" else scratch[n_x : n_x + n_a],  # block: no amax
         x_scale=torch.empty(n_x, dtype=torch.float32, device=device),
         a_scale=torch.empty(n_a, dtype=torch.float32, device=device),
     )
@@ -223,3 +233,74 @@ def fp8_buffers(ws: dict, dims, p, rows: int, scratch: torch.Tensor, static: boo
         x_scale_shaped=ws["x_scale"].view(activation_scale_shape(p.quant, dims.T, dims.K)),
         a_scale_shaped=ws["a_scale"].view(rows, -1) if p.quant == "fp8_block" else ws["a_scale"],
     )
+
+
+def fp8_kernels(p, num_sms: int, static: bool) -> dict:
+    """The quantization kernels plan ``p`` launches (:func:`fp8_layer`'s names), compiled for ``num_sms``:
+    ``x_amax`` and ``x_quantize`` (static scales: StaticQuantizeRows's, no amax); for the intermediate
+    ``a_amax`` (a gated GEMM1's fp32 output) or ``silu_amax`` (SiLU·up first) and ``a_quantize``
+    (static: SiLU·up inside unless GEMM1 is gated) — without those GEMM1's epilogue does itself
+    (``epilogue_quant``: "static" and "block" both, "amax" the amax)."""
+    fused = p.gemm1.epilogue_quant
+    if static:
+        q = compile_quant_kernels(p.quant, num_sms, static=True)
+        f = {"x_quantize": q["x_quantize_static"]}
+        if fused != "static":
+            f["a_quantize"] = q["a_quantize_static" if p.gemm1.gated else "silu_quantize_static"]
+        return f
+    q = compile_quant_kernels(p.quant, num_sms)
+    names = ["x_amax", "x_quantize"]
+    if fused is None:  # the amax of a gated GEMM1's SiLU·up, or SiLU·up and its amax
+        names.append("a_amax" if p.gemm1.gated else "silu_amax")
+    if fused != "block":
+        names.append("a_quantize")
+    return {name: q[name] for name in names}
+
+
+def fp8_layer(f: dict, x, w1, w2, w1_scale, w2_scale, p, rows: SortedRows, ws: dict, a1_scale, a2_scale):
+    """The fused W8A8 layer (this module's docstring), launch by launch into the workspace ``ws`` (its
+    amax buffers zeroed by the alignment): x quantized once, its E4M3 rows gathered (as bf16 pairs: the
+    gather moves bytes), GEMM1, the intermediate's amax and quantization — each left out where GEMM1's
+    epilogue did it (``p.gemm1.epilogue_quant``) — GEMM2 with the routing weight, combine.  ``f``: the
+    call's launches (``moe._Call.bind``: :func:`fp8_kernels` among them); ``p``: its plan.  With
+    ``a1_scale`` and ``a2_scale`` (static, fp32 [] or [1]): no amax launch, the quantize launches divide
+    by the given scales."""
+    used, num_padded = ws["used"], rows.alignment.num_padded
+    static, fused = a1_scale is not None, p.gemm1.epilogue_quant
+    if static:  # the caller's scales, as the GEMMs' activation scales too ([] viewed as [1]: no launch)
+        x_scale, a_scale = a1_scale.view(1), a2_scale.view(1)
+        f["x_quantize"](x, x_scale, ws["xq"], ws["word"], used)  # a bad scale: BAD_A1_SCALE
+    else:
+        f["x_amax"](x, x, ws["x_amax"], used, used)  # x for `a`, `used` for the row mask: read by the SiLU variant only
+        f["x_quantize"](x, ws["x_amax"], ws["xq"], ws["x_scale"], used)
+        a_scale = ws["a_scale_shaped"]
+    f["gather"](ws["xq_pairs"], ws["x_sorted"], rows.token_of_row, num_padded)
+    if not static:
+        x_scale = sorted_token_scales(ws["x_scale_shaped"], rows.token_of_row, p.quant)
+    blocks1, blocks2 = rows.blocks[p.gemm1.tokens_tile], rows.blocks[p.gemm2.tokens_tile]
+    # GEMM1's epilogue step (gemm_plan.GemmLaunch's q_scale, q_aux): static — the caller's scale and the
+    # error word (BAD_A2_SCALE); block — the scales it writes; amax — the amax slots; both with the row mask
+    epilogue = None
+    if fused == "static":
+        epilogue = (a_scale, ws["word"])
+    elif fused is not None:
+        epilogue = (ws["a_scale"] if fused == "block" else ws["a_amax"], rows.row_mask)
+    h = ws["aq"] if fused in ("static", "block") else ws["h"]  # the E4M3 intermediate, or fp32 H
+    g1 = launch_args(
+        p.gemm1, ws["x_sorted_e4m3"], w1, h, blocks1, rows.weight_of_row, x_scale, w1_scale, quant=epilogue
+    )
+    f["gemm1"](*g1)
+    if static and fused is None:  # gated: h is SiLU·up already; plain: the kernel computes SiLU·up from h first
+        f["a_quantize"](h, a_scale, ws["aq"], ws["word"], num_padded)  # a bad scale: BAD_A2_SCALE
+    elif not static and fused != "block":
+        a = h if p.gemm1.gated else ws["a"]
+        if fused is None and p.gemm1.gated:  # SiLU·up in GEMM1's epilogue: h is the fp32 intermediate [M_pad, I]
+            f["a_amax"](a, a, ws["a_amax"], rows.row_mask, num_padded)
+        elif fused is None:
+            f["silu_amax"](h, a, ws["a_amax"], rows.row_mask, num_padded)
+        f["a_quantize"](a, ws["a_amax"], ws["aq"], ws["a_scale"], num_padded)  # (amax: taken by GEMM1)
+    y = ws["y"]
+    f["gemm2"](*launch_args(p.gemm2, ws["aq"], w2, y, blocks2, rows.weight_of_row, a_scale, w2_scale))
+    out = torch.empty(x.shape[0], y.shape[1], dtype=y.dtype, device=y.device)
+    f["combine"](y, out, rows.row_of_pair)
+    return out

@@ -3,8 +3,9 @@
 :func:`plan` is where ``cute_moe`` makes every decision of a ``fused_moe`` call on the host, before
 anything runs: the (GEMM1, GEMM2) :class:`~cute_moe.config.GemmConfig` pair — by the path rule
 (:func:`path_rule`, :func:`choose_config`) for the call's format, bf16 or FP8, or given — the
-pipeline (fused, or the unfused passes of :mod:`cute_moe.unfused`), the alignment tile, and the
-WGMMA instruction of each GEMM.  It checks every option and limit of this backend, so a call it
+pipeline (fused, or the unfused passes of :mod:`cute_moe.unfused`), whether a gated FP8 GEMM1 quantizes the
+intermediate in its epilogue (:func:`epilogue_quant`), the alignment tile, and the WGMMA instruction of each
+GEMM.  It checks every option and limit of this backend, so a call it
 refuses is refused whatever T (the empty-batch rule of :mod:`moe_spec.plan`).  :func:`plans_for`
 lists every plan a layer can get.
 """
@@ -18,8 +19,8 @@ from dataclasses import dataclass
 
 from moe_spec.hopper import WGMMA_M, WGMMA_N_MAX, WGMMA_N_STEP
 from moe_spec.plan import bucket_starts, tokens_per_expert
-from moe_spec.quant import check_quant
-from moe_spec.validate import MoEDims
+from moe_spec.quant import FP8_BLOCK, check_quant
+from moe_spec.validate import STATIC_SCALE_FORMAT, MoEDims
 
 from .config import GemmConfig, max_stages
 from .gemm_rules import clustered, short_k_gemm2
@@ -85,6 +86,29 @@ def gated_gemm1(quant, fusion: str, I: int, swap_ab: bool) -> bool:  # noqa: E74
     if quant is None:
         return GATED_GEMM1
     return gated_quant_layer(quant, I) and ("swap_ab" if swap_ab else "normal") in GATED_FP8_GEMM1
+
+
+EPILOGUE_QUANT = True
+"""Whether the fused FP8 plan quantizes the intermediate in its gated GEMM1's epilogue (:func:`epilogue_quant`,
+:mod:`cute_moe.epilogue_quant`).  Set it False — then ``cute_moe.moe.forget_calls()`` — to force today's path
+(GEMM1 writes the fp32 intermediate, the amax and quantize launches follow) in tests and benches; explicit
+``configs`` carry their own choice (``GemmConfig.epilogue_quant``, None: today's path).  It matters only
+where GEMM1 is gated (:data:`GATED_FP8_GEMM1`, off by default), and its speed has not been measured on a
+GPU yet (notes/cute_moe.md §6)."""
+
+
+def epilogue_quant(gemm1: GemmConfig, static: bool = False) -> str | None:
+    """THE rule for the intermediate's quantization in GEMM1's epilogue (``GemmConfig.epilogue_quant``) of the
+    fused plan's ``gemm1``, with static activation scales or not: only for a gated FP8 GEMM1 on the normal
+    path (swap-AB and the unfused pipeline keep today's path) while :data:`EPILOGUE_QUANT` — "static" with
+    static scales (fp8_tensor), "block" for fp8_block where a tile holds whole 128-column groups (none of
+    today's gated tiles: they are 64 features wide, ``limits.TWO_ACCUMULATOR_REGISTERS``), else "amax"
+    (the amax in the epilogue, the quantize launch after it)."""
+    if not EPILOGUE_QUANT or not gemm1.gated or gemm1.quant is None or gemm1.swap_ab:
+        return None
+    if static:
+        return "static"
+    return "block" if gemm1.quant == "fp8_block" and gemm1.tile_n % FP8_BLOCK == 0 else "amax"
 
 
 @functools.cache
@@ -166,11 +190,12 @@ def _tile_text(cfg: GemmConfig) -> str:
     w, t = cfg.weights_tile, cfg.tokens_tile
     gated = " silu" if cfg.gated else ""  # SiLU·up in the epilogue: W counts output features (I)
     gather = " gather" if cfg.gather_rows else ""  # token rows read by index from x
+    epi = f" epi:{cfg.epilogue_quant}" if cfg.epilogue_quant else ""  # the intermediate quantized in it
     pingpong = " pingpong" if cfg.pingpong else ""  # each consumer warpgroup owns a whole tile (gemm.py)
     cluster = f" cluster{cfg.cluster}" if cfg.cluster > 1 else ""  # weight tiles multicast (gemm.py)
     return (
         f"{f'swap-AB W{w}xT{t}' if cfg.swap_ab else f'T{t}xW{w}'} k{cfg.tile_k} s{cfg.stages}"
-        f"{gated}{gather}{pingpong}{cluster}"
+        f"{gated}{gather}{epi}{pingpong}{cluster}"
     )
 
 
@@ -206,8 +231,10 @@ class LayerPlan:
 
     def describe(self) -> str:
         """``G1 swap-AB W128xT8 k64 s6 silu m64n8k16 | G2 …``: each GEMM's tile, K step, stages, ``silu``
-        for a gated GEMM1, ``gather`` for a gathering one, ``pingpong`` for the ping-pong schedule,
-        ``cluster2`` for clusters of two CTAs, WGMMA shape (k32 is FP8), and ``| separate`` for the unfused pipeline."""
+        for a gated GEMM1, ``gather`` for a gathering one, ``epi:static`` / ``epi:block`` / ``epi:amax`` for
+        an FP8 GEMM1 that quantizes the intermediate (or takes its amax) in its epilogue, ``pingpong`` for the
+        ping-pong schedule, ``cluster2`` for clusters of two CTAs, WGMMA shape (k32 is FP8), and ``| separate``
+        for the unfused pipeline."""
         shapes = [re.search(r"m\d+n\d+k\d+", m).group() for m in self.mma]  # "m64n8k16"
         gemms = [f"G{i} {_tile_text(c)} {s}" for i, c, s in zip((1, 2), (self.gemm1, self.gemm2), shapes)]
         return " | ".join(gemms + ([] if self.fusion == "fused" else [self.fusion]))
@@ -221,6 +248,7 @@ def check_options(
     swap_ab=None,
     configs=None,
     fusion="fused",  # noqa: E741
+    static: bool = False,
 ) -> tuple[GemmConfig, GemmConfig] | None:
     """The limits of this backend beyond the shared contract, all on the host (no launch, no sync).
 
@@ -235,6 +263,8 @@ def check_options(
     * FP8 ``quant``: the limits of :func:`~cute_moe.limits.check_quant_layer` (K and I multiples
       of 16, ``configs`` of the call's format).
     * ``fusion``: ``"fused"`` or ``"separate"`` (:func:`~cute_moe.unfused.check_fusion`).
+    * ``static`` (static activation scales, fp8_tensor only): a bool; a given GEMM1's ``epilogue_quant``
+      must match it — "static" exactly with static scales.
 
     Returns ``configs`` as a tuple, or None when the path rule will choose.
     Raises TypeError / ValueError naming the argument and the limit.
@@ -275,6 +305,16 @@ def check_options(
         configs = configs[0], configs[1]
     check_quant_layer(K, I, quant, configs)
     check_fusion(fusion)
+    if type(static) is not bool:
+        raise TypeError(f"static: expected a bool, got {static!r}")
+    if static and quant != STATIC_SCALE_FORMAT:
+        raise ValueError(f"static: static activation scales need quant={STATIC_SCALE_FORMAT!r}, got quant={quant!r}")
+    fused = None if configs is None else configs[0].epilogue_quant
+    if fused is not None and (fused == "static") != static:
+        why = "needs static activation scales (a1_scale, a2_scale)"
+        if fused != "static":
+            why = "quantizes with dynamic scales; with static a1_scale / a2_scale it must be 'static' or None"
+        raise ValueError(f"configs[0]: epilogue_quant={fused!r} {why}")
     return configs
 
 
@@ -285,6 +325,7 @@ def plan(
     swap_ab: bool | None = None,
     configs: tuple[GemmConfig, GemmConfig] | None = None,
     fusion: str = "fused",
+    static: bool = False,
 ) -> LayerPlan:
     """The plan of one ``fused_moe`` call with sizes ``dims`` (a :class:`moe_spec.validate.MoEDims`).
 
@@ -297,13 +338,14 @@ def plan(
     The fused pipeline's GEMM1 is gated (SiLU·up in its epilogue) by :func:`gated_gemm1` (bf16 while
     :data:`~cute_moe.unfused.GATED_GEMM1`, FP8 on the paths of :data:`GATED_FP8_GEMM1`); bf16's gathers
     its token rows from x (no sorted copy) while
-    :data:`~cute_moe.unfused.GATHER_IN_PRODUCER`.
+    :data:`~cute_moe.unfused.GATHER_IN_PRODUCER`; a gated FP8 GEMM1 quantizes the intermediate in its
+    epilogue by :func:`epilogue_quant` (``static``: the call passes static activation scales).
     Raises TypeError / ValueError naming a bad option or an unsupported size.
     """
     if not isinstance(dims, MoEDims):
         raise TypeError(f"dims: expected a moe_spec.validate.MoEDims, got {type(dims).__name__}")
     check_quant(quant)
-    given = check_options(dims.K, dims.I, quant, swap_ab=swap_ab, configs=configs, fusion=fusion)
+    given = check_options(dims.K, dims.I, quant, swap_ab=swap_ab, configs=configs, fusion=fusion, static=static)
     if given is None:
         per_expert = tokens_per_expert(dims.T, dims.E, dims.top_k)
         gated = gated_gemm1(quant, fusion, dims.I, _bucket(per_expert, swap_ab, (dims.K, dims.I))[0])
@@ -325,9 +367,11 @@ def plan(
         if fusion == "fused":  # ping-pong for a short GEMM2, clusters of two (gemm_rules.py)
             gemm2 = short_k_gemm2(gemm2, dims.I)
             gemm1, gemm2 = clustered(gemm1, dims.K, gemm2=False), clustered(gemm2, dims.I, gemm2=True)
+            gemm1 = gemm1.replace(epilogue_quant=epilogue_quant(gemm1, static))
         given = (gemm1, gemm2)
     if fusion == "separate":  # the unfused reference: a plain GEMM1, SiLU·mul as its own kernel
-        given = separate_configs(given[0].replace(gated=False, gather_rows=False), given[1])
+        plain = given[0].replace(gated=False, gather_rows=False, epilogue_quant=None)
+        given = separate_configs(plain, given[1])
     return LayerPlan(*given, quant=quant, fusion=fusion)
 
 
@@ -340,8 +384,8 @@ def plans_for(
     max_tokens: int = MAX_TOKENS,
     **options,
 ) -> tuple[LayerPlan, ...]:
-    """Every distinct plan this layer gets for T = 1 … ``max_tokens`` (with the same ``options``),
-    in order of T: the plan at the first T of each bucket of :func:`path_rule`."""
+    """Every distinct plan this layer gets for T = 1 … ``max_tokens`` (with the same ``options``: :func:`plan`'s,
+    ``static`` included), in order of T: the plan at the first T of each bucket of :func:`path_rule`."""
     starts = (
         [1]
         if options.get("configs") is not None

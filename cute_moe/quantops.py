@@ -23,6 +23,9 @@ maximum and a warp issues one atomic at the end.
   (:func:`moe_spec.quant.quantize_activation_static`), optionally SiLU·up first (from GEMM1's fp32
   ``h``); a scale that is not finite and positive sets its bit of the error word.
 
+The arithmetic (NaN-keeping maxima, the butterfly reduction, the atomic, the scale, the bad-scale check)
+is :mod:`cute_moe.quantmath`'s, which the gated GEMM1's epilogue shares (:mod:`cute_moe.epilogue_quant`).
+
 Rows are whole 16-byte E4M3 rows (``cols`` a multiple of 16); the grids walk the used rows, whose
 count they read from device memory.
 """
@@ -33,11 +36,12 @@ import cutlass
 import cutlass.cute as cute
 
 from moe_spec.hopper import sm_count
-from moe_spec.quant import AMAX_FLOOR, FP8_BLOCK, FP8_MAX
+from moe_spec.quant import FP8_BLOCK
 from moe_spec.validate import BAD_A1_SCALE, BAD_A2_SCALE
 
 from .cache import compile_once
 from .limits import FP8_ALIGN_ELEMS
+from .quantmath import atomic_amax, bfly_max_nan, flag_bad_scale, max_nan, scale_of
 from .rowops import THREADS, _RowKernel, silu_mul
 from .runtime import fake_rows, fake_stream, fake_vector
 
@@ -47,17 +51,9 @@ WARPS = THREADS // 32
 
 
 @cute.jit
-def _max_nan(a, b):
-    """IEEE 754 ``maximum``: NaN if either operand is NaN (PTX ``max.NaN.f32``)."""
-    return cute.arch.fmax(a, b, nan=True)
-
-
-@cute.jit
 def _warp_max_nan(v):
     """The warp's maximum of ``v`` in every lane, NaN-propagating (five butterfly shuffles)."""
-    for i in cutlass.range_constexpr(5):
-        v = _max_nan(v, cute.arch.shuffle_sync_bfly(v, offset=16 >> i))
-    return v
+    return bfly_max_nan(v, (16, 8, 4, 2, 1))
 
 
 def _chunks(t: cute.Tensor):
@@ -120,23 +116,23 @@ class RowAmax(_GroupKernel):
                 else:
                     v = vs[(0, None, row, chunk)].load().to(cutlass.Float32)
                 for i in cutlass.range_constexpr(LANE_VALUES):
-                    lane_max = _max_nan(lane_max, abs(v[i]))
+                    lane_max = max_nan(lane_max, abs(v[i]))
             counts = True
             if cutlass.const_expr(self.masked):
                 counts = row_mask[row] != 0  # padding rows of the sorted order add nothing
             if cutlass.const_expr(per_tensor):
                 if counts:
-                    running[0] = _max_nan(running[0], lane_max)
+                    running[0] = max_nan(running[0], lane_max)
             else:
                 group_max = _warp_max_nan(lane_max)
                 if counts & (lane == 0):
-                    cute.arch.atomic_fmax(amax.iterator + self._slot(row, g, groups), group_max, sign_bit=False)
+                    atomic_amax(amax.iterator + self._slot(row, g, groups), group_max)
 
         self._for_each(used_rows[0], groups, group_amax, running, va)
         if cutlass.const_expr(per_tensor):
             total = _warp_max_nan(running[0])
             if lane == 0:  # one atomic per warp into the tensor's one slot
-                cute.arch.atomic_fmax(amax.iterator, total, sign_bit=False)
+                atomic_amax(amax.iterator, total)
 
 
 class QuantizeRows(_GroupKernel):
@@ -152,8 +148,7 @@ class QuantizeRows(_GroupKernel):
 
         def quantize(row, g, scale, vq):
             slot = self._slot(row, g, groups)
-            # IEEE division by 448, as moe_spec.quant computes the scale
-            s = cutlass.max(amax[slot], cutlass.Float32(AMAX_FLOOR)) / cutlass.Float32(FP8_MAX)
+            s = scale_of(amax[slot])  # IEEE division by 448, as moe_spec.quant computes the scale
             if lane == 0:
                 # one writer per slot: the first item (tensor), the row's first group (channel), every group (block)
                 if cutlass.const_expr(self.quant == "fp8_tensor"):
@@ -192,10 +187,7 @@ class StaticQuantizeRows(_GroupKernel):
         s = scale[0]
         first, _ = self._first_and_step()
         if (first == 0) & (lane == 0):  # one thread checks the scale, whatever the row count
-            if (s > cutlass.Float32(0.0)) & (s < cutlass.Float32(float("inf"))):
-                pass
-            else:
-                cute.arch.atomic_or(word.iterator, cutlass.Int32(self.bad_bit))
+            flag_bad_scale(s, word, self.bad_bit)
 
         def quantize(row, g, vq):
             chunk = g * 32 + lane

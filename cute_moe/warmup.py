@@ -16,8 +16,11 @@ further ids dtype): the DSL binds a compiled kernel to the device at its first c
 modules lazily, at their first launch — work a serving call should not do.
 
 ``static=True`` warms the calls that pass static activation scales (``a1_scale``, ``a2_scale``:
-fp8_tensor): their quantize kernels (:class:`~cute_moe.quantops.StaticQuantizeRows`, no amax) are
-compiled too, and the first launches pass the placeholder scales 1.
+fp8_tensor): their plans (``plans_for(..., static=True)``: a gated GEMM1 then quantizes by the given
+scale in its epilogue, ``GemmConfig.epilogue_quant``) and their quantize kernels
+(:class:`~cute_moe.quantops.StaticQuantizeRows`, no amax) are compiled, and the first launches pass the
+placeholder scales 1.  The GEMM configs a plan lists carry the epilogue's variant (its fused
+quantization, :func:`~cute_moe.plan.epilogue_quant`), so the warm-up compiles the variants the layer uses.
 
 It compiles into the process's compile cache (:mod:`cute_moe.cache`) for the SM
 count of ``device`` (:func:`moe_spec.hopper.sm_count`; on a CPU, ``device="cpu"`` compiles for
@@ -195,7 +198,8 @@ def warmup(
     if static and options.get("fusion", "fused") != "fused":
         raise ValueError(f"fusion: static activation scales need the fused pipeline, got fusion={options['fusion']!r}")
     num_ctas = _num_ctas(device)
-    plans = layer_plans(plans_for, E, K, I, top_k, quant, max_tokens, **options)
+    # static: the plans of static calls (a gated GEMM1 quantizing by the given scale in its epilogue)
+    plans = layer_plans(plans_for, E, K, I, top_k, quant, max_tokens, static=static, **options)
     configs = tuple(dict.fromkeys(cfg for p in plans for cfg in (p.gemm1, p.gemm2)))
     steps = [
         _step(gemm_name(cfg), (gemm_name(cfg),), lambda cfg=cfg: compile_gemm(cfg, num_ctas), dry_run)

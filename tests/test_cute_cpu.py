@@ -336,6 +336,9 @@ BAD_CONFIGS = [
         r"^tokens_tile=128, weights_tile=128: under schedule='pingpong' .*128×128 tile \(gate \+ up\): 256",
     ),
     (dict(gather_rows=1), TypeError, r"^gather_rows: expected a bool"),
+    (dict(epilogue_quant=1), TypeError, r"^epilogue_quant: expected None or a str"),
+    (dict(epilogue_quant="fused"), ValueError, r"^epilogue_quant='fused': expected None or one of"),
+    (dict(epilogue_quant="amax"), ValueError, r"^epilogue_quant='amax' with gated=False, quant=None"),
     (
         dict(gather_rows=True, quant="fp8_tensor", dtype="float8_e4m3fn", tile_k=128),
         ValueError,

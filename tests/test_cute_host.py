@@ -12,6 +12,7 @@ through the TVM-FFI functions and gives, bit for bit, what a CUDA-graph replay o
 the public step functions (the DSL's own call path) give.
 """
 
+import dataclasses
 import re
 
 import pytest
@@ -151,7 +152,7 @@ def test_a_mismatched_argument_is_caught_by_the_signature_check(recorded_layer):
     """The check above can fail: a GEMM launch given K-mismatched operands, or a missing operand."""
     fused_moe, calls = recorded_layer
     fused_moe(**make_inputs(SMALL, 4, None, seed=0).kwargs())
-    fn, args = next((fn, args) for fn, args in calls if len(args) == 9)  # a GEMM: 9 parameters
+    fn, args = next((fn, args) for fn, args in calls if len(args) == 11)  # a GEMM: 11 parameters
     assert not _mismatches(fn, args)
     x = args[0]
     assert _mismatches(fn, (x[:, : x.shape[1] // 2],) + args[1:])  # K of x no longer K of w
@@ -173,6 +174,7 @@ def _by_steps(kw: dict, quant) -> torch.Tensor:
     names = ("x", "w1", "w2", "topk_weights", "topk_ids", "quant", "w1_scale", "w2_scale")
     dims = validate_moe_args(**{k: kw.get(k) for k in names})
     p = plan(dims, quant)
+    p = dataclasses.replace(p, gemm1=p.gemm1.replace(epilogue_quant=None))  # the steps quantize after GEMM1
     x, ids = kw["x"], kw["topk_ids"]
     rows = moe.sort_rows(ids, kw["topk_weights"], dims.E, p.align_tile, (p.gemm1.tokens_tile, p.gemm2.tokens_tile))
     if quant is None:

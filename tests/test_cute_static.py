@@ -80,8 +80,12 @@ def test_static_call_launches_no_amax(gated, swap_ab, T, monkeypatch):
     kw.update(a1_scale=a1, a2_scale=a2.reshape(()), swap_ab=swap_ab)  # a 0-d scale as vLLM passes it
     with gpu_stand_in() as (fused_moe, launches):
         cute, torch_ops, ops = launches_per_call(fused_moe, launches, kw)
-    a_quantize = "a_quantize_static" if gated == "gated" else "silu_quantize_static"  # plain: SiLU·up inside
-    layer = ["x_quantize_static", "gather", "GroupedGemm", a_quantize, "GroupedGemm", "combine"]
+    # plain: SiLU·up inside the quantize kernel; gated on the normal path: GEMM1's epilogue divides by a2_scale
+    # and writes the E4M3 intermediate itself (cute_moe.plan.epilogue_quant), no quantize launch
+    a_quantize = ["a_quantize_static" if gated == "gated" else "silu_quantize_static"]
+    if gated == "gated" and not swap_ab:
+        a_quantize = []
+    layer = ["x_quantize_static", "gather", "GroupedGemm", *a_quantize, "GroupedGemm", "combine"]
     assert cute == CUTE_ALIGN[T] + layer, cute
     assert not [name for name in cute if "amax" in name]
     assert torch_ops == [] and not HOST_READS & set(ops), (torch_ops, ops)
@@ -218,7 +222,7 @@ def test_a_token_alone_is_its_row_in_the_batch(gemm1, swap_ab):
     """With static scales nothing of a token's output depends on the other tokens: the same kernels
     (the batch's configs, passed to both calls) give its row bit for bit, alone or among 37."""
     kw, a1, a2 = _gpu_inputs(37, seed=3)
-    p = plan_module.plan(MoEDims(T=37, E=8, K=320, I=208, top_k=2), "fp8_tensor", swap_ab=swap_ab)
+    p = plan_module.plan(MoEDims(T=37, E=8, K=320, I=208, top_k=2), "fp8_tensor", swap_ab=swap_ab, static=True)
     options = dict(a1_scale=a1, a2_scale=a2, configs=(p.gemm1, p.gemm2))
     batch = cute_moe.fused_moe(**kw, **options)
     for i in (0, 17, 36):

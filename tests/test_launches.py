@@ -72,7 +72,9 @@ SHAPE = MoEShape("launches", 8, 2, 128, 64, "test: Mixtral-like routing, small s
 #: T = 4: 8 pairs, inside the decode rule's reach (triton_moe.plan.uses_decode); T = 40: 80 pairs,
 #: one chunk of the grouped pipeline; T = 300: 600 pairs, three chunks (the launches are the same).
 DECODE, SMALL_GROUPED, PREFILL = 4, 40, 300
-TRITON = {  # (quant, T): exact Triton launches of a warm grouped call; the targets are bf16 ≤ 6, FP8 ≤ 8
+TRITON = {  # (quant, T): exact Triton launches of a warm grouped call where GEMM1's epilogue does not
+    # quantize the intermediate (triton_moe.plan.epilogue_quant: one launch less where it does, below);
+    # the targets are bf16 ≤ 6, FP8 ≤ 8
     (None, SMALL_GROUPED): 5,
     (None, PREFILL): 5,
     ("fp8_tensor", SMALL_GROUPED): 8,
@@ -85,23 +87,31 @@ TRITON = {  # (quant, T): exact Triton launches of a warm grouped call; the targ
 QUANTS = (None, "fp8_tensor", "fp8_channel", "fp8_block")
 
 
-def _path(quant, T, top_k=2):
+def _plan(quant, T, top_k=2, config=None):
     from moe_spec.validate import MoEDims
     from triton_moe.plan import plan
 
-    return plan(MoEDims(T=T, E=8, K=128, I=64, top_k=top_k), quant).path
+    return plan(MoEDims(T=T, E=8, K=128, I=64, top_k=top_k), quant, config=config)
 
 
-def _triton_call(quant, T, top_k_one=False):
+def _path(quant, T, top_k=2):
+    return _plan(quant, T, top_k).path
+
+
+def _triton_call(quant, T, top_k_one=False, config=None, static=False):
+    import torch
+
     from triton_moe import fused_moe
     from triton_moe.jit import count_compilations
 
     shape = MoEShape("launches1", 8, 1, 128, 64, "test") if top_k_one else SHAPE
     kw = make_inputs(shape, T, quant, seed=0).kwargs()
+    if static:
+        kw.update(a1_scale=torch.tensor([0.01]), a2_scale=torch.tensor([0.002]))
     with count_compilations(dry_run=True):
-        fused_moe(**kw)  # warm: the error word, the workspace, the plan
+        fused_moe(**kw, config=config)  # warm: the error word, the workspace, the plan
     with count_compilations(dry_run=True) as counter, CountOps() as ops:
-        fused_moe(**kw)
+        fused_moe(**kw, config=config)
     return counter.launches, ops
 
 
@@ -109,12 +119,40 @@ def _triton_call(quant, T, top_k_one=False):
 def test_triton_launches_per_call(quant, T):
     assert _path(quant, T) == "grouped"
     launches, ops = _triton_call(quant, T)
-    assert len(launches) == TRITON[quant, T], launches
+    assert len(launches) == TRITON[quant, T] - _plan(quant, T).epilogue_quant(), launches
     assert len(launches) <= (6 if quant is None else 8)
     assert ops.launches == [], ops.launches  # no torch kernel: no fill, no copy, no check
     assert not HOST_READS & set(ops.ops), ops.ops
     assert launches[:2] == ["_count_kernel", "_place_kernel"]
     assert launches[-2:] == ["moe_gemm_kernel", "combine_kernel"]
+
+
+#: Where GEMM1's epilogue quantizes the intermediate (triton_moe.plan.epilogue_quant): fp8_block with a
+#: 128-wide GEMM1 tile, fp8_tensor with static scales — six launches, the intermediate's quantize gone.
+FUSED = {"fp8_block": (False, 128), "fp8_tensor static": (True, 64)}
+
+
+@pytest.mark.parametrize("case", list(FUSED))
+def test_triton_launches_with_the_intermediate_quantized_in_gemm1(case):
+    from triton_moe import TritonConfig
+    from triton_moe.moe import separate_act_quant
+
+    quant, static, block_n = case.split()[0], *FUSED[case]
+    cfg = TritonConfig(16, block_n, 64, swap_ab=True)
+    assert _plan(quant, SMALL_GROUPED, config=cfg).epilogue_quant(static)  # the rule's owner says so
+    launches, ops = _triton_call(quant, SMALL_GROUPED, config=cfg, static=static)
+    assert launches == [
+        "_count_kernel",
+        "_place_kernel",
+        "quantize_kernel",  # x
+        "moe_gemm_kernel",  # GEMM1 → E4M3 intermediate (+ block scales)
+        "moe_gemm_kernel",
+        "combine_kernel",
+    ], launches
+    assert ops.launches == [] and not HOST_READS & set(ops.ops), ops.ops
+    with separate_act_quant():  # the path of before: one quantize launch more
+        separate, _ = _triton_call(quant, SMALL_GROUPED, config=cfg, static=static)
+    assert separate == launches[:4] + ["quantize_kernel"] + launches[4:], separate
 
 
 @pytest.mark.parametrize("quant", QUANTS, ids=[q or "bf16" for q in QUANTS])
@@ -178,13 +216,14 @@ def _cute_layer():
 
 def _cute_fp8(quant, T):
     """The FP8 layer's launches after the alignment: SiLU·up with its amax after GEMM1, or the amax alone
-    after a gated GEMM1 (cute_moe.plan.gated_gemm1: here fp8_block's I = 64 is not whole scale blocks)."""
-    from cute_moe.plan import GATED_FP8_GEMM1, _bucket
+    after a gated GEMM1 (cute_moe.plan.gated_gemm1: here fp8_block's I = 64 is not whole scale blocks), or
+    none where a gated GEMM1 on the normal path takes the amax in its epilogue (cute_moe.plan.epilogue_quant)."""
+    from cute_moe.plan import EPILOGUE_QUANT, GATED_FP8_GEMM1, _bucket
 
     swap, _ = _bucket(T * SHAPE.top_k / SHAPE.num_experts, None, (SHAPE.hidden, SHAPE.intermediate))
     gated = ("swap_ab" if swap else "normal") in GATED_FP8_GEMM1 and quant != "fp8_block"
-    amax = "a_amax" if gated else "silu_amax"
-    return ["x_amax", "x_quantize", "gather", "GroupedGemm", amax, "a_quantize", "GroupedGemm", "combine"]
+    amax = [] if gated and not swap and EPILOGUE_QUANT else ["a_amax" if gated else "silu_amax"]
+    return ["x_amax", "x_quantize", "gather", "GroupedGemm", *amax, "a_quantize", "GroupedGemm", "combine"]
 
 
 CUTE_CASES = [(q, T) for q in (None, "fp8_tensor", "fp8_channel", "fp8_block") for T in (DECODE, CUTE_PREFILL)]

@@ -8,6 +8,9 @@ inputs — the plan with no gated path, then with both — CUDA-graph replayed o
 (cold L2, :func:`moe_spec.timing.time_cuda_graph`), median µs; the two outputs are compared (rel L2:
 the gated layer rounds the intermediate once less, so the bits differ) and each is rerun (bit-identical).
 The plan's rule is the one ``fused_moe`` reads, switched for the run and restored after it.
+``--epilogue-quant off`` also sets :data:`cute_moe.plan.EPILOGUE_QUANT` False, so the gated GEMM1 on the
+normal path writes its fp32 intermediate and the amax launch follows (today's path); ``on`` (the
+default, the plan's) takes that amax in GEMM1's epilogue (:mod:`cute_moe.epilogue_quant`).
 
 Writes ``gated.md`` and ``gated.json`` into ``--out`` (new or empty), rewritten after every cell; no
 cell starts after ``--deadline-s``.
@@ -37,8 +40,9 @@ def _inputs(shape, T: int, n_sets: int):
     return [make_inputs(shape, T, QUANT, seed=i, device="cuda").to("cuda").kwargs() for i in range(n_sets)]
 
 
-def _measure(sets: list, gated: tuple) -> dict:
-    """Time and check ``fused_moe`` on ``sets`` with :data:`~cute_moe.plan.GATED_FP8_GEMM1` = ``gated``."""
+def _measure(sets: list, gated: tuple, epilogue_quant: bool = True) -> dict:
+    """Time and check ``fused_moe`` on ``sets`` with :data:`~cute_moe.plan.GATED_FP8_GEMM1` = ``gated`` (and
+    :data:`~cute_moe.plan.EPILOGUE_QUANT` = ``epilogue_quant``)."""
     import torch
 
     from moe_spec.timing import time_cuda_graph
@@ -46,8 +50,8 @@ def _measure(sets: list, gated: tuple) -> dict:
     from .. import plan as plan_module
     from ..moe import forget_calls, fused_moe
 
-    saved = plan_module.GATED_FP8_GEMM1
-    plan_module.GATED_FP8_GEMM1 = gated
+    saved = plan_module.GATED_FP8_GEMM1, plan_module.EPILOGUE_QUANT
+    plan_module.GATED_FP8_GEMM1, plan_module.EPILOGUE_QUANT = gated, epilogue_quant
     forget_calls()
     try:
         out, again = fused_moe(**sets[0]), fused_moe(**sets[0])
@@ -55,7 +59,7 @@ def _measure(sets: list, gated: tuple) -> dict:
         torch.cuda.synchronize()
         return {"us": round(t.median_us, 1), "out": out, "bit_identical": bool(torch.equal(out, again))}
     finally:
-        plan_module.GATED_FP8_GEMM1 = saved
+        plan_module.GATED_FP8_GEMM1, plan_module.EPILOGUE_QUANT = saved
         forget_calls()
 
 
@@ -67,7 +71,7 @@ def _write(out, results: dict) -> None:
         "",
         "Whole fp8_block fused_moe calls, CUDA-graph replay, cold L2, median µs. plain: GATED_FP8_GEMM1 = () "
         "(GEMM1 writes H [M_pad, 2I], a SiLU·up + amax pass); gated: both paths (SiLU·up in GEMM1's epilogue). "
-        "rel L2: gated against plain; bit-identical: a rerun of each.",
+        f"rel L2: gated against plain; bit-identical: a rerun of each. EPILOGUE_QUANT: {results['epilogue_quant']}.",
         "",
         "| shape | T | plain µs | gated µs | gated / plain | rel L2 | bit-identical (plain, gated) |",
         "|---|---|---|---|---|---|---|",
@@ -93,6 +97,9 @@ def main(argv=None) -> None:
     parser.add_argument("--shapes", default=",".join(SHAPES), help="catalog shapes, comma separated")
     parser.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="token counts, comma separated")
     parser.add_argument("--sets", type=int, default=2, help="weight sets rotated per timing (cold L2) [2]")
+    parser.add_argument(
+        "--epilogue-quant", choices=("on", "off"), default="on", help="the amax in GEMM1's epilogue [on]"
+    )
     a, out, run = studyout.start_gpu_study(prog, parser, argv, FILES)
     try:
         shapes = studyout.split_list("--shapes", a.shapes)
@@ -107,7 +114,7 @@ def main(argv=None) -> None:
     from moe_spec.problem import get_shape
 
     start = time.time()
-    results = {**run, "quant": QUANT, "rows": [], "cut": []}
+    results = {**run, "quant": QUANT, "epilogue_quant": a.epilogue_quant, "rows": [], "cut": []}
     _write(out, results)
     for spec in shapes:
         shape = get_shape(spec)
@@ -118,7 +125,8 @@ def main(argv=None) -> None:
             row = {"shape": spec, "T": T}
             try:
                 sets = _inputs(shape, T, a.sets)
-                plain, gated = _measure(sets, ()), _measure(sets, ("swap_ab", "normal"))
+                fused = a.epilogue_quant == "on"
+                plain, gated = _measure(sets, ()), _measure(sets, ("swap_ab", "normal"), fused)
                 row.update(
                     plain_us=plain["us"],
                     gated_us=gated["us"],
