@@ -1,0 +1,205 @@
+"""The MoE layer at decode in ONE persistent CuTe DSL launch (bf16): :func:`decode_fused_moe`.
+
+For T·top_k ≤ 64 (token, slot) pairs the layer only streams the weights of the experts it hits; the
+grouped pipeline (:func:`cute_moe.fused_moe`) spends six launches on it (the alignment's two, GEMM1,
+GEMM2, the combine, a gather where the plan does not gather in its producer), each with its ramp and
+tail.  Here the whole layer is one launch of :class:`~cute_moe.decode_kernel.DecodeKernel`: the routing
+read in the kernel (no sort), tasks claimed from a ticket counter — GEMM1 per (expert, 64 columns of I),
+GEMM2 per (128 columns of K, expert), the combine per (128 columns of K, 8 tokens) — ordered by device
+counters with release / acquire semantics (notes/decode.md, "The CuTe DSL kernel").
+
+The arithmetic is the grouped pipeline's: h = SiLU(gate)·up in fp32 rounded once to bf16 (its gated
+GEMM1's epilogue, :func:`cute_moe.rowops.silu_mul`), y = (h·W2ᵀ)·w in fp32 rounded once (its GEMM2's row
+scale), out[t] = Σ_j y[t·top_k + j] in fp32 in slot order, rounded once (its combine).
+
+Host side: the arguments are checked by :func:`moe_spec.validate.validate_moe_args` with cute_moe's
+limits, then the kernel's own (:func:`check_decode_sizes`: at most 64 pairs, K a multiple of 128, I of
+64), each error naming the argument, before anything is allocated or launched.  One compile per
+``topk_ids`` dtype serves every T, E, K, I (:func:`~cute_moe.decode_kernel.compile_decode`); h, y and
+the self-resetting counters are a workspace per (pair bucket, K, I, device, stream, thread)
+(:func:`decode_workspace`).  Not run on a GPU yet.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections import OrderedDict
+
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_tensor
+
+from moe_spec.hopper import sm_count
+from moe_spec.ops import through_op
+from moe_spec.validate import MoEDims, check_runs_on, error_word, surface_errors, validate_moe_args
+
+from .cache import compile_once
+from .decode_kernel import BF16, DecodeKernel
+from .decode_parts import H_TILE, PAIR_LANES, STAGES, TOKENS, VEC, Y_TILE, counter_words, grid_size, pair_bucket
+from .moe import LIMITS
+from .runtime import fake_rows, fake_stream, fake_vector, ffi_function
+
+#: Workspaces kept (least recently used dropped first): one per (bucket, sizes, device, stream, thread).
+WORKSPACES = 8
+_workspaces: OrderedDict = OrderedDict()
+_lock = threading.Lock()
+
+
+def check_decode_sizes(dims: MoEDims) -> None:
+    """The decode kernel's limits on a validated call's sizes, each error naming the argument."""
+    pairs = dims.T * dims.top_k
+    if pairs > PAIR_LANES:
+        raise ValueError(
+            f"topk_ids: the decode kernel serves at most {PAIR_LANES} (token, slot) pairs, got "
+            f"T·top_k = {dims.T}·{dims.top_k} = {pairs}; call cute_moe.fused_moe (the grouped pipeline)"
+        )
+    if dims.K % Y_TILE:
+        raise ValueError(
+            f"x: the decode kernel needs K = x.shape[1] a multiple of {Y_TILE} (its output tiles), got {dims.K}"
+        )
+    if dims.I % H_TILE:
+        raise ValueError(
+            f"w2: the decode kernel needs I = w2.shape[2] a multiple of {H_TILE} (its h tiles), got {dims.I}"
+        )
+
+
+def workspace_shapes(T: int, top_k: int, K: int, I: int) -> dict:  # noqa: E741
+    """Shapes of a workspace: h bf16 [bucket, I], y bf16 [bucket, K] (bucket: :func:`pair_bucket` of
+    T·top_k) and the int32 counters [:func:`counter_words`]."""
+    rows = pair_bucket(T * top_k)
+    return {"h": (rows, I), "y": (rows, K), "counters": (counter_words(K),)}
+
+
+def new_workspace(T: int, top_k: int, K: int, I: int, device) -> dict:  # noqa: E741
+    """Fresh buffers of :func:`workspace_shapes`; the counters zeroed once (every launch leaves them zero)."""
+    shapes = workspace_shapes(T, top_k, K, I)
+    return {
+        "h": torch.empty(shapes["h"], dtype=torch.bfloat16, device=device),
+        "y": torch.empty(shapes["y"], dtype=torch.bfloat16, device=device),
+        "counters": torch.zeros(shapes["counters"], dtype=torch.int32, device=device),
+    }
+
+
+def decode_workspace(T: int, top_k: int, K: int, I: int, device) -> dict:  # noqa: E741
+    """The workspace of a call: reused by the eager calls of one stream and thread (launches on one stream
+    never overlap, so one counter block serves them all); fresh during a CUDA graph capture or a call
+    through the op (a graph owns what it was captured with; its replays on one stream reuse it)."""
+    device = torch.device(device)
+    if device.type == "cuda" and (torch.cuda.is_current_stream_capturing() or through_op()):
+        return new_workspace(T, top_k, K, I, device)
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+    key = (pair_bucket(T * top_k), K, I, device, stream, threading.get_ident())
+    with _lock:
+        ws = _workspaces.get(key)
+        if ws is None:
+            ws = _workspaces[key] = new_workspace(T, top_k, K, I, device)
+            if len(_workspaces) > WORKSPACES:
+                _workspaces.popitem(last=False)
+        else:
+            _workspaces.move_to_end(key)
+    return ws
+
+
+def check_workspace(ws, dims: MoEDims, device) -> None:
+    """A caller's workspace: a dict with h, y, counters of the call's sizes on x's device, named if not."""
+    if not isinstance(ws, dict) or not {"h", "y", "counters"} <= set(ws):
+        raise TypeError("workspace: expected a dict with 'h', 'y' and 'counters' (cute_moe.decode.new_workspace)")
+    pairs = dims.T * dims.top_k
+    for name, dtype, cols in (("h", torch.bfloat16, dims.I), ("y", torch.bfloat16, dims.K)):
+        t = ws[name]
+        if not isinstance(t, torch.Tensor) or t.dtype != dtype or t.dim() != 2 or t.shape[1] != cols:
+            raise ValueError(f"workspace: {name} must be a bf16 [≥ {pairs}, {cols}] tensor")
+        if t.shape[0] < pairs or not t.is_contiguous() or t.device != device:
+            raise ValueError(f"workspace: {name} must be a contiguous bf16 [≥ {pairs}, {cols}] tensor on {device}")
+    c = ws["counters"]
+    words = counter_words(dims.K)
+    if not isinstance(c, torch.Tensor) or c.dtype != torch.int32 or tuple(c.shape) != (words,) or c.device != device:
+        raise ValueError(f"workspace: counters must be an int32 [{words}] tensor on {device}, zeroed once when made")
+
+
+IDS_DTYPES = {"int32": cutlass.Int32, "int64": cutlass.Int64}
+"""The ``topk_ids`` dtypes the kernel is compiled for (one binary each)."""
+
+
+def fake_arguments(ids_dtype: str = "int32"):
+    """Symbolic stand-ins for every argument (16-B aligned rows; K a multiple of 128, I of 64)."""
+    sym, sym64 = cute.sym_int, cute.sym_int64
+    x = make_fake_tensor(
+        BF16, (sym(), sym(divisibility=Y_TILE)), stride=(sym64(divisibility=Y_TILE), 1), assumed_align=16
+    )
+    w1 = make_fake_tensor(
+        BF16,
+        (sym(divisibility=H_TILE), sym(divisibility=Y_TILE), sym(), sym()),
+        stride=(sym64(divisibility=VEC), 1, sym64(divisibility=VEC), sym64(divisibility=VEC)),
+        assumed_align=16,
+    )
+    w2 = make_fake_tensor(
+        BF16,
+        (sym(divisibility=Y_TILE), sym(divisibility=H_TILE), sym()),
+        stride=(sym64(divisibility=VEC), 1, sym64(divisibility=VEC)),
+        assumed_align=16,
+    )
+    ids_type = IDS_DTYPES[ids_dtype]
+    routing = lambda dt: make_fake_compact_tensor(dt, (sym(), sym()), stride_order=(1, 0), assumed_align=dt.width // 8)  # noqa: E731
+    return (
+        x,
+        w1,
+        w2,
+        routing(cutlass.Float32),
+        routing(ids_type),
+        fake_rows(BF16, H_TILE),
+        fake_rows(BF16, Y_TILE),
+        fake_rows(BF16, Y_TILE),
+        fake_vector(cutlass.Int32),
+        fake_vector(cutlass.Int32),
+        cutlass.Int32(1),
+        fake_stream(),
+    )
+
+
+def compile_decode(ids_dtype: str = "int32", *, keep_ptx: bool = False):
+    """The compiled decode kernel for ``topk_ids`` of ``ids_dtype`` ("int32" or "int64"): one compile
+    serves every T, E, K, I and grid (all runtime values), cached by :func:`cute_moe.cache.compile_once`."""
+    if ids_dtype not in IDS_DTYPES:
+        raise ValueError(f"topk_ids: the decode kernel takes int32 or int64 ids, got {ids_dtype}")
+
+    def build(options):
+        return cute.compile(DecodeKernel(), *fake_arguments(ids_dtype), options=options)
+
+    return compile_once(("decode", ids_dtype, STAGES, TOKENS), build, keep_ptx=keep_ptx)
+
+
+@functools.lru_cache(maxsize=4)
+def _kernel(ids_dtype: torch.dtype):
+    return ffi_function(compile_decode(str(ids_dtype).removeprefix("torch.")))
+
+
+def decode_fused_moe(x, w1, w2, topk_weights, topk_ids, *, workspace: dict | None = None) -> torch.Tensor:
+    """The MoE layer in one launch → out bf16 [T, K] (the contract of :mod:`moe_spec.contract`, bf16).
+
+    ``x`` bf16 [T, K]; ``w1`` bf16 [E, 2I, K] (gate rows, then up rows); ``w2`` bf16 [E, K, I];
+    ``topk_weights`` fp32 [T, top_k]; ``topk_ids`` int32 or int64 [T, top_k]; T·top_k ≤ 64, K a
+    multiple of 128, I of 64.  ``workspace``: a dict of :func:`new_workspace` (default: this stream's,
+    :func:`decode_workspace`).  Bad routing data is the contract's: an id outside [0, E) is computed
+    clamped with its routing weight replaced by NaN (its token's row is NaN), flagged in the error word
+    as are a repeated id and a non-finite weight; the next call raises it."""
+    dims = validate_moe_args(x, w1, w2, topk_weights, topk_ids, limits=LIMITS)
+    check_decode_sizes(dims)
+    if workspace is not None:
+        check_workspace(workspace, dims, x.device)
+    check_runs_on(x.device, LIMITS)
+    surface_errors(x.device)  # an earlier call's failed data check raises here
+    T, K, I, top_k = dims.T, dims.K, dims.I, dims.top_k  # noqa: E741
+    if T == 0:
+        return x.new_empty((0, K))
+    ws = workspace if workspace is not None else decode_workspace(T, top_k, K, I, x.device)
+    out = torch.empty((T, K), dtype=torch.bfloat16, device=x.device)
+    grid = grid_size(T, top_k, dims.E, K, I, sm_count(x.device))
+    w1_view = w1.unflatten(1, (2, I)).permute(2, 3, 1, 0)  # (I, K, half, E): gate 0, up 1
+    w2_view = w2.permute(1, 2, 0)  # (K, I, E)
+    _kernel(topk_ids.dtype)(
+        x, w1_view, w2_view, topk_weights, topk_ids, ws["h"], ws["y"], out, ws["counters"], error_word(x.device), grid
+    )
+    return out

@@ -1,0 +1,284 @@
+"""The pieces of the one-launch CuTe decode kernel (:mod:`cute_moe.decode_kernel`, whose docstring tells a
+task's life): its constants, the task numbering, the sizes the host derives from them, the routing tables
+every CTA builds in shared memory, the dependency protocol, and the producer's row copy.
+
+Task numbering (plain integer arithmetic: traced into the kernel, and callable in Python, where the CPU
+tests walk it).  ``NL`` experts are hit (the *leaders*: an expert's lowest pair index), ``NT1 = I / 64``
+n-tiles of the intermediate, ``NK = K / 128`` k-tiles of the output, ``NTB = ⌈T / 8⌉`` token blocks::
+
+    A   [0, B0)      B0 = NL·NT1        a = r·NT1 + n       leader rank r, n-tile n: h[pairs of r, 64 cols]
+    B   [B0, C0)     C0 = B0 + NK·NL    b = kt·NL + r       k-tile kt, leader rank r: y[pairs of r, 128 cols]
+    C   [C0, END)    END = C0 + NK·NTB  c = kt·NTB + tb     k-tile kt, token block tb: out[8 tokens, 128 cols]
+
+Only leaders are numbered (the Triton kernel numbers every pair and lets a non-leader's task only count):
+an expert hit by several pairs costs one A task per n-tile and one B task per k-tile, none wasted on a
+claim.  ``NL`` is read in the kernel; the host sizes the grid by its bound ``min(T·top_k, E)``.
+
+The routing tables (:func:`build_tables`, :func:`leader_tables` is the same in Python).  For the ``P =
+T·top_k ≤ 64`` pairs: the expert of each pair (its id clamped into [0, E)), the pairs grouped by leader
+in leader order and pair order inside a group (``order``), each leader rank's first position in it
+(``start``), its pair count (``count``) and its leader's pair (``lead``), the routing weight of each pair
+(NaN for an id outside [0, E): the contract's bad id), and ``NL``.  A chunk of a task is ``TOKENS`` = 16
+consecutive members of a group: WGMMA's N.
+"""
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+from cutlass.cute.nvgpu import cpasync
+
+from moe_spec.hopper import WGMMA_M
+from moe_spec.validate import BAD_ID, BAD_WEIGHT, REPEATED_ID
+
+PAIR_LANES = 64
+"""The most (token, slot) pairs one launch serves: the routing tables hold this many."""
+TOKENS = 16
+"""Pairs per chunk: WGMMA's N, the token rows of the B operand (K-major)."""
+TILE_K = 64
+"""bf16 elements of K per ring stage: one 128-byte swizzled row."""
+H_TILE = WGMMA_M
+"""Columns of h per A task: 64 gate rows and 64 up rows of W1, one WGMMA M each."""
+Y_TILE = 2 * WGMMA_M
+"""Columns of y (and of out) per B and C task: two 64-row boxes of W2, one WGMMA M each."""
+TOKEN_BLOCK = 8
+"""Tokens per C task: 8 tokens × 16 vectors of 8 bf16 = the 128 consumer threads."""
+STAGES = 8
+"""Depth of the TMA ring: 8 × 18 KiB (two 64×64 weight boxes, 16 token rows)."""
+QUEUE = 2
+"""Tasks the producer warp may hand the consumer warpgroup ahead of its work."""
+CONSUMER_THREADS = 128
+PRODUCER_WARP = 4
+"""Warps 0–3 are the consumer warpgroup (WGMMA needs an aligned warpgroup); warp 4 the producer."""
+THREADS = CONSUMER_THREADS + 32
+CONSUMER_BARRIER_ID = 1
+"""Named barrier of the consumer warpgroup (0 is the CTA's)."""
+VEC = 8
+"""bf16 per 16-byte vector (cp.async copies, the combine's loads)."""
+VECS = TILE_K // VEC
+ROW_PASS = 32 // VECS
+"""Token rows the producer warp copies at once: 4 rows of 8 vectors."""
+
+# the counter block (int32): ticket, exit count, reserved, done1[leader rank], done2[k-tile]
+TICKET, EXIT = 0, 1
+HEADER = 8
+DONE1 = HEADER
+DONE2 = HEADER + PAIR_LANES
+
+
+# ---- task numbering and host sizes (plain integers) -----------------------------------------------
+def phase_starts(n_leaders, nt1, nk, ntb):
+    """(B0, C0, END): the first B task, the first C task and the task count."""
+    b0 = n_leaders * nt1
+    c0 = b0 + nk * n_leaders
+    return b0, c0, c0 + nk * ntb
+
+
+def a_task(a, nt1):
+    """A task ``a`` (counted from 0) → (leader rank, n-tile)."""
+    return a // nt1, a % nt1
+
+
+def b_task(b, n_leaders):
+    """B task ``b`` (counted from B0) → (k-tile, leader rank)."""
+    return b // n_leaders, b % n_leaders
+
+
+def c_task(c, ntb):
+    """C task ``c`` (counted from C0) → (k-tile, token block)."""
+    return c // ntb, c % ntb
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def tile_counts(T: int, K: int, I: int) -> tuple[int, int, int]:  # noqa: E741
+    """(NT1, NK, NTB): n-tiles of I, k-tiles of K, token blocks of T."""
+    return I // H_TILE, K // Y_TILE, _cdiv(T, TOKEN_BLOCK)
+
+
+def task_counts(n_leaders: int, T: int, K: int, I: int) -> tuple[int, int, int]:  # noqa: E741
+    """(A, B, C) tasks of a launch whose routing hits ``n_leaders`` experts."""
+    nt1, nk, ntb = tile_counts(T, K, I)
+    return n_leaders * nt1, nk * n_leaders, nk * ntb
+
+
+def max_tasks(T: int, top_k: int, E: int, K: int, I: int) -> int:  # noqa: E741
+    """The most tasks a launch can have: every pair on its own expert (``min(T·top_k, E)`` leaders)."""
+    return sum(task_counts(min(T * top_k, E), T, K, I))
+
+
+def grid_size(T: int, top_k: int, E: int, K: int, I: int, sms: int) -> int:  # noqa: E741
+    """CTAs of a launch: one per SM (shared memory holds one), never more than there can be tasks."""
+    return max(1, min(max_tasks(T, top_k, E, K, I), sms))
+
+
+def counter_words(K: int) -> int:
+    """int32 words of the counter block: the header, done1 per leader lane, done2 per k-tile."""
+    return HEADER + PAIR_LANES + K // Y_TILE
+
+
+def pair_bucket(pairs: int) -> int:
+    """Rows of the workspace's h and y: the pairs rounded up to a power of two, 8 … 64."""
+    return max(8, 1 << max(pairs - 1, 0).bit_length())
+
+
+def stage_tx_bytes() -> int:
+    """Bytes TMA lands per ring stage (the full barrier's transaction count): two 64 × 64 bf16 boxes."""
+    return 2 * WGMMA_M * TILE_K * 2
+
+
+def smem_bytes() -> int:
+    """Shared memory of a CTA, about: the ring (weights and token rows) and ≤ 2 KiB of barriers and tables."""
+    return STAGES * (stage_tx_bytes() + TOKENS * TILE_K * 2) + 2048
+
+
+def leader_tables(ids: list[int], E: int) -> dict:
+    """The routing tables :func:`build_tables` writes, in Python (a reference for tests and notes)."""
+    expert = [min(max(int(i), 0), E - 1) for i in ids]
+    first = [expert.index(e) for e in expert]
+    leaders = [p for p in range(len(ids)) if first[p] == p]
+    order = [q for p in leaders for q in range(len(ids)) if first[q] == p]
+    count = [first.count(p) for p in leaders]
+    start = [sum(count[:r]) for r in range(len(leaders))]
+    return dict(expert=expert, lead=leaders, order=order, start=start, count=count, n_leaders=len(leaders))
+
+
+# ---- the dependency protocol ------------------------------------------------------------------------
+@cute.jit
+def wait_at_least(ptr, target):
+    """Spin until the int32 at ``ptr`` is at least ``target``: ``ld.acquire.gpu`` (an acquire pattern)."""
+    seen = cute.arch.load(ptr, cutlass.Int32, sem="acquire", scope="gpu")
+    while seen < target:
+        seen = cute.arch.load(ptr, cutlass.Int32, sem="acquire", scope="gpu")
+
+
+@cute.jit
+def signal(ptr):
+    """Count a finished task, by one thread after its group's barrier: ``fence.acq_rel.gpu`` then
+    ``red.release.gpu.add`` (a release pattern, cumulative over the barrier)."""
+    cute.arch.fence_acq_rel_gpu()
+    cute.arch.red(ptr, cutlass.Int32(1), op="add", dtype=cutlass.Int32, sem="release", scope="gpu")
+
+
+def consumer_sync():
+    """The consumer warpgroup's barrier (128 threads)."""
+    cute.arch.barrier(barrier_id=CONSUMER_BARRIER_ID, number_of_threads=CONSUMER_THREADS)
+
+
+def ring_state(count, producer: bool):
+    """The ring's pipeline state after ``count`` stages (a producer's phase starts at 1)."""
+    phase = (count // STAGES) % 2
+    if producer:
+        phase = phase ^ 1
+    return pipeline.PipelineState(STAGES, count, count % STAGES, phase)
+
+
+# ---- the routing tables -------------------------------------------------------------------------------
+@cute.jit
+def build_tables(tables, ids: cute.Tensor, weights: cute.Tensor, word: cute.Tensor, E, tidx, checks):
+    """Every CTA: the routing tables in shared memory (``tables``: expert, first, order, start, count,
+    lead, scale, n_leaders), thread p for pair p, three passes between CTA barriers.  ``checks`` (CTA 0):
+    also OR the contract's data-check bits into the error word ``word``."""
+    s_exp, s_first, s_order, s_start, s_count, s_lead, s_scale, s_nl = tables
+    top_k = ids.shape[1]
+    P = ids.shape[0] * top_k
+    if tidx < PAIR_LANES:
+        e = cutlass.Int32(-1)
+        if tidx < P:
+            t, j = tidx // top_k, tidx % top_k
+            raw = cutlass.Int64(ids[(t, j)])
+            w = weights[(t, j)]
+            in_range = (raw >= 0) & (raw < cutlass.Int64(E))
+            e = cutlass.Int32(cutlass.min(cutlass.max(raw, cutlass.Int64(0)), cutlass.Int64(E - 1)))
+            bits = cutlass.Int32(0)
+            if in_range:
+                s_scale[tidx] = w
+            else:
+                s_scale[tidx] = cutlass.Float32(float("nan"))  # its token's row: NaN (moe_spec.contract)
+                bits = bits | BAD_ID
+            if checks:
+                if abs(w) < cutlass.Float32(float("inf")):
+                    pass
+                else:  # NaN fails the compare too
+                    bits = bits | BAD_WEIGHT
+                for back in range(j):  # the same id in an earlier slot of the row
+                    if in_range & (cutlass.Int64(ids[(t, back)]) == raw):
+                        bits = bits | REPEATED_ID
+                if bits != 0:
+                    cute.arch.atomic_or(word.iterator, bits)
+        s_exp[tidx] = e
+    cute.arch.sync_threads()
+    first = cutlass.Int32(0)
+    slot = cutlass.Int32(0)
+    if tidx < P:
+        e = s_exp[tidx]
+        first = tidx
+        for q in range(tidx):  # the leader is the lowest pair of the expert; slot = rank among its pairs
+            if s_exp[q] == e:
+                first = cutlass.min(first, q)
+                slot = slot + 1
+        s_first[tidx] = first
+    cute.arch.sync_threads()
+    if tidx < P:
+        before = cutlass.Int32(0)  # pairs whose leader comes before this pair's: its group's start
+        members = cutlass.Int32(0)
+        rank = cutlass.Int32(0)
+        leaders = cutlass.Int32(0)
+        for q in range(P):
+            fq = s_first[q]
+            if fq < first:
+                before = before + 1
+            if fq == tidx:
+                members = members + 1
+            if fq == q:
+                leaders = leaders + 1
+                if q < tidx:
+                    rank = rank + 1
+        s_order[before + slot] = tidx
+        if first == tidx:
+            s_lead[rank] = tidx
+            s_start[rank] = before
+            s_count[rank] = members
+        if tidx == 0:
+            s_nl[0] = leaders
+    cute.arch.sync_threads()
+
+
+# ---- the producer's row copy --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RowCopy:
+    """The producer warp's cp.async copy of a stage's token rows (x rows for GEMM1, h rows for GEMM2)
+    into the swizzled B ring: 16 rows × 8 vectors of 16 bytes, lane ``l`` copies vector ``l % 8`` of rows
+    ``l // 8 + 4i`` (i = 0 … 3), partitioned over the staged smem tensor so that the swizzle is the one
+    the WGMMA descriptors read.  cp.async.cg: through L2 only (h is written by other SMs in this launch)."""
+
+    atom: object
+    dst: object  # this lane's vectors of the token ring: (vector, pass, 1, stage)
+    row: object
+    vec: object
+
+    @classmethod
+    def make(cls, s_rows: cute.Tensor, lane) -> "RowCopy":
+        atom = cute.make_copy_atom(
+            cpasync.CopyG2SOp(cpasync.LoadCacheMode.GLOBAL), cutlass.BFloat16, num_bits_per_copy=VEC * 16
+        )
+        tiled = cute.make_tiled_copy_tv(
+            atom, cute.make_layout((ROW_PASS, VECS), stride=(VECS, 1)), cute.make_layout((1, VEC))
+        )
+        return cls(atom, tiled.get_slice(lane).partition_D(s_rows), lane // VECS, lane % VECS)
+
+    @cute.jit
+    def copy(self, src: cute.Tensor, s_order, base, chunk, count, top_k, k, slot, by_token: cutlass.Constexpr):
+        """Rows ``chunk·16 + j`` (j < 16, below ``count``) of the group starting at ``order[base]``: pair
+        q's row of ``src`` (``by_token``: token q // top_k's), K step ``k``, into ring slot ``slot``."""
+        vsrc = cute.local_tile(src, (1, VEC), (None, None))  # (1, VEC, rows, K / VEC)
+        for i in cutlass.range_constexpr(TOKENS // ROW_PASS):
+            j = chunk * TOKENS + i * ROW_PASS + self.row
+            if j < count:
+                q = s_order[base + j]
+                if cutlass.const_expr(by_token):
+                    q = q // top_k
+                cute.copy(self.atom, vsrc[(0, None, q, k * VECS + self.vec)], self.dst[(None, i, 0, slot)])
