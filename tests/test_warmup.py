@@ -41,10 +41,12 @@ LAYERS = [(8, 2, 64, 32), (6, 1, 40, 24)]  # (E, top_k, K, I): a combine; top_k 
 MAX_T = 512
 
 
-def _triton_sweep(E, top_k, K, I, quant, tokens, **options):  # noqa: E741
-    """fused_moe over ``tokens`` (dry run: keys only), topk_ids int32 at even T, int64 at odd T;
-    returns the plans the sweep met. Weights and x are placeholders: keys do not depend on values."""
+def _triton_sweep(E, top_k, K, I, quant, tokens, static=False, **options):  # noqa: E741
+    """fused_moe over ``tokens`` (dry run: keys only), topk_ids int32 at even T, int64 at odd T
+    (``static``: with static activation scales); returns the plans the sweep met. Weights and x are
+    placeholders: keys do not depend on values."""
     base = placeholder_inputs(E, K, I, top_k, quant, 1, "cpu")
+    scales = {name: torch.ones(1) for name in ("a1_scale", "a2_scale")} if static else {}
     met = set()
     for T in tokens:
         # token t goes to experts 7t, 7t + 1, … (mod E): distinct in a row, spread over all experts
@@ -60,18 +62,21 @@ def _triton_sweep(E, top_k, K, I, quant, tokens, **options):  # noqa: E741
             quant=quant,
             w1_scale=base.w1_scale,
             w2_scale=base.w2_scale,
+            **scales,
             **options,
         )
         met.add(triton_moe.plan(MoEDims(T=T, E=E, K=K, I=I, top_k=top_k), quant, **options))
     return met
 
 
-def _triton_new_keys(E, top_k, K, I, quant, max_tokens, tokens=None, **options):  # noqa: E741
-    """Warm-up, then the sweep (default: every T up to ``max_tokens``), in one dry-run counter."""
+def _triton_new_keys(E, top_k, K, I, quant, max_tokens, tokens=None, static=False, sweep_static=None, **options):  # noqa: E741
+    """Warm-up (``static``), then the sweep (default: every T up to ``max_tokens``; static scales when
+    ``sweep_static``, default ``static``), in one dry-run counter."""
+    sweep_static = static if sweep_static is None else sweep_static
     with count_compilations(dry_run=True) as counter:
-        report = triton_moe.warmup(E, K, I, top_k, quant, max_tokens=max_tokens, device="cpu", **options)
+        report = triton_moe.warmup(E, K, I, top_k, quant, max_tokens=max_tokens, device="cpu", static=static, **options)
         counter.mark()
-        met = _triton_sweep(E, top_k, K, I, quant, tokens or range(1, max_tokens + 1), **options)
+        met = _triton_sweep(E, top_k, K, I, quant, tokens or range(1, max_tokens + 1), sweep_static, **options)
         swept = {(name, key) for name, keys in counter.keys.items() for key in keys}
     return report, counter.new_keys, swept, met
 
@@ -105,6 +110,24 @@ def test_triton_sweep_after_warmup_compiles_nothing(E, top_k, K, I, quant):  # n
     expected = 4 * len(grouped) + 2 * len(block_ms) + 2 + (top_k > 1) + fp8
     expected += 2 * (len(met) - len(grouped))
     assert report.count == len(report.covered) == expected
+
+
+def test_triton_static_scales_sweep_after_static_warmup_compiles_nothing(grouped_only):
+    # static fp8_tensor calls: GEMM1 quantizes the intermediate in its epilogue (QUANT_OUT) and x is
+    # quantized by the given scale, keys of their own that only warmup(static=True) compiles
+    E, top_k, K, I = LAYERS[0]  # noqa: E741
+    report, new_keys, swept, met = _triton_new_keys(E, top_k, K, I, "fp8_tensor", 64, static=True)
+    assert new_keys == {}, f"compiled after the static warm-up: {new_keys}"
+    assert swept == report.covered and all(p.epilogue_quant(static=True) for p in met)
+    _, missed, _, _ = _triton_new_keys(E, top_k, K, I, "fp8_tensor", 64, static=False, sweep_static=True)
+    assert "moe_gemm_kernel" in missed, missed  # GEMM1 with QUANT_OUT (and x's static quantize kernel)
+
+
+def test_triton_static_warmup_refusals():
+    with pytest.raises(TypeError, match=r"^static: expected a bool"):
+        triton_moe.warmup(8, 64, 32, 2, "fp8_tensor", device="cpu", static=1)
+    with pytest.raises(ValueError, match=r"^static: static activation scales need quant='fp8_tensor'"):
+        triton_moe.warmup(8, 64, 32, 2, "fp8_block", device="cpu", static=True)
 
 
 @pytest.mark.parametrize("quant", [None, "fp8_tensor"], ids=["bf16", "fp8_tensor"])

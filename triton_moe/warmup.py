@@ -33,6 +33,7 @@ import time
 import torch
 
 from moe_spec.quant import check_quant
+from moe_spec.validate import STATIC_SCALE_FORMAT
 from moe_spec.warmup import (
     WarmupReport,
     WarmupStep,
@@ -76,13 +77,17 @@ def warmup(
     *,
     dry_run: bool | None = None,
     ids_dtypes=IDS_DTYPES,
+    static: bool = False,
     **options,
 ) -> WarmupReport:
     """Compile every kernel ``fused_moe`` can launch for this layer at T = 1 … ``max_tokens``.
 
     ``options`` are ``fused_moe``'s (``config``, ``swap_ab``): the warm-up covers the calls made
     with the same ones. ``dry_run`` (default: True under the interpreter) records what a fresh
-    process would compile without compiling or launching. Returns a
+    process would compile without compiling or launching. ``static``: the calls pass static
+    activation scales (``a1_scale``, ``a2_scale``: fp8_tensor), whose GEMM1 quantizes the
+    intermediate in its epilogue (:func:`~triton_moe.plan.epilogue_quant`): a kernel of its own.
+    Returns a
     :class:`~moe_spec.warmup.WarmupReport`: one step per (plan, ``topk_ids`` dtype) — the kernels it
     compiled and its seconds, which on a GPU include the one-token call itself (microseconds).
     Raises TypeError / ValueError naming a bad argument before anything is compiled.
@@ -90,6 +95,10 @@ def warmup(
     check_layer(E, K, I, top_k, max_tokens, LIMITS)  # fused_moe's limits, before anything is allocated
     check_quant(quant)
     check_options(options, fused_moe, "triton_moe.warmup")
+    if type(static) is not bool:
+        raise TypeError(f"static: expected a bool, got {static!r}")
+    if static and quant != STATIC_SCALE_FORMAT:
+        raise ValueError(f"static: static activation scales need quant={STATIC_SCALE_FORMAT!r}, got quant={quant!r}")
     dry_run = INTERPRET if dry_run is None else bool(dry_run)
     dev = _device(device, dry_run)
     if not isinstance(ids_dtypes, (tuple, list)):
@@ -106,10 +115,13 @@ def warmup(
         for p in plans:
             for ids_dtype in ids_dtypes:
                 inputs = placeholder_inputs(E, K, I, top_k, quant, 1, dev, ids_dtype)
+                scales = {}
+                if static:
+                    scales = {name: torch.ones(1, dtype=torch.float32, device=dev) for name in ("a1_scale", "a2_scale")}
                 known = {name: set(keys) for name, keys in counter.keys.items()}
                 done = len(counter.compilations)
                 start = time.perf_counter()
-                fused_moe(**inputs.kwargs(), config=p.config)
+                fused_moe(**inputs.kwargs(), config=p.config, **scales)
                 if compiling:
                     torch.cuda.synchronize(dev)
                 seconds = time.perf_counter() - start
