@@ -47,8 +47,9 @@ def _measure(sets: list, gated: tuple, epilogue_quant: bool = True) -> dict:
 
     from moe_spec.timing import time_cuda_graph
 
-    from .. import plan as plan_module
     from ..moe import forget_calls, fused_moe
+
+    plan_module = sys.modules["cute_moe.plan"]  # the module: the package's attribute `plan` is the function
 
     saved = plan_module.GATED_FP8_GEMM1, plan_module.EPILOGUE_QUANT
     plan_module.GATED_FP8_GEMM1, plan_module.EPILOGUE_QUANT = gated, epilogue_quant
