@@ -7,6 +7,8 @@ Each module is a command that measures or draws something (``python -m cute_moe.
 ==================  ==================================================================================
 ``bench``           layer cells, GEMM-level swap-AB against normal, compile time (GPU)
 ``bench_align``     the token alignment's launches against torch's ops (GPU), and the layer's host cost
+``bench_decode``    the one-launch decode kernel against the grouped pipeline, bf16 (GPU)
+``bench_gated``     the gated FP8 GEMM1 (SiLU·up, quantization in its epilogue) against the plain one (GPU)
 ``bench_pingpong``  ping-pong and cluster multicast against cooperative consumers (GPU)
 ``crossover``       where swap-AB stops paying, per catalog shape (GPU)
 ``explore``         the layout explorer: one config's layouts, PTX and pictures (CPU)

@@ -1,0 +1,143 @@
+"""The one-launch decode kernel (:func:`cute_moe.decode.decode_fused_moe`) against the grouped pipeline.
+
+    python -m cute_moe.lab.bench_decode --out DIR [--deadline-s 300] [--shapes ...] [--tokens 1,2,8]
+
+Every cell (bf16, catalog shape, T with T·top_k within the kernel's pairs) times one whole layer call of
+each path, CUDA-graph replayed over rotated weight sets (cold L2), median µs, and checks the one-launch
+output against the fp64 oracle (rel L2) and the grouped pipeline's (rel L2 and whether the bits are
+equal: both round h, y and the sum once, in the same order), and a rerun of it (bits).  The eager
+column is plain back-to-back calls (one synchronization per repeat): what a caller without graphs pays.
+
+Writes ``decode.md`` and ``decode.json`` into ``--out`` (new or empty), rewritten after every cell.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from moe_spec import studyout
+
+FILES = ("decode.md", "decode.json")
+SHAPES = ("qwen3-30b-a3b", "deepseek-v3:tp8", "mixtral-8x7b")
+TOKENS = (1, 2, 8)
+CELL_S = 25.0  # a cell starts only when this much time is left before the deadline
+
+
+def _cell(shape, T: int, n_sets: int) -> dict:
+    import torch
+
+    from moe_spec.oracle import oracle, rel_l2
+    from moe_spec.problem import make_inputs
+    from moe_spec.timing import time_cuda_graph, wall_us
+
+    from ..decode import decode_fused_moe
+    from ..moe import fused_moe
+
+    names = ("x", "w1", "w2", "topk_weights", "topk_ids")  # bf16: the decode kernel takes these alone
+    sets = []
+    for i in range(n_sets):
+        kw = make_inputs(shape, T, None, seed=i, device="cuda").to("cuda").kwargs()
+        sets.append({n: kw[n] for n in names})
+    one = decode_fused_moe(**sets[0])
+    again = decode_fused_moe(**sets[0])
+    grouped = fused_moe(**sets[0])
+    ref = oracle(**sets[0])
+    t_one = time_cuda_graph(lambda i: lambda: decode_fused_moe(**sets[i]), n_sets)
+    t_grouped = time_cuda_graph(lambda i: lambda: fused_moe(**sets[i]), n_sets)
+    eager_one = wall_us(
+        [lambda s=s: decode_fused_moe(**s) for s in sets], calls=50, repeats=5, sync=torch.cuda.synchronize
+    )
+    eager_grouped = wall_us(
+        [lambda s=s: fused_moe(**s) for s in sets], calls=50, repeats=5, sync=torch.cuda.synchronize
+    )
+    return {
+        "one_us": round(t_one.median_us, 1),
+        "grouped_us": round(t_grouped.median_us, 1),
+        "ratio": round(t_one.median_us / t_grouped.median_us, 3),
+        "one_eager_us": round(eager_one, 1),
+        "grouped_eager_us": round(eager_grouped, 1),
+        "rel_l2_oracle": rel_l2(one, ref),
+        "rel_l2_grouped": rel_l2(one, grouped.double()),
+        "equal_grouped": bool(torch.equal(one, grouped)),
+        "rerun_equal": bool(torch.equal(one, again)),
+    }
+
+
+def _write(out, results: dict) -> None:
+    lines = [
+        f"# cute_moe's one-launch decode kernel on {results['device']}",
+        "",
+        *studyout.header_lines(results),
+        "",
+        "bf16 whole layer. one-launch: `cute_moe.decode.decode_fused_moe`; grouped: `cute_moe.fused_moe` "
+        "(alignment, GEMM1, GEMM2, combine). µs: CUDA-graph replay, cold L2, median; eager: back-to-back "
+        "calls, µs per call. rel L2 against the fp64 oracle and against the grouped output; equal: the "
+        "bits of the two outputs; rerun: the one-launch output again, bit for bit.",
+        "",
+        "| shape | T | one-launch µs | grouped µs | one / grouped | eager one / grouped µs | rel L2 oracle "
+        "| rel L2 grouped | equal | rerun |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['shape']} | {r['T']} | error: {r['error']} |")
+            continue
+        lines.append(
+            f"| {r['shape']} | {r['T']} | {r['one_us']:.1f} | {r['grouped_us']:.1f} | {r['ratio']:.3f} "
+            f"| {r['one_eager_us']:.1f} / {r['grouped_eager_us']:.1f} | {r['rel_l2_oracle']:.1e} "
+            f"| {r['rel_l2_grouped']:.1e} | {r['equal_grouped']} | {r['rerun_equal']} |"
+        )
+    if results["cut"]:
+        lines += ["", f"Not run (deadline or over the kernel's pairs): {', '.join(results['cut'])}"]
+    text = json.dumps(results, indent=1, default=str) + "\n"
+    studyout.write_files(out, dict(zip(FILES, ("\n".join(lines) + "\n", text))))
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    prog = "python -m cute_moe.lab.bench_decode"
+    parser = studyout.gpu_study_parser(prog, __doc__, FILES, 300.0)
+    parser.add_argument("--shapes", default=",".join(SHAPES), help="catalog shapes, comma separated")
+    parser.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="token counts, comma separated")
+    parser.add_argument("--sets", type=int, default=4, help="weight sets rotated per timing (cold L2) [4]")
+    a, out, run = studyout.start_gpu_study(prog, parser, argv, FILES)
+    try:
+        shapes = studyout.split_list("--shapes", a.shapes)
+        tokens = studyout.positive_ints("--tokens", a.tokens)
+    except studyout.UsageError as exc:
+        parser.error(str(exc))
+    if a.sets < 1:
+        parser.error(f"--sets: must be at least 1, got {a.sets}")
+    import torch
+
+    from moe_spec.problem import get_shape
+
+    from ..decode_parts import PAIR_LANES
+
+    start = time.time()
+    results = {**run, "rows": [], "cut": []}
+    _write(out, results)
+    for spec in shapes:
+        shape = get_shape(spec)
+        for T in tokens:
+            if T * shape.top_k > PAIR_LANES or time.time() - start > a.deadline_s - CELL_S:
+                results["cut"].append(f"{spec} T={T}")
+                continue
+            row = {"shape": spec, "T": T}
+            try:
+                row.update(_cell(shape, T, a.sets))
+            except Exception as exc:  # noqa: BLE001 — one failing cell is a row, not the end of the run
+                row["error"] = repr(exc)[:300]
+            results["rows"].append(row)
+            print(json.dumps(row, default=str), flush=True)
+            _write(out, results)
+            torch.cuda.empty_cache()
+    _write(out, results)
+    print(f"\n{(out / 'decode.md').read_text()}")
+    print(f"bench_decode done in {time.time() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
