@@ -17,7 +17,7 @@ limits, then the kernel's own (:func:`check_decode_sizes`: at most 64 pairs, K a
 64), each error naming the argument, before anything is allocated or launched.  One compile per
 ``topk_ids`` dtype serves every T, E, K, I (:func:`~cute_moe.decode_kernel.compile_decode`); h, y and
 the self-resetting counters are a workspace per (pair bucket, K, I, device, stream, thread)
-(:func:`decode_workspace`).  Not run on a GPU yet.
+(:func:`decode_workspace`).  GPU tests: ``tests/test_cute_decode_gpu.py``; timings: notes/decode.md.
 """
 
 from __future__ import annotations
