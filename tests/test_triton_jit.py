@@ -87,11 +87,12 @@ def test_sweep_does_not_recompile(quant, config):
         for T in SWEEP:
             fused_moe(**make_inputs(SHAPE, T, quant, seed=T).kwargs(), config=config)
     # align ×2, GEMM1, GEMM2, combine (+ quantize ×2, + amax for fp8_tensor; one quantize less where
-    # GEMM1's epilogue quantizes the intermediate: triton_moe.plan.epilogue_quant)
-    fused = plan(
+    # GEMM1's epilogue quantizes the intermediate: triton_moe.plan.epilogue_quant; one less again where
+    # GEMM1 quantizes x in its A load: triton_moe.plan.x_quant_in_gemm1)
+    p = plan(
         MoEDims(T=5, E=SHAPE.num_experts, K=SHAPE.hidden, I=SHAPE.intermediate, top_k=SHAPE.top_k), quant, config=config
-    ).epilogue_quant()
-    assert warm == {None: 5, "fp8_tensor": 8}.get(quant, 7) - fused
+    )
+    assert warm == {None: 5, "fp8_tensor": 8}.get(quant, 7) - p.epilogue_quant() - p.x_quant_in_gemm1()
     assert counter.new_keys == {}, f"recompilations: {counter.new_keys}"
 
 

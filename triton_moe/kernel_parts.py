@@ -1,7 +1,8 @@
 """The pieces the grouped GEMM kernels are made of (:mod:`triton_moe.kernels`' ``moe_gemm_kernel`` and
 :mod:`triton_moe.kernels_tma`'s persistent TMA kernel) and the registry's constants as the kernels
-read them: one K step with FP8 promotion, the scaled MMA, the routing reads, the epilogue and
-split-K's sum. :mod:`triton_moe.kernels` explains the arithmetic.
+read them: one K step with FP8 promotion, the scaled MMA, the routing reads and the epilogue
+(split-K's sum is in :mod:`triton_moe.kernels`, x's quantization in the A load in
+:mod:`triton_moe.kernel_quant`). :mod:`triton_moe.kernels` explains the arithmetic.
 """
 
 from __future__ import annotations
@@ -160,14 +161,20 @@ def _k_step(
     SWAP_AB: tl.constexpr,
     INTERPRETER: tl.constexpr,
     FP8_IMPRECISE_ACC: tl.constexpr,
+    a_s,
+    QUANT_A: tl.constexpr = False,
 ):
     """One K step of a grouped GEMM on its loaded tiles — A, the weight (GEMM1: gate) tile ``w`` and,
     under ``FUSE_SILU``, the up tile ``w_up`` — into (acc, acc_up, scale_bad). fp8_block loads the
     step's scales, checks the weight's and scales the product; every other format adds the raw
-    product. Both kernels' K loops call it, so on one tile they add the same products in one order."""
+    product. Both kernels' K loops call it, so on one tile they add the same products in one order.
+    ``QUANT_A``: A's scales ``a_s`` were made in the A load (:mod:`triton_moe.kernel_quant`), not loaded."""
     if QUANT == PER_BLOCK:
         kg = k0 // FP8_BLOCK
-        s_a = tl.load(a_scale_ptr + a_row * K_GROUPS + kg, mask=row_ok, other=1.0)
+        if QUANT_A:
+            s_a = a_s
+        else:
+            s_a = tl.load(a_scale_ptr + a_row * K_GROUPS + kg, mask=row_ok, other=1.0)
         s_w = tl.load(w_scale_ptr + (expert * N_GROUPS + offs_n // FP8_BLOCK) * K_GROUPS + kg, mask=col_ok, other=1.0)
         scale_bad |= _scale_bad(s_w)
         acc = _mma_scaled(acc, a, w, s_a, s_w, SWAP_AB, INTERPRETER)
@@ -207,9 +214,21 @@ def _scale_bad(s):  # 1 where a weight scale is not finite and positive (NaN fai
 
 @triton.jit
 def _dequant_after_loop(
-    acc, a_scale_ptr, a_row, row_ok, w_scale_ptr, expert, w_cols, col_ok, N_TOTAL, QUANT: tl.constexpr
+    acc,
+    a_scale_ptr,
+    a_row,
+    row_ok,
+    w_scale_ptr,
+    expert,
+    w_cols,
+    col_ok,
+    N_TOTAL,
+    QUANT: tl.constexpr,
+    a_s,
+    QUANT_A: tl.constexpr,
 ):
-    """Per-tensor / per-channel FP8: both scales once, after the K loop → (acc, a weight scale bad)."""
+    """Per-tensor / per-channel FP8: both scales once, after the K loop → (acc, a weight scale bad).
+    ``QUANT_A``: per-channel A scales are ``a_s``, made by GEMM1 itself (:mod:`triton_moe.kernel_quant`)."""
     bad = 0
     if QUANT == PER_TENSOR:
         s_a = tl.load(a_scale_ptr)
@@ -217,7 +236,10 @@ def _dequant_after_loop(
         acc = acc * (s_a * s_w)
         bad = _scale_bad(s_w)
     elif QUANT == PER_CHANNEL:
-        s_a = tl.load(a_scale_ptr + a_row, mask=row_ok, other=1.0)
+        if QUANT_A:
+            s_a = a_s
+        else:
+            s_a = tl.load(a_scale_ptr + a_row, mask=row_ok, other=1.0)
         s_w = tl.load(w_scale_ptr + expert * N_TOTAL + w_cols, mask=col_ok, other=0.0)
         acc = acc * s_a[:, None] * s_w[None, :]
         bad = tl.max(tl.where(col_ok, _scale_bad(s_w), 0), axis=0)
@@ -285,14 +307,19 @@ def _epilogue(
     BLOCK_N: tl.constexpr,
     EARLY_ROUTING: tl.constexpr,
     QUANT_OUT: tl.constexpr = False,
+    a_s=None,
+    QUANT_A: tl.constexpr = False,
 ):
     """The epilogue of both grouped GEMMs on an (unswapped) [BLOCK_M, BLOCK_N] tile: dequantize,
     SiLU(gate)·up and the intermediate's amax (GEMM1), routing weight (GEMM2), error bits, store.
     ``id_ok`` and ``rw`` were loaded before the K loop (``EARLY_ROUTING``) or are loaded here (:func:`_row_routing`).
     ``QUANT_OUT`` (GEMM1, :func:`triton_moe.plan.epilogue_quant`): the intermediate is stored as E4M3
     (:func:`_quantize_tile`), and ``out_amax_ptr`` is its scale — static fp8_tensor's, read, or
-    fp8_block's [P, ⌈N/128⌉], written — instead of an amax."""
-    acc, bad = _dequant_after_loop(acc, a_scale_ptr, a_row, row_ok, w_scale_ptr, expert, offs_n, col_ok, N_TOTAL, QUANT)
+    fp8_block's [P, ⌈N/128⌉], written — instead of an amax. ``a_s``, ``QUANT_A``: x's scales made in
+    GEMM1's A load (:mod:`triton_moe.kernel_quant`)."""
+    acc, bad = _dequant_after_loop(
+        acc, a_scale_ptr, a_row, row_ok, w_scale_ptr, expert, offs_n, col_ok, N_TOTAL, QUANT, a_s, QUANT_A
+    )
     if QUANT == PER_BLOCK:
         bad = tl.max(scale_bad, axis=0)
     # a pair whose id is outside [0, E) was aligned with it clamped (triton_moe.align): GEMM1 zeroes
@@ -302,7 +329,7 @@ def _epilogue(
     out_mask = row_ok[:, None] & col_ok[None, :]
     if FUSE_SILU:
         up, bad_up = _dequant_after_loop(
-            acc_up, a_scale_ptr, a_row, row_ok, w_scale_ptr, expert, N + offs_n, col_ok, N_TOTAL, QUANT
+            acc_up, a_scale_ptr, a_row, row_ok, w_scale_ptr, expert, N + offs_n, col_ok, N_TOTAL, QUANT, a_s, QUANT_A
         )
         bad = bad | bad_up
         acc = acc / (1.0 + tl.exp(-acc)) * up  # SiLU(gate)·up in fp32
@@ -373,43 +400,6 @@ def _quantize_tile(
             mask=row_ok[:, None] & (gcol < n_groups)[None, :],
         )
         return q, 0
-
-
-@triton.jit
-def _split_k_sum(
-    acc,
-    acc_up,
-    partial_ptr,
-    count_ptr,
-    tile,
-    FUSE_SILU: tl.constexpr,
-    SPLIT_K: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    """Split-K's exchange: store this program's partial tile(s), count the programs of ``tile`` that
-    are done; the last one gets (Σ_s partial_s in the order s = 0, 1, …, the same, True) and resets
-    the count for the next launch, the others (their partials, the same, False)."""
-    TILE: tl.constexpr = BLOCK_M * BLOCK_N
-    cells = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-    first = partial_ptr + tile.to(tl.int64) * (SPLIT_K * 2 * TILE) + cells  # partial s: gate at 2s, up at 2s+1
-    mine = first + tl.program_id(1) * (2 * TILE)
-    tl.store(mine, acc)
-    if FUSE_SILU:
-        tl.store(mine + TILE, acc_up)
-    tl.debug_barrier()  # every thread's stores precede the count's release
-    last = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel") == SPLIT_K - 1
-    mask = (cells >= 0) & last
-    # in L2 (.cg): the partials were written by other SMs during this launch
-    acc = tl.load(first, mask=mask, other=0.0, cache_modifier=".cg")
-    if FUSE_SILU:
-        acc_up = tl.load(first + TILE, mask=mask, other=0.0, cache_modifier=".cg")
-    for s in tl.static_range(1, SPLIT_K):
-        acc += tl.load(first + s * 2 * TILE, mask=mask, other=0.0, cache_modifier=".cg")
-        if FUSE_SILU:
-            acc_up += tl.load(first + s * 2 * TILE + TILE, mask=mask, other=0.0, cache_modifier=".cg")
-    tl.store(count_ptr + tile, 0, mask=last)
-    return acc, acc_up, last
 
 
 @triton.jit

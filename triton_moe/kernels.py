@@ -23,8 +23,11 @@ Swap-AB (``SWAP_AB``)
 FP8 W8A8 (``QUANT``: 0 bf16, 1 per-tensor, 2 per-channel, 3 128×128 block)
     Both GEMMs read E4M3 operands straight from memory — the activations are quantized before each
     GEMM — so ``tl.dot`` gets them on Triton's async-copy → WGMMA path with nothing in between.
-    x is quantized by :mod:`triton_moe.kernels_rows`. The intermediate SiLU·up is quantized by
-    GEMM1's epilogue itself where its scale is known in the tile (``QUANT_OUT``; THE rule is
+    x is quantized by :mod:`triton_moe.kernels_rows` — or, where one GEMM1 program can make its scale
+    (``QUANT_A``; THE rule is :func:`triton_moe.plan.x_quant_in_gemm1`: tiles of ≤ 32 rows, fp8_block
+    with 128-deep K steps, static per-tensor, per-channel), by GEMM1 itself in its A load, which
+    then reads bf16 x (:mod:`triton_moe.kernel_quant`: the same codes and scales). The intermediate
+    SiLU·up is quantized by GEMM1's epilogue itself where its scale is known in the tile (``QUANT_OUT``; THE rule is
     :func:`triton_moe.plan.epilogue_quant`): a static per-tensor scale (read, and checked into the
     error word), or — fp8_block with BLOCK_N a multiple of 128, so a tile holds whole 1×128 groups —
     each group's amax taken in registers (the tile reshaped to [BLOCK_M, BLOCK_N/128, 128]); it then
@@ -111,9 +114,9 @@ from triton_moe.kernel_parts import (
     _epilogue,
     _k_step,
     _row_routing,
-    _split_k_sum,
     _unswap,
 )
+from triton_moe.kernel_quant import _a_scale, _quantize_a
 
 #: The ``QUANT`` constexpr of each contract format: its mode number in the registry.
 QUANT_MODE = {name: fmt.mode for name, fmt in FORMATS.items()}
@@ -159,6 +162,7 @@ def moe_gemm_kernel(
     SPLIT_K: tl.constexpr = 1,  # programs along grid axis 1, each summing its share of the K steps
     EARLY_ROUTING: tl.constexpr = False,  # GEMM2 of few K steps: the rows' ids and weights before the loop
     QUANT_OUT: tl.constexpr = False,  # GEMM1 stores the intermediate as E4M3 (triton_moe.plan.epilogue_quant)
+    QUANT_A: tl.constexpr = False,  # GEMM1 reads bf16 x and quantizes it (triton_moe.plan.x_quant_in_gemm1)
 ):
     # ---- which tile: grouped ordering (GROUP_M M-blocks sweep the N tiles together, for L2) ----
     pid = tl.program_id(0)
@@ -199,9 +203,12 @@ def moe_gemm_kernel(
     acc = _acc_tile(SWAP_AB, BLOCK_M, BLOCK_N)
     acc_up = _acc_tile(SWAP_AB, BLOCK_M, BLOCK_N)  # GEMM1 only; folded away otherwise
     scale_bad = tl.zeros([BLOCK_N], dtype=tl.int32)  # fp8_block: any bad weight scale of the loop
+    a_s = _a_scale(a_ptr, a_scale_ptr, a_row, row_ok, error_ptr, K, QUANT, QUANT_A, BLOCK_M, BLOCK_K)
     for k0 in range(k_begin, k_end, BLOCK_K):
         k_ok = offs_k < K - k0
-        a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        a_ok = row_ok[:, None] & k_ok[None, :]
+        a = tl.load(a_ptrs, mask=a_ok, other=0.0)
+        a, s_a = _quantize_a(a, a_ok, a_s, row_ok, QUANT, QUANT_A, INTERPRETER)  # QUANT_A: bf16 → E4M3
         w = tl.load(w_ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
         w_up = w  # GEMM2: no up tile
         if FUSE_SILU:
@@ -229,6 +236,8 @@ def moe_gemm_kernel(
             SWAP_AB,
             INTERPRETER,
             FP8_IMPRECISE_ACC,
+            s_a,
+            QUANT_A,
         )
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
@@ -274,4 +283,43 @@ def moe_gemm_kernel(
         BLOCK_N,
         EARLY_ROUTING,
         QUANT_OUT,
+        a_s,
+        QUANT_A,
     )
+
+
+@triton.jit
+def _split_k_sum(
+    acc,
+    acc_up,
+    partial_ptr,
+    count_ptr,
+    tile,
+    FUSE_SILU: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Split-K's exchange: store this program's partial tile(s), count the programs of ``tile`` that
+    are done; the last one gets (Σ_s partial_s in the order s = 0, 1, …, the same, True) and resets
+    the count for the next launch, the others (their partials, the same, False)."""
+    TILE: tl.constexpr = BLOCK_M * BLOCK_N
+    cells = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    first = partial_ptr + tile.to(tl.int64) * (SPLIT_K * 2 * TILE) + cells  # partial s: gate at 2s, up at 2s+1
+    mine = first + tl.program_id(1) * (2 * TILE)
+    tl.store(mine, acc)
+    if FUSE_SILU:
+        tl.store(mine + TILE, acc_up)
+    tl.debug_barrier()  # every thread's stores precede the count's release
+    last = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel") == SPLIT_K - 1
+    mask = (cells >= 0) & last
+    # in L2 (.cg): the partials were written by other SMs during this launch
+    acc = tl.load(first, mask=mask, other=0.0, cache_modifier=".cg")
+    if FUSE_SILU:
+        acc_up = tl.load(first + TILE, mask=mask, other=0.0, cache_modifier=".cg")
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(first + s * 2 * TILE, mask=mask, other=0.0, cache_modifier=".cg")
+        if FUSE_SILU:
+            acc_up += tl.load(first + s * 2 * TILE + TILE, mask=mask, other=0.0, cache_modifier=".cg")
+    tl.store(count_ptr + tile, 0, mask=last)
+    return acc, acc_up, last

@@ -11,8 +11,9 @@ Quantization, before each GEMM, once
     (``amax_kernel``: ≤ 128 partial amaxes, one read of x, nothing to zero) unless the scale is
     static; per-channel and block scales depend only on the row / the 1×128 group, so
     ``quantize_kernel`` finds the amax and quantizes in one program. The intermediate's amax comes
-    from GEMM1's epilogue (its buffer zeroed by x's quantization); the intermediate stays fp32 until
-    this pass (a bf16-rounded copy would move some values across an E4M3 rounding boundary:
+    from GEMM1's epilogue (its buffer zeroed by x's quantization, or — where GEMM1 quantizes x —
+    made zero and left zero by the intermediate's quantization after reading it); the intermediate
+    stays fp32 until this pass (a bf16-rounded copy would move some values across an E4M3 rounding boundary:
     notes/triton_moe.md, "Pipeline"). Where its scale is known inside one GEMM1 tile — static
     per-tensor, or 1×128 groups in a tile of whole groups (:func:`triton_moe.plan.epilogue_quant`) —
     GEMM1's epilogue quantizes it instead, with the same helpers (``_scale_of``, ``_quantize``), and
@@ -76,6 +77,7 @@ def quantize_kernel(
     GROUPS: tl.constexpr,
     INTERPRETER: tl.constexpr,
     STATIC_BIT: tl.constexpr = 0,
+    ZERO_AFTER: tl.constexpr = False,
 ):
     """a [rows, K] (bf16 or fp32) → q [rows, K] E4M3 and scales, exactly as moe_spec.quant does.
     One program per row, GROUPS × 128 columns at a time. The scale is static (``STATIC_BIT`` ≠ 0,
@@ -83,15 +85,16 @@ def quantize_kernel(
     positive sets ``STATIC_BIT``) or comes from an amax, given (``AMAX_GIVEN``: x's ``num_amax``
     partial amaxes; the intermediate's, from GEMM1's epilogue) or found here (per-channel reads the
     row twice). Scales in moe_spec.quant's shapes: [1], [rows, 1], [rows, ⌈K/128⌉]. Quantizing x
-    also zeroes GEMM1's amax buffer (``zero_count`` elements at ``zero_ptr``): no launch fills it."""
+    also zeroes GEMM1's amax buffer (``zero_count`` elements at ``zero_ptr``): no launch fills it.
+    ``ZERO_AFTER``: the zeroing comes last, after every load of the program — the intermediate's
+    quantization zeroing the amax it has just read (each program its row's), where GEMM1 quantizes x
+    (:func:`triton_moe.plan.x_quant_in_gemm1`) and so no x launch zeroes it before GEMM1."""
     row = tl.program_id(0)
     groups = tl.arange(0, GROUPS)
     cols = tl.arange(0, FP8_BLOCK)
     K_GROUPS = tl.cdiv(K, FP8_BLOCK)
-    per_row = tl.cdiv(zero_count, num_rows)
-    for z0 in range(0, per_row, FP8_BLOCK):
-        z = row * per_row + z0 + cols
-        tl.store(zero_ptr + z, tl.zeros_like(z).to(tl.float32), mask=(z0 + cols < per_row) & (z < zero_count))
+    if not ZERO_AFTER:
+        _zero_share(zero_ptr, row, num_rows, zero_count)
     if QUANT == PER_TENSOR and STATIC_BIT:
         s = tl.load(scale_ptr)
         tl.atomic_or(amax_ptr, STATIC_BIT, mask=(row == 0) & (_scale_bad(s) != 0))
@@ -127,6 +130,20 @@ def quantize_kernel(
         else:
             q = _quantize(v, s, INTERPRETER)
         tl.store(q_ptr + row * K + k, q, mask=k < K)
+    if ZERO_AFTER:
+        tl.debug_barrier()  # every thread's amax loads precede the zeros
+        _zero_share(zero_ptr, row, num_rows, zero_count)
+
+
+@triton.jit
+def _zero_share(zero_ptr, row, num_rows, zero_count):
+    """Zero program ``row``'s share of ``zero_count`` fp32 at ``zero_ptr``: ⌈zero_count / num_rows⌉
+    elements from row · share (for an amax per row or per (row, 1×128 group): that row's own)."""
+    cols = tl.arange(0, FP8_BLOCK)
+    per_row = tl.cdiv(zero_count, num_rows)
+    for z0 in range(0, per_row, FP8_BLOCK):
+        z = row * per_row + z0 + cols
+        tl.store(zero_ptr + z, tl.zeros_like(z).to(tl.float32), mask=(z0 + cols < per_row) & (z < zero_count))
 
 
 @triton.jit(do_not_specialize=["num_tokens"])

@@ -59,6 +59,7 @@ from moe_spec.hopper import TMA_ALIGN_BYTES as TMA_ALIGN
 from moe_spec.hopper import sm_count
 from triton_moe.jit import launch
 from triton_moe.kernel_parts import FP8_BLOCK, _epilogue, _k_step, _row_routing
+from triton_moe.kernel_quant import _a_scale, _quantize_a
 
 
 def _torch_scratch(size: int, alignment: int, stream):
@@ -179,6 +180,7 @@ def moe_gemm_tma_kernel(
     FLATTEN: tl.constexpr,  # tl.range(..., flatten=True): one software pipeline across tiles
     EARLY_ROUTING: tl.constexpr = False,  # GEMM2 of few K steps: the rows' ids and weights before the loop
     QUANT_OUT: tl.constexpr = False,  # GEMM1 stores the intermediate as E4M3 (triton_moe.plan.epilogue_quant)
+    QUANT_A: tl.constexpr = False,  # GEMM1 reads bf16 x and quantizes it (triton_moe.plan.x_quant_in_gemm1)
 ):
     if FUSE_SILU:
         N_TOTAL = 2 * N  # W1 rows: gate 0…I−1, up I…2I−1
@@ -217,9 +219,12 @@ def moe_gemm_tma_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)  # GEMM1 only; folded away otherwise
         scale_bad = tl.zeros([BLOCK_N], dtype=tl.int32)  # fp8_block: any bad weight scale of the loop
+        a_s = _a_scale(a_ptr, a_scale_ptr, a_row, row_ok, error_ptr, K, QUANT, QUANT_A, BLOCK_M, BLOCK_K)
         for k0 in range(0, K, BLOCK_K):
             k_ok = offs_k < K - k0
-            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            a_ok = row_ok[:, None] & k_ok[None, :]
+            a = tl.load(a_ptrs, mask=a_ok, other=0.0)
+            a, s_a = _quantize_a(a, a_ok, a_s, row_ok, QUANT, QUANT_A, INTERPRETER)  # QUANT_A: bf16 → E4M3
             w = w_desc.load([w_row, k0])
             w_up = w  # GEMM2: no up tile
             if FUSE_SILU:
@@ -247,6 +252,8 @@ def moe_gemm_tma_kernel(
                 False,
                 INTERPRETER,
                 FP8_IMPRECISE_ACC,
+                s_a,
+                QUANT_A,
             )
             a_ptrs += BLOCK_K
 
@@ -281,4 +288,6 @@ def moe_gemm_tma_kernel(
             BLOCK_N,
             EARLY_ROUTING,
             QUANT_OUT,
+            a_s,
+            QUANT_A,
         )

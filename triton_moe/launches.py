@@ -6,8 +6,9 @@ so an eager call re-derives nothing; :func:`_workspace` keeps the intermediate b
 device, stream, thread), reused by that thread's next eager call on the same stream (never during
 a CUDA graph capture, whose buffers belong to the graph, nor for a call through the op:
 :func:`moe_spec.ops.through_op`). :func:`_quantize` is the activations'
-quantization (amax, then E4M3 and scales) as x, and the intermediate where GEMM1's epilogue does
-not quantize it (:func:`triton_moe.plan.epilogue_quant`), need it.
+quantization (amax, then E4M3 and scales) as x, where GEMM1 does not quantize it in its A load
+(:func:`triton_moe.plan.x_quant_in_gemm1`), and the intermediate, where GEMM1's epilogue does not
+(:func:`triton_moe.plan.epilogue_quant`), need it.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from triton_moe.config import EARLY_ROUTING_MAX_K_STEPS, TritonConfig
 from triton_moe.jit import INTERPRET, Bound
 from triton_moe.kernels import QUANT_MODE, fp8_imprecise_acc, moe_gemm_kernel
 from triton_moe.kernels_rows import AMAX_PARTS, amax_kernel, combine_kernel, quantize_kernel
-from triton_moe.plan import epilogue_quant
+from triton_moe.plan import epilogue_quant, x_quant_in_gemm1
 
 COMBINE_BLOCK = 1024
 PARTS = AMAX_PARTS.value  # fp8_tensor's partial amaxes of x, at most
@@ -45,11 +46,16 @@ def _cdiv(a: int, b: int) -> int:
 
 
 @functools.lru_cache(maxsize=1024)
-def _quantize_launches(rows: int, cols: int, quant: str, amax_given: bool, zero_numel: int, static_bit: int) -> tuple:
+def _quantize_launches(
+    rows: int, cols: int, quant: str, amax_given: bool, zero_numel: int, static_bit: int, zero_after: bool = False
+) -> tuple:
     """(amax launch or None, its program count, quantize launch) of :func:`_quantize` for activations
-    [rows, cols]: grids and constexprs bound once per shape (:class:`~triton_moe.jit.Bound`)."""
+    [rows, cols]: grids and constexprs bound once per shape (:class:`~triton_moe.jit.Bound`).
+    ``zero_after``: the launch zeroes the amax it reads, after reading it (``ZERO_AFTER``)."""
     fmt = get_format(quant)
     common = dict(QUANT=fmt.mode, GROUPS=QUANT_GROUPS, INTERPRETER=INTERPRET)
+    if zero_after:
+        common.update(ZERO_AFTER=True)
     if static_bit:
         return None, 1, Bound(quantize_kernel, (rows,), AMAX_GIVEN=False, STATIC_BIT=static_bit, **common)
     if fmt.activation_group == (WHOLE, WHOLE) and not amax_given:  # one scale for the whole tensor
@@ -66,7 +72,8 @@ def _quantize(a, quant: str, amax=None, *, q=None, scale=None, parts=None, zero=
     """(q E4M3, scale fp32) of activations a [rows, cols] — moe_spec.quant.quantize_activation's
     result. ``amax``: the amax in the format's shape when already known (else found here); ``q``,
     ``scale``, ``parts`` (fp32 [PARTS], fp8_tensor's partial amaxes): buffers to use;
-    ``zero``: a buffer the same launch zeroes (GEMM1's amax). ``static_bit`` ≠ 0: ``scale`` is a
+    ``zero``: a buffer the same launch zeroes (GEMM1's amax; the ``amax`` itself, after reading it, when
+    ``launches`` were bound with ``zero_after``). ``static_bit`` ≠ 0: ``scale`` is a
     static fp8_tensor scale (read, not written: ``quantize_activation_static``), and a bad one sets
     this bit of the error word. ``launches``: :func:`_quantize_launches` of these arguments, when
     the caller holds them."""
@@ -74,7 +81,7 @@ def _quantize(a, quant: str, amax=None, *, q=None, scale=None, parts=None, zero=
     q = torch.empty((rows, cols), dtype=FP8_DTYPE, device=a.device) if q is None else q
     zero_numel = 0 if zero is None else zero.numel()
     amax_launch, num_amax, quantize = launches or _quantize_launches(
-        rows, cols, quant, amax is not None, zero_numel, static_bit
+        rows, cols, quant, amax is not None, zero_numel, static_bit, zero is not None and zero is amax
     )
     if static_bit:
         quantize(a, error_word(a.device), q, scale, scale, rows, cols, 1, 0)
@@ -99,12 +106,15 @@ def _quantize(a, quant: str, amax=None, *, q=None, scale=None, parts=None, zero=
 
 
 @functools.lru_cache(maxsize=256)
-def _gemm_constants(cfg: TritonConfig, quant, fuse_silu: bool, a_row_div: int, k: int, quant_out: bool = False) -> dict:
+def _gemm_constants(
+    cfg: TritonConfig, quant, fuse_silu: bool, a_row_div: int, k: int, quant_out: bool = False, quant_a: bool = False
+) -> dict:
     """The constexpr arguments of one GEMM launch with ``cfg``, the config of that GEMM
     (:meth:`~triton_moe.config.TritonConfig.gemm1_config` / ``gemm2_config``; a function of the
     plan; not to be mutated), whose reduction length is ``k`` (a layer size: no new compile per T).
     Only GEMM1 splits K (``cfg.split_k``); only a short GEMM2 reads its routing early; ``quant_out``:
-    GEMM1 stores the intermediate as E4M3 (:func:`triton_moe.plan.epilogue_quant`'s answer)."""
+    GEMM1 stores the intermediate as E4M3 (:func:`triton_moe.plan.epilogue_quant`'s answer); ``quant_a``:
+    GEMM1 quantizes bf16 x in its A load (:func:`triton_moe.plan.x_quant_in_gemm1`'s)."""
     early = not fuse_silu and _cdiv(k, cfg.BLOCK_K) <= EARLY_ROUTING_MAX_K_STEPS
     return dict(
         A_ROW_DIV=a_row_div,
@@ -121,6 +131,7 @@ def _gemm_constants(cfg: TritonConfig, quant, fuse_silu: bool, a_row_div: int, k
         GROUP_M=cfg.GROUP_M,
         SPLIT_K=cfg.split_k if fuse_silu else 1,
         QUANT_OUT=bool(quant_out and fuse_silu),
+        **({"QUANT_A": True} if quant_a and fuse_silu else {}),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -131,7 +142,9 @@ class _Launches:
     activation-scale mode, bound once (:func:`_launches`): grids and constexprs
     (:class:`~triton_moe.jit.Bound`), and what the persistent TMA kernel takes instead.
     ``epilogue_quant``: GEMM1 writes the E4M3 intermediate itself (:func:`triton_moe.plan.epilogue_quant`),
-    so there is no ``act_quant`` launch and x's quantization zeroes no amax buffer."""
+    so there is no ``act_quant`` launch and x's quantization zeroes no amax buffer.
+    ``x_quant_in_gemm1``: GEMM1 quantizes x in its A load (:func:`triton_moe.plan.x_quant_in_gemm1`),
+    so there is no ``x_quant`` launch, and ``act_quant`` (if any) zeroes the amax after reading it."""
 
     __slots__ = (
         "quantized",
@@ -146,6 +159,7 @@ class _Launches:
         "act_quant",
         "split",
         "epilogue_quant",
+        "x_quant_in_gemm1",
     )
 
     def __init__(
@@ -164,7 +178,8 @@ class _Launches:
         cfg1, cfg2 = cfg.gemm1_config(), cfg.gemm2_config()
         self.quantized, self.cfg1, self.cfg2 = fmt.quantized, cfg1, cfg2
         self.epilogue_quant = fused = epilogue_quant(cfg1, quant, static)
-        self.const1 = _gemm_constants(cfg1, quant, True, top_k, K, fused)
+        self.x_quant_in_gemm1 = in_gemm1 = x_quant_in_gemm1(cfg1, quant, static)
+        self.const1 = _gemm_constants(cfg1, quant, True, top_k, K, fused, in_gemm1)
         self.const2 = _gemm_constants(cfg2, quant, False, 1, I)
         self.gemm1 = (
             None
@@ -186,12 +201,13 @@ class _Launches:
         self.split = cfg1.split_k > 1
         self.x_quant = self.act_quant = None
         if static:
-            self.x_quant = _quantize_launches(T, K, quant, False, 0, BAD_A1_SCALE)
+            self.x_quant = None if in_gemm1 else _quantize_launches(T, K, quant, False, 0, BAD_A1_SCALE)
             self.act_quant = None if fused else _quantize_launches(P, I, quant, False, 0, BAD_A2_SCALE)
         elif fmt.quantized:
             amax_numel = 0 if fused else _numel(fmt.activation_scale_shape(P, I))
-            self.x_quant = _quantize_launches(T, K, quant, False, amax_numel, 0)
-            self.act_quant = None if fused else _quantize_launches(P, I, quant, True, 0, 0)
+            self.x_quant = None if in_gemm1 else _quantize_launches(T, K, quant, False, amax_numel, 0)
+            zero = amax_numel if in_gemm1 else 0  # the amax no x launch zeroes: its reader does, after
+            self.act_quant = None if fused else _quantize_launches(P, I, quant, True, zero, 0, bool(zero))
 
 
 def _numel(shape) -> int:
@@ -228,12 +244,16 @@ def _buffers(
     device,  # noqa: E741
     split: tuple = (1, 0),
     epilogue_quant: bool = False,
+    x_in_gemm1: bool | None = None,
 ) -> dict:
     """Every intermediate buffer of one call, by name (``torch.empty``: no launch). ``split``:
     (split_k, BLOCK_N); with split_k > 1 also GEMM1's fp32 partial tiles and its per-tile counts,
     zeroed once here (one fill at creation; the kernel leaves them zero after every launch).
     ``epilogue_quant`` (:func:`triton_moe.plan.epilogue_quant` of the call): GEMM1 writes ``aq``
-    (and ``act_scale``) itself, so no fp32 ``act`` (None) and no ``act_amax``."""
+    (and ``act_scale``) itself, so no fp32 ``act`` (None) and no ``act_amax``. ``x_in_gemm1``
+    (:func:`triton_moe.plan.x_quant_in_gemm1` of the call): GEMM1 quantizes x, so no ``xq``,
+    ``x_scale``, ``parts``; and ``act_amax`` is made zero (one fill at creation; the intermediate's
+    quantization leaves it zero after every launch), as also when unknown (None)."""
     P = T * top_k
     fmt = get_format(quant)
     n = buffer_sizes(T, top_k, E, tile)
@@ -256,15 +276,20 @@ def _buffers(
             counts_split=torch.zeros((tiles,), dtype=torch.int32, device=device),
         )
     if fmt.quantized:
-        b.update(
-            xq=new((T, K), FP8_DTYPE),
-            x_scale=new(fmt.activation_scale_shape(T, K), torch.float32),
-            parts=new((PARTS,), torch.float32),
-            aq=new((P, I), FP8_DTYPE),
-            act_scale=new(fmt.activation_scale_shape(P, I), torch.float32),
-        )
+        b.update(aq=new((P, I), FP8_DTYPE), act_scale=new(fmt.activation_scale_shape(P, I), torch.float32))
+        if not x_in_gemm1:
+            b.update(
+                xq=new((T, K), FP8_DTYPE),
+                x_scale=new(fmt.activation_scale_shape(T, K), torch.float32),
+                parts=new((PARTS,), torch.float32),
+            )
         if not epilogue_quant:
-            b.update(act_amax=new(fmt.activation_scale_shape(P, I), torch.float32))
+            amax_shape = fmt.activation_scale_shape(P, I)
+            b.update(
+                act_amax=new(amax_shape, torch.float32)
+                if x_in_gemm1 is False
+                else torch.zeros(amax_shape, device=device)
+            )
     return b
 
 
@@ -276,10 +301,10 @@ def _split(cfg: TritonConfig) -> tuple:
     return (cfg.split_k, cfg.BLOCK_N) if cfg.split_k > 1 else (1, 0)
 
 
-def _workspace(T, top_k, E, K, I, quant, tile, device, split=(1, 0), epilogue_quant=False) -> dict:  # noqa: E741
+def _workspace(T, top_k, E, K, I, quant, tile, device, split=(1, 0), epilogue_quant=False, x_in_gemm1=None) -> dict:  # noqa: E741
     """The buffers of :func:`_buffers`, reused by the eager calls of one stream (see the module
     docstring); fresh while a CUDA graph is being captured."""
-    return _workspace_of((T, top_k, E, K, I, quant, tile, device, split, epilogue_quant))
+    return _workspace_of((T, top_k, E, K, I, quant, tile, device, split, epilogue_quant, x_in_gemm1))
 
 
 def _workspace_of(sizes: tuple) -> dict:

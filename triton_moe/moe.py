@@ -6,7 +6,7 @@
     _count_kernel      topk_ids → per-chunk expert histograms
     _place_kernel      → Alignment: sorted_ids, expert_of_block, …  + checks of topk_ids
     amax_kernel        partial amaxes of x                (fp8_tensor with dynamic scales only)
-    quantize_kernel    x → xq E4M3 [T, K] + scales; zeroes GEMM1's amax buffer   (FP8 only)
+    quantize_kernel    x → xq E4M3 [T, K] + scales; zeroes GEMM1's amax buffer   (FP8, unless GEMM1 does it)
     moe_gemm_kernel    GEMM1 + SiLU(gate)·up (+ amax of the intermediate) → act [P, I]
                        or, where its scale is known in the tile, → aq E4M3 [P, I] (+ block scales)
     quantize_kernel    act fp32 → E4M3 [P, I] + scales     (FP8 unless GEMM1 quantized it)
@@ -18,13 +18,16 @@ amax kernel and GEMM1's amax are skipped, x's quantize launch divides by ``a1_sc
 epilogue by ``a2_scale`` (each checked into the error word) — six launches instead of eight.
 GEMM1's epilogue also quantizes fp8_block's intermediate when its tile holds whole 1×128 groups
 (seven launches → six); THE rule is :func:`triton_moe.plan.epilogue_quant`, and
-:func:`separate_act_quant` turns it off for comparisons.
+:func:`separate_act_quant` turns it off for comparisons. GEMM1 quantizes x in its A load where one
+program of a decode-size tile can make x's scale (fp8_block with 128-deep K steps, static
+fp8_tensor, fp8_channel): x's quantize launch is gone; THE rule is :func:`triton_moe.plan.x_quant_in_gemm1`,
+and :func:`separate_x_quant` turns it off.
 
 No launch fills or zeroes a buffer: every buffer is written whole by the kernel that produces it
 (the alignment writes its padding; x's quantization zeroes the amax GEMM1 accumulates into). The
-one exception is split-K's per-tile counts (configs with ``split_k`` > 1): zeroed when the
-workspace is made — once per eager workspace, one memset per replay of a captured CUDA graph —
-and left zero by every GEMM1 launch.
+exceptions are split-K's per-tile counts (configs with ``split_k`` > 1) and, where GEMM1 quantizes
+x, that amax: zeroed when the workspace is made — once per eager workspace, one memset per replay
+of a captured CUDA graph — and left zero by every GEMM1 launch / intermediate quantization.
 
 Nothing here reads device data on the host, so a call is as cheap eager as in a CUDA graph and can
 be captured and replayed for new routing; the buffer sizes depend only on T, top_k, E and the
@@ -171,7 +174,8 @@ class _Call:
             self.sizes = self.launches = None
             return
         tile = p.align_tile
-        self.sizes = (d.T, d.top_k, d.E, d.K, d.I, quant, tile, device, _split(p.config), p.epilogue_quant(static))
+        rules_ = p.epilogue_quant(static), p.x_quant_in_gemm1(static)
+        self.sizes = (d.T, d.top_k, d.E, d.K, d.I, quant, tile, device, _split(p.config), *rules_)
         self.launches = (
             None
             if not d.T
@@ -193,19 +197,29 @@ def forget_plans() -> None:
 
 
 @contextlib.contextmanager
+def _rule_off(switch: str):
+    before = getattr(rules, switch)
+    setattr(rules, switch, False)
+    forget_plans()
+    try:
+        yield
+    finally:
+        setattr(rules, switch, before)
+        forget_plans()
+
+
 def separate_act_quant():
     """Tests and the lab only: inside the block no call quantizes the FP8 intermediate in GEMM1's
     epilogue — GEMM1 writes it in fp32 and ``quantize_kernel`` quantizes it, the path every call
     took before (:data:`triton_moe.plan.EPILOGUE_QUANT` off, the cached plans and launches dropped
     on entry and on exit; workspaces are keyed by the rule's answer)."""
-    before = rules.EPILOGUE_QUANT
-    rules.EPILOGUE_QUANT = False
-    forget_plans()
-    try:
-        yield
-    finally:
-        rules.EPILOGUE_QUANT = before
-        forget_plans()
+    return _rule_off("EPILOGUE_QUANT")
+
+
+def separate_x_quant():
+    """Tests and the lab only: inside the block no GEMM1 quantizes x in its A load — ``quantize_kernel``
+    quantizes x first, as before (:data:`triton_moe.plan.X_QUANT_IN_GEMM1` off; as :func:`separate_act_quant`)."""
+    return _rule_off("X_QUANT_IN_GEMM1")
 
 
 def fused_moe(
@@ -322,8 +336,8 @@ def expert_computation(
     a2_scale=None,
     launches: _Launches | None = None,
 ) -> torch.Tensor:
-    """Everything after the alignment: quantize x, GEMM1 + SiLU·up, quantize the intermediate,
-    GEMM2 × routing weight, combine.
+    """Everything after the alignment: quantize x (or GEMM1 does), GEMM1 + SiLU·up, quantize the
+    intermediate, GEMM2 × routing weight, combine.
 
     ``routing`` is the :class:`~moe_spec.align.Alignment` of ``topk_ids`` for ``config.BLOCK_M``
     (:func:`~triton_moe.align.align_block_size`); ``config`` must be resolved and checked (a
@@ -338,12 +352,15 @@ def expert_computation(
     static = a1_scale is not None  # static activation scales (validated: fp8_tensor, both given)
     b = launches or _launches(T, top_k, K, I, quant, config, routing.expert_of_block.numel(), static)
     fused = b.epilogue_quant  # GEMM1's epilogue quantizes the intermediate (triton_moe.plan.epilogue_quant)
-    ws = workspace or _buffers(T, top_k, E, K, I, quant, config.BLOCK_M, x.device, _split(config), fused)
+    in_gemm1 = b.x_quant_in_gemm1  # GEMM1 quantizes x in its A load (triton_moe.plan.x_quant_in_gemm1)
+    ws = workspace or _buffers(T, top_k, E, K, I, quant, config.BLOCK_M, x.device, _split(config), fused, in_gemm1)
     num_padded = ws["num_padded"] if routing.expert_end is ws["expert_end"] else routing.num_padded
     error = error_word(x.device)
     cfg1, cfg2 = b.cfg1, b.cfg2
     a1, s1, act_amax = x, None, None
-    if static:
+    if in_gemm1:  # bf16 x to GEMM1; a static scale read there; the amax made zero, kept zero (_buffers)
+        s1, act_amax = a1_scale, None if fused or static else ws["act_amax"]
+    elif static:
         a1, s1 = _quantize(x, quant, q=ws["xq"], scale=a1_scale, static_bit=BAD_A1_SCALE, launches=b.x_quant)
     elif b.quantized:
         act_amax = None if fused else ws["act_amax"]
@@ -379,12 +396,11 @@ def expert_computation(
         a2, s2 = act, act_amax
     elif static:
         a2, s2 = _quantize(act, quant, q=ws["aq"], scale=a2_scale, static_bit=BAD_A2_SCALE, launches=b.act_quant)
-    else:
-        a2, s2 = (
-            (act, None)
-            if act_amax is None
-            else _quantize(act, quant, act_amax, q=ws["aq"], scale=ws["act_scale"], launches=b.act_quant)
-        )
+    elif act_amax is None:
+        a2, s2 = act, None
+    else:  # where GEMM1 quantizes x no launch zeroes the amax before GEMM1: this one leaves it zero
+        into = dict(q=ws["aq"], scale=ws["act_scale"], zero=act_amax if in_gemm1 else None)
+        a2, s2 = _quantize(act, quant, act_amax, **into, launches=b.act_quant)
 
     # GEMM2 × routing weight; with top_k = 1 its rows are already the output
     out = torch.empty((T, K), dtype=torch.bfloat16, device=x.device)

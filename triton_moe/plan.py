@@ -18,6 +18,12 @@ tile — a static fp8_tensor scale, or fp8_block's 1×128 groups when GEMM1's BL
 groups — GEMM1's epilogue writes its E4M3 codes (and block scales) itself; otherwise GEMM1 writes it
 in fp32 and ``quantize_kernel`` quantizes it. The launches (:mod:`triton_moe.launches`), the
 warm-up and the tests read this rule; none restates it.
+
+x's quantization (:func:`x_quant_in_gemm1`, THE rule): on decode-size GEMM1 tiles (at most 32 rows),
+where one program can make x's scale itself — fp8_block's 1×128 groups when a K step is one group, a
+static fp8_tensor scale, fp8_channel's row scale in a pre-pass over K where that costs little beside
+the weight tile — GEMM1 reads bf16 x and quantizes it in its A load; otherwise ``quantize_kernel``
+quantizes x in a launch of its own.
 """
 
 from __future__ import annotations
@@ -49,6 +55,12 @@ DECODE_FORMATS = ("bf16",)
 #: launches and plans that read it.
 EPILOGUE_QUANT = True
 
+#: Whether :func:`x_quant_in_gemm1` may ever answer True: as :data:`EPILOGUE_QUANT`, through
+#: :func:`triton_moe.moe.separate_x_quant`.
+X_QUANT_IN_GEMM1 = True
+#: The largest GEMM1 BLOCK_M whose A load quantizes x (:func:`x_quant_in_gemm1`): the decode-size tiles.
+X_QUANT_MAX_BLOCK_M = 32
+
 
 def uses_decode(T: int, top_k: int, quant: str | None = None, config=None, swap_ab=None) -> bool:
     """THE path rule: the one-launch decode kernel for at most DECODE_MAX_PAIRS pairs of a format in
@@ -78,6 +90,38 @@ def epilogue_quant(gemm1: TritonConfig, quant: str | None, static: bool = False)
         return static
     if quant == "fp8_block":
         return gemm1.BLOCK_N % FP8_BLOCK == 0
+    return False
+
+
+def x_quant_in_gemm1(gemm1: TritonConfig, quant: str | None, static: bool = False) -> bool:
+    """THE rule of x's quantization: True when GEMM1 reads bf16 x and quantizes it to E4M3 in its A
+    load (no ``xq`` buffer, no ``quantize_kernel`` launch for x), for a grouped GEMM1 of config ``gemm1``.
+
+    Only for tiles of at most :data:`X_QUANT_MAX_BLOCK_M` rows: the A tile then goes global →
+    registers → shared memory instead of straight to WGMMA; compiled for sm_90a (tests/test_triton_sm90.py)
+    the 16- and 32-row tiles do not spill, the 64- and 128-row prefill tiles spill hundreds of bytes
+    more per thread — and at prefill the separate pass is small beside the GEMMs. Then:
+
+    * fp8_block when ``gemm1.BLOCK_K`` is a multiple of 128 (with the check's BLOCK_K | 128: 128):
+      each K step holds one whole 1×128 group of each row, so its amax, scale and codes come from
+      the tile in registers;
+    * fp8_tensor with static scales (``static``: ``a1_scale`` given): a number every program reads;
+    * fp8_channel when ``BLOCK_M · (2·split_k + 1) <= BLOCK_N``: the row scale needs the whole row,
+      so every program first reads its rows over all of K (bf16) for their amax, then again (bf16,
+      not E4M3) in its K loop — 2·BM·K + BM·K/split_k bytes more per program than the separate
+      path, against the 2·BN·K/split_k bytes of gate and up weights it streams; the rule keeps the
+      extra at most half of that. A cost model, not a measurement.
+
+    Not dynamic fp8_tensor (its scale is the amax of all of x, other programs' rows), nor bf16, nor
+    while :data:`X_QUANT_IN_GEMM1` is off."""
+    if not X_QUANT_IN_GEMM1 or gemm1.BLOCK_M > X_QUANT_MAX_BLOCK_M:
+        return False
+    if quant == "fp8_tensor":
+        return static
+    if quant == "fp8_block":
+        return gemm1.BLOCK_K % FP8_BLOCK == 0
+    if quant == "fp8_channel":
+        return gemm1.BLOCK_M * (2 * gemm1.split_k + 1) <= gemm1.BLOCK_N
     return False
 
 
@@ -131,6 +175,11 @@ class LayerPlan:
         """Whether GEMM1's epilogue quantizes the FP8 intermediate (:func:`epilogue_quant`; ``static``:
         the call passes static activation scales). Never on the decode path (its own kernel)."""
         return self.path == "grouped" and epilogue_quant(self.gemm1, self.quant, static)
+
+    def x_quant_in_gemm1(self, static: bool = False) -> bool:
+        """Whether GEMM1 quantizes x in its A load (:func:`x_quant_in_gemm1`; ``static``: the call
+        passes static activation scales). Never on the decode path (its own kernel)."""
+        return self.path == "grouped" and x_quant_in_gemm1(self.gemm1, self.quant, static)
 
     def describe(self) -> str:
         """One line: GEMM1's tile and instruction, then ``; G2 …`` GEMM2's where it has its own;

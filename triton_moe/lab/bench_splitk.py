@@ -7,7 +7,7 @@ GEMM1 too few programs to keep 132 SMs streaming weights: at T = 1 the top_k = 8
 8 blocks, and 8 × I / BLOCK_N 64 = 32 programs (each a gate tile and its up tile) walk all of
 K = 7168. ``split_k = S`` cuts K into S ranges and launches S times the programs; each writes its
 fp32 partial tile, the last one to finish sums them in a fixed order and runs the epilogue
-(:func:`triton_moe.kernel_parts._split_k_sum`), so the output does not depend on which finished first.
+(:func:`triton_moe.kernels._split_k_sum`), so the output does not depend on which finished first.
 
 For each cell below, the tile the shipped table (or the heuristic) gives, with ``split_k``
 replaced: :meth:`triton_moe.lab.workload.Problem.time` (expert computation, alignment excluded,
