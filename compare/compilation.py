@@ -31,7 +31,8 @@ def cute_ptx_summary(shapes, tokens, quants=(None,)) -> dict:
 
     Each (shape, T, format) goes through ``cute_moe.plan`` — the backend's one decision — so this
     listing cannot drift from what ``fused_moe`` runs; a format the backend refuses is listed as such.
-    Each config is named by the plan's own ``describe()`` (its GEMM's part), as the results name it.
+    Each config is named by the plan's own ``describe()`` (its GEMM's part), as the results name it; a plan of
+    the one-launch path (``path == "decode"``) lists its one kernel, ``decode``.
     """
     try:
         import cute_moe
@@ -51,7 +52,11 @@ def cute_ptx_summary(shapes, tokens, quants=(None,)) -> dict:
                     refused.setdefault(quant_name(quant), str(exc))
                     break
                 words = p.describe().split(" | ")  # "G1 <tile> <mma>", "G2 …": the results' config column
-                for gemm, cfg, said in (("G1", p.gemm1, words[0]), ("G2", p.gemm2, words[1])):
+                if p.path == "decode":  # "decode 1-launch <tile> <mma>": the whole layer in one kernel
+                    kernels = (("decode", "decode", words[0]),)
+                else:
+                    kernels = (("G1", p.gemm1, words[0]), ("G2", p.gemm2, words[1]))
+                for gemm, cfg, said in kernels:
                     used.setdefault(cfg, []).append(f"{shape.label} {quant_name(quant)} T={T} {gemm}")
                     named.setdefault(cfg, said.split(" ", 1)[1])
     configs = []
@@ -63,7 +68,12 @@ def cute_ptx_summary(shapes, tokens, quants=(None,)) -> dict:
         }
         start = time.perf_counter()
         try:
-            ptx = cute_moe.compile_ptx(cfg)
+            if cfg == "decode":
+                from cute_moe.decode import compile_decode
+
+                ptx = compile_decode(keep_ptx=True).__ptx__
+            else:
+                ptx = cute_moe.compile_ptx(cfg)
             entry.update(
                 wgmma=wgmma_lines(ptx), ptx_lines=ptx.count("\n"), compile_s=round(time.perf_counter() - start, 2)
             )

@@ -52,7 +52,6 @@ from .alignsteps import (  # noqa: F401
     FILL_ROWS,
     GEMM_TILES,
     ID_DTYPES,
-    MAX_EXPERTS,
     THREADS,
     WARP,
     WARPS,
@@ -68,6 +67,7 @@ from .alignsteps import (  # noqa: F401
     place_slice,
 )
 from .cache import compile_once
+from .limits import MAX_EXPERTS
 from .runtime import fake_pointer, fake_stream, fake_vector
 
 

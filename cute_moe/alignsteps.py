@@ -18,8 +18,6 @@ WARP = 32
 WARPS = THREADS // WARP
 CHUNK = 2048
 """Pairs per CTA (a multiple of ``THREADS``): 8 per thread when the chunk is staged in shared memory."""
-MAX_EXPERTS = 1024
-"""Largest expert count: the shared ``[WARPS, E]`` table (32 KiB) and three ``[E]`` arrays."""
 FILL_ROWS = 512
 """Rows of the maps (and the blocks that start in them) per fill slice: 2 per thread."""
 FILL_CTAS = 128

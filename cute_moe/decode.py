@@ -37,8 +37,8 @@ from moe_spec.validate import MoEDims, check_runs_on, error_word, surface_errors
 
 from .cache import compile_once
 from .decode_kernel import BF16, DecodeKernel
-from .decode_parts import H_TILE, PAIR_LANES, STAGES, TOKENS, VEC, Y_TILE, counter_words, grid_size, pair_bucket
-from .moe import LIMITS
+from .decode_parts import H_TILE, STAGES, TOKENS, VEC, Y_TILE, counter_words, grid_size, pair_bucket, size_error
+from .limits import LIMITS
 from .runtime import fake_rows, fake_stream, fake_vector, ffi_function
 
 #: Workspaces kept (least recently used dropped first): one per (bucket, sizes, device, stream, thread).
@@ -48,21 +48,11 @@ _lock = threading.Lock()
 
 
 def check_decode_sizes(dims: MoEDims) -> None:
-    """The decode kernel's limits on a validated call's sizes, each error naming the argument."""
-    pairs = dims.T * dims.top_k
-    if pairs > PAIR_LANES:
-        raise ValueError(
-            f"topk_ids: the decode kernel serves at most {PAIR_LANES} (token, slot) pairs, got "
-            f"T·top_k = {dims.T}·{dims.top_k} = {pairs}; call cute_moe.fused_moe (the grouped pipeline)"
-        )
-    if dims.K % Y_TILE:
-        raise ValueError(
-            f"x: the decode kernel needs K = x.shape[1] a multiple of {Y_TILE} (its output tiles), got {dims.K}"
-        )
-    if dims.I % H_TILE:
-        raise ValueError(
-            f"w2: the decode kernel needs I = w2.shape[2] a multiple of {H_TILE} (its h tiles), got {dims.I}"
-        )
+    """The decode kernel's limits on a validated call's sizes (:func:`~cute_moe.decode_parts.size_error`),
+    each error naming the argument."""
+    error = size_error(dims.T, dims.top_k, dims.K, dims.I)
+    if error is not None:
+        raise ValueError(error)
 
 
 def workspace_shapes(T: int, top_k: int, K: int, I: int) -> dict:  # noqa: E741
@@ -191,15 +181,21 @@ def decode_fused_moe(x, w1, w2, topk_weights, topk_ids, *, workspace: dict | Non
         check_workspace(workspace, dims, x.device)
     check_runs_on(x.device, LIMITS)
     surface_errors(x.device)  # an earlier call's failed data check raises here
+    if dims.T == 0:
+        return x.new_empty((0, dims.K))
+    return launch(_kernel(topk_ids.dtype), x, w1, w2, topk_weights, topk_ids, dims, workspace)
+
+
+def launch(kernel, x, w1, w2, topk_weights, topk_ids, dims: MoEDims, workspace: dict | None = None) -> torch.Tensor:
+    """One launch of ``kernel`` (the TVM-FFI function of :func:`compile_decode` for ``topk_ids``' dtype) on a
+    call whose arguments and sizes are checked, T ≥ 1 → out bf16 [T, K]: :func:`decode_fused_moe`'s and,
+    where the plan's path is "decode", ``cute_moe.fused_moe``'s (:mod:`cute_moe.moe`) last step."""
     T, K, I, top_k = dims.T, dims.K, dims.I, dims.top_k  # noqa: E741
-    if T == 0:
-        return x.new_empty((0, K))
     ws = workspace if workspace is not None else decode_workspace(T, top_k, K, I, x.device)
     out = torch.empty((T, K), dtype=torch.bfloat16, device=x.device)
     grid = grid_size(T, top_k, dims.E, K, I, sm_count(x.device))
     w1_view = w1.unflatten(1, (2, I)).permute(2, 3, 1, 0)  # (I, K, half, E): gate 0, up 1
     w2_view = w2.permute(1, 2, 0)  # (K, I, E)
-    _kernel(topk_ids.dtype)(
-        x, w1_view, w2_view, topk_weights, topk_ids, ws["h"], ws["y"], out, ws["counters"], error_word(x.device), grid
-    )
+    word = error_word(x.device)
+    kernel(x, w1_view, w2_view, topk_weights, topk_ids, ws["h"], ws["y"], out, ws["counters"], word, grid)
     return out

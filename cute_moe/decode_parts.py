@@ -29,7 +29,7 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass.cute.nvgpu import cpasync
 
-from moe_spec.hopper import WGMMA_M
+from moe_spec.hopper import WGMMA_M, wgmma_k
 from moe_spec.validate import BAD_ID, BAD_WEIGHT, REPEATED_ID
 
 PAIR_LANES = 64
@@ -59,6 +59,9 @@ VEC = 8
 VECS = TILE_K // VEC
 ROW_PASS = 32 // VECS
 """Token rows the producer warp copies at once: 4 rows of 8 vectors."""
+
+WGMMA = f"wgmma.mma_async.sync.aligned.m{WGMMA_M}n{TOKENS}k{wgmma_k(2)}.f32.bf16.bf16"
+"""The one MMA both GEMMs issue: swap-AB, 64 weight rows × TOKENS pairs, bf16 in, fp32 accumulate."""
 
 # the counter block (int32): ticket, exit count, reserved, done1[leader rank], done2[k-tile]
 TICKET, EXIT = 0, 1
@@ -118,6 +121,24 @@ def grid_size(T: int, top_k: int, E: int, K: int, I: int, sms: int) -> int:  # n
 def counter_words(K: int) -> int:
     """int32 words of the counter block: the header, done1 per leader lane, done2 per k-tile."""
     return HEADER + PAIR_LANES + K // Y_TILE
+
+
+def size_error(T: int, top_k: int, K: int, I: int) -> str | None:  # noqa: E741
+    """The first size limit of the kernel a call breaks — at most :data:`PAIR_LANES` (token, slot) pairs, K a
+    multiple of :data:`Y_TILE`, I of :data:`H_TILE` — worded for the ValueError that names the argument
+    (:func:`cute_moe.decode.check_decode_sizes`); None when the kernel serves these sizes (the plan's rule,
+    :func:`cute_moe.plan.one_launch`, asks the same)."""
+    pairs = T * top_k
+    if pairs > PAIR_LANES:
+        return (
+            f"topk_ids: the decode kernel serves at most {PAIR_LANES} (token, slot) pairs, got "
+            f"T·top_k = {T}·{top_k} = {pairs}; call cute_moe.fused_moe (the grouped pipeline)"
+        )
+    if K % Y_TILE:
+        return f"x: the decode kernel needs K = x.shape[1] a multiple of {Y_TILE} (its output tiles), got {K}"
+    if I % H_TILE:
+        return f"w2: the decode kernel needs I = w2.shape[2] a multiple of {H_TILE} (its h tiles), got {I}"
+    return None
 
 
 def pair_bucket(pairs: int) -> int:

@@ -1,4 +1,4 @@
-"""The limits of this backend: the row alignment every layer width obeys, the tiles a
+"""The limits of this backend: the expert count, the row alignment every layer width obeys, the tiles a
 :class:`~cute_moe.config.GemmConfig` accepts, and the FP8 layer's checks.
 
 Both two-accumulator kernels hold two fp32 accumulators per tile in the consumer's registers — FP8 a
@@ -8,14 +8,23 @@ sums (SiLU·up in the epilogue), a gated FP8 GEMM1 both pairs, four — so all a
 ping-pong schedule holds a whole tile in one warpgroup, cluster multicast shares a weight tile.
 ``GemmConfig`` calls :func:`check_pingpong`, :func:`check_fp8`, :func:`check_gated`,
 :func:`check_cluster` and :func:`check_epilogue_quant` from its validation, and the plan
-:func:`check_quant_layer`.  This module reads a config's fields only and imports nothing of the package,
-so every module can read it.
+:func:`check_quant_layer`; :data:`LIMITS` is what every surface of the layer checks.  This module reads a
+config's fields only and imports nothing of the package, so every module can read it.
 """
 
 from __future__ import annotations
 
 from moe_spec.hopper import TMA_ALIGN_BYTES, WGMMA_M, WGMMA_N_MAX, WGMMA_N_STEP
 from moe_spec.quant import FP8_BLOCK
+from moe_spec.validate import Limits
+
+MAX_EXPERTS = 1024
+"""Largest expert count: the alignment's shared ``[WARPS, E]`` table (32 KiB) and three ``[E]`` arrays
+(:mod:`cute_moe.alignsteps`)."""
+
+LIMITS = Limits("cute_moe", MAX_EXPERTS, cpu="on a CPU, cute_moe.compile_ptx() shows the kernels")
+"""What this backend adds to the contract (:class:`moe_spec.validate.Limits`): every surface checks it —
+``fused_moe`` (:mod:`cute_moe.moe`), the one-launch ``decode_fused_moe`` (:mod:`cute_moe.decode`), the op."""
 
 ALIGN_ELEMS = TMA_ALIGN_BYTES // 2
 """Row alignment in elements: 16 bytes of bf16.  TMA needs every row stride (K of the operands,

@@ -12,7 +12,8 @@ GEMM2 applies each row's routing weight in its epilogue; a row kernel sums every
 (``rowops.py``).  Nothing reads routing data back to the host, so the layer can be captured in a
 CUDA graph and a new routing recompiles nothing; buffers are sized by the host-known worst case
 (:func:`moe_spec.align.max_rows`).  An FP8 ``quant`` adds the W8A8 steps of ``moe_fp8.py``;
-``fusion="separate"`` runs the unfused pipeline of ``unfused.py``.
+``fusion="separate"`` runs the unfused pipeline of ``unfused.py``; a plan whose path is "decode"
+(:func:`~cute_moe.plan.one_launch`) runs the whole layer in one launch of ``decode.py`` instead.
 """
 
 from __future__ import annotations
@@ -23,28 +24,25 @@ from collections import OrderedDict
 
 import torch
 
+import cute_moe.decode as decode
 import cute_moe.moe_fp8 as moe_fp8  # modules: a stand-in may replace their compile functions
 import cute_moe.rowmaps as rowmaps
 from moe_spec.align import Alignment, max_rows
 from moe_spec.hopper import sm_count
 from moe_spec.ops import through_op
 from moe_spec.quant import FP8_DTYPE
-from moe_spec.validate import Limits, MoEDims, check_runs_on, error_word, surface_errors, validate_moe_args
+from moe_spec.validate import MoEDims, check_runs_on, error_word, surface_errors, validate_moe_args
 
-from .alignops import MAX_EXPERTS
 from .config import GemmConfig
 from .gemm_args import launch_args
 from .gemm_plan import INDEX_DTYPE, check_gemm_shape, compile_gemm
-from .limits import ALIGN_ELEMS
+from .limits import ALIGN_ELEMS, LIMITS
 from .moe_fp8 import amax_sizes, quantize_intermediate, quantize_tokens, sorted_token_scales
 from .plan import LayerPlan, plan
 from .rowmaps import RowBuffers, SortedRows, place_rows, sort_rows_on_device, split_blocks
 from .rowops import compile_row_kernels
 from .runtime import ffi_function
 from .unfused import scale_rows, weighted_combine
-
-#: What this backend adds to the contract (moe_spec.validate.Limits): every surface checks it.
-LIMITS = Limits("cute_moe", MAX_EXPERTS, cpu="on a CPU, cute_moe.compile_ptx() shows the kernels")
 
 
 def sort_rows(
@@ -166,7 +164,9 @@ def fused_moe(
     :func:`~cute_moe.plan.path_rule`); ``configs`` gives the (GEMM1, GEMM2) configs outright
     (then ``swap_ab`` must be None); ``fusion="separate"`` runs the unfused pipeline of
     :mod:`cute_moe.unfused` (scales and routing weight in passes of their own) instead of the fused
-    one.  ``quant`` (an FP8 format) runs the W8A8 layer of :mod:`cute_moe.moe_fp8`.  The
+    one.  ``quant`` (an FP8 format) runs the W8A8 layer of :mod:`cute_moe.moe_fp8`.  A bf16 call the path
+    rule :func:`~cute_moe.plan.one_launch` takes (no option, few pairs, small I) runs in one launch of
+    :func:`cute_moe.decode.decode_fused_moe`'s kernel, bit for bit its output and error word.  The
     arguments, then the options and every limit of this backend (:func:`~cute_moe.plan.plan`), are
     checked on the host before the first launch — T = 0 included — so bad input never leaves a
     half-run pipeline behind. Static activation scales (``a1_scale``, ``a2_scale``: fp8_tensor, both
@@ -200,6 +200,8 @@ def fused_moe(
     surface_errors(x.device)  # an earlier call's failed data check raises here (moe_spec.contract)
     if dims.T == 0:
         return x.new_empty((0, dims.K))
+    if c.plan.path == "decode":  # one launch: the kernel reads and checks the routing itself
+        return decode.launch((c.launches or c.bind())["decode"], x, w1, w2, topk_weights, topk_ids, dims)
     # The routing data is checked on the device, without a sync, by the alignment's place kernel
     # (guard_routing's meaning): an id outside [0, E), is clamped and its pair weighted NaN, and the
     # error word says why.  Its buffers and the layer's are the workspace of this shape and stream.
@@ -268,16 +270,23 @@ class _Call:
 
     def __init__(self, p: LayerPlan, dims: MoEDims, device, ids_dtype, static: bool = False):
         self.plan, self.dims, self.device, self.ids_dtype, self.static = p, dims, device, ids_dtype, static
-        g1, g2 = p.gemm1, p.gemm2
-        tiles = (g1.tokens_tile, g2.tokens_tile)
-        self.sizes = (dims, p.quant, p.align_tile, tiles, g1.gated, g1.gather_rows, g1.epilogue_quant, static, device)
         self.launches: dict | None = None
+        self.sizes = None  # of the grouped pipeline's workspace; the decode path keeps its own (decode.py)
+        if p.path == "grouped":
+            g1, tiles = p.gemm1, (p.gemm1.tokens_tile, p.gemm2.tokens_tile)
+            self.sizes = (dims, p.quant, p.align_tile, tiles, g1.gated, g1.gather_rows, g1.epilogue_quant, static)
+            self.sizes += (device,)
 
     def bind(self) -> dict:
         """Compile (or find in the compile cache) every kernel the plan launches and keep their TVM-FFI
         functions: ``count`` and ``place`` (the alignment, for the ids' dtype), ``gemm1``, ``gemm2``,
-        the row kernels and, under FP8, the quantization's kernels (:func:`~cute_moe.moe_fp8.fp8_kernels`)."""
+        the row kernels and, under FP8, the quantization's kernels (:func:`~cute_moe.moe_fp8.fp8_kernels`);
+        on the decode path its one kernel, ``decode``, for the ids' dtype."""
         p, n = self.plan, sm_count(self.device)
+        if p.path == "decode":
+            kernel = decode.compile_decode(str(self.ids_dtype).removeprefix("torch."))
+            self.launches = {"decode": ffi_function(kernel)}
+            return self.launches
         align = rowmaps.compile_align_kernels(self.ids_dtype)
         f = {"count": align["count"], "place": align["place"]}
         f["gemm1"] = compile_gemm(p.gemm1, n, index_dtype=INDEX_DTYPE)  # SortedRows.token_of_row: int64

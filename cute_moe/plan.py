@@ -5,7 +5,8 @@ anything runs: the (GEMM1, GEMM2) :class:`~cute_moe.config.GemmConfig` pair — 
 (:func:`path_rule`, :func:`choose_config`) for the call's format, bf16 or FP8, or given — the
 pipeline (fused, or the unfused passes of :mod:`cute_moe.unfused`), whether a gated FP8 GEMM1 quantizes the
 intermediate in its epilogue (:func:`epilogue_quant`), the alignment tile, and the WGMMA instruction of each
-GEMM.  It checks every option and limit of this backend, so a call it
+GEMM — or, by :func:`one_launch`, the whole layer in the one-launch decode kernel (:mod:`cute_moe.decode`).
+It checks every option and limit of this backend, so a call it
 refuses is refused whatever T (the empty-batch rule of :mod:`moe_spec.plan`).  :func:`plans_for`
 lists every plan a layer can get.
 """
@@ -23,6 +24,7 @@ from moe_spec.quant import FP8_BLOCK, check_quant
 from moe_spec.validate import STATIC_SCALE_FORMAT, MoEDims
 
 from .config import GemmConfig, max_stages
+from .decode_parts import PAIR_LANES, STAGES, TILE_K, TOKENS, WGMMA, size_error
 from .gemm_rules import clustered, short_k_gemm2
 from .limits import ALIGN_ELEMS, FP8_TILE_K, MAX_TILE_M, check_quant_layer, gated_quant_layer, gemm1_out_dtype
 from .unfused import GATED_GEMM1, GATHER_IN_PRODUCER, check_fusion, separate_configs
@@ -181,6 +183,28 @@ def _bucket(tokens_per_expert: float, swap_ab: bool | None, layer) -> tuple[bool
     return swap, tokens_tile
 
 
+# ---- the path: the one launch or the grouped pipeline ----------------------------------------------
+ONE_LAUNCH = True
+"""Whether :func:`one_launch` may answer True.  Set it False — then ``cute_moe.moe.forget_calls()`` — to run
+the grouped pipeline at every T (tests, benches: the same call on both paths)."""
+
+ONE_LAUNCH_MAX_I = 2048
+"""The widest intermediate I :func:`one_launch` takes: the small-expert layers where an H100 measured the one
+launch against the grouped pipeline (Qwen3-30B-A3B, DeepSeek-V3 TP8: notes/decode.md, "What the first GPU run
+showed").  Mixtral-8x7B's wide I keeps the grouped pipeline until it is measured; the H200's cells are pending."""
+
+
+def one_launch(dims: MoEDims, quant=None, fusion: str = "fused", swap_ab=None, configs=None) -> bool:
+    """THE path rule: the whole layer in one launch (:func:`cute_moe.decode.decode_fused_moe`) for a bf16 call
+    (``quant`` None) of the fused pipeline with neither ``swap_ab`` nor ``configs`` (an explicit option asks for
+    the grouped pipeline) whose sizes the kernel serves (:func:`~cute_moe.decode_parts.size_error`: T·top_k
+    within its pair lanes, K and I whole tiles) and I ≤ :data:`ONE_LAUNCH_MAX_I`, while :data:`ONE_LAUNCH`;
+    else the grouped pipeline."""
+    if not ONE_LAUNCH or quant is not None or fusion != "fused" or swap_ab is not None or configs is not None:
+        return False
+    return dims.I <= ONE_LAUNCH_MAX_I and size_error(dims.T, dims.top_k, dims.K, dims.I) is None
+
+
 # ---- the plan of one call ---------------------------------------------------------------------------
 #: How far :func:`plans_for` looks by default (the largest batch the harness runs, doubled).
 MAX_TOKENS = 8192
@@ -203,39 +227,43 @@ def _tile_text(cfg: GemmConfig) -> str:
 class LayerPlan:
     """What ``fused_moe`` runs for one layer call (see :mod:`moe_spec.plan` for the interface).
 
-    ``gemm1`` (no row scale; in the fused pipeline gated — SiLU·up in its epilogue — by
+    ``path`` "grouped": ``gemm1`` (no row scale; in the fused pipeline gated — SiLU·up in its epilogue — by
     :func:`gated_gemm1`) and ``gemm2`` (applies the routing weights in its epilogue — unless
     ``fusion`` is ``"separate"``, whose passes apply them) are the decisions; everything else is
     read from them.  Under an FP8 ``quant`` both GEMMs are E4M3 configs of that format, GEMM1
-    writing fp32.
+    writing fp32.  ``path`` "decode" (:func:`one_launch`): one launch of the decode kernel, no GemmConfig
+    (``gemm1``, ``gemm2`` None); its GEMMs are swap-AB tiles of its own constants (:mod:`cute_moe.decode_parts`).
     """
 
-    gemm1: GemmConfig
-    gemm2: GemmConfig
+    gemm1: GemmConfig | None
+    gemm2: GemmConfig | None
     quant: str | None = None
     fusion: str = "fused"
+    path: str = "grouped"
 
     @property
     def align_tile(self) -> int:
-        """Every expert's run is padded to this many rows: a multiple of both GEMMs' token tiles."""
-        return math.lcm(self.gemm1.tokens_tile, self.gemm2.tokens_tile)
+        """Every expert's run is padded to this many rows: both GEMMs' token tiles' lcm (decode: its MMA's N)."""
+        return TOKENS if self.path == "decode" else math.lcm(self.gemm1.tokens_tile, self.gemm2.tokens_tile)
 
     @property
     def swap_ab(self) -> tuple[bool, bool]:
-        return self.gemm1.swap_ab, self.gemm2.swap_ab
+        return (True, True) if self.path == "decode" else (self.gemm1.swap_ab, self.gemm2.swap_ab)
 
     @property
     def mma(self) -> tuple[str, str]:
-        """The WGMMA each GEMM issues (:attr:`GemmConfig.wgmma <cute_moe.config.GemmConfig.wgmma>`)."""
-        return self.gemm1.wgmma, self.gemm2.wgmma
+        """The WGMMA each GEMM issues (:attr:`GemmConfig.wgmma <cute_moe.config.GemmConfig.wgmma>`; decode: its own)."""
+        return (WGMMA, WGMMA) if self.path == "decode" else (self.gemm1.wgmma, self.gemm2.wgmma)
 
     def describe(self) -> str:
         """``G1 swap-AB W128xT8 k64 s6 silu m64n8k16 | G2 …``: each GEMM's tile, K step, stages, ``silu``
         for a gated GEMM1, ``gather`` for a gathering one, ``epi:static`` / ``epi:block`` / ``epi:amax`` for
         an FP8 GEMM1 that quantizes the intermediate (or takes its amax) in its epilogue, ``pingpong`` for the
         ping-pong schedule, ``cluster2`` for clusters of two CTAs, WGMMA shape (k32 is FP8), and ``| separate``
-        for the unfused pipeline."""
+        for the unfused pipeline.  Decode: ``decode 1-launch swap-AB W64xT16 k64 s8 m64n16k16``."""
         shapes = [re.search(r"m\d+n\d+k\d+", m).group() for m in self.mma]  # "m64n8k16"
+        if self.path == "decode":
+            return f"decode 1-launch swap-AB W{WGMMA_M}xT{TOKENS} k{TILE_K} s{STAGES} {shapes[0]}"
         gemms = [f"G{i} {_tile_text(c)} {s}" for i, c, s in zip((1, 2), (self.gemm1, self.gemm2), shapes)]
         return " | ".join(gemms + ([] if self.fusion == "fused" else [self.fusion]))
 
@@ -339,13 +367,21 @@ def plan(
     :data:`~cute_moe.unfused.GATED_GEMM1`, FP8 on the paths of :data:`GATED_FP8_GEMM1`); bf16's gathers
     its token rows from x (no sorted copy) while
     :data:`~cute_moe.unfused.GATHER_IN_PRODUCER`; a gated FP8 GEMM1 quantizes the intermediate in its
-    epilogue by :func:`epilogue_quant` (``static``: the call passes static activation scales).
+    epilogue by :func:`epilogue_quant` (``static``: the call passes static activation scales).  A call
+    :func:`one_launch` takes gets the one-launch plan (``path="decode"``), after the same checks.
     Raises TypeError / ValueError naming a bad option or an unsupported size.
     """
     if not isinstance(dims, MoEDims):
         raise TypeError(f"dims: expected a moe_spec.validate.MoEDims, got {type(dims).__name__}")
     check_quant(quant)
     given = check_options(dims.K, dims.I, quant, swap_ab=swap_ab, configs=configs, fusion=fusion, static=static)
+    if one_launch(dims, quant, fusion, swap_ab, configs):
+        return LayerPlan(None, None, path="decode")
+    return _grouped_plan(dims, quant, given, swap_ab, fusion, static)
+
+
+def _grouped_plan(dims: MoEDims, quant, given, swap_ab, fusion: str, static: bool) -> LayerPlan:
+    """:func:`plan`'s grouped pipeline for checked options (``given``: :func:`check_options`' answer)."""
     if given is None:
         per_expert = tokens_per_expert(dims.T, dims.E, dims.top_k)
         gated = gated_gemm1(quant, fusion, dims.I, _bucket(per_expert, swap_ab, (dims.K, dims.I))[0])
@@ -385,12 +421,14 @@ def plans_for(
     **options,
 ) -> tuple[LayerPlan, ...]:
     """Every distinct plan this layer gets for T = 1 … ``max_tokens`` (with the same ``options``: :func:`plan`'s,
-    ``static`` included), in order of T: the plan at the first T of each bucket of :func:`path_rule`."""
+    ``static`` included), in order of T: the plan at the first T of each bucket of :func:`path_rule` and at the
+    first T past the one launch's pair lanes (:func:`one_launch`)."""
     starts = (
         [1]
         if options.get("configs") is not None
         else bucket_starts([b[0] for b in path_rule(options.get("swap_ab"), (K, I))], E, top_k)
     )
+    starts = sorted(set(starts + [PAIR_LANES // top_k + 1]))
     plans = [plan(MoEDims(T=T, E=E, K=K, I=I, top_k=top_k), quant, **options) for T in starts if T <= max_tokens]
     return tuple(dict.fromkeys(plans))
 
@@ -404,6 +442,9 @@ def layer_configs(
     swap_ab: bool | None = None,  # noqa: E741
     quant: str | None = None,
 ) -> tuple[GemmConfig, GemmConfig]:
-    """The (GEMM1, GEMM2) configs of :func:`plan` (kept for callers that want the configs only)."""
-    p = plan(MoEDims(T=T, E=E, K=K, I=I, top_k=top_k), quant, swap_ab=swap_ab)
+    """The (GEMM1, GEMM2) configs of :func:`plan`'s grouped pipeline (for callers that want the configs only,
+    which time its steps); where the plan is the one launch (:func:`one_launch`), those it runs with it off."""
+    check_quant(quant)
+    given = check_options(K, I, quant, swap_ab=swap_ab)
+    p = _grouped_plan(MoEDims(T=T, E=E, K=K, I=I, top_k=top_k), quant, given, swap_ab, "fused", False)
     return p.gemm1, p.gemm2

@@ -10,9 +10,12 @@ row kernels (gather, SiLU·mul, combine), then the alignment's two CuTe kernels
 (:mod:`cute_moe.alignops`) once per ``topk_ids`` dtype — they read the ids, so int32 and int64 are
 two compiles, both warmed unless ``ids_dtypes`` says which one the caller passes — then passes
 every plan through :func:`compile_plan` — the owner of the list of what a plan runs — so that a
-kernel a plan needs and the steps above did not name is compiled too (and reported). On a GPU it
-finally runs every plan once on a one-token placeholder call (and the alignment once more per
-further ids dtype): the DSL binds a compiled kernel to the device at its first call and CUDA loads
+kernel a plan needs and the steps above did not name is compiled too (and reported). Where the path
+rule (:func:`~cute_moe.plan.one_launch`) sends the smallest T to the one-launch decode kernel
+(:mod:`cute_moe.decode`), that kernel is compiled once per ids dtype too (one step each), and the grouped
+pipeline's kernels only for the plans that use it. On a GPU it
+finally runs every plan once on a one-token placeholder call (and the alignment and the one launch once
+more per further ids dtype): the DSL binds a compiled kernel to the device at its first call and CUDA loads
 modules lazily, at their first launch — work a serving call should not do.
 
 ``static=True`` warms the calls that pass static activation scales (``a1_scale``, ``a2_scale``:
@@ -49,6 +52,7 @@ from moe_spec.warmup import (
 from .alignops import ID_DTYPES, compile_align_kernels
 from .cache import compile_count
 from .config import QUANT_FORMATS, GemmConfig
+from .decode import compile_decode, decode_fused_moe
 from .gemm_plan import compile_gemm
 from .moe import LIMITS, fused_moe
 from .plan import MAX_TOKENS, _tile_text, plans_for
@@ -79,17 +83,35 @@ def check_ids_dtypes(ids_dtypes) -> tuple:
 
 
 def _align_names(ids_dtype) -> tuple[str, ...]:
-    return tuple(f"align {name} ({str(ids_dtype).removeprefix('torch.')} ids)" for name in ALIGN_KERNELS)
+    return tuple(f"align {name} ({_ids_name(ids_dtype)} ids)" for name in ALIGN_KERNELS)
+
+
+def _ids_name(ids_dtype) -> str:
+    return str(ids_dtype).removeprefix("torch.")
+
+
+def decode_name(ids_dtype) -> str:
+    """``decode 1-launch (int32 ids)``: the one-launch kernel compiled for one ``topk_ids`` dtype."""
+    return f"decode 1-launch ({_ids_name(ids_dtype)} ids)"
 
 
 def compile_plan(plan, num_ctas: int | None = None, ids_dtypes=IDS_DTYPES, static: bool = False) -> int:
     """Compile everything a layer plan (:class:`cute_moe.plan.LayerPlan`) runs — its two GEMMs, the
     row kernels, the alignment's kernels for each ``topk_ids`` dtype of ``ids_dtypes``, an FP8
     format's quantization kernels (``static``: also those of static activation scales) and the
-    unfused pipeline's passes — ahead of the first call: a warm-up compiles every plan of ``plans_for``.
+    unfused pipeline's passes; a plan whose path is "decode" runs only the one-launch kernel, one per ids
+    dtype — ahead of the first call: a warm-up compiles every plan of ``plans_for``.
     Returns how many kernels this call compiled (0 when all were cached)."""
     ids_dtypes = check_ids_dtypes(ids_dtypes)
+    if static and plan.quant != STATIC_SCALE_FORMAT:
+        raise ValueError(
+            f"static: static activation scales need a {STATIC_SCALE_FORMAT} plan, got quant={plan.quant!r}"
+        )
     before = compile_count()
+    if plan.path == "decode":
+        for ids_dtype in ids_dtypes:
+            compile_decode(_ids_name(ids_dtype))
+        return compile_count() - before
     for ids_dtype in ids_dtypes:
         compile_align_kernels(ids_dtype)
     for cfg in (plan.gemm1, plan.gemm2):
@@ -98,10 +120,6 @@ def compile_plan(plan, num_ctas: int | None = None, ids_dtypes=IDS_DTYPES, stati
     if plan.quant is not None:
         compile_quant_kernels(plan.quant, num_ctas)
     if static:
-        if plan.quant != STATIC_SCALE_FORMAT:
-            raise ValueError(
-                f"static: static activation scales need a {STATIC_SCALE_FORMAT} plan, got quant={plan.quant!r}"
-            )
         compile_quant_kernels(plan.quant, num_ctas, static=True)
     if plan.fusion == "separate":
         compile_unfused_kernels(plan.quant, num_ctas)
@@ -150,11 +168,14 @@ def _first_launch(p, E, K, I, top_k, quant, device, ids_dtype, static: bool = Fa
     if static:
         scales = {name: torch.ones(1, dtype=torch.float32, device=device) for name in ("a1_scale", "a2_scale")}
     before, start = compile_count(), time.perf_counter()
-    fused_moe(**inputs.kwargs(), configs=(p.gemm1, p.gemm2), **scales)
+    if p.path == "decode":  # the plan of T = 1 (plans_for's first): fused_moe takes the same kernel
+        decode_fused_moe(**inputs.kwargs())
+    else:
+        fused_moe(**inputs.kwargs(), configs=(p.gemm1, p.gemm2), **scales)
     torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
     return WarmupStep(
-        f"first launch of {p.describe()} (T = 1, {str(ids_dtype).removeprefix('torch.')} ids)",
+        f"first launch of {p.describe()} (T = 1, {_ids_name(ids_dtype)} ids)",
         ("kernel compiled at its first launch",) * (compile_count() - before),
         seconds,
     )
@@ -182,8 +203,8 @@ def warmup(
     contract accepts). ``static``: the calls pass static activation scales (``a1_scale``,
     ``a2_scale``; fp8_tensor only): their quantize kernels are compiled too (one more step). Returns
     a :class:`~moe_spec.warmup.WarmupReport`: one step per GEMM config, one for the row kernels, one
-    per ids dtype for the alignment's kernels and, on a GPU, one per plan's first launch (and one
-    per further ids dtype), each with its seconds. Raises
+    per ids dtype for the alignment's kernels, one per ids dtype for the one-launch kernel where a plan
+    takes it and, on a GPU, one per plan's first launch (and more per further ids dtype), each with its seconds. Raises
     TypeError / ValueError naming a bad argument, NotImplementedError for a format this backend
     does not build, before anything is compiled.
     """
@@ -200,20 +221,29 @@ def warmup(
     num_ctas = _num_ctas(device)
     # static: the plans of static calls (a gated GEMM1 quantizing by the given scale in its epilogue)
     plans = layer_plans(plans_for, E, K, I, top_k, quant, max_tokens, static=static, **options)
-    configs = tuple(dict.fromkeys(cfg for p in plans for cfg in (p.gemm1, p.gemm2)))
+    grouped = [p for p in plans if p.path == "grouped"]
+    # the one launch (cute_moe.plan.one_launch) serves the smallest T: its kernel per ids dtype, else nothing
+    decode_dtypes = ids_dtypes if len(grouped) < len(plans) else ()
+    align_dtypes, row_kernels = (ids_dtypes, ROW_KERNELS) if grouped else ((), ())
+    configs = tuple(dict.fromkeys(cfg for p in grouped for cfg in (p.gemm1, p.gemm2)))
     steps = [
         _step(gemm_name(cfg), (gemm_name(cfg),), lambda cfg=cfg: compile_gemm(cfg, num_ctas), dry_run)
         for cfg in configs
     ]
-    steps.append(_step("row kernels", ROW_KERNELS, lambda: compile_row_kernels(num_ctas), dry_run))
+    if grouped:
+        steps.append(_step("row kernels", ROW_KERNELS, lambda: compile_row_kernels(num_ctas), dry_run))
     steps += [
         _step(
-            f"alignment kernels, {str(dt).removeprefix('torch.')} ids",
+            f"alignment kernels, {_ids_name(dt)} ids",
             _align_names(dt),
             lambda dt=dt: compile_align_kernels(dt),
             dry_run,
         )
-        for dt in ids_dtypes
+        for dt in align_dtypes
+    ]
+    steps += [
+        _step(decode_name(dt), (decode_name(dt),), lambda dt=dt: compile_decode(_ids_name(dt)), dry_run)
+        for dt in decode_dtypes
     ]
     if static:
         names = STATIC_QUANT_KERNELS
@@ -239,8 +269,11 @@ def warmup(
                 )
         if torch.device(device).type == "cuda":
             steps += [_first_launch(p, E, K, I, top_k, quant, device, ids_dtypes[0], static) for p in plans]
-            # the alignment kernels are the only ones the ids dtype changes: one more call per dtype
-            steps += [_first_launch(plans[0], E, K, I, top_k, quant, device, dt, static) for dt in ids_dtypes[1:]]
+            # the ids dtype changes the alignment kernels and the one launch: one more call of each per dtype
+            again = [p for p in plans if p.path == "decode"] + grouped[:1]
+            steps += [
+                _first_launch(p, E, K, I, top_k, quant, device, dt, static) for dt in ids_dtypes[1:] for p in again
+            ]
     mode = "dry run: listed, nothing compiled" if dry_run else "compiled"
     return WarmupReport(
         "cute_moe",
@@ -255,8 +288,9 @@ def warmup(
         tuple(steps),
         frozenset(
             [("grouped_gemm", cfg) for cfg in configs]
-            + [(name, num_ctas) for name in ROW_KERNELS]
-            + [("align", dt) for dt in ids_dtypes]
+            + [(name, num_ctas) for name in row_kernels]
+            + [("align", dt) for dt in align_dtypes]
+            + [("decode", dt) for dt in decode_dtypes]
             + [(name, num_ctas) for name in (STATIC_QUANT_KERNELS if static else ())]
         ),
     )

@@ -80,6 +80,7 @@ def test_without_an_entry_the_rule_is_the_64_token_rule():
 def test_plans_for_follows_a_layer_limit(monkeypatch):
     s = get_shape("qwen3-30b-a3b")
     monkeypatch.setattr(cute_plan, "SWAP_AB_MAX_BY_LAYER", {(s.hidden, s.intermediate): 24})
+    monkeypatch.setattr(cute_plan, "ONE_LAUNCH", False)  # the grouped pipeline's buckets only
     d = MoEDims(T=1, E=s.num_experts, K=s.hidden, I=s.intermediate, top_k=s.top_k)
     listed = cute_moe.plans_for(d.E, d.K, d.I, d.top_k, max_tokens=1200)
     seen = {}

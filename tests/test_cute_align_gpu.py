@@ -12,6 +12,7 @@ the layer's tiles at Qwen3-30B-A3B and DeepSeek-V3 TP8 sizes; place grids beyond
 
 from __future__ import annotations
 
+import importlib
 import os
 
 import pytest
@@ -139,7 +140,9 @@ def test_the_layer_s_alignment_is_the_reference(spec, T):
 
     shape = get_shape(spec)
     E, k = shape.num_experts, shape.top_k
-    p = plan(MoEDims(T=T, E=E, K=shape.hidden, I=shape.intermediate, top_k=k))
+    with pytest.MonkeyPatch.context() as mp:  # the grouped pipeline's alignment (the one launch sorts nothing)
+        mp.setattr(importlib.import_module("cute_moe.plan"), "ONE_LAUNCH", False)
+        p = plan(MoEDims(T=T, E=E, K=shape.hidden, I=shape.intermediate, top_k=k))
     tiles = (p.gemm1.tokens_tile, p.gemm2.tokens_tile)
     ids, w = routing(T, k, E, seed=T), _weights(T, k, T)
     got = _poisoned_launch(ids, w, E, p.align_tile, tiles, zeroed=0)

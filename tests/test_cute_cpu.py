@@ -83,7 +83,9 @@ def test_compile_cache_and_counter():
 def test_the_plans_wgmma_is_the_one_the_kernel_issues():
     """A plan's ``mma`` is each config's ``GemmConfig.wgmma`` (from its tiles and dtype); the kernel's own
     tiled MMA (``ptx.mma_instruction``) is the same instruction, for every config the plans of the
-    catalog's layers pick in every format, path and pipeline (ping-pong and clustered ones included)."""
+    catalog's layers pick in every format, path and pipeline (ping-pong and clustered ones included).
+    A one-launch plan (no GemmConfig) names its kernel's own instruction (tests/test_cute_one_launch.py)."""
+    from cute_moe.decode_parts import WGMMA
     from moe_spec.problem import get_shape
     from moe_spec.quant import QUANT_FORMATS
 
@@ -93,6 +95,9 @@ def test_the_plans_wgmma_is_the_one_the_kernel_issues():
         for quant in QUANT_FORMATS:
             for options in ({}, {"swap_ab": True}, {"swap_ab": False}, {"fusion": "separate"}):
                 for p in cute_moe.plans_for(s.num_experts, s.hidden, s.intermediate, s.top_k, quant, **options):
+                    if p.path == "decode":
+                        assert p.mma == (WGMMA, WGMMA) and (p.gemm1, p.gemm2) == (None, None)
+                        continue
                     assert p.mma == (p.gemm1.wgmma, p.gemm2.wgmma)
                     configs.update(dict.fromkeys((p.gemm1, p.gemm2)))
                     plans += 1
@@ -540,7 +545,8 @@ def _gated_plan_configs():
             s = get_shape(spec)
             for options in ({}, {"swap_ab": True}, {"swap_ab": False}):
                 for p in cute_moe.plans_for(s.num_experts, s.hidden, s.intermediate, s.top_k, **options):
-                    found[p.gemm1] = None
+                    if p.path == "grouped":  # the one launch has no GemmConfig
+                        found[p.gemm1] = None
     return list(found)
 
 
@@ -691,6 +697,8 @@ def test_the_bf16_plans_gather_in_gemm1_only(monkeypatch):
     assert GATHERED and all(c.gather_rows and c.gated for c in GATHERED)
     for spec_dims in ((8, 4096, 14336, 2), (128, 2048, 768, 8)):
         for p in cute_moe.plans_for(*spec_dims):
+            if p.path == "decode":  # the one launch reads x by token index itself (cute_moe.decode)
+                continue
             assert p.gemm1.gather_rows and not p.gemm2.gather_rows
             assert " gather" in p.describe().split("|")[0] and " gather" not in p.describe().split("|")[1]
         for quant, fusion in ((None, "separate"), ("fp8_tensor", "fused"), ("fp8_block", "separate")):

@@ -53,6 +53,20 @@ def _decode(**kw):
     return decode_fused_moe(**kw)
 
 
+@pytest.fixture
+def grouped(monkeypatch):
+    """``cute_moe.fused_moe`` on the grouped pipeline (the one launch off: ``cute_moe.plan.ONE_LAUNCH``)."""
+    import importlib
+
+    import cute_moe
+    import cute_moe.moe as moe
+
+    monkeypatch.setattr(importlib.import_module("cute_moe.plan"), "ONE_LAUNCH", False)
+    moe.forget_calls()
+    yield cute_moe.fused_moe
+    moe.forget_calls()
+
+
 def _clear_word():
     """The device's error word and its host copy cleared (``check`` clears both, ``poll`` a stale copy)."""
     from moe_spec.validate import check, poll
@@ -85,21 +99,17 @@ def test_against_the_oracle(shapes, spec, T):
 
 @pytest.mark.parametrize("spec", SPECS)
 @pytest.mark.parametrize("T", [1, 8])
-def test_against_the_grouped_pipeline(shapes, spec, T):
+def test_against_the_grouped_pipeline(shapes, spec, T, grouped):
     """Same functions, same K order (64-wide stages of four m64nNk16 WGMMAs into one fp32 chain), the
     same three roundings: close, and expected bit for bit (the next test)."""
-    import cute_moe
-
     kw = _inputs(shapes, spec, T, seed=1)
-    assert rel_l2(_decode(**kw), cute_moe.fused_moe(**kw).double()) < GROUPED_TOL
+    assert rel_l2(_decode(**kw), grouped(**kw).double()) < GROUPED_TOL
 
 
 @pytest.mark.parametrize("spec", SPECS)
-def test_bits_of_the_grouped_pipeline(shapes, spec):
-    import cute_moe
-
+def test_bits_of_the_grouped_pipeline(shapes, spec, grouped):
     kw = _inputs(shapes, spec, 4, seed=2)
-    assert torch.equal(_decode(**kw), cute_moe.fused_moe(**kw))
+    assert torch.equal(_decode(**kw), grouped(**kw))
 
 
 @pytest.mark.parametrize("spec", SPECS)

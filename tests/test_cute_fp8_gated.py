@@ -134,8 +134,9 @@ def test_the_fused_fp8_plans_gate_gemm1_on_both_paths():
                 assert " silu " in p.describe().split("|")[0] and " silu " not in p.describe().split("|")[1]
                 paths.add(g1.swap_ab)
                 # the same path and token tile as the bf16 plan of the call (one path rule)
-                bf16 = cute_moe.plan(_dims(spec, T))
-                assert (g1.swap_ab, g1.tokens_tile) == (bf16.gemm1.swap_ab, bf16.gemm1.tokens_tile)
+                d = _dims(spec, T)  # the bf16 grouped pipeline's GEMM1 (layer_configs: the one launch aside)
+                bf16 = cute_moe.layer_configs(T, d.E, d.K, d.I, d.top_k)[0]
+                assert (g1.swap_ab, g1.tokens_tile) == (bf16.swap_ab, bf16.tokens_tile)
     assert paths == {True, False}
 
 

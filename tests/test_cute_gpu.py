@@ -18,6 +18,20 @@ pytestmark = pytest.mark.gpu
 TOL = 5e-3  # rel-L2 against the fp64 oracle (bf16 operands, fp32 accumulation)
 
 
+@pytest.fixture(autouse=True)
+def grouped_pipeline(monkeypatch):
+    """This module tests the grouped pipeline: the one launch (``cute_moe.plan.ONE_LAUNCH``; its GPU tests are
+    tests/test_cute_decode_gpu.py and tests/test_cute_one_launch.py) is off, fused_moe's cached plans dropped."""
+    import importlib
+
+    import cute_moe.moe as moe
+
+    monkeypatch.setattr(importlib.import_module("cute_moe.plan"), "ONE_LAUNCH", False)
+    moe.forget_calls()
+    yield
+    moe.forget_calls()
+
+
 def _gemm_case(cfg, counts, n_out, k, seed=0):
     """Grouped GEMM on explicit per-expert token counts vs a per-expert fp32 matmul."""
     from cute_moe.moe import grouped_gemm, sort_rows

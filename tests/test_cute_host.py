@@ -13,6 +13,7 @@ the public step functions (the DSL's own call path) give.
 """
 
 import dataclasses
+import importlib
 import re
 
 import pytest
@@ -96,6 +97,7 @@ def recorded_layer(monkeypatch):
     from cute_moe import moe
 
     calls: list = []
+    monkeypatch.setattr(importlib.import_module("cute_moe.plan"), "ONE_LAUNCH", False)  # the grouped pipeline
     monkeypatch.setattr(moe, "ffi_function", lambda fn: _Recorder(fn, calls))
     monkeypatch.setattr(moe, "check_runs_on", lambda *a: None)
     monkeypatch.setattr(moe, "surface_errors", lambda *a: None)
@@ -196,7 +198,7 @@ def _by_steps(kw: dict, quant) -> torch.Tensor:
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [1, 64])
 @pytest.mark.parametrize("quant", [None, "fp8_tensor"], ids=["bf16", "fp8_tensor"])
-def test_gpu_eager_call_launches_through_tvm_ffi_bit_for_bit(quant, T):
+def test_gpu_eager_call_launches_through_tvm_ffi_bit_for_bit(quant, T, monkeypatch):
     """Qwen3-30B-A3B: an eager call launches every kernel through a bare TVM-FFI function, and its output
     equals, bit for bit, a CUDA-graph replay of the same call and the public step functions' result."""
     import tvm_ffi
@@ -206,6 +208,8 @@ def test_gpu_eager_call_launches_through_tvm_ffi_bit_for_bit(quant, T):
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU (run the GPU lane on the H200: python3 -m pytest -m gpu)")
+    monkeypatch.setattr(importlib.import_module("cute_moe.plan"), "ONE_LAUNCH", False)  # the grouped pipeline
+    moe.forget_calls()  # (the one launch's own: tests/test_cute_one_launch.py)
     kw = make_inputs(get_shape("qwen3-30b-a3b"), T, quant, seed=0).to("cuda").kwargs()
     eager = moe.fused_moe(**kw)
     dims = moe.validate_moe_args(

@@ -72,9 +72,9 @@ SHAPE = MoEShape("launches", 8, 2, 128, 64, "test: Mixtral-like routing, small s
 #: T = 4: 8 pairs, inside the decode rule's reach (triton_moe.plan.uses_decode); T = 40: 80 pairs,
 #: one chunk of the grouped pipeline; T = 300: 600 pairs, three chunks (the launches are the same).
 DECODE, SMALL_GROUPED, PREFILL = 4, 40, 300
-TRITON = {  # (quant, T): exact Triton launches of a warm grouped call where GEMM1's epilogue does not
-    # quantize the intermediate (triton_moe.plan.epilogue_quant: one launch less where it does, below);
-    # the targets are bf16 ≤ 6, FP8 ≤ 8
+TRITON = {  # (quant, T): exact Triton launches of a warm grouped call where GEMM1 quantizes neither
+    # the intermediate in its epilogue (triton_moe.plan.epilogue_quant) nor x in its A load
+    # (triton_moe.plan.x_quant_in_gemm1): one launch less for each it does; the targets are bf16 ≤ 6, FP8 ≤ 8
     (None, SMALL_GROUPED): 5,
     (None, PREFILL): 5,
     ("fp8_tensor", SMALL_GROUPED): 8,
@@ -119,7 +119,8 @@ def _triton_call(quant, T, top_k_one=False, config=None, static=False):
 def test_triton_launches_per_call(quant, T):
     assert _path(quant, T) == "grouped"
     launches, ops = _triton_call(quant, T)
-    assert len(launches) == TRITON[quant, T] - _plan(quant, T).epilogue_quant(), launches
+    p = _plan(quant, T)
+    assert len(launches) == TRITON[quant, T] - p.epilogue_quant() - p.x_quant_in_gemm1(), launches
     assert len(launches) <= (6 if quant is None else 8)
     assert ops.launches == [], ops.launches  # no torch kernel: no fill, no copy, no check
     assert not HOST_READS & set(ops.ops), ops.ops
@@ -139,12 +140,14 @@ def test_triton_launches_with_the_intermediate_quantized_in_gemm1(case):
 
     quant, static, block_n = case.split()[0], *FUSED[case]
     cfg = TritonConfig(16, block_n, 64, swap_ab=True)
-    assert _plan(quant, SMALL_GROUPED, config=cfg).epilogue_quant(static)  # the rule's owner says so
+    p = _plan(quant, SMALL_GROUPED, config=cfg)
+    assert p.epilogue_quant(static)  # the rule's owner says so
     launches, ops = _triton_call(quant, SMALL_GROUPED, config=cfg, static=static)
+    x_quant = [] if p.x_quant_in_gemm1(static) else ["quantize_kernel"]  # x: static fp8_tensor in GEMM1's A load
     assert launches == [
         "_count_kernel",
         "_place_kernel",
-        "quantize_kernel",  # x
+        *x_quant,
         "moe_gemm_kernel",  # GEMM1 → E4M3 intermediate (+ block scales)
         "moe_gemm_kernel",
         "combine_kernel",
@@ -152,7 +155,8 @@ def test_triton_launches_with_the_intermediate_quantized_in_gemm1(case):
     assert ops.launches == [] and not HOST_READS & set(ops.ops), ops.ops
     with separate_act_quant():  # the path of before: one quantize launch more
         separate, _ = _triton_call(quant, SMALL_GROUPED, config=cfg, static=static)
-    assert separate == launches[:4] + ["quantize_kernel"] + launches[4:], separate
+    gemm2 = len(launches) - 2
+    assert separate == launches[:gemm2] + ["quantize_kernel"] + launches[gemm2:], separate
 
 
 @pytest.mark.parametrize("quant", QUANTS, ids=[q or "bf16" for q in QUANTS])
@@ -236,7 +240,15 @@ def test_cute_launches_per_call(quant, T):
     kw = make_inputs(SHAPE, T, quant, seed=0).kwargs()
     with gpu_stand_in() as (fused_moe, launches):
         cute, torch_ops, ops = launches_per_call(fused_moe, launches, kw)
-    assert cute == CUTE_ALIGN[T] + (_cute_layer() if quant is None else _cute_fp8(quant, T)), cute
+    import cute_moe
+    from moe_spec.validate import MoEDims
+
+    d = MoEDims(T=T, E=SHAPE.num_experts, K=SHAPE.hidden, I=SHAPE.intermediate, top_k=SHAPE.top_k)
+    one = cute_moe.plan(d, quant)
+    if one.path == "decode":  # the whole layer in one launch (cute_moe.plan.one_launch)
+        assert cute == ["DecodeKernel"], cute
+    else:
+        assert cute == CUTE_ALIGN[T] + (_cute_layer() if quant is None else _cute_fp8(quant, T)), cute
     # the row maps, block maps, data checks and amax zeroing are the alignment's: the one torch op
     # left gathers x's channel / block scales into the sorted rows
     assert torch_ops == ([] if quant in (None, "fp8_tensor") else ["index"]), torch_ops
@@ -260,4 +272,8 @@ def test_cute_host_cost_counts_the_launches_of_a_timed_call():
     from cute_moe.lab.bench_align import host_cost
 
     r = host_cost(1, calls=2, repeats=1)
-    assert r["host_us"] > 0 and r["cute_launches"] == 4 and r["torch_launches"] == 0, r
+    import cute_moe
+    from moe_spec.validate import MoEDims
+
+    one = cute_moe.plan(MoEDims(T=1, E=128, K=256, I=128, top_k=8)).path == "decode"  # host_cost's layer
+    assert r["host_us"] > 0 and r["cute_launches"] == (1 if one else 4) and r["torch_launches"] == 0, r

@@ -59,12 +59,15 @@ CUTE_FORMATS = [None, "fp8_tensor", "fp8_channel", "fp8_block"]
 @pytest.mark.parametrize("quant", CUTE_FORMATS, ids=lambda q: q or "bf16")
 @pytest.mark.parametrize("spec", ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8"])
 def test_cute_plans_for_lists_every_plan_of_a_dense_sweep(spec, quant, options):
-    from cute_moe.plan import GATED_FP8_GEMM1, path_rule
+    from cute_moe.plan import GATED_FP8_GEMM1, one_launch, path_rule
     from cute_moe.unfused import GATED_GEMM1
 
     listed = _sweep(cute_moe, spec, quant, options)
-    assert len(listed) == len(path_rule(options.get("swap_ab")))  # these layers reach every bucket by T = 4096
-    for p in listed:  # every plan is of the call's format and pipeline
+    s = get_shape(spec)  # these layers reach every bucket by T = 4096, and the one launch at T = 1 where it applies
+    one = one_launch(MoEDims(T=1, E=s.num_experts, K=s.hidden, I=s.intermediate, top_k=s.top_k), quant, **options)
+    assert len(listed) == len(path_rule(options.get("swap_ab"))) + one
+    assert [p.path for p in listed] == ["decode"] * one + ["grouped"] * (len(listed) - one)
+    for p in listed[one:]:  # every grouped plan is of the call's format and pipeline
         assert p.quant == quant and p.fusion == options.get("fusion", "fused")
         assert {p.gemm1.quant, p.gemm2.quant} == {quant}
         assert (p.gemm1.out_dtype, p.gemm2.out_dtype) == ("bfloat16" if quant is None else "float32", "bfloat16")

@@ -100,13 +100,16 @@ def test_triton_sweep_after_warmup_compiles_nothing(E, top_k, K, I, quant):  # n
     assert len(met) == len(report.plans) > 1  # the sweep crossed every bucket
     # what a fresh process compiles: per grouped plan GEMM1 and GEMM2, each per ids dtype (the GEMMs
     # read topk_ids for the device-side checks); per BLOCK_M the place kernel (per ids dtype); the
-    # count kernel (per ids dtype); the combine (top_k > 1); FP8: the quantize kernel for x and, unless
-    # every plan's GEMM1 quantizes it (triton_moe.plan.epilogue_quant), for the intermediate, plus the
-    # amax of x for fp8_tensor; the decode plan's one kernel, per ids dtype
+    # count kernel (per ids dtype); the combine (top_k > 1); FP8: the quantize kernel for x unless every
+    # plan's GEMM1 quantizes x in its A load (triton_moe.plan.x_quant_in_gemm1), for the intermediate
+    # unless every plan's GEMM1 epilogue does (triton_moe.plan.epilogue_quant) — a key of its own where
+    # x was quantized in GEMM1 (it then leaves the amax zero) — plus the amax of x for fp8_tensor; the
+    # decode plan's one kernel, per ids dtype
     grouped = [p for p in met if p.path == "grouped"]
     block_ms = {p.config.BLOCK_M for p in grouped}
-    separate = any(not p.epilogue_quant() for p in grouped)
-    fp8 = {None: 0, "fp8_tensor": 2 + separate}.get(quant, 1 + separate)
+    x_quant = any(not p.x_quant_in_gemm1() for p in grouped)
+    act_quants = {p.x_quant_in_gemm1() for p in grouped if not p.epilogue_quant()}
+    fp8 = 0 if quant is None else (quant == "fp8_tensor") + x_quant + len(act_quants)
     expected = 4 * len(grouped) + 2 * len(block_ms) + 2 + (top_k > 1) + fp8
     expected += 2 * (len(met) - len(grouped))
     assert report.count == len(report.covered) == expected
@@ -287,8 +290,11 @@ def test_cute_dry_run_lists_without_compiling():
     before = cache.compile_count()
     report = cute_moe.warmup(128, 2048, 768, 8, max_tokens=16384, device="cpu", dry_run=True)
     assert cache.compile_count() == before and report.mode.startswith("dry run")
-    # two GEMMs per plan, the row kernels, the alignment's two per topk_ids dtype
-    assert len(report.plans) == 5 and report.count == 10 + 3 + 2 * 2
+    # two GEMMs per grouped plan, the row kernels, the alignment's two per topk_ids dtype, and — where the
+    # path rule sends T = 1 to the one launch — its kernel per topk_ids dtype
+    one = cute_moe.plan(MoEDims(T=1, E=128, K=2048, I=768, top_k=8)).path == "decode"
+    grouped = len(importlib.import_module("cute_moe.plan").path_rule())
+    assert len(report.plans) == grouped + one and report.count == 2 * grouped + 3 + 2 * 2 + 2 * one
 
 
 # ---- one interface, refusals ----------------------------------------------------------------------------
@@ -373,7 +379,9 @@ def test_warm_study_cpu(tmp_path):
 def test_warm_study_cli(tmp_path, capsys):
     assert warm_study.main(["--count", "--shapes", "qwen3-30b-a3b", "--quants", "bf16", "--max-tokens", "16384"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert any(line.startswith("cute_moe") and "plans, 17 kernels" in line for line in lines)
+    listed = cute_moe.warmup(128, 2048, 768, 8, max_tokens=16384, device="cpu", dry_run=True)  # the rule's count
+    counts = f"{len(listed.plans)} plans, {listed.count} kernels"
+    assert any(line.startswith("cute_moe") and counts in line for line in lines)
     rc = warm_study.main(["--out", str(tmp_path), "--max-tokens", "20", "--backends", "triton_moe", "--quants", "bf16"])
     assert rc == 0
     data = json.loads((tmp_path / "warm_study.json").read_text())

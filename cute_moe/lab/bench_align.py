@@ -238,7 +238,7 @@ def gpu_stand_in():
     """``fused_moe``'s GPU path on CPU tensors: every compile returns stubs that record their launches
     (the DSL still wraps every argument), the stream is a stand-in and the host wrappers take CPU
     tensors for device ones.  Yields ``(fused_moe, launches)``; the patches are undone on exit."""
-    from .. import moe, moe_fp8, unfused
+    from .. import decode, moe, moe_fp8, unfused
 
     launches: list = []
     stubs = lambda *a, **k: _Stubs(launches)  # noqa: E731
@@ -247,6 +247,7 @@ def gpu_stand_in():
         (torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=0)),
         (torch.cuda, "device", lambda device: contextlib.nullcontext()),
         (moe, "compile_gemm", lambda *a, **k: lambda *args: launches.append("GroupedGemm")),
+        (decode, "compile_decode", lambda *a, **k: lambda *args: launches.append("DecodeKernel")),
         (moe, "_row_kernels", stubs),
         (moe, "_stream", lambda t: None),
         (moe, "check_runs_on", lambda *a: None),
