@@ -50,9 +50,8 @@ from moe_spec import runinfo, studyout
 from moe_spec.cli import ArgumentParser
 from moe_spec.problem import get_shape, route
 from moe_spec.timing import L2_BYTES, time_cuda_graph
-from moe_spec.validate import MoEDims
 
-from ..plan import plan
+from ..plan import LayerPlan, layer_configs
 from ..rowmaps import RowBuffers, reference_rows, sort_rows_on_device
 
 SPECS = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8")
@@ -76,10 +75,12 @@ def _same_rows(a, b) -> bool:
 
 
 def layer_tiles(spec: str, T: int) -> tuple[int, tuple[int, int]]:
-    """The bf16 layer's alignment tile and (GEMM1, GEMM2) token tiles at T (what ``fused_moe`` passes)."""
+    """The bf16 grouped layer's alignment tile and (GEMM1, GEMM2) token tiles at T (what ``fused_moe``
+    passes to its alignment; where the plan takes the one launch, :func:`~cute_moe.plan.one_launch`, the
+    grouped pipeline's, which runs with that rule off: the one launch aligns nothing)."""
     shape = get_shape(spec)
-    p = plan(MoEDims(T=T, E=shape.num_experts, K=shape.hidden, I=shape.intermediate, top_k=shape.top_k))
-    return p.align_tile, (p.gemm1.tokens_tile, p.gemm2.tokens_tile)
+    g1, g2 = layer_configs(T, shape.num_experts, shape.hidden, shape.intermediate, shape.top_k)
+    return LayerPlan(g1, g2).align_tile, (g1.tokens_tile, g2.tokens_tile)
 
 
 class Cell:
