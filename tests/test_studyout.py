@@ -22,7 +22,7 @@ COMMANDS = (
     "triton_moe/lab/bench_tma.py",
     "triton_moe/lab/bench_splitk.py",
     "triton_moe/lab/bench_static.py",
-    "triton_moe/lab/bench_epilogue_quant.py",
+    "triton_moe/lab/bench_epilogue_quant.py",  # and bench_x_quant, which runs its Study
     "triton_moe/lab/bench_gemm2.py",
 )
 
@@ -172,6 +172,7 @@ def _stderr_of(module, argv, capsys) -> str:
         "triton_moe.lab.bench_splitk",
         "triton_moe.lab.bench_static",
         "triton_moe.lab.bench_epilogue_quant",
+        "triton_moe.lab.bench_x_quant",
         "triton_moe.lab.bench_gemm2",
     ],
 )

@@ -12,6 +12,7 @@ product reads (``python -m triton_moe.lab.autotune`` writes ``triton_moe/configs
 ``bench_splitk``            split-K of GEMM1 at decode
 ``bench_static``            static against dynamic FP8 activation scales
 ``bench_epilogue_quant``    the FP8 intermediate quantized in GEMM1's epilogue against a separate pass
+``bench_x_quant``           x quantized in GEMM1's A load against its own quantize launch
 ``bench_tma``               the persistent TMA kernel against the grouped one
 ``promotion``               FP8 accumulator promotion, accuracy against cost (its own GEMM kernel)
 ``hostcost``                the host's time per call, Triton's launch path against the direct one

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from moe_spec import studyout
@@ -40,17 +41,47 @@ CELLS = tuple(
 CELL_S = 12.0
 
 
-def _write(out: Path, results: dict) -> None:
+@dataclass(frozen=True)
+class Study:
+    """One fused-against-separate study of an FP8 quantization: its files, cells and report words, the
+    plan's rule (a :class:`~triton_moe.plan.LayerPlan` method taking ``static``) and the
+    :mod:`triton_moe.moe` context manager that turns the fused path off.  ``bench_x_quant`` is the other."""
+
+    prog: str
+    files: tuple
+    cells: tuple
+    title: str
+    separate: str  # what the separate path is, for the report
+    label: str  # the fused path's column name
+    key: str  # its key in the rows: "<key>_us", "<key>_runs"
+    rule: str
+    switch: str
+
+
+EPILOGUE = Study(
+    "python -m triton_moe.lab.bench_epilogue_quant",
+    FILES,
+    CELLS,
+    "The FP8 intermediate quantized in GEMM1's epilogue against a separate pass",
+    "`triton_moe.moe.separate_act_quant()` (fp32 intermediate → `quantize_kernel`)",
+    "epilogue",
+    "epilogue",
+    "epilogue_quant",
+    "separate_act_quant",
+)
+
+
+def _write(out: Path, results: dict, study: Study = EPILOGUE) -> None:
+    label, key = study.label, study.key
     lines = [
-        f"# The FP8 intermediate quantized in GEMM1's epilogue against a separate pass, on {results['device']}",
+        f"# {study.title}, on {results['device']}",
         "",
         *studyout.header_lines(results),
         "",
         "Whole layer (`fused_moe`, alignment included), CUDA-graph replay, cold L2, median µs. Separate: "
-        "`triton_moe.moe.separate_act_quant()` (fp32 intermediate → `quantize_kernel`). Equal: the two "
-        "outputs bit for bit. rel L2 against the fp64 oracle.",
+        f"{study.separate}. Equal: the two outputs bit for bit. rel L2 against the fp64 oracle.",
         "",
-        "| shape | format | T | GEMM1 tile | separate µs | epilogue µs | epilogue / separate | equal | rel L2 |",
+        f"| shape | format | T | GEMM1 tile | separate µs | {label} µs | {label} / separate | equal | rel L2 |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results["rows"]:
@@ -60,91 +91,105 @@ def _write(out: Path, results: dict) -> None:
         elif not r["applies"]:
             lines.append(f"{head} {r['tile']} | the rule does not apply: not timed |")
         else:
+            fused = r[f"{key}_us"]
             lines.append(
-                f"{head} {r['tile']} | {r['separate_us']:.1f} | {r['epilogue_us']:.1f} | "
-                f"{r['epilogue_us'] / r['separate_us']:.3f} | {'yes' if r['equal'] else 'NO'} | {r['rel_l2']:.1e} |"
+                f"{head} {r['tile']} | {r['separate_us']:.1f} | {fused:.1f} | "
+                f"{fused / r['separate_us']:.3f} | {'yes' if r['equal'] else 'NO'} | {r['rel_l2']:.1e} |"
             )
     if results["cut"]:
         lines += ["", f"Not run (deadline): {', '.join(results['cut'])}"]
     studyout.write_files(
-        out, dict(zip(FILES, ("\n".join(lines) + "\n", json.dumps(results, indent=1, default=str) + "\n")))
+        out, dict(zip(study.files, ("\n".join(lines) + "\n", json.dumps(results, indent=1, default=str) + "\n")))
     )
 
 
-def _cell(spec: str, T: int, fmt: str) -> dict:
+def _tile(g) -> str:
+    split = f" split{g.split_k}" if g.split_k > 1 else ""
+    return f"{'swap ' if g.swap_ab else ''}{g.BLOCK_M}x{g.BLOCK_N}x{g.BLOCK_K}{split}"
+
+
+def _cell(spec: str, T: int, fmt: str, study: Study = EPILOGUE) -> dict:
     import torch
 
     from moe_spec.oracle import calibrate_static_scales, oracle, rel_l2
     from moe_spec.problem import get_shape
     from moe_spec.timing import time_cuda_graph
     from moe_spec.validate import MoEDims
+    from triton_moe import moe
     from triton_moe.lab.workload import Problem
-    from triton_moe.moe import fused_moe, separate_act_quant
     from triton_moe.plan import plan
 
     shape = get_shape(spec)
     quant, static = fmt.split()[0], fmt.endswith("static")
     dims = MoEDims(T=T, E=shape.num_experts, K=shape.hidden, I=shape.intermediate, top_k=shape.top_k)
     p = plan(dims, quant)
-    row = {"tile": f"{p.gemm1.BLOCK_M}x{p.gemm1.BLOCK_N}x{p.gemm1.BLOCK_K}", "applies": p.epilogue_quant(static)}
+    row = {"tile": _tile(p.gemm1), "path": p.path, "applies": getattr(p, study.rule)(static)}
     if not row["applies"]:
         return row
+    separate = getattr(moe, study.switch)
     prob = Problem(shape, T, quant)
     scales = [calibrate_static_scales(**st) if static else (None, None) for st in prob.sets]
 
     def call(i):
         a1, a2 = scales[i]
-        return fused_moe(**prob.sets[i], **(dict(a1_scale=a1, a2_scale=a2) if static else {}))
+        return moe.fused_moe(**prob.sets[i], **(dict(a1_scale=a1, a2_scale=a2) if static else {}))
 
     def timed() -> float:
         return time_cuda_graph(lambda i: lambda: call(i), prob.n_sets, replays=15, min_calls=10).median_us
 
     out = call(0)
-    with separate_act_quant():
+    with separate():
         ref = call(0)
     a1, a2 = scales[0]
     row.update(
         equal=bool(torch.equal(out.view(torch.int16), ref.view(torch.int16))),
         rel_l2=rel_l2(out, oracle(**prob.sets[0], **(dict(a1_scale=a1, a2_scale=a2) if static else {}))),
     )
-    sep_us, epi_us = [], []
+    sep_us, fused_us = [], []
     for _ in range(2):  # alternate, keep each one's best: the order must not favour either
-        with separate_act_quant():
+        with separate():
             sep_us.append(timed())
-        epi_us.append(timed())
-    row.update(separate_us=min(sep_us), epilogue_us=min(epi_us), separate_runs=sep_us, epilogue_runs=epi_us)
+        fused_us.append(timed())
+    row.update(separate_us=min(sep_us), separate_runs=sep_us)
+    row.update({f"{study.key}_us": min(fused_us), f"{study.key}_runs": fused_us})
     return row
 
 
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else list(argv)
-    prog = "python -m triton_moe.lab.bench_epilogue_quant"
-    a, out, run = studyout.start_gpu_study(prog, studyout.gpu_study_parser(prog, __doc__, FILES, 120.0), argv, FILES)
+def run(argv, study: Study, doc: str) -> None:
+    """The study's command: every cell until the deadline, the report rewritten after each row."""
+    a, out, info = studyout.start_gpu_study(
+        study.prog, studyout.gpu_study_parser(study.prog, doc, study.files, 120.0), argv, study.files
+    )
     import torch
 
     from triton_moe.lab.workload import drop_weights
 
     start = time.time()
-    results = {**run, "rows": [], "cut": []}
-    _write(out, results)
-    for i, (spec, T, fmt) in enumerate(CELLS):
+    results = {**info, "rows": [], "cut": []}
+    _write(out, results, study)
+    cells = study.cells
+    for i, (spec, T, fmt) in enumerate(cells):
         if time.time() - start > a.deadline_s - CELL_S:
             results["cut"].append(f"{spec} {fmt} T={T}")
             continue
         row = {"shape": spec, "format": fmt, "T": T}
         try:
-            row.update(_cell(spec, T, fmt))
+            row.update(_cell(spec, T, fmt, study))
         except Exception as exc:  # noqa: BLE001 — one failing cell is a row, not the end of the run
             row["error"] = repr(exc)[:300]
         results["rows"].append(row)
         print(json.dumps(row), flush=True)
-        _write(out, results)
-        if i + 1 == len(CELLS) or (CELLS[i + 1][0], CELLS[i + 1][2]) != (spec, fmt):  # other weights next
+        _write(out, results, study)
+        if i + 1 == len(cells) or (cells[i + 1][0], cells[i + 1][2]) != (spec, fmt):  # other weights next
             drop_weights()
             torch.cuda.empty_cache()
-    _write(out, results)
-    print(f"\n{(out / FILES[0]).read_text()}")
-    print(f"bench_epilogue_quant done in {time.time() - start:.0f} s")
+    _write(out, results, study)
+    print(f"\n{(out / study.files[0]).read_text()}")
+    print(f"{study.prog.rsplit('.', 1)[1]} done in {time.time() - start:.0f} s")
+
+
+def main(argv=None):
+    run(sys.argv[1:] if argv is None else list(argv), EPILOGUE, __doc__)
 
 
 if __name__ == "__main__":
