@@ -23,8 +23,6 @@ the self-resetting counters are a workspace per (pair bucket, K, I, device, stre
 from __future__ import annotations
 
 import functools
-import threading
-from collections import OrderedDict
 
 import cutlass
 import cutlass.cute as cute
@@ -32,8 +30,8 @@ import torch
 from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_tensor
 
 from moe_spec.hopper import sm_count
-from moe_spec.ops import through_op
 from moe_spec.validate import MoEDims, check_runs_on, error_word, surface_errors, validate_moe_args
+from moe_spec.workspace import Workspaces
 
 from .cache import compile_once
 from .decode_kernel import BF16, DecodeKernel
@@ -43,8 +41,7 @@ from .runtime import fake_rows, fake_stream, fake_vector, ffi_function
 
 #: Workspaces kept (least recently used dropped first): one per (bucket, sizes, device, stream, thread).
 WORKSPACES = 8
-_workspaces: OrderedDict = OrderedDict()
-_lock = threading.Lock()
+_workspaces = Workspaces(WORKSPACES)
 
 
 def check_decode_sizes(dims: MoEDims) -> None:
@@ -73,23 +70,10 @@ def new_workspace(T: int, top_k: int, K: int, I: int, device) -> dict:  # noqa: 
 
 
 def decode_workspace(T: int, top_k: int, K: int, I: int, device) -> dict:  # noqa: E741
-    """The workspace of a call: reused by the eager calls of one stream and thread (launches on one stream
-    never overlap, so one counter block serves them all); fresh during a CUDA graph capture or a call
-    through the op (a graph owns what it was captured with; its replays on one stream reuse it)."""
-    device = torch.device(device)
-    if device.type == "cuda" and (torch.cuda.is_current_stream_capturing() or through_op()):
-        return new_workspace(T, top_k, K, I, device)
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
-    key = (pair_bucket(T * top_k), K, I, device, stream, threading.get_ident())
-    with _lock:
-        ws = _workspaces.get(key)
-        if ws is None:
-            ws = _workspaces[key] = new_workspace(T, top_k, K, I, device)
-            if len(_workspaces) > WORKSPACES:
-                _workspaces.popitem(last=False)
-        else:
-            _workspaces.move_to_end(key)
-    return ws
+    """The workspace of a call, as :class:`moe_spec.workspace.Workspaces` keeps it (launches on one stream
+    never overlap, so one counter block serves all the eager calls of a stream)."""
+    sizes = (pair_bucket(T * top_k), K, I)
+    return _workspaces.get(sizes, device, lambda: new_workspace(T, top_k, K, I, device))
 
 
 def check_workspace(ws, dims: MoEDims, device) -> None:

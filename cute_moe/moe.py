@@ -19,8 +19,6 @@ CUDA graph and a new routing recompiles nothing; buffers are sized by the host-k
 from __future__ import annotations
 
 import functools
-import threading
-from collections import OrderedDict
 
 import torch
 
@@ -29,9 +27,9 @@ import cute_moe.moe_fp8 as moe_fp8  # modules: a stand-in may replace their comp
 import cute_moe.rowmaps as rowmaps
 from moe_spec.align import Alignment, max_rows
 from moe_spec.hopper import sm_count
-from moe_spec.ops import through_op
 from moe_spec.quant import FP8_DTYPE
 from moe_spec.validate import MoEDims, check_runs_on, error_word, surface_errors, validate_moe_args
+from moe_spec.workspace import Workspaces
 
 from .config import GemmConfig
 from .gemm_args import launch_args
@@ -317,32 +315,15 @@ def forget_calls() -> None:
 
 #: Workspaces kept (least recently used dropped first): one per (sizes, plan tiles, device, stream, thread).
 WORKSPACES = 8
-_workspaces: OrderedDict = OrderedDict()
+_workspaces = Workspaces(WORKSPACES)
 
 
 def _workspace(c: _Call) -> dict:
     """The buffers of a call of ``c`` — the alignment's outputs (:class:`~cute_moe.rowmaps.RowBuffers`),
     X_sorted, H and Y (FP8: also A in fp32, the two amax buffers, which the alignment zeroes, the
-    quantized activations and their scales, and the views the launches take of them) — reused by
-    the eager calls of one stream and thread: the stream orders each call after the last, and the
-    returned output is always a new tensor.  Fresh while a CUDA graph is being captured (a graph
-    owns the buffers it was captured with), and so for a call through the op
-    (:func:`moe_spec.ops.through_op`)."""
-    device = c.device
-    stream = None
-    if device.type == "cuda":
-        if torch.cuda.is_current_stream_capturing() or through_op():
-            return _buffers(c)
-        stream = torch.cuda.current_stream(device).cuda_stream
-    key = (c.sizes, stream, threading.get_ident())
-    ws = _workspaces.get(key)
-    if ws is None:
-        ws = _workspaces[key] = _buffers(c)
-        if len(_workspaces) > WORKSPACES:
-            _workspaces.popitem(last=False)
-    else:
-        _workspaces.move_to_end(key)
-    return ws
+    quantized activations and their scales, and the views the launches take of them) — reused as
+    :class:`moe_spec.workspace.Workspaces` says."""
+    return _workspaces.get(c.sizes, c.device, lambda: _buffers(c))
 
 
 def _buffers(c: _Call) -> dict:

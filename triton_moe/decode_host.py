@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections import OrderedDict
 
 import torch
 
 from moe_spec.ops import through_op
 from moe_spec.quant import FP8_BLOCK as FP8_GROUP
 from moe_spec.quant import get_format
+from moe_spec.workspace import Workspaces
 from triton_moe.config import DecodeConfig
 from triton_moe.decode_tasks import HEADER, QUANT_CHUNK
 
@@ -110,27 +110,15 @@ def _buffers(T: int, top_k: int, K: int, I: int, quant, device, split: tuple | N
     return b
 
 
-_workspaces: OrderedDict = OrderedDict()
+_workspaces = Workspaces(WORKSPACES)
 
 
 def decode_workspace(T: int, top_k: int, K: int, I: int, quant, device, cfg: DecodeConfig) -> dict:  # noqa: E741
-    """h, y and the counters of one call: h and y reused by the eager calls of one stream and
-    thread (fresh during a CUDA graph capture or a call through the op, as
-    :func:`triton_moe.launches._workspace_of` does), the counters of :func:`counter_block`. With
+    """h, y and the counters of one call: h and y kept as
+    :class:`moe_spec.workspace.Workspaces` says, the counters of :func:`counter_block`. With
     ``SPLIT`` > 1 also ``part`` (fp32 [SPLIT, P, I]) and ``arrive`` (int32 [P · n-tiles of I],
     zero when made; each tile's finisher zeroes its word, so every launch leaves it zero)."""
     counters = counter_block(device, counter_words(K, cfg))
     split = (cfg.SPLIT, _cdiv(I, cfg.BLOCK_N)) if cfg.SPLIT > 1 else None
     sizes = (T, top_k, K, I, quant, device, split)
-    if device.type == "cuda" and (torch.cuda.is_current_stream_capturing() or through_op()):
-        return {**_buffers(*sizes), "counters": counters}
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
-    key = (sizes, stream, threading.get_ident())
-    b = _workspaces.get(key)
-    if b is None:
-        b = _workspaces[key] = _buffers(*sizes)
-        if len(_workspaces) > WORKSPACES:
-            _workspaces.popitem(last=False)
-    else:
-        _workspaces.move_to_end(key)
-    return {**b, "counters": counters}
+    return {**_workspaces.get(sizes, device, lambda: _buffers(*sizes)), "counters": counters}

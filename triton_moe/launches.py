@@ -1,12 +1,11 @@
 """The launches of one ``fused_moe`` call and the buffers they write, bound once per shape.
 
 :func:`_launches` binds every launch of :func:`triton_moe.moe.expert_computation` — grids and
-constexprs (:class:`~triton_moe.jit.Bound`) — once per (sizes, quant format, config, scale mode),
-so an eager call re-derives nothing; :func:`_workspace` keeps the intermediate buffers per (sizes,
-device, stream, thread), reused by that thread's next eager call on the same stream (never during
-a CUDA graph capture, whose buffers belong to the graph, nor for a call through the op:
-:func:`moe_spec.ops.through_op`). :func:`_quantize` is the activations'
-quantization (amax, then E4M3 and scales) as x, where GEMM1 does not quantize it in its A load
+constexprs (:class:`~triton_moe.jit.Bound`) — once per (sizes, quant format, config, scale mode), so
+an eager call re-derives nothing; :func:`_workspace` keeps the intermediate buffers as
+:class:`moe_spec.workspace.Workspaces` does for every backend (per sizes, stream and thread; fresh
+in a graph capture or a call through the op). :func:`_quantize` is the activations' quantization
+(amax, then E4M3 and scales) as x, where GEMM1 does not quantize it in its A load
 (:func:`triton_moe.plan.x_quant_in_gemm1`), and the intermediate, where GEMM1's epilogue does not
 (:func:`triton_moe.plan.epilogue_quant`), need it.
 """
@@ -14,18 +13,16 @@ quantization (amax, then E4M3 and scales) as x, where GEMM1 does not quantize it
 from __future__ import annotations
 
 import functools
-import threading
-from collections import OrderedDict
 
 import torch
 
-from moe_spec.ops import through_op
 from moe_spec.quant import FP8_DTYPE, WHOLE, get_format
 from moe_spec.validate import (
     BAD_A1_SCALE,
     BAD_A2_SCALE,
     error_word,
 )
+from moe_spec.workspace import Workspaces
 from triton_moe.align import buffer_sizes
 from triton_moe.config import EARLY_ROUTING_MAX_K_STEPS, TritonConfig
 from triton_moe.jit import INTERPRET, Bound
@@ -293,7 +290,7 @@ def _buffers(
     return b
 
 
-_workspaces: OrderedDict = OrderedDict()
+_workspaces = Workspaces(WORKSPACES)
 
 
 def _split(cfg: TritonConfig) -> tuple:
@@ -302,25 +299,10 @@ def _split(cfg: TritonConfig) -> tuple:
 
 
 def _workspace(T, top_k, E, K, I, quant, tile, device, split=(1, 0), epilogue_quant=False, x_in_gemm1=None) -> dict:  # noqa: E741
-    """The buffers of :func:`_buffers`, reused by the eager calls of one stream (see the module
-    docstring); fresh while a CUDA graph is being captured."""
+    """The buffers of :func:`_buffers`, kept in :data:`_workspaces` (see the module docstring)."""
     return _workspace_of((T, top_k, E, K, I, quant, tile, device, split, epilogue_quant, x_in_gemm1))
 
 
 def _workspace_of(sizes: tuple) -> dict:
     """:func:`_workspace` of ``sizes`` = its arguments as a tuple (a :class:`_Call` holds them)."""
-    device = sizes[7]
-    stream = None
-    if device.type == "cuda":
-        if torch.cuda.is_current_stream_capturing() or through_op():
-            return _buffers(*sizes)
-        stream = torch.cuda.current_stream(device).cuda_stream
-    key = (sizes, stream, threading.get_ident())
-    b = _workspaces.get(key)
-    if b is None:
-        b = _workspaces[key] = _buffers(*sizes)
-        if len(_workspaces) > WORKSPACES:
-            _workspaces.popitem(last=False)
-    else:
-        _workspaces.move_to_end(key)
-    return b
+    return _workspaces.get(sizes, sizes[7], lambda: _buffers(*sizes))
