@@ -17,6 +17,9 @@ The commands that measure on a GPU and leave a report (``python -m cute_moe.lab.
 :func:`header_lines`
     The markdown lines that name the run — date, device, commit, command and, where the dict has
     them, the versions — from :func:`moe_spec.runinfo.run_info`'s fields.
+:func:`run_cells`
+    A timed study's loop: cells in order until the deadline, each row (or its error) written at
+    once, the cells not run named in the report.
 
 The command line itself, shared by those studies, ``python -m compare`` and
 ``python -m compare.studies.profile``: a bad option is a :class:`UsageError`, one line naming it
@@ -129,6 +132,56 @@ def start_gpu_study(prog: str, parser, argv: Sequence[str], files: Sequence[str]
 
     require_cuda(prog)
     return a, out, run_info(command_line(prog, argv), cuda=True, commit=a.commit)
+
+
+def cell_label(cell: Mapping) -> str:
+    """A cell's words in a report's "Not run" line: its values in order, T last as ``T=<n>``."""
+    words = [str(v) for k, v in cell.items() if k != "T"]
+    return " ".join(words + ([f"T={cell['T']}"] if "T" in cell else []))
+
+
+def run_cells(
+    results: dict,
+    cells: Sequence[Mapping],
+    measure: Callable[[Mapping], Mapping],
+    write: Callable[[dict], None],
+    *,
+    deadline_s: float,
+    cell_s: float,
+    skip: Callable[[Mapping], bool] | None = None,
+    after: Callable[[int], None] | None = None,
+    shown: Callable[[dict], Mapping] | None = None,
+) -> float:
+    """A timed study's loop: each cell (a dict of its row's keys: shape, T, …) measured in order.
+
+    A cell starts only while more than ``cell_s`` seconds are left before ``deadline_s`` (counted
+    from this call) and ``skip(cell)`` is false; otherwise its :func:`cell_label` joins
+    ``results["cut"]``. The row is the cell plus ``measure(cell)``'s fields, or plus ``error`` (the
+    exception's repr) when it raises: one failing cell is a row, not the end of the run. Each row is
+    appended to ``results["rows"]``, printed as one JSON line (``shown(row)`` where given) and
+    written at once (``write(results)``), so a deadline or a crash cuts the tail, never the whole
+    run; ``after(i)`` then runs (drop cached weights, empty the allocator's cache). Returns the
+    seconds the loop took."""
+    import json
+    import time
+
+    start = time.time()
+    for i, cell in enumerate(cells):
+        if (skip is not None and skip(cell)) or time.time() - start > deadline_s - cell_s:
+            results["cut"].append(cell_label(cell))
+            continue
+        row = dict(cell)
+        try:
+            row.update(measure(cell))
+        except Exception as exc:  # noqa: BLE001 — one failing cell is a row, not the end of the run
+            row["error"] = repr(exc)[:300]
+        results["rows"].append(row)
+        print(json.dumps(row if shown is None else shown(row), default=str), flush=True)
+        write(results)
+        if after is not None:
+            after(i)
+    write(results)
+    return time.time() - start
 
 
 # --- the command line -----------------------------------------------------------------------------------------

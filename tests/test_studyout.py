@@ -318,3 +318,50 @@ def test_run_command_ends_quietly_when_stdout_is_closed():
     )
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert (r.returncode, r.stderr) == (1, "")
+
+
+# --- run_cells ------------------------------------------------------------------------------------------------
+
+
+def test_run_cells_writes_every_row_keeps_errors_and_cuts_skipped_cells(capsys):
+    results = {"rows": [], "cut": []}
+    writes, after = [], []
+
+    def measure(cell):
+        if cell["T"] == 2:
+            raise RuntimeError("boom")
+        return {"us": 10.0 * cell["T"], "config": "hidden"}
+
+    cells = [{"shape": "s", "format": "bf16", "T": T} for T in (1, 2, 3, 4)]
+    took = studyout.run_cells(
+        results,
+        cells,
+        measure,
+        lambda r: writes.append(len(r["rows"])),
+        deadline_s=1e6,
+        cell_s=1.0,
+        skip=lambda cell: cell["T"] == 3,
+        after=after.append,
+        shown=lambda row: {k: v for k, v in row.items() if k != "config"},
+    )
+    assert took >= 0
+    assert [r["T"] for r in results["rows"]] == [1, 2, 4]
+    assert results["rows"][0] == {"shape": "s", "format": "bf16", "T": 1, "us": 10.0, "config": "hidden"}
+    assert results["rows"][1]["error"] == "RuntimeError('boom')" and "us" not in results["rows"][1]
+    assert results["cut"] == ["s bf16 T=3"]
+    assert writes == [1, 2, 3, 3] and after == [0, 1, 3]  # after each row, then once at the end
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 3 and "hidden" not in printed[0] and '"us": 10.0' in printed[0]
+
+
+def test_run_cells_starts_no_cell_past_the_deadline():
+    results = {"rows": [], "cut": []}
+    studyout.run_cells(
+        results,
+        [{"shape": "s", "T": 1}, {"shape": "s", "T": 8}],
+        lambda cell: {"us": 1.0},
+        lambda r: None,
+        deadline_s=5.0,
+        cell_s=10.0,  # fewer than cell_s seconds are left from the start
+    )
+    assert results["rows"] == [] and results["cut"] == ["s T=1", "s T=8"]

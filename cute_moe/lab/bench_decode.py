@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 
 from moe_spec import studyout
 
@@ -132,27 +131,20 @@ def main(argv=None) -> None:
 
     from ..decode_parts import PAIR_LANES
 
-    start = time.time()
     results = {**run, "rows": [], "cut": []}
     _write(out, results)
-    for spec in shapes:
-        shape = get_shape(spec)
-        for T in tokens:
-            if T * shape.top_k > PAIR_LANES or time.time() - start > a.deadline_s - CELL_S:
-                results["cut"].append(f"{spec} T={T}")
-                continue
-            row = {"shape": spec, "T": T}
-            try:
-                row.update(_cell(shape, T, a.sets))
-            except Exception as exc:  # noqa: BLE001 — one failing cell is a row, not the end of the run
-                row["error"] = repr(exc)[:300]
-            results["rows"].append(row)
-            print(json.dumps(row, default=str), flush=True)
-            _write(out, results)
-            torch.cuda.empty_cache()
-    _write(out, results)
+    took = studyout.run_cells(
+        results,
+        [{"shape": spec, "T": T} for spec in shapes for T in tokens],
+        lambda cell: _cell(get_shape(cell["shape"]), cell["T"], a.sets),
+        lambda r: _write(out, r),
+        deadline_s=a.deadline_s,
+        cell_s=CELL_S,
+        skip=lambda cell: cell["T"] * get_shape(cell["shape"]).top_k > PAIR_LANES,
+        after=lambda i: torch.cuda.empty_cache(),
+    )
     print(f"\n{(out / 'decode.md').read_text()}")
-    print(f"bench_decode done in {time.time() - start:.0f} s")
+    print(f"bench_decode done in {took:.0f} s")
 
 
 if __name__ == "__main__":

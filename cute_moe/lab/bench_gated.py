@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 
 from moe_spec import studyout
 
@@ -114,38 +113,31 @@ def main(argv=None) -> None:
     from moe_spec.oracle import rel_l2
     from moe_spec.problem import get_shape
 
-    start = time.time()
+    def cell(c) -> dict:
+        sets = _inputs(get_shape(c["shape"]), c["T"], a.sets)
+        plain, gated = _measure(sets, ()), _measure(sets, ("swap_ab", "normal"), a.epilogue_quant == "on")
+        return {
+            "plain_us": plain["us"],
+            "gated_us": gated["us"],
+            "ratio": round(gated["us"] / plain["us"], 3),
+            "rel_l2": rel_l2(gated["out"], plain["out"].double()),
+            "plain_bits": plain["bit_identical"],
+            "gated_bits": gated["bit_identical"],
+        }
+
     results = {**run, "quant": QUANT, "epilogue_quant": a.epilogue_quant, "rows": [], "cut": []}
     _write(out, results)
-    for spec in shapes:
-        shape = get_shape(spec)
-        for T in tokens:
-            if time.time() - start > a.deadline_s - CELL_S:
-                results["cut"].append(f"{spec} T={T}")
-                continue
-            row = {"shape": spec, "T": T}
-            try:
-                sets = _inputs(shape, T, a.sets)
-                fused = a.epilogue_quant == "on"
-                plain, gated = _measure(sets, ()), _measure(sets, ("swap_ab", "normal"), fused)
-                row.update(
-                    plain_us=plain["us"],
-                    gated_us=gated["us"],
-                    ratio=round(gated["us"] / plain["us"], 3),
-                    rel_l2=rel_l2(gated["out"], plain["out"].double()),
-                    plain_bits=plain["bit_identical"],
-                    gated_bits=gated["bit_identical"],
-                )
-                del sets, plain, gated
-            except Exception as exc:  # noqa: BLE001 — one failing cell is a row, not the end of the run
-                row["error"] = repr(exc)[:300]
-            results["rows"].append(row)
-            print(json.dumps(row, default=str), flush=True)
-            _write(out, results)
-            torch.cuda.empty_cache()
-    _write(out, results)
+    took = studyout.run_cells(
+        results,
+        [{"shape": spec, "T": T} for spec in shapes for T in tokens],
+        cell,
+        lambda r: _write(out, r),
+        deadline_s=a.deadline_s,
+        cell_s=CELL_S,
+        after=lambda i: torch.cuda.empty_cache(),
+    )
     print(f"\n{(out / 'gated.md').read_text()}")
-    print(f"bench_gated done in {time.time() - start:.0f} s")
+    print(f"bench_gated done in {took:.0f} s")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,28 +163,27 @@ def run(argv, study: Study, doc: str) -> None:
 
     from triton_moe.lab.workload import drop_weights
 
-    start = time.time()
-    results = {**info, "rows": [], "cut": []}
-    _write(out, results, study)
     cells = study.cells
-    for i, (spec, T, fmt) in enumerate(cells):
-        if time.time() - start > a.deadline_s - CELL_S:
-            results["cut"].append(f"{spec} {fmt} T={T}")
-            continue
-        row = {"shape": spec, "format": fmt, "T": T}
-        try:
-            row.update(_cell(spec, T, fmt, study))
-        except Exception as exc:  # noqa: BLE001 — one failing cell is a row, not the end of the run
-            row["error"] = repr(exc)[:300]
-        results["rows"].append(row)
-        print(json.dumps(row), flush=True)
-        _write(out, results, study)
-        if i + 1 == len(cells) or (cells[i + 1][0], cells[i + 1][2]) != (spec, fmt):  # other weights next
+
+    def after(i: int) -> None:
+        (spec, _, fmt), later = cells[i], cells[i + 1 :]
+        if not later or (later[0][0], later[0][2]) != (spec, fmt):  # the next cell's weights are others
             drop_weights()
             torch.cuda.empty_cache()
+
+    results = {**info, "rows": [], "cut": []}
     _write(out, results, study)
+    took = studyout.run_cells(
+        results,
+        [{"shape": spec, "format": fmt, "T": T} for spec, T, fmt in cells],
+        lambda cell: _cell(cell["shape"], cell["T"], cell["format"], study),
+        lambda r: _write(out, r, study),
+        deadline_s=a.deadline_s,
+        cell_s=CELL_S,
+        after=after,
+    )
     print(f"\n{(out / study.files[0]).read_text()}")
-    print(f"{study.prog.rsplit('.', 1)[1]} done in {time.time() - start:.0f} s")
+    print(f"{study.prog.rsplit('.', 1)[1]} done in {took:.0f} s")
 
 
 def main(argv=None):

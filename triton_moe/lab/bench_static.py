@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 from moe_spec import studyout
@@ -109,27 +108,25 @@ def main(argv=None):
 
     from triton_moe.lab.workload import drop_weights
 
-    start = time.time()
-    results = {**run, "rows": [], "cut": []}
-    _write(out, results)
-    for i, (spec, T) in enumerate(CELLS):
-        if time.time() - start > a.deadline_s - CELL_S:
-            results["cut"].append(f"{spec} T={T}")
-            continue
-        row = {"shape": spec, "T": T}
-        try:
-            row.update(_cell(spec, T))
-        except Exception as exc:  # noqa: BLE001 — one failing cell is a row, not the end of the run
-            row["error"] = repr(exc)[:300]
-        results["rows"].append(row)
-        print(json.dumps({k: v for k, v in row.items() if k != "config"}), flush=True)
-        _write(out, results)
-        if i + 1 == len(CELLS) or CELLS[i + 1][0] != spec:  # the next cell's weights are another shape's
+    def after(i: int) -> None:
+        if i + 1 == len(CELLS) or CELLS[i + 1][0] != CELLS[i][0]:  # the next cell's weights are another shape's
             drop_weights()
             torch.cuda.empty_cache()
+
+    results = {**run, "rows": [], "cut": []}
     _write(out, results)
+    took = studyout.run_cells(
+        results,
+        [{"shape": spec, "T": T} for spec, T in CELLS],
+        lambda cell: _cell(cell["shape"], cell["T"]),
+        lambda r: _write(out, r),
+        deadline_s=a.deadline_s,
+        cell_s=CELL_S,
+        after=after,
+        shown=lambda row: {k: v for k, v in row.items() if k != "config"},
+    )
     print(f"\n{(out / 'static.md').read_text()}")
-    print(f"bench_static done in {time.time() - start:.0f} s")
+    print(f"bench_static done in {took:.0f} s")
 
 
 if __name__ == "__main__":
