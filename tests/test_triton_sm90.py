@@ -11,41 +11,64 @@ import sys
 
 import pytest
 
-SCRIPT = r"""
+PRELUDE = r"""
 import json, sys
 from triton_moe.sm90 import compile_sm90
 from triton_moe.kernels import moe_gemm_kernel
 
+INDEX_PTRS = {n: "*i32" for n in ("sorted_ids_ptr", "expert_of_block_ptr", "num_padded_ptr", "topk_ids_ptr",
+                                  "error_ptr", "count_ptr")}
+
+
+def compiled(ptrs, constexprs, warps, stages, no_amax=False):
+    # moe_gemm_kernel for sm_90a (pointers fp32 unless named); what its TTGIR and binary say
+    sig = {n: {**INDEX_PTRS, **ptrs}.get(n, "*fp32") for n in moe_gemm_kernel.arg_names if n.endswith("_ptr")}
+    sig.update(num_pairs="i32", N="i32", K="i32", E="i32")
+    cex = {"GROUP_M": 8, "INTERPRETER": False, "FP8_IMPRECISE_ACC": 0, **constexprs}
+    if no_amax:  # static scales: no amax pointer
+        del sig["out_amax_ptr"]
+        cex["out_amax_ptr"] = None
+    r = compile_sm90(moe_gemm_kernel, sig, cex, num_warps=warps, num_stages=stages,
+                     divisible_by_16=[n for n in sig if n != "num_pairs"])
+    t = r.pop("ttgir")
+    stores = [line for line in t.splitlines() if "tt.store" in line]
+    r.update(async_copies=t.count("ttg.async_copy_global_to_local"), wgmma=t.count("ttng.warp_group_dot "),
+             register_to_shared=t.count("ttg.local_alloc %"), atomic_max=t.count("tt.atomic_rmw max"),
+             e4m3_stores=sum("f8E4M3FN" in line for line in stores))
+    return r
+
+
+def gemm1(quant, bm, bn, bk, swap, **constexprs):
+    return dict(A_ROW_DIV=2, FUSE_SILU=True, MUL_ROUTED_WEIGHT=False, QUANT=quant, SWAP_AB=swap,
+                BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, **constexprs)
+"""
+
+
+def _compiled(script: str, *args: str) -> dict:
+    """Run ``PRELUDE + script`` in a fresh interpreter without ``TRITON_INTERPRET`` (the test session
+    imports the interpreted kernels); the JSON it prints last. Skips where Triton's ptxas is missing."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(__file__)), env.get("PYTHONPATH", "")])
+    run = subprocess.run([sys.executable, "-c", PRELUDE + script, *args], capture_output=True, text=True, env=env)
+    if run.returncode and "ptxas" in run.stderr and "No such file" in run.stderr:
+        pytest.skip("Triton's bundled ptxas is missing")
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+SCRIPT = r"""
 fuse_silu, imprecise = json.loads(sys.argv[1])
-ptrs = {"a_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "out_ptr": "*fp32" if fuse_silu else "*bf16",
-        "sorted_ids_ptr": "*i32", "expert_of_block_ptr": "*i32", "num_padded_ptr": "*i32",
-        "topk_ids_ptr": "*i32", "error_ptr": "*i32"}
-sig = {n: ptrs.get(n, "*fp32") for n in moe_gemm_kernel.arg_names if n.endswith("_ptr")}
-sig.update(num_pairs="i32", N="i32", K="i32", E="i32")
+ptrs = {"a_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "out_ptr": "*fp32" if fuse_silu else "*bf16"}
 cex = dict(A_ROW_DIV=2 if fuse_silu else 1, FUSE_SILU=fuse_silu, MUL_ROUTED_WEIGHT=not fuse_silu, QUANT=1,
-           FP8_IMPRECISE_ACC=imprecise, SWAP_AB=False, INTERPRETER=False,
-           BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, GROUP_M=8)
-r = compile_sm90(moe_gemm_kernel, sig, cex, num_warps=8, num_stages=3,
-                 divisible_by_16=[n for n in sig if n != "num_pairs"])
-t = r.pop("ttgir")
-r.update(async_copies=t.count("ttg.async_copy_global_to_local"), wgmma=t.count("ttng.warp_group_dot "),
-         register_to_shared=t.count("ttg.local_alloc %"))
-print(json.dumps(r))
+           SWAP_AB=False, BLOCK_M=128, BLOCK_N=128, BLOCK_K=128)
+print(json.dumps(compiled(ptrs, {**cex, "FP8_IMPRECISE_ACC": imprecise}, 8, 3)))
 """
 
 
 @pytest.mark.parametrize("imprecise", [0, 128], ids=["add_per_step", "imprecise128"])
 @pytest.mark.parametrize("fuse_silu", [True, False], ids=["gemm1", "gemm2"])
 def test_fp8_prefill_gemm_reads_operands_straight_into_wgmma(fuse_silu, imprecise):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(__file__)), env.get("PYTHONPATH", "")])
-    run = subprocess.run(
-        [sys.executable, "-c", SCRIPT, json.dumps([fuse_silu, imprecise])], capture_output=True, text=True, env=env
-    )
-    if run.returncode and "ptxas" in run.stderr and "No such file" in run.stderr:
-        pytest.skip("Triton's bundled ptxas is missing")
-    assert run.returncode == 0, run.stderr[-2000:]
-    r = json.loads(run.stdout.strip().splitlines()[-1])
+    r = _compiled(SCRIPT, json.dumps([fuse_silu, imprecise]))
     assert r["wgmma"] == (2 if fuse_silu else 1), r  # gate and up, or one
     assert r["async_copies"] > 0 and r["register_to_shared"] == 0, r  # no A tile staged through registers
     assert r["spill_bytes"] == 0, r
@@ -54,10 +77,6 @@ def test_fp8_prefill_gemm_reads_operands_straight_into_wgmma(fuse_silu, imprecis
 
 
 EPILOGUE_QUANT_SCRIPT = r"""
-import json
-from triton_moe.sm90 import compile_sm90
-from triton_moe.kernels import moe_gemm_kernel
-
 CASES = {  # name: (QUANT, BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, swap-AB)
     "fp8_block 128x128x128 w8": (3, 128, 128, 128, 8, 3, False),  # the heuristic's prefill tile
     "fp8_block 64x128x128 w4": (3, 64, 128, 128, 4, 4, False),  # the H200 tables' prefill tile
@@ -68,37 +87,16 @@ CASES = {  # name: (QUANT, BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, swap-AB)
 out = {}
 for name, (quant, bm, bn, bk, warps, stages, swap) in CASES.items():
     for fused in (False, True):
-        ptrs = {"a_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "out_ptr": "*fp8e4nv" if fused else "*fp32",
-                "sorted_ids_ptr": "*i32", "expert_of_block_ptr": "*i32", "num_padded_ptr": "*i32",
-                "topk_ids_ptr": "*i32", "error_ptr": "*i32", "count_ptr": "*i32"}
-        sig = {n: ptrs.get(n, "*fp32") for n in moe_gemm_kernel.arg_names if n.endswith("_ptr")}
-        sig.update(num_pairs="i32", N="i32", K="i32", E="i32")
-        cex = dict(A_ROW_DIV=2, FUSE_SILU=True, MUL_ROUTED_WEIGHT=False, QUANT=quant, FP8_IMPRECISE_ACC=0,
-                   SWAP_AB=swap, INTERPRETER=False, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, QUANT_OUT=fused)
-        if quant == 1 and not fused:  # the separate static path: no amax pointer
-            del sig["out_amax_ptr"]
-            cex["out_amax_ptr"] = None
-        r = compile_sm90(moe_gemm_kernel, sig, cex, num_warps=warps, num_stages=stages,
-                         divisible_by_16=[n for n in sig if n != "num_pairs"])
-        t = r.pop("ttgir")
-        stores = [line for line in t.splitlines() if "tt.store" in line]
-        out[f"{name} fused={fused}"] = dict(
-            registers=r["registers"], spills=r["spill_bytes"], atomic_max=t.count("tt.atomic_rmw max"),
-            e4m3_stores=sum("f8E4M3FN" in line for line in stores), wgmma=t.count("ttng.warp_group_dot "),
-            register_to_shared=t.count("ttg.local_alloc %"))
+        ptrs = {"a_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "out_ptr": "*fp8e4nv" if fused else "*fp32"}
+        out[f"{name} fused={fused}"] = compiled(ptrs, gemm1(quant, bm, bn, bk, swap, QUANT_OUT=fused), warps, stages,
+                                                no_amax=quant == 1 and not fused)  # the separate static path
 print(json.dumps(out))
 """
 
 
 @pytest.fixture(scope="module")
 def epilogue_quant_binaries():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(__file__)), env.get("PYTHONPATH", "")])
-    run = subprocess.run([sys.executable, "-c", EPILOGUE_QUANT_SCRIPT], capture_output=True, text=True, env=env)
-    if run.returncode and "ptxas" in run.stderr and "No such file" in run.stderr:
-        pytest.skip("Triton's bundled ptxas is missing")
-    assert run.returncode == 0, run.stderr[-2000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    return _compiled(EPILOGUE_QUANT_SCRIPT)
 
 
 @pytest.mark.parametrize(
@@ -120,16 +118,12 @@ def test_gemm1_quantizing_its_intermediate_compiles_for_sm90(case, epilogue_quan
     assert fused["e4m3_stores"] >= 1 and separate["e4m3_stores"] == 0, (fused, separate)
     assert fused["atomic_max"] == 0 and (separate["atomic_max"] > 0) == case.startswith("fp8_block"), (fused, separate)
     assert fused["wgmma"] == 2 and fused["register_to_shared"] == 0, fused
-    assert fused["spills"] <= separate["spills"], (fused, separate)
-    if separate["spills"] == 0 or case.startswith("static"):
-        assert fused["spills"] == 0, fused
+    assert fused["spill_bytes"] <= separate["spill_bytes"], (fused, separate)
+    if separate["spill_bytes"] == 0 or case.startswith("static"):
+        assert fused["spill_bytes"] == 0, fused
 
 
 X_QUANT_SCRIPT = r"""
-import json
-from triton_moe.sm90 import compile_sm90
-from triton_moe.kernels import moe_gemm_kernel
-
 CASES = {  # name: (QUANT, BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, swap-AB): the H200 tables' decode tiles
     "fp8_block swap 16x64x128 w4 s5": (3, 16, 64, 128, 4, 5, True),
     "fp8_block swap 16x128x128 w4 s3": (3, 16, 128, 128, 4, 3, True),
@@ -142,37 +136,17 @@ CASES = {  # name: (QUANT, BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, swap-AB): t
 out = {}
 for name, (quant, bm, bn, bk, warps, stages, swap) in CASES.items():
     for fused in (False, True):
-        ptrs = {"a_ptr": "*bf16" if fused else "*fp8e4nv", "w_ptr": "*fp8e4nv", "out_ptr": "*fp32",
-                "sorted_ids_ptr": "*i32", "expert_of_block_ptr": "*i32", "num_padded_ptr": "*i32",
-                "topk_ids_ptr": "*i32", "error_ptr": "*i32", "count_ptr": "*i32"}
-        sig = {n: ptrs.get(n, "*fp32") for n in moe_gemm_kernel.arg_names if n.endswith("_ptr")}
-        sig.update(num_pairs="i32", N="i32", K="i32", E="i32")
-        cex = dict(A_ROW_DIV=2, FUSE_SILU=True, MUL_ROUTED_WEIGHT=False, QUANT=quant, FP8_IMPRECISE_ACC=0,
-                   SWAP_AB=swap, INTERPRETER=False, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8)
-        if fused:
-            cex["QUANT_A"] = True
-        if quant == 1:  # static scales: no amax pointer
-            del sig["out_amax_ptr"]
-            cex["out_amax_ptr"] = None
-        r = compile_sm90(moe_gemm_kernel, sig, cex, num_warps=warps, num_stages=stages,
-                         divisible_by_16=[n for n in sig if n != "num_pairs"])
-        t = r.pop("ttgir")
-        out[f"{name} fused={fused}"] = dict(
-            registers=r["registers"], spills=r["spill_bytes"], wgmma=t.count("ttng.warp_group_dot "),
-            register_to_shared=t.count("ttg.local_alloc %"))
+        ptrs = {"a_ptr": "*bf16" if fused else "*fp8e4nv", "w_ptr": "*fp8e4nv", "out_ptr": "*fp32"}
+        extra = {"QUANT_A": True} if fused else {}
+        out[f"{name} fused={fused}"] = compiled(ptrs, gemm1(quant, bm, bn, bk, swap, **extra), warps, stages,
+                                                no_amax=quant == 1)
 print(json.dumps(out))
 """
 
 
 @pytest.fixture(scope="module")
 def x_quant_binaries():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(__file__)), env.get("PYTHONPATH", "")])
-    run = subprocess.run([sys.executable, "-c", X_QUANT_SCRIPT], capture_output=True, text=True, env=env)
-    if run.returncode and "ptxas" in run.stderr and "No such file" in run.stderr:
-        pytest.skip("Triton's bundled ptxas is missing")
-    assert run.returncode == 0, run.stderr[-2000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    return _compiled(X_QUANT_SCRIPT)
 
 
 @pytest.mark.parametrize(
@@ -194,11 +168,11 @@ def test_gemm1_quantizing_x_in_its_a_load_compiles_for_sm90(case, x_quant_binari
     fused, separate = (x_quant_binaries[f"{case} fused={f}"] for f in (True, False))
     assert fused["wgmma"] == separate["wgmma"] == 2, (fused, separate)
     assert fused["register_to_shared"] == 1 and separate["register_to_shared"] == 0, (fused, separate)
-    assert fused["spills"] == 0, fused
+    assert fused["spill_bytes"] == 0, fused
 
 
 def test_a_prefill_tile_quantizing_x_spills(x_quant_binaries):
     """Why the rule stops at 32 rows: a 64-row fp8_block tile spills far more with x quantized in the
     A load than with E4M3 x (1264 against 124 bytes per thread when this was written)."""
     fused, separate = (x_quant_binaries[f"fp8_block 64x128x128 w4 s4 fused={f}"] for f in (True, False))
-    assert fused["spills"] > 2 * separate["spills"], (fused, separate)
+    assert fused["spill_bytes"] > 2 * separate["spill_bytes"], (fused, separate)
