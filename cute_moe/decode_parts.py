@@ -156,6 +156,32 @@ def smem_bytes() -> int:
     return STAGES * (stage_tx_bytes() + TOKENS * TILE_K * 2) + 2048
 
 
+def launch_summary(T: int, top_k: int, E: int, K: int, I: int, sms: int) -> dict:  # noqa: E741
+    """What one launch at these sizes is, from the kernel's constants (the explorer prints it): the grid,
+    the tiles, the tasks of each phase at the most leaders (every pair on its own expert), the ring, the
+    shared memory, the WGMMA, the counters and the workspace rows."""
+    nt1, nk, ntb = tile_counts(T, K, I)
+    leaders = min(T * top_k, E)
+    a, b, c = task_counts(leaders, T, K, I)
+    return {
+        "grid": grid_size(T, top_k, E, K, I, sms),
+        "threads": THREADS,
+        "pairs": T * top_k,
+        "max_leaders": leaders,
+        "tiles": {"h_tile": H_TILE, "y_tile": Y_TILE, "tile_k": TILE_K, "nt1": nt1, "nk": nk, "ntb": ntb},
+        "tasks_at_most": {"A": a, "B": b, "C": c},
+        "ring": {
+            "stages": STAGES,
+            "stage_bytes": stage_tx_bytes() + TOKENS * TILE_K * 2,
+            "tma_bytes": stage_tx_bytes(),
+        },
+        "smem_bytes": smem_bytes(),
+        "wgmma": WGMMA,
+        "counter_words": counter_words(K),
+        "workspace_rows": pair_bucket(T * top_k),
+    }
+
+
 def leader_tables(ids: list[int], E: int) -> dict:
     """The routing tables :func:`build_tables` writes, in Python (a reference for tests and notes)."""
     expert = [min(max(int(i), 0), E - 1) for i in ids]

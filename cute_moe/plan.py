@@ -21,13 +21,14 @@ from dataclasses import dataclass
 from moe_spec.hopper import WGMMA_M, WGMMA_N_MAX, WGMMA_N_STEP
 from moe_spec.plan import bucket_starts, tokens_per_expert
 from moe_spec.quant import FP8_BLOCK, check_quant
-from moe_spec.validate import STATIC_SCALE_FORMAT, MoEDims
+from moe_spec.validate import MoEDims
 
 from .config import GemmConfig, max_stages
 from .decode_parts import PAIR_LANES, STAGES, TILE_K, TOKENS, WGMMA, size_error
 from .gemm_rules import clustered, short_k_gemm2
-from .limits import ALIGN_ELEMS, FP8_TILE_K, MAX_TILE_M, check_quant_layer, gated_quant_layer, gemm1_out_dtype
-from .unfused import GATED_GEMM1, GATHER_IN_PRODUCER, check_fusion, separate_configs
+from .limits import FP8_TILE_K, MAX_TILE_M, gated_quant_layer, gemm1_out_dtype
+from .options import check_options
+from .unfused import GATED_GEMM1, GATHER_IN_PRODUCER, separate_configs
 
 # ---- the path rule: which path and token tile a GEMM takes -----------------------------------------
 SWAP_AB_MAX_TOKENS_PER_EXPERT = WGMMA_M
@@ -195,14 +196,33 @@ showed").  Mixtral-8x7B's wide I keeps the grouped pipeline until it is measured
 
 
 def one_launch(dims: MoEDims, quant=None, fusion: str = "fused", swap_ab=None, configs=None) -> bool:
-    """THE path rule: the whole layer in one launch (:func:`cute_moe.decode.decode_fused_moe`) for a bf16 call
-    (``quant`` None) of the fused pipeline with neither ``swap_ab`` nor ``configs`` (an explicit option asks for
-    the grouped pipeline) whose sizes the kernel serves (:func:`~cute_moe.decode_parts.size_error`: T·top_k
-    within its pair lanes, K and I whole tiles) and I ≤ :data:`ONE_LAUNCH_MAX_I`, while :data:`ONE_LAUNCH`;
-    else the grouped pipeline."""
-    if not ONE_LAUNCH or quant is not None or fusion != "fused" or swap_ab is not None or configs is not None:
-        return False
-    return dims.I <= ONE_LAUNCH_MAX_I and size_error(dims.T, dims.top_k, dims.K, dims.I) is None
+    """THE path rule: the whole layer in one launch (:func:`cute_moe.decode.decode_fused_moe`) unless
+    :func:`grouped_because` finds a reason for the grouped pipeline."""
+    return grouped_because(dims, quant, fusion, swap_ab, configs) is None
+
+
+def grouped_because(dims: MoEDims, quant=None, fusion: str = "fused", swap_ab=None, configs=None) -> str | None:
+    """Why :func:`one_launch` leaves a call to the grouped pipeline, in words, or None: :data:`ONE_LAUNCH` off, an
+    FP8 ``quant``, an explicit option (``fusion``, ``swap_ab``, ``configs``), sizes the kernel does not serve
+    (:func:`~cute_moe.decode_parts.size_error`: T·top_k within its pair lanes, K and I whole tiles), I above
+    :data:`ONE_LAUNCH_MAX_I`."""
+    if not ONE_LAUNCH:
+        return "the ONE_LAUNCH switch is off"
+    if quant is not None:
+        return f"quant {quant!r}: the one launch is bf16 only"
+    for name, given in (
+        ("fusion", fusion != "fused"),
+        ("swap_ab", swap_ab is not None),
+        ("configs", configs is not None),
+    ):
+        if given:
+            return f"{name} was given: an explicit option asks for the grouped pipeline"
+    error = size_error(dims.T, dims.top_k, dims.K, dims.I)
+    if error is not None:
+        return error.split(": ", 1)[1].split("; ")[0]  # the limit, without the argument's name and the advice
+    if dims.I > ONE_LAUNCH_MAX_I:
+        return f"I = {dims.I} > ONE_LAUNCH_MAX_I = {ONE_LAUNCH_MAX_I} (not measured against the grouped pipeline)"
+    return None
 
 
 # ---- the plan of one call ---------------------------------------------------------------------------
@@ -266,84 +286,6 @@ class LayerPlan:
             return f"decode 1-launch swap-AB W{WGMMA_M}xT{TOKENS} k{TILE_K} s{STAGES} {shapes[0]}"
         gemms = [f"G{i} {_tile_text(c)} {s}" for i, c, s in zip((1, 2), (self.gemm1, self.gemm2), shapes)]
         return " | ".join(gemms + ([] if self.fusion == "fused" else [self.fusion]))
-
-
-def check_options(
-    K: int,
-    I: int,
-    quant=None,
-    *,
-    swap_ab=None,
-    configs=None,
-    fusion="fused",  # noqa: E741
-    static: bool = False,
-) -> tuple[GemmConfig, GemmConfig] | None:
-    """The limits of this backend beyond the shared contract, all on the host (no launch, no sync).
-
-    * ``K`` (hidden: GEMM1's K, GEMM2's N_out, the gathered and combined rows) and ``I``
-      (intermediate: GEMM2's K; GEMM1's N_out is 2I, split in two halves by SiLU·mul) must be
-      multiples of ``ALIGN_ELEMS`` = 8 bf16 — TMA's 16-byte row alignment and the row kernels'
-      16-byte vectors.
-    * ``swap_ab``: None or a bool.
-    * ``configs``: None or a ``(GEMM1, GEMM2)`` pair of :class:`GemmConfig` (valid by
-      construction) — GEMM1 without and GEMM2 with ``row_scale``, GEMM2 not gated (GEMM1 may be:
-      SiLU·up in its epilogue); then ``swap_ab`` must be None.
-    * FP8 ``quant``: the limits of :func:`~cute_moe.limits.check_quant_layer` (K and I multiples
-      of 16, ``configs`` of the call's format).
-    * ``fusion``: ``"fused"`` or ``"separate"`` (:func:`~cute_moe.unfused.check_fusion`).
-    * ``static`` (static activation scales, fp8_tensor only): a bool; a given GEMM1's ``epilogue_quant``
-      must match it — "static" exactly with static scales.
-
-    Returns ``configs`` as a tuple, or None when the path rule will choose.
-    Raises TypeError / ValueError naming the argument and the limit.
-    """
-    for name, v in (("x: hidden size K = x.shape[1]", K), ("w2: intermediate size I = w2.shape[2]", I)):
-        if v % ALIGN_ELEMS:
-            raise ValueError(
-                f"{name} = {v} must be a multiple of {ALIGN_ELEMS} for cute_moe "
-                f"(TMA needs 16-byte aligned bf16 rows; the row kernels move 16-byte vectors)"
-            )
-    if swap_ab is not None and not isinstance(swap_ab, bool):
-        raise TypeError(f"swap_ab: expected None or a bool, got {type(swap_ab).__name__}")
-    if configs is not None:
-        if swap_ab is not None:
-            raise ValueError("swap_ab and configs: pass at most one (the configs already fix the path)")
-        if (
-            not isinstance(configs, (tuple, list))
-            or len(configs) != 2
-            or not all(isinstance(c, GemmConfig) for c in configs)
-        ):
-            raise TypeError(f"configs: expected a (GEMM1, GEMM2) pair of cute_moe.GemmConfig, got {configs!r}")
-        for i, (cfg, want) in enumerate(zip(configs, (False, True))):
-            if cfg.row_scale != want:
-                raise ValueError(
-                    f"configs[{i}]: row_scale must be {want} (GEMM{i + 1}"
-                    f"{' applies the routing weights in its epilogue' if want else ' has no row scale'})"
-                )
-        if configs[1].gated or configs[1].gather_rows:
-            raise ValueError(
-                "configs[1]: gated and gather_rows must be False (SiLU·up belongs to GEMM1's epilogue; "
-                "GEMM2's operand is already in sorted-row order)"
-            )
-        if configs[0].gather_rows and K % configs[0].tile_k:
-            raise ValueError(
-                f"configs[0]: gather_rows needs x: hidden size K = {K} to be a multiple of "
-                f"tile_k = {configs[0].tile_k} (whole stages of a token row)"
-            )
-        configs = configs[0], configs[1]
-    check_quant_layer(K, I, quant, configs)
-    check_fusion(fusion)
-    if type(static) is not bool:
-        raise TypeError(f"static: expected a bool, got {static!r}")
-    if static and quant != STATIC_SCALE_FORMAT:
-        raise ValueError(f"static: static activation scales need quant={STATIC_SCALE_FORMAT!r}, got quant={quant!r}")
-    fused = None if configs is None else configs[0].epilogue_quant
-    if fused is not None and (fused == "static") != static:
-        why = "needs static activation scales (a1_scale, a2_scale)"
-        if fused != "static":
-            why = "quantizes with dynamic scales; with static a1_scale / a2_scale it must be 'static' or None"
-        raise ValueError(f"configs[0]: epilogue_quant={fused!r} {why}")
-    return configs
 
 
 def plan(

@@ -82,6 +82,25 @@ def test_the_rule_reads_the_kernels_size_limits_and_the_widest_i():
     assert mixtral.intermediate > wide and not PLAN.one_launch(_dims(mixtral, 1))
 
 
+def test_the_rule_says_why_it_leaves_a_call_to_the_grouped_pipeline(switch):
+    d = _dims(QWEN3, 1)
+    assert PLAN.grouped_because(d) is None
+    cfgs = PLAN.layer_configs(1, d.E, d.K, d.I, d.top_k)
+    reasons = {
+        "bf16 only": PLAN.grouped_because(d, "fp8_tensor"),
+        "fusion was given": PLAN.grouped_because(d, None, "separate"),
+        "swap_ab was given": PLAN.grouped_because(d, swap_ab=True),
+        "configs was given": PLAN.grouped_because(d, configs=cfgs),
+        "at most 64 (token, slot) pairs": PLAN.grouped_because(_dims(QWEN3, dp.PAIR_LANES // QWEN3.top_k + 1)),
+        "a multiple of 64": PLAN.grouped_because(dataclasses.replace(d, I=d.I + dp.H_TILE // 2)),
+        "ONE_LAUNCH_MAX_I": PLAN.grouped_because(_dims(get_shape("mixtral-8x7b"), 1)),
+    }
+    for needle, reason in reasons.items():
+        assert reason is not None and needle in reason, (needle, reason)
+    switch(False)
+    assert "switch is off" in PLAN.grouped_because(d)
+
+
 def test_the_switch_turns_the_rule_off(switch):
     switch(False)
     assert not PLAN.one_launch(_dims(QWEN3, 1)) and cute_moe.plan(_dims(QWEN3, 1)).path == "grouped"

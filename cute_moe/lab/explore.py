@@ -8,6 +8,8 @@
     python -m cute_moe.lab.explore --tokens-per-expert 2 --json     # everything, as data
     python -m cute_moe.lab.explore --tokens-per-expert 2 --svg DIR  # the pictures of this kernel (SVG)
     python -m cute_moe.lab.explore --notes-figures notes/figures    # the pictures notes/wgmma_layouts.md embeds
+    python -m cute_moe.lab.explore --layer qwen3-30b-a3b --tokens 1 # a layer call's plan; the one launch's tasks
+    python -m cute_moe.lab.explore --layer qwen3-30b-a3b --tokens 1 --svg DIR   # ... and its modelled timeline
 
 Nothing here computes a layout of its own: the configuration comes from
 :func:`cute_moe.plan.choose_config` (the path rule) or from explicit tile flags checked by
@@ -17,6 +19,11 @@ which evaluates the very tiled MMA and shared-memory layouts the kernel is compi
 (:mod:`cute_moe.lab.figures`). The grid of accumulator owners is printed in MoE
 terms (rows = tokens, columns = weight rows) for both paths, so the normal and the swap-AB kernel
 can be compared cell by cell: the same (token, weight) output lands in another thread's register.
+
+``--layer SHAPE --tokens T`` shows what a whole bf16 layer call runs: the plan's description
+(:func:`cute_moe.plan.plan`, its rule :func:`cute_moe.plan.one_launch`) and, where that is the one-launch
+decode kernel, the launch (:func:`cute_moe.decode_parts.launch_summary`: grid, tiles, tasks per phase,
+ring, counters) and a modelled timeline of its tasks (:mod:`cute_moe.lab.fig_decode`).
 
 A problem or tile the kernel would refuse is refused here by the kernel's own checks
 (:func:`cute_moe.moe.check_gemm_shape`, :meth:`GemmConfig.validate`): one line on stderr, exit 2.
@@ -174,6 +181,78 @@ def render(cfg: GemmConfig, desc: dict, ptx: str | None = None) -> str:
     return "\n".join(out)
 
 
+#: The copy rate the modelled timeline shares among the CTAs: the H200's, measured by python -m compare
+#: (notes/results/compare_h200_2026-12-03_fd84fba.json, ceilings.copy_tbps).
+H200_COPY_TBPS = 4.2724
+H200_SMS = 132
+
+
+def layer_text(label: str, T: int, sms: int = H200_SMS, seed: int = 0, svg_dir: str | None = None) -> tuple[str, dict]:
+    """The explorer's ``--layer`` view of a bf16 call of catalog shape ``label`` at ``T`` tokens: text and data.
+    ValueError (naming the option) for an unknown shape or sizes the plan refuses."""
+    import random
+
+    from moe_spec.problem import get_shape
+    from moe_spec.validate import MoEDims
+
+    from ..decode_parts import launch_summary
+    from ..plan import grouped_because, one_launch, plan
+
+    try:
+        shape = get_shape(label)
+    except ValueError as exc:
+        raise ValueError("--layer: " + str(exc).removeprefix("shape: ")) from None
+    if T < 1:
+        raise ValueError(f"--tokens: expected at least 1 token, got {T}")
+    E, K, I, top_k = shape.num_experts, shape.hidden, shape.intermediate, shape.top_k  # noqa: E741
+    dims = MoEDims(T=T, E=E, K=K, I=I, top_k=top_k)
+    p = plan(dims)
+    data = {"layer": shape.label, "T": T, "E": E, "K": K, "I": I, "top_k": top_k, "plan": p.describe(), "path": p.path}
+    out = [
+        f"cute_moe layout explorer — {shape.label} at T = {T} (bf16): E = {E}, K = {K}, I = {I}, top_k = {top_k}",
+        f"  plan: {p.describe()}",
+        f"  rule: cute_moe.plan.one_launch: {'taken' if one_launch(dims) else 'not taken: ' + grouped_because(dims)}",
+    ]
+    if p.path != "decode":
+        out.append("  the grouped pipeline: --tokens-per-expert, --n-out and --k show each GEMM's layouts")
+        return "\n".join(out), data
+    from .fig_decode import schedule, timeline_svg
+
+    launch = launch_summary(T, top_k, E, K, I, sms)
+    tiles, ring, most = launch["tiles"], launch["ring"], launch["tasks_at_most"]
+    rng = random.Random(seed)
+    ids = [e for _ in range(T) for e in rng.sample(range(E), top_k)]
+    run = schedule(ids, T, top_k, E, K, I, sms, H200_COPY_TBPS)
+    data.update(launch=launch, model={k: v for k, v in run.items() if k != "tasks"})
+    out += [
+        "",
+        f"One launch   {launch['grid']} CTAs × {launch['threads']} threads (consumer warpgroup + producer warp), "
+        f"one per SM of {sms}",
+        f"Tasks        A (GEMM1: leader, {tiles['h_tile']} columns of I) {most['A']}, "
+        f"B (GEMM2: {tiles['y_tile']} columns of K, leader) {most['B']}, "
+        f"C (combine: {tiles['y_tile']} columns, 8 tokens) {most['C']} — at most, "
+        f"{launch['max_leaders']} experts hit; NT1 = {tiles['nt1']}, NK = {tiles['nk']}, NTB = {tiles['ntb']}",
+        f"Order        B (kt, r) waits for done1[r] = {tiles['nt1']}, C (kt, ·) for done2[kt] = the experts hit: "
+        "only on smaller task numbers",
+        f"Ring         {ring['stages']} stages × {ring['stage_bytes']} B ({ring['tma_bytes']} B of weight boxes "
+        f"by TMA, 16 token rows by cp.async); shared memory ≈ {launch['smem_bytes']} B",
+        f"WGMMA        {launch['wgmma']} (swap-AB: 64 weight rows × 16 pairs)",
+        f"Counters     {launch['counter_words']} int32 words; workspace h, y of {launch['workspace_rows']} rows",
+        "",
+        f"Modelled timeline (routing drawn with seed {seed}: {run['leaders']} experts hit; "
+        f"{run['phases']['A']} + {run['phases']['B']} + {run['phases']['C']} tasks): {run['model_us']:.1f} µs "
+        f"against the {run['floor_us']:.1f} µs floor at {H200_COPY_TBPS} TB/s — a model, not a measurement "
+        "(cute_moe.lab.fig_decode)",
+    ]
+    if svg_dir is not None:
+        from .figures import write_figures
+
+        title = f"cute_moe one-launch decode: {shape.label}, T = {T} (bf16), modelled"
+        paths = write_figures({"decode_timeline.svg": timeline_svg(run, title)}, svg_dir)
+        out += ["", "Pictures:", *("  " + path for path in paths)]
+    return "\n".join(out), data
+
+
 def main(argv=None) -> int:
     ap = ArgumentParser(prog="python -m cute_moe.lab.explore", description=__doc__.split("\n")[0])
     ap.add_argument(
@@ -213,6 +292,10 @@ def main(argv=None) -> int:
         metavar="PATH",
         help="compile to PTX and write the whole PTX into PATH ('-': print it alone on stdout)",
     )
+    ap.add_argument("--layer", metavar="SHAPE", help="a catalog shape: show the plan of its bf16 call at --tokens")
+    ap.add_argument("--tokens", type=int, default=1, help="tokens of the --layer call [1]")
+    ap.add_argument("--sms", type=int, default=H200_SMS, help=f"SMs of the GPU, for --layer's grid [{H200_SMS}]")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the routing --layer's timeline draws [0]")
     ap.add_argument("--json", action="store_true", help="print layouts.describe_json(config) instead")
     ap.add_argument("--svg", metavar="DIR", help="also write this kernel's pictures (SVG) into DIR")
     ap.add_argument(
@@ -224,6 +307,24 @@ def main(argv=None) -> int:
     if args.notes_figures:
         for path in write_figures(notes_figures(), args.notes_figures):
             print(path)
+        return 0
+    if args.layer is not None:
+        given = [
+            f for f in ("swap_ab", "normal", "tokens_tile", "weights_tile", "stages", "warpgroups") if getattr(args, f)
+        ]
+        if given or args.ptx or args.ptx_file:
+            flag = "--" + (given[0] if given else "ptx").replace("_", "-")
+            print(f"error: {flag}: a GEMM option, not one of --layer (which shows the plan's own)", file=sys.stderr)
+            return 2
+        if args.sms < 1:
+            print(f"error: --sms: expected at least 1 SM, got {args.sms}", file=sys.stderr)
+            return 2
+        try:
+            text, data = layer_text(args.layer, args.tokens, args.sms, args.seed, None if args.json else args.svg)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps(data) if args.json else text)
         return 0
     try:
         cfg = build_config(args)
