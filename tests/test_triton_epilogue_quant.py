@@ -16,11 +16,12 @@ tests/test_launches.py and tests/test_fp8_static.py.
 
 import pytest
 import torch
+from triton_fused_quant import run_layer, same_bits
 
 from moe_spec.oracle import calibrate_static_scales
 from moe_spec.problem import MoEShape, get_shape, make_inputs
 from moe_spec.quant import FP8_MAX, quantize_activation, quantize_activation_static
-from moe_spec.validate import BAD_A2_SCALE, BAD_ID, MoEDims, error_word
+from moe_spec.validate import BAD_A2_SCALE, BAD_ID, error_word
 from triton_moe import TritonConfig
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array:DeprecationWarning")
@@ -34,31 +35,9 @@ def _cfg(block_n=128, swap_ab=False, split_k=1, tma=False, block_m=16):
 
 
 def _layer(kw, quant, cfg, a1=None, a2=None):
-    """One expert computation with the plan of ``cfg`` and the rule as it stands → (output, its
-    workspace, whether GEMM1 quantized the intermediate)."""
-    from triton_moe import moe
-    from triton_moe.align import align_block_size
-    from triton_moe.plan import plan
-
-    x, w2 = kw["x"], kw["w2"]
-    (T, K), (E, _, I), top_k = x.shape, w2.shape, kw["topk_ids"].shape[1]  # noqa: E741
-    p = plan(MoEDims(T=T, E=E, K=K, I=I, top_k=top_k), quant, config=cfg)
-    fused = p.epilogue_quant(a2 is not None)
-    tile = p.config.BLOCK_M
-    ws = moe._buffers(T, top_k, E, K, I, quant, tile, x.device, moe._split(p.config), fused)
-    routing = align_block_size(kw["topk_ids"], E, tile)
-    out = moe.expert_computation(
-        **{k: kw[k] for k in ("x", "w1", "w2", "topk_weights", "topk_ids")},
-        routing=routing,
-        quant=quant,
-        w1_scale=kw["w1_scale"],
-        w2_scale=kw["w2_scale"],
-        config=p.config,
-        workspace=ws,
-        a1_scale=a1,
-        a2_scale=a2,
-    )
-    return out, ws, fused
+    """(output, workspace, whether GEMM1 quantized the intermediate) of one expert computation (:func:`run_layer`)."""
+    out, ws, _, epilogue = run_layer(kw, quant, cfg, a1, a2)
+    return out, ws, epilogue
 
 
 def _codes(q):
@@ -68,10 +47,6 @@ def _codes(q):
     b[b == 0x80] = 0
     b[(b & 0x7F) == 0x7F] = 0x7F
     return b
-
-
-def _same_bits(a, b):
-    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
 
 def compare(kw, quant, cfg, a1=None, a2=None):
@@ -93,16 +68,16 @@ def compare(kw, quant, cfg, a1=None, a2=None):
     assert ws["act"] is None and "act_amax" not in ws  # no fp32 intermediate
     act = ref_ws["act"]
     assert act.dtype == torch.float32
-    assert _same_bits(ws["aq"], ref_ws["aq"]), "E4M3 codes differ from the separate quantize pass"
+    assert same_bits(ws["aq"], ref_ws["aq"]), "E4M3 codes differ from the separate quantize pass"
     assert bits == ref_bits
-    assert _same_bits(out, ref_out), "the layer's output changed"
+    assert same_bits(out, ref_out), "the layer's output changed"
     if a2 is not None:  # static: the scale is the given one, untouched
         q_ref = quantize_activation_static(act.cpu(), a2.cpu())
         scale = None
     else:
-        assert _same_bits(ws["act_scale"], ref_ws["act_scale"]), "block scales differ from the separate pass"
+        assert same_bits(ws["act_scale"], ref_ws["act_scale"]), "block scales differ from the separate pass"
         q_ref, s_ref = quantize_activation(act.cpu(), quant)
-        assert _same_bits(ws["act_scale"].cpu(), s_ref), "block scales differ from moe_spec.quant"
+        assert same_bits(ws["act_scale"].cpu(), s_ref), "block scales differ from moe_spec.quant"
         scale = ws["act_scale"]
     assert torch.equal(_codes(ws["aq"].cpu()), _codes(q_ref)), "E4M3 codes differ from moe_spec.quant"
     return ws["aq"], scale, bits
@@ -243,7 +218,7 @@ def test_fused_moe_output_is_unchanged_and_one_launch_shorter(quant, shape, cfg,
         out = fused_moe(**kw, config=cfg)
     with moe.separate_act_quant(), count_compilations() as separate:
         ref = fused_moe(**kw, config=cfg)
-    assert _same_bits(out, ref)
+    assert same_bits(out, ref)
     assert separate.launches.count("quantize_kernel") == fused.launches.count("quantize_kernel") + 1
     assert len(separate.launches) == len(fused.launches) + 1
     assert int(word) == 0

@@ -16,10 +16,11 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+from triton_fused_quant import run_layer, same_bits
 
 from moe_spec.oracle import calibrate_static_scales
 from moe_spec.problem import MoEShape, get_shape, make_inputs
-from moe_spec.validate import BAD_A1_SCALE, BAD_ID, MoEDims, error_word
+from moe_spec.validate import BAD_A1_SCALE, BAD_ID, error_word
 from triton_moe import TritonConfig
 from triton_moe.jit import INTERPRET
 from triton_moe.kernel_quant import _a_scale, _quantize_a
@@ -34,35 +35,10 @@ def _cfg(block_m=16, block_n=64, block_k=128, swap_ab=True, split_k=1, tma=False
     return TritonConfig(block_m, block_n, block_k, 1, warps, 2, swap_ab, split_k=split_k, persistent_tma=tma)
 
 
-def _same_bits(a, b):
-    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
-
-
 def _layer(kw, quant, cfg, a1=None, a2=None, ws=None):
-    """One expert computation with the plan of ``cfg`` and the rule as it stands → (output, workspace,
-    whether GEMM1 quantized x)."""
-    from triton_moe import moe
-    from triton_moe.align import align_block_size
-    from triton_moe.plan import plan
-
-    x, w2 = kw["x"], kw["w2"]
-    (T, K), (E, _, I), top_k = x.shape, w2.shape, kw["topk_ids"].shape[1]  # noqa: E741
-    p = plan(MoEDims(T=T, E=E, K=K, I=I, top_k=top_k), quant, config=cfg)
-    static = a1 is not None
-    in_gemm1 = p.x_quant_in_gemm1(static)
-    split = moe._split(p.config)
-    tile = p.config.BLOCK_M
-    ws = ws or moe._buffers(T, top_k, E, K, I, quant, tile, x.device, split, p.epilogue_quant(static), in_gemm1)
-    out = moe.expert_computation(
-        **{k: kw[k] for k in ("x", "w1", "w2", "topk_weights", "topk_ids", "w1_scale", "w2_scale")},
-        routing=align_block_size(kw["topk_ids"], E, tile),
-        quant=quant,
-        config=p.config,
-        workspace=ws,
-        a1_scale=a1,
-        a2_scale=a2,
-    )
-    return out, ws, in_gemm1
+    """(output, workspace, whether GEMM1 quantized x) of one expert computation (:func:`run_layer`)."""
+    out, ws, x_in_gemm1, _ = run_layer(kw, quant, cfg, a1, a2, ws)
+    return out, ws, x_in_gemm1
 
 
 def compare(kw, quant, cfg, a1=None, a2=None):
@@ -85,12 +61,12 @@ def compare(kw, quant, cfg, a1=None, a2=None):
     assert bits == ref_bits
     for name in ("act", "aq", "act_scale"):  # the intermediate GEMM1 made from x's codes and scales
         if ws.get(name) is not None and not (a2 is not None and name == "act_scale"):  # static: a2_scale
-            assert _same_bits(ws[name], ref_ws[name]), f"{name} differs from the separate path's"
-    assert _same_bits(out, ref), "the layer's output changed"
+            assert same_bits(ws[name], ref_ws[name]), f"{name} differs from the separate path's"
+    assert same_bits(out, ref), "the layer's output changed"
     if "act_amax" in ws:  # left zero by the intermediate's quantization, for the next call
         assert not bool(ws["act_amax"].view(torch.int32).any())
         again, _, _ = _layer(kw, quant, cfg, a1, a2, ws=ws)
-        assert _same_bits(again, out), "a second call on the same workspace differs"
+        assert same_bits(again, out), "a second call on the same workspace differs"
     word.zero_()
     return out, bits
 
@@ -175,10 +151,10 @@ def test_the_a_load_quantizes_as_quantize_kernel(quant, K):
     qs = torch.zeros(shape if quant != "fp8_tensor" else (1,))
     launch(_probe, (1,), x, a1 if a1 is not None else qs, q, qs, rows, word, K, get_format(quant).mode, INTERPRET)
     ok = rows >= 0
-    assert _same_bits(q[ok], ref_q[rows[ok].long()]), "codes differ from quantize_kernel's"
+    assert same_bits(q[ok], ref_q[rows[ok].long()]), "codes differ from quantize_kernel's"
     assert not bool(q[~ok].view(torch.uint8).any())
     if quant != "fp8_tensor":
-        assert _same_bits(qs[ok].reshape(-1), ref_s[rows[ok].long()].reshape(-1)), "scales differ"
+        assert same_bits(qs[ok].reshape(-1), ref_s[rows[ok].long()].reshape(-1)), "scales differ"
         assert bool((qs[~ok] == 1.0).all())  # padding rows: the separate path's masked loads
         assert bool(qs[3].isnan().any()) and not bool(qs[[0, 1, 2, 5, 6, 7, 8, 9]].isnan().any())
     assert int(word) == 0
