@@ -285,3 +285,15 @@ def check_quant_layer(K: int, I: int, quant, configs) -> None:  # noqa: E741
             f"configs[0]: gated=True with quant={quant!r} needs w2: intermediate size I = w2.shape[2] = {I} "
             f"to be a multiple of {FP8_BLOCK} (the up rows I + n of a weight tile in one scale block)"
         )
+
+
+FUSIONS = ("fused", "separate")
+"""The pipelines of ``fusion``: the fused one (SiLU·up and the routing weight in the GEMMs' epilogues) and
+the unfused passes of :mod:`cute_moe.unfused`."""
+
+
+def check_fusion(fusion) -> str:
+    """``fusion``: one of :data:`FUSIONS` (ValueError naming the argument otherwise)."""
+    if not isinstance(fusion, str) or fusion not in FUSIONS:
+        raise ValueError(f"fusion: expected one of {FUSIONS}, got {fusion!r}")
+    return fusion

@@ -8,8 +8,7 @@ from __future__ import annotations
 from moe_spec.validate import STATIC_SCALE_FORMAT
 
 from .config import GemmConfig
-from .limits import ALIGN_ELEMS, check_quant_layer
-from .unfused import check_fusion
+from .limits import ALIGN_ELEMS, check_fusion, check_quant_layer
 
 
 def check_options(
@@ -34,7 +33,7 @@ def check_options(
       SiLU·up in its epilogue); then ``swap_ab`` must be None.
     * FP8 ``quant``: the limits of :func:`~cute_moe.limits.check_quant_layer` (K and I multiples
       of 16, ``configs`` of the call's format).
-    * ``fusion``: ``"fused"`` or ``"separate"`` (:func:`~cute_moe.unfused.check_fusion`).
+    * ``fusion``: ``"fused"`` or ``"separate"`` (:func:`~cute_moe.limits.check_fusion`).
     * ``static`` (static activation scales, fp8_tensor only): a bool; a given GEMM1's ``epilogue_quant``
       must match it — "static" exactly with static scales.
 

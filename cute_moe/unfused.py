@@ -30,9 +30,8 @@ from moe_spec.align import Alignment
 from moe_spec.hopper import sm_count
 
 from .config import GemmConfig
+from .limits import check_fusion
 from .rowops import compile_unfused_kernels
-
-FUSIONS = ("fused", "separate")
 
 GATED_GEMM1 = True
 """SiLU·up in GEMM1's epilogue (``GemmConfig.gated``): the ``[M_pad, 2I]`` pre-activation never
@@ -45,13 +44,6 @@ when K is a multiple of the config's ``tile_k``.  False: the gather row kernel w
 and GEMM1 loads it by TMA."""
 
 _EPILOGUE_SCALED = ("fp8_tensor", "fp8_channel")
-
-
-def check_fusion(fusion) -> str:
-    """``fusion``: one of :data:`FUSIONS` (ValueError naming the argument otherwise)."""
-    if not isinstance(fusion, str) or fusion not in FUSIONS:
-        raise ValueError(f"fusion: expected one of {FUSIONS}, got {fusion!r}")
-    return fusion
 
 
 def separate_configs(cfg1: GemmConfig, cfg2: GemmConfig) -> tuple[GemmConfig, GemmConfig]:
