@@ -40,6 +40,7 @@ from moe_spec.cli import ArgumentParser
 from ..config import GemmConfig
 from ..moe import check_gemm_shape
 from ..plan import choose_config
+from .fig_decode import H200_COPY_TBPS, H200_SMS
 from .fig_memory import ACCESS, chunk_banks, conflict_ways, wgmma_mode
 from .figures import DEFAULT_EXPERTS, DEFAULT_K, DEFAULT_N_OUT, config_figures, notes_figures, write_figures
 
@@ -181,17 +182,9 @@ def render(cfg: GemmConfig, desc: dict, ptx: str | None = None) -> str:
     return "\n".join(out)
 
 
-#: The copy rate the modelled timeline shares among the CTAs: the H200's, measured by python -m compare
-#: (notes/results/compare_h200_2026-12-03_fd84fba.json, ceilings.copy_tbps).
-H200_COPY_TBPS = 4.2724
-H200_SMS = 132
-
-
 def layer_text(label: str, T: int, sms: int = H200_SMS, seed: int = 0, svg_dir: str | None = None) -> tuple[str, dict]:
     """The explorer's ``--layer`` view of a bf16 call of catalog shape ``label`` at ``T`` tokens: text and data.
     ValueError (naming the option) for an unknown shape or sizes the plan refuses."""
-    import random
-
     from moe_spec.problem import get_shape
     from moe_spec.validate import MoEDims
 
@@ -216,13 +209,11 @@ def layer_text(label: str, T: int, sms: int = H200_SMS, seed: int = 0, svg_dir: 
     if p.path != "decode":
         out.append("  the grouped pipeline: --tokens-per-expert, --n-out and --k show each GEMM's layouts")
         return "\n".join(out), data
-    from .fig_decode import schedule, timeline_svg
+    from .fig_decode import layer_timeline, timeline_svg, timeline_title
 
     launch = launch_summary(T, top_k, E, K, I, sms)
     tiles, ring, most = launch["tiles"], launch["ring"], launch["tasks_at_most"]
-    rng = random.Random(seed)
-    ids = [e for _ in range(T) for e in rng.sample(range(E), top_k)]
-    run = schedule(ids, T, top_k, E, K, I, sms, H200_COPY_TBPS)
+    run = layer_timeline(shape.label, T, sms, seed)
     data.update(launch=launch, model={k: v for k, v in run.items() if k != "tasks"})
     out += [
         "",
@@ -247,8 +238,7 @@ def layer_text(label: str, T: int, sms: int = H200_SMS, seed: int = 0, svg_dir: 
     if svg_dir is not None:
         from .figures import write_figures
 
-        title = f"cute_moe one-launch decode: {shape.label}, T = {T} (bf16), modelled"
-        paths = write_figures({"decode_timeline.svg": timeline_svg(run, title)}, svg_dir)
+        paths = write_figures({"decode_timeline.svg": timeline_svg(run, timeline_title(shape.label, T))}, svg_dir)
         out += ["", "Pictures:", *("  " + path for path in paths)]
     return "\n".join(out), data
 

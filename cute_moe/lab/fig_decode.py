@@ -36,6 +36,13 @@ from ..decode_parts import (
 )
 from .svg import Svg, num
 
+#: The copy rate the modelled timeline shares among the CTAs: the H200's, measured by python -m compare
+#: (notes/results/compare_h200_2026-12-03_fd84fba.json, ceilings.copy_tbps).
+H200_COPY_TBPS = 4.2724
+H200_SMS = 132
+#: The picture notes/decode.md shows: (catalog shape, T) of a bf16 call the one-launch rule takes.
+NOTES_TIMELINE = ("qwen3-30b-a3b", 1)
+
 #: Colours of the phases (Okabe–Ito): A (GEMM1), B (GEMM2), C (the combine); waits in grey.
 PHASE_COLOURS = {"A": "#E69F00", "B": "#0072B2", "C": "#009E73", "wait": "#d9d9d9"}
 BF16 = 2  # bytes of a bf16 element
@@ -242,3 +249,26 @@ def timeline_svg(run: dict, title: str) -> str:
     for tick in range(0, int(span) + 1, max(1, int(span) // 8 or 1)):
         svg.text(left + tick * sx, top + grid * lane + 10, f"{tick} µs", cls="l")
     return svg.render()
+
+
+def layer_timeline(label: str, T: int, sms: int = H200_SMS, seed: int = 0) -> dict:
+    """:func:`schedule` of a call of catalog shape ``label`` at ``T`` tokens, its routing drawn with ``seed``
+    (each token's ``top_k`` distinct experts, uniformly), at the H200's copy rate."""
+    import random
+
+    from moe_spec.problem import get_shape
+
+    shape = get_shape(label)
+    rng = random.Random(seed)
+    ids = [e for _ in range(T) for e in rng.sample(range(shape.num_experts), shape.top_k)]
+    return schedule(ids, T, shape.top_k, shape.num_experts, shape.hidden, shape.intermediate, sms, H200_COPY_TBPS)
+
+
+def timeline_title(label: str, T: int) -> str:
+    return f"cute_moe one-launch decode: {label}, T = {T} (bf16), modelled"
+
+
+def notes_timeline() -> dict[str, str]:
+    """The timeline notes/decode.md embeds, by file name."""
+    label, T = NOTES_TIMELINE
+    return {"decode_timeline.svg": timeline_svg(layer_timeline(label, T), timeline_title(label, T))}

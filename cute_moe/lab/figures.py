@@ -17,6 +17,7 @@ from moe_spec.problem import CATALOG
 from ..config import GemmConfig
 from ..layouts import format_config
 from ..plan import choose_config
+from .fig_decode import notes_timeline
 from .fig_memory import smem_svg, tma_svg
 from .fig_pipeline import pipeline_svg
 from .fig_tiles import fragment_svg, swapab_svg
@@ -90,6 +91,7 @@ def notes_figures() -> dict[str, str]:
         cfg, tpe = cfgs[name]
         role = f"{name.replace('_', ' ').replace('swapab', 'swap-AB')}, {_phase(tpe)}"
         figs[f"pipeline_fp8_{name}.svg"] = pipeline_svg(cfg, "fp8", DEFAULT_K, role)
+    figs.update(notes_timeline())  # notes/decode.md's
     return dict(sorted(figs.items()))
 
 
