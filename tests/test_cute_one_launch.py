@@ -273,7 +273,7 @@ def test_gpu_qwen3_t1_takes_the_one_launch_bit_for_bit(switch):
     dims = moe.validate_moe_args(**{k: kw[k] for k in ("x", "w1", "w2", "topk_weights", "topk_ids")})
     call = moe._call_of(dims, None, None, None, "fused", kw["x"].device, kw["topk_ids"].dtype, False)
     assert call.plan.path == "decode" and set(call.launches) == {"decode"}
-    direct = decode_fused_moe(**kw)
+    direct = decode_fused_moe(**{k: kw[k] for k in ("x", "w1", "w2", "topk_weights", "topk_ids")})
     switch(False)
     grouped = cute_moe.fused_moe(**kw)
     torch.cuda.synchronize()

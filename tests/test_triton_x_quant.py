@@ -8,7 +8,9 @@ expert computation run with the rule and without it (``triton_moe.moe.separate_x
 output and the same error word — over shapes with K a multiple of 128 and not, swap-AB on and off,
 split-K, the persistent TMA kernel (the rule widened to its 64-row tile), a NaN in x, a bad expert
 id and bad static scales, and twice in a row on one workspace (the intermediate's amax, no longer
-zeroed by x's launch, is left zero by its reader). Launch counts read the rule. The ``-m gpu``
+zeroed by x's launch, is left zero by its reader). Launch counts read the rule. The product leaves
+the rule's switch off (measured slower on an H100: triton_moe.plan.X_QUANT_IN_GEMM1); every test here
+turns it on. The ``-m gpu``
 test repeats the comparison on CUDA; the sm_90a compile is in tests/test_triton_sm90.py.
 """
 
@@ -26,6 +28,16 @@ from triton_moe.jit import INTERPRET
 from triton_moe.kernel_quant import _a_scale, _quantize_a
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array:DeprecationWarning")
+
+
+@pytest.fixture(autouse=True)
+def rule_on():
+    """The rule's switch on for every test here: the product leaves it off (measured slower)."""
+    from triton_moe import moe
+
+    with moe.rule_set("X_QUANT_IN_GEMM1", True):
+        yield
+
 
 EVEN = MoEShape("xq256", 8, 2, 256, 256, "test: K a multiple of 128")
 ODD = MoEShape("xq200", 8, 2, 200, 192, "test: K not a multiple of 128 (the last group 72 wide)")
@@ -289,3 +301,13 @@ def test_gpu_x_quant_in_gemm1_matches_the_separate_path(shape, case):
         compare(kw, q, cfg, a1, a2)
         torch.cuda.synchronize()
     error_word("cuda").zero_()
+
+
+def test_the_product_leaves_the_rule_off():
+    """Measured slower than x's own quantize launch (notes/results/x_quant_h100_2026-12-06.md): off by default."""
+    import importlib
+
+    rules = importlib.import_module("triton_moe.plan")
+    source = importlib.util.find_spec("triton_moe.plan").loader.get_source("triton_moe.plan")
+    assert "\nX_QUANT_IN_GEMM1 = False\n" in source
+    assert rules.X_QUANT_IN_GEMM1 is True  # this module's fixture turned it on

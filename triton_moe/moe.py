@@ -197,9 +197,14 @@ def forget_plans() -> None:
 
 
 @contextlib.contextmanager
-def _rule_off(switch: str):
+def rule_set(switch: str, on: bool):
+    """Tests and the lab only: inside the block the plan's switch ``switch`` (a module constant of
+    :mod:`triton_moe.plan`: ``EPILOGUE_QUANT``, ``X_QUANT_IN_GEMM1``) is ``on``, the cached plans and
+    launches dropped on entry and on exit (workspaces are keyed by the rules' answers)."""
+    if not isinstance(getattr(rules, switch, None), bool):
+        raise ValueError(f"switch: expected a bool constant of triton_moe.plan, got {switch!r}")
     before = getattr(rules, switch)
-    setattr(rules, switch, False)
+    setattr(rules, switch, on)
     forget_plans()
     try:
         yield
@@ -213,13 +218,14 @@ def separate_act_quant():
     epilogue — GEMM1 writes it in fp32 and ``quantize_kernel`` quantizes it, the path every call
     took before (:data:`triton_moe.plan.EPILOGUE_QUANT` off, the cached plans and launches dropped
     on entry and on exit; workspaces are keyed by the rule's answer)."""
-    return _rule_off("EPILOGUE_QUANT")
+    return rule_set("EPILOGUE_QUANT", False)
 
 
 def separate_x_quant():
     """Tests and the lab only: inside the block no GEMM1 quantizes x in its A load — ``quantize_kernel``
-    quantizes x first, as before (:data:`triton_moe.plan.X_QUANT_IN_GEMM1` off; as :func:`separate_act_quant`)."""
-    return _rule_off("X_QUANT_IN_GEMM1")
+    quantizes x first (:data:`triton_moe.plan.X_QUANT_IN_GEMM1` off, the product's default; as
+    :func:`separate_act_quant`). ``rule_set("X_QUANT_IN_GEMM1", True)`` turns it on."""
+    return rule_set("X_QUANT_IN_GEMM1", False)
 
 
 def fused_moe(

@@ -19,11 +19,12 @@ groups — GEMM1's epilogue writes its E4M3 codes (and block scales) itself; oth
 in fp32 and ``quantize_kernel`` quantizes it. The launches (:mod:`triton_moe.launches`), the
 warm-up and the tests read this rule; none restates it.
 
-x's quantization (:func:`x_quant_in_gemm1`, THE rule): on decode-size GEMM1 tiles (at most 32 rows),
-where one program can make x's scale itself — fp8_block's 1×128 groups when a K step is one group, a
-static fp8_tensor scale, fp8_channel's row scale in a pre-pass over K where that costs little beside
-the weight tile — GEMM1 reads bf16 x and quantizes it in its A load; otherwise ``quantize_kernel``
-quantizes x in a launch of its own.
+x's quantization (:func:`x_quant_in_gemm1`, THE rule, off by :data:`X_QUANT_IN_GEMM1`): on
+decode-size GEMM1 tiles (at most 32 rows), where one program can make x's scale itself — fp8_block's
+1×128 groups when a K step is one group, a static fp8_tensor scale, fp8_channel's row scale in a
+pre-pass over K where that costs little beside the weight tile — GEMM1 reads bf16 x and quantizes it
+in its A load; otherwise ``quantize_kernel`` quantizes x in a launch of its own. The switch is off:
+measured slower (see the constant).
 """
 
 from __future__ import annotations
@@ -55,9 +56,11 @@ DECODE_FORMATS = ("bf16",)
 #: launches and plans that read it.
 EPILOGUE_QUANT = True
 
-#: Whether :func:`x_quant_in_gemm1` may ever answer True: as :data:`EPILOGUE_QUANT`, through
-#: :func:`triton_moe.moe.separate_x_quant`.
-X_QUANT_IN_GEMM1 = True
+#: Whether :func:`x_quant_in_gemm1` may ever answer True. Off in the product: on an H100 every cell of
+#: ``python -m triton_moe.lab.bench_x_quant`` was 1.4–2.2× slower with x quantized in the A load than
+#: with its own quantize launch (notes/results/x_quant_h100_2026-12-06.md; outputs bit-equal). Tests and
+#: the lab turn it on with ``triton_moe.moe.rule_set("X_QUANT_IN_GEMM1", True)``.
+X_QUANT_IN_GEMM1 = False
 #: The largest GEMM1 BLOCK_M whose A load quantizes x (:func:`x_quant_in_gemm1`): the decode-size tiles.
 X_QUANT_MAX_BLOCK_M = 32
 

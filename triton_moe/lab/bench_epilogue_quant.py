@@ -53,8 +53,8 @@ class Study:
     separate: str  # what the separate path is, for the report
     label: str  # the fused path's column name
     key: str  # its key in the rows: "<key>_us", "<key>_runs"
-    rule: str
-    switch: str
+    rule: str  # the LayerPlan method
+    switch: str  # the triton_moe.plan constant that turns the fused path on and off (moe.rule_set)
 
 
 EPILOGUE = Study(
@@ -66,7 +66,7 @@ EPILOGUE = Study(
     "epilogue",
     "epilogue",
     "epilogue_quant",
-    "separate_act_quant",
+    "EPILOGUE_QUANT",
 )
 
 
@@ -108,24 +108,33 @@ def _tile(g) -> str:
 
 
 def _cell(spec: str, T: int, fmt: str, study: Study = EPILOGUE) -> dict:
+    from moe_spec.problem import get_shape
+    from triton_moe import moe
+
+    quant, static = fmt.split()[0], fmt.endswith("static")
+    with moe.rule_set(study.switch, True):  # the fused path where its rule's conditions hold
+        return _timed_cell(get_shape(spec), T, quant, static, study)
+
+
+def _timed_cell(shape, T: int, quant: str, static: bool, study: Study) -> dict:
     import torch
 
     from moe_spec.oracle import calibrate_static_scales, oracle, rel_l2
-    from moe_spec.problem import get_shape
     from moe_spec.timing import time_cuda_graph
     from moe_spec.validate import MoEDims
     from triton_moe import moe
     from triton_moe.lab.workload import Problem
     from triton_moe.plan import plan
 
-    shape = get_shape(spec)
-    quant, static = fmt.split()[0], fmt.endswith("static")
     dims = MoEDims(T=T, E=shape.num_experts, K=shape.hidden, I=shape.intermediate, top_k=shape.top_k)
     p = plan(dims, quant)
     row = {"tile": _tile(p.gemm1), "path": p.path, "applies": getattr(p, study.rule)(static)}
     if not row["applies"]:
         return row
-    separate = getattr(moe, study.switch)
+
+    def separate():
+        return moe.rule_set(study.switch, False)
+
     prob = Problem(shape, T, quant)
     scales = [calibrate_static_scales(**st) if static else (None, None) for st in prob.sets]
 

@@ -1,6 +1,6 @@
 """What quantizing x in GEMM1's A load is worth: the whole layer with GEMM1 reading bf16 x and
-quantizing it itself (``triton_moe.plan.x_quant_in_gemm1``) against the separate path (x's own
-``quantize_kernel`` launch, :func:`triton_moe.moe.separate_x_quant`), timed on the GPU.
+quantizing it itself (``triton_moe.plan.x_quant_in_gemm1``, its switch turned on for the study: the
+product leaves it off) against the separate path (x's own ``quantize_kernel`` launch), timed on the GPU.
 
     python -m triton_moe.lab.bench_x_quant --out DIR [--deadline-s 120] [--commit C]
 
@@ -39,7 +39,7 @@ X_QUANT = Study(
     "in GEMM1",
     "in_gemm1",
     "x_quant_in_gemm1",
-    "separate_x_quant",
+    "X_QUANT_IN_GEMM1",
 )
 
 
