@@ -27,6 +27,8 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "notes" / "results"
 
+#: The machine the targets are set on (a report's device must name it to stand for the status).
+TARGET_DEVICE = "H200"
 #: The speed targets, CUDA-graph µs of one whole layer call (alignment included) on an H200:
 #: (format, backend, shape) -> {T: µs}.
 TARGETS = {
@@ -96,14 +98,16 @@ def report_time(report: dict) -> datetime.datetime:
 
 
 def covers_the_suite(report: dict) -> bool:
-    """Whether a report can stand for where the layer stands: timed on a GPU, both backends timed on
-    every shape the targets name (a study's run over one shape or one backend cannot)."""
+    """Whether a report can stand for where the layer stands: timed on an H200 (the machine of the
+    targets; an H100's report is a result, not the status), both backends timed on every shape the
+    targets name (a study's run over one shape or one backend cannot)."""
     meta = report["meta"]
     timed = {(r["backend"], r["shape"]) for r in report["rows"] if r.get("us") is not None}
     shapes = {shape for (_, _, shape) in TARGETS}
     return (
         meta.get("mode") == "gpu"
         and bool(meta.get("timed"))
+        and TARGET_DEVICE in str(meta.get("device", ""))
         and all((b, s) in timed for b in GLANCE_BACKENDS for s in shapes)
     )
 

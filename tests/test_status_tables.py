@@ -178,3 +178,7 @@ def test_a_study_run_does_not_stand_for_the_suite(tmp_path):
     whole = dict(study, rows=suite["rows"])
     (tmp_path / "compare_h200_2099-01-01_study.json").write_text(json.dumps(whole))
     assert status.newest_report(tmp_path)["_path"].name == "compare_h200_2099-01-01_study.json"
+    # a whole newer run on another machine (an H100) is a result, not the status of the H200's targets
+    h100 = dict(whole, meta=dict(whole["meta"], device="NVIDIA H100 80GB HBM3", date="2099-02-01 00:00 UTC"))
+    (tmp_path / "compare_h100_2099-02-01.json").write_text(json.dumps(h100))
+    assert status.newest_report(tmp_path)["_path"].name == "compare_h200_2099-01-01_study.json"

@@ -93,3 +93,19 @@ def test_host_us_is_the_median_per_call_without_sync(monkeypatch):
 
     assert timing.host_us(fn, {"x": 7}, calls=4, repeats=3) == pytest.approx(2.0)
     assert seen == [7] * 13 and clock.log == ["call"] * 13
+
+
+def test_the_eager_study_profiles_where_the_host_time_goes():
+    """compare.studies.eager --profile: the first rows by own time of N calls, pstats' header first."""
+    from compare.studies.eager import profile_rows
+
+    calls = []
+
+    def fn(n):
+        calls.append(n)
+        return sorted(range(n), key=lambda i: -i)
+
+    rows = profile_rows(fn, {"n": 50}, calls=7, rows=5)
+    assert rows[0].split()[:2] == ["ncalls", "tottime"] and 2 <= len(rows) <= 6
+    assert len(calls) == 8  # one warm-up call, then the profiled ones
+    assert any("fn)" in row and row.split()[0] == "7" for row in rows[1:]), rows

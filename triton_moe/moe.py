@@ -222,9 +222,8 @@ def separate_act_quant():
 
 
 def separate_x_quant():
-    """Tests and the lab only: inside the block no GEMM1 quantizes x in its A load — ``quantize_kernel``
-    quantizes x first (:data:`triton_moe.plan.X_QUANT_IN_GEMM1` off, the product's default; as
-    :func:`separate_act_quant`). ``rule_set("X_QUANT_IN_GEMM1", True)`` turns it on."""
+    """Tests and the lab only: no GEMM1 quantizes x in its A load inside the block, the product's default
+    (:data:`triton_moe.plan.X_QUANT_IN_GEMM1` off; ``rule_set("X_QUANT_IN_GEMM1", True)`` turns it on)."""
     return rule_set("X_QUANT_IN_GEMM1", False)
 
 

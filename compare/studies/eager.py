@@ -17,7 +17,9 @@ every launch's arguments as Triton does but launches nothing).
     python -m compare.studies.eager --shape qwen3-30b-a3b --tokens 1 8 --quant bf16     # on a GPU
 
 prints eager and graph µs per call side by side, both on one input set (warm L2: the comparison
-is of host cost, not of the cold-L2 kernel times the compare report states).
+is of host cost, not of the cold-L2 kernel times the compare report states). With ``--profile N``
+each cell is also run N times under cProfile and its first rows by own time are printed: where
+the host's microseconds go (:func:`profile_rows`; the profiler inflates every time it shows).
 
     python -m compare.studies.eager --host --shape qwen3-30b-a3b --tokens 1 64 --quant bf16   # any machine
 
@@ -38,6 +40,31 @@ def eager_us(fn, kwargs: dict, calls: int = 50, repeats: int = 5) -> float:
     return eager_sets_us(lambda i: lambda: fn(**kwargs), 1, calls=calls, repeats=repeats)
 
 
+def profile_rows(fn, kwargs: dict, calls: int, rows: int = 15) -> list[str]:
+    """cProfile of ``calls`` eager ``fn(**kwargs)``: the first ``rows`` functions by own time, as
+    pstats prints them (ncalls, tottime, percall, cumtime, percall, where)."""
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    fn(**kwargs)
+    sync()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn(**kwargs)
+    prof.disable()
+    sync()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(rows)
+    lines = [line for line in text.getvalue().splitlines() if line.strip()]
+    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("ncalls"))
+    return lines[start : start + rows + 1]
+
+
 def main(argv=None) -> None:
     from compare.backends import load_backend
     from moe_spec.problem import draw_weights, get_shape, make_inputs
@@ -50,7 +77,10 @@ def main(argv=None) -> None:
     p.add_argument("--quant", default="bf16", choices=[f.label for f in FORMATS.values()])
     p.add_argument("--backend", nargs="+", default=["triton_moe", "cute_moe"])
     p.add_argument("--host", action="store_true", help="triton_moe's host cost per call, no GPU needed")
+    p.add_argument("--profile", type=int, default=0, metavar="N", help="also cProfile N eager calls per cell [0: no]")
     a = p.parse_args(argv)
+    if a.profile < 0:
+        p.error(f"--profile: expected a number of calls ≥ 0, got {a.profile}")
     shape = get_shape(a.shape)
     quant = next(f.name for f in FORMATS.values() if f.label == a.quant)
     if a.host:
@@ -58,6 +88,7 @@ def main(argv=None) -> None:
     needs_cuda(p.prog, "--host measures triton_moe's host cost per call on a CPU")
     weights = draw_weights(shape, 0, device="cuda")
     print("| backend | shape | quant | T | eager µs | graph µs |\n|---|---|---|---|---|---|")
+    profiles = []
     for T in a.tokens:
         kw = make_inputs(shape, T, quant, weights_bf16=weights).to("cuda").kwargs()
         for name in a.backend:
@@ -70,6 +101,10 @@ def main(argv=None) -> None:
             except NotImplementedError:
                 continue
             print(f"| {name} | {shape.label} | {a.quant} | {T} | {eager:.1f} | {graph:.1f} |", flush=True)
+            if a.profile:
+                profiles.append((f"{name} {shape.label} {a.quant} T={T}", profile_rows(fn, kw, a.profile)))
+    for cell, rows in profiles:
+        print("", f"cProfile of {a.profile} eager calls, {cell}, by own time:", "```", *rows, "```", sep="\n")
 
 
 def _host_table(shape, quant, tokens) -> None:
