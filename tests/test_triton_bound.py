@@ -203,3 +203,17 @@ def test_fused_moe_repeated_shapes_launch_what_run_launches():
     ):
         assert out[name]["same"], name
         assert out[name]["launches"] == 5 * per_call, (name, out[name])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the stand-in driver is for a machine without a GPU")
+def test_the_eager_study_measures_the_host_cost_on_a_cpu():
+    """``python -m compare.studies.eager --host`` (no GPU): one row per T, its launches the plan's."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    argv = ["-m", "compare.studies.eager", "--host", "--shape", "qwen3-30b-a3b", "--tokens", "1", "--quant", "bf16"]
+    res = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, cwd=root, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = [line.split("|")[1:-1] for line in res.stdout.splitlines() if line.startswith("| triton_moe")]
+    assert len(rows) == 1, res.stdout
+    backend, shape, quant, T, us, launches = (c.strip() for c in rows[0])
+    assert (shape, quant, T, launches) == ("qwen3-30b-a3b", "bf16", "1", "5") and float(us) > 0

@@ -24,7 +24,9 @@ the host's microseconds go (:func:`profile_rows`; the profiler inflates every ti
     python -m compare.studies.eager --host --shape qwen3-30b-a3b --tokens 1 64 --quant bf16   # any machine
 
 prints triton_moe's host µs per call and its launches (the shape's E and top_k with K = 256,
-I = 128: the host work does not depend on K and I), launches bound but not run.
+I = 128: the host work does not depend on K and I), launched through Triton's launch path into a
+stand-in driver that runs nothing (``triton_moe.lab.hostcost``, which also compares Triton's own
+``JITFunction.run`` with the direct path).
 """
 
 from __future__ import annotations
@@ -108,19 +110,22 @@ def main(argv=None) -> None:
 
 
 def _host_table(shape, quant, tokens) -> None:
+    """triton_moe's host µs per call on a machine without a GPU: its launches go through Triton's own
+    launch path to a stand-in sm_90 driver that runs nothing (:func:`triton_moe.lab.hostcost.stand_in_driver`)."""
     from moe_spec.problem import MoEShape, make_inputs
     from moe_spec.quant import get_format
     from triton_moe import fused_moe
     from triton_moe.jit import count_compilations
+    from triton_moe.lab.hostcost import stand_in_driver
 
     stand_in = MoEShape(shape.label, shape.num_experts, shape.top_k, 256, 128, "host-cost stand-in")
     print("| backend | shape (E, top_k; K=256, I=128) | quant | T | host µs | launches |\n|---|---|---|---|---|---|")
     for T in tokens:
         kw = make_inputs(stand_in, T, quant).kwargs()
-        with count_compilations(dry_run=True) as counter:
+        with stand_in_driver():
             fused_moe(**kw)
-            counter.launches.clear()
-            fused_moe(**kw)
+            with count_compilations() as counter:
+                fused_moe(**kw)
             launches = len(counter.launches)
             us = host_us(fused_moe, kw)
         print(f"| triton_moe | {shape.label} | {get_format(quant).label} | {T} | {us:.1f} | {launches} |", flush=True)
