@@ -10,7 +10,7 @@ date, device, commit and command the block names:
   the faster in bold.
 
 ``python -m compare.status --check`` says whether both blocks are what the newest committed report
-(:func:`newest_report`: timed on a GPU, both backends on every shape of the targets)
+(:func:`newest_report`: timed on an H200, the targets' machine, both backends on every shape of the targets)
 renders (exit 1 and one line per stale block if not); ``--write`` rewrites them. ``--report FILE``
 renders another report. A bad option is one line on stderr and exit 2.
 """
@@ -122,7 +122,8 @@ def newest_report(results=RESULTS) -> dict:
             found.append((report_time(report), path.name, report))
     if not found:
         raise StatusError(
-            f"report: no timed GPU compare report covering both backends and the targets' shapes in {results}"
+            f"report: no timed {TARGET_DEVICE} compare report covering both backends and the targets' shapes "
+            f"in {results}"
         )
     return max(found, key=lambda f: f[:2])[2]
 

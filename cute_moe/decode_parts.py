@@ -168,7 +168,8 @@ def launch_summary(T: int, top_k: int, E: int, K: int, I: int, sms: int) -> dict
         "threads": THREADS,
         "pairs": T * top_k,
         "max_leaders": leaders,
-        "tiles": {"h_tile": H_TILE, "y_tile": Y_TILE, "tile_k": TILE_K, "nt1": nt1, "nk": nk, "ntb": ntb},
+        "tiles": {"h_tile": H_TILE, "y_tile": Y_TILE, "tile_k": TILE_K, "tokens": TOKENS, "token_block": TOKEN_BLOCK}
+        | {"nt1": nt1, "nk": nk, "ntb": ntb},
         "tasks_at_most": {"A": a, "B": b, "C": c},
         "ring": {
             "stages": STAGES,

@@ -249,7 +249,7 @@ def gated_quant_layer(quant, I: int) -> bool:  # noqa: E741
 
 
 def check_quant_layer(K: int, I: int, quant, configs) -> None:  # noqa: E741
-    """This backend's limits for ``quant`` beyond ``plan.check_options``'s (host only, before any launch).
+    """This backend's limits for ``quant`` beyond ``options.check_options``'s (host only, before any launch).
 
     * FP8: ``K`` and ``I`` multiples of :data:`FP8_ALIGN_ELEMS` = 16 — an E4M3 row (x, the
       intermediate, a weight row) must be whole 16-byte TMA rows.

@@ -117,6 +117,13 @@ def test_layer_view_of_a_grouped_call_names_the_reason(capsys):
         (["--layer", "qwen3-30b-a3b", "--swap-ab"], "--swap-ab: a GEMM option"),
         (["--layer", "qwen3-30b-a3b", "--ptx"], "--ptx: a GEMM option"),
         (["--layer", "qwen3-30b-a3b", "--sms", "0"], "--sms: expected at least 1"),
+        (["--layer", "qwen3-30b-a3b", "--tokens-per-expert", "9"], "--tokens-per-expert: a GEMM option"),
+        (["--layer", "qwen3-30b-a3b", "--n-out", "256"], "--n-out: a GEMM option"),
+        (["--layer", "qwen3-30b-a3b", "--json", "--svg", "d"], "--svg: not with --json"),
+        (["--layer", "qwen3-30b-a3b", "--copy-tbps", "-1"], "--copy-tbps: expected a positive rate"),
+        (["--tokens", "4"], "--tokens: an option of --layer"),
+        (["--sms", "7", "--tokens-per-expert", "2"], "--sms: an option of --layer"),
+        (["--tokens-per-expert", "2", "--json", "--svg", "d"], "--svg: not with --json"),
     ],
 )
 def test_layer_view_refuses_in_one_line(capsys, argv, needle):

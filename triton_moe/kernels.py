@@ -23,10 +23,9 @@ Swap-AB (``SWAP_AB``)
 FP8 W8A8 (``QUANT``: 0 bf16, 1 per-tensor, 2 per-channel, 3 128×128 block)
     Both GEMMs read E4M3 operands straight from memory — the activations are quantized before each
     GEMM — so ``tl.dot`` gets them on Triton's async-copy → WGMMA path with nothing in between.
-    x is quantized by :mod:`triton_moe.kernels_rows` — or, where one GEMM1 program can make its scale
-    (``QUANT_A``; THE rule is :func:`triton_moe.plan.x_quant_in_gemm1`: tiles of ≤ 32 rows, fp8_block
-    with 128-deep K steps, static per-tensor, per-channel), by GEMM1 itself in its A load, which
-    then reads bf16 x (:mod:`triton_moe.kernel_quant`: the same codes and scales). The intermediate
+    x is quantized by :mod:`triton_moe.kernels_rows` — or, with ``QUANT_A``, by GEMM1 itself in its A
+    load from bf16 x (:mod:`triton_moe.kernel_quant`: the same codes and scales), where
+    :func:`triton_moe.plan.x_quant_in_gemm1` allows, a path the product leaves off (measured slower). The intermediate
     SiLU·up is quantized by GEMM1's epilogue itself where its scale is known in the tile (``QUANT_OUT``; THE rule is
     :func:`triton_moe.plan.epilogue_quant`): a static per-tensor scale (read, and checked into the
     error word), or — fp8_block with BLOCK_N a multiple of 128, so a tile holds whole 1×128 groups —

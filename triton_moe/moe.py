@@ -18,10 +18,9 @@ amax kernel and GEMM1's amax are skipped, x's quantize launch divides by ``a1_sc
 epilogue by ``a2_scale`` (each checked into the error word) — six launches instead of eight.
 GEMM1's epilogue also quantizes fp8_block's intermediate when its tile holds whole 1×128 groups
 (seven launches → six); THE rule is :func:`triton_moe.plan.epilogue_quant`, and
-:func:`separate_act_quant` turns it off for comparisons. GEMM1 quantizes x in its A load where one
-program of a decode-size tile can make x's scale (fp8_block with 128-deep K steps, static
-fp8_tensor, fp8_channel): x's quantize launch is gone; THE rule is :func:`triton_moe.plan.x_quant_in_gemm1`,
-and :func:`separate_x_quant` turns it off.
+:func:`separate_act_quant` turns it off for comparisons. GEMM1 can quantize x in its A load where one
+program of a decode-size tile can make x's scale (THE rule :func:`triton_moe.plan.x_quant_in_gemm1`);
+that path is off in the product (measured slower, ``X_QUANT_IN_GEMM1``), so x keeps its launch.
 
 No launch fills or zeroes a buffer: every buffer is written whole by the kernel that produces it
 (the alignment writes its padding; x's quantization zeroes the amax GEMM1 accumulates into). The

@@ -57,7 +57,7 @@ DECODE_FORMATS = ("bf16",)
 EPILOGUE_QUANT = True
 
 #: Whether :func:`x_quant_in_gemm1` may ever answer True. Off in the product: on an H100 every cell of
-#: ``python -m triton_moe.lab.bench_x_quant`` was 1.4–2.2× slower with x quantized in the A load than
+#: ``python -m triton_moe.lab.bench_x_quant`` (27 cells) was 1.4–4.0× slower with x quantized in the A load than
 #: with its own quantize launch (notes/results/x_quant_h100_2026-12-06.md; outputs bit-equal). Tests and
 #: the lab turn it on with ``triton_moe.moe.rule_set("X_QUANT_IN_GEMM1", True)``.
 X_QUANT_IN_GEMM1 = False

@@ -86,8 +86,8 @@ def warmup(
     with the same ones. ``dry_run`` (default: True under the interpreter) records what a fresh
     process would compile without compiling or launching. ``static``: the calls pass static
     activation scales (``a1_scale``, ``a2_scale``: fp8_tensor), whose GEMM1 quantizes the
-    intermediate in its epilogue (:func:`~triton_moe.plan.epilogue_quant`) and, on decode-size tiles,
-    x in its A load (:func:`~triton_moe.plan.x_quant_in_gemm1`): kernels of their own.
+    intermediate in its epilogue (:func:`~triton_moe.plan.epilogue_quant`) and, where its switch is
+    on, x in its A load (:func:`~triton_moe.plan.x_quant_in_gemm1`): kernels of their own.
     Returns a
     :class:`~moe_spec.warmup.WarmupReport`: one step per (plan, ``topk_ids`` dtype) — the kernels it
     compiled and its seconds, which on a GPU include the one-token call itself (microseconds).

@@ -182,7 +182,14 @@ def render(cfg: GemmConfig, desc: dict, ptx: str | None = None) -> str:
     return "\n".join(out)
 
 
-def layer_text(label: str, T: int, sms: int = H200_SMS, seed: int = 0, svg_dir: str | None = None) -> tuple[str, dict]:
+def layer_text(
+    label: str,
+    T: int,
+    sms: int = H200_SMS,
+    seed: int = 0,
+    svg_dir: str | None = None,
+    copy_tbps: float = H200_COPY_TBPS,
+) -> tuple[str, dict]:
     """The explorer's ``--layer`` view of a bf16 call of catalog shape ``label`` at ``T`` tokens: text and data.
     ValueError (naming the option) for an unknown shape or sizes the plan refuses."""
     from moe_spec.problem import get_shape
@@ -213,7 +220,7 @@ def layer_text(label: str, T: int, sms: int = H200_SMS, seed: int = 0, svg_dir: 
 
     launch = launch_summary(T, top_k, E, K, I, sms)
     tiles, ring, most = launch["tiles"], launch["ring"], launch["tasks_at_most"]
-    run = layer_timeline(shape.label, T, sms, seed)
+    run = layer_timeline(shape.label, T, sms, seed, copy_tbps)
     data.update(launch=launch, model={k: v for k, v in run.items() if k != "tasks"})
     out += [
         "",
@@ -221,18 +228,18 @@ def layer_text(label: str, T: int, sms: int = H200_SMS, seed: int = 0, svg_dir: 
         f"one per SM of {sms}",
         f"Tasks        A (GEMM1: leader, {tiles['h_tile']} columns of I) {most['A']}, "
         f"B (GEMM2: {tiles['y_tile']} columns of K, leader) {most['B']}, "
-        f"C (combine: {tiles['y_tile']} columns, 8 tokens) {most['C']} — at most, "
+        f"C (combine: {tiles['y_tile']} columns, {tiles['token_block']} tokens) {most['C']} — at most, "
         f"{launch['max_leaders']} experts hit; NT1 = {tiles['nt1']}, NK = {tiles['nk']}, NTB = {tiles['ntb']}",
         f"Order        B (kt, r) waits for done1[r] = {tiles['nt1']}, C (kt, ·) for done2[kt] = the experts hit: "
         "only on smaller task numbers",
         f"Ring         {ring['stages']} stages × {ring['stage_bytes']} B ({ring['tma_bytes']} B of weight boxes "
-        f"by TMA, 16 token rows by cp.async); shared memory ≈ {launch['smem_bytes']} B",
-        f"WGMMA        {launch['wgmma']} (swap-AB: 64 weight rows × 16 pairs)",
+        f"by TMA, {tiles['tokens']} token rows by cp.async); shared memory ≈ {launch['smem_bytes']} B",
+        f"WGMMA        {launch['wgmma']} (swap-AB: {tiles['h_tile']} weight rows × {tiles['tokens']} pairs)",
         f"Counters     {launch['counter_words']} int32 words; workspace h, y of {launch['workspace_rows']} rows",
         "",
         f"Modelled timeline (routing drawn with seed {seed}: {run['leaders']} experts hit; "
         f"{run['phases']['A']} + {run['phases']['B']} + {run['phases']['C']} tasks): {run['model_us']:.1f} µs "
-        f"against the {run['floor_us']:.1f} µs floor at {H200_COPY_TBPS} TB/s — a model, not a measurement "
+        f"against the {run['floor_us']:.1f} µs floor at {copy_tbps:g} TB/s — a model, not a measurement "
         "(cute_moe.lab.fig_decode)",
     ]
     if svg_dir is not None:
@@ -248,20 +255,17 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--tokens-per-expert",
         type=float,
-        default=2.0,
         help="mean routed tokens per expert (T·top_k/E); the path rule picks the kernel [2]",
     )
     ap.add_argument(
         "--n-out",
         type=int,
-        default=DEFAULT_N_OUT,
         help=f"output features of the GEMM [{DEFAULT_N_OUT}: Mixtral-8x7B GEMM1, 2·I]",
     )
-    ap.add_argument("--k", type=int, default=DEFAULT_K, help=f"reduction size K [{DEFAULT_K}]")
+    ap.add_argument("--k", type=int, help=f"reduction size K [{DEFAULT_K}]")
     ap.add_argument(
         "--experts",
         type=int,
-        default=DEFAULT_EXPERTS,
         help=f"number of experts, for the TMA picture [{DEFAULT_EXPERTS}]",
     )
     path = ap.add_mutually_exclusive_group()
@@ -283,34 +287,54 @@ def main(argv=None) -> int:
         help="compile to PTX and write the whole PTX into PATH ('-': print it alone on stdout)",
     )
     ap.add_argument("--layer", metavar="SHAPE", help="a catalog shape: show the plan of its bf16 call at --tokens")
-    ap.add_argument("--tokens", type=int, default=1, help="tokens of the --layer call [1]")
-    ap.add_argument("--sms", type=int, default=H200_SMS, help=f"SMs of the GPU, for --layer's grid [{H200_SMS}]")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the routing --layer's timeline draws [0]")
+    ap.add_argument("--tokens", type=int, help="tokens of the --layer call [1]")
+    ap.add_argument("--sms", type=int, help=f"SMs of the GPU, for --layer's grid [{H200_SMS}]")
+    ap.add_argument("--seed", type=int, help="seed of the routing --layer's timeline draws [0]")
+    ap.add_argument(
+        "--copy-tbps",
+        type=float,
+        help=f"copy rate (TB/s) --layer's timeline model shares among the CTAs [{H200_COPY_TBPS}: the H200's]",
+    )
     ap.add_argument("--json", action="store_true", help="print layouts.describe_json(config) instead")
     ap.add_argument("--svg", metavar="DIR", help="also write this kernel's pictures (SVG) into DIR")
     ap.add_argument(
         "--notes-figures",
         metavar="DIR",
-        help="write the picture set of notes/wgmma_layouts.md into DIR (and nothing else)",
+        help="write the pictures notes/wgmma_layouts.md and notes/decode.md embed into DIR (and nothing else)",
     )
     args = ap.parse_args(argv)
+    layer_only = [f for f in ("tokens", "sms", "seed", "copy_tbps") if getattr(args, f) is not None]
+    gemm_only = [f for f in ("tokens_per_expert", "n_out", "k", "experts", "tokens_tile", "weights_tile", "stages")]
+    gemm_only = [f for f in gemm_only + ["warpgroups"] if getattr(args, f) is not None]
+    gemm_only += [f for f in ("swap_ab", "normal", "ptx", "ptx_file") if getattr(args, f)]
+    refused = None
+    if args.layer is None and layer_only:
+        refused = f"--{layer_only[0].replace('_', '-')}: an option of --layer SHAPE, which was not given"
+    elif args.layer is not None and gemm_only:
+        refused = f"--{gemm_only[0].replace('_', '-')}: a GEMM option, not one of --layer (which shows the plan's own)"
+    elif args.json and args.svg:
+        refused = "--svg: not with --json (which prints the data alone)"
+    if refused:
+        print(f"error: {refused}", file=sys.stderr)
+        return 2
+    for name, default in (("tokens_per_expert", 2.0), ("n_out", DEFAULT_N_OUT), ("k", DEFAULT_K)):
+        setattr(args, name, default if getattr(args, name) is None else getattr(args, name))
+    args.experts = DEFAULT_EXPERTS if args.experts is None else args.experts
     if args.notes_figures:
         for path in write_figures(notes_figures(), args.notes_figures):
             print(path)
         return 0
     if args.layer is not None:
-        given = [
-            f for f in ("swap_ab", "normal", "tokens_tile", "weights_tile", "stages", "warpgroups") if getattr(args, f)
-        ]
-        if given or args.ptx or args.ptx_file:
-            flag = "--" + (given[0] if given else "ptx").replace("_", "-")
-            print(f"error: {flag}: a GEMM option, not one of --layer (which shows the plan's own)", file=sys.stderr)
+        tokens, sms = 1 if args.tokens is None else args.tokens, H200_SMS if args.sms is None else args.sms
+        seed, rate = args.seed or 0, H200_COPY_TBPS if args.copy_tbps is None else args.copy_tbps
+        if sms < 1:
+            print(f"error: --sms: expected at least 1 SM, got {sms}", file=sys.stderr)
             return 2
-        if args.sms < 1:
-            print(f"error: --sms: expected at least 1 SM, got {args.sms}", file=sys.stderr)
+        if not math.isfinite(rate) or rate <= 0:
+            print(f"error: --copy-tbps: expected a positive rate in TB/s, got {rate:g}", file=sys.stderr)
             return 2
         try:
-            text, data = layer_text(args.layer, args.tokens, args.sms, args.seed, None if args.json else args.svg)
+            text, data = layer_text(args.layer, tokens, sms, seed, args.svg, rate)
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

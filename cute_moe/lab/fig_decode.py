@@ -251,9 +251,9 @@ def timeline_svg(run: dict, title: str) -> str:
     return svg.render()
 
 
-def layer_timeline(label: str, T: int, sms: int = H200_SMS, seed: int = 0) -> dict:
+def layer_timeline(label: str, T: int, sms: int = H200_SMS, seed: int = 0, copy_tbps: float = H200_COPY_TBPS) -> dict:
     """:func:`schedule` of a call of catalog shape ``label`` at ``T`` tokens, its routing drawn with ``seed``
-    (each token's ``top_k`` distinct experts, uniformly), at the H200's copy rate."""
+    (each token's ``top_k`` distinct experts, uniformly), at ``copy_tbps`` (default: the H200's copy rate)."""
     import random
 
     from moe_spec.problem import get_shape
@@ -261,7 +261,7 @@ def layer_timeline(label: str, T: int, sms: int = H200_SMS, seed: int = 0) -> di
     shape = get_shape(label)
     rng = random.Random(seed)
     ids = [e for _ in range(T) for e in rng.sample(range(shape.num_experts), shape.top_k)]
-    return schedule(ids, T, shape.top_k, shape.num_experts, shape.hidden, shape.intermediate, sms, H200_COPY_TBPS)
+    return schedule(ids, T, shape.top_k, shape.num_experts, shape.hidden, shape.intermediate, sms, copy_tbps)
 
 
 def timeline_title(label: str, T: int) -> str:
