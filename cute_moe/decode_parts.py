@@ -123,22 +123,33 @@ def counter_words(K: int) -> int:
     return HEADER + PAIR_LANES + K // Y_TILE
 
 
-def size_error(T: int, top_k: int, K: int, I: int) -> str | None:  # noqa: E741
+def size_limit(T: int, top_k: int, K: int, I: int) -> tuple[str, str] | None:  # noqa: E741
     """The first size limit of the kernel a call breaks — at most :data:`PAIR_LANES` (token, slot) pairs, K a
-    multiple of :data:`Y_TILE`, I of :data:`H_TILE` — worded for the ValueError that names the argument
-    (:func:`cute_moe.decode.check_decode_sizes`); None when the kernel serves these sizes (the plan's rule,
-    :func:`cute_moe.plan.one_launch`, asks the same)."""
+    multiple of :data:`Y_TILE`, I of :data:`H_TILE` — as (the argument that carries it, the limit in words);
+    None when the kernel serves these sizes."""
     pairs = T * top_k
     if pairs > PAIR_LANES:
         return (
-            f"topk_ids: the decode kernel serves at most {PAIR_LANES} (token, slot) pairs, got "
-            f"T·top_k = {T}·{top_k} = {pairs}; call cute_moe.fused_moe (the grouped pipeline)"
+            "topk_ids",
+            f"the decode kernel serves at most {PAIR_LANES} (token, slot) pairs, got T·top_k = {T}·{top_k} = {pairs}",
         )
     if K % Y_TILE:
-        return f"x: the decode kernel needs K = x.shape[1] a multiple of {Y_TILE} (its output tiles), got {K}"
+        return "x", f"the decode kernel needs K = x.shape[1] a multiple of {Y_TILE} (its output tiles), got {K}"
     if I % H_TILE:
-        return f"w2: the decode kernel needs I = w2.shape[2] a multiple of {H_TILE} (its h tiles), got {I}"
+        return "w2", f"the decode kernel needs I = w2.shape[2] a multiple of {H_TILE} (its h tiles), got {I}"
     return None
+
+
+def size_error(T: int, top_k: int, K: int, I: int) -> str | None:  # noqa: E741
+    """:func:`size_limit` worded for the ValueError that names the argument
+    (:func:`cute_moe.decode.check_decode_sizes`); None when the kernel serves these sizes (the plan's rule,
+    :func:`cute_moe.plan.one_launch`, asks :func:`size_limit` the same)."""
+    limit = size_limit(T, top_k, K, I)
+    if limit is None:
+        return None
+    argument, words = limit
+    advice = "; call cute_moe.fused_moe (the grouped pipeline)" if argument == "topk_ids" else ""
+    return f"{argument}: {words}{advice}"
 
 
 def pair_bucket(pairs: int) -> int:

@@ -24,7 +24,7 @@ from moe_spec.quant import FP8_BLOCK, check_quant
 from moe_spec.validate import MoEDims
 
 from .config import GemmConfig, max_stages
-from .decode_parts import PAIR_LANES, STAGES, TILE_K, TOKENS, WGMMA, size_error
+from .decode_parts import PAIR_LANES, STAGES, TILE_K, TOKENS, WGMMA, size_limit
 from .gemm_rules import clustered, short_k_gemm2
 from .limits import FP8_TILE_K, MAX_TILE_M, gated_quant_layer, gemm1_out_dtype
 from .options import check_options
@@ -204,7 +204,7 @@ def one_launch(dims: MoEDims, quant=None, fusion: str = "fused", swap_ab=None, c
 def grouped_because(dims: MoEDims, quant=None, fusion: str = "fused", swap_ab=None, configs=None) -> str | None:
     """Why :func:`one_launch` leaves a call to the grouped pipeline, in words, or None: :data:`ONE_LAUNCH` off, an
     FP8 ``quant``, an explicit option (``fusion``, ``swap_ab``, ``configs``), sizes the kernel does not serve
-    (:func:`~cute_moe.decode_parts.size_error`: T·top_k within its pair lanes, K and I whole tiles), I above
+    (:func:`~cute_moe.decode_parts.size_limit`: T·top_k within its pair lanes, K and I whole tiles), I above
     :data:`ONE_LAUNCH_MAX_I`."""
     if not ONE_LAUNCH:
         return "the ONE_LAUNCH switch is off"
@@ -217,9 +217,9 @@ def grouped_because(dims: MoEDims, quant=None, fusion: str = "fused", swap_ab=No
     ):
         if given:
             return f"{name} was given: an explicit option asks for the grouped pipeline"
-    error = size_error(dims.T, dims.top_k, dims.K, dims.I)
-    if error is not None:
-        return error.split(": ", 1)[1].split("; ")[0]  # the limit, without the argument's name and the advice
+    limit = size_limit(dims.T, dims.top_k, dims.K, dims.I)
+    if limit is not None:
+        return limit[1]
     if dims.I > ONE_LAUNCH_MAX_I:
         return f"I = {dims.I} > ONE_LAUNCH_MAX_I = {ONE_LAUNCH_MAX_I} (not measured against the grouped pipeline)"
     return None
