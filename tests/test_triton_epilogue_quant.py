@@ -16,7 +16,7 @@ tests/test_launches.py and tests/test_fp8_static.py.
 
 import pytest
 import torch
-from triton_fused_quant import run_layer, same_bits
+from triton_fused_quant import fused_and_separate, same_bits
 
 from moe_spec.oracle import calibrate_static_scales
 from moe_spec.problem import MoEShape, get_shape, make_inputs
@@ -34,12 +34,6 @@ def _cfg(block_n=128, swap_ab=False, split_k=1, tma=False, block_m=16):
     return TritonConfig(block_m, block_n, 64, 1, 4, 2, swap_ab, split_k=split_k, persistent_tma=tma)
 
 
-def _layer(kw, quant, cfg, a1=None, a2=None):
-    """(output, workspace, whether GEMM1 quantized the intermediate) of one expert computation (:func:`run_layer`)."""
-    out, ws, _, epilogue = run_layer(kw, quant, cfg, a1, a2)
-    return out, ws, epilogue
-
-
 def _codes(q):
     """E4M3 bytes with the two spellings the interpreter cannot reproduce made one: −0 as +0 (its
     e4m3 cast), every NaN as 0x7F (torch writes one sign, the kernel keeps the value's)."""
@@ -53,17 +47,8 @@ def compare(kw, quant, cfg, a1=None, a2=None):
     """Run the fused and the separate path; assert the rule applied to the first only, and that
     codes, scales, output and error word agree bit for bit, with moe_spec.quant too.
     Returns (fused aq, fused scales or None, error word)."""
-    from triton_moe import moe
-
-    word = error_word(kw["x"].device)
-    word.zero_()
-    out, ws, fused = _layer(kw, quant, cfg, a1, a2)
-    bits = int(word)
-    word.zero_()
-    with moe.separate_act_quant():
-        ref_out, ref_ws, ref_fused = _layer(kw, quant, cfg, a1, a2)
-    ref_bits = int(word)
-    word.zero_()
+    runs = fused_and_separate(kw, quant, cfg, "EPILOGUE_QUANT", a1, a2)
+    (out, ws, _, fused, bits), (ref_out, ref_ws, _, ref_fused, ref_bits) = runs
     assert fused and not ref_fused, "the rule (triton_moe.plan.epilogue_quant) should apply here"
     assert ws["act"] is None and "act_amax" not in ws  # no fp32 intermediate
     act = ref_ws["act"]

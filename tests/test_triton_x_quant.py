@@ -18,7 +18,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from triton_fused_quant import run_layer, same_bits
+from triton_fused_quant import fused_and_separate, run_layer, same_bits
 
 from moe_spec.oracle import calibrate_static_scales
 from moe_spec.problem import MoEShape, get_shape, make_inputs
@@ -47,27 +47,12 @@ def _cfg(block_m=16, block_n=64, block_k=128, swap_ab=True, split_k=1, tma=False
     return TritonConfig(block_m, block_n, block_k, 1, warps, 2, swap_ab, split_k=split_k, persistent_tma=tma)
 
 
-def _layer(kw, quant, cfg, a1=None, a2=None, ws=None):
-    """(output, workspace, whether GEMM1 quantized x) of one expert computation (:func:`run_layer`)."""
-    out, ws, x_in_gemm1, _ = run_layer(kw, quant, cfg, a1, a2, ws)
-    return out, ws, x_in_gemm1
-
-
 def compare(kw, quant, cfg, a1=None, a2=None):
     """Run GEMM1 quantizing x and the separate path; assert the rule applied to the first only and that
     the intermediate, its scales, the output and the error word agree bit for bit; the first run is
     repeated on its workspace (the amax left zero). Returns (output, error word)."""
-    from triton_moe import moe
-
-    word = error_word(kw["x"].device)
-    word.zero_()
-    out, ws, in_gemm1 = _layer(kw, quant, cfg, a1, a2)
-    bits = int(word)
-    word.zero_()
-    with moe.separate_x_quant():
-        ref, ref_ws, ref_in_gemm1 = _layer(kw, quant, cfg, a1, a2)
-    ref_bits = int(word)
-    word.zero_()
+    fused, separate = fused_and_separate(kw, quant, cfg, "X_QUANT_IN_GEMM1", a1, a2)
+    (out, ws, in_gemm1, _, bits), (ref, ref_ws, ref_in_gemm1, _, ref_bits) = fused, separate
     assert in_gemm1 and not ref_in_gemm1, "the rule (triton_moe.plan.x_quant_in_gemm1) should apply here"
     assert "xq" not in ws and "xq" in ref_ws  # no E4M3 copy of x
     assert bits == ref_bits
@@ -77,9 +62,9 @@ def compare(kw, quant, cfg, a1=None, a2=None):
     assert same_bits(out, ref), "the layer's output changed"
     if "act_amax" in ws:  # left zero by the intermediate's quantization, for the next call
         assert not bool(ws["act_amax"].view(torch.int32).any())
-        again, _, _ = _layer(kw, quant, cfg, a1, a2, ws=ws)
+        again = run_layer(kw, quant, cfg, a1, a2, ws=ws)[0]
         assert same_bits(again, out), "a second call on the same workspace differs"
-    word.zero_()
+    error_word(kw["x"].device).zero_()
     return out, bits
 
 

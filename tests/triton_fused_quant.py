@@ -1,10 +1,13 @@
 """Helpers of the two studies of a quantization fused into triton_moe's GEMM1 (tests/test_triton_x_quant.py:
 x in its A load; tests/test_triton_epilogue_quant.py: the intermediate in its epilogue): one expert
-computation on the plan of a given config, and a bitwise comparison."""
+computation on the plan of a given config, the same with the fused path's switch off, and a bitwise
+comparison."""
+
+import contextlib
 
 import torch
 
-from moe_spec.validate import MoEDims
+from moe_spec.validate import MoEDims, error_word
 
 
 def same_bits(a, b) -> bool:
@@ -37,3 +40,19 @@ def run_layer(kw, quant, cfg, a1=None, a2=None, ws=None):
         a2_scale=a2,
     )
     return out, ws, x_in_gemm1, epilogue
+
+
+def fused_and_separate(kw, quant, cfg, switch: str, a1=None, a2=None) -> list:
+    """:func:`run_layer` as the rules stand, then with the plan switch ``switch`` off
+    (``triton_moe.moe.rule_set``): two tuples of its answer plus the error word that run left (the word
+    zeroed before each run and after both)."""
+    from triton_moe import moe
+
+    word = error_word(kw["x"].device)
+    runs = []
+    for fused in (True, False):
+        word.zero_()
+        with contextlib.nullcontext() if fused else moe.rule_set(switch, False):
+            runs.append((*run_layer(kw, quant, cfg, a1, a2), int(word)))
+    word.zero_()
+    return runs
