@@ -76,14 +76,17 @@ def test_fp8_prefill_gemm_reads_operands_straight_into_wgmma(fuse_silu, imprecis
     assert r["shared_bytes"] <= 3 * (128 + 128 * (2 if fuse_silu else 1)) * 128, r
 
 
-EPILOGUE_QUANT_SCRIPT = r"""
-CASES = {  # name: (QUANT, BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, swap-AB)
+EPILOGUE_CASES = {  # name: (QUANT, BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, swap-AB)
     "fp8_block 128x128x128 w8": (3, 128, 128, 128, 8, 3, False),  # the heuristic's prefill tile
     "fp8_block 64x128x128 w4": (3, 64, 128, 128, 4, 4, False),  # the H200 tables' prefill tile
     "fp8_block swap 16x128x128 w4": (3, 16, 128, 128, 4, 4, True),  # their decode tile
     "static fp8_tensor 128x128x128 w8": (1, 128, 128, 128, 8, 3, False),
     "static fp8_tensor swap 16x128x128 w4": (1, 16, 128, 128, 4, 3, True),
 }
+
+
+EPILOGUE_QUANT_SCRIPT = r"""
+CASES = json.loads(sys.argv[1])
 out = {}
 for name, (quant, bm, bn, bk, warps, stages, swap) in CASES.items():
     for fused in (False, True):
@@ -96,19 +99,10 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def epilogue_quant_binaries():
-    return _compiled(EPILOGUE_QUANT_SCRIPT)
+    return _compiled(EPILOGUE_QUANT_SCRIPT, json.dumps(EPILOGUE_CASES))
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        "fp8_block 128x128x128 w8",
-        "fp8_block 64x128x128 w4",
-        "fp8_block swap 16x128x128 w4",
-        "static fp8_tensor 128x128x128 w8",
-        "static fp8_tensor swap 16x128x128 w4",
-    ],
-)
+@pytest.mark.parametrize("case", list(EPILOGUE_CASES))
 def test_gemm1_quantizing_its_intermediate_compiles_for_sm90(case, epilogue_quant_binaries):
     """GEMM1 with the intermediate quantized in its epilogue (``QUANT_OUT``, triton_moe.plan.epilogue_quant)
     compiled for sm_90a: it stores E4M3 and takes no atomic amax, its operands still reach WGMMA
@@ -123,8 +117,7 @@ def test_gemm1_quantizing_its_intermediate_compiles_for_sm90(case, epilogue_quan
         assert fused["spill_bytes"] == 0, fused
 
 
-X_QUANT_SCRIPT = r"""
-CASES = {  # name: (QUANT, BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, swap-AB): the H200 tables' decode tiles
+X_QUANT_CASES = {  # name: (QUANT, BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, swap-AB): the H200 tables' decode tiles
     "fp8_block swap 16x64x128 w4 s5": (3, 16, 64, 128, 4, 5, True),
     "fp8_block swap 16x128x128 w4 s3": (3, 16, 128, 128, 4, 3, True),
     "fp8_block swap 32x128x128 w4 s3": (3, 32, 128, 128, 4, 3, True),
@@ -133,6 +126,10 @@ CASES = {  # name: (QUANT, BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, swap-AB): t
     "static fp8_tensor swap 16x128x128 w4 s3": (1, 16, 128, 128, 4, 3, True),
     "fp8_block 64x128x128 w4 s4": (3, 64, 128, 128, 4, 4, False),  # a prefill tile: outside the rule
 }
+
+
+X_QUANT_SCRIPT = r"""
+CASES = json.loads(sys.argv[1])
 out = {}
 for name, (quant, bm, bn, bk, warps, stages, swap) in CASES.items():
     for fused in (False, True):
@@ -146,20 +143,10 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def x_quant_binaries():
-    return _compiled(X_QUANT_SCRIPT)
+    return _compiled(X_QUANT_SCRIPT, json.dumps(X_QUANT_CASES))
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        "fp8_block swap 16x64x128 w4 s5",
-        "fp8_block swap 16x128x128 w4 s3",
-        "fp8_block swap 32x128x128 w4 s3",
-        "fp8_channel swap 16x64x128 w4 s4",
-        "fp8_channel swap 32x128x128 w4 s3",
-        "static fp8_tensor swap 16x128x128 w4 s3",
-    ],
-)
+@pytest.mark.parametrize("case", [name for name, c in X_QUANT_CASES.items() if c[1] <= 32])  # the rule's tiles
 def test_gemm1_quantizing_x_in_its_a_load_compiles_for_sm90(case, x_quant_binaries):
     """GEMM1 quantizing x in its A load (``QUANT_A``, triton_moe.plan.x_quant_in_gemm1) on the tiles
     the rule allows (≤ 32 rows) compiled for sm_90a: it reads bf16 x, stages the quantized A tile
