@@ -190,9 +190,9 @@ ONE_LAUNCH = True
 the grouped pipeline at every T (tests, benches: the same call on both paths)."""
 
 ONE_LAUNCH_MAX_I = 2048
-"""The widest intermediate I :func:`one_launch` takes: the small-expert layers where an H100 measured the one
-launch against the grouped pipeline (Qwen3-30B-A3B, DeepSeek-V3 TP8: notes/decode.md, "What the first GPU run
-showed").  Mixtral-8x7B's wide I keeps the grouped pipeline until it is measured; the H200's cells are pending."""
+"""The widest intermediate I :func:`one_launch` takes: the small-expert layers where the one launch measured at
+least as fast as the grouped pipeline; Mixtral-8x7B's wide I measured slower and keeps the grouped pipeline
+(notes/decode.md, "The second H100 run")."""
 
 
 def one_launch(dims: MoEDims, quant=None, fusion: str = "fused", swap_ab=None, configs=None) -> bool:

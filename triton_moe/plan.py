@@ -56,10 +56,9 @@ DECODE_FORMATS = ("bf16",)
 #: launches and plans that read it.
 EPILOGUE_QUANT = True
 
-#: Whether :func:`x_quant_in_gemm1` may ever answer True. Off in the product: on an H100 every cell of
-#: ``python -m triton_moe.lab.bench_x_quant`` (27 cells) was 1.4–4.0× slower with x quantized in the A load than
-#: with its own quantize launch (notes/results/x_quant_h100_2026-12-06.md; outputs bit-equal). Tests and
-#: the lab turn it on with ``triton_moe.moe.rule_set("X_QUANT_IN_GEMM1", True)``.
+#: Whether :func:`x_quant_in_gemm1` may ever answer True. Off in the product: measured slower than x's own
+#: quantize launch in every cell of ``python -m triton_moe.lab.bench_x_quant`` (notes/triton_moe.md, "FP8 data
+#: flow"). Tests and the lab turn it on with ``triton_moe.moe.rule_set("X_QUANT_IN_GEMM1", True)``.
 X_QUANT_IN_GEMM1 = False
 #: The largest GEMM1 BLOCK_M whose A load quantizes x (:func:`x_quant_in_gemm1`): the decode-size tiles.
 X_QUANT_MAX_BLOCK_M = 32
