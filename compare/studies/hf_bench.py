@@ -346,7 +346,11 @@ def parse_args(argv=None):
     ap.add_argument("--decode-steps", type=int, default=32)
     ap.add_argument("--decode-prompt", type=int, default=128, help="prompt length before the decode steps")
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--implementations", default=",".join(IMPLEMENTATIONS))
+    ap.add_argument(
+        "--implementations",
+        default=",".join(IMPLEMENTATIONS),
+        help="eager rows, comma-separated; empty for the --compiled rows alone [%(default)s]",
+    )
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument(
         "--compiled",
@@ -382,7 +386,8 @@ def main(argv=None) -> dict:
         )
     start = time.monotonic()
     hx.register()
-    impls, formats = args.implementations.split(","), args.formats.split(",")
+    impls = [name for name in args.implementations.split(",") if name]  # empty: compiled rows only
+    formats = args.formats.split(",")
     compiled = [name for name in args.compiled.split(",") if name]
     modes = [m for m in args.compile_modes.split(",") if m]
     for option, given, allowed in (
