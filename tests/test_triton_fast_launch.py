@@ -205,6 +205,13 @@ def test_a_launch_hook_or_a_changed_global_goes_through_run(driver):
     try:
         with pytest.raises(RuntimeError, match="GLOBAL_SCALE"):  # run's check, not a stale binary
             _launch(k, x, y, 5, 3, BLOCK=32)
+        globals()["GLOBAL_SCALE"] = tl.constexpr(saved.value)  # an equal value in a new object: unchanged
+        _launch(k, x, y, 5, 3, BLOCK=32)
+        _launch(k, x, y, 5, 3, BLOCK=32)
+        assert driver[0].launches[-1][2][1] is None  # the direct path again, no hooks
+        globals()["GLOBAL_SCALE"] = tl.constexpr(5)  # changed after the new object was seen equal
+        with pytest.raises(RuntimeError, match="GLOBAL_SCALE"):
+            _launch(k, x, y, 5, 3, BLOCK=32)
     finally:
         globals()["GLOBAL_SCALE"] = saved
 

@@ -420,11 +420,26 @@ def _hooks_idle() -> bool:
 
 def _globals_unchanged(kernel) -> bool:
     """What ``run`` checks before every launch: the globals the kernel read at compile time still
-    hold the values it was compiled with (``run`` raises when one changed)."""
-    for (name, _), (val, globals_dict) in kernel.used_global_vals.items():
+    hold the values it was compiled with (``run`` raises when one changed).
+
+    Triton keeps a deep copy of each value, so the objects never match by identity and each launch
+    would compare them by value (a ``constexpr`` comparison builds new objects). The objects found
+    equal last time are remembered: while every global still holds that very object, nothing changed."""
+    used = kernel.used_global_vals
+    seen = kernel.__dict__.get("_moe_globals_seen")
+    if seen is not None and seen[0] == len(used):
+        for globals_dict, name, obj in seen[1]:
+            if globals_dict.get(name, _MISSING) is not obj:
+                break
+        else:
+            return True
+    verified = []
+    for (name, _), (val, globals_dict) in used.items():
         now = globals_dict.get(name, _MISSING)
         if now is not val and now != val:
             return False
+        verified.append((globals_dict, name, now))
+    kernel._moe_globals_seen = (len(used), tuple(verified))
     return True
 
 
