@@ -20,7 +20,8 @@ arguments (:mod:`moe_spec.contract`) without the backend options — and registe
 The schema declares no mutated argument (``mutates_args=()`` in ``custom_op``'s words) and it is
 functional as far as the graph can see: the output is a new tensor. Two buffers outside the
 arguments are written: the device's error word (:func:`moe_spec.validate.error_word`), into which
-the kernels OR the bits of failed data checks, and the backend's workspace — fresh buffers for a
+the kernels OR the bits of failed data checks (made, for a CUDA device, by the fake implementation
+while the graph is traced: :func:`make_device_state`), and the backend's workspace — fresh buffers for a
 call through the op (:func:`through_op`), freed when it returns, which no graph input or output aliases.
 
 :func:`entry` is a backend's public ``fused_moe`` around the op: while torch.compile or another
@@ -41,7 +42,7 @@ from collections.abc import Callable
 
 import torch
 
-from moe_spec.validate import Limits, check_runs_on, validate_moe_args
+from moe_spec.validate import Limits, check_runs_on, error_word, validate_moe_args
 
 #: The operator's schema, without its name's namespace: the contract's arguments, in its order.
 SCHEMA = (
@@ -103,6 +104,22 @@ def metadata_checks(
         plan(dims, quant)
     check_runs_on(x.device, limits)
     return dims
+
+
+def make_device_state(device) -> None:
+    """Make the buffers a backend keeps for the process on a CUDA ``device`` — the error word and
+    its bit constants (:func:`moe_spec.validate.error_word`) — now, outside every dispatch mode.
+
+    The fake implementation calls it while the graph is traced, before the compiled graph first
+    runs: under ``mode="reduce-overhead"`` that first run is a CUDA-graph tree's warm-up, whose
+    allocations all land in the graph's private pool, and a buffer first made there and kept for the
+    process is one the tree does not track (it refuses to record)."""
+    if device.type != "cuda" or not torch.cuda.is_available():  # a trace on fake CUDA tensors of a CPU machine
+        return
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        error_word(device)
 
 
 def _hint(size) -> int:
@@ -178,6 +195,7 @@ def define_fused_moe_op(
     def fake(x, w1, w2, topk_weights, topk_ids, quant=None, w1_scale=None, w2_scale=None, a1_scale=None, a2_scale=None):
         args = [_concrete(t) for t in (x, w1, w2, topk_weights, topk_ids)]
         check(*args, quant, *(_concrete(t) for t in (w1_scale, w2_scale, a1_scale, a2_scale)))
+        make_device_state(x.device)
         return x.new_empty((x.shape[0], x.shape[1]), dtype=OUT_DTYPE)
 
     kernel.__name__ = fake.__name__ = "fused_moe"

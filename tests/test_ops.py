@@ -118,6 +118,24 @@ def test_fake_shapes(backend, device, T, quant):
             assert out.shape == (T, TINY.hidden) and out.is_contiguous()
 
 
+def test_the_fake_makes_the_device_state_outside_the_fake_mode(monkeypatch):
+    """The fake implementation makes the error word of a CUDA device (ops.make_device_state) with
+    no dispatch mode active — a real tensor made at trace time, not inside the first compiled run
+    (a CUDA-graph tree's warm-up, whose private pool must not keep it) — and nothing for a CPU one.
+    (cute_moe's op on fake CUDA tensors, CUDA said present; triton_moe's on CPU ones.)"""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    made = []
+    monkeypatch.setattr(ops, "error_word", lambda device: made.append((device, _get_current_dispatch_mode_stack())))
+    with FakeTensorMode() as mode:
+        triton_moe.ops.OP(**fake_arguments(mode, arguments(3), "cpu"))
+    assert made == []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with FakeTensorMode() as mode:
+        cute_moe.ops.OP(**fake_arguments(mode, arguments(3), "cuda"))
+    assert len(made) == 1 and made[0][0].type == "cuda" and made[0][1] == [], made
+
+
 @pytest.mark.parametrize("backend", [triton_moe, cute_moe])
 def test_fake_takes_a_symbolic_token_count(backend):
     mode = FakeTensorMode(shape_env=ShapeEnv())
@@ -321,6 +339,46 @@ QWEN3_LAYER = dict(
     norm_topk_prob=True,
     decoder_sparse_step=1,
 )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("implementation", ["triton_moe", "cute_moe"])
+@torch.no_grad()
+def test_gpu_reduce_overhead_as_the_first_call_of_the_process(implementation, monkeypatch):
+    """A compiled block whose first call of our op is the CUDA-graph tree's warm-up (no eager call
+    before: the device's error word not yet made) records and replays: the error word is made while
+    the graph is traced (ops.make_device_state), not inside the tree's private pool, which would
+    refuse to record ("tensors in the cudagraph pool not tracked as outputs")."""
+    from torch._dynamo.utils import counters
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+
+    import compare.hf_experts as hx
+    from compare.metrics import tolerance_for
+    from moe_spec import errorword
+    from moe_spec.oracle import rel_l2
+
+    hx.register()
+    monkeypatch.setattr(errorword, "_words", {})  # this process's state as before its first call
+    monkeypatch.setattr(errorword, "_bits", {})
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(Qwen3MoeConfig(**QWEN3_LAYER), dtype=torch.bfloat16).eval()
+    block = model.model.layers[0].mlp
+    g = torch.Generator().manual_seed(2)
+    hidden = [torch.randn(2, 8, QWEN3_LAYER["hidden_size"], generator=g).to("cuda", torch.bfloat16) for _ in range(3)]
+    torch._dynamo.reset()
+    counters.clear()
+    model.set_experts_implementation(implementation)
+    compiled = torch.compile(block, fullgraph=True, mode="reduce-overhead")
+    got = [compiled(h) for h in hidden]  # warm-up, record, replay
+    got = [(t[0] if isinstance(t, tuple) else t).clone() for t in got]
+    assert errorword._words, "the error word was never made"
+    model.set_experts_implementation("eager")
+    for h, out in zip(hidden, got):
+        want = block(h)
+        want = want[0] if isinstance(want, tuple) else want
+        assert rel_l2(out, want) <= tolerance_for(None).rel_l2
+    assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
 
 
 @pytest.mark.gpu
