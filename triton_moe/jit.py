@@ -248,41 +248,24 @@ def _launch_fast(kernel, grid, args, kwargs):
             tail = tuple(kwargs[p.name] if p.name in kwargs else p.default for p in params)
             cache[key] = (compiled, tail, _entry_point(compiled))
         return compiled
-    compiled, tail, entry = hit
     n = len(grid)
+    dims = (grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1)
+    return _launch_hit(hit, dims, drv.get_current_stream(device), args)
+
+
+def _launch_hit(hit, dims, stream, args):
+    """Launch a direct-path entry ``hit`` = (CompiledKernel, the parameters after the positional
+    ones, C entry point or None) on grid ``dims``: the C launch function itself where
+    :func:`_entry_point` found one, else the kernel's launcher. Returns the CompiledKernel."""
+    compiled, tail, entry = hit
+    gx, gy, gz = dims
     if entry is None:
-        compiled.run(
-            grid[0],
-            grid[1] if n > 1 else 1,
-            grid[2] if n > 2 else 1,
-            drv.get_current_stream(device),
-            compiled.function,
-            compiled.packed_metadata,
-            None,
-            None,
-            None,
-            *args,
-            *tail,
-        )
+        meta = (compiled.function, compiled.packed_metadata, None, None, None)
+        compiled.run(gx, gy, gz, stream, *meta, *args, *tail)
     else:
         launch_c, cooperative, pdl = entry
-        launch_c(
-            grid[0],
-            grid[1] if n > 1 else 1,
-            grid[2] if n > 2 else 1,
-            drv.get_current_stream(device),
-            compiled.function,
-            cooperative,
-            pdl,
-            None,
-            None,
-            compiled.packed_metadata,
-            None,
-            None,
-            None,
-            *args,
-            *tail,
-        )
+        meta = (compiled.function, cooperative, pdl, None, None, compiled.packed_metadata, None, None, None)
+        launch_c(gx, gy, gz, stream, *meta, *args, *tail)
     return compiled
 
 
@@ -367,42 +350,7 @@ class Bound:
             if entry is not None and entry[0] is compiled and len(self._hits) < _FAST_MAX:
                 self._hits[key] = entry  # (CompiledKernel, the parameters after the positional ones, C entry)
             return compiled
-        compiled, tail, entry = hit
-        gx, gy, gz = self._dims
-        if entry is None:
-            compiled.run(
-                gx,
-                gy,
-                gz,
-                drv.get_current_stream(device),
-                compiled.function,
-                compiled.packed_metadata,
-                None,
-                None,
-                None,
-                *args,
-                *tail,
-            )
-        else:
-            launch_c, cooperative, pdl = entry
-            launch_c(
-                gx,
-                gy,
-                gz,
-                drv.get_current_stream(device),
-                compiled.function,
-                cooperative,
-                pdl,
-                None,
-                None,
-                compiled.packed_metadata,
-                None,
-                None,
-                None,
-                *args,
-                *tail,
-            )
-        return compiled
+        return _launch_hit(hit, self._dims, drv.get_current_stream(device), args)
 
 
 _MISSING = object()
