@@ -370,8 +370,10 @@ def test_gpu_reduce_overhead_as_the_first_call_of_the_process(implementation, mo
     counters.clear()
     model.set_experts_implementation(implementation)
     compiled = torch.compile(block, fullgraph=True, mode="reduce-overhead")
-    got = [compiled(h) for h in hidden]  # warm-up, record, replay
-    got = [(t[0] if isinstance(t, tuple) else t).clone() for t in got]
+    got = []
+    for h in hidden:  # warm-up, record, replay; each output cloned before the next run overwrites it
+        out = compiled(h)
+        got.append((out[0] if isinstance(out, tuple) else out).clone())
     assert errorword._words, "the error word was never made"
     model.set_experts_implementation("eager")
     for h, out in zip(hidden, got):
