@@ -104,11 +104,24 @@ def test_compiled_rows(tmp_path):
     assert "| compile |" in md and "| bf16 | triton_moe | default |" in md and "| bf16 | triton_moe |  |" in md
 
 
-def test_decode_batches_speedups_and_a_second_run_beside_the_first(tmp_path):
+def test_decode_batches_speedups_and_a_second_run_beside_the_first(tmp_path, monkeypatch):
     """--decode-batch 1,2: one decode measurement per batch (ms per step = batch / rate), a speed-up
-    table over grouped_mm, and a second run on the same day writes ``…_2`` instead of overwriting."""
+    table over grouped_mm, and a second run on the same day writes ``…_2`` instead of overwriting.
+    Before the first row, every batch is decoded once with the eager experts (untimed), so that no
+    row pays an attention backend's one-time setup per KV length."""
+    decodes, decode_rate = [], hf_bench._decode_rate
+
+    def logged(model, prompt, steps, forward=None):
+        decodes.append((model.config._experts_implementation, prompt.shape[0]))
+        return decode_rate(model, prompt, steps, forward)
+
+    monkeypatch.setattr(hf_bench, "_decode_rate", logged)
     argv = ("--implementations", "grouped_mm,triton_moe", "--decode-batch", "1,2")
     res = run(tmp_path, *argv)
+    assert decodes == [("eager", 1), ("eager", 2), ("grouped_mm", 1), ("grouped_mm", 2)] + [
+        ("triton_moe", 1),
+        ("triton_moe", 2),
+    ]
     rows = {r["implementation"]: r for r in res["rows"]}
     assert all(r["status"] == "ok" for r in rows.values()), [r["status"] for r in rows.values()]
     for r in rows.values():

@@ -12,7 +12,8 @@ module with 128×128 blocks, :func:`compare.hf_experts.quantize_experts`; the ot
 * decode — greedy steps of ``--decode-batch`` sequences (a comma-separated list: one measurement
   per batch) on a KV cache after a prompt of ``--decode-prompt`` tokens: tokens per second and ms
   per step over ``--decode-steps`` steps (eager PyTorch, no CUDA graphs: host time is part of every
-  step, as in a plain ``generate``);
+  step, as in a plain ``generate``), after one untimed decode of the same lengths, so that no row
+  pays the attention's one-time per-length setup;
 * rel L2 — the full logits of the (first batch's) decode prompt against eager bf16's (FP8 rows: what
   quantization and kernel cost together), a check that the timed thing computes the model;
 * first call — wall time of the warm-up prefill: JIT compilation included, with whatever on-disk
@@ -133,7 +134,12 @@ def _cache_argument(model) -> str:
 
 def _decode_rate(model, prompt, steps: int, forward=None) -> float:
     """Greedy tokens per second of ``prompt.shape[0]`` sequences on a KV cache: a dynamic one for
-    the model itself, a static one (fixed shapes) when ``forward`` is its compiled version."""
+    the model itself, a static one (fixed shapes) when ``forward`` is its compiled version.
+
+    On a dynamic cache every step has a new KV length, and an attention backend may build a plan per
+    length once per process (cuDNN's does: notes/transformers.md) — paid by whichever row decodes
+    first. :func:`main` therefore decodes every batch once, untimed, with the eager experts before
+    the rows, so that each eager row times the same steps on the same warm attention."""
     if forward is None:
         forward, cache = model, DynamicCache(config=model.config)
     else:
@@ -420,7 +426,11 @@ def main(argv=None) -> dict:
     model = build_model(args.model, args.layers, args.device, json.loads(args.config))
     with torch.no_grad():
         model.set_experts_implementation("eager")
-        reference = model(next(iter(inputs(model, args)[1].values()))).logits
+        prompts = inputs(model, args)[1]
+        reference = model(next(iter(prompts.values()))).logits
+        if impls:
+            for prompt in prompts.values():
+                _decode_rate(model, prompt, args.decode_steps)  # untimed: see _decode_rate
     for fmt in formats:
         if fmt == "fp8_block":
             hx.quantize_experts(model, "block")
