@@ -3,8 +3,9 @@
 Default heuristic (:func:`default_config`, its buckets in :func:`default_tiles`)
     Deterministic in (T, E, top_k, quant): the expected tokens per expert, T·top_k / E,
     picks BLOCK_M (16, 32, 64, 128); decode tiles keep BLOCK_N = 64 so that enough programs stream
-    the weights in parallel, prefill tiles grow to 128×128 with 8 warps and GROUP_M = 8 so that
-    programs sharing weight tiles run close together in time (L2 reuse).
+    the weights in parallel, prefill tiles grow to 128×128 (fp8_block: 64×128, see
+    :func:`default_tiles`) with 8 warps and GROUP_M = 8 so that programs sharing weight tiles run
+    close together in time (L2 reuse).
 
 Tuned tables
     ``configs/E=<E>,N=<I>,K=<K>,dtype=<bf16|fp8_tensor|…>,device=<name>.json`` map a token count
@@ -40,13 +41,20 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 @functools.cache
 def default_tiles(quant: str | None) -> tuple[tuple[float, TritonConfig], ...]:
     """The deterministic heuristic as buckets of the tokens per expert: ``(upper bound, inclusive;
-    config)``. BLOCK_K is 64 for bf16, 128 for FP8 (one 128-byte row of operand either way)."""
-    bk = 128 // get_format(quant).weight_dtype.itemsize
+    config)``. BLOCK_K is 64 for bf16, 128 for FP8 (one 128-byte row of operand either way).
+
+    fp8_block's prefill tile is 64×128 on 8 warps: its GEMM1 scales each K step's products before
+    adding them, so four fp32 values per output element are live (gate, up and both products), and
+    128×128 on 8 warps spills (tests/test_triton_sm90.py; notes/triton_moe.md has the times). BLOCK_N
+    stays 128, so GEMM1 still quantizes the intermediate in its epilogue (:func:`triton_moe.plan.epilogue_quant`)."""
+    fmt = get_format(quant)
+    bk = 128 // fmt.weight_dtype.itemsize
+    prefill = TritonConfig(64, 128, bk, 8, 8, 4) if fmt.label == "fp8_block" else TritonConfig(128, 128, bk, 8, 8, 3)
     return (
         (16, TritonConfig(16, 64, bk, 1, 4, 4)),
         (32, TritonConfig(32, 64, bk, 1, 4, 4)),
         (96, TritonConfig(64, 64, bk, 8, 4, 4)),
-        (math.inf, TritonConfig(128, 128, bk, 8, 8, 3)),
+        (math.inf, prefill),
     )
 
 
