@@ -173,8 +173,10 @@ mode = {"bf16": 0, "fp8_tensor": 1, "fp8_channel": 2, "fp8_block": 3}[quant]
 cfg = default_tiles(None if quant == "bf16" else quant)[-1][1].resolved()  # the prefill bucket
 op = "*bf16" if mode == 0 else "*fp8e4nv"
 quant_out = epilogue_quant(cfg, quant)
-g1 = compiled({"a_ptr": op, "w_ptr": op, "out_ptr": "*fp8e4nv" if quant_out else "*fp32" if mode else "*bf16"},
-              gemm1(mode, cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K, False, QUANT_OUT=quant_out), cfg.num_warps, cfg.num_stages)
+out = "*fp8e4nv" if quant_out else "*fp32" if mode else "*bf16"
+tile = (cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K)
+g1 = compiled({"a_ptr": op, "w_ptr": op, "out_ptr": out},
+              gemm1(mode, *tile, False, QUANT_OUT=quant_out), cfg.num_warps, cfg.num_stages)
 g2 = compiled({"a_ptr": op, "w_ptr": op, "out_ptr": "*bf16"},
               dict(A_ROW_DIV=1, FUSE_SILU=False, MUL_ROUTED_WEIGHT=True, QUANT=mode, SWAP_AB=False,
                    BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K), cfg.num_warps, cfg.num_stages)
