@@ -184,15 +184,20 @@ print(json.dumps({"tile": str(cfg), "gemm1": g1["spill_bytes"], "gemm2": g2["spi
 """
 
 
-@pytest.mark.parametrize("quant", ["bf16", "fp8_tensor", "fp8_block"])
+#: ptxas's spill stores per thread allowed at the heuristic's prefill tile: none, but fp8_block's GEMM1
+#: at its measured best tile (64×128 on 4 warps: 80 bytes; 128×128 on 8 warps, the tile before, 1260)
+SPILL_BOUND = {"bf16": 0, "fp8_tensor": 0, "fp8_block": 128}
+
+
+@pytest.mark.parametrize("quant", list(SPILL_BOUND))
 def test_the_heuristic_prefill_tile_does_not_spill(quant):
     """The heuristic's prefill tile (triton_moe.heuristic.default_tiles, its last bucket) compiles
-    for sm_90a without register spills in either GEMM. fp8_block's GEMM1 keeps four 32-bit values
-    live per output element (the gate and up accumulators and each K step's scaled products): at
-    128×128 on 8 warps it spilled 1260 bytes per thread and ran at 1.9–2.9× fp8_channel's time
-    (notes/triton_moe.md). Its tile keeps BLOCK_N a multiple of 128, so GEMM1 still quantizes the
-    intermediate in its epilogue."""
+    for sm_90a without register spills in either GEMM — fp8_block's GEMM1 within SPILL_BOUND. Its
+    GEMM1 keeps four 32-bit values live per output element (the gate and up accumulators and each K
+    step's scaled products): at 128×128 on 8 warps it spilled 1260 bytes per thread and ran 1.8–1.9×
+    slower than 64×128 on 4 warps on the H200 (notes/triton_moe.md). Its tile keeps BLOCK_N a
+    multiple of 128, so GEMM1 still quantizes the intermediate in its epilogue."""
     r = _compiled(HEURISTIC_SCRIPT, quant)
-    assert r["gemm1"] == 0 and r["gemm2"] == 0, r
+    assert r["gemm1"] <= SPILL_BOUND[quant] and r["gemm2"] == 0, r
     if quant == "fp8_block":
         assert r["quant_out"], r

@@ -3,8 +3,8 @@
 Default heuristic (:func:`default_config`, its buckets in :func:`default_tiles`)
     Deterministic in (T, E, top_k, quant): the expected tokens per expert, T·top_k / E,
     picks BLOCK_M (16, 32, 64, 128); decode tiles keep BLOCK_N = 64 so that enough programs stream
-    the weights in parallel, prefill tiles grow to 128×128 (fp8_block: 64×128, see
-    :func:`default_tiles`) with 8 warps and GROUP_M = 8 so that programs sharing weight tiles run
+    the weights in parallel, prefill tiles grow to 128×128 with 8 warps (fp8_block: 64×128 on 4, see
+    :func:`default_tiles`) and GROUP_M = 8 so that programs sharing weight tiles run
     close together in time (L2 reuse).
 
 Tuned tables
@@ -43,13 +43,14 @@ def default_tiles(quant: str | None) -> tuple[tuple[float, TritonConfig], ...]:
     """The deterministic heuristic as buckets of the tokens per expert: ``(upper bound, inclusive;
     config)``. BLOCK_K is 64 for bf16, 128 for FP8 (one 128-byte row of operand either way).
 
-    fp8_block's prefill tile is 64×128 on 8 warps: its GEMM1 scales each K step's products before
-    adding them, so four fp32 values per output element are live (gate, up and both products), and
-    128×128 on 8 warps spills (tests/test_triton_sm90.py; notes/triton_moe.md has the times). BLOCK_N
-    stays 128, so GEMM1 still quantizes the intermediate in its epilogue (:func:`triton_moe.plan.epilogue_quant`)."""
+    fp8_block's prefill tile is 64×128 on 4 warps, the tuned H200 tables' T = 4096 entry: its GEMM1
+    scales each K step's products before adding them, so four fp32 values per output element are live
+    (gate, up and both products), and 128×128 on 8 warps spills heavily (tests/test_triton_sm90.py;
+    notes/triton_moe.md has the times). BLOCK_N stays 128, so GEMM1 still quantizes the intermediate
+    in its epilogue (:func:`triton_moe.plan.epilogue_quant`)."""
     fmt = get_format(quant)
     bk = 128 // fmt.weight_dtype.itemsize
-    prefill = TritonConfig(64, 128, bk, 8, 8, 4) if fmt.label == "fp8_block" else TritonConfig(128, 128, bk, 8, 8, 3)
+    prefill = TritonConfig(64, 128, bk, 8, 4, 4) if fmt.label == "fp8_block" else TritonConfig(128, 128, bk, 8, 8, 3)
     return (
         (16, TritonConfig(16, 64, bk, 1, 4, 4)),
         (32, TritonConfig(32, 64, bk, 1, 4, 4)),
