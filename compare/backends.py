@@ -20,7 +20,9 @@ transformers' ``FP8Experts`` with a Mixtral config (fp8_block) — and says so i
 the experts classes of the catalog's models compute the same function from the same weights
 (tests/test_compare_hf.py checks it). A format transformers has no counterpart for is declined
 ("not implemented"). They are timed eagerly, not from a CUDA graph (transformers' forwards read
-routing data on the host).
+routing data on the host). With ``--hf-compiled`` each also gets the compiled columns: the same
+call with the experts module's forward under ``torch.compile(fullgraph=True)``
+(:attr:`Backend.compiled`, :func:`compare.timed.compile_fullgraph`), beside its eager µs.
 
 A backend that fails to import, or refuses a (shape, quant, device), is never dropped: the suite
 turns it into a row that says "not available: <why>". Each :class:`Backend` also knows its plan
@@ -72,6 +74,9 @@ class Backend:
     pass_bytes: Callable | None = None
     # (quant, device) -> why it cannot run here beyond needs_cuda (None: try it)
     check: Callable[[str | None, str], str | None] | None = None
+    # compile -> the same call with its torch module's forward compiled by ``compile`` (the hf
+    # backends: transformers' experts module, as a compiled model runs it); None where there is none
+    compiled: Callable[[Callable], Callable] | None = None
 
     def unavailable(self, quant: str | None, device: str) -> str | None:
         """Why this backend cannot run here before trying (None: try it; refusals are caught later)."""
@@ -175,16 +180,19 @@ def _load_hf(name: str) -> Backend:
         if kernel.missing:
             raise ImportError(f"{implementation}: {kernel.missing}")
         hf.register(implementation)
-    run = hf.experts_fused_moe(implementation, hf.HARNESS_MODEL_TYPE)
 
-    def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None):
-        if quant not in hf.QUANTS:
-            validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale)
-            raise NotImplementedError(hf.no_counterpart(quant))
-        return run(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale)
+    def through(run):
+        def fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None):
+            if quant not in hf.QUANTS:
+                validate_moe_args(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale)
+                raise NotImplementedError(hf.no_counterpart(quant))
+            return run(x, w1, w2, topk_weights, topk_ids, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale)
 
-    fused_moe.__name__ = run.__name__
-    fused_moe.__doc__ = run.__doc__
+        fused_moe.__name__ = run.__name__
+        fused_moe.__doc__ = run.__doc__
+        return fused_moe
+
+    fused_moe = through(hf.experts_fused_moe(implementation, hf.HARNESS_MODEL_TYPE))
 
     def describe(dims, quant):
         if quant not in hf.QUANTS:
@@ -200,6 +208,7 @@ def _load_hf(name: str) -> Backend:
         capturable=False,
         describe=describe,
         check=lambda quant, device: hf.cannot_run(implementation, quant),
+        compiled=lambda compile: through(hf.experts_fused_moe(implementation, hf.HARNESS_MODEL_TYPE, compile)),
     )
 
 

@@ -70,6 +70,7 @@ class SuiteSpec:
     ptx: bool = True  # CPU: compile the CuTe configs the GPU suite would use and list their WGMMA lines
     outlier_expert: float = 0.0  # > 0: multiply expert 0's W1 by this (the shared-scale FP8 failure demo)
     time_budget_s: float | None = None
+    hf_compiled: bool = False  # the hf backends' compiled columns (compare.timed.compile_fullgraph)
     command: str = ""
     commit: str = ""  # recorded in the report; default: `git rev-parse` of this checkout
 

@@ -144,6 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cpu", action="store_true", help="the CPU path (interpreter, reduced shapes) even with a GPU")
     p.add_argument("--seed", default="0", help="seed of the random problems, in [0, 2**32) [%(default)s]")
     p.add_argument("--no-jit", dest="jit", action="store_false", help="skip the JIT study and demo")
+    p.add_argument(
+        "--hf-compiled",
+        action="store_true",
+        help="the hf backends also with their experts module under torch.compile(fullgraph=True): "
+        "compiled µs beside eager µs (one compilation per case and backend)",
+    )
     p.add_argument("--no-ptx", dest="ptx", action="store_false", help="CPU: skip compiling the CuTe configs")
     p.add_argument(
         "--outlier-expert",
@@ -203,6 +209,11 @@ def _parse(argv: list) -> argparse.Namespace:
         allow_lowest=True,
         what="a finite factor > 0 (or 0: no outlier)",
     )
+    if args.hf_compiled and not set(args.backends) & set(HF_BACKENDS):
+        raise UsageError(
+            f"--hf-compiled: compiles the hf backends' experts module, and --backends has none of "
+            f"{', '.join(HF_BACKENDS)}"
+        )
     if args.time_budget is not None:
         args.time_budget = number(
             "--time-budget",
@@ -251,6 +262,8 @@ def _run_staged(args, argv: list, outputs: Outputs) -> int:
                 f"--tokens: {too_many[0]} is more than the CPU path can finish: without a GPU a case "
                 f"takes at most T = {CPU_MAX_TOKENS} (the Triton interpreter on reduced shapes)"
             )
+        if args.hf_compiled and not on_gpu:
+            raise UsageError("--hf-compiled: the compiled columns are timings, and the CPU path times nothing")
         if not on_gpu:  # before any backend imports triton: Triton runs through its interpreter
             os.environ.setdefault("TRITON_INTERPRET", "1")
         os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")  # before any backend imports cutlass
@@ -272,6 +285,7 @@ def _run_staged(args, argv: list, outputs: Outputs) -> int:
             ptx=args.ptx,
             outlier_expert=args.outlier_expert,
             time_budget_s=args.time_budget,
+            hf_compiled=args.hf_compiled,
             commit=args.commit,
             command=command_line(PROG, argv),
         )

@@ -373,7 +373,7 @@ def cannot_run(implementation: str, quant) -> str | None:
 _HUB_REFUSALS: dict = {}  # implementation -> cannot_run's answer for fp8_block
 
 
-def experts_fused_moe(implementation: str, model_type: str = "mixtral") -> Callable:
+def experts_fused_moe(implementation: str, model_type: str = "mixtral", compile: Callable | None = None) -> Callable:
     """``fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant=None, w1_scale=None, w2_scale=None)``
     running transformers' experts module of ``model_type`` with ``experts_implementation =
     implementation`` ("eager", "grouped_mm", "batched_mm", "triton_moe", … — any registered name).
@@ -383,6 +383,8 @@ def experts_fused_moe(implementation: str, model_type: str = "mixtral") -> Calla
     storage has no per-row weight scales, and its per-tensor layout quantizes activations in its Hub
     kernel, not per tensor). The weights are wrapped, not copied.
     ``topk_ids`` go in as int64 and ``topk_weights`` as float32, as the models hand them over.
+    ``compile``: applied once to each experts module made (e.g. ``torch.compile(..., fullgraph=True)``),
+    whose forward then runs compiled, as in a compiled model; the weights are still assigned per call.
     """
     if model_type not in _MODELS:
         raise ValueError(f"model_type: expected one of {sorted(_MODELS)}, got {model_type!r}")
@@ -402,15 +404,14 @@ def experts_fused_moe(implementation: str, model_type: str = "mixtral") -> Calla
             )
             config._experts_implementation = implementation
             with torch.device("meta"):
-                modules[key] = (
-                    experts_cls(config) if quant is None else FP8ExpertsModule(config, block_size=(FP8_BLOCK,) * 2)
-                )
-        module = modules[key]
+                module = experts_cls(config) if quant is None else FP8ExpertsModule(config, block_size=(FP8_BLOCK,) * 2)
+            modules[key] = (module, module if compile is None else compile(module))
+        module, forward = modules[key]
         module.gate_up_proj, module.down_proj = _frozen(w1), _frozen(w2)
         if quant is not None:
             module.gate_up_proj_scale_inv, module.down_proj_scale_inv = _frozen(w1_scale), _frozen(w2_scale)
         with torch.no_grad():
-            return module(x, topk_ids.long(), topk_weights)
+            return forward(x, topk_ids.long(), topk_weights)
 
     fused_moe.__name__ = f"hf_{implementation}_fused_moe"
     fused_moe.__doc__ = (

@@ -27,6 +27,7 @@ turns into a routing table.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,7 +49,7 @@ from compare.cases import (
 from compare.compilation import cute_ptx_summary
 from compare.metrics import quant_name
 from compare.numerics import case_record, cross_check, describe, measure, unavailable
-from compare.timed import GPU_CLOCK, Clock, time_case
+from compare.timed import GPU_CLOCK, Clock, compile_fullgraph, time_case
 from moe_spec.problem import get_shape
 from moe_spec.runinfo import run_info
 from moe_spec.timing import Ceilings
@@ -236,10 +237,14 @@ def run_suite(spec: SuiteSpec, progress: bool = True, clock: Clock | None = None
     """Run every case of ``spec``; return the results dict (meta, ceilings, rows, cases, jit, ptx).
 
     ``clock`` measures time (default: :data:`compare.timed.GPU_CLOCK` on "cuda", none on the CPU,
-    where nothing is timed).
+    where nothing is timed); its compiled columns only where ``spec.hf_compiled`` asks for them (a
+    compilation per case and hf backend), with :func:`compare.timed.compile_fullgraph` unless the
+    clock brings its own compile.
     """
     if clock is None and spec.device == "cuda":
         clock = GPU_CLOCK
+    if clock is not None:
+        clock = dataclasses.replace(clock, compile=(clock.compile or compile_fullgraph) if spec.hf_compiled else None)
     budget = Budget(spec.time_budget_s)
     result: dict = {
         "meta": _meta(spec, clock),

@@ -167,6 +167,22 @@ COLUMNS = (
         terminal=False,
     ),
     Column(
+        "comp",
+        "compiled µs",
+        lambda r: num(r.get("compiled_us"), ".1f") if "compiled_note" not in r else "not compiled",
+        "the hf backends with --hf-compiled: the same call with transformers' experts module under "
+        "torch.compile(fullgraph=True), timed as eager µs is (the JSON's compiled_rel_l2: its output against "
+        "the eager call's)",
+        terminal=False,
+    ),
+    Column(
+        "×eager",
+        "compiled / eager",
+        lambda r: num(r.get("compiled_ratio"), ".2f"),
+        "compiled µs over eager µs: below 1 where compiling the module saves host time",
+        terminal=False,
+    ),
+    Column(
         "sep",
         "separate µs",
         lambda r: num(r.get("separate_us"), ".1f"),

@@ -47,6 +47,9 @@ class Clock:
     # ``eager(make_call, n_sets, quick=...) -> µs per call`` of plain calls (:func:`eager_sets_us`);
     # None: no eager column
     eager: Callable | None = None
+    # ``compile(module) -> module`` for the compiled columns of a backend that has them
+    # (Backend.compiled: the hf backends), timed by ``eager``; None: no compiled columns
+    compile: Callable | None = None
 
 
 def eager_sets_us(make_call, n_sets: int, *, quick: bool = False, calls: int = 50, repeats: int = 5) -> float:
@@ -62,6 +65,12 @@ def eager_sets_us(make_call, n_sets: int, *, quick: bool = False, calls: int = 5
     if quick:
         calls, repeats = 20, 3
     return wall_us([make_call(i) for i in range(n_sets)], calls=calls, repeats=repeats, sync=torch.cuda.synchronize)
+
+
+def compile_fullgraph(module, backend: str = "inductor"):
+    """``torch.compile(module, fullgraph=True, dynamic=False)``: the compiled columns' compilation, as a
+    model compiled whole (``compare.studies.hf_bench --compiled``) compiles its experts."""
+    return torch.compile(module, fullgraph=True, dynamic=False, backend=backend)
 
 
 GPU_CLOCK = Clock(
@@ -147,7 +156,33 @@ def time_backend(
         row["eager_ratio"] = row["eager_us"] / t.median_us
     if quant is not None and backend.separate is not None:
         row.update(_separate(clock, backend, sets, dims, quant, hit, t.median_us, quick))
+    if clock.compile is not None and clock.eager is not None and backend.compiled is not None:
+        row.update(_compiled(clock, backend, sets, row["eager_us"], quick))
     return row
+
+
+def _compiled(clock: Clock, backend: Backend, sets: list, eager_us: float, quick: bool) -> dict:
+    """The compiled columns: the backend's call with its module compiled by ``clock.compile``, its first
+    call (the compilation) untimed, then timed as the eager column is; and its output on the first set
+    against the eager call's (rel L2), so the compiled number is of the same function. A call that does
+    not compile or run gives ``compiled_us`` None and the reason in ``compiled_note``."""
+    from moe_spec.oracle import rel_l2
+
+    call = backend.compiled(clock.compile)
+    kwargs = sets[0].kwargs()
+    try:
+        out = call(**kwargs)
+        clock.sync()
+        us = clock.eager(lambda i: lambda: call(**sets[i].kwargs()), len(sets), quick=quick)
+    except Exception as exc:  # noqa: BLE001 - a call that does not compile is a note, not the end of the row
+        clock.sync()
+        text = str(exc).strip().splitlines()
+        return {"compiled_us": None, "compiled_note": f"not compiled: {type(exc).__name__}: {text[0] if text else ''}"}
+    return {
+        "compiled_us": us,
+        "compiled_ratio": us / eager_us,
+        "compiled_rel_l2": rel_l2(out, backend.fused_moe(**kwargs)),
+    }
 
 
 def _separate(

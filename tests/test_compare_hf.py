@@ -164,3 +164,96 @@ def test_compare_lists_hf_backends_without_transformers():
     assert lines["row"].startswith(
         "not available: import hf_grouped_mm failed: ImportError: compare.hf_experts needs transformers"
     )
+
+
+def _wall_clock_eager(make_call, n_sets, *, quick=False):
+    """The eager column's stand-in on the CPU: one pass of plain calls round the sets, µs per call."""
+    import time
+
+    calls = [make_call(i) for i in range(n_sets)]
+    start = time.perf_counter()
+    for c in calls:
+        c()
+    return (time.perf_counter() - start) * 1e6 / n_sets
+
+
+def _compiled_suite(
+    hf_compiled: bool, compile=None, quants=(None, "fp8_block"), backends=("triton_moe", "hf_triton_moe")
+):
+    from compare.timed import Clock, compile_fullgraph
+    from moe_spec import timing
+
+    clock = Clock(
+        time=lambda make_call, n, **_: timing.Timing(
+            *(4 * [_wall_clock_eager(make_call, n)]), samples=1, calls_per_sample=n
+        ),
+        ceilings=lambda: timing.Ceilings(device="fake", copy_tbps=4.0, bf16_tflops=700.0, fp8_tflops=1300.0),
+        sync=lambda: None,
+        device=lambda: "stand-in clock (CPU)",
+        eager=_wall_clock_eager,
+        compile=compile or (lambda module: compile_fullgraph(module, backend="aot_eager")),
+    )
+    spec = SuiteSpec(
+        shapes=("qwen3-30b-a3b",),
+        tokens=(8,),
+        quants=quants,
+        backends=backends,
+        device="cpu",
+        jit=False,
+        quick=True,
+        hf_compiled=hf_compiled,
+        command="test",
+    )
+    return suite.run_suite(spec, progress=False, clock=clock)
+
+
+@needs_transformers
+def test_hf_compiled_columns_time_the_compiled_experts_module():
+    """--hf-compiled: the hf backend's call with transformers' experts module under
+    torch.compile(fullgraph=True) (aot_eager here: dynamo traces it whole, our op one node) is timed
+    as the eager column is, beside it, and gives the eager call's output; a backend without a module
+    (triton_moe itself) and a run without the option get no compiled columns."""
+    import torch
+
+    compiled_modules = []
+
+    def compile(module):
+        compiled_modules.append(type(module).__name__)
+        return torch.compile(module, fullgraph=True, dynamic=False, backend="aot_eager")
+
+    torch._dynamo.reset()
+    by = _by(_compiled_suite(True, compile))
+    for quant in ("bf16", "fp8_block"):
+        hf, ours = by[("hf_triton_moe", quant)], by[("triton_moe", quant)]
+        assert hf["status"] == "ok" and "compiled_note" not in hf, hf
+        assert hf["compiled_us"] > 0 and hf["compiled_ratio"] == pytest.approx(hf["compiled_us"] / hf["eager_us"])
+        assert hf["compiled_rel_l2"] <= tolerance_for(None if quant == "bf16" else quant).rel_l2, hf
+        assert "compiled_us" not in ours
+    assert len(compiled_modules) == 2, compiled_modules  # one experts module per format, compiled once
+    assert all(
+        "compiled_us" not in r for r in _compiled_suite(False, quants=(None,), backends=("hf_triton_moe",))["rows"]
+    )
+
+
+@needs_transformers
+def test_hf_compiled_names_what_did_not_compile():
+    """A module that does not compile (here: a compile that refuses) leaves a note, not a number."""
+
+    def refuse(module):
+        raise RuntimeError("graph break in the stand-in compiler")
+
+    row = _by(_compiled_suite(True, refuse, quants=(None,), backends=("hf_triton_moe",)))[("hf_triton_moe", "bf16")]
+    assert row["status"] == "ok" and row["compiled_us"] is None
+    assert row["compiled_note"] == "not compiled: RuntimeError: graph break in the stand-in compiler", row
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--hf-compiled", "--backends", "triton_moe"], "--hf-compiled: compiles the hf backends' experts module"),
+        (["--hf-compiled", "--backends", "hf_triton_moe", "--cpu"], "--hf-compiled: the compiled columns are timings"),
+    ],
+)
+def test_hf_compiled_options_are_named(argv, message, tmp_path, capsys):
+    assert cli.main([*argv, "--out", str(tmp_path / "out")]) == 2
+    assert message in capsys.readouterr().err
