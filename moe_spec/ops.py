@@ -21,8 +21,9 @@ The schema declares no mutated argument (``mutates_args=()`` in ``custom_op``'s 
 functional as far as the graph can see: the output is a new tensor. Two buffers outside the
 arguments are written: the device's error word (:func:`moe_spec.validate.error_word`), into which
 the kernels OR the bits of failed data checks (made, for a CUDA device, by the fake implementation
-while the graph is traced: :func:`make_device_state`), and the backend's workspace — fresh buffers for a
-call through the op (:func:`through_op`), freed when it returns, which no graph input or output aliases.
+while the graph is traced: :func:`make_device_state`), and the backend's workspace — its cached
+buffers on the device's default stream, fresh ones for a call through the op on any other stream
+(:func:`through_op`: a CUDA-graph tree's), freed when it returns; no graph input or output aliases them.
 
 :func:`entry` is a backend's public ``fused_moe`` around the op: while torch.compile or another
 tracer (``make_fx``, a ``FakeTensorMode``, functionalization) is at work, or a tensor is not a plain
@@ -59,10 +60,12 @@ _libraries: dict = {}  # namespace -> (torch.library.Library, the op, the backen
 def through_op() -> bool:
     """Whether this thread is running an op's kernel — a compiled graph's call — rather than an eager call.
 
-    A backend then takes fresh buffers instead of its cached workspace: a CUDA-graph tree
-    (``mode="reduce-overhead"``) runs its warm-up with every allocation routed into the graph's
-    private memory pool, and a cached buffer left alive there is a tensor the tree does not track
-    (it refuses to replay). Fresh buffers are freed when the call returns, as an inductor buffer is."""
+    A backend then takes fresh buffers instead of its cached workspace unless the call runs on the
+    device's default stream (:class:`moe_spec.workspace.Workspaces`): a CUDA-graph tree
+    (``mode="reduce-overhead"``) runs its warm-up on a stream of its own with every allocation routed
+    into the graph's private memory pool, and a cached buffer left alive there is a tensor the tree
+    does not track (it refuses to replay). Fresh buffers are freed when the call returns, as an
+    inductor buffer is."""
     return getattr(_op_call, "depth", 0) > 0
 
 

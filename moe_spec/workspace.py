@@ -1,14 +1,16 @@
 """The buffers a backend's eager calls reuse: one set per (sizes, CUDA stream, thread).
 
-Launches on one stream run in order, so the eager calls of one stream and thread can share their
+Launches on one stream run in order, so the calls of one stream and thread can share their
 intermediate buffers: a call's kernels finish with a buffer before the next call's kernels touch
 it, and the returned output is always a new tensor. Two kinds of call take fresh buffers instead:
 
 * a call during a CUDA graph capture: the graph owns what it was captured with, and its replays
   (on one stream) reuse it;
-* a call through the backend's torch op (:func:`moe_spec.ops.through_op`): a CUDA-graph tree runs
-  its warm-up with every allocation in the graph's private pool, and a cached buffer left alive
-  there is one the tree does not track.
+* a call through the backend's torch op (:func:`moe_spec.ops.through_op`) on any stream but the
+  device's default one: a CUDA-graph tree (``torch.compile(mode="reduce-overhead")``) runs its
+  warm-up on a stream of its own with every allocation in the graph's private pool, and a cached
+  buffer left alive there is one the tree does not track. A compiled graph without CUDA graphs
+  calls the op on the default stream, as an eager model does, and reuses the cached buffers.
 
 Both backends (the grouped pipelines and the one-launch decode kernels) keep their workspaces in a
 :class:`Workspaces`, so the rule is written once.
@@ -41,13 +43,17 @@ class Workspaces:
 
     def get(self, sizes, device, make: Callable[[], dict]) -> dict:
         """The cached buffers of ``sizes`` on ``device`` for this stream and thread, made by
-        ``make()`` on first use; fresh (not cached) during a graph capture or a call through an op."""
+        ``make()`` on first use; fresh (not cached) during a graph capture, and in a call through an
+        op on a stream other than the device's default (the module docstring)."""
         device = torch.device(device)
         stream = None
         if device.type == "cuda":
-            if torch.cuda.is_current_stream_capturing() or through_op():
+            if torch.cuda.is_current_stream_capturing():
                 return make()
-            stream = torch.cuda.current_stream(device).cuda_stream
+            current = torch.cuda.current_stream(device)
+            if through_op() and current != torch.cuda.default_stream(device):
+                return make()
+            stream = current.cuda_stream
         key = (sizes, device, stream, threading.get_ident())
         with self._lock:
             buffers = self._lru.get(key)

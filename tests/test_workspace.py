@@ -65,14 +65,56 @@ def test_capacity_is_checked():
         Workspaces(capacity=0)
 
 
-@pytest.mark.gpu
-def test_a_call_through_the_op_gets_fresh_buffers():
+class _Stream:
+    def __init__(self, handle):
+        self.cuda_stream = handle
+
+    def __eq__(self, other):
+        return self.cuda_stream == other.cuda_stream
+
+    __hash__ = None
+
+
+@pytest.mark.parametrize("capturing", [False, True])
+def test_the_rule_of_a_call_through_the_op(monkeypatch, capturing):
+    """On a stand-in CUDA device: an eager call caches; a call through the op caches on the default
+    stream (a compiled graph without CUDA graphs) and takes fresh buffers on another stream (a
+    CUDA-graph tree's warm-up, whose allocations go to its private pool); a capture always takes
+    fresh ones."""
+    current = {"stream": _Stream(0)}
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current["stream"])
+    monkeypatch.setattr(torch.cuda, "default_stream", lambda device=None: _Stream(0))
     made: list = []
     ws = Workspaces()
     cached = ws.get("s", "cuda", _maker(made))
     _op_call.depth = 1
     try:
-        assert ws.get("s", "cuda", _maker(made)) is not cached
+        through_default = ws.get("s", "cuda", _maker(made))
+        current["stream"] = _Stream(7)
+        through_side = ws.get("s", "cuda", _maker(made))
+        assert through_side is not cached and through_side is not through_default
+    finally:
+        _op_call.depth = 0
+    eager_side = ws.get("s", "cuda", _maker(made))
+    if capturing:
+        assert len(ws) == 0 and len(made) == 4  # every call fresh
+    else:
+        assert through_default is cached and len(made) == 3
+        assert eager_side is not cached and ws.get("s", "cuda", _maker(made)) is eager_side  # its stream's set
+        assert len(ws) == 2
+
+
+@pytest.mark.gpu
+def test_a_call_through_the_op_on_a_side_stream_gets_fresh_buffers():
+    made: list = []
+    ws = Workspaces()
+    cached = ws.get("s", "cuda", _maker(made))
+    _op_call.depth = 1
+    try:
+        assert ws.get("s", "cuda", _maker(made)) is cached  # the default stream: a compiled graph's call
+        with torch.cuda.stream(torch.cuda.Stream()):  # a CUDA-graph tree warms up on its own stream
+            assert ws.get("s", "cuda", _maker(made)) is not cached
     finally:
         _op_call.depth = 0
     assert ws.get("s", "cuda", _maker(made)) is cached and len(ws) == 1
