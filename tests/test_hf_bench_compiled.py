@@ -145,3 +145,38 @@ def test_decode_batches_speedups_and_a_second_run_beside_the_first(tmp_path, mon
 def test_bad_decode_batches_are_named(text):
     with pytest.raises(SystemExit):
         hf_bench.parse_args(["--decode-batch", text])
+
+
+def test_profile_steps_say_where_a_decode_step_goes(tmp_path):
+    """--profile-steps 2: each row profiles two more decode steps of its first batch (torch.profiler)
+    and the markdown lists, per row, the operators with the most host time per step; our op is among
+    the compiled row's operators (one call per MoE layer and step)."""
+    res = run(
+        tmp_path,
+        "--implementations",
+        "triton_moe",
+        "--compiled",
+        "triton_moe",
+        "--compile-modes",
+        "default",
+        "--compile-backend",
+        "aot_eager",
+        "--profile-steps",
+        "2",
+    )
+    assert res["setup"]["profile_steps"] == 2
+    for row in res["rows"]:
+        assert row["status"] == "ok", row
+        prof = row["profile"]
+        assert prof["steps"] == 2 and 0 < len(prof["host"]) <= hf_bench.PROFILE_TOP[0], prof
+        assert all(e["us_per_step"] >= 0 and e["calls_per_step"] > 0 for e in prof["host"])
+    compiled = next(r for r in res["rows"] if r.get("compile"))
+    ops = [e["op"] for e in compiled["profile"]["host"]]
+    assert "triton_moe::fused_moe" in ops, ops  # the op's CPU kernel: the Triton interpreter, the costliest
+    md = next(tmp_path.glob("hf_bench_*.md")).read_text()
+    assert "Where a decode step's time goes (batch 2" in md and "**bf16 triton_moe default** (2 steps)" in md
+
+
+def test_profile_steps_are_checked(tmp_path):
+    with pytest.raises(SystemExit, match="--profile-steps: expected 0 or more"):
+        run(tmp_path, "--implementations", "triton_moe", "--profile-steps", "-1")

@@ -17,7 +17,12 @@ module with 128×128 blocks, :func:`compare.hf_experts.quantize_experts`; the ot
 * rel L2 — the full logits of the (first batch's) decode prompt against eager bf16's (FP8 rows: what
   quantization and kernel cost together), a check that the timed thing computes the model;
 * first call — wall time of the warm-up prefill: JIT compilation included, with whatever on-disk
-  kernel cache the machine had (a second run on the same machine is faster).
+  kernel cache the machine had (a second run on the same machine is faster);
+* with ``--profile-steps N``, where a decode step goes: N more steps of the first batch under
+  torch.profiler, the operators with the most host (self CPU) and device time per step, in the JSON
+  and as a table per row in the markdown (a compiled row shows our op as ``triton_moe::fused_moe`` /
+  ``cute_moe::fused_moe``; an eager row calls the backend without the dispatcher, so its host time
+  is the Python around the kernels' launches, not one operator).
 
 Compiled rows (``--compiled grouped_mm,triton_moe,cute_moe``): the same model under
 ``torch.compile(model, fullgraph=True, dynamic=False, mode=...)`` for each of ``--compile-modes``
@@ -132,30 +137,65 @@ def _cache_argument(model) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-def _decode_rate(model, prompt, steps: int, forward=None) -> float:
-    """Greedy tokens per second of ``prompt.shape[0]`` sequences on a KV cache: a dynamic one for
-    the model itself, a static one (fixed shapes) when ``forward`` is its compiled version.
-
-    On a dynamic cache every step has a new KV length, and an attention backend may build a plan per
-    length once per process (cuDNN's does: notes/transformers.md) — paid by whichever row decodes
-    first. :func:`main` therefore decodes every batch once, untimed, with the eager experts before
-    the rows, so that each eager row times the same steps on the same warm attention."""
+def _decoder(model, prompt, steps: int, forward=None):
+    """A greedy decode of ``prompt`` on a KV cache with room for ``steps`` more steps: a dynamic cache
+    for the model itself, a static one (fixed shapes) when ``forward`` is its compiled version. Runs
+    the prompt and two warm steps; returns the step function."""
     if forward is None:
         forward, cache = model, DynamicCache(config=model.config)
     else:
         cache = StaticCache(config=model.config, max_cache_len=prompt.shape[1] + steps + 2)
     kv = {_cache_argument(model): cache, "use_cache": True}
-    model = forward
-    token = model(prompt, **kv).logits[:, -1:].argmax(-1)
+    token = forward(prompt, **kv).logits[:, -1:].argmax(-1)
 
     def step():
         nonlocal token
-        token = model(token, **kv).logits[:, -1:].argmax(-1)
+        token = forward(token, **kv).logits[:, -1:].argmax(-1)
 
     for _ in range(2):
         step()
-    seconds = _seconds(lambda: [step() for _ in range(steps)], prompt.device)
-    return prompt.shape[0] * steps / seconds
+    return step
+
+
+def _decode_rate(model, prompt, steps: int, forward=None, profile_steps: int = 0):
+    """Greedy tokens per second of ``prompt.shape[0]`` sequences over ``steps`` steps (:func:`_decoder`);
+    with ``profile_steps``, also (rate, profile): that many more steps under torch.profiler (:func:`_profile`).
+
+    On a dynamic cache every step has a new KV length, and an attention backend may build a plan per
+    length once per process (cuDNN's does: notes/transformers.md) — paid by whichever row decodes
+    first. :func:`main` therefore decodes every batch once, untimed, with the eager experts before
+    the rows, so that each eager row times the same steps on the same warm attention."""
+    step = _decoder(model, prompt, steps + profile_steps, forward)
+    rate = prompt.shape[0] * steps / _seconds(lambda: [step() for _ in range(steps)], prompt.device)
+    if not profile_steps:
+        return rate
+    return rate, _profile(step, profile_steps, prompt.device)
+
+
+#: operators listed per profiled row: by host (self CPU) time, by device time
+PROFILE_TOP = (12, 8)
+
+
+def _profile(step, steps: int, device) -> dict:
+    """Where ``steps`` decode steps spend their time (torch.profiler, CPU and — on a GPU — CUDA
+    activity): the operators with the most self CPU time and the most device time, per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.device(device).type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        _sync(device)
+    events = prof.key_averages()
+    device_us = lambda e: getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0))  # noqa: E731
+    entry = lambda e, us: {"op": e.key[:90], "us_per_step": us / steps, "calls_per_step": e.count / steps}  # noqa: E731
+    host = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[: PROFILE_TOP[0]]
+    busy = sorted((e for e in events if device_us(e) > 0), key=device_us, reverse=True)[: PROFILE_TOP[1]]
+    return {
+        "steps": steps,
+        "host": [entry(e, e.self_cpu_time_total) for e in host],
+        "device": [entry(e, device_us(e)) for e in busy],
+    }
 
 
 def _batched_mm_bytes(model, tokens: int) -> int:
@@ -180,6 +220,18 @@ def inputs(model, spec):
     g = torch.Generator().manual_seed(1)
     draw = lambda shape: torch.randint(0, model.config.vocab_size, shape, generator=g).to(model.device)  # noqa: E731
     return draw(tuple(spec.prefill)), {b: draw((b, spec.decode_prompt)) for b in spec.decode_batch}
+
+
+def _rates(model, prompt: dict, spec, row: dict, forward=None) -> dict:
+    """{batch: tokens/s} of every decode batch; with ``spec.profile_steps``, the first batch's decode
+    is also profiled into ``row["profile"]``."""
+    rates = {}
+    for b, p in prompt.items():
+        if spec.profile_steps and not rates:
+            rates[b], row["profile"] = _decode_rate(model, p, spec.decode_steps, forward, spec.profile_steps)
+        else:
+            rates[b] = _decode_rate(model, p, spec.decode_steps, forward)
+    return rates
 
 
 def _decode_rows(row: dict, rates: dict) -> None:
@@ -210,7 +262,7 @@ def measure(model, implementation: str, fmt: str, spec, reference) -> dict:
         row["prefill_tokens_per_s"] = batch * length / statistics.median(times)
         logits = model(next(iter(prompt.values()))).logits
         row["rel_l2_vs_eager_bf16"] = rel_l2(logits, reference)
-        _decode_rows(row, {b: _decode_rate(model, p, spec.decode_steps) for b, p in prompt.items()})
+        _decode_rows(row, _rates(model, prompt, spec, row))
         row["status"] = "ok"
     except Exception as exc:  # noqa: BLE001 - a failing implementation is a row, not the end of the run
         row["status"] = "not available: " + _reason(exc)
@@ -245,8 +297,7 @@ def measure_compiled(
         row["prefill_tokens_per_s"] = batch * length / statistics.median(times)
         logits = compiled(next(iter(prompt.values())), use_cache=False).logits.clone()
         row["rel_l2_vs_eager_bf16"] = rel_l2(logits, reference)
-        rates = {b: _decode_rate(model, p, spec.decode_steps, forward=compiled) for b, p in prompt.items()}
-        _decode_rows(row, rates)
+        _decode_rows(row, _rates(model, prompt, spec, row, compiled))
         row["status"] = "ok"
     except Exception as exc:  # noqa: BLE001 - a model that does not compile is a row, not the end of the run
         row["status"] = "not available: " + _reason(exc)
@@ -311,7 +362,35 @@ def write(out: Path, stem: str, results: dict) -> None:
             f"{ratio(g.get('prefill_ms'), r.get('prefill_ms'))} | "
             + "".join(f"{ratio(step(g, b), step(r, b))} | " for b in s["decode_batch"])
         )
+    lines += _profile_lines(results)
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+
+
+def _profile_lines(results: dict) -> list:
+    """The markdown of the rows' decode profiles (``--profile-steps``): per row, the operators with the
+    most host time and the most device time per step."""
+    rows = [r for r in results["rows"] if r.get("profile")]
+    if not rows:
+        return []
+    b = results["setup"]["decode_batch"][0]
+    lines = ["", f"Where a decode step's time goes (batch {b}, torch.profiler, per step: self time µs, calls):"]
+    for r in rows:
+        prof = r["profile"]
+        lines += [
+            "",
+            f"**{r['format']} {r['implementation']} {r.get('compile') or 'eager'}** ({prof['steps']} steps)",
+            "",
+        ]
+        lines += ["| host: op | µs | calls | device: op | µs | calls |", "|---|---|---|---|---|---|"]
+        host, busy = prof["host"], prof["device"]
+        for i in range(max(len(host), len(busy))):
+            cell = lambda side: (  # noqa: E731
+                f"{side[i]['op']} | {side[i]['us_per_step']:.1f} | {side[i]['calls_per_step']:.1f}"
+                if i < len(side)
+                else " |  | "
+            )
+            lines.append(f"| {cell(host)} | {cell(busy)} |")
+    return lines
 
 
 def _batches(text: str) -> tuple:
@@ -352,6 +431,13 @@ def parse_args(argv=None):
     ap.add_argument("--decode-steps", type=int, default=32)
     ap.add_argument("--decode-prompt", type=int, default=128, help="prompt length before the decode steps")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument(
+        "--profile-steps",
+        type=int,
+        default=0,
+        help="profile this many more decode steps of the first batch per row (torch.profiler): the "
+        "operators with the most host and device time per step, in the markdown [0: none]",
+    )
     ap.add_argument(
         "--implementations",
         default=",".join(IMPLEMENTATIONS),
@@ -404,6 +490,8 @@ def main(argv=None) -> dict:
     ):
         if not set(given) <= set(allowed):
             raise SystemExit(f"{option}: unknown {sorted(set(given) - set(allowed))}; expected some of {allowed}")
+    if args.profile_steps < 0:
+        raise SystemExit(f"--profile-steps: expected 0 or more decode steps, got {args.profile_steps}")
     if compiled and not modes:
         raise SystemExit("--compile-modes: at least one mode for the --compiled rows")
     results = {
@@ -417,6 +505,7 @@ def main(argv=None) -> dict:
             "decode_batch": list(args.decode_batch),
             "decode_steps": args.decode_steps,
             "decode_prompt": args.decode_prompt,
+            "profile_steps": args.profile_steps,
             "compiled": compiled,
             "compile_modes": modes,
             "compile_backend": args.compile_backend,
