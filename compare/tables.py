@@ -169,7 +169,7 @@ COLUMNS = (
     Column(
         "comp",
         "compiled µs",
-        lambda r: num(r.get("compiled_us"), ".1f") if "compiled_note" not in r else "not compiled",
+        lambda r: num(r.get("compiled_us"), ".1f") if "compiled_note" not in r else r["compiled_note"].split(":")[0],
         "the hf backends with --hf-compiled: the same call with transformers' experts module under "
         "torch.compile(fullgraph=True), timed as eager µs is (the JSON's compiled_rel_l2: its output against "
         "the eager call's)",

@@ -157,17 +157,21 @@ def time_backend(
     if quant is not None and backend.separate is not None:
         row.update(_separate(clock, backend, sets, dims, quant, hit, t.median_us, quick))
     if clock.compile is not None and clock.eager is not None and backend.compiled is not None:
-        row.update(_compiled(clock, backend, sets, row["eager_us"], quick))
+        row.update(_compiled(clock, backend, sets, quant, row["eager_us"], quick))
     return row
 
 
-def _compiled(clock: Clock, backend: Backend, sets: list, eager_us: float, quick: bool) -> dict:
+def _compiled(clock: Clock, backend: Backend, sets: list, quant, eager_us: float, quick: bool) -> dict:
     """The compiled columns: the backend's call with its module compiled by ``clock.compile``, its first
-    call (the compilation) untimed, then timed as the eager column is; and its output on the first set
-    against the eager call's (rel L2), so the compiled number is of the same function. A call that does
-    not compile or run gives ``compiled_us`` None and the reason in ``compiled_note``."""
+    call (the compilation) untimed, then timed as the eager column is. Dynamo's caches are reset first:
+    every case compiles a new module of one class, whose forward dynamo would count as a recompile
+    of the last case's, up to its limit. The output on the first set is compared with the eager
+    call's (``compiled_rel_l2``); beyond the format's tolerance there is no number, only the note.
+    A call that does not compile or run gives ``compiled_us`` None and the reason in ``compiled_note``."""
+    from compare.metrics import tolerance_for
     from moe_spec.oracle import rel_l2
 
+    torch._dynamo.reset()
     call = backend.compiled(clock.compile)
     kwargs = sets[0].kwargs()
     try:
@@ -178,11 +182,11 @@ def _compiled(clock: Clock, backend: Backend, sets: list, eager_us: float, quick
         clock.sync()
         text = str(exc).strip().splitlines()
         return {"compiled_us": None, "compiled_note": f"not compiled: {type(exc).__name__}: {text[0] if text else ''}"}
-    return {
-        "compiled_us": us,
-        "compiled_ratio": us / eager_us,
-        "compiled_rel_l2": rel_l2(out, backend.fused_moe(**kwargs)),
-    }
+    err, bound = rel_l2(out, backend.fused_moe(**kwargs)), tolerance_for(quant).rel_l2
+    if not err <= bound:  # NaN included
+        note = f"differs from eager: rel L2 {err:.1e} from the eager call's output, over the bound {bound:.0e}"
+        return {"compiled_us": None, "compiled_rel_l2": err, "compiled_note": note}
+    return {"compiled_us": us, "compiled_ratio": us / eager_us, "compiled_rel_l2": err}
 
 
 def _separate(

@@ -257,3 +257,52 @@ def test_hf_compiled_names_what_did_not_compile():
 def test_hf_compiled_options_are_named(argv, message, tmp_path, capsys):
     assert cli.main([*argv, "--out", str(tmp_path / "out")]) == 2
     assert message in capsys.readouterr().err
+
+
+class _Doubler(torch.nn.Module):
+    def forward(self, x):
+        return 2 * x
+
+
+class _Set:
+    def __init__(self, x):
+        self.x = x
+
+    def kwargs(self):
+        return {"x": self.x}
+
+
+def _module_backend():
+    """A stand-in backend with a torch module, as the hf backends have: each ``compiled`` call makes a
+    new module of one class (one per case)."""
+    from compare.backends import Backend
+
+    return Backend("stand-in", fused_moe=lambda x: 2 * x, compiled=lambda compile: lambda x: compile(_Doubler())(x))
+
+
+def _stand_in_clock(compile):
+    from compare.timed import Clock
+
+    return Clock(
+        time=None, ceilings=None, sync=lambda: None, device=lambda: "cpu", eager=_wall_clock_eager, compile=compile
+    )
+
+
+def test_compiled_columns_do_not_run_into_dynamos_recompile_limit():
+    """Every case compiles a new module of one class for new sizes (``dynamic=False``); past dynamo's
+    recompile limit (8) fullgraph would refuse, unless each case starts from reset caches
+    (compare.timed._compiled)."""
+    from compare.timed import _compiled, compile_fullgraph
+
+    clock = _stand_in_clock(lambda m: compile_fullgraph(m, backend="aot_eager"))
+    cases = [[_Set(torch.randn(T, 8)) for _ in range(2)] for T in range(1, 13)]
+    rows = [_compiled(clock, _module_backend(), sets, None, 1.0, True) for sets in cases]
+    assert all(r.get("compiled_us") and r["compiled_rel_l2"] == 0 for r in rows), rows
+
+
+def test_a_compiled_output_that_differs_gives_no_number():
+    from compare.timed import _compiled
+
+    clock = _stand_in_clock(lambda m: lambda x: 3 * x)  # a "compiler" that changes the function
+    row = _compiled(clock, _module_backend(), [_Set(torch.randn(4, 8))], None, 1.0, True)
+    assert row["compiled_us"] is None and row["compiled_note"].startswith("differs from eager: rel L2 5.0e-01"), row

@@ -148,7 +148,7 @@ def test_bad_decode_batches_are_named(text):
 
 
 def test_profile_steps_say_where_a_decode_step_goes(tmp_path):
-    """--profile-steps 2: each row profiles two more decode steps of its first batch (torch.profiler)
+    """--profile-steps 2: each row profiles two steps of a second decode of its first batch (torch.profiler)
     and the markdown lists, per row, the operators with the most host time per step; our op is among
     the compiled row's operators (one call per MoE layer and step)."""
     res = run(
@@ -178,5 +178,6 @@ def test_profile_steps_say_where_a_decode_step_goes(tmp_path):
 
 
 def test_profile_steps_are_checked(tmp_path):
-    with pytest.raises(SystemExit, match="--profile-steps: expected 0 or more"):
-        run(tmp_path, "--implementations", "triton_moe", "--profile-steps", "-1")
+    for steps in ("-1", "3"):  # the run's --decode-steps is 2
+        with pytest.raises(SystemExit, match=r"--profile-steps: expected 0 to --decode-steps \(2\) steps"):
+            run(tmp_path, "--implementations", "triton_moe", "--profile-steps", steps)

@@ -18,9 +18,10 @@ module with 128×128 blocks, :func:`compare.hf_experts.quantize_experts`; the ot
   quantization and kernel cost together), a check that the timed thing computes the model;
 * first call — wall time of the warm-up prefill: JIT compilation included, with whatever on-disk
   kernel cache the machine had (a second run on the same machine is faster);
-* with ``--profile-steps N``, where a decode step goes: N more steps of the first batch under
-  torch.profiler, the operators with the most host (self CPU) and device time per step, in the JSON
-  and as a table per row in the markdown (a compiled row shows our op as ``triton_moe::fused_moe`` /
+* with ``--profile-steps N`` (N ≤ ``--decode-steps``), where a decode step goes: the first N steps
+  of a second decode of the first batch, over the timed steps' KV lengths, under torch.profiler:
+  the operators with the most host (self CPU) and device time per step, in the JSON and as a table
+  per row in the markdown (a compiled row shows our op as ``triton_moe::fused_moe`` /
   ``cute_moe::fused_moe``; an eager row calls the backend without the dispatcher, so its host time
   is the Python around the kernels' launches, not one operator).
 
@@ -157,19 +158,22 @@ def _decoder(model, prompt, steps: int, forward=None):
     return step
 
 
-def _decode_rate(model, prompt, steps: int, forward=None, profile_steps: int = 0):
-    """Greedy tokens per second of ``prompt.shape[0]`` sequences over ``steps`` steps (:func:`_decoder`);
-    with ``profile_steps``, also (rate, profile): that many more steps under torch.profiler (:func:`_profile`).
+def _decode_rate(model, prompt, steps: int, forward=None) -> float:
+    """Greedy tokens per second of ``prompt.shape[0]`` sequences over ``steps`` steps (:func:`_decoder`).
 
     On a dynamic cache every step has a new KV length, and an attention backend may build a plan per
     length once per process (cuDNN's does: notes/transformers.md) — paid by whichever row decodes
     first. :func:`main` therefore decodes every batch once, untimed, with the eager experts before
     the rows, so that each eager row times the same steps on the same warm attention."""
-    step = _decoder(model, prompt, steps + profile_steps, forward)
-    rate = prompt.shape[0] * steps / _seconds(lambda: [step() for _ in range(steps)], prompt.device)
-    if not profile_steps:
-        return rate
-    return rate, _profile(step, profile_steps, prompt.device)
+    step = _decoder(model, prompt, steps, forward)
+    return prompt.shape[0] * steps / _seconds(lambda: [step() for _ in range(steps)], prompt.device)
+
+
+def _decode_profile(model, prompt, steps: int, profile_steps: int, forward=None) -> dict:
+    """:func:`_profile` of the first ``profile_steps`` (at most ``steps``) steps of a decode of its own,
+    on a cache of the timed decode's size: the same KV lengths as the timed steps (warm attention
+    plans) and, compiled, the same static-cache shape (no recompilation, the timed rate untouched)."""
+    return _profile(_decoder(model, prompt, steps, forward), profile_steps, prompt.device)
 
 
 #: operators listed per profiled row: by host (self CPU) time, by device time
@@ -225,12 +229,11 @@ def inputs(model, spec):
 def _rates(model, prompt: dict, spec, row: dict, forward=None) -> dict:
     """{batch: tokens/s} of every decode batch; with ``spec.profile_steps``, the first batch's decode
     is also profiled into ``row["profile"]``."""
-    rates = {}
-    for b, p in prompt.items():
-        if spec.profile_steps and not rates:
-            rates[b], row["profile"] = _decode_rate(model, p, spec.decode_steps, forward, spec.profile_steps)
-        else:
-            rates[b] = _decode_rate(model, p, spec.decode_steps, forward)
+    rates = {b: _decode_rate(model, p, spec.decode_steps, forward) for b, p in prompt.items()}
+    if spec.profile_steps:
+        row["profile"] = _decode_profile(
+            model, next(iter(prompt.values())), spec.decode_steps, spec.profile_steps, forward
+        )
     return rates
 
 
@@ -435,8 +438,8 @@ def parse_args(argv=None):
         "--profile-steps",
         type=int,
         default=0,
-        help="profile this many more decode steps of the first batch per row (torch.profiler): the "
-        "operators with the most host and device time per step, in the markdown [0: none]",
+        help="per row, profile this many steps (at most --decode-steps) of a second decode of the first batch "
+        "(torch.profiler): the operators with the most host and device time per step, in the markdown [0: none]",
     )
     ap.add_argument(
         "--implementations",
@@ -490,8 +493,10 @@ def main(argv=None) -> dict:
     ):
         if not set(given) <= set(allowed):
             raise SystemExit(f"{option}: unknown {sorted(set(given) - set(allowed))}; expected some of {allowed}")
-    if args.profile_steps < 0:
-        raise SystemExit(f"--profile-steps: expected 0 or more decode steps, got {args.profile_steps}")
+    if not 0 <= args.profile_steps <= args.decode_steps:
+        raise SystemExit(
+            f"--profile-steps: expected 0 to --decode-steps ({args.decode_steps}) steps, got {args.profile_steps}"
+        )
     if compiled and not modes:
         raise SystemExit("--compile-modes: at least one mode for the --compiled rows")
     results = {

@@ -58,7 +58,7 @@ def candidates(T: int, E: int, top_k: int, quant) -> list[TritonConfig]:
             TritonConfig(128, 128, bk, 8, 8, 4),
             TritonConfig(64, 128, bk, 8, 4, 4),
             TritonConfig(128, 64, bk, 8, 4, 4),
-            TritonConfig(64, 128, bk, 8, 8, 4),  # 8 warps: fp8_block's GEMM1 without spills (tests/test_triton_sm90.py)
+            TritonConfig(64, 128, bk, 8, 8, 4),  # 8 warps: fp8_block's GEMM1 without spills (notes/triton_moe.md)
             TritonConfig(128, 64, bk, 8, 8, 4),
             TritonConfig(128, 128, 128 if not fp8 else 64, 8, 8, 3),
         ]
