@@ -173,6 +173,9 @@ def test_profile_steps_say_where_a_decode_step_goes(tmp_path):
     compiled = next(r for r in res["rows"] if r.get("compile"))
     ops = [e["op"] for e in compiled["profile"]["host"]]
     assert "triton_moe::fused_moe" in ops, ops  # the op's CPU kernel: the Triton interpreter, the costliest
+    eager = next(r for r in res["rows"] if not r.get("compile"))
+    ops = [e["op"] for e in eager["profile"]["host"]]
+    assert "triton_moe experts (compare.hf_experts)" in ops, ops  # the eager call's named range
     md = next(tmp_path.glob("hf_bench_*.md")).read_text()
     assert "Where a decode step's time goes (batch 2" in md and "**bf16 triton_moe default** (2 steps)" in md
 

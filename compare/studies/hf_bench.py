@@ -22,8 +22,8 @@ module with 128×128 blocks, :func:`compare.hf_experts.quantize_experts`; the ot
   of a second decode of the first batch, over the timed steps' KV lengths, under torch.profiler:
   the operators with the most host (self CPU) and device time per step, in the JSON and as a table
   per row in the markdown (a compiled row shows our op as ``triton_moe::fused_moe`` /
-  ``cute_moe::fused_moe``; an eager row calls the backend without the dispatcher, so its host time
-  is the Python around the kernels' launches, not one operator).
+  ``cute_moe::fused_moe``; an eager row calls the backend without the dispatcher, and its experts
+  call is the named range ``triton_moe experts (compare.hf_experts)``, ``cute_moe experts …``).
 
 Compiled rows (``--compiled grouped_mm,triton_moe,cute_moe``): the same model under
 ``torch.compile(model, fullgraph=True, dynamic=False, mode=...)`` for each of ``--compile-modes``
