@@ -11,7 +11,8 @@ slot is ``amax[0]`` (fp8_tensor), ``amax[row]`` (fp8_channel) or ``amax[row · g
 (fp8_block), so one kernel serves the three formats and the quantize kernel finds the scale in the
 same slot.  A group's amax is a warp reduction and one atomic into its slot; under fp8_tensor, where
 every atomic would hit one address and serialize (notes/cute_moe.md), each lane keeps a running
-maximum and a warp issues one atomic at the end.
+maximum and a warp issues one atomic at the end — only if that maximum is not +0: the grid is 8 CTAs
+per SM whatever the rows, and at decode most warps walk nothing.
 
 * ``RowAmax``: the amax of ``x`` (bf16), of a gated GEMM1's fp32 SiLU·up intermediate, or
   (``silu=True``) of the SiLU·up intermediate written in fp32 from GEMM1's fp32 ``h`` as it goes; on
@@ -131,8 +132,11 @@ class RowAmax(_GroupKernel):
         self._for_each(used_rows[0], groups, group_amax, running, va)
         if cutlass.const_expr(per_tensor):
             total = _warp_max_nan(running[0])
-            if lane == 0:  # one atomic per warp into the tensor's one slot
-                atomic_amax(amax.iterator, total)
+            if lane == 0:  # one atomic per warp into the tensor's one slot ...
+                if total == cutlass.Float32(0.0):
+                    pass  # ... unless the warp has nothing to add: +0 is the zeroed slot's own value
+                else:  # (a NaN fails the ordered compare, so it is always added)
+                    atomic_amax(amax.iterator, total)
 
 
 class QuantizeRows(_GroupKernel):
