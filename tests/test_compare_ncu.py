@@ -34,9 +34,8 @@ HEADER = [
     "Device",
     "CC",
     "gpu__time_duration.sum",
-    "dram__bytes_read.sum",
-    "dram__bytes_write.sum",
-    "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "dram__bytes.sum.per_second",
+    "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
     "sm__throughput.avg.pct_of_peak_sustained_elapsed",
     "smsp__issue_active.avg.pct_of_peak_sustained_active",
     "smsp__warps_active.avg.per_cycle_active",
@@ -52,9 +51,8 @@ HEADER = [
     "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio",
 ]
 UNITS = ["", "", "", "", "", "", "", "", "", "", ""] + [
-    "nsecond",
-    "byte",
-    "Kbyte",
+    "ns",  # as ncu 2025 writes them with --print-units base (read from an H200 run's CSV)
+    "byte/s",
     "%",
     "%",
     "%",
@@ -72,11 +70,10 @@ UNITS = ["", "", "", "", "", "", "", "", "", "", ""] + [
 ]
 
 
-def _launch(i, name, ns, read, long_sb=5.0, barrier=1.0):
+def _launch(i, name, ns, moved, long_sb=5.0, barrier=1.0):
     return [str(i), "1", "python3", "h", name, "1", "7", "(160, 1, 1)", "(132, 1, 1)", "0", "9.0"] + [
         f"{ns:,}",  # ncu writes thousands separators
-        f"{read:,}",
-        "4",  # 4 Kbyte = 4000 byte written
+        f"{moved / (ns * 1e-9):,.2f}",  # bytes per second
         "61.2",
         "20.5",
         "12.0",
@@ -123,9 +120,9 @@ def test_the_raw_page_is_read_per_launch_in_order_past_ncus_own_lines():
     launches = ncu.parse_raw(TWO_CALLS)
     assert [x["name"] for x in launches] == ["moe_gemm_kernel", "moe_gemm_kernel", "combine"] * 2
     rec = ncu.launch_record(launches[0])
-    assert rec["us"] == pytest.approx(20.0)
-    assert rec["dram_read_mb"] == pytest.approx(30.0)
-    assert rec["dram_tbps"] == pytest.approx((30_000_000 + 4000) / 20e-6 / 1e12)  # Kbyte converted
+    assert rec["us"] == pytest.approx(20.0)  # ns converted
+    assert rec["dram_mb"] == pytest.approx(30.0)
+    assert rec["dram_tbps"] == pytest.approx(30_000_000 / 20e-6 / 1e12)
     assert rec["smem_kib"] == pytest.approx(146.0)
     assert rec["registers"] == 168 and rec["grid"] == 132 and rec["block"] == 160
     assert list(rec["stalls"]) == ["long_scoreboard", "barrier", "wait"]  # largest first
@@ -133,8 +130,24 @@ def test_the_raw_page_is_read_per_launch_in_order_past_ncus_own_lines():
 
 def test_without_a_units_row_the_values_are_taken_as_they_are():
     launches = ncu.parse_raw(_csv([_launch(0, "k", 1500, 10)], units=False))
-    assert ncu.launch_record(launches[0])["dram_read_mb"] == pytest.approx(1e-5)
     assert ncu.launch_record(launches[0])["us"] == 1500 * 1e6  # no unit: read as seconds (base)
+
+
+@pytest.mark.parametrize(
+    "value, unit, base, expected",
+    [
+        (31968, "ns", "second", 31.968e-6),
+        (2.5, "usecond", "second", 2.5e-6),
+        (3, "msecond", "second", 3e-3),
+        (4, "Kbyte", "byte", 4000),
+        (2.4e12, "byte/s", "byte/second", 2.4e12),
+        (2.4, "Tbyte/second", "byte/second", 2.4e12),
+        (7, "", "second", 7),
+        (7, "warp", "second", 7),
+    ],
+)
+def test_units_are_converted_to_their_base(value, unit, base, expected):
+    assert ncu._in_base(value, unit, base) == pytest.approx(expected)
 
 
 def test_text_without_the_header_is_refused():

@@ -52,9 +52,8 @@ TOP_STALLS = 4
 #: The raw page's metrics each column reads (Nsight Compute's names; a metric missing is "—").
 METRICS = {
     "duration": "gpu__time_duration.sum",
-    "dram_read": "dram__bytes_read.sum",
-    "dram_write": "dram__bytes_write.sum",
-    "dram_pct": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "dram_rate": "dram__bytes.sum.per_second",  # read + written, over the launch's duration
+    "dram_pct": "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
     "sm_pct": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
     "issue_pct": "smsp__issue_active.avg.pct_of_peak_sustained_active",
     "warps_active": "smsp__warps_active.avg.per_cycle_active",
@@ -69,6 +68,9 @@ METRICS = {
 #: Warp states: cycles a warp spent in the state per instruction issued (``WarpStateStats``).
 STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio$")
 _SCALE = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+#: A unit's base and the spellings ncu uses for it (``ns``, ``nsecond``, ``usecond``; ``byte``, ``Kbyte``;
+#: ``byte/s``, ``Gbyte/second``).
+_BASES = {"second": ("second", "s"), "byte": ("byte",), "byte/second": ("byte/second", "byte/s")}
 
 
 def _number(text: str) -> float | None:
@@ -81,11 +83,15 @@ def _number(text: str) -> float | None:
 
 
 def _in_base(value: float | None, unit: str, base: str) -> float | None:
-    """``value`` in ``unit`` (``byte``, ``Kbyte``, ``nsecond``, ``usecond`` …) converted to ``base``
-    (``byte`` or ``second``); unchanged where the unit is not of that family."""
-    if value is None or not unit.endswith(base):
+    """``value`` in ``unit`` (``ns``, ``nsecond``, ``Kbyte``, ``byte/s`` …) converted to ``base``
+    (``second``, ``byte`` or ``byte/second``); unchanged where the unit is empty or of another family."""
+    if value is None:
         return value
-    return value * _SCALE.get(unit[: -len(base)], 1.0)
+    for spelling in _BASES[base]:
+        prefix = unit[: -len(spelling)] if unit.endswith(spelling) else None
+        if prefix is not None and prefix in _SCALE:
+            return value * _SCALE[prefix]
+    return value
 
 
 def parse_raw(text: str) -> list[dict]:
@@ -118,20 +124,18 @@ def _value(launch: dict, metric: str, base: str | None = None) -> float | None:
 def launch_record(launch: dict) -> dict:
     """One launch's columns, in the units the report uses (µs, MB, TB/s, KiB, %)."""
     seconds = _value(launch, METRICS["duration"], "second")
-    read = _value(launch, METRICS["dram_read"], "byte")
-    write = _value(launch, METRICS["dram_write"], "byte")
+    rate = _value(launch, METRICS["dram_rate"], "byte/second")
     smem = [_value(launch, METRICS[k], "byte") for k in ("smem_dynamic", "smem_static")]
     stalls = {}
     for metric in launch["metrics"]:
         m = STALL.match(metric)
         if m and (v := _value(launch, metric)) is not None:
             stalls[m.group(1)] = v
-    moved = None if read is None or write is None else read + write
     return {
         "name": launch["name"],
         "us": None if seconds is None else seconds * 1e6,
-        "dram_read_mb": None if read is None else read / 1e6,
-        "dram_tbps": None if moved is None or not seconds else moved / seconds / 1e12,
+        "dram_mb": None if rate is None or seconds is None else rate * seconds / 1e6,
+        "dram_tbps": None if rate is None else rate / 1e12,
         **{k: _value(launch, METRICS[k]) for k in ("dram_pct", "sm_pct", "issue_pct", "occupancy_pct")},
         **{k: _value(launch, METRICS[k]) for k in ("warps_active", "warps_eligible", "grid", "block", "registers")},
         "smem_kib": None if any(s is None for s in smem) else sum(smem) / 1024,
@@ -300,12 +304,13 @@ def to_markdown(result: dict) -> str:
         "# Below the kernel: Nsight Compute's counters per launch of a layer call",
         "",
         *studyout.header_lines(m),
+        *([f"- summarized again from the kept CSVs: {m['summarized']}"] if m.get("summarized") else []),
         f"- ncu: `{m['ncu']}`; sections {', '.join(SECTIONS)}; `--cache-control all --clock-control none`; "
         f"{m['calls']} layer calls profiled after {WARMUP_CALLS} warm-up calls, each launch alone (serialized, "
         "cold L2), the columns the mean over the calls",
-        "- columns: µs = gpu__time_duration; DRAM MB = bytes read; TB/s = (read + written) / duration; DRAM % and "
-        "SM % of peak sustained (elapsed); issue % = smsp__issue_active; warps = active / eligible per scheduler "
-        "per cycle; stalls = the top warp states in cycles per issued instruction (WarpStateStats; the sum is "
+        "- columns: µs = gpu__time_duration; TB/s = dram__bytes (read + written) per second; DRAM MB = that × µs; "
+        "DRAM % and SM % of peak sustained (elapsed); issue % = smsp__issue_active; warps = active / eligible per "
+        "scheduler per cycle; stalls = the top warp states in cycles per issued instruction (WarpStateStats; the sum is "
         "the cycles between two issues of a warp)",
         "",
         "| cell | status | launches/call | µs/call |",
@@ -331,7 +336,7 @@ def to_markdown(result: dict) -> str:
         ]
         for i, k in enumerate(p["kernels"]):
             lines.append(
-                f"| {i} | `{profile.short(k['name']).replace('|', '/')}` | {_f(k['us'])} | {_f(k['dram_read_mb'])} "
+                f"| {i} | `{profile.short(k['name']).replace('|', '/')}` | {_f(k['us'])} | {_f(k['dram_mb'])} "
                 f"| {_f(k['dram_tbps'], '{:.2f}')} | {_f(k['dram_pct'], '{:.0f}')} | {_f(k['sm_pct'], '{:.0f}')} "
                 f"| {_f(k['issue_pct'], '{:.0f}')} | {_f(k['warps_active'], '{:.2f}')} / "
                 f"{_f(k['warps_eligible'], '{:.2f}')} | {_f(k['occupancy_pct'], '{:.0f}')} "
@@ -436,6 +441,9 @@ def _run(args: argparse.Namespace, argv: list) -> int:
         return 0 if row["status"] == "ok" else 1
     if args.from_dir:
         result = resummarize(Path(args.from_dir))
+        result["meta"]["summarized"] = (
+            f"{runinfo.utc_now()}, commit {args.commit or runinfo.git_commit()}, `{PROG} --from`"
+        )
         write_outputs(result, Path(args.from_dir))
         print(f"rewrote {Path(args.from_dir) / 'ncu.md'} and ncu.json from the kept CSVs")
         return 0
