@@ -310,8 +310,8 @@ def to_markdown(result: dict) -> str:
         "cold L2), the columns the mean over the calls",
         "- columns: µs = gpu__time_duration; TB/s = dram__bytes (read + written) per second; DRAM MB = that × µs; "
         "DRAM % and SM % of peak sustained (elapsed); issue % = smsp__issue_active; warps = active / eligible per "
-        "scheduler per cycle; stalls = the top warp states in cycles per issued instruction (WarpStateStats; the sum is "
-        "the cycles between two issues of a warp)",
+        "scheduler per cycle; stalls = the top warp states in cycles per issued instruction (WarpStateStats; the sum "
+        "is the cycles between two issues of a warp)",
         "",
         "| cell | status | launches/call | µs/call |",
         "|---|---|---|---|",
