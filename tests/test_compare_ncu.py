@@ -62,11 +62,11 @@ UNITS = ["", "", "", "", "", "", "", "", "", "", ""] + [
     "",
     "",
     "register/thread",
-    "byte",
-    "byte",
-    "",
-    "",
-    "",
+    "byte/block",
+    "byte/block",
+    "inst",
+    "inst",
+    "inst",
 ]
 
 
@@ -142,8 +142,10 @@ def test_without_a_units_row_the_values_are_taken_as_they_are():
         (4, "Kbyte", "byte", 4000),
         (2.4e12, "byte/s", "byte/second", 2.4e12),
         (2.4, "Tbyte/second", "byte/second", 2.4e12),
-        (7, "", "second", 7),
-        (7, "warp", "second", 7),
+        (7, "", "second", 7),  # no units row
+        (2, "Kbyte/block", "byte", 2000),
+        (7, "warp", "second", None),  # another family: not a duration
+        (7, "cycle", "second", None),
     ],
 )
 def test_units_are_converted_to_their_base(value, unit, base, expected):
@@ -238,14 +240,15 @@ def test_a_failing_child_cell_is_a_status_and_the_range_is_closed():
     assert row["status"].startswith("not implemented") and log[-2:] == ["stop", "sync"]  # closed, then synced
 
 
-def _fake_run(csv_text, rc=0, child="target status: ok"):
+def _fake_run(csv_text, rc=0, child="target status: ok", report=True, ncu_err=""):
     calls = []
 
-    def run(cmd, **kw):
-        calls.append(cmd)
+    def run(cmd, timeout):
+        calls.append((cmd, timeout))
         if "--export" in cmd:
-            Path(cmd[cmd.index("--export") + 1]).write_text("report")
-            return subprocess.CompletedProcess(cmd, rc, stdout=f"==PROF== ...\n{child}\n", stderr="ncu failed here")
+            if report:
+                Path(cmd[cmd.index("--export") + 1]).write_text("report")
+            return subprocess.CompletedProcess(cmd, rc, stdout=f"==PROF== ...\n{child}\n", stderr=f"x\n{ncu_err}")
         return subprocess.CompletedProcess(cmd, 0, stdout=csv_text, stderr="")
 
     return run, calls
@@ -253,16 +256,22 @@ def _fake_run(csv_text, rc=0, child="target status: ok"):
 
 def test_a_cell_keeps_its_raw_csv_and_its_summary(tmp_path):
     run, calls = _fake_run(TWO_CALLS)
-    row = ncu.profile_cell(prof.Cell("triton_moe", "qwen3-30b-a3b", 1, "bf16"), tmp_path, "ncu", 2, 0, run=run)
+    cell = prof.Cell("triton_moe", "qwen3-30b-a3b", 1, "bf16")
+    row = ncu.profile_cell(cell, tmp_path, "ncu", 2, 0, timeout_s=42.0, run=run)
     assert row["status"] == "ok" and row["profile"]["launches_per_call"] == 3
     assert (tmp_path / row["csv"]).read_text() == TWO_CALLS
-    assert len(calls) == 2 and calls[1][1] == "--import"
+    assert len(calls) == 2 and calls[0][1] == 42.0 and calls[1][0][1] == "--import"
 
 
 def test_a_failing_ncu_or_child_is_a_row_saying_why(tmp_path):
     run, _ = _fake_run(TWO_CALLS, rc=1, child="target status: error: RuntimeError: boom")
     row = ncu.profile_cell(prof.Cell("cute_moe", "qwen3-30b-a3b", 1, "bf16"), tmp_path, "ncu", 2, 0, run=run)
     assert row["status"] == "ncu rc=1: target status: error: RuntimeError: boom" and "profile" not in row
+    # the child was fine but ncu was not: ncu's own lines say why, and a missing report is named
+    err = "==ERROR== ERR_NVGPUCTRPERM - no permission to access the GPU's counters"
+    run, _ = _fake_run(TWO_CALLS, rc=0, report=False, ncu_err=err)
+    row = ncu.profile_cell(prof.Cell("cute_moe", "qwen3-30b-a3b", 1, "bf16"), tmp_path, "ncu", 2, 0, run=run)
+    assert row["status"] == f"ncu rc=0: no report written; {err}"
     run, _ = _fake_run("==PROF== no kernels\n")
     row = ncu.profile_cell(prof.Cell("cute_moe", "qwen3-30b-a3b", 1, "bf16"), tmp_path, "ncu", 2, 0, run=run)
     assert row["profile"] is None and "Kernel Name" in row["parse_error"]
@@ -276,14 +285,18 @@ def test_the_run_writes_after_every_cell_skips_past_the_deadline_and_rereads_the
     cells = [prof.Cell("triton_moe", "qwen3-30b-a3b", 1, "bf16"), prof.Cell("cute_moe", "qwen3-30b-a3b", 1, "bf16")]
     seen = []
 
-    def runner(cell, out, exe, calls, seed):
-        seen.append(cell)
+    def runner(cell, out, exe, calls, seed, timeout_s):
+        seen.append((cell, timeout_s))
         (out / "a.csv").parent.mkdir(parents=True, exist_ok=True)
         (out / "a.csv").write_text(TWO_CALLS)
         return {"cell": cell.title, "key": ncu.cell_key(cell), "csv": "a.csv", "status": "ok", "profile": None}
 
     ncu.run_ncu(cells, tmp_path, ncu="ncu", calls=2, seed=0, meta=_meta(), deadline_s=1e9, cell_runner=runner)
-    assert len(seen) == 2 and json.loads((tmp_path / "ncu.json").read_text())["cells"][1]["status"] == "ok"
+    assert (
+        len(seen) == 2
+        and seen[0][1] == ncu.CELL_TIMEOUT_S
+        and json.loads((tmp_path / "ncu.json").read_text())["cells"][1]["status"] == "ok"
+    )
     again = ncu.resummarize(tmp_path)
     assert again["cells"][0]["profile"]["us_per_call"] == pytest.approx(33.0)
     md = ncu.to_markdown(again)
@@ -296,7 +309,7 @@ def test_the_run_writes_after_every_cell_skips_past_the_deadline_and_rereads_the
         calls=2,
         seed=0,
         meta=_meta(),
-        deadline_s=1e-9,
+        deadline_s=ncu.MIN_CELL_S - 1,
         cell_runner=lambda *a: (_ for _ in ()).throw(AssertionError("a cell ran")),
     )
     assert late["cells"][1]["status"] == "skipped (deadline)"
@@ -316,3 +329,56 @@ def test_bad_options_are_one_line_naming_the_option(argv, message, capsys):
     assert ncu.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"{ncu.PROG}: error: {message}") and "\n" not in err
+
+
+def test_a_cell_never_runs_past_the_deadline(tmp_path):
+    got = []
+
+    def runner(cell, out, exe, calls, seed, timeout_s):
+        got.append(timeout_s)
+        return {"cell": cell.title, "status": "ok"}
+
+    cells = [prof.Cell("triton_moe", "qwen3-30b-a3b", 1, "bf16")]
+    ncu.run_ncu(cells, tmp_path, ncu="ncu", calls=2, seed=0, meta=_meta(), deadline_s=100.0, cell_runner=runner)
+    assert 90.0 < got[0] <= 100.0  # what is left of the deadline, not CELL_TIMEOUT_S
+
+
+def test_selected_is_not_shown_as_a_stall():
+    k = {"stalls": {"long_scoreboard": 5.0, "selected": 1.0, "barrier": 0.5}}
+    assert ncu._stalls(k) == "long_scoreboard 5.0, barrier 0.5"
+
+
+def test_from_refuses_a_directory_that_is_not_a_run_of_this_study(tmp_path, capsys):
+    (tmp_path / "ncu.json").write_text("{not json")
+    assert ncu.main(["--from", str(tmp_path)]) == 2
+    assert "--from:" in capsys.readouterr().err
+    (tmp_path / "ncu.json").write_text(json.dumps({"cells": []}))
+    assert ncu.main(["--from", str(tmp_path)]) == 2
+    assert ncu.main(["--from", str(tmp_path), "--tokens", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(e.startswith(f"{ncu.PROG}: error: --from:") for e in err)
+
+
+def test_a_timed_out_cell_kills_the_whole_process_group(tmp_path):
+    """ncu's child would keep the GPU: the group goes, grandchildren included."""
+    pidfile = tmp_path / "grandchild.pid"
+    script = (
+        "import subprocess, time; p = subprocess.Popen(['sleep', '60']); "
+        f"open({str(pidfile)!r}, 'w').write(str(p.pid)); time.sleep(60)"
+    )
+    import os
+    import sys
+    import time
+
+    with pytest.raises(subprocess.TimeoutExpired):
+        ncu.run_group([sys.executable, "-c", script], timeout=5.0)
+    pid = int(pidfile.read_text())
+    for _ in range(50):  # the kill is delivered at once; reaping by init may take a moment
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        with open(f"/proc/{pid}/stat") as f:  # a zombie waiting for init is dead too
+            assert f.read().split()[2] == "Z"

@@ -243,7 +243,7 @@ def test_quant_kernels_divide_exactly_and_round_to_nearest_even(quant):
         p = kernels[name].__ptx__
         assert "div.rn.f32" in p and "cvt.rn.satfinite.e4m3x2.f32" in p
         assert not re.search(r"div\.(approx|full)|rcp\.", p)  # never a reciprocal multiply
-    for name in ("x_amax", "silu_amax"):
+    for name in ("x_amax", "silu_amax", "a_amax"):
         p = kernels[name].__ptx__
         assert "shfl.sync.bfly" in p and p.count("atom.global.max.s32") == 1  # warp max, then the atomic
         # every maximum keeps NaN (max.NaN.f32); a NaN-dropping max.f32 would lose a NaN's group
@@ -258,7 +258,7 @@ def test_quant_kernels_divide_exactly_and_round_to_nearest_even(quant):
             # (setp.eq.f32 is false for NaN, so a NaN amax is always added; an unordered equ would drop it)
             guard = p[max(back) : p.index("atom.global.max.s32")]
             assert re.search(r"setp\.eq\.f32\s+%p\d+, %r\d+, 0f00000000;", guard) and "setp.equ" not in guard
-        assert "st.global" not in p if name == "x_amax" else "st.global.v4.b32" in p  # SiLU·up kept in fp32
+        assert "st.global" not in p if name != "silu_amax" else "st.global.v4.b32" in p  # SiLU·up kept in fp32
 
 
 def test_quant_kernels_compile_once_per_format():

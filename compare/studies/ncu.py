@@ -30,6 +30,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -46,7 +47,9 @@ FILES = ("ncu.json", "ncu.md")
 CALLS = 2  # layer calls profiled per cell (each launch replayed once per counter pass)
 WARMUP_CALLS = profile.WARMUP_CALLS
 SECTIONS = ("SpeedOfLight", "MemoryWorkloadAnalysis", "LaunchStats", "Occupancy", "SchedulerStats", "WarpStateStats")
-CELL_TIMEOUT_S = 300.0
+CELL_TIMEOUT_S = 300.0  # a cell's ncu run at most (and never past --deadline-s: run_ncu)
+IMPORT_TIMEOUT_S = 120.0
+MIN_CELL_S = 30.0  # a cell starts only with this much of --deadline-s left
 TOP_STALLS = 4
 
 #: The raw page's metrics each column reads (Nsight Compute's names; a metric missing is "—").
@@ -83,15 +86,18 @@ def _number(text: str) -> float | None:
 
 
 def _in_base(value: float | None, unit: str, base: str) -> float | None:
-    """``value`` in ``unit`` (``ns``, ``nsecond``, ``Kbyte``, ``byte/s`` …) converted to ``base``
-    (``second``, ``byte`` or ``byte/second``); unchanged where the unit is empty or of another family."""
-    if value is None:
+    """``value`` in ``unit`` (``ns``, ``nsecond``, ``Kbyte``, ``byte/block``, ``byte/s`` …) converted to
+    ``base`` (``second``, ``byte`` or ``byte/second``); unchanged where there is no unit, None where the
+    unit is of another family."""
+    if value is None or not unit:  # no units row: the value as it is
         return value
+    if base == "byte" and unit.endswith("/block"):  # shared memory per block
+        unit = unit[: -len("/block")]
     for spelling in _BASES[base]:
         prefix = unit[: -len(spelling)] if unit.endswith(spelling) else None
         if prefix is not None and prefix in _SCALE:
             return value * _SCALE[prefix]
-    return value
+    return None  # a unit of another family: not a number of this column
 
 
 def parse_raw(text: str) -> list[dict]:
@@ -256,22 +262,47 @@ def _tail(text: str, n: int = 400) -> str:
     return " ".join(text.strip().split())[-n:]
 
 
-def profile_cell(cell: profile.Cell, out: Path, ncu: str, calls: int, seed: int, run=subprocess.run) -> dict:
-    """ncu on the child for one cell, its raw CSV kept as ``<slug>.csv`` in ``out``, and the summary."""
+def run_group(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """``cmd`` in a session of its own, its output captured; past ``timeout`` the whole process group is
+    killed (ncu and the child it started, which would otherwise keep the GPU) and TimeoutExpired raised."""
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True) as p:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+            raise
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+
+
+def _ncu_lines(*texts: str) -> str:
+    """ncu's own ``==ERROR==`` and ``==WARNING==`` lines of its output, joined (empty when none)."""
+    lines = [ln.strip() for t in texts for ln in (t or "").splitlines() if ln.startswith(("==ERROR==", "==WARNING=="))]
+    return " ".join(lines)[-400:]
+
+
+def profile_cell(
+    cell: profile.Cell, out: Path, ncu: str, calls: int, seed: int, timeout_s: float = CELL_TIMEOUT_S, run=run_group
+) -> dict:
+    """ncu on the child for one cell (at most ``timeout_s``), its raw CSV kept as ``<slug>.csv`` in ``out``,
+    and the summary."""
     row = {"cell": cell.title, "key": cell_key(cell), "csv": f"{slug(cell)}.csv"}
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "cell.ncu-rep"
         try:
-            done = run(
-                ncu_command(ncu, cell, report, calls, seed), capture_output=True, text=True, timeout=CELL_TIMEOUT_S
-            )
+            done = run(ncu_command(ncu, cell, report, calls, seed), timeout_s)
         except subprocess.TimeoutExpired:
-            return {**row, "status": f"ncu did not finish within {CELL_TIMEOUT_S:.0f} s"}
+            return {**row, "status": f"ncu did not finish within {timeout_s:.0f} s (stopped)"}
         child = next((ln for ln in done.stdout.splitlines() if ln.startswith("target status:")), None)
         if done.returncode != 0 or not report.exists():
-            why = child or _tail(done.stderr or done.stdout)
-            return {**row, "status": f"ncu rc={done.returncode}: {why}"}
-        raw = run(import_command(ncu, report), capture_output=True, text=True, timeout=CELL_TIMEOUT_S)
+            ncu_said = _ncu_lines(done.stdout, done.stderr)
+            if child and child != "target status: ok":
+                why = child  # the cell itself failed: that is the reason
+            else:
+                why = ncu_said or _tail(done.stderr or done.stdout)
+            missing = "" if report.exists() else "no report written; "
+            return {**row, "status": f"ncu rc={done.returncode}: {missing}{why}"}
+        raw = run(import_command(ncu, report), IMPORT_TIMEOUT_S)
     if raw.returncode != 0:
         return {**row, "status": f"ncu --import rc={raw.returncode}: {_tail(raw.stderr)}"}
     studyout.write_files(out, {row["csv"]: raw.stdout})
@@ -294,7 +325,8 @@ def _f(v, fmt="{:.1f}") -> str:
 
 
 def _stalls(k: dict) -> str:
-    top = list(k["stalls"].items())[:TOP_STALLS]
+    # "selected" is the state of the warp that issues (about 1 cycle per issue), not a stall
+    top = [(r, v) for r, v in k["stalls"].items() if r != "selected"][:TOP_STALLS]
     return ", ".join(f"{r} {v:.1f}" for r, v in top) if top else "—"
 
 
@@ -310,8 +342,8 @@ def to_markdown(result: dict) -> str:
         "cold L2), the columns the mean over the calls",
         "- columns: µs = gpu__time_duration; TB/s = dram__bytes (read + written) per second; DRAM MB = that × µs; "
         "DRAM % and SM % of peak sustained (elapsed); issue % = smsp__issue_active; warps = active / eligible per "
-        "scheduler per cycle; stalls = the top warp states in cycles per issued instruction (WarpStateStats; the sum "
-        "is the cycles between two issues of a warp)",
+        "scheduler per cycle; stalls = the top warp states in cycles per issued instruction (WarpStateStats; their sum "
+        "with 'selected' is cycles/issue, the cycles between two issues of a warp)",
         "",
         "| cell | status | launches/call | µs/call |",
         "|---|---|---|---|",
@@ -365,11 +397,12 @@ def run_ncu(
     result = {"meta": {**meta, "ncu": ncu, "calls": calls, "sections": list(SECTIONS)}, "cells": []}
     start = time.monotonic()
     for cell in cells:
-        if time.monotonic() - start > deadline_s:
+        left = deadline_s - (time.monotonic() - start)
+        if left < MIN_CELL_S:
             result["cells"].append({"cell": cell.title, "key": cell_key(cell), "status": "skipped (deadline)"})
         else:
             say(f"{cell.title} …")
-            result["cells"].append(cell_runner(cell, out, ncu, calls, seed))
+            result["cells"].append(cell_runner(cell, out, ncu, calls, seed, min(CELL_TIMEOUT_S, left)))
             say(f"{cell.title}: {result['cells'][-1]['status']}")
         write_outputs(result, out)
     return result
@@ -394,7 +427,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", help="cells of these token counts T, e.g. 1,8 (required: every combination runs)")
     p.add_argument("--calls", type=int, default=CALLS, help="layer calls profiled per cell [%(default)s]")
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--deadline-s", default="450", metavar="S", help="no cell starts after S seconds [%(default)s]")
+    p.add_argument(
+        "--deadline-s",
+        default="450",
+        metavar="S",
+        help="no cell runs past S seconds: one cut there is a row saying so, later ones 'skipped' [%(default)s]",
+    )
     p.add_argument("--ncu", default=None, help="the ncu executable [the one on PATH]")
     p.add_argument("--commit", default=None, help="commit to record [git rev-parse of this checkout]")
     p.add_argument("--from", dest="from_dir", help="summarize an earlier run's directory again (no GPU)")
@@ -410,8 +448,17 @@ def parse_args(argv: list) -> argparse.Namespace:
         args.cell = parse_cell_key(args.target)
         return args
     if args.from_dir:
-        if not (Path(args.from_dir) / "ncu.json").is_file():
-            raise UsageError(f"--from: {args.from_dir!r} has no ncu.json")
+        if args.out or args.tokens:
+            raise UsageError(
+                "--from: summarizes an earlier run's directory in place; give it alone (no --out, --tokens)"
+            )
+        path = Path(args.from_dir) / "ncu.json"
+        try:
+            earlier = json.loads(path.read_text())
+            if not isinstance(earlier["cells"], list) or int(earlier["meta"]["calls"]) < 1:
+                raise ValueError("no cells or no call count")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise UsageError(f"--from: {str(path)!r} is not an ncu.json of this study ({type(exc).__name__})") from None
         return args
     if not args.tokens:
         raise UsageError("--tokens: required (the cells are every combination of the lists)")

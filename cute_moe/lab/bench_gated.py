@@ -90,8 +90,9 @@ def _write(out, results: dict) -> None:
         "Whole fused_moe calls, CUDA-graph replay, cold L2, median µs. plain: GATED_FP8_GEMM1 = () (GEMM1 "
         "writes H [M_pad, 2I], a SiLU·up + amax pass); gated: both paths, EPILOGUE_QUANT off (SiLU·up in "
         "GEMM1's epilogue, fp32 intermediate, amax and quantize launches); epilogue: both paths, EPILOGUE_QUANT "
-        "on (normal path: the intermediate's amax, or with static scales its codes, in GEMM1's epilogue). "
-        f"rel L2: against plain; bits: a rerun of each bit-identical. Static scales: {results['static']}.",
+        "on (normal path: the intermediate's amax, or with static scales its codes, in GEMM1's epilogue); with "
+        "static scales (fp8_tensor rows marked static) no amax is taken anywhere. rel L2: against plain; bits: a "
+        "rerun of each bit-identical.",
         "",
         "| shape | format | T | plain µs | gated µs | epilogue µs | gated / plain | epilogue / plain "
         "| rel L2 gated, epilogue | bits (plain, gated, epilogue) |",
@@ -102,7 +103,8 @@ def _write(out, results: dict) -> None:
             lines.append(f"| {r['shape']} | {r['quant']} | {r['T']} | error: {r['error']} |")
             continue
         lines.append(
-            f"| {r['shape']} | {r['quant']} | {r['T']} | {r['plain_us']:.1f} | {r['gated_us']:.1f} "
+            f"| {r['shape']} | {r['quant']}{' static' if r.get('static') else ''} | {r['T']} "
+            f"| {r['plain_us']:.1f} | {r['gated_us']:.1f} "
             f"| {r['epilogue_us']:.1f} | {r['gated_us'] / r['plain_us']:.3f} | {r['epilogue_us'] / r['plain_us']:.3f} "
             f"| {r['gated_rel_l2']:.1e}, {r['epilogue_rel_l2']:.1e} "
             f"| {r['plain_bits']}, {r['gated_bits']}, {r['epilogue_bits']} |"
@@ -130,6 +132,8 @@ def main(argv=None) -> None:
         bad = [q for q in quants if q not in KNOWN_QUANTS]
         if bad:
             raise studyout.UsageError(f"--quants: unknown {', '.join(bad)}; known: {', '.join(KNOWN_QUANTS)}")
+        if a.static and "fp8_tensor" not in quants:
+            raise studyout.UsageError("--static: static scales are per tensor; --quants must include fp8_tensor")
     except studyout.UsageError as exc:
         parser.error(str(exc))
     if a.sets < 1:
@@ -142,7 +146,8 @@ def main(argv=None) -> None:
     def cell(c) -> dict:
         sets = _inputs(get_shape(c["shape"]), c["T"], c["quant"], a.sets, a.static)
         got = {name: _measure(sets, gated, epi) for name, gated, epi in VARIANTS}
-        row = {f"{name}_us": m["us"] for name, m in got.items()}
+        row = {"static": a.static and c["quant"] == "fp8_tensor"}
+        row.update({f"{name}_us": m["us"] for name, m in got.items()})
         row.update({f"{name}_bits": m["bit_identical"] for name, m in got.items()})
         reference = got["plain"]["out"].double()
         row.update({f"{name}_rel_l2": rel_l2(got[name]["out"], reference) for name in ("gated", "epilogue")})
