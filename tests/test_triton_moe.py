@@ -152,6 +152,47 @@ def test_quantize_kernel_is_the_reference(quant, dtype):
         assert torch.equal(q2.float(), q_ref.float())
 
 
+@pytest.mark.parametrize("quant", QUANTS[1:])
+@pytest.mark.parametrize("rows", [1, 3, 100])
+def test_a_few_long_rows_are_spread_over_programs_with_the_same_result(quant, rows):
+    """At decode x is a few rows of thousands of columns: quantize_kernel's grid [rows, S] gives a row's
+    steps of 8 × 128 columns to S programs, and amax_kernel's partial amaxes are pieces of rows, so one
+    row is read by several programs. Codes and scales equal moe_spec.quant's whatever S (K = 2400: three
+    steps, the last partial; a spike in the last step; a zero row), and the buffer the launch zeroes is
+    zero everywhere (its share per program follows the grid)."""
+    from moe_spec.quant import quantize_activation
+    from triton_moe.launches import AMAX_BLOCK, PARTS, quantize_splits
+    from triton_moe.moe import _quantize
+
+    g = torch.Generator().manual_seed(rows)
+    a = torch.randn(rows, 2400, generator=g).to(torch.bfloat16)
+    a[0, 2390] = 300.0  # in the third step: a per-tensor or per-row amax must see it
+    a[rows // 2] = 0 if rows > 2 else a[rows // 2]
+    splits = quantize_splits(rows, 2400)
+    assert splits == (3 if rows < 100 else 2)
+    assert quantize_splits(rows, 2400, zero_after=True) == 1 and quantize_splits(4096, 7168) == 1
+    zero = torch.full((37,), 5.0)
+    q_ref, s_ref = quantize_activation(a, quant)
+    q, s = _quantize(a, quant, zero=zero)
+    assert torch.equal(q.float(), q_ref.float()) and torch.equal(s, s_ref)
+    assert torch.equal(zero, torch.zeros(37))
+    if quant == "fp8_tensor":  # the amax pieces: one program per 1024-column piece up to PARTS
+        assert min(rows * -(-2400 // AMAX_BLOCK), PARTS) == (3 * rows if rows < 100 else PARTS)
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+def test_a_static_scale_spread_over_programs_gives_the_static_codes(rows):
+    """Static fp8_tensor with S > 1 programs per row: the codes are quantize_activation_static's."""
+    from moe_spec.quant import quantize_activation_static
+    from moe_spec.validate import BAD_A1_SCALE
+    from triton_moe.moe import _quantize
+
+    a = torch.randn(rows, 2400, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    scale = torch.tensor([0.05])
+    q, s = _quantize(a, "fp8_tensor", scale=scale, static_bit=BAD_A1_SCALE)
+    assert torch.equal(q.float(), quantize_activation_static(a, scale).float()) and s is scale
+
+
 @pytest.mark.parametrize(
     "options, match",
     [

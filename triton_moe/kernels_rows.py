@@ -49,15 +49,19 @@ AMAX_PARTS = tl.constexpr(128)
 
 @triton.jit(do_not_specialize=["num_rows"])
 def amax_kernel(x_ptr, amax_ptr, num_rows, K, BLOCK: tl.constexpr):
-    """Partial amaxes of x [rows, K] (per-tensor FP8): program g of G stores the amax bits of rows g,
-    g + G, … in ``amax_ptr[g]`` (no atomics, nothing to zero; NaN kept); ``quantize_kernel`` reduces them."""
+    """Partial amaxes of x [rows, K] (per-tensor FP8). x is cut into pieces of BLOCK columns of one row,
+    numbered row by row; program g of G stores the amax bits of pieces g, g + G, … in ``amax_ptr[g]``
+    (no atomics, nothing to zero; NaN kept); ``quantize_kernel`` reduces them. A few rows are still
+    spread over up to G programs (a decode step's one row of 7168 columns: 7 pieces, 7 programs)."""
     part = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
+    pieces_per_row = tl.cdiv(K, BLOCK)
     row_max = tl.zeros([BLOCK], dtype=tl.int32)
-    for row in range(part, num_rows, tl.num_programs(0)):
-        for k0 in range(0, K, BLOCK):
-            v = tl.load(x_ptr + row * K + k0 + cols, mask=cols < K - k0, other=0.0)
-            row_max = tl.maximum(row_max, _abs_bits(v))
+    for piece in range(part, num_rows * pieces_per_row, tl.num_programs(0)):
+        row = piece // pieces_per_row
+        k0 = (piece - row * pieces_per_row) * BLOCK
+        v = tl.load(x_ptr + row.to(tl.int64) * K + k0 + cols, mask=cols < K - k0, other=0.0)
+        row_max = tl.maximum(row_max, _abs_bits(v))
     tl.store(_bits_ptr(amax_ptr) + part, tl.max(row_max, axis=0))
 
 
@@ -80,7 +84,9 @@ def quantize_kernel(
     ZERO_AFTER: tl.constexpr = False,
 ):
     """a [rows, K] (bf16 or fp32) → q [rows, K] E4M3 and scales, exactly as moe_spec.quant does.
-    One program per row, GROUPS × 128 columns at a time. The scale is static (``STATIC_BIT`` ≠ 0,
+    Programs (row, j) of a grid [rows, S]: program j of a row quantizes its steps j, j + S, … of GROUPS × 128
+    columns (S > 1 spreads a decode step's few long rows over more SMs; the host picks S, and S is 1
+    under ``ZERO_AFTER``, whose zeroing is per row). The scale is static (``STATIC_BIT`` ≠ 0,
     per-tensor: read at ``scale_ptr``; ``amax_ptr`` is the error word, where a scale not finite and
     positive sets ``STATIC_BIT``) or comes from an amax, given (``AMAX_GIVEN``: x's ``num_amax``
     partial amaxes; the intermediate's, from GEMM1's epilogue) or found here (per-channel reads the
@@ -90,19 +96,22 @@ def quantize_kernel(
     quantization zeroing the amax it has just read (each program its row's), where GEMM1 quantizes x
     (:func:`triton_moe.plan.x_quant_in_gemm1`) and so no x launch zeroes it before GEMM1."""
     row = tl.program_id(0)
+    split = tl.program_id(1)
+    splits = tl.num_programs(1)
+    first = split == 0  # the program of a row that writes what the row's programs share
     groups = tl.arange(0, GROUPS)
     cols = tl.arange(0, FP8_BLOCK)
     K_GROUPS = tl.cdiv(K, FP8_BLOCK)
     if not ZERO_AFTER:
-        _zero_share(zero_ptr, row, num_rows, zero_count)
+        _zero_share(zero_ptr, row * splits + split, num_rows * splits, zero_count)
     if QUANT == PER_TENSOR and STATIC_BIT:
         s = tl.load(scale_ptr)
-        tl.atomic_or(amax_ptr, STATIC_BIT, mask=(row == 0) & (_scale_bad(s) != 0))
+        tl.atomic_or(amax_ptr, STATIC_BIT, mask=(row == 0) & first & (_scale_bad(s) != 0))
     elif QUANT == PER_TENSOR:
         parts = tl.arange(0, AMAX_PARTS)
         amax = tl.max(tl.load(_bits_ptr(amax_ptr) + parts, mask=parts < num_amax, other=0), axis=0)
         s = _scale_of(amax.to(tl.float32, bitcast=True))
-        tl.store(scale_ptr, s, mask=row == 0)
+        tl.store(scale_ptr, s, mask=(row == 0) & first)
     elif QUANT == PER_CHANNEL:
         if AMAX_GIVEN:
             amax = tl.load(amax_ptr + row)
@@ -114,8 +123,8 @@ def quantize_kernel(
                 row_max = tl.maximum(row_max, _abs_bits(v))
             amax = tl.max(tl.max(row_max, axis=1), axis=0).to(tl.float32, bitcast=True)
         s = _scale_of(amax)
-        tl.store(scale_ptr + row, s)
-    for g0 in range(0, K_GROUPS, GROUPS):
+        tl.store(scale_ptr + row, s, mask=first)
+    for g0 in range(split * GROUPS, K_GROUPS, splits * GROUPS):
         k = (g0 + groups)[:, None] * FP8_BLOCK + cols[None, :]
         v = tl.load(a_ptr + row * K + k, mask=k < K, other=0.0).to(tl.float32)
         if QUANT == PER_BLOCK:

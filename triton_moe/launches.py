@@ -34,12 +34,24 @@ COMBINE_BLOCK = 1024
 PARTS = AMAX_PARTS.value  # fp8_tensor's partial amaxes of x, at most
 AMAX_BLOCK = 1024
 QUANT_GROUPS = 8  # quantize_kernel's step: 8 groups of 128 columns
+#: quantize_kernel's programs a few long rows are spread over, at most (about two per SM of an H100 / H200):
+#: a row's steps go to up to ⌈QUANT_PROGRAMS / rows⌉ programs (:func:`quantize_splits`).
+QUANT_PROGRAMS = 256
 #: Workspaces kept (least recently used dropped first): one per (sizes, device, stream).
 WORKSPACES = 8
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def quantize_splits(rows: int, cols: int, zero_after: bool = False) -> int:
+    """S, the programs per row of quantize_kernel's grid [rows, S]: a row's ⌈cols / (QUANT_GROUPS·128)⌉
+    steps spread over at most that many programs while rows · S ≤ QUANT_PROGRAMS (a decode step's one row
+    of 7168 columns: 7 programs instead of one walking 7 steps); 1 under ``zero_after`` (its zeroing is per
+    row, after the row's reads). The codes and scales do not depend on S."""
+    steps = _cdiv(cols, QUANT_GROUPS * 128)
+    return 1 if zero_after else max(1, min(steps, QUANT_PROGRAMS // max(rows, 1)))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -53,16 +65,17 @@ def _quantize_launches(
     common = dict(QUANT=fmt.mode, GROUPS=QUANT_GROUPS, INTERPRETER=INTERPRET)
     if zero_after:
         common.update(ZERO_AFTER=True)
+    grid = (rows, quantize_splits(rows, cols, zero_after))
     if static_bit:
-        return None, 1, Bound(quantize_kernel, (rows,), AMAX_GIVEN=False, STATIC_BIT=static_bit, **common)
+        return None, 1, Bound(quantize_kernel, grid, AMAX_GIVEN=False, STATIC_BIT=static_bit, **common)
     if fmt.activation_group == (WHOLE, WHOLE) and not amax_given:  # one scale for the whole tensor
-        num_amax = min(rows, PARTS)
+        num_amax = min(rows * _cdiv(cols, AMAX_BLOCK), PARTS)  # amax_kernel's pieces, at most PARTS programs
         return (
             Bound(amax_kernel, (num_amax,), BLOCK=AMAX_BLOCK),
             num_amax,
-            Bound(quantize_kernel, (rows,), AMAX_GIVEN=True, **common),
+            Bound(quantize_kernel, grid, AMAX_GIVEN=True, **common),
         )
-    return None, 1, Bound(quantize_kernel, (rows,), AMAX_GIVEN=amax_given, **common)
+    return None, 1, Bound(quantize_kernel, grid, AMAX_GIVEN=amax_given, **common)
 
 
 def _quantize(a, quant: str, amax=None, *, q=None, scale=None, parts=None, zero=None, static_bit=0, launches=None):
