@@ -297,7 +297,7 @@ def test_the_run_writes_after_every_cell_skips_past_the_deadline_and_rereads_the
         and seen[0][1] == ncu.CELL_TIMEOUT_S
         and json.loads((tmp_path / "ncu.json").read_text())["cells"][1]["status"] == "ok"
     )
-    again = ncu.resummarize(tmp_path)
+    again = ncu.resummarize(tmp_path, json.loads((tmp_path / "ncu.json").read_text()))
     assert again["cells"][0]["profile"]["us_per_call"] == pytest.approx(33.0)
     md = ncu.to_markdown(again)
     assert "- commit: `abc1234`" in md and "| 0 | `moe_gemm_kernel` | 21.0 |" in md

@@ -161,23 +161,24 @@ def test_a_few_long_rows_are_spread_over_programs_with_the_same_result(quant, ro
     steps, the last partial; a spike in the last step; a zero row), and the buffer the launch zeroes is
     zero everywhere (its share per program follows the grid)."""
     from moe_spec.quant import quantize_activation
-    from triton_moe.launches import AMAX_BLOCK, PARTS, quantize_splits
+    from triton_moe.launches import PARTS, _quantize_launches, quantize_splits
     from triton_moe.moe import _quantize
 
     g = torch.Generator().manual_seed(rows)
     a = torch.randn(rows, 2400, generator=g).to(torch.bfloat16)
     a[0, 2390] = 300.0  # in the third step: a per-tensor or per-row amax must see it
-    a[rows // 2] = 0 if rows > 2 else a[rows // 2]
-    splits = quantize_splits(rows, 2400)
-    assert splits == (3 if rows < 100 else 2)
+    if rows > 2:
+        a[rows // 2] = 0
     assert quantize_splits(rows, 2400, zero_after=True) == 1 and quantize_splits(4096, 7168) == 1
+    amax_launch, num_amax, quantize = _quantize_launches(rows, 2400, quant, False, 37, 0)
+    assert quantize.grid == (rows, 3 if rows < 100 else 2)  # the grid the launch below runs
+    if quant == "fp8_tensor":  # the amax partials: one program per 1024-column piece, up to PARTS
+        assert amax_launch.grid == (num_amax,) and num_amax == (3 * rows if rows < 100 else PARTS)
     zero = torch.full((37,), 5.0)
     q_ref, s_ref = quantize_activation(a, quant)
     q, s = _quantize(a, quant, zero=zero)
     assert torch.equal(q.float(), q_ref.float()) and torch.equal(s, s_ref)
     assert torch.equal(zero, torch.zeros(37))
-    if quant == "fp8_tensor":  # the amax pieces: one program per 1024-column piece up to PARTS
-        assert min(rows * -(-2400 // AMAX_BLOCK), PARTS) == (3 * rows if rows < 100 else PARTS)
 
 
 @pytest.mark.parametrize("rows", [1, 5])

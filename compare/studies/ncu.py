@@ -408,9 +408,8 @@ def run_ncu(
     return result
 
 
-def resummarize(directory: Path) -> dict:
-    """``--from``: the run's ncu.json with each cell's summary rebuilt from its kept CSV."""
-    result = json.loads((directory / "ncu.json").read_text())
+def resummarize(directory: Path, result: dict) -> dict:
+    """``--from``: ``result``, the run's ncu.json, with each cell's summary rebuilt from its kept CSV."""
     for row in result["cells"]:
         path = directory / row.get("csv", "")
         if row.get("csv") and path.is_file():
@@ -454,7 +453,7 @@ def parse_args(argv: list) -> argparse.Namespace:
             )
         path = Path(args.from_dir) / "ncu.json"
         try:
-            earlier = json.loads(path.read_text())
+            args.earlier = earlier = json.loads(path.read_text())
             if not isinstance(earlier["cells"], list) or int(earlier["meta"]["calls"]) < 1:
                 raise ValueError("no cells or no call count")
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -487,7 +486,7 @@ def _run(args: argparse.Namespace, argv: list) -> int:
         print(f"target status: {row['status']}", flush=True)
         return 0 if row["status"] == "ok" else 1
     if args.from_dir:
-        result = resummarize(Path(args.from_dir))
+        result = resummarize(Path(args.from_dir), args.earlier)
         result["meta"]["summarized"] = (
             f"{runinfo.utc_now()}, commit {args.commit or runinfo.git_commit()}, `{PROG} --from`"
         )
