@@ -35,7 +35,19 @@ from moe_spec.workspace import Workspaces
 
 from .cache import compile_once
 from .decode_kernel import BF16, DecodeKernel
-from .decode_parts import H_TILE, STAGES, TOKENS, VEC, Y_TILE, counter_words, grid_size, pair_bucket, size_error
+from .decode_parts import (
+    H_TILE,
+    HALF_TASKS,
+    STAGES,
+    TOKENS,
+    VEC,
+    Y_TILE,
+    counter_words,
+    exchange_words,
+    grid_size,
+    pair_bucket,
+    size_error,
+)
 from .limits import LIMITS
 from .runtime import fake_rows, fake_stream, fake_vector, ffi_function
 
@@ -52,34 +64,40 @@ def check_decode_sizes(dims: MoEDims) -> None:
         raise ValueError(error)
 
 
-def workspace_shapes(T: int, top_k: int, K: int, I: int) -> dict:  # noqa: E741
+def workspace_shapes(T: int, top_k: int, K: int, I: int, sms: int) -> dict:  # noqa: E741
     """Shapes of a workspace: h bf16 [bucket, I], y bf16 [bucket, K] (bucket: :func:`pair_bucket` of
-    T·top_k) and the int32 counters [:func:`counter_words`]."""
+    T·top_k), the int32 counters [:func:`counter_words`] and the halves' exchange, fp32 part and int32
+    arrive (:func:`~cute_moe.decode_parts.exchange_words` for a grid of at most ``sms`` CTAs)."""
     rows = pair_bucket(T * top_k)
-    return {"h": (rows, I), "y": (rows, K), "counters": (counter_words(K),)}
+    part, arrive = exchange_words(sms)
+    return {"h": (rows, I), "y": (rows, K), "counters": (counter_words(K),), "part": (part,), "arrive": (arrive,)}
 
 
 def new_workspace(T: int, top_k: int, K: int, I: int, device) -> dict:  # noqa: E741
     """Fresh buffers of :func:`workspace_shapes`; the counters zeroed once (every launch leaves them zero)."""
-    shapes = workspace_shapes(T, top_k, K, I)
+    shapes = workspace_shapes(T, top_k, K, I, sm_count(device))
     return {
         "h": torch.empty(shapes["h"], dtype=torch.bfloat16, device=device),
         "y": torch.empty(shapes["y"], dtype=torch.bfloat16, device=device),
         "counters": torch.zeros(shapes["counters"], dtype=torch.int32, device=device),
+        "part": torch.empty(shapes["part"], dtype=torch.float32, device=device),
+        "arrive": torch.zeros(shapes["arrive"], dtype=torch.int32, device=device),
     }
 
 
 def decode_workspace(T: int, top_k: int, K: int, I: int, device) -> dict:  # noqa: E741
     """The workspace of a call, as :class:`moe_spec.workspace.Workspaces` keeps it (launches on one stream
     never overlap, so one counter block serves all the eager calls of a stream)."""
-    sizes = (pair_bucket(T * top_k), K, I)
+    sizes = (pair_bucket(T * top_k), K, I, HALF_TASKS)  # the exchange's size follows the switch
     return _workspaces.get(sizes, device, lambda: new_workspace(T, top_k, K, I, device))
 
 
 def check_workspace(ws, dims: MoEDims, device) -> None:
     """A caller's workspace: a dict with h, y, counters of the call's sizes on x's device, named if not."""
-    if not isinstance(ws, dict) or not {"h", "y", "counters"} <= set(ws):
-        raise TypeError("workspace: expected a dict with 'h', 'y' and 'counters' (cute_moe.decode.new_workspace)")
+    if not isinstance(ws, dict) or not {"h", "y", "counters", "part", "arrive"} <= set(ws):
+        raise TypeError(
+            "workspace: expected a dict with 'h', 'y', 'counters', 'part' and 'arrive' (cute_moe.decode.new_workspace)"
+        )
     pairs = dims.T * dims.top_k
     for name, dtype, cols in (("h", torch.bfloat16, dims.I), ("y", torch.bfloat16, dims.K)):
         t = ws[name]
@@ -91,6 +109,13 @@ def check_workspace(ws, dims: MoEDims, device) -> None:
     words = counter_words(dims.K)
     if not isinstance(c, torch.Tensor) or c.dtype != torch.int32 or tuple(c.shape) != (words,) or c.device != device:
         raise ValueError(f"workspace: counters must be an int32 [{words}] tensor on {device}, zeroed once when made")
+    part_words, arrive_words = exchange_words(sm_count(device))
+    for name, dtype, n in (("part", torch.float32, part_words), ("arrive", torch.int32, arrive_words)):
+        t = ws[name]
+        if not isinstance(t, torch.Tensor) or t.dtype != dtype or tuple(t.shape) != (n,) or t.device != device:
+            raise ValueError(
+                f"workspace: {name} must be a {str(dtype).removeprefix('torch.')} [{n}] tensor on {device}"
+            )
 
 
 IDS_DTYPES = {"int32": cutlass.Int32, "int64": cutlass.Int64}
@@ -128,6 +153,8 @@ def fake_arguments(ids_dtype: str = "int32"):
         fake_rows(BF16, Y_TILE),
         fake_vector(cutlass.Int32),
         fake_vector(cutlass.Int32),
+        fake_vector(cutlass.Float32),
+        fake_vector(cutlass.Int32),
         cutlass.Int32(1),
         fake_stream(),
     )
@@ -142,7 +169,7 @@ def compile_decode(ids_dtype: str = "int32", *, keep_ptx: bool = False):
     def build(options):
         return cute.compile(DecodeKernel(), *fake_arguments(ids_dtype), options=options)
 
-    return compile_once(("decode", ids_dtype, STAGES, TOKENS), build, keep_ptx=keep_ptx)
+    return compile_once(("decode", ids_dtype, STAGES, TOKENS, HALF_TASKS), build, keep_ptx=keep_ptx)
 
 
 @functools.lru_cache(maxsize=4)
@@ -181,5 +208,19 @@ def launch(kernel, x, w1, w2, topk_weights, topk_ids, dims: MoEDims, workspace: 
     w1_view = w1.unflatten(1, (2, I)).permute(2, 3, 1, 0)  # (I, K, half, E): gate 0, up 1
     w2_view = w2.permute(1, 2, 0)  # (K, I, E)
     word = error_word(x.device)
-    kernel(x, w1_view, w2_view, topk_weights, topk_ids, ws["h"], ws["y"], out, ws["counters"], word, grid)
+    kernel(
+        x,
+        w1_view,
+        w2_view,
+        topk_weights,
+        topk_ids,
+        ws["h"],
+        ws["y"],
+        out,
+        ws["counters"],
+        word,
+        ws["part"],
+        ws["arrive"],
+        grid,
+    )
     return out

@@ -44,8 +44,10 @@ from .decode_parts import (
     CONSUMER_THREADS,
     DONE1,
     DONE2,
+    EXCHANGE_VALUES,
     EXIT,
     H_TILE,
+    HALF_TASKS,
     PAIR_LANES,
     PRODUCER_WARP,
     QUEUE,
@@ -63,6 +65,8 @@ from .decode_parts import (
     build_tables,
     c_task,
     consumer_sync,
+    done1_target,
+    exchange_slot,
     phase_starts,
     ring_state,
     signal,
@@ -80,11 +84,29 @@ class DecodeKernel:
     Arguments: x bf16 [T, K]; w1 bf16 (I, K, 2, E) — W1 [E, 2I, K] seen as its gate (0) and up (1)
     halves; w2 bf16 (K, I, E) — W2 [E, K, I]; topk_weights fp32 [T, top_k]; topk_ids [T, top_k];
     h bf16 [≥ P, I], y bf16 [≥ P, K] (workspace); out bf16 [T, K]; counters int32 (zero at entry,
-    zero at exit); word int32 [1] (the error word); num_ctas (the grid); the stream (TVM-FFI's).
+    zero at exit); word int32 [1] (the error word); part fp32 and arrive int32 (the halves' exchange,
+    :func:`~cute_moe.decode_parts.exchange_words`; arrive zero at entry and exit); num_ctas (the grid);
+    the stream (TVM-FFI's).
     """
 
     @cute.jit
-    def __call__(self, x, w1, w2, topk_weights, topk_ids, h, y, out, counters, word, num_ctas: cutlass.Int32, stream):
+    def __call__(
+        self,
+        x,
+        w1,
+        w2,
+        topk_weights,
+        topk_ids,
+        h,
+        y,
+        out,
+        counters,
+        word,
+        part,
+        arrive,
+        num_ctas: cutlass.Int32,
+        stream,
+    ):
         k_major = LayoutEnum.ROW_MAJOR.sm90_mma_major_mode()
         tiled_mma = sm90.make_trivial_tiled_mma(
             BF16, BF16, k_major, k_major, cutlass.Float32, (1, 1, 1), tiler_mn=(WGMMA_M, TOKENS)
@@ -98,13 +120,14 @@ class DecodeKernel:
         tma_w2, m_w2 = cpasync.make_tiled_tma_atom(g2s, w2, w_one, (WGMMA_M, TILE_K))
         self.storage = self._storage(w_staged, x_staged)
         self.kernel(
-            tma_w1, m_w1, tma_w2, m_w2, x, topk_weights, topk_ids, h, y, out, counters, word,
+            tma_w1, m_w1, tma_w2, m_w2, x, topk_weights, topk_ids, h, y, out, counters, word, part, arrive,
             tiled_mma, w_staged, x_staged,
         ).launch(grid=[num_ctas, 1, 1], block=[THREADS, 1, 1], min_blocks_per_mp=1, stream=stream)  # fmt: skip
 
     def _storage(self, w_staged, x_staged):
         """Shared memory: the ring's and the queue's mbarriers, the queue, the routing tables, the two
-        weight rings (gate / up, or W2's two 64-row boxes) and the token-row ring, 1024-B aligned."""
+        weight rings (gate / up, or W2's two 64-row boxes, or one half's two K steps) and the token-row ring
+        (a second one for a half task's second K step), 1024-B aligned."""
         lanes = PAIR_LANES
 
         @cute.struct
@@ -120,9 +143,12 @@ class DecodeKernel:
             lead: cute.struct.MemRange[cutlass.Int32, lanes]
             scale: cute.struct.MemRange[cutlass.Float32, lanes]
             n_leaders: cute.struct.MemRange[cutlass.Int32, 4]
+            flag: cute.struct.MemRange[cutlass.Int32, 4]
             s_w0: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(w_staged)], 1024]
             s_w1: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(w_staged)], 1024]
             s_x: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(x_staged)], 1024]
+            if HALF_TASKS:
+                s_x2: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(x_staged)], 1024]
 
         return Storage
 
@@ -141,6 +167,8 @@ class DecodeKernel:
         m_out: cute.Tensor,
         counters: cute.Tensor,
         word: cute.Tensor,
+        m_part: cute.Tensor,
+        m_arrive: cute.Tensor,
         tiled_mma: cute.TiledMma,
         w_staged: cute.ComposedLayout,
         x_staged: cute.ComposedLayout,
@@ -186,20 +214,32 @@ class DecodeKernel:
         s_w0 = storage.s_w0.get_tensor(w_staged.outer, swizzle=w_staged.inner)
         s_w1 = storage.s_w1.get_tensor(w_staged.outer, swizzle=w_staged.inner)
         s_x = storage.s_x.get_tensor(x_staged.outer, swizzle=x_staged.inner)
+        s_x2 = s_x  # a half task's second token ring (unused without HALF_TASKS)
+        if cutlass.const_expr(HALF_TASKS):
+            s_x2 = storage.s_x2.get_tensor(x_staged.outer, swizzle=x_staged.inner)
+        s_flag = storage.flag.get_tensor(cute.make_layout(4))
         s_task = storage.queue.get_tensor(cute.make_layout(QUEUE))
         n_leaders = tables[7][0]
         T, top_k, K, I = m_ids.shape[0], m_ids.shape[1], m_x.shape[1], m_w1.shape[0]  # noqa: E741
         nt1, nk, ntb = I // H_TILE, K // Y_TILE, (T + TOKEN_BLOCK - 1) // TOKEN_BLOCK
-        bounds = phase_starts(n_leaders, nt1, nk, ntb)
-        sizes = (n_leaders, nt1, ntb, top_k, K // TILE_K, I // TILE_K)
+        halves = 1  # tasks per A tile: 2 (gate, up) when halving is on and the tiles are fewer than the CTAs
+        if cutlass.const_expr(HALF_TASKS):
+            halves = cutlass.Int32(1)
+            if n_leaders * nt1 < grid:
+                halves = cutlass.Int32(2)
+        bounds = phase_starts(n_leaders, nt1, nk, ntb, halves)
+        sizes = (n_leaders, nt1, ntb, top_k, K // TILE_K, I // TILE_K, halves)
 
         if warp == PRODUCER_WARP:
             tma = (tma_w1, m_w1, tma_w2, m_w2)
-            self.producer(ring, queue, s_task, tables, tma, m_x, m_h, s_w0, s_w1, s_x, counters, bounds, sizes)
+            self.producer(ring, queue, s_task, tables, tma, m_x, m_h, s_w0, s_w1, (s_x, s_x2), counters, bounds, sizes)
         if warp < PRODUCER_WARP:
-            operands = (s_w0, s_w1, s_x)
+            operands = (s_w0, s_w1, s_x, s_x2)
             outs = (m_h, m_y, m_out)
-            self.consumer(ring, queue, s_task, tables, tiled_mma, operands, outs, counters, bounds, sizes, tidx, T)
+            exchange = (m_part, m_arrive, s_flag)
+            self.consumer(
+                ring, queue, s_task, tables, tiled_mma, operands, outs, exchange, counters, bounds, sizes, tidx, T
+            )
 
         # the last CTA out zeroes the counters: every CTA has made its last claim and its last wait
         cute.arch.sync_threads()
@@ -211,13 +251,13 @@ class DecodeKernel:
 
     # ---- the producer warp -------------------------------------------------------------------------
     @cute.jit
-    def producer(self, ring, queue, s_task, tables, tma, m_x, m_h, s_w0, s_w1, s_x, counters, bounds, sizes):
+    def producer(self, ring, queue, s_task, tables, tma, m_x, m_h, s_w0, s_w1, s_xs, counters, bounds, sizes):
         """Claim tasks, hand each to the consumers, land its operands in the ring (module docstring)."""
         tma_w1, m_w1, tma_w2, m_w2 = tma
         _, _, s_order, s_start, s_count, s_lead, _, _ = tables
         s_exp = tables[0]
         b0, c0, end = bounds
-        n_leaders, nt1, _, top_k, k1_steps, k2_steps = sizes
+        n_leaders, nt1, _, top_k, k1_steps, k2_steps, halves = sizes
         lane = cute.arch.lane_idx()
         one = cute.make_layout(1)
         g_w1 = cute.local_tile(m_w1, (WGMMA_M, TILE_K), (None, None, None, None))  # (64, 64, I/64, K/64, 2, E)
@@ -227,28 +267,39 @@ class DecodeKernel:
         d1_1, _ = cpasync.tma_partition(tma_w1, 0, one, ring1, cute.group_modes(g_w1, 0, 2))
         d2_0, box2 = cpasync.tma_partition(tma_w2, 0, one, ring0, cute.group_modes(g_w2, 0, 2))
         d2_1, _ = cpasync.tma_partition(tma_w2, 0, one, ring1, cute.group_modes(g_w2, 0, 2))
-        rows = RowCopy.make(s_x, lane)
+        rows = RowCopy.make(s_xs[0], lane)
+        rows2 = RowCopy.make(s_xs[1], lane)  # a half task's second K step
         tasks = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, QUEUE)
         issued = cutlass.Int32(0)  # ring stages issued so far
         task = self.claim(counters, lane)
         while task < end:
             self.hand_over(queue, tasks, s_task, task, lane)
             tasks.advance()
-            if task < b0:  # A: W1's gate and up boxes and the chunk's x rows, every K step
-                r, n = a_task(task, nt1)
+            if (
+                task < b0
+            ):  # A: per stage W1's gate and up boxes of a K step (a half: its rows' boxes of two K steps) and x
+                r, n, half = a_task(task, nt1, halves)
                 base, count = s_start[r], s_count[r]
                 e = s_exp[s_lead[r]]
+                steps = k1_steps // halves
                 state = ring_state(issued, True)
                 for c in range((count + TOKENS - 1) // TOKENS):
-                    for k in range(k1_steps):
+                    for s in range(steps):
+                        k = s * halves  # whole tile: (k, gate), (k, up); a half: (k, half), (k + 1, half)
                         ring.producer_acquire(state)
                         full = ring.producer_get_barrier(state)
-                        cute.copy(tma_w1, box1[(None, n, k, 0, e)], d1_0[(None, state.index)], tma_bar_ptr=full)
-                        cute.copy(tma_w1, box1[(None, n, k, 1, e)], d1_1[(None, state.index)], tma_bar_ptr=full)
+                        box_0, box_1 = (
+                            box1[(None, n, k, half, e)],
+                            box1[(None, n, k + halves - 1, half + 2 - halves, e)],
+                        )
+                        cute.copy(tma_w1, box_0, d1_0[(None, state.index)], tma_bar_ptr=full)
+                        cute.copy(tma_w1, box_1, d1_1[(None, state.index)], tma_bar_ptr=full)
                         rows.copy(m_x, s_order, base, c, count, top_k, k, state.index, True)
+                        if halves == 2:
+                            rows2.copy(m_x, s_order, base, c, count, top_k, k + 1, state.index, True)
                         cute.arch.cp_async_mbarrier_arrive_noinc(full)
                         state.advance()
-                issued = issued + (count + TOKENS - 1) // TOKENS * k1_steps
+                issued = issued + (count + TOKENS - 1) // TOKENS * steps
             elif task < c0:  # B: W2's two boxes first, then (after the wait) the chunk's h rows
                 kt, r = b_task(task - b0, n_leaders)
                 base, count = s_start[r], s_count[r]
@@ -263,7 +314,8 @@ class DecodeKernel:
                     cute.copy(tma_w2, box2[(None, 2 * kt, k, e)], d2_0[(None, state.index)], tma_bar_ptr=full)
                     cute.copy(tma_w2, box2[(None, 2 * kt + 1, k, e)], d2_1[(None, state.index)], tma_bar_ptr=full)
                     state.advance()
-                wait_at_least(counters.iterator + DONE1 + r, nt1)  # every lane: its own acquire
+                chunks = (count + TOKENS - 1) // TOKENS
+                wait_at_least(counters.iterator + DONE1 + r, done1_target(nt1, chunks, halves))  # every lane's acquire
                 rows_state = ring_state(issued, True)
                 for s in range(early):
                     full = ring.producer_get_barrier(rows_state)
@@ -303,18 +355,21 @@ class DecodeKernel:
 
     # ---- the consumer warpgroup ----------------------------------------------------------------------
     @cute.jit
-    def consumer(self, ring, queue, s_task, tables, tiled_mma, operands, outs, counters, bounds, sizes, tidx, T):
+    def consumer(
+        self, ring, queue, s_task, tables, tiled_mma, operands, outs, exchange, counters, bounds, sizes, tidx, T
+    ):
         """Take tasks from the queue in order: the two GEMMs' main loops and epilogues, the combine."""
         _, _, s_order, s_start, s_count, _, s_scale, _ = tables
-        s_w0, s_w1, s_x = operands
+        s_w0, s_w1, s_x, s_x2 = operands
         m_h, m_y, m_out = outs
         b0, c0, end = bounds
-        n_leaders, nt1, ntb, top_k, k1_steps, k2_steps = sizes
+        n_leaders, nt1, ntb, top_k, k1_steps, k2_steps, halves = sizes
         thr = tiled_mma.get_slice(tidx)
         frags = (
             tiled_mma.make_fragment_A(thr.partition_A(s_w0)),
             tiled_mma.make_fragment_A(thr.partition_A(s_w1)),
             tiled_mma.make_fragment_B(thr.partition_B(s_x)),
+            tiled_mma.make_fragment_B(thr.partition_B(s_x2)),
         )
         coords = thr.partition_C(cute.make_identity_tensor((WGMMA_M, TOKENS)))  # (m, n) of each register
         acc0 = cute.make_rmem_tensor(coords.shape, cutlass.Float32)
@@ -327,18 +382,26 @@ class DecodeKernel:
         tasks.advance()
         while task < end:
             if task < b0:
-                r, n = a_task(task, nt1)
+                r, n, half = a_task(task, nt1, halves)
                 base, count = s_start[r], s_count[r]
+                h_rows = (m_h, s_order, base, count, n)
                 for c in range((count + TOKENS - 1) // TOKENS):
-                    used = self.mainloop(ring, tiled_mma, acc0, acc1, frags, used, k1_steps)
-                    h_out.store(silu_mul(acc0.load(), acc1.load()).to(BF16))  # SiLU·up in fp32, rounded once
-                    for i in cutlass.range_constexpr(cute.size(acc0)):
-                        m, j = coords[i]
-                        if c * TOKENS + j < count:
-                            m_h[(s_order[base + c * TOKENS + j], n * H_TILE + m)] = h_out[i]
-                consumer_sync()  # every thread's h stores, then one release
-                if tidx == 0:
-                    signal(counters.iterator + DONE1 + r)
+                    if halves == 2:  # one half's sums; the half that arrives second has both and finishes the chunk
+                        used = self.mainloop(ring, tiled_mma, acc0, acc1, frags, used, k1_steps // 2, True)
+                        slot = exchange_slot(r, n, c, nt1)
+                        if self.exchange(acc0, acc1, exchange, slot, half, tidx) == 1:
+                            self.store_h(acc0, acc1, h_out, coords, h_rows, c)
+                            consumer_sync()  # every thread's h stores, then one release
+                            if tidx == 0:
+                                exchange[1][slot] = cutlass.Int32(0)  # the arrival word, zero for the next launch
+                                signal(counters.iterator + DONE1 + r)
+                    else:
+                        used = self.mainloop(ring, tiled_mma, acc0, acc1, frags, used, k1_steps)
+                        self.store_h(acc0, acc1, h_out, coords, h_rows, c)
+                if halves == 1:
+                    consumer_sync()  # every thread's h stores, then one release
+                    if tidx == 0:
+                        signal(counters.iterator + DONE1 + r)
             elif task < c0:
                 kt, r = b_task(task - b0, n_leaders)
                 base, count = s_start[r], s_count[r]
@@ -364,6 +427,42 @@ class DecodeKernel:
             tasks.advance()
 
     @cute.jit
+    def store_h(self, acc0, acc1, h_out, coords, h_rows, c):
+        """A's epilogue for chunk ``c``: h = SiLU(gate)·up in fp32 from the gate (acc0) and up (acc1) sums,
+        rounded once to bf16, into the rows of the chunk's pairs (``h_rows``: h, order, base, count, n-tile)."""
+        m_h, s_order, base, count, n = h_rows
+        h_out.store(silu_mul(acc0.load(), acc1.load()).to(BF16))
+        for i in cutlass.range_constexpr(cute.size(acc0)):
+            m, j = coords[i]
+            if c * TOKENS + j < count:
+                m_h[(s_order[base + c * TOKENS + j], n * H_TILE + m)] = h_out[i]
+
+    @cute.jit
+    def exchange(self, acc0, acc1, exchange, slot, half, tidx):
+        """A half task's sums (acc0) to exchange slot ``slot``, then its arrival: returns 1 in the half that
+        arrives second, with the gate sums loaded into acc0 and the up sums into acc1, else 0.  The protocol
+        is the tasks' own: stores, the barrier, thread 0's ``fence.acq_rel.gpu`` and acquire-release add (its
+        old value is the flag), the barrier, then every thread's loads."""
+        m_part, m_arrive, s_flag = exchange
+
+        own = (slot * 2 + half) * EXCHANGE_VALUES * CONSUMER_THREADS + tidx  # value i at + i·128: coalesced
+        gate = slot * 2 * EXCHANGE_VALUES * CONSUMER_THREADS + tidx
+        up = gate + EXCHANGE_VALUES * CONSUMER_THREADS
+        for i in cutlass.range_constexpr(cute.size(acc0)):
+            m_part[own + i * CONSUMER_THREADS] = acc0[i]
+        consumer_sync()
+        if tidx == 0:
+            cute.arch.fence_acq_rel_gpu()
+            s_flag[0] = cute.arch.atomic_add(m_arrive.iterator + slot, cutlass.Int32(1), sem="acq_rel", scope="gpu")
+        consumer_sync()
+        second = s_flag[0]
+        if second == 1:
+            for i in cutlass.range_constexpr(cute.size(acc0)):
+                acc0[i] = m_part[gate + i * CONSUMER_THREADS]
+                acc1[i] = m_part[up + i * CONSUMER_THREADS]
+        return second
+
+    @cute.jit
     def take(self, queue, tasks, s_task):
         """The next task from the queue (every consumer thread reads it, then arrives on its slot)."""
         queue.consumer_wait(tasks)
@@ -372,18 +471,19 @@ class DecodeKernel:
         return task
 
     @cute.jit
-    def mainloop(self, ring, tiled_mma, acc0, acc1, frags, used, steps):
-        """One chunk: ``steps`` ring stages into the two accumulators (zeroed first); one stage's WGMMAs
-        stay in flight while the next is issued.  Returns the stages consumed so far."""
+    def mainloop(self, ring, tiled_mma, acc0, acc1, frags, used, steps, half: cutlass.Constexpr = False):
+        """One chunk: ``steps`` ring stages into the two accumulators (zeroed first; ``half``: both boxes of
+        a stage, two K steps of one half's rows, into acc0); one stage's WGMMAs stay in flight while the
+        next is issued.  Returns the stages consumed so far."""
         read = ring_state(used, False)
         release = ring_state(used, False)
         acc0.fill(0.0)
         acc1.fill(0.0)
         warpgroup.fence()
-        self.issue(ring, tiled_mma, acc0, acc1, frags, read)  # the first stage: nothing older to retire
+        self.issue(ring, tiled_mma, acc0, acc1, frags, read, half)  # the first stage: nothing older to retire
         read.advance()
         for _s in range(1, steps):
-            self.issue(ring, tiled_mma, acc0, acc1, frags, read)
+            self.issue(ring, tiled_mma, acc0, acc1, frags, read, half)
             warpgroup.wait_group(1)  # the previous stage's WGMMAs are done: free its slot
             ring.consumer_release(release)
             release.advance()
@@ -393,14 +493,23 @@ class DecodeKernel:
         return used + steps
 
     @cute.jit
-    def issue(self, ring, tiled_mma, acc0, acc1, frags, read):
-        """Wait for stage ``read``, then its WGMMAs: 4 K blocks × (weight box 0 → acc0, box 1 → acc1)."""
-        a0, a1, b = frags
+    def issue(self, ring, tiled_mma, acc0, acc1, frags, read, half: cutlass.Constexpr):
+        """Wait for stage ``read``, then its WGMMAs: 4 K blocks × (weight box 0 → acc0, box 1 → acc1); a
+        half: 4 K blocks of box 0 × token ring 0, then 4 of box 1 × token ring 1, all into acc0 — the
+        order in which the whole tile adds them up."""
+        a0, a1, b, b2 = frags
         ring.consumer_wait(read)
         cute.arch.fence_proxy("async.shared", space="cta")  # cp.async wrote the token rows (generic proxy)
-        for kb in cutlass.range_constexpr(cute.size(a0, mode=[2])):
-            cute.gemm(tiled_mma, acc0, a0[(None, None, kb, read.index)], b[(None, None, kb, read.index)], acc0)
-            cute.gemm(tiled_mma, acc1, a1[(None, None, kb, read.index)], b[(None, None, kb, read.index)], acc1)
+        i = read.index
+        if cutlass.const_expr(half):
+            for kb in cutlass.range_constexpr(cute.size(a0, mode=[2])):
+                cute.gemm(tiled_mma, acc0, a0[(None, None, kb, i)], b[(None, None, kb, i)], acc0)
+            for kb in cutlass.range_constexpr(cute.size(a1, mode=[2])):
+                cute.gemm(tiled_mma, acc0, a1[(None, None, kb, i)], b2[(None, None, kb, i)], acc0)
+        else:
+            for kb in cutlass.range_constexpr(cute.size(a0, mode=[2])):
+                cute.gemm(tiled_mma, acc0, a0[(None, None, kb, i)], b[(None, None, kb, i)], acc0)
+                cute.gemm(tiled_mma, acc1, a1[(None, None, kb, i)], b[(None, None, kb, i)], acc1)
         warpgroup.commit_group()
 
     @cute.jit

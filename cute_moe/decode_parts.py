@@ -48,7 +48,18 @@ STAGES = 8
 """Depth of the TMA ring: 8 × 18 KiB (two 64×64 weight boxes, 16 token rows)."""
 QUEUE = 2
 """Tasks the producer warp may hand the consumer warpgroup ahead of its work."""
+HALF_TASKS = False
+"""Whether an A tile may be two tasks, its gate rows and its up rows, when the launch's leaders have fewer
+n-tiles than the grid has CTAs (:func:`a_halves`; DeepSeek-V3 TP8 at T = 1: 32 tiles of 1.8 MB for 132
+SMs).  A half streams its 64 rows two K steps per ring stage into one accumulator, stores the fp32 sums
+(:data:`EXCHANGE_VALUES` per consumer thread) to the exchange workspace and counts itself in the tile's
+arrival word; the second to arrive reads both sums and runs the epilogue.  Each sum is the WGMMA sequence
+of the whole tile, so h has the same bits.  Off until a GPU run has tested and timed it."""
+MAX_CHUNKS = PAIR_LANES // TOKENS
+"""The most chunks of :data:`TOKENS` pairs one leader's tasks walk (every pair on one expert)."""
 CONSUMER_THREADS = 128
+EXCHANGE_VALUES = WGMMA_M * TOKENS // CONSUMER_THREADS
+"""fp32 accumulator values per consumer thread (8): what a half task stores for its partner."""
 PRODUCER_WARP = 4
 """Warps 0–3 are the consumer warpgroup (WGMMA needs an aligned warpgroup); warp 4 the producer."""
 THREADS = CONSUMER_THREADS + 32
@@ -71,16 +82,36 @@ DONE2 = HEADER + PAIR_LANES
 
 
 # ---- task numbering and host sizes (plain integers) -----------------------------------------------
-def phase_starts(n_leaders, nt1, nk, ntb):
-    """(B0, C0, END): the first B task, the first C task and the task count."""
-    b0 = n_leaders * nt1
+def phase_starts(n_leaders, nt1, nk, ntb, halves=1):
+    """(B0, C0, END): the first B task, the first C task and the task count (``halves``: :func:`a_halves`)."""
+    b0 = n_leaders * nt1 * halves
     c0 = b0 + nk * n_leaders
     return b0, c0, c0 + nk * ntb
 
 
-def a_task(a, nt1):
-    """A task ``a`` (counted from 0) → (leader rank, n-tile)."""
-    return a // nt1, a % nt1
+def a_task(a, nt1, halves=1):
+    """A task ``a`` (counted from 0) → (leader rank, n-tile, half): half 0 is the gate rows and 1 the up
+    rows when the tiles are halved (``halves`` = 2), 0 (both) when not."""
+    tile = a // halves
+    return tile // nt1, tile % nt1, a - tile * halves
+
+
+def a_halves(n_leaders: int, nt1: int, grid: int) -> int:
+    """Tasks per A tile (the kernel decides the same from its tables and grid): 2 — gate and up apart —
+    when :data:`HALF_TASKS` is on and the leaders' n-tiles are fewer than the CTAs, else 1."""
+    return 2 if HALF_TASKS and n_leaders * nt1 < grid else 1
+
+
+def done1_target(nt1, chunks, halves):
+    """What ``done1[r]`` counts when leader r's h is complete: its NT1 tasks (whole tiles, one signal each
+    after all its chunks) or, halved, one signal per (n-tile, chunk) from the half that finishes it."""
+    return nt1 * (1 + (halves - 1) * (chunks - 1))
+
+
+def exchange_slot(r, n, chunk, nt1):
+    """The exchange slot of (leader rank, n-tile, chunk) in a halved launch: below ``grid · MAX_CHUNKS``, as a
+    halved launch has fewer tiles than CTAs."""
+    return (r * nt1 + n) * MAX_CHUNKS + chunk
 
 
 def b_task(b, n_leaders):
@@ -102,10 +133,10 @@ def tile_counts(T: int, K: int, I: int) -> tuple[int, int, int]:  # noqa: E741
     return I // H_TILE, K // Y_TILE, _cdiv(T, TOKEN_BLOCK)
 
 
-def task_counts(n_leaders: int, T: int, K: int, I: int) -> tuple[int, int, int]:  # noqa: E741
+def task_counts(n_leaders: int, T: int, K: int, I: int, halves: int = 1) -> tuple[int, int, int]:  # noqa: E741
     """(A, B, C) tasks of a launch whose routing hits ``n_leaders`` experts."""
     nt1, nk, ntb = tile_counts(T, K, I)
-    return n_leaders * nt1, nk * n_leaders, nk * ntb
+    return n_leaders * nt1 * halves, nk * n_leaders, nk * ntb
 
 
 def max_tasks(T: int, top_k: int, E: int, K: int, I: int) -> int:  # noqa: E741
@@ -116,6 +147,15 @@ def max_tasks(T: int, top_k: int, E: int, K: int, I: int) -> int:  # noqa: E741
 def grid_size(T: int, top_k: int, E: int, K: int, I: int, sms: int) -> int:  # noqa: E741
     """CTAs of a launch: one per SM (shared memory holds one), never more than there can be tasks."""
     return max(1, min(max_tasks(T, top_k, E, K, I), sms))
+
+
+def exchange_words(sms: int) -> tuple[int, int]:
+    """(fp32 words, int32 arrival words) of the exchange workspace of a halved launch on ``sms`` SMs (the grid's
+    bound): two halves' sums per slot, a word per slot; one word each when :data:`HALF_TASKS` is off."""
+    if not HALF_TASKS:
+        return 1, 1
+    slots = sms * MAX_CHUNKS
+    return slots * 2 * EXCHANGE_VALUES * CONSUMER_THREADS, slots
 
 
 def counter_words(K: int) -> int:
@@ -162,9 +202,14 @@ def stage_tx_bytes() -> int:
     return 2 * WGMMA_M * TILE_K * 2
 
 
+def token_rings() -> int:
+    """Token-row tiles per ring stage: one K step's, and a second for a half task's second K step."""
+    return 2 if HALF_TASKS else 1
+
+
 def smem_bytes() -> int:
     """Shared memory of a CTA, about: the ring (weights and token rows) and ≤ 2 KiB of barriers and tables."""
-    return STAGES * (stage_tx_bytes() + TOKENS * TILE_K * 2) + 2048
+    return STAGES * (stage_tx_bytes() + token_rings() * TOKENS * TILE_K * 2) + 2048
 
 
 def launch_summary(T: int, top_k: int, E: int, K: int, I: int, sms: int) -> dict:  # noqa: E741
@@ -173,9 +218,12 @@ def launch_summary(T: int, top_k: int, E: int, K: int, I: int, sms: int) -> dict
     shared memory, the WGMMA, the counters and the workspace rows."""
     nt1, nk, ntb = tile_counts(T, K, I)
     leaders = min(T * top_k, E)
-    a, b, c = task_counts(leaders, T, K, I)
+    grid = grid_size(T, top_k, E, K, I, sms)
+    halves = a_halves(leaders, nt1, grid)
+    a, b, c = task_counts(leaders, T, K, I, halves)
     return {
-        "grid": grid_size(T, top_k, E, K, I, sms),
+        "grid": grid,
+        "a_halves": halves,
         "threads": THREADS,
         "pairs": T * top_k,
         "max_leaders": leaders,
@@ -184,7 +232,7 @@ def launch_summary(T: int, top_k: int, E: int, K: int, I: int, sms: int) -> dict
         "tasks_at_most": {"A": a, "B": b, "C": c},
         "ring": {
             "stages": STAGES,
-            "stage_bytes": stage_tx_bytes() + TOKENS * TILE_K * 2,
+            "stage_bytes": stage_tx_bytes() + token_rings() * TOKENS * TILE_K * 2,
             "tma_bytes": stage_tx_bytes(),
         },
         "smem_bytes": smem_bytes(),

@@ -66,6 +66,8 @@ def _static_ptx(E, top_k, K, I, ids_dtype="int32"):
         rows(bf, (T, K)),
         make_fake_compact_tensor(cutlass.Int32, (dp.counter_words(K),), assumed_align=4),
         make_fake_compact_tensor(cutlass.Int32, (1,), assumed_align=4),
+        make_fake_compact_tensor(cutlass.Float32, (dp.exchange_words(132)[0],), assumed_align=4),
+        make_fake_compact_tensor(cutlass.Int32, (dp.exchange_words(132)[1],), assumed_align=4),
         cutlass.Int32(132),
         fake_stream(),
     )
@@ -133,6 +135,27 @@ def test_gemm2_weights_are_on_their_way_before_the_wait(ptx):
     assert "cp.async.cg" in ptx[first_acquire:]
 
 
+def test_halved_tiles_compile_with_the_exchange(monkeypatch, ptx):
+    """With HALF_TASKS on: the same instructions, a half's WGMMAs (8 per stage into one accumulator) beside
+    the whole tile's, the arrival as a second acquire-release add beside the exit count, the second
+    token ring's cp.async; and the sums exchanged as plain fp32 stores and loads, no float atomics."""
+    import cute_moe.decode as dd
+    import cute_moe.decode_kernel as dk
+
+    for module in (dp, dk, dd):
+        monkeypatch.setattr(module, "HALF_TASKS", True)
+    halved = compile_decode("int32", keep_ptx=True).__ptx__
+    _check_instructions(halved)
+    wgmma = r"wgmma\.mma_async\.sync"
+    assert len(re.findall(wgmma, halved)) == len(re.findall(wgmma, ptx)) + 16
+    acq_rel_add = r"atom\.global\.acq_rel\.add\.u32"
+    assert len(re.findall(acq_rel_add, halved)) == len(re.findall(acq_rel_add, ptx)) + 1
+    assert halved.count("cp.async.cg") > ptx.count("cp.async.cg")
+    text = _static_ptx(*SHAPES["deepseek-v3:tp8"])
+    assert re.search(r"^\.target sm_90a", text, re.M)
+    _check_instructions(text)
+
+
 def test_int64_ids_compile_and_the_cache_holds_one_binary_per_dtype():
     import cute_moe
 
@@ -168,11 +191,13 @@ def test_task_counts_and_grid(spec, T, leaders, tasks):
 def test_counter_and_workspace_sizes():
     assert [dp.counter_words(K) for K in (2048, 7168, 4096)] == [8 + 64 + 16, 8 + 64 + 56, 8 + 64 + 32]
     assert [dp.pair_bucket(p) for p in (1, 2, 8, 9, 16, 17, 33, 64)] == [8, 8, 8, 16, 16, 32, 64, 64]
-    assert workspace_shapes(1, 8, 2048, 768) == {"h": (8, 768), "y": (8, 2048), "counters": (88,)}
-    assert workspace_shapes(8, 2, 4096, 14336) == {"h": (16, 14336), "y": (16, 4096), "counters": (104,)}
-    assert workspace_shapes(8, 8, 7168, 256) == {"h": (64, 256), "y": (64, 7168), "counters": (128,)}
+    off = {"part": (1,), "arrive": (1,)}  # the halves' exchange, one word each while HALF_TASKS is off
+    assert workspace_shapes(1, 8, 2048, 768, 132) == {"h": (8, 768), "y": (8, 2048), "counters": (88,)} | off
+    assert workspace_shapes(8, 2, 4096, 14336, 132) == {"h": (16, 14336), "y": (16, 4096), "counters": (104,)} | off
+    assert workspace_shapes(8, 8, 7168, 256, 132) == {"h": (64, 256), "y": (64, 7168), "counters": (128,)} | off
     ws = new_workspace(3, 2, 256, 128, "cpu")
     assert ws["h"].shape == (8, 128) and ws["y"].shape == (8, 256) and int(ws["counters"].abs().sum()) == 0
+    assert ws["part"].dtype == torch.float32 and ws["arrive"].dtype == torch.int32 and int(ws["arrive"].sum()) == 0
     # one ring stage: two 64 × 64 bf16 boxes by TMA (the full barrier's bytes) and 16 token rows by cp.async
     assert dp.stage_tx_bytes() == 16384
     assert dp.smem_bytes() == 8 * (16384 + 2048) + 2048 <= 227 * 1024
@@ -185,10 +210,36 @@ def test_task_numbering_is_a_bijection_onto_the_phases():
     seen = [("A", *dp.a_task(t, nt1)) for t in range(b0)]
     seen += [("B", *dp.b_task(t - b0, NL)) for t in range(b0, c0)]
     seen += [("C", *dp.c_task(t - c0, ntb)) for t in range(c0, end)]
-    want = [("A", r, n) for r in range(NL) for n in range(nt1)]
+    want = [("A", r, n, 0) for r in range(NL) for n in range(nt1)]
     want += [("B", kt, r) for kt in range(nk) for r in range(NL)]
     want += [("C", kt, tb) for kt in range(nk) for tb in range(ntb)]
     assert seen == want
+    # halved tiles: the gate task (half 0) then the up task (half 1) of every tile, B and C moved along
+    b0, c0, end = dp.phase_starts(NL, nt1, nk, ntb, 2)
+    assert (b0, c0, end) == (30, 30 + 20, 50 + 8)
+    assert [dp.a_task(t, nt1, 2) for t in range(b0)] == [
+        (r, n, h) for r in range(NL) for n in range(nt1) for h in (0, 1)
+    ]
+
+
+def test_when_tiles_are_halved_and_what_their_leaders_wait_for(monkeypatch):
+    assert dp.a_halves(8, 4, 132) == 1  # the switch is off: whole tiles
+    monkeypatch.setattr(dp, "HALF_TASKS", True)
+    assert dp.a_halves(8, 4, 132) == 2  # DeepSeek-V3 TP8, T = 1: 32 tiles for 132 CTAs
+    assert dp.a_halves(8, 12, 96) == 1 and dp.a_halves(8, 12, 97) == 2  # Qwen3-30B-A3B: 96 tiles
+    # done1[r]: whole tiles signal once per task; halves once per (n-tile, chunk), by the half finishing it
+    assert [dp.done1_target(12, chunks, 1) for chunks in (1, 2, 4)] == [12, 12, 12]
+    assert [dp.done1_target(12, chunks, 2) for chunks in (1, 2, 4)] == [12, 24, 48]
+    # a halved launch has fewer tiles than CTAs, so every slot is below grid · MAX_CHUNKS
+    grid, NL, nt1 = 132, 8, 16
+    assert NL * nt1 < grid and dp.exchange_slot(NL - 1, nt1 - 1, dp.MAX_CHUNKS - 1, nt1) < grid * dp.MAX_CHUNKS
+    slots = {dp.exchange_slot(r, n, c, nt1) for r in range(NL) for n in range(nt1) for c in range(dp.MAX_CHUNKS)}
+    assert len(slots) == NL * nt1 * dp.MAX_CHUNKS
+    assert dp.exchange_words(132) == (132 * 4 * 2 * 8 * 128, 132 * 4)
+    assert dp.EXCHANGE_VALUES * dp.CONSUMER_THREADS == dp.WGMMA_M * dp.TOKENS  # one m64n16 fp32 accumulator
+    assert dp.smem_bytes() == 8 * (16384 + 2 * 2048) + 2048 <= 227 * 1024  # a second token ring
+    assert dp.launch_summary(1, 8, 256, 7168, 256, 132)["a_halves"] == 2
+    assert dp.launch_summary(1, 8, 256, 7168, 256, 132)["tasks_at_most"]["A"] == 64
 
 
 def test_leader_tables_by_hand():
@@ -201,22 +252,24 @@ def test_leader_tables_by_hand():
 
 
 # ---- a model of the protocol ------------------------------------------------------------------------
-def simulate(ids, E, T, top_k, K, I, grid, resident, seed, combine_first=False):  # noqa: E741
+def simulate(ids, E, T, top_k, K, I, grid, resident, seed, combine_first=False, halves=1):  # noqa: E741
     """Every CTA as two generators (producer warp, consumer warpgroup) that yield the condition they wait
     on; a random scheduler steps one whose condition holds, with at most ``resident`` CTAs started at a
-    time.  The kernel's numbering, queue depth, ring depth, W2 boxes before the wait.  Returns the tasks
-    each CTA finished, or raises on a deadlock.  ``combine_first`` numbers C before B (a wrong order)."""
+    time.  The kernel's numbering, queue depth, ring depth, W2 boxes before the wait, and with ``halves`` =
+    2 the halved A tiles (each chunk finished by the half that arrives second).  Returns the tasks each CTA
+    finished, or raises on a deadlock.  ``combine_first`` numbers C before B (a wrong order)."""
     tab = dp.leader_tables(ids, E)
     NL = tab["n_leaders"]
     nt1, nk, ntb = dp.tile_counts(T, K, I)
-    b0, c0, end = dp.phase_starts(NL, nt1, nk, ntb)
+    b0, c0, end = dp.phase_starts(NL, nt1, nk, ntb, halves)
     chunks = [-(-c // dp.TOKENS) for c in tab["count"]]
-    g = dict(ticket=0, done1=[0] * NL, done2=[0] * nk, finished=[])
+    target = [dp.done1_target(nt1, chunks[r], halves) for r in range(NL)]
+    g = dict(ticket=0, done1=[0] * NL, done2=[0] * nk, finished=[], arrived={})
 
     def kind(t):
         if t < b0:
-            r, _ = dp.a_task(t, nt1)
-            return "A", r, None, chunks[r] * (K // dp.TILE_K)
+            r, n, _ = dp.a_task(t, nt1, halves)
+            return "A", r, n, chunks[r] * (K // dp.TILE_K) // halves
         if combine_first:
             if t < b0 + nk * ntb:
                 return ("C", *dp.c_task(t - b0, ntb), 0)
@@ -245,7 +298,7 @@ def simulate(ids, E, T, top_k, K, I, grid, resident, seed, combine_first=False):
                 yield lambda: c.taken - c.consumed < dp.STAGES
                 c.taken += 1
             if what == "B":
-                yield lambda r=r: g["done1"][r] >= nt1
+                yield lambda r=r: g["done1"][r] >= target[r]
                 c.issued += early
             for _ in range(steps - early):
                 yield lambda: c.taken - c.consumed < dp.STAGES
@@ -261,10 +314,15 @@ def simulate(ids, E, T, top_k, K, I, grid, resident, seed, combine_first=False):
             what, r, kt, steps = kind(t)
             if what == "C":
                 yield lambda r=r: g["done2"][r] >= NL  # (for C, r is the k-tile)
-            for _ in range(steps):
+            for s in range(steps):
                 yield lambda: c.issued > c.consumed
                 c.consumed += 1
-            if what == "A":
+                if what == "A" and halves == 2 and (s + 1) % (steps // chunks[r]) == 0:  # a chunk's exchange
+                    key = (r, kt, (s + 1) // (steps // chunks[r]) - 1)  # (for A, kt is the n-tile)
+                    g["arrived"][key] = g["arrived"].get(key, 0) + 1
+                    if g["arrived"][key] == 2:
+                        g["done1"][r] += 1
+            if what == "A" and halves == 1:
                 g["done1"][r] += 1
             elif what == "B":
                 g["done2"][kt] += 1
@@ -285,20 +343,32 @@ def simulate(ids, E, T, top_k, K, I, grid, resident, seed, combine_first=False):
             a[1] = next(a[0])
         except StopIteration:
             running.remove(a)
-    assert g["done1"] == [nt1] * NL and g["done2"] == [NL] * nk
+    assert g["done1"] == target and g["done2"] == [NL] * nk
+    assert all(v == 2 for v in g["arrived"].values()) and len(g["arrived"]) == (halves - 1) * nt1 * sum(chunks)
     return sorted(g["finished"])
 
 
+@pytest.mark.parametrize("halves", [1, 2])
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("grid, resident", [(1, 1), (3, 1), (5, 2), (16, 16), (40, 7)])
-def test_every_interleaving_of_the_protocol_finishes(grid, resident, seed):
+def test_every_interleaving_of_the_protocol_finishes(grid, resident, seed, halves):
     rng = random.Random(seed)
     E, top_k, T = 6, 2, 5 + seed
     ids = [rng.randrange(E) for _ in range(T * top_k)]
     # K = 256: 4 K steps and 2 k-tiles; I = 1152: 18 K steps of GEMM2, more than the ring holds
-    finished = simulate(ids, E, T, top_k, 256, 1152, grid, resident, seed)
+    finished = simulate(ids, E, T, top_k, 256, 1152, grid, resident, seed, halves=halves)
     NL = dp.leader_tables(ids, E)["n_leaders"]
-    assert finished == list(range(dp.phase_starts(NL, *dp.tile_counts(T, 256, 1152))[2]))
+    assert finished == list(range(dp.phase_starts(NL, *dp.tile_counts(T, 256, 1152), halves)[2]))
+
+
+def test_halved_tiles_with_several_chunks_finish():
+    """One expert hit by 40 pairs: three chunks of 16, each exchanged and counted on its own."""
+    ids = [0 if j % 2 == 0 else 1 + j % 7 for j in range(40)]  # expert 0 in every token's first slot
+    tab = dp.leader_tables(ids, 8)
+    assert tab["count"][0] == 20 and -(-tab["count"][0] // dp.TOKENS) == 2
+    for grid, resident in ((6, 3), (2, 1)):
+        finished = simulate(ids, 8, 20, 2, 256, 128, grid=grid, resident=resident, seed=1, halves=2)
+        assert finished == list(range(dp.phase_starts(tab["n_leaders"], 2, 2, 3, 2)[2]))
 
 
 def test_the_model_sees_a_deadlock_when_the_numbering_is_wrong():

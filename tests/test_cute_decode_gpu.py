@@ -215,3 +215,55 @@ def test_the_sizes_compile_once(shapes):
         for T in (1, 3, 8):
             _decode(**_inputs(shapes, spec, T, seed=T))
     assert cute_moe.compile_count() == before
+
+
+def _halve(monkeypatch):
+    """The kernel compiled with A tiles halved where they are fewer than the CTAs (``HALF_TASKS``)."""
+    import cute_moe.decode as dd
+    import cute_moe.decode_kernel as dk
+    import cute_moe.decode_parts as dp
+
+    for module in (dp, dk, dd):
+        monkeypatch.setattr(module, "HALF_TASKS", True)
+    dd._kernel.cache_clear()
+
+
+def _small_layer(T, E, top_k, K, I, ids, seed):  # noqa: E741
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(T, K, device="cuda", generator=g).bfloat16()
+    w1 = (torch.randn(E, 2 * I, K, device="cuda", generator=g) / K**0.5).bfloat16()
+    w2 = (torch.randn(E, K, I, device="cuda", generator=g) / I**0.5).bfloat16()
+    w = torch.rand(T, top_k, device="cuda", generator=g)
+    ids = torch.tensor(ids, dtype=torch.int32, device="cuda").view(T, top_k)
+    return dict(x=x, w1=w1, w2=w2, topk_weights=w / w.sum(1, keepdim=True), topk_ids=ids)
+
+
+def test_halved_tiles_give_the_bits_of_whole_tiles(shapes, monkeypatch):
+    """Gate and up as two tasks, the second to arrive finishing the chunk: each sum is the whole tile's
+    WGMMA sequence, so out has the same bits — at DeepSeek-V3 TP8 and Qwen3-30B-A3B T = 1, 2 (tiles fewer
+    than the CTAs) and on a small layer whose expert holds 32 pairs (two chunks, each exchanged); reruns equal,
+    the arrival words and counters back at zero."""
+    import cute_moe.decode as dd
+    import cute_moe.decode_parts as dp
+
+    cases = [_inputs(shapes, spec, T, seed=10 + T) for spec in ("deepseek-v3:tp8", "qwen3-30b-a3b") for T in (1, 2)]
+    cases += [_small_layer(32, 8, 2, 1024, 256, [0 if j % 2 == 0 else 1 + j % 7 for j in range(64)], seed=11)]
+    whole = [_decode(**kw) for kw in cases]
+    for kw in cases:  # every case is halved once the switch is on
+        T, top_k = kw["topk_ids"].shape
+        E, K, I = kw["w1"].shape[0], kw["x"].shape[1], kw["w2"].shape[2]  # noqa: E741
+        leaders = dp.leader_tables(kw["topk_ids"].flatten().tolist(), E)["n_leaders"]
+        grid = dp.grid_size(T, top_k, E, K, I, torch.cuda.get_device_properties(0).multi_processor_count)
+        assert leaders * (I // dp.H_TILE) < grid
+    _halve(monkeypatch)
+    try:
+        for kw, want in zip(cases, whole):
+            T, top_k = kw["topk_ids"].shape
+            ws = dd.new_workspace(T, top_k, kw["x"].shape[1], kw["w2"].shape[2], kw["x"].device)
+            got = dd.decode_fused_moe(**kw, workspace=ws)
+            again = dd.decode_fused_moe(**kw, workspace=ws)
+            torch.cuda.synchronize()
+            assert torch.equal(got, want) and torch.equal(again, want)
+            assert int(ws["arrive"].abs().sum()) == 0 and int(ws["counters"].abs().sum()) == 0
+    finally:
+        dd._kernel.cache_clear()

@@ -76,7 +76,7 @@ def _segments(t: int, plan: dict) -> tuple[str, str, list]:
     """(phase, words, segments) of task ``t``: ("lat", µs), ("load", bytes), ("wait", counter)."""
     lat, count = plan["latency_us"], plan["count"]
     if t < plan["b0"]:
-        r, n = a_task(t, plan["nt1"])
+        r, n, _ = a_task(t, plan["nt1"])
         return (
             "A",
             f"leader {r}, n-tile {n}",
