@@ -219,10 +219,10 @@ class DecodeKernel(ConsumerSteps):
         n_leaders = tables[7][0]
         T, top_k, K, I = m_ids.shape[0], m_ids.shape[1], m_x.shape[1], m_w1.shape[0]  # noqa: E741
         nt1, nk, ntb = I // H_TILE, K // Y_TILE, (T + TOKEN_BLOCK - 1) // TOKEN_BLOCK
-        halves = 1  # tasks per A tile: 2 (gate, up) when halving is on and the tiles are fewer than the CTAs
+        halves = 1  # tasks per A tile: 2 (gate, up) when halving is on and the halves fill at most half the grid
         if cutlass.const_expr(HALF_TASKS):
             halves = cutlass.Int32(1)
-            if n_leaders * nt1 < grid:
+            if 4 * n_leaders * nt1 <= grid:
                 halves = cutlass.Int32(2)
         bounds = phase_starts(n_leaders, nt1, nk, ntb, halves)
         sizes = (n_leaders, nt1, ntb, top_k, K // TILE_K, I // TILE_K, halves)

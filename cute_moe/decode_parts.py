@@ -49,9 +49,9 @@ STAGES = 8
 QUEUE = 2
 """Tasks the producer warp may hand the consumer warpgroup ahead of its work."""
 HALF_TASKS = False
-"""Whether an A tile may be two tasks, its gate rows and its up rows, when the launch's leaders have fewer
-n-tiles than the grid has CTAs (:func:`a_halves`; DeepSeek-V3 TP8 at T = 1: 32 tiles of 1.8 MB for 132
-SMs).  A half streams its 64 rows two K steps per ring stage into one accumulator, stores the fp32 sums
+"""Whether an A tile may be two tasks, its gate rows and its up rows, when the halves would take at most
+half the grid's CTAs (:func:`a_halves`; DeepSeek-V3 TP8 at T = 1: 32 tiles of 1.8 MB for 132 SMs).  A half
+streams its 64 rows two K steps per ring stage into one accumulator, stores the fp32 sums
 (:data:`EXCHANGE_VALUES` per consumer thread) to the exchange workspace and counts itself in the tile's
 arrival word; the second to arrive reads both sums and runs the epilogue.  Each sum is the WGMMA sequence
 of the whole tile, so h has the same bits.  Off until a GPU run has tested and timed it."""
@@ -98,8 +98,11 @@ def a_task(a, nt1, halves=1):
 
 def a_halves(n_leaders: int, nt1: int, grid: int) -> int:
     """Tasks per A tile (the kernel decides the same from its tables and grid): 2 — gate and up apart —
-    when :data:`HALF_TASKS` is on and the leaders' n-tiles are fewer than the CTAs, else 1."""
-    return 2 if HALF_TASKS and n_leaders * nt1 < grid else 1
+    when :data:`HALF_TASKS` is on and the halves take at most half the CTAs (the rest prefetch GEMM2's
+    weights), else 1.  The bound is the modelled timeline's (:mod:`cute_moe.lab.fig_decode`): halving where
+    the tiles are between a quarter and all of the grid lengthens the model's DeepSeek-V3 TP8 T = 2 and
+    Qwen3-30B-A3B T = 1."""
+    return 2 if HALF_TASKS and 4 * n_leaders * nt1 <= grid else 1
 
 
 def done1_target(nt1, chunks, halves):
@@ -110,7 +113,7 @@ def done1_target(nt1, chunks, halves):
 
 def exchange_slot(r, n, chunk, nt1):
     """The exchange slot of (leader rank, n-tile, chunk) in a halved launch: below ``grid · MAX_CHUNKS``, as a
-    halved launch has fewer tiles than CTAs."""
+    halved launch has fewer tiles than a quarter of its CTAs."""
     return (r * nt1 + n) * MAX_CHUNKS + chunk
 
 

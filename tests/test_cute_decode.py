@@ -225,14 +225,16 @@ def test_task_numbering_is_a_bijection_onto_the_phases():
 def test_when_tiles_are_halved_and_what_their_leaders_wait_for(monkeypatch):
     assert dp.a_halves(8, 4, 132) == 1  # the switch is off: whole tiles
     monkeypatch.setattr(dp, "HALF_TASKS", True)
-    assert dp.a_halves(8, 4, 132) == 2  # DeepSeek-V3 TP8, T = 1: 32 tiles for 132 CTAs
-    assert dp.a_halves(8, 12, 96) == 1 and dp.a_halves(8, 12, 97) == 2  # Qwen3-30B-A3B: 96 tiles
+    assert dp.a_halves(8, 4, 132) == 2  # DeepSeek-V3 TP8, T = 1: 32 tiles, 64 halves for 132 CTAs
+    assert dp.a_halves(8, 4, 128) == 2 and dp.a_halves(8, 4, 127) == 1  # the halves in at most half the grid
+    assert dp.a_halves(8, 12, 132) == 1 and dp.a_halves(16, 4, 132) == 1  # Qwen3-30B-A3B T = 1, DeepSeek T = 2
     # done1[r]: whole tiles signal once per task; halves once per (n-tile, chunk), by the half finishing it
     assert [dp.done1_target(12, chunks, 1) for chunks in (1, 2, 4)] == [12, 12, 12]
     assert [dp.done1_target(12, chunks, 2) for chunks in (1, 2, 4)] == [12, 24, 48]
     # a halved launch has fewer tiles than CTAs, so every slot is below grid · MAX_CHUNKS
-    grid, NL, nt1 = 132, 8, 16
-    assert NL * nt1 < grid and dp.exchange_slot(NL - 1, nt1 - 1, dp.MAX_CHUNKS - 1, nt1) < grid * dp.MAX_CHUNKS
+    grid, NL, nt1 = 132, 4, 8
+    assert dp.a_halves(NL, nt1, grid) == 2
+    assert dp.exchange_slot(NL - 1, nt1 - 1, dp.MAX_CHUNKS - 1, nt1) < grid * dp.MAX_CHUNKS
     slots = {dp.exchange_slot(r, n, c, nt1) for r in range(NL) for n in range(nt1) for c in range(dp.MAX_CHUNKS)}
     assert len(slots) == NL * nt1 * dp.MAX_CHUNKS
     assert dp.exchange_words(132) == (132 * 4 * 2 * 8 * 128, 132 * 4)

@@ -240,21 +240,21 @@ def _small_layer(T, E, top_k, K, I, ids, seed):  # noqa: E741
 
 def test_halved_tiles_give_the_bits_of_whole_tiles(shapes, monkeypatch):
     """Gate and up as two tasks, the second to arrive finishing the chunk: each sum is the whole tile's
-    WGMMA sequence, so out has the same bits — at DeepSeek-V3 TP8 and Qwen3-30B-A3B T = 1, 2 (tiles fewer
-    than the CTAs) and on a small layer whose expert holds 32 pairs (two chunks, each exchanged); reruns equal,
-    the arrival words and counters back at zero."""
+    WGMMA sequence, so out has the same bits — at DeepSeek-V3 TP8 T = 1 (32 tiles, 64 halves) and on a small
+    layer whose expert holds 32 pairs (two chunks, each exchanged); reruns equal, the arrival words and counters
+    back at zero."""
     import cute_moe.decode as dd
     import cute_moe.decode_parts as dp
 
-    cases = [_inputs(shapes, spec, T, seed=10 + T) for spec in ("deepseek-v3:tp8", "qwen3-30b-a3b") for T in (1, 2)]
-    cases += [_small_layer(32, 8, 2, 1024, 256, [0 if j % 2 == 0 else 1 + j % 7 for j in range(64)], seed=11)]
+    cases = [_inputs(shapes, "deepseek-v3:tp8", 1, seed=seed) for seed in (10, 11, 12)]
+    cases += [_small_layer(32, 8, 2, 1024, 128, [0 if j % 2 == 0 else 1 + j % 7 for j in range(64)], seed=11)]
     whole = [_decode(**kw) for kw in cases]
-    for kw in cases:  # every case is halved once the switch is on
+    for kw in cases:  # every case is one the switch halves
         T, top_k = kw["topk_ids"].shape
         E, K, I = kw["w1"].shape[0], kw["x"].shape[1], kw["w2"].shape[2]  # noqa: E741
         leaders = dp.leader_tables(kw["topk_ids"].flatten().tolist(), E)["n_leaders"]
         grid = dp.grid_size(T, top_k, E, K, I, torch.cuda.get_device_properties(0).multi_processor_count)
-        assert leaders * (I // dp.H_TILE) < grid
+        assert 4 * leaders * (I // dp.H_TILE) <= grid
     _halve(monkeypatch)
     try:
         for kw, want in zip(cases, whole):

@@ -226,11 +226,14 @@ def layer_text(
         "",
         f"One launch   {launch['grid']} CTAs × {launch['threads']} threads (consumer warpgroup + producer warp), "
         f"one per SM of {sms}",
-        f"Tasks        A (GEMM1: leader, {tiles['h_tile']} columns of I) {most['A']}, "
+        f"Tasks        A (GEMM1: leader, {tiles['h_tile']} columns of I"
+        f"{', gate or up rows' if launch['a_halves'] == 2 else ''}) {most['A']}, "
         f"B (GEMM2: {tiles['y_tile']} columns of K, leader) {most['B']}, "
         f"C (combine: {tiles['y_tile']} columns, {tiles['token_block']} tokens) {most['C']} — at most, "
         f"{launch['max_leaders']} experts hit; NT1 = {tiles['nt1']}, NK = {tiles['nk']}, NTB = {tiles['ntb']}",
-        f"Order        B (kt, r) waits for done1[r] = {tiles['nt1']}, C (kt, ·) for done2[kt] = the experts hit: "
+        f"Order        B (kt, r) waits for done1[r] = {tiles['nt1']}"
+        f"{' × chunks of r' if launch['a_halves'] == 2 else ''}"
+        ", C (kt, ·) for done2[kt] = the experts hit: "
         "only on smaller task numbers",
         f"Ring         {ring['stages']} stages × {ring['stage_bytes']} B ({ring['tma_bytes']} B of weight boxes "
         f"by TMA, {tiles['tokens']} token rows by cp.async); shared memory ≈ {launch['smem_bytes']} B",

@@ -25,9 +25,11 @@ from ..decode_parts import (
     TOKEN_BLOCK,
     TOKENS,
     Y_TILE,
+    a_halves,
     a_task,
     b_task,
     c_task,
+    done1_target,
     grid_size,
     leader_tables,
     phase_starts,
@@ -76,12 +78,11 @@ def _segments(t: int, plan: dict) -> tuple[str, str, list]:
     """(phase, words, segments) of task ``t``: ("lat", µs), ("load", bytes), ("wait", counter)."""
     lat, count = plan["latency_us"], plan["count"]
     if t < plan["b0"]:
-        r, n, _ = a_task(t, plan["nt1"])
-        return (
-            "A",
-            f"leader {r}, n-tile {n}",
-            [("lat", lat), ("load", _chunks(count[r]) * 2 * H_TILE * plan["K"] * BF16)],
-        )
+        halves = plan["halves"]
+        r, n, half = a_task(t, plan["nt1"], halves)
+        rows = 2 * H_TILE // halves
+        what = f"leader {r}, n-tile {n}" + ("", f", {('gate', 'up')[half]} rows")[halves - 1]
+        return "A", what, [("lat", lat), ("load", _chunks(count[r]) * rows * plan["K"] * BF16)]
     if t < plan["c0"]:
         kt, r = b_task(t - plan["b0"], plan["leaders"])
         w2 = _chunks(count[r]) * Y_TILE * plan["I"] * BF16
@@ -121,13 +122,17 @@ def schedule(
         raise ValueError(f"bandwidth_tbs, latency_us: expected positive numbers, got {bandwidth_tbs}, {latency_us}")
     tables = leader_tables(ids, E)
     nt1, nk, ntb = tile_counts(T, K, I)
-    b0, c0, end = phase_starts(tables["n_leaders"], nt1, nk, ntb)
-    plan = dict(b0=b0, c0=c0, nt1=nt1, ntb=ntb, K=K, I=I, leaders=tables["n_leaders"], count=tables["count"])
-    plan["latency_us"] = latency_us
     grid = grid_size(T, top_k, E, K, I, sms)
+    halves = a_halves(tables["n_leaders"], nt1, grid)
+    b0, c0, end = phase_starts(tables["n_leaders"], nt1, nk, ntb, halves)
+    plan = dict(b0=b0, c0=c0, nt1=nt1, ntb=ntb, K=K, I=I, leaders=tables["n_leaders"], count=tables["count"])
+    plan.update(latency_us=latency_us, halves=halves)
+    chunks = [_chunks(c) for c in tables["count"]]
     rate, cap = bandwidth_tbs * 1e6, ring_rate_cap(latency_us)
     done = {("A", r): 0 for r in range(plan["leaders"])} | {("B", kt): 0 for kt in range(nk)}
-    full = {("A", r): nt1 for r in range(plan["leaders"])} | {("B", kt): plan["leaders"] for kt in range(nk)}
+    full = {("A", r): done1_target(nt1, chunks[r], halves) for r in range(plan["leaders"])}
+    full |= {("B", kt): plan["leaders"] for kt in range(nk)}
+    arrived: dict[tuple, int] = {}  # halved tiles: the halves finished per (leader, n-tile)
     now, ticket, tasks = 0.0, 0, []
     running: dict[int, dict] = {}  # cta -> {t, phase, what, segs, left (of the first segment), claimed, ready, bytes}
 
@@ -181,13 +186,15 @@ def schedule(
             j = running.pop(cta)
             task = (j["t"], j["phase"], j["what"], cta, j["claimed"], j["wait_from"], j["ready"], now, j["bytes"])
             tasks.append(Task(*task))
-            if j["phase"] != "C":
-                key = (
-                    ("A", a_task(j["t"], nt1)[0])
-                    if j["phase"] == "A"
-                    else ("B", b_task(j["t"] - b0, plan["leaders"])[0])
-                )
-                done[key] += 1
+            if j["phase"] == "A":
+                r, n, _ = a_task(j["t"], nt1, halves)
+                if halves == 1:
+                    done[("A", r)] += 1
+                else:  # the second half to finish a tile completes its chunks (the kernel: chunk by chunk)
+                    arrived[(r, n)] = arrived.get((r, n), 0) + 1
+                    done[("A", r)] += chunks[r] if arrived[(r, n)] == 2 else 0
+            elif j["phase"] == "B":
+                done[("B", b_task(j["t"] - b0, plan["leaders"])[0])] += 1
         for cta in finished:
             claim(cta)
     tasks.sort(key=lambda task: task.number)
