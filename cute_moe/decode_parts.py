@@ -112,8 +112,8 @@ def done1_target(nt1, chunks, halves):
 
 
 def exchange_slot(r, n, chunk, nt1):
-    """The exchange slot of (leader rank, n-tile, chunk) in a halved launch: below ``grid · MAX_CHUNKS``, as a
-    halved launch has fewer tiles than a quarter of its CTAs."""
+    """The exchange slot of (leader rank, n-tile, chunk) in a halved launch: below the grid, as a halved launch
+    has at most a quarter as many tiles as CTAs and a tile at most :data:`MAX_CHUNKS` (4) chunks."""
     return (r * nt1 + n) * MAX_CHUNKS + chunk
 
 
@@ -154,11 +154,12 @@ def grid_size(T: int, top_k: int, E: int, K: int, I: int, sms: int) -> int:  # n
 
 def exchange_words(sms: int) -> tuple[int, int]:
     """(fp32 words, int32 arrival words) of the exchange workspace of a halved launch on ``sms`` SMs (the grid's
-    bound): two halves' sums per slot, a word per slot; one word each when :data:`HALF_TASKS` is off."""
+    bound, which the slots stay below: :func:`exchange_slot`): two halves' sums per slot, a word per slot; one
+    word each when :data:`HALF_TASKS` is off (then the kernel, finding fewer arrival words than CTAs, never
+    halves)."""
     if not HALF_TASKS:
         return 1, 1
-    slots = sms * MAX_CHUNKS
-    return slots * 2 * EXCHANGE_VALUES * CONSUMER_THREADS, slots
+    return sms * 2 * EXCHANGE_VALUES * CONSUMER_THREADS, sms
 
 
 def counter_words(K: int) -> int:
@@ -223,7 +224,8 @@ def launch_summary(T: int, top_k: int, E: int, K: int, I: int, sms: int) -> dict
     leaders = min(T * top_k, E)
     grid = grid_size(T, top_k, E, K, I, sms)
     halves = a_halves(leaders, nt1, grid)
-    a, b, c = task_counts(leaders, T, K, I, halves)
+    _, b, c = task_counts(leaders, T, K, I)
+    a = max(n * nt1 * a_halves(n, nt1, grid) for n in range(1, leaders + 1))  # fewer leaders may halve
     return {
         "grid": grid,
         "a_halves": halves,

@@ -139,11 +139,8 @@ def test_halved_tiles_compile_with_the_exchange(monkeypatch, ptx):
     """With HALF_TASKS on: the same instructions, a half's WGMMAs (8 per stage into one accumulator) beside
     the whole tile's, the arrival as a second acquire-release add beside the exit count, the second
     token ring's cp.async; and the sums exchanged as plain fp32 stores and loads, no float atomics."""
-    import cute_moe.decode as dd
-    import cute_moe.decode_kernel as dk
-
-    for module in (dp, dk, dd):
-        monkeypatch.setattr(module, "HALF_TASKS", True)
+    plain = _static_ptx(*SHAPES["deepseek-v3:tp8"])
+    monkeypatch.setattr(dp, "HALF_TASKS", True)  # the one switch: the kernel and the host read it there
     halved = compile_decode("int32", keep_ptx=True).__ptx__
     _check_instructions(halved)
     wgmma = r"wgmma\.mma_async\.sync"
@@ -154,6 +151,7 @@ def test_halved_tiles_compile_with_the_exchange(monkeypatch, ptx):
     text = _static_ptx(*SHAPES["deepseek-v3:tp8"])
     assert re.search(r"^\.target sm_90a", text, re.M)
     _check_instructions(text)
+    assert len(re.findall(wgmma, text)) > len(re.findall(wgmma, plain))  # static sizes: unrolled differently
 
 
 def test_int64_ids_compile_and_the_cache_holds_one_binary_per_dtype():
@@ -231,17 +229,18 @@ def test_when_tiles_are_halved_and_what_their_leaders_wait_for(monkeypatch):
     # done1[r]: whole tiles signal once per task; halves once per (n-tile, chunk), by the half finishing it
     assert [dp.done1_target(12, chunks, 1) for chunks in (1, 2, 4)] == [12, 12, 12]
     assert [dp.done1_target(12, chunks, 2) for chunks in (1, 2, 4)] == [12, 24, 48]
-    # a halved launch has fewer tiles than CTAs, so every slot is below grid · MAX_CHUNKS
-    grid, NL, nt1 = 132, 4, 8
-    assert dp.a_halves(NL, nt1, grid) == 2
-    assert dp.exchange_slot(NL - 1, nt1 - 1, dp.MAX_CHUNKS - 1, nt1) < grid * dp.MAX_CHUNKS
+    # a halved launch has at most a quarter as many tiles as CTAs, so every slot is below the grid
+    grid, NL, nt1 = 132, 3, 11
+    assert dp.a_halves(NL, nt1, grid) == 2 and dp.a_halves(NL, nt1 + 1, grid) == 1
     slots = {dp.exchange_slot(r, n, c, nt1) for r in range(NL) for n in range(nt1) for c in range(dp.MAX_CHUNKS)}
-    assert len(slots) == NL * nt1 * dp.MAX_CHUNKS
-    assert dp.exchange_words(132) == (132 * 4 * 2 * 8 * 128, 132 * 4)
+    assert len(slots) == NL * nt1 * dp.MAX_CHUNKS and max(slots) < grid
+    assert dp.exchange_words(132) == (132 * 2 * 8 * 128, 132)
     assert dp.EXCHANGE_VALUES * dp.CONSUMER_THREADS == dp.WGMMA_M * dp.TOKENS  # one m64n16 fp32 accumulator
     assert dp.smem_bytes() == 8 * (16384 + 2 * 2048) + 2048 <= 227 * 1024  # a second token ring
     assert dp.launch_summary(1, 8, 256, 7168, 256, 132)["a_halves"] == 2
     assert dp.launch_summary(1, 8, 256, 7168, 256, 132)["tasks_at_most"]["A"] == 64
+    # an upper bound over the leaders a launch may have: 5 leaders halve (60 tasks), 8 do not (48)
+    assert dp.launch_summary(1, 8, 256, 2048, 384, 132)["tasks_at_most"]["A"] == 60
 
 
 def test_leader_tables_by_hand():
@@ -364,13 +363,17 @@ def test_every_interleaving_of_the_protocol_finishes(grid, resident, seed, halve
 
 
 def test_halved_tiles_with_several_chunks_finish():
-    """One expert hit by 40 pairs: three chunks of 16, each exchanged and counted on its own."""
+    """One expert in every token's first slot: 20 of 40 pairs, two chunks of 16, each exchanged and counted
+    on its own; then 40 and 64 pairs on one expert (three and four chunks)."""
     ids = [0 if j % 2 == 0 else 1 + j % 7 for j in range(40)]  # expert 0 in every token's first slot
     tab = dp.leader_tables(ids, 8)
     assert tab["count"][0] == 20 and -(-tab["count"][0] // dp.TOKENS) == 2
     for grid, resident in ((6, 3), (2, 1)):
         finished = simulate(ids, 8, 20, 2, 256, 128, grid=grid, resident=resident, seed=1, halves=2)
         assert finished == list(range(dp.phase_starts(tab["n_leaders"], 2, 2, 3, 2)[2]))
+    for T in (40, 64):
+        finished = simulate([0] * T, 8, T, 1, 256, 128, grid=5, resident=2, seed=T, halves=2)
+        assert finished == list(range(dp.phase_starts(1, 2, 2, -(-T // 8), 2)[2]))
 
 
 def test_the_model_sees_a_deadlock_when_the_numbering_is_wrong():

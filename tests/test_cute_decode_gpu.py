@@ -220,11 +220,9 @@ def test_the_sizes_compile_once(shapes):
 def _halve(monkeypatch):
     """The kernel compiled with A tiles halved where they are fewer than the CTAs (``HALF_TASKS``)."""
     import cute_moe.decode as dd
-    import cute_moe.decode_kernel as dk
     import cute_moe.decode_parts as dp
 
-    for module in (dp, dk, dd):
-        monkeypatch.setattr(module, "HALF_TASKS", True)
+    monkeypatch.setattr(dp, "HALF_TASKS", True)
     dd._kernel.cache_clear()
 
 
@@ -241,20 +239,26 @@ def _small_layer(T, E, top_k, K, I, ids, seed):  # noqa: E741
 def test_halved_tiles_give_the_bits_of_whole_tiles(shapes, monkeypatch):
     """Gate and up as two tasks, the second to arrive finishing the chunk: each sum is the whole tile's
     WGMMA sequence, so out has the same bits — at DeepSeek-V3 TP8 T = 1 (32 tiles, 64 halves) and on a small
-    layer whose expert holds 32 pairs (two chunks, each exchanged); reruns equal, the arrival words and counters
-    back at zero."""
+    layer whose expert holds 32 or 64 pairs (two or four chunks, each exchanged); and the halved binary where
+    it does not halve (Qwen3-30B-A3B T = 1: 96 tiles). Reruns equal, the arrival words and counters back at
+    zero."""
     import cute_moe.decode as dd
     import cute_moe.decode_parts as dp
 
     cases = [_inputs(shapes, "deepseek-v3:tp8", 1, seed=seed) for seed in (10, 11, 12)]
     cases += [_small_layer(32, 8, 2, 1024, 128, [0 if j % 2 == 0 else 1 + j % 7 for j in range(64)], seed=11)]
+    cases += [_small_layer(64, 8, 1, 1024, 128, [0] * 64, seed=12)]
+    cases += [_inputs(shapes, "qwen3-30b-a3b", 1, seed=13)]
     whole = [_decode(**kw) for kw in cases]
-    for kw in cases:  # every case is one the switch halves
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    halved = []
+    for kw in cases:
         T, top_k = kw["topk_ids"].shape
         E, K, I = kw["w1"].shape[0], kw["x"].shape[1], kw["w2"].shape[2]  # noqa: E741
         leaders = dp.leader_tables(kw["topk_ids"].flatten().tolist(), E)["n_leaders"]
-        grid = dp.grid_size(T, top_k, E, K, I, torch.cuda.get_device_properties(0).multi_processor_count)
-        assert 4 * leaders * (I // dp.H_TILE) <= grid
+        halved.append(4 * leaders * (I // dp.H_TILE) <= dp.grid_size(T, top_k, E, K, I, sms))
+    if halved != [True] * 5 + [False]:
+        pytest.skip(f"{sms} SMs: the cases do not halve as on a 132-SM H100 / H200 ({halved})")
     _halve(monkeypatch)
     try:
         for kw, want in zip(cases, whole):
