@@ -33,7 +33,6 @@ from moe_spec.hopper import sm_count
 from moe_spec.validate import MoEDims, check_runs_on, error_word, surface_errors, validate_moe_args
 from moe_spec.workspace import Workspaces
 
-from . import decode_parts
 from .cache import compile_once
 from .decode_kernel import BF16, DecodeKernel
 from .decode_parts import (
@@ -45,6 +44,7 @@ from .decode_parts import (
     counter_words,
     exchange_words,
     grid_size,
+    half_tasks,
     pair_bucket,
     size_error,
 )
@@ -88,7 +88,7 @@ def new_workspace(T: int, top_k: int, K: int, I: int, device) -> dict:  # noqa: 
 def decode_workspace(T: int, top_k: int, K: int, I: int, device) -> dict:  # noqa: E741
     """The workspace of a call, as :class:`moe_spec.workspace.Workspaces` keeps it (launches on one stream
     never overlap, so one counter block serves all the eager calls of a stream)."""
-    sizes = (pair_bucket(T * top_k), K, I, decode_parts.HALF_TASKS)  # the exchange's size follows the switch
+    sizes = (pair_bucket(T * top_k), K, I, half_tasks())  # the exchange's size follows the switch
     return _workspaces.get(sizes, device, lambda: new_workspace(T, top_k, K, I, device))
 
 
@@ -169,7 +169,7 @@ def compile_decode(ids_dtype: str = "int32", *, keep_ptx: bool = False):
     def build(options):
         return cute.compile(DecodeKernel(), *fake_arguments(ids_dtype), options=options)
 
-    key = ("decode", ids_dtype, STAGES, TOKENS, decode_parts.HALF_TASKS)  # the switch read when compiling
+    key = ("decode", ids_dtype, STAGES, TOKENS, half_tasks())  # the switch read when compiling
     return compile_once(key, build, keep_ptx=keep_ptx)
 
 

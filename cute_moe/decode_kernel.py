@@ -40,7 +40,6 @@ from cutlass.tensor_utils import LayoutEnum
 
 from moe_spec.hopper import WGMMA_M
 
-from . import decode_parts
 from .decode_parts import (
     CONSUMER_THREADS,
     DONE1,
@@ -65,6 +64,7 @@ from .decode_parts import (
     consumer_sync,
     done1_target,
     exchange_slot,
+    half_tasks,
     phase_starts,
     ring_state,
     signal,
@@ -144,7 +144,7 @@ class DecodeKernel(ConsumerSteps):
             s_w0: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(w_staged)], 1024]
             s_w1: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(w_staged)], 1024]
             s_x: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(x_staged)], 1024]
-            if decode_parts.HALF_TASKS:
+            if half_tasks():
                 s_x2: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(x_staged)], 1024]
 
         return Storage
@@ -212,7 +212,7 @@ class DecodeKernel(ConsumerSteps):
         s_w1 = storage.s_w1.get_tensor(w_staged.outer, swizzle=w_staged.inner)
         s_x = storage.s_x.get_tensor(x_staged.outer, swizzle=x_staged.inner)
         s_x2 = s_x  # a half task's second token ring (unused without HALF_TASKS)
-        if cutlass.const_expr(decode_parts.HALF_TASKS):
+        if cutlass.const_expr(half_tasks()):
             s_x2 = storage.s_x2.get_tensor(x_staged.outer, swizzle=x_staged.inner)
         s_flag = storage.flag.get_tensor(cute.make_layout(4))
         s_task = storage.queue.get_tensor(cute.make_layout(QUEUE))
@@ -220,7 +220,7 @@ class DecodeKernel(ConsumerSteps):
         T, top_k, K, I = m_ids.shape[0], m_ids.shape[1], m_x.shape[1], m_w1.shape[0]  # noqa: E741
         nt1, nk, ntb = I // H_TILE, K // Y_TILE, (T + TOKEN_BLOCK - 1) // TOKEN_BLOCK
         halves = 1  # tasks per A tile: 2 (gate, up) when halving is on and the halves fill at most half the grid
-        if cutlass.const_expr(decode_parts.HALF_TASKS):
+        if cutlass.const_expr(half_tasks()):
             halves = cutlass.Int32(1)
             if (4 * n_leaders * nt1 <= grid) & (m_arrive.shape[0] >= grid):  # and a workspace made for halves
                 halves = cutlass.Int32(2)

@@ -54,7 +54,15 @@ half the grid's CTAs (:func:`a_halves`; DeepSeek-V3 TP8 at T = 1: 32 tiles of 1.
 streams its 64 rows two K steps per ring stage into one accumulator, stores the fp32 sums
 (:data:`EXCHANGE_VALUES` per consumer thread) to the exchange workspace and counts itself in the tile's
 arrival word; the second to arrive reads both sums and runs the epilogue.  Each sum is the WGMMA sequence
-of the whole tile, so h has the same bits.  Off until a GPU run has tested and timed it."""
+of the whole tile, so h has the same bits.  Off: the bits test passes on a GPU, but halving did not shorten
+DeepSeek-V3 TP8 at T = 1 (notes/decode.md, "Halved A tiles")."""
+
+
+def half_tasks() -> bool:
+    """:data:`HALF_TASKS` as it is now (read where it is used: the compile, the workspace, the kernel's trace)."""
+    return HALF_TASKS
+
+
 MAX_CHUNKS = PAIR_LANES // TOKENS
 """The most chunks of :data:`TOKENS` pairs one leader's tasks walk (every pair on one expert)."""
 CONSUMER_THREADS = 128
