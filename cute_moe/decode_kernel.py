@@ -272,9 +272,8 @@ class DecodeKernel(ConsumerSteps):
         while task < end:
             self.hand_over(queue, tasks, s_task, task, lane)
             tasks.advance()
-            if (
-                task < b0
-            ):  # A: per stage W1's gate and up boxes of a K step (a half: its rows' boxes of two K steps) and x
+            # A: per stage W1's gate and up boxes of a K step (a half: its rows' boxes of two K steps) and x
+            if task < b0:
                 r, n, half = a_task(task, nt1, halves)
                 base, count = s_start[r], s_count[r]
                 e = s_exp[s_lead[r]]
@@ -359,6 +358,7 @@ class DecodeKernel(ConsumerSteps):
         _, _, s_order, s_start, s_count, _, s_scale, _ = tables
         s_w0, s_w1, s_x, s_x2 = operands
         m_h, m_y, m_out = outs
+        m_arrive = exchange[1]
         b0, c0, end = bounds
         n_leaders, nt1, ntb, top_k, k1_steps, k2_steps, halves = sizes
         thr = tiled_mma.get_slice(tidx)
@@ -390,7 +390,7 @@ class DecodeKernel(ConsumerSteps):
                             self.store_h(acc0, acc1, h_out, coords, h_rows, c)
                             consumer_sync()  # every thread's h stores, then one release
                             if tidx == 0:
-                                exchange[1][slot] = cutlass.Int32(0)  # the arrival word, zero for the next launch
+                                m_arrive[slot] = cutlass.Int32(0)  # the arrival word, zero for the next launch
                                 signal(counters.iterator + DONE1 + r)
                     else:
                         used = self.mainloop(ring, tiled_mma, acc0, acc1, frags, used, k1_steps)
