@@ -15,6 +15,11 @@
   cutlass/base_dsl/cache_helpers.py ``save_ir``) each write a file under a temporary name and
   ``os.replace`` it into place, and the DSL checks a CRC on load, recompiling on a mismatch; every
   other file a test writes is under its own ``tmp_path``.
+* ``--gpu-part K/N``: only part K of N of the ``gpu`` tests, whole test files per part, the files dealt
+  largest first to the part with the fewest tests so far (deterministic: every xdist worker and every
+  machine deals the same parts). A device call runs at most 10 minutes and the whole lane takes longer,
+  so the lane runs as N calls of one commit, e.g. ``python3 -m pytest -m gpu -n 4 --gpu-part 1/2`` and
+  ``2/2``; the N parts together are the lane, each test in exactly one.
 """
 
 import os
@@ -38,7 +43,56 @@ def pytest_xdist_auto_num_workers(config):
     return 0 if _HAS_CUDA else None
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--gpu-part",
+        default=None,
+        metavar="K/N",
+        help="run only part K (1..N) of N of the gpu tests: whole files per part, balanced by test count",
+    )
+
+
+def gpu_parts(counts: dict, n: int) -> list:
+    """The files of ``counts`` (file -> its gpu tests) dealt into ``n`` parts: largest file first, each to
+    the part with the fewest tests so far (the lower index on a tie). Returns ``n`` sets of files."""
+    parts, loads = [set() for _ in range(n)], [0] * n
+    for name, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+        i = min(range(n), key=lambda j: (loads[j], j))
+        parts[i].add(name)
+        loads[i] += count
+    return parts
+
+
+def _parse_part(value: str) -> tuple:
+    k, sep, n = value.partition("/")
+    if not (sep and k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+        raise pytest.UsageError(f"--gpu-part: expected K/N with 1 <= K <= N, e.g. 1/2; got {value!r}")
+    return int(k), int(n)
+
+
+def _file_of(item) -> str:
+    return item.nodeid.split("::")[0]
+
+
+def _keep_gpu_part(config, items) -> None:
+    """Deselect the gpu tests outside ``--gpu-part``'s part; other tests are left as they are."""
+    k, n = _parse_part(config.getoption("--gpu-part"))
+    counts: dict = {}
+    for item in items:
+        if "gpu" in item.keywords:
+            counts[_file_of(item)] = counts.get(_file_of(item), 0) + 1
+    mine = gpu_parts(counts, n)[k - 1]
+    kept, dropped = [], []
+    for item in items:
+        (dropped if "gpu" in item.keywords and _file_of(item) not in mine else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
 def pytest_collection_modifyitems(config, items):
+    if config.getoption("--gpu-part"):
+        _keep_gpu_part(config, items)
     if _HAS_CUDA:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run the GPU lane on the H200: python3 -m pytest -m gpu)")
