@@ -22,6 +22,7 @@
   ``2/2``; the N parts together are the lane, each test in exactly one.
 """
 
+import collections
 import os
 
 import pytest
@@ -77,10 +78,7 @@ def _file_of(item) -> str:
 def _keep_gpu_part(config, items) -> None:
     """Deselect the gpu tests outside ``--gpu-part``'s part; other tests are left as they are."""
     k, n = _parse_part(config.getoption("--gpu-part"))
-    counts: dict = {}
-    for item in items:
-        if "gpu" in item.keywords:
-            counts[_file_of(item)] = counts.get(_file_of(item), 0) + 1
+    counts = collections.Counter(_file_of(item) for item in items if "gpu" in item.keywords)
     mine = gpu_parts(counts, n)[k - 1]
     kept, dropped = [], []
     for item in items:

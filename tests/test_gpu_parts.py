@@ -15,9 +15,14 @@ from conftest import gpu_parts
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _pytest(*args: str) -> subprocess.CompletedProcess:
+    """``pytest --collect-only`` in a subprocess, serial, at the repository root."""
+    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-n", "0", *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
 def _collect(*extra: str) -> list[str]:
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "--collect-only", "-q", "-p", "no:cacheprovider", "-n", "0"]
-    done = subprocess.run([*cmd, *extra], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = _pytest("-m", "gpu", *extra)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     return [line for line in done.stdout.splitlines() if "::" in line]
 
@@ -42,25 +47,6 @@ def test_the_parts_of_the_lane_are_the_whole_lane_each_test_once():
 
 
 def test_a_bad_part_is_refused_naming_the_option():
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "--collect-only",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-n",
-            "0",
-            "--gpu-part",
-            "3/2",
-            "tests/test_gpu_parts.py",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = _pytest("--gpu-part", "3/2", "tests/test_gpu_parts.py")
     assert done.returncode != 0
     assert "--gpu-part" in done.stdout + done.stderr and "3/2" in done.stdout + done.stderr

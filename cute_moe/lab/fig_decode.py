@@ -81,7 +81,7 @@ def _segments(t: int, plan: dict) -> tuple[str, str, list]:
         halves = plan["halves"]
         r, n, half = a_task(t, plan["nt1"], halves)
         rows = 2 * H_TILE // halves
-        what = f"leader {r}, n-tile {n}" + ("", f", {('gate', 'up')[half]} rows")[halves - 1]
+        what = f"leader {r}, n-tile {n}" + (f", {('gate', 'up')[half]} rows" if halves == 2 else "")
         return "A", what, [("lat", lat), ("load", _chunks(count[r]) * rows * plan["K"] * BF16)]
     if t < plan["c0"]:
         kt, r = b_task(t - plan["b0"], plan["leaders"])
