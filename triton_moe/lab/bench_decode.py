@@ -1,7 +1,7 @@
 """The one-launch decode kernel against the grouped pipeline on the GPU, and a sweep of its tile.
 
     python -m triton_moe.lab.bench_decode --out DIR [--deadline-s 540] [--shapes ...] [--quants ...]
-        [--tokens 1,8,32] [--sweep [--sweep-tokens 1,8]] [--commit C]
+        [--tokens 1,8,32] [--eager] [--sweep [--sweep-tokens 1,8]] [--commit C]
     python -m triton_moe.lab.bench_decode --sanitize     # one call each, no timing: for compute-sanitizer
 
 Every cell is a whole ``fused_moe`` call (what ``python -m compare`` times: the grouped pipeline's
@@ -12,6 +12,8 @@ shapes (compare's defaults) × bf16 and fp8_tensor × T = 1, 8, 32 by default (a
 time; ``--quants`` and ``--tokens`` take the other formats and counts). A T whose T·top_k exceeds the
 decode kernel's pair lanes has a grouped row only. Each decode row is checked against the grouped
 pipeline's output (rel L2) and against a rerun (bit-identical); % floor is the roofline's.
+``--eager`` adds each path's eager µs (back-to-back calls without a graph, :func:`moe_spec.timing.wall_us`):
+what a model run eagerly pays, host path and launches included.
 
 ``--sweep`` also times the decode kernel over a few tiles (BLOCK_N, BLOCK_K, warps, stages, GEMM1's
 SPLIT and GEMM2's BLOCK_N2: :data:`CANDIDATES`) at ``--sweep-tokens``; each new tile compiles
@@ -56,6 +58,8 @@ CANDIDATES = (
 )
 #: A cell starts only when this much time is left before the deadline.
 CELL_S = 10.0
+#: Back-to-back eager calls per timed repeat (--eager).
+EAGER_CALLS = 100
 
 
 def _time(prob, cfg) -> float:
@@ -70,7 +74,19 @@ def _time(prob, cfg) -> float:
     return time_cuda_graph(make_call, prob.n_sets, replays=15, min_calls=10).median_us
 
 
-def _row(prob, cfg, grouped_out, ceilings) -> dict:
+def _eager(prob, cfg) -> float:
+    """Median wall µs per whole ``fused_moe`` call with ``cfg`` called back to back, without a graph
+    (what a model run eagerly pays: the host path and every launch), going round the problem's sets."""
+    import torch
+
+    from moe_spec.timing import wall_us
+    from triton_moe.moe import fused_moe
+
+    runs = [lambda st=st: fused_moe(**st, config=cfg) for st in prob.sets]
+    return round(wall_us(runs, calls=EAGER_CALLS, repeats=5, sync=torch.cuda.synchronize), 1)
+
+
+def _row(prob, cfg, grouped_out, ceilings, eager: bool = False) -> dict:
     import torch
 
     from moe_spec.oracle import rel_l2
@@ -82,6 +98,7 @@ def _row(prob, cfg, grouped_out, ceilings) -> dict:
     torch.cuda.synchronize()
     return {
         "us": us,
+        **({"eager_us": _eager(prob, cfg)} if eager else {}),
         "pct_floor": prob.roofline(us, ceilings)["pct_of_floor"],
         "rel_l2_vs_grouped": rel_l2(out, grouped_out.double()),
         "bit_identical": bool(torch.equal(out, again)),
@@ -101,6 +118,11 @@ def _write(out, results: dict) -> None:
         "| shape | dtype | T | grouped µs | decode µs | decode / grouped | % floor (decode) | rel L2 | bit-identical |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
+    eager = results.get("eager")
+    if eager:
+        lines[-2] += " grouped eager µs | decode eager µs | eager decode / grouped |"
+        lines[-4] += " eager: back-to-back calls without a graph, wall µs per call (host path and launches included)."
+        lines[-1] += "---|---|---|"
     for r in results["rows"]:
         if "error" in r:
             lines.append(f"| {r['shape']} | {r['dtype']} | {r['T']} | error: {r['error']} |")
@@ -112,6 +134,9 @@ def _write(out, results: dict) -> None:
             if d
             else "– | – | – | – | –"
         )
+        if eager:
+            ge, de = r.get("grouped_eager_us"), (d or {}).get("eager_us")
+            dec += f" | {ge:.1f} | " + (f"{de:.1f} | {de / ge:.2f}" if de else "– | –")
         lines.append(f"| {r['shape']} | {r['dtype']} | {r['T']} | {r['grouped_us']:.1f} | {dec} |")
     if results["sweep"]:
         lines += [
@@ -181,6 +206,9 @@ def main(argv=None):
     parser.add_argument("--sweep", action="store_true", help="also the tile sweep (minutes of GPU time)")
     parser.add_argument("--no-sweep", action="store_true", help="only the comparison (the default)")
     parser.add_argument("--sanitize", action="store_true", help="alone: one call each for compute-sanitizer")
+    parser.add_argument(
+        "--eager", action="store_true", help="also each path's eager µs: back-to-back calls, no graph (host included)"
+    )
     a, out, run = studyout.start_gpu_study(prog, parser, argv, FILES)
     try:
         shapes = studyout.split_list("--shapes", a.shapes)
@@ -200,7 +228,7 @@ def main(argv=None):
 
     start = time.time()
     ceilings = measure_ceilings()
-    results = {**run, "ceilings": ceilings.as_dict(), "rows": [], "sweep": [], "cut": []}
+    results = {**run, "ceilings": ceilings.as_dict(), "eager": a.eager, "rows": [], "sweep": [], "cut": []}
     _write(out, results)
     for spec in shapes:
         shape = get_shape(spec)
@@ -216,10 +244,12 @@ def main(argv=None):
                     grouped = prob.config()
                     grouped_out = fused_moe(**prob.sets[0], config=grouped)
                     row.update(grouped_tile=grouped.tile_label(), grouped_us=_time(prob, grouped))
+                    if a.eager and T in tokens:
+                        row["grouped_eager_us"] = _eager(prob, grouped)
                     decodes = T * shape.top_k <= PAIR_LANES
                     if decodes and T in tokens:
                         cfg = DecodeConfig().check(quant)
-                        row.update(decode_tile=cfg.label(), decode=_row(prob, cfg, grouped_out, ceilings))
+                        row.update(decode_tile=cfg.label(), decode=_row(prob, cfg, grouped_out, ceilings, a.eager))
                         row["decode_over_grouped"] = round(row["decode"]["us"] / row["grouped_us"], 3)
                     for fields in CANDIDATES if decodes and T in sweep_tokens else ():
                         cell = {"shape": spec, "dtype": label, "T": T, "tile": repr(fields)}
