@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -96,11 +97,20 @@ def _import_error(name: str, exc: BaseException) -> str:
 
 
 def _describe_plan(plan: Callable) -> Callable[[MoEDims, str | None], str]:
+    """The config column: the plan a CUDA graph captures (what the graph timing runs) and, for a backend
+    whose plan weighs eager calls (an ``eager`` keyword), the eager call's plan where it differs (what
+    the eager column runs; only where CUDA is present: off the GPU no call is planned eagerly)."""
+    import torch
+
+    weighs_eager = "eager" in inspect.signature(plan).parameters and torch.cuda.is_available()
+
     def describe(dims, quant):
         try:
-            return plan(dims, quant).describe()
+            captured = plan(dims, quant)
+            eager = plan(dims, quant, eager=True) if weighs_eager else captured
         except NotImplementedError:
             return ""  # a format the backend does not build: its status says so
+        return captured.describe() + ("" if eager == captured else f" (eager: {eager.describe()})")
 
     return describe
 

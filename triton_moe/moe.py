@@ -185,8 +185,8 @@ class _Call:
 
 
 @functools.lru_cache(maxsize=1024)
-def _call_of(dims, quant, config, swap_ab, device, static: bool) -> _Call:
-    return _Call(plan(dims, quant, config=config, swap_ab=swap_ab), dims, quant, device, static)
+def _call_of(dims, quant, config, swap_ab, device, static: bool, eager: bool = False) -> _Call:
+    return _Call(plan(dims, quant, config=config, swap_ab=swap_ab, eager=eager), dims, quant, device, static)
 
 
 def forget_plans() -> None:
@@ -271,10 +271,11 @@ def fused_moe(
         a2_scale=a2_scale,
     )
     static = a1_scale is not None  # static activation scales (validated: fp8_tensor, both given)
+    eager = rules.runs_eagerly(x)  # the path rule weighs it (triton_moe.plan.uses_decode)
     if (config is None or type(config) in (TritonConfig, DecodeConfig)) and (swap_ab is None or type(swap_ab) is bool):
-        c = _call_of(d, quant, config, swap_ab, x.device, static)
+        c = _call_of(d, quant, config, swap_ab, x.device, static, eager)
     else:  # raises, naming the option (or a TritonConfig subclass: planned every call)
-        c = _Call(plan(d, quant, config=config, swap_ab=swap_ab), d, quant, x.device, static)
+        c = _Call(plan(d, quant, config=config, swap_ab=swap_ab, eager=eager), d, quant, x.device, static)
     check_runs_on(x.device, LIMITS)  # T = 0 included: what T = 1 refuses, T = 0 refuses
     surface_errors(x.device)  # an earlier call's failed data check raises here (moe_spec.contract)
     if d.T == 0:

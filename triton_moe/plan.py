@@ -8,8 +8,10 @@ empty-batch rule of :mod:`moe_spec.plan`). :func:`plans_for` lists every plan a 
 
 The path (:func:`uses_decode`, THE rule): a call in a format of :data:`DECODE_FORMATS` with at most
 :data:`DECODE_MAX_PAIRS` (token, slot) pairs and no backend option runs the one-launch decode
-kernel (:mod:`triton_moe.decode`, its tile a :class:`~triton_moe.config.DecodeConfig`); every
-other call the grouped pipeline. A ``config=TritonConfig(...)`` or a ``swap_ab`` forces the
+kernel (:mod:`triton_moe.decode`, its tile a :class:`~triton_moe.config.DecodeConfig`); so does a
+call run eagerly — on a CUDA device, no CUDA graph being captured — with at most
+:data:`EAGER_DECODE_MAX_PAIRS` pairs in any format; every other call the grouped pipeline.
+A ``config=TritonConfig(...)`` or a ``swap_ab`` forces the
 grouped pipeline at any T, a ``config=DecodeConfig(...)`` the decode kernel (any format, up to its
 pair lanes).
 
@@ -33,6 +35,8 @@ import functools
 import re
 from dataclasses import dataclass, replace
 
+import torch
+
 from moe_spec.quant import FP8_BLOCK, check_quant
 from moe_spec.validate import MoEDims
 from triton_moe.align import check_num_experts
@@ -47,8 +51,17 @@ MAX_TOKENS = 8192
 #: it"); the kernel itself serves up to its PAIR_LANES.
 DECODE_MAX_PAIRS = 2
 #: The formats the rule sends to the decode kernel by default ("bf16" for None); the others keep
-#: the grouped pipeline at every T unless a DecodeConfig asks.
+#: the grouped pipeline at every T unless a DecodeConfig asks — or the call runs eagerly (below).
 DECODE_FORMATS = ("bf16",)
+#: The decode path's reach, in pairs and in every format, for a call run eagerly (on a CUDA device with
+#: no CUDA graph being captured: :func:`runs_eagerly`). Eagerly a call pays its host path and
+#: every launch (the grouped pipeline's five to eight), and where a layer's device time is short the
+#: host time is the call: at T = 1 of the catalog's top-8 layers the grouped pipeline's eager call
+#: takes 81–120 µs on the H200 where the decode kernel's whole device time is 34–81 µs
+#: (notes/decode.md, "Which calls take it"). Both paths compute the same function, and the same bits
+#: wherever the grouped pipeline's tile keeps the K order (the interpreter's bit-for-bit test; on the
+#: H200 every T = 1 cell of results/decode_h200_2026-12-05.md but DeepSeek-V3 TP8's, rel L2 ≤ 4.6e-4).
+EAGER_DECODE_MAX_PAIRS = 8
 
 #: Whether :func:`epilogue_quant` may ever answer True. The product leaves it True; tests and the lab
 #: set it False to run the separate path (fp32 intermediate → ``quantize_kernel``) on the same call,
@@ -64,14 +77,26 @@ X_QUANT_IN_GEMM1 = False
 X_QUANT_MAX_BLOCK_M = 32
 
 
-def uses_decode(T: int, top_k: int, quant: str | None = None, config=None, swap_ab=None) -> bool:
-    """THE path rule: the one-launch decode kernel for at most DECODE_MAX_PAIRS pairs of a format in
-    DECODE_FORMATS when no backend option is given, or when the option is a DecodeConfig; else the
-    grouped pipeline. Every format runs on both paths."""
+def runs_eagerly(x: torch.Tensor) -> bool:
+    """Whether a call on ``x`` runs eagerly for the path rule (:data:`EAGER_DECODE_MAX_PAIRS`): on a CUDA
+    device, with no CUDA graph being captured on the current stream. Off the GPU (the interpreter) no
+    launch costs host time worth a path of its own: False."""
+    return x.is_cuda and not torch.cuda.is_current_stream_capturing()
+
+
+def uses_decode(T: int, top_k: int, quant: str | None = None, config=None, swap_ab=None, eager: bool = False) -> bool:
+    """THE path rule: the one-launch decode kernel when no backend option is given for at most
+    DECODE_MAX_PAIRS pairs of a format in DECODE_FORMATS — and, for a call run ``eager`` (no CUDA graph
+    being captured), for at most EAGER_DECODE_MAX_PAIRS pairs of any format — or when the option is a
+    DecodeConfig; else the grouped pipeline. Every format runs on both paths."""
     if isinstance(config, DecodeConfig):
         return True
-    default = config is None and swap_ab is None and (quant or "bf16") in DECODE_FORMATS
-    return default and T * top_k <= DECODE_MAX_PAIRS
+    if config is not None or swap_ab is not None:
+        return False
+    pairs = T * top_k
+    if eager and pairs <= EAGER_DECODE_MAX_PAIRS:
+        return True
+    return (quant or "bf16") in DECODE_FORMATS and pairs <= DECODE_MAX_PAIRS
 
 
 def epilogue_quant(gemm1: TritonConfig, quant: str | None, static: bool = False) -> bool:
@@ -217,21 +242,29 @@ def check_options(config, swap_ab) -> None:
 
 
 def plan(
-    dims: MoEDims, quant: str | None = None, *, config: TritonConfig | None = None, swap_ab: bool | None = None
+    dims: MoEDims,
+    quant: str | None = None,
+    *,
+    config: TritonConfig | None = None,
+    swap_ab: bool | None = None,
+    eager: bool = False,
 ) -> LayerPlan:
     """The plan of one ``fused_moe`` call with sizes ``dims`` (a :class:`moe_spec.validate.MoEDims`).
 
     Options (those of ``fused_moe``): ``config`` a :class:`TritonConfig` (default: the tuned table
     for this shape and device, else the heuristic); ``swap_ab`` forces swap-AB on or off for both
-    GEMMs (default: the config's, else the rule). Raises TypeError / ValueError naming a bad option, a config that
-    cannot run ``quant``, or an expert count the alignment does not support.
+    GEMMs (default: the config's, else the rule). ``eager``: the call runs eagerly on a CUDA device
+    (no CUDA graph being captured), which :func:`uses_decode` weighs; False: the plan a CUDA graph
+    captures, the one compare's graph timing and config column name. Raises TypeError / ValueError
+    naming a bad option, a config that cannot run ``quant``, or an expert count the alignment does not
+    support.
     """
     if not isinstance(dims, MoEDims):
         raise TypeError(f"dims: expected a moe_spec.validate.MoEDims, got {type(dims).__name__}")
     check_options(config, swap_ab)
     check_quant(quant)
     check_num_experts(dims.E)
-    if uses_decode(dims.T, dims.top_k, quant, config, swap_ab):
+    if uses_decode(dims.T, dims.top_k, quant, config, swap_ab, eager):
         return LayerPlan((config or DecodeConfig()).check(quant), quant)
     if config is None:
         config = get_config(dims.T, dims.E, dims.top_k, dims.I, dims.K, quant)
@@ -251,11 +284,14 @@ def plans_for(
 ) -> tuple[LayerPlan, ...]:
     """Every distinct plan this layer gets for T = 1 … ``max_tokens`` on this device (with the same
     ``options``), in order of T: the plan at the first T of each bucket of the config rule
-    (:func:`~triton_moe.heuristic.rule_starts`)."""
+    (:func:`~triton_moe.heuristic.rule_starts`) — where CUDA is present, first the decode plan if an eager
+    call of T = 1 takes it (:data:`EAGER_DECODE_MAX_PAIRS`), then the plans a CUDA graph captures."""
     if options.get("config") is not None:
         starts = [1]
     else:  # the decode plan up to the path rule's reach, then the grouped buckets past it
         first = DECODE_MAX_PAIRS // top_k + 1 if uses_decode(1, top_k, quant, **options) else 1
         starts = [1] + sorted({max(s, first) for s in rule_starts(E, top_k, I, K, quant)})
     plans = [plan(MoEDims(T=T, E=E, K=K, I=I, top_k=top_k), quant, **options) for T in starts if T <= max_tokens]
+    if torch.cuda.is_available() and uses_decode(1, top_k, quant, eager=True, **options):  # eager calls run here
+        plans.insert(0, plan(MoEDims(T=1, E=E, K=K, I=I, top_k=top_k), quant, eager=True, **options))
     return tuple(dict.fromkeys(plans))

@@ -1,0 +1,77 @@
+"""triton_moe's path rule for calls run eagerly (``triton_moe.plan.EAGER_DECODE_MAX_PAIRS``): a call on a
+CUDA device with no CUDA graph being captured (``triton_moe.plan.runs_eagerly``) and at most that many
+(token, slot) pairs takes the one-launch decode kernel in every format; a captured call keeps the graph
+rule; a backend option still decides; the warm-up lists the eager plan where CUDA is present; and the
+eager path computes the captured path's bits (interpreter)."""
+
+import importlib
+
+import pytest
+import torch
+
+import triton_moe
+from moe_spec.problem import MoEShape, make_inputs
+from moe_spec.validate import MoEDims
+from triton_moe import heuristic
+from triton_moe.config import DecodeConfig, TritonConfig
+from triton_moe.jit import count_compilations
+from triton_moe.plan import plan, plans_for
+
+_PLAN = importlib.import_module("triton_moe.plan")  # the module (triton_moe.plan is also the function)
+_MOE = importlib.import_module("triton_moe.moe")
+FORMATS = (None, "fp8_tensor", "fp8_channel", "fp8_block")
+
+
+@pytest.mark.parametrize("quant", FORMATS, ids=lambda q: q or "bf16")
+@pytest.mark.parametrize("top_k", [1, 2, 8])
+def test_an_eager_call_of_a_few_pairs_takes_the_decode_kernel(quant, top_k):
+    last = _PLAN.EAGER_DECODE_MAX_PAIRS // top_k
+    assert 1 <= last and _PLAN.EAGER_DECODE_MAX_PAIRS >= _PLAN.DECODE_MAX_PAIRS
+    at, past = (MoEDims(T=T, E=16, K=256, I=128, top_k=top_k) for T in (last, last + 1))
+    assert plan(at, quant, eager=True).path == "decode" and plan(past, quant, eager=True).path == "grouped"
+    assert plan(past, quant, eager=True) == plan(past, quant)  # past its reach: the captured plan
+    captured = _PLAN.uses_decode(last, top_k, quant)  # the graph rule, unchanged
+    assert plan(at, quant).path == ("decode" if captured else "grouped")
+    forced = (dict(config=TritonConfig(16, 64, 128)), dict(swap_ab=True))
+    assert all(plan(at, quant, eager=True, **o).path == "grouped" for o in forced)
+    assert plan(past, quant, eager=True, config=DecodeConfig()).path == "decode"
+
+
+@pytest.mark.parametrize("cuda", [False, True], ids=["cpu", "cuda"])
+def test_plans_for_lists_the_eager_decode_plan_where_cuda_is_present(cuda, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(heuristic, "current_device_name", lambda: None)  # the heuristic, no table
+    listed = plans_for(16, 256, 128, 8, "fp8_tensor", max_tokens=64)
+    eager = plan(MoEDims(T=1, E=16, K=256, I=128, top_k=8), "fp8_tensor", eager=True)
+    assert eager.path == "decode" and (listed[0] == eager) == cuda
+    assert all(p.path == "grouped" for p in listed[int(cuda) :])  # then every plan a graph captures
+    assert (
+        plans_for(16, 256, 128, 8, "fp8_tensor", max_tokens=64, config=TritonConfig(16, 64, 128))[0].path == "grouped"
+    )
+
+
+@pytest.fixture
+def eagerly(monkeypatch):
+    """Calls on this CPU planned as eager GPU calls are (the interpreter runs either path)."""
+    monkeypatch.setattr(_PLAN, "runs_eagerly", lambda x: True)
+    _MOE.forget_plans()
+    yield
+    _MOE.forget_plans()
+
+
+@pytest.mark.parametrize("quant", FORMATS, ids=lambda q: q or "bf16")
+def test_the_eager_path_is_one_launch_with_the_captured_paths_bits(quant, eagerly):
+    inp = make_inputs(MoEShape("eager", 8, 2, 256, 128, "test"), 3, quant, seed=3).kwargs()  # 6 pairs
+    with count_compilations(dry_run=False) as counter:
+        one = triton_moe.fused_moe(**inp)
+    assert counter.launches == ["decode_moe_kernel"]
+    _PLAN.runs_eagerly = lambda x: False  # restored by the fixture's monkeypatch
+    _MOE.forget_plans()
+    with count_compilations(dry_run=False) as counter:
+        grouped = triton_moe.fused_moe(**inp)
+    assert "decode_moe_kernel" not in counter.launches and "moe_gemm_kernel" in counter.launches
+    assert torch.equal(one.view(torch.int16), grouped.view(torch.int16))
+
+
+def test_runs_eagerly_is_false_off_the_gpu():
+    assert _PLAN.runs_eagerly(torch.zeros(1)) is False
