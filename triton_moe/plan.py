@@ -54,13 +54,11 @@ DECODE_MAX_PAIRS = 2
 #: the grouped pipeline at every T unless a DecodeConfig asks — or the call runs eagerly (below).
 DECODE_FORMATS = ("bf16",)
 #: The decode path's reach, in pairs and in every format, for a call run eagerly (on a CUDA device with
-#: no CUDA graph being captured: :func:`runs_eagerly`). Eagerly a call pays its host path and
-#: every launch (the grouped pipeline's five to eight), and where a layer's device time is short the
-#: host time is the call: at T = 1 of the catalog's top-8 layers the grouped pipeline's eager call
-#: takes 81–120 µs on the H200 where the decode kernel's whole device time is 34–81 µs
-#: (notes/decode.md, "Which calls take it"). Both paths compute the same function, and the same bits
-#: wherever the grouped pipeline's tile keeps the K order (the interpreter's bit-for-bit test; on the
-#: H200 every T = 1 cell of results/decode_h200_2026-12-05.md but DeepSeek-V3 TP8's, rel L2 ≤ 4.6e-4).
+#: no CUDA graph being captured: :func:`runs_eagerly`). Eagerly a call pays its host path and every
+#: launch (the grouped pipeline's five to eight); where the layer's device time is short that host time
+#: is the call, and one launch is faster up to this many pairs, not past it (both paths timed eagerly
+#: on one machine: notes/decode.md, "Which calls take it"). Both paths compute the same function, with
+#: the same bits wherever the grouped pipeline's tile keeps the K order (tests/test_triton_eager_path.py).
 EAGER_DECODE_MAX_PAIRS = 8
 
 #: Whether :func:`epilogue_quant` may ever answer True. The product leaves it True; tests and the lab
