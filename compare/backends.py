@@ -102,12 +102,12 @@ def _describe_plan(plan: Callable) -> Callable[[MoEDims, str | None], str]:
     the eager column runs; only where CUDA is present: off the GPU no call is planned eagerly)."""
     import torch
 
-    weighs_eager = "eager" in inspect.signature(plan).parameters and torch.cuda.is_available()
+    weighs_eager = "eager" in inspect.signature(plan).parameters
 
     def describe(dims, quant):
         try:
             captured = plan(dims, quant)
-            eager = plan(dims, quant, eager=True) if weighs_eager else captured
+            eager = plan(dims, quant, eager=True) if weighs_eager and torch.cuda.is_available() else captured
         except NotImplementedError:
             return ""  # a format the backend does not build: its status says so
         return captured.describe() + ("" if eager == captured else f" (eager: {eager.describe()})")

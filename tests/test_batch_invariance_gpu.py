@@ -18,7 +18,9 @@ invariant — the batch's amax sets every token's scale — and the last test sh
 the proof that the comparison sees a difference when there is one.
 
 Each token is also run alone with the T = 4096 call's config ("pinned"), so that a failure of the
-default T = 1 config alone points at the tile choice, and a failure of both at something else. One
+default T = 1 config alone points at the tile choice, and a failure of both at something else; and
+with the config an eager T = 1 call gets (``plan(..., eager=True)``: the one-launch decode kernel at
+these shapes, where it differs from a CUDA graph's). One
 tile choice does change the K sum: FP8 sums each BLOCK_K step from zero before adding it to the
 accumulator, so a different BLOCK_K groups the sum differently. DeepSeek-V3 TP8's tuned fp8_tensor
 table has BLOCK_K = 256 at T = 1 and 128 at T = 4096; there only the pinned config is asserted.
@@ -96,21 +98,27 @@ def test_a_token_row_is_the_same_bits_alone_and_in_a_batch(spec, quant, static):
     p, st = _inputs(spec, quant, static)
     big_cfg = p.config()
     big = fused_moe(**st, config=big_cfg)
-    one_cfg = plan(validate_moe_args(**_row(st, 0)), quant).config  # what a T = 1 call gets by default
+    dims = validate_moe_args(**_row(st, 0))
+    one_cfg = plan(dims, quant).config  # what a T = 1 call gets by default in a CUDA graph
+    eager_cfg = plan(dims, quant, eager=True).config  # … and called eagerly (the decode kernel up to 8 pairs)
     default = _mismatches(fused_moe, st, big, one_cfg)
+    eager = _mismatches(fused_moe, st, big, eager_cfg) if eager_cfg != one_cfg else []
     pinned = _mismatches(fused_moe, st, big, big_cfg)
     torch.cuda.synchronize()
     check()  # no data check failed (calibrated scales are finite and positive)
     assert rel_l2(big, oracle(**st)) <= 1e-2  # the oracle with the same (static) scales
+
     # FP8 sums each BLOCK_K step from zero: another BLOCK_K groups the K sum differently, and no
     # invariance is claimed across it (DeepSeek-V3 TP8's fp8_tensor table: 256 at T = 1, 128 at 4096);
     # nor across split_k, which sums S partial K ranges (in a fixed order) instead of one running sum
-    claimed = (quant is None or one_cfg.BLOCK_K == big_cfg.BLOCK_K) and one_cfg.split_k == big_cfg.split_k
+    def claimed(cfg):
+        return (quant is None or cfg.BLOCK_K == big_cfg.BLOCK_K) and cfg.split_k == big_cfg.split_k
+
     report = (
-        f"T=1 config {one_cfg}, T={BIG} config {big_cfg}; default: {'; '.join(default) or 'equal'}; "
-        f"pinned (T=1 with the T={BIG} config): {'; '.join(pinned) or 'equal'}"
+        f"T=1 config {one_cfg}, eager {eager_cfg}, T={BIG} config {big_cfg}; default: {'; '.join(default) or 'equal'}; "
+        f"eager: {'; '.join(eager) or 'equal'}; pinned (T=1 with the T={BIG} config): {'; '.join(pinned) or 'equal'}"
     )
-    assert not pinned and not (claimed and default), report
+    assert not pinned and not (claimed(one_cfg) and default) and not (claimed(eager_cfg) and eager), report
 
 
 def test_the_dynamic_per_tensor_scale_is_not_batch_invariant():

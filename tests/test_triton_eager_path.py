@@ -75,3 +75,17 @@ def test_the_eager_path_is_one_launch_with_the_captured_paths_bits(quant, eagerl
 
 def test_runs_eagerly_is_false_off_the_gpu():
     assert _PLAN.runs_eagerly(torch.zeros(1)) is False
+
+
+@pytest.mark.parametrize("cuda", [False, True], ids=["cpu", "cuda"])
+def test_compares_config_column_names_the_eager_plan_where_it_differs(cuda, monkeypatch):
+    from compare.backends import load_backend
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(heuristic, "current_device_name", lambda: None)
+    describe = load_backend("triton_moe").describe
+    one, many = (MoEDims(T=T, E=16, K=256, I=128, top_k=8) for T in (1, 64))
+    captured = plan(one, "fp8_tensor").describe()
+    eager = f" (eager: {plan(one, 'fp8_tensor', eager=True).describe()})" if cuda else ""
+    assert describe(one, "fp8_tensor") == captured + eager and eager.startswith(" (eager: decode 1-launch") == cuda
+    assert describe(many, "fp8_tensor") == plan(many, "fp8_tensor").describe()  # past the reach: one plan
