@@ -61,10 +61,19 @@ def eagerly(monkeypatch):
 
 @pytest.mark.parametrize("quant", FORMATS, ids=lambda q: q or "bf16")
 def test_the_eager_path_is_one_launch_with_the_captured_paths_bits(quant, eagerly):
+    """One launch — after the first call of the signature, which also runs the captured path once
+    (triton_moe.capture: its kernels loaded before any capture meets them)."""
     inp = make_inputs(MoEShape("eager", 8, 2, 256, 128, "test"), 3, quant, seed=3).kwargs()  # 6 pairs
     with count_compilations(dry_run=False) as counter:
+        first = triton_moe.fused_moe(**inp)
+    assert counter.launches[-1] == "decode_moe_kernel" and "moe_gemm_kernel" in counter.launches
+    with count_compilations(dry_run=False) as counter:
         one = triton_moe.fused_moe(**inp)
-    assert counter.launches == ["decode_moe_kernel"]
+    assert counter.launches == ["decode_moe_kernel"] and torch.equal(one, first)
+    inp["topk_ids"] = inp["topk_ids"].long()  # another ids dtype: kernels of their own, primed again
+    with count_compilations(dry_run=False) as counter:
+        triton_moe.fused_moe(**inp)
+    assert "moe_gemm_kernel" in counter.launches
     _PLAN.runs_eagerly = lambda x: False  # restored by the fixture's monkeypatch
     _MOE.forget_plans()
     with count_compilations(dry_run=False) as counter:
@@ -89,3 +98,40 @@ def test_compares_config_column_names_the_eager_plan_where_it_differs(cuda, monk
     eager = f" (eager: {plan(one, 'fp8_tensor', eager=True).describe()})" if cuda else ""
     assert describe(one, "fp8_tensor") == captured + eager and eager.startswith(" (eager: decode 1-launch") == cuda
     assert describe(many, "fp8_tensor") == plan(many, "fp8_tensor").describe()  # past the reach: one plan
+
+
+def test_nothing_is_primed_where_a_capture_takes_the_decode_kernel_too_or_an_option_decides(eagerly):
+    inp = make_inputs(MoEShape("eager", 8, 2, 256, 128, "test"), 1, None, seed=4).kwargs()  # bf16, 2 pairs
+    assert _PLAN.uses_decode(1, 2, None)  # the graph rule's reach: a capture runs the decode kernel too
+    for options in ({}, {"config": DecodeConfig()}):
+        with count_compilations(dry_run=False) as counter:
+            triton_moe.fused_moe(**inp, **options)
+        assert counter.launches == ["decode_moe_kernel"], options
+
+
+@pytest.mark.gpu
+def test_gpu_a_capture_after_eager_calls_finds_the_grouped_kernels_loaded():
+    """The usual capture — eager calls, then the same call captured — with the grouped pipeline's kernels
+    forgotten first (their binaries not loaded in this process): the eager call takes the decode kernel
+    and primes the grouped pipeline, so the capture (which cannot load a binary) records it, and the
+    replay gives the eager call's output within the bf16 bound (its bits where the K order matches)."""
+    from moe_spec.oracle import rel_l2
+    from triton_moe import jit
+    from triton_moe.lab.hostcost import reset_kernel
+
+    _MOE.forget_plans()
+    for kernel in list(jit._launched):
+        reset_kernel(kernel)
+    inp = make_inputs(MoEShape("capture", 32, 8, 512, 256, "test"), 1, "fp8_tensor", seed=5).to("cuda").kwargs()
+    eager = triton_moe.fused_moe(**inp)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        triton_moe.fused_moe(**inp)  # eager on the side stream, as torch.cuda.graph's users warm up
+    torch.cuda.current_stream().wait_stream(stream)
+    with torch.cuda.graph(graph):
+        captured = triton_moe.fused_moe(**inp)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel_l2(captured, eager.double()) <= 5e-3

@@ -48,6 +48,7 @@ import functools
 
 import torch
 
+import triton_moe.capture as capture
 import triton_moe.plan as rules
 from moe_spec.align import Alignment
 from moe_spec.validate import (
@@ -193,6 +194,7 @@ def forget_plans() -> None:
     """Drop the cached plans and bound launches (after a change of a module constant they read)."""
     for cached in (_call_of, _launches, _quantize_launches, _gemm_constants, decode_launch):
         cached.cache_clear()
+    capture.forget()
 
 
 @contextlib.contextmanager
@@ -281,19 +283,10 @@ def fused_moe(
     if d.T == 0:
         return x.new_empty((0, d.K))
     if c.launches is None:  # the plan's path: the one-launch decode kernel
-        return decode_fused_moe(
-            x,
-            w1,
-            w2,
-            topk_weights,
-            topk_ids,
-            quant=quant,
-            w1_scale=w1_scale,
-            w2_scale=w2_scale,
-            a1_scale=a1_scale,
-            a2_scale=a2_scale,
-            config=c.plan.config,
-        )
+        kw = dict(quant=quant, w1_scale=w1_scale, w2_scale=w2_scale, a1_scale=a1_scale, a2_scale=a2_scale)
+        if eager and config is None:  # a CUDA graph would capture the grouped pipeline: load its kernels first
+            capture.prime(fused_moe, d, c, (x, w1, w2, topk_weights, topk_ids), kw)
+        return decode_fused_moe(x, w1, w2, topk_weights, topk_ids, **kw, config=c.plan.config)
     if c.tma1:  # TMA reads the weights: 16-byte rows and base, checked before any launch
         check_tma_operand("w1", w1)
     if c.tma2:
