@@ -109,9 +109,10 @@ def metadata_checks(
     return dims
 
 
-def make_device_state(device) -> None:
+def make_device_state(device, backend_state: Callable | None = None) -> None:
     """Make the buffers a backend keeps for the process on a CUDA ``device`` — the error word and
-    its bit constants (:func:`moe_spec.validate.error_word`) — now, outside every dispatch mode.
+    its bit constants (:func:`moe_spec.validate.error_word`), and ``backend_state(device)``'s — now,
+    outside every dispatch mode.
 
     The fake implementation calls it while the graph is traced, before the compiled graph first
     runs: under ``mode="reduce-overhead"`` that first run is a CUDA-graph tree's warm-up, whose
@@ -123,6 +124,8 @@ def make_device_state(device) -> None:
 
     with _disable_current_modes():
         error_word(device)
+        if backend_state is not None:
+            backend_state(device)
 
 
 def _hint(size) -> int:
@@ -155,12 +158,15 @@ def define_fused_moe_op(
     limits: Limits | None = None,
     plan: Callable | None = None,
     check: Callable | None = None,
+    device_state: Callable | None = None,
 ) -> torch._ops.OpOverload:
     """Define ``torch.ops.<namespace>.fused_moe`` (:data:`SCHEMA`) running ``impl`` — a backend's
     ``fused_moe(x, w1, w2, topk_weights, topk_ids, *, quant, w1_scale, w2_scale, a1_scale, a2_scale)``
     — on CPU and CUDA tensors, with a fake implementation that runs ``check`` (same arguments,
     metadata only; default :func:`metadata_checks` with ``limits`` and ``plan``) and returns an empty
-    bf16 [T, K].
+    bf16 [T, K]. ``device_state(device, dims, quant)``, if given, makes the backend's own buffers kept
+    for the process that a call of those sizes would first make, when :func:`make_device_state` makes
+    the error word (at trace time, outside every dispatch mode; ``dims`` is what ``check`` returns).
     Returns the op's overload (``torch.ops.<namespace>.fused_moe.default``). A namespace is defined
     once per process: a second call returns the first op when ``impl`` is the same function, and
     raises otherwise."""
@@ -197,8 +203,8 @@ def define_fused_moe_op(
 
     def fake(x, w1, w2, topk_weights, topk_ids, quant=None, w1_scale=None, w2_scale=None, a1_scale=None, a2_scale=None):
         args = [_concrete(t) for t in (x, w1, w2, topk_weights, topk_ids)]
-        check(*args, quant, *(_concrete(t) for t in (w1_scale, w2_scale, a1_scale, a2_scale)))
-        make_device_state(x.device)
+        dims = check(*args, quant, *(_concrete(t) for t in (w1_scale, w2_scale, a1_scale, a2_scale)))
+        make_device_state(x.device, None if device_state is None else lambda d: device_state(d, dims, quant))
         return x.new_empty((x.shape[0], x.shape[1]), dtype=OUT_DTYPE)
 
     kernel.__name__ = fake.__name__ = "fused_moe"

@@ -123,7 +123,9 @@ def test_gpu_a_capture_after_eager_calls_finds_the_grouped_kernels_loaded():
     for kernel in list(jit._launched):
         reset_kernel(kernel)
     inp = make_inputs(MoEShape("capture", 32, 8, 512, 256, "test"), 1, "fp8_tensor", seed=5).to("cuda").kwargs()
-    eager = triton_moe.fused_moe(**inp)
+    with count_compilations() as counter:
+        eager = triton_moe.fused_moe(**inp)
+    assert counter.launches[-1] == "decode_moe_kernel" and "moe_gemm_kernel" in counter.launches  # primed
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -135,3 +137,21 @@ def test_gpu_a_capture_after_eager_calls_finds_the_grouped_kernels_loaded():
     graph.replay()
     torch.cuda.synchronize()
     assert rel_l2(captured, eager.double()) <= 5e-3
+
+
+def test_the_traced_op_makes_the_decode_counters_an_eager_call_will_use():
+    """``torch.ops.triton_moe.fused_moe``'s fake implementation makes the decode kernel's counter block
+    while the graph is traced (``triton_moe.ops.decode_counters``), so that a CUDA-graph tree's warm-up
+    (an eager run of the compiled graph, its allocations in the graph's pool) never makes one."""
+    from triton_moe import decode_host
+    from triton_moe.decode_host import counter_words
+    from triton_moe.ops import decode_counters
+
+    cpu = torch.device("cpu")
+    one, many = (MoEDims(T=T, E=16, K=384, I=128, top_k=8) for T in (1, 2))
+    words = counter_words(384, plan(one, "fp8_block", eager=True).config)
+    decode_host._counter_blocks.pop((cpu, None, words), None)
+    decode_counters(cpu, many, "fp8_block")  # 16 pairs: the grouped pipeline, no decode counters
+    assert (cpu, None, words) not in decode_host._counter_blocks
+    decode_counters(cpu, one, "fp8_block")
+    assert int(decode_host._counter_blocks[(cpu, None, words)].abs().sum()) == 0

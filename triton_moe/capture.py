@@ -14,18 +14,20 @@ from __future__ import annotations
 
 from triton_moe.plan import plan, uses_decode
 
-#: (call signature, topk_ids dtype) already primed in this process; :func:`forget` clears it.
+#: The signatures already primed in this process; :func:`forget` clears it.
 _primed: set = set()
 
 
-def prime(fused_moe, dims, call, args: tuple, kwargs: dict) -> None:
+def prime(fused_moe, dims, args: tuple, kwargs: dict) -> None:
     """Run ``fused_moe(*args, **kwargs)`` once with the config a CUDA graph capturing it would take, the
-    first time the eager call ``call`` (its cached plan, for sizes ``dims``) takes the decode kernel;
-    nothing when the captured call takes the decode kernel too."""
-    key = (call, args[4].dtype)  # the ids dtype is part of every kernel's specialization
+    first time an eager call of its signature (sizes ``dims``) takes the decode kernel; nothing when the
+    captured call takes the decode kernel too. The signature holds what Triton specializes a kernel on
+    beyond the sizes: each tensor's dtype and whether its address is 16-byte aligned."""
+    tensors = (*args, *(v for v in kwargs.values() if v is not None and not isinstance(v, str)))
+    quant = kwargs.get("quant")
+    key = (dims, quant, args[0].device, *((t.dtype, t.data_ptr() % 16 == 0) for t in tensors))
     if key in _primed:
         return
-    quant = kwargs.get("quant")
     if not uses_decode(dims.T, dims.top_k, quant):
         fused_moe(*args, **kwargs, config=plan(dims, quant).config)
     _primed.add(key)

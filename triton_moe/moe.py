@@ -285,7 +285,7 @@ def fused_moe(
     if c.launches is None:  # the plan's path: the one-launch decode kernel
         kw = dict(quant=quant, w1_scale=w1_scale, w2_scale=w2_scale, a1_scale=a1_scale, a2_scale=a2_scale)
         if eager and config is None:  # a CUDA graph would capture the grouped pipeline: load its kernels first
-            capture.prime(fused_moe, d, c, (x, w1, w2, topk_weights, topk_ids), kw)
+            capture.prime(fused_moe, d, (x, w1, w2, topk_weights, topk_ids), kw)
         return decode_fused_moe(x, w1, w2, topk_weights, topk_ids, **kw, config=c.plan.config)
     if c.tma1:  # TMA reads the weights: 16-byte rows and base, checked before any launch
         check_tma_operand("w1", w1)

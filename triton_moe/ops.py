@@ -16,11 +16,23 @@ schema: a call that gives one is a direct Python call, which torch.compile trace
 from __future__ import annotations
 
 from moe_spec.ops import define_fused_moe_op, entry
+from triton_moe.decode_host import counter_block, counter_words
 from triton_moe.moe import LIMITS
 from triton_moe.moe import fused_moe as backend_fused_moe
 from triton_moe.plan import plan
 
+
+def decode_counters(device, dims, quant) -> None:
+    """The decode kernel's counters (:func:`~triton_moe.decode_host.counter_block`), made while the graph is
+    traced where an eager call of these sizes takes that kernel: under ``mode="reduce-overhead"`` the
+    compiled graph's first run is a CUDA-graph tree's warm-up — eager, so the decode kernel
+    (:func:`triton_moe.plan.uses_decode`) — and a block first made there would live in the graph's pool."""
+    eager = plan(dims, quant, eager=True)
+    if eager.path == "decode":
+        counter_block(device, counter_words(dims.K, eager.config))
+
+
 #: ``torch.ops.triton_moe.fused_moe.default``
-OP = define_fused_moe_op("triton_moe", backend_fused_moe, limits=LIMITS, plan=plan)
+OP = define_fused_moe_op("triton_moe", backend_fused_moe, limits=LIMITS, plan=plan, device_state=decode_counters)
 
 fused_moe = entry(OP, backend_fused_moe, {"config": None, "swap_ab": None})

@@ -79,7 +79,7 @@ def runs_eagerly(x: torch.Tensor) -> bool:
     """Whether a call on ``x`` runs eagerly for the path rule (:data:`EAGER_DECODE_MAX_PAIRS`): on a CUDA
     device, with no CUDA graph being captured on the current stream. Off the GPU (the interpreter) no
     launch costs host time worth a path of its own: False."""
-    return x.is_cuda and not torch.cuda.is_current_stream_capturing()
+    return x.is_cuda and torch.cuda.is_available() and not torch.cuda.is_current_stream_capturing()
 
 
 def uses_decode(T: int, top_k: int, quant: str | None = None, config=None, swap_ab=None, eager: bool = False) -> bool:
@@ -283,7 +283,8 @@ def plans_for(
     """Every distinct plan this layer gets for T = 1 … ``max_tokens`` on this device (with the same
     ``options``), in order of T: the plan at the first T of each bucket of the config rule
     (:func:`~triton_moe.heuristic.rule_starts`) — where CUDA is present, first the decode plan if an eager
-    call of T = 1 takes it (:data:`EAGER_DECODE_MAX_PAIRS`), then the plans a CUDA graph captures."""
+    call of T = 1 takes it (:data:`EAGER_DECODE_MAX_PAIRS`; not on a machine without CUDA, so a warm-up's
+    dry run there leaves the decode kernel out), then the plans a CUDA graph captures."""
     if options.get("config") is not None:
         starts = [1]
     else:  # the decode plan up to the path rule's reach, then the grouped buckets past it
