@@ -14,25 +14,20 @@ from __future__ import annotations
 
 from triton_moe.plan import plan, uses_decode
 
-#: The signatures already primed in this process; :func:`forget` clears it.
-_primed: set = set()
 
-
-def prime(fused_moe, dims, args: tuple, kwargs: dict) -> None:
+def prime(fused_moe, dims, call, args: tuple, kwargs: dict) -> None:
     """Run ``fused_moe(*args, **kwargs)`` once with the config a CUDA graph capturing it would take, the
-    first time an eager call of its signature (sizes ``dims``) takes the decode kernel; nothing when the
-    captured call takes the decode kernel too. The signature holds what Triton specializes a kernel on
-    beyond the sizes: each tensor's dtype and whether its address is 16-byte aligned."""
-    tensors = (*args, *(v for v in kwargs.values() if v is not None and not isinstance(v, str)))
-    quant = kwargs.get("quant")
-    key = (dims, quant, args[0].device, *((t.dtype, t.data_ptr() % 16 == 0) for t in tensors))
-    if key in _primed:
+    first time an eager call of its signature takes the decode kernel; nothing when the captured call
+    takes the decode kernel too. ``call`` is the cached plan of the sizes ``dims``, format, device and
+    options (``triton_moe.moe._call_of``); its ``primed`` set holds the rest of the signature, what
+    Triton specializes a kernel on beyond those: the ids dtype and each tensor's 16-byte alignment."""
+    x, w1, w2, weights, ids = args
+    scales = tuple(kwargs[k] for k in ("w1_scale", "w2_scale", "a1_scale", "a2_scale"))
+    key = (ids.dtype, x.data_ptr() % 16, w1.data_ptr() % 16, w2.data_ptr() % 16, weights.data_ptr() % 16)
+    key += (ids.data_ptr() % 16, *(s.data_ptr() % 16 for s in scales if s is not None))
+    if key in call.primed:
         return
+    quant = kwargs["quant"]
     if not uses_decode(dims.T, dims.top_k, quant):
         fused_moe(*args, **kwargs, config=plan(dims, quant).config)
-    _primed.add(key)
-
-
-def forget() -> None:
-    """Forget which calls were primed (with the cached plans: ``triton_moe.moe.forget_plans``)."""
-    _primed.clear()
+    call.primed.add(key)

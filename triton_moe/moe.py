@@ -166,12 +166,13 @@ class _Call:
     (:func:`_call_of`): the plan, the workspace's sizes, whether a GEMM reads its weight by TMA,
     and the launches bound for this shape (:class:`_Launches`; None for T = 0)."""
 
-    __slots__ = ("plan", "sizes", "tma1", "tma2", "launches")
+    __slots__ = ("plan", "sizes", "tma1", "tma2", "launches", "primed")
 
     def __init__(self, p, d: MoEDims, quant, device, static: bool):
         self.plan, self.tma1, self.tma2 = p, p.gemm1.persistent_tma, p.gemm2.persistent_tma
         if p.path == "decode":  # one launch (triton_moe.decode): no alignment, nothing bound here
             self.sizes = self.launches = None
+            self.primed = set()  # the signatures whose captured path ran once (triton_moe.capture.prime)
             return
         tile = p.align_tile
         rules_ = p.epilogue_quant(static), p.x_quant_in_gemm1(static)
@@ -194,7 +195,6 @@ def forget_plans() -> None:
     """Drop the cached plans and bound launches (after a change of a module constant they read)."""
     for cached in (_call_of, _launches, _quantize_launches, _gemm_constants, decode_launch):
         cached.cache_clear()
-    capture.forget()
 
 
 @contextlib.contextmanager
@@ -285,7 +285,7 @@ def fused_moe(
     if c.launches is None:  # the plan's path: the one-launch decode kernel
         kw = dict(quant=quant, w1_scale=w1_scale, w2_scale=w2_scale, a1_scale=a1_scale, a2_scale=a2_scale)
         if eager and config is None:  # a CUDA graph would capture the grouped pipeline: load its kernels first
-            capture.prime(fused_moe, d, (x, w1, w2, topk_weights, topk_ids), kw)
+            capture.prime(fused_moe, d, c, (x, w1, w2, topk_weights, topk_ids), kw)
         return decode_fused_moe(x, w1, w2, topk_weights, topk_ids, **kw, config=c.plan.config)
     if c.tma1:  # TMA reads the weights: 16-byte rows and base, checked before any launch
         check_tma_operand("w1", w1)
