@@ -22,7 +22,7 @@ from moe_spec.oracle import oracle, rel_l2  # noqa: E402
 from moe_spec.problem import MoEShape, draw_weights, make_inputs, route  # noqa: E402
 from moe_spec.validate import INT32_MAX  # noqa: E402
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.gpu_exclusive]
 
 SHAPE = MoEShape("deepseek-v2-full", 160, 6, 5120, 1536, "DeepSeek-V2: 160 routed experts, I = 1536, one GPU")
 T = 64
