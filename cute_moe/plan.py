@@ -68,15 +68,15 @@ def path_rule(swap_ab: bool | None = None, layer: tuple[int, int] | None = None)
     return below + ((last,) if limit > 0 else ()) + tuple(b for b in normal if b[0] > limit)
 
 
-GATED_FP8_GEMM1 = ()
+GATED_FP8_GEMM1 = ("swap_ab", "normal")
 """The paths (``"swap_ab"``: the decode buckets, ``"normal"``: prefill) on which the fused FP8 layer's
 GEMM1 is gated — SiLU·up in its epilogue, each half promoted and dequantized with its own weight scales,
 writing the fp32 intermediate ``[M_pad, I]`` instead of ``H [M_pad, 2I]`` (:func:`gated_gemm1`).  Both
 tiles hold four accumulators (a gate and an up one, each a block and a promoted one), so the weights tile
 is 64 output features: swap-AB 64 × the bucket's tokens on one consumer warpgroup, normal the bucket's
 tokens × 64.  Drop a path to give it back the plain GEMM1 (128 weight rows) and the SiLU·up pass
-(``quantops.RowAmax``, ``silu=True``). Off by default until the H200 has run it (its GPU tests and
-the layer's timing: notes/cute_moe.md §6); its tests turn it on."""
+(``quantops.RowAmax``, ``silu=True``).  Both paths ship gated: the layer's outputs are the plain path's
+bit for bit and its time is lower on every measured cell (notes/cute_moe.md §6)."""
 
 
 def gated_gemm1(quant, fusion: str, I: int, swap_ab: bool) -> bool:  # noqa: E741
@@ -96,8 +96,7 @@ EPILOGUE_QUANT = True
 :mod:`cute_moe.epilogue_quant`).  Set it False — then ``cute_moe.moe.forget_calls()`` — to force today's path
 (GEMM1 writes the fp32 intermediate, the amax and quantize launches follow) in tests and benches; explicit
 ``configs`` carry their own choice (``GemmConfig.epilogue_quant``, None: today's path).  It matters only
-where GEMM1 is gated (:data:`GATED_FP8_GEMM1`, off by default), and its speed has not been measured on a
-GPU yet (notes/cute_moe.md §6)."""
+where GEMM1 is gated (:data:`GATED_FP8_GEMM1`) on the normal path (notes/cute_moe.md §6)."""
 
 
 def epilogue_quant(gemm1: GemmConfig, static: bool = False) -> str | None:

@@ -54,8 +54,21 @@ def gated_on(monkeypatch):
     _call_of.cache_clear()
 
 
-def test_the_shipped_default_is_off_until_the_h200_has_run_it():
-    assert SHIPPED_GATED == ()
+def test_the_shipped_plans_gate_every_fp8_gemm1_the_layer_allows(monkeypatch):
+    """Shipped: both paths gated (notes/cute_moe.md §6 cites the layer's timing); every fused FP8 plan of the
+    catalog then gates its GEMM1 exactly where ``limits.gated_quant_layer`` takes the layer."""
+    from cute_moe.limits import gated_quant_layer
+
+    assert SHIPPED_GATED == BOTH
+    monkeypatch.setattr(plan_module, "GATED_FP8_GEMM1", SHIPPED_GATED)
+    seen = set()
+    for spec in CATALOG:
+        s = get_shape(spec)
+        for quant in FORMATS:
+            for p in cute_moe.plans_for(s.num_experts, s.hidden, s.intermediate, s.top_k, quant):
+                assert p.gemm1.gated == gated_quant_layer(quant, s.intermediate), (spec, quant, p)
+                seen.add(p.gemm1.gated)
+    assert seen == {True}
 
 
 def _plan_gemm1s():
