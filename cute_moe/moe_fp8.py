@@ -6,7 +6,7 @@
     quantize_tokens        x [T, K] bf16 → E4M3 + scales, once per layer    quantops: amax, quantize
     gather_rows            E4M3 rows in expert-sorted order (the bytes moved as bf16 pairs)
     GEMM1                  H = (x·s_x)(W1·s_w1)ᵀ in fp32 [M_pad, 2I]        gemm + fp8_gemm
-                           (gated: A = SiLU(H_gate)·H_up in its epilogue, fp32 [M_pad, I])
+                           (gated, the plan's default: A = SiLU(H_gate)·H_up in its epilogue, fp32 [M_pad, I])
     quantize_intermediate  A = SiLU(H_gate)·H_up in fp32 + its amax (gated: A's amax), then E4M3 + scales
     GEMM2                  Y = (A·s_a)(W2·s_w2)ᵀ · routing weight → bf16     gemm + fp8_gemm
     combine                out[t] = Σ_j Y[row(t, j)]
