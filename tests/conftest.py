@@ -25,6 +25,9 @@
   blocks (``torch.cuda.empty_cache``) before letting go; an exclusive test's file holds the lock alone,
   from its first test until its last (``--dist loadfile`` keeps the file on one worker), so the other
   workers wait instead of filling the memory it needs. Serial runs take no lock.
+* ``--lane DIR``: the lane's record across calls (:mod:`lane_record`): every gpu test that passes is
+  appended to ``DIR/<commit>.passed`` as it passes, and the gpu tests already there are deselected, so
+  calls at one commit add up to the whole lane and a run stopped by its time limit loses nothing.
 """
 
 import collections
@@ -32,6 +35,7 @@ import fcntl
 import os
 import tempfile
 
+import lane_record
 import pytest
 
 try:
@@ -58,6 +62,26 @@ def pytest_addoption(parser):
         metavar="K/N",
         help="run only part K (1..N) of N of the gpu tests: whole files per part, balanced by test count",
     )
+    parser.addoption(
+        "--lane",
+        default=None,
+        metavar="DIR",
+        help="record each gpu test that passes in DIR/<commit>.passed and skip (deselect) those already there",
+    )
+
+
+def pytest_configure(config):
+    """``--lane``: the record file of this run's commit (refused by name where the commit is unknown); the
+    reporting process (the xdist controller, or a serial run) writes it."""
+    config.lane_record = None
+    if config.getoption("--lane"):
+        try:
+            commit = lane_record.commit_of(config.rootpath)
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        config.lane_record = lane_record.record_path(config.getoption("--lane"), commit)
+        if not hasattr(config, "workerinput"):
+            config.pluginmanager.register(lane_record.Recorder(config.lane_record), "lane-record")
 
 
 def gpu_parts(counts: dict, n: int) -> list:
@@ -98,6 +122,13 @@ def _keep_gpu_part(config, items) -> None:
 def pytest_collection_modifyitems(config, items):
     if config.getoption("--gpu-part"):
         _keep_gpu_part(config, items)
+    if config.lane_record is not None:
+        kept, dropped = lane_record.keep_unpassed(
+            items, lane_record.passed(config.lane_record), lambda item: "gpu" in item.keywords
+        )
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = kept
     if _HAS_CUDA:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run the GPU lane on the H200: python3 -m pytest -m gpu)")
