@@ -71,17 +71,7 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    """``--lane``: the record file of this run's commit (refused by name where the commit is unknown); the
-    reporting process (the xdist controller, or a serial run) writes it."""
-    config.lane_record = None
-    if config.getoption("--lane"):
-        try:
-            commit = lane_record.commit_of(config.rootpath)
-        except ValueError as exc:
-            raise pytest.UsageError(str(exc)) from None
-        config.lane_record = lane_record.record_path(config.getoption("--lane"), commit)
-        if not hasattr(config, "workerinput"):
-            config.pluginmanager.register(lane_record.Recorder(config.lane_record), "lane-record")
+    lane_record.configure(config, config.getoption("--lane"))
 
 
 def gpu_parts(counts: dict, n: int) -> list:
@@ -122,13 +112,7 @@ def _keep_gpu_part(config, items) -> None:
 def pytest_collection_modifyitems(config, items):
     if config.getoption("--gpu-part"):
         _keep_gpu_part(config, items)
-    if config.lane_record is not None:
-        kept, dropped = lane_record.keep_unpassed(
-            items, lane_record.passed(config.lane_record), lambda item: "gpu" in item.keywords
-        )
-        if dropped:
-            config.hook.pytest_deselected(items=dropped)
-            items[:] = kept
+    lane_record.deselect_passed(config, items)
     if _HAS_CUDA:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run the GPU lane on the H200: python3 -m pytest -m gpu)")

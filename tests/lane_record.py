@@ -18,6 +18,8 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 _COMMIT = re.compile(r"[0-9a-f]{7,40}")
 
 
@@ -60,12 +62,32 @@ def append(path: Path, nodeid: str) -> None:
         os.fsync(f.fileno())
 
 
-def keep_unpassed(items: list, done: set[str], is_gpu) -> tuple[list, list]:
-    """(kept, dropped): the gpu items whose node id is in ``done`` are dropped; every other item kept."""
+def configure(config, directory: str | None) -> None:
+    """``config.lane_record``: the record file of this run's commit under ``directory`` (None: no record);
+    the reporting process registers the :class:`Recorder`.  An unknown commit is a usage error."""
+    config.lane_record = None
+    if not directory:
+        return
+    try:
+        commit = commit_of(config.rootpath)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    config.lane_record = record_path(directory, commit)
+    if not hasattr(config, "workerinput"):  # the xdist controller or a serial run
+        config.pluginmanager.register(Recorder(config.lane_record), "lane-record")
+
+
+def deselect_passed(config, items: list) -> None:
+    """Deselect the gpu items the record holds (every other item is kept)."""
+    if config.lane_record is None:
+        return
+    done = passed(config.lane_record)
     kept, dropped = [], []
     for item in items:
-        (dropped if is_gpu(item) and item.nodeid in done else kept).append(item)
-    return kept, dropped
+        (dropped if "gpu" in item.keywords and item.nodeid in done else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 class Recorder:

@@ -9,8 +9,7 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
-# A project wired as tests/conftest.py wires the record: the option, the Recorder in the reporting process,
-# the deselection at collection.
+# A project wired to the record as tests/conftest.py is (its option, configure, the deselection at collection).
 CONFTEST = textwrap.dedent(
     """
     import sys
@@ -22,21 +21,10 @@ CONFTEST = textwrap.dedent(
 
     def pytest_configure(config):
         config.addinivalue_line("markers", "gpu: a gpu test")
-        config.lane_record = None
-        if config.getoption("--lane"):
-            commit = lane_record.commit_of(config.rootpath)
-            config.lane_record = lane_record.record_path(config.getoption("--lane"), commit)
-            if not hasattr(config, "workerinput"):
-                config.pluginmanager.register(lane_record.Recorder(config.lane_record), "lane-record")
+        lane_record.configure(config, config.getoption("--lane"))
 
     def pytest_collection_modifyitems(config, items):
-        if config.lane_record is not None:
-            kept, dropped = lane_record.keep_unpassed(
-                items, lane_record.passed(config.lane_record), lambda item: "gpu" in item.keywords
-            )
-            if dropped:
-                config.hook.pytest_deselected(items=dropped)
-                items[:] = kept
+        lane_record.deselect_passed(config, items)
     """
 )
 
