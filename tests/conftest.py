@@ -1,7 +1,7 @@
 """Shared pytest setup.
 
 * ``-m gpu`` tests need CUDA: without it they are skipped with a reason (the CPU CI lane), and the
-  H200 lane runs them: ``source .device/on-device.sh && python3 -m pytest -m gpu``.
+  H200 lane runs them: ``source .ci/on-device && python3 -m pytest -m gpu``.
 * Triton runs through its interpreter on machines without CUDA: ``TRITON_INTERPRET=1`` must be set
   before triton is first imported, so it is set here, before any test module imports a backend.
 * The CuTe DSL compiles for Hopper on any machine once ``CUTE_DSL_ARCH=sm_90a`` is set before

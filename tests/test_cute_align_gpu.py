@@ -1,6 +1,6 @@
 """GPU lane for cute_moe.alignops (H200): the two alignment launches against the reference, bit for bit.
 
-Run on the device: ``source .device/on-device.sh && python3 -m pytest -m gpu tests/test_cute_align_gpu.py``.
+Run on the device: ``source .ci/on-device && python3 -m pytest -m gpu tests/test_cute_align_gpu.py``.
 The same grid as the CPU model's (``tests/test_cute_align.py``) plus decode and prefill sizes of the
 catalog. Every output — the alignment (``moe_spec.align.align``), the row maps, each GEMM tile's
 block map and count, the zeroed scratch — and the error word's bits are compared with

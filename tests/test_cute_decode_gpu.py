@@ -2,7 +2,7 @@
 fp64 oracle and the grouped pipeline (``cute_moe.fused_moe``), reruns bit for bit with the counters back
 at zero, a bad id as the contract says, batch invariance, and the workspace reused across T.
 
-Run on the device: ``source .device/on-device.sh && python3 -m pytest -m gpu tests/test_cute_decode_gpu.py``.
+Run on the device: ``source .ci/on-device && python3 -m pytest -m gpu tests/test_cute_decode_gpu.py``.
 Written before any GPU ran the kernel (notes/decode.md, "The CuTe DSL kernel").
 """
 

@@ -2,7 +2,7 @@
 the grouped GEMM against an fp64 matmul of the dequantized operands, the layer against the W8A8
 oracle and against triton_moe, bitwise reruns, and the promotion study.
 
-Run on the device: ``source .device/on-device.sh && python3 -m pytest -m gpu -q tests/test_cute_fp8_gpu.py``
+Run on the device: ``source .ci/on-device && python3 -m pytest -m gpu -q tests/test_cute_fp8_gpu.py``
 (``-s`` prints the promotion study's table).
 """
 

@@ -1,6 +1,6 @@
 """GPU lane for cute_moe (H200): the grouped GEMM and the MoE layer against references.
 
-Run on the device: ``source .device/on-device.sh && python3 -m pytest -m gpu tests/test_cute_gpu.py``.
+Run on the device: ``source .ci/on-device && python3 -m pytest -m gpu tests/test_cute_gpu.py``.
 """
 
 import os

@@ -6,7 +6,7 @@ DeepSeek-V2's full MoE layer on one GPU — E = 160, I = 1536, K = 5120: W1 [160
 oracle at the usual tolerances. One bf16 weight pair stays resident (7.5 GB); the FP8 copies of a
 case are freed before the next.
 
-Run on the device: ``source .device/on-device.sh && python3 -m pytest -m gpu tests/test_offsets64_gpu.py``.
+Run on the device: ``source .ci/on-device && python3 -m pytest -m gpu tests/test_offsets64_gpu.py``.
 """
 
 import dataclasses
