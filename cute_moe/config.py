@@ -105,7 +105,7 @@ class GemmConfig:
             writes fp32 (each half promoted and dequantized with its own weight scales first).
         gather_rows: bf16 tokens read by row index from the unsorted ``x [T, K]`` (the producer of ``gemm.py``).
         schedule: "cooperative" (the default: the consumer warpgroups split one tile along M and run
-            its epilogue together) or "pingpong" (``consumer_warpgroups=2``, bf16): each consumer
+            its epilogue together) or "pingpong" (``consumer_warpgroups=2``, bf16 or FP8): each consumer
             warpgroup owns whole tiles — ``tile_m`` (64 or 128) rows handled by it alone, tile_m/64
             WGMMAs per K slice, all accumulators in its registers — and its own ``epi_stages``
             staging buffers; one issues its main loop while the other runs its epilogue.  The twin

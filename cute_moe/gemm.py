@@ -277,9 +277,7 @@ class GroupedGemm:
             cute.arch.setmaxregister_increase(CONSUMER_REGISTERS)
             wg = warpgroup_idx - 1  # ping-pong: this warpgroup's tiles, barriers and staging buffers
             # the thread's index in the tiled MMA: over all consumer threads (cooperative), or in its warpgroup
-            mma_tidx = tidx - 128
-            if cutlass.const_expr(cfg.pingpong):
-                mma_tidx = tidx - 128 * warpgroup_idx
+            mma_tidx = tidx - 128 * (warpgroup_idx if cfg.pingpong else 1)
             thr_mma = tiled_mma.get_slice(mma_tidx)
             tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
             tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
@@ -380,9 +378,6 @@ class GroupedGemm:
                     warpgroup.wait_group(0)
                     ring.consumer_release(release)
                     release.advance()
-                    if cutlass.const_expr(cfg.pingpong):  # skip the other warpgroup's tile in the ring
-                        read.advance(k_tiles)
-                        release.advance(k_tiles)
                 else:
                     # FP8: every K step into `blk`, promoted into `acc` (scaled per block for fp8_block)
                     for k in range(k_tiles):
@@ -401,6 +396,11 @@ class GroupedGemm:
                         ring.consumer_release(read)
                         read.advance()
                         promote_halves(scales, up_scales, acc, blk, up, blk_up, k)  # (gated: both)
+                    if cutlass.const_expr(cfg.pingpong):  # its WGMMAs all retired: the other warpgroup's turn
+                        order_arrive(MMA_ORDER_BARRIER_ID, 1 - wg)
+                if cutlass.const_expr(cfg.pingpong):  # skip the other warpgroup's tile in the ring
+                    read.advance(k_tiles)
+                    release.advance(k_tiles)
                 if cutlass.const_expr(cfg.quant is not None):
                     dequantize_halves(scales, up_scales, acc, up)  # gated: both halves, before SiLU·up
 

@@ -58,7 +58,7 @@ def pingpong_config(cfg: GemmConfig) -> GemmConfig:
     ping-pong one warpgroup owns a whole tile, so the twin's M tile is one warpgroup's share of
     ``cfg``'s (64 rows: ``tokens_tile`` on the normal path, ``weights_tile`` on swap-AB), on single CTAs;
     the other fields are kept and the ring is as deep as the shared memory allows.  A one-warpgroup
-    ``cfg`` keeps its tile.  Raises ValueError (naming the field) when the twin is not buildable (FP8)."""
+    ``cfg`` keeps its tile.  Raises ValueError (naming the field) when the twin is not buildable."""
     rows = cfg.tile_m // cfg.tile_warpgroups
     tiles = dict(weights_tile=rows) if cfg.swap_ab else dict(tokens_tile=rows)
     twin = cfg.replace(schedule="pingpong", consumer_warpgroups=MAX_CONSUMER_WARPGROUPS, stages=2, cluster=1, **tiles)

@@ -102,16 +102,16 @@ FP8_ACCUMULATOR_REGISTERS = TWO_ACCUMULATOR_REGISTERS
 
 
 PINGPONG_ACCUMULATOR_REGISTERS = TWO_ACCUMULATOR_REGISTERS
-"""Most fp32 accumulator registers per consumer thread under ``schedule="pingpong"``, one or two
-accumulators together: ``tile_m · tile_n / 128`` (× 2 gated) — one warpgroup holds the whole tile.
-128 is what the cooperative kernel's largest tiles hold per thread (128×256 over two warpgroups, or a
-gated 128×128), so the ping-pong tiles allowed are those whose registers the cooperative kernel
-already holds: 64×256, 128×128, gated 64×128 or 128×64.  A 128×256 tile (256 registers) cannot fit
-the 232 that ``setmaxnreg`` grants."""
+"""Most fp32 accumulator registers per consumer thread under ``schedule="pingpong"``, every accumulator
+together: ``tile_m · tile_n / 128`` × 2 for FP8 (block + promoted) × 2 gated — one warpgroup holds the
+whole tile.  128 is what the cooperative kernel's largest tiles hold per thread (128×256 over two
+warpgroups, or a gated 128×128), so the ping-pong tiles allowed are those whose registers the
+cooperative kernel already holds: bf16 64×256, 128×128, gated 64×128 or 128×64; FP8 64×128, gated FP8
+64×64.  A 128×256 bf16 tile (256 registers) cannot fit the 232 that ``setmaxnreg`` grants."""
 
 
 def check_pingpong(cfg) -> None:
-    """The ping-pong limits: two consumer warpgroups, bf16, a whole tile's accumulators in one warpgroup."""
+    """The ping-pong limits: two consumer warpgroups, a whole tile's accumulators in one warpgroup."""
     if cfg.schedule != "pingpong":
         return
     if cfg.consumer_warpgroups != 2:
@@ -119,17 +119,13 @@ def check_pingpong(cfg) -> None:
             f"schedule='pingpong' with consumer_warpgroups={cfg.consumer_warpgroups}: ping-pong needs "
             f"consumer_warpgroups=2 (two warpgroups, each with a whole tile of its own, taking turns)"
         )
-    if cfg.quant is not None:
-        raise ValueError(
-            f"schedule='pingpong' with quant={cfg.quant!r}: the ping-pong kernel is built for bf16 "
-            f"operands only (quant=None); FP8 runs on schedule='cooperative'"
-        )
     if cfg.accumulator_registers > PINGPONG_ACCUMULATOR_REGISTERS:
         raise ValueError(
             f"tokens_tile={cfg.tokens_tile}, weights_tile={cfg.weights_tile}: under schedule='pingpong' one "
-            f"warpgroup holds the whole {cfg.tile_m}×{cfg.tile_n} tile{' (gate + up)' if cfg.gated else ''}: "
+            f"warpgroup holds the whole {cfg.tile_m}×{cfg.tile_n} tile{' (gate + up)' if cfg.gated else ''}"
+            f"{', block and promoted' if cfg.two_level else ''}: "
             f"{cfg.accumulator_registers} accumulator registers per thread, above {PINGPONG_ACCUMULATOR_REGISTERS}; "
-            f"use a smaller tile (64×256, 128×128; gated 64×128, 128×64)"
+            f"use a smaller tile (64×256, 128×128; gated 64×128, 128×64; FP8 64×128, gated FP8 64×64)"
         )
 
 

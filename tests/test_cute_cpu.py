@@ -327,7 +327,8 @@ BAD_CONFIGS = [
     (
         dict(schedule="pingpong", quant="fp8_tensor", dtype="float8_e4m3fn", tile_k=128),
         ValueError,
-        r"^schedule='pingpong' with quant='fp8_tensor': the ping-pong kernel is built for bf16",
+        r"^tokens_tile=128, weights_tile=128: under schedule='pingpong' one warpgroup holds the whole 128×128 tile, "
+        r"block and promoted: 256 accumulator registers",
     ),
     (
         dict(schedule="pingpong", weights_tile=256),

@@ -231,6 +231,27 @@ def test_fp8_layer(spec, quant, swap_ab, T):
     _check_layer(_inputs(shape, quant, T, seed=T), swap_ab=swap_ab)
 
 
+@pytest.mark.parametrize("T", [8, 4096])
+@pytest.mark.parametrize("quant", FORMATS)
+@pytest.mark.parametrize("spec", ["qwen3-30b-a3b", "deepseek-v3:tp8"])
+def test_fp8_pingpong_layer_is_the_cooperative_layer_bit_for_bit(spec, quant, T):
+    """The FP8 layer with both GEMMs' ping-pong twins (``configs=``: one warpgroup's 64 rows of the plan's
+    tile each, its block and promoted accumulators, the gated GEMM1's epilogue step kept) gives the very
+    bytes of the plan's cooperative layer, and meets the oracle and triton_moe."""
+    import cute_moe
+    from cute_moe.gemm_rules import pingpong_config
+    from moe_spec.validate import MoEDims
+
+    inp = _inputs(get_shape(spec), quant, T, seed=31)
+    s = get_shape(spec)
+    p = cute_moe.plan(MoEDims(T=T, E=s.num_experts, K=s.hidden, I=s.intermediate, top_k=s.top_k), quant)
+    twins = (pingpong_config(p.gemm1), pingpong_config(p.gemm2))
+    out = cute_moe.fused_moe(**inp.kwargs())
+    pp = cute_moe.fused_moe(**inp.kwargs(), configs=twins)
+    assert torch.equal(out.view(torch.int16), pp.view(torch.int16))
+    _check_layer(inp, configs=twins)
+
+
 @pytest.mark.parametrize("T", [8, 1024])
 @pytest.mark.parametrize("quant", FORMATS)
 def test_fp8_layer_long_k(quant, T):

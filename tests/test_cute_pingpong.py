@@ -1,4 +1,4 @@
-"""CPU lane for the ping-pong schedule of the grouped GEMM (``GemmConfig.schedule="pingpong"``).
+"""CPU lane for the ping-pong schedule of the grouped GEMM (``GemmConfig.schedule="pingpong"``), bf16 and FP8.
 
 Without a GPU: the config's rules and twin, the sm_90a PTX of the ping-pong kernels (the WGMMAs of
 the cooperative twin, the order barriers each warpgroup waits on and arrives at — evaluated per
@@ -47,6 +47,22 @@ PINGPONG = {name: pingpong_config(cfg) for name, cfg in COOPERATIVE.items()}
 PINGPONG["plain-128x128-one-wg"] = _cfg(tokens_tile=128, weights_tile=128, schedule="pingpong")
 PINGPONG["swap-w128-t64-one-wg"] = _cfg(swap_ab=True, tokens_tile=64, weights_tile=128, schedule="pingpong")
 PINGPONG["gated-128x64"] = _cfg(tokens_tile=128, weights_tile=64, gated=True, schedule="pingpong")
+
+
+def _fp8_plan_gemms():
+    """The FP8 layer's GEMMs as the plan picks them: Qwen3-30B-A3B fp8_tensor prefill (the gated GEMM1 with
+    the intermediate's amax in its epilogue, 128 × 64; GEMM2 128 × 128 with the routing weights) and
+    fp8_block at T = 32 (swap-AB GEMM2, 128 weight rows over two warpgroups)."""
+    from moe_spec.validate import MoEDims
+
+    pre = cute_moe.plan(MoEDims(T=4096, E=128, K=2048, I=768, top_k=8), "fp8_tensor")
+    dec = cute_moe.plan(MoEDims(T=32, E=128, K=2048, I=768, top_k=8), "fp8_block")
+    return {"fp8-gemm1-gated-epi": pre.gemm1, "fp8-gemm2-row-scale": pre.gemm2, "fp8-block-swap-gemm2": dec.gemm2}
+
+
+FP8_COOPERATIVE = _fp8_plan_gemms()
+COOPERATIVE.update(FP8_COOPERATIVE)
+PINGPONG.update({name: pingpong_config(cfg) for name, cfg in FP8_COOPERATIVE.items()})
 
 _WGMMA = r"wgmma\.mma_async\.sync\.aligned\.m\d+n\d+k\d+\.[\w.]+"
 
@@ -100,15 +116,24 @@ def test_the_twin_has_one_warpgroups_rows_of_the_cooperative_tile():
         # each warpgroup its own staging buffers, 64-row sub-tiles
         assert twin.epi_buffers == 2 * twin.epi_stages and twin.epi_tile == (64, cfg.epi_tile[1])
         assert twin.smem_bytes() == (
-            twin.stages * twin.stage_bytes + twin.epi_buffers * 64 * twin.epi_tile[1] * 2 + 1024
+            twin.stages * twin.stage_bytes + twin.epi_buffers * 64 * twin.epi_tile[1] * twin.c_bytes + 1024
         )
         assert mma_instruction(twin) == mma_instruction(cfg)
     assert (
         pingpong_config(PINGPONG["plain-128x128-one-wg"].replace(schedule="cooperative", consumer_warpgroups=1))
         == PINGPONG["plain-128x128-one-wg"]
     )  # a one-warpgroup tile keeps its rows
-    with pytest.raises(ValueError, match=r"^schedule='pingpong' with quant='fp8_block'"):
-        pingpong_config(choose_config(1024, 2048, 768, row_scale=True, quant="fp8_block"))
+    # FP8: the block and the promoted accumulator of a whole 64-row tile in one warpgroup, as the cooperative
+    # kernel holds them; the gated GEMM1 keeps its epilogue's amax
+    fp8 = PINGPONG["fp8-gemm1-gated-epi"]
+    assert (fp8.tokens_tile, fp8.weights_tile, fp8.accumulator_registers) == (64, 64, PINGPONG_ACCUMULATOR_REGISTERS)
+    assert (
+        fp8.two_level
+        and fp8.gated
+        and fp8.epilogue_quant == "amax" == FP8_COOPERATIVE["fp8-gemm1-gated-epi"].epilogue_quant
+    )
+    with pytest.raises(ValueError, match=r"under schedule='pingpong' one warpgroup holds the whole 128×128 tile"):
+        FP8_COOPERATIVE["fp8-gemm2-row-scale"].replace(schedule="pingpong")
 
 
 def test_the_plan_names_the_schedule():
@@ -140,8 +165,9 @@ def test_ptx_has_the_intended_wgmma_per_k_step(compiled):
     the same instruction as the cooperative twin, no local memory in the PTX."""
     name, cfg, ptx = compiled
     assert ".target sm_90a" in ptx
-    assert set(re.findall(_WGMMA, ptx)) == {f"wgmma.mma_async.sync.aligned.m64n{cfg.tile_n}k16.f32.bf16.bf16"}
-    per_step = cfg.tile_m // 64 * cfg.tile_k // 16 * (2 if cfg.gated else 1)
+    k, operands = (32, "e4m3.e4m3") if cfg.quant else (16, "bf16.bf16")
+    assert set(re.findall(_WGMMA, ptx)) == {f"wgmma.mma_async.sync.aligned.m64n{cfg.tile_n}k{k}.f32.{operands}"}
+    per_step = cfg.tile_m // 64 * cfg.tile_k // k * (2 if cfg.gated else 1)
     assert set(_groups(ptx)) == {per_step}
     if name in COOPERATIVE:  # the cooperative kernel: one warpgroup's 64 rows per step, the same instruction
         coop = cute_moe.compile_ptx(COOPERATIVE[name])
@@ -213,7 +239,9 @@ def test_a_stage_is_released_by_one_warpgroup(compiled):
         assert threads == set(range(128, cfg.threads, 32))
 
 
-@pytest.mark.parametrize("name", ["gemm1-gated-gather", "gemm2-row-scale", "plain-128x128-one-wg", "gated-128x64"])
+@pytest.mark.parametrize(
+    "name", ["gemm1-gated-gather", "gemm2-row-scale", "plain-128x128-one-wg", "gated-128x64", *FP8_COOPERATIVE]
+)
 def test_ptxas_reports_no_spills(name, capfd):
     """ptxas (the DSL's, ``remarks{ptx}``) on the ping-pong kernel: no stack frame, no spill stores or
     loads, at most the 232 registers the consumers ask for."""
