@@ -1,12 +1,12 @@
 """The MoE layer at decode in ONE persistent CuTe DSL launch (bf16): :func:`decode_fused_moe`.
 
 For T·top_k ≤ 64 (token, slot) pairs the layer only streams the weights of the experts it hits; the
-grouped pipeline (:func:`cute_moe.fused_moe`) spends six launches on it (the alignment's two, GEMM1,
-GEMM2, the combine, a gather where the plan does not gather in its producer), each with its ramp and
-tail.  Here the whole layer is one launch of :class:`~cute_moe.decode_kernel.DecodeKernel`: the routing
-read in the kernel (no sort), tasks claimed from a ticket counter — GEMM1 per (expert, 64 columns of I),
-GEMM2 per (128 columns of K, expert), the combine per (128 columns of K, 8 tokens) — ordered by device
-counters with release / acquire semantics (notes/decode.md, "The CuTe DSL kernel").
+grouped pipeline (:func:`cute_moe.fused_moe`) spends four launches on it (the alignment's place kernel,
+GEMM1 gathering its rows, GEMM2, the combine), each with its ramp and tail.  Here the whole layer is
+one launch of :class:`~cute_moe.decode_kernel.DecodeKernel`: the routing read in the kernel (no sort),
+tasks claimed from a ticket counter — GEMM1 per (expert, 64 columns of I), GEMM2 per (128 columns of K,
+expert), the combine per (128 columns of K, 8 tokens) — ordered by device counters with release / acquire
+semantics (notes/decode.md, "The CuTe DSL kernel").
 
 The arithmetic is the grouped pipeline's: h = SiLU(gate)·up in fp32 rounded once to bf16 (its gated
 GEMM1's epilogue, :func:`cute_moe.rowops.silu_mul`), y = (h·W2ᵀ)·w in fp32 rounded once (its GEMM2's row
@@ -15,7 +15,7 @@ scale), out[t] = Σ_j y[t·top_k + j] in fp32 in slot order, rounded once (its c
 Host side: the arguments are checked by :func:`moe_spec.validate.validate_moe_args` with cute_moe's
 limits, then the kernel's own (:func:`check_decode_sizes`: at most 64 pairs, K a multiple of 128, I of
 64), each error naming the argument, before anything is allocated or launched.  One compile per
-``topk_ids`` dtype serves every T, E, K, I (:func:`~cute_moe.decode_kernel.compile_decode`); h, y and
+``topk_ids`` dtype serves every T, E, K, I (:func:`compile_decode`); h, y and
 the self-resetting counters are a workspace per (pair bucket, K, I, device, stream, thread)
 (:func:`decode_workspace`).  GPU tests: ``tests/test_cute_decode_gpu.py``; timings: notes/decode.md.
 """

@@ -1,4 +1,5 @@
-"""The MoE layer at decode in ONE persistent CuTe DSL launch (bf16): the kernel and its compile.
+"""The MoE layer at decode in ONE persistent CuTe DSL launch (bf16): the kernel (its compile and host side:
+:mod:`cute_moe.decode`).
 
 A CTA is 160 threads: the consumer warpgroup (warps 0–3: WGMMA, epilogues, the combine) and a producer
 warp (warp 4: tickets, TMA, cp.async).  Every CTA first builds the routing tables in shared memory from

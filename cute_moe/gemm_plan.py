@@ -125,7 +125,7 @@ class GemmLaunch:
     Arguments of the compiled function (all device tensors; shapes are dynamic):
         x            bf16 / E4M3 [M_pad, K]     sorted, padded tokens (K-major)
         w            bf16 / E4M3 (N_out, K, E)  the expert weights [E, N_out, K] viewed N, K, E
-                     gated: bf16 (I, K, 2, E), W1 [E, 2I, K] viewed as its gate (0) and up (1) halves
+                     gated: bf16 / E4M3 (I, K, 2, E), W1 [E, 2I, K] viewed as its gate (0) and up (1) halves
         c            out_dtype [M_pad, N_out] (normal) or its transpose view (N_out, M_pad) (swap-AB)
         block_expert int32 [max_blocks]        expert of every token block
         num_blocks   int32 [1]                 number of valid token blocks (device scalar)

@@ -92,7 +92,9 @@ def hbm_bytes(T: int, K: int, I: int, top_k: int, experts_hit: int, quant, fusio
     the scale passes (per-tensor / per-channel FP8: read and write GEMM1's fp32 [M, 2I] and GEMM2's
     bf16 [M, K] once more) and the routing weights read by the weighted combine. The fused bf16
     layer's gated GEMM1 writes [M, I] and has no SiLU·up pass; gathering in its producer, it has no
-    gather pass (:data:`GATHER_IN_PRODUCER`). Returns
+    gather pass (:data:`GATHER_IN_PRODUCER`). The FP8 layer is modelled with the plain GEMM1 (fp32
+    [M, 2I] written, one SiLU·up + quantize pass): the plan's gated FP8 GEMM1 (``plan.GATED_FP8_GEMM1``,
+    whose path this model does not know) moves less — A [M, I] written, read once or twice. Returns
     {pass: bytes}; ``sum(...values())`` is the layer's total."""
     check_fusion(fusion)
     M, wb = T * top_k, 1 if quant else 2  # token rows; bytes per weight / activation element

@@ -12,9 +12,9 @@ static scales, else the amax there and the quantize launch after). Every cell ti
 ``EPILOGUE_QUANT`` off: GEMM1 writes its fp32 intermediate, the amax and quantize launches follow) and
 **epilogue** (both paths, ``EPILOGUE_QUANT`` on, the plan's default) — CUDA-graph replayed over rotated
 weight sets (cold L2, :func:`moe_spec.timing.time_cuda_graph`), median µs. The outputs are compared with
-plain's (rel L2: the gated layer rounds the intermediate once less, so the bits may differ) and each is
-rerun (bit-identical). ``--static`` gives fp8_tensor cells calibrated static scales
-(:func:`moe_spec.oracle.calibrate_static_scales`, ``a1_scale`` / ``a2_scale``), the ``static`` epilogue.
+plain's (rel L2: the gated layer computes the same fp32 values in the same order, so 0 is expected, and
+anything else is a finding) and each is rerun (bit-identical). ``--static`` gives fp8_tensor cells calibrated
+static scales (:func:`moe_spec.oracle.calibrate_static_scales`, ``a1_scale`` / ``a2_scale``), the ``static`` epilogue.
 The plan's switches are the ones ``fused_moe`` reads, set for the run and restored after it.
 
 Writes ``gated.md`` and ``gated.json`` into ``--out`` (new or empty), rewritten after every cell; no
