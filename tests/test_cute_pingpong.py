@@ -464,3 +464,18 @@ def test_without_the_order_barrier_a_parity_wait_can_pass_early():
         for seed in range(10)
     ]
     assert any(wrong for _, wrong, _ in runs)
+
+
+def test_the_schedule_bench_twins_both_gemms_of_the_plan():
+    """``python -m cute_moe.lab.bench_schedule``'s pairs: the plan, and the plan given both GEMMs' ping-pong
+    twins (single CTAs) — in every format; none where the plan runs the one launch."""
+    from cute_moe.lab.bench_schedule import twins
+    from moe_spec.validate import MoEDims
+
+    prefill, decode = MoEDims(T=4096, E=128, K=2048, I=768, top_k=8), MoEDims(T=1, E=128, K=2048, I=768, top_k=8)
+    assert twins(decode, None)[1] is None  # bf16 T = 1: the one launch
+    for quant in (None, "fp8_tensor", "fp8_channel", "fp8_block"):
+        p, pp = twins(prefill, quant)
+        for coop, twin in ((p.gemm1, pp.gemm1), (p.gemm2, pp.gemm2)):
+            assert twin == pingpong_config(coop.replace(cluster=1)) and twin.schedule == "pingpong"
+            assert twin.tile_m == 64 and twin.epilogue_quant == coop.epilogue_quant and twin.quant == coop.quant

@@ -10,6 +10,7 @@ Each module is a command that measures or draws something (``python -m cute_moe.
 ``bench_decode``     the one-launch decode kernel against the grouped pipeline, bf16 (GPU)
 ``bench_gated``      the gated FP8 GEMM1 (SiLU·up, quantization in its epilogue) against the plain one (GPU)
 ``bench_pingpong``   ping-pong and cluster multicast against cooperative consumers (GPU)
+``bench_schedule``   the whole layer, any format, with the plan's GEMMs against their ping-pong twins (GPU)
 ``crossover``        where swap-AB stops paying, per catalog shape (GPU)
 ``explore``          the layout explorer: one config's layouts, PTX and pictures, or a layer call's plan (CPU)
 ``figures``          which pictures are drawn for which config (``notes/figures/``)
