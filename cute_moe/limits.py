@@ -141,15 +141,14 @@ def _check_registers(cfg, what: str, kind: str) -> None:
 
 def check_cluster(cfg) -> None:
     """The multicast limits: a cluster of 2 shares the weight tile of two token blocks — built for the
-    bf16 normal path's cooperative tiles (the weights are WGMMA's B there; ping-pong would need the
-    two CTAs' warpgroups to take their turns in step; FP8 was not measured with it)."""
+    normal path's cooperative tiles, bf16 or FP8 (the weights are WGMMA's B there; ping-pong would need
+    the two CTAs' warpgroups to take their turns in step)."""
     if cfg.cluster not in CLUSTER_SIZES:
         raise ValueError(f"cluster={cfg.cluster}: expected one of {CLUSTER_SIZES} (CTAs sharing a weight tile)")
-    if cfg.cluster > 1 and (cfg.swap_ab or cfg.schedule != "cooperative" or cfg.quant is not None):
+    if cfg.cluster > 1 and (cfg.swap_ab or cfg.schedule != "cooperative"):
         raise ValueError(
-            f"cluster={cfg.cluster} with swap_ab={cfg.swap_ab}, schedule={cfg.schedule!r}, "
-            f"quant={cfg.quant!r}: weight multicast is built for the bf16 normal path's cooperative "
-            f"tiles (swap_ab=False, schedule='cooperative', quant=None)"
+            f"cluster={cfg.cluster} with swap_ab={cfg.swap_ab}, schedule={cfg.schedule!r}: weight multicast "
+            f"is built for the normal path's cooperative tiles (swap_ab=False, schedule='cooperative')"
         )
 
 

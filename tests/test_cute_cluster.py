@@ -1,4 +1,4 @@
-"""Cluster multicast of the weight tile (``GemmConfig.cluster``) in the PTX the CPU compiles: the
+"""Cluster multicast of the weight tile (``GemmConfig.cluster``, bf16 and FP8) in the PTX the CPU compiles: the
 weight boxes — and only they — go out with ``.multicast::cluster``; the consumers release a slot in
 both CTAs of the cluster (a remote mbarrier arrive through ``mapa``); the cluster barrier orders the
 barrier initialization; a config without a cluster has none of it.  The GPU lane checks the bytes
@@ -20,11 +20,18 @@ LOAD = re.compile(r"cp\.async\.bulk\.tensor\.(\d)d\.shared::(?:cta|cluster)\.glo
 
 
 def _configs():
+    """The bf16 prefill GEMMs, a plain one, and the FP8 plan's prefill GEMMs (Qwen3-30B-A3B fp8_block T = 4096:
+    the gated GEMM1 with the intermediate's amax in its epilogue, GEMM2 with the routing weights)."""
+    from moe_spec.validate import MoEDims
+
     gemm1 = choose_config(1024, 768, 2048, gated=True).replace(gather_rows=True)
+    fp8 = cute_moe.plan(MoEDims(T=4096, E=128, K=2048, I=768, top_k=8), "fp8_block")
     return {
         "gemm1-gated-gather": gemm1,
         "gemm2-row-scale": choose_config(1024, 2048, 768, row_scale=True),
         "plain": choose_config(1024, 640, 2048),
+        "fp8-gemm1-gated-epi": fp8.gemm1,
+        "fp8-gemm2-row-scale": fp8.gemm2,
     }
 
 

@@ -252,6 +252,26 @@ def test_fp8_pingpong_layer_is_the_cooperative_layer_bit_for_bit(spec, quant, T)
     _check_layer(inp, configs=twins)
 
 
+@pytest.mark.parametrize("quant", FORMATS)
+@pytest.mark.parametrize("spec", ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8"])
+def test_fp8_cluster_layer_is_the_single_cta_layer_bit_for_bit(spec, quant):
+    """The FP8 layer at T = 4096 with its normal-path GEMMs on clusters of two CTAs multicasting the weight
+    tile (``configs=``) gives the very bytes of the plan's single-CTA layer, and meets the oracle and
+    triton_moe."""
+    import cute_moe
+    from moe_spec.validate import MoEDims
+
+    s, T = get_shape(spec), 4096
+    inp = _inputs(s, quant, T, seed=37)
+    p = cute_moe.plan(MoEDims(T=T, E=s.num_experts, K=s.hidden, I=s.intermediate, top_k=s.top_k), quant)
+    clustered = tuple(g if g.swap_ab else g.replace(cluster=2) for g in (p.gemm1, p.gemm2))
+    assert any(g.cluster == 2 for g in clustered), p.describe()
+    out = cute_moe.fused_moe(**inp.kwargs())
+    cl = cute_moe.fused_moe(**inp.kwargs(), configs=clustered)
+    assert torch.equal(out.view(torch.int16), cl.view(torch.int16))
+    _check_layer(inp, configs=clustered)
+
+
 @pytest.mark.parametrize("T", [8, 1024])
 @pytest.mark.parametrize("quant", FORMATS)
 def test_fp8_layer_long_k(quant, T):

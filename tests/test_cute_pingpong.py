@@ -466,16 +466,20 @@ def test_without_the_order_barrier_a_parity_wait_can_pass_early():
     assert any(wrong for _, wrong, _ in runs)
 
 
-def test_the_schedule_bench_twins_both_gemms_of_the_plan():
-    """``python -m cute_moe.lab.bench_schedule``'s pairs: the plan, and the plan given both GEMMs' ping-pong
-    twins (single CTAs) — in every format; none where the plan runs the one launch."""
-    from cute_moe.lab.bench_schedule import twins
+def test_the_schedule_bench_variants_of_the_plan():
+    """``python -m cute_moe.lab.bench_schedule``'s variants: both GEMMs' ping-pong twins (single CTAs), and the
+    normal-path GEMMs on clusters of two — in every format; none where the plan runs the one launch."""
+    from cute_moe.lab.bench_schedule import variant_plan
     from moe_spec.validate import MoEDims
 
     prefill, decode = MoEDims(T=4096, E=128, K=2048, I=768, top_k=8), MoEDims(T=1, E=128, K=2048, I=768, top_k=8)
-    assert twins(decode, None)[1] is None  # bf16 T = 1: the one launch
+    assert variant_plan(decode, None, "pingpong")[1] is None  # bf16 T = 1: the one launch
+    assert variant_plan(decode, "fp8_tensor", "cluster")[1] is None  # swap-AB GEMMs: nothing to cluster
     for quant in (None, "fp8_tensor", "fp8_channel", "fp8_block"):
-        p, pp = twins(prefill, quant)
+        p, pp = variant_plan(prefill, quant, "pingpong")
         for coop, twin in ((p.gemm1, pp.gemm1), (p.gemm2, pp.gemm2)):
             assert twin == pingpong_config(coop.replace(cluster=1)) and twin.schedule == "pingpong"
             assert twin.tile_m == 64 and twin.epilogue_quant == coop.epilogue_quant and twin.quant == coop.quant
+        if quant is not None:  # (bf16's plan clusters already)
+            p, cl = variant_plan(prefill, quant, "cluster")
+            assert (cl.gemm1, cl.gemm2) == (p.gemm1.replace(cluster=2), p.gemm2.replace(cluster=2))

@@ -1,16 +1,21 @@
-"""The whole layer with the plan's cooperative GEMMs against their ping-pong twins, in any format.
+"""The whole layer with the plan's GEMMs against other schedules of the same tiles, in any format.
 
     python -m cute_moe.lab.bench_schedule --out DIR [--deadline-s 300] [--shapes ...] [--tokens 8,4096]
-        [--quants bf16,fp8_tensor,fp8_channel,fp8_block]
+        [--quants bf16,fp8_tensor,fp8_channel,fp8_block] [--variants pingpong,cluster]
 
-:func:`cute_moe.gemm_rules.pingpong_config` gives the twin of a cooperative GEMM: each consumer warpgroup a
-whole tile of one warpgroup's 64 rows, the same WGMMA sequence per output element (FP8: its block and
-promoted accumulators, the gated GEMM1's epilogue step kept). Every cell times one whole ``fused_moe`` call
-twice on the same inputs: **cooperative** (the plan's configs) and **pingpong** (both GEMMs' twins, given
-as ``configs=``) — CUDA-graph replayed over rotated weight sets (cold L2,
-:func:`moe_spec.timing.time_cuda_graph`), median µs — and checks that the two outputs are equal bit for
-bit and that a rerun of each is.  ``lab/bench_pingpong.py`` times the bf16 GEMMs alone; this is the layer,
-so the ping-pong GEMMs' gain or loss is seen with the launches around them.
+The variants, each given to ``fused_moe`` as ``configs=`` (:func:`variant_plan`):
+
+* **pingpong** — both GEMMs' ping-pong twins (:func:`cute_moe.gemm_rules.pingpong_config`, single CTAs): each
+  consumer warpgroup a whole tile of one warpgroup's 64 rows, the same WGMMA sequence per output element
+  (FP8: its block and promoted accumulators, the gated GEMM1's epilogue step kept);
+* **cluster** — the plan's normal-path GEMMs on clusters of two CTAs multicasting the weight tile
+  (``GemmConfig.cluster = 2``; swap-AB GEMMs stay as they are).
+
+Every cell times one whole ``fused_moe`` call per variant on the same inputs, the plan's own first —
+CUDA-graph replayed over rotated weight sets (cold L2, :func:`moe_spec.timing.time_cuda_graph`), median µs
+— and checks that each variant's output equals the plan's bit for bit and that a rerun of each is.
+``lab/bench_pingpong.py`` times the bf16 GEMMs alone; this is the layer, so a schedule's gain or loss is
+seen with the launches around it.
 
 Writes ``schedule.md`` and ``schedule.json`` into ``--out`` (new or empty), rewritten after every cell; no
 cell starts after ``--deadline-s``.
@@ -29,19 +34,26 @@ SHAPES = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8")
 TOKENS = (8, 4096)
 QUANTS = ("fp8_tensor", "fp8_block")
 KNOWN_QUANTS = ("bf16", "fp8_tensor", "fp8_channel", "fp8_block")
+VARIANTS = ("pingpong", "cluster")
 #: A cell starts only when this much time is left before the deadline.
 CELL_S = 20.0
 
 
-def twins(dims, quant):
-    """(the plan, the plan with both GEMMs' ping-pong twins), or (the plan, None) where it runs one launch."""
+def variant_plan(dims, quant, name: str):
+    """(the plan, the plan of variant ``name`` of :data:`VARIANTS`), the second None where the variant changes
+    nothing (the one launch; cluster: no normal-path GEMM, or both already clustered)."""
     from ..gemm_rules import pingpong_config
     from ..plan import plan
 
     p = plan(dims, quant)
     if p.path != "grouped":
         return p, None
-    pair = (pingpong_config(p.gemm1.replace(cluster=1)), pingpong_config(p.gemm2.replace(cluster=1)))
+    if name == "pingpong":
+        pair = tuple(pingpong_config(g.replace(cluster=1)) for g in (p.gemm1, p.gemm2))
+    else:
+        pair = tuple(g if g.swap_ab else g.replace(cluster=2) for g in (p.gemm1, p.gemm2))
+        if pair == (p.gemm1, p.gemm2):
+            return p, None
     return p, plan(dims, quant, configs=pair)
 
 
@@ -60,27 +72,33 @@ def _measure(sets: list, configs) -> dict:
 
 
 def _write(out, results: dict) -> None:
+    names = results["variants"]
     lines = [
-        f"# cute_moe's layer, cooperative against ping-pong GEMMs, on {results['device']}",
+        f"# cute_moe's layer: the plan's GEMMs against {', '.join(names)}, on {results['device']}",
         "",
         *studyout.header_lines(results),
         "",
-        "Whole fused_moe calls, CUDA-graph replay, cold L2, median µs. cooperative: the plan's configs; "
-        "pingpong: both GEMMs' twins (gemm_rules.pingpong_config, single CTAs). equal: the two outputs "
-        "bit for bit; bits: a rerun of each bit-identical.",
+        "Whole fused_moe calls, CUDA-graph replay, cold L2, median µs. plan: the plan's configs; pingpong: both "
+        "GEMMs' ping-pong twins (single CTAs); cluster: the normal-path GEMMs on clusters of two. Each variant's "
+        "µs / the plan's, and whether its output equals the plan's bit for bit (each rerun's bits: the JSON).",
         "",
-        "| shape | format | T | cooperative | pingpong | cooperative µs | pingpong µs | pingpong / cooperative "
-        "| equal | bits |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| shape | format | T | plan | plan µs | "
+        + " | ".join(f"{n} µs | {n} / plan | {n} equal" for n in names)
+        + " |",
+        "|---|---|---|---|---|" + "---|---|---|" * len(names),
     ]
     for r in results["rows"]:
-        if "error" in r or "skipped" in r:
-            lines.append(f"| {r['shape']} | {r['quant']} | {r['T']} | {r.get('error') or r['skipped']} |")
+        if "error" in r:
+            lines.append(f"| {r['shape']} | {r['quant']} | {r['T']} | error: {r['error']} |")
             continue
+        cells = []
+        for n in names:
+            v = r["variants"].get(n)
+            cells.append("— | — | —" if v is None else f"{v['us']:.1f} | {v['us'] / r['plan_us']:.3f} | {v['equal']}")
         lines.append(
-            f"| {r['shape']} | {r['quant']} | {r['T']} | `{r['cooperative']}` | `{r['pingpong']}` "
-            f"| {r['cooperative_us']:.1f} | {r['pingpong_us']:.1f} | {r['pingpong_us'] / r['cooperative_us']:.3f} "
-            f"| {r['equal']} | {r['cooperative_bits']}, {r['pingpong_bits']} |"
+            f"| {r['shape']} | {r['quant']} | {r['T']} | `{r['plan']}` | {r['plan_us']:.1f} | "
+            + " | ".join(cells)
+            + " |"
         )
     if results["cut"]:
         lines += ["", f"Not run (deadline): {', '.join(results['cut'])}"]
@@ -96,6 +114,7 @@ def main(argv=None) -> None:
     parser.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="token counts, comma separated")
     parser.add_argument("--sets", type=int, default=2, help="weight sets rotated per timing (cold L2) [2]")
     parser.add_argument("--quants", default=",".join(QUANTS), help=f"formats of {KNOWN_QUANTS} [%(default)s]")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"of {VARIANTS} [%(default)s]")
     a, out, run = studyout.start_gpu_study(prog, parser, argv, FILES)
     try:
         shapes = studyout.split_list("--shapes", a.shapes)
@@ -104,6 +123,10 @@ def main(argv=None) -> None:
         bad = [q for q in quants if q not in KNOWN_QUANTS]
         if bad:
             raise studyout.UsageError(f"--quants: unknown {', '.join(bad)}; known: {', '.join(KNOWN_QUANTS)}")
+        names = studyout.split_list("--variants", a.variants)
+        bad = [n for n in names if n not in VARIANTS]
+        if bad:
+            raise studyout.UsageError(f"--variants: unknown {', '.join(bad)}; known: {', '.join(VARIANTS)}")
     except studyout.UsageError as exc:
         parser.error(str(exc))
     if a.sets < 1:
@@ -117,22 +140,21 @@ def main(argv=None) -> None:
         s = get_shape(c["shape"])
         quant = None if c["quant"] == "bf16" else c["quant"]
         dims = MoEDims(T=c["T"], E=s.num_experts, K=s.hidden, I=s.intermediate, top_k=s.top_k)
-        p, pp = twins(dims, quant)
-        if pp is None:
-            return {"skipped": f"the plan runs the {p.path} path: no GEMMs to twin"}
         sets = [make_inputs(s, c["T"], quant, seed=i, device="cuda").to("cuda").kwargs() for i in range(a.sets)]
-        coop, ping = _measure(sets, None), _measure(sets, (pp.gemm1, pp.gemm2))
-        return {
-            "cooperative": p.describe(),
-            "pingpong": pp.describe(),
-            "cooperative_us": coop["us"],
-            "pingpong_us": ping["us"],
-            "equal": bool(torch.equal(coop["out"], ping["out"])),
-            "cooperative_bits": coop["bits"],
-            "pingpong_bits": ping["bits"],
-        }
+        p = variant_plan(dims, quant, names[0])[0]
+        own = _measure(sets, None)
+        row = {"plan": p.describe(), "plan_us": own["us"], "plan_bits": own["bits"], "variants": {}}
+        for name in names:
+            vp = variant_plan(dims, quant, name)[1]
+            if vp is None:
+                row["variants"][name] = None
+                continue
+            got = _measure(sets, (vp.gemm1, vp.gemm2))
+            equal = bool(torch.equal(got["out"], own["out"]))
+            row["variants"][name] = {"plan": vp.describe(), "us": got["us"], "equal": equal, "bits": got["bits"]}
+        return row
 
-    results = {**run, "quants": quants, "rows": [], "cut": []}
+    results = {**run, "quants": quants, "variants": names, "rows": [], "cut": []}
     _write(out, results)
     took = studyout.run_cells(
         results,
