@@ -202,6 +202,16 @@ def split_list(option: str, text: str) -> list[str]:
     return items
 
 
+def known_list(option: str, text: str, known: Sequence[str]) -> list[str]:
+    """The items of a comma list (:func:`split_list`), each one of ``known``; another is a :class:`UsageError`
+    naming ``option``, the unknown items and the known ones."""
+    items = split_list(option, text)
+    bad = [s for s in items if s not in known]
+    if bad:
+        raise UsageError(f"{option}: unknown {', '.join(bad)}; known: {', '.join(known)}")
+    return items
+
+
 def positive_ints(option: str, text: str, *, noun: str = "token count", example: str = "1,8,32") -> tuple:
     """A comma list of positive integers ("08" is 8), in the order given, repeats dropped."""
     values = []

@@ -367,3 +367,11 @@ def test_run_cells_starts_no_cell_past_the_deadline():
         cell_s=10.0,  # fewer than cell_s seconds are left from the start
     )
     assert results["rows"] == [] and results["cut"] == ["s T=1", "s T=8"]
+
+
+def test_known_list_names_the_option_and_the_unknown_items():
+    assert studyout.known_list("--quants", "fp8_tensor,bf16", ("bf16", "fp8_tensor")) == ["fp8_tensor", "bf16"]
+    with pytest.raises(studyout.UsageError, match=r"^--quants: unknown fp9, int4; known: bf16, fp8_tensor$"):
+        studyout.known_list("--quants", "bf16,fp9,int4", ("bf16", "fp8_tensor"))
+    with pytest.raises(studyout.UsageError, match=r"^--quants: empty item"):
+        studyout.known_list("--quants", "bf16,,", ("bf16",))

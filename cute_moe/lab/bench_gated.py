@@ -128,10 +128,7 @@ def main(argv=None) -> None:
     try:
         shapes = studyout.split_list("--shapes", a.shapes)
         tokens = studyout.positive_ints("--tokens", a.tokens)
-        quants = studyout.split_list("--quants", a.quants)
-        bad = [q for q in quants if q not in KNOWN_QUANTS]
-        if bad:
-            raise studyout.UsageError(f"--quants: unknown {', '.join(bad)}; known: {', '.join(KNOWN_QUANTS)}")
+        quants = studyout.known_list("--quants", a.quants, KNOWN_QUANTS)
         if a.static and "fp8_tensor" not in quants:
             raise studyout.UsageError("--static: static scales are per tensor; --quants must include fp8_tensor")
     except studyout.UsageError as exc:

@@ -119,14 +119,8 @@ def main(argv=None) -> None:
     try:
         shapes = studyout.split_list("--shapes", a.shapes)
         tokens = studyout.positive_ints("--tokens", a.tokens)
-        quants = studyout.split_list("--quants", a.quants)
-        bad = [q for q in quants if q not in KNOWN_QUANTS]
-        if bad:
-            raise studyout.UsageError(f"--quants: unknown {', '.join(bad)}; known: {', '.join(KNOWN_QUANTS)}")
-        names = studyout.split_list("--variants", a.variants)
-        bad = [n for n in names if n not in VARIANTS]
-        if bad:
-            raise studyout.UsageError(f"--variants: unknown {', '.join(bad)}; known: {', '.join(VARIANTS)}")
+        quants = studyout.known_list("--quants", a.quants, KNOWN_QUANTS)
+        names = studyout.known_list("--variants", a.variants, VARIANTS)
     except studyout.UsageError as exc:
         parser.error(str(exc))
     if a.sets < 1:
