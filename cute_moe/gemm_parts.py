@@ -42,9 +42,10 @@ between the warpgroups (warpgroup w takes ``c + (w + 2j)·grid``), whose ring st
 stages in and skip the other's ``k_tiles`` after each tile.  Two pairs of named barriers order them:
 warpgroup w waits (``bar.sync``, 256 threads) on ``MMA_ORDER_BARRIER_ID + w`` before its main loop and on
 ``EPI_ORDER_BARRIER_ID + w`` before its epilogue; the other arrives (``bar.arrive``) once it has issued
-its tile's last WGMMA, resp. finished its epilogue, and warpgroup 1 opens both of warpgroup 0's at the
-start.  So one warpgroup's epilogue runs under the other's WGMMAs.  The strict alternation keeps every
-full-barrier wait unambiguous (a warpgroup waits on a slot only after the other has waited on all its
+its tile's last WGMMA (FP8: once that K step is retired and promoted), resp. finished its epilogue, and
+warpgroup 1 opens both of warpgroup 0's at the start.  So one warpgroup's epilogue runs under the other's
+WGMMAs.  The strict alternation keeps every full-barrier wait unambiguous (a warpgroup waits on a slot
+only after the other has waited on all its
 own stages).  Each warpgroup has its own epilogue barrier, ``epi_stages`` staging buffers and store
 thread.  A CTA exits with the arrivals meant for tiles it does not have still pending.
 
