@@ -45,9 +45,9 @@ warpgroup w waits (``bar.sync``, 256 threads) on ``MMA_ORDER_BARRIER_ID + w`` be
 its tile's last WGMMA (FP8: once that K step is retired and promoted), resp. finished its epilogue, and
 warpgroup 1 opens both of warpgroup 0's at the start.  So one warpgroup's epilogue runs under the other's
 WGMMAs.  The strict alternation keeps every full-barrier wait unambiguous (a warpgroup waits on a slot
-only after the other has waited on all its
-own stages).  Each warpgroup has its own epilogue barrier, ``epi_stages`` staging buffers and store
-thread.  A CTA exits with the arrivals meant for tiles it does not have still pending.
+only after the other has waited on all its own stages).  Each warpgroup has its own epilogue barrier,
+``epi_stages`` staging buffers and store thread.  A CTA exits with the arrivals meant for tiles it does
+not have still pending.
 
 The gathering producer (``gather_rows``)
 ----------------------------------------
