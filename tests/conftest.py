@@ -20,21 +20,17 @@
   machine deals the same parts). A device call runs at most 10 minutes and the whole lane takes longer,
   so the lane runs as N calls of one commit, e.g. ``python3 -m pytest -m gpu -n 4 --gpu-part 1/2`` and
   ``2/2``; the N parts together are the lane, each test in exactly one.
-* ``gpu_exclusive``: a gpu test that needs most of the device's memory (a weight past 2³¹ elements). Under
-  xdist with CUDA, every gpu test holds a shared lock on one file of the run and returns its cached
-  blocks (``torch.cuda.empty_cache``) before letting go; an exclusive test's file holds the lock alone,
-  from its first test until its last (``--dist loadfile`` keeps the file on one worker), so the other
-  workers wait instead of filling the memory it needs. Serial runs take no lock.
+* ``gpu_exclusive``: a gpu test that needs most of the device's memory (a weight past 2³¹ elements): under
+  xdist with CUDA its file holds the device alone (:mod:`gpu_lock`).
 * ``--lane DIR``: the lane's record across calls (:mod:`lane_record`): every gpu test that passes is
   appended to ``DIR/<commit>.passed`` as it passes, and the gpu tests already there are deselected, so
   calls at one commit add up to the whole lane and a run stopped by its time limit loses nothing.
 """
 
 import collections
-import fcntl
 import os
-import tempfile
 
+import gpu_lock
 import lane_record
 import pytest
 
@@ -121,55 +117,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def _gpu_lock_path(config):
-    """The lock file shared by this run's xdist workers, or None (serial, or no CUDA)."""
-    workerinput = getattr(config, "workerinput", None)
-    if not _HAS_CUDA or workerinput is None:
-        return None
-    return os.path.join(tempfile.gettempdir(), f"moe-gpu-lane-{workerinput['testrunuid']}.lock")
-
-
-def _exclusive(item) -> bool:
-    return item is not None and item.get_closest_marker("gpu_exclusive") is not None
-
-
-_held = []  # the lock file this worker holds (at most one)
-
-
-def _acquire(path: str, mode: int) -> None:
-    # a turnstile: a worker waiting for the exclusive lock holds the gate, so shared requests queue
-    # behind it instead of keeping the lock shared for ever (flock does not queue them itself)
-    with open(path + ".gate", "a+") as gate:
-        fcntl.flock(gate, fcntl.LOCK_EX)
-        handle = open(path, "a+")  # noqa: SIM115 - held across tests, closed by _release
-        fcntl.flock(handle, mode)
-    _held.append(handle)
-
-
-def _release() -> None:
-    torch.cuda.empty_cache()  # this worker's cached blocks go back before another may take the memory
-    handle = _held.pop()
-    fcntl.flock(handle, fcntl.LOCK_UN)
-    handle.close()
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Around each gpu test under xdist: the shared lock; a ``gpu_exclusive`` file holds it alone, from its
-    first test to its last (its module fixtures are torn down inside the last one)."""
-    path = _gpu_lock_path(item.config)
-    if path is None or "gpu" not in item.keywords:
+    """Around each gpu test under xdist with CUDA: the lane's device lock (:mod:`gpu_lock`)."""
+    with gpu_lock.held(item, nextitem, _HAS_CUDA):
         yield
-        return
-    exclusive = _exclusive(item)
-    if not _held:
-        _acquire(path, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-    try:
-        yield
-    finally:
-        more_of_this_file = exclusive and _exclusive(nextitem) and nextitem.fspath == item.fspath
-        if not more_of_this_file:
-            _release()
 
 
 @pytest.fixture

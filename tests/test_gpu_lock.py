@@ -1,4 +1,4 @@
-"""The GPU lane's lock under xdist (tests/conftest.py): shared for gpu tests, exclusive for a
+"""The GPU lane's lock under xdist (tests/gpu_lock.py): shared for gpu tests, exclusive for a
 ``gpu_exclusive`` file, with a turnstile so an exclusive request is not starved by shared ones."""
 
 import select
@@ -15,8 +15,8 @@ _HOLD = textwrap.dedent(
     """
     import sys, time
     sys.path.insert(0, {tests!r})
-    import conftest
-    conftest._acquire({path!r}, {mode})
+    import gpu_lock
+    gpu_lock.acquire({path!r}, {mode})
     print("held", flush=True)
     sys.stdin.readline()
     """
@@ -24,7 +24,7 @@ _HOLD = textwrap.dedent(
 
 
 def _holder(tests, path, mode):
-    """A process that takes the lock with conftest._acquire, says "held", and keeps it until its stdin ends."""
+    """A process that takes the lock with gpu_lock.acquire, says "held", and keeps it until its stdin ends."""
     code = _HOLD.format(tests=tests, path=path, mode=mode)
     return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
