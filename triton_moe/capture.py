@@ -21,13 +21,13 @@ def prime(fused_moe, dims, call, args: tuple, kwargs: dict) -> None:
     takes the decode kernel too. ``call`` is the cached plan of the sizes ``dims``, format, device and
     options (``triton_moe.moe._call_of``); its ``primed`` set holds the rest of the signature, what
     Triton specializes a kernel on beyond those: the ids dtype and each tensor's 16-byte alignment."""
+    quant = kwargs["quant"]
+    if uses_decode(dims.T, dims.top_k, quant):  # a capture takes the decode kernel too: nothing to load
+        return
     x, w1, w2, weights, ids = args
     scales = tuple(kwargs[k] for k in ("w1_scale", "w2_scale", "a1_scale", "a2_scale"))
     key = (ids.dtype, x.data_ptr() % 16, w1.data_ptr() % 16, w2.data_ptr() % 16, weights.data_ptr() % 16)
     key += (ids.data_ptr() % 16, *(s.data_ptr() % 16 for s in scales if s is not None))
-    if key in call.primed:
-        return
-    quant = kwargs["quant"]
-    if not uses_decode(dims.T, dims.top_k, quant):
+    if key not in call.primed:
         fused_moe(*args, **kwargs, config=plan(dims, quant).config)
-    call.primed.add(key)
+        call.primed.add(key)

@@ -273,8 +273,7 @@ def fused_moe(
         a2_scale=a2_scale,
     )
     static = a1_scale is not None  # static activation scales (validated: fp8_tensor, both given)
-    # the path rule weighs it only within the eager reach (triton_moe.plan.uses_decode): no CUDA query past it
-    eager = d.T * d.top_k <= rules.EAGER_DECODE_MAX_PAIRS and rules.runs_eagerly(x)
+    eager = rules.eager_call(d, x)
     if (config is None or type(config) in (TritonConfig, DecodeConfig)) and (swap_ab is None or type(swap_ab) is bool):
         c = _call_of(d, quant, config, swap_ab, x.device, static, eager)
     else:  # raises, naming the option (or a TritonConfig subclass: planned every call)

@@ -82,6 +82,12 @@ def runs_eagerly(x: torch.Tensor) -> bool:
     return x.is_cuda and torch.cuda.is_available() and not torch.cuda.is_current_stream_capturing()
 
 
+def eager_call(dims: MoEDims, x: torch.Tensor) -> bool:
+    """The ``eager`` a ``fused_moe`` call passes to :func:`plan`: within :data:`EAGER_DECODE_MAX_PAIRS`,
+    whether it :func:`runs_eagerly`; past that reach the rule does not weigh it, so CUDA is not asked."""
+    return dims.T * dims.top_k <= EAGER_DECODE_MAX_PAIRS and runs_eagerly(x)
+
+
 def uses_decode(T: int, top_k: int, quant: str | None = None, config=None, swap_ab=None, eager: bool = False) -> bool:
     """THE path rule: the one-launch decode kernel when no backend option is given for at most
     DECODE_MAX_PAIRS pairs of a format in DECODE_FORMATS — and, for a call run ``eager`` (no CUDA graph
