@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
+
+from moe_spec.runinfo import git_commit
 
 _COMMIT = re.compile(r"[0-9a-f]{7,40}")
 
@@ -26,14 +27,7 @@ _COMMIT = re.compile(r"[0-9a-f]{7,40}")
 def commit_of(root: Path) -> str:
     """The commit the run tests: ``MOE_COMMIT``, else git's short HEAD of ``root``. Raises ValueError
     (naming ``--lane``) when there is neither or it is not a hex commit id."""
-    commit = os.environ.get("MOE_COMMIT", "").strip()
-    if not commit:
-        try:
-            commit = subprocess.run(
-                ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True
-            ).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            commit = ""
+    commit = os.environ.get("MOE_COMMIT", "").strip() or git_commit(root).removesuffix("+dirty")
     if not _COMMIT.fullmatch(commit):
         raise ValueError(
             f"--lane: the record is per commit, and this run's commit is unknown ({commit!r}): "
