@@ -130,12 +130,14 @@ def main(argv=None) -> None:
     from moe_spec.problem import get_shape, make_inputs
     from moe_spec.validate import MoEDims
 
+    from ..plan import plan
+
     def cell(c) -> dict:
         s = get_shape(c["shape"])
         quant = None if c["quant"] == "bf16" else c["quant"]
         dims = MoEDims(T=c["T"], E=s.num_experts, K=s.hidden, I=s.intermediate, top_k=s.top_k)
         sets = [make_inputs(s, c["T"], quant, seed=i, device="cuda").to("cuda").kwargs() for i in range(a.sets)]
-        p = variant_plan(dims, quant, names[0])[0]
+        p = plan(dims, quant)
         own = _measure(sets, None)
         row = {"plan": p.describe(), "plan_us": own["us"], "plan_bits": own["bits"], "variants": {}}
         for name in names:
