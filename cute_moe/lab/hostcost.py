@@ -15,11 +15,13 @@ input set, after a warm-up call (compiles, binds the launches, makes the workspa
   ``validate`` (:func:`moe_spec.validate.validate_moe_args`, its cached verdict), ``plan lookup``
   (``moe._call_of``: the plan and the bound launches of the call signature), ``device checks``
   (``check_runs_on``, ``surface_errors``), ``workspace`` (``moe._workspace``: the stream's
-  buffers), ``gemm args`` (the weight and output views a GEMM takes), one column per launch
+  buffers), ``gemm args`` (``launch_args``: the weight and output views a GEMM takes), ``x scales
+  sorted`` (FP8 per-token and 1×128 scales: x's scales in the sorted order), one column per launch
   (the TVM-FFI function's call: DLPack of each tensor, the argument checks, ``cuLaunchKernel``) and
   ``rest`` (the timed call less its parts: the output allocations and the Python between steps).
   Each step is timed by wrapping the very function ``fused_moe`` calls (module globals of
-  :mod:`cute_moe.moe` and the call's bound launches), so the split follows the product's code;
+  :mod:`cute_moe.moe` and :mod:`cute_moe.moe_fp8`, :data:`WRAPPED`, and the call's bound launches), so the
+  split follows the product's code (``tests/test_cute_hostcost.py`` checks each wrapped global is there);
   the wrappers' own cost shows as ``timed call µs`` against ``eager µs``.
 
 Writes ``hostcost.md`` and ``hostcost.json`` (date, device, commit, command) into ``--out``, a new or
@@ -40,14 +42,16 @@ from moe_spec import studyout
 FILES = ("hostcost.md", "hostcost.json")
 TOKENS = (1, 8, 64)
 QUANTS = ("bf16", "fp8_tensor")
-#: The steps of fused_moe timed by wrapping a global of cute_moe.moe: (column, global).
+#: The steps of fused_moe timed by wrapping a module global: (column, module of cute_moe, global).
 WRAPPED = (
-    ("validate", "validate_moe_args"),
-    ("plan lookup", "_call_of"),
-    ("device checks", "check_runs_on"),
-    ("device checks", "surface_errors"),
-    ("workspace", "_workspace"),
-    ("gemm args", "_gemm_args"),
+    ("validate", "moe", "validate_moe_args"),
+    ("plan lookup", "moe", "_call_of"),
+    ("device checks", "moe", "check_runs_on"),
+    ("device checks", "moe", "surface_errors"),
+    ("workspace", "moe", "_workspace"),
+    ("gemm args", "moe", "launch_args"),
+    ("gemm args", "moe_fp8", "launch_args"),
+    ("x scales sorted", "moe_fp8", "sorted_token_scales"),
 )
 #: A cell starts only when this much time is left before the deadline.
 CELL_S = 20.0
@@ -73,6 +77,13 @@ class _Timers:
         return timed
 
 
+def wrapped_modules() -> dict:
+    """The modules :data:`WRAPPED` names, by their name in the package."""
+    from cute_moe import moe, moe_fp8
+
+    return {"moe": moe, "moe_fp8": moe_fp8}
+
+
 def split(fused_moe, kwargs: dict, calls: int) -> tuple[dict, float]:
     """({column: µs per call}, µs per timed call) over ``calls`` calls of ``fused_moe(**kwargs)``
     with every step of :data:`WRAPPED` and every launch of the call timed; one sync, at the end."""
@@ -86,11 +97,12 @@ def split(fused_moe, kwargs: dict, calls: int) -> tuple[dict, float]:
     # the call's own _Call (fused_moe's key: default options), whose bound launches are timed
     call = moe._call_of(dims, args["quant"], None, None, "fused", args["x"].device, args["topk_ids"].dtype, False)
     timers = _Timers()
-    saved_globals = {name: getattr(moe, name) for _, name in WRAPPED}
+    modules = wrapped_modules()
+    saved_globals = {(mod, name): getattr(modules[mod], name) for _, mod, name in WRAPPED}
     saved_launches = call.launches
     try:
-        for column, name in WRAPPED:
-            setattr(moe, name, timers.wrap(column, saved_globals[name]))
+        for column, mod, name in WRAPPED:
+            setattr(modules[mod], name, timers.wrap(column, saved_globals[mod, name]))
         call.launches = {name: timers.wrap(f"launch {name}", fn) for name, fn in saved_launches.items()}
         torch.cuda.synchronize()
         start = time.perf_counter_ns()
@@ -99,8 +111,8 @@ def split(fused_moe, kwargs: dict, calls: int) -> tuple[dict, float]:
         total = time.perf_counter_ns() - start  # the host's time: the GPU may still be running
         torch.cuda.synchronize()
     finally:
-        for name, fn in saved_globals.items():
-            setattr(moe, name, fn)
+        for (mod, name), fn in saved_globals.items():
+            setattr(modules[mod], name, fn)
         call.launches = saved_launches
     per_call = {k: v / calls / 1e3 for k, v in timers.ns.items() if v}
     total_us = total / calls / 1e3
