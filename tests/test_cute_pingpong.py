@@ -468,7 +468,8 @@ def test_without_the_order_barrier_a_parity_wait_can_pass_early():
 
 def test_the_schedule_bench_variants_of_the_plan():
     """``python -m cute_moe.lab.bench_schedule``'s variants: both GEMMs' ping-pong twins (single CTAs), and the
-    normal-path GEMMs on clusters of two — in every format; none where the plan runs the one launch."""
+    normal-path GEMMs on clusters of two, or either for one GEMM alone — in every format; none where the plan
+    runs the one launch."""
     from cute_moe.lab.bench_schedule import variant_plan
     from moe_spec.validate import MoEDims
 
@@ -480,6 +481,10 @@ def test_the_schedule_bench_variants_of_the_plan():
         for coop, twin in ((p.gemm1, pp.gemm1), (p.gemm2, pp.gemm2)):
             assert twin == pingpong_config(coop.replace(cluster=1)) and twin.schedule == "pingpong"
             assert twin.tile_m == 64 and twin.epilogue_quant == coop.epilogue_quant and twin.quant == coop.quant
+        p, pp2 = variant_plan(prefill, quant, "pingpong2")  # GEMM2's twin alone
+        assert (pp2.gemm1, pp2.gemm2) == (p.gemm1, pingpong_config(p.gemm2.replace(cluster=1)))
         if quant is not None:  # (bf16's plan clusters already)
             p, cl = variant_plan(prefill, quant, "cluster")
             assert (cl.gemm1, cl.gemm2) == (p.gemm1.replace(cluster=2), p.gemm2.replace(cluster=2))
+            p, cl1 = variant_plan(prefill, quant, "cluster1")  # GEMM1 on clusters alone
+            assert (cl1.gemm1, cl1.gemm2) == (p.gemm1.replace(cluster=2), p.gemm2)
