@@ -481,6 +481,8 @@ def test_the_schedule_bench_variants_of_the_plan():
         for coop, twin in ((p.gemm1, pp.gemm1), (p.gemm2, pp.gemm2)):
             assert twin == pingpong_config(coop.replace(cluster=1)) and twin.schedule == "pingpong"
             assert twin.tile_m == 64 and twin.epilogue_quant == coop.epilogue_quant and twin.quant == coop.quant
+        p, pp1 = variant_plan(prefill, quant, "pingpong1")  # GEMM1's twin alone
+        assert (pp1.gemm1, pp1.gemm2) == (pingpong_config(p.gemm1.replace(cluster=1)), p.gemm2)
         p, pp2 = variant_plan(prefill, quant, "pingpong2")  # GEMM2's twin alone
         assert (pp2.gemm1, pp2.gemm2) == (p.gemm1, pingpong_config(p.gemm2.replace(cluster=1)))
         if quant is not None:  # (bf16's plan clusters already)
@@ -488,3 +490,5 @@ def test_the_schedule_bench_variants_of_the_plan():
             assert (cl.gemm1, cl.gemm2) == (p.gemm1.replace(cluster=2), p.gemm2.replace(cluster=2))
             p, cl1 = variant_plan(prefill, quant, "cluster1")  # GEMM1 on clusters alone
             assert (cl1.gemm1, cl1.gemm2) == (p.gemm1.replace(cluster=2), p.gemm2)
+            p, cl2 = variant_plan(prefill, quant, "cluster2")  # GEMM2 on clusters alone
+            assert (cl2.gemm1, cl2.gemm2) == (p.gemm1, p.gemm2.replace(cluster=2))

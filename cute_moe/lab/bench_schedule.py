@@ -1,7 +1,7 @@
 """The whole layer with the plan's GEMMs against other schedules of the same tiles, in any format.
 
     python -m cute_moe.lab.bench_schedule --out DIR [--deadline-s 300] [--shapes ...] [--tokens 8,4096]
-        [--quants bf16,fp8_tensor,fp8_channel,fp8_block] [--variants pingpong,cluster,pingpong2,cluster1]
+        [--quants bf16,fp8_tensor,fp8_channel,fp8_block] [--variants pingpong,cluster,pingpong1,...]
 
 The variants, each given to ``fused_moe`` as ``configs=`` (:func:`variant_plan`):
 
@@ -10,8 +10,8 @@ The variants, each given to ``fused_moe`` as ``configs=`` (:func:`variant_plan`)
   (FP8: its block and promoted accumulators, the gated GEMM1's epilogue step kept);
 * **cluster** — the plan's normal-path GEMMs on clusters of two CTAs multicasting the weight tile
   (``GemmConfig.cluster = 2``; swap-AB GEMMs stay as they are);
-* **pingpong2**, **cluster1** — the same for one GEMM only (GEMM2's twin; GEMM1 on clusters), the other
-  the plan's: which GEMM a gain comes from.
+* **pingpong1**, **pingpong2**, **cluster1**, **cluster2** — the same for one GEMM only (the digit: GEMM1 or
+  GEMM2), the other the plan's: which GEMM a gain comes from.
 
 Every cell times one whole ``fused_moe`` call per variant on the same inputs, the plan's own first —
 CUDA-graph replayed over rotated weight sets (cold L2, :func:`moe_spec.timing.time_cuda_graph`), median µs
@@ -36,13 +36,20 @@ SHAPES = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8")
 TOKENS = (8, 4096)
 QUANTS = ("fp8_tensor", "fp8_block")
 KNOWN_QUANTS = ("bf16", "fp8_tensor", "fp8_channel", "fp8_block")
-VARIANTS = ("pingpong", "cluster", "pingpong2", "cluster1")
+VARIANTS = ("pingpong", "cluster", "pingpong1", "pingpong2", "cluster1", "cluster2")
 #: A cell starts only when this much time is left before the deadline.
 CELL_S = 20.0
 
 
 #: Which GEMMs (0: GEMM1, 1: GEMM2) each variant changes, and to what schedule.
-VARIANT_GEMMS = {"pingpong": (0, 1), "cluster": (0, 1), "pingpong2": (1,), "cluster1": (0,)}
+VARIANT_GEMMS = {
+    "pingpong": (0, 1),
+    "cluster": (0, 1),
+    "pingpong1": (0,),
+    "pingpong2": (1,),
+    "cluster1": (0,),
+    "cluster2": (1,),
+}
 
 
 def variant_plan(dims, quant, name: str):
@@ -88,8 +95,8 @@ def _write(out, results: dict) -> None:
         *studyout.header_lines(results),
         "",
         "Whole fused_moe calls, CUDA-graph replay, cold L2, median µs. plan: the plan's configs; pingpong: both "
-        "GEMMs' ping-pong twins (single CTAs); cluster: the normal-path GEMMs on clusters of two; pingpong2: "
-        "GEMM2's twin alone; cluster1: GEMM1 on clusters alone. Each variant's "
+        "GEMMs' ping-pong twins (single CTAs); cluster: the normal-path GEMMs on clusters of two; a digit: "
+        "that GEMM alone (pingpong1: GEMM1's twin, the plan's GEMM2). Each variant's "
         "µs / the plan's, and whether its output equals the plan's bit for bit (each rerun's bits: the JSON).",
         "",
         "| shape | format | T | plan | plan µs | "
