@@ -125,12 +125,16 @@ def quantize_tokens(
     return q, scale.view(shape)
 
 
-def sorted_token_scales(scale: torch.Tensor, token_of_row: torch.Tensor, quant: str) -> torch.Tensor:
+def sorted_token_scales(
+    scale: torch.Tensor, token_of_row: torch.Tensor, quant: str, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """x's scales in the GEMM's row order (``token_of_row``: the token of every sorted row):
-    [1] (tensor), [M_pad] (channel), [M_pad, ⌈K/128⌉] (block)."""
+    [1] (tensor), [M_pad] (channel), [M_pad, ⌈K/128⌉] (block).  ``out``: the channel / block rows' buffer
+    ([M_pad, 1] / [M_pad, ⌈K/128⌉] fp32, a workspace's), else a new one.  ``index_select`` into it, not
+    ``scale[token_of_row]``: the same copy, without indexing's Python and allocation on every call."""
     if quant == "fp8_tensor":
         return scale
-    rows = scale[token_of_row]
+    rows = torch.index_select(scale, 0, token_of_row, out=out)
     return rows.view(-1) if quant == "fp8_channel" else rows
 
 
@@ -209,8 +213,8 @@ def fp8_buffers(ws: dict, dims, p, rows: int, scratch: torch.Tensor, static: boo
     """Add the FP8 layer's buffers to the workspace ``ws`` of a call with ``dims`` and plan ``p``
     (``rows``: the sorted rows' worst case; ``scratch``: the alignment's zeroed buffer, which holds
     the two amaxes): the E4M3 activations, the row count of x, and — dynamic scales only — A in
-    fp32 (not gated), the amaxes (not the intermediate's where GEMM1's epilogue quantizes per block) and
-    the scales; then the views the launches take of them.  (H, GEMM1's output, is the caller's: none where
+    fp32 (not gated), the amaxes (not the intermediate's where GEMM1's epilogue quantizes per block), the
+    scales and (channel, block) x's scales in the sorted order; then the views the launches take of them.  (H, GEMM1's output, is the caller's: none where
     the epilogue writes ``aq`` itself.)"""
     device = scratch.device
     ws.update(
@@ -229,10 +233,13 @@ def fp8_buffers(ws: dict, dims, p, rows: int, scratch: torch.Tensor, static: boo
         x_scale=torch.empty(n_x, dtype=torch.float32, device=device),
         a_scale=torch.empty(n_a, dtype=torch.float32, device=device),
     )
+    x_shape = activation_scale_shape(p.quant, dims.T, dims.K)
     ws.update(
-        x_scale_shaped=ws["x_scale"].view(activation_scale_shape(p.quant, dims.T, dims.K)),
+        x_scale_shaped=ws["x_scale"].view(x_shape),
         a_scale_shaped=ws["a_scale"].view(rows, -1) if p.quant == "fp8_block" else ws["a_scale"],
     )
+    if p.quant != "fp8_tensor":  # x's scales in the sorted order: GEMM1's row scales
+        ws["x_scale_sorted"] = torch.empty(rows, x_shape[1], dtype=torch.float32, device=device)
 
 
 def fp8_kernels(p, num_sms: int, static: bool) -> dict:
@@ -276,7 +283,7 @@ def fp8_layer(f: dict, x, w1, w2, w1_scale, w2_scale, p, rows: SortedRows, ws: d
         a_scale = ws["a_scale_shaped"]
     f["gather"](ws["xq_pairs"], ws["x_sorted"], rows.token_of_row, num_padded)
     if not static:
-        x_scale = sorted_token_scales(ws["x_scale_shaped"], rows.token_of_row, p.quant)
+        x_scale = sorted_token_scales(ws["x_scale_shaped"], rows.token_of_row, p.quant, ws.get("x_scale_sorted"))
     blocks1, blocks2 = rows.blocks[p.gemm1.tokens_tile], rows.blocks[p.gemm2.tokens_tile]
     # GEMM1's epilogue step (gemm_plan.GemmLaunch's q_scale, q_aux): static — the caller's scale and the
     # error word (BAD_A2_SCALE); block — the scales it writes; amax — the amax slots; both with the row mask

@@ -251,7 +251,7 @@ def test_cute_launches_per_call(quant, T):
         assert cute == CUTE_ALIGN[T] + (_cute_layer() if quant is None else _cute_fp8(quant, T)), cute
     # the row maps, block maps, data checks and amax zeroing are the alignment's: the one torch op
     # left gathers x's channel / block scales into the sorted rows
-    assert torch_ops == ([] if quant in (None, "fp8_tensor") else ["index"]), torch_ops
+    assert torch_ops == ([] if quant in (None, "fp8_tensor") else ["index_select"]), torch_ops
     assert not HOST_READS & set(ops), ops
     assert len(cute) + len(torch_ops) <= (6 if quant is None else 11)
 
