@@ -214,8 +214,8 @@ def fp8_buffers(ws: dict, dims, p, rows: int, scratch: torch.Tensor, static: boo
     (``rows``: the sorted rows' worst case; ``scratch``: the alignment's zeroed buffer, which holds
     the two amaxes): the E4M3 activations, the row count of x, and — dynamic scales only — A in
     fp32 (not gated), the amaxes (not the intermediate's where GEMM1's epilogue quantizes per block), the
-    scales and (channel, block) x's scales in the sorted order; then the views the launches take of them.  (H, GEMM1's output, is the caller's: none where
-    the epilogue writes ``aq`` itself.)"""
+    scales and (channel, block) x's scales in the sorted order; then the views the launches take of them.
+    (H, GEMM1's output, is the caller's: none where the epilogue writes ``aq`` itself.)"""
     device = scratch.device
     ws.update(
         xq=torch.empty(dims.T, dims.K, dtype=FP8_DTYPE, device=device),
