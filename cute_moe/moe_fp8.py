@@ -11,6 +11,10 @@
     GEMM2                  Y = (A·s_a)(W2·s_w2)ᵀ · routing weight → bf16     gemm + fp8_gemm
     combine                out[t] = Σ_j Y[row(t, j)]
 
+With ``LayerPlan.gather_quant`` (:func:`cute_moe.plan.gather_quant`; dynamic scales) x's quantization and
+the gather are one launch (``quantops.GatherQuantizeRows``: E4M3 rows and scales straight into the sorted
+order, after x's amax for the tensor and channel formats, with no amax launch for fp8_block).
+
 A gated GEMM1 on the normal path quantizes A in its epilogue instead (``GemmConfig.epilogue_quant``, the
 plan's :func:`~cute_moe.plan.epilogue_quant`; :mod:`cute_moe.epilogue_quant`): with static scales
 ("static") and fp8_block tiles of whole 128-column groups ("block") it writes E4M3 ``aq`` (and the block
@@ -31,10 +35,11 @@ the activation scale, nothing is written in its place.  A scale that is not fini
 sets ``BAD_A1_SCALE`` / ``BAD_A2_SCALE`` in the error word and is used as given, as in triton_moe.
 No value then depends on another token of the batch: a token's output is its own.
 
-Scales in the GEMMs' order: the activation scales of x are per *token*; the GEMM reads them per
-*sorted row*, so channel and block scales are gathered along the token of every sorted row
-(``moe.SortedRows.token_of_row``, a small torch index op); the intermediate is quantized in sorted
-order already, its padding rows told apart by :meth:`moe_spec.align.Alignment.holds_pair`.
+Scales in the GEMMs' order: the activation scales of x are per *token*; the GEMM reads them per *sorted
+row*, so channel and block scales are gathered along the token of every sorted row
+(``moe.SortedRows.token_of_row``, a small torch ``index_select``, or written there by the gathering
+quantize); the intermediate is quantized in sorted order already, its padding rows told apart by
+:meth:`moe_spec.align.Alignment.holds_pair`.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ from moe_spec.hopper import sm_count
 from moe_spec.quant import FP8_DTYPE, activation_scale_shape
 
 from .gemm_args import launch_args
-from .quantops import compile_quant_kernels
+from .quantops import compile_gather_quantize, compile_quant_kernels
 from .rowmaps import SortedRows
 
 
@@ -240,6 +245,7 @@ def fp8_buffers(ws: dict, dims, p, rows: int, scratch: torch.Tensor, static: boo
     )
     if p.quant != "fp8_tensor":  # x's scales in the sorted order: GEMM1's row scales
         ws["x_scale_sorted"] = torch.empty(rows, x_shape[1], dtype=torch.float32, device=device)
+        ws["x_scale_sorted_flat"] = ws["x_scale_sorted"].view(-1)  # as the gathering quantize writes them
 
 
 def fp8_kernels(p, num_sms: int, static: bool) -> dict:
@@ -257,33 +263,46 @@ def fp8_kernels(p, num_sms: int, static: bool) -> dict:
         return f
     q = compile_quant_kernels(p.quant, num_sms)
     names = ["x_amax", "x_quantize"]
+    if p.gather_quant:  # x quantized where its rows are gathered; its amax first unless per block
+        names = [] if p.quant == "fp8_block" else ["x_amax"]
     if fused is None:  # the amax of a gated GEMM1's SiLU·up, or SiLU·up and its amax
         names.append("a_amax" if p.gemm1.gated else "silu_amax")
     if fused != "block":
         names.append("a_quantize")
-    return {name: q[name] for name in names}
+    f = {name: q[name] for name in names}
+    if p.gather_quant:
+        f["x_gather_quantize"] = compile_gather_quantize(p.quant, num_sms)
+    return f
 
 
 def fp8_layer(f: dict, x, w1, w2, w1_scale, w2_scale, p, rows: SortedRows, ws: dict, a1_scale, a2_scale):
-    """The fused W8A8 layer (this module's docstring), launch by launch into the workspace ``ws`` (its
-    amax buffers zeroed by the alignment): x quantized once, its E4M3 rows gathered (as bf16 pairs: the
-    gather moves bytes), GEMM1, the intermediate's amax and quantization — each left out where GEMM1's
-    epilogue did it (``p.gemm1.epilogue_quant``) — GEMM2 with the routing weight, combine.  ``f``: the
-    call's launches (``moe._Call.bind``: :func:`fp8_kernels` among them); ``p``: its plan.  With
-    ``a1_scale`` and ``a2_scale`` (static, fp32 [] or [1]): no amax launch, the quantize launches divide
-    by the given scales."""
+    """The fused W8A8 layer (this module's docstring), launch by launch into the workspace ``ws`` (its amax
+    buffers zeroed by the alignment): x quantized once, its E4M3 rows gathered (as bf16 pairs: the gather
+    moves bytes) — or, where ``p.gather_quant``, quantized into the sorted order in one launch —, GEMM1, the
+    intermediate's amax and quantization — each left out where GEMM1's epilogue did it
+    (``p.gemm1.epilogue_quant``) — GEMM2 with the routing weight, combine. ``f``: the call's launches
+    (``moe._Call.bind``: :func:`fp8_kernels` among them); ``p``: its plan. With ``a1_scale`` and ``a2_scale``
+    (static, fp32 [] or [1]): no amax launch, the quantize launches divide by the given scales."""
     used, num_padded = ws["used"], rows.alignment.num_padded
     static, fused = a1_scale is not None, p.gemm1.epilogue_quant
     if static:  # the caller's scales, as the GEMMs' activation scales too ([] viewed as [1]: no launch)
         x_scale, a_scale = a1_scale.view(1), a2_scale.view(1)
         f["x_quantize"](x, x_scale, ws["xq"], ws["word"], used)  # a bad scale: BAD_A1_SCALE
     else:
-        f["x_amax"](x, x, ws["x_amax"], used, used)  # x for `a`, `used` for the row mask: read by the SiLU variant only
-        f["x_quantize"](x, ws["x_amax"], ws["xq"], ws["x_scale"], used)
         a_scale = ws["a_scale_shaped"]
-    f["gather"](ws["xq_pairs"], ws["x_sorted"], rows.token_of_row, num_padded)
-    if not static:
-        x_scale = sorted_token_scales(ws["x_scale_shaped"], rows.token_of_row, p.quant, ws.get("x_scale_sorted"))
+        if "x_amax" in f:  # x for `a`, `used` for the row mask: read by the SiLU variant only
+            f["x_amax"](x, x, ws["x_amax"], used, used)
+        if not p.gather_quant:
+            f["x_quantize"](x, ws["x_amax"], ws["xq"], ws["x_scale"], used)
+    if p.gather_quant:  # E4M3 rows and their scales straight into the sorted order: one launch
+        x_scale = ws["x_scale"] if p.quant == "fp8_tensor" else ws["x_scale_sorted_flat"]
+        f["x_gather_quantize"](x, ws["x_amax"], ws["x_sorted_e4m3"], x_scale, rows.token_of_row, num_padded)
+        if p.quant == "fp8_block":
+            x_scale = ws["x_scale_sorted"]  # [M_pad, ⌈K/128⌉], as GEMM1 reads it
+    else:
+        f["gather"](ws["xq_pairs"], ws["x_sorted"], rows.token_of_row, num_padded)
+        if not static:
+            x_scale = sorted_token_scales(ws["x_scale_shaped"], rows.token_of_row, p.quant, ws.get("x_scale_sorted"))
     blocks1, blocks2 = rows.blocks[p.gemm1.tokens_tile], rows.blocks[p.gemm2.tokens_tile]
     # GEMM1's epilogue step (gemm_plan.GemmLaunch's q_scale, q_aux): static — the caller's scale and the
     # error word (BAD_A2_SCALE); block — the scales it writes; amax — the amax slots; both with the row mask

@@ -226,6 +226,21 @@ def grouped_because(dims: MoEDims, quant=None, fusion: str = "fused", swap_ab=No
 
 # ---- the plan of one call ---------------------------------------------------------------------------
 #: How far :func:`plans_for` looks by default (the largest batch the harness runs, doubled).
+GATHER_QUANT = False
+"""Whether the fused FP8 plan with dynamic activation scales quantizes x where its rows are gathered
+(``LayerPlan.gather_quant``: one :class:`~cute_moe.quantops.GatherQuantizeRows` launch writes the E4M3 rows
+in sorted order and their scales in GEMM1's order; fp8_block takes no amax launch at all) instead of
+quantizing x's T rows, then gathering the codes and the scales.  The same bits either way; off until a GPU
+has timed it (``python -m cute_moe.lab.bench_schedule --variants gather_quant``).  Set it — then
+``cute_moe.moe.forget_calls()`` — in tests and benches."""
+
+
+def gather_quant(quant, fusion: str, static: bool) -> bool:
+    """THE rule for x's quantization where its rows are gathered (:data:`GATHER_QUANT`): the fused FP8
+    pipeline with dynamic scales only (static scales quantize x once with the caller's scale)."""
+    return GATHER_QUANT and quant is not None and fusion == "fused" and not static
+
+
 MAX_TOKENS = 8192
 
 
@@ -259,6 +274,7 @@ class LayerPlan:
     quant: str | None = None
     fusion: str = "fused"
     path: str = "grouped"
+    gather_quant: bool = False  # FP8: x quantized where its rows are gathered (:func:`gather_quant`)
 
     @property
     def align_tile(self) -> int:
@@ -279,12 +295,14 @@ class LayerPlan:
         for a gated GEMM1, ``gather`` for a gathering one, ``epi:static`` / ``epi:block`` / ``epi:amax`` for
         an FP8 GEMM1 that quantizes the intermediate (or takes its amax) in its epilogue, ``pingpong`` for the
         ping-pong schedule, ``cluster2`` for clusters of two CTAs, WGMMA shape (k32 is FP8), and ``| separate``
-        for the unfused pipeline.  Decode: ``decode 1-launch swap-AB W64xT16 k64 s8 m64n16k16``."""
+        for the unfused pipeline, led by ``xq:gather |`` where :attr:`gather_quant`.  Decode:
+        ``decode 1-launch swap-AB W64xT16 k64 s8 m64n16k16``."""
         shapes = [re.search(r"m\d+n\d+k\d+", m).group() for m in self.mma]  # "m64n8k16"
         if self.path == "decode":
             return f"decode 1-launch swap-AB W{WGMMA_M}xT{TOKENS} k{TILE_K} s{STAGES} {shapes[0]}"
         gemms = [f"G{i} {_tile_text(c)} {s}" for i, c, s in zip((1, 2), (self.gemm1, self.gemm2), shapes)]
-        return " | ".join(gemms + ([] if self.fusion == "fused" else [self.fusion]))
+        xq = ["xq:gather"] if self.gather_quant else []
+        return " | ".join(xq + gemms + ([] if self.fusion == "fused" else [self.fusion]))
 
 
 def plan(
@@ -349,7 +367,7 @@ def _grouped_plan(dims: MoEDims, quant, given, swap_ab, fusion: str, static: boo
     if fusion == "separate":  # the unfused reference: a plain GEMM1, SiLU·mul as its own kernel
         plain = given[0].replace(gated=False, gather_rows=False, epilogue_quant=None)
         given = separate_configs(plain, given[1])
-    return LayerPlan(*given, quant=quant, fusion=fusion)
+    return LayerPlan(*given, quant=quant, fusion=fusion, gather_quant=gather_quant(quant, fusion, static))
 
 
 def plans_for(

@@ -19,6 +19,8 @@ per SM whatever the rows, and at decode most warps walk nothing.
   the intermediate a row whose ``row_mask`` is 0 (padding of the sorted order) adds nothing, so a
   per-tensor scale sees the T·top_k rows the reference sees.
 * ``QuantizeRows``: ``q = e4m3(v / s)`` and the scales, from the amax.
+* ``GatherQuantizeRows``: x quantized into the expert-sorted order with its scales, in one launch
+  (fp8_block: each group's amax in the warp that quantizes it; tensor and channel: from ``RowAmax``'s).
 * ``StaticQuantizeRows``: fp8_tensor under a static (calibrated) scale ``s`` given by the caller:
   no amax at all, ``q = e4m3(v / s)`` with the same division and saturating cast
   (:func:`moe_spec.quant.quantize_activation_static`), optionally SiLU·up first (from GEMM1's fp32
@@ -205,6 +207,62 @@ class StaticQuantizeRows(_GroupKernel):
         self._for_each(used_rows[0], groups, quantize, vq)
 
 
+class GatherQuantizeRows(_GroupKernel):
+    """x quantized straight into the expert-sorted order: ``q[r] = e4m3(x[token_of_row[r]] / s)`` for the used
+    sorted rows ``r``, and the scales in GEMM1's row order — one launch in place of x's quantize launch, the
+    gather of its E4M3 rows and (channel, block) the gather of its scales.  fp8_block takes each 128-column
+    group's amax in the warp that quantizes it (no amax launch: a group is one warp's); fp8_tensor and
+    fp8_channel read x's amax (:class:`RowAmax` over x's T rows first: a token's scale needs its whole row, the
+    tensor's every row).  The scale and the division are :class:`QuantizeRows`' (:mod:`cute_moe.quantmath`),
+    so the codes and scales are the separate launches' bit for bit.
+
+    Arguments: x bf16 [T, K]; amax fp32 (flat: x's [1] / [T]; unread under fp8_block); q float8_e4m3fn
+    [M_pad, K]; scale fp32 (flat: [1], [M_pad] or [M_pad · ⌈K/128⌉]); token_of_row int64 [M_pad]; used_rows
+    int32 [1] (the sorted rows the GEMMs cover); stream."""
+
+    @cute.kernel
+    def kernel(
+        self,
+        x: cute.Tensor,
+        amax: cute.Tensor,
+        q: cute.Tensor,
+        scale: cute.Tensor,
+        token_of_row: cute.Tensor,
+        used_rows: cute.Tensor,
+    ):
+        vx, vq = _chunks(x), _chunks(q)
+        chunks = x.shape[1] // LANE_VALUES
+        groups = (chunks + 31) // 32
+        lane = cute.arch.lane_idx()
+        v = cute.make_rmem_tensor((LANE_VALUES,), cutlass.Float32)  # this lane's 4 values of the group
+
+        def quantize(row, g, scale, vq, v):
+            token = token_of_row[row]
+            chunk = g * 32 + lane
+            v.fill(0.0)
+            if chunk < chunks:
+                v.store(vx[(0, None, token, chunk)].load().to(cutlass.Float32))
+            if cutlass.const_expr(self.quant == "fp8_block"):  # the group's amax: a warp's maximum
+                lane_max = cutlass.Float32(0.0)
+                for i in cutlass.range_constexpr(LANE_VALUES):
+                    lane_max = max_nan(lane_max, abs(v[i]))
+                s = scale_of(_warp_max_nan(lane_max))
+                if lane == 0:
+                    scale[row * groups + g] = s
+            elif cutlass.const_expr(self.quant == "fp8_channel"):
+                s = scale_of(amax[token])
+                if (lane == 0) & (g == 0):
+                    scale[row] = s
+            else:
+                s = scale_of(amax[0])
+                if (lane == 0) & (g == 0) & (row == 0):
+                    scale[0] = s
+            if chunk < chunks:
+                vq[(0, None, row, chunk)].store((v.load() / s).to(q.element_type))  # div.rn, cvt.rn.satfinite
+
+        self._for_each(used_rows[0], groups, quantize, scale, vq, v)
+
+
 # ---- compile ---------------------------------------------------------------------------------------
 def compile_quant_kernels(
     quant: str, num_sms: int | None = None, *, keep_ptx: bool = False, static: bool = False
@@ -264,6 +322,28 @@ def compile_quant_kernels(
         }
 
     return compile_once(("quantops", quant, num_sms), build, keep_ptx=keep_ptx)
+
+
+def compile_gather_quantize(quant: str, num_sms: int | None = None, *, keep_ptx: bool = False):
+    """The compiled :class:`GatherQuantizeRows` of one FP8 format, per SM count (default: this GPU's): the
+    plan's ``gather_quant`` (:data:`cute_moe.plan.GATHER_QUANT`).  ``keep_ptx``: it has ``.__ptx__``."""
+    num_sms = sm_count() if num_sms is None else num_sms
+
+    def build(options):
+        f32 = cutlass.Float32
+        return cute.compile(
+            GatherQuantizeRows(quant, num_sms),
+            fake_rows(cutlass.BFloat16, FP8_ALIGN_ELEMS),
+            fake_vector(f32),
+            fake_rows(cutlass.Float8E4M3FN, FP8_ALIGN_ELEMS),
+            fake_vector(f32),
+            fake_vector(cutlass.Int64),
+            fake_vector(cutlass.Int32),
+            fake_stream(),
+            options=options,
+        )
+
+    return compile_once(("gather quantize", quant, num_sms), build, keep_ptx=keep_ptx)
 
 
 def _build_static(num_sms: int):

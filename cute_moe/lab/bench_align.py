@@ -254,6 +254,7 @@ def gpu_stand_in():
         (moe, "check_runs_on", lambda *a: None),
         (moe, "surface_errors", lambda *a: None),
         (moe_fp8, "compile_quant_kernels", stubs),
+        (moe_fp8, "compile_gather_quantize", lambda *a, **k: lambda *args: launches.append("x_gather_quantize")),
         (moe_fp8, "current_stream", lambda t: None),
         (unfused, "compile_unfused_kernels", stubs),
         (unfused, "current_stream", lambda t: None),

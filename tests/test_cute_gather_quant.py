@@ -1,0 +1,130 @@
+"""CPU checks of x's quantization where its rows are gathered (``cute_moe.quantops.GatherQuantizeRows``, the
+plan's ``gather_quant`` while ``cute_moe.plan.GATHER_QUANT``): the rule, the launches a call makes with it,
+and the kernel's PTX — the same quantization arithmetic as ``QuantizeRows`` (whose output the GPU lane
+compares it with bit for bit: ``tests/test_cute_fp8_gpu.py``), the group's amax only where it is per block,
+no spills.  The CuTe DSL compiles for sm_90a here; nothing runs."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+pytest.importorskip("cutlass")
+
+import importlib  # noqa: E402
+
+from cute_moe.moe import forget_calls  # noqa: E402
+from moe_spec.problem import MoEShape, make_inputs  # noqa: E402
+from moe_spec.validate import MoEDims  # noqa: E402
+
+plan_module = importlib.import_module("cute_moe.plan")  # the module: cute_moe.plan is its function
+
+FORMATS = ("fp8_tensor", "fp8_channel", "fp8_block")
+SHAPE = MoEShape("host", 128, 8, 256, 128, "host cost")
+
+
+@pytest.fixture
+def gather_quant(monkeypatch):
+    monkeypatch.setattr(plan_module, "GATHER_QUANT", True)
+    forget_calls()
+    yield
+    monkeypatch.setattr(plan_module, "GATHER_QUANT", False)
+    forget_calls()
+
+
+def test_the_rule_takes_the_fused_fp8_pipeline_with_dynamic_scales_only(gather_quant):
+    assert plan_module.gather_quant("fp8_block", "fused", False)
+    assert not plan_module.gather_quant(None, "fused", False)  # bf16: nothing to quantize
+    assert not plan_module.gather_quant("fp8_tensor", "fused", True)  # static: x once, by the caller's scale
+    assert not plan_module.gather_quant("fp8_channel", "separate", False)  # the unfused reference
+    dims = MoEDims(T=8, E=128, K=2048, I=768, top_k=8)
+    p = plan_module.plan(dims, "fp8_channel")
+    assert p.gather_quant and p.describe().startswith("xq:gather | G1 ")
+    assert not plan_module.plan(dims, "fp8_tensor", static=True).gather_quant
+
+
+def test_off_by_default():
+    dims = MoEDims(T=4096, E=128, K=2048, I=768, top_k=8)
+    assert plan_module.GATHER_QUANT is False
+    assert not any(plan_module.plan(dims, q).gather_quant for q in FORMATS)
+
+
+@pytest.mark.parametrize("quant", FORMATS)
+@pytest.mark.parametrize("T", [4, 1100])
+def test_a_call_launches_one_gathering_quantize(quant, T, gather_quant):
+    """x's quantize launch, its E4M3 gather and (channel, block) the torch gather of its scales become one
+    launch; fp8_block has no x amax launch either."""
+    from cute_moe.lab.bench_align import gpu_stand_in, launches_per_call
+
+    kw = make_inputs(SHAPE, T, quant, seed=0).kwargs()
+    with gpu_stand_in() as (fused_moe, launches):
+        cute, torch_ops, _ = launches_per_call(fused_moe, launches, kw)
+    assert torch_ops == [], torch_ops
+    head = cute[: cute.index("GroupedGemm")]
+    x_steps = [name for name in head if name not in ("count", "place")]
+    assert x_steps == ([] if quant == "fp8_block" else ["x_amax"]) + ["x_gather_quantize"], cute
+
+
+@pytest.fixture(scope="module")
+def ptx():
+    from cute_moe.quantops import compile_gather_quantize, compile_quant_kernels
+
+    out = {q: compile_gather_quantize(q, 132, keep_ptx=True).__ptx__ for q in FORMATS}
+    out["QuantizeRows"] = compile_quant_kernels("fp8_block", 132, keep_ptx=True)["x_quantize"].__ptx__
+    return out
+
+
+def _count(pattern: str, text: str) -> int:
+    return len(re.findall(pattern, text))
+
+
+@pytest.mark.parametrize("quant", FORMATS)
+def test_the_quantization_is_quantize_rows_arithmetic(quant, ptx):
+    """Per group: four IEEE divisions of a value by its scale and one of the amax by 448 (no reciprocal),
+    two saturating E4M3 pair conversions — QuantizeRows' own instructions; the scale floor as a max."""
+    for text in (ptx[quant], ptx["QuantizeRows"]):
+        assert _count(r"div\.rn\.f32", text) == 5
+        assert _count(r"cvt\.rn\.satfinite\.e4m3x2\.f32", text) == 2
+        assert _count(r"rcp\.", text) == 0
+
+
+@pytest.mark.parametrize("quant", FORMATS)
+def test_only_fp8_block_reduces_an_amax_in_the_warp(quant, ptx):
+    """fp8_block: the group's amax over the warp — four NaN-keeping maxima per lane and five butterfly
+    shuffles; the tensor and channel formats read the amax their RowAmax launch took, and reduce nothing.
+    No format issues an atomic: nothing is accumulated across warps."""
+    text = ptx[quant]
+    block = quant == "fp8_block"
+    assert _count(r"shfl\.sync\.bfly", text) == (5 if block else 0)
+    assert _count(r"max\.NaN\.f32", text) == (9 if block else 0)
+    assert _count(r"\batom\.", text) == 0
+
+
+@pytest.mark.parametrize("quant", FORMATS)
+def test_ptxas_reports_no_spills(quant, capfd):
+    import cutlass
+    import cutlass.cute as cute
+
+    from cute_moe.limits import FP8_ALIGN_ELEMS
+    from cute_moe.quantops import GatherQuantizeRows
+    from cute_moe.runtime import fake_rows, fake_stream, fake_vector
+
+    capfd.readouterr()
+    f32 = cutlass.Float32
+    cute.compile(
+        GatherQuantizeRows(quant, 132),
+        fake_rows(cutlass.BFloat16, FP8_ALIGN_ELEMS),
+        fake_vector(f32),
+        fake_rows(cutlass.Float8E4M3FN, FP8_ALIGN_ELEMS),
+        fake_vector(f32),
+        fake_vector(cutlass.Int64),
+        fake_vector(cutlass.Int32),
+        fake_stream(),
+        options="remarks{ptx}",
+    )
+    text = "".join(capfd.readouterr())
+    frame = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", text)
+    assert frame and frame.groups() == ("0", "0", "0"), text[-2000:]
