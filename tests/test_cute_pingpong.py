@@ -492,3 +492,6 @@ def test_the_schedule_bench_variants_of_the_plan():
             assert (cl1.gemm1, cl1.gemm2) == (p.gemm1.replace(cluster=2), p.gemm2)
             p, cl2 = variant_plan(prefill, quant, "cluster2")  # GEMM2 on clusters alone
             assert (cl2.gemm1, cl2.gemm2) == (p.gemm1, p.gemm2.replace(cluster=2))
+            p, gq = variant_plan(prefill, quant, "gather_quant")  # the plan's GEMMs, x quantized in the gather
+            assert gq.gather_quant and not p.gather_quant and (gq.gemm1, gq.gemm2) == (p.gemm1, p.gemm2)
+    assert variant_plan(prefill, None, "gather_quant")[1] is None  # bf16: no x to quantize

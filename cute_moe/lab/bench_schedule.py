@@ -3,7 +3,8 @@
     python -m cute_moe.lab.bench_schedule --out DIR [--deadline-s 300] [--shapes ...] [--tokens 8,4096]
         [--quants bf16,fp8_tensor,fp8_channel,fp8_block] [--variants pingpong,cluster,pingpong1,...]
 
-The variants, each given to ``fused_moe`` as ``configs=`` (:func:`variant_plan`):
+The variants, each given to ``fused_moe`` as ``configs=`` but gather_quant, a switch of the plan
+(:func:`variant_plan`):
 
 * **pingpong** — both GEMMs' ping-pong twins (:func:`cute_moe.gemm_rules.pingpong_config`, single CTAs): each
   consumer warpgroup a whole tile of one warpgroup's 64 rows, the same WGMMA sequence per output element
@@ -11,7 +12,9 @@ The variants, each given to ``fused_moe`` as ``configs=`` (:func:`variant_plan`)
 * **cluster** — the plan's normal-path GEMMs on clusters of two CTAs multicasting the weight tile
   (``GemmConfig.cluster = 2``; swap-AB GEMMs stay as they are);
 * **pingpong1**, **pingpong2**, **cluster1**, **cluster2** — the same for one GEMM only (the digit: GEMM1 or
-  GEMM2), the other the plan's: which GEMM a gain comes from.
+  GEMM2), the other the plan's: which GEMM a gain comes from;
+* **gather_quant** — FP8 with x quantized where its rows are gathered (``cute_moe.plan.GATHER_QUANT`` on:
+  one launch for x's quantize, the gather of its codes and of its scales), the GEMMs the plan's.
 
 Every cell times one whole ``fused_moe`` call per variant on the same inputs, the plan's own first —
 CUDA-graph replayed over rotated weight sets (cold L2, :func:`moe_spec.timing.time_cuda_graph`), median µs
@@ -25,6 +28,9 @@ cell starts after ``--deadline-s``.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import importlib
 import json
 import sys
 
@@ -36,7 +42,8 @@ SHAPES = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8")
 TOKENS = (8, 4096)
 QUANTS = ("fp8_tensor", "fp8_block")
 KNOWN_QUANTS = ("bf16", "fp8_tensor", "fp8_channel", "fp8_block")
-VARIANTS = ("pingpong", "cluster", "pingpong1", "pingpong2", "cluster1", "cluster2")
+VARIANTS = ("pingpong", "cluster", "pingpong1", "pingpong2", "cluster1", "cluster2", "gather_quant")
+DEFAULT_VARIANTS = ("pingpong", "cluster")
 #: A cell starts only when this much time is left before the deadline.
 CELL_S = 20.0
 
@@ -54,13 +61,16 @@ VARIANT_GEMMS = {
 
 def variant_plan(dims, quant, name: str):
     """(the plan, the plan of variant ``name`` of :data:`VARIANTS`), the second None where the variant changes
-    nothing (the one launch; cluster: no normal-path GEMM, or those already clustered)."""
+    nothing (the one launch; cluster: no normal-path GEMM, or those already clustered; gather_quant: bf16, or
+    the plan does so already)."""
     from ..gemm_rules import pingpong_config
     from ..plan import plan
 
     p = plan(dims, quant)
     if p.path != "grouped":
         return p, None
+    if name == "gather_quant":
+        return p, (None if quant is None or p.gather_quant else dataclasses.replace(p, gather_quant=True))
     pair = [p.gemm1, p.gemm2]
     for i in VARIANT_GEMMS[name]:
         g = pair[i]
@@ -71,6 +81,23 @@ def variant_plan(dims, quant, name: str):
     if tuple(pair) == (p.gemm1, p.gemm2):
         return p, None
     return p, plan(dims, quant, configs=tuple(pair))
+
+
+@contextlib.contextmanager
+def _gather_quant(on: bool):
+    """``cute_moe.plan.GATHER_QUANT`` set to ``on`` inside (the plans and bound launches forgotten on the way
+    in and out), as it was after."""
+    from ..moe import forget_calls
+
+    module = importlib.import_module("cute_moe.plan")  # the module: cute_moe.plan is its function
+    was = module.GATHER_QUANT
+    module.GATHER_QUANT = on
+    forget_calls()
+    try:
+        yield
+    finally:
+        module.GATHER_QUANT = was
+        forget_calls()
 
 
 def _measure(sets: list, configs) -> dict:
@@ -96,7 +123,8 @@ def _write(out, results: dict) -> None:
         "",
         "Whole fused_moe calls, CUDA-graph replay, cold L2, median µs. plan: the plan's configs; pingpong: both "
         "GEMMs' ping-pong twins (single CTAs); cluster: the normal-path GEMMs on clusters of two; a digit: "
-        "that GEMM alone (pingpong1: GEMM1's twin, the plan's GEMM2). Each variant's "
+        "that GEMM alone (pingpong1: GEMM1's twin, the plan's GEMM2); gather_quant: x quantized in the gather. "
+        "Each variant's "
         "µs / the plan's, and whether its output equals the plan's bit for bit (each rerun's bits: the JSON).",
         "",
         "| shape | format | T | plan | plan µs | "
@@ -131,7 +159,7 @@ def main(argv=None) -> None:
     parser.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="token counts, comma separated")
     parser.add_argument("--sets", type=int, default=2, help="weight sets rotated per timing (cold L2) [2]")
     parser.add_argument("--quants", default=",".join(QUANTS), help=f"formats of {KNOWN_QUANTS} [%(default)s]")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"of {VARIANTS} [%(default)s]")
+    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help=f"of {VARIANTS} [%(default)s]")
     a, out, run = studyout.start_gpu_study(prog, parser, argv, FILES)
     try:
         shapes = studyout.split_list("--shapes", a.shapes)
@@ -162,7 +190,11 @@ def main(argv=None) -> None:
             if vp is None:
                 row["variants"][name] = None
                 continue
-            got = _measure(sets, (vp.gemm1, vp.gemm2))
+            if name == "gather_quant":  # a switch of the plan, not a config: fused_moe plans with it on
+                with _gather_quant(True):
+                    got = _measure(sets, None)
+            else:
+                got = _measure(sets, (vp.gemm1, vp.gemm2))
             equal = bool(torch.equal(got["out"], own["out"]))
             row["variants"][name] = {"plan": vp.describe(), "us": got["us"], "equal": equal, "bits": got["bits"]}
         return row
