@@ -198,14 +198,23 @@ def decode_fused_moe(x, w1, w2, topk_weights, topk_ids, *, workspace: dict | Non
     return launch(_kernel(topk_ids.dtype), x, w1, w2, topk_weights, topk_ids, dims, workspace)
 
 
-def launch(kernel, x, w1, w2, topk_weights, topk_ids, dims: MoEDims, workspace: dict | None = None) -> torch.Tensor:
+def launch_grid(dims: MoEDims, device) -> int:
+    """CTAs of a launch with sizes ``dims`` on ``device`` (:func:`~cute_moe.decode_parts.grid_size`): a
+    caller that launches one signature many times (``cute_moe.moe._Call``) keeps it."""
+    return grid_size(dims.T, dims.top_k, dims.E, dims.K, dims.I, sm_count(device))
+
+
+def launch(
+    kernel, x, w1, w2, topk_weights, topk_ids, dims: MoEDims, workspace: dict | None = None, grid: int | None = None
+) -> torch.Tensor:
     """One launch of ``kernel`` (the TVM-FFI function of :func:`compile_decode` for ``topk_ids``' dtype) on a
     call whose arguments and sizes are checked, T ≥ 1 → out bf16 [T, K]: :func:`decode_fused_moe`'s and,
-    where the plan's path is "decode", ``cute_moe.fused_moe``'s (:mod:`cute_moe.moe`) last step."""
+    where the plan's path is "decode", ``cute_moe.fused_moe``'s (:mod:`cute_moe.moe`) last step.  ``grid``:
+    :func:`launch_grid` of the call, when the caller keeps it."""
     T, K, I, top_k = dims.T, dims.K, dims.I, dims.top_k  # noqa: E741
     ws = workspace if workspace is not None else decode_workspace(T, top_k, K, I, x.device)
     out = torch.empty((T, K), dtype=torch.bfloat16, device=x.device)
-    grid = grid_size(T, top_k, dims.E, K, I, sm_count(x.device))
+    grid = launch_grid(dims, x.device) if grid is None else grid
     w1_view = w1.unflatten(1, (2, I)).permute(2, 3, 1, 0)  # (I, K, half, E): gate 0, up 1
     w2_view = w2.permute(1, 2, 0)  # (K, I, E)
     word = error_word(x.device)

@@ -199,7 +199,8 @@ def fused_moe(
     if dims.T == 0:
         return x.new_empty((0, dims.K))
     if c.plan.path == "decode":  # one launch: the kernel reads and checks the routing itself
-        return decode.launch((c.launches or c.bind())["decode"], x, w1, w2, topk_weights, topk_ids, dims)
+        kernel = (c.launches or c.bind())["decode"]
+        return decode.launch(kernel, x, w1, w2, topk_weights, topk_ids, dims, grid=c.grid)
     # The routing data is checked on the device, without a sync, by the alignment's place kernel
     # (guard_routing's meaning): an id outside [0, E), is clamped and its pair weighted NaN, and the
     # error word says why.  Its buffers and the layer's are the workspace of this shape and stream.
@@ -264,11 +265,12 @@ class _Call:
     the plan, the sizes its workspace depends on and — bound at the first launch (:meth:`bind`) —
     the compiled launches of its pipeline as bare TVM-FFI functions (:func:`cute_moe.runtime.ffi_function`)."""
 
-    __slots__ = ("plan", "dims", "device", "ids_dtype", "static", "sizes", "launches")
+    __slots__ = ("plan", "dims", "device", "ids_dtype", "static", "sizes", "launches", "grid")
 
     def __init__(self, p: LayerPlan, dims: MoEDims, device, ids_dtype, static: bool = False):
         self.plan, self.dims, self.device, self.ids_dtype, self.static = p, dims, device, ids_dtype, static
         self.launches: dict | None = None
+        self.grid = None  # the decode path's CTAs (decode.launch_grid), found at bind
         self.sizes = None  # of the grouped pipeline's workspace; the decode path keeps its own (decode.py)
         if p.path == "grouped":
             g1, tiles = p.gemm1, (p.gemm1.tokens_tile, p.gemm2.tokens_tile)
@@ -284,6 +286,7 @@ class _Call:
         if p.path == "decode":
             kernel = decode.compile_decode(str(self.ids_dtype).removeprefix("torch."))
             self.launches = {"decode": ffi_function(kernel)}
+            self.grid = decode.launch_grid(self.dims, self.device)
             return self.launches
         align = rowmaps.compile_align_kernels(self.ids_dtype)
         f = {"count": align["count"], "place": align["place"]}

@@ -258,6 +258,8 @@ def fp8_kernels(p, num_sms: int, static: bool) -> dict:
     if static:
         q = compile_quant_kernels(p.quant, num_sms, static=True)
         f = {"x_quantize": q["x_quantize_static"]}
+        if p.gather_quant:  # x's codes straight into the sorted order, by the caller's scale
+            f = {"x_gather_quantize": compile_gather_quantize(p.quant, num_sms, static=True)}
         if fused != "static":
             f["a_quantize"] = q["a_quantize_static" if p.gemm1.gated else "silu_quantize_static"]
         return f
@@ -275,6 +277,30 @@ def fp8_kernels(p, num_sms: int, static: bool) -> dict:
     return f
 
 
+def _x_codes(f: dict, x, p, rows: SortedRows, ws: dict, static_scale) -> torch.Tensor:
+    """x's E4M3 codes in the sorted order (``ws["x_sorted_e4m3"]``) and GEMM1's activation scales, returned in
+    its row order: x quantized, then its codes and scales gathered — or, where ``p.gather_quant``, quantized
+    straight into the sorted order (fp8_tensor and fp8_channel after x's amax).  ``static_scale``: the
+    caller's fp32 [1] (static fp8_tensor; a bad one sets ``BAD_A1_SCALE`` in either launch), else None."""
+    used, num_padded, token = ws["used"], rows.alignment.num_padded, rows.token_of_row
+    if static_scale is not None:
+        if p.gather_quant:
+            f["x_gather_quantize"](x, static_scale, ws["x_sorted_e4m3"], ws["word"], token, num_padded)
+        else:
+            f["x_quantize"](x, static_scale, ws["xq"], ws["word"], used)
+            f["gather"](ws["xq_pairs"], ws["x_sorted"], token, num_padded)
+        return static_scale
+    if "x_amax" in f:  # x for `a`, `used` for the row mask: read by the SiLU variant only (none: fp8_block gathering)
+        f["x_amax"](x, x, ws["x_amax"], used, used)
+    if p.gather_quant:
+        scale = ws["x_scale"] if p.quant == "fp8_tensor" else ws["x_scale_sorted_flat"]
+        f["x_gather_quantize"](x, ws["x_amax"], ws["x_sorted_e4m3"], scale, token, num_padded)
+        return ws["x_scale_sorted"] if p.quant == "fp8_block" else scale  # block: [M_pad, ⌈K/128⌉]
+    f["x_quantize"](x, ws["x_amax"], ws["xq"], ws["x_scale"], used)
+    f["gather"](ws["xq_pairs"], ws["x_sorted"], token, num_padded)  # the E4M3 rows moved as bf16 pairs
+    return sorted_token_scales(ws["x_scale_shaped"], token, p.quant, ws.get("x_scale_sorted"))
+
+
 def fp8_layer(f: dict, x, w1, w2, w1_scale, w2_scale, p, rows: SortedRows, ws: dict, a1_scale, a2_scale):
     """The fused W8A8 layer (this module's docstring), launch by launch into the workspace ``ws`` (its amax
     buffers zeroed by the alignment): x quantized once, its E4M3 rows gathered (as bf16 pairs: the gather
@@ -283,26 +309,11 @@ def fp8_layer(f: dict, x, w1, w2, w1_scale, w2_scale, p, rows: SortedRows, ws: d
     (``p.gemm1.epilogue_quant``) — GEMM2 with the routing weight, combine. ``f``: the call's launches
     (``moe._Call.bind``: :func:`fp8_kernels` among them); ``p``: its plan. With ``a1_scale`` and ``a2_scale``
     (static, fp32 [] or [1]): no amax launch, the quantize launches divide by the given scales."""
-    used, num_padded = ws["used"], rows.alignment.num_padded
+    num_padded = rows.alignment.num_padded
     static, fused = a1_scale is not None, p.gemm1.epilogue_quant
-    if static:  # the caller's scales, as the GEMMs' activation scales too ([] viewed as [1]: no launch)
-        x_scale, a_scale = a1_scale.view(1), a2_scale.view(1)
-        f["x_quantize"](x, x_scale, ws["xq"], ws["word"], used)  # a bad scale: BAD_A1_SCALE
-    else:
-        a_scale = ws["a_scale_shaped"]
-        if "x_amax" in f:  # x for `a`, `used` for the row mask: read by the SiLU variant only
-            f["x_amax"](x, x, ws["x_amax"], used, used)
-        if not p.gather_quant:
-            f["x_quantize"](x, ws["x_amax"], ws["xq"], ws["x_scale"], used)
-    if p.gather_quant:  # E4M3 rows and their scales straight into the sorted order: one launch
-        x_scale = ws["x_scale"] if p.quant == "fp8_tensor" else ws["x_scale_sorted_flat"]
-        f["x_gather_quantize"](x, ws["x_amax"], ws["x_sorted_e4m3"], x_scale, rows.token_of_row, num_padded)
-        if p.quant == "fp8_block":
-            x_scale = ws["x_scale_sorted"]  # [M_pad, ⌈K/128⌉], as GEMM1 reads it
-    else:
-        f["gather"](ws["xq_pairs"], ws["x_sorted"], rows.token_of_row, num_padded)
-        if not static:
-            x_scale = sorted_token_scales(ws["x_scale_shaped"], rows.token_of_row, p.quant, ws.get("x_scale_sorted"))
+    # the caller's scales, as the GEMMs' activation scales too ([] viewed as [1]: no launch)
+    x_scale = _x_codes(f, x, p, rows, ws, a1_scale.view(1) if static else None)
+    a_scale = a2_scale.view(1) if static else ws["a_scale_shaped"]
     blocks1, blocks2 = rows.blocks[p.gemm1.tokens_tile], rows.blocks[p.gemm2.tokens_tile]
     # GEMM1's epilogue step (gemm_plan.GemmLaunch's q_scale, q_aux): static — the caller's scale and the
     # error word (BAD_A2_SCALE); block — the scales it writes; amax — the amax slots; both with the row mask

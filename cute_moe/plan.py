@@ -227,18 +227,18 @@ def grouped_because(dims: MoEDims, quant=None, fusion: str = "fused", swap_ab=No
 # ---- the plan of one call ---------------------------------------------------------------------------
 #: How far :func:`plans_for` looks by default (the largest batch the harness runs, doubled).
 GATHER_QUANT = False
-"""Whether the fused FP8 plan with dynamic activation scales quantizes x where its rows are gathered
-(``LayerPlan.gather_quant``: one :class:`~cute_moe.quantops.GatherQuantizeRows` launch writes the E4M3 rows
-in sorted order and their scales in GEMM1's order; fp8_block takes no amax launch at all) instead of
-quantizing x's T rows, then gathering the codes and the scales.  The same bits either way; off until a GPU
+"""Whether the fused FP8 plan quantizes x where its rows are gathered (``LayerPlan.gather_quant``: one
+:class:`~cute_moe.quantops.GatherQuantizeRows` launch writes the E4M3 rows in sorted order and their scales
+in GEMM1's order; fp8_block takes no amax launch at all; static scales: ``StaticGatherQuantizeRows``) instead
+of quantizing x's T rows, then gathering the codes and the scales.  The same bits either way; off until a GPU
 has timed it (``python -m cute_moe.lab.bench_schedule --variants gather_quant``).  Set it — then
 ``cute_moe.moe.forget_calls()`` — in tests and benches."""
 
 
-def gather_quant(quant, fusion: str, static: bool) -> bool:
+def gather_quant(quant, fusion: str) -> bool:
     """THE rule for x's quantization where its rows are gathered (:data:`GATHER_QUANT`): the fused FP8
-    pipeline with dynamic scales only (static scales quantize x once with the caller's scale)."""
-    return GATHER_QUANT and quant is not None and fusion == "fused" and not static
+    pipeline, with dynamic or static scales (the unfused reference keeps its separate passes)."""
+    return GATHER_QUANT and quant is not None and fusion == "fused"
 
 
 MAX_TOKENS = 8192
@@ -367,7 +367,7 @@ def _grouped_plan(dims: MoEDims, quant, given, swap_ab, fusion: str, static: boo
     if fusion == "separate":  # the unfused reference: a plain GEMM1, SiLU·mul as its own kernel
         plain = given[0].replace(gated=False, gather_rows=False, epilogue_quant=None)
         given = separate_configs(plain, given[1])
-    return LayerPlan(*given, quant=quant, fusion=fusion, gather_quant=gather_quant(quant, fusion, static))
+    return LayerPlan(*given, quant=quant, fusion=fusion, gather_quant=gather_quant(quant, fusion))
 
 
 def plans_for(

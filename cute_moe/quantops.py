@@ -20,7 +20,8 @@ per SM whatever the rows, and at decode most warps walk nothing.
   per-tensor scale sees the T·top_k rows the reference sees.
 * ``QuantizeRows``: ``q = e4m3(v / s)`` and the scales, from the amax.
 * ``GatherQuantizeRows``: x quantized into the expert-sorted order with its scales, in one launch
-  (fp8_block: each group's amax in the warp that quantizes it; tensor and channel: from ``RowAmax``'s).
+  (fp8_block: each group's amax in the warp that quantizes it; tensor and channel: from ``RowAmax``'s);
+  ``StaticGatherQuantizeRows`` the same under a static fp8_tensor scale.
 * ``StaticQuantizeRows``: fp8_tensor under a static (calibrated) scale ``s`` given by the caller:
   no amax at all, ``q = e4m3(v / s)`` with the same division and saturating cast
   (:func:`moe_spec.quant.quantize_activation_static`), optionally SiLU·up first (from GEMM1's fp32
@@ -263,6 +264,44 @@ class GatherQuantizeRows(_GroupKernel):
         self._for_each(used_rows[0], groups, quantize, scale, vq, v)
 
 
+class StaticGatherQuantizeRows(_GroupKernel):
+    """:class:`GatherQuantizeRows` under a static fp8_tensor scale ``s`` given by the caller: ``q[r] =
+    e4m3(x[token_of_row[r]] / s)`` for the used sorted rows, no amax and no scale written (the GEMM reads the
+    caller's tensor); a scale that is not finite and positive sets ``BAD_A1_SCALE`` in the error word, as
+    :class:`StaticQuantizeRows` does.  Arguments: x bf16 [T, K]; scale fp32 [1]; q float8_e4m3fn [M_pad, K];
+    word int32 [1]; token_of_row int64 [M_pad]; used_rows int32 [1]; stream."""
+
+    def __init__(self, num_sms: int):
+        super().__init__("fp8_tensor", num_sms)
+
+    @cute.kernel
+    def kernel(
+        self,
+        x: cute.Tensor,
+        scale: cute.Tensor,
+        q: cute.Tensor,
+        word: cute.Tensor,
+        token_of_row: cute.Tensor,
+        used_rows: cute.Tensor,
+    ):
+        vx, vq = _chunks(x), _chunks(q)
+        chunks = x.shape[1] // LANE_VALUES
+        groups = (chunks + 31) // 32
+        lane = cute.arch.lane_idx()
+        s = scale[0]
+        first, _ = self._first_and_step()
+        if (first == 0) & (lane == 0):  # one thread checks the scale, whatever the row count
+            flag_bad_scale(s, word, BAD_A1_SCALE)
+
+        def quantize(row, g, vq):
+            chunk = g * 32 + lane
+            if chunk < chunks:
+                v = vx[(0, None, token_of_row[row], chunk)].load().to(cutlass.Float32)
+                vq[(0, None, row, chunk)].store((v / s).to(q.element_type))  # div.rn, cvt.rn.satfinite
+
+        self._for_each(used_rows[0], groups, quantize, vq)
+
+
 # ---- compile ---------------------------------------------------------------------------------------
 def compile_quant_kernels(
     quant: str, num_sms: int | None = None, *, keep_ptx: bool = False, static: bool = False
@@ -324,26 +363,30 @@ def compile_quant_kernels(
     return compile_once(("quantops", quant, num_sms), build, keep_ptx=keep_ptx)
 
 
-def compile_gather_quantize(quant: str, num_sms: int | None = None, *, keep_ptx: bool = False):
+def compile_gather_quantize(quant: str, num_sms: int | None = None, *, keep_ptx: bool = False, static: bool = False):
     """The compiled :class:`GatherQuantizeRows` of one FP8 format, per SM count (default: this GPU's): the
-    plan's ``gather_quant`` (:data:`cute_moe.plan.GATHER_QUANT`).  ``keep_ptx``: it has ``.__ptx__``."""
+    plan's ``gather_quant`` (:data:`cute_moe.plan.GATHER_QUANT`); ``static`` (fp8_tensor only): the
+    :class:`StaticGatherQuantizeRows` of static activation scales.  ``keep_ptx``: it has ``.__ptx__``."""
     num_sms = sm_count() if num_sms is None else num_sms
+    if static and quant != "fp8_tensor":
+        raise ValueError(f"quant: static activation scales are per tensor (fp8_tensor), got {quant!r}")
 
     def build(options):
-        f32 = cutlass.Float32
+        f32, i32 = cutlass.Float32, cutlass.Int32
+        kernel = StaticGatherQuantizeRows(num_sms) if static else GatherQuantizeRows(quant, num_sms)
         return cute.compile(
-            GatherQuantizeRows(quant, num_sms),
+            kernel,
             fake_rows(cutlass.BFloat16, FP8_ALIGN_ELEMS),
-            fake_vector(f32),
+            fake_vector(f32),  # x's amax, or the caller's scale (static)
             fake_rows(cutlass.Float8E4M3FN, FP8_ALIGN_ELEMS),
-            fake_vector(f32),
+            fake_vector(i32 if static else f32),  # the error word (static), or the scales written
             fake_vector(cutlass.Int64),
-            fake_vector(cutlass.Int32),
+            fake_vector(i32),
             fake_stream(),
             options=options,
         )
 
-    return compile_once(("gather quantize", quant, num_sms), build, keep_ptx=keep_ptx)
+    return compile_once(("gather quantize", quant, static, num_sms), build, keep_ptx=keep_ptx)
 
 
 def _build_static(num_sms: int):

@@ -56,7 +56,7 @@ from .decode import compile_decode
 from .gemm_plan import compile_gemm
 from .moe import LIMITS, fused_moe
 from .plan import MAX_TOKENS, _tile_text, plans_for
-from .quantops import compile_quant_kernels
+from .quantops import compile_gather_quantize, compile_quant_kernels
 from .rowops import compile_row_kernels, compile_unfused_kernels
 
 #: The row kernels :func:`~cute_moe.rowops.compile_row_kernels` builds, by name.
@@ -98,7 +98,8 @@ def decode_name(ids_dtype) -> str:
 def compile_plan(plan, num_ctas: int | None = None, ids_dtypes=IDS_DTYPES, static: bool = False) -> int:
     """Compile everything a layer plan (:class:`cute_moe.plan.LayerPlan`) runs — its two GEMMs, the
     row kernels, the alignment's kernels for each ``topk_ids`` dtype of ``ids_dtypes``, an FP8
-    format's quantization kernels (``static``: also those of static activation scales) and the
+    format's quantization kernels (``static``: also those of static activation scales; the gathering
+    quantize where the plan's ``gather_quant``) and the
     unfused pipeline's passes; a plan whose path is "decode" runs only the one-launch kernel, one per ids
     dtype — ahead of the first call: a warm-up compiles every plan of ``plans_for``.
     Returns how many kernels this call compiled (0 when all were cached)."""
@@ -119,8 +120,12 @@ def compile_plan(plan, num_ctas: int | None = None, ids_dtypes=IDS_DTYPES, stati
     compile_row_kernels(num_ctas)
     if plan.quant is not None:
         compile_quant_kernels(plan.quant, num_ctas)
+    if plan.gather_quant:  # x quantized where its rows are gathered (cute_moe.plan.GATHER_QUANT)
+        compile_gather_quantize(plan.quant, num_ctas)
     if static:
         compile_quant_kernels(plan.quant, num_ctas, static=True)
+        if plan.gather_quant:
+            compile_gather_quantize(plan.quant, num_ctas, static=True)
     if plan.fusion == "separate":
         compile_unfused_kernels(plan.quant, num_ctas)
     return compile_count() - before

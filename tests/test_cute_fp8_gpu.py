@@ -312,6 +312,39 @@ def test_fp8_gather_quant_layer_is_the_plan_layer_bit_for_bit(spec, quant, T, mo
         forget_calls()
 
 
+@pytest.mark.parametrize("T", [1, 8, 4096])
+def test_fp8_static_gather_quant_layer_is_the_plan_layer_bit_for_bit(T, monkeypatch):
+    """Static fp8_tensor scales with x quantized where its rows are gathered (StaticGatherQuantizeRows): the
+    very bytes of the plan's layer; a zero ``a1_scale`` is flagged in the error word by the new launch too."""
+    import importlib
+
+    import cute_moe
+    from cute_moe.moe import forget_calls
+    from moe_spec.oracle import calibrate_static_scales
+    from moe_spec.validate import check
+
+    plan_module = importlib.import_module("cute_moe.plan")
+    inp = _inputs(get_shape("qwen3-30b-a3b"), "fp8_tensor", T, seed=43)
+    a1, a2 = calibrate_static_scales(**inp.kwargs())
+    monkeypatch.setattr(plan_module, "GATHER_QUANT", False)
+    forget_calls()
+    out = cute_moe.fused_moe(**inp.kwargs(), a1_scale=a1, a2_scale=a2)
+    monkeypatch.setattr(plan_module, "GATHER_QUANT", True)
+    forget_calls()
+    try:
+        fused = cute_moe.fused_moe(**inp.kwargs(), a1_scale=a1, a2_scale=a2)
+        assert torch.equal(out.view(torch.int16), fused.view(torch.int16))
+        torch.cuda.synchronize()
+        check()
+        cute_moe.fused_moe(**inp.kwargs(), a1_scale=torch.zeros(1, device="cuda"), a2_scale=a2)
+        torch.cuda.synchronize()
+        with pytest.raises(ValueError, match="a1_scale"):
+            check()
+    finally:
+        monkeypatch.setattr(plan_module, "GATHER_QUANT", False)
+        forget_calls()
+
+
 @pytest.mark.parametrize("T", [8, 1024])
 @pytest.mark.parametrize("quant", FORMATS)
 def test_fp8_layer_long_k(quant, T):

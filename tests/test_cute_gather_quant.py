@@ -35,15 +35,15 @@ def gather_quant(monkeypatch):
     forget_calls()
 
 
-def test_the_rule_takes_the_fused_fp8_pipeline_with_dynamic_scales_only(gather_quant):
-    assert plan_module.gather_quant("fp8_block", "fused", False)
-    assert not plan_module.gather_quant(None, "fused", False)  # bf16: nothing to quantize
-    assert not plan_module.gather_quant("fp8_tensor", "fused", True)  # static: x once, by the caller's scale
-    assert not plan_module.gather_quant("fp8_channel", "separate", False)  # the unfused reference
+def test_the_rule_takes_the_fused_fp8_pipeline(gather_quant):
+    assert plan_module.gather_quant("fp8_block", "fused")
+    assert not plan_module.gather_quant(None, "fused")  # bf16: nothing to quantize
+    assert not plan_module.gather_quant("fp8_channel", "separate")  # the unfused reference
     dims = MoEDims(T=8, E=128, K=2048, I=768, top_k=8)
     p = plan_module.plan(dims, "fp8_channel")
     assert p.gather_quant and p.describe().startswith("xq:gather | G1 ")
-    assert not plan_module.plan(dims, "fp8_tensor", static=True).gather_quant
+    assert plan_module.plan(dims, "fp8_tensor", static=True).gather_quant  # by the caller's scale
+    assert not plan_module.plan(dims, "fp8_tensor", fusion="separate").gather_quant
 
 
 def test_off_by_default():
@@ -68,12 +68,31 @@ def test_a_call_launches_one_gathering_quantize(quant, T, gather_quant):
     assert x_steps == ([] if quant == "fp8_block" else ["x_amax"]) + ["x_gather_quantize"], cute
 
 
+@pytest.mark.parametrize("T", [4, 1100])
+def test_a_static_scale_call_launches_one_gathering_quantize(T, gather_quant):
+    """Static fp8_tensor scales: x's quantize launch and its gather become one, with no amax launch."""
+    import torch
+
+    from cute_moe.lab.bench_align import gpu_stand_in, launches_per_call
+
+    kw = make_inputs(SHAPE, T, "fp8_tensor", seed=0).kwargs()
+    kw.update(a1_scale=torch.tensor(0.01), a2_scale=torch.tensor(0.02))
+    with gpu_stand_in() as (fused_moe, launches):
+        cute, torch_ops, _ = launches_per_call(fused_moe, launches, kw)
+    assert torch_ops == [], torch_ops
+    head = cute[: cute.index("GroupedGemm")]
+    assert [name for name in head if name not in ("count", "place")] == ["x_gather_quantize"], cute
+
+
 @pytest.fixture(scope="module")
 def ptx():
     from cute_moe.quantops import compile_gather_quantize, compile_quant_kernels
 
     out = {q: compile_gather_quantize(q, 132, keep_ptx=True).__ptx__ for q in FORMATS}
+    out["static"] = compile_gather_quantize("fp8_tensor", 132, keep_ptx=True, static=True).__ptx__
     out["QuantizeRows"] = compile_quant_kernels("fp8_block", 132, keep_ptx=True)["x_quantize"].__ptx__
+    static = compile_quant_kernels("fp8_tensor", 132, keep_ptx=True, static=True)
+    out["StaticQuantizeRows"] = static["x_quantize_static"].__ptx__
     return out
 
 
@@ -91,6 +110,16 @@ def test_the_quantization_is_quantize_rows_arithmetic(quant, ptx):
         assert _count(r"rcp\.", text) == 0
 
 
+def test_the_static_quantization_is_static_quantize_rows_arithmetic(ptx):
+    """Static scales: four IEEE divisions by the caller's scale per group (no scale of its own to compute),
+    two saturating E4M3 pair conversions, and one atomic OR — the bad-scale bit — as StaticQuantizeRows."""
+    for text in (ptx["static"], ptx["StaticQuantizeRows"]):
+        assert _count(r"div\.rn\.f32", text) == 4
+        assert _count(r"cvt\.rn\.satfinite\.e4m3x2\.f32", text) == 2
+        assert _count(r"\batom\.[\w.]*or", text) == 1
+        assert _count(r"rcp\.", text) == 0
+
+
 @pytest.mark.parametrize("quant", FORMATS)
 def test_only_fp8_block_reduces_an_amax_in_the_warp(quant, ptx):
     """fp8_block: the group's amax over the warp — four NaN-keeping maxima per lane and five butterfly
@@ -103,23 +132,23 @@ def test_only_fp8_block_reduces_an_amax_in_the_warp(quant, ptx):
     assert _count(r"\batom\.", text) == 0
 
 
-@pytest.mark.parametrize("quant", FORMATS)
+@pytest.mark.parametrize("quant", [*FORMATS, "static"])
 def test_ptxas_reports_no_spills(quant, capfd):
     import cutlass
     import cutlass.cute as cute
 
     from cute_moe.limits import FP8_ALIGN_ELEMS
-    from cute_moe.quantops import GatherQuantizeRows
+    from cute_moe.quantops import GatherQuantizeRows, StaticGatherQuantizeRows
     from cute_moe.runtime import fake_rows, fake_stream, fake_vector
 
     capfd.readouterr()
-    f32 = cutlass.Float32
+    f32, static = cutlass.Float32, quant == "static"
     cute.compile(
-        GatherQuantizeRows(quant, 132),
+        StaticGatherQuantizeRows(132) if static else GatherQuantizeRows(quant, 132),
         fake_rows(cutlass.BFloat16, FP8_ALIGN_ELEMS),
         fake_vector(f32),
         fake_rows(cutlass.Float8E4M3FN, FP8_ALIGN_ELEMS),
-        fake_vector(f32),
+        fake_vector(cutlass.Int32 if static else f32),
         fake_vector(cutlass.Int64),
         fake_vector(cutlass.Int32),
         fake_stream(),
@@ -128,3 +157,17 @@ def test_ptxas_reports_no_spills(quant, capfd):
     text = "".join(capfd.readouterr())
     frame = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", text)
     assert frame and frame.groups() == ("0", "0", "0"), text[-2000:]
+
+
+def test_warm_up_compiles_the_gathering_quantize(gather_quant):
+    """compile_plan of a plan with ``gather_quant`` compiles its kernel: nothing left for the first call."""
+    import cute_moe
+    from cute_moe.quantops import compile_gather_quantize
+
+    (p,) = cute_moe.plans_for(128, 2048, 768, 8, "fp8_block", max_tokens=1)
+    assert p.gather_quant
+    sms = 77  # an SM count no other test compiles for: the kernel is new to this process's cache here
+    cute_moe.compile_plan(p, sms)
+    n = cute_moe.compile_count()
+    compile_gather_quantize("fp8_block", sms)
+    assert cute_moe.compile_count() == n and cute_moe.compile_plan(p, sms) == 0
