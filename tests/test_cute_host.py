@@ -23,6 +23,7 @@ from moe_spec.problem import MoEShape, make_inputs
 
 #: Qwen3-30B-A3B's E and top_k, small K and I (the host path does not depend on them).
 SMALL = MoEShape("host", 128, 8, 256, 128, "host path")
+FP8 = ("fp8_tensor", "fp8_channel", "fp8_block")
 SIGNATURE = re.compile(r"`__call__\((.*)\)`", re.S)
 
 
@@ -146,6 +147,26 @@ def test_each_launch_of_a_call_fits_its_compiled_signature(recorded_layer, quant
     counted = T * SMALL.top_k > 2048  # more than one chunk of pairs: the count kernel first
     assert len(_params(calls[0][0])) == (4 if counted else 23)  # count / place
     assert len(calls) == {None: 4, "fp8_tensor": 9}[quant] + counted
+    bad = [f"launch {i}: {why}" for i, (fn, args) in enumerate(calls) for why in _mismatches(fn, args)]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("quant, static", [(q, False) for q in FP8] + [("fp8_tensor", True)])
+@pytest.mark.parametrize("T", [1, 300])
+def test_x_quantized_in_the_gather_fits_its_compiled_signature(recorded_layer, monkeypatch, quant, static, T):
+    """With ``cute_moe.plan.GATHER_QUANT`` every launch of a call — the gathering quantize (static scales:
+    its static twin) among them — passes arguments that fit what its kernel was compiled for."""
+    from cute_moe import moe
+    from cute_moe.quantops import compile_gather_quantize
+
+    fused_moe, calls = recorded_layer
+    monkeypatch.setattr(importlib.import_module("cute_moe.plan"), "GATHER_QUANT", True)
+    moe.forget_calls()
+    kw = make_inputs(SMALL, T, quant, seed=0).kwargs()
+    if static:
+        kw.update(a1_scale=torch.tensor(0.01), a2_scale=torch.tensor(0.02))
+    fused_moe(**kw)
+    assert compile_gather_quantize(quant, 132, static=static) in [fn for fn, _ in calls]
     bad = [f"launch {i}: {why}" for i, (fn, args) in enumerate(calls) for why in _mismatches(fn, args)]
     assert not bad, "\n".join(bad)
 
