@@ -113,6 +113,21 @@ def epilogue_quant(gemm1: GemmConfig, static: bool = False) -> str | None:
     return "block" if gemm1.quant == "fp8_block" and gemm1.tile_n % FP8_BLOCK == 0 else "amax"
 
 
+GATHER_QUANT = False
+"""Whether the fused FP8 plan quantizes x where its rows are gathered (``LayerPlan.gather_quant``: one
+:class:`~cute_moe.quantops.GatherQuantizeRows` launch writes the E4M3 rows in sorted order and their scales
+in GEMM1's order; fp8_block takes no amax launch at all; static scales: ``StaticGatherQuantizeRows``) instead
+of quantizing x's T rows, then gathering the codes and the scales.  The same bits either way; off until a GPU
+has timed it (``python -m cute_moe.lab.bench_schedule --variants gather_quant``).  Set it — then
+``cute_moe.moe.forget_calls()`` — in tests and benches."""
+
+
+def gather_quant(quant, fusion: str) -> bool:
+    """THE rule for x's quantization where its rows are gathered (:data:`GATHER_QUANT`): the fused FP8
+    pipeline, with dynamic or static scales (the unfused reference keeps its separate passes)."""
+    return GATHER_QUANT and quant is not None and fusion == "fused"
+
+
 @functools.cache
 def _rule_config(
     swap_ab: bool, tokens_tile: int, wide: bool, row_scale: bool, quant: str | None, out_dtype: str, gated: bool
@@ -226,21 +241,6 @@ def grouped_because(dims: MoEDims, quant=None, fusion: str = "fused", swap_ab=No
 
 # ---- the plan of one call ---------------------------------------------------------------------------
 #: How far :func:`plans_for` looks by default (the largest batch the harness runs, doubled).
-GATHER_QUANT = False
-"""Whether the fused FP8 plan quantizes x where its rows are gathered (``LayerPlan.gather_quant``: one
-:class:`~cute_moe.quantops.GatherQuantizeRows` launch writes the E4M3 rows in sorted order and their scales
-in GEMM1's order; fp8_block takes no amax launch at all; static scales: ``StaticGatherQuantizeRows``) instead
-of quantizing x's T rows, then gathering the codes and the scales.  The same bits either way; off until a GPU
-has timed it (``python -m cute_moe.lab.bench_schedule --variants gather_quant``).  Set it — then
-``cute_moe.moe.forget_calls()`` — in tests and benches."""
-
-
-def gather_quant(quant, fusion: str) -> bool:
-    """THE rule for x's quantization where its rows are gathered (:data:`GATHER_QUANT`): the fused FP8
-    pipeline, with dynamic or static scales (the unfused reference keeps its separate passes)."""
-    return GATHER_QUANT and quant is not None and fusion == "fused"
-
-
 MAX_TOKENS = 8192
 
 
