@@ -275,7 +275,7 @@ class _Call:
         if p.path == "grouped":
             g1, tiles = p.gemm1, (p.gemm1.tokens_tile, p.gemm2.tokens_tile)
             self.sizes = (dims, p.quant, p.align_tile, tiles, g1.gated, g1.gather_rows, g1.epilogue_quant, static)
-            self.sizes += (device,)
+            self.sizes += (p.gather_quant, device)  # (gather_quant: no token-order E4M3 copy of x)
 
     def bind(self) -> dict:
         """Compile (or find in the compile cache) every kernel the plan launches and keep their TVM-FFI

@@ -223,11 +223,13 @@ def fp8_buffers(ws: dict, dims, p, rows: int, scratch: torch.Tensor, static: boo
     (H, GEMM1's output, is the caller's: none where the epilogue writes ``aq`` itself.)"""
     device = scratch.device
     ws.update(
-        xq=torch.empty(dims.T, dims.K, dtype=FP8_DTYPE, device=device),
         aq=torch.empty(rows, dims.I, dtype=FP8_DTYPE, device=device),
         used=torch.full((1,), dims.T, dtype=torch.int32, device=device),  # x's rows, for its quantization
+        x_sorted_e4m3=ws["x_sorted"].view(FP8_DTYPE),
     )
-    ws.update(xq_pairs=ws["xq"].view(torch.bfloat16), x_sorted_e4m3=ws["x_sorted"].view(FP8_DTYPE))
+    if not p.gather_quant:  # x's E4M3 rows in token order, gathered as bf16 pairs
+        ws["xq"] = torch.empty(dims.T, dims.K, dtype=FP8_DTYPE, device=device)
+        ws["xq_pairs"] = ws["xq"].view(torch.bfloat16)
     if static:  # no amax, no scales of our own: the caller's are read as given
         return
     n_x, n_a = amax_sizes(p.quant, dims.T, rows, dims.K, dims.I)

@@ -295,14 +295,14 @@ class LayerPlan:
         for a gated GEMM1, ``gather`` for a gathering one, ``epi:static`` / ``epi:block`` / ``epi:amax`` for
         an FP8 GEMM1 that quantizes the intermediate (or takes its amax) in its epilogue, ``pingpong`` for the
         ping-pong schedule, ``cluster2`` for clusters of two CTAs, WGMMA shape (k32 is FP8), and ``| separate``
-        for the unfused pipeline, led by ``xq:gather |`` where :attr:`gather_quant`.  Decode:
+        for the unfused pipeline; ``| xq:gather`` after the GEMMs where :attr:`gather_quant`.  Decode:
         ``decode 1-launch swap-AB W64xT16 k64 s8 m64n16k16``."""
         shapes = [re.search(r"m\d+n\d+k\d+", m).group() for m in self.mma]  # "m64n8k16"
         if self.path == "decode":
             return f"decode 1-launch swap-AB W{WGMMA_M}xT{TOKENS} k{TILE_K} s{STAGES} {shapes[0]}"
         gemms = [f"G{i} {_tile_text(c)} {s}" for i, c, s in zip((1, 2), (self.gemm1, self.gemm2), shapes)]
-        xq = ["xq:gather"] if self.gather_quant else []
-        return " | ".join(xq + gemms + ([] if self.fusion == "fused" else [self.fusion]))
+        xq = ["xq:gather"] if self.gather_quant else []  # after the GEMMs: readers take the first two as G1, G2
+        return " | ".join(gemms + xq + ([] if self.fusion == "fused" else [self.fusion]))
 
 
 def plan(

@@ -272,6 +272,20 @@ def test_fp8_cluster_layer_is_the_single_cta_layer_bit_for_bit(spec, quant):
     _check_layer(inp, configs=clustered)
 
 
+def _poison_x_buffers() -> None:
+    """Fill every cached workspace's sorted E4M3 rows with NaN codes and x's scales with NaN: a switch-on call
+    then reuses buffers the switch-off call filled (the workspace key does not hold the switch), and only
+    what the new launch writes itself can come out right."""
+    from cute_moe import moe
+
+    for ws in moe._workspaces.values():
+        if ws.get("x_sorted") is not None:  # (a bf16 layer's gathering GEMM1 has none)
+            ws["x_sorted"].view(torch.uint8).fill_(0x7F)  # E4M3 NaN
+        for name in ("x_scale", "x_scale_sorted"):
+            if ws.get(name) is not None:
+                ws[name].fill_(float("nan"))
+
+
 @pytest.mark.parametrize("T", [1, 8, 128, 4096])
 @pytest.mark.parametrize("quant", FORMATS)
 @pytest.mark.parametrize("spec", ["small", "qwen3-30b-a3b", "deepseek-v3:tp8"])
@@ -299,10 +313,12 @@ def test_fp8_gather_quant_layer_is_the_plan_layer_bit_for_bit(spec, quant, T, mo
     monkeypatch.setattr(plan_module, "GATHER_QUANT", True)
     forget_calls()
     try:
+        _poison_x_buffers()
         dims = MoEDims(T=T, E=shape.num_experts, K=shape.hidden, I=shape.intermediate, top_k=shape.top_k)
         assert "xq:gather" in cute_moe.plan(dims, quant).describe()
         fused = cute_moe.fused_moe(**inp.kwargs())
         assert torch.equal(out.view(torch.int16), fused.view(torch.int16))
+        _poison_x_buffers()
         fused_nan = cute_moe.fused_moe(**{**inp.kwargs(), "x": x_nan})
         assert torch.equal(out_nan.isnan(), fused_nan.isnan())
         assert torch.equal(out_nan.nan_to_num().view(torch.int16), fused_nan.nan_to_num().view(torch.int16))
@@ -332,6 +348,7 @@ def test_fp8_static_gather_quant_layer_is_the_plan_layer_bit_for_bit(T, monkeypa
     monkeypatch.setattr(plan_module, "GATHER_QUANT", True)
     forget_calls()
     try:
+        _poison_x_buffers()
         fused = cute_moe.fused_moe(**inp.kwargs(), a1_scale=a1, a2_scale=a2)
         assert torch.equal(out.view(torch.int16), fused.view(torch.int16))
         torch.cuda.synchronize()
