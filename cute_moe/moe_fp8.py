@@ -11,8 +11,8 @@
     GEMM2                  Y = (A·s_a)(W2·s_w2)ᵀ · routing weight → bf16     gemm + fp8_gemm
     combine                out[t] = Σ_j Y[row(t, j)]
 
-With ``LayerPlan.gather_quant`` (:func:`cute_moe.plan.gather_quant`; dynamic scales) x's quantization and
-the gather are one launch (``quantops.GatherQuantizeRows``: E4M3 rows and scales straight into the sorted
+With ``LayerPlan.gather_quant`` (:func:`cute_moe.plan.gather_quant`) x's quantization and the gather are
+one launch (``quantops.GatherQuantizeRows``: E4M3 rows and scales straight into the sorted
 order, after x's amax for the tensor and channel formats, with no amax launch for fp8_block).
 
 A gated GEMM1 on the normal path quantizes A in its epilogue instead (``GemmConfig.epilogue_quant``, the
@@ -252,8 +252,9 @@ def fp8_buffers(ws: dict, dims, p, rows: int, scratch: torch.Tensor, static: boo
 
 def fp8_kernels(p, num_sms: int, static: bool) -> dict:
     """The quantization kernels plan ``p`` launches (:func:`fp8_layer`'s names), compiled for ``num_sms``:
-    ``x_amax`` and ``x_quantize`` (static scales: StaticQuantizeRows's, no amax); for the intermediate
-    ``a_amax`` (a gated GEMM1's fp32 output) or ``silu_amax`` (SiLU·up first) and ``a_quantize``
+    ``x_amax`` and ``x_quantize`` (static scales: StaticQuantizeRows's, no amax) — or, where
+    ``p.gather_quant``, ``x_gather_quantize`` after ``x_amax`` (none for fp8_block and static scales); for the
+    intermediate ``a_amax`` (a gated GEMM1's fp32 output) or ``silu_amax`` (SiLU·up first) and ``a_quantize``
     (static: SiLU·up inside unless GEMM1 is gated) — without those GEMM1's epilogue does itself
     (``epilogue_quant``: "static" and "block" both, "amax" the amax)."""
     fused = p.gemm1.epilogue_quant
