@@ -18,7 +18,9 @@ CUDA graph and a new routing recompiles nothing; buffers are sized by the host-k
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import importlib
 
 import torch
 
@@ -314,6 +316,28 @@ def forget_calls() -> None:
     """Drop the cached plans and bound launches (after a module constant they read changed, or a
     compile function was stood in for: ``cute_moe.lab.bench_align.gpu_stand_in``)."""
     _call_of.cache_clear()
+
+
+@contextlib.contextmanager
+def plan_switches(**values):
+    """:mod:`cute_moe.plan`'s module switches (``GATED_FP8_GEMM1``, ``EPILOGUE_QUANT``, ``GATHER_QUANT``,
+    ``ONE_LAUNCH``, …) set to ``values`` inside and restored after, the cached plans and bound launches
+    forgotten on the way in and out — how benches and tests run a plan the default does not.  A name the
+    module does not have is refused before anything is set."""
+    rules = importlib.import_module("cute_moe.plan")  # the module: the package's attribute `plan` is the function
+    unknown = [name for name in values if not hasattr(rules, name)]
+    if unknown:
+        raise AttributeError(f"plan_switches: cute_moe.plan has no switch {', '.join(unknown)}")
+    saved = {name: getattr(rules, name) for name in values}
+    for name, value in values.items():
+        setattr(rules, name, value)
+    forget_calls()
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(rules, name, value)
+        forget_calls()
 
 
 #: Workspaces kept (least recently used dropped first): one per (sizes, plan tiles, device, stream, thread).

@@ -289,30 +289,24 @@ def _poison_x_buffers() -> None:
 @pytest.mark.parametrize("T", [1, 8, 128, 4096])
 @pytest.mark.parametrize("quant", FORMATS)
 @pytest.mark.parametrize("spec", ["small", "qwen3-30b-a3b", "deepseek-v3:tp8"])
-def test_fp8_gather_quant_layer_is_the_plan_layer_bit_for_bit(spec, quant, T, monkeypatch):
+def test_fp8_gather_quant_layer_is_the_plan_layer_bit_for_bit(spec, quant, T):
     """x quantized where its rows are gathered (``cute_moe.plan.GATHER_QUANT``: one GatherQuantizeRows launch
     in place of x's quantize launch and the gathers of its codes and scales; fp8_block without an amax
     launch) gives the very bytes of the plan's layer — a NaN in x included, whose scale group (its token,
     fp8_channel; its 128 columns, fp8_block; all of x, fp8_tensor) turns NaN in both — and meets the oracle
     and triton_moe."""
-    import importlib
-
     import cute_moe
-    from cute_moe.moe import forget_calls
+    from cute_moe.moe import plan_switches
     from moe_spec.validate import MoEDims
 
-    plan_module = importlib.import_module("cute_moe.plan")  # the module: cute_moe.plan is its function
     shape = SMALL if spec == "small" else get_shape(spec)
     inp = _inputs(shape, quant, T, seed=41)
-    monkeypatch.setattr(plan_module, "GATHER_QUANT", False)
-    forget_calls()
-    out = cute_moe.fused_moe(**inp.kwargs())
     x_nan = inp.x.clone()
     x_nan[T // 2, 130] = float("nan")
-    out_nan = cute_moe.fused_moe(**{**inp.kwargs(), "x": x_nan})
-    monkeypatch.setattr(plan_module, "GATHER_QUANT", True)
-    forget_calls()
-    try:
+    with plan_switches(GATHER_QUANT=False):
+        out = cute_moe.fused_moe(**inp.kwargs())
+        out_nan = cute_moe.fused_moe(**{**inp.kwargs(), "x": x_nan})
+    with plan_switches(GATHER_QUANT=True):
         _poison_x_buffers()
         dims = MoEDims(T=T, E=shape.num_experts, K=shape.hidden, I=shape.intermediate, top_k=shape.top_k)
         assert "xq:gather" in cute_moe.plan(dims, quant).describe()
@@ -323,31 +317,22 @@ def test_fp8_gather_quant_layer_is_the_plan_layer_bit_for_bit(spec, quant, T, mo
         assert torch.equal(out_nan.isnan(), fused_nan.isnan())
         assert torch.equal(out_nan.nan_to_num().view(torch.int16), fused_nan.nan_to_num().view(torch.int16))
         _check_layer(inp)
-    finally:
-        monkeypatch.setattr(plan_module, "GATHER_QUANT", False)
-        forget_calls()
 
 
 @pytest.mark.parametrize("T", [1, 8, 1024])
-def test_fp8_static_gather_quant_layer_is_the_plan_layer_bit_for_bit(T, monkeypatch):
+def test_fp8_static_gather_quant_layer_is_the_plan_layer_bit_for_bit(T):
     """Static fp8_tensor scales with x quantized where its rows are gathered (StaticGatherQuantizeRows): the
     very bytes of the plan's layer; a zero ``a1_scale`` is flagged in the error word by the new launch too."""
-    import importlib
-
     import cute_moe
-    from cute_moe.moe import forget_calls
+    from cute_moe.moe import plan_switches
     from moe_spec.oracle import calibrate_static_scales
     from moe_spec.validate import check
 
-    plan_module = importlib.import_module("cute_moe.plan")
     inp = _inputs(get_shape("qwen3-30b-a3b"), "fp8_tensor", T, seed=43)
     a1, a2 = calibrate_static_scales(**inp.kwargs())
-    monkeypatch.setattr(plan_module, "GATHER_QUANT", False)
-    forget_calls()
-    out = cute_moe.fused_moe(**inp.kwargs(), a1_scale=a1, a2_scale=a2)
-    monkeypatch.setattr(plan_module, "GATHER_QUANT", True)
-    forget_calls()
-    try:
+    with plan_switches(GATHER_QUANT=False):
+        out = cute_moe.fused_moe(**inp.kwargs(), a1_scale=a1, a2_scale=a2)
+    with plan_switches(GATHER_QUANT=True):
         _poison_x_buffers()
         fused = cute_moe.fused_moe(**inp.kwargs(), a1_scale=a1, a2_scale=a2)
         assert torch.equal(out.view(torch.int16), fused.view(torch.int16))
@@ -357,9 +342,6 @@ def test_fp8_static_gather_quant_layer_is_the_plan_layer_bit_for_bit(T, monkeypa
         torch.cuda.synchronize()
         with pytest.raises(ValueError, match="a1_scale"):
             check()
-    finally:
-        monkeypatch.setattr(plan_module, "GATHER_QUANT", False)
-        forget_calls()
 
 
 @pytest.mark.parametrize("T", [8, 1024])

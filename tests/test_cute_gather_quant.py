@@ -16,7 +16,7 @@ pytest.importorskip("cutlass")
 
 import importlib  # noqa: E402
 
-from cute_moe.moe import forget_calls  # noqa: E402
+from cute_moe.moe import plan_switches  # noqa: E402
 from moe_spec.problem import MoEShape, make_inputs  # noqa: E402
 from moe_spec.validate import MoEDims  # noqa: E402
 
@@ -27,12 +27,27 @@ SHAPE = MoEShape("host", 128, 8, 256, 128, "host cost")
 
 
 @pytest.fixture
-def gather_quant(monkeypatch):
-    monkeypatch.setattr(plan_module, "GATHER_QUANT", True)
-    forget_calls()
-    yield
-    monkeypatch.setattr(plan_module, "GATHER_QUANT", False)
-    forget_calls()
+def gather_quant():
+    with plan_switches(GATHER_QUANT=True):
+        yield
+
+
+def test_plan_switches_sets_forgets_and_restores():
+    """``cute_moe.moe.plan_switches``: the switch is on inside and as it was after, the cached calls are
+    dropped on the way in and out, and a name cute_moe.plan does not have is refused before anything is set."""
+    from cute_moe.moe import _call_of
+
+    dims = MoEDims(T=8, E=128, K=2048, I=768, top_k=8)
+    _call_of(dims, "fp8_block", None, None, "fused", "cpu", "int32", False)
+    assert _call_of.cache_info().currsize > 0
+    with plan_switches(GATHER_QUANT=True):
+        assert plan_module.GATHER_QUANT is True and _call_of.cache_info().currsize == 0
+        _call_of(dims, "fp8_block", None, None, "fused", "cpu", "int32", False)
+    assert plan_module.GATHER_QUANT is False and _call_of.cache_info().currsize == 0
+    with pytest.raises(AttributeError, match="NO_SUCH_SWITCH"):
+        with plan_switches(GATHER_QUANT=True, NO_SUCH_SWITCH=1):
+            pass
+    assert plan_module.GATHER_QUANT is False
 
 
 def test_the_rule_takes_the_fused_fp8_pipeline(gather_quant):

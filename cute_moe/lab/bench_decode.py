@@ -26,18 +26,10 @@ CELL_S = 25.0  # a cell starts only when this much time is left before the deadl
 
 def _cell(shape, T: int, n_sets: int) -> dict:
     """One cell, the grouped pipeline timed with the one launch off (``cute_moe.plan.ONE_LAUNCH``)."""
-    import importlib
+    from ..moe import plan_switches
 
-    from ..moe import forget_calls
-
-    rule = importlib.import_module("cute_moe.plan")
-    was, rule.ONE_LAUNCH = rule.ONE_LAUNCH, False
-    forget_calls()
-    try:
+    with plan_switches(ONE_LAUNCH=False):
         return _timed_cell(shape, T, n_sets)
-    finally:
-        rule.ONE_LAUNCH = was
-        forget_calls()
 
 
 def _timed_cell(shape, T: int, n_sets: int) -> dict:

@@ -64,21 +64,13 @@ def _measure(sets: list, gated: tuple, epilogue_quant: bool = True) -> dict:
 
     from moe_spec.timing import time_cuda_graph
 
-    from ..moe import forget_calls, fused_moe
+    from ..moe import fused_moe, plan_switches
 
-    plan_module = sys.modules["cute_moe.plan"]  # the module: the package's attribute `plan` is the function
-
-    saved = plan_module.GATED_FP8_GEMM1, plan_module.EPILOGUE_QUANT
-    plan_module.GATED_FP8_GEMM1, plan_module.EPILOGUE_QUANT = gated, epilogue_quant
-    forget_calls()
-    try:
+    with plan_switches(GATED_FP8_GEMM1=gated, EPILOGUE_QUANT=epilogue_quant):
         out, again = fused_moe(**sets[0]), fused_moe(**sets[0])
         t = time_cuda_graph(lambda i: lambda: fused_moe(**sets[i]), len(sets))
         torch.cuda.synchronize()
         return {"us": round(t.median_us, 1), "out": out, "bit_identical": bool(torch.equal(out, again))}
-    finally:
-        plan_module.GATED_FP8_GEMM1, plan_module.EPILOGUE_QUANT = saved
-        forget_calls()
 
 
 def _write(out, results: dict) -> None:

@@ -28,9 +28,7 @@ cell starts after ``--deadline-s``.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import importlib
 import json
 import sys
 
@@ -81,23 +79,6 @@ def variant_plan(dims, quant, name: str):
     if tuple(pair) == (p.gemm1, p.gemm2):
         return p, None
     return p, plan(dims, quant, configs=tuple(pair))
-
-
-@contextlib.contextmanager
-def _gather_quant(on: bool):
-    """``cute_moe.plan.GATHER_QUANT`` set to ``on`` inside (the plans and bound launches forgotten on the way
-    in and out), as it was after."""
-    from ..moe import forget_calls
-
-    module = importlib.import_module("cute_moe.plan")  # the module: cute_moe.plan is its function
-    was = module.GATHER_QUANT
-    module.GATHER_QUANT = on
-    forget_calls()
-    try:
-        yield
-    finally:
-        module.GATHER_QUANT = was
-        forget_calls()
 
 
 def _measure(sets: list, configs) -> dict:
@@ -175,6 +156,7 @@ def main(argv=None) -> None:
     from moe_spec.problem import get_shape, make_inputs
     from moe_spec.validate import MoEDims
 
+    from ..moe import plan_switches
     from ..plan import plan
 
     def cell(c) -> dict:
@@ -191,7 +173,7 @@ def main(argv=None) -> None:
                 row["variants"][name] = None
                 continue
             if name == "gather_quant":  # a switch of the plan, not a config: fused_moe plans with it on
-                with _gather_quant(True):
+                with plan_switches(GATHER_QUANT=True):
                     got = _measure(sets, None)
             else:
                 got = _measure(sets, (vp.gemm1, vp.gemm2))
