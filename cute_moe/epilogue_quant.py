@@ -20,7 +20,10 @@ after SiLU·up, with the quantize kernels' own device helpers (:mod:`cute_moe.qu
   remains after GEMM1.
 
 Rows that hold no (token, slot) pair (the padding of the sorted order, ``row_mask`` 0) add nothing to an
-amax, as in ``RowAmax``; columns past ``I`` (a partial last tile) neither.
+amax, as in ``RowAmax``; columns past ``I`` (a partial last tile) neither.  On the swap-AB path (decode) only
+"amax" is built: there the tile is transposed — a token row of the intermediate is a *column* of the
+accumulator, spread over the four warps — so a row's lanes are reduced within each warp and every warp adds
+its own atomic.
 
 Which lanes share a row
     A row's values in a thread are a fixed set of its accumulator registers, and a row is spread over
@@ -29,7 +32,9 @@ Which lanes share a row
     the registers of each (row, group) cell, and the XOR lane offsets that keep a thread's rows — the
     butterfly shuffles of the reduction.  For the m64nNk32 WGMMA this gives the PTX ISA's accumulator
     fragment (notes/hopper.md §3): lane ``l`` of warp ``w`` holds rows ``16w + l/4`` and ``+ 8``, so a
-    row lies in the four lanes of a quad and the offsets are 1 and 2.
+    row lies in the four lanes of a quad and the offsets are 1 and 2.  Under swap-AB the token is the
+    fragment's column, ``8j + 2(l mod 4) + {0, 1}``: a token's values lie in the eight lanes of one residue
+    ``l mod 4`` of every warp, offsets 4, 8 and 16 within a warp.
 """
 
 from __future__ import annotations
@@ -72,12 +77,15 @@ class RowFragment:
     ``cells``: one entry per (row, group) of a thread — ``(registers, group)``: the accumulator registers
     holding that row's values in that 128-column group of the tile (``group`` counted from the tile's
     first; always 0 unless the tile is wider than 128), the first of them giving the row's coordinate;
-    ``offsets``: the XOR lane offsets that join the lanes sharing a row; ``writer_mask``: their OR (the lane
-    with none of those bits set writes a row's result)."""
+    ``offsets``: the XOR lane offsets that join the lanes sharing a row within a warp; ``writer_mask``: their
+    OR (the lane with none of those bits set writes a row's result); ``row_axis``: which coordinate of the
+    accumulator is the intermediate's row (0: the tile's M, the normal path; 1: its N, swap-AB, where every
+    warp holds a share of each row and writes its own atomic)."""
 
     cells: tuple
     offsets: tuple
     writer_mask: int
+    row_axis: int = 0
 
 
 _fragments: dict = {}
@@ -86,25 +94,28 @@ _fragments: dict = {}
 def row_fragment(cfg, tiled_mma) -> RowFragment:
     """The :class:`RowFragment` of ``cfg``'s tiled MMA (inside a jit context, where its coordinates are
     static): :func:`derive_fragment` of ``tiled_mma.get_slice(t).partition_C(identity)`` — the kernel's own
-    ``tCcC`` — for every consumer thread ``t`` of a tile (cached per tile shape)."""
-    key = (cfg.tile_m, cfg.tile_n, cfg.tile_warpgroups, cfg.dtype)
+    ``tCcC`` — for every consumer thread ``t`` of a tile (cached per tile shape); under swap-AB of the
+    transposed coordinates (the token is the tile's N), rows shared across warps."""
+    key = (cfg.tile_m, cfg.tile_n, cfg.tile_warpgroups, cfg.dtype, cfg.swap_ab)
     hit = _fragments.get(key)
     if hit is None:
         identity = cute.make_identity_tensor((cfg.tile_m, cfg.tile_n))
         coords = []
         for t in range(128 * cfg.tile_warpgroups):
             c = tiled_mma.get_slice(t).partition_C(identity)
-            coords.append([tuple(int(v) for v in c[i]) for i in range(cute.size(c))])
-        hit = _fragments[key] = derive_fragment(coords)
+            regs = [tuple(int(v) for v in c[i]) for i in range(cute.size(c))]
+            coords.append([(n, m) for m, n in regs] if cfg.swap_ab else regs)
+        hit = _fragments[key] = derive_fragment(coords, across_warps=cfg.swap_ab)
     return hit
 
 
-def derive_fragment(coords) -> RowFragment:
-    """The :class:`RowFragment` of an accumulator layout given as ``coords[thread][register] = (m, n)``,
-    checking what the reduction relies on (ValueError otherwise): every thread's registers are thread 0's
-    rows shifted by one per-thread offset (so one register partition serves every thread) in the same
-    128-column groups, and the threads sharing a row are exactly the XOR closure of the lane offsets
-    found — inside one warp."""
+def derive_fragment(coords, across_warps: bool = False) -> RowFragment:
+    """The :class:`RowFragment` of an accumulator layout given as ``coords[thread][register] = (row,
+    column)``, checking what the reduction relies on (ValueError otherwise): every thread's registers are
+    thread 0's rows shifted by one per-thread offset (so one register partition serves every thread) in the
+    same 128-column groups, and the threads of a warp sharing a row are exactly the XOR closure of the lane
+    offsets found — and no thread of another warp shares it, unless ``across_warps`` (swap-AB: the coordinates
+    given transposed, each warp then adds its own share of a row)."""
     threads, base = len(coords), coords[0]
     shift = []  # the row offset of each thread against thread 0
     for t, regs in enumerate(coords):
@@ -117,12 +128,14 @@ def derive_fragment(coords) -> RowFragment:
     for x in offsets:
         span |= {s ^ x for s in span}
     for t in range(threads):
-        if {u for u in range(threads) if shift[u] == shift[t]} != {t ^ s for s in span}:
+        near = range(t - t % 32, t - t % 32 + 32) if across_warps else range(threads)
+        if {u for u in near if shift[u] == shift[t]} != {t ^ s for s in span}:
             raise ValueError(f"thread {t}: the threads sharing its rows are not lanes {sorted(span)} apart")
     cells: dict = {}
     for i, (m, n) in enumerate(base):
         cells.setdefault((m, n // FP8_BLOCK), []).append(i)
-    return RowFragment(tuple((tuple(regs), g) for (_, g), regs in sorted(cells.items())), offsets, sum(offsets))
+    cells_ = tuple((tuple(regs), g) for (_, g), regs in sorted(cells.items()))
+    return RowFragment(cells_, offsets, sum(offsets), int(across_warps))
 
 
 @dataclass(frozen=True)
@@ -164,9 +177,10 @@ class EpilogueQuant:
         """This lane's NaN-propagating maximum of ``|acc|`` over ``regs`` (one row, one group), columns
         past ``n_out`` left out."""
         m = cutlass.Float32(0.0)
+        col_axis = 1 - self.frag.row_axis  # the intermediate's column: the tile's N, or its M under swap-AB
         for r in cutlass.range_constexpr(len(regs)):
             v = abs(acc[regs[r]])
-            if col0 + self.tCcC[regs[r]][1] >= self.n_out:
+            if col0 + self.tCcC[regs[r]][col_axis] >= self.n_out:
                 v = cutlass.Float32(0.0)
             m = max_nan(m, v)
         return m
@@ -186,7 +200,7 @@ class EpilogueQuant:
             running, q_scale = self.running, self.q_scale  # written below inside run-time branches
             for c in cutlass.range_constexpr(len(self.frag.cells)):
                 regs, g = self.frag.cells[c]
-                row = row0 + self.tCcC[regs[0]][0]
+                row = row0 + self.tCcC[regs[0]][self.frag.row_axis]
                 counts = self.q_aux[row] != 0  # padding rows of the sorted order add nothing
                 lane_max = self._cell_max(acc, regs, col0)
                 if cutlass.const_expr(kind == "amax" and cfg.quant == "fp8_tensor"):

@@ -281,10 +281,10 @@ class GroupedGemm:
             thr_mma = tiled_mma.get_slice(mma_tidx)
             tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
             tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
-            # Which (m, n) of the tile each accumulator register holds (used by the row scale).
+            # Which (m, n) of the tile each register holds (row scale, EpilogueQuant; its I: C's columns, swap: rows)
             tCcC = thr_mma.partition_C(cute.make_identity_tensor((cfg.tile_m, cfg.tile_n)))
             acc = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)
-            quant_epi = EpilogueQuant.make(cfg, self.rows, tCcC, *quant, mC.shape[1], mma_tidx)  # (or no-ops)
+            quant_epi = EpilogueQuant.make(cfg, self.rows, tCcC, *quant, mC.shape[0 if swap else 1], mma_tidx)
             if cutlass.const_expr(cfg.two_level):
                 blk = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)  # FP8: one K step's WGMMA sum
             # Gated: the up tiles are the weight operand of a second WGMMA chain into `up`, whose

@@ -203,19 +203,24 @@ group), or take its amax."""
 
 
 def check_epilogue_quant(cfg) -> None:
-    """The fused quantization's limits: a gated FP8 GEMM1 on the normal path (a token row of the tile lies
-    in one quad of lanes there; swap-AB keeps today's path); "static" under fp8_tensor; "block" under
-    fp8_block with whole 128-column groups in the tile; "amax" under any FP8 format."""
+    """The fused quantization's limits: a gated FP8 GEMM1; "static" under fp8_tensor and "block" under
+    fp8_block with whole 128-column groups in the tile, both on the normal path (where a token row of the
+    tile lies in one quad of lanes); "amax" under any FP8 format on either path (under swap-AB a row is an
+    accumulator column: each warp adds its share by its own atomic)."""
     q = cfg.epilogue_quant
     if q is None:
         return
     if q not in EPILOGUE_QUANTS:
         raise ValueError(f"epilogue_quant={q!r}: expected None or one of {EPILOGUE_QUANTS}")
-    if not cfg.gated or cfg.quant is None or cfg.swap_ab:
+    if not cfg.gated or cfg.quant is None:
         raise ValueError(
-            f"epilogue_quant={q!r} with gated={cfg.gated}, quant={cfg.quant!r}, swap_ab={cfg.swap_ab}: the "
-            f"epilogue quantizes the SiLU·up of a gated FP8 GEMM1 on the normal path (gated=True, an FP8 "
-            f"quant, swap_ab=False)"
+            f"epilogue_quant={q!r} with gated={cfg.gated}, quant={cfg.quant!r}: the epilogue quantizes the "
+            f"SiLU·up of a gated FP8 GEMM1 (gated=True, an FP8 quant)"
+        )
+    if cfg.swap_ab and q != "amax":
+        raise ValueError(
+            f"epilogue_quant={q!r} with swap_ab=True: under swap-AB the epilogue takes the amax only "
+            f"(epilogue_quant='amax'); {q!r} quantizes on the normal path (swap_ab=False)"
         )
     want = {"static": "fp8_tensor", "block": "fp8_block"}.get(q)
     if want is not None and cfg.quant != want:

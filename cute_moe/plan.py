@@ -96,18 +96,29 @@ EPILOGUE_QUANT = True
 :mod:`cute_moe.epilogue_quant`).  Set it False — then ``cute_moe.moe.forget_calls()`` — to force today's path
 (GEMM1 writes the fp32 intermediate, the amax and quantize launches follow) in tests and benches; explicit
 ``configs`` carry their own choice (``GemmConfig.epilogue_quant``, None: today's path).  It matters only
-where GEMM1 is gated (:data:`GATED_FP8_GEMM1`) on the normal path (notes/cute_moe.md §6)."""
+where GEMM1 is gated (:data:`GATED_FP8_GEMM1`; notes/cute_moe.md §6)."""
+
+
+SWAP_AB_EPILOGUE_AMAX = False
+"""Whether a gated FP8 GEMM1 on the swap-AB path (decode) takes the intermediate's amax in its epilogue
+(``epilogue_quant="amax"``: one launch fewer per call, the same bits); off until a GPU has checked and timed
+it (``tests/test_cute_epilogue_quant.py``, ``python -m cute_moe.lab.bench_schedule --variants swap_amax``).
+Set it — then ``cute_moe.moe.forget_calls()``, or through ``cute_moe.moe.plan_switches`` — in tests and
+benches."""
 
 
 def epilogue_quant(gemm1: GemmConfig, static: bool = False) -> str | None:
     """THE rule for the intermediate's quantization in GEMM1's epilogue (``GemmConfig.epilogue_quant``) of the
-    fused plan's ``gemm1``, with static activation scales or not: only for a gated FP8 GEMM1 on the normal
-    path (swap-AB and the unfused pipeline keep today's path) while :data:`EPILOGUE_QUANT` — "static" with
-    static scales (fp8_tensor), "block" for fp8_block where a tile holds whole 128-column groups (none of
-    today's gated tiles: they are 64 features wide, ``limits.TWO_ACCUMULATOR_REGISTERS``), else "amax"
-    (the amax in the epilogue, the quantize launch after it)."""
-    if not EPILOGUE_QUANT or not gemm1.gated or gemm1.quant is None or gemm1.swap_ab:
+    fused plan's ``gemm1``, with static activation scales or not: only for a gated FP8 GEMM1 (the unfused
+    pipeline keeps today's path) while :data:`EPILOGUE_QUANT` — "static" with static scales (fp8_tensor) on
+    the normal path, "block" for fp8_block where a tile holds whole 128-column groups (none of today's gated
+    tiles: they are 64 features wide, ``limits.TWO_ACCUMULATOR_REGISTERS``), else "amax" (the amax in the
+    epilogue, the quantize launch after it) — under swap-AB "amax" only, while :data:`SWAP_AB_EPILOGUE_AMAX`
+    (static scales there: today's path)."""
+    if not EPILOGUE_QUANT or not gemm1.gated or gemm1.quant is None:
         return None
+    if gemm1.swap_ab:
+        return "amax" if SWAP_AB_EPILOGUE_AMAX and not static else None
     if static:
         return "static"
     return "block" if gemm1.quant == "fp8_block" and gemm1.tile_n % FP8_BLOCK == 0 else "amax"

@@ -86,8 +86,8 @@ def _block_cfg(tokens_tile=128):
         (dict(quant="fp8_tensor", epilogue_quant="block"), r"^epilogue_quant='block' with quant='fp8_tensor'"),
         (dict(quant="fp8_block", epilogue_quant="block"), r"^epilogue_quant='block' with weights_tile=64: .*128"),
         (
-            dict(quant="fp8_tensor", epilogue_quant="amax", swap_ab=True, tokens_tile=8, consumer_warpgroups=1),
-            r"^epilogue_quant='amax' with gated=True, quant='fp8_tensor', swap_ab=True",
+            dict(quant="fp8_tensor", epilogue_quant="static", swap_ab=True, tokens_tile=8, consumer_warpgroups=1),
+            r"^epilogue_quant='static' with swap_ab=True: under swap-AB the epilogue takes the amax only",
         ),
         (dict(quant="fp8_tensor", epilogue_quant="amax", gated=False), r"^epilogue_quant='amax' with gated=False"),
     ],
@@ -110,14 +110,17 @@ def test_the_stored_dtype_follows_the_variant():
 
 
 # ---- the plan's rule ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("swap_amax", (False, True), ids=("swap-today", "swap-amax"))
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("quant, static", VARIANTS, ids=lambda v: str(v))
-def test_the_plan_picks_the_variant(shape, quant, static):
+def test_the_plan_picks_the_variant(shape, quant, static, swap_amax, monkeypatch):
     """Normal path (prefill): static with static scales, else amax (fp8_block too: its gated tiles are 64
-    features, half a scale group); swap-AB (decode) keeps today's path."""
+    features, half a scale group); swap-AB (decode): amax with dynamic scales while SWAP_AB_EPILOGUE_AMAX,
+    else today's path."""
+    monkeypatch.setattr(plan_module, "SWAP_AB_EPILOGUE_AMAX", swap_amax)
     for T in (1, 128, 4096):
         p = cute_moe.plan(_dims(SHAPES[shape], T), quant, static=static)
-        want = None if p.gemm1.swap_ab else ("static" if static else "amax")
+        want = ("amax" if swap_amax and not static else None) if p.gemm1.swap_ab else ("static" if static else "amax")
         assert p.gemm1.gated and p.gemm1.epilogue_quant == want and p.gemm2.epilogue_quant is None
         assert plan_module.epilogue_quant(p.gemm1.replace(epilogue_quant=None), static) == want
         assert (f" epi:{want} " in p.describe().split("|")[0]) == (want is not None)
@@ -234,6 +237,21 @@ def _formula(threads, regs):
     ]
 
 
+@pytest.mark.parametrize("tokens_tile", (8, 16, 64))
+def test_a_swap_ab_token_lies_in_one_lane_residue_of_every_warp(tokens_tile):
+    """Under swap-AB the token is the D fragment's column, 8·(i/4) + 2·(lane mod 4) + (i mod 2): a token's
+    values lie in the lanes of one residue lane mod 4 of every warp, so ``row_fragment`` reduces over the
+    lane offsets 4, 8 and 16 (lanes 0–3 write, one atomic per warp) and keys its cells by the token."""
+    cfg = _gated("fp8_channel", "amax", swap_ab=True, tokens_tile=tokens_tile, weights_tile=64, consumer_warpgroups=1)
+    frag, coords = _fragment_and_partition(cfg)
+    assert coords == _formula(128, len(coords[0]))  # the same WGMMA fragment; only the row axis differs
+    assert frag.row_axis == 1 and frag.offsets == (4, 8, 16) and frag.writer_mask == 28
+    tokens = sorted({coords[0][r][1] for regs, _ in frag.cells for r in regs})
+    assert len(frag.cells) == len(tokens) == tokens_tile // 4  # every token column of thread 0 once
+    for regs, g in frag.cells:
+        assert g == 0 and len({coords[0][r][1] for r in regs}) == 1  # one token per cell, 64 features: one group
+
+
 def test_the_derivation_refuses_a_layout_it_cannot_reduce():
     """``derive_fragment`` checks what the reduction relies on, so it can fail: the formula's layout
     passes; one register moved to another row, or rows shared across warps, are refused."""
@@ -248,6 +266,11 @@ def test_the_derivation_refuses_a_layout_it_cannot_reduce():
     shared = [[(m % 16, n) for m, n in r] for r in good]  # every warp on the same 16 rows
     with pytest.raises(ValueError, match="^thread 0: the threads sharing its rows are not lanes"):
         derive_fragment(shared)
+    assert derive_fragment(shared, across_warps=True).offsets == (1, 2)  # each warp adds its own share
+    transposed = [[(n, m) for m, n in r] for r in good]  # swap-AB: the token is the column
+    assert derive_fragment(transposed, across_warps=True).offsets == (4, 8, 16)
+    with pytest.raises(ValueError, match="^thread 0: the threads sharing its rows are not lanes"):
+        derive_fragment(transposed)
 
 
 # ---- the PTX of every variant ------------------------------------------------------------------------
@@ -322,6 +345,31 @@ def test_the_block_variant_compiles_to_what_it_needs(wide_gated):
     assert _count(p, r"cvt\.rn\.satfinite\.e4m3x2\.f32") == per_acc // 2
     assert _count(p, r"st\.global\.b32") == rows and "atom.global" not in p
     assert _count(p, r"max\.NaN\.f32") == per_acc + 2 * rows
+
+
+@pytest.mark.parametrize("quant", ("fp8_tensor", "fp8_channel", "fp8_block"))
+def test_the_swap_ab_amax_compiles_to_what_it_needs(quant, monkeypatch):
+    """The plan's swap-AB GEMM1 at decode with ``SWAP_AB_EPILOGUE_AMAX``: "amax", fp32 A as today; under
+    fp8_tensor each lane's running maximum and one warp reduction and atomic after the tiles, else per token
+    column of a thread the shuffles over lanes 4, 8, 16 apart and one atomic (lanes 0–3 write)."""
+    monkeypatch.setattr(plan_module, "SWAP_AB_EPILOGUE_AMAX", True)
+    cfg = _plan_gemm1("qwen3", quant, False, 8)
+    assert cfg.swap_ab and cfg.epilogue_quant == "amax" and cfg.c_dtype == "float32"
+    p = cute_moe.compile_ptx(cfg)
+    per_acc = _common(p, cfg)
+    assert _count(p, r"\bdiv\.rn\.f32\b") == per_acc and "cvt.rn.satfinite" not in p
+    bfly = re.findall(r"shfl\.sync\.bfly\.b32\s+%r\d+, %r\d+, (\d+), 31, -1;", p)
+    atomics = re.findall(r"atom\.global\.max\.s32", p)
+    if quant == "fp8_tensor":
+        assert bfly == ["16", "8", "4", "2", "1"] and len(atomics) == 1
+        assert p.index("atom.global.max.s32") > max(_back_branches(p))
+    else:
+        columns = cfg.tokens_tile // 4  # a thread's token columns: 2 of every 8
+        assert bfly == ["4", "8", "16"] * columns and len(atomics) == columns
+    assert _count(p, r"max\.NaN\.f32") >= per_acc
+    plain = cute_moe.compile_ptx(cfg.replace(epilogue_quant=None))
+    for pattern in (r"wgmma\.mma_async[^;]*;", r"cp\.async\.bulk\.tensor\.\dd\.shared::\w+\.global[^;]*;"):
+        assert len(re.findall(pattern, p)) == len(re.findall(pattern, plain))
 
 
 def test_configs_without_the_variant_compile_as_before():
@@ -496,6 +544,28 @@ def test_fused_gemm1_is_todays_quantization_bit_for_bit(quant, static, shape, T)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("T", (1, 8, 128))
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("quant", ("fp8_tensor", "fp8_channel", "fp8_block"))
+def test_swap_ab_gemm1_amax_is_todays_bit_for_bit(quant, shape, T, monkeypatch):
+    """The swap-AB GEMM1 with the amax in its epilogue (``SWAP_AB_EPILOGUE_AMAX``) against the amax of its
+    own output as today's launch takes it: the fp32 intermediate unchanged, every amax slot of the used
+    rows bit for bit (padding rows, NaN in x, left out)."""
+    monkeypatch.setattr(plan_module, "SWAP_AB_EPILOGUE_AMAX", True)
+    cfg = _plan_gemm1(shape, quant, False, T)
+    assert cfg.swap_ab and cfg.epilogue_quant == "amax"
+    c = _gemm1_case(cfg, T, SHAPES[shape], False, seed=T)
+    rows, real = c["rows"], c["real"]
+    used = rows.alignment.num_padded.item()
+    assert torch.equal(c["a"][real], c["h"][real])
+    got, want = c["amax"], c["today_amax"]
+    if quant == "fp8_tensor":
+        assert torch.equal(got, want) and not torch.isnan(got).any()
+    else:
+        assert torch.equal(got.view(rows.rows, -1)[:used], want.view(rows.rows, -1)[:used])
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("T", GPU_TS)
 def test_fused_block_gemm1_is_todays_quantization_bit_for_bit(T, wide_gated):
     """The block variant (128-wide gated tile, at the raised register bound: its registers spill, the
@@ -543,17 +613,26 @@ def _layer(kw, static, **options):
     return out, ws["aq"].clone(), scale.clone(), ws["rows"].rows
 
 
-#: (T, swap_ab): the path rule's plan at every T, and the normal path forced where the rule swaps.
-LAYER_CASES = [(1, None), (1, False), (128, None), (128, False), (4096, None)]
+#: (T, swap_ab, SWAP_AB_EPILOGUE_AMAX): the path rule's plan at every T, the normal path forced where the rule
+#: swaps, and the swap-AB GEMM1 taking the amax in its epilogue.
+LAYER_CASES = [
+    (1, None, False),
+    (1, False, False),
+    (128, None, False),
+    (128, False, False),
+    (4096, None, False),
+    (1, None, True),
+    (8, None, True),
+    (128, None, True),
+]
+LAYER_IDS = [f"T{T}-{'rule' if s is None else 'normal'}{'-swap_amax' if a else ''}" for T, s, a in LAYER_CASES]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(
-    "T, swap_ab", LAYER_CASES, ids=[f"T{T}-{'rule' if s is None else 'normal'}" for T, s in LAYER_CASES]
-)
+@pytest.mark.parametrize("T, swap_ab, swap_amax", LAYER_CASES, ids=LAYER_IDS)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("quant, static", VARIANTS, ids=lambda v: str(v))
-def test_the_layer_is_todays_bit_for_bit(quant, static, shape, T, swap_ab, monkeypatch):
+def test_the_layer_is_todays_bit_for_bit(quant, static, shape, T, swap_ab, swap_amax, monkeypatch):
     """fused_moe with the fused epilogue against EPILOGUE_QUANT = False (today's launches after the same
     gated GEMM1): the output, the E4M3 intermediate on the rows that hold a pair and its scales on every
     used row bit for bit; the oracle within TOL_ORACLE; reruns bit for bit."""
@@ -561,6 +640,8 @@ def test_the_layer_is_todays_bit_for_bit(quant, static, shape, T, swap_ab, monke
     from moe_spec.oracle import oracle, rel_l2
     from moe_spec.problem import make_inputs
 
+    monkeypatch.setattr(plan_module, "SWAP_AB_EPILOGUE_AMAX", swap_amax)
+    forget_calls()
     kw = make_inputs(SHAPES[shape], T, quant, seed=T, device="cuda").kwargs()
     if static:
         kw = _static_kwargs(kw)

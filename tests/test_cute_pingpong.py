@@ -495,3 +495,8 @@ def test_the_schedule_bench_variants_of_the_plan():
             p, gq = variant_plan(prefill, quant, "gather_quant")  # the plan's GEMMs, x quantized in the gather
             assert gq.gather_quant and not p.gather_quant and (gq.gemm1, gq.gemm2) == (p.gemm1, p.gemm2)
     assert variant_plan(prefill, None, "gather_quant")[1] is None  # bf16: no x to quantize
+    for quant in ("fp8_tensor", "fp8_channel", "fp8_block"):  # the swap-AB GEMM1 takes the amax in its epilogue
+        p, sa = variant_plan(MoEDims(T=8, E=128, K=2048, I=768, top_k=8), quant, "swap_amax")
+        assert p.gemm1.swap_ab and p.gemm1.epilogue_quant is None and sa.gemm1 == p.gemm1.replace(epilogue_quant="amax")
+        assert sa.gemm2 == p.gemm2 and sa.gather_quant == p.gather_quant
+    assert variant_plan(prefill, "fp8_tensor", "swap_amax")[1] is None  # the normal path: its epilogue does already

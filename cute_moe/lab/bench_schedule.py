@@ -3,8 +3,8 @@
     python -m cute_moe.lab.bench_schedule --out DIR [--deadline-s 300] [--shapes ...] [--tokens 8,4096]
         [--quants bf16,fp8_tensor,fp8_channel,fp8_block] [--variants pingpong,cluster,pingpong1,...]
 
-The variants, each given to ``fused_moe`` as ``configs=`` but gather_quant, a switch of the plan
-(:func:`variant_plan`):
+The variants, each given to ``fused_moe`` as ``configs=`` but gather_quant and swap_amax, switches of the
+plan (:data:`SWITCHES`, :func:`variant_plan`):
 
 * **pingpong** — both GEMMs' ping-pong twins (:func:`cute_moe.gemm_rules.pingpong_config`, single CTAs): each
   consumer warpgroup a whole tile of one warpgroup's 64 rows, the same WGMMA sequence per output element
@@ -14,7 +14,9 @@ The variants, each given to ``fused_moe`` as ``configs=`` but gather_quant, a sw
 * **pingpong1**, **pingpong2**, **cluster1**, **cluster2** — the same for one GEMM only (the digit: GEMM1 or
   GEMM2), the other the plan's: which GEMM a gain comes from;
 * **gather_quant** — FP8 with x quantized where its rows are gathered (``cute_moe.plan.GATHER_QUANT`` on:
-  one launch for x's quantize, the gather of its codes and of its scales), the GEMMs the plan's.
+  one launch for x's quantize, the gather of its codes and of its scales), the GEMMs the plan's;
+* **swap_amax** — FP8 on the swap-AB path with the intermediate's amax taken in the gated GEMM1's epilogue
+  (``cute_moe.plan.SWAP_AB_EPILOGUE_AMAX`` on: one launch fewer).
 
 Every cell times one whole ``fused_moe`` call per variant on the same inputs, the plan's own first —
 CUDA-graph replayed over rotated weight sets (cold L2, :func:`moe_spec.timing.time_cuda_graph`), median µs
@@ -28,7 +30,6 @@ cell starts after ``--deadline-s``.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 
@@ -40,7 +41,9 @@ SHAPES = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8")
 TOKENS = (8, 4096)
 QUANTS = ("fp8_tensor", "fp8_block")
 KNOWN_QUANTS = ("bf16", "fp8_tensor", "fp8_channel", "fp8_block")
-VARIANTS = ("pingpong", "cluster", "pingpong1", "pingpong2", "cluster1", "cluster2", "gather_quant")
+VARIANTS = ("pingpong", "cluster", "pingpong1", "pingpong2", "cluster1", "cluster2", "gather_quant", "swap_amax")
+#: The variants that are a switch of cute_moe.plan, turned on (fused_moe plans with it).
+SWITCHES = {"gather_quant": "GATHER_QUANT", "swap_amax": "SWAP_AB_EPILOGUE_AMAX"}
 DEFAULT_VARIANTS = ("pingpong", "cluster")
 #: A cell starts only when this much time is left before the deadline.
 CELL_S = 20.0
@@ -59,16 +62,19 @@ VARIANT_GEMMS = {
 
 def variant_plan(dims, quant, name: str):
     """(the plan, the plan of variant ``name`` of :data:`VARIANTS`), the second None where the variant changes
-    nothing (the one launch; cluster: no normal-path GEMM, or those already clustered; gather_quant: bf16, or
-    the plan does so already)."""
+    nothing (the one launch; cluster: no normal-path GEMM, or those already clustered; a switch: the plan
+    made with it on is the plan, e.g. bf16, or the normal path for swap_amax)."""
     from ..gemm_rules import pingpong_config
+    from ..moe import plan_switches
     from ..plan import plan
 
     p = plan(dims, quant)
     if p.path != "grouped":
         return p, None
-    if name == "gather_quant":
-        return p, (None if quant is None or p.gather_quant else dataclasses.replace(p, gather_quant=True))
+    if name in SWITCHES:
+        with plan_switches(**{SWITCHES[name]: True}):
+            vp = plan(dims, quant)
+        return p, (None if vp == p else vp)
     pair = [p.gemm1, p.gemm2]
     for i in VARIANT_GEMMS[name]:
         g = pair[i]
@@ -104,7 +110,8 @@ def _write(out, results: dict) -> None:
         "",
         "Whole fused_moe calls, CUDA-graph replay, cold L2, median µs. plan: the plan's configs; pingpong: both "
         "GEMMs' ping-pong twins (single CTAs); cluster: the normal-path GEMMs on clusters of two; a digit: "
-        "that GEMM alone (pingpong1: GEMM1's twin, the plan's GEMM2); gather_quant: x quantized in the gather. "
+        "that GEMM alone (pingpong1: GEMM1's twin, the plan's GEMM2); gather_quant: x quantized in the gather; "
+        "swap_amax: the intermediate's amax in the swap-AB GEMM1's epilogue. "
         "Each variant's "
         "µs / the plan's, and whether its output equals the plan's bit for bit (each rerun's bits: the JSON).",
         "",
@@ -172,8 +179,8 @@ def main(argv=None) -> None:
             if vp is None:
                 row["variants"][name] = None
                 continue
-            if name == "gather_quant":  # a switch of the plan, not a config: fused_moe plans with it on
-                with plan_switches(GATHER_QUANT=True):
+            if name in SWITCHES:  # a switch of the plan, not a config: fused_moe plans with it on
+                with plan_switches(**{SWITCHES[name]: True}):
                     got = _measure(sets, None)
             else:
                 got = _measure(sets, (vp.gemm1, vp.gemm2))
