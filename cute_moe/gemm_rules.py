@@ -2,7 +2,7 @@
 
 :func:`cute_moe.plan.choose_config` picks a GEMM's path and tile; the plan (:mod:`cute_moe.plan`) then
 passes the cooperative config through :func:`clustered` (both GEMMs) and :func:`short_k_gemm2` (GEMM2),
-each of which swaps in its variant only where the H200 measured it faster, with the same output bit
+each of which swaps in its variant only where a GPU measured it faster (the constants cite the runs), with the same output bit
 for bit.  :func:`pingpong_config` builds the ping-pong twin of any cooperative config (the benches and
 the tests compare the two).  What the variants are: :mod:`cute_moe.gemm_parts`.
 """
@@ -18,7 +18,10 @@ Measured at T = 4096 (``python -m cute_moe.lab.bench_pingpong --cluster``,
 notes/results/cute_cluster_h200_2026-12-03.md), cluster-2 against the same tile on single CTAs:
 GEMM1 (gated, gathering, 128×128) was faster on all three layers measured; GEMM2 (128×256) was faster
 with 224 K steps (Mixtral-8x7B) and slower with 12 (Qwen3-30B-A3B).  The threshold lies between the
-two; nothing between was timed."""
+two; nothing between was timed.  FP8's GEMM2 follows the same rule (whole layer,
+notes/results/gpu_h100_2026-12-07_e27de90.md: 0.957× / 0.966× at Mixtral-8x7B's 112 steps of 128, 0.98–1.01×
+at 6 and 2 steps); FP8's GEMM1 stays on single CTAs (clusters alone 0.97–1.01×, no clear gain:
+notes/results/cute_schedule_h100_2026-12-07_97e590f.md)."""
 
 PINGPONG_MAX_K_STEPS = 4
 """GEMM2 runs ping-pong when its K (the layer's I) is at most this many ``tile_k`` steps.
@@ -31,10 +34,10 @@ that and loses the 256-wide tile's reuse."""
 
 
 def clustered(cfg: GemmConfig, k: int, gemm2: bool) -> GemmConfig:
-    """The layer plan's GEMM ``cfg`` (K = ``k``) as it runs: on clusters of two — bf16, the normal path's
-    cooperative 128-token tile, and for GEMM2 at least :data:`CLUSTER_GEMM2_MIN_K_STEPS` K steps — else
-    ``cfg`` unchanged."""
-    if cfg.quant is not None or cfg.swap_ab or cfg.pingpong or cfg.tokens_tile != 128:
+    """The layer plan's GEMM ``cfg`` (K = ``k``) as it runs: on clusters of two — the normal path's
+    cooperative 128-token tile, GEMM1 in bf16, GEMM2 (bf16 or FP8) with at least
+    :data:`CLUSTER_GEMM2_MIN_K_STEPS` K steps — else ``cfg`` unchanged."""
+    if cfg.swap_ab or cfg.pingpong or cfg.tokens_tile != 128 or (cfg.quant is not None and not gemm2):
         return cfg
     if gemm2 and -(-k // cfg.tile_k) < CLUSTER_GEMM2_MIN_K_STEPS:
         return cfg

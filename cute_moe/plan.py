@@ -99,12 +99,11 @@ EPILOGUE_QUANT = True
 where GEMM1 is gated (:data:`GATED_FP8_GEMM1`; notes/cute_moe.md §6)."""
 
 
-SWAP_AB_EPILOGUE_AMAX = False
+SWAP_AB_EPILOGUE_AMAX = True
 """Whether a gated FP8 GEMM1 on the swap-AB path (decode) takes the intermediate's amax in its epilogue
-(``epilogue_quant="amax"``: one launch fewer per call, the same bits); off until a GPU has checked and timed
-it (``tests/test_cute_epilogue_quant.py``, ``python -m cute_moe.lab.bench_schedule --variants swap_amax``).
-Set it — then ``cute_moe.moe.forget_calls()``, or through ``cute_moe.moe.plan_switches`` — in tests and
-benches."""
+(``epilogue_quant="amax"``: one launch fewer per call, the same bits); faster in every decode cell timed
+(``python -m cute_moe.lab.bench_schedule --variants swap_amax``, notes/results/gpu_h100_2026-12-07_e27de90.md).
+Set it — through ``cute_moe.moe.plan_switches`` — in tests and benches."""
 
 
 def epilogue_quant(gemm1: GemmConfig, static: bool = False) -> str | None:
@@ -124,13 +123,14 @@ def epilogue_quant(gemm1: GemmConfig, static: bool = False) -> str | None:
     return "block" if gemm1.quant == "fp8_block" and gemm1.tile_n % FP8_BLOCK == 0 else "amax"
 
 
-GATHER_QUANT = False
+GATHER_QUANT = True
 """Whether the fused FP8 plan quantizes x where its rows are gathered (``LayerPlan.gather_quant``: one
 :class:`~cute_moe.quantops.GatherQuantizeRows` launch writes the E4M3 rows in sorted order and their scales
 in GEMM1's order; fp8_block takes no amax launch at all; static scales: ``StaticGatherQuantizeRows``) instead
-of quantizing x's T rows, then gathering the codes and the scales.  The same bits either way; off until a GPU
-has timed it (``python -m cute_moe.lab.bench_schedule --variants gather_quant``).  Set it — then
-``cute_moe.moe.forget_calls()`` — in tests and benches."""
+of quantizing x's T rows, then gathering the codes and the scales.  The same bits either way; faster at decode
+and even at prefill (``python -m cute_moe.lab.bench_schedule --variants gather_quant``,
+notes/results/gpu_h100_2026-12-07_e27de90.md).  Set it — through ``cute_moe.moe.plan_switches`` — in tests and
+benches."""
 
 
 def gather_quant(quant, fusion: str) -> bool:

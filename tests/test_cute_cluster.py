@@ -111,8 +111,9 @@ def test_the_cluster_walk_stores_every_tile_exactly_once():
 
 
 def test_the_plan_clusters_what_was_measured_faster():
-    """cluster.clustered: the cooperative 128-token bf16 tile of the normal path — GEMM1 always, GEMM2
-    from CLUSTER_GEMM2_MIN_K_STEPS steps of K; FP8, swap-AB, ping-pong and smaller tiles never."""
+    """cluster.clustered: the cooperative 128-token tile of the normal path — bf16's GEMM1 always, GEMM2
+    (bf16 or FP8) from CLUSTER_GEMM2_MIN_K_STEPS steps of K; FP8's GEMM1, swap-AB, ping-pong and smaller
+    tiles never."""
     from cute_moe.gemm_rules import CLUSTER_GEMM2_MIN_K_STEPS, clustered, short_k_gemm2
 
     gemm1, gemm2 = _configs()["gemm1-gated-gather"], _configs()["gemm2-row-scale"]
@@ -127,14 +128,22 @@ def test_the_plan_clusters_what_was_measured_faster():
         gemm1.replace(tokens_tile=64, weights_tile=128, consumer_warpgroups=1),
     ):
         assert clustered(other, 1 << 14, gemm2=False) == other
+    fp8 = choose_config(4096, 4096, 14336, quant="fp8_block")  # FP8's GEMM2 (K = I) by the same rule
+    assert not fp8.swap_ab and fp8.tokens_tile == 128
+    assert clustered(fp8, CLUSTER_GEMM2_MIN_K_STEPS * fp8.tile_k, gemm2=True).cluster == 2
+    assert clustered(fp8, (CLUSTER_GEMM2_MIN_K_STEPS - 1) * fp8.tile_k, gemm2=True) == fp8
 
 
-def test_the_plan_names_the_cluster():
+@pytest.mark.parametrize("quant", [None, "fp8_tensor", "fp8_channel", "fp8_block"])
+def test_the_plan_names_the_cluster(quant):
     from moe_spec.validate import MoEDims
 
-    p = cute_moe.plan(MoEDims(T=4096, E=8, K=4096, I=14336, top_k=2))  # Mixtral-8x7B prefill: both GEMMs
-    assert p.describe().count(" cluster2 ") == 2
-    assert "cluster" not in cute_moe.plan(MoEDims(T=8, E=8, K=4096, I=14336, top_k=2)).describe()
+    p = cute_moe.plan(MoEDims(T=4096, E=8, K=4096, I=14336, top_k=2), quant)  # Mixtral-8x7B prefill
+    g1, g2 = p.describe().split(" | ")[:2]
+    assert " cluster2 " in f"{g2} " and (" cluster2 " in f"{g1} ") == (quant is None)  # bf16: both GEMMs
+    assert "cluster" not in cute_moe.plan(MoEDims(T=8, E=8, K=4096, I=14336, top_k=2), quant).describe()
+    qwen3 = cute_moe.plan(MoEDims(T=4096, E=128, K=2048, I=768, top_k=8), quant)  # 6 K steps of GEMM2
+    assert "cluster" not in qwen3.describe().split(" | ")[1]
 
 
 def test_the_pingpong_twin_of_a_clustered_gemm_runs_on_single_ctas():

@@ -45,12 +45,16 @@ BOTH = ("swap_ab", "normal")
 @pytest.fixture(autouse=True)
 def gated_on(monkeypatch):
     """GEMM1 gated on both paths and the fused epilogue on (the plan's defaults, set here so these tests hold
-    whatever the defaults become), and the per-signature calls of cute_moe.moe dropped before and after."""
+    whatever the defaults become), the swap-AB epilogue amax off (tests that take it set it) and x quantized
+    on its own (the launch lists below name x's steps), and the per-signature calls of cute_moe.moe dropped
+    before and after."""
     from cute_moe.moe import forget_calls
 
     forget_calls()
     monkeypatch.setattr(plan_module, "GATED_FP8_GEMM1", BOTH)
     monkeypatch.setattr(plan_module, "EPILOGUE_QUANT", True)
+    monkeypatch.setattr(plan_module, "SWAP_AB_EPILOGUE_AMAX", False)
+    monkeypatch.setattr(plan_module, "GATHER_QUANT", False)
     yield
     monkeypatch.undo()
     forget_calls()
@@ -449,14 +453,17 @@ def test_the_workspace_drops_what_the_epilogue_makes_unneeded(quant, static):
         assert ws["a_amax"] is not None
 
 
+@pytest.mark.parametrize("swap_amax", [False, True], ids=["swap-today", "swap-amax"])
 @pytest.mark.parametrize("static", [False, True])
-def test_the_warmup_compiles_the_variants_of_the_layer(static):
+def test_the_warmup_compiles_the_variants_of_the_layer(static, swap_amax, monkeypatch):
+    monkeypatch.setattr(plan_module, "SWAP_AB_EPILOGUE_AMAX", swap_amax)
     quant = "fp8_tensor"
     report = cute_moe.warmup(8, 256, 128, 2, quant, max_tokens=4096, device="cpu", dry_run=True, static=static)
     want = "static" if static else "amax"
     assert any(f"epi:{want}" in step.what for step in report.steps)
     assert any(f"epi:{want}" in p for p in report.plans)
-    assert not any("epi:" in step.what for step in report.steps if "swap-AB" in step.what)
+    swap = [step.what for step in report.steps if "swap-AB" in step.what and " silu" in step.what]
+    assert swap and all(("epi:amax" in w) == (swap_amax and not static) for w in swap), swap
 
 
 # ---- GPU -----------------------------------------------------------------------------------------

@@ -40,14 +40,15 @@ def test_plan_switches_sets_forgets_and_restores():
     dims = MoEDims(T=8, E=128, K=2048, I=768, top_k=8)
     _call_of(dims, "fp8_block", None, None, "fused", "cpu", "int32", False)
     assert _call_of.cache_info().currsize > 0
-    with plan_switches(GATHER_QUANT=True):
-        assert plan_module.GATHER_QUANT is True and _call_of.cache_info().currsize == 0
+    before = plan_module.GATHER_QUANT
+    with plan_switches(GATHER_QUANT=not before):
+        assert plan_module.GATHER_QUANT is (not before) and _call_of.cache_info().currsize == 0
         _call_of(dims, "fp8_block", None, None, "fused", "cpu", "int32", False)
-    assert plan_module.GATHER_QUANT is False and _call_of.cache_info().currsize == 0
+    assert plan_module.GATHER_QUANT is before and _call_of.cache_info().currsize == 0
     with pytest.raises(AttributeError, match="NO_SUCH_SWITCH"):
-        with plan_switches(GATHER_QUANT=True, NO_SUCH_SWITCH=1):
+        with plan_switches(GATHER_QUANT=not before, NO_SUCH_SWITCH=1):
             pass
-    assert plan_module.GATHER_QUANT is False
+    assert plan_module.GATHER_QUANT is before
 
 
 def test_the_rule_takes_the_fused_fp8_pipeline(gather_quant):
@@ -62,10 +63,13 @@ def test_the_rule_takes_the_fused_fp8_pipeline(gather_quant):
     assert not plan_module.plan(dims, "fp8_tensor", fusion="separate").gather_quant
 
 
-def test_off_by_default():
+def test_on_by_default():
+    """The plan ships it (notes/results/gpu_h100_2026-12-07_e27de90.md); the switch turns it off."""
     dims = MoEDims(T=4096, E=128, K=2048, I=768, top_k=8)
-    assert plan_module.GATHER_QUANT is False
-    assert not any(plan_module.plan(dims, q).gather_quant for q in FORMATS)
+    assert plan_module.GATHER_QUANT is True
+    assert all(plan_module.plan(dims, q).gather_quant for q in FORMATS)
+    with plan_switches(GATHER_QUANT=False):
+        assert not any(plan_module.plan(dims, q).gather_quant for q in FORMATS)
 
 
 @pytest.mark.parametrize("quant", FORMATS)

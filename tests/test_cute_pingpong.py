@@ -471,6 +471,7 @@ def test_the_schedule_bench_variants_of_the_plan():
     normal-path GEMMs on clusters of two, or either for one GEMM alone — in every format; none where the plan
     runs the one launch."""
     from cute_moe.lab.bench_schedule import variant_plan
+    from cute_moe.moe import plan_switches
     from moe_spec.validate import MoEDims
 
     prefill, decode = MoEDims(T=4096, E=128, K=2048, I=768, top_k=8), MoEDims(T=1, E=128, K=2048, I=768, top_k=8)
@@ -492,11 +493,16 @@ def test_the_schedule_bench_variants_of_the_plan():
             assert (cl1.gemm1, cl1.gemm2) == (p.gemm1.replace(cluster=2), p.gemm2)
             p, cl2 = variant_plan(prefill, quant, "cluster2")  # GEMM2 on clusters alone
             assert (cl2.gemm1, cl2.gemm2) == (p.gemm1, p.gemm2.replace(cluster=2))
+    assert variant_plan(prefill, None, "gather_quant")[1] is None  # bf16: no x to quantize
+    small = MoEDims(T=8, E=128, K=2048, I=768, top_k=8)
+    for quant in ("fp8_tensor", "fp8_channel", "fp8_block"):  # the switches' variants: nothing while they are on
+        assert variant_plan(prefill, quant, "gather_quant")[1] is None
+        assert variant_plan(small, quant, "swap_amax")[1] is None
+    with plan_switches(GATHER_QUANT=False, SWAP_AB_EPILOGUE_AMAX=False):  # each variant: its switch turned on
+        for quant in ("fp8_tensor", "fp8_channel", "fp8_block"):
             p, gq = variant_plan(prefill, quant, "gather_quant")  # the plan's GEMMs, x quantized in the gather
             assert gq.gather_quant and not p.gather_quant and (gq.gemm1, gq.gemm2) == (p.gemm1, p.gemm2)
-    assert variant_plan(prefill, None, "gather_quant")[1] is None  # bf16: no x to quantize
-    for quant in ("fp8_tensor", "fp8_channel", "fp8_block"):  # the swap-AB GEMM1 takes the amax in its epilogue
-        p, sa = variant_plan(MoEDims(T=8, E=128, K=2048, I=768, top_k=8), quant, "swap_amax")
-        assert p.gemm1.swap_ab and p.gemm1.epilogue_quant is None and sa.gemm1 == p.gemm1.replace(epilogue_quant="amax")
-        assert sa.gemm2 == p.gemm2 and sa.gather_quant == p.gather_quant
-    assert variant_plan(prefill, "fp8_tensor", "swap_amax")[1] is None  # the normal path: its epilogue does already
+            p, sa = variant_plan(small, quant, "swap_amax")  # the swap-AB GEMM1 takes the amax in its epilogue
+            assert p.gemm1.swap_ab and p.gemm1.epilogue_quant is None
+            assert sa.gemm1 == p.gemm1.replace(epilogue_quant="amax") and sa.gemm2 == p.gemm2
+        assert variant_plan(prefill, "fp8_tensor", "swap_amax")[1] is None  # the normal path: its epilogue does

@@ -219,15 +219,21 @@ def _cute_layer():
 
 
 def _cute_fp8(quant, T):
-    """The FP8 layer's launches after the alignment: SiLU·up with its amax after GEMM1, or the amax alone
-    after a gated GEMM1 (cute_moe.plan.gated_gemm1: here fp8_block's I = 64 is not whole scale blocks), or
-    none where a gated GEMM1 on the normal path takes the amax in its epilogue (cute_moe.plan.epilogue_quant)."""
-    from cute_moe.plan import EPILOGUE_QUANT, GATED_FP8_GEMM1, _bucket
+    """The FP8 layer's launches after the alignment: x quantized where its rows are gathered, after its amax
+    unless per block (cute_moe.plan.gather_quant), or quantized, then gathered; then GEMM1 and SiLU·up with its
+    amax after it, or the amax alone after a gated GEMM1 (cute_moe.plan.gated_gemm1: here fp8_block's I = 64
+    is not whole scale blocks), or none where a gated GEMM1 takes the amax in its epilogue
+    (cute_moe.plan.epilogue_quant: the normal path, and swap-AB while SWAP_AB_EPILOGUE_AMAX)."""
+    from cute_moe.plan import EPILOGUE_QUANT, GATED_FP8_GEMM1, GATHER_QUANT, SWAP_AB_EPILOGUE_AMAX, _bucket
 
     swap, _ = _bucket(T * SHAPE.top_k / SHAPE.num_experts, None, (SHAPE.hidden, SHAPE.intermediate))
     gated = ("swap_ab" if swap else "normal") in GATED_FP8_GEMM1 and quant != "fp8_block"
-    amax = [] if gated and not swap and EPILOGUE_QUANT else ["a_amax" if gated else "silu_amax"]
-    return ["x_amax", "x_quantize", "gather", "GroupedGemm", *amax, "a_quantize", "GroupedGemm", "combine"]
+    in_epilogue = gated and EPILOGUE_QUANT and (SWAP_AB_EPILOGUE_AMAX or not swap)
+    amax = [] if in_epilogue else ["a_amax" if gated else "silu_amax"]
+    x = ["x_amax", "x_quantize", "gather"]
+    if GATHER_QUANT:
+        x = ([] if quant == "fp8_block" else ["x_amax"]) + ["x_gather_quantize"]
+    return [*x, "GroupedGemm", *amax, "a_quantize", "GroupedGemm", "combine"]
 
 
 CUTE_CASES = [(q, T) for q in (None, "fp8_tensor", "fp8_channel", "fp8_block") for T in (DECODE, CUTE_PREFILL)]
@@ -249,9 +255,12 @@ def test_cute_launches_per_call(quant, T):
         assert cute == ["DecodeKernel"], cute
     else:
         assert cute == CUTE_ALIGN[T] + (_cute_layer() if quant is None else _cute_fp8(quant, T)), cute
-    # the row maps, block maps, data checks and amax zeroing are the alignment's: the one torch op
-    # left gathers x's channel / block scales into the sorted rows
-    assert torch_ops == ([] if quant in (None, "fp8_tensor") else ["index_select"]), torch_ops
+    # the row maps, block maps, data checks and amax zeroing are the alignment's: the one torch op that
+    # can be left gathers x's channel / block scales into the sorted rows, where x is quantized on its own
+    from cute_moe.plan import GATHER_QUANT
+
+    gathered = quant in (None, "fp8_tensor") or GATHER_QUANT
+    assert torch_ops == ([] if gathered else ["index_select"]), torch_ops
     assert not HOST_READS & set(ops), ops
     assert len(cute) + len(torch_ops) <= (6 if quant is None else 11)
 
