@@ -228,7 +228,9 @@ def _ptx_md(result: dict) -> str:
         "compiled here on the CPU; the WGMMA instructions in their PTX show the tile each warpgroup issues "
         "(m64nNk16 for bf16, m64nNk32 for FP8: N is the token tile under swap-AB). Each config is named as the "
         "results' config column names it (`cute_moe.plan(...).describe()`: W weight rows and T tokens per tile, "
-        "k the K step, s the pipeline stages, then silu, gather, pingpong or clusterN where they apply).\n\n"
+        "k the K step, s the pipeline stages, then silu, gather, epi:… (the intermediate's quantization in "
+        "GEMM1's epilogue), pingpong or clusterN where they apply; the config column's FP8 plans end in "
+        "`xq:gather` where x is quantized where its rows are gathered).\n\n"
         + _md_table(["config", "WGMMA instructions in the PTX", "used by", "compile s"], rows)
         + "".join(f"\n`cute_moe.plan` refuses {q}: {why}\n" for q, why in (ptx.get("refused") or {}).items())
     )

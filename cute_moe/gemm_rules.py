@@ -2,9 +2,9 @@
 
 :func:`cute_moe.plan.choose_config` picks a GEMM's path and tile; the plan (:mod:`cute_moe.plan`) then
 passes the cooperative config through :func:`clustered` (both GEMMs) and :func:`short_k_gemm2` (GEMM2),
-each of which swaps in its variant only where a GPU measured it faster (the constants cite the runs), with the same output bit
-for bit.  :func:`pingpong_config` builds the ping-pong twin of any cooperative config (the benches and
-the tests compare the two).  What the variants are: :mod:`cute_moe.gemm_parts`.
+each of which swaps in its variant only where a GPU measured it faster (the constants cite the runs), with
+the same output bit for bit.  :func:`pingpong_config` builds the ping-pong twin of any cooperative config
+(the benches and the tests compare the two).  What the variants are: :mod:`cute_moe.gemm_parts`.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from .config import GemmConfig
 from .gemm_args import launch_args
 from .gemm_plan import INDEX_DTYPE, check_gemm_shape, compile_gemm
 from .limits import ALIGN_ELEMS, LIMITS
-from .moe_fp8 import amax_sizes, quantize_intermediate, quantize_tokens, sorted_token_scales
+from .moe_fp8 import layer_amax_sizes, quantize_intermediate, quantize_tokens, sorted_token_scales
 from .plan import LayerPlan, plan
 from .rowmaps import RowBuffers, SortedRows, place_rows, sort_rows_on_device, split_blocks
 from .rowops import compile_row_kernels
@@ -357,7 +357,7 @@ def _buffers(c: _Call) -> dict:
     """New buffers of :func:`_workspace` for ``c``."""
     dims, p, device = c.dims, c.plan, c.device
     rows = max_rows(dims.T * dims.top_k, dims.E, p.align_tile)
-    n_x, n_a = amax_sizes(p.quant, dims.T, rows, dims.K, dims.I) if p.quant and not c.static else (0, 0)
+    n_x, n_a = layer_amax_sizes(p, dims.T, rows, dims.K, dims.I) if p.quant and not c.static else (0, 0)
     tiles = (p.gemm1.tokens_tile, p.gemm2.tokens_tile)
     bufs = RowBuffers(dims.T, dims.top_k, dims.E, p.align_tile, tiles, device, zeroed=n_x + n_a)
     new = lambda cols, dtype=torch.bfloat16: torch.empty(rows, cols, dtype=dtype, device=device)  # noqa: E731

@@ -105,6 +105,16 @@ def amax_sizes(quant: str, T: int, rows: int, K: int, I: int) -> tuple[int, int]
     return math.prod(activation_scale_shape(quant, T, K)), math.prod(activation_scale_shape(quant, rows, I))
 
 
+def layer_amax_sizes(p, T: int, rows: int, K: int, I: int) -> tuple[int, int]:  # noqa: E741
+    """:func:`amax_sizes` of plan ``p``'s fused call, less what it never reads: x's amax under fp8_block where
+    the gathering quantize takes each group's amax in its warp (one stand-in element: the launch's argument),
+    the intermediate's where GEMM1's epilogue quantizes per block (none)."""
+    n_x, n_a = amax_sizes(p.quant, T, rows, K, I)
+    if p.gather_quant and p.quant == "fp8_block":
+        n_x = 1
+    return n_x, (0 if p.gemm1.epilogue_quant == "block" else n_a)
+
+
 def _zeroed_amax(amax, n: int, device) -> torch.Tensor:
     if amax is None:
         return torch.zeros(n, dtype=torch.float32, device=device)
@@ -218,8 +228,9 @@ def fp8_buffers(ws: dict, dims, p, rows: int, scratch: torch.Tensor, static: boo
     """Add the FP8 layer's buffers to the workspace ``ws`` of a call with ``dims`` and plan ``p``
     (``rows``: the sorted rows' worst case; ``scratch``: the alignment's zeroed buffer, which holds
     the two amaxes): the E4M3 activations, the row count of x, and — dynamic scales only — A in
-    fp32 (not gated), the amaxes (not the intermediate's where GEMM1's epilogue quantizes per block), the
-    scales and (channel, block) x's scales in the sorted order; then the views the launches take of them.
+    fp32 (not gated), the amaxes (:func:`layer_amax_sizes`), the scales — x's in token order only where x is
+    quantized on its own or per tensor — and (channel, block) x's scales in the sorted order; then the views
+    the launches take of them.
     (H, GEMM1's output, is the caller's: none where the epilogue writes ``aq`` itself.)"""
     device = scratch.device
     ws.update(
@@ -232,19 +243,19 @@ def fp8_buffers(ws: dict, dims, p, rows: int, scratch: torch.Tensor, static: boo
         ws["xq_pairs"] = ws["xq"].view(torch.bfloat16)
     if static:  # no amax, no scales of our own: the caller's are read as given
         return
-    n_x, n_a = amax_sizes(p.quant, dims.T, rows, dims.K, dims.I)
+    n_x, n_a = layer_amax_sizes(p, dims.T, rows, dims.K, dims.I)
+    x_shape = activation_scale_shape(p.quant, dims.T, dims.K)
+    a_scale = torch.empty(amax_sizes(p.quant, dims.T, rows, dims.K, dims.I)[1], dtype=torch.float32, device=device)
     ws.update(
         a=None if p.gemm1.gated else torch.empty(rows, dims.I, dtype=torch.float32, device=device),
         x_amax=scratch[:n_x],
-        a_amax=None if p.gemm1.epilogue_quant == "block" else scratch[n_x : n_x + n_a],  # block: no amax
-        x_scale=torch.empty(n_x, dtype=torch.float32, device=device),
-        a_scale=torch.empty(n_a, dtype=torch.float32, device=device),
+        a_amax=scratch[n_x : n_x + n_a] if n_a else None,  # none where the epilogue quantizes per block
+        a_scale=a_scale,
+        a_scale_shaped=a_scale.view(rows, -1) if p.quant == "fp8_block" else a_scale,
     )
-    x_shape = activation_scale_shape(p.quant, dims.T, dims.K)
-    ws.update(
-        x_scale_shaped=ws["x_scale"].view(x_shape),
-        a_scale_shaped=ws["a_scale"].view(rows, -1) if p.quant == "fp8_block" else ws["a_scale"],
-    )
+    if not p.gather_quant or p.quant == "fp8_tensor":  # x's scales in token order (gathering: tensor's one)
+        ws["x_scale"] = torch.empty(math.prod(x_shape), dtype=torch.float32, device=device)
+        ws["x_scale_shaped"] = ws["x_scale"].view(x_shape)
     if p.quant != "fp8_tensor":  # x's scales in the sorted order: GEMM1's row scales
         ws["x_scale_sorted"] = torch.empty(rows, x_shape[1], dtype=torch.float32, device=device)
         ws["x_scale_sorted_flat"] = ws["x_scale_sorted"].view(-1)  # as the gathering quantize writes them

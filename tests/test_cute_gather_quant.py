@@ -191,3 +191,32 @@ def test_warm_up_compiles_the_gathering_quantize(gather_quant):
     n = cute_moe.compile_count()
     compile_gather_quantize("fp8_block", sms)
     assert cute_moe.compile_count() == n and cute_moe.compile_plan(p, sms) == 0
+
+
+@pytest.mark.parametrize("quant", FORMATS)
+def test_the_workspace_holds_only_what_the_gathering_call_reads(quant, gather_quant):
+    """x's token-order scales only under fp8_tensor (its one scale; channel and block write straight into the
+    sorted order), and under fp8_block x's amax shrinks to a one-element stand-in, so the alignment zeroes
+    ⌈K/128⌉·T elements fewer; switched off, the workspace keeps both at full size."""
+    import math
+
+    import torch
+
+    from cute_moe.moe import _buffers, _Call
+    from cute_moe.moe_fp8 import amax_sizes
+    from moe_spec.quant import activation_scale_shape
+
+    dims = MoEDims(T=64, E=8, K=512, I=256, top_k=2)
+    for on in (True, False):
+        with plan_switches(GATHER_QUANT=on):
+            p = plan_module.plan(dims, quant)
+            ws = _buffers(_Call(p, dims, torch.device("cpu"), torch.int32, False))
+        n_x, n_a = amax_sizes(quant, dims.T, ws["aq"].shape[0], dims.K, dims.I)
+        x_scales = math.prod(activation_scale_shape(quant, dims.T, dims.K))
+        if on and quant != "fp8_tensor":
+            assert "x_scale" not in ws and "x_scale_shaped" not in ws
+        else:
+            assert ws["x_scale"].numel() == x_scales
+        want_x = 1 if on and quant == "fp8_block" else n_x
+        assert ws["x_amax"].numel() == want_x and ws["a_amax"].numel() == n_a
+        assert ws["rows"].scratch.numel() == want_x + n_a  # what the alignment zeroes
