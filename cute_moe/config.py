@@ -112,9 +112,9 @@ class GemmConfig:
             of a cooperative 128-row tile is the 64-row one (``pingpong_config``).
         cluster: CTAs per cluster, 1 or 2: two take consecutive token blocks of a weight block and, when
             both are one expert's, load half its weight tile each for both (multicast, ``gemm.py``).
-        epilogue_quant: a gated FP8 GEMM1 (normal path) quantizes its fp32 SiLU·up for GEMM2 in its
-            epilogue (:mod:`cute_moe.epilogue_quant`): None (today's path: fp32 out, amax and quantize
-            launches after it), "static" (fp8_tensor with the caller's ``a2_scale``: E4M3 out),
+        epilogue_quant: a gated FP8 GEMM1 quantizes its fp32 SiLU·up for GEMM2 in its epilogue
+            (:mod:`cute_moe.epilogue_quant`; swap-AB: "amax" only): None (today's path: fp32 out, amax and
+            quantize launches after it), "static" (fp8_tensor with the caller's ``a2_scale``: E4M3 out),
             "block" (fp8_block, tile N a multiple of 128: per (row, group) scales and E4M3 out) or
             "amax" (fp32 out, the intermediate's amax taken in the epilogue).  The plan decides
             (:func:`cute_moe.plan.epilogue_quant`).

@@ -20,8 +20,8 @@ GEMM1 (gated, gathering, 128×128) was faster on all three layers measured; GEMM
 with 224 K steps (Mixtral-8x7B) and slower with 12 (Qwen3-30B-A3B).  The threshold lies between the
 two; nothing between was timed.  FP8's GEMM2 follows the same rule (whole layer,
 notes/results/gpu_h100_2026-12-07_e27de90.md: 0.957× / 0.966× at Mixtral-8x7B's 112 steps of 128, 0.98–1.01×
-at 6 and 2 steps); FP8's GEMM1 stays on single CTAs (clusters alone 0.97–1.01×, no clear gain:
-notes/results/cute_schedule_h100_2026-12-07_97e590f.md)."""
+at 6 and 2 steps; timed at T = 4096 only); FP8's GEMM1 stays on single CTAs (clusters alone 0.956–1.038×
+across shapes and T, no consistent gain: notes/results/cute_schedule_h100_2026-12-07_97e590f.md)."""
 
 PINGPONG_MAX_K_STEPS = 4
 """GEMM2 runs ping-pong when its K (the layer's I) is at most this many ``tile_k`` steps.

@@ -15,7 +15,7 @@ With ``LayerPlan.gather_quant`` (:func:`cute_moe.plan.gather_quant`) x's quantiz
 one launch (``quantops.GatherQuantizeRows``: E4M3 rows and scales straight into the sorted
 order, after x's amax for the tensor and channel formats, with no amax launch for fp8_block).
 
-A gated GEMM1 on the normal path quantizes A in its epilogue instead (``GemmConfig.epilogue_quant``, the
+A gated GEMM1 quantizes A in its epilogue instead (swap-AB: the amax only; ``GemmConfig.epilogue_quant``, the
 plan's :func:`~cute_moe.plan.epilogue_quant`; :mod:`cute_moe.epilogue_quant`): with static scales
 ("static") and fp8_block tiles of whole 128-column groups ("block") it writes E4M3 ``aq`` (and the block
 scales) itself — no fp32 A, no amax or quantize launch; otherwise ("amax") it writes fp32 A and its amax,

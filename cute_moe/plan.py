@@ -127,16 +127,26 @@ GATHER_QUANT = True
 """Whether the fused FP8 plan quantizes x where its rows are gathered (``LayerPlan.gather_quant``: one
 :class:`~cute_moe.quantops.GatherQuantizeRows` launch writes the E4M3 rows in sorted order and their scales
 in GEMM1's order; fp8_block takes no amax launch at all; static scales: ``StaticGatherQuantizeRows``) instead
-of quantizing x's T rows, then gathering the codes and the scales.  The same bits either way; faster at decode
-and even at prefill (``python -m cute_moe.lab.bench_schedule --variants gather_quant``,
+of quantizing x's T rows, then gathering the codes and the scales — where :func:`gather_quant` says.  The
+same bits either way (``python -m cute_moe.lab.bench_schedule --variants gather_quant``,
 notes/results/gpu_h100_2026-12-07_e27de90.md).  Set it — through ``cute_moe.moe.plan_switches`` — in tests and
 benches."""
 
+GATHER_QUANT_NORMAL_TOP_K: int | None = 2
+"""The normal path (prefill) quantizes x in the gather only up to this many slots per token (None: at any
+top_k).  Per sorted row the gathering quantize reads the token's bf16 row, so with more than two slots it reads
+x more often than the separate path's one pass; timed neutral at Mixtral-8x7B T = 4096 (top_k 2: 0.997×,
+1.000×), not at a larger top_k.  The swap-AB path (decode), where the launch it saves is most of the gain, takes
+it at any top_k (0.88–1.00× on the three catalog shapes)."""
 
-def gather_quant(quant, fusion: str) -> bool:
+
+def gather_quant(quant, fusion: str, swap_ab: bool = True, top_k: int = 1) -> bool:
     """THE rule for x's quantization where its rows are gathered (:data:`GATHER_QUANT`): the fused FP8
-    pipeline, with dynamic or static scales (the unfused reference keeps its separate passes)."""
-    return GATHER_QUANT and quant is not None and fusion == "fused"
+    pipeline, with dynamic or static scales (the unfused reference keeps its separate passes), on the swap-AB
+    path, and on the normal path up to :data:`GATHER_QUANT_NORMAL_TOP_K` slots per token."""
+    if not GATHER_QUANT or quant is None or fusion != "fused":
+        return False
+    return swap_ab or GATHER_QUANT_NORMAL_TOP_K is None or top_k <= GATHER_QUANT_NORMAL_TOP_K
 
 
 @functools.cache
@@ -378,7 +388,8 @@ def _grouped_plan(dims: MoEDims, quant, given, swap_ab, fusion: str, static: boo
     if fusion == "separate":  # the unfused reference: a plain GEMM1, SiLU·mul as its own kernel
         plain = given[0].replace(gated=False, gather_rows=False, epilogue_quant=None)
         given = separate_configs(plain, given[1])
-    return LayerPlan(*given, quant=quant, fusion=fusion, gather_quant=gather_quant(quant, fusion))
+    xq = gather_quant(quant, fusion, given[0].swap_ab, dims.top_k)
+    return LayerPlan(*given, quant=quant, fusion=fusion, gather_quant=xq)
 
 
 def plans_for(

@@ -256,8 +256,8 @@ def test_fp8_pingpong_layer_is_the_cooperative_layer_bit_for_bit(spec, quant, T)
 @pytest.mark.parametrize("spec", ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3:tp8"])
 def test_fp8_cluster_layer_is_the_single_cta_layer_bit_for_bit(spec, quant):
     """The FP8 layer at T = 4096 with its normal-path GEMMs on clusters of two CTAs multicasting the weight
-    tile (``configs=``) gives the very bytes of the plan's single-CTA layer, and meets the oracle and
-    triton_moe."""
+    tile (``configs=``) gives the very bytes of the same layer on single CTAs (the plan clusters Mixtral's
+    GEMM2 itself), and meets the oracle and triton_moe."""
     import cute_moe
     from moe_spec.validate import MoEDims
 
@@ -265,8 +265,9 @@ def test_fp8_cluster_layer_is_the_single_cta_layer_bit_for_bit(spec, quant):
     inp = _inputs(s, quant, T, seed=37)
     p = cute_moe.plan(MoEDims(T=T, E=s.num_experts, K=s.hidden, I=s.intermediate, top_k=s.top_k), quant)
     clustered = tuple(g if g.swap_ab else g.replace(cluster=2) for g in (p.gemm1, p.gemm2))
+    single = tuple(g.replace(cluster=1) for g in (p.gemm1, p.gemm2))
     assert any(g.cluster == 2 for g in clustered), p.describe()
-    out = cute_moe.fused_moe(**inp.kwargs())
+    out = cute_moe.fused_moe(**inp.kwargs(), configs=single)
     cl = cute_moe.fused_moe(**inp.kwargs(), configs=clustered)
     assert torch.equal(out.view(torch.int16), cl.view(torch.int16))
     _check_layer(inp, configs=clustered)
@@ -274,7 +275,7 @@ def test_fp8_cluster_layer_is_the_single_cta_layer_bit_for_bit(spec, quant):
 
 def _poison_x_buffers() -> None:
     """Fill every cached workspace's sorted E4M3 rows with NaN codes and x's scales with NaN: a switch-on call
-    then reuses buffers the switch-off call filled (the workspace key does not hold the switch), and only
+    then could reuse buffers a switch-off call filled (were the workspace key not to hold the switch), and only
     what the new launch writes itself can come out right."""
     from cute_moe import moe
 
@@ -306,7 +307,7 @@ def test_fp8_gather_quant_layer_is_the_plan_layer_bit_for_bit(spec, quant, T):
     with plan_switches(GATHER_QUANT=False):
         out = cute_moe.fused_moe(**inp.kwargs())
         out_nan = cute_moe.fused_moe(**{**inp.kwargs(), "x": x_nan})
-    with plan_switches(GATHER_QUANT=True):
+    with plan_switches(GATHER_QUANT=True, GATHER_QUANT_NORMAL_TOP_K=None):
         _poison_x_buffers()
         dims = MoEDims(T=T, E=shape.num_experts, K=shape.hidden, I=shape.intermediate, top_k=shape.top_k)
         assert "xq:gather" in cute_moe.plan(dims, quant).describe()
@@ -332,7 +333,7 @@ def test_fp8_static_gather_quant_layer_is_the_plan_layer_bit_for_bit(T):
     a1, a2 = calibrate_static_scales(**inp.kwargs())
     with plan_switches(GATHER_QUANT=False):
         out = cute_moe.fused_moe(**inp.kwargs(), a1_scale=a1, a2_scale=a2)
-    with plan_switches(GATHER_QUANT=True):
+    with plan_switches(GATHER_QUANT=True, GATHER_QUANT_NORMAL_TOP_K=None):
         _poison_x_buffers()
         fused = cute_moe.fused_moe(**inp.kwargs(), a1_scale=a1, a2_scale=a2)
         assert torch.equal(out.view(torch.int16), fused.view(torch.int16))

@@ -28,7 +28,7 @@ SHAPE = MoEShape("host", 128, 8, 256, 128, "host cost")
 
 @pytest.fixture
 def gather_quant():
-    with plan_switches(GATHER_QUANT=True):
+    with plan_switches(GATHER_QUANT=True, GATHER_QUANT_NORMAL_TOP_K=None):  # on both paths, any top_k
         yield
 
 
@@ -63,13 +63,19 @@ def test_the_rule_takes_the_fused_fp8_pipeline(gather_quant):
     assert not plan_module.plan(dims, "fp8_tensor", fusion="separate").gather_quant
 
 
-def test_on_by_default():
-    """The plan ships it (notes/results/gpu_h100_2026-12-07_e27de90.md); the switch turns it off."""
-    dims = MoEDims(T=4096, E=128, K=2048, I=768, top_k=8)
-    assert plan_module.GATHER_QUANT is True
-    assert all(plan_module.plan(dims, q).gather_quant for q in FORMATS)
-    with plan_switches(GATHER_QUANT=False):
-        assert not any(plan_module.plan(dims, q).gather_quant for q in FORMATS)
+def test_on_by_default_where_it_was_timed():
+    """The plan ships it where notes/results/gpu_h100_2026-12-07_e27de90.md timed it: on the swap-AB path
+    at any top_k, on the normal path at two slots per token (Mixtral-8x7B prefill), not at eight (Qwen3-30B-A3B
+    prefill); the switch turns it off everywhere."""
+    decode, qwen3 = MoEDims(T=8, E=128, K=2048, I=768, top_k=8), MoEDims(T=4096, E=128, K=2048, I=768, top_k=8)
+    mixtral = MoEDims(T=4096, E=8, K=4096, I=14336, top_k=2)
+    assert plan_module.GATHER_QUANT is True and plan_module.GATHER_QUANT_NORMAL_TOP_K == 2
+    for q in FORMATS:
+        p = {name: plan_module.plan(d, q) for name, d in (("decode", decode), ("qwen3", qwen3), ("mixtral", mixtral))}
+        assert p["decode"].gemm1.swap_ab and not p["qwen3"].gemm1.swap_ab and not p["mixtral"].gemm1.swap_ab
+        assert p["decode"].gather_quant and p["mixtral"].gather_quant and not p["qwen3"].gather_quant
+        with plan_switches(GATHER_QUANT=False):
+            assert not any(plan_module.plan(d, q).gather_quant for d in (decode, qwen3, mixtral))
 
 
 @pytest.mark.parametrize("quant", FORMATS)

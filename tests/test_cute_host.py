@@ -133,10 +133,19 @@ def test_every_kernel_compiles_with_the_tvm_ffi_convention():
         assert _params(fn), name  # it states its signature
 
 
+@pytest.mark.parametrize("switches", ["plan", "off"])
 @pytest.mark.parametrize("quant, T", [(None, 1), (None, 300), ("fp8_tensor", 1), ("fp8_tensor", 64)])
-def test_each_launch_of_a_call_fits_its_compiled_signature(recorded_layer, quant, T):
+def test_each_launch_of_a_call_fits_its_compiled_signature(recorded_layer, monkeypatch, quant, T, switches):
     """Every launch of a warm call (T = 300: 2400 pairs, the count kernel too) passes arguments that
-    fit what its kernel was compiled for, and a second call binds nothing anew."""
+    fit what its kernel was compiled for, and a second call binds nothing anew — with the plan's switches,
+    and with x quantized on its own and the swap-AB intermediate's amax launched ("off")."""
+    from cute_moe import moe
+
+    if switches == "off":
+        plan = importlib.import_module("cute_moe.plan")
+        monkeypatch.setattr(plan, "GATHER_QUANT", False)
+        monkeypatch.setattr(plan, "SWAP_AB_EPILOGUE_AMAX", False)
+        moe.forget_calls()
     fused_moe, calls = recorded_layer
     kw = make_inputs(SMALL, T, quant, seed=0).kwargs()
     fused_moe(**kw)
@@ -146,9 +155,16 @@ def test_each_launch_of_a_call_fits_its_compiled_signature(recorded_layer, quant
     assert [fn for fn, _ in calls] == first  # the same compiled functions, launched in the same order
     counted = T * SMALL.top_k > 2048  # more than one chunk of pairs: the count kernel first
     assert len(_params(calls[0][0])) == (4 if counted else 23)  # count / place
-    # fp8_tensor: place, x's amax, its gathering quantize, GEMM1 (the amax in its epilogue), the quantize, GEMM2,
-    # combine
-    assert len(calls) == {None: 4, "fp8_tensor": 7}[quant] + counted
+    # fp8_tensor: place, x's amax, its quantize and gather (or one gathering quantize: plan.gather_quant), GEMM1,
+    # the intermediate's amax (none where GEMM1's epilogue takes it), its quantize, GEMM2, combine
+    import cute_moe
+    from moe_spec.validate import MoEDims
+
+    if quant is not None:
+        dims = MoEDims(T=T, E=SMALL.num_experts, K=SMALL.hidden, I=SMALL.intermediate, top_k=SMALL.top_k)
+        p = cute_moe.plan(dims, quant)
+        fp8 = 9 - (1 if p.gather_quant else 0) - (1 if p.gemm1.epilogue_quant == "amax" else 0)
+    assert len(calls) == (4 if quant is None else fp8) + counted
     bad = [f"launch {i}: {why}" for i, (fn, args) in enumerate(calls) for why in _mismatches(fn, args)]
     assert not bad, "\n".join(bad)
 
@@ -163,6 +179,7 @@ def test_x_quantized_in_the_gather_fits_its_compiled_signature(recorded_layer, m
 
     fused_moe, calls = recorded_layer
     monkeypatch.setattr(importlib.import_module("cute_moe.plan"), "GATHER_QUANT", True)
+    monkeypatch.setattr(importlib.import_module("cute_moe.plan"), "GATHER_QUANT_NORMAL_TOP_K", None)
     moe.forget_calls()
     kw = make_inputs(SMALL, T, quant, seed=0).kwargs()
     if static:

@@ -495,14 +495,12 @@ def test_the_schedule_bench_variants_of_the_plan():
             assert (cl2.gemm1, cl2.gemm2) == (p.gemm1, p.gemm2.replace(cluster=2))
     assert variant_plan(prefill, None, "gather_quant")[1] is None  # bf16: no x to quantize
     small = MoEDims(T=8, E=128, K=2048, I=768, top_k=8)
-    for quant in ("fp8_tensor", "fp8_channel", "fp8_block"):  # the switches' variants: nothing while they are on
-        assert variant_plan(prefill, quant, "gather_quant")[1] is None
-        assert variant_plan(small, quant, "swap_amax")[1] is None
-    with plan_switches(GATHER_QUANT=False, SWAP_AB_EPILOGUE_AMAX=False):  # each variant: its switch turned on
-        for quant in ("fp8_tensor", "fp8_channel", "fp8_block"):
-            p, gq = variant_plan(prefill, quant, "gather_quant")  # the plan's GEMMs, x quantized in the gather
-            assert gq.gather_quant and not p.gather_quant and (gq.gemm1, gq.gemm2) == (p.gemm1, p.gemm2)
-            p, sa = variant_plan(small, quant, "swap_amax")  # the swap-AB GEMM1 takes the amax in its epilogue
-            assert p.gemm1.swap_ab and p.gemm1.epilogue_quant is None
-            assert sa.gemm1 == p.gemm1.replace(epilogue_quant="amax") and sa.gemm2 == p.gemm2
-        assert variant_plan(prefill, "fp8_tensor", "swap_amax")[1] is None  # the normal path: its epilogue does
+    for on in (True, False):  # a switch's variant is the plan with the switch the other way
+        with plan_switches(GATHER_QUANT=on, GATHER_QUANT_NORMAL_TOP_K=None, SWAP_AB_EPILOGUE_AMAX=on):
+            for quant in ("fp8_tensor", "fp8_channel", "fp8_block"):
+                p, gq = variant_plan(prefill, quant, "gather_quant")  # the plan's GEMMs, x quantized or not
+                assert p.gather_quant == on and gq.gather_quant != on and (gq.gemm1, gq.gemm2) == (p.gemm1, p.gemm2)
+                p, sa = variant_plan(small, quant, "swap_amax")  # the swap-AB GEMM1's epilogue amax, or not
+                assert p.gemm1.swap_ab and p.gemm1.epilogue_quant == ("amax" if on else None)
+                assert sa.gemm1 == p.gemm1.replace(epilogue_quant=None if on else "amax") and sa.gemm2 == p.gemm2
+            assert variant_plan(prefill, "fp8_tensor", "swap_amax")[1] is None  # the normal path: its epilogue does

@@ -85,7 +85,8 @@ def test_static_call_launches_no_amax(gated, swap_ab, T, monkeypatch):
     a_quantize = ["a_quantize_static" if gated == "gated" else "silu_quantize_static"]
     if gated == "gated" and not swap_ab:
         a_quantize = []
-    x = ["x_gather_quantize"] if plan_module.GATHER_QUANT else ["x_quantize_static", "gather"]  # plan.gather_quant
+    gathering = plan_module.gather_quant("fp8_tensor", "fused", swap_ab, SHAPE.top_k)  # the plan's rule
+    x = ["x_gather_quantize"] if gathering else ["x_quantize_static", "gather"]
     layer = [*x, "GroupedGemm", *a_quantize, "GroupedGemm", "combine"]
     assert cute == CUTE_ALIGN[T] + layer, cute
     assert not [name for name in cute if "amax" in name]

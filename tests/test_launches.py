@@ -224,14 +224,14 @@ def _cute_fp8(quant, T):
     amax after it, or the amax alone after a gated GEMM1 (cute_moe.plan.gated_gemm1: here fp8_block's I = 64
     is not whole scale blocks), or none where a gated GEMM1 takes the amax in its epilogue
     (cute_moe.plan.epilogue_quant: the normal path, and swap-AB while SWAP_AB_EPILOGUE_AMAX)."""
-    from cute_moe.plan import EPILOGUE_QUANT, GATED_FP8_GEMM1, GATHER_QUANT, SWAP_AB_EPILOGUE_AMAX, _bucket
+    from cute_moe.plan import EPILOGUE_QUANT, GATED_FP8_GEMM1, SWAP_AB_EPILOGUE_AMAX, _bucket, gather_quant
 
     swap, _ = _bucket(T * SHAPE.top_k / SHAPE.num_experts, None, (SHAPE.hidden, SHAPE.intermediate))
     gated = ("swap_ab" if swap else "normal") in GATED_FP8_GEMM1 and quant != "fp8_block"
     in_epilogue = gated and EPILOGUE_QUANT and (SWAP_AB_EPILOGUE_AMAX or not swap)
     amax = [] if in_epilogue else ["a_amax" if gated else "silu_amax"]
     x = ["x_amax", "x_quantize", "gather"]
-    if GATHER_QUANT:
+    if gather_quant(quant, "fused", swap, SHAPE.top_k):
         x = ([] if quant == "fp8_block" else ["x_amax"]) + ["x_gather_quantize"]
     return [*x, "GroupedGemm", *amax, "a_quantize", "GroupedGemm", "combine"]
 
@@ -257,9 +257,7 @@ def test_cute_launches_per_call(quant, T):
         assert cute == CUTE_ALIGN[T] + (_cute_layer() if quant is None else _cute_fp8(quant, T)), cute
     # the row maps, block maps, data checks and amax zeroing are the alignment's: the one torch op that
     # can be left gathers x's channel / block scales into the sorted rows, where x is quantized on its own
-    from cute_moe.plan import GATHER_QUANT
-
-    gathered = quant in (None, "fp8_tensor") or GATHER_QUANT
+    gathered = quant in (None, "fp8_tensor") or (quant is not None and one.gather_quant)
     assert torch_ops == ([] if gathered else ["index_select"]), torch_ops
     assert not HOST_READS & set(ops), ops
     assert len(cute) + len(torch_ops) <= (6 if quant is None else 11)

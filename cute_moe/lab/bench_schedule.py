@@ -13,10 +13,11 @@ plan (:data:`SWITCHES`, :func:`variant_plan`):
   (``GemmConfig.cluster = 2``; swap-AB GEMMs stay as they are);
 * **pingpong1**, **pingpong2**, **cluster1**, **cluster2** — the same for one GEMM only (the digit: GEMM1 or
   GEMM2), the other the plan's: which GEMM a gain comes from;
-* **gather_quant** — FP8 with x quantized where its rows are gathered (``cute_moe.plan.GATHER_QUANT`` on:
-  one launch for x's quantize, the gather of its codes and of its scales), the GEMMs the plan's;
-* **swap_amax** — FP8 on the swap-AB path with the intermediate's amax taken in the gated GEMM1's epilogue
-  (``cute_moe.plan.SWAP_AB_EPILOGUE_AMAX`` on: one launch fewer).
+* **gather_quant** — FP8 with x's quantization the other way from the plan's (``cute_moe.plan.GATHER_QUANT``:
+  one launch for x's quantize, the gather of its codes and of its scales, or those three), the GEMMs the
+  plan's; the describe column says which;
+* **swap_amax** — FP8 on the swap-AB path with the intermediate's amax the other way from the plan's: in the
+  gated GEMM1's epilogue (``cute_moe.plan.SWAP_AB_EPILOGUE_AMAX``) or its own launch.
 
 Every cell times one whole ``fused_moe`` call per variant on the same inputs, the plan's own first —
 CUDA-graph replayed over rotated weight sets (cold L2, :func:`moe_spec.timing.time_cuda_graph`), median µs
@@ -43,7 +44,18 @@ QUANTS = ("fp8_tensor", "fp8_block")
 KNOWN_QUANTS = ("bf16", "fp8_tensor", "fp8_channel", "fp8_block")
 VARIANTS = ("pingpong", "cluster", "pingpong1", "pingpong2", "cluster1", "cluster2", "gather_quant", "swap_amax")
 #: The variants that are a switch of cute_moe.plan, turned on (fused_moe plans with it).
-SWITCHES = {"gather_quant": "GATHER_QUANT", "swap_amax": "SWAP_AB_EPILOGUE_AMAX"}
+SWITCHES = ("gather_quant", "swap_amax")
+
+
+def switch_settings(name: str, p) -> dict:
+    """The cute_moe.plan switches that give plan ``p``'s call the other side of switch variant ``name``: x
+    quantized where its rows are gathered (on both paths, any top_k) or on its own; the swap-AB GEMM1's
+    epilogue amax or its launch."""
+    if name == "gather_quant":
+        return {"GATHER_QUANT": False} if p.gather_quant else {"GATHER_QUANT": True, "GATHER_QUANT_NORMAL_TOP_K": None}
+    return {"SWAP_AB_EPILOGUE_AMAX": p.gemm1.epilogue_quant != "amax"}
+
+
 DEFAULT_VARIANTS = ("pingpong", "cluster")
 #: A cell starts only when this much time is left before the deadline.
 CELL_S = 20.0
@@ -63,7 +75,8 @@ VARIANT_GEMMS = {
 def variant_plan(dims, quant, name: str):
     """(the plan, the plan of variant ``name`` of :data:`VARIANTS`), the second None where the variant changes
     nothing (the one launch; cluster: no normal-path GEMM, or those already clustered; a switch: the plan
-    made with it on is the plan, e.g. bf16, or the normal path for swap_amax)."""
+    made with it the other way (:func:`switch_settings`) is the plan, e.g. bf16, or the normal path for
+    swap_amax)."""
     from ..gemm_rules import pingpong_config
     from ..moe import plan_switches
     from ..plan import plan
@@ -72,7 +85,7 @@ def variant_plan(dims, quant, name: str):
     if p.path != "grouped":
         return p, None
     if name in SWITCHES:
-        with plan_switches(**{SWITCHES[name]: True}):
+        with plan_switches(**switch_settings(name, p)):
             vp = plan(dims, quant)
         return p, (None if vp == p else vp)
     pair = [p.gemm1, p.gemm2]
@@ -110,8 +123,9 @@ def _write(out, results: dict) -> None:
         "",
         "Whole fused_moe calls, CUDA-graph replay, cold L2, median µs. plan: the plan's configs; pingpong: both "
         "GEMMs' ping-pong twins (single CTAs); cluster: the normal-path GEMMs on clusters of two; a digit: "
-        "that GEMM alone (pingpong1: GEMM1's twin, the plan's GEMM2); gather_quant: x quantized in the gather; "
-        "swap_amax: the intermediate's amax in the swap-AB GEMM1's epilogue. "
+        "that GEMM alone (pingpong1: GEMM1's twin, the plan's GEMM2); gather_quant: x quantized in the gather or on "
+        "its own, swap_amax: the intermediate's amax in the swap-AB GEMM1's epilogue or its own launch — each the "
+        "other way from the plan (the JSON's describe says which). "
         "Each variant's "
         "µs / the plan's, and whether its output equals the plan's bit for bit (each rerun's bits: the JSON).",
         "",
@@ -179,8 +193,8 @@ def main(argv=None) -> None:
             if vp is None:
                 row["variants"][name] = None
                 continue
-            if name in SWITCHES:  # a switch of the plan, not a config: fused_moe plans with it on
-                with plan_switches(**{SWITCHES[name]: True}):
+            if name in SWITCHES:  # a switch of the plan, not a config: fused_moe plans with it the other way
+                with plan_switches(**switch_settings(name, p)):
                     got = _measure(sets, None)
             else:
                 got = _measure(sets, (vp.gemm1, vp.gemm2))
