@@ -208,7 +208,18 @@ class StaticQuantizeRows(_GroupKernel):
         self._for_each(used_rows[0], groups, quantize, vq)
 
 
-class GatherQuantizeRows(_GroupKernel):
+class _GatherGroupKernel(_GroupKernel):
+    """A group kernel reading x's rows through ``token_of_row`` and writing E4M3 rows in the sorted order."""
+
+    @staticmethod
+    def _views(x: cute.Tensor, q: cute.Tensor):
+        """(x's and q's per-lane chunk views, x's chunks per row, groups per row, this lane): what both
+        gathering quantize kernels start from."""
+        chunks = x.shape[1] // LANE_VALUES
+        return _chunks(x), _chunks(q), chunks, (chunks + 31) // 32, cute.arch.lane_idx()
+
+
+class GatherQuantizeRows(_GatherGroupKernel):
     """x quantized straight into the expert-sorted order: ``q[r] = e4m3(x[token_of_row[r]] / s)`` for the used
     sorted rows ``r``, and the scales in GEMM1's row order — one launch in place of x's quantize launch, the
     gather of its E4M3 rows and (channel, block) the gather of its scales.  fp8_block takes each 128-column
@@ -231,10 +242,7 @@ class GatherQuantizeRows(_GroupKernel):
         token_of_row: cute.Tensor,
         used_rows: cute.Tensor,
     ):
-        vx, vq = _chunks(x), _chunks(q)
-        chunks = x.shape[1] // LANE_VALUES
-        groups = (chunks + 31) // 32
-        lane = cute.arch.lane_idx()
+        vx, vq, chunks, groups, lane = self._views(x, q)
         v = cute.make_rmem_tensor((LANE_VALUES,), cutlass.Float32)  # this lane's 4 values of the group
 
         def quantize(row, g, scale, vq, v):
@@ -264,7 +272,7 @@ class GatherQuantizeRows(_GroupKernel):
         self._for_each(used_rows[0], groups, quantize, scale, vq, v)
 
 
-class StaticGatherQuantizeRows(_GroupKernel):
+class StaticGatherQuantizeRows(_GatherGroupKernel):
     """:class:`GatherQuantizeRows` under a static fp8_tensor scale ``s`` given by the caller: ``q[r] =
     e4m3(x[token_of_row[r]] / s)`` for the used sorted rows, no amax and no scale written (the GEMM reads the
     caller's tensor); a scale that is not finite and positive sets ``BAD_A1_SCALE`` in the error word, as
@@ -284,10 +292,7 @@ class StaticGatherQuantizeRows(_GroupKernel):
         token_of_row: cute.Tensor,
         used_rows: cute.Tensor,
     ):
-        vx, vq = _chunks(x), _chunks(q)
-        chunks = x.shape[1] // LANE_VALUES
-        groups = (chunks + 31) // 32
-        lane = cute.arch.lane_idx()
+        vx, vq, chunks, groups, lane = self._views(x, q)
         s = scale[0]
         first, _ = self._first_and_step()
         if (first == 0) & (lane == 0):  # one thread checks the scale, whatever the row count
