@@ -245,7 +245,8 @@ def fp8_buffers(ws: dict, dims, p, rows: int, scratch: torch.Tensor, static: boo
         return
     n_x, n_a = layer_amax_sizes(p, dims.T, rows, dims.K, dims.I)
     x_shape = activation_scale_shape(p.quant, dims.T, dims.K)
-    a_scale = torch.empty(amax_sizes(p.quant, dims.T, rows, dims.K, dims.I)[1], dtype=torch.float32, device=device)
+    a_shape = activation_scale_shape(p.quant, rows, dims.I)  # the intermediate's scales, whoever writes them
+    a_scale = torch.empty(math.prod(a_shape), dtype=torch.float32, device=device)
     ws.update(
         a=None if p.gemm1.gated else torch.empty(rows, dims.I, dtype=torch.float32, device=device),
         x_amax=scratch[:n_x],
