@@ -1,5 +1,6 @@
-"""The MoE layer at decode in ONE persistent CuTe DSL launch (bf16): the kernel (its compile and host side:
-:mod:`cute_moe.decode`).
+"""The MoE layer at decode in ONE persistent CuTe DSL launch (bf16 and the FP8 formats): the kernel (its
+compile and host side: :mod:`cute_moe.decode`; its producer warp: :mod:`cute_moe.decode_producer`; FP8's
+quantize tasks and scales: :mod:`cute_moe.decode_quant`).
 
 A CTA is 160 threads: the consumer warpgroup (warps 0–3: WGMMA, epilogues, the combine) and a producer
 warp (warp 4: tickets, TMA, cp.async).  Every CTA first builds the routing tables in shared memory from
@@ -28,7 +29,11 @@ red.release.gpu.add`` on the counter; a waiter spins on ``ld.acquire.gpu`` (ever
 before its cp.async of h; consumer thread 0 before the barrier that lets the others read y).  A task
 waits only on smaller task numbers, claimed in increasing order by running CTAs: no deadlock, whatever
 the residency (notes/decode.md, "The CuTe DSL kernel").  The last CTA out (an ``atom.acq_rel`` exit
-count) zeroes the counter block, so the next launch needs no memset.
+count) zeroes the counter block (FP8: and the amax word), so the next launch needs no memset.
+
+Under FP8 (``DecodeKernel(quant, static)``) the operands are E4M3 (x and h quantized by the launch's own Q1
+and Q2 tasks, :mod:`cute_moe.decode_quant`), a stage is 128 elements of K (the same 128-byte rows), its
+WGMMAs m64n16k32 write fresh block sums that are promoted into fp32 each stage, and h is kept in fp32.
 """
 
 import cutlass
@@ -40,11 +45,12 @@ from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
 from moe_spec.hopper import WGMMA_M
+from moe_spec.quant import FP8_BLOCK
 
 from .decode_parts import (
     CONSUMER_THREADS,
-    DONE1,
     DONE2,
+    DONEQ2,
     EXIT,
     H_TILE,
     PAIR_LANES,
@@ -52,40 +58,46 @@ from .decode_parts import (
     QUEUE,
     STAGES,
     THREADS,
-    TICKET,
-    TILE_K,
     TOKEN_BLOCK,
     TOKENS,
     Y_TILE,
-    RowCopy,
-    a_task,
     b_task,
     build_tables,
     c_task,
     consumer_sync,
-    done1_target,
-    exchange_slot,
+    fp8_phase_starts,
     half_tasks,
     phase_starts,
-    ring_state,
     signal,
     stage_tx_bytes,
+    tile_k,
     wait_at_least,
 )
+from .decode_producer import ProducerSteps
+from .decode_quant import Fp8Args, QuantSteps
 from .decode_steps import BF16, ConsumerSteps
-from .rowops import silu_mul
+from .quantmath import scale_of
+
+FP8 = cutlass.Float8E4M3FN
 
 
-class DecodeKernel(ConsumerSteps):
-    """``cute.compile(DecodeKernel(), *fake_arguments(ids_dtype))``: every size is read from the tensors.
+class DecodeKernel(ConsumerSteps, ProducerSteps, QuantSteps):
+    """``cute.compile(DecodeKernel(quant, static), *fake_arguments(ids_dtype, quant, static))``: every size is
+    read from the tensors.
 
-    Arguments: x bf16 [T, K]; w1 bf16 (I, K, 2, E) — W1 [E, 2I, K] seen as its gate (0) and up (1)
-    halves; w2 bf16 (K, I, E) — W2 [E, K, I]; topk_weights fp32 [T, top_k]; topk_ids [T, top_k];
-    h bf16 [≥ P, I], y bf16 [≥ P, K] (workspace); out bf16 [T, K]; counters int32 (zero at entry,
-    zero at exit); word int32 [1] (the error word); part fp32 and arrive int32 (the halves' exchange,
-    :func:`~cute_moe.decode_parts.exchange_words`; arrive zero at entry and exit); num_ctas (the grid);
-    the stream (TVM-FFI's).
+    Arguments: x bf16 [T, K]; w1 (I, K, 2, E) — W1 [E, 2I, K] seen as its gate (0) and up (1)
+    halves; w2 (K, I, E) — W2 [E, K, I] (bf16, or E4M3 under FP8); topk_weights fp32 [T, top_k]; topk_ids
+    [T, top_k]; h [≥ P, I] (bf16; fp32 under FP8), y bf16 [≥ P, K] (workspace); out bf16 [T, K]; counters
+    int32 (zero at entry, zero at exit); word int32 [1] (the error word); part fp32 and arrive int32 (the
+    halves' exchange, :func:`~cute_moe.decode_parts.exchange_words`; arrive zero at entry and exit);
+    num_ctas (the grid); the stream (TVM-FFI's).  FP8 adds :class:`~cute_moe.decode_quant.Fp8Args`'s nine:
+    w1_scale, w2_scale, a1, a2, xq, xs, hq, hs, amax.
     """
+
+    def __init__(self, quant: str | None = None, static: bool = False):
+        self.quant, self.static = quant, static
+        self.ab = BF16 if quant is None else FP8  # the GEMMs' operand type
+        self.tk = tile_k(quant is not None)
 
     @cute.jit
     def __call__(
@@ -104,29 +116,86 @@ class DecodeKernel(ConsumerSteps):
         arrive,
         num_ctas: cutlass.Int32,
         stream,
+        w1_scale=None,
+        w2_scale=None,
+        a1=None,
+        a2=None,
+        xq=None,
+        xs=None,
+        hq=None,
+        hs=None,
+        amax=None,
     ):
         k_major = LayoutEnum.ROW_MAJOR.sm90_mma_major_mode()
         tiled_mma = sm90.make_trivial_tiled_mma(
-            BF16, BF16, k_major, k_major, cutlass.Float32, (1, 1, 1), tiler_mn=(WGMMA_M, TOKENS)
+            self.ab, self.ab, k_major, k_major, cutlass.Float32, (1, 1, 1), tiler_mn=(WGMMA_M, TOKENS)
         )
-        tile_mnk = (WGMMA_M, TOKENS, TILE_K)
-        w_staged = sm90.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tile_mnk, BF16, STAGES)
-        x_staged = sm90.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tile_mnk, BF16, STAGES)
+        tile_mnk = (WGMMA_M, TOKENS, self.tk)
+        w_staged = sm90.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tile_mnk, self.ab, STAGES)
+        x_staged = sm90.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tile_mnk, self.ab, STAGES)
         w_one = cute.slice_(w_staged, (None, None, 0))
         g2s = cpasync.CopyBulkTensorTileG2SOp()
-        tma_w1, m_w1 = cpasync.make_tiled_tma_atom(g2s, w1, w_one, (WGMMA_M, TILE_K))
-        tma_w2, m_w2 = cpasync.make_tiled_tma_atom(g2s, w2, w_one, (WGMMA_M, TILE_K))
+        tma_w1, m_w1 = cpasync.make_tiled_tma_atom(g2s, w1, w_one, (WGMMA_M, self.tk))
+        tma_w2, m_w2 = cpasync.make_tiled_tma_atom(g2s, w2, w_one, (WGMMA_M, self.tk))
         self.storage = self._storage(w_staged, x_staged)
-        self.kernel(
-            tma_w1, m_w1, tma_w2, m_w2, x, topk_weights, topk_ids, h, y, out, counters, word, part, arrive,
-            tiled_mma, w_staged, x_staged,
-        ).launch(grid=[num_ctas, 1, 1], block=[THREADS, 1, 1], min_blocks_per_mp=1, stream=stream)  # fmt: skip
+        launch = dict(grid=[num_ctas, 1, 1], block=[THREADS, 1, 1], min_blocks_per_mp=1, stream=stream)
+        if cutlass.const_expr(self.quant is None):
+            self.kernel(
+                tma_w1,
+                m_w1,
+                tma_w2,
+                m_w2,
+                x,
+                topk_weights,
+                topk_ids,
+                h,
+                y,
+                out,
+                counters,
+                word,
+                part,
+                arrive,
+                tiled_mma,
+                w_staged,
+                x_staged,
+            ).launch(**launch)
+        else:
+            self.kernel_fp8(
+                tma_w1,
+                m_w1,
+                tma_w2,
+                m_w2,
+                x,
+                topk_weights,
+                topk_ids,
+                h,
+                y,
+                out,
+                counters,
+                word,
+                part,
+                arrive,
+                tiled_mma,
+                w_staged,
+                x_staged,
+                w1_scale,
+                w2_scale,
+                a1,
+                a2,
+                xq,
+                xs,
+                hq,
+                hs,
+                amax,
+            ).launch(**launch)
 
     def _storage(self, w_staged, x_staged):
-        """Shared memory: the ring's and the queue's mbarriers, the queue, the routing tables, the two
-        weight rings (gate / up, or W2's two 64-row boxes, or one half's two K steps) and the token-row ring
-        (a second one for a half task's second K step), 1024-B aligned."""
+        """Shared memory: the ring's and the queue's mbarriers, the queue, the routing tables, FP8's amax
+        exchange, the two weight rings (gate / up, or W2's two 64-row boxes, or one half's two K steps) and
+        the token-row ring (a second one for a half task's second K step), 1024-B aligned."""
         lanes = PAIR_LANES
+        ab = self.ab
+        halved = half_tasks() and self.quant is None
 
         @cute.struct
         class Storage:
@@ -142,11 +211,12 @@ class DecodeKernel(ConsumerSteps):
             scale: cute.struct.MemRange[cutlass.Float32, lanes]
             n_leaders: cute.struct.MemRange[cutlass.Int32, 4]
             flag: cute.struct.MemRange[cutlass.Int32, 4]
-            s_w0: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(w_staged)], 1024]
-            s_w1: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(w_staged)], 1024]
-            s_x: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(x_staged)], 1024]
-            if half_tasks():
-                s_x2: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(x_staged)], 1024]
+            red: cute.struct.MemRange[cutlass.Float32, 4]
+            s_w0: cute.struct.Align[cute.struct.MemRange[ab, cute.cosize(w_staged)], 1024]
+            s_w1: cute.struct.Align[cute.struct.MemRange[ab, cute.cosize(w_staged)], 1024]
+            s_x: cute.struct.Align[cute.struct.MemRange[ab, cute.cosize(x_staged)], 1024]
+            if halved:
+                s_x2: cute.struct.Align[cute.struct.MemRange[ab, cute.cosize(x_staged)], 1024]
 
         return Storage
 
@@ -171,6 +241,58 @@ class DecodeKernel(ConsumerSteps):
         w_staged: cute.ComposedLayout,
         x_staged: cute.ComposedLayout,
     ):
+        """The bf16 entry point."""
+        tma = (tma_w1, m_w1, tma_w2, m_w2)
+        outs = (m_h, m_y, m_out)
+        self._body(
+            tma, m_x, m_weights, m_ids, outs, counters, word, m_part, m_arrive, tiled_mma, w_staged, x_staged, None
+        )
+
+    @cute.kernel
+    def kernel_fp8(
+        self,
+        tma_w1: cute.CopyAtom,
+        m_w1: cute.Tensor,
+        tma_w2: cute.CopyAtom,
+        m_w2: cute.Tensor,
+        m_x: cute.Tensor,
+        m_weights: cute.Tensor,
+        m_ids: cute.Tensor,
+        m_h: cute.Tensor,
+        m_y: cute.Tensor,
+        m_out: cute.Tensor,
+        counters: cute.Tensor,
+        word: cute.Tensor,
+        m_part: cute.Tensor,
+        m_arrive: cute.Tensor,
+        tiled_mma: cute.TiledMma,
+        w_staged: cute.ComposedLayout,
+        x_staged: cute.ComposedLayout,
+        w1_scale: cute.Tensor,
+        w2_scale: cute.Tensor,
+        a1: cute.Tensor,
+        a2: cute.Tensor,
+        xq: cute.Tensor,
+        xs: cute.Tensor,
+        hq: cute.Tensor,
+        hs: cute.Tensor,
+        amax: cute.Tensor,
+    ):
+        """The FP8 entry point: the bf16 one's arguments and the E4M3 rows, scales and amax word."""
+        tma = (tma_w1, m_w1, tma_w2, m_w2)
+        outs = (m_h, m_y, m_out)
+        fp8 = Fp8Args(w1_scale, w2_scale, a1, a2, xq, xs, hq, hs, amax)
+        self._body(
+            tma, m_x, m_weights, m_ids, outs, counters, word, m_part, m_arrive, tiled_mma, w_staged, x_staged, fp8
+        )
+
+    @cute.jit
+    def _body(
+        self, tma, m_x, m_weights, m_ids, outs, counters, word, m_part, m_arrive, tiled_mma, w_staged, x_staged, fp8
+    ):
+        """One CTA: the routing tables, then the producer warp and the consumer warpgroup, then the exit count."""
+        tma_w1, m_w1, tma_w2, m_w2 = tma
+        m_h = outs[0]
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         cta, _, _ = cute.arch.block_idx()
@@ -213,154 +335,60 @@ class DecodeKernel(ConsumerSteps):
         s_w1 = storage.s_w1.get_tensor(w_staged.outer, swizzle=w_staged.inner)
         s_x = storage.s_x.get_tensor(x_staged.outer, swizzle=x_staged.inner)
         s_x2 = s_x  # a half task's second token ring (unused without HALF_TASKS)
-        if cutlass.const_expr(half_tasks()):
+        halved = half_tasks() and self.quant is None
+        if cutlass.const_expr(halved):
             s_x2 = storage.s_x2.get_tensor(x_staged.outer, swizzle=x_staged.inner)
         s_flag = storage.flag.get_tensor(cute.make_layout(4))
+        s_red = storage.red.get_tensor(cute.make_layout(4))
         s_task = storage.queue.get_tensor(cute.make_layout(QUEUE))
         n_leaders = tables[7][0]
         T, top_k, K, I = m_ids.shape[0], m_ids.shape[1], m_x.shape[1], m_w1.shape[0]  # noqa: E741
         nt1, nk, ntb = I // H_TILE, K // Y_TILE, (T + TOKEN_BLOCK - 1) // TOKEN_BLOCK
         halves = 1  # tasks per A tile: 2 (gate, up) when halving is on and the halves fill at most half the grid
-        if cutlass.const_expr(half_tasks()):
+        if cutlass.const_expr(halved):
             halves = cutlass.Int32(1)
             if (4 * n_leaders * nt1 <= grid) & (m_arrive.shape[0] >= grid):  # and a workspace made for halves
                 halves = cutlass.Int32(2)
-        bounds = phase_starts(n_leaders, nt1, nk, ntb, halves)
-        sizes = (n_leaders, nt1, ntb, top_k, K // TILE_K, I // TILE_K, halves)
+        if cutlass.const_expr(self.quant is None):
+            b0, c0, end = phase_starts(n_leaders, nt1, nk, ntb, halves)
+            bounds = (0, b0, b0, c0, end)
+        else:
+            bounds = fp8_phase_starts(n_leaders, nt1, nk, ntb)
+        sizes = (n_leaders, nt1, ntb, top_k, K // self.tk, I // self.tk, halves)
 
         if warp == PRODUCER_WARP:
-            tma = (tma_w1, m_w1, tma_w2, m_w2)
-            self.producer(ring, queue, s_task, tables, tma, m_x, m_h, s_w0, s_w1, (s_x, s_x2), counters, bounds, sizes)
+            rows_src = (m_x, m_h) if cutlass.const_expr(fp8 is None) else (fp8.xq, fp8.hq)
+            self.producer(ring, queue, s_task, tables, tma, rows_src, s_w0, s_w1, (s_x, s_x2), counters, bounds, sizes)
         if warp < PRODUCER_WARP:
             operands = (s_w0, s_w1, s_x, s_x2)
-            outs = (m_h, m_y, m_out)
             exchange = (m_part, m_arrive, s_flag)
+            work = (m_x, word, s_red, fp8, (m_w1.shape[3], I))
             self.consumer(
-                ring, queue, s_task, tables, tiled_mma, operands, outs, exchange, counters, bounds, sizes, tidx, T
+                ring, queue, s_task, tables, tiled_mma, operands, outs, exchange, counters, bounds, sizes, tidx, T, work
             )
 
-        # the last CTA out zeroes the counters: every CTA has made its last claim and its last wait
+        # the last CTA out zeroes the counters (and FP8's amax): every CTA has made its last claim and wait
         cute.arch.sync_threads()
         if tidx == 0:
             out_before = cute.arch.atomic_add(counters.iterator + EXIT, cutlass.Int32(1), sem="acq_rel", scope="gpu")
             if out_before == grid - 1:
                 for i in range(cute.size(counters)):
                     counters[i] = cutlass.Int32(0)
-
-    # ---- the producer warp -------------------------------------------------------------------------
-    @cute.jit
-    def producer(self, ring, queue, s_task, tables, tma, m_x, m_h, s_w0, s_w1, s_xs, counters, bounds, sizes):
-        """Claim tasks, hand each to the consumers, land its operands in the ring (module docstring)."""
-        tma_w1, m_w1, tma_w2, m_w2 = tma
-        _, _, s_order, s_start, s_count, s_lead, _, _ = tables
-        s_exp = tables[0]
-        b0, c0, end = bounds
-        n_leaders, nt1, _, top_k, k1_steps, k2_steps, halves = sizes
-        lane = cute.arch.lane_idx()
-        one = cute.make_layout(1)
-        g_w1 = cute.local_tile(m_w1, (WGMMA_M, TILE_K), (None, None, None, None))  # (64, 64, I/64, K/64, 2, E)
-        g_w2 = cute.local_tile(m_w2, (WGMMA_M, TILE_K), (None, None, None))  # (64, 64, K/64, I/64, E)
-        ring0, ring1 = cute.group_modes(s_w0, 0, 2), cute.group_modes(s_w1, 0, 2)
-        d1_0, box1 = cpasync.tma_partition(tma_w1, 0, one, ring0, cute.group_modes(g_w1, 0, 2))
-        d1_1, _ = cpasync.tma_partition(tma_w1, 0, one, ring1, cute.group_modes(g_w1, 0, 2))
-        d2_0, box2 = cpasync.tma_partition(tma_w2, 0, one, ring0, cute.group_modes(g_w2, 0, 2))
-        d2_1, _ = cpasync.tma_partition(tma_w2, 0, one, ring1, cute.group_modes(g_w2, 0, 2))
-        rows = RowCopy.make(s_xs[0], lane)
-        rows2 = RowCopy.make(s_xs[1], lane)  # a half task's second K step
-        tasks = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, QUEUE)
-        issued = cutlass.Int32(0)  # ring stages issued so far
-        task = self.claim(counters, lane)
-        while task < end:
-            self.hand_over(queue, tasks, s_task, task, lane)
-            tasks.advance()
-            # A: per stage W1's gate and up boxes of a K step (a half: its rows' boxes of two K steps) and x
-            if task < b0:
-                r, n, half = a_task(task, nt1, halves)
-                base, count = s_start[r], s_count[r]
-                e = s_exp[s_lead[r]]
-                steps = k1_steps // halves
-                state = ring_state(issued, True)
-                for c in range((count + TOKENS - 1) // TOKENS):
-                    for s in range(steps):
-                        k = s * halves  # whole tile: (k, gate), (k, up); a half: (k, half), (k + 1, half)
-                        ring.producer_acquire(state)
-                        full = ring.producer_get_barrier(state)
-                        box_0, box_1 = (
-                            box1[(None, n, k, half, e)],
-                            box1[(None, n, k + halves - 1, half + 2 - halves, e)],
-                        )
-                        cute.copy(tma_w1, box_0, d1_0[(None, state.index)], tma_bar_ptr=full)
-                        cute.copy(tma_w1, box_1, d1_1[(None, state.index)], tma_bar_ptr=full)
-                        rows.copy(m_x, s_order, base, c, count, top_k, k, state.index, True)
-                        if halves == 2:
-                            rows2.copy(m_x, s_order, base, c, count, top_k, k + 1, state.index, True)
-                        cute.arch.cp_async_mbarrier_arrive_noinc(full)
-                        state.advance()
-                issued = issued + (count + TOKENS - 1) // TOKENS * steps
-            elif task < c0:  # B: W2's two boxes first, then (after the wait) the chunk's h rows
-                kt, r = b_task(task - b0, n_leaders)
-                base, count = s_start[r], s_count[r]
-                e = s_exp[s_lead[r]]
-                steps = (count + TOKENS - 1) // TOKENS * k2_steps
-                early = cutlass.min(steps, STAGES)
-                state = ring_state(issued, True)
-                for s in range(early):  # W2 does not depend on GEMM1: on its way before the wait
-                    ring.producer_acquire(state)
-                    full = ring.producer_get_barrier(state)
-                    k = s % k2_steps
-                    cute.copy(tma_w2, box2[(None, 2 * kt, k, e)], d2_0[(None, state.index)], tma_bar_ptr=full)
-                    cute.copy(tma_w2, box2[(None, 2 * kt + 1, k, e)], d2_1[(None, state.index)], tma_bar_ptr=full)
-                    state.advance()
-                chunks = (count + TOKENS - 1) // TOKENS
-                wait_at_least(counters.iterator + DONE1 + r, done1_target(nt1, chunks, halves))  # every lane's acquire
-                rows_state = ring_state(issued, True)
-                for s in range(early):
-                    full = ring.producer_get_barrier(rows_state)
-                    rows.copy(m_h, s_order, base, s // k2_steps, count, top_k, s % k2_steps, rows_state.index, False)
-                    cute.arch.cp_async_mbarrier_arrive_noinc(full)
-                    rows_state.advance()
-                for s in range(early, steps):
-                    ring.producer_acquire(state)
-                    full = ring.producer_get_barrier(state)
-                    k = s % k2_steps
-                    cute.copy(tma_w2, box2[(None, 2 * kt, k, e)], d2_0[(None, state.index)], tma_bar_ptr=full)
-                    cute.copy(tma_w2, box2[(None, 2 * kt + 1, k, e)], d2_1[(None, state.index)], tma_bar_ptr=full)
-                    rows.copy(m_h, s_order, base, s // k2_steps, count, top_k, k, state.index, False)
-                    cute.arch.cp_async_mbarrier_arrive_noinc(full)
-                    state.advance()
-                issued = issued + steps
-            task = self.claim(counters, lane)
-        self.hand_over(queue, tasks, s_task, task, lane)  # a number past the end: the consumers stop
-        cute.arch.cp_async_commit_group()
-        cute.arch.cp_async_wait_group(0)
-
-    @cute.jit
-    def claim(self, counters: cute.Tensor, lane):
-        """The next task number (lane 0's atomic add on the ticket), in every lane."""
-        task = cutlass.Int32(0)
-        if lane == 0:
-            task = cute.arch.atomic_add(counters.iterator + TICKET, cutlass.Int32(1), sem="relaxed", scope="gpu")
-        return cute.arch.shuffle_sync(task, 0)
-
-    @cute.jit
-    def hand_over(self, queue, tasks, s_task, task, lane):
-        """Put ``task`` in the queue slot of ``tasks`` once the consumers have read its last occupant."""
-        queue.producer_acquire(tasks)
-        if lane == 0:
-            s_task[tasks.index] = task
-            queue.producer_commit(tasks)  # mbarrier.arrive: release at CTA scope
+                if cutlass.const_expr(fp8 is not None):
+                    fp8.amax[0] = cutlass.Float32(0.0)
 
     # ---- the consumer warpgroup ----------------------------------------------------------------------
     @cute.jit
     def consumer(
-        self, ring, queue, s_task, tables, tiled_mma, operands, outs, exchange, counters, bounds, sizes, tidx, T
+        self, ring, queue, s_task, tables, tiled_mma, operands, outs, exchange, counters, bounds, sizes, tidx, T, work
     ):
-        """Take tasks from the queue in order: the two GEMMs' main loops and epilogues, the combine."""
+        """Take tasks from the queue in order: the two GEMMs' main loops and epilogues, the combine (FP8: and
+        the quantize tasks)."""
         _, _, s_order, s_start, s_count, _, s_scale, _ = tables
         s_w0, s_w1, s_x, s_x2 = operands
         m_h, m_y, m_out = outs
-        m_arrive = exchange[1]
-        b0, c0, end = bounds
+        m_x, word, s_red, fp8, (_, I) = work  # noqa: E741
+        a0, q0, b0, c0, end = bounds
         n_leaders, nt1, ntb, top_k, k1_steps, k2_steps, halves = sizes
         thr = tiled_mma.get_slice(tidx)
         frags = (
@@ -372,6 +400,10 @@ class DecodeKernel(ConsumerSteps):
         coords = thr.partition_C(cute.make_identity_tensor((WGMMA_M, TOKENS)))  # (m, n) of each register
         acc0 = cute.make_rmem_tensor(coords.shape, cutlass.Float32)
         acc1 = cute.make_rmem_tensor(coords.shape, cutlass.Float32)
+        blk = (
+            cute.make_rmem_tensor(coords.shape, cutlass.Float32),
+            cute.make_rmem_tensor(coords.shape, cutlass.Float32),
+        )  # FP8: a K step's sums before their promotion
         h_out = cute.make_rmem_tensor(coords.shape, BF16)
         tiled_mma.set(warpgroup.Field.ACCUMULATE, True)  # once, outside every loop: the chunks zero acc0/acc1
         tasks = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, QUEUE)
@@ -380,31 +412,52 @@ class DecodeKernel(ConsumerSteps):
         tasks.advance()
         while task < end:
             if task < b0:
-                r, n, half = a_task(task, nt1, halves)
-                base, count = s_start[r], s_count[r]
-                h_rows = (m_h, s_order, base, count, n)
-                for c in range((count + TOKENS - 1) // TOKENS):
-                    if halves == 2:  # one half's sums; the half that arrives second has both and finishes the chunk
-                        used = self.mainloop(ring, tiled_mma, acc0, acc1, frags, used, k1_steps // 2, True)
-                        slot = exchange_slot(r, n, c, nt1)
-                        if self.exchange(acc0, acc1, exchange, slot, half, tidx) == 1:
-                            self.store_h(acc0, acc1, h_out, coords, h_rows, c)
-                            consumer_sync()  # every thread's h stores, then one release
-                            if tidx == 0:
-                                m_arrive[slot] = cutlass.Int32(0)  # the arrival word, zero for the next launch
-                                signal(counters.iterator + DONE1 + r)
+                if cutlass.const_expr(fp8 is None):
+                    accs = (acc0, acc1, h_out)
+                    used = self.gemm1(
+                        task, ring, tiled_mma, frags, accs, coords, tables, used, outs, exchange, sizes, counters, tidx
+                    )
+                else:
+                    if task < a0:
+                        self.quantize_x(task, m_x, fp8, word, s_red, counters, tidx)
+                    elif task < q0:
+                        accs = (acc0, acc1, blk)
+                        used = self.gemm1_fp8(
+                            task - a0,
+                            ring,
+                            tiled_mma,
+                            frags,
+                            accs,
+                            coords,
+                            tables,
+                            used,
+                            outs,
+                            work,
+                            sizes,
+                            counters,
+                            tidx,
+                        )
                     else:
-                        used = self.mainloop(ring, tiled_mma, acc0, acc1, frags, used, k1_steps)
-                        self.store_h(acc0, acc1, h_out, coords, h_rows, c)
-                if halves == 1:
-                    consumer_sync()  # every thread's h stores, then one release
-                    if tidx == 0:
-                        signal(counters.iterator + DONE1 + r)
+                        self.quantize_h(task - q0, m_h, fp8, tables, word, counters, n_leaders, nt1, tidx)
             elif task < c0:
                 kt, r = b_task(task - b0, n_leaders)
                 base, count = s_start[r], s_count[r]
+                if cutlass.const_expr(fp8 is not None):
+                    if tidx == 0:
+                        wait_at_least(counters.iterator + DONEQ2 + r, 1)  # r's hq and hs, read below
+                    consumer_sync()
                 for c in range((count + TOKENS - 1) // TOKENS):
-                    used = self.mainloop(ring, tiled_mma, acc0, acc1, frags, used, k2_steps)
+                    if cutlass.const_expr(fp8 is None):
+                        used = self.mainloop(ring, tiled_mma, acc0, acc1, frags, used, k2_steps)
+                    else:
+                        e = tables[0][tables[5][r]]
+                        ts = fp8.a2[0] if cutlass.const_expr(self.static) else scale_of(fp8.amax[0])
+                        rows = (s_order, base, count, top_k)
+                        wrows = (kt * Y_TILE, kt * Y_TILE + WGMMA_M)
+                        sc = self.chunk_scales(fp8.hs, ts, fp8.w2_scale, e, wrows, coords, rows, c, False)
+                        groups = I // FP8_BLOCK
+                        used = self.mainloop_fp8(ring, tiled_mma, acc0, acc1, blk, frags, used, k2_steps, sc, groups)
+                        self.dequantize(acc0, acc1, sc, coords)
                     for i in cutlass.range_constexpr(cute.size(acc0)):
                         m, j = coords[i]
                         if c * TOKENS + j < count:
@@ -423,14 +476,3 @@ class DecodeKernel(ConsumerSteps):
                 self.combine(m_y, m_out, kt, tb, top_k, T, tidx)
             task = self.take(queue, tasks, s_task)
             tasks.advance()
-
-    @cute.jit
-    def store_h(self, acc0, acc1, h_out, coords, h_rows, c):
-        """A's epilogue for chunk ``c``: h = SiLU(gate)·up in fp32 from the gate (acc0) and up (acc1) sums,
-        rounded once to bf16, into the rows of the chunk's pairs (``h_rows``: h, order, base, count, n-tile)."""
-        m_h, s_order, base, count, n = h_rows
-        h_out.store(silu_mul(acc0.load(), acc1.load()).to(BF16))
-        for i in cutlass.range_constexpr(cute.size(acc0)):
-            m, j = coords[i]
-            if c * TOKENS + j < count:
-                m_h[(s_order[base + c * TOKENS + j], n * H_TILE + m)] = h_out[i]

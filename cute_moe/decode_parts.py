@@ -38,6 +38,16 @@ TOKENS = 16
 """Pairs per chunk: WGMMA's N, the token rows of the B operand (K-major)."""
 TILE_K = 64
 """bf16 elements of K per ring stage: one 128-byte swizzled row."""
+FP8_TILE_K = 128
+"""E4M3 elements of K per ring stage under FP8: the same 128-byte row, and one 128-deep block of the scale grids
+(so a stage's sums are one promotion, as in the grouped FP8 GEMM: :mod:`cute_moe.fp8_gemm`)."""
+
+
+def tile_k(fp8: bool) -> int:
+    """Elements of K per ring stage: :data:`FP8_TILE_K` under FP8, :data:`TILE_K` in bf16."""
+    return FP8_TILE_K if fp8 else TILE_K
+
+
 H_TILE = WGMMA_M
 """Columns of h per A task: 64 gate rows and 64 up rows of W1, one WGMMA M each."""
 Y_TILE = 2 * WGMMA_M
@@ -82,11 +92,13 @@ ROW_PASS = 32 // VECS
 WGMMA = f"wgmma.mma_async.sync.aligned.m{WGMMA_M}n{TOKENS}k{wgmma_k(2)}.f32.bf16.bf16"
 """The one MMA both GEMMs issue: swap-AB, 64 weight rows × TOKENS pairs, bf16 in, fp32 accumulate."""
 
-# the counter block (int32): ticket, exit count, reserved, done1[leader rank], done2[k-tile]
-TICKET, EXIT = 0, 1
+# the counter block (int32): ticket, exit count, FP8's doneq1, reserved; done1[leader rank], FP8's
+# doneq2[leader rank], done2[k-tile]
+TICKET, EXIT, DONEQ1 = 0, 1, 2
 HEADER = 8
 DONE1 = HEADER
-DONE2 = HEADER + PAIR_LANES
+DONEQ2 = HEADER + PAIR_LANES
+DONE2 = HEADER + 2 * PAIR_LANES
 
 
 # ---- task numbering and host sizes (plain integers) -----------------------------------------------
@@ -95,6 +107,16 @@ def phase_starts(n_leaders, nt1, nk, ntb, halves=1):
     b0 = n_leaders * nt1 * halves
     c0 = b0 + nk * n_leaders
     return b0, c0, c0 + nk * ntb
+
+
+def fp8_phase_starts(n_leaders, nt1, nk, ntb):
+    """FP8's (A0, Q0, B0, C0, END): Q1 tasks [0, A0) quantize x, one per token block (E4M3 rows and scales);
+    A [A0, Q0) as in bf16 (h in fp32); Q2 tasks [Q0, B0) quantize h, one per leader; then B and C as in bf16."""
+    a0 = ntb
+    q0 = a0 + n_leaders * nt1
+    b0 = q0 + n_leaders
+    c0 = b0 + nk * n_leaders
+    return a0, q0, b0, c0, c0 + nk * ntb
 
 
 def a_task(a, nt1, halves=1):
@@ -150,14 +172,20 @@ def task_counts(n_leaders: int, T: int, K: int, I: int, halves: int = 1) -> tupl
     return n_leaders * nt1 * halves, nk * n_leaders, nk * ntb
 
 
-def max_tasks(T: int, top_k: int, E: int, K: int, I: int) -> int:  # noqa: E741
+def quant_tasks(n_leaders: int, T: int) -> tuple[int, int]:
+    """FP8's (Q1, Q2) tasks: one per token block of x, one per leader's h rows."""
+    return _cdiv(T, TOKEN_BLOCK), n_leaders
+
+
+def max_tasks(T: int, top_k: int, E: int, K: int, I: int, fp8: bool = False) -> int:  # noqa: E741
     """The most tasks a launch can have: every pair on its own expert (``min(T·top_k, E)`` leaders)."""
-    return sum(task_counts(min(T * top_k, E), T, K, I))
+    leaders = min(T * top_k, E)
+    return sum(task_counts(leaders, T, K, I)) + (sum(quant_tasks(leaders, T)) if fp8 else 0)
 
 
-def grid_size(T: int, top_k: int, E: int, K: int, I: int, sms: int) -> int:  # noqa: E741
+def grid_size(T: int, top_k: int, E: int, K: int, I: int, sms: int, fp8: bool = False) -> int:  # noqa: E741
     """CTAs of a launch: one per SM (shared memory holds one), never more than there can be tasks."""
-    return max(1, min(max_tasks(T, top_k, E, K, I), sms))
+    return max(1, min(max_tasks(T, top_k, E, K, I, fp8), sms))
 
 
 def exchange_words(sms: int) -> tuple[int, int]:
@@ -171,14 +199,14 @@ def exchange_words(sms: int) -> tuple[int, int]:
 
 
 def counter_words(K: int) -> int:
-    """int32 words of the counter block: the header, done1 per leader lane, done2 per k-tile."""
-    return HEADER + PAIR_LANES + K // Y_TILE
+    """int32 words of the counter block: the header, done1 and doneq2 per leader lane, done2 per k-tile."""
+    return HEADER + 2 * PAIR_LANES + K // Y_TILE
 
 
-def size_limit(T: int, top_k: int, K: int, I: int) -> tuple[str, str] | None:  # noqa: E741
+def size_limit(T: int, top_k: int, K: int, I: int, fp8: bool = False) -> tuple[str, str] | None:  # noqa: E741
     """The first size limit of the kernel a call breaks — at most :data:`PAIR_LANES` (token, slot) pairs, K a
-    multiple of :data:`Y_TILE`, I of :data:`H_TILE` — as (the argument that carries it, the limit in words);
-    None when the kernel serves these sizes."""
+    multiple of :data:`Y_TILE`, I of :data:`H_TILE` (FP8: of :data:`FP8_TILE_K`, GEMM2's K steps) — as (the
+    argument that carries it, the limit in words); None when the kernel serves these sizes."""
     pairs = T * top_k
     if pairs > PAIR_LANES:
         return (
@@ -187,16 +215,18 @@ def size_limit(T: int, top_k: int, K: int, I: int) -> tuple[str, str] | None:  #
         )
     if K % Y_TILE:
         return "x", f"the decode kernel needs K = x.shape[1] a multiple of {Y_TILE} (its output tiles), got {K}"
+    if fp8 and I % FP8_TILE_K:
+        return "w2", f"the FP8 decode kernel needs I = w2.shape[2] a multiple of {FP8_TILE_K} (its K steps), got {I}"
     if I % H_TILE:
         return "w2", f"the decode kernel needs I = w2.shape[2] a multiple of {H_TILE} (its h tiles), got {I}"
     return None
 
 
-def size_error(T: int, top_k: int, K: int, I: int) -> str | None:  # noqa: E741
+def size_error(T: int, top_k: int, K: int, I: int, fp8: bool = False) -> str | None:  # noqa: E741
     """:func:`size_limit` worded for the ValueError that names the argument
     (:func:`cute_moe.decode.check_decode_sizes`); None when the kernel serves these sizes (the plan's rule,
     :func:`cute_moe.plan.one_launch`, asks :func:`size_limit` the same)."""
-    limit = size_limit(T, top_k, K, I)
+    limit = size_limit(T, top_k, K, I, fp8)
     if limit is None:
         return None
     argument, words = limit
@@ -370,31 +400,33 @@ def build_tables(tables, ids: cute.Tensor, weights: cute.Tensor, word: cute.Tens
 # ---- the producer's row copy --------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RowCopy:
-    """The producer warp's cp.async copy of a stage's token rows (x rows for GEMM1, h rows for GEMM2)
-    into the swizzled B ring: 16 rows × 8 vectors of 16 bytes, lane ``l`` copies vector ``l % 8`` of rows
-    ``l // 8 + 4i`` (i = 0 … 3), partitioned over the staged smem tensor so that the swizzle is the one
-    the WGMMA descriptors read.  cp.async.cg: through L2 only (h is written by other SMs in this launch)."""
+    """The producer warp's cp.async copy of a stage's token rows (x rows for GEMM1, h rows for GEMM2; FP8:
+    their E4M3 rows) into the swizzled B ring: 16 rows × 8 vectors of 16 bytes (a 128-byte row: 64 bf16 or
+    128 E4M3), lane ``l`` copies vector ``l % 8`` of rows ``l // 8 + 4i`` (i = 0 … 3), partitioned over the
+    staged smem tensor so that the swizzle is the one the WGMMA descriptors read.  cp.async.cg: through L2
+    only (h is written by other SMs in this launch)."""
 
     atom: object
     dst: object  # this lane's vectors of the token ring: (vector, pass, 1, stage)
     row: object
     vec: object
+    width: int  # elements per 16-byte vector
 
     @classmethod
     def make(cls, s_rows: cute.Tensor, lane) -> "RowCopy":
-        atom = cute.make_copy_atom(
-            cpasync.CopyG2SOp(cpasync.LoadCacheMode.GLOBAL), cutlass.BFloat16, num_bits_per_copy=VEC * 16
-        )
+        dtype = s_rows.element_type
+        width = 128 // dtype.width
+        atom = cute.make_copy_atom(cpasync.CopyG2SOp(cpasync.LoadCacheMode.GLOBAL), dtype, num_bits_per_copy=128)
         tiled = cute.make_tiled_copy_tv(
-            atom, cute.make_layout((ROW_PASS, VECS), stride=(VECS, 1)), cute.make_layout((1, VEC))
+            atom, cute.make_layout((ROW_PASS, VECS), stride=(VECS, 1)), cute.make_layout((1, width))
         )
-        return cls(atom, tiled.get_slice(lane).partition_D(s_rows), lane // VECS, lane % VECS)
+        return cls(atom, tiled.get_slice(lane).partition_D(s_rows), lane // VECS, lane % VECS, width)
 
     @cute.jit
     def copy(self, src: cute.Tensor, s_order, base, chunk, count, top_k, k, slot, by_token: cutlass.Constexpr):
         """Rows ``chunk·16 + j`` (j < 16, below ``count``) of the group starting at ``order[base]``: pair
         q's row of ``src`` (``by_token``: token q // top_k's), K step ``k``, into ring slot ``slot``."""
-        vsrc = cute.local_tile(src, (1, VEC), (None, None))  # (1, VEC, rows, K / VEC)
+        vsrc = cute.local_tile(src, (1, self.width), (None, None))  # (1, width, rows, K / width)
         for i in cutlass.range_constexpr(TOKENS // ROW_PASS):
             j = chunk * TOKENS + i * ROW_PASS + self.row
             if j < count:

@@ -1,27 +1,109 @@
 """The consumer warpgroup's steps of the one-launch decode kernel (:mod:`cute_moe.decode_kernel`, whose
-docstring tells a task's life): a chunk's main loop over the ring and its WGMMAs, the halves' exchange
-(:data:`~cute_moe.decode_parts.HALF_TASKS`), the task queue's read, and the combine.
-:class:`~cute_moe.decode_kernel.DecodeKernel` inherits them."""
+docstring tells a task's life): GEMM1's task (bf16 and FP8), a chunk's main loop over the ring and its
+WGMMAs (FP8: with a promotion per stage), the halves' exchange (:data:`~cute_moe.decode_parts.HALF_TASKS`),
+the task queue's read, and the combine.  :class:`~cute_moe.decode_kernel.DecodeKernel` inherits them."""
 
 import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import warpgroup
 
+from moe_spec.quant import FP8_BLOCK
+
 from .decode_parts import (
     CONSUMER_THREADS,
+    DONE1,
+    DONEQ1,
     EXCHANGE_VALUES,
+    H_TILE,
     TOKEN_BLOCK,
+    TOKENS,
     VEC,
     Y_TILE,
+    a_task,
     consumer_sync,
+    exchange_slot,
     ring_state,
+    signal,
+    wait_at_least,
 )
+from .rowops import silu_mul
 
 BF16 = cutlass.BFloat16
 
 
 class ConsumerSteps:
     """The consumer warpgroup's steps (methods of :class:`~cute_moe.decode_kernel.DecodeKernel`)."""
+
+    @cute.jit
+    def gemm1(self, a, ring, tiled_mma, frags, accs, coords, tables, used, outs, exchange, sizes, counters, tidx):
+        """bf16's A task ``a``: per chunk GEMM1's sums (a half task: one half's, finished by the second to
+        arrive), SiLU·up → h; then done1[r].  Returns the ring stages consumed so far."""
+        acc0, acc1, h_out = accs
+        _, _, s_order, s_start, s_count, _, _, _ = tables
+        m_arrive = exchange[1]
+        _, nt1, _, _, k1_steps, _, halves = sizes
+        r, n, half = a_task(a, nt1, halves)
+        base, count = s_start[r], s_count[r]
+        h_rows = (outs[0], s_order, base, count, n)
+        for c in range((count + TOKENS - 1) // TOKENS):
+            if halves == 2:  # one half's sums; the half that arrives second has both and finishes the chunk
+                used = self.mainloop(ring, tiled_mma, acc0, acc1, frags, used, k1_steps // 2, True)
+                slot = exchange_slot(r, n, c, nt1)
+                if self.exchange(acc0, acc1, exchange, slot, half, tidx) == 1:
+                    self.store_h(acc0, acc1, h_out, coords, h_rows, c)
+                    consumer_sync()  # every thread's h stores, then one release
+                    if tidx == 0:
+                        m_arrive[slot] = cutlass.Int32(0)  # the arrival word, zero for the next launch
+                        signal(counters.iterator + DONE1 + r)
+            else:
+                used = self.mainloop(ring, tiled_mma, acc0, acc1, frags, used, k1_steps)
+                self.store_h(acc0, acc1, h_out, coords, h_rows, c)
+        if halves == 1:
+            consumer_sync()  # every thread's h stores, then one release
+            if tidx == 0:
+                signal(counters.iterator + DONE1 + r)
+        return used
+
+    @cute.jit
+    def store_h(self, acc0, acc1, h_out, coords, h_rows, c):
+        """A's epilogue for chunk ``c``: h = SiLU(gate)·up in fp32 from the gate (acc0) and up (acc1) sums,
+        rounded once to bf16, into the rows of the chunk's pairs (``h_rows``: h, order, base, count, n-tile)."""
+        m_h, s_order, base, count, n = h_rows
+        h_out.store(silu_mul(acc0.load(), acc1.load()).to(BF16))
+        for i in cutlass.range_constexpr(cute.size(acc0)):
+            m, j = coords[i]
+            if c * TOKENS + j < count:
+                m_h[(s_order[base + c * TOKENS + j], n * H_TILE + m)] = h_out[i]
+
+    @cute.jit
+    def gemm1_fp8(self, a, ring, tiled_mma, frags, accs, coords, tables, used, outs, work, sizes, counters, tidx):
+        """FP8's A task ``a`` (counted from A0): once x is quantized (doneq1), per chunk GEMM1's promoted sums,
+        dequantized, SiLU·up in fp32 → h (and a dynamic fp8_tensor scale's amax); then done1[r].  Returns the
+        ring stages consumed so far."""
+        acc0, acc1, blk = accs
+        _, _, s_order, s_start, s_count, _, _, _ = tables
+        m_x, _, _, fp8, (_, I) = work  # noqa: E741
+        _, nt1, ntb, top_k, k1_steps, _, _ = sizes
+        r, n, _ = a_task(a, nt1)
+        base, count = s_start[r], s_count[r]
+        e = tables[0][tables[5][r]]
+        if tidx == 0:
+            wait_at_least(counters.iterator + DONEQ1, ntb)  # x's scales, read below
+        consumer_sync()
+        act, ts = fp8.xs, fp8.xs[0]
+        if cutlass.const_expr(self.static):
+            act, ts = fp8.a1, fp8.a1[0]
+        rows = (s_order, base, count, top_k)
+        groups = m_x.shape[1] // FP8_BLOCK
+        for c in range((count + TOKENS - 1) // TOKENS):
+            sc = self.chunk_scales(act, ts, fp8.w1_scale, e, (n * H_TILE, I + n * H_TILE), coords, rows, c, True)
+            used = self.mainloop_fp8(ring, tiled_mma, acc0, acc1, blk, frags, used, k1_steps, sc, groups)
+            self.dequantize(acc0, acc1, sc, coords)
+            self.store_h_fp32(acc0, acc1, coords, (outs[0], s_order, base, count, n), c, fp8.amax, tidx % 32)
+        consumer_sync()  # every thread's h stores (and amax atomics), then one release
+        if tidx == 0:
+            signal(counters.iterator + DONE1 + r)
+        return used
 
     @cute.jit
     def exchange(self, acc0, acc1, exchange, slot, half, tidx):
@@ -76,6 +158,34 @@ class ConsumerSteps:
             read.advance()
         warpgroup.wait_group(0)
         ring.consumer_release(release)
+        return used + steps
+
+    @cute.jit
+    def mainloop_fp8(self, ring, tiled_mma, acc0, acc1, blk, frags, used, steps, sc, groups):
+        """FP8's chunk: per ring stage (one 128-deep K step) the WGMMAs write fresh block sums (the first with
+        ACCUMULATE off), retired before the stage is freed and promoted into acc0 / acc1 (zeroed first) with
+        ``sc``'s scales (:meth:`~cute_moe.decode_quant.QuantSteps.promote`; ``groups``: the activation's scale
+        groups per row).  Returns the stages consumed so far."""
+        a0, a1, b, _ = frags
+        blk0, blk1 = blk
+        read = ring_state(used, False)
+        acc0.fill(0.0)
+        acc1.fill(0.0)
+        for k in range(steps):
+            ring.consumer_wait(read)
+            cute.arch.fence_proxy("async.shared", space="cta")  # cp.async wrote the token rows (generic proxy)
+            warpgroup.fence()  # blk was last read by the previous promotion
+            tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
+            i = read.index
+            for kb in cutlass.range_constexpr(cute.size(a0, mode=[2])):
+                cute.gemm(tiled_mma, blk0, a0[(None, None, kb, i)], b[(None, None, kb, i)], blk0)
+                cute.gemm(tiled_mma, blk1, a1[(None, None, kb, i)], b[(None, None, kb, i)], blk1)
+                tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)  # the block sums complete: the stage is free, the sums can be read
+            ring.consumer_release(read)
+            read.advance()
+            self.promote(acc0, acc1, blk0, blk1, sc, k, groups)
         return used + steps
 
     @cute.jit

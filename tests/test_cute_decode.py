@@ -187,12 +187,24 @@ def test_task_counts_and_grid(spec, T, leaders, tasks):
 
 
 def test_counter_and_workspace_sizes():
-    assert [dp.counter_words(K) for K in (2048, 7168, 4096)] == [8 + 64 + 16, 8 + 64 + 56, 8 + 64 + 32]
+    # the header, done1 and FP8's doneq2 per leader lane, done2 per k-tile
+    assert [dp.counter_words(K) for K in (2048, 7168, 4096)] == [8 + 128 + 16, 8 + 128 + 56, 8 + 128 + 32]
     assert [dp.pair_bucket(p) for p in (1, 2, 8, 9, 16, 17, 33, 64)] == [8, 8, 8, 16, 16, 32, 64, 64]
     off = {"part": (1,), "arrive": (1,)}  # the halves' exchange, one word each while HALF_TASKS is off
-    assert workspace_shapes(1, 8, 2048, 768, 132) == {"h": (8, 768), "y": (8, 2048), "counters": (88,)} | off
-    assert workspace_shapes(8, 2, 4096, 14336, 132) == {"h": (16, 14336), "y": (16, 4096), "counters": (104,)} | off
-    assert workspace_shapes(8, 8, 7168, 256, 132) == {"h": (64, 256), "y": (64, 7168), "counters": (128,)} | off
+    assert workspace_shapes(1, 8, 2048, 768, 132) == {"h": (8, 768), "y": (8, 2048), "counters": (152,)} | off
+    assert workspace_shapes(8, 2, 4096, 14336, 132) == {"h": (16, 14336), "y": (16, 4096), "counters": (168,)} | off
+    assert workspace_shapes(8, 8, 7168, 256, 132) == {"h": (64, 256), "y": (64, 7168), "counters": (192,)} | off
+    fp8 = workspace_shapes(1, 8, 2048, 768, 132, "fp8_block")
+    assert fp8 == workspace_shapes(1, 8, 2048, 768, 132) | {
+        "xq": (8, 2048),
+        "xs": (8 * 16,),
+        "hq": (8, 768),
+        "hs": (8 * 6,),
+        "amax": (1,),
+    }
+    ws8 = new_workspace(3, 2, 256, 128, "cpu", "fp8_tensor")
+    assert ws8["h"].dtype == torch.float32 and ws8["xq"].dtype == ws8["hq"].dtype == torch.float8_e4m3fn
+    assert float(ws8["amax"][0]) == 0.0 and int(ws8["counters"].abs().sum()) == 0
     ws = new_workspace(3, 2, 256, 128, "cpu")
     assert ws["h"].shape == (8, 128) and ws["y"].shape == (8, 256) and int(ws["counters"].abs().sum()) == 0
     assert ws["part"].dtype == torch.float32 and ws["arrive"].dtype == torch.int32 and int(ws["arrive"].sum()) == 0

@@ -1,11 +1,14 @@
 """The one-launch decode kernel (:func:`cute_moe.decode.decode_fused_moe`) against the grouped pipeline.
 
     python -m cute_moe.lab.bench_decode --out DIR [--deadline-s 300] [--shapes ...] [--tokens 1,2,8]
+        [--quant bf16,fp8_tensor,fp8_tensor_static,fp8_channel,fp8_block]
 
-Every cell (bf16, catalog shape, T with T·top_k within the kernel's pairs) times one whole layer call of
+Every cell (format, catalog shape, T with T·top_k within the kernel's pairs) times one whole layer call of
 each path, CUDA-graph replayed over rotated weight sets (cold L2), median µs, and checks the one-launch
-output against the fp64 oracle (rel L2) and the grouped pipeline's (rel L2 and whether the bits are
-equal: both round h, y and the sum once, in the same order), and a rerun of it (bits).  The eager
+output against the fp64 oracle (rel L2; FP8: the W8A8 model on the quantized weights) and the grouped
+pipeline's (rel L2 and whether the bits are equal: both round h, y and the sum once, in the same order —
+FP8: quantize x and h the same way), and a rerun of it (bits).  ``fp8_tensor_static`` is fp8_tensor with
+static activation scales (``a1_scale``, ``a2_scale``: 1/64 each).  The eager
 column is plain back-to-back calls (one synchronization per repeat): what a caller without graphs pays.
 
 Writes ``decode.md`` and ``decode.json`` into ``--out`` (new or empty), rewritten after every cell.
@@ -21,18 +24,21 @@ from moe_spec import studyout
 FILES = ("decode.md", "decode.json")
 SHAPES = ("qwen3-30b-a3b", "deepseek-v3:tp8", "mixtral-8x7b")
 TOKENS = (1, 2, 8)
+QUANTS = ("bf16",)
+FORMATS = ("bf16", "fp8_tensor", "fp8_tensor_static", "fp8_channel", "fp8_block")
+STATIC_SCALE = 1 / 64  # a1_scale and a2_scale of fp8_tensor_static: x ~ N(0, 1) and h stay inside ±448·s
 CELL_S = 25.0  # a cell starts only when this much time is left before the deadline
 
 
-def _cell(shape, T: int, n_sets: int) -> dict:
+def _cell(shape, T: int, n_sets: int, fmt: str = "bf16") -> dict:
     """One cell, the grouped pipeline timed with the one launch off (``cute_moe.plan.ONE_LAUNCH``)."""
     from ..moe import plan_switches
 
     with plan_switches(ONE_LAUNCH=False):
-        return _timed_cell(shape, T, n_sets)
+        return _timed_cell(shape, T, n_sets, fmt)
 
 
-def _timed_cell(shape, T: int, n_sets: int) -> dict:
+def _timed_cell(shape, T: int, n_sets: int, fmt: str = "bf16") -> dict:
     import torch
 
     from moe_spec.oracle import oracle, rel_l2
@@ -42,11 +48,15 @@ def _timed_cell(shape, T: int, n_sets: int) -> dict:
     from ..decode import decode_fused_moe
     from ..moe import fused_moe
 
-    names = ("x", "w1", "w2", "topk_weights", "topk_ids")  # bf16: the decode kernel takes these alone
+    quant = None if fmt == "bf16" else fmt.removesuffix("_static")
     sets = []
     for i in range(n_sets):
-        kw = make_inputs(shape, T, None, seed=i, device="cuda").to("cuda").kwargs()
-        sets.append({n: kw[n] for n in names})
+        kw = make_inputs(shape, T, quant, seed=i, device="cuda").to("cuda").kwargs()
+        if quant is None:
+            kw = {n: kw[n] for n in ("x", "w1", "w2", "topk_weights", "topk_ids")}
+        if fmt.endswith("_static"):
+            kw |= {n: torch.full((1,), STATIC_SCALE, device="cuda") for n in ("a1_scale", "a2_scale")}
+        sets.append(kw)
     one = decode_fused_moe(**sets[0])
     again = decode_fused_moe(**sets[0])
     grouped = fused_moe(**sets[0])
@@ -78,21 +88,22 @@ def _write(out, results: dict) -> None:
         "",
         *studyout.header_lines(results),
         "",
-        "bf16 whole layer. one-launch: `cute_moe.decode.decode_fused_moe`; grouped: `cute_moe.fused_moe` "
+        "Whole layer. one-launch: `cute_moe.decode.decode_fused_moe`; grouped: `cute_moe.fused_moe` "
         "(alignment, GEMM1, GEMM2, combine). µs: CUDA-graph replay, cold L2, median; eager: back-to-back "
         "calls, µs per call. rel L2 against the fp64 oracle and against the grouped output; equal: the "
         "bits of the two outputs; rerun: the one-launch output again, bit for bit.",
         "",
-        "| shape | T | one-launch µs | grouped µs | one / grouped | eager one / grouped µs | rel L2 oracle "
+        "| format | shape | T | one-launch µs | grouped µs | one / grouped | eager one / grouped µs | rel L2 oracle "
         "| rel L2 grouped | equal | rerun |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results["rows"]:
         if "error" in r:
-            lines.append(f"| {r['shape']} | {r['T']} | error: {r['error']} |")
+            lines.append(f"| {r.get('quant', 'bf16')} | {r['shape']} | {r['T']} | error: {r['error']} |")
             continue
         lines.append(
-            f"| {r['shape']} | {r['T']} | {r['one_us']:.1f} | {r['grouped_us']:.1f} | {r['ratio']:.3f} "
+            f"| {r.get('quant', 'bf16')} | {r['shape']} | {r['T']} | {r['one_us']:.1f} | {r['grouped_us']:.1f} "
+            f"| {r['ratio']:.3f} "
             f"| {r['one_eager_us']:.1f} / {r['grouped_eager_us']:.1f} | {r['rel_l2_oracle']:.1e} "
             f"| {r['rel_l2_grouped']:.1e} | {r['equal_grouped']} | {r['rerun_equal']} |"
         )
@@ -108,11 +119,16 @@ def main(argv=None) -> None:
     parser = studyout.gpu_study_parser(prog, __doc__, FILES, 300.0)
     parser.add_argument("--shapes", default=",".join(SHAPES), help="catalog shapes, comma separated")
     parser.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="token counts, comma separated")
+    parser.add_argument("--quant", default=",".join(QUANTS), help=f"formats, comma separated, of {FORMATS}")
     parser.add_argument("--sets", type=int, default=4, help="weight sets rotated per timing (cold L2) [4]")
     a, out, run = studyout.start_gpu_study(prog, parser, argv, FILES)
     try:
         shapes = studyout.split_list("--shapes", a.shapes)
         tokens = studyout.positive_ints("--tokens", a.tokens)
+        quants = studyout.split_list("--quant", a.quant)
+        bad = [q for q in quants if q not in FORMATS]
+        if bad:
+            raise studyout.UsageError(f"--quant: {', '.join(bad)} not among {', '.join(FORMATS)}")
     except studyout.UsageError as exc:
         parser.error(str(exc))
     if a.sets < 1:
@@ -127,8 +143,8 @@ def main(argv=None) -> None:
     _write(out, results)
     took = studyout.run_cells(
         results,
-        [{"shape": spec, "T": T} for spec in shapes for T in tokens],
-        lambda cell: _cell(get_shape(cell["shape"]), cell["T"], a.sets),
+        [{"quant": q, "shape": spec, "T": T} for q in quants for spec in shapes for T in tokens],
+        lambda cell: _cell(get_shape(cell["shape"]), cell["T"], a.sets, cell["quant"]),
         lambda r: _write(out, r),
         deadline_s=a.deadline_s,
         cell_s=CELL_S,
