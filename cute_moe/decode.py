@@ -307,7 +307,9 @@ def launch(
     word = error_word(x.device)
     args = [x, w1_view, w2_view, topk_weights, topk_ids, ws["h"], ws["y"], out, ws["counters"], word]
     args += [ws["part"], ws["arrive"], grid]
-    if quant is not None:
+    if quant is None:
+        args += [None] * 9  # the FP8 arguments of the kernel's signature (DecodeKernel.__call__), unused
+    else:
         a1, a2 = scales["a1_scale"], scales["a2_scale"]
         if a1 is None:
             a1 = a2 = _stand_in(x.device)

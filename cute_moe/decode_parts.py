@@ -299,10 +299,23 @@ def leader_tables(ids: list[int], E: int) -> dict:
 # ---- the dependency protocol ------------------------------------------------------------------------
 @cute.jit
 def wait_at_least(ptr, target):
-    """Spin until the int32 at ``ptr`` is at least ``target``: ``ld.acquire.gpu`` (an acquire pattern)."""
+    """Spin until the int32 at ``ptr`` is at least ``target``: ``ld.acquire.gpu`` (an acquire pattern), a
+    ``nanosleep`` between reads so that spinning CTAs leave L2 to the ones that stream weights."""
     seen = cute.arch.load(ptr, cutlass.Int32, sem="acquire", scope="gpu")
     while seen < target:
+        cute.arch.inline_ptx("nanosleep.u32 64;")
         seen = cute.arch.load(ptr, cutlass.Int32, sem="acquire", scope="gpu")
+
+
+@cute.jit
+def warp_wait_at_least(ptr, target, lane):
+    """:func:`wait_at_least` for a whole warp whose every lane then reads what the counter guards: lane 0
+    spins, then every lane makes its own acquire read (which sees the target at once: it comes after lane
+    0's read in the warp's order)."""
+    if lane == 0:
+        wait_at_least(ptr, target)
+    cute.arch.sync_warp()
+    wait_at_least(ptr, target)
 
 
 @cute.jit

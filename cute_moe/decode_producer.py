@@ -27,7 +27,7 @@ from .decode_parts import (
     b_task,
     done1_target,
     ring_state,
-    wait_at_least,
+    warp_wait_at_least,
 )
 
 
@@ -114,10 +114,10 @@ class ProducerSteps:
     def stream(self, ring, issued, k_steps, w, wait, rows, src, group, by_token: cutlass.Constexpr):
         """A task whose token rows wait on a counter: every chunk's ``k_steps`` stages of two weight boxes and
         16 token rows of ``src`` (``by_token``: x's rows by the pairs' tokens).  The boxes of the first
-        :data:`STAGES` stages go before the wait (``wait``: counter, target; every lane's acquire), their rows
-        after it.  ``w`` = (atom, boxes, ring dst 0, ring dst 1, expert, box, second box): W2's two 64-row
-        boxes of a k-tile, or (second box None) W1's gate and up boxes of n-tile ``box``.  Returns the stages
-        issued so far."""
+        :data:`STAGES` stages go before the wait (``wait``: counter, target; lane 0 spins, then every lane's
+        acquire), their rows after it.  ``w`` = (atom, boxes, ring dst 0, ring dst 1, expert, box, second
+        box): W2's two 64-row boxes of a k-tile, or (second box None) W1's gate and up boxes of n-tile
+        ``box``.  Returns the stages issued so far."""
         s_order, base, count, top_k = group
         steps = (count + TOKENS - 1) // TOKENS * k_steps
         early = cutlass.min(steps, STAGES)
@@ -126,7 +126,7 @@ class ProducerSteps:
             ring.producer_acquire(state)
             self.land_boxes(ring, state, w, s % k_steps)
             state.advance()
-        wait_at_least(wait[0], wait[1])
+        warp_wait_at_least(wait[0], wait[1], cute.arch.lane_idx())
         rows_state = ring_state(issued, True)
         for s in range(early):
             full = ring.producer_get_barrier(rows_state)
