@@ -40,17 +40,14 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90
-from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cute.nvgpu import cpasync
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
 from moe_spec.hopper import WGMMA_M
-from moe_spec.quant import FP8_BLOCK
 
 from .decode_parts import (
     CONSUMER_THREADS,
-    DONE2,
-    DONEQ2,
     EXIT,
     H_TILE,
     PAIR_LANES,
@@ -61,22 +58,16 @@ from .decode_parts import (
     TOKEN_BLOCK,
     TOKENS,
     Y_TILE,
-    b_task,
     build_tables,
-    c_task,
-    consumer_sync,
     fp8_phase_starts,
     half_tasks,
     phase_starts,
-    signal,
     stage_tx_bytes,
     tile_k,
-    wait_at_least,
 )
 from .decode_producer import ProducerSteps
 from .decode_quant import Fp8Args, QuantSteps
 from .decode_steps import BF16, ConsumerSteps
-from .quantmath import scale_of
 
 FP8 = cutlass.Float8E4M3FN
 
@@ -376,103 +367,3 @@ class DecodeKernel(ConsumerSteps, ProducerSteps, QuantSteps):
                     counters[i] = cutlass.Int32(0)
                 if cutlass.const_expr(fp8 is not None):
                     fp8.amax[0] = cutlass.Float32(0.0)
-
-    # ---- the consumer warpgroup ----------------------------------------------------------------------
-    @cute.jit
-    def consumer(
-        self, ring, queue, s_task, tables, tiled_mma, operands, outs, exchange, counters, bounds, sizes, tidx, T, work
-    ):
-        """Take tasks from the queue in order: the two GEMMs' main loops and epilogues, the combine (FP8: and
-        the quantize tasks)."""
-        _, _, s_order, s_start, s_count, _, s_scale, _ = tables
-        s_w0, s_w1, s_x, s_x2 = operands
-        m_h, m_y, m_out = outs
-        m_x, word, s_red, fp8, (_, I) = work  # noqa: E741
-        a0, q0, b0, c0, end = bounds
-        n_leaders, nt1, ntb, top_k, k1_steps, k2_steps, halves = sizes
-        thr = tiled_mma.get_slice(tidx)
-        frags = (
-            tiled_mma.make_fragment_A(thr.partition_A(s_w0)),
-            tiled_mma.make_fragment_A(thr.partition_A(s_w1)),
-            tiled_mma.make_fragment_B(thr.partition_B(s_x)),
-            tiled_mma.make_fragment_B(thr.partition_B(s_x2)),
-        )
-        coords = thr.partition_C(cute.make_identity_tensor((WGMMA_M, TOKENS)))  # (m, n) of each register
-        acc0 = cute.make_rmem_tensor(coords.shape, cutlass.Float32)
-        acc1 = cute.make_rmem_tensor(coords.shape, cutlass.Float32)
-        blk = (
-            cute.make_rmem_tensor(coords.shape, cutlass.Float32),
-            cute.make_rmem_tensor(coords.shape, cutlass.Float32),
-        )  # FP8: a K step's sums before their promotion
-        h_out = cute.make_rmem_tensor(coords.shape, BF16)
-        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)  # once, outside every loop: the chunks zero acc0/acc1
-        tasks = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, QUEUE)
-        used = cutlass.Int32(0)  # ring stages consumed so far
-        task = self.take(queue, tasks, s_task)
-        tasks.advance()
-        while task < end:
-            if task < b0:
-                if cutlass.const_expr(fp8 is None):
-                    accs = (acc0, acc1, h_out)
-                    used = self.gemm1(
-                        task, ring, tiled_mma, frags, accs, coords, tables, used, outs, exchange, sizes, counters, tidx
-                    )
-                else:
-                    if task < a0:
-                        self.quantize_x(task, m_x, fp8, word, s_red, counters, tidx)
-                    elif task < q0:
-                        accs = (acc0, acc1, blk)
-                        used = self.gemm1_fp8(
-                            task - a0,
-                            ring,
-                            tiled_mma,
-                            frags,
-                            accs,
-                            coords,
-                            tables,
-                            used,
-                            outs,
-                            work,
-                            sizes,
-                            counters,
-                            tidx,
-                        )
-                    else:
-                        self.quantize_h(task - q0, m_h, fp8, tables, word, counters, n_leaders, nt1, tidx)
-            elif task < c0:
-                kt, r = b_task(task - b0, n_leaders)
-                base, count = s_start[r], s_count[r]
-                if cutlass.const_expr(fp8 is not None):
-                    if tidx == 0:
-                        wait_at_least(counters.iterator + DONEQ2 + r, 1)  # r's hq and hs, read below
-                    consumer_sync()
-                for c in range((count + TOKENS - 1) // TOKENS):
-                    if cutlass.const_expr(fp8 is None):
-                        used = self.mainloop(ring, tiled_mma, acc0, acc1, frags, used, k2_steps)
-                    else:
-                        e = tables[0][tables[5][r]]
-                        ts = fp8.a2[0] if cutlass.const_expr(self.static) else scale_of(fp8.amax[0])
-                        rows = (s_order, base, count, top_k)
-                        wrows = (kt * Y_TILE, kt * Y_TILE + WGMMA_M)
-                        sc = self.chunk_scales(fp8.hs, ts, fp8.w2_scale, e, wrows, coords, rows, c, False)
-                        groups = I // FP8_BLOCK
-                        used = self.mainloop_fp8(ring, tiled_mma, acc0, acc1, blk, frags, used, k2_steps, sc, groups)
-                        self.dequantize(acc0, acc1, sc, coords)
-                    for i in cutlass.range_constexpr(cute.size(acc0)):
-                        m, j = coords[i]
-                        if c * TOKENS + j < count:
-                            pair = s_order[base + c * TOKENS + j]
-                            w = s_scale[pair]  # the routing weight in fp32 before the one rounding
-                            m_y[(pair, kt * Y_TILE + m)] = (acc0[i] * w).to(BF16)
-                            m_y[(pair, kt * Y_TILE + WGMMA_M + m)] = (acc1[i] * w).to(BF16)
-                consumer_sync()
-                if tidx == 0:
-                    signal(counters.iterator + DONE2 + kt)
-            else:
-                kt, tb = c_task(task - c0, ntb)
-                if tidx == 0:
-                    wait_at_least(counters.iterator + DONE2 + kt, n_leaders)
-                consumer_sync()  # thread 0's acquire, then every thread's loads of y
-                self.combine(m_y, m_out, kt, tb, top_k, T, tidx)
-            task = self.take(queue, tasks, s_task)
-            tasks.advance()

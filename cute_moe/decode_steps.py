@@ -1,31 +1,39 @@
 """The consumer warpgroup's steps of the one-launch decode kernel (:mod:`cute_moe.decode_kernel`, whose
-docstring tells a task's life): GEMM1's task (bf16 and FP8), a chunk's main loop over the ring and its
+docstring tells a task's life): its task loop, GEMM1's and GEMM2's tasks (bf16 and FP8), a chunk's main loop over the ring and its
 WGMMAs (FP8: with a promotion per stage), the halves' exchange (:data:`~cute_moe.decode_parts.HALF_TASKS`),
 the task queue's read, and the combine.  :class:`~cute_moe.decode_kernel.DecodeKernel` inherits them."""
 
 import cutlass
 import cutlass.cute as cute
+import cutlass.pipeline as pipeline
 from cutlass.cute.nvgpu import warpgroup
 
+from moe_spec.hopper import WGMMA_M
 from moe_spec.quant import FP8_BLOCK
 
 from .decode_parts import (
     CONSUMER_THREADS,
     DONE1,
+    DONE2,
     DONEQ1,
+    DONEQ2,
     EXCHANGE_VALUES,
     H_TILE,
+    QUEUE,
     TOKEN_BLOCK,
     TOKENS,
     VEC,
     Y_TILE,
     a_task,
+    b_task,
+    c_task,
     consumer_sync,
     exchange_slot,
     ring_state,
     signal,
     wait_at_least,
 )
+from .quantmath import scale_of
 from .rowops import silu_mul
 
 BF16 = cutlass.BFloat16
@@ -33,6 +41,92 @@ BF16 = cutlass.BFloat16
 
 class ConsumerSteps:
     """The consumer warpgroup's steps (methods of :class:`~cute_moe.decode_kernel.DecodeKernel`)."""
+
+    @cute.jit
+    def consumer(
+        self, ring, queue, s_task, tables, tiled_mma, operands, outs, exchange, counters, bounds, sizes, tidx, T, work
+    ):
+        """Take tasks from the queue in order: the two GEMMs' main loops and epilogues, the combine (FP8: and
+        the quantize tasks)."""
+        _, _, s_order, s_start, s_count, _, s_scale, _ = tables
+        s_w0, s_w1, s_x, s_x2 = operands
+        m_h, m_y, m_out = outs
+        m_x, word, s_red, fp8, (_, I) = work  # noqa: E741
+        a0, q0, b0, c0, end = bounds
+        n_leaders, nt1, ntb, top_k, k1_steps, k2_steps, halves = sizes
+        thr = tiled_mma.get_slice(tidx)
+        frags = (
+            tiled_mma.make_fragment_A(thr.partition_A(s_w0)),
+            tiled_mma.make_fragment_A(thr.partition_A(s_w1)),
+            tiled_mma.make_fragment_B(thr.partition_B(s_x)),
+            tiled_mma.make_fragment_B(thr.partition_B(s_x2)),
+        )
+        coords = thr.partition_C(cute.make_identity_tensor((WGMMA_M, TOKENS)))  # (m, n) of each register
+        acc0 = cute.make_rmem_tensor(coords.shape, cutlass.Float32)
+        acc1 = cute.make_rmem_tensor(coords.shape, cutlass.Float32)
+        blk = (
+            cute.make_rmem_tensor(coords.shape, cutlass.Float32),
+            cute.make_rmem_tensor(coords.shape, cutlass.Float32),
+        )  # FP8: a K step's sums before their promotion
+        h_out = cute.make_rmem_tensor(coords.shape, BF16)
+        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)  # once, outside every loop: the chunks zero acc0/acc1
+        tasks = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, QUEUE)
+        used = cutlass.Int32(0)  # ring stages consumed so far
+        task = self.take(queue, tasks, s_task)
+        tasks.advance()
+        while task < end:
+            if task < b0:
+                if cutlass.const_expr(fp8 is None):
+                    accs = (acc0, acc1, h_out)
+                    used = self.gemm1(
+                        task, ring, tiled_mma, frags, accs, coords, tables, used, outs, exchange, sizes, counters, tidx
+                    )
+                else:
+                    if task < a0:
+                        self.quantize_x(task, m_x, fp8, word, s_red, counters, tidx)
+                    elif task < q0:
+                        accs = (acc0, acc1, blk)
+                        used = self.gemm1_fp8(
+                            task - a0,
+                            ring,
+                            tiled_mma,
+                            frags,
+                            accs,
+                            coords,
+                            tables,
+                            used,
+                            outs,
+                            work,
+                            sizes,
+                            counters,
+                            tidx,
+                        )
+                    else:
+                        self.quantize_h(task - q0, m_h, fp8, tables, word, counters, n_leaders, nt1, tidx)
+            elif task < c0:
+                used = self.gemm2(
+                    task - b0,
+                    ring,
+                    tiled_mma,
+                    frags,
+                    (acc0, acc1, blk),
+                    coords,
+                    tables,
+                    used,
+                    outs,
+                    work,
+                    sizes,
+                    counters,
+                    tidx,
+                )
+            else:
+                kt, tb = c_task(task - c0, ntb)
+                if tidx == 0:
+                    wait_at_least(counters.iterator + DONE2 + kt, n_leaders)
+                consumer_sync()  # thread 0's acquire, then every thread's loads of y
+                self.combine(m_y, m_out, kt, tb, top_k, T, tidx)
+            task = self.take(queue, tasks, s_task)
+            tasks.advance()
 
     @cute.jit
     def gemm1(self, a, ring, tiled_mma, frags, accs, coords, tables, used, outs, exchange, sizes, counters, tidx):
@@ -62,6 +156,45 @@ class ConsumerSteps:
             consumer_sync()  # every thread's h stores, then one release
             if tidx == 0:
                 signal(counters.iterator + DONE1 + r)
+        return used
+
+    @cute.jit
+    def gemm2(self, b, ring, tiled_mma, frags, accs, coords, tables, used, outs, work, sizes, counters, tidx):
+        """B task ``b`` (counted from B0): per chunk GEMM2's sums (FP8: promoted and dequantized, once r's h is
+        quantized: doneq2[r]) × the routing weight in fp32, rounded once → y; then done2[kt].  Returns the
+        ring stages consumed so far."""
+        acc0, acc1, blk = accs
+        _, _, s_order, s_start, s_count, _, s_scale, _ = tables
+        m_y = outs[1]
+        _, _, _, fp8, (_, I) = work  # noqa: E741
+        n_leaders, _, _, top_k, _, k2_steps, _ = sizes
+        kt, r = b_task(b, n_leaders)
+        base, count = s_start[r], s_count[r]
+        if cutlass.const_expr(fp8 is not None):
+            if tidx == 0:
+                wait_at_least(counters.iterator + DONEQ2 + r, 1)  # r's hq and hs, read below
+            consumer_sync()
+        for c in range((count + TOKENS - 1) // TOKENS):
+            if cutlass.const_expr(fp8 is None):
+                used = self.mainloop(ring, tiled_mma, acc0, acc1, frags, used, k2_steps)
+            else:
+                e = tables[0][tables[5][r]]
+                ts = fp8.a2[0] if cutlass.const_expr(self.static) else scale_of(fp8.amax[0])
+                rows = (s_order, base, count, top_k)
+                wrows = (kt * Y_TILE, kt * Y_TILE + WGMMA_M)
+                sc = self.chunk_scales(fp8.hs, ts, fp8.w2_scale, e, wrows, coords, rows, c, False)
+                used = self.mainloop_fp8(ring, tiled_mma, acc0, acc1, blk, frags, used, k2_steps, sc, I // FP8_BLOCK)
+                self.dequantize(acc0, acc1, sc, coords)
+            for i in cutlass.range_constexpr(cute.size(acc0)):
+                m, j = coords[i]
+                if c * TOKENS + j < count:
+                    pair = s_order[base + c * TOKENS + j]
+                    w = s_scale[pair]  # the routing weight in fp32 before the one rounding
+                    m_y[(pair, kt * Y_TILE + m)] = (acc0[i] * w).to(BF16)
+                    m_y[(pair, kt * Y_TILE + WGMMA_M + m)] = (acc1[i] * w).to(BF16)
+        consumer_sync()
+        if tidx == 0:
+            signal(counters.iterator + DONE2 + kt)
         return used
 
     @cute.jit
