@@ -51,6 +51,7 @@ from .decode_parts import (
     pair_bucket,
     size_error,
 )
+from .decode_quant import fp8_overlap
 from .limits import LIMITS
 from .runtime import fake_rows, fake_stream, fake_vector, ffi_function
 
@@ -218,7 +219,7 @@ def compile_decode(ids_dtype: str = "int32", quant: str | None = None, static: b
 
     key = ("decode", ids_dtype, STAGES, TOKENS, half_tasks())  # the switch read when compiling
     if quant is not None:
-        key += (quant, static)
+        key += (quant, static, fp8_overlap())
     return compile_once(key, build, keep_ptx=keep_ptx)
 
 

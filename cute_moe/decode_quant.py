@@ -50,6 +50,18 @@ from .quantmath import atomic_amax, bfly_max_nan, flag_bad_scale, max_nan, scale
 from .rowops import silu_mul
 
 F32 = cutlass.Float32
+
+FP8_OVERLAP = True
+"""Whether an FP8 chunk keeps one stage's WGMMAs in flight while the previous stage's block sums are promoted
+(two register sets of block sums), as the bf16 main loop keeps one stage in flight; off, each stage is
+retired and promoted before the next is issued, as the grouped FP8 GEMM does.  The same sums either way."""
+
+
+def fp8_overlap() -> bool:
+    """:data:`FP8_OVERLAP` as it is now (read when compiling: part of the compile key)."""
+    return FP8_OVERLAP
+
+
 LANE_VALUES = FP8_BLOCK // 32
 """Values per lane: a warp's 32 lanes hold one 128-column scale group (the quantize kernels' item)."""
 WARPS = CONSUMER_THREADS // 32

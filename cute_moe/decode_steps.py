@@ -1,7 +1,8 @@
 """The consumer warpgroup's steps of the one-launch decode kernel (:mod:`cute_moe.decode_kernel`, whose
-docstring tells a task's life): its task loop, GEMM1's and GEMM2's tasks (bf16 and FP8), a chunk's main loop over the ring and its
-WGMMAs (FP8: with a promotion per stage), the halves' exchange (:data:`~cute_moe.decode_parts.HALF_TASKS`),
-the task queue's read, and the combine.  :class:`~cute_moe.decode_kernel.DecodeKernel` inherits them."""
+docstring tells a task's life): its task loop, GEMM1's and GEMM2's tasks (bf16 and FP8), a chunk's main
+loop over the ring and its WGMMAs (FP8: with a promotion per stage), the halves' exchange
+(:data:`~cute_moe.decode_parts.HALF_TASKS`), the task queue's read, and the combine.
+:class:`~cute_moe.decode_kernel.DecodeKernel` inherits them."""
 
 import cutlass
 import cutlass.cute as cute
@@ -33,6 +34,7 @@ from .decode_parts import (
     signal,
     wait_at_least,
 )
+from .decode_quant import fp8_overlap
 from .quantmath import scale_of
 from .rowops import silu_mul
 
@@ -64,10 +66,8 @@ class ConsumerSteps:
         coords = thr.partition_C(cute.make_identity_tensor((WGMMA_M, TOKENS)))  # (m, n) of each register
         acc0 = cute.make_rmem_tensor(coords.shape, cutlass.Float32)
         acc1 = cute.make_rmem_tensor(coords.shape, cutlass.Float32)
-        blk = (
-            cute.make_rmem_tensor(coords.shape, cutlass.Float32),
-            cute.make_rmem_tensor(coords.shape, cutlass.Float32),
-        )  # FP8: a K step's sums before their promotion
+        # FP8: a K step's sums (gate / box 0, up / box 1) before their promotion, two sets (FP8_OVERLAP)
+        blk = tuple(cute.make_rmem_tensor(coords.shape, cutlass.Float32) for _ in range(4))
         h_out = cute.make_rmem_tensor(coords.shape, BF16)
         tiled_mma.set(warpgroup.Field.ACCUMULATE, True)  # once, outside every loop: the chunks zero acc0/acc1
         tasks = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, QUEUE)
@@ -295,31 +295,58 @@ class ConsumerSteps:
 
     @cute.jit
     def mainloop_fp8(self, ring, tiled_mma, acc0, acc1, blk, frags, used, steps, sc, groups):
-        """FP8's chunk: per ring stage (one 128-deep K step) the WGMMAs write fresh block sums (the first with
-        ACCUMULATE off), retired before the stage is freed and promoted into acc0 / acc1 (zeroed first) with
-        ``sc``'s scales (:meth:`~cute_moe.decode_quant.QuantSteps.promote`; ``groups``: the activation's scale
-        groups per row).  Returns the stages consumed so far."""
-        a0, a1, b, _ = frags
-        blk0, blk1 = blk
-        read = ring_state(used, False)
+        """FP8's chunk: per ring stage (one 128-deep K step) the WGMMAs write fresh block sums (zeroed first),
+        promoted into acc0 / acc1 (zeroed first) with ``sc``'s scales
+        (:meth:`~cute_moe.decode_quant.QuantSteps.promote`; ``groups``: the activation's scale groups per
+        row).  With :data:`~cute_moe.decode_quant.FP8_OVERLAP` the block sums alternate between two register
+        sets, so a stage's WGMMAs are in flight while the previous stage's sums are retired, its slot freed
+        and its sums promoted; without it each stage is retired before the next is issued.  Returns the
+        stages consumed so far."""
+        p, q = blk[0:2], blk[2:4]
         acc0.fill(0.0)
         acc1.fill(0.0)
-        for k in range(steps):
-            ring.consumer_wait(read)
-            cute.arch.fence_proxy("async.shared", space="cta")  # cp.async wrote the token rows (generic proxy)
-            warpgroup.fence()  # blk was last read by the previous promotion
-            tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
-            i = read.index
-            for kb in cutlass.range_constexpr(cute.size(a0, mode=[2])):
-                cute.gemm(tiled_mma, blk0, a0[(None, None, kb, i)], b[(None, None, kb, i)], blk0)
-                cute.gemm(tiled_mma, blk1, a1[(None, None, kb, i)], b[(None, None, kb, i)], blk1)
-                tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)  # the block sums complete: the stage is free, the sums can be read
-            ring.consumer_release(read)
-            read.advance()
-            self.promote(acc0, acc1, blk0, blk1, sc, k, groups)
+        if cutlass.const_expr(fp8_overlap()):  # stage states from counts: no state rebound inside a branch
+            self.issue_fp8(ring, tiled_mma, p, frags, ring_state(used, False))
+            for k in range(1, steps, 2):  # stage k into q while p (k − 1) retires, then k + 1 into p
+                self.issue_fp8(ring, tiled_mma, q, frags, ring_state(used + k, False))
+                self.retire_fp8(ring, ring_state(used + k - 1, False), 1, acc0, acc1, p, sc, k - 1, groups)
+                if k + 1 < steps:
+                    self.issue_fp8(ring, tiled_mma, p, frags, ring_state(used + k + 1, False))
+                    self.retire_fp8(ring, ring_state(used + k, False), 1, acc0, acc1, q, sc, k, groups)
+                else:
+                    self.retire_fp8(ring, ring_state(used + k, False), 0, acc0, acc1, q, sc, k, groups)
+            if steps % 2 == 1:  # the last stage went into p
+                self.retire_fp8(ring, ring_state(used + steps - 1, False), 0, acc0, acc1, p, sc, steps - 1, groups)
+        else:
+            for k in range(steps):
+                self.issue_fp8(ring, tiled_mma, p, frags, ring_state(used + k, False))
+                self.retire_fp8(ring, ring_state(used + k, False), 0, acc0, acc1, p, sc, k, groups)
         return used + steps
+
+    @cute.jit
+    def issue_fp8(self, ring, tiled_mma, sums, frags, read):
+        """Wait for stage ``read``, then its WGMMAs into the block sums ``sums`` (gate / box 0, up / box 1),
+        zeroed first: ACCUMULATE stays on (set once; a field set inside a branch is not threaded through it),
+        and 0 + the first products is those products — a −0 sum becomes +0 in the promotion either way."""
+        a0, a1, b, _ = frags
+        sums[0].fill(0.0)
+        sums[1].fill(0.0)
+        ring.consumer_wait(read)
+        cute.arch.fence_proxy("async.shared", space="cta")  # cp.async wrote the token rows (generic proxy)
+        warpgroup.fence()  # the zeroed sums, and their last reads by a promotion, before the WGMMAs
+        i = read.index
+        for kb in cutlass.range_constexpr(cute.size(a0, mode=[2])):
+            cute.gemm(tiled_mma, sums[0], a0[(None, None, kb, i)], b[(None, None, kb, i)], sums[0])
+            cute.gemm(tiled_mma, sums[1], a1[(None, None, kb, i)], b[(None, None, kb, i)], sums[1])
+        warpgroup.commit_group()
+
+    @cute.jit
+    def retire_fp8(self, ring, release, pending: cutlass.Constexpr, acc0, acc1, sums, sc, k, groups):
+        """Wait until at most ``pending`` WGMMA groups are in flight (so the sums of K step ``k`` are
+        complete), free its ring slot and promote its sums."""
+        warpgroup.wait_group(pending)
+        ring.consumer_release(release)
+        self.promote(acc0, acc1, sums[0], sums[1], sc, k, groups)
 
     @cute.jit
     def issue(self, ring, tiled_mma, acc0, acc1, frags, read, half: cutlass.Constexpr):
