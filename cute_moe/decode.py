@@ -41,7 +41,6 @@ from .decode_kernel import BF16, FP8, DecodeKernel
 from .decode_parts import (
     FP8_TILE_K,
     H_TILE,
-    STAGES,
     TOKENS,
     Y_TILE,
     counter_words,
@@ -50,6 +49,7 @@ from .decode_parts import (
     half_tasks,
     pair_bucket,
     size_error,
+    stages,
 )
 from .decode_quant import fp8_overlap
 from .limits import LIMITS
@@ -217,7 +217,7 @@ def compile_decode(ids_dtype: str = "int32", quant: str | None = None, static: b
         kernel = DecodeKernel(quant, static)
         return cute.compile(kernel, *fake_arguments(ids_dtype, quant, static), options=options)
 
-    key = ("decode", ids_dtype, STAGES, TOKENS, half_tasks())  # the switch read when compiling
+    key = ("decode", ids_dtype, stages(), TOKENS, half_tasks())  # the switch read when compiling
     if quant is not None:
         key += (quant, static, fp8_overlap())
     return compile_once(key, build, keep_ptx=keep_ptx)

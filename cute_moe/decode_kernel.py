@@ -53,7 +53,6 @@ from .decode_parts import (
     PAIR_LANES,
     PRODUCER_WARP,
     QUEUE,
-    STAGES,
     THREADS,
     TOKEN_BLOCK,
     TOKENS,
@@ -63,6 +62,7 @@ from .decode_parts import (
     half_tasks,
     phase_starts,
     stage_tx_bytes,
+    stages,
     tile_k,
 )
 from .decode_producer import ProducerSteps
@@ -122,8 +122,8 @@ class DecodeKernel(ConsumerSteps, ProducerSteps, QuantSteps):
             self.ab, self.ab, k_major, k_major, cutlass.Float32, (1, 1, 1), tiler_mn=(WGMMA_M, TOKENS)
         )
         tile_mnk = (WGMMA_M, TOKENS, self.tk)
-        w_staged = sm90.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tile_mnk, self.ab, STAGES)
-        x_staged = sm90.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tile_mnk, self.ab, STAGES)
+        w_staged = sm90.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tile_mnk, self.ab, stages())
+        x_staged = sm90.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tile_mnk, self.ab, stages())
         w_one = cute.slice_(w_staged, (None, None, 0))
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_w1, m_w1 = cpasync.make_tiled_tma_atom(g2s, w1, w_one, (WGMMA_M, self.tk))
@@ -186,11 +186,12 @@ class DecodeKernel(ConsumerSteps, ProducerSteps, QuantSteps):
         the token-row ring (a second one for a half task's second K step), 1024-B aligned."""
         lanes = PAIR_LANES
         ab = self.ab
+        n_stages = stages()
         halved = half_tasks() and self.quant is None
 
         @cute.struct
         class Storage:
-            ring: cute.struct.MemRange[cutlass.Int64, 2 * STAGES]
+            ring: cute.struct.MemRange[cutlass.Int64, 2 * n_stages]
             queue_bars: cute.struct.MemRange[cutlass.Int64, 2 * QUEUE]
             queue: cute.struct.MemRange[cutlass.Int32, QUEUE]
             expert: cute.struct.MemRange[cutlass.Int32, lanes]
@@ -294,7 +295,7 @@ class DecodeKernel(ConsumerSteps, ProducerSteps, QuantSteps):
         storage = SmemAllocator().allocate(self.storage)
         ring = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.ring.data_ptr(),
-            num_stages=STAGES,
+            num_stages=stages(),
             # the elected lane's arrive.expect_tx, then one cp.async arrive (noinc) per producer lane
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1 + 32),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, CONSUMER_THREADS // 32),

@@ -1,6 +1,7 @@
 """The pieces of the one-launch CuTe decode kernel (:mod:`cute_moe.decode_kernel`, whose docstring tells a
 task's life): its constants, the task numbering, the sizes the host derives from them, the routing tables
-every CTA builds in shared memory, the dependency protocol, and the producer's row copy.
+every CTA builds in shared memory and the dependency protocol (the producer's row copy:
+:class:`cute_moe.decode_producer.RowCopy`).
 
 Task numbering (plain integer arithmetic: traced into the kernel, and callable in Python, where the CPU
 tests walk it).  ``NL`` experts are hit (the *leaders*: an expert's lowest pair index), ``NT1 = I / 64``
@@ -22,12 +23,9 @@ in leader order and pair order inside a group (``order``), each leader rank's fi
 consecutive members of a group: WGMMA's N.
 """
 
-from dataclasses import dataclass
-
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-from cutlass.cute.nvgpu import cpasync
 
 from moe_spec.hopper import WGMMA_M, wgmma_k
 from moe_spec.validate import BAD_ID, BAD_WEIGHT, REPEATED_ID
@@ -55,7 +53,18 @@ Y_TILE = 2 * WGMMA_M
 TOKEN_BLOCK = 8
 """Tokens per C task: 8 tokens × 16 vectors of 8 bf16 = the 128 consumer threads."""
 STAGES = 8
-"""Depth of the TMA ring: 8 × 18 KiB (two 64×64 weight boxes, 16 token rows)."""
+"""Depth of the TMA ring: 8 × 18 KiB (two 64×64 weight boxes, 16 token rows); read when compiling
+(:func:`stages`)."""
+CTAS_PER_SM = 1
+"""CTAs of a launch per SM (:func:`grid_size`): more than one needs a ring small enough for them to share an
+SM's shared memory (:func:`smem_bytes`), else the extra CTAs wait for a slot (never for each other)."""
+
+
+def stages() -> int:
+    """:data:`STAGES` as it is now (read where the kernel is traced and in its compile key)."""
+    return STAGES
+
+
 QUEUE = 2
 """Tasks the producer warp may hand the consumer warpgroup ahead of its work."""
 HALF_TASKS = False
@@ -184,8 +193,8 @@ def max_tasks(T: int, top_k: int, E: int, K: int, I: int, fp8: bool = False) -> 
 
 
 def grid_size(T: int, top_k: int, E: int, K: int, I: int, sms: int, fp8: bool = False) -> int:  # noqa: E741
-    """CTAs of a launch: one per SM (shared memory holds one), never more than there can be tasks."""
-    return max(1, min(max_tasks(T, top_k, E, K, I, fp8), sms))
+    """CTAs of a launch: :data:`CTAS_PER_SM` per SM, never more than there can be tasks."""
+    return max(1, min(max_tasks(T, top_k, E, K, I, fp8), sms * CTAS_PER_SM))
 
 
 def exchange_words(sms: int) -> tuple[int, int]:
@@ -408,42 +417,3 @@ def build_tables(tables, ids: cute.Tensor, weights: cute.Tensor, word: cute.Tens
         if tidx == 0:
             s_nl[0] = leaders
     cute.arch.sync_threads()
-
-
-# ---- the producer's row copy --------------------------------------------------------------------------
-@dataclass(frozen=True)
-class RowCopy:
-    """The producer warp's cp.async copy of a stage's token rows (x rows for GEMM1, h rows for GEMM2; FP8:
-    their E4M3 rows) into the swizzled B ring: 16 rows × 8 vectors of 16 bytes (a 128-byte row: 64 bf16 or
-    128 E4M3), lane ``l`` copies vector ``l % 8`` of rows ``l // 8 + 4i`` (i = 0 … 3), partitioned over the
-    staged smem tensor so that the swizzle is the one the WGMMA descriptors read.  cp.async.cg: through L2
-    only (h is written by other SMs in this launch)."""
-
-    atom: object
-    dst: object  # this lane's vectors of the token ring: (vector, pass, 1, stage)
-    row: object
-    vec: object
-    width: int  # elements per 16-byte vector
-
-    @classmethod
-    def make(cls, s_rows: cute.Tensor, lane) -> "RowCopy":
-        dtype = s_rows.element_type
-        width = 128 // dtype.width
-        atom = cute.make_copy_atom(cpasync.CopyG2SOp(cpasync.LoadCacheMode.GLOBAL), dtype, num_bits_per_copy=128)
-        tiled = cute.make_tiled_copy_tv(
-            atom, cute.make_layout((ROW_PASS, VECS), stride=(VECS, 1)), cute.make_layout((1, width))
-        )
-        return cls(atom, tiled.get_slice(lane).partition_D(s_rows), lane // VECS, lane % VECS, width)
-
-    @cute.jit
-    def copy(self, src: cute.Tensor, s_order, base, chunk, count, top_k, k, slot, by_token: cutlass.Constexpr):
-        """Rows ``chunk·16 + j`` (j < 16, below ``count``) of the group starting at ``order[base]``: pair
-        q's row of ``src`` (``by_token``: token q // top_k's), K step ``k``, into ring slot ``slot``."""
-        vsrc = cute.local_tile(src, (1, self.width), (None, None))  # (1, width, rows, K / width)
-        for i in cutlass.range_constexpr(TOKENS // ROW_PASS):
-            j = chunk * TOKENS + i * ROW_PASS + self.row
-            if j < count:
-                q = s_order[base + j]
-                if cutlass.const_expr(by_token):
-                    q = q // top_k
-                cute.copy(self.atom, vsrc[(0, None, q, k * VECS + self.vec)], self.dst[(None, i, 0, slot)])

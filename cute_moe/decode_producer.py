@@ -7,6 +7,8 @@ Where a task's token rows depend on other tasks (B on its leader's h; FP8's A on
 do not: up to a ring's worth of weight boxes are on their way before the producer spins on the counter,
 and the rows of those stages follow the wait."""
 
+from dataclasses import dataclass
+
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
@@ -19,14 +21,15 @@ from .decode_parts import (
     DONEQ1,
     DONEQ2,
     QUEUE,
-    STAGES,
+    ROW_PASS,
     TICKET,
     TOKENS,
-    RowCopy,
+    VECS,
     a_task,
     b_task,
     done1_target,
     ring_state,
+    stages,
     warp_wait_at_least,
 )
 
@@ -120,7 +123,7 @@ class ProducerSteps:
         ``box``.  Returns the stages issued so far."""
         s_order, base, count, top_k = group
         steps = (count + TOKENS - 1) // TOKENS * k_steps
-        early = cutlass.min(steps, STAGES)
+        early = cutlass.min(steps, stages())
         state = ring_state(issued, True)
         for s in range(early):  # the weights do not depend on the wait: on their way before it
             ring.producer_acquire(state)
@@ -169,3 +172,42 @@ class ProducerSteps:
         if lane == 0:
             s_task[tasks.index] = task
             queue.producer_commit(tasks)  # mbarrier.arrive: release at CTA scope
+
+
+# ---- the producer's row copy --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RowCopy:
+    """The producer warp's cp.async copy of a stage's token rows (x rows for GEMM1, h rows for GEMM2; FP8:
+    their E4M3 rows) into the swizzled B ring: 16 rows × 8 vectors of 16 bytes (a 128-byte row: 64 bf16 or
+    128 E4M3), lane ``l`` copies vector ``l % 8`` of rows ``l // 8 + 4i`` (i = 0 … 3), partitioned over the
+    staged smem tensor so that the swizzle is the one the WGMMA descriptors read.  cp.async.cg: through L2
+    only (h is written by other SMs in this launch)."""
+
+    atom: object
+    dst: object  # this lane's vectors of the token ring: (vector, pass, 1, stage)
+    row: object
+    vec: object
+    width: int  # elements per 16-byte vector
+
+    @classmethod
+    def make(cls, s_rows: cute.Tensor, lane) -> "RowCopy":
+        dtype = s_rows.element_type
+        width = 128 // dtype.width
+        atom = cute.make_copy_atom(cpasync.CopyG2SOp(cpasync.LoadCacheMode.GLOBAL), dtype, num_bits_per_copy=128)
+        tiled = cute.make_tiled_copy_tv(
+            atom, cute.make_layout((ROW_PASS, VECS), stride=(VECS, 1)), cute.make_layout((1, width))
+        )
+        return cls(atom, tiled.get_slice(lane).partition_D(s_rows), lane // VECS, lane % VECS, width)
+
+    @cute.jit
+    def copy(self, src: cute.Tensor, s_order, base, chunk, count, top_k, k, slot, by_token: cutlass.Constexpr):
+        """Rows ``chunk·16 + j`` (j < 16, below ``count``) of the group starting at ``order[base]``: pair
+        q's row of ``src`` (``by_token``: token q // top_k's), K step ``k``, into ring slot ``slot``."""
+        vsrc = cute.local_tile(src, (1, self.width), (None, None))  # (1, width, rows, K / width)
+        for i in cutlass.range_constexpr(TOKENS // ROW_PASS):
+            j = chunk * TOKENS + i * ROW_PASS + self.row
+            if j < count:
+                q = s_order[base + j]
+                if cutlass.const_expr(by_token):
+                    q = q // top_k
+                cute.copy(self.atom, vsrc[(0, None, q, k * VECS + self.vec)], self.dst[(None, i, 0, slot)])
