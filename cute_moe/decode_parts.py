@@ -100,6 +100,8 @@ ROW_PASS = 32 // VECS
 
 WGMMA = f"wgmma.mma_async.sync.aligned.m{WGMMA_M}n{TOKENS}k{wgmma_k(2)}.f32.bf16.bf16"
 """The one MMA both GEMMs issue: swap-AB, 64 weight rows × TOKENS pairs, bf16 in, fp32 accumulate."""
+WGMMA_FP8 = f"wgmma.mma_async.sync.aligned.m{WGMMA_M}n{TOKENS}k{wgmma_k(1)}.f32.e4m3.e4m3"
+"""The same under FP8: E4M3 in (:mod:`cute_moe.decode_quant`)."""
 
 # the counter block (int32): ticket, exit count, FP8's doneq1, reserved; done1[leader rank], FP8's
 # doneq2[leader rank], done2[k-tile]

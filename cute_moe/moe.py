@@ -202,7 +202,7 @@ def fused_moe(
         return x.new_empty((0, dims.K))
     if c.plan.path == "decode":  # one launch: the kernel reads and checks the routing itself
         kernel = (c.launches or c.bind())["decode"]
-        return decode.launch(kernel, x, w1, w2, topk_weights, topk_ids, dims, grid=c.grid)
+        return decode.launch(kernel, x, w1, w2, topk_weights, topk_ids, dims, grid=c.grid, quant=quant, scales=scales)
     # The routing data is checked on the device, without a sync, by the alignment's place kernel
     # (guard_routing's meaning): an id outside [0, E), is clamped and its pair weighted NaN, and the
     # error word says why.  Its buffers and the layer's are the workspace of this shape and stream.
@@ -286,9 +286,9 @@ class _Call:
         on the decode path its one kernel, ``decode``, for the ids' dtype."""
         p, n = self.plan, sm_count(self.device)
         if p.path == "decode":
-            kernel = decode.compile_decode(str(self.ids_dtype).removeprefix("torch."))
+            kernel = decode.compile_decode(str(self.ids_dtype).removeprefix("torch."), p.quant, self.static)
             self.launches = {"decode": ffi_function(kernel)}
-            self.grid = decode.launch_grid(self.dims, self.device)
+            self.grid = decode.launch_grid(self.dims, self.device, p.quant)
             return self.launches
         align = rowmaps.compile_align_kernels(self.ids_dtype)
         f = {"count": align["count"], "place": align["place"]}

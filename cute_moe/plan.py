@@ -24,7 +24,7 @@ from moe_spec.quant import FP8_BLOCK, check_quant
 from moe_spec.validate import MoEDims
 
 from .config import GemmConfig, max_stages
-from .decode_parts import PAIR_LANES, STAGES, TILE_K, TOKENS, WGMMA, size_limit
+from .decode_parts import PAIR_LANES, TOKENS, WGMMA, WGMMA_FP8, size_limit, stages, tile_k
 from .gemm_rules import clustered, short_k_gemm2
 from .limits import FP8_TILE_K, MAX_TILE_M, gated_quant_layer, gemm1_out_dtype
 from .options import check_options
@@ -230,6 +230,12 @@ least as fast as the grouped pipeline; Mixtral-8x7B's wide I measured slower and
 (notes/decode.md, "The second H100 run")."""
 
 
+ONE_LAUNCH_FORMATS = (None,)
+"""The formats :func:`one_launch` takes: bf16 (None).  The FP8 one launch (:mod:`cute_moe.decode_quant`) computes
+the grouped FP8 pipeline's bits but measured slower than it in a CUDA graph (notes/decode.md, "FP8 in the CuTe
+kernel"); a format added here sends its calls there."""
+
+
 def one_launch(dims: MoEDims, quant=None, fusion: str = "fused", swap_ab=None, configs=None) -> bool:
     """THE path rule: the whole layer in one launch (:func:`cute_moe.decode.decode_fused_moe`) unless
     :func:`grouped_because` finds a reason for the grouped pipeline."""
@@ -237,14 +243,14 @@ def one_launch(dims: MoEDims, quant=None, fusion: str = "fused", swap_ab=None, c
 
 
 def grouped_because(dims: MoEDims, quant=None, fusion: str = "fused", swap_ab=None, configs=None) -> str | None:
-    """Why :func:`one_launch` leaves a call to the grouped pipeline, in words, or None: :data:`ONE_LAUNCH` off, an
-    FP8 ``quant``, an explicit option (``fusion``, ``swap_ab``, ``configs``), sizes the kernel does not serve
-    (:func:`~cute_moe.decode_parts.size_limit`: T·top_k within its pair lanes, K and I whole tiles), I above
-    :data:`ONE_LAUNCH_MAX_I`."""
+    """Why :func:`one_launch` leaves a call to the grouped pipeline, in words, or None: :data:`ONE_LAUNCH` off, a
+    ``quant`` not in :data:`ONE_LAUNCH_FORMATS`, an explicit option (``fusion``, ``swap_ab``, ``configs``), sizes
+    the kernel does not serve (:func:`~cute_moe.decode_parts.size_limit`: T·top_k within its pair lanes, K and I
+    whole tiles), I above :data:`ONE_LAUNCH_MAX_I`."""
     if not ONE_LAUNCH:
         return "the ONE_LAUNCH switch is off"
-    if quant is not None:
-        return f"quant {quant!r}: the one launch is bf16 only"
+    if quant not in ONE_LAUNCH_FORMATS:
+        return f"quant {quant!r} is not in ONE_LAUNCH_FORMATS (the one launch measured slower in that format)"
     for name, given in (
         ("fusion", fusion != "fused"),
         ("swap_ab", swap_ab is not None),
@@ -252,7 +258,7 @@ def grouped_because(dims: MoEDims, quant=None, fusion: str = "fused", swap_ab=No
     ):
         if given:
             return f"{name} was given: an explicit option asks for the grouped pipeline"
-    limit = size_limit(dims.T, dims.top_k, dims.K, dims.I)
+    limit = size_limit(dims.T, dims.top_k, dims.K, dims.I, quant is not None)
     if limit is not None:
         return limit[1]
     if dims.I > ONE_LAUNCH_MAX_I:
@@ -309,7 +315,9 @@ class LayerPlan:
     @property
     def mma(self) -> tuple[str, str]:
         """The WGMMA each GEMM issues (:attr:`GemmConfig.wgmma <cute_moe.config.GemmConfig.wgmma>`; decode: its own)."""
-        return (WGMMA, WGMMA) if self.path == "decode" else (self.gemm1.wgmma, self.gemm2.wgmma)
+        if self.path == "decode":
+            return (WGMMA, WGMMA) if self.quant is None else (WGMMA_FP8, WGMMA_FP8)
+        return (self.gemm1.wgmma, self.gemm2.wgmma)
 
     def describe(self) -> str:
         """``G1 swap-AB W128xT8 k64 s6 silu m64n8k16 | G2 …``: each GEMM's tile, K step, stages, ``silu``
@@ -320,7 +328,8 @@ class LayerPlan:
         ``decode 1-launch swap-AB W64xT16 k64 s8 m64n16k16``."""
         shapes = [re.search(r"m\d+n\d+k\d+", m).group() for m in self.mma]  # "m64n8k16"
         if self.path == "decode":
-            return f"decode 1-launch swap-AB W{WGMMA_M}xT{TOKENS} k{TILE_K} s{STAGES} {shapes[0]}"
+            k = tile_k(self.quant is not None)
+            return f"decode 1-launch swap-AB W{WGMMA_M}xT{TOKENS} k{k} s{stages()} {shapes[0]}"
         gemms = [f"G{i} {_tile_text(c)} {s}" for i, c, s in zip((1, 2), (self.gemm1, self.gemm2), shapes)]
         xq = ["xq:gather"] if self.gather_quant else []  # after the GEMMs: readers take the first two as G1, G2
         return " | ".join(gemms + xq + ([] if self.fusion == "fused" else [self.fusion]))
@@ -356,7 +365,7 @@ def plan(
     check_quant(quant)
     given = check_options(dims.K, dims.I, quant, swap_ab=swap_ab, configs=configs, fusion=fusion, static=static)
     if one_launch(dims, quant, fusion, swap_ab, configs):
-        return LayerPlan(None, None, path="decode")
+        return LayerPlan(None, None, quant=quant, path="decode")
     return _grouped_plan(dims, quant, given, swap_ab, fusion, static)
 
 

@@ -111,7 +111,7 @@ def compile_plan(plan, num_ctas: int | None = None, ids_dtypes=IDS_DTYPES, stati
     before = compile_count()
     if plan.path == "decode":
         for ids_dtype in ids_dtypes:
-            compile_decode(_ids_name(ids_dtype))
+            compile_decode(_ids_name(ids_dtype), plan.quant, static)
         return compile_count() - before
     for ids_dtype in ids_dtypes:
         compile_align_kernels(ids_dtype)
@@ -174,7 +174,7 @@ def _first_launch(p, E, K, I, top_k, quant, device, ids_dtype, static: bool = Fa
         scales = {name: torch.ones(1, dtype=torch.float32, device=device) for name in ("a1_scale", "a2_scale")}
     before, start = compile_count(), time.perf_counter()
     if p.path == "decode":  # the plan of T = 1 (plans_for's first): the call a server makes, so
-        fused_moe(**inputs.kwargs())  # fused_moe's own binding of the one launch is made here too
+        fused_moe(**inputs.kwargs(), **scales)  # fused_moe's own binding of the one launch is made here too
     else:
         fused_moe(**inputs.kwargs(), configs=(p.gemm1, p.gemm2), **scales)
     torch.cuda.synchronize(device)
@@ -247,7 +247,7 @@ def warmup(
         for dt in align_dtypes
     ]
     steps += [
-        _step(decode_name(dt), (decode_name(dt),), lambda dt=dt: compile_decode(_ids_name(dt)), dry_run)
+        _step(decode_name(dt), (decode_name(dt),), lambda dt=dt: compile_decode(_ids_name(dt), quant, static), dry_run)
         for dt in decode_dtypes
     ]
     if static:

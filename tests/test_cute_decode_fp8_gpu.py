@@ -165,3 +165,26 @@ def test_a_bad_id_gives_its_token_nan(shapes, fmt):
     assert torch.isnan(out[1]).all() and torch.isfinite(out[0]).all()
     with pytest.raises(ValueError, match="topk_ids"):
         check("cuda")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_fused_moe_takes_it_when_the_plan_lists_the_format(shapes, fmt, grouped, monkeypatch):
+    """With the format in ``cute_moe.plan.ONE_LAUNCH_FORMATS`` ``cute_moe.fused_moe`` runs the FP8 one launch
+    (its binding, grid and scales): the grouped pipeline's bits, and again on a second call."""
+    import importlib
+
+    import cute_moe
+    import cute_moe.moe as moe
+
+    kw = _inputs(shapes, "qwen3-30b-a3b", 1, fmt, seed=7)
+    want = grouped(**kw)  # the one launch off (the fixture)
+    plan = importlib.import_module("cute_moe.plan")
+    monkeypatch.setattr(plan, "ONE_LAUNCH", True)
+    monkeypatch.setattr(plan, "ONE_LAUNCH_FORMATS", (None, fmt.removesuffix("_static")))
+    moe.forget_calls()
+    from moe_spec.validate import MoEDims
+
+    E, K, I = kw["w2"].shape  # noqa: E741
+    dims = MoEDims(T=1, E=E, K=K, I=I, top_k=kw["topk_ids"].shape[1])
+    assert cute_moe.plan(dims, kw["quant"], static=fmt.endswith("_static")).path == "decode"
+    assert torch.equal(cute_moe.fused_moe(**kw), want) and torch.equal(cute_moe.fused_moe(**kw), want)

@@ -56,7 +56,8 @@ def test_the_rule_takes_a_small_bf16_call_without_options():
     assert PLAN.ONE_LAUNCH and all(PLAN.one_launch(_dims(QWEN3, T)) for T in (0, 1, last))
     assert not PLAN.one_launch(_dims(QWEN3, last + 1))
     d = _dims(QWEN3, 1)
-    assert not PLAN.one_launch(d, "fp8_tensor")  # bf16 only
+    assert PLAN.ONE_LAUNCH_FORMATS == (None,)  # bf16: the FP8 one launch measured slower in a graph
+    assert not PLAN.one_launch(d, "fp8_tensor")
     assert not PLAN.one_launch(d, None, "separate")  # the fused pipeline only
     for swap_ab in (True, False):  # an explicit option asks for the grouped pipeline
         assert not PLAN.one_launch(d, swap_ab=swap_ab)
@@ -87,7 +88,7 @@ def test_the_rule_says_why_it_leaves_a_call_to_the_grouped_pipeline(switch):
     assert PLAN.grouped_because(d) is None
     cfgs = PLAN.layer_configs(1, d.E, d.K, d.I, d.top_k)
     reasons = {
-        "bf16 only": PLAN.grouped_because(d, "fp8_tensor"),
+        "not in ONE_LAUNCH_FORMATS": PLAN.grouped_because(d, "fp8_tensor"),
         "fusion was given": PLAN.grouped_because(d, None, "separate"),
         "swap_ab was given": PLAN.grouped_because(d, swap_ab=True),
         "configs was given": PLAN.grouped_because(d, configs=cfgs),
@@ -99,6 +100,21 @@ def test_the_rule_says_why_it_leaves_a_call_to_the_grouped_pipeline(switch):
         assert reason is not None and needle in reason, (needle, reason)
     switch(False)
     assert "switch is off" in PLAN.grouped_because(d)
+
+
+def test_an_fp8_format_added_to_the_formats_takes_the_fp8_one_launch(monkeypatch, switch):
+    from cute_moe import moe
+
+    monkeypatch.setattr(PLAN, "ONE_LAUNCH_FORMATS", (None, "fp8_tensor", "fp8_block"))
+    moe.forget_calls()
+    d = _dims(QWEN3, 1)
+    for quant in ("fp8_tensor", "fp8_block"):
+        p = cute_moe.plan(d, quant)
+        assert p.path == "decode" and p.quant == quant and p.mma == (dp.WGMMA_FP8, dp.WGMMA_FP8)
+        assert p.describe() == f"decode 1-launch swap-AB W{WGMMA_M}xT{dp.TOKENS} k128 s{dp.stages()} m64n16k32"
+    assert cute_moe.plan(d, "fp8_channel").path == "grouped"  # not added
+    assert "multiple of 128" in PLAN.grouped_because(dataclasses.replace(d, I=d.I + dp.H_TILE), "fp8_tensor")
+    assert dp.WGMMA_FP8 == "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3"
 
 
 def test_the_switch_turns_the_rule_off(switch):
@@ -113,7 +129,7 @@ def test_the_one_launch_plan_and_its_line():
     assert p.swap_ab == (True, True) and p.mma == (dp.WGMMA, dp.WGMMA) and p.align_tile == dp.TOKENS
     # the instruction test_cute_decode.py finds in the kernel's PTX; the line built from the kernel's constants
     assert dp.WGMMA == "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16"
-    assert p.describe() == f"decode 1-launch swap-AB W{WGMMA_M}xT{dp.TOKENS} k{dp.TILE_K} s{dp.STAGES} m64n16k16"
+    assert p.describe() == f"decode 1-launch swap-AB W{WGMMA_M}xT{dp.TOKENS} k{dp.TILE_K} s{dp.stages()} m64n16k16"
     # the harness's config column is the plan's line
     from compare.backends import load_backend
 
@@ -178,7 +194,8 @@ def test_a_small_bf16_call_is_one_launch_of_the_decode_kernel(recorded, ids_dtyp
     fn, args = calls[0]
     assert fn is compile_decode(str(ids_dtype).removeprefix("torch."))
     assert _mismatches(fn, args) == []  # the launch fits the compiled signature
-    assert args[-1] == dp.grid_size(T, SMALL.top_k, SMALL.num_experts, SMALL.hidden, SMALL.intermediate, 132)
+    grid = dp.grid_size(T, SMALL.top_k, SMALL.num_experts, SMALL.hidden, SMALL.intermediate, 132)
+    assert args[12] == grid and args[13:] == (None,) * 9  # the grid, then the FP8 arguments: None in bf16
 
 
 @pytest.mark.parametrize(
