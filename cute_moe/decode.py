@@ -9,7 +9,7 @@ expert), the combine per (128 columns of K, 8 tokens) — ordered by device coun
 semantics (notes/decode.md, "The CuTe DSL kernel").
 
 The arithmetic is the grouped pipeline's: h = SiLU(gate)·up in fp32 rounded once to bf16 (its gated
-GEMM1's epilogue, :func:`cute_moe.rowops.silu_mul`), y = (h·W2ᵀ)·w in fp32 rounded once (its GEMM2's row
+GEMM1's epilogue, :func:`cute_moe.activation.silu_mul`), y = (h·W2ᵀ)·w in fp32 rounded once (its GEMM2's row
 scale), out[t] = Σ_j y[t·top_k + j] in fp32 in slot order, rounded once (its combine).  Under an FP8 format
 (``quant``, weights E4M3 with their scales) x and h are quantized inside the launch as the grouped FP8
 pipeline quantizes them, h stays fp32 until then (:mod:`cute_moe.decode_quant`).
@@ -45,13 +45,13 @@ from .decode_parts import (
     Y_TILE,
     counter_words,
     exchange_words,
+    fp8_overlap,
     grid_size,
     half_tasks,
     pair_bucket,
     size_error,
     stages,
 )
-from .decode_quant import fp8_overlap
 from .limits import LIMITS
 from .runtime import fake_rows, fake_stream, fake_vector, ffi_function
 

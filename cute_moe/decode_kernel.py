@@ -14,7 +14,7 @@ One task's life (:mod:`cute_moe.decode_parts` numbers them)::
                              and up boxes (64 × 64 each, TMA, 128-B swizzle) and cp.asyncs the chunk's
                              x rows into one ring stage; the consumers issue 2 × 4 WGMMAs m64n16k16
                              (swap-AB: A = the weight rows, B = the token rows, both K-major) into gate
-                             and up accumulators; epilogue SiLU(gate)·up in fp32 (rowops.silu_mul), rounded
+                             and up accumulators; epilogue SiLU(gate)·up in fp32 (activation.silu_mul), rounded
                              once to bf16 → h[pair, 64 columns]; then signal done1[r]
     B (k-tile kt, leader r)  the producer lands up to STAGES of W2's boxes (rows kt·128 … +127) BEFORE it
                              waits for done1[r] = NT1 (r's h complete), then the h rows; the consumers

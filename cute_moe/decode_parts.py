@@ -41,6 +41,17 @@ FP8_TILE_K = 128
 (so a stage's sums are one promotion, as in the grouped FP8 GEMM: :mod:`cute_moe.fp8_gemm`)."""
 
 
+FP8_OVERLAP = True
+"""Whether an FP8 chunk keeps one stage's WGMMAs in flight while the previous stage's block sums are promoted
+(two register sets of block sums), as the bf16 main loop keeps one stage in flight; off, each stage is
+retired and promoted before the next is issued, as the grouped FP8 GEMM does.  The same sums either way."""
+
+
+def fp8_overlap() -> bool:
+    """:data:`FP8_OVERLAP` as it is now (read when compiling: part of the compile key)."""
+    return FP8_OVERLAP
+
+
 def tile_k(fp8: bool) -> int:
     """Elements of K per ring stage: :data:`FP8_TILE_K` under FP8, :data:`TILE_K` in bf16."""
     return FP8_TILE_K if fp8 else TILE_K

@@ -34,6 +34,7 @@ import cutlass.cute as cute
 from moe_spec.quant import FP8_BLOCK
 from moe_spec.validate import BAD_A1_SCALE, BAD_A2_SCALE
 
+from .activation import silu_mul
 from .decode_parts import (
     CONSUMER_THREADS,
     DONE1,
@@ -47,20 +48,8 @@ from .decode_parts import (
     wait_at_least,
 )
 from .quantmath import atomic_amax, bfly_max_nan, flag_bad_scale, max_nan, scale_of
-from .rowops import silu_mul
 
 F32 = cutlass.Float32
-
-FP8_OVERLAP = True
-"""Whether an FP8 chunk keeps one stage's WGMMAs in flight while the previous stage's block sums are promoted
-(two register sets of block sums), as the bf16 main loop keeps one stage in flight; off, each stage is
-retired and promoted before the next is issued, as the grouped FP8 GEMM does.  The same sums either way."""
-
-
-def fp8_overlap() -> bool:
-    """:data:`FP8_OVERLAP` as it is now (read when compiling: part of the compile key)."""
-    return FP8_OVERLAP
-
 
 LANE_VALUES = FP8_BLOCK // 32
 """Values per lane: a warp's 32 lanes hold one 128-column scale group (the quantize kernels' item)."""

@@ -12,6 +12,7 @@ from cutlass.cute.nvgpu import warpgroup
 from moe_spec.hopper import WGMMA_M
 from moe_spec.quant import FP8_BLOCK
 
+from .activation import silu_mul
 from .decode_parts import (
     CONSUMER_THREADS,
     DONE1,
@@ -30,13 +31,12 @@ from .decode_parts import (
     c_task,
     consumer_sync,
     exchange_slot,
+    fp8_overlap,
     ring_state,
     signal,
     wait_at_least,
 )
-from .decode_quant import fp8_overlap
 from .quantmath import scale_of
-from .rowops import silu_mul
 
 BF16 = cutlass.BFloat16
 
@@ -298,7 +298,7 @@ class ConsumerSteps:
         """FP8's chunk: per ring stage (one 128-deep K step) the WGMMAs write fresh block sums (zeroed first),
         promoted into acc0 / acc1 (zeroed first) with ``sc``'s scales
         (:meth:`~cute_moe.decode_quant.QuantSteps.promote`; ``groups``: the activation's scale groups per
-        row).  With :data:`~cute_moe.decode_quant.FP8_OVERLAP` the block sums alternate between two register
+        row).  With :data:`~cute_moe.decode_parts.FP8_OVERLAP` the block sums alternate between two register
         sets, so a stage's WGMMAs are in flight while the previous stage's sums are retired, its slot freed
         and its sums promoted; without it each stage is retired before the next is issued.  Returns the
         stages consumed so far."""

@@ -36,6 +36,7 @@ import cutlass.pipeline as pipeline
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 
+from .activation import silu_mul
 from .config import GATHER_THREADS, GemmConfig
 from .epilogue_quant import EpilogueQuant, row_fragment, staging_copy
 from .fp8_gemm import TileScales
@@ -54,7 +55,6 @@ from .gemm_parts import (
     promote_halves,
     up_half_scales,
 )
-from .rowops import silu_mul
 
 PRODUCER_REGISTERS = 40
 CONSUMER_REGISTERS = 232

@@ -43,10 +43,11 @@ from moe_spec.hopper import sm_count
 from moe_spec.quant import FP8_BLOCK
 from moe_spec.validate import BAD_A1_SCALE, BAD_A2_SCALE
 
+from .activation import silu_mul
 from .cache import compile_once
 from .limits import FP8_ALIGN_ELEMS
 from .quantmath import atomic_amax, bfly_max_nan, flag_bad_scale, max_nan, scale_of
-from .rowops import THREADS, _RowKernel, silu_mul
+from .rowops import THREADS, _RowKernel
 from .runtime import fake_rows, fake_stream, fake_vector
 
 LANE_VALUES = FP8_BLOCK // 32

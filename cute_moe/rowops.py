@@ -29,6 +29,7 @@ import cutlass.cute as cute
 
 from moe_spec.hopper import sm_count
 
+from .activation import silu_mul
 from .cache import compile_once
 from .limits import ALIGN_ELEMS
 from .runtime import fake_rows, fake_scales, fake_stream, fake_vector
@@ -36,16 +37,6 @@ from .runtime import fake_rows, fake_scales, fake_stream, fake_vector
 VEC = ALIGN_ELEMS  # bf16 per thread step: one 16-byte vector
 THREADS = 256
 CTAS_PER_SM = 8
-
-
-def silu_mul(gate, up):
-    """``SiLU(gate) · up = gate / (1 + e^(−gate)) · up`` in fp32, on register vectors of any dtype.
-
-    The one definition of the layer's activation: ``SiluMul`` rounds it to bf16, the FP8 layer's
-    ``quantops.RowAmax`` keeps it in fp32 for quantization.
-    """
-    g, u = gate.to(cutlass.Float32), up.to(cutlass.Float32)
-    return g / (1.0 + cute.math.exp(-g, fastmath=True)) * u
 
 
 def _vectors(t: cute.Tensor):

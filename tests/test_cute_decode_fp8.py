@@ -19,7 +19,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("cutlass")
 
 from cute_moe import decode_parts as dp  # noqa: E402
-from cute_moe import decode_quant as dq  # noqa: E402
 from cute_moe.decode import check_workspace, compile_decode, decode_fused_moe, new_workspace  # noqa: E402
 from moe_spec.quant import quantize_weight  # noqa: E402
 from moe_spec.validate import MoEDims  # noqa: E402
@@ -57,7 +56,7 @@ def test_every_format_runs_e4m3_wgmmas_and_quantizes_as_the_reference(variant):
     assert "nanosleep.u32" in ptx and "atom.global.acq_rel.add.u32" in ptx
     # a stage's WGMMAs in flight while the previous stage's sums are promoted (FP8_OVERLAP), and the last drained
     waits = _set(r"wgmma\.wait_group\.sync\.aligned\s+(\d)", ptx)
-    assert waits == ({"0", "1"} if dq.FP8_OVERLAP else {"0"})
+    assert waits == ({"0", "1"} if dp.FP8_OVERLAP else {"0"})
     assert ".reqntid 160, 1, 1" in ptx and "setmaxnreg" not in ptx
 
 
@@ -70,7 +69,7 @@ def test_a_static_scale_is_checked_and_no_amax_is_taken():
 
 def test_the_overlap_switch_is_part_of_the_compile(monkeypatch):
     on = compile_decode("int32", "fp8_channel", False)
-    monkeypatch.setattr(dq, "FP8_OVERLAP", not dq.FP8_OVERLAP)
+    monkeypatch.setattr(dp, "FP8_OVERLAP", not dp.FP8_OVERLAP)
     assert compile_decode("int32", "fp8_channel", False) is not on
 
 
