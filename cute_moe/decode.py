@@ -52,6 +52,7 @@ from .decode_parts import (
     size_error,
     stages,
 )
+from .decode_trace import TRACE_WORDS
 from .limits import LIMITS
 from .runtime import fake_rows, fake_stream, fake_vector, ffi_function
 
@@ -205,21 +206,39 @@ def fake_arguments(ids_dtype: str = "int32", quant: str | None = None, static: b
     return bf16 + w_scales + (f32(), f32()) + rows
 
 
-def compile_decode(ids_dtype: str = "int32", quant: str | None = None, static: bool = False, *, keep_ptx: bool = False):
+def compile_decode(
+    ids_dtype: str = "int32",
+    quant: str | None = None,
+    static: bool = False,
+    *,
+    trace: bool = False,
+    keep_ptx: bool = False,
+):
     """The compiled decode kernel for ``topk_ids`` of ``ids_dtype`` ("int32" or "int64") in format ``quant``
     (None: bf16; ``static``: fp8_tensor with static activation scales): one compile serves every T, E, K, I
-    and grid (all runtime values), cached by :func:`cute_moe.cache.compile_once`."""
+    and grid (all runtime values), cached by :func:`cute_moe.cache.compile_once`.  ``trace``: the lab's
+    instrumented twin, which records every task's SM and times into a last argument
+    (:data:`~cute_moe.decode_parts.TRACE_WORDS`; :mod:`cute_moe.lab.trace_decode`)."""
     if ids_dtype not in IDS_DTYPES:
         raise ValueError(f"topk_ids: the decode kernel takes int32 or int64 ids, got {ids_dtype}")
     _check_format(quant, static)
 
     def build(options):
-        kernel = DecodeKernel(quant, static)
-        return cute.compile(kernel, *fake_arguments(ids_dtype, quant, static), options=options)
+        kernel = DecodeKernel(quant, static, trace)
+        args = fake_arguments(ids_dtype, quant, static)
+        if trace:  # after the FP8 arguments (None in bf16)
+            args += (None,) * (9 if quant is None else 0) + (
+                make_fake_compact_tensor(
+                    cutlass.Int64, (cute.sym_int(), TRACE_WORDS), stride_order=(1, 0), assumed_align=8
+                ),
+            )
+        return cute.compile(kernel, *args, options=options)
 
     key = ("decode", ids_dtype, stages(), TOKENS, half_tasks())  # the switch read when compiling
     if quant is not None:
         key += (quant, static, fp8_overlap())
+    if trace:
+        key += ("trace",)
     return compile_once(key, build, keep_ptx=keep_ptx)
 
 
@@ -293,12 +312,14 @@ def launch(
     *,
     quant: str | None = None,
     scales: dict | None = None,
+    trace: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One launch of ``kernel`` (the TVM-FFI function of :func:`compile_decode` for ``topk_ids``' dtype and the
     format) on a call whose arguments and sizes are checked, T ≥ 1 → out bf16 [T, K]:
     :func:`decode_fused_moe`'s and, where the plan's path is "decode", ``cute_moe.fused_moe``'s
     (:mod:`cute_moe.moe`) last step.  ``grid``: :func:`launch_grid` of the call, when the caller keeps it;
-    ``scales``: under FP8, the call's w1_scale, w2_scale, a1_scale, a2_scale."""
+    ``scales``: under FP8, the call's w1_scale, w2_scale, a1_scale, a2_scale; ``trace``: int64 [≥ tasks,
+    TRACE_WORDS], zeroed, for the kernel of ``compile_decode(..., trace=True)`` (None for every other)."""
     T, K, I, top_k = dims.T, dims.K, dims.I, dims.top_k  # noqa: E741
     ws = workspace if workspace is not None else decode_workspace(T, top_k, K, I, x.device, quant)
     out = torch.empty((T, K), dtype=torch.bfloat16, device=x.device)
@@ -316,5 +337,5 @@ def launch(
             a1 = a2 = _stand_in(x.device)
         args += [scales["w1_scale"], scales["w2_scale"], a1.reshape(1), a2.reshape(1)]
         args += [ws["xq"], ws["xs"], ws["hq"], ws["hs"], ws["amax"]]
-    kernel(*args)
+    kernel(*args, trace)
     return out

@@ -85,8 +85,8 @@ class DecodeKernel(ConsumerSteps, ProducerSteps, QuantSteps):
     w1_scale, w2_scale, a1, a2, xq, xs, hq, hs, amax.
     """
 
-    def __init__(self, quant: str | None = None, static: bool = False):
-        self.quant, self.static = quant, static
+    def __init__(self, quant: str | None = None, static: bool = False, trace: bool = False):
+        self.quant, self.static, self.trace = quant, static, trace
         self.ab = BF16 if quant is None else FP8  # the GEMMs' operand type
         self.tk = tile_k(quant is not None)
 
@@ -116,6 +116,7 @@ class DecodeKernel(ConsumerSteps, ProducerSteps, QuantSteps):
         hq=None,
         hs=None,
         amax=None,
+        trace=None,
     ):
         k_major = LayoutEnum.ROW_MAJOR.sm90_mma_major_mode()
         tiled_mma = sm90.make_trivial_tiled_mma(
@@ -149,6 +150,7 @@ class DecodeKernel(ConsumerSteps, ProducerSteps, QuantSteps):
                 tiled_mma,
                 w_staged,
                 x_staged,
+                trace,
             ).launch(**launch)
         else:
             self.kernel_fp8(
@@ -178,6 +180,7 @@ class DecodeKernel(ConsumerSteps, ProducerSteps, QuantSteps):
                 hq,
                 hs,
                 amax,
+                trace,
             ).launch(**launch)
 
     def _storage(self, w_staged, x_staged):
@@ -232,13 +235,13 @@ class DecodeKernel(ConsumerSteps, ProducerSteps, QuantSteps):
         tiled_mma: cute.TiledMma,
         w_staged: cute.ComposedLayout,
         x_staged: cute.ComposedLayout,
+        trace: cute.Tensor,
     ):
-        """The bf16 entry point."""
+        """The bf16 entry point (``trace``: the task trace of a ``trace`` kernel, else None)."""
         tma = (tma_w1, m_w1, tma_w2, m_w2)
         outs = (m_h, m_y, m_out)
-        self._body(
-            tma, m_x, m_weights, m_ids, outs, counters, word, m_part, m_arrive, tiled_mma, w_staged, x_staged, None
-        )
+        layouts = (tiled_mma, w_staged, x_staged)
+        self._body(tma, m_x, m_weights, m_ids, outs, counters, word, (m_part, m_arrive), layouts, None, trace)
 
     @cute.kernel
     def kernel_fp8(
@@ -269,21 +272,22 @@ class DecodeKernel(ConsumerSteps, ProducerSteps, QuantSteps):
         hq: cute.Tensor,
         hs: cute.Tensor,
         amax: cute.Tensor,
+        trace: cute.Tensor,
     ):
         """The FP8 entry point: the bf16 one's arguments and the E4M3 rows, scales and amax word."""
         tma = (tma_w1, m_w1, tma_w2, m_w2)
         outs = (m_h, m_y, m_out)
         fp8 = Fp8Args(w1_scale, w2_scale, a1, a2, xq, xs, hq, hs, amax)
-        self._body(
-            tma, m_x, m_weights, m_ids, outs, counters, word, m_part, m_arrive, tiled_mma, w_staged, x_staged, fp8
-        )
+        layouts = (tiled_mma, w_staged, x_staged)
+        self._body(tma, m_x, m_weights, m_ids, outs, counters, word, (m_part, m_arrive), layouts, fp8, trace)
 
     @cute.jit
-    def _body(
-        self, tma, m_x, m_weights, m_ids, outs, counters, word, m_part, m_arrive, tiled_mma, w_staged, x_staged, fp8
-    ):
-        """One CTA: the routing tables, then the producer warp and the consumer warpgroup, then the exit count."""
+    def _body(self, tma, m_x, m_weights, m_ids, outs, counters, word, halves_exchange, layouts, fp8, trace):
+        """One CTA: the routing tables, then the producer warp and the consumer warpgroup, then the exit count.
+        ``trace`` (a ``trace`` kernel's): every task's SM and times (:data:`~cute_moe.decode_parts.TRACE_WORDS`)."""
         tma_w1, m_w1, tma_w2, m_w2 = tma
+        m_part, m_arrive = halves_exchange
+        tiled_mma, w_staged, x_staged = layouts
         m_h = outs[0]
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -350,11 +354,13 @@ class DecodeKernel(ConsumerSteps, ProducerSteps, QuantSteps):
 
         if warp == PRODUCER_WARP:
             rows_src = (m_x, m_h) if cutlass.const_expr(fp8 is None) else (fp8.xq, fp8.hq)
-            self.producer(ring, queue, s_task, tables, tma, rows_src, s_w0, s_w1, (s_x, s_x2), counters, bounds, sizes)
+            self.producer(
+                ring, queue, s_task, tables, tma, rows_src, s_w0, s_w1, (s_x, s_x2), counters, bounds, sizes, trace
+            )
         if warp < PRODUCER_WARP:
             operands = (s_w0, s_w1, s_x, s_x2)
             exchange = (m_part, m_arrive, s_flag)
-            work = (m_x, word, s_red, fp8, (m_w1.shape[3], I))
+            work = (m_x, word, s_red, fp8, (m_w1.shape[3], I), trace)
             self.consumer(
                 ring, queue, s_task, tables, tiled_mma, operands, outs, exchange, counters, bounds, sizes, tidx, T, work
             )

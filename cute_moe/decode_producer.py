@@ -32,13 +32,14 @@ from .decode_parts import (
     stages,
     warp_wait_at_least,
 )
+from .decode_trace import TRACE_CLAIM, TRACE_READY, globaltimer
 
 
 class ProducerSteps:
     """The producer warp's steps (methods of :class:`~cute_moe.decode_kernel.DecodeKernel`)."""
 
     @cute.jit
-    def producer(self, ring, queue, s_task, tables, tma, rows_src, s_w0, s_w1, s_xs, counters, bounds, sizes):
+    def producer(self, ring, queue, s_task, tables, tma, rows_src, s_w0, s_w1, s_xs, counters, bounds, sizes, trace):
         """Claim tasks, hand each to the consumers, land its operands in the ring (module docstring).
         ``rows_src``: (GEMM1's token rows, GEMM2's): (x, h) in bf16, (xq, hq) under FP8."""
         tma_w1, m_w1, tma_w2, m_w2 = tma
@@ -63,6 +64,9 @@ class ProducerSteps:
         issued = cutlass.Int32(0)  # ring stages issued so far
         task = self.claim(counters, lane)
         while task < end:
+            if cutlass.const_expr(self.trace):
+                if lane == 0:
+                    trace[(task, TRACE_CLAIM)] = globaltimer()
             self.hand_over(queue, tasks, s_task, task, lane)
             tasks.advance()
             if task < b0:
@@ -96,9 +100,8 @@ class ProducerSteps:
                     e = s_exp[s_lead[r]]
                     w = (tma_w1, box1, d1_0, d1_1, e, n, None)
                     wait = (counters.iterator + DONEQ1, ntb)
-                    issued = self.stream(
-                        ring, issued, k1_steps, w, wait, rows, m_x, (s_order, base, count, top_k), True
-                    )
+                    group = (s_order, base, count, top_k)
+                    issued = self.stream(ring, issued, k1_steps, w, wait, rows, m_x, group, True, (trace, task))
             elif task < c0:  # B: W2's two boxes first, then (after the wait) the chunk's h rows
                 kt, r = b_task(task - b0, n_leaders)
                 base, count = s_start[r], s_count[r]
@@ -107,14 +110,15 @@ class ProducerSteps:
                 wait = (counters.iterator + DONE1 + r, done1_target(nt1, (count + TOKENS - 1) // TOKENS, halves))
                 if cutlass.const_expr(self.quant is not None):
                     wait = (counters.iterator + DONEQ2 + r, 1)  # r's h quantized (Q2)
-                issued = self.stream(ring, issued, k2_steps, w, wait, rows, m_h, (s_order, base, count, top_k), False)
+                group = (s_order, base, count, top_k)
+                issued = self.stream(ring, issued, k2_steps, w, wait, rows, m_h, group, False, (trace, task))
             task = self.claim(counters, lane)
         self.hand_over(queue, tasks, s_task, task, lane)  # a number past the end: the consumers stop
         cute.arch.cp_async_commit_group()
         cute.arch.cp_async_wait_group(0)
 
     @cute.jit
-    def stream(self, ring, issued, k_steps, w, wait, rows, src, group, by_token: cutlass.Constexpr):
+    def stream(self, ring, issued, k_steps, w, wait, rows, src, group, by_token: cutlass.Constexpr, stamp):
         """A task whose token rows wait on a counter: every chunk's ``k_steps`` stages of two weight boxes and
         16 token rows of ``src`` (``by_token``: x's rows by the pairs' tokens).  The boxes of the first
         :data:`STAGES` stages go before the wait (``wait``: counter, target; lane 0 spins, then every lane's
@@ -130,6 +134,9 @@ class ProducerSteps:
             self.land_boxes(ring, state, w, s % k_steps)
             state.advance()
         warp_wait_at_least(wait[0], wait[1], cute.arch.lane_idx())
+        if cutlass.const_expr(self.trace):  # ``stamp``: (trace, task)
+            if cute.arch.lane_idx() == 0:
+                stamp[0][(stamp[1], TRACE_READY)] = globaltimer()
         rows_state = ring_state(issued, True)
         for s in range(early):
             full = ring.producer_get_barrier(rows_state)

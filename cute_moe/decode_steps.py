@@ -36,6 +36,7 @@ from .decode_parts import (
     signal,
     wait_at_least,
 )
+from .decode_trace import TRACE_DONE, TRACE_SM, TRACE_TAKE, globaltimer, smid
 from .quantmath import scale_of
 
 BF16 = cutlass.BFloat16
@@ -53,7 +54,7 @@ class ConsumerSteps:
         _, _, s_order, s_start, s_count, _, s_scale, _ = tables
         s_w0, s_w1, s_x, s_x2 = operands
         m_h, m_y, m_out = outs
-        m_x, word, s_red, fp8, (_, I) = work  # noqa: E741
+        m_x, word, s_red, fp8, (_, I), trace = work  # noqa: E741
         a0, q0, b0, c0, end = bounds
         n_leaders, nt1, ntb, top_k, k1_steps, k2_steps, halves = sizes
         thr = tiled_mma.get_slice(tidx)
@@ -75,6 +76,10 @@ class ConsumerSteps:
         task = self.take(queue, tasks, s_task)
         tasks.advance()
         while task < end:
+            if cutlass.const_expr(self.trace):
+                if tidx == 0:
+                    trace[(task, TRACE_SM)] = smid()
+                    trace[(task, TRACE_TAKE)] = globaltimer()
             if task < b0:
                 if cutlass.const_expr(fp8 is None):
                     accs = (acc0, acc1, h_out)
@@ -125,6 +130,9 @@ class ConsumerSteps:
                     wait_at_least(counters.iterator + DONE2 + kt, n_leaders)
                 consumer_sync()  # thread 0's acquire, then every thread's loads of y
                 self.combine(m_y, m_out, kt, tb, top_k, T, tidx)
+            if cutlass.const_expr(self.trace):
+                if tidx == 0:  # after the task's signal (thread 0 made it) or, for C, its stores
+                    trace[(task, TRACE_DONE)] = globaltimer()
             task = self.take(queue, tasks, s_task)
             tasks.advance()
 
@@ -166,7 +174,7 @@ class ConsumerSteps:
         acc0, acc1, blk = accs
         _, _, s_order, s_start, s_count, _, s_scale, _ = tables
         m_y = outs[1]
-        _, _, _, fp8, (_, I) = work  # noqa: E741
+        _, _, _, fp8, (_, I), _ = work  # noqa: E741
         n_leaders, _, _, top_k, _, k2_steps, _ = sizes
         kt, r = b_task(b, n_leaders)
         base, count = s_start[r], s_count[r]
@@ -215,7 +223,7 @@ class ConsumerSteps:
         ring stages consumed so far."""
         acc0, acc1, blk = accs
         _, _, s_order, s_start, s_count, _, _, _ = tables
-        m_x, _, _, fp8, (_, I) = work  # noqa: E741
+        m_x, _, _, fp8, (_, I), _ = work  # noqa: E741
         _, nt1, ntb, top_k, k1_steps, _, _ = sizes
         r, n, _ = a_task(a, nt1)
         base, count = s_start[r], s_count[r]

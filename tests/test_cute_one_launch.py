@@ -195,7 +195,7 @@ def test_a_small_bf16_call_is_one_launch_of_the_decode_kernel(recorded, ids_dtyp
     assert fn is compile_decode(str(ids_dtype).removeprefix("torch."))
     assert _mismatches(fn, args) == []  # the launch fits the compiled signature
     grid = dp.grid_size(T, SMALL.top_k, SMALL.num_experts, SMALL.hidden, SMALL.intermediate, 132)
-    assert args[12] == grid and args[13:] == (None,) * 9  # the grid, then the FP8 arguments: None in bf16
+    assert args[12] == grid and args[13:] == (None,) * 10  # the grid, then the FP8 arguments and the trace: None
 
 
 @pytest.mark.parametrize(
