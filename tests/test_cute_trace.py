@@ -60,3 +60,25 @@ def test_the_summary_of_a_hand_made_trace():
     assert a["mean_busy_us"] == 9.5 and a["mean_producer_wait_us"] == 3.0 and a["mean_queued_us"] == 1.0
     assert s["phases"]["B"]["mean_producer_wait_us"] == 11.0 and s["phases"]["Q2"]["mean_producer_wait_us"] is None
     assert list(s["phases"]) == ["Q1", "A", "Q2", "B", "C"]
+
+
+def test_a_variant_sets_the_kernels_constants_and_refuses_what_does_not_fit(monkeypatch):
+    from argparse import Namespace
+
+    from cute_moe.lab.bench_decode import apply_variant
+    from moe_spec.studyout import UsageError
+
+    for name in ("STAGES", "CTAS_PER_SM", "FP8_OVERLAP"):
+        monkeypatch.setattr(dp, name, getattr(dp, name))  # restored after the test
+    default = apply_variant(Namespace(stages=None, ctas_per_sm=None, fp8_overlap=None))
+    assert default == {"stages": dp.STAGES, "ctas_per_sm": dp.CTAS_PER_SM, "fp8_overlap": dp.FP8_OVERLAP}
+    two = apply_variant(Namespace(stages=5, ctas_per_sm=2, fp8_overlap="off"))
+    assert two == {"stages": 5, "ctas_per_sm": 2, "fp8_overlap": False} and dp.stages() == 5
+    assert dp.grid_size(8, 8, 128, 2048, 768, 132) == 264  # two CTAs per SM
+    for bad, needle in (
+        (dict(stages=1, ctas_per_sm=None), "--stages"),
+        (dict(stages=None, ctas_per_sm=0), "--ctas-per-sm"),
+        (dict(stages=8, ctas_per_sm=2), "--ctas-per-sm: 2 CTAs of 8 stages"),  # 2 × 147 KB > 228 KB
+    ):
+        with pytest.raises(UsageError, match=needle):
+            apply_variant(Namespace(fp8_overlap=None, **bad))

@@ -2,13 +2,16 @@
 
     python -m cute_moe.lab.bench_decode --out DIR [--deadline-s 300] [--shapes ...] [--tokens 1,2,8]
         [--quant bf16,fp8_tensor,fp8_tensor_static,fp8_channel,fp8_block]
+        [--stages N] [--ctas-per-sm M] [--fp8-overlap on|off]
 
 Every cell (format, catalog shape, T with T·top_k within the kernel's pairs) times one whole layer call of
 each path, CUDA-graph replayed over rotated weight sets (cold L2), median µs, and checks the one-launch
 output against the fp64 oracle (rel L2; FP8: the W8A8 model on the quantized weights) and the grouped
 pipeline's (rel L2 and whether the bits are equal: both round h, y and the sum once, in the same order —
 FP8: quantize x and h the same way), and a rerun of it (bits).  ``fp8_tensor_static`` is fp8_tensor with
-static activation scales (``a1_scale``, ``a2_scale``: 1/64 each).  The eager
+static activation scales (``a1_scale``, ``a2_scale``: 1/64 each).  ``--stages``, ``--ctas-per-sm`` and
+``--fp8-overlap`` run the one launch as a variant of the kernel's constants (:func:`apply_variant`: its ring
+depth, CTAs per SM, FP8 overlap), named in the results.  The eager
 column is plain back-to-back calls (one synchronization per repeat): what a caller without graphs pays.
 
 Writes ``decode.md`` and ``decode.json`` into ``--out`` (new or empty), rewritten after every cell.
@@ -28,6 +31,42 @@ QUANTS = ("bf16",)
 FORMATS = ("bf16", "fp8_tensor", "fp8_tensor_static", "fp8_channel", "fp8_block")
 STATIC_SCALE = 1 / 64  # a1_scale and a2_scale of fp8_tensor_static: x ~ N(0, 1) and h stay inside ±448·s
 CELL_S = 25.0  # a cell starts only when this much time is left before the deadline
+
+
+# one CTA's shared memory beyond its ring: barriers, queue, tables (decode_parts.smem_bytes), and the 1 KiB the
+# driver reserves per CTA
+_CTA_EXTRA_BYTES = 2048 + 1024
+_SM_SMEM_BYTES = 228 * 1024
+
+
+def add_variant_options(parser) -> None:
+    """The one launch's variant options (``bench_decode`` and ``trace_decode``)."""
+    parser.add_argument("--stages", type=int, default=None, help="ring stages of the one launch [the kernel's]")
+    parser.add_argument("--ctas-per-sm", type=int, default=None, help="CTAs per SM of the one launch [the kernel's]")
+    parser.add_argument("--fp8-overlap", choices=("on", "off"), default=None, help="FP8_OVERLAP [the kernel's]")
+
+
+def apply_variant(a) -> dict:
+    """Set the one launch's constants from the variant options (each checked, named if bad) and return the
+    variant as run: {"stages", "ctas_per_sm", "fp8_overlap"}."""
+    from .. import decode_parts as dp
+
+    stages = dp.STAGES if a.stages is None else a.stages
+    ctas = dp.CTAS_PER_SM if a.ctas_per_sm is None else a.ctas_per_sm
+    if stages < 2:
+        raise studyout.UsageError(f"--stages: at least 2 (a ring), got {stages}")
+    if ctas < 1:
+        raise studyout.UsageError(f"--ctas-per-sm: at least 1, got {ctas}")
+    per_cta = stages * (dp.stage_tx_bytes() + dp.TOKENS * dp.TILE_K * 2) + _CTA_EXTRA_BYTES
+    if per_cta * ctas > _SM_SMEM_BYTES:
+        raise studyout.UsageError(
+            f"--ctas-per-sm: {ctas} CTAs of {stages} stages need {per_cta * ctas} B of shared memory, "
+            f"an SM has {_SM_SMEM_BYTES}"
+        )
+    dp.STAGES, dp.CTAS_PER_SM = stages, ctas
+    if a.fp8_overlap is not None:
+        dp.FP8_OVERLAP = a.fp8_overlap == "on"
+    return {"stages": dp.STAGES, "ctas_per_sm": dp.CTAS_PER_SM, "fp8_overlap": dp.FP8_OVERLAP}
 
 
 def _cell(shape, T: int, n_sets: int, fmt: str = "bf16") -> dict:
@@ -87,6 +126,7 @@ def _write(out, results: dict) -> None:
         f"# cute_moe's one-launch decode kernel on {results['device']}",
         "",
         *studyout.header_lines(results),
+        f"- one launch: {results.get('variant')}",
         "",
         "Whole layer. one-launch: `cute_moe.decode.decode_fused_moe`; grouped: `cute_moe.fused_moe` "
         "(alignment, GEMM1, GEMM2, combine). µs: CUDA-graph replay, cold L2, median; eager: back-to-back "
@@ -121,6 +161,7 @@ def main(argv=None) -> None:
     parser.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="token counts, comma separated")
     parser.add_argument("--quant", default=",".join(QUANTS), help=f"formats, comma separated, of {FORMATS}")
     parser.add_argument("--sets", type=int, default=4, help="weight sets rotated per timing (cold L2) [4]")
+    add_variant_options(parser)
     a, out, run = studyout.start_gpu_study(prog, parser, argv, FILES)
     try:
         shapes = studyout.split_list("--shapes", a.shapes)
@@ -129,6 +170,7 @@ def main(argv=None) -> None:
         bad = [q for q in quants if q not in FORMATS]
         if bad:
             raise studyout.UsageError(f"--quant: {', '.join(bad)} not among {', '.join(FORMATS)}")
+        variant = apply_variant(a)
     except studyout.UsageError as exc:
         parser.error(str(exc))
     if a.sets < 1:
@@ -139,7 +181,7 @@ def main(argv=None) -> None:
 
     from ..decode_parts import PAIR_LANES
 
-    results = {**run, "rows": [], "cut": []}
+    results = {**run, "variant": variant, "rows": [], "cut": []}
     _write(out, results)
     took = studyout.run_cells(
         results,

@@ -1,7 +1,7 @@
 """The one-launch decode kernel's timeline, measured: where a launch's time goes, task by task.
 
     python -m cute_moe.lab.trace_decode --out DIR [--deadline-s 120] [--shapes ...] [--tokens 1,8]
-        [--quant bf16,fp8_tensor]
+        [--quant bf16,fp8_tensor] [--stages N] [--ctas-per-sm M] [--fp8-overlap on|off]
 
 Each cell (format, catalog shape, T with T·top_k within the kernel's pairs) launches the kernel's instrumented
 twin (``cute_moe.decode.compile_decode(..., trace=True)``: the same kernel, with every task's SM and four
@@ -22,6 +22,8 @@ import json
 import sys
 
 from moe_spec import studyout
+
+from .bench_decode import add_variant_options, apply_variant
 
 FILES = ("trace.md", "trace.json")
 SHAPES = ("qwen3-30b-a3b", "deepseek-v3:tp8")
@@ -121,6 +123,7 @@ def _write(out, results: dict) -> None:
         f"# The one-launch decode kernel's measured timeline on {results['device']}",
         "",
         *studyout.header_lines(results),
+        f"- one launch: {results.get('variant')}",
         "",
         "The instrumented twin of `cute_moe.decode`'s kernel (`compile_decode(..., trace=True)`), L2 flushed before "
         "the launch. Times in µs from the first claim. busy: the consumers' time on a task (take → end, after its "
@@ -156,6 +159,7 @@ def main(argv=None) -> None:
     parser.add_argument("--shapes", default=",".join(SHAPES), help="catalog shapes, comma separated")
     parser.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="token counts, comma separated")
     parser.add_argument("--quant", default=",".join(QUANTS), help=f"formats, comma separated, of {FORMATS}")
+    add_variant_options(parser)
     a, out, run = studyout.start_gpu_study(prog, parser, argv, FILES)
     try:
         shapes = studyout.split_list("--shapes", a.shapes)
@@ -164,6 +168,7 @@ def main(argv=None) -> None:
         bad = [q for q in quants if q not in FORMATS]
         if bad:
             raise studyout.UsageError(f"--quant: {', '.join(bad)} not among {', '.join(FORMATS)}")
+        variant = apply_variant(a)
     except studyout.UsageError as exc:
         parser.error(str(exc))
     import torch
@@ -172,7 +177,7 @@ def main(argv=None) -> None:
 
     from ..decode_parts import PAIR_LANES
 
-    results = {**run, "rows": [], "cut": []}
+    results = {**run, "variant": variant, "rows": [], "cut": []}
     _write(out, results)
     took = studyout.run_cells(
         results,
