@@ -82,7 +82,9 @@ class DecodeKernel(ConsumerSteps, ProducerSteps, QuantSteps):
     int32 (zero at entry, zero at exit); word int32 [1] (the error word); part fp32 and arrive int32 (the
     halves' exchange, :func:`~cute_moe.decode_parts.exchange_words`; arrive zero at entry and exit);
     num_ctas (the grid); the stream (TVM-FFI's).  FP8 adds :class:`~cute_moe.decode_quant.Fp8Args`'s nine:
-    w1_scale, w2_scale, a1, a2, xq, xs, hq, hs, amax.
+    w1_scale, w2_scale, a1, a2, xq, xs, hq, hs, amax (None in bf16: the compiled signature has them).  Last,
+    ``trace``: int64 [≥ tasks, TRACE_WORDS] for the instrumented twin (``trace=True``,
+    :mod:`cute_moe.decode_trace`), None for the kernel itself.
     """
 
     def __init__(self, quant: str | None = None, static: bool = False, trace: bool = False):
