@@ -8,9 +8,9 @@ The kernel cannot run here (no GPU): tests/test_cute_decode_gpu.py runs it again
 import os
 import random
 import re
-from collections import deque
 
 import pytest
+from protocol_model import schedule
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
@@ -293,10 +293,6 @@ def simulate(ids, E, T, top_k, K, I, grid, resident, seed, combine_first=False, 
             return ("C", *dp.c_task(t - c0, ntb), 0)
         return "B", r, kt, chunks[r] * (I // dp.TILE_K)
 
-    class Cta:
-        def __init__(self):
-            self.queue, self.taken, self.issued, self.consumed = deque(), 0, 0, 0
-
     def producer(c):
         while True:
             yield lambda: len(c.queue) < dp.QUEUE
@@ -341,21 +337,7 @@ def simulate(ids, E, T, top_k, K, I, grid, resident, seed, combine_first=False, 
                 g["done2"][kt] += 1
             g["finished"].append(t)
 
-    rng = random.Random(seed)
-    waiting = list(range(grid))  # CTAs not started: they hold no ticket
-    running = []  # [generator, condition, cta]
-    while waiting or running:
-        while waiting and len({a[2] for a in running}) < resident:
-            c, cta = Cta(), waiting.pop(0)
-            running += [[gen, next(gen), cta] for gen in (producer(c), consumer(c))]
-        ready = [a for a in running if a[1]()]
-        if not ready:
-            raise RuntimeError(f"deadlock: {len(g['finished'])} of {end} tasks finished")
-        a = rng.choice(ready)
-        try:
-            a[1] = next(a[0])
-        except StopIteration:
-            running.remove(a)
+    schedule(producer, consumer, grid, resident, seed, g["finished"], end)
     assert g["done1"] == target and g["done2"] == [NL] * nk
     assert all(v == 2 for v in g["arrived"].values()) and len(g["arrived"]) == (halves - 1) * nt1 * sum(chunks)
     return sorted(g["finished"])

@@ -9,9 +9,9 @@ grouped FP8 pipeline.
 import os
 import random
 import re
-from collections import deque
 
 import pytest
+from protocol_model import schedule
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
@@ -136,10 +136,6 @@ def simulate(ids, E, T, top_k, K, I, grid, resident, seed, dynamic, q2_after_b=F
         leaders = range(NL) if dynamic else (r,)
         return all(g["done1"][q] >= nt1 for q in leaders)
 
-    class Cta:
-        def __init__(self):
-            self.queue, self.taken, self.issued, self.consumed = deque(), 0, 0, 0
-
     def producer(c):
         while True:
             yield lambda: len(c.queue) < dp.QUEUE
@@ -191,21 +187,7 @@ def simulate(ids, E, T, top_k, K, I, grid, resident, seed, dynamic, q2_after_b=F
                 g["done2"][kt] += 1
             g["finished"].append(t)
 
-    rng = random.Random(seed)
-    waiting = list(range(grid))
-    running = []
-    while waiting or running:
-        while waiting and len({a[2] for a in running}) < resident:
-            c, cta = Cta(), waiting.pop(0)
-            running += [[gen, next(gen), cta] for gen in (producer(c), consumer(c))]
-        ready = [a for a in running if a[1]()]
-        if not ready:
-            raise RuntimeError(f"deadlock: {len(g['finished'])} of {end} tasks finished")
-        a = rng.choice(ready)
-        try:
-            a[1] = next(a[0])
-        except StopIteration:
-            running.remove(a)
+    schedule(producer, consumer, grid, resident, seed, g["finished"], end)
     assert g["doneq1"] == ntb and g["done1"] == [nt1] * NL and g["doneq2"] == [1] * NL and g["done2"] == [NL] * nk
     return sorted(g["finished"])
 
